@@ -1,0 +1,22 @@
+//! # dtask-engine
+//!
+//! The live side of dtask: the durable [`TaskStore`] (commands → `decide` → one atomic journal
+//! append → the shared fold), with leases and fencing, progress updates deduplicated by event
+//! id, and the notification outbox.
+//!
+//! Every state change goes through the journal first; memory only ever holds what the fold of
+//! the durable events says.
+
+mod clock;
+mod store;
+
+/// The tool component layer (tool descriptions, typed function tools, the tools node, the
+/// agent loop, the HTTP POST tool), re-exported from `dtask-tool`.
+pub use dtask_tool as tool;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use store::{
+    Change, Command, CreateRequest, Notification, NotificationRequest, Result, StoreConfig,
+    StoreError, TaskPage, TaskStore, UpdatePage, UpdateRecord, UpdateRequest,
+    RESERVED_KIND_PREFIXES,
+};

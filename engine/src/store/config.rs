@@ -1,0 +1,85 @@
+//! Store limits and timing.
+
+use std::time::Duration;
+
+/// Limits and timing of a [`crate::TaskStore`]. Defaults follow the reference store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StoreConfig {
+    /// How long an attempt's lease lasts after a claim, heartbeat or first cancel request.
+    /// Default: 30 s.
+    pub lease_duration: Duration,
+    /// The largest opaque value (checkpoint, result, resume data, update data, snapshot).
+    /// Default: 1 MiB.
+    pub max_value_bytes: usize,
+    /// The longest error text, cancel reason or transcript error. Default: 4096 bytes.
+    pub max_error_bytes: usize,
+    /// The longest id (task id, event id). Default: 1024 bytes.
+    pub max_id_bytes: usize,
+    /// The page size used when a request asks for 0 or less. Default: 100.
+    pub default_page: usize,
+    /// The largest page; larger requests are clamped. Default: 1000.
+    pub max_page: usize,
+    /// The largest application-notification data. Default: 256 KiB.
+    pub max_notification_bytes: usize,
+    /// The longest application-notification kind. Default: 64 bytes.
+    pub max_notification_kind_bytes: usize,
+    /// How many terminal tasks stay folded in memory. Default: 4096.
+    pub terminal_cache: usize,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            lease_duration: Duration::from_secs(30),
+            max_value_bytes: 1 << 20,
+            max_error_bytes: 4096,
+            max_id_bytes: 1024,
+            default_page: 100,
+            max_page: 1000,
+            max_notification_bytes: 256 << 10,
+            max_notification_kind_bytes: 64,
+            terminal_cache: 4096,
+        }
+    }
+}
+
+impl StoreConfig {
+    /// Sets [`StoreConfig::lease_duration`].
+    #[must_use]
+    pub fn with_lease_duration(mut self, lease: Duration) -> Self {
+        self.lease_duration = lease;
+        self
+    }
+
+    /// Sets [`StoreConfig::max_value_bytes`].
+    #[must_use]
+    pub fn with_max_value_bytes(mut self, bytes: usize) -> Self {
+        self.max_value_bytes = bytes;
+        self
+    }
+
+    /// Sets [`StoreConfig::terminal_cache`].
+    #[must_use]
+    pub fn with_terminal_cache(mut self, tasks: usize) -> Self {
+        self.terminal_cache = tasks;
+        self
+    }
+
+    /// The page size for a requested `limit`: 0 or less means the default, more than the
+    /// maximum is clamped.
+    #[must_use]
+    pub fn page(&self, limit: i64) -> usize {
+        if limit <= 0 {
+            self.default_page
+        } else {
+            usize::try_from(limit)
+                .unwrap_or(usize::MAX)
+                .min(self.max_page)
+        }
+    }
+
+    pub(crate) fn lease_millis(&self) -> u64 {
+        u64::try_from(self.lease_duration.as_millis()).unwrap_or(u64::MAX)
+    }
+}

@@ -1,0 +1,454 @@
+//! `decide`: what a command means for a task, as events. Pure: no I/O, the time is a parameter.
+//!
+//! The order of checks follows the reference store: request validation first (before any
+//! lookup), then existence, lazy lease expiry (written as its own event before the command is
+//! decided), the version CAS, and last status and lease authority.
+
+use super::config::StoreConfig;
+use super::error::{Result, StoreError};
+use dtask_journal::{Event, ExpiryResolution, LeasePolicy, TaskSpec, Timestamp};
+use dtask_replay::{Status, TaskState};
+
+/// A lifecycle command on an existing task. Every command carries the version the caller
+/// observed (the CAS token).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Command {
+    /// Claim a pending task (T2).
+    Start,
+    /// Renew the running attempt's lease (T3).
+    Heartbeat,
+    /// Write the started marker (T4).
+    CommitStart {
+        /// The managed checkpoint (non-empty).
+        checkpoint: Vec<u8>,
+    },
+    /// Record the first transcript failure (T5).
+    ReportTranscriptFailure {
+        /// The error text (non-empty).
+        error: String,
+    },
+    /// Complete the task (T6).
+    Complete {
+        /// The result data.
+        data: Vec<u8>,
+    },
+    /// Fail the task (T7).
+    Fail {
+        /// The error text (non-empty).
+        error: String,
+    },
+    /// End the attempt waiting for input (T8).
+    WaitInput {
+        /// The checkpoint with the input request (non-empty).
+        checkpoint: Vec<u8>,
+    },
+    /// End the attempt suspended (T9).
+    Suspend {
+        /// The checkpoint (non-empty).
+        checkpoint: Vec<u8>,
+    },
+    /// End the attempt and go back to pending (T10).
+    Yield {
+        /// A replacement checkpoint; empty keeps the stored one.
+        checkpoint: Vec<u8>,
+    },
+    /// Acknowledge cancellation (T11).
+    AckCancel {
+        /// A reason used when no cancel reason is recorded.
+        reason: String,
+    },
+    /// Request cancellation (T12–T16).
+    RequestCancel {
+        /// The reason (the first one wins).
+        reason: String,
+    },
+    /// Give input to a waiting task (T17).
+    Resume {
+        /// The resume data.
+        data: Vec<u8>,
+        /// A replacement context snapshot.
+        context_snapshot: Option<Vec<u8>>,
+    },
+    /// Release a suspended task (T18).
+    ReleaseSuspension {
+        /// A replacement context snapshot (empty clears it).
+        context_snapshot: Option<Vec<u8>>,
+    },
+}
+
+impl Command {
+    /// The operation's name, for errors and traces.
+    #[must_use]
+    pub const fn name(&self) -> &'static str {
+        match self {
+            Self::Start => "start",
+            Self::Heartbeat => "heartbeat",
+            Self::CommitStart { .. } => "commit_start",
+            Self::ReportTranscriptFailure { .. } => "report_transcript_failure",
+            Self::Complete { .. } => "complete",
+            Self::Fail { .. } => "fail",
+            Self::WaitInput { .. } => "wait_input",
+            Self::Suspend { .. } => "suspend",
+            Self::Yield { .. } => "yield",
+            Self::AckCancel { .. } => "ack_cancel",
+            Self::RequestCancel { .. } => "request_cancel",
+            Self::Resume { .. } => "resume",
+            Self::ReleaseSuspension { .. } => "release_suspension",
+        }
+    }
+}
+
+/// What a command decides.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Decision {
+    /// Append these events (lifecycle first, then any notification).
+    Write(Vec<Event>),
+    /// Nothing to write: the command is an idempotent repeat.
+    Unchanged,
+}
+
+fn check_len(field: &'static str, len: usize, max: usize) -> Result<()> {
+    if len > max {
+        return Err(StoreError::invalid(
+            field,
+            format!("{len} bytes exceeds the limit of {max}"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_non_empty(field: &'static str, empty: bool) -> Result<()> {
+    if empty {
+        return Err(StoreError::invalid(field, "must not be empty"));
+    }
+    Ok(())
+}
+
+/// Validates a task id.
+pub(crate) fn validate_task_id(id: &str, config: &StoreConfig) -> Result<()> {
+    check_non_empty("task id", id.is_empty())?;
+    check_len("task id", id.len(), config.max_id_bytes)?;
+    if id.contains('\0') {
+        return Err(StoreError::invalid("task id", "must not contain NUL"));
+    }
+    Ok(())
+}
+
+/// Validates a create request (before any lookup).
+pub(crate) fn validate_create(
+    spec: &TaskSpec,
+    checkpoint: &[u8],
+    context_snapshot: &[u8],
+    config: &StoreConfig,
+) -> Result<()> {
+    validate_task_id(&spec.id, config)?;
+    check_non_empty("executor key", spec.executor_key.is_empty())?;
+    check_len("executor key", spec.executor_key.len(), config.max_id_bytes)?;
+    if spec.notify_session && spec.session_id.is_empty() {
+        return Err(StoreError::invalid(
+            "notify session",
+            "requires a session id",
+        ));
+    }
+    check_len("payload", spec.payload.len(), config.max_value_bytes)?;
+    check_len("checkpoint", checkpoint.len(), config.max_value_bytes)?;
+    check_len(
+        "context snapshot",
+        context_snapshot.len(),
+        config.max_value_bytes,
+    )?;
+    Ok(())
+}
+
+/// Validates a command's own fields (before any lookup).
+pub(crate) fn validate(command: &Command, config: &StoreConfig) -> Result<()> {
+    let max_value = config.max_value_bytes;
+    let max_error = config.max_error_bytes;
+    match command {
+        Command::Start | Command::Heartbeat => Ok(()),
+        Command::CommitStart { checkpoint }
+        | Command::WaitInput { checkpoint }
+        | Command::Suspend { checkpoint } => {
+            check_non_empty("checkpoint", checkpoint.is_empty())?;
+            check_len("checkpoint", checkpoint.len(), max_value)
+        }
+        Command::Yield { checkpoint } => check_len("checkpoint", checkpoint.len(), max_value),
+        Command::ReportTranscriptFailure { error } => {
+            check_non_empty("error", error.is_empty())?;
+            check_len("error", error.len(), max_error)
+        }
+        Command::Complete { data } => check_len("data", data.len(), max_value),
+        Command::Fail { error } => {
+            if error.is_empty() {
+                return Err(StoreError::InvalidExecutionResult(
+                    "a failure needs an error".into(),
+                ));
+            }
+            check_len("error", error.len(), max_error)
+        }
+        Command::AckCancel { reason } | Command::RequestCancel { reason } => {
+            check_len("reason", reason.len(), max_error)
+        }
+        Command::Resume {
+            data,
+            context_snapshot,
+        } => {
+            check_len("data", data.len(), max_value)?;
+            check_len(
+                "context snapshot",
+                context_snapshot.as_ref().map_or(0, Vec::len),
+                max_value,
+            )
+        }
+        Command::ReleaseSuspension { context_snapshot } => check_len(
+            "context snapshot",
+            context_snapshot.as_ref().map_or(0, Vec::len),
+            max_value,
+        ),
+    }
+}
+
+/// The lease-expiry event due at `now`, if the running attempt's lease has run out.
+pub(crate) fn expiry(state: &TaskState, now: Timestamp) -> Option<Vec<Event>> {
+    let deadline = state.lease_deadline?;
+    if state.status != Status::Running || deadline > now {
+        return None;
+    }
+    let resolution = match (state.policy, state.cancel_requested_at.is_some()) {
+        (LeasePolicy::Retry, _) => ExpiryResolution::Retry,
+        (LeasePolicy::Fail, false) => ExpiryResolution::Failed,
+        (LeasePolicy::Fail, true) => ExpiryResolution::Canceled,
+    };
+    let mut events = vec![Event::LeaseExpired {
+        resolution,
+        deadline,
+        at: now,
+    }];
+    if resolution.is_terminal() {
+        let kind = if resolution == ExpiryResolution::Failed {
+            "failed"
+        } else {
+            "canceled"
+        };
+        events.extend(lifecycle_notification(state, kind, state.version + 1, now));
+    }
+    Some(events)
+}
+
+/// The outbox record of a lifecycle notification, when the task routes them.
+pub(crate) fn lifecycle_notification(
+    state: &TaskState,
+    kind: &str,
+    version: u64,
+    at: Timestamp,
+) -> Option<Event> {
+    let routed = !state.spec.session_id.is_empty();
+    let wanted = kind == "task_created" || state.spec.notify_session;
+    (routed && wanted).then(|| Event::NotificationEnqueued {
+        id: format!("{}:{version}:{kind}", state.spec.id),
+        event_id: String::new(),
+        kind: kind.to_owned(),
+        data: Vec::new(),
+        version,
+        at,
+    })
+}
+
+fn cas(state: &TaskState, expected: u64) -> Result<()> {
+    if state.version == expected {
+        Ok(())
+    } else {
+        Err(StoreError::VersionConflict {
+            expected,
+            actual: state.version,
+        })
+    }
+}
+
+/// Checks an active attempt: running with a live lease (expiry was resolved before), and
+/// unless `allow_cancel`, without cancel intent.
+fn active(state: &TaskState, now: Timestamp, allow_cancel: bool) -> Result<()> {
+    if state.status != Status::Running {
+        return Err(StoreError::LeaseLost("the task is not running"));
+    }
+    if state.lease_deadline.is_none_or(|d| d <= now) {
+        return Err(StoreError::LeaseLost("the lease has expired"));
+    }
+    if !allow_cancel && state.cancel_requested_at.is_some() {
+        return Err(StoreError::LeaseLost("cancellation was requested"));
+    }
+    Ok(())
+}
+
+fn write(state: &TaskState, event: Event, notify: Option<&str>, now: Timestamp) -> Decision {
+    let mut events = vec![event];
+    if let Some(kind) = notify {
+        events.extend(lifecycle_notification(state, kind, state.version + 1, now));
+    }
+    Decision::Write(events)
+}
+
+/// Decides `command` against `state` (whose expired lease, if any, was already resolved).
+pub(crate) fn decide(
+    state: &TaskState,
+    expected_version: u64,
+    command: &Command,
+    now: Timestamp,
+    config: &StoreConfig,
+) -> Result<Decision> {
+    let lease = now.plus_millis(config.lease_millis());
+    if let Command::RequestCancel { reason } = command {
+        return request_cancel(state, expected_version, reason, now, lease);
+    }
+    cas(state, expected_version)?;
+    let require = |status: Status| {
+        if state.status == status {
+            Ok(())
+        } else {
+            Err(StoreError::IllegalTransition {
+                status: state.status,
+                operation: command.name(),
+            })
+        }
+    };
+    let event = match command {
+        Command::Start => {
+            require(Status::Pending)?;
+            Event::AttemptStarted {
+                attempt: state.attempt + 1,
+                lease_deadline: lease,
+                at: now,
+            }
+        }
+        Command::Resume {
+            data,
+            context_snapshot,
+        } => {
+            require(Status::WaitingInput)?;
+            Event::InputProvided {
+                data: data.clone(),
+                context_snapshot: context_snapshot.clone(),
+                at: now,
+            }
+        }
+        Command::ReleaseSuspension { context_snapshot } => {
+            require(Status::Suspended)?;
+            Event::Released {
+                context_snapshot: context_snapshot.clone(),
+                at: now,
+            }
+        }
+        _ => return decide_active(state, command, now, lease),
+    };
+    Ok(write(state, event, None, now))
+}
+
+/// `RequestCancel` (T12–T16): terminal first, then the CAS, then the first request wins.
+fn request_cancel(
+    state: &TaskState,
+    expected_version: u64,
+    reason: &str,
+    now: Timestamp,
+    lease: Timestamp,
+) -> Result<Decision> {
+    if state.status.is_terminal() {
+        return Err(StoreError::AlreadyTerminal(state.spec.id.clone()));
+    }
+    cas(state, expected_version)?;
+    if state.cancel_requested_at.is_some() {
+        return Ok(Decision::Unchanged);
+    }
+    let direct = match state.status {
+        Status::Pending => state.attempt == 0 || state.policy == LeasePolicy::Fail,
+        Status::WaitingInput | Status::Suspended => true,
+        _ => false,
+    };
+    let running = state.status == Status::Running;
+    let event = Event::CancelRequested {
+        reason: reason.to_owned(),
+        lease_deadline: running.then_some(lease),
+        direct,
+        at: now,
+    };
+    Ok(write(state, event, direct.then_some("canceled"), now))
+}
+
+/// Commands of the active attempt (the CAS already passed): the lease must be live and,
+/// except for transcript failures and cancel acknowledgements, no cancel intent may exist.
+fn decide_active(
+    state: &TaskState,
+    command: &Command,
+    now: Timestamp,
+    lease: Timestamp,
+) -> Result<Decision> {
+    let allow_cancel = matches!(
+        command,
+        Command::ReportTranscriptFailure { .. } | Command::AckCancel { .. }
+    );
+    active(state, now, allow_cancel)?;
+    let at = now;
+    let (event, notify) = match command {
+        Command::Heartbeat => (
+            Event::Heartbeat {
+                lease_deadline: lease,
+                at,
+            },
+            None,
+        ),
+        Command::CommitStart { checkpoint } => {
+            if !state.checkpoint.is_empty() {
+                return Err(StoreError::IllegalTransition {
+                    status: state.status,
+                    operation: command.name(),
+                });
+            }
+            let checkpoint = checkpoint.clone();
+            (Event::StartCommitted { checkpoint, at }, None)
+        }
+        Command::ReportTranscriptFailure { error } => {
+            if !state.output_file_error.is_empty() {
+                return Ok(Decision::Unchanged);
+            }
+            let error = error.clone();
+            (Event::TranscriptFailed { error, at }, None)
+        }
+        Command::AckCancel { reason } => {
+            let reason = reason.clone();
+            (Event::Canceled { reason, at }, Some("canceled"))
+        }
+        Command::Complete { data } => {
+            let data = data.clone();
+            (Event::Completed { data, at }, Some("completed"))
+        }
+        Command::Fail { error } => {
+            let error = error.clone();
+            (Event::Failed { error, at }, Some("failed"))
+        }
+        Command::WaitInput { checkpoint } => {
+            let checkpoint = checkpoint.clone();
+            (
+                Event::WaitingInput { checkpoint, at },
+                Some("waiting_input"),
+            )
+        }
+        Command::Suspend { checkpoint } => {
+            let checkpoint = checkpoint.clone();
+            (Event::Suspended { checkpoint, at }, None)
+        }
+        Command::Yield { checkpoint } => {
+            let checkpoint = checkpoint.clone();
+            (Event::Yielded { checkpoint, at }, None)
+        }
+        Command::Start
+        | Command::Resume { .. }
+        | Command::ReleaseSuspension { .. }
+        | Command::RequestCancel { .. } => {
+            return Err(StoreError::IllegalTransition {
+                status: state.status,
+                operation: command.name(),
+            })
+        }
+    };
+    Ok(write(state, event, notify, now))
+}

@@ -1,0 +1,84 @@
+//! The task store's error type.
+
+use dtask_replay::Status;
+
+/// Errors of the task store. Every named error of the reference store is a variant to match.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// A request is malformed (a required field is empty, a size bound is exceeded). Checked
+    /// before anything is looked up; nothing was written.
+    #[error("invalid request: {field}: {reason}")]
+    Invalid {
+        /// The offending field.
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The task (or notification receipt) does not exist.
+    #[error("not found: {0}")]
+    NotFound(String),
+    /// A task with this id exists already.
+    #[error("task {0:?} already exists")]
+    AlreadyExists(String),
+    /// The expected version is stale.
+    #[error("version conflict: expected {expected}, task is at {actual}")]
+    VersionConflict {
+        /// The caller's expected version.
+        expected: u64,
+        /// The task's version.
+        actual: u64,
+    },
+    /// No active attempt: not running, lease expired, wrong attempt, or cancel intent; or an
+    /// expired outbox receipt.
+    #[error("lease lost: {0}")]
+    LeaseLost(&'static str),
+    /// The operation is not allowed in the task's status.
+    #[error("illegal transition: {operation} in status {status}")]
+    IllegalTransition {
+        /// The task's status.
+        status: Status,
+        /// The operation.
+        operation: &'static str,
+    },
+    /// An execution result that mixes variants or lacks a required part.
+    #[error("invalid execution result: {0}")]
+    InvalidExecutionResult(String),
+    /// The task is terminal.
+    #[error("task {0:?} is already terminal")]
+    AlreadyTerminal(String),
+    /// A malformed cursor, or one that does not match the request.
+    #[error("invalid cursor: {0}")]
+    InvalidCursor(String),
+    /// A progress update's event id was replayed with different bytes.
+    #[error("task event id {0:?} was recorded with different content")]
+    EventIdConflict(String),
+    /// The task has no notification route.
+    #[error("notification unavailable: {0}")]
+    NotificationUnavailable(&'static str),
+    /// An application notification's event id was replayed with a different kind or data.
+    #[error("notification event id {0:?} was recorded with different content")]
+    NotificationEventIdConflict(String),
+    /// The store was closed.
+    #[error("the task store is closed")]
+    Closed,
+    /// The journal failed; nothing was written.
+    #[error(transparent)]
+    Journal(#[from] dtask_journal::Error),
+    /// A stored task stream does not fold: the journal is damaged or was written by a faulty
+    /// engine.
+    #[error(transparent)]
+    Replay(#[from] dtask_replay::ReplayError),
+}
+
+impl StoreError {
+    pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
+        Self::Invalid {
+            field,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// A store result.
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;

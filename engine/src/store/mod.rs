@@ -1,0 +1,649 @@
+//! The durable task store: commands → `decide` → one atomic journal append → the fold.
+//!
+//! Every live (non-terminal) task is held folded in memory, rebuilt by replay when the store
+//! opens; terminal tasks are folded on demand and kept in a bounded cache. Each task has a
+//! slot with an async lock that serializes its commands: the lock is held from reading the
+//! state, through the durable append, to applying the same events with [`Task::apply`]. A
+//! command's events are appended in **one** batch together with the lifecycle notification it
+//! causes, so a crash never leaves one without the other.
+
+mod config;
+mod cursor;
+pub(crate) mod decide;
+mod error;
+mod outbox;
+mod updates;
+
+pub use config::StoreConfig;
+pub use decide::Command;
+pub use error::{Result, StoreError};
+pub use outbox::{Notification, NotificationRequest, RESERVED_KIND_PREFIXES};
+pub use updates::{UpdatePage, UpdateRecord, UpdateRequest};
+
+use crate::clock::Clock;
+use decide::Decision;
+use dtask_journal::{Event, Journal, LeasePolicy, TaskSpec, Timestamp};
+use dtask_replay::{load_task, ReplayError, Status, Task, TaskState};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::ops::Bound;
+use std::sync::{Arc, Mutex, MutexGuard};
+use tokio::sync::watch;
+
+/// A request to create a task.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CreateRequest {
+    /// The spec (id and executor key required).
+    pub spec: TaskSpec,
+    /// The lease-expiry policy.
+    pub policy: Option<LeasePolicy>,
+    /// The initial checkpoint.
+    pub checkpoint: Vec<u8>,
+    /// The initial context snapshot.
+    pub context_snapshot: Vec<u8>,
+}
+
+/// One page of a task listing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaskPage {
+    /// The tasks, in ascending id order.
+    pub tasks: Vec<TaskState>,
+    /// The cursor of the next page; `None` on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// The change counters of a task, published after every applied event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Change {
+    /// The task's version.
+    pub version: u64,
+    /// The task's stream length.
+    pub position: u64,
+}
+
+struct Slot {
+    task: tokio::sync::Mutex<Task>,
+    changes: watch::Sender<Change>,
+}
+
+impl Slot {
+    fn new(task: Task) -> Arc<Self> {
+        let change = Change {
+            version: task.state.version,
+            position: task.state.position,
+        };
+        Arc::new(Self {
+            task: tokio::sync::Mutex::new(task),
+            changes: watch::Sender::new(change),
+        })
+    }
+}
+
+/// Where a task sits in the in-memory indexes (derived from its state).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Placement {
+    status: Status,
+    lease: Option<Timestamp>,
+}
+
+impl Placement {
+    fn of(state: &TaskState) -> Self {
+        Self {
+            status: state.status,
+            lease: state.lease_deadline,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Index {
+    slots: HashMap<String, Arc<Slot>>,
+    pending: BTreeMap<String, String>,
+    suspended: BTreeMap<String, String>,
+    leases: BTreeSet<(Timestamp, String)>,
+    terminal: VecDeque<String>,
+}
+
+impl Index {
+    fn place(&mut self, id: &str, key: &str, before: Option<&Placement>, after: &Placement) {
+        if let Some(before) = before {
+            match before.status {
+                Status::Pending => {
+                    self.pending.remove(id);
+                }
+                Status::Suspended => {
+                    self.suspended.remove(id);
+                }
+                _ => {}
+            }
+            if let Some(lease) = before.lease {
+                self.leases.remove(&(lease, id.to_owned()));
+            }
+        }
+        match after.status {
+            Status::Pending => {
+                self.pending.insert(id.to_owned(), key.to_owned());
+            }
+            Status::Suspended => {
+                self.suspended.insert(id.to_owned(), key.to_owned());
+            }
+            s if s.is_terminal() && before.is_none_or(|b| !b.status.is_terminal()) => {
+                self.terminal.push_back(id.to_owned());
+            }
+            _ => {}
+        }
+        if let Some(lease) = after.lease {
+            self.leases.insert((lease, id.to_owned()));
+        }
+    }
+
+    fn evict(&mut self, cap: usize) {
+        while self.terminal.len() > cap {
+            let Some(id) = self.terminal.pop_front() else {
+                break;
+            };
+            if let Some(slot) = self.slots.get(&id) {
+                // Keep slots that someone is using; they come back round later.
+                let idle = Arc::strong_count(slot) == 1
+                    && slot.task.try_lock().is_ok_and(|t| t.state.is_terminal());
+                if idle {
+                    self.slots.remove(&id);
+                }
+            }
+        }
+    }
+}
+
+struct Inner {
+    journal: Journal,
+    clock: Arc<dyn Clock>,
+    config: StoreConfig,
+    index: Mutex<Index>,
+    outbox: Mutex<outbox::Leases>,
+    pending_epoch: watch::Sender<u64>,
+}
+
+/// The durable task store.
+///
+/// Cheap to clone; clones share state. See the module docs for how a command is executed.
+///
+/// ```
+/// use dtask_engine::{Command, CreateRequest, ManualClock, StoreConfig, TaskStore};
+/// use dtask_journal::{Journal, JournalOptions, LeasePolicy, TaskSpec};
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let dir = tempfile::tempdir()?;
+/// let journal = Journal::open(dir.path(), JournalOptions::default())?;
+/// let store = TaskStore::open(journal, ManualClock::new(1_000), StoreConfig::default())?;
+/// let spec = TaskSpec { id: "t1".into(), executor_key: "shell".into(), ..TaskSpec::default() };
+/// let task = store
+///     .create(CreateRequest { spec, policy: Some(LeasePolicy::Retry), ..Default::default() })
+///     .await?;
+/// let running = store.execute("t1", task.version, Command::Start).await?;
+/// assert_eq!(running.attempt, 1);
+/// let done = store
+///     .execute("t1", running.version, Command::Complete { data: b"ok".to_vec() })
+///     .await?;
+/// assert!(done.is_terminal());
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct TaskStore {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for TaskStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TaskStore")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TaskStore {
+    /// Opens a store over `journal`, folding every live task into memory.
+    ///
+    /// # Errors
+    /// [`StoreError::Journal`] when the journal cannot be read, [`StoreError::Replay`] when a
+    /// live task's stream is damaged or does not fold.
+    pub fn open(journal: Journal, clock: impl Clock, config: StoreConfig) -> Result<Self> {
+        let mut index = Index::default();
+        for id in journal.live_tasks() {
+            let id = id?;
+            let Some(task) = load_task(&journal, &id)? else {
+                continue;
+            };
+            let key = task.state.spec.executor_key.clone();
+            index.place(&id, &key, None, &Placement::of(&task.state));
+            index.slots.insert(id, Slot::new(task));
+        }
+        tracing::debug!(live = index.slots.len(), "task store opened");
+        Ok(Self {
+            inner: Arc::new(Inner {
+                journal,
+                clock: Arc::new(clock),
+                config,
+                index: Mutex::new(index),
+                outbox: Mutex::new(outbox::Leases::default()),
+                pending_epoch: watch::Sender::new(0),
+            }),
+        })
+    }
+
+    /// The journal under the store.
+    #[must_use]
+    pub fn journal(&self) -> &Journal {
+        &self.inner.journal
+    }
+
+    /// The store's configuration.
+    #[must_use]
+    pub fn config(&self) -> &StoreConfig {
+        &self.inner.config
+    }
+
+    /// The store's clock reading.
+    #[must_use]
+    pub fn now(&self) -> Timestamp {
+        self.inner.clock.now()
+    }
+
+    /// A receiver that changes whenever a task becomes pending in this process (for workers
+    /// that want to claim without waiting a poll interval).
+    #[must_use]
+    pub fn pending_signal(&self) -> watch::Receiver<u64> {
+        self.inner.pending_epoch.subscribe()
+    }
+
+    fn index(&self) -> MutexGuard<'_, Index> {
+        // A poisoned index means a panic while holding a plain map lock; the maps are still
+        // consistent (every update is a single insert/remove), so keep going.
+        self.inner
+            .index
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The slot of `id`, folding a task that is not in memory.
+    fn slot(&self, id: &str) -> Result<Arc<Slot>> {
+        if let Some(slot) = self.index().slots.get(id) {
+            return Ok(Arc::clone(slot));
+        }
+        let task = load_task(&self.inner.journal, id)?
+            .ok_or_else(|| StoreError::NotFound(format!("task {id:?}")))?;
+        let mut index = self.index();
+        let slot = Arc::clone(
+            index
+                .slots
+                .entry(id.to_owned())
+                .or_insert_with(|| Slot::new(task)),
+        );
+        index.terminal.push_back(id.to_owned());
+        index.evict(self.inner.config.terminal_cache);
+        Ok(slot)
+    }
+
+    /// Appends `events` for the locked `task`, then folds them into it.
+    async fn commit(&self, slot: &Slot, task: &mut Task, events: &[Event]) -> Result<()> {
+        let id = task.state.spec.id.clone();
+        let before = Placement::of(&task.state);
+        match self
+            .inner
+            .journal
+            .append_async(&id, task.state.position, events)
+            .await
+        {
+            Ok(_) => {}
+            Err(dtask_journal::Error::Conflict { .. }) => {
+                // Another writer advanced the stream (only possible if a task was folded twice
+                // concurrently). Refold and report a stale version.
+                let fresh = load_task(&self.inner.journal, &id)?
+                    .ok_or_else(|| StoreError::NotFound(format!("task {id:?}")))?;
+                let expected = task.state.version;
+                *task = fresh;
+                self.publish(slot, task, &before);
+                return Err(StoreError::VersionConflict {
+                    expected,
+                    actual: task.state.version,
+                });
+            }
+            Err(e) => return Err(e.into()),
+        }
+        for event in events {
+            task.apply(event).map_err(|error| {
+                tracing::error!(task = %id, %error, "a decided event does not fold");
+                StoreError::Replay(ReplayError::Rejected {
+                    task: id.clone(),
+                    position: task.state.position,
+                    error,
+                })
+            })?;
+        }
+        self.publish(slot, task, &before);
+        Ok(())
+    }
+
+    fn publish(&self, slot: &Slot, task: &Task, before: &Placement) {
+        let after = Placement::of(&task.state);
+        if after != *before {
+            let mut index = self.index();
+            index.place(
+                &task.state.spec.id,
+                &task.state.spec.executor_key,
+                Some(before),
+                &after,
+            );
+            index.evict(self.inner.config.terminal_cache);
+        }
+        slot.changes.send_replace(Change {
+            version: task.state.version,
+            position: task.state.position,
+        });
+        if after.status == Status::Pending && before.status != Status::Pending {
+            self.inner
+                .pending_epoch
+                .send_modify(|e| *e = e.wrapping_add(1));
+        }
+    }
+
+    /// Writes down an expired lease of the locked task, if one is due.
+    async fn resolve_expiry(&self, slot: &Slot, task: &mut Task, now: Timestamp) -> Result<()> {
+        if let Some(events) = decide::expiry(&task.state, now) {
+            self.commit(slot, task, &events).await?;
+        }
+        Ok(())
+    }
+
+    /// Creates a task: pending, version 1, attempt 0 (T1), with its `task_created`
+    /// notification in the same batch when the task has a session.
+    ///
+    /// # Errors
+    /// [`StoreError::Invalid`] for a bad spec, [`StoreError::AlreadyExists`] when the id is
+    /// taken; nothing is written in either case.
+    pub async fn create(&self, request: CreateRequest) -> Result<TaskState> {
+        let CreateRequest {
+            spec,
+            policy,
+            checkpoint,
+            context_snapshot,
+        } = request;
+        let config = &self.inner.config;
+        decide::validate_create(&spec, &checkpoint, &context_snapshot, config)?;
+        let policy =
+            policy.ok_or_else(|| StoreError::invalid("policy", "must be retry or fail"))?;
+        let id = spec.id.clone();
+        if self.index().slots.contains_key(&id) || self.inner.journal.head(&id)?.is_some() {
+            return Err(StoreError::AlreadyExists(id));
+        }
+        let now = self.now();
+        let created = Event::Created {
+            spec,
+            policy,
+            checkpoint,
+            context_snapshot,
+            at: now,
+        };
+        let mut task = Task::created(&created).map_err(|error| {
+            StoreError::Replay(ReplayError::Rejected {
+                task: id.clone(),
+                position: 0,
+                error,
+            })
+        })?;
+        let mut events = vec![created];
+        if let Some(n) = decide::lifecycle_notification(&task.state, "task_created", 1, now) {
+            task.apply(&n).map_err(|error| {
+                StoreError::Replay(ReplayError::Rejected {
+                    task: id.clone(),
+                    position: 1,
+                    error,
+                })
+            })?;
+            events.push(n);
+        }
+        match self.inner.journal.append_async(&id, 0, &events).await {
+            Ok(_) => {}
+            Err(dtask_journal::Error::Conflict { .. }) => {
+                return Err(StoreError::AlreadyExists(id))
+            }
+            Err(e) => return Err(e.into()),
+        }
+        let state = task.state.clone();
+        {
+            let mut index = self.index();
+            index.place(&id, &state.spec.executor_key, None, &Placement::of(&state));
+            index.slots.insert(id, Slot::new(task));
+        }
+        self.inner
+            .pending_epoch
+            .send_modify(|e| *e = e.wrapping_add(1));
+        Ok(state)
+    }
+
+    /// The task's snapshot, resolving an expired lease first (which writes its event).
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] for an unknown task.
+    pub async fn get(&self, id: &str) -> Result<TaskState> {
+        let slot = self.slot(id)?;
+        let mut task = slot.task.lock().await;
+        self.resolve_expiry(&slot, &mut task, self.now()).await?;
+        Ok(task.state.clone())
+    }
+
+    /// The folded task with its indexes (for the runtime and tests).
+    ///
+    /// # Errors
+    /// As for [`TaskStore::get`].
+    pub async fn get_task(&self, id: &str) -> Result<Task> {
+        let slot = self.slot(id)?;
+        let mut task = slot.task.lock().await;
+        self.resolve_expiry(&slot, &mut task, self.now()).await?;
+        Ok(task.clone())
+    }
+
+    /// Executes a lifecycle command against the task at `expected_version`.
+    ///
+    /// # Errors
+    /// The command's typed error (see [`StoreError`]); nothing is written on error, except an
+    /// expired lease found on the way, which is written down first.
+    pub async fn execute(
+        &self,
+        id: &str,
+        expected_version: u64,
+        command: Command,
+    ) -> Result<TaskState> {
+        let config = &self.inner.config;
+        decide::validate_task_id(id, config)?;
+        decide::validate(&command, config)?;
+        let slot = self.slot(id)?;
+        let mut task = slot.task.lock().await;
+        let now = self.now();
+        self.resolve_expiry(&slot, &mut task, now).await?;
+        match decide::decide(&task.state, expected_version, &command, now, config)? {
+            Decision::Unchanged => {}
+            Decision::Write(events) => self.commit(&slot, &mut task, &events).await?,
+        }
+        Ok(task.state.clone())
+    }
+
+    /// Resolves every lease that has expired by now; returns how many were written down.
+    ///
+    /// # Errors
+    /// The first journal error.
+    pub async fn sweep_expired(&self) -> Result<usize> {
+        let now = self.now();
+        let due: Vec<String> = self
+            .index()
+            .leases
+            .range(..(now.plus_millis(1), String::new()))
+            .map(|(_, id)| id.clone())
+            .collect();
+        let mut resolved = 0;
+        for id in due {
+            let slot = self.slot(&id)?;
+            let mut task = slot.task.lock().await;
+            if decide::expiry(&task.state, now).is_some() {
+                self.resolve_expiry(&slot, &mut task, now).await?;
+                resolved += 1;
+            }
+        }
+        Ok(resolved)
+    }
+
+    /// Spawns a background sweeper that resolves expired leases every `every` (optional:
+    /// expiry is also resolved lazily whenever a task is read or written).
+    #[must_use]
+    pub fn spawn_sweeper(&self, every: std::time::Duration) -> tokio::task::JoinHandle<()> {
+        let store = self.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            loop {
+                tick.tick().await;
+                if let Err(error) = store.sweep_expired().await {
+                    tracing::warn!(%error, "lease sweep failed");
+                }
+            }
+        })
+    }
+
+    fn list(
+        &self,
+        status: Status,
+        executor_keys: &[String],
+        cursor: Option<&str>,
+        limit: i64,
+    ) -> Result<(Vec<String>, usize, Vec<String>)> {
+        if executor_keys.is_empty() || executor_keys.iter().any(String::is_empty) {
+            return Err(StoreError::invalid(
+                "executor keys",
+                "must be non-empty, each key non-empty",
+            ));
+        }
+        let mut keys = executor_keys.to_vec();
+        keys.sort();
+        keys.dedup();
+        let after = match cursor {
+            None => None,
+            Some(c) => {
+                let c: cursor::ListCursor = cursor::decode(c)?;
+                if c.v != 1 || c.s != status.as_str() || c.k != keys {
+                    return Err(StoreError::InvalidCursor(
+                        "cursor does not match the status or executor keys".into(),
+                    ));
+                }
+                Some(c.l)
+            }
+        };
+        let limit = self.inner.config.page(limit);
+        let index = self.index();
+        let set = if status == Status::Pending {
+            &index.pending
+        } else {
+            &index.suspended
+        };
+        let lower = after.as_ref().map_or(Bound::Unbounded, Bound::Excluded);
+        let ids = set
+            .range::<String, _>((lower, Bound::Unbounded))
+            .filter(|(_, key)| keys.binary_search(key).is_ok())
+            .map(|(id, _)| id.clone())
+            .take(limit + 1)
+            .collect();
+        Ok((ids, limit, keys))
+    }
+
+    async fn list_status(
+        &self,
+        status: Status,
+        executor_keys: &[String],
+        cursor: Option<&str>,
+        limit: i64,
+    ) -> Result<TaskPage> {
+        self.sweep_expired().await?;
+        let (ids, limit, keys) = self.list(status, executor_keys, cursor, limit)?;
+        let mut tasks = Vec::with_capacity(ids.len().min(limit));
+        let mut more = false;
+        for id in ids {
+            let Ok(slot) = self.slot(&id) else { continue };
+            let task = slot.task.lock().await;
+            if task.state.status != status {
+                continue;
+            }
+            if tasks.len() == limit {
+                more = true;
+                break;
+            }
+            tasks.push(task.state.clone());
+        }
+        let next_cursor = match (more, tasks.last()) {
+            (true, Some(last)) => Some(cursor::encode(&cursor::ListCursor {
+                v: 1,
+                s: status.as_str().to_owned(),
+                k: keys,
+                l: last.spec.id.clone(),
+            })),
+            _ => None,
+        };
+        Ok(TaskPage { tasks, next_cursor })
+    }
+
+    /// Lists pending tasks of the given executors in ascending id order, after resolving
+    /// expired leases.
+    ///
+    /// # Errors
+    /// [`StoreError::Invalid`] for an empty key set or an empty key, [`StoreError::InvalidCursor`]
+    /// for a malformed cursor or one of another listing.
+    pub async fn list_pending(
+        &self,
+        executor_keys: &[String],
+        cursor: Option<&str>,
+        limit: i64,
+    ) -> Result<TaskPage> {
+        self.list_status(Status::Pending, executor_keys, cursor, limit)
+            .await
+    }
+
+    /// Lists suspended tasks of the given executors in ascending id order.
+    ///
+    /// # Errors
+    /// As for [`TaskStore::list_pending`].
+    pub async fn list_suspended(
+        &self,
+        executor_keys: &[String],
+        cursor: Option<&str>,
+        limit: i64,
+    ) -> Result<TaskPage> {
+        self.list_status(Status::Suspended, executor_keys, cursor, limit)
+            .await
+    }
+
+    /// Waits until the task's version exceeds `after_version` and returns that snapshot.
+    /// Progress updates never satisfy it. Expired leases are resolved at every check.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] for an unknown task.
+    pub async fn wait_for_task_version(&self, id: &str, after_version: u64) -> Result<TaskState> {
+        let slot = self.slot(id)?;
+        let mut changes = slot.changes.subscribe();
+        loop {
+            {
+                let mut task = slot.task.lock().await;
+                self.resolve_expiry(&slot, &mut task, self.now()).await?;
+                if task.state.version > after_version {
+                    return Ok(task.state.clone());
+                }
+            }
+            if changes.changed().await.is_err() {
+                return Err(StoreError::Closed);
+            }
+        }
+    }
+
+    /// A receiver of the task's change counters (version and stream length), for progress
+    /// readers that follow updates.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] for an unknown task.
+    pub fn watch(&self, id: &str) -> Result<watch::Receiver<Change>> {
+        Ok(self.slot(id)?.changes.subscribe())
+    }
+}

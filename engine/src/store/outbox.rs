@@ -1,0 +1,289 @@
+//! The notification outbox: lifecycle notifications written with their transitions,
+//! application notifications of running attempts, and delivery with leased receipts.
+//!
+//! Queued notifications are journal records (`NotificationEnqueued`) indexed in the journal's
+//! outbox space; an acknowledgement is a `NotificationAcked` record that removes the index entry
+//! in the same batch. Receipt leases are delivery bookkeeping and live in memory only: after a
+//! restart every unacknowledged notification is deliverable again (at-least-once delivery).
+
+use super::decide;
+use super::error::{Result, StoreError};
+use super::updates::fence;
+use super::TaskStore;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use dtask_journal::{Event, Timestamp};
+use std::collections::HashMap;
+
+/// Kind prefixes reserved for the engine's own notifications.
+pub const RESERVED_KIND_PREFIXES: [&str; 2] = ["dtask.", "eino."];
+
+/// Lifecycle notification kinds, which applications may not use.
+const LIFECYCLE_KINDS: [&str; 6] = [
+    "task_created",
+    "task_backgrounded",
+    "waiting_input",
+    "completed",
+    "failed",
+    "canceled",
+];
+
+/// An application notification of a running attempt.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NotificationRequest {
+    /// The idempotency key (required, at most 1024 bytes).
+    pub event_id: String,
+    /// The kind (required, at most 64 bytes, not a lifecycle kind, no reserved prefix).
+    pub kind: String,
+    /// The data (at most 256 KiB; empty and absent are the same).
+    pub data: Vec<u8>,
+}
+
+/// A delivered notification with its receipt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notification {
+    /// The notification id.
+    pub id: String,
+    /// The task it concerns.
+    pub task_id: String,
+    /// The session it is routed to.
+    pub session_id: String,
+    /// The task version when it was queued.
+    pub version: u64,
+    /// The kind.
+    pub kind: String,
+    /// The data (empty for lifecycle notifications).
+    pub data: Vec<u8>,
+    /// When it was queued.
+    pub created_at: Timestamp,
+    /// The receipt to acknowledge it with (fresh on every delivery).
+    pub receipt: String,
+}
+
+#[derive(Debug, Clone)]
+struct Lease {
+    receipt: String,
+    expires: Timestamp,
+    task: String,
+    id: String,
+}
+
+/// In-memory receipt leases, keyed by the enqueue record's global sequence.
+#[derive(Debug, Default)]
+pub(crate) struct Leases {
+    by_seq: HashMap<u64, Lease>,
+    by_receipt: HashMap<String, u64>,
+    next_receipt: u64,
+}
+
+/// The id of an application notification: depends only on (task, event id).
+#[must_use]
+pub fn application_notification_id(task: &str, event_id: &str) -> String {
+    format!(
+        "dtask.custom:{}:{}:application-event",
+        URL_SAFE_NO_PAD.encode(task),
+        URL_SAFE_NO_PAD.encode(event_id)
+    )
+}
+
+impl TaskStore {
+    fn leases(&self) -> std::sync::MutexGuard<'_, Leases> {
+        self.inner
+            .outbox
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Queues an application notification from the running `attempt`. The task's version and
+    /// snapshot do not change. Replaying an event id with the same kind and data succeeds
+    /// without queuing anything, in any later attempt and after acknowledgement.
+    ///
+    /// # Errors
+    /// [`StoreError::Invalid`] (checked first), [`StoreError::LeaseLost`],
+    /// [`StoreError::NotificationUnavailable`] without a session,
+    /// [`StoreError::NotificationEventIdConflict`].
+    pub async fn enqueue_notification(
+        &self,
+        id: &str,
+        attempt: u64,
+        request: NotificationRequest,
+    ) -> Result<()> {
+        let config = self.config();
+        if request.event_id.is_empty() || request.event_id.len() > config.max_id_bytes {
+            return Err(StoreError::invalid(
+                "event id",
+                "required, at most 1024 bytes",
+            ));
+        }
+        if request.kind.is_empty() || request.kind.len() > config.max_notification_kind_bytes {
+            return Err(StoreError::invalid("kind", "required, at most 64 bytes"));
+        }
+        if LIFECYCLE_KINDS.contains(&request.kind.as_str())
+            || RESERVED_KIND_PREFIXES
+                .iter()
+                .any(|p| request.kind.starts_with(p))
+        {
+            return Err(StoreError::invalid("kind", "reserved"));
+        }
+        if request.data.len() > config.max_notification_bytes {
+            return Err(StoreError::invalid("data", "over 256 KiB"));
+        }
+        decide::validate_task_id(id, config)?;
+        if attempt == 0 {
+            return Err(StoreError::invalid("attempt", "must be positive"));
+        }
+        let slot = self.slot(id)?;
+        let mut task = slot.task.lock().await;
+        let now = self.now();
+        self.resolve_expiry(&slot, &mut task, now).await?;
+        fence(&task.state, attempt, now)?;
+        if task.state.spec.session_id.is_empty() {
+            return Err(StoreError::NotificationUnavailable(
+                "the task has no session route",
+            ));
+        }
+        if let Some(&position) = task.notification_ids.get(&request.event_id) {
+            let record = self
+                .journal()
+                .read_stream(id, position)
+                .next()
+                .ok_or_else(|| StoreError::NotFound("notification record".into()))??;
+            return match record.event {
+                Event::NotificationEnqueued { kind, data, .. }
+                    if kind == request.kind && data == request.data =>
+                {
+                    Ok(())
+                }
+                _ => Err(StoreError::NotificationEventIdConflict(request.event_id)),
+            };
+        }
+        let event = Event::NotificationEnqueued {
+            id: application_notification_id(id, &request.event_id),
+            event_id: request.event_id,
+            kind: request.kind,
+            data: request.data,
+            version: task.state.version,
+            at: now,
+        };
+        self.commit(&slot, &mut task, &[event]).await
+    }
+
+    /// Leases up to `limit` deliverable notifications in insertion order for `lease`; each
+    /// gets a fresh receipt. Notifications leased to someone else are skipped.
+    ///
+    /// # Errors
+    /// [`StoreError::Invalid`] for a zero lease, journal errors.
+    pub async fn receive_notifications(
+        &self,
+        limit: i64,
+        lease: std::time::Duration,
+    ) -> Result<Vec<Notification>> {
+        if lease.is_zero() {
+            return Err(StoreError::invalid("lease duration", "must be positive"));
+        }
+        let limit = self.config().page(limit);
+        let now = self.now();
+        let expires = now.plus_millis(u64::try_from(lease.as_millis()).unwrap_or(u64::MAX));
+        // Choose and lease under one lock so two receivers never get the same item.
+        let mut delivered = Vec::new();
+        {
+            let mut leases = self.leases();
+            for item in self.journal().outbox() {
+                let item = item?;
+                if delivered.len() == limit {
+                    break;
+                }
+                let busy = leases
+                    .by_seq
+                    .get(&item.record.seq)
+                    .is_some_and(|l| l.expires > now);
+                let Event::NotificationEnqueued { id, .. } = &item.record.event else {
+                    continue;
+                };
+                if busy {
+                    continue;
+                }
+                leases.next_receipt += 1;
+                let receipt = format!("lease:{}", leases.next_receipt);
+                let lease = Lease {
+                    receipt: receipt.clone(),
+                    expires,
+                    task: item.task.clone(),
+                    id: id.clone(),
+                };
+                if let Some(old) = leases.by_seq.insert(item.record.seq, lease) {
+                    leases.by_receipt.remove(&old.receipt);
+                }
+                leases.by_receipt.insert(receipt.clone(), item.record.seq);
+                delivered.push((item, receipt));
+            }
+        }
+        let mut out = Vec::with_capacity(delivered.len());
+        for (item, receipt) in delivered {
+            let Event::NotificationEnqueued {
+                id,
+                kind,
+                data,
+                version,
+                at,
+                ..
+            } = item.record.event
+            else {
+                continue;
+            };
+            let session_id = self.get(&item.task).await?.spec.session_id;
+            out.push(Notification {
+                id,
+                task_id: item.task,
+                session_id,
+                version,
+                kind,
+                data,
+                created_at: at,
+                receipt,
+            });
+        }
+        Ok(out)
+    }
+
+    /// Acknowledges a delivered notification: it leaves the outbox for good.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] for an unknown or superseded receipt, [`StoreError::LeaseLost`]
+    /// when the receipt's lease has expired (the notification stays deliverable).
+    pub async fn ack_notification(&self, receipt: &str) -> Result<()> {
+        let now = self.now();
+        let (seq, lease) = {
+            let table = self.leases();
+            let seq = *table
+                .by_receipt
+                .get(receipt)
+                .ok_or_else(|| StoreError::NotFound(format!("receipt {receipt:?}")))?;
+            let lease = table
+                .by_seq
+                .get(&seq)
+                .filter(|l| l.receipt == receipt)
+                .cloned()
+                .ok_or_else(|| StoreError::NotFound(format!("receipt {receipt:?}")))?;
+            (seq, lease)
+        };
+        if now >= lease.expires {
+            return Err(StoreError::LeaseLost("the receipt's lease has expired"));
+        }
+        let slot = self.slot(&lease.task)?;
+        let mut task = slot.task.lock().await;
+        if !task.outbox.contains_key(&lease.id) {
+            return Err(StoreError::NotFound(format!("notification {:?}", lease.id)));
+        }
+        let event = Event::NotificationAcked {
+            id: lease.id.clone(),
+            enqueued_seq: seq,
+            at: now,
+        };
+        self.commit(&slot, &mut task, &[event]).await?;
+        let mut leases = self.leases();
+        leases.by_seq.remove(&seq);
+        leases.by_receipt.remove(receipt);
+        Ok(())
+    }
+}

@@ -1,0 +1,292 @@
+//! The task-event store: progress updates of running attempts, fenced by attempt and
+//! deduplicated task-wide by event id.
+
+use super::cursor::{self, EventCursor};
+use super::decide;
+use super::error::{Result, StoreError};
+use super::TaskStore;
+use dtask_journal::{Event, MetadataEntry, Record, Timestamp};
+use dtask_replay::Status;
+
+/// A progress update to append.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct UpdateRequest {
+    /// The emitting attempt (the fence; must be the running attempt).
+    pub attempt: u64,
+    /// The idempotency key, unique within the task.
+    pub event_id: String,
+    /// A free kind tag.
+    pub kind: String,
+    /// The update bytes (non-empty).
+    pub data: Vec<u8>,
+    /// Key/value metadata.
+    pub metadata: Vec<MetadataEntry>,
+}
+
+/// A stored progress update.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpdateRecord {
+    /// The task.
+    pub task_id: String,
+    /// The attempt that emitted it.
+    pub attempt: u64,
+    /// The idempotency key.
+    pub event_id: String,
+    /// The kind tag.
+    pub kind: String,
+    /// The update bytes.
+    pub data: Vec<u8>,
+    /// Key/value metadata.
+    pub metadata: Vec<MetadataEntry>,
+    /// The record's position in the task's stream (its append position).
+    pub position: u64,
+    /// When it was appended.
+    pub created_at: Timestamp,
+}
+
+impl UpdateRecord {
+    /// The update in `record`, if it is one.
+    #[must_use]
+    pub fn from_record(task_id: &str, record: &Record) -> Option<Self> {
+        match &record.event {
+            Event::UpdateAppended {
+                attempt,
+                event_id,
+                kind,
+                data,
+                metadata,
+                at,
+            } => Some(Self {
+                task_id: task_id.to_owned(),
+                attempt: *attempt,
+                event_id: event_id.clone(),
+                kind: kind.clone(),
+                data: data.clone(),
+                metadata: metadata.clone(),
+                position: record.position,
+                created_at: *at,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// One page of updates.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpdatePage {
+    /// The updates, in append order (or reverse order when newest first).
+    pub updates: Vec<UpdateRecord>,
+    /// The cursor of the next page; `None` when nothing remains in the traversal's snapshot.
+    pub next_cursor: Option<String>,
+}
+
+impl TaskStore {
+    /// Appends a progress update of the running attempt. The fence (running, no cancel intent,
+    /// current attempt, live lease) is checked **before** replay detection; then an event id
+    /// seen before (in any attempt) with the same bytes returns the original record with
+    /// `false`, and with other bytes fails. The task's version does not change.
+    ///
+    /// # Errors
+    /// [`StoreError::Invalid`], [`StoreError::NotFound`], [`StoreError::LeaseLost`],
+    /// [`StoreError::EventIdConflict`].
+    pub async fn append_update(
+        &self,
+        id: &str,
+        request: UpdateRequest,
+    ) -> Result<(UpdateRecord, bool)> {
+        let config = self.config();
+        decide::validate_task_id(id, config)?;
+        if request.attempt == 0 {
+            return Err(StoreError::invalid("attempt", "must be positive"));
+        }
+        if request.event_id.is_empty() {
+            return Err(StoreError::invalid("event id", "must not be empty"));
+        }
+        if request.event_id.len() > config.max_id_bytes {
+            return Err(StoreError::invalid("event id", "too long"));
+        }
+        if request.data.is_empty() {
+            return Err(StoreError::invalid("data", "must not be empty"));
+        }
+        if request.data.len() > config.max_value_bytes {
+            return Err(StoreError::invalid(
+                "data",
+                format!("{} bytes exceeds the limit", request.data.len()),
+            ));
+        }
+        let slot = self.slot(id)?;
+        let mut task = slot.task.lock().await;
+        let now = self.now();
+        self.resolve_expiry(&slot, &mut task, now).await?;
+        fence(&task.state, request.attempt, now)?;
+        if let Some(&position) = task.update_ids.get(&request.event_id) {
+            let original = self.read_update(id, position)?;
+            let same = original.kind == request.kind
+                && original.data == request.data
+                && original.metadata == request.metadata;
+            return if same {
+                Ok((original, false))
+            } else {
+                Err(StoreError::EventIdConflict(request.event_id))
+            };
+        }
+        let position = task.state.position;
+        let event = Event::UpdateAppended {
+            attempt: request.attempt,
+            event_id: request.event_id,
+            kind: request.kind,
+            data: request.data,
+            metadata: request.metadata,
+            at: now,
+        };
+        self.commit(&slot, &mut task, std::slice::from_ref(&event))
+            .await?;
+        let record = Record {
+            position,
+            seq: 0,
+            event,
+            digest: dtask_journal::Digest::GENESIS,
+            crc: 0,
+            size: 0,
+        };
+        UpdateRecord::from_record(id, &record)
+            .map(|u| (u, true))
+            .ok_or_else(|| StoreError::NotFound("update".into()))
+    }
+
+    fn read_update(&self, id: &str, position: u64) -> Result<UpdateRecord> {
+        let record = self
+            .journal()
+            .read_stream(id, position)
+            .next()
+            .ok_or_else(|| StoreError::NotFound(format!("update at {position}")))??;
+        UpdateRecord::from_record(id, &record)
+            .ok_or_else(|| StoreError::NotFound(format!("update at {position}")))
+    }
+
+    /// Lists a task's updates a page at a time, oldest first (or newest first). The first page
+    /// fixes the traversal's snapshot: updates appended later are not seen by its cursors.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] for an unknown task, [`StoreError::InvalidCursor`] for a
+    /// malformed cursor or one of another task or direction.
+    pub async fn list_updates(
+        &self,
+        id: &str,
+        cursor: Option<&str>,
+        limit: i64,
+        newest_first: bool,
+    ) -> Result<UpdatePage> {
+        let slot = self.slot(id)?;
+        let length = slot.task.lock().await.state.position;
+        let (snapshot, start) = match cursor {
+            None => (length, if newest_first { length } else { 0 }),
+            Some(c) => {
+                let c: EventCursor = cursor::decode(c)?;
+                if c.v != 1 || c.t != id || c.n != newest_first {
+                    return Err(StoreError::InvalidCursor(
+                        "cursor of another task or direction".into(),
+                    ));
+                }
+                if c.s > length || c.p > c.s {
+                    return Err(StoreError::InvalidCursor("cursor out of range".into()));
+                }
+                (c.s, c.p)
+            }
+        };
+        let limit = self.config().page(limit);
+        let (updates, next) = if newest_first {
+            self.scan_backward(id, start, limit)?
+        } else {
+            self.scan_forward(id, start, snapshot, limit)?
+        };
+        let next_cursor = next.map(|p| {
+            cursor::encode(&EventCursor {
+                v: 1,
+                t: id.to_owned(),
+                s: snapshot,
+                p,
+                n: newest_first,
+            })
+        });
+        Ok(UpdatePage {
+            updates,
+            next_cursor,
+        })
+    }
+
+    /// Updates in `[from, end)`, up to `limit`, and the position of the next one if any.
+    fn scan_forward(
+        &self,
+        id: &str,
+        from: u64,
+        end: u64,
+        limit: usize,
+    ) -> Result<(Vec<UpdateRecord>, Option<u64>)> {
+        let mut out = Vec::new();
+        for record in self.journal().read_stream(id, from) {
+            let record = record?;
+            if record.position >= end {
+                break;
+            }
+            if let Some(update) = UpdateRecord::from_record(id, &record) {
+                if out.len() == limit {
+                    return Ok((out, Some(record.position)));
+                }
+                out.push(update);
+            }
+        }
+        Ok((out, None))
+    }
+
+    /// Updates below `before`, newest first, up to `limit`, and the exclusive upper position
+    /// of the next page if any.
+    fn scan_backward(
+        &self,
+        id: &str,
+        before: u64,
+        limit: usize,
+    ) -> Result<(Vec<UpdateRecord>, Option<u64>)> {
+        const CHUNK: u64 = 256;
+        let mut out = Vec::new();
+        let mut end = before;
+        while end > 0 {
+            let start = end.saturating_sub(CHUNK);
+            let mut chunk = Vec::new();
+            for record in self.journal().read_stream(id, start) {
+                let record = record?;
+                if record.position >= end {
+                    break;
+                }
+                if let Some(update) = UpdateRecord::from_record(id, &record) {
+                    chunk.push(update);
+                }
+            }
+            for update in chunk.into_iter().rev() {
+                if out.len() == limit {
+                    return Ok((out, Some(update.position + 1)));
+                }
+                out.push(update);
+            }
+            end = start;
+        }
+        Ok((out, None))
+    }
+}
+
+/// The fence of attempt-scoped writes (updates and application notifications).
+pub(crate) fn fence(state: &dtask_replay::TaskState, attempt: u64, now: Timestamp) -> Result<()> {
+    if state.status != Status::Running {
+        return Err(StoreError::LeaseLost("the task is not running"));
+    }
+    if state.cancel_requested_at.is_some() {
+        return Err(StoreError::LeaseLost("cancellation was requested"));
+    }
+    if attempt != state.attempt {
+        return Err(StoreError::LeaseLost("the attempt is not the current one"));
+    }
+    if state.lease_deadline.is_none_or(|d| d <= now) {
+        return Err(StoreError::LeaseLost("the lease has expired"));
+    }
+    Ok(())
+}

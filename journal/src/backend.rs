@@ -1,0 +1,311 @@
+//! The storage behind the journal: an ordered key-value store with atomic batches.
+//!
+//! [`Backend`] is the seam for a second storage engine; [`RocksBackend`] is the embedded
+//! default. Only this module and [`crate::Journal`] see raw bytes; callers see typed records.
+
+use crate::error::{Error, Result};
+use crate::keys::{Space, META_FORMAT_VERSION};
+use crate::options::Durability;
+use rocksdb::{
+    ColumnFamily, ColumnFamilyDescriptor, Direction, IteratorMode, Options, ReadOptions,
+    WriteOptions, DB,
+};
+use std::path::Path;
+
+/// One write of a batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BatchOp {
+    /// Insert or replace `key` in `space`.
+    Put {
+        /// The space.
+        space: Space,
+        /// The key.
+        key: Vec<u8>,
+        /// The value.
+        value: Vec<u8>,
+    },
+    /// Remove `key` from `space`.
+    Delete {
+        /// The space.
+        space: Space,
+        /// The key.
+        key: Vec<u8>,
+    },
+}
+
+/// A raw key-value pair read from a backend.
+pub type KeyValue = (Box<[u8]>, Box<[u8]>);
+
+/// An iterator over raw pairs; a storage error ends it.
+pub type RawIter<'a> = Box<dyn Iterator<Item = Result<KeyValue>> + 'a>;
+
+/// A key range of one space: `lower` inclusive, `upper` exclusive (unbounded when `None`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Range {
+    /// The first key (inclusive).
+    pub lower: Vec<u8>,
+    /// The end (exclusive); `None` runs to the end of the space.
+    pub upper: Option<Vec<u8>>,
+    /// Iterate from the end of the range backwards.
+    pub reverse: bool,
+}
+
+impl Range {
+    /// Every key starting with `prefix`, forwards.
+    #[must_use]
+    pub fn prefix(prefix: &[u8]) -> Self {
+        Self {
+            lower: prefix.to_vec(),
+            upper: prefix_end(prefix),
+            reverse: false,
+        }
+    }
+
+    /// Every key at or after `lower`, forwards.
+    #[must_use]
+    pub fn from(lower: &[u8]) -> Self {
+        Self {
+            lower: lower.to_vec(),
+            upper: None,
+            reverse: false,
+        }
+    }
+
+    /// This range, iterated backwards.
+    #[must_use]
+    pub fn reversed(mut self) -> Self {
+        self.reverse = true;
+        self
+    }
+}
+
+/// The smallest key greater than every key starting with `prefix` (`None` when there is none).
+#[must_use]
+pub fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}
+
+/// An ordered key-value store with atomic, optionally synced batches.
+pub trait Backend: Send + Sync + 'static {
+    /// Writes every op atomically: all or nothing. With [`Durability::Sync`] the call returns
+    /// only after the batch is on stable storage.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] when nothing was written.
+    fn write(&self, ops: Vec<BatchOp>, durability: Durability) -> Result<()>;
+
+    /// Reads one key.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on I/O failure.
+    fn get(&self, space: Space, key: &[u8]) -> Result<Option<Vec<u8>>>;
+
+    /// Iterates a range of one space in key order (or reverse key order).
+    fn scan(&self, space: Space, range: Range) -> RawIter<'_>;
+
+    /// Catches a secondary instance up with its primary; a no-op elsewhere.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on failure.
+    fn catch_up(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Whether writes are refused (read-only or secondary).
+    fn read_only(&self) -> bool;
+}
+
+/// How a RocksDB journal is opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OpenMode<'a> {
+    /// The writer: creates the database if missing.
+    Primary,
+    /// Read-only: a snapshot of the database as of open.
+    ReadOnly,
+    /// A secondary that follows a live primary; keeps its own info log in the given directory.
+    Secondary(&'a Path),
+}
+
+/// The embedded RocksDB backend.
+pub struct RocksBackend {
+    db: DB,
+    read_only: bool,
+    secondary: bool,
+    sync: WriteOptions,
+    buffered: WriteOptions,
+}
+
+impl std::fmt::Debug for RocksBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RocksBackend")
+            .field("path", &self.db.path())
+            .field("read_only", &self.read_only)
+            .finish_non_exhaustive()
+    }
+}
+
+fn db_options(create: bool) -> Options {
+    let mut opts = Options::default();
+    opts.create_if_missing(create);
+    opts.create_missing_column_families(create);
+    opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
+    opts.increase_parallelism(2);
+    opts.set_max_background_jobs(2);
+    opts.set_write_buffer_size(64 << 20);
+    opts.set_keep_log_file_num(4);
+    opts
+}
+
+impl RocksBackend {
+    pub(crate) fn open(path: &Path, mode: OpenMode<'_>) -> Result<Self> {
+        let cfs = Space::ALL.iter().map(|s| s.name());
+        let db = match mode {
+            OpenMode::Primary => {
+                let opts = db_options(true);
+                let descriptors = Space::ALL
+                    .iter()
+                    .map(|s| ColumnFamilyDescriptor::new(s.name(), db_options(true)));
+                DB::open_cf_descriptors(&opts, path, descriptors)?
+            }
+            OpenMode::ReadOnly => {
+                if !path.join("CURRENT").exists() {
+                    return Err(Error::NotAJournal(format!(
+                        "no database at {}",
+                        path.display()
+                    )));
+                }
+                DB::open_cf_for_read_only(&db_options(false), path, cfs, false)?
+            }
+            OpenMode::Secondary(secondary) => {
+                if !path.join("CURRENT").exists() {
+                    return Err(Error::NotAJournal(format!(
+                        "no database at {}",
+                        path.display()
+                    )));
+                }
+                let mut opts = db_options(false);
+                opts.set_max_open_files(-1);
+                DB::open_cf_as_secondary(&opts, path, secondary, cfs)?
+            }
+        };
+        let mut sync = WriteOptions::default();
+        // Sync: the WAL is fsynced before the write returns, so an acknowledged append
+        // survives power loss, not only a process crash.
+        sync.set_sync(true);
+        let mut buffered = WriteOptions::default();
+        buffered.set_sync(false);
+        Ok(Self {
+            db,
+            read_only: !matches!(mode, OpenMode::Primary),
+            secondary: matches!(mode, OpenMode::Secondary(_)),
+            sync,
+            buffered,
+        })
+    }
+
+    fn cf(&self, space: Space) -> Result<&ColumnFamily> {
+        self.db
+            .cf_handle(space.name())
+            .ok_or_else(|| Error::NotAJournal(format!("column family {} missing", space.name())))
+    }
+
+    /// Reads the stored format version, if any.
+    pub(crate) fn format_version(&self) -> Result<Option<u32>> {
+        let Some(bytes) = self.get(Space::Meta, META_FORMAT_VERSION)? else {
+            return Ok(None);
+        };
+        let arr: [u8; 4] = bytes
+            .as_slice()
+            .try_into()
+            .map_err(|_| Error::NotAJournal("malformed format version".into()))?;
+        Ok(Some(u32::from_be_bytes(arr)))
+    }
+
+    /// Whether the database holds no journal data at all.
+    pub(crate) fn is_empty(&self) -> Result<bool> {
+        for space in Space::ALL {
+            if let Some(item) = self.scan(space, Range::default()).next() {
+                item?;
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+}
+
+impl Backend for RocksBackend {
+    fn write(&self, ops: Vec<BatchOp>, durability: Durability) -> Result<()> {
+        if self.read_only {
+            return Err(Error::ReadOnly);
+        }
+        let mut batch = rocksdb::WriteBatch::default();
+        for op in ops {
+            match op {
+                BatchOp::Put { space, key, value } => batch.put_cf(self.cf(space)?, key, value),
+                BatchOp::Delete { space, key } => batch.delete_cf(self.cf(space)?, key),
+            }
+        }
+        let write_options = match durability {
+            Durability::Sync => &self.sync,
+            Durability::Buffered => &self.buffered,
+        };
+        self.db.write_opt(batch, write_options)?;
+        Ok(())
+    }
+
+    fn get(&self, space: Space, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        Ok(self.db.get_cf(self.cf(space)?, key)?)
+    }
+
+    fn scan(&self, space: Space, range: Range) -> RawIter<'_> {
+        let cf = match self.cf(space) {
+            Ok(cf) => cf,
+            Err(e) => return Box::new(std::iter::once(Err(e))),
+        };
+        let mut opts = ReadOptions::default();
+        if let Some(upper) = &range.upper {
+            opts.set_iterate_upper_bound(upper.clone());
+        }
+        opts.set_iterate_lower_bound(range.lower.clone());
+        let mode = if range.reverse {
+            IteratorMode::End
+        } else {
+            IteratorMode::From(&range.lower, Direction::Forward)
+        };
+        Box::new(
+            self.db
+                .iterator_cf_opt(cf, opts, mode)
+                .map(|item| item.map_err(Error::from)),
+        )
+    }
+
+    fn catch_up(&self) -> Result<()> {
+        if self.secondary {
+            self.db.try_catch_up_with_primary()?;
+        }
+        Ok(())
+    }
+
+    fn read_only(&self) -> bool {
+        self.read_only
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_end_handles_carry() {
+        assert_eq!(prefix_end(b"ab"), Some(b"ac".to_vec()));
+        assert_eq!(prefix_end(&[1, 0xff]), Some(vec![2]));
+        assert_eq!(prefix_end(&[0xff, 0xff]), None);
+    }
+}

@@ -1,0 +1,185 @@
+//! The journal's error type.
+
+use std::fmt;
+
+/// What is wrong with a damaged record or stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CorruptionKind {
+    /// The record is shorter than its framing says (cut short).
+    Truncated {
+        /// The bytes actually present.
+        len: usize,
+    },
+    /// The stored CRC-32 does not match the record's bytes (a flipped or edited byte).
+    Checksum {
+        /// The CRC stored in the record.
+        stored: u32,
+        /// The CRC of the bytes present.
+        computed: u32,
+    },
+    /// The record's format version is not one this build reads.
+    UnknownVersion(u8),
+    /// The record stores another position than the key it was found under (swapped or moved).
+    Misplaced {
+        /// The position stored in the record.
+        found: u64,
+    },
+    /// The record does not chain from its predecessor: an earlier record was edited, removed
+    /// or reordered, or the record belongs to another task.
+    Chain,
+    /// No record exists at this position although later ones (or the task head) say it should:
+    /// a record was deleted.
+    Missing,
+    /// The task head disagrees with the stream (its last record was deleted or replaced).
+    Head {
+        /// What the head says.
+        detail: String,
+    },
+    /// The payload is not a valid event of this format version.
+    Decode(String),
+    /// A key does not follow the journal's key layout.
+    Key(String),
+}
+
+impl fmt::Display for CorruptionKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Truncated { len } => write!(f, "record truncated ({len} bytes present)"),
+            Self::Checksum { stored, computed } => write!(
+                f,
+                "checksum mismatch (stored {stored:08x}, computed {computed:08x})"
+            ),
+            Self::UnknownVersion(v) => write!(f, "unknown record format version {v}"),
+            Self::Misplaced { found } => {
+                write!(
+                    f,
+                    "record of position {found} found here (swapped or moved)"
+                )
+            }
+            Self::Chain => f.write_str(
+                "hash chain broken (an earlier record was edited, removed or reordered)",
+            ),
+            Self::Missing => f.write_str("record missing (deleted)"),
+            Self::Head { detail } => write!(f, "task head disagrees with the stream: {detail}"),
+            Self::Decode(msg) => write!(f, "payload does not decode: {msg}"),
+            Self::Key(msg) => write!(f, "malformed key: {msg}"),
+        }
+    }
+}
+
+/// Which limit a refused value broke.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Limit {
+    /// A single opaque value (payload, checkpoint, data) over `max_value_bytes`.
+    Value,
+    /// A whole encoded record over `max_record_bytes`.
+    Record,
+    /// A task id over `max_task_id_bytes`.
+    TaskId,
+    /// More events in one append than `max_events_per_append`.
+    EventsPerAppend,
+}
+
+impl fmt::Display for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Value => "value bytes",
+            Self::Record => "record bytes",
+            Self::TaskId => "task id bytes",
+            Self::EventsPerAppend => "events per append",
+        })
+    }
+}
+
+/// Errors of the journal.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A stored record or key is damaged; names the task and position.
+    #[error("corruption in task {task:?} at position {position}: {kind}")]
+    Corruption {
+        /// The task whose stream is damaged (empty when the key itself is unreadable).
+        task: String,
+        /// The position of the damaged record.
+        position: u64,
+        /// What is wrong.
+        kind: CorruptionKind,
+    },
+    /// The expected position of an append is stale: another append got there first. Nothing
+    /// was written.
+    #[error(
+        "append conflict on task {task:?}: expected position {expected}, stream is at {actual}"
+    )]
+    Conflict {
+        /// The task.
+        task: String,
+        /// The position the caller expected.
+        expected: u64,
+        /// The stream's actual next position.
+        actual: u64,
+    },
+    /// A value or id exceeds a configured limit. Nothing was written.
+    #[error("{limit} limit exceeded: {size} > {max}")]
+    TooLarge {
+        /// Which limit.
+        limit: Limit,
+        /// The offending size.
+        size: usize,
+        /// The configured maximum.
+        max: usize,
+    },
+    /// A task id is empty or contains a NUL byte. Nothing was written.
+    #[error("invalid task id {0:?}: must be non-empty and contain no NUL byte")]
+    InvalidTaskId(String),
+    /// An append carried no events.
+    #[error("an append needs at least one event")]
+    EmptyAppend,
+    /// The database was written by a newer (or unknown) format version.
+    #[error(
+        "journal format version {found} is not supported (this build reads up to {supported})"
+    )]
+    UnsupportedFormat {
+        /// The version found in the database.
+        found: u32,
+        /// The newest version this build supports.
+        supported: u32,
+    },
+    /// The path holds a database that is not a dtask journal (no format version).
+    #[error("not a dtask journal: {0}")]
+    NotAJournal(String),
+    /// The journal was opened read-only or as a secondary.
+    #[error("the journal is open read-only")]
+    ReadOnly,
+    /// The journal's writer has shut down (closed, or failed earlier).
+    #[error("the journal is closed")]
+    Closed,
+    /// The storage backend failed (I/O, RocksDB). The append, if any, was not written.
+    #[error("storage error: {0}")]
+    Storage(String),
+    /// An event could not be encoded.
+    #[error("encoding error: {0}")]
+    Encode(String),
+}
+
+impl Error {
+    /// Builds a corruption error.
+    #[must_use]
+    pub fn corruption(task: &str, position: u64, kind: CorruptionKind) -> Self {
+        Self::Corruption {
+            task: task.to_owned(),
+            position,
+            kind,
+        }
+    }
+}
+
+impl From<rocksdb::Error> for Error {
+    fn from(e: rocksdb::Error) -> Self {
+        Self::Storage(e.into_string())
+    }
+}
+
+/// A journal result.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

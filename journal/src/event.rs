@@ -1,0 +1,518 @@
+//! The journal's vocabulary: every record a task stream can hold (schema v1).
+//!
+//! A task's stream is an ordered list of [`Event`]s. *Lifecycle* events change the task's
+//! status or durable fields and each raises the task's version by exactly one; *non-lifecycle*
+//! events (progress updates and notification bookkeeping) leave the version unchanged. The
+//! fold that turns a stream into a task state lives in `dtask-replay`; this module only names
+//! the facts.
+//!
+//! Every time a fact depends on is a field of the event ([`Timestamp`]), so folding a stream
+//! never reads a clock.
+//!
+//! Schema changes go through a new record format version with an explicit upcast (bincode is
+//! not self-describing): never reorder, remove or change the type of a variant or field here
+//! without bumping [`crate::FORMAT_VERSION`].
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Milliseconds since the UNIX epoch, as recorded in an event.
+///
+/// The clock is read when a command is decided, never when an event is folded.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+)]
+pub struct Timestamp(pub u64);
+
+impl Timestamp {
+    /// The timestamp as milliseconds since the UNIX epoch.
+    #[must_use]
+    pub const fn as_millis(self) -> u64 {
+        self.0
+    }
+
+    /// This timestamp plus `millis` milliseconds (saturating).
+    #[must_use]
+    pub const fn plus_millis(self, millis: u64) -> Self {
+        Self(self.0.saturating_add(millis))
+    }
+}
+
+impl fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}ms", self.0)
+    }
+}
+
+/// What happens to a running task whose lease expires (fixed at creation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LeasePolicy {
+    /// The task goes back to pending and the next claim starts attempt n+1.
+    Retry,
+    /// The task fails ("execution lease expired and retry is disabled"), or is canceled when
+    /// cancellation had been requested.
+    Fail,
+}
+
+impl LeasePolicy {
+    /// The lower-case name used in exports and the CLI.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Retry => "retry",
+            Self::Fail => "fail",
+        }
+    }
+}
+
+/// The immutable, serialized intent of a task, fixed by `Created`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct TaskSpec {
+    /// The task id; unique in a journal, never empty, no NUL byte.
+    pub id: String,
+    /// Routing key to the executor that runs the task.
+    pub executor_key: String,
+    /// A free tag (for example `background_tool`); not used for routing.
+    pub kind: String,
+    /// Opaque bytes that only the executor reads.
+    pub payload: Vec<u8>,
+    /// Human-readable description.
+    pub description: String,
+    /// Optional path of a derived (non-authoritative) transcript.
+    pub output_file: String,
+    /// The session that notifications are routed to; empty for none.
+    pub session_id: String,
+    /// Whether waiting-input and terminal notifications are sent to the session.
+    pub notify_session: bool,
+}
+
+/// How a lazily or sweeper-detected lease expiry was resolved; which one follows from the
+/// task's [`LeasePolicy`] and whether cancellation had been requested.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExpiryResolution {
+    /// Retry policy: back to pending with the same attempt count (cancel intent kept).
+    Retry,
+    /// Fail policy without cancel intent: failed with the lease-expired error.
+    Failed,
+    /// Fail policy with cancel intent: canceled with the cancel reason.
+    Canceled,
+}
+
+impl ExpiryResolution {
+    /// Whether the resolution ends the task.
+    #[must_use]
+    pub const fn is_terminal(self) -> bool {
+        !matches!(self, Self::Retry)
+    }
+}
+
+/// One key/value entry of an update's metadata.
+pub type MetadataEntry = (String, String);
+
+/// One record of a task stream.
+///
+/// Variants up to and including `Canceled` are lifecycle events (each raises the version by
+/// one); the rest are non-lifecycle records. The variant order is part of the on-disk format.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Event {
+    /// T1: the task was created, pending, version 1, attempt 0.
+    Created {
+        /// The immutable spec.
+        spec: TaskSpec,
+        /// What a lease expiry does to this task.
+        policy: LeasePolicy,
+        /// The initial checkpoint (empty for none).
+        checkpoint: Vec<u8>,
+        /// An opaque, manager-owned context capture (empty for none).
+        context_snapshot: Vec<u8>,
+        /// Creation time.
+        at: Timestamp,
+    },
+    /// T2: a worker claimed the pending task; `attempt` is the new attempt number.
+    AttemptStarted {
+        /// The new attempt number (the previous one plus one).
+        attempt: u64,
+        /// When the lease runs out unless renewed.
+        lease_deadline: Timestamp,
+        /// Claim time.
+        at: Timestamp,
+    },
+    /// T3: the running attempt renewed its lease.
+    Heartbeat {
+        /// The renewed lease deadline.
+        lease_deadline: Timestamp,
+        /// Heartbeat time.
+        at: Timestamp,
+    },
+    /// T4: the started marker — the tool's side effect has begun and this checkpoint says how to
+    /// recover it instead of starting it again.
+    StartCommitted {
+        /// The managed checkpoint (non-empty).
+        checkpoint: Vec<u8>,
+        /// Commit time.
+        at: Timestamp,
+    },
+    /// T5: the first transcript (output file) failure of the task.
+    TranscriptFailed {
+        /// The error text (non-empty, bounded).
+        error: String,
+        /// Report time.
+        at: Timestamp,
+    },
+    /// T8: the attempt ended waiting for input; the checkpoint carries the input request.
+    WaitingInput {
+        /// The replacement checkpoint (non-empty).
+        checkpoint: Vec<u8>,
+        /// Transition time.
+        at: Timestamp,
+    },
+    /// T9: the attempt ended suspended.
+    Suspended {
+        /// The replacement checkpoint (non-empty).
+        checkpoint: Vec<u8>,
+        /// Transition time.
+        at: Timestamp,
+    },
+    /// T10: the attempt yielded; the task is pending again.
+    Yielded {
+        /// A replacement checkpoint; empty keeps the stored one.
+        checkpoint: Vec<u8>,
+        /// Transition time.
+        at: Timestamp,
+    },
+    /// T17: input was given to a task waiting for it; the task is pending with a pending resume.
+    InputProvided {
+        /// The resume data handed to the next attempt.
+        data: Vec<u8>,
+        /// A replacement context snapshot, when one was captured.
+        context_snapshot: Option<Vec<u8>>,
+        /// Transition time.
+        at: Timestamp,
+    },
+    /// T18: a suspended task was released to pending.
+    Released {
+        /// A replacement context snapshot, when supplied (empty clears it).
+        context_snapshot: Option<Vec<u8>>,
+        /// Transition time.
+        at: Timestamp,
+    },
+    /// T12–T14: the first cancel request. What it does depends on the status it finds: a
+    /// running task keeps running with its lease extended to `lease_deadline`; a retried
+    /// pending task stays pending; any other non-terminal task is canceled directly
+    /// (`direct` is then true).
+    CancelRequested {
+        /// The cancel reason (may be empty: the default reason applies at cancellation).
+        reason: String,
+        /// The extended lease deadline when the task was running.
+        lease_deadline: Option<Timestamp>,
+        /// Whether this request canceled the task directly (T14).
+        direct: bool,
+        /// Request time.
+        at: Timestamp,
+    },
+    /// T19–T22: the running attempt's lease ran out and was resolved.
+    LeaseExpired {
+        /// How the expiry was resolved.
+        resolution: ExpiryResolution,
+        /// The deadline that passed.
+        deadline: Timestamp,
+        /// When the expiry was detected and written down (after `deadline`).
+        at: Timestamp,
+    },
+    /// T6: the attempt completed the task with result data.
+    Completed {
+        /// The result data.
+        data: Vec<u8>,
+        /// Transition time.
+        at: Timestamp,
+    },
+    /// T7: the attempt failed the task.
+    Failed {
+        /// The error text (non-empty, bounded).
+        error: String,
+        /// Transition time.
+        at: Timestamp,
+    },
+    /// T11: the attempt acknowledged cancellation; the task is canceled.
+    Canceled {
+        /// The reason recorded as the task's result error.
+        reason: String,
+        /// Transition time.
+        at: Timestamp,
+    },
+    /// A progress update of a running attempt (non-lifecycle; deduplicated by `event_id`).
+    UpdateAppended {
+        /// The attempt that emitted it (the fence).
+        attempt: u64,
+        /// The caller's idempotency key, unique within the task.
+        event_id: String,
+        /// A free kind tag.
+        kind: String,
+        /// The update bytes.
+        data: Vec<u8>,
+        /// Key/value metadata, in emission order.
+        metadata: Vec<MetadataEntry>,
+        /// Append time.
+        at: Timestamp,
+    },
+    /// A notification was queued in the outbox (non-lifecycle). Lifecycle notifications are
+    /// written in the same batch as the transition that caused them.
+    NotificationEnqueued {
+        /// The notification id (`<task>:<version>:<kind>` for lifecycle ones).
+        id: String,
+        /// The application event id, empty for lifecycle notifications.
+        event_id: String,
+        /// The notification kind.
+        kind: String,
+        /// The notification data (empty for lifecycle notifications).
+        data: Vec<u8>,
+        /// The task version when queued.
+        version: u64,
+        /// Queue time.
+        at: Timestamp,
+    },
+    /// A queued notification was acknowledged and leaves the outbox (non-lifecycle).
+    NotificationAcked {
+        /// The acknowledged notification id.
+        id: String,
+        /// The global sequence of the record that enqueued it (its outbox key).
+        enqueued_seq: u64,
+        /// Acknowledgement time.
+        at: Timestamp,
+    },
+}
+
+/// The discriminant of an [`Event`], for filters, statistics and display.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[allow(missing_docs)]
+pub enum EventType {
+    Created,
+    AttemptStarted,
+    Heartbeat,
+    StartCommitted,
+    TranscriptFailed,
+    WaitingInput,
+    Suspended,
+    Yielded,
+    InputProvided,
+    Released,
+    CancelRequested,
+    LeaseExpired,
+    Completed,
+    Failed,
+    Canceled,
+    UpdateAppended,
+    NotificationEnqueued,
+    NotificationAcked,
+}
+
+impl EventType {
+    /// Every event type, in schema order.
+    pub const ALL: [Self; 18] = [
+        Self::Created,
+        Self::AttemptStarted,
+        Self::Heartbeat,
+        Self::StartCommitted,
+        Self::TranscriptFailed,
+        Self::WaitingInput,
+        Self::Suspended,
+        Self::Yielded,
+        Self::InputProvided,
+        Self::Released,
+        Self::CancelRequested,
+        Self::LeaseExpired,
+        Self::Completed,
+        Self::Failed,
+        Self::Canceled,
+        Self::UpdateAppended,
+        Self::NotificationEnqueued,
+        Self::NotificationAcked,
+    ];
+
+    /// The `snake_case` name used in exports and the CLI.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Created => "created",
+            Self::AttemptStarted => "attempt_started",
+            Self::Heartbeat => "heartbeat",
+            Self::StartCommitted => "start_committed",
+            Self::TranscriptFailed => "transcript_failed",
+            Self::WaitingInput => "waiting_input",
+            Self::Suspended => "suspended",
+            Self::Yielded => "yielded",
+            Self::InputProvided => "input_provided",
+            Self::Released => "released",
+            Self::CancelRequested => "cancel_requested",
+            Self::LeaseExpired => "lease_expired",
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+            Self::Canceled => "canceled",
+            Self::UpdateAppended => "update_appended",
+            Self::NotificationEnqueued => "notification_enqueued",
+            Self::NotificationAcked => "notification_acked",
+        }
+    }
+
+    /// Whether events of this type raise the task version (lifecycle events).
+    #[must_use]
+    pub const fn is_lifecycle(self) -> bool {
+        !matches!(
+            self,
+            Self::UpdateAppended | Self::NotificationEnqueued | Self::NotificationAcked
+        )
+    }
+}
+
+impl fmt::Display for EventType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Event {
+    /// The event's type.
+    #[must_use]
+    pub const fn event_type(&self) -> EventType {
+        match self {
+            Self::Created { .. } => EventType::Created,
+            Self::AttemptStarted { .. } => EventType::AttemptStarted,
+            Self::Heartbeat { .. } => EventType::Heartbeat,
+            Self::StartCommitted { .. } => EventType::StartCommitted,
+            Self::TranscriptFailed { .. } => EventType::TranscriptFailed,
+            Self::WaitingInput { .. } => EventType::WaitingInput,
+            Self::Suspended { .. } => EventType::Suspended,
+            Self::Yielded { .. } => EventType::Yielded,
+            Self::InputProvided { .. } => EventType::InputProvided,
+            Self::Released { .. } => EventType::Released,
+            Self::CancelRequested { .. } => EventType::CancelRequested,
+            Self::LeaseExpired { .. } => EventType::LeaseExpired,
+            Self::Completed { .. } => EventType::Completed,
+            Self::Failed { .. } => EventType::Failed,
+            Self::Canceled { .. } => EventType::Canceled,
+            Self::UpdateAppended { .. } => EventType::UpdateAppended,
+            Self::NotificationEnqueued { .. } => EventType::NotificationEnqueued,
+            Self::NotificationAcked { .. } => EventType::NotificationAcked,
+        }
+    }
+
+    /// When the event happened.
+    #[must_use]
+    pub const fn at(&self) -> Timestamp {
+        match self {
+            Self::Created { at, .. }
+            | Self::AttemptStarted { at, .. }
+            | Self::Heartbeat { at, .. }
+            | Self::StartCommitted { at, .. }
+            | Self::TranscriptFailed { at, .. }
+            | Self::WaitingInput { at, .. }
+            | Self::Suspended { at, .. }
+            | Self::Yielded { at, .. }
+            | Self::InputProvided { at, .. }
+            | Self::Released { at, .. }
+            | Self::CancelRequested { at, .. }
+            | Self::LeaseExpired { at, .. }
+            | Self::Completed { at, .. }
+            | Self::Failed { at, .. }
+            | Self::Canceled { at, .. }
+            | Self::UpdateAppended { at, .. }
+            | Self::NotificationEnqueued { at, .. }
+            | Self::NotificationAcked { at, .. } => *at,
+        }
+    }
+
+    /// Whether the event raises the task version.
+    #[must_use]
+    pub const fn is_lifecycle(&self) -> bool {
+        self.event_type().is_lifecycle()
+    }
+
+    /// Whether the event ends the task (completed, failed or canceled).
+    #[must_use]
+    pub const fn is_terminal(&self) -> bool {
+        match self {
+            Self::Completed { .. } | Self::Failed { .. } | Self::Canceled { .. } => true,
+            Self::CancelRequested { direct, .. } => *direct,
+            Self::LeaseExpired { resolution, .. } => resolution.is_terminal(),
+            _ => false,
+        }
+    }
+
+    /// The length of the event's largest opaque byte value (payload, checkpoint, data,
+    /// context snapshot), which the journal bounds by its value limit.
+    #[must_use]
+    pub fn largest_value_len(&self) -> usize {
+        match self {
+            Self::Created {
+                spec,
+                checkpoint,
+                context_snapshot,
+                ..
+            } => spec
+                .payload
+                .len()
+                .max(checkpoint.len())
+                .max(context_snapshot.len()),
+            Self::StartCommitted { checkpoint, .. }
+            | Self::WaitingInput { checkpoint, .. }
+            | Self::Suspended { checkpoint, .. }
+            | Self::Yielded { checkpoint, .. } => checkpoint.len(),
+            Self::InputProvided {
+                data,
+                context_snapshot,
+                ..
+            } => data
+                .len()
+                .max(context_snapshot.as_ref().map_or(0, Vec::len)),
+            Self::Released {
+                context_snapshot, ..
+            } => context_snapshot.as_ref().map_or(0, Vec::len),
+            Self::Completed { data, .. }
+            | Self::UpdateAppended { data, .. }
+            | Self::NotificationEnqueued { data, .. } => data.len(),
+            Self::AttemptStarted { .. }
+            | Self::Heartbeat { .. }
+            | Self::TranscriptFailed { .. }
+            | Self::CancelRequested { .. }
+            | Self::LeaseExpired { .. }
+            | Self::Failed { .. }
+            | Self::Canceled { .. }
+            | Self::NotificationAcked { .. } => 0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lifecycle_split_matches_schema_order() {
+        let lifecycle: Vec<_> = EventType::ALL.iter().filter(|t| t.is_lifecycle()).collect();
+        assert_eq!(lifecycle.len(), 15);
+        assert_eq!(*lifecycle[14], EventType::Canceled);
+    }
+
+    #[test]
+    fn terminal_events() {
+        let at = Timestamp(1);
+        assert!(Event::Completed { data: vec![], at }.is_terminal());
+        assert!(!Event::LeaseExpired {
+            resolution: ExpiryResolution::Retry,
+            deadline: at,
+            at
+        }
+        .is_terminal());
+        assert!(Event::CancelRequested {
+            reason: String::new(),
+            lease_deadline: None,
+            direct: true,
+            at
+        }
+        .is_terminal());
+    }
+}

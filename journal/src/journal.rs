@@ -1,0 +1,642 @@
+//! The journal: open, append, read.
+
+use crate::backend::{Backend, OpenMode, Range, RocksBackend};
+use crate::error::{CorruptionKind, Error, Limit, Result};
+use crate::event::Event;
+use crate::head::Head;
+use crate::keys::{self, Space};
+use crate::options::JournalOptions;
+use crate::record::{self, Digest, Record};
+use crate::writer::{AppendJob, Appended, EncodedEvent, IndexEffect, Writer};
+use std::path::Path;
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use tokio::sync::oneshot;
+
+/// The journal format version stored in the `meta` space and checked at open.
+pub const JOURNAL_FORMAT_VERSION: u32 = 1;
+
+/// An append-only journal of task streams on an embedded RocksDB.
+///
+/// Cheap to clone: clones share one database and one group-commit writer. The writer thread
+/// stops when the last clone is dropped, after acknowledging everything queued.
+///
+/// ```
+/// use dtask_journal::{Event, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp};
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let dir = tempfile::tempdir()?;
+/// let journal = Journal::open(dir.path(), JournalOptions::default())?;
+/// let created = Event::Created {
+///     spec: TaskSpec { id: "t1".into(), executor_key: "shell".into(), ..TaskSpec::default() },
+///     policy: LeasePolicy::Retry,
+///     checkpoint: vec![],
+///     context_snapshot: vec![],
+///     at: Timestamp(1_700_000_000_000),
+/// };
+/// let appended = journal.append("t1", 0, &[created.clone()])?;
+/// assert_eq!(appended.next_position, 1);
+/// // A second append that expects position 0 lost the race: nothing is written.
+/// assert!(journal.append("t1", 0, &[created]).is_err());
+/// let records = journal.read_stream("t1", 0).collect::<Result<Vec<_>, _>>()?;
+/// assert_eq!(records.len(), 1);
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Journal {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    backend: Arc<dyn Backend>,
+    options: JournalOptions,
+    sender: Mutex<Option<Sender<AppendJob>>>,
+    writer: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Ok(mut sender) = self.sender.lock() {
+            sender.take();
+        }
+        if let Ok(mut writer) = self.writer.lock() {
+            if let Some(handle) = writer.take() {
+                let _ = handle.join();
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Journal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Journal")
+            .field("options", &self.inner.options)
+            .field("read_only", &self.inner.backend.read_only())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Journal {
+    /// Opens (creating if missing) the journal at `path` for writing.
+    ///
+    /// # Errors
+    /// [`Error::UnsupportedFormat`] for a journal of a newer format, [`Error::NotAJournal`] for a
+    /// non-empty database without a format version, [`Error::Storage`] when RocksDB fails
+    /// (for example because another process holds the lock).
+    pub fn open(path: impl AsRef<Path>, options: JournalOptions) -> Result<Self> {
+        let backend = RocksBackend::open(path.as_ref(), OpenMode::Primary)?;
+        match backend.format_version()? {
+            Some(v) => check_version(v)?,
+            None if backend.is_empty()? => backend.write(
+                vec![crate::backend::BatchOp::Put {
+                    space: Space::Meta,
+                    key: keys::META_FORMAT_VERSION.to_vec(),
+                    value: JOURNAL_FORMAT_VERSION.to_be_bytes().to_vec(),
+                }],
+                crate::Durability::Sync,
+            )?,
+            None => return Err(Error::NotAJournal("no format version".into())),
+        }
+        Self::with_backend(Arc::new(backend), options)
+    }
+
+    /// Opens the journal at `path` read-only: a consistent view as of the open, no lock taken,
+    /// so it works while another process writes the journal.
+    ///
+    /// # Errors
+    /// As for [`Journal::open`]; appends on the result fail with [`Error::ReadOnly`].
+    pub fn open_read_only(path: impl AsRef<Path>) -> Result<Self> {
+        let backend = RocksBackend::open(path.as_ref(), OpenMode::ReadOnly)?;
+        Self::checked_reader(backend)
+    }
+
+    /// Opens the journal at `path` as a follower of a live writer (a RocksDB secondary).
+    /// `scratch` is a directory of the follower's own (its info log). Call
+    /// [`Journal::catch_up`] to see what the writer committed since.
+    ///
+    /// # Errors
+    /// As for [`Journal::open_read_only`].
+    pub fn open_follower(path: impl AsRef<Path>, scratch: impl AsRef<Path>) -> Result<Self> {
+        let backend = RocksBackend::open(path.as_ref(), OpenMode::Secondary(scratch.as_ref()))?;
+        Self::checked_reader(backend)
+    }
+
+    fn checked_reader(backend: RocksBackend) -> Result<Self> {
+        match backend.format_version()? {
+            Some(v) => check_version(v)?,
+            None => return Err(Error::NotAJournal("no format version".into())),
+        }
+        Self::with_backend(Arc::new(backend), JournalOptions::default())
+    }
+
+    /// Builds a journal over any [`Backend`] (which must already hold a compatible format
+    /// version or be empty).
+    ///
+    /// # Errors
+    /// [`Error::Storage`] if the commit index cannot be read.
+    pub fn with_backend(backend: Arc<dyn Backend>, options: JournalOptions) -> Result<Self> {
+        let (sender, writer) = if backend.read_only() {
+            (None, None)
+        } else {
+            let next_seq = last_seq(backend.as_ref())? + 1;
+            let (tx, rx) = mpsc::channel();
+            let writer = Writer::new(
+                Arc::clone(&backend),
+                options.durability,
+                options.max_batch_appends,
+                next_seq,
+            );
+            let handle = std::thread::Builder::new()
+                .name("dtask-journal-writer".into())
+                .spawn(move || writer.run(&rx))
+                .map_err(|e| Error::Storage(format!("cannot start the writer thread: {e}")))?;
+            (Some(tx), Some(handle))
+        };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                backend,
+                options,
+                sender: Mutex::new(sender),
+                writer: Mutex::new(writer),
+            }),
+        })
+    }
+
+    /// The options the journal was opened with.
+    #[must_use]
+    pub fn options(&self) -> &JournalOptions {
+        &self.inner.options
+    }
+
+    /// Whether appends are refused.
+    #[must_use]
+    pub fn is_read_only(&self) -> bool {
+        self.inner.backend.read_only()
+    }
+
+    fn prepare(&self, task: &str, events: &[Event]) -> Result<Vec<EncodedEvent>> {
+        let opts = &self.inner.options;
+        if !keys::is_valid_task_id(task) {
+            return Err(Error::InvalidTaskId(task.to_owned()));
+        }
+        if task.len() > opts.max_task_id_bytes {
+            return Err(Error::TooLarge {
+                limit: Limit::TaskId,
+                size: task.len(),
+                max: opts.max_task_id_bytes,
+            });
+        }
+        if events.is_empty() {
+            return Err(Error::EmptyAppend);
+        }
+        if events.len() > opts.max_events_per_append {
+            return Err(Error::TooLarge {
+                limit: Limit::EventsPerAppend,
+                size: events.len(),
+                max: opts.max_events_per_append,
+            });
+        }
+        events
+            .iter()
+            .map(|event| {
+                let value = event.largest_value_len();
+                if value > opts.max_value_bytes {
+                    return Err(Error::TooLarge {
+                        limit: Limit::Value,
+                        size: value,
+                        max: opts.max_value_bytes,
+                    });
+                }
+                let payload = record::encode_payload(event).map_err(Error::Encode)?;
+                let max_record = opts.max_record_bytes.min(record::MAX_PAYLOAD_BYTES);
+                if payload.len() > max_record {
+                    return Err(Error::TooLarge {
+                        limit: Limit::Record,
+                        size: payload.len(),
+                        max: max_record,
+                    });
+                }
+                let effect = match event {
+                    Event::Created { .. } => IndexEffect::Created,
+                    Event::NotificationEnqueued { .. } => IndexEffect::Enqueue,
+                    Event::NotificationAcked { enqueued_seq, .. } => {
+                        IndexEffect::Ack(*enqueued_seq)
+                    }
+                    e if e.is_terminal() => IndexEffect::Terminal,
+                    _ => IndexEffect::None,
+                };
+                Ok(EncodedEvent { payload, effect })
+            })
+            .collect()
+    }
+
+    fn submit(
+        &self,
+        task: &str,
+        expected_position: u64,
+        events: &[Event],
+    ) -> Result<oneshot::Receiver<Result<Appended>>> {
+        let encoded = self.prepare(task, events)?;
+        let (reply, rx) = oneshot::channel();
+        let job = AppendJob {
+            task: task.to_owned(),
+            expected: expected_position,
+            events: encoded,
+            reply,
+        };
+        let sender = self.inner.sender.lock().map_err(|_| Error::Closed)?;
+        match sender.as_ref() {
+            None if self.is_read_only() => Err(Error::ReadOnly),
+            None => Err(Error::Closed),
+            Some(tx) => tx.send(job).map_err(|_| Error::Closed).map(|()| rx),
+        }
+    }
+
+    /// Appends `events` to `task`'s stream at `expected_position` (the stream's current length)
+    /// atomically, and returns once they are durable (per [`crate::Durability`]).
+    ///
+    /// Appends of many callers are group-committed: one batch, one sync.
+    ///
+    /// # Errors
+    /// [`Error::Conflict`] when the stream is not at `expected_position` (nothing written);
+    /// [`Error::TooLarge`], [`Error::InvalidTaskId`], [`Error::EmptyAppend`] for bad input
+    /// (nothing written); [`Error::Storage`] when the batch failed (nothing written).
+    ///
+    /// # Panics
+    /// Must not be called from inside an asynchronous runtime's worker (it blocks); use
+    /// [`Journal::append_async`] there.
+    pub fn append(&self, task: &str, expected_position: u64, events: &[Event]) -> Result<Appended> {
+        self.submit(task, expected_position, events)?
+            .blocking_recv()
+            .map_err(|_| Error::Closed)?
+    }
+
+    /// [`Journal::append`] for asynchronous callers: awaits durability without blocking a
+    /// runtime thread.
+    ///
+    /// # Errors
+    /// As for [`Journal::append`].
+    pub async fn append_async(
+        &self,
+        task: &str,
+        expected_position: u64,
+        events: &[Event],
+    ) -> Result<Appended> {
+        let rx = self.submit(task, expected_position, events)?;
+        rx.await.map_err(|_| Error::Closed)?
+    }
+
+    /// The head of `task`'s stream, or `None` for an unknown task.
+    ///
+    /// # Errors
+    /// [`Error::Corruption`] for a damaged head, [`Error::Storage`] on I/O failure.
+    pub fn head(&self, task: &str) -> Result<Option<Head>> {
+        self.inner
+            .backend
+            .get(Space::Heads, &keys::task_key(task))?
+            .map(|bytes| Head::decode(&bytes).map_err(|kind| Error::corruption(task, 0, kind)))
+            .transpose()
+    }
+
+    /// Reads `task`'s stream from position `from`, verifying every record's CRC, position and
+    /// hash chain, and at the end the task head. A damaged record yields an error naming its
+    /// task and position; iteration then continues with the next record, so a reader can
+    /// report every problem. Nothing is ever skipped silently.
+    #[must_use]
+    pub fn read_stream(&self, task: &str, from: u64) -> StreamReader<'_> {
+        StreamReader::new(self.inner.backend.as_ref(), task, from)
+    }
+
+    /// Lists every task with its head, in task-id order.
+    pub fn tasks(&self) -> impl Iterator<Item = Result<(String, Head)>> + '_ {
+        self.inner
+            .backend
+            .scan(Space::Heads, Range::default())
+            .map(|item| {
+                let (key, value) = item?;
+                let task = keys::parse_task_key(&key)
+                    .map_err(|kind| Error::corruption("", 0, kind))?
+                    .to_owned();
+                let head =
+                    Head::decode(&value).map_err(|kind| Error::corruption(&task, 0, kind))?;
+                Ok((task, head))
+            })
+    }
+
+    /// Lists the tasks without a terminal event, in task-id order.
+    pub fn live_tasks(&self) -> impl Iterator<Item = Result<String>> + '_ {
+        self.inner
+            .backend
+            .scan(Space::Live, Range::default())
+            .map(|item| {
+                let (key, _) = item?;
+                keys::parse_task_key(&key)
+                    .map(str::to_owned)
+                    .map_err(|kind| Error::corruption("", 0, kind))
+            })
+    }
+
+    /// Reads every record in global commit order, starting at sequence `from_seq`. Records are
+    /// CRC- and position-checked; chains are checked by [`Journal::read_stream`].
+    pub fn commits(&self, from_seq: u64) -> impl Iterator<Item = Result<Committed>> + '_ {
+        let backend = self.inner.backend.as_ref();
+        backend
+            .scan(Space::Commits, Range::from(&keys::seq_key(from_seq)))
+            .map(move |item| {
+                let (key, value) = item?;
+                let seq =
+                    keys::parse_seq_key(&key).map_err(|kind| Error::corruption("", 0, kind))?;
+                let (task, position) =
+                    keys::parse_event_key(&value).map_err(|kind| Error::corruption("", 0, kind))?;
+                let record = read_unchained(backend, task, position)?;
+                if record.seq != seq {
+                    return Err(Error::corruption(
+                        task,
+                        position,
+                        CorruptionKind::Key(format!(
+                            "commit index says sequence {seq}, record says {}",
+                            record.seq
+                        )),
+                    ));
+                }
+                Ok(Committed {
+                    task: task.to_owned(),
+                    record,
+                })
+            })
+    }
+
+    /// The queued, unacknowledged notifications in insertion order.
+    pub fn outbox(&self) -> impl Iterator<Item = Result<Committed>> + '_ {
+        let backend = self.inner.backend.as_ref();
+        backend
+            .scan(Space::Outbox, Range::default())
+            .map(move |item| {
+                let (_, value) = item?;
+                let (task, position) =
+                    keys::parse_event_key(&value).map_err(|kind| Error::corruption("", 0, kind))?;
+                Ok(Committed {
+                    task: task.to_owned(),
+                    record: read_unchained(backend, task, position)?,
+                })
+            })
+    }
+
+    /// The global sequence of the last committed record (0 for an empty journal).
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on I/O failure.
+    pub fn last_seq(&self) -> Result<u64> {
+        last_seq(self.inner.backend.as_ref())
+    }
+
+    /// Catches a follower up with its writer (see [`Journal::open_follower`]); a no-op for a
+    /// writer or a read-only journal.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] when RocksDB cannot catch up.
+    pub fn catch_up(&self) -> Result<()> {
+        self.inner.backend.catch_up()
+    }
+
+    /// The raw bytes of one record, for tools that inspect damage.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on I/O failure.
+    pub fn raw_record(&self, task: &str, position: u64) -> Result<Option<Vec<u8>>> {
+        self.inner
+            .backend
+            .get(Space::Events, &keys::event_key(task, position))
+    }
+}
+
+fn check_version(found: u32) -> Result<()> {
+    if found == JOURNAL_FORMAT_VERSION {
+        Ok(())
+    } else {
+        Err(Error::UnsupportedFormat {
+            found,
+            supported: JOURNAL_FORMAT_VERSION,
+        })
+    }
+}
+
+fn last_seq(backend: &dyn Backend) -> Result<u64> {
+    match backend
+        .scan(Space::Commits, Range::default().reversed())
+        .next()
+    {
+        None => Ok(0),
+        Some(item) => {
+            let (key, _) = item?;
+            keys::parse_seq_key(&key).map_err(|kind| Error::corruption("", 0, kind))
+        }
+    }
+}
+
+fn read_unchained(backend: &dyn Backend, task: &str, position: u64) -> Result<Record> {
+    let bytes = backend
+        .get(Space::Events, &keys::event_key(task, position))?
+        .ok_or_else(|| Error::corruption(task, position, CorruptionKind::Missing))?;
+    let frame = record::parse(&bytes).map_err(|kind| Error::corruption(task, position, kind))?;
+    if frame.position != position {
+        return Err(Error::corruption(
+            task,
+            position,
+            CorruptionKind::Misplaced {
+                found: frame.position,
+            },
+        ));
+    }
+    let event = record::decode_payload(frame.payload)
+        .map_err(|kind| Error::corruption(task, position, kind))?;
+    Ok(Record {
+        position,
+        seq: frame.seq,
+        event,
+        digest: frame.digest,
+        crc: frame.crc,
+        size: bytes.len(),
+    })
+}
+
+/// A record with the task it belongs to (from the global commit order or the outbox).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Committed {
+    /// The task.
+    pub task: String,
+    /// The record.
+    pub record: Record,
+}
+
+/// Iterator over one task's records; see [`Journal::read_stream`].
+pub struct StreamReader<'a> {
+    backend: &'a dyn Backend,
+    task: String,
+    raw: Option<crate::backend::RawIter<'a>>,
+    /// The next position expected.
+    expected: u64,
+    /// The digest the next record must chain from; `None` after damage (chain unknown).
+    prev: Option<Digest>,
+    /// A gap found before `pending` that was reported; the record itself comes next.
+    pending: Option<(u64, Vec<u8>)>,
+    done: bool,
+    from: u64,
+}
+
+impl<'a> StreamReader<'a> {
+    fn new(backend: &'a dyn Backend, task: &str, from: u64) -> Self {
+        let prev = if from == 0 {
+            Some(Digest::GENESIS)
+        } else {
+            backend
+                .get(Space::Events, &keys::event_key(task, from - 1))
+                .ok()
+                .flatten()
+                .and_then(|bytes| record::parse(&bytes).ok().map(|frame| frame.digest))
+        };
+        let range = Range {
+            lower: keys::event_key(task, from),
+            upper: crate::backend::prefix_end(&keys::task_prefix(task)),
+            reverse: false,
+        };
+        Self {
+            raw: Some(backend.scan(Space::Events, range)),
+            backend,
+            task: task.to_owned(),
+            expected: from,
+            prev,
+            pending: None,
+            done: false,
+            from,
+        }
+    }
+
+    fn err(&self, position: u64, kind: CorruptionKind) -> Error {
+        Error::corruption(&self.task, position, kind)
+    }
+
+    fn decode(&mut self, position: u64, bytes: &[u8]) -> Result<Record> {
+        self.expected = position + 1;
+        let frame = match record::parse(bytes) {
+            Ok(frame) => frame,
+            Err(kind) => {
+                self.prev = None;
+                return Err(self.err(position, kind));
+            }
+        };
+        let prev = self.prev.replace(frame.digest);
+        if frame.position != position {
+            // The record belongs elsewhere: its digest says nothing about this position, so
+            // the next record's chain cannot be checked either.
+            self.prev = None;
+            return Err(self.err(
+                position,
+                CorruptionKind::Misplaced {
+                    found: frame.position,
+                },
+            ));
+        }
+        if let Some(prev) = prev {
+            if !frame.chains_from(&prev, &self.task) {
+                return Err(self.err(position, CorruptionKind::Chain));
+            }
+        }
+        let event =
+            record::decode_payload(frame.payload).map_err(|kind| self.err(position, kind))?;
+        Ok(Record {
+            position,
+            seq: frame.seq,
+            event,
+            digest: frame.digest,
+            crc: frame.crc,
+            size: bytes.len(),
+        })
+    }
+
+    fn finish(&mut self) -> Option<Result<Record>> {
+        self.done = true;
+        let head = match self.backend.get(Space::Heads, &keys::task_key(&self.task)) {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) if self.expected == self.from => return None,
+            Ok(None) => {
+                return Some(Err(self.err(
+                    self.expected,
+                    CorruptionKind::Head {
+                        detail: "the task has records but no head".into(),
+                    },
+                )))
+            }
+            Err(e) => return Some(Err(e)),
+        };
+        let head = match Head::decode(&head) {
+            Ok(head) => head,
+            Err(kind) => return Some(Err(self.err(self.expected, kind))),
+        };
+        if head.next_position > self.expected {
+            return Some(Err(self.err(self.expected, CorruptionKind::Missing)));
+        }
+        if head.next_position < self.expected {
+            return Some(Err(self.err(
+                head.next_position,
+                CorruptionKind::Head {
+                    detail: format!(
+                        "head says {} records, the stream has more",
+                        head.next_position
+                    ),
+                },
+            )));
+        }
+        match self.prev {
+            Some(prev) if head.next_position > 0 && prev != head.last_digest => Some(Err(self
+                .err(
+                    head.next_position - 1,
+                    CorruptionKind::Head {
+                        detail: "the last record is not the one the head committed to".into(),
+                    },
+                ))),
+            _ => None,
+        }
+    }
+}
+
+impl Iterator for StreamReader<'_> {
+    type Item = Result<Record>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        if let Some((position, bytes)) = self.pending.take() {
+            return Some(self.decode(position, &bytes));
+        }
+        let item = match self.raw.as_mut().and_then(Iterator::next) {
+            None => {
+                self.raw = None;
+                return self.finish();
+            }
+            Some(Err(e)) => {
+                self.done = true;
+                return Some(Err(e));
+            }
+            Some(Ok(item)) => item,
+        };
+        let (key, value) = item;
+        let position = match keys::parse_event_key(&key) {
+            Ok((_, position)) => position,
+            Err(kind) => {
+                self.prev = None;
+                return Some(Err(self.err(self.expected, kind)));
+            }
+        };
+        if position > self.expected {
+            // A gap: report the first missing position, then the record after the gap.
+            let missing = self.expected;
+            self.prev = None;
+            self.pending = Some((position, value.into_vec()));
+            self.expected = position;
+            return Some(Err(self.err(missing, CorruptionKind::Missing)));
+        }
+        Some(self.decode(position, &value))
+    }
+}

@@ -1,0 +1,203 @@
+//! Every key layout of the journal, in one place.
+//!
+//! The journal is a RocksDB database with one column family per [`Space`]. Integers in keys are
+//! big-endian so that byte order equals numeric order; task ids are raw UTF-8 followed by a NUL
+//! separator (task ids may not contain NUL), so byte order equals (task id, position) order and a
+//! task's records form one contiguous range.
+//!
+//! | space     | key                                   | value                                        |
+//! |-----------|---------------------------------------|----------------------------------------------|
+//! | `events`  | task id ‖ 0x00 ‖ position (u64 BE)    | a framed record ([`crate::record`])          |
+//! | `commits` | global sequence (u64 BE)              | the event key of the record committed then   |
+//! | `heads`   | task id                               | the task head ([`crate::head::Head`])        |
+//! | `live`    | task id                               | empty: the task has no terminal event yet    |
+//! | `outbox`  | global sequence of the enqueue (u64 BE)| the event key of the `NotificationEnqueued` |
+//! | `meta`    | ASCII name (`format_version`)         | u32 BE                                       |
+//!
+//! `commits`, `heads`, `live` and `outbox` are indexes written in the same atomic batch as the
+//! records they describe. A name, once used, is never reused for another layout.
+
+use crate::error::CorruptionKind;
+
+/// A column family of the journal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Space {
+    /// Task records by (task, position).
+    Events,
+    /// Global commit order: sequence → event key.
+    Commits,
+    /// Per-task head: next position, last digest, terminal flag.
+    Heads,
+    /// Tasks without a terminal event.
+    Live,
+    /// Queued, unacknowledged notifications in insertion order.
+    Outbox,
+    /// Journal metadata (format version).
+    Meta,
+}
+
+impl Space {
+    /// Every space, in creation order.
+    pub const ALL: [Self; 6] = [
+        Self::Events,
+        Self::Commits,
+        Self::Heads,
+        Self::Live,
+        Self::Outbox,
+        Self::Meta,
+    ];
+
+    /// The column family name.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Events => "events",
+            Self::Commits => "commits",
+            Self::Heads => "heads",
+            Self::Live => "live",
+            Self::Outbox => "outbox",
+            Self::Meta => "meta",
+        }
+    }
+}
+
+/// The separator between a task id and a position in an event key.
+pub const TASK_SEPARATOR: u8 = 0;
+
+/// The `meta` key holding the format version.
+pub const META_FORMAT_VERSION: &[u8] = b"format_version";
+
+/// The key of record `position` of `task`'s stream.
+#[must_use]
+pub fn event_key(task: &str, position: u64) -> Vec<u8> {
+    let mut key = Vec::with_capacity(task.len() + 9);
+    key.extend_from_slice(task.as_bytes());
+    key.push(TASK_SEPARATOR);
+    key.extend_from_slice(&position.to_be_bytes());
+    key
+}
+
+/// The common prefix of every event key of `task` (task id ‖ 0x00).
+#[must_use]
+pub fn task_prefix(task: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(task.len() + 1);
+    key.extend_from_slice(task.as_bytes());
+    key.push(TASK_SEPARATOR);
+    key
+}
+
+/// Splits an event key into task id and position.
+///
+/// # Errors
+/// [`CorruptionKind::Key`] when the key does not follow the layout.
+pub fn parse_event_key(key: &[u8]) -> Result<(&str, u64), CorruptionKind> {
+    let split = key
+        .len()
+        .checked_sub(9)
+        .ok_or_else(|| CorruptionKind::Key(format!("event key too short ({} bytes)", key.len())))?;
+    let (task, rest) = key.split_at(split);
+    let (sep, pos) = rest.split_at(1);
+    if sep != [TASK_SEPARATOR] {
+        return Err(CorruptionKind::Key(
+            "event key lacks the task separator".into(),
+        ));
+    }
+    let task = std::str::from_utf8(task)
+        .map_err(|_| CorruptionKind::Key("task id is not UTF-8".into()))?;
+    if task.as_bytes().contains(&TASK_SEPARATOR) {
+        return Err(CorruptionKind::Key("task id contains NUL".into()));
+    }
+    let pos: [u8; 8] = pos
+        .try_into()
+        .map_err(|_| CorruptionKind::Key("bad position".into()))?;
+    Ok((task, u64::from_be_bytes(pos)))
+}
+
+/// The key of `task` in the `heads` and `live` spaces.
+#[must_use]
+pub fn task_key(task: &str) -> Vec<u8> {
+    task.as_bytes().to_vec()
+}
+
+/// Parses a `heads` / `live` key.
+///
+/// # Errors
+/// [`CorruptionKind::Key`] when the key is not a task id.
+pub fn parse_task_key(key: &[u8]) -> Result<&str, CorruptionKind> {
+    std::str::from_utf8(key).map_err(|_| CorruptionKind::Key("task id is not UTF-8".into()))
+}
+
+/// The key of a global sequence number in the `commits` and `outbox` spaces.
+#[must_use]
+pub const fn seq_key(seq: u64) -> [u8; 8] {
+    seq.to_be_bytes()
+}
+
+/// Parses a `commits` / `outbox` key.
+///
+/// # Errors
+/// [`CorruptionKind::Key`] when the key is not 8 bytes.
+pub fn parse_seq_key(key: &[u8]) -> Result<u64, CorruptionKind> {
+    let bytes: [u8; 8] = key
+        .try_into()
+        .map_err(|_| CorruptionKind::Key(format!("sequence key of {} bytes", key.len())))?;
+    Ok(u64::from_be_bytes(bytes))
+}
+
+/// Checks that `task` can be used in keys: non-empty and without NUL.
+#[must_use]
+pub fn is_valid_task_id(task: &str) -> bool {
+    !task.is_empty() && !task.as_bytes().contains(&TASK_SEPARATOR)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn task_id() -> impl Strategy<Value = String> {
+        "[^\u{0}]{1,12}"
+    }
+
+    proptest! {
+        #[test]
+        fn event_key_order_is_logical_order(a in task_id(), pa in any::<u64>(), b in task_id(), pb in any::<u64>()) {
+            let logical = (a.as_str(), pa).cmp(&(b.as_str(), pb));
+            prop_assert_eq!(event_key(&a, pa).cmp(&event_key(&b, pb)), logical);
+        }
+
+        #[test]
+        fn event_key_round_trips(a in task_id(), p in any::<u64>()) {
+            let key = event_key(&a, p);
+            prop_assert_eq!(parse_event_key(&key).unwrap(), (a.as_str(), p));
+            prop_assert!(key.starts_with(&task_prefix(&a)));
+        }
+
+        #[test]
+        fn seq_key_order_is_numeric_order(a in any::<u64>(), b in any::<u64>()) {
+            prop_assert_eq!(seq_key(a).cmp(&seq_key(b)), a.cmp(&b));
+            prop_assert_eq!(parse_seq_key(&seq_key(a)).unwrap(), a);
+        }
+
+        #[test]
+        fn parsing_random_keys_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..40)) {
+            let _ = parse_event_key(&bytes);
+            let _ = parse_seq_key(&bytes);
+            let _ = parse_task_key(&bytes);
+        }
+    }
+
+    #[test]
+    fn a_task_prefix_does_not_cover_a_longer_task() {
+        // "a" and "a\u{1}" must be distinct ranges.
+        assert!(!event_key("ab", 0).starts_with(&task_prefix("a")));
+        assert!(event_key("a", u64::MAX) < event_key("ab", 0));
+    }
+
+    #[test]
+    fn task_id_validity() {
+        assert!(is_valid_task_id("task_1"));
+        assert!(!is_valid_task_id(""));
+        assert!(!is_valid_task_id("a\0b"));
+    }
+}

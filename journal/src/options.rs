@@ -1,0 +1,85 @@
+//! Journal configuration.
+
+/// When an append is acknowledged relative to stable storage.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Durability {
+    /// The write-ahead log is fsynced before any caller of the batch is acknowledged, so an
+    /// acknowledged append survives a crash of the machine. The default.
+    #[default]
+    Sync,
+    /// Acknowledged once the batch is in the write-ahead log's OS buffers: survives a crash of
+    /// the process but not of the machine. For tests and benches.
+    Buffered,
+}
+
+/// Options of [`crate::Journal::open`]. Build with [`JournalOptions::default`] and the
+/// `with_*` methods.
+///
+/// ```
+/// use dtask_journal::{Durability, JournalOptions};
+/// let opts = JournalOptions::default()
+///     .with_durability(Durability::Buffered)
+///     .with_max_value_bytes(64 * 1024);
+/// assert_eq!(opts.max_value_bytes, 64 * 1024);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct JournalOptions {
+    /// When appends are acknowledged. Default: [`Durability::Sync`].
+    pub durability: Durability,
+    /// The largest opaque value (payload, checkpoint, data, snapshot) of one event.
+    /// Default: 1 MiB.
+    pub max_value_bytes: usize,
+    /// The largest encoded record. Default: 4 MiB (a record may hold several values); at most
+    /// [`crate::record::MAX_PAYLOAD_BYTES`].
+    pub max_record_bytes: usize,
+    /// The longest task id. Default: 1024 bytes.
+    pub max_task_id_bytes: usize,
+    /// The most events in one append. Default: 1024.
+    pub max_events_per_append: usize,
+    /// The most appends the group-commit writer puts in one batch. Default: 4096.
+    pub max_batch_appends: usize,
+}
+
+impl Default for JournalOptions {
+    fn default() -> Self {
+        Self {
+            durability: Durability::Sync,
+            max_value_bytes: 1 << 20,
+            max_record_bytes: 4 << 20,
+            max_task_id_bytes: 1024,
+            max_events_per_append: 1024,
+            max_batch_appends: 4096,
+        }
+    }
+}
+
+impl JournalOptions {
+    /// Sets [`JournalOptions::durability`].
+    #[must_use]
+    pub fn with_durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
+    /// Sets [`JournalOptions::max_value_bytes`].
+    #[must_use]
+    pub fn with_max_value_bytes(mut self, bytes: usize) -> Self {
+        self.max_value_bytes = bytes;
+        self
+    }
+
+    /// Sets [`JournalOptions::max_record_bytes`].
+    #[must_use]
+    pub fn with_max_record_bytes(mut self, bytes: usize) -> Self {
+        self.max_record_bytes = bytes.min(crate::record::MAX_PAYLOAD_BYTES);
+        self
+    }
+
+    /// Sets [`JournalOptions::max_batch_appends`] (at least 1).
+    #[must_use]
+    pub fn with_max_batch_appends(mut self, appends: usize) -> Self {
+        self.max_batch_appends = appends.max(1);
+        self
+    }
+}

@@ -1,0 +1,312 @@
+//! Record framing: how one [`Event`] is stored as the value of an event key.
+//!
+//! # Byte layout (format version 1)
+//!
+//! ```text
+//! offset   size  field
+//! 0        1     format version (= 1)
+//! 1        8     position of the record in its task stream (u64, big-endian)
+//! 9        8     global commit sequence (u64, big-endian)
+//! 17       4     payload length N (u32, little-endian)
+//! 21       N     payload: the Event, bincode 2 (serde, standard config: varints, little-endian)
+//! 21+N     32    chain digest: BLAKE3(previous digest ‖ len(task id) as u32 LE ‖ task id ‖ bytes[0 .. 21+N])
+//! 53+N     4     CRC-32 (IEEE, crc32fast) of bytes [0 .. 53+N], little-endian
+//! ```
+//!
+//! The first record of a stream chains from [`Digest::GENESIS`] (32 zero bytes). The CRC catches
+//! a damaged record on its own; the chain digest commits to the task id, the position and every
+//! earlier record, so an edited (even with a recomputed CRC), deleted, reordered, swapped or
+//! transplanted record is detected. The position is also stored in the clear so that a record
+//! found at the wrong key is reported as misplaced. The task head (see [`crate::keys`]) stores
+//! the digest of the last record, which detects a deleted tail.
+
+use crate::error::CorruptionKind;
+use crate::event::Event;
+use std::fmt;
+
+/// The record format version this build writes and reads.
+pub const FORMAT_VERSION: u8 = 1;
+
+/// Bytes before the payload.
+pub const HEADER_LEN: usize = 21;
+/// Bytes after the payload (digest and CRC).
+pub const TRAILER_LEN: usize = 36;
+const DIGEST_LEN: usize = 32;
+
+/// A 32-byte BLAKE3 chain digest.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Digest(pub [u8; DIGEST_LEN]);
+
+impl Digest {
+    /// The digest a stream's first record chains from.
+    pub const GENESIS: Self = Self([0; DIGEST_LEN]);
+
+    /// The digest as lower-case hex.
+    #[must_use]
+    pub fn to_hex(&self) -> String {
+        use fmt::Write;
+        self.0.iter().fold(String::with_capacity(64), |mut s, b| {
+            let _ = write!(s, "{b:02x}");
+            s
+        })
+    }
+
+    /// Parses 64 hex digits.
+    #[must_use]
+    pub fn from_hex(hex: &str) -> Option<Self> {
+        if hex.len() != DIGEST_LEN * 2 {
+            return None;
+        }
+        let mut out = [0u8; DIGEST_LEN];
+        for (i, byte) in out.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(hex.get(i * 2..i * 2 + 2)?, 16).ok()?;
+        }
+        Some(Self(out))
+    }
+}
+
+impl fmt::Debug for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Digest({})", self.to_hex())
+    }
+}
+
+impl fmt::Display for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+/// The largest payload a record may hold; decoding claims no more memory than this, whatever
+/// the bytes say.
+pub const MAX_PAYLOAD_BYTES: usize = 64 << 20;
+
+fn bincode_config() -> impl bincode::config::Config {
+    bincode::config::standard()
+}
+
+fn bincode_decode_config() -> impl bincode::config::Config {
+    bincode::config::standard().with_limit::<MAX_PAYLOAD_BYTES>()
+}
+
+/// Encodes an event's payload (the bincode part of a record).
+///
+/// # Errors
+/// Returns the encoder's message if serialization fails (it does not for well-formed events).
+pub fn encode_payload(event: &Event) -> Result<Vec<u8>, String> {
+    bincode::serde::encode_to_vec(event, bincode_config()).map_err(|e| e.to_string())
+}
+
+/// Decodes an event payload; trailing bytes are an error.
+///
+/// # Errors
+/// Returns [`CorruptionKind::Decode`] when the bytes are not a v1 event.
+pub fn decode_payload(bytes: &[u8]) -> Result<Event, CorruptionKind> {
+    let (event, read): (Event, usize) =
+        bincode::serde::decode_from_slice(bytes, bincode_decode_config())
+            .map_err(|e| CorruptionKind::Decode(e.to_string()))?;
+    if read != bytes.len() {
+        return Err(CorruptionKind::Decode(format!(
+            "{} trailing bytes after the event",
+            bytes.len() - read
+        )));
+    }
+    Ok(event)
+}
+
+fn chain_digest(prev: &Digest, task: &str, framed: &[u8]) -> Digest {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(&prev.0);
+    let task_len = u32::try_from(task.len()).unwrap_or(u32::MAX);
+    hasher.update(&task_len.to_le_bytes());
+    hasher.update(task.as_bytes());
+    hasher.update(framed);
+    Digest(*hasher.finalize().as_bytes())
+}
+
+/// Frames an encoded payload as a record and returns it with its chain digest.
+///
+/// # Errors
+/// Returns the payload length if it does not fit the 32-bit length field.
+pub fn frame(
+    task: &str,
+    position: u64,
+    seq: u64,
+    payload: &[u8],
+    prev: &Digest,
+) -> Result<(Vec<u8>, Digest), usize> {
+    let len = u32::try_from(payload.len()).map_err(|_| payload.len())?;
+    let mut out = Vec::with_capacity(HEADER_LEN + payload.len() + TRAILER_LEN);
+    out.push(FORMAT_VERSION);
+    out.extend_from_slice(&position.to_be_bytes());
+    out.extend_from_slice(&seq.to_be_bytes());
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(payload);
+    let digest = chain_digest(prev, task, &out);
+    out.extend_from_slice(&digest.0);
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    Ok((out, digest))
+}
+
+/// The framing fields of a record whose CRC has been verified; the payload is not decoded yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Frame<'a> {
+    /// The position stored in the record.
+    pub position: u64,
+    /// The global commit sequence stored in the record.
+    pub seq: u64,
+    /// The bincode payload.
+    pub payload: &'a [u8],
+    /// The stored chain digest.
+    pub digest: Digest,
+    /// The stored CRC-32.
+    pub crc: u32,
+    /// The bytes the chain digest covers (header and payload).
+    covered: &'a [u8],
+}
+
+impl Frame<'_> {
+    /// Checks that this record chains from `prev` for `task`.
+    #[must_use]
+    pub fn chains_from(&self, prev: &Digest, task: &str) -> bool {
+        chain_digest(prev, task, self.covered) == self.digest
+    }
+}
+
+fn array<const N: usize>(bytes: &[u8], at: usize) -> Option<[u8; N]> {
+    bytes.get(at..at + N)?.try_into().ok()
+}
+
+/// Parses a record's framing and verifies its CRC. Never panics, whatever the bytes.
+///
+/// # Errors
+/// [`CorruptionKind::Truncated`] when the record is shorter than its framing says,
+/// [`CorruptionKind::Checksum`] when the CRC does not match,
+/// [`CorruptionKind::UnknownVersion`] for a format version this build cannot read.
+pub fn parse(bytes: &[u8]) -> Result<Frame<'_>, CorruptionKind> {
+    let truncated = || CorruptionKind::Truncated { len: bytes.len() };
+    if bytes.len() < HEADER_LEN + TRAILER_LEN {
+        return Err(truncated());
+    }
+    let payload_len = u32::from_le_bytes(array(bytes, 17).ok_or_else(truncated)?) as usize;
+    let expected = HEADER_LEN + payload_len + TRAILER_LEN;
+    if bytes.len() != expected {
+        // A stored CRC over the actual bytes tells damage apart from truncation only when
+        // the length matches; otherwise report what the framing says.
+        return Err(if bytes.len() < expected {
+            truncated()
+        } else {
+            CorruptionKind::Checksum {
+                stored: 0,
+                computed: crc32fast::hash(bytes),
+            }
+        });
+    }
+    let crc_at = expected - 4;
+    let stored = u32::from_le_bytes(array(bytes, crc_at).ok_or_else(truncated)?);
+    let covered_by_crc = bytes.get(..crc_at).ok_or_else(truncated)?;
+    let computed = crc32fast::hash(covered_by_crc);
+    if stored != computed {
+        return Err(CorruptionKind::Checksum { stored, computed });
+    }
+    let version = bytes.first().copied().ok_or_else(truncated)?;
+    if version != FORMAT_VERSION {
+        return Err(CorruptionKind::UnknownVersion(version));
+    }
+    let digest_at = crc_at - DIGEST_LEN;
+    Ok(Frame {
+        position: u64::from_be_bytes(array(bytes, 1).ok_or_else(truncated)?),
+        seq: u64::from_be_bytes(array(bytes, 9).ok_or_else(truncated)?),
+        payload: bytes.get(HEADER_LEN..digest_at).ok_or_else(truncated)?,
+        digest: Digest(array(bytes, digest_at).ok_or_else(truncated)?),
+        crc: stored,
+        covered: bytes.get(..digest_at).ok_or_else(truncated)?,
+    })
+}
+
+/// A decoded record of a task stream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// Position in the task stream (0-based).
+    pub position: u64,
+    /// Global commit sequence (1-based, journal-wide).
+    pub seq: u64,
+    /// The event.
+    pub event: Event,
+    /// The record's chain digest.
+    pub digest: Digest,
+    /// The record's CRC-32.
+    pub crc: u32,
+    /// The record's size on disk in bytes.
+    pub size: usize,
+}
+
+/// Decodes a record found at `position` of `task`'s stream, checking CRC, position and chain.
+///
+/// # Errors
+/// The [`CorruptionKind`] of the first check that fails.
+pub fn decode(
+    task: &str,
+    position: u64,
+    prev: &Digest,
+    bytes: &[u8],
+) -> Result<Record, CorruptionKind> {
+    let frame = parse(bytes)?;
+    if frame.position != position {
+        return Err(CorruptionKind::Misplaced {
+            found: frame.position,
+        });
+    }
+    if !frame.chains_from(prev, task) {
+        return Err(CorruptionKind::Chain);
+    }
+    let event = decode_payload(frame.payload)?;
+    Ok(Record {
+        position,
+        seq: frame.seq,
+        event,
+        digest: frame.digest,
+        crc: frame.crc,
+        size: bytes.len(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::Timestamp;
+
+    fn sample() -> Event {
+        Event::Heartbeat {
+            lease_deadline: Timestamp(30_000),
+            at: Timestamp(1),
+        }
+    }
+
+    #[test]
+    fn frame_then_decode() {
+        let payload = encode_payload(&sample()).unwrap();
+        let (bytes, digest) = frame("t", 3, 9, &payload, &Digest::GENESIS).unwrap();
+        assert_eq!(bytes.len(), HEADER_LEN + payload.len() + TRAILER_LEN);
+        let rec = decode("t", 3, &Digest::GENESIS, &bytes).unwrap();
+        assert_eq!(rec.event, sample());
+        assert_eq!(rec.seq, 9);
+        assert_eq!(rec.digest, digest);
+        assert_eq!(
+            decode("u", 3, &Digest::GENESIS, &bytes),
+            Err(CorruptionKind::Chain)
+        );
+        assert_eq!(
+            decode("t", 4, &Digest::GENESIS, &bytes),
+            Err(CorruptionKind::Misplaced { found: 3 })
+        );
+    }
+
+    #[test]
+    fn digest_hex_round_trip() {
+        let d = Digest([0xab; 32]);
+        assert_eq!(Digest::from_hex(&d.to_hex()), Some(d));
+        assert_eq!(Digest::from_hex("zz"), None);
+    }
+}

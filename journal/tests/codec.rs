@@ -1,0 +1,179 @@
+//! Property tests of the record codec: round trips, and random or damaged bytes never panic.
+#![allow(clippy::unwrap_used)]
+
+use dtask_journal::record::{self, Digest};
+use dtask_journal::{CorruptionKind, Event, ExpiryResolution, LeasePolicy, TaskSpec, Timestamp};
+use proptest::prelude::*;
+
+fn bytes() -> impl Strategy<Value = Vec<u8>> {
+    proptest::collection::vec(any::<u8>(), 0..64)
+}
+
+fn ts() -> impl Strategy<Value = Timestamp> {
+    any::<u64>().prop_map(Timestamp)
+}
+
+fn spec() -> impl Strategy<Value = TaskSpec> {
+    (
+        "[a-z0-9_-]{1,16}",
+        ".{0,8}",
+        ".{0,8}",
+        bytes(),
+        ".{0,16}",
+        ".{0,8}",
+        ".{0,8}",
+        any::<bool>(),
+    )
+        .prop_map(
+            |(id, executor_key, kind, payload, description, output_file, session_id, notify)| {
+                TaskSpec {
+                    id,
+                    executor_key,
+                    kind,
+                    payload,
+                    description,
+                    output_file,
+                    session_id,
+                    notify_session: notify,
+                }
+            },
+        )
+}
+
+/// Every event variant with arbitrary fields.
+pub fn event() -> impl Strategy<Value = Event> {
+    let policy = prop_oneof![Just(LeasePolicy::Retry), Just(LeasePolicy::Fail)];
+    let resolution = prop_oneof![
+        Just(ExpiryResolution::Retry),
+        Just(ExpiryResolution::Failed),
+        Just(ExpiryResolution::Canceled)
+    ];
+    prop_oneof![
+        (spec(), policy, bytes(), bytes(), ts()).prop_map(
+            |(spec, policy, checkpoint, context_snapshot, at)| {
+                Event::Created {
+                    spec,
+                    policy,
+                    checkpoint,
+                    context_snapshot,
+                    at,
+                }
+            }
+        ),
+        (any::<u64>(), ts(), ts()).prop_map(|(attempt, lease_deadline, at)| {
+            Event::AttemptStarted {
+                attempt,
+                lease_deadline,
+                at,
+            }
+        }),
+        (ts(), ts()).prop_map(|(lease_deadline, at)| Event::Heartbeat { lease_deadline, at }),
+        (bytes(), ts()).prop_map(|(checkpoint, at)| Event::StartCommitted { checkpoint, at }),
+        (".{0,16}", ts()).prop_map(|(error, at)| Event::TranscriptFailed { error, at }),
+        (bytes(), ts()).prop_map(|(checkpoint, at)| Event::WaitingInput { checkpoint, at }),
+        (bytes(), ts()).prop_map(|(checkpoint, at)| Event::Suspended { checkpoint, at }),
+        (bytes(), ts()).prop_map(|(checkpoint, at)| Event::Yielded { checkpoint, at }),
+        (bytes(), proptest::option::of(bytes()), ts()).prop_map(|(data, context_snapshot, at)| {
+            Event::InputProvided {
+                data,
+                context_snapshot,
+                at,
+            }
+        }),
+        (proptest::option::of(bytes()), ts()).prop_map(|(context_snapshot, at)| Event::Released {
+            context_snapshot,
+            at
+        }),
+        (".{0,16}", proptest::option::of(ts()), any::<bool>(), ts()).prop_map(
+            |(reason, lease_deadline, direct, at)| Event::CancelRequested {
+                reason,
+                lease_deadline,
+                direct,
+                at
+            }
+        ),
+        (resolution, ts(), ts()).prop_map(|(resolution, deadline, at)| Event::LeaseExpired {
+            resolution,
+            deadline,
+            at
+        }),
+        (bytes(), ts()).prop_map(|(data, at)| Event::Completed { data, at }),
+        (".{0,16}", ts()).prop_map(|(error, at)| Event::Failed { error, at }),
+        (".{0,16}", ts()).prop_map(|(reason, at)| Event::Canceled { reason, at }),
+        (
+            any::<u64>(),
+            ".{0,16}",
+            ".{0,8}",
+            bytes(),
+            proptest::collection::vec((".{0,4}", ".{0,4}"), 0..4),
+            ts()
+        )
+            .prop_map(|(attempt, event_id, kind, data, metadata, at)| {
+                Event::UpdateAppended {
+                    attempt,
+                    event_id,
+                    kind,
+                    data,
+                    metadata,
+                    at,
+                }
+            }),
+        (".{0,16}", ".{0,8}", ".{0,8}", bytes(), any::<u64>(), ts()).prop_map(
+            |(id, event_id, kind, data, version, at)| Event::NotificationEnqueued {
+                id,
+                event_id,
+                kind,
+                data,
+                version,
+                at
+            }
+        ),
+        (".{0,16}", any::<u64>(), ts()).prop_map(|(id, enqueued_seq, at)| {
+            Event::NotificationAcked {
+                id,
+                enqueued_seq,
+                at,
+            }
+        }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn record_round_trips(event in event(), task in "[a-z]{1,8}", position in any::<u64>(), seq in any::<u64>(), prev in any::<[u8; 32]>()) {
+        let prev = Digest(prev);
+        let payload = record::encode_payload(&event).unwrap();
+        let (bytes, digest) = record::frame(&task, position, seq, &payload, &prev).unwrap();
+        let decoded = record::decode(&task, position, &prev, &bytes).unwrap();
+        prop_assert_eq!(decoded.event, event);
+        prop_assert_eq!(decoded.seq, seq);
+        prop_assert_eq!(decoded.digest, digest);
+        prop_assert_eq!(decoded.size, bytes.len());
+    }
+
+    #[test]
+    fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+        let _ = record::decode("t", 0, &Digest::GENESIS, &bytes);
+        let _ = record::decode_payload(&bytes);
+    }
+
+    #[test]
+    fn any_single_byte_flip_is_detected(event in event(), index in any::<prop::sample::Index>(), bit in 0u8..8) {
+        let payload = record::encode_payload(&event).unwrap();
+        let (mut bytes, _) = record::frame("t", 5, 7, &payload, &Digest::GENESIS).unwrap();
+        let at = index.index(bytes.len());
+        bytes[at] ^= 1 << bit;
+        prop_assert!(record::decode("t", 5, &Digest::GENESIS, &bytes).is_err());
+    }
+
+    #[test]
+    fn truncation_is_detected(event in event(), cut in any::<prop::sample::Index>()) {
+        let payload = record::encode_payload(&event).unwrap();
+        let (bytes, _) = record::frame("t", 0, 1, &payload, &Digest::GENESIS).unwrap();
+        let keep = cut.index(bytes.len());
+        let err = record::decode("t", 0, &Digest::GENESIS, &bytes[..keep]).unwrap_err();
+        prop_assert!(matches!(err, CorruptionKind::Truncated { .. } | CorruptionKind::Checksum { .. }), "{err:?}");
+    }
+}

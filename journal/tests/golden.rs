@@ -1,0 +1,204 @@
+//! Golden fixture of record format v1: the committed bytes must decode to the same events, and
+//! encoding those events must give the same bytes. A failure means the format drifted: bump
+//! `FORMAT_VERSION`, add an upcast, and keep the old fixture. Regenerate (only with a version
+//! bump) with `DTASK_BLESS=1 cargo test -p dtask-journal --test golden`.
+#![allow(clippy::unwrap_used)]
+
+use dtask_journal::record::{self, Digest};
+use dtask_journal::{Event, ExpiryResolution, Head, LeasePolicy, TaskSpec, Timestamp};
+
+const FIXTURE: &str = "tests/fixtures/format-v1.hex";
+const TASK: &str = "golden-task";
+
+/// One event of every type, with fixed values.
+fn events() -> Vec<Event> {
+    let at = Timestamp(1_764_000_000_000);
+    vec![
+        Event::Created {
+            spec: TaskSpec {
+                id: TASK.into(),
+                executor_key: "eino.dev/recoverable-background-tool".into(),
+                kind: "background_tool".into(),
+                payload: br#"{"version":1,"tool_name":"shell","arguments":"{}"}"#.to_vec(),
+                description: "run a shell command".into(),
+                output_file: "/tmp/out.txt".into(),
+                session_id: "session-1".into(),
+                notify_session: true,
+            },
+            policy: LeasePolicy::Retry,
+            checkpoint: vec![1, 2, 3],
+            context_snapshot: vec![9],
+            at,
+        },
+        Event::AttemptStarted {
+            attempt: 1,
+            lease_deadline: at.plus_millis(30_000),
+            at,
+        },
+        Event::Heartbeat {
+            lease_deadline: at.plus_millis(40_000),
+            at: at.plus_millis(10_000),
+        },
+        Event::StartCommitted {
+            checkpoint: br#"{"started":true}"#.to_vec(),
+            at,
+        },
+        Event::TranscriptFailed {
+            error: "disk full".into(),
+            at,
+        },
+        Event::UpdateAppended {
+            attempt: 1,
+            event_id: "evt-1".into(),
+            kind: "progress".into(),
+            data: b"50%".to_vec(),
+            metadata: vec![("k".into(), "v".into())],
+            at,
+        },
+        Event::WaitingInput {
+            checkpoint: b"request".to_vec(),
+            at,
+        },
+        Event::NotificationEnqueued {
+            id: "golden-task:8:waiting_input".into(),
+            event_id: String::new(),
+            kind: "waiting_input".into(),
+            data: vec![],
+            version: 8,
+            at,
+        },
+        Event::NotificationAcked {
+            id: "golden-task:8:waiting_input".into(),
+            enqueued_seq: 8,
+            at,
+        },
+        Event::InputProvided {
+            data: b"yes".to_vec(),
+            context_snapshot: None,
+            at,
+        },
+        Event::AttemptStarted {
+            attempt: 2,
+            lease_deadline: at.plus_millis(30_000),
+            at,
+        },
+        Event::Suspended {
+            checkpoint: b"s".to_vec(),
+            at,
+        },
+        Event::Released {
+            context_snapshot: Some(vec![]),
+            at,
+        },
+        Event::AttemptStarted {
+            attempt: 3,
+            lease_deadline: at.plus_millis(30_000),
+            at,
+        },
+        Event::Yielded {
+            checkpoint: vec![],
+            at,
+        },
+        Event::AttemptStarted {
+            attempt: 4,
+            lease_deadline: at.plus_millis(30_000),
+            at,
+        },
+        Event::LeaseExpired {
+            resolution: ExpiryResolution::Retry,
+            deadline: at.plus_millis(30_000),
+            at: at.plus_millis(31_000),
+        },
+        Event::CancelRequested {
+            reason: "user".into(),
+            lease_deadline: None,
+            direct: false,
+            at,
+        },
+        Event::AttemptStarted {
+            attempt: 5,
+            lease_deadline: at.plus_millis(30_000),
+            at,
+        },
+        Event::Canceled {
+            reason: "user".into(),
+            at,
+        },
+        Event::Completed {
+            data: b"unused".to_vec(),
+            at,
+        },
+        Event::Failed {
+            error: "boom".into(),
+            at,
+        },
+    ]
+}
+
+fn encode_all() -> (Vec<String>, Head) {
+    let mut prev = Digest::GENESIS;
+    let mut lines = Vec::new();
+    let mut head = Head::default();
+    for (i, event) in events().iter().enumerate() {
+        let position = i as u64;
+        let payload = record::encode_payload(event).unwrap();
+        let (bytes, digest) = record::frame(TASK, position, position + 1, &payload, &prev).unwrap();
+        prev = digest;
+        lines.push(hex(&bytes));
+        head = Head {
+            next_position: position + 1,
+            last_seq: position + 1,
+            last_digest: digest,
+            terminal: true,
+        };
+    }
+    (lines, head)
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().fold(String::new(), |mut s, b| {
+        use std::fmt::Write;
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+fn unhex(s: &str) -> Vec<u8> {
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect()
+}
+
+#[test]
+fn format_v1_fixture_decodes_and_reencodes_identically() {
+    let (lines, head) = encode_all();
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(FIXTURE);
+    if std::env::var_os("DTASK_BLESS").is_some() {
+        let mut text = lines.join("\n");
+        text.push_str("\nhead ");
+        text.push_str(&hex(&head.encode()));
+        text.push('\n');
+        std::fs::write(&path, text).unwrap();
+    }
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut fixture: Vec<&str> = text.lines().collect();
+    let head_line = fixture.pop().unwrap();
+    assert_eq!(fixture.len(), events().len(), "one record per event type");
+
+    let mut prev = Digest::GENESIS;
+    for (i, (line, expected)) in fixture.iter().zip(events()).enumerate() {
+        let rec = record::decode(TASK, i as u64, &prev, &unhex(line)).unwrap();
+        assert_eq!(rec.event, expected, "record {i} decodes to the fixed event");
+        assert_eq!(rec.seq, i as u64 + 1);
+        prev = rec.digest;
+    }
+    assert_eq!(
+        fixture,
+        lines.iter().map(String::as_str).collect::<Vec<_>>(),
+        "encoding is unchanged"
+    );
+    let stored_head = Head::decode(&unhex(head_line.trim_start_matches("head "))).unwrap();
+    assert_eq!(stored_head, head);
+    assert_eq!(stored_head.last_digest, prev);
+}

@@ -1,0 +1,344 @@
+//! Journal behaviour on a real RocksDB: appends, conflicts, limits, concurrency, reopen,
+//! read-only and follower opens, the format version.
+#![allow(clippy::unwrap_used)]
+
+use dtask_journal::keys::Space;
+use dtask_journal::{
+    Durability, Error, Event, EventType, Journal, JournalOptions, LeasePolicy, Limit, TaskSpec,
+    Timestamp,
+};
+use std::sync::{Arc, Barrier};
+
+fn created(task: &str) -> Event {
+    Event::Created {
+        spec: TaskSpec {
+            id: task.into(),
+            executor_key: "x".into(),
+            ..TaskSpec::default()
+        },
+        policy: LeasePolicy::Retry,
+        checkpoint: vec![],
+        context_snapshot: vec![],
+        at: Timestamp(1),
+    }
+}
+
+fn update(i: u64) -> Event {
+    Event::UpdateAppended {
+        attempt: 1,
+        event_id: format!("e{i}"),
+        kind: "progress".into(),
+        data: i.to_be_bytes().to_vec(),
+        metadata: vec![],
+        at: Timestamp(i),
+    }
+}
+
+#[test]
+fn many_writers_then_reopen_every_stream_complete_and_in_order() {
+    const TASKS: u64 = 64;
+    const APPENDS: u64 = 1_000;
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+        let threads: Vec<_> = (0..TASKS)
+            .map(|t| {
+                let journal = journal.clone();
+                std::thread::spawn(move || {
+                    let task = format!("task-{t:03}");
+                    for i in 0..APPENDS {
+                        let appended = journal.append(&task, i, &[update(i)]).unwrap();
+                        assert_eq!(appended.next_position, i + 1);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+    }
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    let mut seqs = Vec::new();
+    for t in 0..TASKS {
+        let task = format!("task-{t:03}");
+        let records: Vec<_> = journal
+            .read_stream(&task, 0)
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(records.len() as u64, APPENDS);
+        for (i, rec) in records.iter().enumerate() {
+            assert_eq!(rec.position, i as u64);
+            assert_eq!(rec.event, update(i as u64));
+            seqs.push(rec.seq);
+        }
+    }
+    seqs.sort_unstable();
+    let expected: Vec<u64> = (1..=TASKS * APPENDS).collect();
+    assert_eq!(seqs, expected, "global sequences are dense and unique");
+    assert_eq!(journal.last_seq().unwrap(), TASKS * APPENDS);
+    // The global commit order agrees with each stream's order.
+    let mut last_pos = std::collections::HashMap::new();
+    for c in journal.commits(1) {
+        let c = c.unwrap();
+        let prev = last_pos.insert(c.task.clone(), c.record.position);
+        assert_eq!(prev.map_or(0, |p| p + 1), c.record.position);
+    }
+    assert_eq!(journal.tasks().count() as u64, TASKS);
+}
+
+#[test]
+fn racing_appends_at_one_position_exactly_one_wins() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(
+        dir.path(),
+        JournalOptions::default().with_durability(Durability::Buffered),
+    )
+    .unwrap();
+    for round in 0..100 {
+        let task = format!("race-{round}");
+        let barrier = Arc::new(Barrier::new(2));
+        let handles: Vec<_> = (0..2)
+            .map(|i| {
+                let journal = journal.clone();
+                let barrier = Arc::clone(&barrier);
+                let task = task.clone();
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    journal.append(&task, 0, &[update(i)])
+                })
+            })
+            .collect();
+        let results: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        let wins = results.iter().filter(|r| r.is_ok()).count();
+        assert_eq!(wins, 1, "round {round}: {results:?}");
+        let loser = results.into_iter().find(Result::is_err).unwrap();
+        assert!(matches!(
+            loser,
+            Err(Error::Conflict {
+                expected: 0,
+                actual: 1,
+                ..
+            })
+        ));
+        assert_eq!(journal.read_stream(&task, 0).count(), 1);
+    }
+}
+
+#[test]
+fn a_stale_expected_position_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    journal.append("t", 0, &[created("t")]).unwrap();
+    let err = journal.append("t", 0, &[update(1), update(2)]).unwrap_err();
+    assert!(matches!(
+        err,
+        Error::Conflict {
+            expected: 0,
+            actual: 1,
+            ..
+        }
+    ));
+    let err = journal.append("t", 5, &[update(1)]).unwrap_err();
+    assert!(matches!(
+        err,
+        Error::Conflict {
+            expected: 5,
+            actual: 1,
+            ..
+        }
+    ));
+    assert_eq!(journal.read_stream("t", 0).count(), 1);
+    assert_eq!(journal.head("t").unwrap().unwrap().next_position, 1);
+    assert_eq!(journal.last_seq().unwrap(), 1);
+}
+
+#[test]
+fn bad_input_is_refused_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(
+        dir.path(),
+        JournalOptions::default().with_max_value_bytes(1024),
+    )
+    .unwrap();
+    let big = Event::Completed {
+        data: vec![0; 1025],
+        at: Timestamp(1),
+    };
+    let err = journal.append("t", 0, &[created("t"), big]).unwrap_err();
+    assert!(matches!(
+        err,
+        Error::TooLarge {
+            limit: Limit::Value,
+            size: 1025,
+            max: 1024
+        }
+    ));
+    assert!(matches!(
+        journal.append("", 0, &[created("")]),
+        Err(Error::InvalidTaskId(_))
+    ));
+    assert!(matches!(
+        journal.append("a\0b", 0, &[created("a")]),
+        Err(Error::InvalidTaskId(_))
+    ));
+    assert!(matches!(
+        journal.append("t", 0, &[]),
+        Err(Error::EmptyAppend)
+    ));
+    let long = "x".repeat(1025);
+    assert!(matches!(
+        journal.append(&long, 0, &[created("x")]),
+        Err(Error::TooLarge {
+            limit: Limit::TaskId,
+            ..
+        })
+    ));
+    assert_eq!(journal.tasks().count(), 0);
+    assert_eq!(journal.last_seq().unwrap(), 0);
+    // Exactly at the limit is accepted.
+    let fits = Event::Completed {
+        data: vec![0; 1024],
+        at: Timestamp(1),
+    };
+    journal.append("t", 0, &[created("t"), fits]).unwrap();
+}
+
+#[test]
+fn the_live_index_and_outbox_follow_the_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    journal.append("a", 0, &[created("a")]).unwrap();
+    journal.append("b", 0, &[created("b")]).unwrap();
+    let appended = journal
+        .append(
+            "a",
+            1,
+            &[
+                Event::Completed {
+                    data: vec![],
+                    at: Timestamp(2),
+                },
+                Event::NotificationEnqueued {
+                    id: "a:2:completed".into(),
+                    event_id: String::new(),
+                    kind: "completed".into(),
+                    data: vec![],
+                    version: 2,
+                    at: Timestamp(2),
+                },
+            ],
+        )
+        .unwrap();
+    let live: Vec<_> = journal.live_tasks().collect::<Result<_, _>>().unwrap();
+    assert_eq!(live, vec!["b".to_string()]);
+    assert!(journal.head("a").unwrap().unwrap().terminal);
+    let outbox: Vec<_> = journal.outbox().collect::<Result<_, _>>().unwrap();
+    assert_eq!(outbox.len(), 1);
+    assert_eq!(outbox[0].task, "a");
+    assert_eq!(outbox[0].record.seq, appended.last_seq);
+    journal
+        .append(
+            "a",
+            3,
+            &[Event::NotificationAcked {
+                id: "a:2:completed".into(),
+                enqueued_seq: appended.last_seq,
+                at: Timestamp(3),
+            }],
+        )
+        .unwrap();
+    assert_eq!(journal.outbox().count(), 0);
+}
+
+#[test]
+fn read_only_and_follower_see_a_live_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let writer = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    writer.append("t", 0, &[created("t")]).unwrap();
+
+    let reader = Journal::open_read_only(dir.path()).unwrap();
+    assert_eq!(reader.read_stream("t", 0).count(), 1);
+    assert!(matches!(
+        reader.append("t", 1, &[update(1)]),
+        Err(Error::ReadOnly)
+    ));
+
+    let follower = Journal::open_follower(dir.path(), scratch.path()).unwrap();
+    assert_eq!(follower.read_stream("t", 0).count(), 1);
+    writer.append("t", 1, &[update(1)]).unwrap();
+    follower.catch_up().unwrap();
+    let types: Vec<_> = follower
+        .read_stream("t", 0)
+        .map(|r| r.unwrap().event.event_type())
+        .collect();
+    assert_eq!(types, vec![EventType::Created, EventType::UpdateAppended]);
+}
+
+#[test]
+fn a_newer_format_version_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(Journal::open(dir.path(), JournalOptions::default()).unwrap());
+    {
+        let cfs: Vec<_> = Space::ALL.iter().map(|s| s.name()).collect();
+        let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), dir.path(), cfs).unwrap();
+        let meta = db.cf_handle(Space::Meta.name()).unwrap();
+        db.put_cf(
+            meta,
+            dtask_journal::keys::META_FORMAT_VERSION,
+            2u32.to_be_bytes(),
+        )
+        .unwrap();
+    }
+    let err = Journal::open(dir.path(), JournalOptions::default()).unwrap_err();
+    assert!(matches!(
+        err,
+        Error::UnsupportedFormat {
+            found: 2,
+            supported: 1
+        }
+    ));
+    assert!(matches!(
+        Journal::open_read_only(dir.path()),
+        Err(Error::UnsupportedFormat { found: 2, .. })
+    ));
+}
+
+#[test]
+fn reading_from_a_middle_position_still_checks_the_chain() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    journal.append("t", 0, &[created("t")]).unwrap();
+    for i in 1..5 {
+        journal.append("t", i, &[update(i)]).unwrap();
+    }
+    let tail: Vec<_> = journal
+        .read_stream("t", 3)
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(
+        tail.iter().map(|r| r.position).collect::<Vec<_>>(),
+        vec![3, 4]
+    );
+    assert_eq!(journal.read_stream("unknown", 0).count(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn async_appends_group_commit() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    let mut handles = Vec::new();
+    for t in 0..32 {
+        let journal = journal.clone();
+        handles.push(tokio::spawn(async move {
+            let task = format!("t{t}");
+            for i in 0..20 {
+                journal.append_async(&task, i, &[update(i)]).await.unwrap();
+            }
+        }));
+    }
+    for h in handles {
+        h.await.unwrap();
+    }
+    assert_eq!(journal.last_seq().unwrap(), 32 * 20);
+}

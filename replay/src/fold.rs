@@ -1,0 +1,466 @@
+//! The fold: the only place where task state changes.
+//!
+//! [`Task::apply`] is a pure function of the current state and one event: no clock, no I/O, no
+//! randomness. The live engine applies the events it just made durable; recovery and the audit
+//! apply the events they read. Because both use this one function, a recovered task equals the
+//! live one by construction. `apply` also checks that the event is legal where it stands, so
+//! the audit can name the first record that could not have been written by a correct engine.
+
+use crate::state::{Status, TaskState, DEFAULT_CANCEL_REASON, LEASE_EXPIRED_ERROR};
+use dtask_journal::{Event, EventType, ExpiryResolution, LeasePolicy};
+use std::collections::HashMap;
+use std::fmt;
+
+/// Why an event cannot follow the state it was applied to.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FoldError {
+    /// The first record of a stream is not `Created`.
+    #[error("the stream does not start with `created` (found `{0}`)")]
+    NotCreatedFirst(EventType),
+    /// A second `Created`.
+    #[error("`created` after the start of the stream")]
+    CreatedTwice,
+    /// The spec's id differs from the stream's task.
+    #[error("the spec names task {found:?}, the stream is {expected:?}")]
+    WrongTask {
+        /// The stream's task.
+        expected: String,
+        /// The id in the spec.
+        found: String,
+    },
+    /// A lifecycle event not allowed in the task's status.
+    #[error("`{event}` is not allowed in status {status}")]
+    IllegalTransition {
+        /// The status found.
+        status: Status,
+        /// The event.
+        event: EventType,
+    },
+    /// A record after the terminal event that may not follow it.
+    #[error("`{0}` after the task was terminal")]
+    AfterTerminal(EventType),
+    /// An attempt number that is not the previous one plus one.
+    #[error("attempt {found} started, expected {expected}")]
+    AttemptNotNext {
+        /// The attempt expected.
+        expected: u64,
+        /// The attempt recorded.
+        found: u64,
+    },
+    /// An update of another attempt than the running one.
+    #[error("update of attempt {found} while attempt {current} runs")]
+    StaleAttempt {
+        /// The running attempt.
+        current: u64,
+        /// The attempt recorded.
+        found: u64,
+    },
+    /// An update or notification event id recorded twice.
+    #[error("event id {0:?} recorded twice")]
+    DuplicateEventId(String),
+    /// A second started marker while a checkpoint exists.
+    #[error("started marker committed while a checkpoint exists")]
+    CheckpointExists,
+    /// An empty checkpoint where one is required.
+    #[error("`{0}` with an empty checkpoint")]
+    EmptyCheckpoint(EventType),
+    /// A second cancel request, or one recorded against the wrong status.
+    #[error("cancel request inconsistent with the task: {0}")]
+    CancelMismatch(&'static str),
+    /// A lease expiry whose resolution does not follow from policy and cancel intent.
+    #[error("lease expiry resolved as {found:?}, policy and intent require {expected:?}")]
+    ResolutionMismatch {
+        /// What policy and intent require.
+        expected: ExpiryResolution,
+        /// What was recorded.
+        found: ExpiryResolution,
+    },
+    /// A second transcript failure was recorded.
+    #[error("second transcript failure recorded")]
+    TranscriptTwice,
+    /// A failure without an error text.
+    #[error("`failed` without an error")]
+    EmptyError,
+    /// An acknowledgement of a notification that is not queued.
+    #[error("ack of notification {0:?} that is not queued")]
+    UnknownNotification(String),
+}
+
+/// A task as folded from its stream: the snapshot plus the indexes the store needs to fence
+/// and deduplicate (also derived only from events).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Task {
+    /// The snapshot.
+    pub state: TaskState,
+    /// Update event id → position of its `UpdateAppended` record.
+    pub update_ids: HashMap<String, u64>,
+    /// Application notification event id → position of its `NotificationEnqueued` record.
+    pub notification_ids: HashMap<String, u64>,
+    /// Queued, unacknowledged notification ids → position of the enqueue record.
+    pub outbox: HashMap<String, u64>,
+}
+
+impl Task {
+    /// Starts a fold from the stream's first record, which must be `Created`.
+    ///
+    /// # Errors
+    /// [`FoldError::NotCreatedFirst`] otherwise.
+    pub fn created(event: &Event) -> Result<Self, FoldError> {
+        let Event::Created {
+            spec,
+            policy,
+            checkpoint,
+            context_snapshot,
+            at,
+        } = event
+        else {
+            return Err(FoldError::NotCreatedFirst(event.event_type()));
+        };
+        Ok(Self {
+            state: TaskState {
+                spec: spec.clone(),
+                policy: *policy,
+                status: Status::Pending,
+                checkpoint: checkpoint.clone(),
+                result_data: Vec::new(),
+                result_error: String::new(),
+                output_file_error: String::new(),
+                pending_resume: None,
+                context_snapshot: context_snapshot.clone(),
+                version: 1,
+                attempt: 0,
+                cancel_requested_at: None,
+                cancel_reason: String::new(),
+                created_at: *at,
+                updated_at: *at,
+                done_at: None,
+                lease_deadline: None,
+                position: 1,
+                updates: 0,
+            },
+            update_ids: HashMap::new(),
+            notification_ids: HashMap::new(),
+            outbox: HashMap::new(),
+        })
+    }
+
+    /// Folds a whole stream.
+    ///
+    /// # Errors
+    /// The first [`FoldError`], with the position of the record that caused it.
+    pub fn fold<'a>(
+        events: impl IntoIterator<Item = &'a Event>,
+    ) -> Result<Option<Self>, (u64, FoldError)> {
+        let mut task: Option<Self> = None;
+        for (position, event) in (0u64..).zip(events) {
+            match task.as_mut() {
+                None => task = Some(Self::created(event).map_err(|e| (position, e))?),
+                Some(t) => t.apply(event).map_err(|e| (position, e))?,
+            }
+        }
+        Ok(task)
+    }
+
+    /// Applies one event, checking that it may follow the current state. On error the task is
+    /// unchanged.
+    ///
+    /// # Errors
+    /// The [`FoldError`] naming what is wrong.
+    pub fn apply(&mut self, event: &Event) -> Result<(), FoldError> {
+        self.check(event)?;
+        self.evolve(event);
+        Ok(())
+    }
+
+    /// Checks that `event` may follow the current state.
+    #[allow(clippy::too_many_lines, reason = "one arm per event type reads best")]
+    fn check(&self, event: &Event) -> Result<(), FoldError> {
+        let ty = event.event_type();
+        let s = &self.state;
+        if s.status.is_terminal()
+            && !matches!(
+                ty,
+                EventType::NotificationEnqueued | EventType::NotificationAcked
+            )
+        {
+            return Err(FoldError::AfterTerminal(ty));
+        }
+        let illegal = || FoldError::IllegalTransition {
+            status: s.status,
+            event: ty,
+        };
+        let need_running = || {
+            if s.status == Status::Running {
+                Ok(())
+            } else {
+                Err(illegal())
+            }
+        };
+        match event {
+            Event::Created { .. } => return Err(FoldError::CreatedTwice),
+            Event::AttemptStarted { attempt, .. } => {
+                if s.status != Status::Pending {
+                    return Err(illegal());
+                }
+                if *attempt != s.attempt + 1 {
+                    return Err(FoldError::AttemptNotNext {
+                        expected: s.attempt + 1,
+                        found: *attempt,
+                    });
+                }
+            }
+            Event::Heartbeat { .. }
+            | Event::Completed { .. }
+            | Event::Canceled { .. }
+            | Event::Yielded { .. } => need_running()?,
+            Event::Failed { error, .. } => {
+                need_running()?;
+                if error.is_empty() {
+                    return Err(FoldError::EmptyError);
+                }
+            }
+            Event::StartCommitted { checkpoint, .. } => {
+                need_running()?;
+                if !s.checkpoint.is_empty() {
+                    return Err(FoldError::CheckpointExists);
+                }
+                if checkpoint.is_empty() {
+                    return Err(FoldError::EmptyCheckpoint(ty));
+                }
+            }
+            Event::TranscriptFailed { .. } => {
+                need_running()?;
+                if !s.output_file_error.is_empty() {
+                    return Err(FoldError::TranscriptTwice);
+                }
+            }
+            Event::WaitingInput { checkpoint, .. } | Event::Suspended { checkpoint, .. } => {
+                need_running()?;
+                if checkpoint.is_empty() {
+                    return Err(FoldError::EmptyCheckpoint(ty));
+                }
+            }
+            Event::InputProvided { .. } => {
+                if s.status != Status::WaitingInput {
+                    return Err(illegal());
+                }
+            }
+            Event::Released { .. } => {
+                if s.status != Status::Suspended {
+                    return Err(illegal());
+                }
+            }
+            Event::CancelRequested {
+                lease_deadline,
+                direct,
+                ..
+            } => {
+                if s.cancel_requested_at.is_some() {
+                    return Err(FoldError::CancelMismatch("cancel requested twice"));
+                }
+                let should_be_direct = match s.status {
+                    Status::Pending => s.attempt == 0 || s.policy == LeasePolicy::Fail,
+                    Status::WaitingInput | Status::Suspended => true,
+                    _ => false,
+                };
+                if *direct != should_be_direct {
+                    return Err(FoldError::CancelMismatch(
+                        "direct cancellation does not match the status",
+                    ));
+                }
+                if (s.status == Status::Running) != lease_deadline.is_some() {
+                    return Err(FoldError::CancelMismatch(
+                        "a lease extension belongs to a running task only",
+                    ));
+                }
+            }
+            Event::LeaseExpired { resolution, .. } => {
+                need_running()?;
+                let expected = match (s.policy, s.cancel_requested_at.is_some()) {
+                    (LeasePolicy::Retry, _) => ExpiryResolution::Retry,
+                    (LeasePolicy::Fail, false) => ExpiryResolution::Failed,
+                    (LeasePolicy::Fail, true) => ExpiryResolution::Canceled,
+                };
+                if *resolution != expected {
+                    return Err(FoldError::ResolutionMismatch {
+                        expected,
+                        found: *resolution,
+                    });
+                }
+            }
+            Event::UpdateAppended {
+                attempt, event_id, ..
+            } => {
+                need_running()?;
+                if *attempt != s.attempt {
+                    return Err(FoldError::StaleAttempt {
+                        current: s.attempt,
+                        found: *attempt,
+                    });
+                }
+                if self.update_ids.contains_key(event_id) {
+                    return Err(FoldError::DuplicateEventId(event_id.clone()));
+                }
+            }
+            Event::NotificationEnqueued { id, event_id, .. } => {
+                if self.outbox.contains_key(id)
+                    || (!event_id.is_empty() && self.notification_ids.contains_key(event_id))
+                {
+                    return Err(FoldError::DuplicateEventId(id.clone()));
+                }
+            }
+            Event::NotificationAcked { id, .. } => {
+                if !self.outbox.contains_key(id) {
+                    return Err(FoldError::UnknownNotification(id.clone()));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies a checked event.
+    #[allow(clippy::too_many_lines, reason = "one arm per event type reads best")]
+    fn evolve(&mut self, event: &Event) {
+        let position = self.state.position;
+        self.state.position += 1;
+        if event.is_lifecycle() {
+            self.state.version += 1;
+            self.state.updated_at = event.at();
+        }
+        let s = &mut self.state;
+        match event {
+            Event::Created { .. } => {}
+            Event::AttemptStarted {
+                attempt,
+                lease_deadline,
+                ..
+            } => {
+                s.status = Status::Running;
+                s.attempt = *attempt;
+                s.lease_deadline = Some(*lease_deadline);
+            }
+            Event::Heartbeat { lease_deadline, .. } => s.lease_deadline = Some(*lease_deadline),
+            Event::StartCommitted { checkpoint, .. } => s.checkpoint.clone_from(checkpoint),
+            Event::TranscriptFailed { error, .. } => s.output_file_error.clone_from(error),
+            Event::WaitingInput { checkpoint, .. } => {
+                s.status = Status::WaitingInput;
+                s.checkpoint.clone_from(checkpoint);
+                s.pending_resume = None;
+                s.lease_deadline = None;
+            }
+            Event::Suspended { checkpoint, .. } => {
+                s.status = Status::Suspended;
+                s.checkpoint.clone_from(checkpoint);
+                s.pending_resume = None;
+                s.lease_deadline = None;
+            }
+            Event::Yielded { checkpoint, .. } => {
+                s.status = Status::Pending;
+                if !checkpoint.is_empty() {
+                    s.checkpoint.clone_from(checkpoint);
+                }
+                s.lease_deadline = None;
+            }
+            Event::InputProvided {
+                data,
+                context_snapshot,
+                ..
+            } => {
+                s.status = Status::Pending;
+                s.pending_resume = Some(data.clone());
+                if let Some(snapshot) = context_snapshot {
+                    s.context_snapshot.clone_from(snapshot);
+                }
+            }
+            Event::Released {
+                context_snapshot, ..
+            } => {
+                s.status = Status::Pending;
+                if let Some(snapshot) = context_snapshot {
+                    s.context_snapshot.clone_from(snapshot);
+                }
+            }
+            Event::CancelRequested {
+                reason,
+                lease_deadline,
+                direct,
+                at,
+            } => {
+                s.cancel_requested_at = Some(*at);
+                s.cancel_reason.clone_from(reason);
+                if *direct {
+                    let error = cancel_error(reason, "");
+                    finish(s, Status::Canceled, error, *at);
+                } else if let Some(deadline) = lease_deadline {
+                    s.lease_deadline = Some(*deadline);
+                }
+            }
+            Event::LeaseExpired { resolution, at, .. } => match resolution {
+                ExpiryResolution::Retry => {
+                    s.status = Status::Pending;
+                    s.lease_deadline = None;
+                }
+                ExpiryResolution::Failed => {
+                    finish(s, Status::Failed, LEASE_EXPIRED_ERROR.to_owned(), *at);
+                }
+                ExpiryResolution::Canceled => {
+                    let error = cancel_error(&s.cancel_reason, "");
+                    finish(s, Status::Canceled, error, *at);
+                }
+            },
+            Event::Completed { data, at } => {
+                finish(s, Status::Completed, String::new(), *at);
+                s.result_data.clone_from(data);
+            }
+            Event::Failed { error, at } => finish(s, Status::Failed, error.clone(), *at),
+            Event::Canceled { reason, at } => {
+                let error = cancel_error(&s.cancel_reason, reason);
+                finish(s, Status::Canceled, error, *at);
+            }
+            Event::UpdateAppended { event_id, .. } => {
+                s.updates += 1;
+                self.update_ids.insert(event_id.clone(), position);
+            }
+            Event::NotificationEnqueued { id, event_id, .. } => {
+                if !event_id.is_empty() {
+                    self.notification_ids.insert(event_id.clone(), position);
+                }
+                self.outbox.insert(id.clone(), position);
+            }
+            Event::NotificationAcked { id, .. } => {
+                self.outbox.remove(id);
+            }
+        }
+    }
+}
+
+/// The result error of a cancellation: the durable cancel reason, else the acknowledged
+/// reason, else the default.
+#[must_use]
+pub fn cancel_error(cancel_reason: &str, ack_reason: &str) -> String {
+    [cancel_reason, ack_reason]
+        .into_iter()
+        .find(|r| !r.is_empty())
+        .unwrap_or(DEFAULT_CANCEL_REASON)
+        .to_owned()
+}
+
+fn finish(s: &mut TaskState, status: Status, error: String, at: dtask_journal::Timestamp) {
+    s.status = status;
+    s.result_error = error;
+    s.result_data.clear();
+    s.pending_resume = None;
+    s.lease_deadline = None;
+    s.done_at = Some(at);
+}
+
+impl fmt::Display for Task {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {} v{} attempt {}",
+            self.state.spec.id, self.state.status, self.state.version, self.state.attempt
+        )
+    }
+}

@@ -1,0 +1,31 @@
+//! # dtask-replay
+//!
+//! Pure functions of events. [`Task::apply`] is the fold — the only place task state changes —
+//! shared by the live engine, recovery and the audit. [`Replay`] is the trait every consumer of
+//! a task's stream implements; [`replay_task`] feeds it verified records from a journal.
+//!
+//! No clock, no randomness, no I/O beyond reading a journal.
+//!
+//! ```
+//! use dtask_journal::{Event, LeasePolicy, TaskSpec, Timestamp};
+//! use dtask_replay::{Status, Task};
+//!
+//! let spec = TaskSpec { id: "t".into(), executor_key: "x".into(), ..TaskSpec::default() };
+//! let events = [
+//!     Event::Created { spec, policy: LeasePolicy::Retry, checkpoint: vec![], context_snapshot: vec![], at: Timestamp(1) },
+//!     Event::AttemptStarted { attempt: 1, lease_deadline: Timestamp(30_001), at: Timestamp(1) },
+//!     Event::Completed { data: b"done".to_vec(), at: Timestamp(2) },
+//! ];
+//! let task = Task::fold(&events).expect("legal stream").expect("non-empty");
+//! assert_eq!(task.state.status, Status::Completed);
+//! assert_eq!(task.state.version, 3);
+//! assert_eq!(task.state.result_data, b"done");
+//! ```
+
+mod fold;
+mod replay;
+mod state;
+
+pub use fold::{cancel_error, FoldError, Task};
+pub use replay::{load_task, load_task_at, replay_task, Replay, ReplayError, TaskFold};
+pub use state::{Status, TaskState, DEFAULT_CANCEL_REASON, LEASE_EXPIRED_ERROR};

@@ -1,0 +1,121 @@
+//! Replaying a task's stream from the journal through a [`Replay`] implementation.
+
+use crate::fold::{FoldError, Task};
+use dtask_journal::{Journal, Record};
+
+/// Something that consumes a task's records in stream order: the state fold used by recovery,
+/// the audit's checker, a test's model. Each sees the same verified records.
+pub trait Replay {
+    /// The error a record can cause.
+    type Error;
+
+    /// Consumes the next record of the stream.
+    ///
+    /// # Errors
+    /// Whatever the implementation finds wrong with the record; replay stops there.
+    fn replay(&mut self, record: &Record) -> Result<(), Self::Error>;
+}
+
+/// Errors of replaying a stream.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReplayError<E = FoldError> {
+    /// The journal could not be read, or a record is damaged.
+    #[error(transparent)]
+    Journal(#[from] dtask_journal::Error),
+    /// A record was rejected by the replay.
+    #[error("task {task:?} at position {position}: {error}")]
+    Rejected {
+        /// The task.
+        task: String,
+        /// The position of the rejected record.
+        position: u64,
+        /// Why.
+        error: E,
+    },
+}
+
+/// The state fold as a [`Replay`]: builds a [`Task`] from its records.
+#[derive(Debug, Default)]
+pub struct TaskFold {
+    task: Option<Task>,
+}
+
+impl TaskFold {
+    /// An empty fold.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The folded task (`None` when no record was replayed).
+    #[must_use]
+    pub fn finish(self) -> Option<Task> {
+        self.task
+    }
+}
+
+impl Replay for TaskFold {
+    type Error = FoldError;
+
+    fn replay(&mut self, record: &Record) -> Result<(), FoldError> {
+        match self.task.as_mut() {
+            None => {
+                self.task = Some(Task::created(&record.event)?);
+                Ok(())
+            }
+            Some(task) => task.apply(&record.event),
+        }
+    }
+}
+
+/// Replays `task`'s records at positions below `until` (all when `None`) into `replay`.
+///
+/// # Errors
+/// [`ReplayError::Journal`] for a damaged or unreadable record, [`ReplayError::Rejected`] when
+/// `replay` rejects one.
+pub fn replay_task<R: Replay>(
+    journal: &Journal,
+    task: &str,
+    until: Option<u64>,
+    replay: &mut R,
+) -> Result<(), ReplayError<R::Error>> {
+    for record in journal.read_stream(task, 0) {
+        let record = record?;
+        if until.is_some_and(|end| record.position >= end) {
+            break;
+        }
+        replay
+            .replay(&record)
+            .map_err(|error| ReplayError::Rejected {
+                task: task.to_owned(),
+                position: record.position,
+                error,
+            })?;
+    }
+    Ok(())
+}
+
+/// Folds `task` from the journal; `None` for an unknown task.
+///
+/// # Errors
+/// As for [`replay_task`].
+pub fn load_task(journal: &Journal, task: &str) -> Result<Option<Task>, ReplayError> {
+    let mut fold = TaskFold::new();
+    replay_task(journal, task, None, &mut fold)?;
+    Ok(fold.finish())
+}
+
+/// Folds `task`'s first `records` records: the task as it was after position `records - 1`.
+///
+/// # Errors
+/// As for [`replay_task`].
+pub fn load_task_at(
+    journal: &Journal,
+    task: &str,
+    records: u64,
+) -> Result<Option<Task>, ReplayError> {
+    let mut fold = TaskFold::new();
+    replay_task(journal, task, Some(records), &mut fold)?;
+    Ok(fold.finish())
+}

@@ -1,0 +1,145 @@
+//! The task snapshot: what a task's events add up to.
+
+use dtask_journal::{LeasePolicy, TaskSpec, Timestamp};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// The result error of a task canceled without a reason.
+pub const DEFAULT_CANCEL_REASON: &str = "task was canceled";
+
+/// The result error of a fail-policy task whose lease expired.
+pub const LEASE_EXPIRED_ERROR: &str = "execution lease expired and retry is disabled";
+
+/// A task's status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Waiting to be claimed by a worker.
+    Pending,
+    /// Claimed: an attempt holds the lease.
+    Running,
+    /// The attempt ended asking for input; `Resume` makes it pending again.
+    WaitingInput,
+    /// The attempt ended suspended; `ReleaseSuspension` makes it pending again.
+    Suspended,
+    /// Terminal: completed with result data.
+    Completed,
+    /// Terminal: failed with an error.
+    Failed,
+    /// Terminal: canceled.
+    Canceled,
+}
+
+impl Status {
+    /// Every status.
+    pub const ALL: [Self; 7] = [
+        Self::Pending,
+        Self::Running,
+        Self::WaitingInput,
+        Self::Suspended,
+        Self::Completed,
+        Self::Failed,
+        Self::Canceled,
+    ];
+
+    /// Whether the status is final.
+    #[must_use]
+    pub const fn is_terminal(self) -> bool {
+        matches!(self, Self::Completed | Self::Failed | Self::Canceled)
+    }
+
+    /// The `snake_case` name.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Running => "running",
+            Self::WaitingInput => "waiting_input",
+            Self::Suspended => "suspended",
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+            Self::Canceled => "canceled",
+        }
+    }
+
+    /// Parses a `snake_case` name.
+    #[must_use]
+    pub fn parse(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|s| s.as_str() == name)
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The snapshot of one task (the reference's task record), derived only by folding its events.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TaskState {
+    /// The immutable spec.
+    pub spec: TaskSpec,
+    /// What a lease expiry does.
+    pub policy: LeasePolicy,
+    /// The current status.
+    pub status: Status,
+    /// The latest durable executor checkpoint; non-empty once the started marker is committed.
+    pub checkpoint: Vec<u8>,
+    /// The result data (completed tasks only).
+    pub result_data: Vec<u8>,
+    /// The result error (failed and canceled tasks).
+    pub result_error: String,
+    /// The first transcript failure, if any.
+    pub output_file_error: String,
+    /// Input given to a waiting task, handed to the next attempt.
+    pub pending_resume: Option<Vec<u8>>,
+    /// The manager-owned context capture.
+    pub context_snapshot: Vec<u8>,
+    /// The CAS token: the number of lifecycle events.
+    pub version: u64,
+    /// The number of claims so far (the fencing token).
+    pub attempt: u64,
+    /// When cancellation was first requested.
+    pub cancel_requested_at: Option<Timestamp>,
+    /// The first cancel reason.
+    pub cancel_reason: String,
+    /// Creation time.
+    pub created_at: Timestamp,
+    /// Time of the last lifecycle event.
+    pub updated_at: Timestamp,
+    /// When the task became terminal.
+    pub done_at: Option<Timestamp>,
+    /// The running attempt's lease deadline.
+    pub lease_deadline: Option<Timestamp>,
+    /// The number of records folded (the stream's next position).
+    pub position: u64,
+    /// The number of progress updates recorded.
+    pub updates: u64,
+}
+
+impl TaskState {
+    /// The task id.
+    #[must_use]
+    pub fn id(&self) -> &str {
+        &self.spec.id
+    }
+
+    /// Whether the task is terminal.
+    #[must_use]
+    pub const fn is_terminal(&self) -> bool {
+        self.status.is_terminal()
+    }
+
+    /// Whether the started marker is durable (a checkpoint exists).
+    #[must_use]
+    pub fn is_started(&self) -> bool {
+        !self.checkpoint.is_empty()
+    }
+
+    /// Whether the running attempt's lease has run out at `now`.
+    #[must_use]
+    pub fn lease_expired_at(&self, now: Timestamp) -> bool {
+        self.status == Status::Running && self.lease_deadline.is_some_and(|d| d <= now)
+    }
+}

@@ -1,0 +1,160 @@
+//! The agent loop with a scripted model.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+
+use dtask_tool::{
+    Agent, AssistantMessage, BoxError, ChatModel, ErrorPolicy, FunctionTool, Message,
+    ScriptedModel, ToolCall, ToolError, ToolsNode, DEFAULT_MAX_STEPS,
+};
+use schemars::JsonSchema;
+use serde::Deserialize;
+
+#[derive(Debug, Deserialize, JsonSchema)]
+struct Num {
+    n: i64,
+}
+
+fn double_node(policy: ErrorPolicy) -> ToolsNode {
+    let double = FunctionTool::infer("double", "Double a number", |x: Num| async move {
+        Ok::<_, BoxError>(x.n * 2)
+    });
+    ToolsNode::builder()
+        .tool(double)
+        .error_policy(policy)
+        .build()
+        .unwrap()
+}
+
+fn double_call(id: &str, n: i64) -> AssistantMessage {
+    AssistantMessage::with_tool_calls(vec![ToolCall::function(
+        id,
+        "double",
+        format!(r#"{{"n":{n}}}"#),
+    )])
+}
+
+#[tokio::test]
+async fn loops_until_the_model_stops_calling_tools() {
+    let model = Arc::new(ScriptedModel::new([
+        double_call("c1", 2),
+        double_call("c2", 4),
+        AssistantMessage::text("8"),
+    ]));
+    let agent = Agent::new(model.clone(), double_node(ErrorPolicy::Fail));
+    assert_eq!(agent.max_steps(), DEFAULT_MAX_STEPS);
+    let run = agent
+        .run(vec![Message::user("double 2 twice")])
+        .await
+        .unwrap();
+
+    assert_eq!(run.steps, 3);
+    assert_eq!(run.answer, AssistantMessage::text("8"));
+    assert_eq!(
+        run.messages,
+        vec![
+            Message::user("double 2 twice"),
+            Message::Assistant(double_call("c1", 2)),
+            Message::tool("c1", "4"),
+            Message::Assistant(double_call("c2", 4)),
+            Message::tool("c2", "8"),
+            Message::assistant("8"),
+        ]
+    );
+
+    // The model saw the growing conversation and the tools every time.
+    let requests = model.requests();
+    assert_eq!(requests.len(), 3);
+    assert_eq!(requests[0].messages.len(), 1);
+    assert_eq!(requests[1].messages.len(), 3);
+    assert_eq!(requests[2].messages.len(), 5);
+    assert!(requests.iter().all(|r| r.tool_names == ["double"]));
+    assert_eq!(model.remaining(), 0);
+}
+
+#[tokio::test]
+async fn step_limit_is_a_typed_error_with_a_resumable_transcript() {
+    let model = Arc::new(ScriptedModel::new([
+        double_call("c1", 1),
+        double_call("c2", 2),
+        double_call("c3", 3),
+        AssistantMessage::text("done"),
+    ]));
+    let agent = Agent::new(model.clone(), double_node(ErrorPolicy::Fail)).with_max_steps(2);
+    let err = agent.run(vec![Message::user("go")]).await.unwrap_err();
+    let ToolError::StepLimit { limit, transcript } = err else {
+        panic!("expected StepLimit, got {err:?}");
+    };
+    assert_eq!(limit, 2);
+    assert_eq!(model.requests().len(), 2);
+    // Ends with the answers to the last step's calls.
+    assert_eq!(transcript.len(), 5);
+    assert_eq!(transcript.last(), Some(&Message::tool("c2", "4")));
+
+    // Continue from the transcript.
+    let run = agent.run(transcript).await.unwrap();
+    assert_eq!(run.steps, 2);
+    assert_eq!(run.answer.content.as_deref(), Some("done"));
+    assert_eq!(run.messages.len(), 8);
+}
+
+#[tokio::test]
+async fn tool_errors_fail_the_run_or_go_back_to_the_model() {
+    // Fail policy: the run fails with the tool's error.
+    let mut bad = double_call("c1", 1);
+    bad.tool_calls[0].function.arguments = r#"{"n":"one"}"#.into();
+    let model_bad = Arc::new(ScriptedModel::new([
+        bad.clone(),
+        AssistantMessage::text("sorry"),
+    ]));
+    let err = Agent::new(model_bad, double_node(ErrorPolicy::Fail))
+        .run(vec![Message::user("x")])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ToolError::InvalidArguments { tool, path, .. } if tool == "double" && path == "n"),
+        "{err:?}"
+    );
+
+    // ReturnToModel: the model sees the error and answers.
+    let model_bad = Arc::new(ScriptedModel::new([bad, AssistantMessage::text("sorry")]));
+    let run = Agent::new(model_bad.clone(), double_node(ErrorPolicy::ReturnToModel))
+        .run(vec![Message::user("x")])
+        .await
+        .unwrap();
+    assert_eq!(run.answer.content.as_deref(), Some("sorry"));
+    let seen = &model_bad.requests()[1].messages;
+    assert!(
+        seen[2]
+            .content()
+            .unwrap()
+            .starts_with("Error: invalid arguments for tool `double` at `n`"),
+        "{seen:?}"
+    );
+}
+
+#[tokio::test]
+async fn model_errors_are_reported() {
+    let model: Arc<dyn ChatModel> = Arc::new(ScriptedModel::new([double_call("c1", 1)]));
+    let err = Agent::new(model, double_node(ErrorPolicy::Fail))
+        .run(vec![Message::user("x")])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ToolError::Model { .. }), "{err:?}");
+    assert!(err.to_string().contains("no replies left"), "{err}");
+}
+
+#[tokio::test]
+async fn the_agent_runs_on_a_spawned_task() {
+    // `Agent::run` is `Send`, so the engine can spawn it.
+    let model = Arc::new(ScriptedModel::new([
+        double_call("c1", 5),
+        AssistantMessage::text("10"),
+    ]));
+    let agent = Agent::new(model, double_node(ErrorPolicy::Fail));
+    let run = tokio::spawn(async move { agent.run(vec![Message::user("double 5")]).await })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(run.messages[2], Message::tool("c1", "10"));
+}
