@@ -2,12 +2,14 @@
 //!
 //! The live side of dtask: the durable [`TaskStore`] (commands → `decide` → one atomic journal
 //! append → the shared fold), with leases and fencing, progress updates deduplicated by event
-//! id, and the notification outbox.
+//! id, and the notification outbox; and the runtime on top: the [`Manager`], [`Executor`]s,
+//! the per-attempt [`AttemptContext`] and the polling [`Worker`].
 //!
 //! Every state change goes through the journal first; memory only ever holds what the fold of
 //! the durable events says.
 
 mod clock;
+mod runtime;
 mod store;
 
 /// The tool component layer (tool descriptions, typed function tools, the tools node, the
@@ -15,6 +17,11 @@ mod store;
 pub use dtask_tool as tool;
 
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use runtime::{
+    truncate_utf8, AttemptContext, Control, ControlSlot, ExecutionError, ExecutionResult, Executor,
+    IdGenerator, Manager, ManagerConfig, Outcome, Progress, Registry, RuntimeError, SubmitRequest,
+    Worker, WorkerConfig, DEFAULT_TIMEOUT_REASON, MAX_ERROR_BYTES,
+};
 pub use store::{
     Change, Command, CreateRequest, Notification, NotificationRequest, Result, StoreConfig,
     StoreError, TaskPage, TaskStore, UpdatePage, UpdateRecord, UpdateRequest,

@@ -1,0 +1,133 @@
+//! Durable appends per second with `Durability::Sync`, side by side with raw RocksDB doing the
+//! same work on the same machine in the same run: one synced put per append, and synced
+//! WriteBatches of as many records as there are writers (what a perfect group commit forms).
+//!
+//! Run: `cargo bench --bench journal_append` (add `-- --secs 3` for longer rounds).
+#![allow(clippy::unwrap_used, clippy::cast_precision_loss, missing_docs)]
+
+use dtask::journal::{Event, Journal, JournalOptions, Timestamp};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const VALUE_BYTES: usize = 200;
+
+fn update(i: u64) -> Event {
+    Event::UpdateAppended {
+        attempt: 1,
+        event_id: format!("e{i}"),
+        kind: "progress".into(),
+        data: vec![7; VALUE_BYTES - 40],
+        metadata: vec![],
+        at: Timestamp(i),
+    }
+}
+
+/// Runs `work(thread, stop)` on `threads` threads for `secs`; returns operations per second.
+fn run_threads(
+    threads: usize,
+    secs: f64,
+    work: impl Fn(usize, &AtomicBool, &AtomicU64) + Send + Sync + 'static,
+) -> f64 {
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let work = Arc::new(work);
+    let start = Instant::now();
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let (stop, done, work) = (Arc::clone(&stop), Arc::clone(&done), Arc::clone(&work));
+            std::thread::spawn(move || work(t, &stop, &done))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs_f64(secs));
+    stop.store(true, Ordering::Relaxed);
+    for h in handles {
+        h.join().unwrap();
+    }
+    done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+}
+
+fn dtask_appends(writers: usize, secs: f64) -> f64 {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    let rate = run_threads(writers, secs, move |t, stop, done| {
+        let task = format!("task-{t:04}");
+        let mut position = 0;
+        while !stop.load(Ordering::Relaxed) {
+            journal.append(&task, position, &[update(position)]).unwrap();
+            position += 1;
+            done.fetch_add(1, Ordering::Relaxed);
+        }
+    });
+    drop(dir);
+    rate
+}
+
+fn raw_db(dir: &std::path::Path) -> rocksdb::DB {
+    let mut opts = rocksdb::Options::default();
+    opts.create_if_missing(true);
+    opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
+    rocksdb::DB::open(&opts, dir).unwrap()
+}
+
+fn raw_puts(writers: usize, secs: f64) -> f64 {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Arc::new(raw_db(dir.path()));
+    let value = vec![7u8; VALUE_BYTES];
+    run_threads(writers, secs, move |t, stop, done| {
+        let mut wo = rocksdb::WriteOptions::default();
+        wo.set_sync(true);
+        let mut i = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            let key = format!("task-{t:04}/{i:016}");
+            db.put_opt(key, &value, &wo).unwrap();
+            i += 1;
+            done.fetch_add(1, Ordering::Relaxed);
+        }
+    })
+}
+
+fn raw_batches(batch: usize, secs: f64) -> f64 {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Arc::new(raw_db(dir.path()));
+    let value = vec![7u8; VALUE_BYTES];
+    run_threads(1, secs, move |_, stop, done| {
+        let mut wo = rocksdb::WriteOptions::default();
+        wo.set_sync(true);
+        let mut i = 0u64;
+        while !stop.load(Ordering::Relaxed) {
+            let mut wb = rocksdb::WriteBatch::default();
+            for _ in 0..batch {
+                wb.put(format!("k{i:016}"), &value);
+                i += 1;
+            }
+            db.write_opt(wb, &wo).unwrap();
+            done.fetch_add(batch as u64, Ordering::Relaxed);
+        }
+    })
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let secs = args
+        .iter()
+        .position(|a| a == "--secs")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2.0);
+    println!("durable appends/s, Durability::Sync, {VALUE_BYTES}-byte records, {secs} s per cell");
+    println!(
+        "{:>8} | {:>12} | {:>14} | {:>16} | {:>10} | {:>10}",
+        "writers", "dtask", "raw sync put", "raw sync batch", "vs put", "vs batch"
+    );
+    for writers in [1usize, 16, 64, 256] {
+        let ours = dtask_appends(writers, secs);
+        let puts = raw_puts(writers, secs);
+        let batches = raw_batches(writers, secs);
+        println!(
+            "{writers:>8} | {ours:>12.0} | {puts:>14.0} | {batches:>16.0} | {:>9.2}x | {:>9.2}x",
+            ours / puts,
+            ours / batches
+        );
+    }
+}

@@ -1,0 +1,296 @@
+//! The attempt runtime: what an executor holds while it runs one attempt.
+//!
+//! It tracks the version the attempt last wrote (heartbeats and the started marker advance
+//! it), serializes every versioned write with the heartbeat loop, carries the control channel,
+//! and is *poisoned* by a definitive loss of authority: afterwards every operation returns the
+//! poison error and the final commit writes nothing.
+
+use super::control::{Control, ControlSlot};
+use crate::store::{Command, StoreError, TaskStore, UpdateRecord, UpdateRequest};
+use dtask_journal::MetadataEntry;
+use dtask_replay::{Status, TaskState};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Mutex as AsyncMutex;
+
+/// A progress update emitted by an attempt.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Progress {
+    /// The idempotency key; empty gets a random one (then replays cannot be deduplicated).
+    pub event_id: String,
+    /// A free kind tag.
+    pub kind: String,
+    /// The update bytes (non-empty).
+    pub data: Vec<u8>,
+    /// Key/value metadata.
+    pub metadata: Vec<MetadataEntry>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    store: TaskStore,
+    task_id: String,
+    attempt: u64,
+    /// The version the attempt last observed; held across every versioned write.
+    version: AsyncMutex<u64>,
+    controls: ControlSlot,
+    /// The accepted cancellation's reason, once accepted.
+    cancel: Mutex<Option<String>>,
+    /// The error that poisoned the runtime.
+    poison: Mutex<Option<String>>,
+    /// Whether heartbeats should stop (cancellation accepted or poisoned).
+    heartbeats_stopped: Mutex<bool>,
+}
+
+/// The handle an executor receives for one attempt. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct AttemptContext {
+    shared: Arc<Shared>,
+}
+
+impl AttemptContext {
+    pub(crate) fn new(store: TaskStore, claimed: &TaskState) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                store,
+                task_id: claimed.spec.id.clone(),
+                attempt: claimed.attempt,
+                version: AsyncMutex::new(claimed.version),
+                controls: ControlSlot::default(),
+                cancel: Mutex::new(None),
+                poison: Mutex::new(None),
+                heartbeats_stopped: Mutex::new(false),
+            }),
+        }
+    }
+
+    /// The task id.
+    #[must_use]
+    pub fn task_id(&self) -> &str {
+        &self.shared.task_id
+    }
+
+    /// The attempt number (the fence of this attempt's writes).
+    #[must_use]
+    pub fn attempt(&self) -> u64 {
+        self.shared.attempt
+    }
+
+    /// The store (for reads).
+    #[must_use]
+    pub fn store(&self) -> &TaskStore {
+        &self.shared.store
+    }
+
+    /// The control channel of this attempt.
+    #[must_use]
+    pub fn controls(&self) -> &ControlSlot {
+        &self.shared.controls
+    }
+
+    /// Waits for the next control.
+    pub async fn next_control(&self) -> Control {
+        self.shared.controls.recv().await
+    }
+
+    /// The accepted cancellation's reason, if cancellation was accepted.
+    #[must_use]
+    pub fn cancellation(&self) -> Option<String> {
+        lock(&self.shared.cancel).clone()
+    }
+
+    /// The poison error, if the attempt lost its authority.
+    #[must_use]
+    pub fn poisoned(&self) -> Option<String> {
+        lock(&self.shared.poison).clone()
+    }
+
+    fn check_poison(&self) -> Result<(), StoreError> {
+        match self.poisoned() {
+            Some(_) => Err(StoreError::LeaseLost("the attempt lost its lease")),
+            None => Ok(()),
+        }
+    }
+
+    pub(crate) fn poison(&self, why: &str) {
+        let mut poison = lock(&self.shared.poison);
+        if poison.is_none() {
+            *poison = Some(why.to_owned());
+            tracing::warn!(task = %self.shared.task_id, attempt = self.shared.attempt, why, "attempt poisoned");
+        }
+        drop(poison);
+        self.stop_heartbeats();
+        self.shared
+            .controls
+            .send(Control::Stop(format!("lease lost: {why}")));
+    }
+
+    fn stop_heartbeats(&self) {
+        *lock(&self.shared.heartbeats_stopped) = true;
+    }
+
+    fn heartbeats_stopped(&self) -> bool {
+        *lock(&self.shared.heartbeats_stopped)
+    }
+
+    /// Accepts the durable cancellation of this attempt: adopts the version the cancel
+    /// request wrote, stops heartbeats and queues a Stop control with the durable reason.
+    /// Idempotent. Returns whether cancellation is accepted.
+    pub(crate) async fn accept_cancellation(&self) -> bool {
+        let mut version = self.shared.version.lock().await;
+        if self.cancellation().is_some() {
+            return true;
+        }
+        let Ok(task) = self.shared.store.get(&self.shared.task_id).await else {
+            return false;
+        };
+        let ours = task.status == Status::Running && task.attempt == self.shared.attempt;
+        if !ours || task.cancel_requested_at.is_none() {
+            return false;
+        }
+        *version = task.version;
+        let reason = dtask_replay::cancel_error(&task.cancel_reason, "");
+        *lock(&self.shared.cancel) = Some(reason.clone());
+        self.stop_heartbeats();
+        self.shared.controls.send(Control::Stop(reason));
+        true
+    }
+
+    /// After a version conflict: the conflict is benign only when cancel intent arrived for
+    /// this very attempt (version + 1); then cancellation is accepted. Otherwise the runtime is
+    /// poisoned.
+    async fn reconcile(&self, seen: u64) -> bool {
+        if let Ok(task) = self.shared.store.get(&self.shared.task_id).await {
+            let intent = task.status == Status::Running
+                && task.attempt == self.shared.attempt
+                && task.cancel_requested_at.is_some()
+                && task.version == seen + 1;
+            if intent {
+                return self.accept_cancellation().await;
+            }
+        }
+        self.poison("version conflict");
+        false
+    }
+
+    /// Runs a versioned command at the attempt's version, adopting the new version.
+    pub(crate) async fn versioned(&self, command: Command) -> Result<TaskState, StoreError> {
+        self.check_poison()?;
+        let mut version = self.shared.version.lock().await;
+        let result = self
+            .shared
+            .store
+            .execute(&self.shared.task_id, *version, command)
+            .await;
+        match result {
+            Ok(state) => {
+                *version = state.version;
+                Ok(state)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Writes the started marker (T4): the tool's side effect has begun and `checkpoint` says
+    /// how to recover it. Must be durable before the attempt first waits on its run.
+    ///
+    /// # Errors
+    /// The store's error; a lost lease poisons the attempt.
+    pub async fn commit_start(&self, checkpoint: Vec<u8>) -> Result<(), StoreError> {
+        self.versioned_or_poison(Command::CommitStart { checkpoint })
+            .await
+            .map(drop)
+    }
+
+    /// Records the task's first transcript (output file) failure (T5).
+    ///
+    /// # Errors
+    /// The store's error.
+    pub async fn report_transcript_failure(&self, error: String) -> Result<(), StoreError> {
+        self.versioned_or_poison(Command::ReportTranscriptFailure { error })
+            .await
+            .map(drop)
+    }
+
+    async fn versioned_or_poison(&self, command: Command) -> Result<TaskState, StoreError> {
+        match self.versioned(command).await {
+            Err(e @ (StoreError::LeaseLost(_) | StoreError::VersionConflict { .. })) => {
+                let seen = *self.shared.version.lock().await;
+                self.reconcile(seen).await;
+                Err(e)
+            }
+            other => other,
+        }
+    }
+
+    /// Appends a progress update fenced by this attempt; returns the record and whether it was
+    /// a first emission (`false` for a byte-identical replay of its event id).
+    ///
+    /// # Errors
+    /// The store's error ([`StoreError::EventIdConflict`] for a replay with other bytes).
+    pub async fn emit_progress(
+        &self,
+        progress: Progress,
+    ) -> Result<(UpdateRecord, bool), StoreError> {
+        self.check_poison()?;
+        let event_id = if progress.event_id.is_empty() {
+            uuid::Uuid::new_v4().to_string()
+        } else {
+            progress.event_id
+        };
+        self.shared
+            .store
+            .append_update(
+                &self.shared.task_id,
+                UpdateRequest {
+                    attempt: self.shared.attempt,
+                    event_id,
+                    kind: progress.kind,
+                    data: progress.data,
+                    metadata: progress.metadata,
+                },
+            )
+            .await
+    }
+
+    /// Heartbeats every `every` until stopped; the first definitive error poisons the attempt.
+    pub(crate) async fn heartbeat_loop(self, every: Duration) {
+        let mut tick = tokio::time::interval(every.max(Duration::from_millis(1)));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            if self.heartbeats_stopped() || self.poisoned().is_some() {
+                return;
+            }
+            let seen = *self.shared.version.lock().await;
+            match self.versioned(Command::Heartbeat).await {
+                Ok(_) => {}
+                Err(StoreError::VersionConflict { .. }) => {
+                    self.reconcile(seen).await;
+                    return;
+                }
+                Err(StoreError::LeaseLost(_)) => {
+                    // Cancel intent makes heartbeats fail with LeaseLost: accept it if so.
+                    if !self.accept_cancellation().await {
+                        self.poison("heartbeat refused");
+                    }
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(task = %self.shared.task_id, error = %e, "heartbeat failed");
+                    self.poison("heartbeat failed");
+                    return;
+                }
+            }
+        }
+    }
+
+    pub(crate) fn halt_heartbeats(&self) {
+        self.stop_heartbeats();
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

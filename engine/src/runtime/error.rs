@@ -1,0 +1,62 @@
+//! The runtime's error type.
+
+use crate::store::StoreError;
+
+/// Errors of the manager, workers and attempts.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RuntimeError {
+    /// The store refused or failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// No executor is registered under the key.
+    #[error("executor {0:?} is unavailable")]
+    ExecutorUnavailable(String),
+    /// The executor refused the spec.
+    #[error("{0}")]
+    InvalidSpec(String),
+    /// The executor refused to run the task.
+    #[error("validate execution: {0}")]
+    InvalidExecution(String),
+    /// A task-id kind is not `[A-Za-z0-9_-]{0,64}`.
+    #[error("invalid task id kind {0:?}")]
+    InvalidKind(String),
+    /// This manager is already executing the task; nothing was touched.
+    #[error("task {0:?} is already executing in this manager")]
+    AlreadyExecuting(String),
+    /// The manager has shut down. Do not retry this.
+    #[error("the background task manager has shut down; do not retry this")]
+    Closed,
+    /// Close was called with active attempts and no deadline; the manager stays open.
+    #[error("close needs a deadline while attempts are active")]
+    CloseDeadlineRequired,
+    /// Attempts were still active after the close deadline and the cancellations.
+    #[error("attempts still active after the close deadline")]
+    CloseTimedOut,
+    /// A drain found no safe checkpoint; nothing was committed and the lease will expire.
+    #[error("drain checkpoint unavailable")]
+    DrainCheckpointUnavailable,
+    /// The attempt lost its lease; nothing more it writes is applied.
+    #[error("lease lost: {0}")]
+    LeaseLost(String),
+    /// An attempt that finished during close failed with this error.
+    #[error("an attempt failed: {0}")]
+    AttemptFailed(String),
+}
+
+impl RuntimeError {
+    /// Whether a worker may ignore this dispatch error: a lost race or a task that moved on.
+    #[must_use]
+    pub fn is_benign(&self) -> bool {
+        matches!(
+            self,
+            Self::AlreadyExecuting(_)
+                | Self::Store(
+                    StoreError::VersionConflict { .. }
+                        | StoreError::IllegalTransition { .. }
+                        | StoreError::AlreadyTerminal(_)
+                        | StoreError::NotFound(_)
+                )
+        )
+    }
+}

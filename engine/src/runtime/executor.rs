@@ -1,0 +1,146 @@
+//! Executors: what runs a task's attempts.
+
+use super::attempt::AttemptContext;
+use async_trait::async_trait;
+use dtask_journal::{LeasePolicy, TaskSpec};
+use dtask_replay::TaskState;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// How an attempt ended, as the executor reports it. Exactly one variant, so results that mix
+/// variants cannot be expressed; results missing a required part (an empty error or
+/// checkpoint) are refused at commit with `InvalidExecutionResult`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExecutionResult {
+    /// The task completed with this result data.
+    Completed(Vec<u8>),
+    /// The task failed with this error (non-empty).
+    Failed(String),
+    /// The executor stopped after a Stop control (the reason).
+    Canceled(String),
+    /// The attempt waits for input; the checkpoint (non-empty) carries the request.
+    WaitingInput(Vec<u8>),
+    /// The attempt is suspended with this checkpoint (non-empty).
+    Suspended(Vec<u8>),
+    /// The attempt yields; the task goes back to pending. An empty checkpoint keeps the stored
+    /// one; the external operation may keep running and be reattached by the next attempt.
+    Yield(Vec<u8>),
+}
+
+/// Why an executor could not produce a result.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExecutionError {
+    /// The execution failed; the task fails with this message (truncated to 4096 bytes).
+    #[error("{0}")]
+    Failed(String),
+    /// A drain found no safe checkpoint: nothing is committed and the lease is left to
+    /// expire, so the task is dispatched again from its last durable checkpoint.
+    #[error("drain checkpoint unavailable")]
+    DrainCheckpointUnavailable,
+}
+
+impl ExecutionError {
+    /// A failure with `message`.
+    pub fn failed(message: impl Into<String>) -> Self {
+        Self::Failed(message.into())
+    }
+}
+
+/// Runs attempts of the tasks routed to its key.
+#[async_trait]
+pub trait Executor: Send + Sync + 'static {
+    /// The routing key tasks name in their spec.
+    fn key(&self) -> &str;
+
+    /// What a lease expiry does to this executor's tasks (fixed at submit).
+    fn lease_policy(&self) -> LeasePolicy;
+
+    /// Whether attempts receive [`super::Control::Drain`] when the manager closes.
+    fn supports_drain(&self) -> bool {
+        false
+    }
+
+    /// Checks a spec at submit (side-effect free).
+    ///
+    /// # Errors
+    /// Why the spec is refused.
+    fn validate_spec(&self, spec: &TaskSpec) -> Result<(), String> {
+        let _ = spec;
+        Ok(())
+    }
+
+    /// Checks a task before an attempt is claimed (side-effect free).
+    ///
+    /// # Errors
+    /// Why the task cannot run.
+    fn validate_execution(&self, task: &TaskState) -> Result<(), String> {
+        let _ = task;
+        Ok(())
+    }
+
+    /// Runs one attempt of `task` (a copy of the claimed snapshot).
+    ///
+    /// # Errors
+    /// [`ExecutionError`] when no result could be produced.
+    async fn execute(
+        &self,
+        attempt: AttemptContext,
+        task: TaskState,
+    ) -> Result<ExecutionResult, ExecutionError>;
+}
+
+/// The executors a manager can route to, by key.
+#[derive(Clone, Default)]
+pub struct Registry {
+    executors: HashMap<String, Arc<dyn Executor>>,
+}
+
+impl std::fmt::Debug for Registry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.executors.keys()).finish()
+    }
+}
+
+impl Registry {
+    /// An empty registry.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers `executor` under its key.
+    ///
+    /// # Errors
+    /// The key, when another executor has it already.
+    pub fn register(&mut self, executor: impl Executor) -> Result<(), String> {
+        self.register_arc(Arc::new(executor))
+    }
+
+    /// Registers a shared executor under its key.
+    ///
+    /// # Errors
+    /// The key, when another executor has it already.
+    pub fn register_arc(&mut self, executor: Arc<dyn Executor>) -> Result<(), String> {
+        let key = executor.key().to_owned();
+        if key.is_empty() || self.executors.contains_key(&key) {
+            return Err(key);
+        }
+        self.executors.insert(key, executor);
+        Ok(())
+    }
+
+    /// The executor of `key`.
+    #[must_use]
+    pub fn get(&self, key: &str) -> Option<Arc<dyn Executor>> {
+        self.executors.get(key).cloned()
+    }
+
+    /// Every registered key.
+    #[must_use]
+    pub fn keys(&self) -> Vec<String> {
+        let mut keys: Vec<_> = self.executors.keys().cloned().collect();
+        keys.sort();
+        keys
+    }
+}

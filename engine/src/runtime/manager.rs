@@ -1,0 +1,661 @@
+//! The manager: submit, wait, cancel, resume, execute one attempt, close with drain.
+
+use super::attempt::AttemptContext;
+use super::control::Control;
+use super::error::RuntimeError;
+use super::executor::{ExecutionError, ExecutionResult, Executor, Registry};
+use crate::store::{Command, CreateRequest, StoreError, TaskStore};
+use dtask_journal::TaskSpec;
+use dtask_replay::{Status, TaskState};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tracing::Instrument;
+
+/// The longest executor error text kept in a failed task.
+pub const MAX_ERROR_BYTES: usize = 4096;
+
+/// How many times cancel and release retry a version conflict.
+const CAS_TRIES: usize = 8;
+
+/// A generator of task ids, given the kind prefix.
+pub type IdGenerator = Arc<dyn Fn(&str) -> String + Send + Sync>;
+
+/// Manager settings.
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct ManagerConfig {
+    /// How often a running attempt renews its lease; keep it well below the store's lease
+    /// duration. Default: 10 s.
+    pub heartbeat_interval: Duration,
+    /// A custom task-id generator; `None` gives `<kind or "task">_<UUID v7>`.
+    pub id_generator: Option<IdGenerator>,
+}
+
+impl Default for ManagerConfig {
+    fn default() -> Self {
+        Self {
+            heartbeat_interval: Duration::from_secs(10),
+            id_generator: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for ManagerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ManagerConfig")
+            .field("heartbeat_interval", &self.heartbeat_interval)
+            .field("id_generator", &self.id_generator.is_some())
+            .finish()
+    }
+}
+
+impl ManagerConfig {
+    /// Sets [`ManagerConfig::heartbeat_interval`].
+    #[must_use]
+    pub fn with_heartbeat_interval(mut self, every: Duration) -> Self {
+        self.heartbeat_interval = every;
+        self
+    }
+
+    /// Sets [`ManagerConfig::id_generator`].
+    #[must_use]
+    pub fn with_id_generator(mut self, generator: IdGenerator) -> Self {
+        self.id_generator = Some(generator);
+        self
+    }
+}
+
+/// A request to submit a task.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SubmitRequest {
+    /// The spec; its id must be allocated before (see [`Manager::allocate_task_id`]).
+    pub spec: TaskSpec,
+    /// The initial checkpoint, written in the same atomic create.
+    pub initial_checkpoint: Vec<u8>,
+    /// An opaque context snapshot restored before each attempt.
+    pub context_snapshot: Vec<u8>,
+}
+
+/// What waiting for a task observed: a terminal outcome, or an interruption for input.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Completed with result data.
+    Completed(Vec<u8>),
+    /// Failed with an error.
+    Failed(String),
+    /// Canceled with a reason.
+    Canceled(String),
+    /// Waiting for input (not terminal): answer with [`Manager::resume`].
+    Interrupted(Box<TaskState>),
+}
+
+struct Active {
+    attempt: Option<AttemptContext>,
+    supports_drain: bool,
+}
+
+struct Inner {
+    store: TaskStore,
+    registry: Registry,
+    config: ManagerConfig,
+    closed: AtomicBool,
+    drain_reason: Mutex<Option<String>>,
+    active: Mutex<HashMap<String, Active>>,
+    idle: Notify,
+    first_error: Mutex<Option<String>>,
+}
+
+/// Runs tasks of registered executors on a [`TaskStore`]. Cheap to clone.
+#[derive(Clone)]
+pub struct Manager {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Manager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Manager")
+            .field("executors", &self.inner.registry)
+            .field("closed", &self.is_closed())
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Truncates `text` to at most `max` bytes on a character boundary.
+#[must_use]
+pub fn truncate_utf8(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut end = max;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    text
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        format!("executor panicked: {s}")
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        format!("executor panicked: {s}")
+    } else {
+        "executor panicked".to_owned()
+    }
+}
+
+impl Manager {
+    /// A manager over `store` routing to `registry`'s executors.
+    #[must_use]
+    pub fn new(store: TaskStore, registry: Registry, config: ManagerConfig) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                registry,
+                config,
+                closed: AtomicBool::new(false),
+                drain_reason: Mutex::new(None),
+                active: Mutex::new(HashMap::new()),
+                idle: Notify::new(),
+                first_error: Mutex::new(None),
+            }),
+        }
+    }
+
+    /// The store.
+    #[must_use]
+    pub fn store(&self) -> &TaskStore {
+        &self.inner.store
+    }
+
+    /// The executor registry.
+    #[must_use]
+    pub fn registry(&self) -> &Registry {
+        &self.inner.registry
+    }
+
+    /// Whether [`Manager::close`] was called.
+    #[must_use]
+    pub fn is_closed(&self) -> bool {
+        self.inner.closed.load(Ordering::SeqCst)
+    }
+
+    /// The ids of the attempts running in this manager.
+    #[must_use]
+    pub fn active_tasks(&self) -> Vec<String> {
+        let mut ids: Vec<_> = lock(&self.inner.active).keys().cloned().collect();
+        ids.sort();
+        ids
+    }
+
+    /// Allocates a task id: `<kind or "task">_<UUID v7>` (time-ordered), or the configured
+    /// generator's. `kind` must be empty or at most 64 bytes of `[A-Za-z0-9_-]`.
+    ///
+    /// # Errors
+    /// [`RuntimeError::InvalidKind`], [`RuntimeError::Closed`], or an empty generated id.
+    pub fn allocate_task_id(&self, kind: &str) -> Result<String, RuntimeError> {
+        let valid = kind.len() <= 64
+            && kind
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if !valid {
+            return Err(RuntimeError::InvalidKind(kind.to_owned()));
+        }
+        if self.is_closed() {
+            return Err(RuntimeError::Closed);
+        }
+        let id = if let Some(generate) = &self.inner.config.id_generator {
+            generate(kind)
+        } else {
+            let prefix = if kind.is_empty() { "task" } else { kind };
+            format!("{prefix}_{}", uuid::Uuid::now_v7().simple())
+        };
+        if id.is_empty() {
+            return Err(RuntimeError::InvalidKind(
+                "the id generator returned an empty id".into(),
+            ));
+        }
+        Ok(id)
+    }
+
+    /// Submits a task: validates it, checks its executor, and creates it in one atomic write
+    /// with the executor's lease policy.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Closed`] after close, [`RuntimeError::ExecutorUnavailable`],
+    /// [`RuntimeError::InvalidSpec`], and the store's errors; nothing is created on error.
+    pub async fn submit(&self, request: SubmitRequest) -> Result<TaskState, RuntimeError> {
+        if request.spec.id.is_empty() {
+            return Err(RuntimeError::Store(StoreError::Invalid {
+                field: "task id",
+                reason: "submit requires a pre-allocated task id".into(),
+            }));
+        }
+        if self.is_closed() {
+            return Err(RuntimeError::Closed);
+        }
+        let executor = self.executor(&request.spec.executor_key)?;
+        executor
+            .validate_spec(&request.spec)
+            .map_err(|e| RuntimeError::InvalidSpec(format!("validate spec: {e}")))?;
+        let state = self
+            .inner
+            .store
+            .create(CreateRequest {
+                spec: request.spec,
+                policy: Some(executor.lease_policy()),
+                checkpoint: request.initial_checkpoint,
+                context_snapshot: request.context_snapshot,
+            })
+            .await?;
+        Ok(state)
+    }
+
+    fn executor(&self, key: &str) -> Result<Arc<dyn Executor>, RuntimeError> {
+        self.inner
+            .registry
+            .get(key)
+            .ok_or_else(|| RuntimeError::ExecutorUnavailable(key.to_owned()))
+    }
+
+    /// The task's snapshot.
+    ///
+    /// # Errors
+    /// The store's errors.
+    pub async fn get(&self, id: &str) -> Result<TaskState, RuntimeError> {
+        Ok(self.inner.store.get(id).await?)
+    }
+
+    /// Waits for a terminal outcome, or for the task to wait for input ([`Outcome::Interrupted`]).
+    /// Never returns an unknown outcome: errors are errors.
+    ///
+    /// # Errors
+    /// The store's errors.
+    pub async fn wait(&self, id: &str) -> Result<Outcome, RuntimeError> {
+        let mut state = self.inner.store.get(id).await?;
+        loop {
+            match state.status {
+                Status::Completed => return Ok(Outcome::Completed(state.result_data)),
+                Status::Failed => return Ok(Outcome::Failed(state.result_error)),
+                Status::Canceled => return Ok(Outcome::Canceled(state.result_error)),
+                Status::WaitingInput => return Ok(Outcome::Interrupted(Box::new(state))),
+                Status::Pending | Status::Running | Status::Suspended => {
+                    state = self
+                        .inner
+                        .store
+                        .wait_for_task_version(id, state.version)
+                        .await?;
+                }
+            }
+        }
+    }
+
+    /// Requests cancellation. The first reason wins. A running attempt in this manager gets a
+    /// Stop control; for a fail-policy task with a local attempt this returns once the task is
+    /// canceled (or with an error), for recoverable work as soon as the intent is durable.
+    ///
+    /// # Errors
+    /// [`StoreError::AlreadyTerminal`] (as [`RuntimeError::Store`]), version conflicts after
+    /// retries, [`StoreError::IllegalTransition`] when a local fail-policy attempt ended
+    /// otherwise.
+    pub async fn request_cancel(&self, id: &str, reason: &str) -> Result<TaskState, RuntimeError> {
+        if reason.len() > MAX_ERROR_BYTES {
+            return Err(RuntimeError::Store(StoreError::Invalid {
+                field: "reason",
+                reason: "over 4096 bytes".into(),
+            }));
+        }
+        let mut last = None;
+        let mut state = None;
+        for _ in 0..CAS_TRIES {
+            let current = self.inner.store.get(id).await?;
+            let command = Command::RequestCancel {
+                reason: reason.to_owned(),
+            };
+            match self.inner.store.execute(id, current.version, command).await {
+                Ok(s) => {
+                    state = Some(s);
+                    break;
+                }
+                Err(e @ StoreError::VersionConflict { .. }) => last = Some(e),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let Some(state) = state else {
+            return Err(last.map_or(RuntimeError::Closed, RuntimeError::Store));
+        };
+        let local = self.local_attempt(id);
+        if state.status != Status::Running || state.cancel_requested_at.is_none() {
+            return Ok(state);
+        }
+        let Some((attempt, _)) = local else {
+            return Ok(state);
+        };
+        attempt.accept_cancellation().await;
+        if state.policy != dtask_journal::LeasePolicy::Fail {
+            return Ok(state);
+        }
+        self.wait_attempt_done(id).await;
+        let after = self.inner.store.get(id).await?;
+        match after.status {
+            Status::Canceled => Ok(after),
+            s if s.is_terminal() => Err(StoreError::AlreadyTerminal(id.to_owned()).into()),
+            s => Err(StoreError::IllegalTransition {
+                status: s,
+                operation: "request_cancel",
+            }
+            .into()),
+        }
+    }
+
+    fn local_attempt(&self, id: &str) -> Option<(AttemptContext, bool)> {
+        let active = lock(&self.inner.active);
+        let entry = active.get(id)?;
+        Some((entry.attempt.clone()?, entry.supports_drain))
+    }
+
+    async fn wait_attempt_done(&self, id: &str) {
+        loop {
+            let notified = self.inner.idle.notified();
+            if !lock(&self.inner.active).contains_key(id) {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Gives input to a task waiting for it (T17). `expected_version` ties the input to that
+    /// exact wait.
+    ///
+    /// # Errors
+    /// [`StoreError::IllegalTransition`], [`StoreError::VersionConflict`].
+    pub async fn resume(
+        &self,
+        id: &str,
+        expected_version: u64,
+        data: Vec<u8>,
+    ) -> Result<TaskState, RuntimeError> {
+        let command = Command::Resume {
+            data,
+            context_snapshot: None,
+        };
+        Ok(self
+            .inner
+            .store
+            .execute(id, expected_version, command)
+            .await?)
+    }
+
+    /// Releases a suspended task to pending (T18), retrying version conflicts.
+    ///
+    /// # Errors
+    /// [`StoreError::IllegalTransition`] when the task is not suspended.
+    pub async fn release_suspension(
+        &self,
+        id: &str,
+        context_snapshot: Option<Vec<u8>>,
+    ) -> Result<TaskState, RuntimeError> {
+        let mut last = None;
+        for _ in 0..CAS_TRIES {
+            let current = self.inner.store.get(id).await?;
+            if current.status != Status::Suspended {
+                return Err(StoreError::IllegalTransition {
+                    status: current.status,
+                    operation: "release_suspension",
+                }
+                .into());
+            }
+            let command = Command::ReleaseSuspension {
+                context_snapshot: context_snapshot.clone(),
+            };
+            match self.inner.store.execute(id, current.version, command).await {
+                Ok(s) => return Ok(s),
+                Err(e @ StoreError::VersionConflict { .. }) => last = Some(e),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(last.map_or(RuntimeError::Closed, RuntimeError::Store))
+    }
+
+    /// Sends a control to the attempt of `id` running in this manager. Returns whether it was
+    /// accepted (see [`super::ControlSlot::send`]).
+    #[must_use]
+    pub fn send_control(&self, id: &str, control: Control) -> bool {
+        self.local_attempt(id)
+            .is_some_and(|(attempt, _)| attempt.controls().send(control))
+    }
+
+    /// Executes one attempt of `id`: claim, heartbeat, run the executor, commit its result.
+    ///
+    /// # Errors
+    /// [`RuntimeError::AlreadyExecuting`] (nothing touched), a lost claim race
+    /// ([`StoreError::VersionConflict`] / [`StoreError::IllegalTransition`]),
+    /// [`RuntimeError::DrainCheckpointUnavailable`] and invalid results (nothing committed),
+    /// a lost lease at commit.
+    pub async fn execute(&self, id: &str) -> Result<TaskState, RuntimeError> {
+        if id.is_empty() {
+            return Err(RuntimeError::Store(StoreError::Invalid {
+                field: "task id",
+                reason: "must not be empty".into(),
+            }));
+        }
+        if self.is_closed() {
+            return Err(RuntimeError::Closed);
+        }
+        {
+            let mut active = lock(&self.inner.active);
+            if active.contains_key(id) {
+                return Err(RuntimeError::AlreadyExecuting(id.to_owned()));
+            }
+            active.insert(
+                id.to_owned(),
+                Active {
+                    attempt: None,
+                    supports_drain: false,
+                },
+            );
+        }
+        let result = self.execute_registered(id).await;
+        lock(&self.inner.active).remove(id);
+        self.inner.idle.notify_waiters();
+        if let Err(e) = &result {
+            if !e.is_benign() && !matches!(e, RuntimeError::DrainCheckpointUnavailable) {
+                lock(&self.inner.first_error).get_or_insert_with(|| e.to_string());
+            }
+        }
+        result
+    }
+
+    async fn execute_registered(&self, id: &str) -> Result<TaskState, RuntimeError> {
+        let store = &self.inner.store;
+        let task = store.get(id).await?;
+        let executor = self.executor(&task.spec.executor_key)?;
+        executor
+            .validate_spec(&task.spec)
+            .map_err(|e| RuntimeError::InvalidSpec(format!("validate spec: {e}")))?;
+        executor
+            .validate_execution(&task)
+            .map_err(RuntimeError::InvalidExecution)?;
+        let claimed = store.execute(id, task.version, Command::Start).await?;
+        let span = tracing::info_span!("attempt", task = %id, attempt = claimed.attempt);
+        async {
+            let attempt = AttemptContext::new(store.clone(), &claimed);
+            {
+                let mut active = lock(&self.inner.active);
+                if let Some(entry) = active.get_mut(id) {
+                    entry.attempt = Some(attempt.clone());
+                    entry.supports_drain = executor.supports_drain();
+                }
+            }
+            if claimed.cancel_requested_at.is_some() {
+                attempt.accept_cancellation().await;
+            }
+            if executor.supports_drain() {
+                if let Some(reason) = lock(&self.inner.drain_reason).clone() {
+                    attempt.controls().send(Control::Drain(reason));
+                }
+            }
+            let heartbeat = tokio::spawn(
+                attempt
+                    .clone()
+                    .heartbeat_loop(self.inner.config.heartbeat_interval),
+            );
+            let run = {
+                let attempt = attempt.clone();
+                let executor = Arc::clone(&executor);
+                let snapshot = claimed.clone();
+                tokio::spawn(async move { executor.execute(attempt, snapshot).await })
+            };
+            let outcome = run.await;
+            attempt.halt_heartbeats();
+            heartbeat.abort();
+            let result = match outcome {
+                Ok(Ok(result)) => result,
+                Ok(Err(ExecutionError::DrainCheckpointUnavailable)) => {
+                    return Err(RuntimeError::DrainCheckpointUnavailable)
+                }
+                Ok(Err(ExecutionError::Failed(message))) => {
+                    ExecutionResult::Failed(truncate_utf8(message, MAX_ERROR_BYTES))
+                }
+                Err(join) if join.is_panic() => {
+                    let message = panic_message(&*join.into_panic());
+                    ExecutionResult::Failed(truncate_utf8(message, MAX_ERROR_BYTES))
+                }
+                Err(_) => ExecutionResult::Failed("executor task was aborted".into()),
+            };
+            commit(&attempt, result).await
+        }
+        .instrument(span)
+        .await
+    }
+
+    /// Closes the manager: submit and execute refuse from now on; reads and cancellation keep
+    /// working. Drainable attempts get a Drain control; at `deadline` the others are canceled
+    /// durably. A deadline is required while attempts are active.
+    ///
+    /// # Errors
+    /// [`RuntimeError::CloseDeadlineRequired`] (the manager stays open),
+    /// [`RuntimeError::CloseTimedOut`] when attempts are still active after the deadline, or
+    /// the first error of an attempt that finished with one.
+    pub async fn close(
+        &self,
+        deadline: Option<tokio::time::Instant>,
+        reason: &str,
+    ) -> Result<(), RuntimeError> {
+        if reason.len() > MAX_ERROR_BYTES {
+            return Err(RuntimeError::Store(StoreError::Invalid {
+                field: "reason",
+                reason: "over 4096 bytes".into(),
+            }));
+        }
+        if deadline.is_none() && !lock(&self.inner.active).is_empty() {
+            return Err(RuntimeError::CloseDeadlineRequired);
+        }
+        self.inner.closed.store(true, Ordering::SeqCst);
+        *lock(&self.inner.drain_reason) = Some(reason.to_owned());
+        let drainable: Vec<AttemptContext> = lock(&self.inner.active)
+            .values()
+            .filter(|a| a.supports_drain)
+            .filter_map(|a| a.attempt.clone())
+            .collect();
+        for attempt in drainable {
+            attempt.controls().send(Control::Drain(reason.to_owned()));
+        }
+        let drained = match deadline {
+            None => true,
+            Some(deadline) => tokio::time::timeout_at(deadline, self.wait_idle())
+                .await
+                .is_ok(),
+        };
+        if !drained {
+            let stubborn: Vec<String> = lock(&self.inner.active)
+                .iter()
+                .filter(|(_, a)| !a.supports_drain)
+                .map(|(id, _)| id.clone())
+                .collect();
+            for id in stubborn {
+                match self.request_cancel(&id, reason).await {
+                    Ok(_) | Err(RuntimeError::Store(StoreError::AlreadyTerminal(_))) => {}
+                    Err(e) => tracing::warn!(task = %id, error = %e, "cancel at close failed"),
+                }
+            }
+            let settled = tokio::time::timeout(Duration::from_millis(10), self.wait_idle())
+                .await
+                .is_ok();
+            if !settled {
+                return Err(RuntimeError::CloseTimedOut);
+            }
+        }
+        match lock(&self.inner.first_error).take() {
+            Some(e) => Err(RuntimeError::AttemptFailed(e)),
+            None => Ok(()),
+        }
+    }
+
+    async fn wait_idle(&self) {
+        loop {
+            let notified = self.inner.idle.notified();
+            if lock(&self.inner.active).is_empty() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// Commits an executor result through the attempt runtime (§4.6): an accepted cancellation
+/// replaces the result; an invalid result poisons the runtime and commits nothing; a version
+/// conflict is reconciled (cancel intent → commit as canceled, else lease lost).
+async fn commit(
+    attempt: &AttemptContext,
+    result: ExecutionResult,
+) -> Result<TaskState, RuntimeError> {
+    if let Some(why) = attempt.poisoned() {
+        return Err(RuntimeError::LeaseLost(why));
+    }
+    let command = match attempt.cancellation() {
+        Some(reason) => Command::AckCancel { reason },
+        None => match result {
+            ExecutionResult::Completed(data) => Command::Complete { data },
+            ExecutionResult::Failed(error) if error.is_empty() => {
+                attempt.poison("invalid execution result");
+                return Err(
+                    StoreError::InvalidExecutionResult("a failure needs an error".into()).into(),
+                );
+            }
+            ExecutionResult::Failed(error) => Command::Fail { error },
+            ExecutionResult::Canceled(reason) => Command::AckCancel { reason },
+            ExecutionResult::WaitingInput(checkpoint) | ExecutionResult::Suspended(checkpoint)
+                if checkpoint.is_empty() =>
+            {
+                attempt.poison("invalid execution result");
+                return Err(StoreError::InvalidExecutionResult(
+                    "waiting for input and suspending need a checkpoint".into(),
+                )
+                .into());
+            }
+            ExecutionResult::WaitingInput(checkpoint) => Command::WaitInput { checkpoint },
+            ExecutionResult::Suspended(checkpoint) => Command::Suspend { checkpoint },
+            ExecutionResult::Yield(checkpoint) => Command::Yield { checkpoint },
+        },
+    };
+    match attempt.versioned(command).await {
+        Ok(state) => Ok(state),
+        Err(StoreError::VersionConflict { .. } | StoreError::LeaseLost(_)) => {
+            if attempt.accept_cancellation().await {
+                let reason = attempt.cancellation().unwrap_or_default();
+                Ok(attempt.versioned(Command::AckCancel { reason }).await?)
+            } else {
+                attempt.poison("lease lost at commit");
+                Err(RuntimeError::LeaseLost("lease lost at commit".into()))
+            }
+        }
+        Err(e) => Err(e.into()),
+    }
+}

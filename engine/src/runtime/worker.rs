@@ -1,0 +1,190 @@
+//! The polling worker: claims pending tasks of its executor keys and runs them.
+
+use super::error::RuntimeError;
+use super::manager::Manager;
+use std::collections::HashSet;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+/// Worker settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WorkerConfig {
+    /// The executor keys to claim tasks of (non-empty, each non-empty).
+    pub executor_keys: Vec<String>,
+    /// How often to look for pending tasks when not woken earlier. Default: 1 s.
+    pub poll_interval: Duration,
+    /// The most attempts running at once. Default: 1.
+    pub max_concurrent: usize,
+    /// Tasks never claimed (attempt 0) are skipped until this long after creation. Default: 0.
+    pub initial_pickup_delay: Duration,
+}
+
+impl WorkerConfig {
+    /// A worker for `keys` with the defaults.
+    #[must_use]
+    pub fn new(keys: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        Self {
+            executor_keys: keys.into_iter().map(Into::into).collect(),
+            poll_interval: Duration::from_secs(1),
+            max_concurrent: 1,
+            initial_pickup_delay: Duration::ZERO,
+        }
+    }
+
+    /// Sets [`WorkerConfig::max_concurrent`] (at least 1).
+    #[must_use]
+    pub fn with_max_concurrent(mut self, n: usize) -> Self {
+        self.max_concurrent = n.max(1);
+        self
+    }
+
+    /// Sets [`WorkerConfig::poll_interval`].
+    #[must_use]
+    pub fn with_poll_interval(mut self, every: Duration) -> Self {
+        self.poll_interval = every;
+        self
+    }
+
+    /// Sets [`WorkerConfig::initial_pickup_delay`].
+    #[must_use]
+    pub fn with_initial_pickup_delay(mut self, delay: Duration) -> Self {
+        self.initial_pickup_delay = delay;
+        self
+    }
+}
+
+/// Claims and runs pending tasks until told to stop.
+#[derive(Debug)]
+pub struct Worker {
+    manager: Manager,
+    config: WorkerConfig,
+}
+
+impl Worker {
+    /// A worker on `manager`.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Store`] with an invalid-request error for an empty key set or key.
+    pub fn new(manager: Manager, config: WorkerConfig) -> Result<Self, RuntimeError> {
+        if config.executor_keys.is_empty() || config.executor_keys.iter().any(String::is_empty) {
+            return Err(RuntimeError::Store(crate::store::StoreError::Invalid {
+                field: "executor keys",
+                reason: "must be non-empty, each key non-empty".into(),
+            }));
+        }
+        Ok(Self { manager, config })
+    }
+
+    /// Runs until `shutdown` resolves: pages through pending tasks, skips those already in
+    /// flight here, runs each under the concurrency limit. Wakes early when a task becomes
+    /// pending in this process; keeps polling for tasks other processes create. Lost races are
+    /// benign. On shutdown it stops claiming, waits for its attempts and returns.
+    ///
+    /// # Errors
+    /// The first non-benign dispatch or listing error (after waiting for running attempts).
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), RuntimeError> {
+        let store = self.manager.store().clone();
+        let mut pending_signal = store.pending_signal();
+        let slots = Arc::new(Semaphore::new(self.config.max_concurrent));
+        let in_flight: Arc<Mutex<HashSet<String>>> = Arc::default();
+        let mut attempts = JoinSet::new();
+        let delay = u64::try_from(self.config.initial_pickup_delay.as_millis()).unwrap_or(u64::MAX);
+        tokio::pin!(shutdown);
+        let mut failure = None;
+        'poll: loop {
+            let mut cursor: Option<String> = None;
+            loop {
+                let page = match store
+                    .list_pending(&self.config.executor_keys, cursor.as_deref(), 100)
+                    .await
+                {
+                    Ok(page) => page,
+                    Err(e) => {
+                        failure = Some(RuntimeError::Store(e));
+                        break 'poll;
+                    }
+                };
+                for task in page.tasks {
+                    let id = task.spec.id.clone();
+                    if task.attempt == 0 && task.created_at.plus_millis(delay) > store.now() {
+                        continue;
+                    }
+                    if !lock(&in_flight).insert(id.clone()) {
+                        continue;
+                    }
+                    let permit = tokio::select! {
+                        permit = Arc::clone(&slots).acquire_owned() => permit,
+                        () = &mut shutdown => {
+                            lock(&in_flight).remove(&id);
+                            break 'poll;
+                        }
+                    };
+                    let Ok(permit) = permit else { break 'poll };
+                    let manager = self.manager.clone();
+                    let in_flight = Arc::clone(&in_flight);
+                    attempts.spawn(async move {
+                        let result = manager.execute(&id).await;
+                        lock(&in_flight).remove(&id);
+                        drop(permit);
+                        result.map(drop)
+                    });
+                }
+                while let Some(done) = attempts.try_join_next() {
+                    if let Some(e) = dispatch_failure(done) {
+                        failure = Some(e);
+                        break 'poll;
+                    }
+                }
+                match page.next_cursor {
+                    Some(next) => cursor = Some(next),
+                    None => break,
+                }
+            }
+            tokio::select! {
+                () = &mut shutdown => break,
+                _ = pending_signal.changed() => {}
+                () = tokio::time::sleep(self.config.poll_interval) => {}
+                Some(done) = attempts.join_next() => {
+                    if let Some(e) = dispatch_failure(done) {
+                        failure = Some(e);
+                        break;
+                    }
+                }
+            }
+        }
+        while let Some(done) = attempts.join_next().await {
+            if let (None, Some(e)) = (&failure, dispatch_failure(done)) {
+                failure = Some(e);
+            }
+        }
+        failure.map_or(Ok(()), Err)
+    }
+}
+
+fn dispatch_failure(
+    done: Result<Result<(), RuntimeError>, tokio::task::JoinError>,
+) -> Option<RuntimeError> {
+    match done {
+        // An attempt that could not commit (drain, invalid result, lost lease) leaves its
+        // task to lease expiry; that is the engine working, not a worker failure.
+        Ok(
+            Ok(())
+            | Err(
+                RuntimeError::DrainCheckpointUnavailable
+                | RuntimeError::LeaseLost(_)
+                | RuntimeError::Store(crate::store::StoreError::InvalidExecutionResult(_)),
+            ),
+        ) => None,
+        Ok(Err(e)) if e.is_benign() => None,
+        Ok(Err(e)) => Some(e),
+        Err(join) => Some(RuntimeError::AttemptFailed(join.to_string())),
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -1,0 +1,583 @@
+//! The runtime against guarantees 105–120 of the reference (eino-core §7), on a real journal.
+#![allow(clippy::unwrap_used, clippy::missing_panics_doc)]
+
+use async_trait::async_trait;
+use dtask_engine::{
+    AttemptContext, Control, ExecutionError, ExecutionResult, Executor, Manager, ManagerConfig,
+    ManualClock, Outcome, Progress, Registry, RuntimeError, StoreConfig, StoreError, SubmitRequest,
+    TaskStore, Worker, WorkerConfig,
+};
+use dtask_journal::{Durability, Journal, JournalOptions, LeasePolicy, TaskSpec};
+use dtask_replay::{Status, TaskState};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+type Body = Arc<
+    dyn Fn(
+            AttemptContext,
+            TaskState,
+        ) -> Pin<Box<dyn Future<Output = Result<ExecutionResult, ExecutionError>> + Send>>
+        + Send
+        + Sync,
+>;
+
+struct FnExecutor {
+    key: String,
+    policy: LeasePolicy,
+    drain: bool,
+    body: Body,
+}
+
+#[async_trait]
+impl Executor for FnExecutor {
+    fn key(&self) -> &str {
+        &self.key
+    }
+    fn lease_policy(&self) -> LeasePolicy {
+        self.policy
+    }
+    fn supports_drain(&self) -> bool {
+        self.drain
+    }
+    async fn execute(
+        &self,
+        attempt: AttemptContext,
+        task: TaskState,
+    ) -> Result<ExecutionResult, ExecutionError> {
+        (self.body)(attempt, task).await
+    }
+}
+
+fn executor<F, Fut>(key: &str, policy: LeasePolicy, drain: bool, f: F) -> FnExecutor
+where
+    F: Fn(AttemptContext, TaskState) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<ExecutionResult, ExecutionError>> + Send + 'static,
+{
+    FnExecutor {
+        key: key.into(),
+        policy,
+        drain,
+        body: Arc::new(move |a, t| Box::pin(f(a, t))),
+    }
+}
+
+struct Env {
+    _dir: tempfile::TempDir,
+    clock: ManualClock,
+    manager: Manager,
+}
+
+fn env(executors: Vec<FnExecutor>) -> Env {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(
+        dir.path(),
+        JournalOptions::default().with_durability(Durability::Buffered),
+    )
+    .unwrap();
+    let clock = ManualClock::new(1_000_000);
+    let store = TaskStore::open(journal, clock.clone(), StoreConfig::default()).unwrap();
+    let mut registry = Registry::new();
+    for e in executors {
+        registry.register(e).unwrap();
+    }
+    let manager = Manager::new(
+        store,
+        registry,
+        ManagerConfig::default().with_heartbeat_interval(Duration::from_secs(3600)),
+    );
+    Env {
+        _dir: dir,
+        clock,
+        manager,
+    }
+}
+
+async fn submit(manager: &Manager, key: &str) -> String {
+    let id = manager.allocate_task_id("test").unwrap();
+    manager
+        .submit(SubmitRequest {
+            spec: TaskSpec {
+                id: id.clone(),
+                executor_key: key.into(),
+                ..TaskSpec::default()
+            },
+            ..SubmitRequest::default()
+        })
+        .await
+        .unwrap();
+    id
+}
+
+fn completes(key: &str) -> FnExecutor {
+    executor(key, LeasePolicy::Retry, false, |_, _| async {
+        Ok(ExecutionResult::Completed(b"done".to_vec()))
+    })
+}
+
+/// An executor that waits for a control and answers it as the reference tools do.
+fn waits_for_control(key: &str, policy: LeasePolicy, drain: bool) -> FnExecutor {
+    executor(key, policy, drain, |attempt, _| async move {
+        match attempt.next_control().await {
+            Control::Stop(reason) => Ok(ExecutionResult::Canceled(reason)),
+            Control::Timeout(reason) => Ok(ExecutionResult::Failed(reason)),
+            Control::Drain(_) => Ok(ExecutionResult::Yield(b"drained".to_vec())),
+        }
+    })
+}
+
+async fn until_running(manager: &Manager, id: &str) {
+    while !manager.active_tasks().contains(&id.to_string())
+        || manager.get(id).await.unwrap().status != Status::Running
+    {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test]
+async fn g105_submit_with_unregistered_executor_or_empty_id_creates_nothing() {
+    let env = env(vec![completes("known")]);
+    let err = env
+        .manager
+        .submit(SubmitRequest {
+            spec: TaskSpec {
+                id: "t1".into(),
+                executor_key: "unknown".into(),
+                ..TaskSpec::default()
+            },
+            ..SubmitRequest::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RuntimeError::ExecutorUnavailable(ref k) if k == "unknown"));
+    let err = env
+        .manager
+        .submit(SubmitRequest {
+            spec: TaskSpec {
+                executor_key: "known".into(),
+                ..TaskSpec::default()
+            },
+            ..SubmitRequest::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        RuntimeError::Store(StoreError::Invalid { .. })
+    ));
+    assert!(matches!(
+        env.manager.get("t1").await,
+        Err(RuntimeError::Store(StoreError::NotFound(_)))
+    ));
+    assert_eq!(env.manager.store().journal().tasks().count(), 0);
+}
+
+#[tokio::test]
+async fn g106_submit_after_close_fails_but_get_and_cancel_work() {
+    let env = env(vec![completes("k")]);
+    let id = submit(&env.manager, "k").await;
+    env.manager.close(None, "bye").await.unwrap();
+    let err = env
+        .manager
+        .submit(SubmitRequest {
+            spec: TaskSpec {
+                id: "late".into(),
+                executor_key: "k".into(),
+                ..TaskSpec::default()
+            },
+            ..SubmitRequest::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RuntimeError::Closed));
+    assert!(err.to_string().contains("do not retry"));
+    assert!(matches!(
+        env.manager.allocate_task_id(""),
+        Err(RuntimeError::Closed)
+    ));
+    assert_eq!(env.manager.get(&id).await.unwrap().status, Status::Pending);
+    let canceled = env.manager.request_cancel(&id, "closing").await.unwrap();
+    assert_eq!(canceled.status, Status::Canceled);
+    assert_eq!(canceled.result_error, "closing");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g108_close_with_active_attempts_needs_a_deadline_and_stays_open() {
+    let env = env(vec![waits_for_control("k", LeasePolicy::Retry, true)]);
+    let id = submit(&env.manager, "k").await;
+    let m = env.manager.clone();
+    let run = tokio::spawn({
+        let id = id.clone();
+        async move { m.execute(&id).await }
+    });
+    until_running(&env.manager, &id).await;
+    assert!(matches!(
+        env.manager.close(None, "bye").await,
+        Err(RuntimeError::CloseDeadlineRequired)
+    ));
+    assert!(!env.manager.is_closed());
+    assert!(env.manager.send_control(&id, Control::Stop("done".into())));
+    let state = run.await.unwrap().unwrap();
+    assert_eq!(state.status, Status::Canceled);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g109_close_drains_drainable_and_cancels_the_others_at_the_deadline() {
+    let env = env(vec![
+        waits_for_control("drainable", LeasePolicy::Retry, true),
+        waits_for_control("stubborn", LeasePolicy::Fail, false),
+    ]);
+    let a = submit(&env.manager, "drainable").await;
+    let b = submit(&env.manager, "stubborn").await;
+    let runs: Vec<_> = [a.clone(), b.clone()]
+        .into_iter()
+        .map(|id| {
+            let m = env.manager.clone();
+            tokio::spawn(async move { m.execute(&id).await })
+        })
+        .collect();
+    until_running(&env.manager, &a).await;
+    until_running(&env.manager, &b).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(200);
+    env.manager
+        .close(Some(deadline), "shutting down")
+        .await
+        .unwrap();
+    for r in runs {
+        r.await.unwrap().unwrap();
+    }
+    let drained = env.manager.get(&a).await.unwrap();
+    assert_eq!(
+        drained.status,
+        Status::Pending,
+        "the drainable task yielded"
+    );
+    assert_eq!(drained.checkpoint, b"drained");
+    let canceled = env.manager.get(&b).await.unwrap();
+    assert_eq!(canceled.status, Status::Canceled);
+    assert_eq!(canceled.result_error, "shutting down");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g110_execute_of_a_task_already_executing_fails_without_touching_the_store() {
+    let env = env(vec![waits_for_control("k", LeasePolicy::Retry, false)]);
+    let id = submit(&env.manager, "k").await;
+    let m = env.manager.clone();
+    let run = tokio::spawn({
+        let id = id.clone();
+        async move { m.execute(&id).await }
+    });
+    until_running(&env.manager, &id).await;
+    let before = env.manager.get(&id).await.unwrap();
+    let err = env.manager.execute(&id).await.unwrap_err();
+    assert!(matches!(err, RuntimeError::AlreadyExecuting(_)));
+    assert_eq!(env.manager.get(&id).await.unwrap(), before);
+    assert!(env.manager.send_control(&id, Control::Stop("x".into())));
+    run.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn g111_an_executor_panic_fails_the_task_with_the_panic_message() {
+    let env = env(vec![executor(
+        "k",
+        LeasePolicy::Retry,
+        false,
+        |_, _| async { panic!("disk on fire") },
+    )]);
+    let id = submit(&env.manager, "k").await;
+    let state = env.manager.execute(&id).await.unwrap();
+    assert_eq!(state.status, Status::Failed);
+    assert!(
+        state.result_error.contains("disk on fire"),
+        "{}",
+        state.result_error
+    );
+}
+
+#[tokio::test]
+async fn g113_an_executor_error_is_a_failure_truncated_to_4096_bytes() {
+    let env = env(vec![executor(
+        "k",
+        LeasePolicy::Retry,
+        false,
+        |_, _| async { Err(ExecutionError::failed("é".repeat(3000))) },
+    )]);
+    let id = submit(&env.manager, "k").await;
+    let state = env.manager.execute(&id).await.unwrap();
+    assert_eq!(state.status, Status::Failed);
+    assert!(state.result_error.len() <= 4096);
+    assert!(state.result_error.len() >= 4094);
+    assert!(state.result_error.chars().all(|c| c == 'é'));
+}
+
+#[tokio::test]
+async fn g114_an_invalid_result_commits_nothing_and_the_lease_is_left_to_expire() {
+    let env = env(vec![executor(
+        "k",
+        LeasePolicy::Retry,
+        false,
+        |_, _| async { Ok(ExecutionResult::WaitingInput(Vec::new())) },
+    )]);
+    let id = submit(&env.manager, "k").await;
+    let err = env.manager.execute(&id).await.unwrap_err();
+    assert!(matches!(
+        err,
+        RuntimeError::Store(StoreError::InvalidExecutionResult(_))
+    ));
+    let state = env.manager.get(&id).await.unwrap();
+    assert_eq!(state.status, Status::Running, "nothing committed");
+    assert_eq!(state.version, 2);
+    env.clock.advance(Duration::from_secs(31));
+    let state = env.manager.get(&id).await.unwrap();
+    assert_eq!(state.status, Status::Pending, "retry policy after expiry");
+    assert_eq!(state.attempt, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g115_once_cancellation_is_accepted_any_result_is_committed_as_canceled() {
+    let env = env(vec![executor(
+        "k",
+        LeasePolicy::Retry,
+        false,
+        |attempt, _| async move {
+            let _ = attempt.next_control().await;
+            Ok(ExecutionResult::Completed(b"ignored the stop".to_vec()))
+        },
+    )]);
+    let id = submit(&env.manager, "k").await;
+    let m = env.manager.clone();
+    let run = tokio::spawn({
+        let id = id.clone();
+        async move { m.execute(&id).await }
+    });
+    until_running(&env.manager, &id).await;
+    let pending = env.manager.request_cancel(&id, "user stop").await.unwrap();
+    assert_eq!(
+        pending.status,
+        Status::Running,
+        "retry work returns once intent is durable"
+    );
+    let state = run.await.unwrap().unwrap();
+    assert_eq!(state.status, Status::Canceled);
+    assert_eq!(state.result_error, "user stop");
+    assert!(state.result_data.is_empty());
+}
+
+#[tokio::test]
+async fn g116_drain_checkpoint_unavailable_commits_nothing_then_pending_after_expiry() {
+    let env = env(vec![executor(
+        "k",
+        LeasePolicy::Retry,
+        true,
+        |_, _| async { Err(ExecutionError::DrainCheckpointUnavailable) },
+    )]);
+    let id = submit(&env.manager, "k").await;
+    assert!(matches!(
+        env.manager.execute(&id).await,
+        Err(RuntimeError::DrainCheckpointUnavailable)
+    ));
+    assert_eq!(env.manager.get(&id).await.unwrap().status, Status::Running);
+    env.clock.advance(Duration::from_secs(31));
+    assert_eq!(env.manager.get(&id).await.unwrap().status, Status::Pending);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g117_wait_returns_interrupted_for_waiting_input_and_outcomes_for_terminal_states() {
+    let env = env(vec![executor(
+        "k",
+        LeasePolicy::Retry,
+        false,
+        |_, task| async move {
+            match task.pending_resume {
+                None => Ok(ExecutionResult::WaitingInput(b"approve?".to_vec())),
+                Some(answer) => Ok(ExecutionResult::Completed(answer)),
+            }
+        },
+    )]);
+    let id = submit(&env.manager, "k").await;
+    let waiter = tokio::spawn({
+        let m = env.manager.clone();
+        let id = id.clone();
+        async move { m.wait(&id).await }
+    });
+    env.manager.execute(&id).await.unwrap();
+    let Outcome::Interrupted(state) = waiter.await.unwrap().unwrap() else {
+        panic!("expected an interruption");
+    };
+    assert_eq!(state.checkpoint, b"approve?");
+    env.manager
+        .resume(&id, state.version, b"yes".to_vec())
+        .await
+        .unwrap();
+    let waiter = tokio::spawn({
+        let m = env.manager.clone();
+        let id = id.clone();
+        async move { m.wait(&id).await }
+    });
+    env.manager.execute(&id).await.unwrap();
+    assert_eq!(
+        waiter.await.unwrap().unwrap(),
+        Outcome::Completed(b"yes".to_vec())
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g118_a_higher_priority_control_replaces_a_lower_one() {
+    let seen = Arc::new(std::sync::Mutex::new(None));
+    let record = Arc::clone(&seen);
+    let (go_tx, go_rx) = tokio::sync::watch::channel(false);
+    let env = env(vec![executor(
+        "k",
+        LeasePolicy::Retry,
+        false,
+        move |attempt, _| {
+            let record = Arc::clone(&record);
+            let mut go = go_rx.clone();
+            async move {
+                // Wait until the test queued its controls, then read what won.
+                let _ = go.wait_for(|g| *g).await;
+                *record.lock().unwrap() = attempt.controls().try_recv();
+                Ok(ExecutionResult::Completed(vec![]))
+            }
+        },
+    )]);
+    let id = submit(&env.manager, "k").await;
+    let m = env.manager.clone();
+    let run = tokio::spawn({
+        let id = id.clone();
+        async move { m.execute(&id).await }
+    });
+    until_running(&env.manager, &id).await;
+    assert!(env.manager.send_control(&id, Control::Drain("d".into())));
+    assert!(env.manager.send_control(&id, Control::Timeout("t".into())));
+    assert!(!env.manager.send_control(&id, Control::Drain("d2".into())));
+    go_tx.send(true).unwrap();
+    run.await.unwrap().unwrap();
+    assert_eq!(*seen.lock().unwrap(), Some(Control::Timeout("t".into())));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn g119_two_workers_never_execute_the_same_attempt() {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&runs);
+    let env = env(vec![executor(
+        "k",
+        LeasePolicy::Retry,
+        false,
+        move |attempt, _| {
+            let counter = Arc::clone(&counter);
+            async move {
+                counter.fetch_add(1, Ordering::SeqCst);
+                attempt
+                    .emit_progress(Progress {
+                        event_id: "ran".into(),
+                        kind: "progress".into(),
+                        data: b"1".to_vec(),
+                        metadata: vec![],
+                    })
+                    .await
+                    .unwrap();
+                Ok(ExecutionResult::Completed(vec![]))
+            }
+        },
+    )]);
+    let mut ids = Vec::new();
+    for _ in 0..40 {
+        ids.push(submit(&env.manager, "k").await);
+    }
+    // Two managers (two workers) over one store: each runs its own attempts.
+    let other = Manager::new(
+        env.manager.store().clone(),
+        env.manager.registry().clone(),
+        ManagerConfig::default(),
+    );
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let workers: Vec<_> = [env.manager.clone(), other]
+        .into_iter()
+        .map(|m| {
+            let mut stop = stop_rx.clone();
+            tokio::spawn(async move {
+                Worker::new(m, WorkerConfig::new(["k"]).with_max_concurrent(4))
+                    .unwrap()
+                    .run(async move {
+                        let _ = stop.wait_for(|s| *s).await;
+                    })
+                    .await
+            })
+        })
+        .collect();
+    for id in &ids {
+        let outcome = env.manager.wait(id).await.unwrap();
+        assert_eq!(outcome, Outcome::Completed(vec![]));
+    }
+    stop_tx.send(true).unwrap();
+    for w in workers {
+        w.await.unwrap().unwrap();
+    }
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        ids.len(),
+        "each task ran exactly once"
+    );
+    for id in &ids {
+        assert_eq!(env.manager.get(id).await.unwrap().attempt, 1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_is_woken_by_a_new_pending_task_without_waiting_a_poll_interval() {
+    let env = env(vec![completes("k")]);
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let worker = Worker::new(
+        env.manager.clone(),
+        WorkerConfig::new(["k"]).with_poll_interval(Duration::from_secs(3600)),
+    )
+    .unwrap();
+    let handle = tokio::spawn(worker.run(async move {
+        let _ = stop_rx.wait_for(|s| *s).await;
+    }));
+    tokio::task::yield_now().await;
+    let id = submit(&env.manager, "k").await;
+    let outcome = tokio::time::timeout(Duration::from_secs(60), env.manager.wait(&id))
+        .await
+        .expect("woken without the hour-long poll")
+        .unwrap();
+    assert_eq!(outcome, Outcome::Completed(b"done".to_vec()));
+    stop_tx.send(true).unwrap();
+    handle.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_policy_cancel_returns_after_the_local_attempt_is_canceled() {
+    let env = env(vec![waits_for_control("k", LeasePolicy::Fail, false)]);
+    let id = submit(&env.manager, "k").await;
+    let m = env.manager.clone();
+    let run = tokio::spawn({
+        let id = id.clone();
+        async move { m.execute(&id).await }
+    });
+    until_running(&env.manager, &id).await;
+    let state = env.manager.request_cancel(&id, "stop it").await.unwrap();
+    assert_eq!(state.status, Status::Canceled, "g047");
+    assert_eq!(state.result_error, "stop it");
+    run.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn task_ids_are_kind_prefixed_and_time_ordered() {
+    let env = env(vec![completes("k")]);
+    let a = env.manager.allocate_task_id("shell").unwrap();
+    let b = env.manager.allocate_task_id("shell").unwrap();
+    assert!(a.starts_with("shell_") && a < b, "{a} {b}");
+    assert!(env
+        .manager
+        .allocate_task_id("")
+        .unwrap()
+        .starts_with("task_"));
+    assert!(matches!(
+        env.manager.allocate_task_id("bad kind!"),
+        Err(RuntimeError::InvalidKind(_))
+    ));
+}
