@@ -147,6 +147,7 @@ fn scenario(scenario: &str) -> Result<(), String> {
     while !dir.path().join("running").exists() {
         if started.elapsed() > Duration::from_secs(120) {
             let _ = child.kill();
+            let _ = child.wait();
             return Err("the child never started its attempt".into());
         }
         if let Some(status) = child.try_wait().unwrap() {

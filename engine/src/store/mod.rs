@@ -137,19 +137,23 @@ impl Index {
     }
 
     fn evict(&mut self, cap: usize) {
+        let mut busy = Vec::new();
         while self.terminal.len() > cap {
             let Some(id) = self.terminal.pop_front() else {
                 break;
             };
             if let Some(slot) = self.slots.get(&id) {
-                // Keep slots that someone is using; they come back round later.
                 let idle = Arc::strong_count(slot) == 1
                     && slot.task.try_lock().is_ok_and(|t| t.state.is_terminal());
                 if idle {
                     self.slots.remove(&id);
+                } else {
+                    // In use: keep it queued so a later eviction gets it.
+                    busy.push(id);
                 }
             }
         }
+        self.terminal.extend(busy);
     }
 }
 
@@ -223,7 +227,7 @@ impl TaskStore {
                 clock: Arc::new(clock),
                 config,
                 index: Mutex::new(index),
-                outbox: Mutex::new(outbox::Leases::default()),
+                outbox: Mutex::new(outbox::Leases::new()),
                 pending_epoch: watch::Sender::new(0),
             }),
         })
@@ -271,13 +275,15 @@ impl TaskStore {
         let task = load_task(&self.inner.journal, id)?
             .ok_or_else(|| StoreError::NotFound(format!("task {id:?}")))?;
         let mut index = self.index();
-        let slot = Arc::clone(
-            index
-                .slots
-                .entry(id.to_owned())
-                .or_insert_with(|| Slot::new(task)),
-        );
-        index.terminal.push_back(id.to_owned());
+        if let Some(slot) = index.slots.get(id) {
+            return Ok(Arc::clone(slot));
+        }
+        // Usually a terminal task; but a task read between its creation's append and its
+        // indexing is live, so it is placed by its state like any other.
+        let key = task.state.spec.executor_key.clone();
+        index.place(id, &key, None, &Placement::of(&task.state));
+        let slot = Slot::new(task);
+        index.slots.insert(id.to_owned(), Arc::clone(&slot));
         index.evict(self.inner.config.terminal_cache);
         Ok(slot)
     }
@@ -410,8 +416,12 @@ impl TaskStore {
         let state = task.state.clone();
         {
             let mut index = self.index();
-            index.place(&id, &state.spec.executor_key, None, &Placement::of(&state));
-            index.slots.insert(id, Slot::new(task));
+            // A reader may have folded the new task from the journal already (and even run a
+            // command on it): its slot is then the authoritative one and stays.
+            if !index.slots.contains_key(&id) {
+                index.place(&id, &state.spec.executor_key, None, &Placement::of(&state));
+                index.slots.insert(id, Slot::new(task));
+            }
         }
         self.inner
             .pending_epoch

@@ -69,11 +69,35 @@ struct Lease {
 }
 
 /// In-memory receipt leases, keyed by the enqueue record's global sequence.
-#[derive(Debug, Default)]
+///
+/// Receipts are `lease:<epoch>:<n>`: the epoch is drawn at random when the store opens, so a
+/// receipt handed out before a restart can never match (and acknowledge) a different
+/// notification delivered after it, when the counter starts again.
+#[derive(Debug)]
 pub(crate) struct Leases {
     by_seq: HashMap<u64, Lease>,
     by_receipt: HashMap<String, u64>,
+    epoch: u64,
     next_receipt: u64,
+}
+
+impl Leases {
+    /// An empty table with a fresh receipt epoch.
+    pub(crate) fn new() -> Self {
+        use std::hash::{BuildHasher, Hasher};
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        hasher.write_u128(nanos);
+        hasher.write_u32(std::process::id());
+        Self {
+            by_seq: HashMap::new(),
+            by_receipt: HashMap::new(),
+            epoch: hasher.finish(),
+            next_receipt: 0,
+        }
+    }
 }
 
 /// The id of an application notification: depends only on (task, event id).
@@ -204,7 +228,7 @@ impl TaskStore {
                     continue;
                 }
                 leases.next_receipt += 1;
-                let receipt = format!("lease:{}", leases.next_receipt);
+                let receipt = format!("lease:{:016x}:{}", leases.epoch, leases.next_receipt);
                 let lease = Lease {
                     receipt: receipt.clone(),
                     expires,

@@ -1,0 +1,209 @@
+//! Shared helpers of the store's integration tests: a real journal in a temporary directory,
+//! a manual clock, and reopening (drop everything, open again on the same directory).
+
+#![allow(dead_code, clippy::unwrap_used, clippy::missing_panics_doc)]
+
+use dtask_engine::{
+    Command, CreateRequest, ManualClock, Notification, StoreConfig, StoreError, TaskStore,
+};
+use dtask_journal::{Durability, Journal, JournalOptions, LeasePolicy, TaskSpec};
+use dtask_replay::TaskState;
+use std::time::Duration;
+use tempfile::TempDir;
+
+/// The clock reading every test starts at (milliseconds).
+pub const T0: u64 = 1_700_000_000_000;
+
+/// The default lease, in milliseconds.
+pub const LEASE_MS: u64 = 30_000;
+
+/// The executor key of tasks created by the helpers.
+pub const KEY: &str = "exec";
+
+/// A store over a journal in its own temporary directory, with a manual clock.
+pub struct Env {
+    pub dir: TempDir,
+    pub clock: ManualClock,
+    pub config: StoreConfig,
+    pub durability: Durability,
+    store: Option<TaskStore>,
+}
+
+impl Env {
+    /// A fresh store (buffered durability, default config).
+    pub fn new() -> Self {
+        Self::with(StoreConfig::default(), Durability::Buffered)
+    }
+
+    /// A fresh store with `config` and `durability`.
+    pub fn with(config: StoreConfig, durability: Durability) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(T0);
+        let store = open(dir.path(), &clock, &config, durability);
+        Self {
+            dir,
+            clock,
+            config,
+            durability,
+            store: Some(store),
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &TaskStore {
+        self.store.as_ref().unwrap()
+    }
+
+    /// Drops the store and its journal, then opens both again on the same directory with the
+    /// same clock.
+    pub fn reopen(&mut self) {
+        drop(self.store.take());
+        self.store = Some(open(
+            self.dir.path(),
+            &self.clock,
+            &self.config,
+            self.durability,
+        ));
+    }
+
+    /// Moves the clock forward by `ms` milliseconds.
+    pub fn advance(&self, ms: u64) {
+        self.clock.advance(Duration::from_millis(ms));
+    }
+}
+
+impl Default for Env {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Opens a store on `dir`.
+pub fn open(
+    dir: &std::path::Path,
+    clock: &ManualClock,
+    config: &StoreConfig,
+    durability: Durability,
+) -> TaskStore {
+    let journal =
+        Journal::open(dir, JournalOptions::default().with_durability(durability)).unwrap();
+    TaskStore::open(journal, clock.clone(), config.clone()).unwrap()
+}
+
+/// A spec with `id` and the default executor key.
+pub fn spec(id: &str) -> TaskSpec {
+    TaskSpec {
+        id: id.to_owned(),
+        executor_key: KEY.to_owned(),
+        kind: "background_tool".to_owned(),
+        payload: format!("payload of {id}").into_bytes(),
+        description: format!("task {id}"),
+        ..TaskSpec::default()
+    }
+}
+
+/// A spec routed to a session, with session notifications on or off.
+pub fn session_spec(id: &str, notify: bool) -> TaskSpec {
+    TaskSpec {
+        session_id: "session-1".to_owned(),
+        notify_session: notify,
+        ..spec(id)
+    }
+}
+
+/// A create request of `spec` under `policy`.
+pub fn request(spec: TaskSpec, policy: LeasePolicy) -> CreateRequest {
+    CreateRequest {
+        spec,
+        policy: Some(policy),
+        ..CreateRequest::default()
+    }
+}
+
+/// Creates a plain task.
+pub async fn create(store: &TaskStore, id: &str, policy: LeasePolicy) -> TaskState {
+    store.create(request(spec(id), policy)).await.unwrap()
+}
+
+/// Creates a plain task and claims it.
+pub async fn running(store: &TaskStore, id: &str, policy: LeasePolicy) -> TaskState {
+    let t = create(store, id, policy).await;
+    store.execute(id, t.version, Command::Start).await.unwrap()
+}
+
+/// Executes `command` at the task's current version.
+pub async fn exec(store: &TaskStore, id: &str, command: Command) -> Result<TaskState, StoreError> {
+    let v = store.get(id).await?.version;
+    store.execute(id, v, command).await
+}
+
+/// Executes `command` at the task's current version and expects success.
+pub async fn ok(store: &TaskStore, id: &str, command: Command) -> TaskState {
+    exec(store, id, command).await.unwrap()
+}
+
+/// The checkpoint command arguments.
+pub fn cp(bytes: &str) -> Vec<u8> {
+    bytes.as_bytes().to_vec()
+}
+
+/// A stable name of an error variant, for comparing outcomes.
+pub fn kind(e: &StoreError) -> &'static str {
+    match e {
+        StoreError::Invalid { .. } => "Invalid",
+        StoreError::NotFound(_) => "NotFound",
+        StoreError::AlreadyExists(_) => "AlreadyExists",
+        StoreError::VersionConflict { .. } => "VersionConflict",
+        StoreError::LeaseLost(_) => "LeaseLost",
+        StoreError::IllegalTransition { .. } => "IllegalTransition",
+        StoreError::InvalidExecutionResult(_) => "InvalidExecutionResult",
+        StoreError::AlreadyTerminal(_) => "AlreadyTerminal",
+        StoreError::InvalidCursor(_) => "InvalidCursor",
+        StoreError::EventIdConflict(_) => "EventIdConflict",
+        StoreError::NotificationUnavailable(_) => "NotificationUnavailable",
+        StoreError::NotificationEventIdConflict(_) => "NotificationEventIdConflict",
+        StoreError::Closed => "Closed",
+        StoreError::Journal(_) => "Journal",
+        StoreError::Replay(_) => "Replay",
+        _ => "Other",
+    }
+}
+
+/// The name of a result's outcome: "Ok" or the error variant.
+pub fn outcome<T>(r: &Result<T, StoreError>) -> &'static str {
+    match r {
+        Ok(_) => "Ok",
+        Err(e) => kind(e),
+    }
+}
+
+/// Asserts that `result` failed with the named variant.
+#[track_caller]
+pub fn assert_err<T: std::fmt::Debug>(result: Result<T, StoreError>, want: &str) {
+    match result {
+        Ok(v) => panic!("expected {want}, got Ok({v:?})"),
+        Err(e) => assert_eq!(kind(&e), want, "unexpected error: {e}"),
+    }
+}
+
+/// Receives everything deliverable with a long lease.
+pub async fn receive_all(store: &TaskStore) -> Vec<Notification> {
+    store
+        .receive_notifications(1000, Duration::from_secs(600))
+        .await
+        .unwrap()
+}
+
+/// Receives and acknowledges everything deliverable; returns the notification ids in order.
+pub async fn drain(store: &TaskStore) -> Vec<String> {
+    let got = receive_all(store).await;
+    for n in &got {
+        store.ack_notification(&n.receipt).await.unwrap();
+    }
+    got.into_iter().map(|n| n.id).collect()
+}
+
+/// The executor keys used by listings.
+pub fn keys() -> Vec<String> {
+    vec![KEY.to_owned()]
+}
