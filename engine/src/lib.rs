@@ -16,6 +16,9 @@ mod store;
 /// agent loop, the HTTP POST tool), re-exported from `dtask-tool`.
 pub use dtask_tool as tool;
 
+/// The attribute that implements [`Executor`] (an `async_trait`), re-exported so users need no
+/// extra dependency.
+pub use async_trait::async_trait;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use runtime::{
     truncate_utf8, AttemptContext, Control, ControlSlot, ExecutionError, ExecutionResult, Executor,

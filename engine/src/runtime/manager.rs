@@ -105,6 +105,7 @@ struct Inner {
     drain_reason: Mutex<Option<String>>,
     active: Mutex<HashMap<String, Active>>,
     idle: Notify,
+    ready: Notify,
     first_error: Mutex<Option<String>>,
 }
 
@@ -163,6 +164,7 @@ impl Manager {
                 drain_reason: Mutex::new(None),
                 active: Mutex::new(HashMap::new()),
                 idle: Notify::new(),
+                ready: Notify::new(),
                 first_error: Mutex::new(None),
             }),
         }
@@ -330,11 +332,10 @@ impl Manager {
         let Some(state) = state else {
             return Err(last.map_or(RuntimeError::Closed, RuntimeError::Store));
         };
-        let local = self.local_attempt(id);
         if state.status != Status::Running || state.cancel_requested_at.is_none() {
             return Ok(state);
         }
-        let Some((attempt, _)) = local else {
+        let Some(attempt) = self.ready_attempt(id).await else {
             return Ok(state);
         };
         attempt.accept_cancellation().await;
@@ -358,6 +359,27 @@ impl Manager {
         let active = lock(&self.inner.active);
         let entry = active.get(id)?;
         Some((entry.attempt.clone()?, entry.supports_drain))
+    }
+
+    /// The local attempt of `id` once it is ready (its claim completed), or `None` when this
+    /// manager runs no attempt of it.
+    async fn ready_attempt(&self, id: &str) -> Option<AttemptContext> {
+        loop {
+            let ready = self.inner.ready.notified();
+            let gone = self.inner.idle.notified();
+            match lock(&self.inner.active).get(id) {
+                None => return None,
+                Some(Active {
+                    attempt: Some(attempt),
+                    ..
+                }) => return Some(attempt.clone()),
+                Some(_) => {}
+            }
+            tokio::select! {
+                () = ready => {}
+                () = gone => {}
+            }
+        }
     }
 
     async fn wait_attempt_done(&self, id: &str) {
@@ -493,6 +515,7 @@ impl Manager {
                     entry.supports_drain = executor.supports_drain();
                 }
             }
+            self.inner.ready.notify_waiters();
             if claimed.cancel_requested_at.is_some() {
                 attempt.accept_cancellation().await;
             }
