@@ -1,0 +1,34 @@
+//! The managed-tool layer (background part): tools whose calls run as durable background
+//! tasks. A tool implements [`BackgroundTool`] (and, to survive engine crashes,
+//! [`RecoverableTool`]; to wait for input, [`ResumableTool`]); [`ManagedTools`] registers the
+//! two executors that run them and submits calls.
+//!
+//! One background attempt chooses exactly one way to obtain the tool's run: **resume** when
+//! the stored checkpoint carries an input request, **recover** when the started marker is
+//! durable, else **start** — and for recoverable tools the started marker is committed before
+//! the attempt first waits on the run, so a crash after that point recovers instead of
+//! starting the side effect again. Updates are persisted as journal update events,
+//! deduplicated by event id (a replay after recovery is dropped; different bytes fail the
+//! task) and fed to the output materializer in emission order.
+
+mod codec;
+mod executor;
+mod registry;
+mod submit;
+mod tool;
+pub mod tools;
+
+pub use codec::{
+    CodecError, InputRequest, ManagedCheckpoint, ToolPayload, MAX_ARGUMENTS_BYTES,
+    MAX_REQUEST_DATA_BYTES, MAX_REQUEST_ID_BYTES, MAX_TOOL_CHECKPOINT_BYTES, PLAIN_EXECUTOR_KEY,
+    RECOVERABLE_EXECUTOR_KEY, TASK_KIND,
+};
+pub use executor::{ManagedExecutor, UPDATE_DRAIN_TIMEOUT};
+pub use registry::{DescribeFn, Registration, ToolRegistry};
+pub use submit::{read_input_request, ManagedError, ManagedTools, ToolCall};
+pub use tool::{
+    BackgroundTool, OutputMaterializer, RecoverRequest, RecoverableTool, ResumableTool,
+    ResumeRequest, Run, StartRequest, StartResult, ToolOutcome, ToolRunError, Update, UpdateStream,
+    MAX_UPDATE_DATA_BYTES, MAX_UPDATE_KIND_BYTES, MAX_UPDATE_METADATA_BYTES,
+    MAX_UPDATE_METADATA_ENTRIES,
+};

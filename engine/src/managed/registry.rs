@@ -1,0 +1,136 @@
+//! The managed-tool registry: registrations by name, in two maps (plain and recoverable).
+
+use super::codec::{PLAIN_EXECUTOR_KEY, RECOVERABLE_EXECUTOR_KEY};
+use super::tool::{BackgroundTool, OutputMaterializer};
+use crate::tool::ToolInfo;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// A task description derived from a call's arguments (pure, deterministic).
+pub type DescribeFn = Arc<dyn Fn(&str) -> String + Send + Sync>;
+
+/// One registered tool.
+#[derive(Clone)]
+pub struct Registration {
+    /// What the model is told about the tool.
+    pub info: ToolInfo,
+    /// The tool.
+    pub tool: Arc<dyn BackgroundTool>,
+    /// The task description of a call (default: the tool's name).
+    pub describe: Option<DescribeFn>,
+    /// Where transcripts go, if anywhere.
+    pub materializer: Option<Arc<dyn OutputMaterializer>>,
+}
+
+impl std::fmt::Debug for Registration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registration")
+            .field("name", &self.info.name)
+            .field("recoverable", &self.is_recoverable())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Registration {
+    /// A registration of `tool` described by `info`.
+    pub fn new(info: ToolInfo, tool: impl BackgroundTool) -> Self {
+        Self {
+            info,
+            tool: Arc::new(tool),
+            describe: None,
+            materializer: None,
+        }
+    }
+
+    /// Sets the description function.
+    #[must_use]
+    pub fn with_description(mut self, describe: DescribeFn) -> Self {
+        self.describe = Some(describe);
+        self
+    }
+
+    /// Sets the output materializer.
+    #[must_use]
+    pub fn with_materializer(mut self, materializer: Arc<dyn OutputMaterializer>) -> Self {
+        self.materializer = Some(materializer);
+        self
+    }
+
+    /// Whether the tool can be recovered after the engine dies.
+    #[must_use]
+    pub fn is_recoverable(&self) -> bool {
+        self.tool.as_recoverable().is_some()
+    }
+
+    /// The executor key tasks of this tool run under.
+    #[must_use]
+    pub fn executor_key(&self) -> &'static str {
+        if self.is_recoverable() {
+            RECOVERABLE_EXECUTOR_KEY
+        } else {
+            PLAIN_EXECUTOR_KEY
+        }
+    }
+
+    /// The description of a call with `arguments`.
+    #[must_use]
+    pub fn description(&self, arguments: &str) -> String {
+        self.describe
+            .as_ref()
+            .map_or_else(|| self.info.name.clone(), |d| d(arguments))
+    }
+}
+
+/// Registered managed tools. The same name may exist once in each map (for migrations);
+/// resolution of a new call prefers the recoverable one, while a stored task resolves only in
+/// the map of its executor key.
+#[derive(Debug, Clone, Default)]
+pub struct ToolRegistry {
+    plain: HashMap<String, Arc<Registration>>,
+    recoverable: HashMap<String, Arc<Registration>>,
+}
+
+impl ToolRegistry {
+    /// An empty registry.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers a tool.
+    ///
+    /// # Errors
+    /// The name, when a tool of the same class has it already (or it is empty).
+    pub fn register(&mut self, registration: Registration) -> Result<(), String> {
+        let name = registration.info.name.clone();
+        let map = if registration.is_recoverable() {
+            &mut self.recoverable
+        } else {
+            &mut self.plain
+        };
+        if name.is_empty() || map.contains_key(&name) {
+            return Err(name);
+        }
+        map.insert(name, Arc::new(registration));
+        Ok(())
+    }
+
+    /// The registration for a new call of `name` (recoverable first).
+    #[must_use]
+    pub fn resolve_any(&self, name: &str) -> Option<Arc<Registration>> {
+        self.recoverable
+            .get(name)
+            .or_else(|| self.plain.get(name))
+            .cloned()
+    }
+
+    /// The registration of `name` under `executor_key`.
+    #[must_use]
+    pub fn resolve(&self, executor_key: &str, name: &str) -> Option<Arc<Registration>> {
+        match executor_key {
+            RECOVERABLE_EXECUTOR_KEY => self.recoverable.get(name).cloned(),
+            PLAIN_EXECUTOR_KEY => self.plain.get(name).cloned(),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,252 @@
+//! The traits a managed tool implements, and the values that cross them.
+
+use super::codec::InputRequest;
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// The largest update data: 256 KiB.
+pub const MAX_UPDATE_DATA_BYTES: usize = 256 << 10;
+/// The longest update kind: 128 bytes.
+pub const MAX_UPDATE_KIND_BYTES: usize = 128;
+/// The most update metadata entries: 32.
+pub const MAX_UPDATE_METADATA_ENTRIES: usize = 32;
+/// The longest update metadata key or value: 1024 bytes.
+pub const MAX_UPDATE_METADATA_BYTES: usize = 1024;
+
+/// A progress update of a running tool.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Update {
+    /// A lifetime-stable idempotency key; required for recoverable tools, generated for plain
+    /// tools when empty.
+    pub event_id: String,
+    /// A free kind tag (at most 128 bytes).
+    pub kind: String,
+    /// The update bytes (at most 256 KiB).
+    pub data: Vec<u8>,
+    /// Key/value metadata (at most 32 entries, keys non-empty, keys and values at most 1 KiB).
+    pub metadata: BTreeMap<String, String>,
+}
+
+impl Update {
+    /// Checks the update's bounds.
+    ///
+    /// # Errors
+    /// Which bound is exceeded.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.data.len() > MAX_UPDATE_DATA_BYTES {
+            return Err("update data exceeds configured bounds".into());
+        }
+        if self.kind.len() > MAX_UPDATE_KIND_BYTES {
+            return Err("update kind exceeds configured bounds".into());
+        }
+        if self.metadata.len() > MAX_UPDATE_METADATA_ENTRIES {
+            return Err("update metadata exceeds configured bounds".into());
+        }
+        let bad_entry = self.metadata.iter().any(|(k, v)| {
+            k.is_empty()
+                || k.len() > MAX_UPDATE_METADATA_BYTES
+                || v.len() > MAX_UPDATE_METADATA_BYTES
+        });
+        if bad_entry {
+            return Err("update metadata entry exceeds configured bounds".into());
+        }
+        Ok(())
+    }
+}
+
+/// How a tool's run ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolOutcome {
+    /// Completed with result data.
+    Completed(Vec<u8>),
+    /// Failed with an error (non-empty).
+    Failed(String),
+    /// Canceled (the reason may be empty).
+    Canceled(String),
+    /// Waiting for input (resumable tools only).
+    WaitingInput {
+        /// What is asked.
+        request: InputRequest,
+        /// A replacement tool checkpoint; empty keeps the current one.
+        checkpoint: Vec<u8>,
+    },
+}
+
+/// An error of a tool operation (start, recover, resume, wait, stop).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ToolRunError {
+    /// The operation failed.
+    #[error("{0}")]
+    Failed(String),
+    /// `resume` refused the input before any side effect: the task keeps waiting on the same
+    /// request.
+    #[error("resume input rejected: {0}")]
+    InputRejected(String),
+}
+
+impl ToolRunError {
+    /// A failure with `message`.
+    pub fn failed(message: impl Into<String>) -> Self {
+        Self::Failed(message.into())
+    }
+}
+
+/// A stream of updates a run emits; the framework owns it. An `Err` item fails the attempt.
+pub type UpdateStream = BoxStream<'static, Result<Update, String>>;
+
+/// A live external operation.
+#[async_trait]
+pub trait Run: Send + Sync + 'static {
+    /// Waits for the operation's outcome. Cancelling the wait never cancels the operation.
+    ///
+    /// # Errors
+    /// A failure of the operation or of the wait; the attempt fails with it.
+    async fn wait(&self) -> Result<ToolOutcome, ToolRunError>;
+
+    /// Stops the operation. Must be safe to call repeatedly and concurrently.
+    ///
+    /// # Errors
+    /// Why it could not be stopped.
+    async fn stop(&self) -> Result<(), ToolRunError>;
+
+    /// The run's updates, if it emits any. Called at most once per run. After `wait` returns,
+    /// the stream must end within 5 s.
+    fn updates(&self) -> Option<UpdateStream> {
+        None
+    }
+}
+
+/// What `start` was asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StartRequest {
+    /// The task id (stable for the task's whole life: the idempotency key of `start`).
+    pub task_id: String,
+    /// The JSON arguments.
+    pub arguments: String,
+    /// The attempt (0 in the foreground).
+    pub attempt: u64,
+}
+
+/// What `recover` was asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecoverRequest {
+    /// The task id.
+    pub task_id: String,
+    /// The JSON arguments.
+    pub arguments: String,
+    /// The attempt.
+    pub attempt: u64,
+    /// The latest durable tool checkpoint (an independent copy, possibly empty).
+    pub checkpoint: Vec<u8>,
+}
+
+/// What `resume` was asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResumeRequest {
+    /// The task id.
+    pub task_id: String,
+    /// The JSON arguments.
+    pub arguments: String,
+    /// The attempt.
+    pub attempt: u64,
+    /// The id of the request being answered.
+    pub request_id: String,
+    /// The answer (may be replayed on a later attempt: resume must be idempotent per
+    /// request id and data).
+    pub data: Vec<u8>,
+    /// The latest durable tool checkpoint.
+    pub checkpoint: Vec<u8>,
+}
+
+/// What `start` returns.
+pub struct StartResult {
+    /// The live run.
+    pub run: Arc<dyn Run>,
+    /// The tool checkpoint to persist with the started marker (plain tools: empty).
+    pub checkpoint: Vec<u8>,
+}
+
+impl std::fmt::Debug for StartResult {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StartResult")
+            .field("checkpoint_bytes", &self.checkpoint.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A tool whose calls run as durable background tasks.
+///
+/// Capabilities beyond plain start are declared by returning `Some(self)` from the `as_*`
+/// methods (recoverable, resumable).
+#[async_trait]
+pub trait BackgroundTool: Send + Sync + 'static {
+    /// Checks arguments; repeatable and side-effect free.
+    ///
+    /// # Errors
+    /// Why the arguments are refused.
+    fn validate_arguments(&self, arguments: &str) -> Result<(), String>;
+
+    /// Starts the external operation. A recoverable tool's start must be idempotent by task
+    /// id: a worker can die after the side effect but before the started marker is durable.
+    ///
+    /// # Errors
+    /// The start failure; the attempt fails.
+    async fn start(&self, request: StartRequest) -> Result<StartResult, ToolRunError>;
+
+    /// This tool as a recoverable one, if it is.
+    fn as_recoverable(&self) -> Option<&dyn RecoverableTool> {
+        None
+    }
+
+    /// This tool as a resumable one, if it is.
+    fn as_resumable(&self) -> Option<&dyn ResumableTool> {
+        None
+    }
+}
+
+/// A tool whose runs can be reattached after the engine dies.
+#[async_trait]
+pub trait RecoverableTool: Send + Sync {
+    /// Reattaches to the operation started for this task, from its latest checkpoint.
+    ///
+    /// # Errors
+    /// The failure; the attempt fails.
+    async fn recover(&self, request: RecoverRequest) -> Result<Arc<dyn Run>, ToolRunError>;
+}
+
+/// A recoverable tool that can wait for input and resume with an answer.
+#[async_trait]
+pub trait ResumableTool: Send + Sync {
+    /// Resumes with an answer. Invalid input must be refused with
+    /// [`ToolRunError::InputRejected`] before any side effect.
+    ///
+    /// # Errors
+    /// [`ToolRunError::InputRejected`] keeps the task waiting; others fail it.
+    async fn resume(&self, request: ResumeRequest) -> Result<Arc<dyn Run>, ToolRunError>;
+}
+
+/// Where a tool's transcript goes: a derived, idempotent projection of its updates.
+#[async_trait]
+pub trait OutputMaterializer: Send + Sync + 'static {
+    /// Reserves the output path of a task (becomes the spec's output file).
+    ///
+    /// # Errors
+    /// Why no path could be reserved.
+    async fn reserve_output(&self, task_id: &str) -> Result<String, String>;
+
+    /// Appends one update's data; must be idempotent by (task id, event id) and apply distinct
+    /// events in call order.
+    ///
+    /// # Errors
+    /// Why the append failed (recorded once as the task's transcript failure).
+    async fn append_output(
+        &self,
+        task_id: &str,
+        event_id: &str,
+        path: &str,
+        data: &[u8],
+    ) -> Result<(), String>;
+}

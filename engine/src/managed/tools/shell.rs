@@ -1,0 +1,211 @@
+//! A recoverable shell tool: the command runs detached (its own session), with its output and
+//! exit status in files under a directory named by the task id. `start` is idempotent by task
+//! id (a second start reattaches), and `recover` reattaches after the engine died; output
+//! lines become updates whose event ids are their line numbers, so a recovered run replays
+//! them and the journal drops the duplicates.
+
+use crate::managed::tool::{
+    BackgroundTool, RecoverRequest, RecoverableTool, Run, StartRequest, StartResult, ToolOutcome,
+    ToolRunError, Update, UpdateStream,
+};
+use async_trait::async_trait;
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How often a shell run polls its files.
+const POLL: Duration = Duration::from_millis(20);
+
+#[derive(Debug, Deserialize)]
+struct Arguments {
+    command: String,
+}
+
+/// The recoverable shell tool. Arguments: `{"command": "<sh command>"}`.
+#[derive(Debug, Clone)]
+pub struct ShellTool {
+    root: PathBuf,
+}
+
+impl ShellTool {
+    /// A shell tool keeping its runs under `root` (one directory per task).
+    #[must_use]
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self { root: root.into() }
+    }
+
+    fn dir(&self, task_id: &str) -> PathBuf {
+        self.root.join(sanitize(task_id))
+    }
+
+    fn parse(arguments: &str) -> Result<Arguments, String> {
+        let args: Arguments = serde_json::from_str(arguments).map_err(|e| e.to_string())?;
+        if args.command.trim().is_empty() {
+            return Err("command must not be empty".into());
+        }
+        Ok(args)
+    }
+}
+
+fn sanitize(task_id: &str) -> String {
+    task_id
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect()
+}
+
+fn failed(e: impl std::fmt::Display) -> ToolRunError {
+    ToolRunError::failed(e.to_string())
+}
+
+#[async_trait]
+impl BackgroundTool for ShellTool {
+    fn validate_arguments(&self, arguments: &str) -> Result<(), String> {
+        Self::parse(arguments).map(drop)
+    }
+
+    async fn start(&self, request: StartRequest) -> Result<StartResult, ToolRunError> {
+        let args = Self::parse(&request.arguments).map_err(ToolRunError::Failed)?;
+        let dir = self.dir(&request.task_id);
+        let pid_file = dir.join("pid");
+        if !pid_file.exists() {
+            std::fs::create_dir_all(&dir).map_err(failed)?;
+            // The script records the exit status atomically once the command ends.
+            let script = format!(
+                "({}) > out 2>&1; echo $? > status.tmp; mv status.tmp status",
+                args.command
+            );
+            let child = std::process::Command::new("setsid")
+                .args(["sh", "-c", &script])
+                .current_dir(&dir)
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .map_err(failed)?;
+            let tmp = dir.join("pid.tmp");
+            std::fs::write(&tmp, child.id().to_string()).map_err(failed)?;
+            std::fs::rename(&tmp, &pid_file).map_err(failed)?;
+            // Reap the child in the background so it does not linger as a zombie while this
+            // process lives; a dead engine leaves it to init.
+            std::thread::spawn(move || {
+                let mut child = child;
+                let _ = child.wait();
+            });
+        }
+        let pid = std::fs::read_to_string(&pid_file).map_err(failed)?;
+        Ok(StartResult {
+            run: Arc::new(ShellRun { dir }),
+            checkpoint: format!("{{\"pid\":{}}}", pid.trim()).into_bytes(),
+        })
+    }
+
+    fn as_recoverable(&self) -> Option<&dyn RecoverableTool> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl RecoverableTool for ShellTool {
+    async fn recover(&self, request: RecoverRequest) -> Result<Arc<dyn Run>, ToolRunError> {
+        let dir = self.dir(&request.task_id);
+        if !dir.join("pid").exists() {
+            return Err(ToolRunError::failed("no run to recover"));
+        }
+        Ok(Arc::new(ShellRun { dir }))
+    }
+}
+
+/// A detached shell command, observed through its files.
+#[derive(Debug)]
+struct ShellRun {
+    dir: PathBuf,
+}
+
+fn read_status(dir: &Path) -> Option<i32> {
+    std::fs::read_to_string(dir.join("status"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+}
+
+#[async_trait]
+impl Run for ShellRun {
+    async fn wait(&self) -> Result<ToolOutcome, ToolRunError> {
+        loop {
+            if let Some(code) = read_status(&self.dir) {
+                if self.dir.join("stopped").exists() {
+                    return Ok(ToolOutcome::Canceled("stopped".into()));
+                }
+                let output = std::fs::read(self.dir.join("out")).unwrap_or_default();
+                return Ok(if code == 0 {
+                    ToolOutcome::Completed(output)
+                } else {
+                    ToolOutcome::Failed(format!("command exited with status {code}"))
+                });
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    async fn stop(&self) -> Result<(), ToolRunError> {
+        if read_status(&self.dir).is_some() {
+            return Ok(());
+        }
+        std::fs::write(self.dir.join("stopped"), b"").map_err(failed)?;
+        let pid = std::fs::read_to_string(self.dir.join("pid")).map_err(failed)?;
+        // The command runs in its own session: signal the whole process group.
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &format!("-{}", pid.trim())])
+            .status();
+        Ok(())
+    }
+
+    fn updates(&self) -> Option<UpdateStream> {
+        let dir = self.dir.clone();
+        let stream = futures::stream::unfold(
+            (dir, 0usize, 0u64, false),
+            |(dir, offset, line, done)| async move {
+                if done {
+                    return None;
+                }
+                loop {
+                    let finished = read_status(&dir).is_some();
+                    let bytes = std::fs::read(dir.join("out")).unwrap_or_default();
+                    let rest = bytes.get(offset..).unwrap_or_default();
+                    if let Some(end) = rest.iter().position(|b| *b == b'\n') {
+                        let text = rest.get(..end).unwrap_or_default().to_vec();
+                        let update = Update {
+                            event_id: format!("line:{line}"),
+                            kind: "stdout".into(),
+                            data: text,
+                            metadata: std::collections::BTreeMap::new(),
+                        };
+                        return Some((Ok(update), (dir, offset + end + 1, line + 1, false)));
+                    }
+                    if finished {
+                        if rest.is_empty() {
+                            return None;
+                        }
+                        // A last line without a newline.
+                        let update = Update {
+                            event_id: format!("line:{line}"),
+                            kind: "stdout".into(),
+                            data: rest.to_vec(),
+                            metadata: std::collections::BTreeMap::new(),
+                        };
+                        return Some((Ok(update), (dir, bytes.len(), line + 1, true)));
+                    }
+                    tokio::time::sleep(POLL).await;
+                }
+            },
+        );
+        Some(Box::pin(stream))
+    }
+}
