@@ -4,7 +4,8 @@
 
 use dtask_engine::managed::tools::{ApprovalTool, ShellTool};
 use dtask_engine::managed::{
-    read_input_request, ManagedCheckpoint, ManagedTools, Registration, ToolCall, ToolRegistry,
+    read_input_request, ManagedCheckpoint, ManagedTools, ProgressReader, Registration,
+    ResponseEvent, ToolCall, ToolRegistry,
 };
 use dtask_engine::tool::ToolInfo;
 use dtask_engine::{
@@ -84,6 +85,21 @@ async fn a_shell_task_runs_to_completion_with_its_lines_as_updates() {
     assert_eq!(
         lines,
         vec![("line:0", &b"a"[..]), ("line:1", b"b"), ("line:2", b"c")]
+    );
+    let progress = ProgressReader::new(store.clone(), 2)
+        .read(&task.spec.id)
+        .await
+        .unwrap();
+    assert_eq!(progress, "Recent progress:\n[stdout] b\n[stdout] c");
+    let envelope = ResponseEvent::launch_result(&state).encode().unwrap();
+    assert!(
+        envelope.starts_with("{\"type\":\"launch_result\",\"task_id\":"),
+        "{envelope}"
+    );
+    assert!(envelope.contains("\"status\":\"completed\""), "{envelope}");
+    assert!(
+        envelope.contains("\"output\":\"a\\nb\\nc\\n\""),
+        "{envelope}"
     );
 }
 

@@ -60,6 +60,7 @@ struct Observation {
     notifications: Vec<(String, String, u64, Vec<u8>)>,
 }
 
+#[allow(clippy::too_many_lines, reason = "one arm per operation")]
 async fn step(store: &TaskStore, env: &Env, ids: &mut Vec<&'static str>, op: &Op) -> Observation {
     let mut notifications = Vec::new();
     let outcome = match op.clone() {

@@ -12,7 +12,9 @@
 //! task) and fed to the output materializer in emission order.
 
 mod codec;
+mod envelope;
 mod executor;
+mod progress;
 mod registry;
 mod submit;
 mod tool;
@@ -23,7 +25,11 @@ pub use codec::{
     MAX_REQUEST_DATA_BYTES, MAX_REQUEST_ID_BYTES, MAX_TOOL_CHECKPOINT_BYTES, PLAIN_EXECUTOR_KEY,
     RECOVERABLE_EXECUTOR_KEY, TASK_KIND,
 };
+pub use envelope::{EnvelopeError, EnvelopeType, EnvelopeUpdate, ResponseEvent};
 pub use executor::{ManagedExecutor, UPDATE_DRAIN_TIMEOUT};
+pub use progress::{
+    ProgressReader, DEFAULT_PROGRESS_EVENTS, MAX_PROGRESS_BYTES, MAX_PROGRESS_EVENT_BYTES,
+};
 pub use registry::{DescribeFn, Registration, ToolRegistry};
 pub use submit::{read_input_request, ManagedError, ManagedTools, ToolCall};
 pub use tool::{
