@@ -54,7 +54,9 @@ fn dtask_appends(writers: usize, secs: f64) -> f64 {
         let task = format!("task-{t:04}");
         let mut position = 0;
         while !stop.load(Ordering::Relaxed) {
-            journal.append(&task, position, &[update(position)]).unwrap();
+            journal
+                .append(&task, position, &[update(position)])
+                .unwrap();
             position += 1;
             done.fetch_add(1, Ordering::Relaxed);
         }

@@ -11,6 +11,7 @@ const FIXTURE: &str = "tests/fixtures/format-v1.hex";
 const TASK: &str = "golden-task";
 
 /// One event of every type, with fixed values.
+#[allow(clippy::too_many_lines, reason = "one literal event per type")]
 fn events() -> Vec<Event> {
     let at = Timestamp(1_764_000_000_000);
     vec![

@@ -4,6 +4,9 @@
 //! shared by the live engine, recovery and the audit. [`Replay`] is the trait every consumer of
 //! a task's stream implements; [`replay_task`] feeds it verified records from a journal.
 //!
+//! [`audit`] checks a journal — damage, legality, indexes — as a library call (the same audit
+//! `dtask verify` runs).
+//!
 //! No clock, no randomness, no I/O beyond reading a journal.
 //!
 //! ```
@@ -22,10 +25,12 @@
 //! assert_eq!(task.state.result_data, b"done");
 //! ```
 
+pub mod audit;
 mod fold;
 mod replay;
 mod state;
 
+pub use audit::{audit_journal, audit_task, AuditReport, Problem, ProblemKind, TaskReport};
 pub use fold::{cancel_error, FoldError, Task};
 pub use replay::{load_task, load_task_at, replay_task, Replay, ReplayError, TaskFold};
 pub use state::{Status, TaskState, DEFAULT_CANCEL_REASON, LEASE_EXPIRED_ERROR};

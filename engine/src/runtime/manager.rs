@@ -355,12 +355,6 @@ impl Manager {
         }
     }
 
-    fn local_attempt(&self, id: &str) -> Option<(AttemptContext, bool)> {
-        let active = lock(&self.inner.active);
-        let entry = active.get(id)?;
-        Some((entry.attempt.clone()?, entry.supports_drain))
-    }
-
     /// The local attempt of `id` once it is ready (its claim completed), or `None` when this
     /// manager runs no attempt of it.
     async fn ready_attempt(&self, id: &str) -> Option<AttemptContext> {
@@ -445,12 +439,14 @@ impl Manager {
         Err(last.map_or(RuntimeError::Closed, RuntimeError::Store))
     }
 
-    /// Sends a control to the attempt of `id` running in this manager. Returns whether it was
-    /// accepted (see [`super::ControlSlot::send`]).
-    #[must_use]
-    pub fn send_control(&self, id: &str, control: Control) -> bool {
-        self.local_attempt(id)
-            .is_some_and(|(attempt, _)| attempt.controls().send(control))
+    /// Sends a control to the attempt of `id` running in this manager, waiting until the
+    /// attempt is ready (its claim completed). Returns whether it was accepted (see
+    /// [`super::ControlSlot::send`]); `false` when this manager runs no attempt of `id`.
+    pub async fn send_control(&self, id: &str, control: Control) -> bool {
+        match self.ready_attempt(id).await {
+            Some(attempt) => attempt.controls().send(control),
+            None => false,
+        }
     }
 
     /// Executes one attempt of `id`: claim, heartbeat, run the executor, commit its result.

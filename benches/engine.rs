@@ -1,0 +1,346 @@
+//! End-to-end engine figures in one run, on fresh journals with `Durability::Sync` (except
+//! where a journal is only built as input):
+//!
+//! 1. durable transitions per second (heartbeats through the task store) at 1, 64 and 1,024
+//!    concurrent tasks, next to raw RocksDB synced WriteBatches of the same record size and
+//!    count — the physical ceiling — and the ratio;
+//! 2. full task lifecycles per second (create → claim → started marker → 5 updates → complete)
+//!    at 64 and 1,024 concurrent tasks, and p50 / p99 latency of one durable transition;
+//! 3. recovery: a journal of 1M events over 100k tasks (half terminal), closed, then timed
+//!    open + fold until workers could claim; events folded per second and resident memory per
+//!    live task.
+//!
+//! Run: `cargo bench --bench engine` (`-- --quick` for a smaller recovery journal).
+#![allow(
+    clippy::unwrap_used,
+    clippy::cast_precision_loss,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    missing_docs
+)]
+
+use dtask::engine::{Command, CreateRequest, StoreConfig, SystemClock, TaskStore, UpdateRequest};
+use dtask::journal::{
+    Durability, Event, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp,
+};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn spec(id: &str) -> TaskSpec {
+    TaskSpec {
+        id: id.into(),
+        executor_key: "bench".into(),
+        kind: "background_tool".into(),
+        payload: br#"{"version":1,"tool_name":"shell","arguments":"{\"cmd\":\"true\"}"}"#.to_vec(),
+        ..TaskSpec::default()
+    }
+}
+
+fn open_store(dir: &std::path::Path, durability: Durability) -> TaskStore {
+    let journal =
+        Journal::open(dir, JournalOptions::default().with_durability(durability)).unwrap();
+    TaskStore::open(
+        journal,
+        SystemClock,
+        StoreConfig::default().with_lease_duration(Duration::from_secs(3600)),
+    )
+    .unwrap()
+}
+
+async fn create_running(store: &TaskStore, id: &str) -> u64 {
+    let created = store
+        .create(CreateRequest {
+            spec: spec(id),
+            policy: Some(LeasePolicy::Retry),
+            ..CreateRequest::default()
+        })
+        .await
+        .unwrap();
+    store
+        .execute(id, created.version, Command::Start)
+        .await
+        .unwrap()
+        .version
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// Heartbeats per second with `tasks` concurrent tasks; also the latencies.
+async fn transitions(tasks: usize, secs: f64) -> (f64, Vec<Duration>) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_store(dir.path(), Durability::Sync);
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let mut handles = Vec::new();
+    for t in 0..tasks {
+        let (store, stop, done) = (store.clone(), Arc::clone(&stop), Arc::clone(&done));
+        handles.push(tokio::spawn(async move {
+            let id = format!("t{t:05}");
+            let mut version = create_running(&store, &id).await;
+            let mut latencies = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let start = Instant::now();
+                version = store
+                    .execute(&id, version, Command::Heartbeat)
+                    .await
+                    .unwrap()
+                    .version;
+                latencies.push(start.elapsed());
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+            latencies
+        }));
+    }
+    // Let every task get going before counting.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let start_count = done.load(Ordering::Relaxed);
+    let start = Instant::now();
+    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+    let rate = (done.load(Ordering::Relaxed) - start_count) as f64 / start.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    let mut latencies = Vec::new();
+    for h in handles {
+        latencies.extend(h.await.unwrap());
+    }
+    latencies.sort_unstable();
+    (rate, latencies)
+}
+
+/// The size of one heartbeat record on disk, for the raw comparison.
+fn heartbeat_record_bytes() -> usize {
+    let event = Event::Heartbeat {
+        lease_deadline: Timestamp(1_764_000_030_000),
+        at: Timestamp(1_764_000_000_000),
+    };
+    dtask::journal::record::encode_payload(&event)
+        .unwrap()
+        .len()
+        + dtask::journal::record::HEADER_LEN
+        + dtask::journal::record::TRAILER_LEN
+}
+
+/// Raw synced WriteBatches of `batch` records of `bytes` bytes: records per second.
+fn raw_batches(batch: usize, bytes: usize, secs: f64) -> f64 {
+    let dir = tempfile::tempdir().unwrap();
+    let mut opts = rocksdb::Options::default();
+    opts.create_if_missing(true);
+    let db = rocksdb::DB::open(&opts, dir.path()).unwrap();
+    let mut wo = rocksdb::WriteOptions::default();
+    wo.set_sync(true);
+    let value = vec![7u8; bytes];
+    let start = Instant::now();
+    let mut records = 0u64;
+    let mut i = 0u64;
+    while start.elapsed().as_secs_f64() < secs {
+        let mut wb = rocksdb::WriteBatch::default();
+        for _ in 0..batch {
+            wb.put(format!("t{:05}\0{i:016}", i % batch as u64), &value);
+            i += 1;
+        }
+        db.write_opt(wb, &wo).unwrap();
+        records += batch as u64;
+    }
+    records as f64 / start.elapsed().as_secs_f64()
+}
+
+/// Full lifecycles per second with `concurrency` tasks in flight.
+async fn lifecycles(concurrency: usize, secs: f64) -> f64 {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_store(dir.path(), Durability::Sync);
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let mut handles = Vec::new();
+    for w in 0..concurrency {
+        let (store, stop, done) = (store.clone(), Arc::clone(&stop), Arc::clone(&done));
+        handles.push(tokio::spawn(async move {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let id = format!("w{w:05}-{n:08}");
+                n += 1;
+                let version = create_running(&store, &id).await;
+                let version = store
+                    .execute(
+                        &id,
+                        version,
+                        Command::CommitStart {
+                            checkpoint: b"{\"started\":true}".to_vec(),
+                        },
+                    )
+                    .await
+                    .unwrap()
+                    .version;
+                for u in 0..5 {
+                    store
+                        .append_update(
+                            &id,
+                            UpdateRequest {
+                                attempt: 1,
+                                event_id: format!("u{u}"),
+                                kind: "progress".into(),
+                                data: b"step done".to_vec(),
+                                metadata: vec![],
+                            },
+                        )
+                        .await
+                        .unwrap();
+                }
+                store
+                    .execute(
+                        &id,
+                        version,
+                        Command::Complete {
+                            data: b"ok".to_vec(),
+                        },
+                    )
+                    .await
+                    .unwrap();
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    let start = Instant::now();
+    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+    let rate = done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    for h in handles {
+        h.await.unwrap();
+    }
+    rate
+}
+
+fn rss_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Builds `tasks` tasks of `events_per_task` events (half terminal), then times the reopen.
+fn recovery(tasks: usize, events_per_task: usize) {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let journal = Journal::open(
+            dir.path(),
+            JournalOptions::default().with_durability(Durability::Buffered),
+        )
+        .unwrap();
+        let threads: Vec<_> = (0..4)
+            .map(|part| {
+                let journal = journal.clone();
+                std::thread::spawn(move || {
+                    for t in (part..tasks).step_by(4) {
+                        let id = format!("task-{t:07}");
+                        let at = Timestamp(1_764_000_000_000);
+                        let mut events = vec![
+                            Event::Created {
+                                spec: spec(&id),
+                                policy: LeasePolicy::Retry,
+                                checkpoint: vec![],
+                                context_snapshot: vec![],
+                                at,
+                            },
+                            Event::AttemptStarted {
+                                attempt: 1,
+                                lease_deadline: Timestamp(u64::MAX / 2),
+                                at,
+                            },
+                            Event::StartCommitted {
+                                checkpoint: b"{\"started\":true}".to_vec(),
+                                at,
+                            },
+                        ];
+                        let terminal = t % 2 == 0;
+                        let updates = events_per_task - events.len() - usize::from(terminal);
+                        for u in 0..updates {
+                            events.push(Event::UpdateAppended {
+                                attempt: 1,
+                                event_id: format!("u{u}"),
+                                kind: "progress".into(),
+                                data: b"step".to_vec(),
+                                metadata: vec![],
+                                at,
+                            });
+                        }
+                        if terminal {
+                            events.push(Event::Completed {
+                                data: b"ok".to_vec(),
+                                at,
+                            });
+                        }
+                        journal.append(&id, 0, &events).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+    }
+    let live = tasks / 2;
+    let live_events = live * events_per_task;
+    let rss_before = rss_bytes();
+    let start = Instant::now();
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    let store = TaskStore::open(journal, SystemClock, StoreConfig::default()).unwrap();
+    let elapsed = start.elapsed();
+    let rss_after = rss_bytes();
+    println!(
+        "recovery: {} events over {tasks} tasks ({live} live): open + fold {:.3} s, {:.0} live events folded/s, {:.0} B resident per live task",
+        tasks * events_per_task,
+        elapsed.as_secs_f64(),
+        live_events as f64 / elapsed.as_secs_f64(),
+        rss_after.saturating_sub(rss_before) as f64 / live as f64
+    );
+    drop(store);
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let secs = if quick { 1.0 } else { 3.0 };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let record = heartbeat_record_bytes();
+    println!("1. durable transitions/s (heartbeats, Durability::Sync, {record}-byte records)");
+    println!(
+        "{:>8} | {:>12} | {:>16} | {:>8} | {:>9} | {:>9}",
+        "tasks", "dtask", "raw sync batch", "ratio", "p50", "p99"
+    );
+    for tasks in [1usize, 64, 1024] {
+        let (rate, latencies) = runtime.block_on(transitions(tasks, secs));
+        let raw = raw_batches(tasks, record, secs);
+        println!(
+            "{tasks:>8} | {rate:>12.0} | {raw:>16.0} | {:>7.2}x | {:>7.2?} | {:>7.2?}",
+            rate / raw,
+            percentile(&latencies, 0.5),
+            percentile(&latencies, 0.99)
+        );
+    }
+    println!("2. full lifecycles/s (create, claim, started marker, 5 updates, complete)");
+    for concurrency in [64usize, 1024] {
+        let rate = runtime.block_on(lifecycles(concurrency, secs));
+        println!(
+            "{concurrency:>8} concurrent: {rate:>10.0} lifecycles/s ({:.0} durable records/s)",
+            rate * 10.0
+        );
+    }
+    println!("3. recovery");
+    if quick {
+        recovery(10_000, 10);
+    } else {
+        recovery(100_000, 10);
+    }
+}

@@ -1,0 +1,121 @@
+//! A manager with one executor, a worker, and three tasks: one completes, one asks for input
+//! and completes once answered, one is canceled while it runs.
+//!
+//! Run: `cargo run --example runtime_quickstart`
+#![allow(clippy::unwrap_used, missing_docs)]
+
+use dtask::engine::{
+    async_trait, AttemptContext, Control, ExecutionError, ExecutionResult, Executor, Manager,
+    ManagerConfig, Outcome, Progress, Registry, StoreConfig, SubmitRequest, SystemClock, TaskStore,
+    Worker, WorkerConfig,
+};
+use dtask::journal::{Journal, JournalOptions, LeasePolicy, TaskSpec};
+use dtask::replay::TaskState;
+
+/// A tool that echoes its payload, asks for approval when the payload says so, and stops when
+/// told to.
+struct Echo;
+
+#[async_trait]
+impl Executor for Echo {
+    fn key(&self) -> &'static str {
+        "echo"
+    }
+
+    fn lease_policy(&self) -> LeasePolicy {
+        LeasePolicy::Retry
+    }
+
+    async fn execute(
+        &self,
+        attempt: AttemptContext,
+        task: TaskState,
+    ) -> Result<ExecutionResult, ExecutionError> {
+        let payload = String::from_utf8_lossy(&task.spec.payload).into_owned();
+        attempt
+            .emit_progress(Progress {
+                event_id: format!("{}:started", attempt.attempt()),
+                kind: "progress".into(),
+                data: b"working".to_vec(),
+                metadata: vec![],
+            })
+            .await
+            .map_err(|e| ExecutionError::failed(e.to_string()))?;
+        match (payload.as_str(), task.pending_resume) {
+            ("needs approval", None) => Ok(ExecutionResult::WaitingInput(b"approve?".to_vec())),
+            ("needs approval", Some(answer)) => Ok(ExecutionResult::Completed(answer)),
+            ("runs forever", _) => match attempt.next_control().await {
+                Control::Stop(reason) => Ok(ExecutionResult::Canceled(reason)),
+                other => Ok(ExecutionResult::Failed(other.reason().to_owned())),
+            },
+            _ => Ok(ExecutionResult::Completed(payload.into_bytes())),
+        }
+    }
+}
+
+async fn submit(manager: &Manager, payload: &str) -> String {
+    let id = manager.allocate_task_id("echo").unwrap();
+    manager
+        .submit(SubmitRequest {
+            spec: TaskSpec {
+                id: id.clone(),
+                executor_key: "echo".into(),
+                payload: payload.as_bytes().to_vec(),
+                description: payload.into(),
+                ..TaskSpec::default()
+            },
+            ..SubmitRequest::default()
+        })
+        .await
+        .unwrap();
+    id
+}
+
+#[tokio::main]
+async fn main() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    let store = TaskStore::open(journal, SystemClock, StoreConfig::default()).unwrap();
+    let mut registry = Registry::new();
+    registry.register(Echo).unwrap();
+    let manager = Manager::new(store, registry, ManagerConfig::default());
+
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let worker = Worker::new(
+        manager.clone(),
+        WorkerConfig::new(["echo"]).with_max_concurrent(4),
+    )
+    .unwrap();
+    let worker = tokio::spawn(worker.run(async {
+        let _ = stopped.await;
+    }));
+
+    let hello = submit(&manager, "hello").await;
+    println!("{hello}: {:?}", manager.wait(&hello).await.unwrap());
+
+    let approval = submit(&manager, "needs approval").await;
+    if let Outcome::Interrupted(state) = manager.wait(&approval).await.unwrap() {
+        println!(
+            "{approval}: waiting for input ({:?})",
+            String::from_utf8_lossy(&state.checkpoint)
+        );
+        manager
+            .resume(&approval, state.version, b"approved".to_vec())
+            .await
+            .unwrap();
+    }
+    println!("{approval}: {:?}", manager.wait(&approval).await.unwrap());
+
+    let forever = submit(&manager, "runs forever").await;
+    while manager.get(&forever).await.unwrap().attempt == 0 {
+        tokio::task::yield_now().await;
+    }
+    manager
+        .request_cancel(&forever, "user gave up")
+        .await
+        .unwrap();
+    println!("{forever}: {:?}", manager.wait(&forever).await.unwrap());
+
+    let _ = stop.send(());
+    worker.await.unwrap().unwrap();
+}

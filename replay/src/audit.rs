@@ -1,0 +1,756 @@
+//! The audit: everything a journal promises, checked record by record.
+//!
+//! [`audit_task`] checks one task and [`audit_journal`] the whole journal; both open nothing and
+//! write nothing, so a service can run them on its own [`Journal`] (a read-only or follower
+//! handle works as well as the writer's). What is checked:
+//!
+//! - **every record**: its CRC, its framing and format version, the position it stores, the
+//!   BLAKE3 hash chain from the previous record, and at the end of the stream the task head
+//!   (record count, last digest, last sequence, terminal flag) — all reported per record by
+//!   [`Journal::read_stream`], which continues past damage so that every bad record is named;
+//! - **legality**: the stream is re-folded with [`Task::apply`], whose [`crate::FoldError`]s
+//!   are the invariant violations (version +1 per lifecycle event, attempts only grow, at most
+//!   one terminal event and only notification records after it, update event ids unique, lease
+//!   expiry resolved as its policy says, …); the first illegal record of a task is reported and
+//!   legality checks of that task stop there (a fold past it would only report consequences).
+//!   A few facts the fold does not need are checked too: a lease expiry names the deadline that
+//!   was in force and happens after it, a notification carries the task version it was queued
+//!   at, and an acknowledgement names the sequence of the record that queued it;
+//! - **the indexes**: the `live` index holds exactly the tasks without a terminal event;
+//!   `commits` is dense from 1 to the last sequence and every entry points at a record carrying
+//!   that sequence (and every record's sequence appears once); `outbox` holds exactly the
+//!   `notification_enqueued` records not yet acknowledged.
+//!
+//! Problems are collected, never raised: the result is a report with one [`Problem`] per
+//! finding. Only an I/O failure of the storage stops an audit early.
+
+use crate::fold::Task;
+use crate::state::Status;
+use dtask_journal::{CorruptionKind, Error, Event, Head, Journal, Record};
+use serde::Serialize;
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::fmt;
+
+/// What kind of problem an audit found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ProblemKind {
+    /// A record's CRC does not match its bytes (a flipped or edited byte).
+    Checksum,
+    /// A record is shorter than its framing says.
+    Truncated,
+    /// A record has a format version this build does not read.
+    UnknownVersion,
+    /// A record stores another position than the key it was found under.
+    Misplaced,
+    /// A record does not chain from its predecessor.
+    Chain,
+    /// A record is missing (deleted).
+    Missing,
+    /// The task head disagrees with the stream.
+    Head,
+    /// A record's payload is not a valid event.
+    Decode,
+    /// A key does not follow the key layout.
+    Key,
+    /// Other damage reported by the journal.
+    Damaged,
+    /// A record a correct engine could not have written where it stands (a fold error).
+    Illegal,
+    /// A record whose fields disagree with the task's state (deadline, version, sequence).
+    Inconsistent,
+    /// The `live` index disagrees with the streams.
+    LiveIndex,
+    /// The `commits` index disagrees with the streams.
+    CommitIndex,
+    /// The `outbox` index disagrees with the streams.
+    OutboxIndex,
+}
+
+impl ProblemKind {
+    /// The `snake_case` name used in reports.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Checksum => "checksum",
+            Self::Truncated => "truncated",
+            Self::UnknownVersion => "unknown_version",
+            Self::Misplaced => "misplaced",
+            Self::Chain => "chain",
+            Self::Missing => "missing",
+            Self::Head => "head",
+            Self::Decode => "decode",
+            Self::Key => "key",
+            Self::Damaged => "damaged",
+            Self::Illegal => "illegal",
+            Self::Inconsistent => "inconsistent",
+            Self::LiveIndex => "live_index",
+            Self::CommitIndex => "commit_index",
+            Self::OutboxIndex => "outbox_index",
+        }
+    }
+
+    /// Whether the problem is physical damage of stored bytes (as opposed to a legal-looking
+    /// record that breaks an invariant, or an index that disagrees).
+    #[must_use]
+    pub const fn is_damage(self) -> bool {
+        !matches!(
+            self,
+            Self::Illegal
+                | Self::Inconsistent
+                | Self::LiveIndex
+                | Self::CommitIndex
+                | Self::OutboxIndex
+        )
+    }
+
+    fn of(kind: &CorruptionKind) -> Self {
+        match kind {
+            CorruptionKind::Truncated { .. } => Self::Truncated,
+            CorruptionKind::Checksum { .. } => Self::Checksum,
+            CorruptionKind::UnknownVersion(_) => Self::UnknownVersion,
+            CorruptionKind::Misplaced { .. } => Self::Misplaced,
+            CorruptionKind::Chain => Self::Chain,
+            CorruptionKind::Missing => Self::Missing,
+            CorruptionKind::Head { .. } => Self::Head,
+            CorruptionKind::Decode(_) => Self::Decode,
+            CorruptionKind::Key(_) => Self::Key,
+            _ => Self::Damaged,
+        }
+    }
+}
+
+impl fmt::Display for ProblemKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One finding of an audit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Problem {
+    /// The task concerned (empty when an index key names no readable task).
+    pub task: String,
+    /// The position of the record concerned, when there is one.
+    pub position: Option<u64>,
+    /// What kind of problem.
+    pub kind: ProblemKind,
+    /// The reason, for humans.
+    pub detail: String,
+}
+
+impl Problem {
+    fn new(
+        task: &str,
+        position: Option<u64>,
+        kind: ProblemKind,
+        detail: impl Into<String>,
+    ) -> Self {
+        Self {
+            task: task.to_owned(),
+            position,
+            kind,
+            detail: detail.into(),
+        }
+    }
+
+    fn corruption(task: &str, position: u64, kind: &CorruptionKind) -> Self {
+        Self::new(
+            task,
+            Some(position),
+            ProblemKind::of(kind),
+            kind.to_string(),
+        )
+    }
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "task {:?}", self.task)?;
+        if let Some(position) = self.position {
+            write!(f, " position {position}")?;
+        }
+        write!(f, ": {}: {}", self.kind, self.detail)
+    }
+}
+
+/// The audit of one task.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TaskReport {
+    /// The task.
+    pub task: String,
+    /// Whether the journal knows the task (it has a head or records).
+    pub exists: bool,
+    /// The records read intact.
+    pub records: u64,
+    /// The bytes of the records read intact.
+    pub bytes: u64,
+    /// The status folded from the stream (up to the first damaged or illegal record).
+    pub status: Option<Status>,
+    /// The version folded from the stream (same caveat).
+    pub version: u64,
+    /// Whether a terminal event is recorded.
+    pub terminal: bool,
+    /// What is wrong, in stream order.
+    pub problems: Vec<Problem>,
+}
+
+impl TaskReport {
+    /// Whether nothing is wrong with the task.
+    #[must_use]
+    pub fn is_clean(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// The audit of a whole journal.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct AuditReport {
+    /// Tasks checked (tasks with a head).
+    pub tasks: u64,
+    /// Records read intact.
+    pub records: u64,
+    /// Bytes of the records read intact.
+    pub bytes: u64,
+    /// The last global sequence according to the commit index.
+    pub last_seq: u64,
+    /// Entries of the `live` index.
+    pub live: u64,
+    /// Entries of the `outbox` index.
+    pub outbox: u64,
+    /// Every problem found: per task in task-id order, then the index cross-checks.
+    pub problems: Vec<Problem>,
+}
+
+impl AuditReport {
+    /// Whether nothing is wrong with the journal.
+    #[must_use]
+    pub fn is_clean(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// How far an audit has come, handed to the progress callback of [`audit_journal`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Progress {
+    /// Tasks checked so far.
+    pub tasks: u64,
+    /// Records read so far.
+    pub records: u64,
+    /// Records in the journal (the last global sequence), for a progress bar.
+    pub total_records: u64,
+}
+
+/// What scanning one stream found, besides the report.
+struct Scan {
+    report: TaskReport,
+    /// Positions with damage already reported.
+    damaged: HashSet<u64>,
+    /// Positions of the `notification_enqueued` records not acknowledged.
+    unacked: BTreeSet<u64>,
+}
+
+/// Folds and checks one task's stream; `on_record` sees every intact record.
+fn scan_task(
+    journal: &Journal,
+    task: &str,
+    head: Option<Head>,
+    on_record: &mut dyn FnMut(&Record),
+) -> Result<Scan, Error> {
+    let mut report = TaskReport {
+        task: task.to_owned(),
+        exists: head.is_some(),
+        records: 0,
+        bytes: 0,
+        status: None,
+        version: 0,
+        terminal: false,
+        problems: Vec::new(),
+    };
+    let mut damaged = HashSet::new();
+    let mut fold: Option<Task> = None;
+    let mut folding = true;
+    let mut last_seq = None;
+    // id → (position, seq) of queued notifications, tracked without the fold so that the
+    // outbox can be checked even past an illegal record.
+    let mut queued: HashMap<String, (u64, u64)> = HashMap::new();
+    for item in journal.read_stream(task, 0) {
+        let record = match item {
+            Ok(record) => record,
+            Err(Error::Corruption { position, kind, .. }) => {
+                report.exists = true;
+                damaged.insert(position);
+                report
+                    .problems
+                    .push(Problem::corruption(task, position, &kind));
+                folding = false;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        report.exists = true;
+        report.records += 1;
+        report.bytes += record.size as u64;
+        last_seq = Some(record.seq);
+        on_record(&record);
+        if record.event.is_terminal() {
+            report.terminal = true;
+        }
+        track_notifications(task, &record, &mut queued, &mut report.problems);
+        if !folding {
+            continue;
+        }
+        let position = record.position;
+        let applied = match fold.as_mut() {
+            None => Task::created(&record.event).map(|t| fold = Some(t)),
+            Some(t) => {
+                consistency(task, t, &record, &mut report.problems);
+                t.apply(&record.event)
+            }
+        };
+        if let Err(error) = applied {
+            report.problems.push(Problem::new(
+                task,
+                Some(position),
+                ProblemKind::Illegal,
+                error.to_string(),
+            ));
+            folding = false;
+        }
+    }
+    if let Some(t) = &fold {
+        report.status = Some(t.state.status);
+        report.version = t.state.version;
+    }
+    if let Some(head) = head {
+        if damaged.is_empty() {
+            if head.terminal != report.terminal {
+                report.problems.push(Problem::new(
+                    task,
+                    None,
+                    ProblemKind::Head,
+                    format!(
+                        "the head's terminal flag is {}, the stream {} a terminal event",
+                        head.terminal,
+                        if report.terminal { "has" } else { "has no" }
+                    ),
+                ));
+            }
+            if last_seq.is_some_and(|s| s != head.last_seq) {
+                report.problems.push(Problem::new(
+                    task,
+                    head.next_position.checked_sub(1),
+                    ProblemKind::Head,
+                    format!(
+                        "the head says the last sequence is {}, the last record says {}",
+                        head.last_seq,
+                        last_seq.unwrap_or_default()
+                    ),
+                ));
+            }
+        }
+        // A terminal event inside damage still counts for the live check.
+        report.terminal |= !damaged.is_empty() && head.terminal;
+    }
+    let unacked = queued.into_values().map(|(position, _)| position).collect();
+    Ok(Scan {
+        report,
+        damaged,
+        unacked,
+    })
+}
+
+/// Tracks queued notifications and checks that an acknowledgement names its enqueue record.
+fn track_notifications(
+    task: &str,
+    record: &Record,
+    queued: &mut HashMap<String, (u64, u64)>,
+    problems: &mut Vec<Problem>,
+) {
+    match &record.event {
+        Event::NotificationEnqueued { id, .. } => {
+            queued.insert(id.clone(), (record.position, record.seq));
+        }
+        Event::NotificationAcked {
+            id, enqueued_seq, ..
+        } => {
+            if let Some((_, seq)) = queued.remove(id) {
+                if seq != *enqueued_seq {
+                    problems.push(Problem::new(
+                        task,
+                        Some(record.position),
+                        ProblemKind::Inconsistent,
+                        format!(
+                            "ack of {id:?} names sequence {enqueued_seq}, it was queued at {seq}"
+                        ),
+                    ));
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Checks the fields of `record` that the fold does not need against the state before it.
+fn consistency(task: &str, t: &Task, record: &Record, problems: &mut Vec<Problem>) {
+    let s = &t.state;
+    let mut problem = |detail: String| {
+        problems.push(Problem::new(
+            task,
+            Some(record.position),
+            ProblemKind::Inconsistent,
+            detail,
+        ));
+    };
+    match &record.event {
+        Event::LeaseExpired { deadline, at, .. } if s.status == Status::Running => {
+            if s.lease_deadline != Some(*deadline) {
+                problem(format!(
+                    "lease expiry names deadline {}, the lease in force ends at {}",
+                    deadline.as_millis(),
+                    s.lease_deadline
+                        .map_or(0, dtask_journal::Timestamp::as_millis)
+                ));
+            }
+            if at < deadline {
+                problem(format!(
+                    "lease expiry recorded at {} before its deadline {}",
+                    at.as_millis(),
+                    deadline.as_millis()
+                ));
+            }
+        }
+        Event::NotificationEnqueued { version, .. } if *version != s.version => {
+            problem(format!(
+                "notification queued with version {version}, the task is at version {}",
+                s.version
+            ));
+        }
+        _ => {}
+    }
+}
+
+/// Whether `live` (the index says the task is live) agrees with the report.
+fn check_live(report: &mut TaskReport, live: bool) {
+    if report.terminal && live {
+        report.problems.push(Problem::new(
+            &report.task,
+            None,
+            ProblemKind::LiveIndex,
+            "the task is terminal but listed in the live index",
+        ));
+    } else if !report.terminal && !live && report.records > 0 {
+        report.problems.push(Problem::new(
+            &report.task,
+            None,
+            ProblemKind::LiveIndex,
+            "the task is not terminal but missing from the live index",
+        ));
+    }
+}
+
+/// Compares outbox entries with the unacknowledged notifications (`expected`: task → positions),
+/// removing what matches; reports entries that match nothing. `damaged` skips entries whose
+/// record damage was already reported.
+fn check_outbox<'a>(
+    journal: &'a Journal,
+    only: Option<&str>,
+    expected: &mut BTreeSet<(String, u64)>,
+    damaged: &dyn Fn(&str, u64) -> bool,
+    problems: &mut Vec<Problem>,
+) -> Result<u64, Error> {
+    let mut entries = 0;
+    for item in journal.outbox() {
+        match item {
+            Ok(c) => {
+                if only.is_some_and(|t| t != c.task) {
+                    continue;
+                }
+                entries += 1;
+                let key = (c.task.clone(), c.record.position);
+                let is_enqueue = matches!(c.record.event, Event::NotificationEnqueued { .. });
+                if !is_enqueue {
+                    problems.push(Problem::new(
+                        &c.task,
+                        Some(c.record.position),
+                        ProblemKind::OutboxIndex,
+                        format!(
+                            "an outbox entry points at a `{}` record",
+                            c.record.event.event_type()
+                        ),
+                    ));
+                } else if !expected.remove(&key) {
+                    problems.push(Problem::new(
+                        &c.task,
+                        Some(c.record.position),
+                        ProblemKind::OutboxIndex,
+                        "an outbox entry points at a notification that was acknowledged \
+                         (or is listed twice)",
+                    ));
+                }
+            }
+            Err(Error::Corruption {
+                task,
+                position,
+                kind,
+            }) => {
+                if only.is_some_and(|t| t != task) {
+                    continue;
+                }
+                entries += 1;
+                if !damaged(&task, position) {
+                    problems.push(Problem::new(
+                        &task,
+                        Some(position),
+                        ProblemKind::OutboxIndex,
+                        format!("an outbox entry points at an unreadable record: {kind}"),
+                    ));
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    for (task, position) in std::mem::take(expected) {
+        problems.push(Problem::new(
+            &task,
+            Some(position),
+            ProblemKind::OutboxIndex,
+            "an unacknowledged notification is missing from the outbox index",
+        ));
+    }
+    Ok(entries)
+}
+
+/// Audits one task: its records, its legality, its head, and its entries in the `live` and
+/// `outbox` indexes. An unknown task gives a report with `exists == false`.
+///
+/// # Errors
+/// [`Error::Storage`] (or another non-corruption journal error) when the journal cannot be
+/// read; damage is reported in the result, never as an error.
+pub fn audit_task(journal: &Journal, task: &str) -> Result<TaskReport, Error> {
+    let (head, head_problem) = match journal.head(task) {
+        Ok(head) => (head, None),
+        Err(Error::Corruption { position, kind, .. }) => {
+            (None, Some(Problem::corruption(task, position, &kind)))
+        }
+        Err(e) => return Err(e),
+    };
+    let mut scan = scan_task(journal, task, head, &mut |_| {})?;
+    if let Some(problem) = head_problem {
+        scan.report.exists = true;
+        scan.report.problems.insert(0, problem);
+    }
+    if !scan.report.exists {
+        return Ok(scan.report);
+    }
+    let mut live = false;
+    for id in journal.live_tasks() {
+        match id {
+            Ok(id) if id == task => live = true,
+            Ok(_) | Err(Error::Corruption { .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    check_live(&mut scan.report, live);
+    let mut expected = scan.unacked.iter().map(|&p| (task.to_owned(), p)).collect();
+    let damaged = |_: &str, p: u64| scan.damaged.contains(&p);
+    let mut problems = Vec::new();
+    check_outbox(journal, Some(task), &mut expected, &damaged, &mut problems)?;
+    scan.report.problems.extend(problems);
+    Ok(scan.report)
+}
+
+/// A set of global sequences, as a bitmap.
+struct SeqSet {
+    bits: Vec<u64>,
+}
+
+impl SeqSet {
+    fn new(last: u64) -> Self {
+        let words = usize::try_from(last / 64 + 1).unwrap_or(usize::MAX);
+        Self {
+            bits: vec![0; words],
+        }
+    }
+
+    /// Inserts `seq`; `None` when out of range, `Some(false)` when already present.
+    fn insert(&mut self, seq: u64) -> Option<bool> {
+        let word = self.bits.get_mut(usize::try_from(seq / 64).ok()?)?;
+        let bit = 1u64 << (seq % 64);
+        let fresh = *word & bit == 0;
+        *word |= bit;
+        Some(fresh)
+    }
+}
+
+/// Audits the whole journal: every task (see [`audit_task`]), then the `live`, `commits` and
+/// `outbox` indexes against the streams. `progress` is called after each task.
+///
+/// # Errors
+/// [`Error::Storage`] (or another non-corruption journal error) when the journal cannot be
+/// read; damage is reported in the result, never as an error.
+pub fn audit_journal(
+    journal: &Journal,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<AuditReport, Error> {
+    let mut report = AuditReport {
+        last_seq: journal.last_seq()?,
+        ..AuditReport::default()
+    };
+    let mut live = BTreeSet::new();
+    for id in journal.live_tasks() {
+        match id {
+            Ok(id) => {
+                live.insert(id);
+            }
+            Err(Error::Corruption { task, kind, .. }) => report.problems.push(Problem::new(
+                &task,
+                None,
+                ProblemKind::LiveIndex,
+                format!("unreadable live index entry: {kind}"),
+            )),
+            Err(e) => return Err(e),
+        }
+    }
+    report.live = live.len() as u64;
+    let mut seqs = SeqSet::new(report.last_seq);
+    let mut known = HashSet::new();
+    let mut damaged: HashMap<String, HashSet<u64>> = HashMap::new();
+    let mut unacked = BTreeSet::new();
+    let mut tally = Progress {
+        total_records: report.last_seq,
+        ..Progress::default()
+    };
+    let mut seq_problems = Vec::new();
+    let mut heads = Vec::new();
+    for item in journal.tasks() {
+        match item {
+            Ok(pair) => heads.push(pair),
+            Err(Error::Corruption {
+                task,
+                position,
+                kind,
+            }) => {
+                report
+                    .problems
+                    .push(Problem::corruption(&task, position, &kind));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    for (task, head) in heads {
+        let mut on_record = |record: &Record| match seqs.insert(record.seq) {
+            Some(true) => {}
+            found => seq_problems.push(Problem::new(
+                &task,
+                Some(record.position),
+                ProblemKind::CommitIndex,
+                if found.is_none() {
+                    format!(
+                        "the record's sequence {} is beyond the last committed sequence {}",
+                        record.seq, report.last_seq
+                    )
+                } else {
+                    format!("sequence {} is carried by two records", record.seq)
+                },
+            )),
+        };
+        let mut scan = scan_task(journal, &task, Some(head), &mut on_record)?;
+        check_live(&mut scan.report, live.contains(&task));
+        report.tasks += 1;
+        report.records += scan.report.records;
+        report.bytes += scan.report.bytes;
+        tally.tasks += 1;
+        tally.records += scan.report.records + scan.damaged.len() as u64;
+        report.problems.append(&mut scan.report.problems);
+        report.problems.append(&mut seq_problems);
+        for position in scan.unacked {
+            unacked.insert((task.clone(), position));
+        }
+        if !scan.damaged.is_empty() {
+            damaged.insert(task.clone(), scan.damaged);
+        }
+        known.insert(task);
+        progress(tally);
+    }
+    for task in live.iter().filter(|t| !known.contains(*t)) {
+        report.problems.push(Problem::new(
+            task,
+            None,
+            ProblemKind::LiveIndex,
+            "the live index lists a task the journal does not have",
+        ));
+    }
+    let is_damaged =
+        |task: &str, position: u64| damaged.get(task).is_some_and(|d| d.contains(&position));
+    check_commits(journal, &known, &is_damaged, &mut report.problems)?;
+    report.outbox = check_outbox(
+        journal,
+        None,
+        &mut unacked,
+        &is_damaged,
+        &mut report.problems,
+    )?;
+    Ok(report)
+}
+
+/// Checks that the commit index is dense from 1 and that every entry points at a record of a
+/// known task carrying that sequence.
+fn check_commits(
+    journal: &Journal,
+    known: &HashSet<String>,
+    damaged: &dyn Fn(&str, u64) -> bool,
+    problems: &mut Vec<Problem>,
+) -> Result<(), Error> {
+    let mut next = 1u64;
+    for item in journal.commits(1) {
+        match item {
+            Ok(c) => {
+                let seq = c.record.seq;
+                if seq > next {
+                    problems.push(Problem::new(
+                        &c.task,
+                        Some(c.record.position),
+                        ProblemKind::CommitIndex,
+                        if seq == next + 1 {
+                            format!("sequence {next} is missing from the commit index")
+                        } else {
+                            format!(
+                                "sequences {next}..{} are missing from the commit index",
+                                seq - 1
+                            )
+                        },
+                    ));
+                }
+                next = seq + 1;
+                if !known.contains(&c.task) {
+                    problems.push(Problem::new(
+                        &c.task,
+                        Some(c.record.position),
+                        ProblemKind::CommitIndex,
+                        format!("sequence {seq} points at a record of a task without a head"),
+                    ));
+                }
+            }
+            Err(Error::Corruption {
+                task,
+                position,
+                kind,
+            }) => {
+                // The entry's own sequence is unknown; assume it is the next one.
+                if !damaged(&task, position) {
+                    problems.push(Problem::new(
+                        &task,
+                        Some(position),
+                        ProblemKind::CommitIndex,
+                        format!("the commit entry of sequence {next} is wrong: {kind}"),
+                    ));
+                }
+                next += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,507 @@
+//! The audit on real journals: clean ones, damaged ones (bytes flipped and index entries
+//! removed with raw RocksDB) and illegal ones (events no correct engine writes, appended
+//! through the raw journal API).
+#![allow(clippy::unwrap_used)]
+
+use dtask_journal::keys::{self, Space};
+use dtask_journal::{
+    Event, ExpiryResolution, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp,
+};
+use dtask_replay::audit::{audit_journal, audit_task, AuditReport, ProblemKind};
+use std::path::Path;
+
+fn created(task: &str, policy: LeasePolicy) -> Event {
+    Event::Created {
+        spec: TaskSpec {
+            id: task.into(),
+            executor_key: "x".into(),
+            session_id: "s".into(),
+            ..TaskSpec::default()
+        },
+        policy,
+        checkpoint: vec![],
+        context_snapshot: vec![],
+        at: Timestamp(1),
+    }
+}
+
+fn started(attempt: u64, deadline: u64) -> Event {
+    Event::AttemptStarted {
+        attempt,
+        lease_deadline: Timestamp(deadline),
+        at: Timestamp(10),
+    }
+}
+
+fn update(attempt: u64, id: &str) -> Event {
+    Event::UpdateAppended {
+        attempt,
+        event_id: id.into(),
+        kind: "progress".into(),
+        data: b"50%".to_vec(),
+        metadata: vec![],
+        at: Timestamp(11),
+    }
+}
+
+fn notify(id: &str, version: u64) -> Event {
+    Event::NotificationEnqueued {
+        id: id.into(),
+        event_id: String::new(),
+        kind: "completed".into(),
+        data: vec![],
+        version,
+        at: Timestamp(12),
+    }
+}
+
+fn completed() -> Event {
+    Event::Completed {
+        data: b"ok".to_vec(),
+        at: Timestamp(20),
+    }
+}
+
+fn journal(dir: &Path) -> Journal {
+    Journal::open(dir, JournalOptions::default()).unwrap()
+}
+
+/// "done": created, started, update, completed + notification, ack (6 records, sequences 1..=3
+/// and 7..=9); "running": created, started, two updates (4 records, sequences 4..=6 and 10).
+fn build(dir: &Path) {
+    let j = journal(dir);
+    j.append("done", 0, &[created("done", LeasePolicy::Retry)])
+        .unwrap();
+    j.append("done", 1, &[started(1, 30_000), update(1, "u1")])
+        .unwrap();
+    j.append("running", 0, &[created("running", LeasePolicy::Fail)])
+        .unwrap();
+    j.append("running", 1, &[started(1, 30_000), update(1, "a")])
+        .unwrap();
+    let appended = j
+        .append("done", 3, &[completed(), notify("done:3:completed", 3)])
+        .unwrap();
+    j.append(
+        "done",
+        5,
+        &[Event::NotificationAcked {
+            id: "done:3:completed".into(),
+            enqueued_seq: appended.last_seq,
+            at: Timestamp(30),
+        }],
+    )
+    .unwrap();
+    j.append("running", 3, &[update(1, "b")]).unwrap();
+}
+
+fn audit(dir: &Path) -> AuditReport {
+    let j = Journal::open_read_only(dir).unwrap();
+    audit_journal(&j, &mut |_| {}).unwrap()
+}
+
+/// Opens the raw database and applies `f` to it.
+fn tamper(dir: &Path, f: impl FnOnce(&rocksdb::DB)) {
+    let cfs: Vec<_> = Space::ALL.iter().map(|s| s.name()).collect();
+    let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), dir, cfs).unwrap();
+    f(&db);
+}
+
+fn cf(db: &rocksdb::DB, space: Space) -> &rocksdb::ColumnFamily {
+    db.cf_handle(space.name()).unwrap()
+}
+
+fn kinds(report: &AuditReport) -> Vec<(String, Option<u64>, ProblemKind)> {
+    report
+        .problems
+        .iter()
+        .map(|p| (p.task.clone(), p.position, p.kind))
+        .collect()
+}
+
+#[test]
+fn a_clean_journal_audits_clean() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    let mut calls = Vec::new();
+    let j = Journal::open_read_only(dir.path()).unwrap();
+    let report = audit_journal(&j, &mut |p| calls.push(p)).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+    assert_eq!((report.tasks, report.records, report.last_seq), (2, 10, 10));
+    assert_eq!((report.live, report.outbox), (1, 0));
+    assert_eq!(calls.len(), 2);
+    assert_eq!(calls[1].records, 10);
+    assert_eq!(calls[1].total_records, 10);
+    let task = audit_task(&j, "running").unwrap();
+    assert!(task.is_clean(), "{:?}", task.problems);
+    assert_eq!(task.records, 4);
+    assert_eq!(task.status, Some(dtask_replay::Status::Running));
+    assert!(!audit_task(&j, "nobody").unwrap().exists);
+}
+
+#[test]
+fn completed_on_a_pending_task_is_illegal_at_its_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = journal(dir.path());
+    j.append("t", 0, &[created("t", LeasePolicy::Retry)])
+        .unwrap();
+    j.append("t", 1, &[completed()]).unwrap();
+    let task = audit_task(&j, "t").unwrap();
+    assert_eq!(task.problems.len(), 1, "{:?}", task.problems);
+    let p = &task.problems[0];
+    assert_eq!((p.position, p.kind), (Some(1), ProblemKind::Illegal));
+    assert!(
+        p.detail
+            .contains("`completed` is not allowed in status pending"),
+        "{p}"
+    );
+    assert!(p.to_string().contains("position 1"));
+    // The whole-journal audit says the same, and nothing else.
+    let report = audit_journal(&j, &mut |_| {}).unwrap();
+    assert_eq!(
+        kinds(&report),
+        [("t".into(), Some(1), ProblemKind::Illegal)]
+    );
+}
+
+#[test]
+fn only_the_first_illegal_record_of_a_task_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = journal(dir.path());
+    j.append("t", 0, &[created("t", LeasePolicy::Retry)])
+        .unwrap();
+    // Attempt 2 first (attempts must grow by one), then records that follow from it.
+    j.append("t", 1, &[started(2, 100), update(2, "a"), completed()])
+        .unwrap();
+    let report = audit_journal(&j, &mut |_| {}).unwrap();
+    assert_eq!(
+        kinds(&report),
+        [("t".into(), Some(1), ProblemKind::Illegal)]
+    );
+    assert!(report.problems[0]
+        .detail
+        .contains("attempt 2 started, expected 1"));
+}
+
+#[test]
+fn duplicate_update_ids_and_records_after_the_end_are_illegal() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = journal(dir.path());
+    j.append(
+        "dup",
+        0,
+        &[created("dup", LeasePolicy::Retry), started(1, 100)],
+    )
+    .unwrap();
+    j.append("dup", 2, &[update(1, "same"), update(1, "same")])
+        .unwrap();
+    j.append(
+        "late",
+        0,
+        &[created("late", LeasePolicy::Retry), started(1, 100)],
+    )
+    .unwrap();
+    j.append("late", 2, &[completed(), notify("late:3:completed", 3)])
+        .unwrap();
+    j.append("late", 4, &[update(1, "x")]).unwrap();
+    let report = audit_journal(&j, &mut |_| {}).unwrap();
+    assert_eq!(
+        kinds(&report),
+        [
+            ("dup".into(), Some(3), ProblemKind::Illegal),
+            ("late".into(), Some(4), ProblemKind::Illegal),
+        ]
+    );
+    assert!(report.problems[0].detail.contains("recorded twice"));
+    assert!(report.problems[1]
+        .detail
+        .contains("after the task was terminal"));
+}
+
+#[test]
+fn lease_expiry_must_follow_policy_and_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = journal(dir.path());
+    // Fail policy resolved as retry: illegal.
+    j.append(
+        "policy",
+        0,
+        &[created("policy", LeasePolicy::Fail), started(1, 100)],
+    )
+    .unwrap();
+    j.append(
+        "policy",
+        2,
+        &[Event::LeaseExpired {
+            resolution: ExpiryResolution::Retry,
+            deadline: Timestamp(100),
+            at: Timestamp(150),
+        }],
+    )
+    .unwrap();
+    // Right resolution, wrong deadline and detected before it: inconsistent.
+    j.append(
+        "deadline",
+        0,
+        &[created("deadline", LeasePolicy::Retry), started(1, 100)],
+    )
+    .unwrap();
+    j.append(
+        "deadline",
+        2,
+        &[Event::LeaseExpired {
+            resolution: ExpiryResolution::Retry,
+            deadline: Timestamp(90),
+            at: Timestamp(80),
+        }],
+    )
+    .unwrap();
+    let report = audit_journal(&j, &mut |_| {}).unwrap();
+    assert_eq!(
+        kinds(&report),
+        [
+            ("deadline".into(), Some(2), ProblemKind::Inconsistent),
+            ("deadline".into(), Some(2), ProblemKind::Inconsistent),
+            ("policy".into(), Some(2), ProblemKind::Illegal),
+        ]
+    );
+    assert!(
+        report.problems[2].detail.contains("require Failed"),
+        "{}",
+        report.problems[2]
+    );
+}
+
+#[test]
+fn a_notification_must_carry_the_task_version() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = journal(dir.path());
+    j.append(
+        "t",
+        0,
+        &[created("t", LeasePolicy::Retry), notify("t:7:x", 7)],
+    )
+    .unwrap();
+    let report = audit_journal(&j, &mut |_| {}).unwrap();
+    assert_eq!(
+        kinds(&report),
+        [("t".into(), Some(1), ProblemKind::Inconsistent)]
+    );
+    assert!(report.problems[0].detail.contains("version 7"));
+}
+
+#[test]
+fn flipped_bytes_are_reported_and_the_audit_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    tamper(dir.path(), |db| {
+        for position in [1, 4] {
+            let key = keys::event_key("done", position);
+            let mut value = db.get_cf(cf(db, Space::Events), &key).unwrap().unwrap();
+            value[25] ^= 0x40;
+            db.put_cf(cf(db, Space::Events), &key, value).unwrap();
+        }
+    });
+    let report = audit(dir.path());
+    // Both flips are named; the damaged enqueue record is not blamed on the outbox again.
+    assert_eq!(
+        kinds(&report),
+        [
+            ("done".into(), Some(1), ProblemKind::Checksum),
+            ("done".into(), Some(4), ProblemKind::Checksum),
+        ]
+    );
+    let task = audit_task(&Journal::open_read_only(dir.path()).unwrap(), "running").unwrap();
+    assert!(task.is_clean());
+}
+
+#[test]
+fn a_missing_commit_entry_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    tamper(dir.path(), |db| {
+        db.delete_cf(cf(db, Space::Commits), keys::seq_key(5))
+            .unwrap();
+    });
+    let report = audit(dir.path());
+    assert_eq!(
+        kinds(&report),
+        [("running".into(), Some(2), ProblemKind::CommitIndex)]
+    );
+    assert!(report.problems[0].detail.contains("sequence 5 is missing"));
+}
+
+#[test]
+fn a_commit_entry_pointing_elsewhere_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    tamper(dir.path(), |db| {
+        db.put_cf(
+            cf(db, Space::Commits),
+            keys::seq_key(2),
+            keys::event_key("running", 0),
+        )
+        .unwrap();
+    });
+    let report = audit(dir.path());
+    assert_eq!(
+        kinds(&report),
+        [("running".into(), Some(0), ProblemKind::CommitIndex)]
+    );
+}
+
+#[test]
+fn live_index_disagreements_are_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    tamper(dir.path(), |db| {
+        let live = cf(db, Space::Live);
+        db.delete_cf(live, keys::task_key("running")).unwrap();
+        db.put_cf(live, keys::task_key("done"), b"").unwrap();
+        db.put_cf(live, keys::task_key("ghost"), b"").unwrap();
+    });
+    let report = audit(dir.path());
+    assert_eq!(
+        kinds(&report),
+        [
+            ("done".into(), None, ProblemKind::LiveIndex),
+            ("running".into(), None, ProblemKind::LiveIndex),
+            ("ghost".into(), None, ProblemKind::LiveIndex),
+        ]
+    );
+    let j = Journal::open_read_only(dir.path()).unwrap();
+    assert_eq!(audit_task(&j, "running").unwrap().problems.len(), 1);
+}
+
+#[test]
+fn outbox_disagreements_are_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = journal(dir.path());
+    j.append(
+        "a",
+        0,
+        &[
+            created("a", LeasePolicy::Retry),
+            notify("a:1:task_created", 1),
+        ],
+    )
+    .unwrap();
+    j.append(
+        "b",
+        0,
+        &[
+            created("b", LeasePolicy::Retry),
+            notify("b:1:task_created", 1),
+        ],
+    )
+    .unwrap();
+    j.append(
+        "b",
+        2,
+        &[Event::NotificationAcked {
+            id: "b:1:task_created".into(),
+            enqueued_seq: 4,
+            at: Timestamp(5),
+        }],
+    )
+    .unwrap();
+    assert!(audit_journal(&j, &mut |_| {}).unwrap().is_clean());
+    drop(j);
+    tamper(dir.path(), |db| {
+        let outbox = cf(db, Space::Outbox);
+        // a's queued notification loses its entry; b's acked one gets one back.
+        db.delete_cf(outbox, keys::seq_key(2)).unwrap();
+        db.put_cf(outbox, keys::seq_key(4), keys::event_key("b", 1))
+            .unwrap();
+    });
+    let report = audit(dir.path());
+    assert_eq!(
+        kinds(&report),
+        [
+            ("b".into(), Some(1), ProblemKind::OutboxIndex),
+            ("a".into(), Some(1), ProblemKind::OutboxIndex),
+        ]
+    );
+    assert!(report.problems[1]
+        .detail
+        .contains("missing from the outbox"));
+}
+
+#[test]
+fn an_ack_naming_the_wrong_sequence_is_inconsistent() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = journal(dir.path());
+    j.append("a", 0, &[created("a", LeasePolicy::Retry), notify("n", 1)])
+        .unwrap();
+    j.append(
+        "a",
+        2,
+        &[Event::NotificationAcked {
+            id: "n".into(),
+            enqueued_seq: 1,
+            at: Timestamp(5),
+        }],
+    )
+    .unwrap();
+    let report = audit_journal(&j, &mut |_| {}).unwrap();
+    // The ack removed the wrong outbox key, so the real entry stays behind too.
+    assert_eq!(
+        kinds(&report),
+        [
+            ("a".into(), Some(2), ProblemKind::Inconsistent),
+            ("a".into(), Some(1), ProblemKind::OutboxIndex),
+        ]
+    );
+}
+
+#[test]
+fn a_deleted_head_leaves_records_of_an_unknown_task() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    tamper(dir.path(), |db| {
+        db.delete_cf(cf(db, Space::Heads), keys::task_key("running"))
+            .unwrap();
+    });
+    let report = audit(dir.path());
+    let found = kinds(&report);
+    assert!(
+        found.contains(&("running".into(), None, ProblemKind::LiveIndex)),
+        "{found:?}"
+    );
+    assert!(
+        found
+            .iter()
+            .filter(|(t, _, k)| t == "running" && *k == ProblemKind::CommitIndex)
+            .count()
+            == 4,
+        "{found:?}"
+    );
+}
+
+/// Not a test: times the audit of the journal at `$DTASK_LARGE` (see `large_journal` in the
+/// root package's `tests/cli.rs`), e.g.
+/// `DTASK_LARGE=/tmp/big cargo test --release -p dtask-replay --test audit -- --ignored --nocapture`.
+#[test]
+#[ignore = "measures the audit of a large journal"]
+#[allow(clippy::cast_precision_loss)]
+fn audit_timing() {
+    let Some(dir) = std::env::var_os("DTASK_LARGE") else {
+        return;
+    };
+    let j = Journal::open_read_only(dir).unwrap();
+    let started = std::time::Instant::now();
+    let report = audit_journal(&j, &mut |_| {}).unwrap();
+    let elapsed = started.elapsed();
+    assert!(
+        report.is_clean(),
+        "{:?}",
+        &report.problems[..report.problems.len().min(5)]
+    );
+    println!(
+        "audit of {} tasks, {} records ({} bytes): {:.3} s ({:.0} records/s)",
+        report.tasks,
+        report.records,
+        report.bytes,
+        elapsed.as_secs_f64(),
+        report.records as f64 / elapsed.as_secs_f64()
+    );
+}

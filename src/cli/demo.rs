@@ -1,0 +1,568 @@
+//! `dtask demo [DIR]`: a sample workload on an embedded journal, run through
+//! `dtask_engine::TaskStore` directly, then a narrative, a summary and the audit.
+//!
+//! Three fake tools: `shell` (runs a command, streams output), `approval` (asks for input and
+//! waits), `fetch` (downloads, reports progress). The workload claims tasks, commits started
+//! markers, appends progress updates with event ids, crashes mid-attempt (drops the store and
+//! the journal), reopens and recovers, answers a waiting task, cancels one, and drains the
+//! notification outbox.
+
+use super::fmt::{self, Table};
+use super::{fold_task, CliError, Global, Out, Result};
+use dtask_engine::{
+    Command, CreateRequest, StoreConfig, StoreError, SystemClock, TaskStore, UpdateRequest,
+};
+use dtask_journal::{Journal, JournalOptions, LeasePolicy, TaskSpec};
+use dtask_replay::TaskState;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Arguments of `dtask demo`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Where to create the journal (must not exist or be empty); kept afterwards. Default: a
+    /// temporary directory, deleted at exit.
+    dir: Option<PathBuf>,
+}
+
+/// The session that the demo's notifications are routed to.
+const SESSION: &str = "agent-session-1";
+
+/// The narrative, printed as it happens (or collected for `--json`).
+struct Log {
+    json: bool,
+    steps: Vec<Value>,
+}
+
+impl Log {
+    fn say(&mut self, task: &str, text: impl Into<String>) {
+        let text = text.into();
+        if !self.json {
+            if task.is_empty() {
+                println!("{text}");
+            } else {
+                println!("  {task:<10} {text}");
+            }
+        }
+        self.steps.push(json!({ "task": task, "text": text }));
+    }
+}
+
+fn spec(id: &str, tool: &str, payload: &Value, description: &str) -> CreateRequest {
+    CreateRequest {
+        spec: TaskSpec {
+            id: id.into(),
+            executor_key: tool.into(),
+            kind: "tool_call".into(),
+            payload: payload.to_string().into_bytes(),
+            description: description.into(),
+            output_file: String::new(),
+            session_id: SESSION.into(),
+            notify_session: true,
+        },
+        policy: Some(LeasePolicy::Retry),
+        ..CreateRequest::default()
+    }
+}
+
+fn update(attempt: u64, event_id: &str, kind: &str, data: &str) -> UpdateRequest {
+    UpdateRequest {
+        attempt,
+        event_id: event_id.into(),
+        kind: kind.into(),
+        data: data.as_bytes().to_vec(),
+        metadata: vec![("source".into(), "demo".into())],
+    }
+}
+
+fn open(dir: &Path) -> Result<TaskStore> {
+    let journal = Journal::open(dir, JournalOptions::default())?;
+    Ok(TaskStore::open(
+        journal,
+        SystemClock,
+        StoreConfig::default(),
+    )?)
+}
+
+/// Runs a claimed attempt's `Start` and returns the running state.
+async fn claim(store: &TaskStore, id: &str) -> Result<TaskState> {
+    let state = store.get(id).await?;
+    Ok(store.execute(id, state.version, Command::Start).await?)
+}
+
+#[allow(
+    clippy::too_many_lines,
+    reason = "the workload reads best as one story"
+)]
+async fn workload(dir: &Path, log: &mut Log) -> Result<()> {
+    let mut store = open(dir)?;
+    let shell = |cmd: &str| json!({ "tool_name": "shell", "command": cmd });
+    let fetch = |url: &str| json!({ "tool_name": "fetch", "url": url });
+    let requests = [
+        spec(
+            "shell-1",
+            "shell",
+            &shell("cargo test"),
+            "run the test suite",
+        ),
+        spec(
+            "approve-1",
+            "approval",
+            &json!({ "tool_name": "approval", "question": "deploy v2 to production?" }),
+            "ask the operator before deploying",
+        ),
+        spec(
+            "fetch-1",
+            "fetch",
+            &fetch("https://example.com/dataset.csv"),
+            "download the dataset",
+        ),
+        spec(
+            "fetch-2",
+            "fetch",
+            &fetch("https://example.com/huge.iso"),
+            "download an image",
+        ),
+        spec(
+            "shell-2",
+            "shell",
+            &shell("cargo bench"),
+            "run the benchmarks later",
+        ),
+    ];
+    for request in requests {
+        let id = request.spec.id.clone();
+        let tool = request.spec.executor_key.clone();
+        store.create(request).await?;
+        log.say(
+            &id,
+            format!("created: a call of the `{tool}` tool, pending"),
+        );
+    }
+
+    // shell-1: claim, started marker, progress, heartbeat, done.
+    let t = claim(&store, "shell-1").await?;
+    let t = store
+        .execute(
+            "shell-1",
+            t.version,
+            Command::CommitStart {
+                checkpoint: br#"{"pid":4242,"cmd":"cargo test"}"#.to_vec(),
+            },
+        )
+        .await?;
+    log.say(
+        "shell-1",
+        "attempt 1 claimed; started marker committed (pid 4242)",
+    );
+    for (i, line) in ["running 42 tests", "test result: ok. 42 passed"]
+        .iter()
+        .enumerate()
+    {
+        let id = format!("shell-1/stdout/{}", i + 1);
+        store
+            .append_update("shell-1", update(t.attempt, &id, "stdout", line))
+            .await?;
+    }
+    let t = store
+        .execute("shell-1", t.version, Command::Heartbeat)
+        .await?;
+    let t = store
+        .execute(
+            "shell-1",
+            t.version,
+            Command::Complete {
+                data: b"exit status 0".to_vec(),
+            },
+        )
+        .await?;
+    log.say(
+        "shell-1",
+        format!(
+            "2 stdout updates, a heartbeat, then {} (version {})",
+            t.status, t.version
+        ),
+    );
+
+    // approve-1, attempt 1: ask and wait.
+    let t = claim(&store, "approve-1").await?;
+    let t = store
+        .execute(
+            "approve-1",
+            t.version,
+            Command::CommitStart {
+                checkpoint: br#"{"ticket":"APR-7"}"#.to_vec(),
+            },
+        )
+        .await?;
+    let t = store
+        .execute(
+            "approve-1",
+            t.version,
+            Command::WaitInput {
+                checkpoint: br#"{"ticket":"APR-7","question":"deploy v2 to production?"}"#.to_vec(),
+            },
+        )
+        .await?;
+    log.say(
+        "approve-1",
+        format!(
+            "attempt 1 opened ticket APR-7 and asks the operator: {}",
+            t.status
+        ),
+    );
+
+    // fetch-1: claim, started marker, progress... then the process dies.
+    let t = claim(&store, "fetch-1").await?;
+    let t = store
+        .execute(
+            "fetch-1",
+            t.version,
+            Command::CommitStart {
+                checkpoint: br#"{"download_id":"dl-91","resume_offset":0}"#.to_vec(),
+            },
+        )
+        .await?;
+    let first = update(
+        t.attempt,
+        "fetch-1/progress/1",
+        "progress",
+        "40% (4 MiB of 10 MiB)",
+    );
+    store.append_update("fetch-1", first.clone()).await?;
+    log.say(
+        "fetch-1",
+        "attempt 1 claimed; started marker (download dl-91); progress update fetch-1/progress/1: 40%",
+    );
+    let before = store.get_task("fetch-1").await?;
+    drop(store);
+    log.say(
+        "",
+        "  ** crash ** the task store and the journal are dropped mid-attempt (nothing is flushed \
+         beyond what was acknowledged)",
+    );
+    store = open(dir)?;
+    let after = store.get_task("fetch-1").await?;
+    if after != before {
+        return Err(CliError::Problems(
+            "fetch-1 did not fold back to its state before the crash".into(),
+        ));
+    }
+    let live = store.journal().live_tasks().count();
+    log.say(
+        "",
+        format!(
+            "  reopened: {live} live tasks folded back from the journal; fetch-1 is identical to \
+             before the crash ({}, version {}, attempt {}, {} records)",
+            after.state.status, after.state.version, after.state.attempt, after.state.position
+        ),
+    );
+    log.say(
+        "fetch-1",
+        "the started marker is durable: the worker recovers download dl-91 instead of starting it again",
+    );
+    let (original, fresh) = store.append_update("fetch-1", first).await?;
+    log.say(
+        "fetch-1",
+        format!(
+            "update fetch-1/progress/1 re-sent after recovery: {} (record at position {})",
+            if fresh {
+                "appended AGAIN"
+            } else {
+                "deduplicated"
+            },
+            original.position
+        ),
+    );
+    if fresh {
+        return Err(CliError::Problems(
+            "a replayed update was appended twice".into(),
+        ));
+    }
+    store
+        .append_update(
+            "fetch-1",
+            update(
+                after.state.attempt,
+                "fetch-1/progress/2",
+                "progress",
+                "100% (10 MiB)",
+            ),
+        )
+        .await?;
+    let t = store
+        .execute("fetch-1", after.state.version, Command::Heartbeat)
+        .await?;
+    let t = store
+        .execute(
+            "fetch-1",
+            t.version,
+            Command::Complete {
+                data: b"/data/dataset.csv (10 MiB, sha256 9f2c...)".to_vec(),
+            },
+        )
+        .await?;
+    log.say(
+        "fetch-1",
+        format!("progress 100%, then {} on attempt {}", t.status, t.attempt),
+    );
+
+    // approve-1: the operator answers; attempt 2 picks the answer up.
+    let t = store.get("approve-1").await?;
+    let t = store
+        .execute(
+            "approve-1",
+            t.version,
+            Command::Resume {
+                data: b"yes, go ahead".to_vec(),
+                context_snapshot: None,
+            },
+        )
+        .await?;
+    log.say(
+        "approve-1",
+        format!("the operator answers \"yes, go ahead\": {}", t.status),
+    );
+    let t = store
+        .execute("approve-1", t.version, Command::Start)
+        .await?;
+    let answer = t
+        .pending_resume
+        .as_deref()
+        .map_or_else(|| "-".to_owned(), fmt::bytes);
+    let t = store
+        .execute(
+            "approve-1",
+            t.version,
+            Command::Complete {
+                data: b"approved: deploying v2".to_vec(),
+            },
+        )
+        .await?;
+    log.say(
+        "approve-1",
+        format!("attempt 2 receives the answer {answer} and is {}", t.status),
+    );
+
+    // fetch-2: canceled while running.
+    let t = claim(&store, "fetch-2").await?;
+    let t = store
+        .execute(
+            "fetch-2",
+            t.version,
+            Command::CommitStart {
+                checkpoint: br#"{"download_id":"dl-92"}"#.to_vec(),
+            },
+        )
+        .await?;
+    let t2 = store
+        .execute(
+            "fetch-2",
+            t.version,
+            Command::RequestCancel {
+                reason: "the user changed their mind".into(),
+            },
+        )
+        .await?;
+    let refused = match store
+        .execute("fetch-2", t2.version, Command::Heartbeat)
+        .await
+    {
+        Err(e @ StoreError::LeaseLost(_)) => e.to_string(),
+        Err(e) => return Err(e.into()),
+        Ok(_) => {
+            return Err(CliError::Problems(
+                "a canceled attempt kept its lease".into(),
+            ))
+        }
+    };
+    let t = store
+        .execute(
+            "fetch-2",
+            t2.version,
+            Command::AckCancel {
+                reason: String::new(),
+            },
+        )
+        .await?;
+    log.say(
+        "fetch-2",
+        format!(
+            "cancel requested while running; the worker's heartbeat is refused ({refused}); it \
+             stops and acknowledges: {} ({:?})",
+            t.status, t.result_error
+        ),
+    );
+    log.say("shell-2", "left pending: no worker claims it in this demo");
+
+    // The outbox: deliver and acknowledge every notification.
+    let delivered = store
+        .receive_notifications(100, Duration::from_secs(30))
+        .await?;
+    let kinds: Vec<String> = delivered
+        .iter()
+        .map(|n| format!("{}:{}", n.task_id, n.kind))
+        .collect();
+    for n in &delivered {
+        store.ack_notification(&n.receipt).await?;
+    }
+    log.say(
+        "",
+        format!(
+            "  outbox: {} notifications delivered to {SESSION} and acknowledged ({})",
+            delivered.len(),
+            kinds.join(", ")
+        ),
+    );
+    Ok(())
+}
+
+/// Runs `dtask demo`.
+pub fn run(global: &Global, args: &Args) -> Result<()> {
+    let started = std::time::Instant::now();
+    let temp;
+    let dir = if let Some(dir) = &args.dir {
+        if dir.exists()
+            && std::fs::read_dir(dir)
+                .map_err(CliError::io(format!("reading {}", dir.display())))?
+                .next()
+                .is_some()
+        {
+            return Err(CliError::Usage(format!(
+                "{} is not empty: the demo needs a new directory",
+                dir.display()
+            )));
+        }
+        dir.clone()
+    } else {
+        temp = tempfile::tempdir().map_err(CliError::io("creating a temporary directory"))?;
+        temp.path().join("journal")
+    };
+    let mut log = Log {
+        json: global.json,
+        steps: Vec::new(),
+    };
+    log.say(
+        "",
+        format!(
+            "dtask demo: a sample workload on an embedded journal at {}{}\n",
+            dir.display(),
+            if args.dir.is_some() {
+                ""
+            } else {
+                " (temporary; pass a DIR to keep it)"
+            }
+        ),
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(CliError::io("starting the runtime"))?;
+    runtime.block_on(workload(&dir, &mut log))?;
+    drop(runtime);
+    report(global, args, &dir, &log, started)
+}
+
+/// Prints the summary table and the audit of the demo's journal.
+fn report(
+    global: &Global,
+    args: &Args,
+    dir: &Path,
+    log: &Log,
+    started: std::time::Instant,
+) -> Result<()> {
+    let journal = Journal::open_read_only(dir)?;
+    let mut rows = Vec::new();
+    for item in journal.tasks() {
+        let (id, _) = item?;
+        let folded = fold_task(&journal, &id, |_| {})?;
+        if let Some(task) = folded.task {
+            rows.push((task.state, folded.records));
+        }
+    }
+    let audit = dtask_replay::audit_journal(&journal, &mut |_| {})?;
+    let elapsed = started.elapsed();
+    let mut out = Out::new();
+    if global.json {
+        let tasks: Vec<Value> = rows
+            .iter()
+            .map(|(s, records)| {
+                json!({
+                    "id": s.spec.id,
+                    "tool": fmt::tool_name(&s.spec.payload),
+                    "status": s.status.as_str(),
+                    "attempt": s.attempt,
+                    "version": s.version,
+                    "updates": s.updates,
+                    "records": records,
+                })
+            })
+            .collect();
+        out.json(&json!({
+            "journal": dir.display().to_string(),
+            "kept": args.dir.is_some(),
+            "steps": log.steps,
+            "tasks": tasks,
+            "audit": audit,
+        }))?;
+    } else {
+        let mut table = Table::new(&[
+            "TASK", "TOOL", "STATUS", "ATTEMPTS", "VERSION", "UPDATES", "RECORDS", "RESULT",
+        ]);
+        for (s, records) in &rows {
+            let result = if s.status == dtask_replay::Status::Completed {
+                fmt::bytes(&s.result_data)
+            } else if s.result_error.is_empty() {
+                "-".to_owned()
+            } else {
+                format!("{:?}", s.result_error)
+            };
+            table.row(vec![
+                s.spec.id.clone(),
+                fmt::tool_name(&s.spec.payload).unwrap_or_default(),
+                s.status.as_str().to_owned(),
+                s.attempt.to_string(),
+                s.version.to_string(),
+                s.updates.to_string(),
+                records.to_string(),
+                result,
+            ]);
+        }
+        out.line("")?;
+        out.text(table.render(0))?;
+        out.line("")?;
+        for p in &audit.problems {
+            out.line(format!("PROBLEM {p}"))?;
+        }
+        out.line(format!(
+            "audit: {} ({} tasks, {} records, {}, last sequence {}; CRCs, hash chains, heads, \
+             legality of every stream, live/commit/outbox indexes)",
+            if audit.is_clean() {
+                "clean"
+            } else {
+                "PROBLEMS FOUND"
+            },
+            audit.tasks,
+            audit.records,
+            fmt::size(audit.bytes),
+            audit.last_seq
+        ))?;
+        out.line(format!("done in {:.2} s", elapsed.as_secs_f64()))?;
+        if let Some(dir) = &args.dir {
+            out.line(format!(
+                "\ninspect it: dtask --journal {} tasks | show fetch-1 | events fetch-1 | verify",
+                dir.display()
+            ))?;
+        }
+    }
+    out.flush()?;
+    if audit.is_clean() {
+        Ok(())
+    } else {
+        Err(CliError::Problems(
+            "the demo's journal does not audit clean".into(),
+        ))
+    }
+}

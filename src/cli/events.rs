@@ -1,0 +1,104 @@
+//! `dtask events <task>`: a task's raw records.
+
+use super::codec::{self, Bytes};
+use super::fmt::{self, Table};
+use super::{require_task, CliError, Global, Out, Result};
+use dtask_journal::Error as JournalError;
+use serde_json::{json, Value};
+
+/// Arguments of `dtask events`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The task id.
+    task: String,
+    /// The first position to list.
+    #[arg(long, default_value_t = 0)]
+    from: u64,
+    /// The last position to list (inclusive).
+    #[arg(long)]
+    to: Option<u64>,
+    /// Only the last N records (of the range).
+    #[arg(long, value_name = "N")]
+    tail: Option<u64>,
+}
+
+/// Runs `dtask events`.
+pub fn run(global: &Global, args: &Args) -> Result<()> {
+    let journal = global.open()?;
+    let head = require_task(&journal, &args.task)?;
+    let end = args.to.map_or(head.next_position, |t| {
+        t.saturating_add(1).min(head.next_position)
+    });
+    let from = match args.tail {
+        Some(n) => end.saturating_sub(n).max(args.from),
+        None => args.from,
+    };
+    let mut rows = Vec::new();
+    let mut damaged = 0;
+    for item in journal.read_stream(&args.task, from) {
+        match item {
+            Ok(record) if record.position >= end => break,
+            Ok(record) => rows.push(Ok(record)),
+            Err(JournalError::Corruption { position, kind, .. }) => {
+                damaged += 1;
+                if position < end {
+                    rows.push(Err((position, kind.to_string())));
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let mut out = Out::new();
+    if global.json {
+        let events: Vec<Value> = rows
+            .iter()
+            .map(|row| match row {
+                Ok(r) => json!({
+                    "position": r.position,
+                    "seq": r.seq,
+                    "at": r.event.at().0,
+                    "type": r.event.event_type().as_str(),
+                    "crc": format!("{:08x}", r.crc),
+                    "digest": r.digest.to_hex(),
+                    "size": r.size,
+                    "event": codec::event_to_json(&r.event, Bytes::Base64),
+                }),
+                Err((position, why)) => json!({ "position": position, "damaged": why }),
+            })
+            .collect();
+        out.json(&json!({ "task": args.task, "events": events }))?;
+    } else {
+        let mut table = Table::new(&["POS", "SEQ", "AT", "TYPE", "CRC", "DIGEST", "DETAIL"]);
+        for row in &rows {
+            table.row(match row {
+                Ok(r) => vec![
+                    r.position.to_string(),
+                    r.seq.to_string(),
+                    fmt::time(r.event.at()),
+                    r.event.event_type().as_str().to_owned(),
+                    format!("{:08x}", r.crc),
+                    fmt::short(&r.digest.to_hex(), 12).to_owned(),
+                    fmt::summary(&r.event),
+                ],
+                Err((position, why)) => vec![
+                    position.to_string(),
+                    "-".into(),
+                    "-".into(),
+                    "DAMAGED".into(),
+                    "-".into(),
+                    "-".into(),
+                    why.clone(),
+                ],
+            });
+        }
+        out.text(table.render(0))?;
+    }
+    out.flush()?;
+    if damaged > 0 {
+        return Err(CliError::Problems(format!(
+            "{damaged} damaged record(s) in task {:?}: run `dtask verify`",
+            args.task
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,311 @@
+//! Formatting shared by the subcommands: times, sizes, bytes, tables.
+
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
+use dtask_journal::{Event, Timestamp};
+use std::fmt::Write;
+
+/// Days since 1970-01-01 → (year, month, day) (proleptic Gregorian).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (
+        year,
+        u32::try_from(month).unwrap_or(1),
+        u32::try_from(day).unwrap_or(1),
+    )
+}
+
+/// (year, month, day) → days since 1970-01-01.
+fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
+    let year = if month <= 2 { year - 1 } else { year };
+    let era = year.div_euclid(400);
+    let yoe = year.rem_euclid(400);
+    let month = i64::from(month);
+    let mp = if month > 2 { month - 3 } else { month + 9 };
+    let doy = (153 * mp + 2) / 5 + i64::from(day) - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// A timestamp as RFC 3339 in UTC with milliseconds: `2024-05-01T12:00:00.000Z`.
+pub fn time(at: Timestamp) -> String {
+    let ms = at.as_millis();
+    let secs = i64::try_from(ms / 1000).unwrap_or(i64::MAX);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        ms % 1000
+    )
+}
+
+/// An optional timestamp, `-` when absent.
+pub fn opt_time(at: Option<Timestamp>) -> String {
+    at.map_or_else(|| "-".to_owned(), time)
+}
+
+/// Parses a time: milliseconds since the epoch, `YYYY-MM-DD`, or
+/// `YYYY-MM-DDTHH:MM:SS[.mmm]Z` (UTC).
+pub fn parse_time(text: &str) -> Result<Timestamp, String> {
+    if let Ok(ms) = text.parse::<u64>() {
+        return Ok(Timestamp(ms));
+    }
+    let bad = || {
+        format!("bad time {text:?}: use milliseconds since the epoch, YYYY-MM-DD or YYYY-MM-DDTHH:MM:SS[.mmm]Z")
+    };
+    let (date, clock) = match text.split_once('T') {
+        Some((date, clock)) => (date, Some(clock.strip_suffix('Z').ok_or_else(bad)?)),
+        None => (text, None),
+    };
+    let mut parts = date.split('-');
+    let year: i64 = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
+    let month: u32 = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
+    let day: u32 = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
+    if parts.next().is_some() || !(1..=12).contains(&month) || !(1..=31).contains(&day) {
+        return Err(bad());
+    }
+    let mut ms: i64 = 0;
+    if let Some(clock) = clock {
+        let (hms, frac) = clock.split_once('.').unwrap_or((clock, "0"));
+        let mut fields = hms.split(':').map(|f| f.parse::<i64>().ok());
+        let (Some(Some(h)), Some(Some(mi)), Some(Some(s)), None) =
+            (fields.next(), fields.next(), fields.next(), fields.next())
+        else {
+            return Err(bad());
+        };
+        if !(0..24).contains(&h) || !(0..60).contains(&mi) || !(0..=60).contains(&s) {
+            return Err(bad());
+        }
+        let frac: String = frac.chars().chain("000".chars()).take(3).collect();
+        let frac: i64 = frac.parse().map_err(|_| bad())?;
+        ms = ((h * 60 + mi) * 60 + s) * 1000 + frac;
+    }
+    let total = days_from_civil(year, month, day) * 86_400_000 + ms;
+    u64::try_from(total).map(Timestamp).map_err(|_| bad())
+}
+
+/// A byte count for humans: `512 B`, `1.5 KiB`, `3.2 MiB`.
+#[allow(clippy::cast_precision_loss, reason = "an approximate size for humans")]
+pub fn size(bytes: u64) -> String {
+    const UNITS: [&str; 4] = ["KiB", "MiB", "GiB", "TiB"];
+    if bytes < 1024 {
+        return format!("{bytes} B");
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
+/// Bytes for humans: quoted text when printable UTF-8, else `base64:…`.
+pub fn bytes(data: &[u8]) -> String {
+    match std::str::from_utf8(data) {
+        Ok(text)
+            if !text
+                .chars()
+                .any(|c| c.is_control() && c != '\n' && c != '\t') =>
+        {
+            format!("{text:?}")
+        }
+        _ => format!("base64:{}", STANDARD.encode(data)),
+    }
+}
+
+/// The first `n` hex digits of `hex`.
+pub fn short(hex: &str, n: usize) -> &str {
+    hex.get(..n).unwrap_or(hex)
+}
+
+/// The `tool_name` of a JSON payload `{"tool_name": …}`, if the payload is one.
+pub fn tool_name(payload: &[u8]) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_slice(payload).ok()?;
+    value.get("tool_name")?.as_str().map(str::to_owned)
+}
+
+/// A one-line summary of an event's fields (sizes, not bytes).
+pub fn summary(event: &Event) -> String {
+    let n = |b: &[u8]| format!("{} B", b.len());
+    match event {
+        Event::Created {
+            spec,
+            policy,
+            checkpoint,
+            ..
+        } => {
+            let mut s = format!(
+                "executor={} kind={} policy={} payload={}",
+                spec.executor_key,
+                spec.kind,
+                policy.as_str(),
+                n(&spec.payload)
+            );
+            if !checkpoint.is_empty() {
+                let _ = write!(s, " checkpoint={}", n(checkpoint));
+            }
+            if !spec.session_id.is_empty() {
+                let _ = write!(s, " session={}", spec.session_id);
+            }
+            s
+        }
+        Event::AttemptStarted {
+            attempt,
+            lease_deadline,
+            ..
+        } => format!("attempt={attempt} lease={}", time(*lease_deadline)),
+        Event::Heartbeat { lease_deadline, .. } => format!("lease={}", time(*lease_deadline)),
+        Event::StartCommitted { checkpoint, .. }
+        | Event::WaitingInput { checkpoint, .. }
+        | Event::Suspended { checkpoint, .. }
+        | Event::Yielded { checkpoint, .. } => format!("checkpoint={}", n(checkpoint)),
+        Event::TranscriptFailed { error, .. } | Event::Failed { error, .. } => {
+            format!("error={error:?}")
+        }
+        Event::InputProvided { data, .. } | Event::Completed { data, .. } => {
+            format!("data={}", n(data))
+        }
+        Event::Released {
+            context_snapshot, ..
+        } => context_snapshot
+            .as_ref()
+            .map_or_else(String::new, |s| format!("context_snapshot={}", n(s))),
+        Event::CancelRequested {
+            reason,
+            lease_deadline,
+            direct,
+            ..
+        } => {
+            let mut s = format!("reason={reason:?} direct={direct}");
+            if let Some(d) = lease_deadline {
+                let _ = write!(s, " lease={}", time(*d));
+            }
+            s
+        }
+        Event::LeaseExpired {
+            resolution,
+            deadline,
+            ..
+        } => format!("resolution={resolution:?} deadline={}", time(*deadline)).to_lowercase(),
+        Event::Canceled { reason, .. } => format!("reason={reason:?}"),
+        Event::UpdateAppended {
+            attempt,
+            event_id,
+            kind,
+            data,
+            ..
+        } => format!(
+            "attempt={attempt} event_id={event_id} kind={kind} data={}",
+            n(data)
+        ),
+        Event::NotificationEnqueued {
+            id, kind, version, ..
+        } => format!("id={id} kind={kind} version={version}"),
+        Event::NotificationAcked {
+            id, enqueued_seq, ..
+        } => format!("id={id} enqueued_seq={enqueued_seq}"),
+    }
+}
+
+/// A plain text table: columns separated by two spaces, the last one not padded.
+#[derive(Debug, Default)]
+pub struct Table {
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    /// A table with these column headers.
+    pub fn new(headers: &[&str]) -> Self {
+        Self {
+            rows: vec![headers.iter().map(|h| (*h).to_owned()).collect()],
+        }
+    }
+
+    /// Adds a row.
+    pub fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    /// The table as text, each line indented by `indent` spaces.
+    pub fn render(&self, indent: usize) -> String {
+        let columns = self.rows.iter().map(Vec::len).max().unwrap_or(0);
+        let widths: Vec<usize> = (0..columns)
+            .map(|c| {
+                self.rows
+                    .iter()
+                    .filter_map(|r| r.get(c))
+                    .map(|cell| cell.chars().count())
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        let mut out = String::new();
+        for row in &self.rows {
+            let mut line = " ".repeat(indent);
+            for (c, cell) in row.iter().enumerate() {
+                if c + 1 == row.len() {
+                    line.push_str(cell);
+                } else {
+                    let pad = widths[c].saturating_sub(cell.chars().count());
+                    line.push_str(cell);
+                    line.push_str(&" ".repeat(pad + 2));
+                }
+            }
+            out.push_str(line.trim_end());
+            out.push('\n');
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_round_trip() {
+        assert_eq!(time(Timestamp(0)), "1970-01-01T00:00:00.000Z");
+        assert_eq!(
+            time(Timestamp(1_700_000_000_123)),
+            "2023-11-14T22:13:20.123Z"
+        );
+        assert_eq!(
+            parse_time("2023-11-14T22:13:20.123Z"),
+            Ok(Timestamp(1_700_000_000_123))
+        );
+        assert_eq!(parse_time("2024-02-29"), Ok(Timestamp(1_709_164_800_000)));
+        assert_eq!(
+            time(Timestamp(1_709_164_800_000)),
+            "2024-02-29T00:00:00.000Z"
+        );
+        assert_eq!(parse_time("12"), Ok(Timestamp(12)));
+        assert!(parse_time("yesterday").is_err());
+        assert!(parse_time("2024-13-01").is_err());
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(size(12), "12 B");
+        assert_eq!(size(1536), "1.5 KiB");
+        assert_eq!(size(3 << 20), "3.0 MiB");
+    }
+
+    #[test]
+    fn tables_align() {
+        let mut t = Table::new(&["A", "BB"]);
+        t.row(vec!["xxx".into(), "y".into()]);
+        assert_eq!(t.render(0), "A    BB\nxxx  y\n");
+    }
+}

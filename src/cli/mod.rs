@@ -1,0 +1,321 @@
+//! The subcommands of `dtask`, one module each, and what they share: the argument parser, the
+//! error type and exit codes, opening a journal read-only, output and progress bars.
+
+mod codec;
+mod demo;
+mod events;
+mod export;
+mod fmt;
+mod import;
+mod replay;
+mod show;
+mod stats;
+mod tail;
+mod tasks;
+mod verify;
+
+use clap::{Parser, Subcommand};
+use dtask_journal::{Error as JournalError, Journal, Record};
+use dtask_replay::{FoldError, Task};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::io::{IsTerminal, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// Inspect, verify, export and import dtask journals; run the demo workload.
+#[derive(Debug, Parser)]
+#[command(
+    name = "dtask",
+    version,
+    about = "Inspect, verify, export and import dtask journals; run the demo workload",
+    long_about = None
+)]
+pub struct Cli {
+    /// The journal directory (the inspection commands open it read-only and never take the
+    /// writer's lock).
+    #[arg(long, global = true, env = "DTASK_JOURNAL", value_name = "DIR")]
+    journal: Option<PathBuf>,
+    /// Print one JSON document (JSON lines for streams) instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    /// The subcommand.
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// List tasks (status is folded from each task's stream).
+    Tasks(tasks::Args),
+    /// Show one task: its folded state and a timeline of attempts, checkpoints, waits,
+    /// updates, notifications and outcome.
+    Show(show::Args),
+    /// List a task's raw records: position, global sequence, time, type, CRC, chain digest.
+    Events(events::Args),
+    /// Export the journal (or some tasks) as versioned JSON lines in global commit order.
+    Export(export::Args),
+    /// Rebuild a fresh journal from a full export, verified bit-exact (same digests).
+    Import(import::Args),
+    /// Audit the journal: CRCs, hash chains, heads, legality of every stream, indexes.
+    Verify(verify::Args),
+    /// Show a task as it was after a given position (time travel).
+    Replay(replay::Args),
+    /// Tasks by status and executor, records by type, bytes, largest tasks.
+    Stats(stats::Args),
+    /// Print the last records in global order, or follow a live journal.
+    Tail(tail::Args),
+    /// Run a sample workload on an embedded journal and show what happened.
+    Demo(demo::Args),
+}
+
+/// Errors of the command-line tool, each with its exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// Bad arguments or input (exit 2).
+    #[error("{0}")]
+    Usage(String),
+    /// An I/O error (exit 2).
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// The journal could not be opened or read (exit 2; exit 1 for damage).
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+    /// The task store failed (demo; exit 2).
+    #[error(transparent)]
+    Store(#[from] dtask_engine::StoreError),
+    /// JSON could not be written or read (exit 2).
+    #[error("JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    /// The command ran and found problems, already reported (exit 1).
+    #[error("{0}")]
+    Problems(String),
+}
+
+impl CliError {
+    /// The process exit code: 1 for problems found in a journal, 2 for usage and I/O errors.
+    fn exit_code(&self) -> u8 {
+        match self {
+            Self::Problems(_) | Self::Journal(JournalError::Corruption { .. }) => 1,
+            _ => 2,
+        }
+    }
+
+    fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> Self {
+        let context = context.into();
+        move |source| Self::Io { context, source }
+    }
+
+    fn is_broken_pipe(&self) -> bool {
+        matches!(self, Self::Io { source, .. } if source.kind() == std::io::ErrorKind::BrokenPipe)
+    }
+}
+
+/// A CLI result.
+pub type Result<T, E = CliError> = std::result::Result<T, E>;
+
+/// Options every subcommand sees.
+#[derive(Debug, Clone)]
+pub struct Global {
+    /// `--journal`.
+    pub journal: Option<PathBuf>,
+    /// `--json`.
+    pub json: bool,
+}
+
+impl Global {
+    /// The journal directory, required.
+    fn journal_dir(&self) -> Result<&Path> {
+        self.journal.as_deref().ok_or_else(|| {
+            CliError::Usage("no journal given: pass --journal <DIR> (or set DTASK_JOURNAL)".into())
+        })
+    }
+
+    /// Opens the journal read-only (no lock: works while a process writes it).
+    fn open(&self) -> Result<Journal> {
+        let dir = self.journal_dir()?;
+        if !dir.is_dir() {
+            return Err(CliError::Usage(format!(
+                "no journal at {}: not a directory",
+                dir.display()
+            )));
+        }
+        Ok(Journal::open_read_only(dir)?)
+    }
+}
+
+/// Parses the arguments, runs the subcommand and maps the outcome to an exit code.
+pub fn run() -> ExitCode {
+    let cli = Cli::parse();
+    let global = Global {
+        journal: cli.journal,
+        json: cli.json,
+    };
+    let outcome = match cli.command {
+        Command::Tasks(args) => tasks::run(&global, &args),
+        Command::Show(args) => show::run(&global, &args),
+        Command::Events(args) => events::run(&global, &args),
+        Command::Export(args) => export::run(&global, &args),
+        Command::Import(args) => import::run(&global, &args),
+        Command::Verify(args) => verify::run(&global, &args),
+        Command::Replay(args) => replay::run(&global, &args),
+        Command::Stats(args) => stats::run(&global, &args),
+        Command::Tail(args) => tail::run(&global, &args),
+        Command::Demo(args) => demo::run(&global, &args),
+    };
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if e.is_broken_pipe() => ExitCode::SUCCESS,
+        Err(e) => {
+            if !matches!(e, CliError::Problems(ref m) if m.is_empty()) {
+                eprintln!("dtask: {e}");
+            }
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+/// Standard output, buffered; write errors (a closed pipe) surface as [`CliError::Io`].
+pub struct Out {
+    inner: std::io::BufWriter<std::io::StdoutLock<'static>>,
+}
+
+impl Out {
+    /// Locks standard output.
+    pub fn new() -> Self {
+        Self {
+            inner: std::io::BufWriter::new(std::io::stdout().lock()),
+        }
+    }
+
+    /// Writes `text` and a newline.
+    pub fn line(&mut self, text: impl AsRef<str>) -> Result<()> {
+        writeln!(self.inner, "{}", text.as_ref()).map_err(CliError::io("writing output"))
+    }
+
+    /// Writes `text` as is.
+    pub fn text(&mut self, text: impl AsRef<str>) -> Result<()> {
+        self.inner
+            .write_all(text.as_ref().as_bytes())
+            .map_err(CliError::io("writing output"))
+    }
+
+    /// Writes a JSON document (pretty) and a newline.
+    pub fn json(&mut self, value: &serde_json::Value) -> Result<()> {
+        serde_json::to_writer_pretty(&mut self.inner, value)?;
+        self.line("")
+    }
+
+    /// Writes one JSON line.
+    pub fn json_line(&mut self, value: &serde_json::Value) -> Result<()> {
+        serde_json::to_writer(&mut self.inner, value)?;
+        self.line("")
+    }
+
+    /// Flushes buffered output.
+    pub fn flush(&mut self) -> Result<()> {
+        self.inner.flush().map_err(CliError::io("writing output"))
+    }
+}
+
+/// A progress bar on standard error, shown only when standard error is a terminal.
+pub fn progress(total: u64, what: &str) -> ProgressBar {
+    if !std::io::stderr().is_terminal() {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(total);
+    if let Ok(style) =
+        ProgressStyle::with_template("{msg} {bar:40} {pos}/{len} records ({per_sec}, {eta} left)")
+    {
+        bar.set_style(style);
+    }
+    bar.set_message(what.to_owned());
+    bar
+}
+
+/// A task folded for display, tolerating damage: the fold stops at the first damaged or
+/// illegal record, and what stopped it is kept.
+#[derive(Debug, Default)]
+pub struct Folded {
+    /// The task as far as it folds.
+    pub task: Option<Task>,
+    /// Records read intact.
+    pub records: u64,
+    /// Bytes of the records read intact.
+    pub bytes: u64,
+    /// Damaged records: (position, reason).
+    pub damage: Vec<(u64, String)>,
+    /// The first illegal record, if any.
+    pub illegal: Option<(u64, FoldError)>,
+}
+
+impl Folded {
+    /// Whether anything is wrong.
+    pub fn has_problems(&self) -> bool {
+        !self.damage.is_empty() || self.illegal.is_some()
+    }
+
+    /// The problems, one line each.
+    pub fn problems(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .damage
+            .iter()
+            .map(|(p, why)| format!("position {p}: {why}"))
+            .collect();
+        if let Some((p, e)) = &self.illegal {
+            out.push(format!("position {p}: illegal: {e}"));
+        }
+        out
+    }
+}
+
+/// Reads and folds `task`, handing every intact record to `on_record`.
+///
+/// # Errors
+/// Journal errors other than damage (I/O).
+pub fn fold_task(
+    journal: &Journal,
+    task: &str,
+    mut on_record: impl FnMut(&Record),
+) -> Result<Folded> {
+    let mut folded = Folded::default();
+    let mut folding = true;
+    for item in journal.read_stream(task, 0) {
+        let record = match item {
+            Ok(record) => record,
+            Err(JournalError::Corruption { position, kind, .. }) => {
+                folded.damage.push((position, kind.to_string()));
+                folding = false;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        folded.records += 1;
+        folded.bytes += record.size as u64;
+        on_record(&record);
+        if !folding {
+            continue;
+        }
+        let applied = match folded.task.as_mut() {
+            None => Task::created(&record.event).map(|t| folded.task = Some(t)),
+            Some(t) => t.apply(&record.event),
+        };
+        if let Err(e) = applied {
+            folded.illegal = Some((record.position, e));
+            folding = false;
+        }
+    }
+    Ok(folded)
+}
+
+/// Checks that the journal knows `task`.
+fn require_task(journal: &Journal, task: &str) -> Result<dtask_journal::Head> {
+    journal
+        .head(task)?
+        .ok_or_else(|| CliError::Usage(format!("no task {task:?} in the journal")))
+}

@@ -1,0 +1,560 @@
+//! `dtask show <task>`: the folded state and a timeline built from the task's records.
+
+use super::fmt::{self, Table};
+use super::{fold_task, require_task, CliError, Global, Out, Result};
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
+use dtask_journal::{Event, Record, Timestamp};
+use dtask_replay::TaskState;
+use serde_json::{json, Value};
+
+/// Arguments of `dtask show`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The task id.
+    task: String,
+    /// Show checkpoints, data and payloads themselves, not only their sizes.
+    #[arg(long)]
+    bytes: bool,
+}
+
+/// Bytes as a size, or as the bytes themselves with `--bytes`.
+#[derive(Debug, Clone, Copy)]
+pub struct Show {
+    /// Whether to show bytes.
+    pub bytes: bool,
+}
+
+impl Show {
+    /// For humans.
+    pub fn text(self, data: &[u8]) -> String {
+        if self.bytes {
+            fmt::bytes(data)
+        } else {
+            format!("{} B", data.len())
+        }
+    }
+
+    /// For JSON: the size, plus base64 with `--bytes`.
+    fn json(self, data: &[u8]) -> Value {
+        if self.bytes {
+            json!({ "size": data.len(), "base64": STANDARD.encode(data) })
+        } else {
+            json!({ "size": data.len() })
+        }
+    }
+}
+
+/// One attempt of the timeline.
+#[derive(Debug, Default)]
+struct Attempt {
+    number: u64,
+    started_at: Timestamp,
+    lease_deadline: Timestamp,
+    heartbeats: u64,
+    last_heartbeat: Option<Timestamp>,
+    updates: u64,
+    started_marker: Option<Timestamp>,
+    ended_at: Option<Timestamp>,
+    end: Option<String>,
+}
+
+/// A dated entry of the timeline (checkpoints, waits, updates, notifications).
+#[derive(Debug)]
+struct Entry {
+    position: u64,
+    at: Timestamp,
+    what: String,
+    fields: Vec<(&'static str, Value, String)>,
+}
+
+impl Entry {
+    fn new(record: &Record, what: &str) -> Self {
+        Self {
+            position: record.position,
+            at: record.event.at(),
+            what: what.to_owned(),
+            fields: Vec::new(),
+        }
+    }
+
+    fn field(mut self, name: &'static str, json: Value, text: String) -> Self {
+        self.fields.push((name, json, text));
+        self
+    }
+
+    fn json(&self) -> Value {
+        let mut map = serde_json::Map::new();
+        map.insert("position".into(), self.position.into());
+        map.insert("at".into(), self.at.0.into());
+        map.insert("event".into(), self.what.clone().into());
+        for (name, value, _) in &self.fields {
+            map.insert((*name).into(), value.clone());
+        }
+        Value::Object(map)
+    }
+}
+
+/// The timeline of a task, built from its records.
+#[derive(Debug, Default)]
+struct Timeline {
+    attempts: Vec<Attempt>,
+    checkpoints: Vec<Entry>,
+    waits: Vec<Entry>,
+    updates: Vec<Entry>,
+    notifications: Vec<Entry>,
+    cancel: Option<Entry>,
+    outcome: Option<Entry>,
+}
+
+impl Timeline {
+    fn end_attempt(&mut self, at: Timestamp, how: &str) {
+        if let Some(a) = self.attempts.last_mut() {
+            if a.end.is_none() {
+                a.ended_at = Some(at);
+                a.end = Some(how.to_owned());
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_lines, reason = "one arm per event type reads best")]
+    fn add(&mut self, record: &Record, show: Show) {
+        let at = record.event.at();
+        let bytes = |name: &'static str, data: &[u8]| (name, show.json(data), show.text(data));
+        match &record.event {
+            Event::Created { checkpoint, .. } => {
+                if !checkpoint.is_empty() {
+                    let (n, j, t) = bytes("checkpoint", checkpoint);
+                    self.checkpoints
+                        .push(Entry::new(record, "created").field(n, j, t));
+                }
+            }
+            Event::AttemptStarted {
+                attempt,
+                lease_deadline,
+                ..
+            } => self.attempts.push(Attempt {
+                number: *attempt,
+                started_at: at,
+                lease_deadline: *lease_deadline,
+                ..Attempt::default()
+            }),
+            Event::Heartbeat { lease_deadline, .. } => {
+                if let Some(a) = self.attempts.last_mut() {
+                    a.heartbeats += 1;
+                    a.last_heartbeat = Some(at);
+                    a.lease_deadline = *lease_deadline;
+                }
+            }
+            Event::StartCommitted { checkpoint, .. } => {
+                if let Some(a) = self.attempts.last_mut() {
+                    a.started_marker = Some(at);
+                }
+                let (n, j, t) = bytes("checkpoint", checkpoint);
+                self.checkpoints
+                    .push(Entry::new(record, "start_committed").field(n, j, t));
+            }
+            Event::TranscriptFailed { error, .. } => {
+                self.outcome.get_or_insert_with(|| {
+                    Entry::new(record, "transcript_failed").field(
+                        "error",
+                        error.clone().into(),
+                        format!("{error:?}"),
+                    )
+                });
+            }
+            Event::WaitingInput { checkpoint, .. } | Event::Suspended { checkpoint, .. } => {
+                let what = record.event.event_type().as_str();
+                self.end_attempt(at, what);
+                let (n, j, t) = bytes("checkpoint", checkpoint);
+                self.checkpoints
+                    .push(Entry::new(record, what).field(n, j.clone(), t.clone()));
+                self.waits.push(Entry::new(record, what).field(n, j, t));
+            }
+            Event::Yielded { checkpoint, .. } => {
+                self.end_attempt(at, "yielded");
+                if !checkpoint.is_empty() {
+                    let (n, j, t) = bytes("checkpoint", checkpoint);
+                    self.checkpoints
+                        .push(Entry::new(record, "yielded").field(n, j, t));
+                }
+            }
+            Event::InputProvided { data, .. } => {
+                let (n, j, t) = bytes("data", data);
+                self.waits
+                    .push(Entry::new(record, "input_provided").field(n, j, t));
+            }
+            Event::Released { .. } => self.waits.push(Entry::new(record, "released")),
+            Event::CancelRequested {
+                reason,
+                direct,
+                lease_deadline,
+                ..
+            } => {
+                let mut e = Entry::new(record, "cancel_requested")
+                    .field("reason", reason.clone().into(), format!("{reason:?}"))
+                    .field("direct", (*direct).into(), direct.to_string());
+                if let Some(d) = lease_deadline {
+                    e = e.field("lease_deadline", d.0.into(), fmt::time(*d));
+                }
+                self.cancel = Some(e);
+            }
+            Event::LeaseExpired {
+                resolution,
+                deadline,
+                ..
+            } => {
+                let how = format!("lease_expired ({resolution:?})").to_lowercase();
+                self.end_attempt(at, &how);
+                if resolution.is_terminal() {
+                    self.outcome = Some(Entry::new(record, &how).field(
+                        "deadline",
+                        deadline.0.into(),
+                        fmt::time(*deadline),
+                    ));
+                }
+            }
+            Event::Completed { data, .. } => {
+                self.end_attempt(at, "completed");
+                let (n, j, t) = bytes("data", data);
+                self.outcome = Some(Entry::new(record, "completed").field(n, j, t));
+            }
+            Event::Failed { error, .. } => {
+                self.end_attempt(at, "failed");
+                self.outcome = Some(Entry::new(record, "failed").field(
+                    "error",
+                    error.clone().into(),
+                    format!("{error:?}"),
+                ));
+            }
+            Event::Canceled { reason, .. } => {
+                self.end_attempt(at, "canceled");
+                self.outcome = Some(Entry::new(record, "canceled").field(
+                    "reason",
+                    reason.clone().into(),
+                    format!("{reason:?}"),
+                ));
+            }
+            Event::UpdateAppended {
+                attempt,
+                event_id,
+                kind,
+                data,
+                metadata,
+                ..
+            } => {
+                if let Some(a) = self
+                    .attempts
+                    .iter_mut()
+                    .rev()
+                    .find(|a| a.number == *attempt)
+                {
+                    a.updates += 1;
+                }
+                let (n, j, t) = bytes("data", data);
+                let meta: Vec<String> = metadata.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                self.updates.push(
+                    Entry::new(record, "update_appended")
+                        .field("attempt", (*attempt).into(), attempt.to_string())
+                        .field("event_id", event_id.clone().into(), event_id.clone())
+                        .field("kind", kind.clone().into(), kind.clone())
+                        .field(n, j, t)
+                        .field(
+                            "metadata",
+                            metadata
+                                .iter()
+                                .map(|(k, v)| json!([k, v]))
+                                .collect::<Vec<_>>()
+                                .into(),
+                            meta.join(","),
+                        ),
+                );
+            }
+            Event::NotificationEnqueued {
+                id, kind, version, ..
+            } => self.notifications.push(
+                Entry::new(record, "notification_enqueued")
+                    .field("id", id.clone().into(), id.clone())
+                    .field("kind", kind.clone().into(), kind.clone())
+                    .field("version", (*version).into(), version.to_string())
+                    .field("acked_at", Value::Null, "-".into()),
+            ),
+            Event::NotificationAcked { id, .. } => {
+                let queued = self
+                    .notifications
+                    .iter_mut()
+                    .find(|n| n.fields.first().is_some_and(|(_, v, _)| v == id));
+                if let Some(entry) = queued {
+                    if let Some(acked) = entry.fields.iter_mut().find(|f| f.0 == "acked_at") {
+                        *acked = ("acked_at", at.0.into(), fmt::time(at));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The folded state as JSON (sizes of byte fields; the bytes too with `--bytes`).
+pub fn state_json(s: &TaskState, show: Show) -> Value {
+    json!({
+        "id": s.spec.id,
+        "executor_key": s.spec.executor_key,
+        "kind": s.spec.kind,
+        "tool": fmt::tool_name(&s.spec.payload),
+        "description": s.spec.description,
+        "output_file": s.spec.output_file,
+        "session_id": s.spec.session_id,
+        "notify_session": s.spec.notify_session,
+        "payload": show.json(&s.spec.payload),
+        "policy": s.policy.as_str(),
+        "status": s.status.as_str(),
+        "version": s.version,
+        "attempt": s.attempt,
+        "records": s.position,
+        "updates": s.updates,
+        "checkpoint": show.json(&s.checkpoint),
+        "result_data": show.json(&s.result_data),
+        "result_error": s.result_error,
+        "output_file_error": s.output_file_error,
+        "pending_resume": s.pending_resume.as_deref().map(|d| show.json(d)),
+        "context_snapshot": show.json(&s.context_snapshot),
+        "cancel_requested_at": s.cancel_requested_at.map(|t| t.0),
+        "cancel_reason": s.cancel_reason,
+        "created_at": s.created_at.0,
+        "updated_at": s.updated_at.0,
+        "done_at": s.done_at.map(|t| t.0),
+        "lease_deadline": s.lease_deadline.map(|t| t.0),
+    })
+}
+
+/// The folded state for humans, as `key  value` lines.
+pub fn state_text(s: &TaskState, show: Show) -> String {
+    let dash = |v: &str| {
+        if v.is_empty() {
+            "-".to_owned()
+        } else {
+            v.to_owned()
+        }
+    };
+    let mut t = Table::default();
+    let mut kv = |k: &str, v: String| t.row(vec![k.to_owned(), v]);
+    kv("task", s.spec.id.clone());
+    kv(
+        "status",
+        format!(
+            "{}  (version {}, attempt {}, {} records, {} updates)",
+            s.status, s.version, s.attempt, s.position, s.updates
+        ),
+    );
+    kv(
+        "executor",
+        format!(
+            "{}  (kind {}, policy {})",
+            s.spec.executor_key,
+            dash(&s.spec.kind),
+            s.policy.as_str()
+        ),
+    );
+    kv(
+        "tool",
+        fmt::tool_name(&s.spec.payload).unwrap_or_else(|| "-".into()),
+    );
+    kv("payload", show.text(&s.spec.payload));
+    if !s.spec.description.is_empty() {
+        kv("description", s.spec.description.clone());
+    }
+    if !s.spec.output_file.is_empty() {
+        kv("output file", s.spec.output_file.clone());
+    }
+    kv(
+        "session",
+        if s.spec.session_id.is_empty() {
+            "-".into()
+        } else {
+            format!(
+                "{}{}",
+                s.spec.session_id,
+                if s.spec.notify_session {
+                    " (notified)"
+                } else {
+                    ""
+                }
+            )
+        },
+    );
+    kv("created", fmt::time(s.created_at));
+    kv("updated", fmt::time(s.updated_at));
+    kv("done", fmt::opt_time(s.done_at));
+    kv("lease until", fmt::opt_time(s.lease_deadline));
+    kv("checkpoint", show.text(&s.checkpoint));
+    if let Some(resume) = &s.pending_resume {
+        kv("pending resume", show.text(resume));
+    }
+    if !s.context_snapshot.is_empty() {
+        kv("context", show.text(&s.context_snapshot));
+    }
+    if let Some(at) = s.cancel_requested_at {
+        kv(
+            "cancel",
+            format!("requested {} reason {:?}", fmt::time(at), s.cancel_reason),
+        );
+    }
+    if s.status == dtask_replay::Status::Completed {
+        kv("result", show.text(&s.result_data));
+    }
+    if !s.result_error.is_empty() {
+        kv("error", format!("{:?}", s.result_error));
+    }
+    if !s.output_file_error.is_empty() {
+        kv("transcript", format!("failed: {:?}", s.output_file_error));
+    }
+    t.render(0)
+}
+
+fn entries_table(title: &str, entries: &[Entry], out: &mut String) {
+    if entries.is_empty() {
+        return;
+    }
+    out.push('\n');
+    out.push_str(title);
+    out.push('\n');
+    let mut headers = vec!["POS", "AT", "EVENT"];
+    let names: Vec<String> = entries
+        .iter()
+        .flat_map(|e| e.fields.iter().map(|f| f.0.to_uppercase()))
+        .fold(Vec::new(), |mut acc, n| {
+            if !acc.contains(&n) {
+                acc.push(n);
+            }
+            acc
+        });
+    headers.extend(names.iter().map(String::as_str));
+    let mut table = Table::new(&headers);
+    for e in entries {
+        let mut row = vec![e.position.to_string(), fmt::time(e.at), e.what.clone()];
+        for name in &names {
+            row.push(
+                e.fields
+                    .iter()
+                    .find(|f| f.0.to_uppercase() == *name)
+                    .map_or_else(String::new, |f| f.2.clone()),
+            );
+        }
+        table.row(row);
+    }
+    out.push_str(&table.render(2));
+}
+
+fn timeline_text(t: &Timeline) -> String {
+    let mut out = String::new();
+    if !t.attempts.is_empty() {
+        out.push_str("\nattempts\n");
+        let mut table = Table::new(&[
+            "#",
+            "STARTED",
+            "HEARTBEATS",
+            "LAST HEARTBEAT",
+            "STARTED MARKER",
+            "UPDATES",
+            "ENDED",
+            "END",
+        ]);
+        for a in &t.attempts {
+            table.row(vec![
+                a.number.to_string(),
+                fmt::time(a.started_at),
+                a.heartbeats.to_string(),
+                fmt::opt_time(a.last_heartbeat),
+                fmt::opt_time(a.started_marker),
+                a.updates.to_string(),
+                fmt::opt_time(a.ended_at),
+                a.end.clone().unwrap_or_else(|| {
+                    format!("(running, lease until {})", fmt::time(a.lease_deadline))
+                }),
+            ]);
+        }
+        out.push_str(&table.render(2));
+    }
+    entries_table("checkpoints", &t.checkpoints, &mut out);
+    entries_table("waits and answers", &t.waits, &mut out);
+    entries_table("updates", &t.updates, &mut out);
+    entries_table("notifications", &t.notifications, &mut out);
+    if let Some(c) = &t.cancel {
+        entries_table("cancellation", std::slice::from_ref(c), &mut out);
+    }
+    if let Some(o) = &t.outcome {
+        entries_table("outcome", std::slice::from_ref(o), &mut out);
+    }
+    out
+}
+
+fn timeline_json(t: &Timeline) -> Value {
+    let attempts: Vec<Value> = t
+        .attempts
+        .iter()
+        .map(|a| {
+            json!({
+                "attempt": a.number,
+                "started_at": a.started_at.0,
+                "lease_deadline": a.lease_deadline.0,
+                "heartbeats": a.heartbeats,
+                "last_heartbeat": a.last_heartbeat.map(|t| t.0),
+                "started_marker_at": a.started_marker.map(|t| t.0),
+                "updates": a.updates,
+                "ended_at": a.ended_at.map(|t| t.0),
+                "end": a.end,
+            })
+        })
+        .collect();
+    let list = |entries: &[Entry]| entries.iter().map(Entry::json).collect::<Vec<_>>();
+    json!({
+        "attempts": attempts,
+        "checkpoints": list(&t.checkpoints),
+        "waits": list(&t.waits),
+        "updates": list(&t.updates),
+        "notifications": list(&t.notifications),
+        "cancel": t.cancel.as_ref().map(Entry::json),
+        "outcome": t.outcome.as_ref().map(Entry::json),
+    })
+}
+
+/// Runs `dtask show`.
+pub fn run(global: &Global, args: &Args) -> Result<()> {
+    let journal = global.open()?;
+    require_task(&journal, &args.task)?;
+    let show = Show { bytes: args.bytes };
+    let mut timeline = Timeline::default();
+    let folded = fold_task(&journal, &args.task, |r| timeline.add(r, show))?;
+    let task = folded.task.as_ref().ok_or_else(|| {
+        CliError::Problems(format!(
+            "task {:?} does not fold: {}",
+            args.task,
+            folded.problems().join("; ")
+        ))
+    })?;
+    let problems = folded.problems();
+    let mut out = Out::new();
+    if global.json {
+        out.json(&json!({
+            "task": args.task,
+            "state": state_json(&task.state, show),
+            "timeline": timeline_json(&timeline),
+            "problems": problems,
+        }))?;
+    } else {
+        out.text(state_text(&task.state, show))?;
+        out.text(timeline_text(&timeline))?;
+        if !problems.is_empty() {
+            out.line("\nproblems (the state above is folded up to the first one)")?;
+            for p in &problems {
+                out.line(format!("  {p}"))?;
+            }
+        }
+    }
+    out.flush()?;
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(CliError::Problems(String::new()))
+    }
+}

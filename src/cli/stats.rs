@@ -1,0 +1,122 @@
+//! `dtask stats`: tasks by status and executor, records by type, bytes, largest tasks.
+
+use super::fmt::{self, Table};
+use super::{fold_task, progress, Global, Out, Result};
+use dtask_journal::EventType;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+
+/// Arguments of `dtask stats`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// How many of the largest tasks to list.
+    #[arg(long, default_value_t = 5)]
+    top: usize,
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    records: u64,
+    bytes: u64,
+}
+
+/// Runs `dtask stats`.
+pub fn run(global: &Global, args: &Args) -> Result<()> {
+    let journal = global.open()?;
+    let last_seq = journal.last_seq()?;
+    let bar = progress(last_seq, "scanning");
+    let mut by_status: BTreeMap<String, u64> = BTreeMap::new();
+    let mut by_executor: BTreeMap<String, u64> = BTreeMap::new();
+    let mut by_type: BTreeMap<EventType, Counts> = BTreeMap::new();
+    let mut sizes: Vec<(u64, u64, String)> = Vec::new();
+    let (mut tasks, mut records, mut bytes, mut damaged) = (0u64, 0u64, 0u64, 0u64);
+    for item in journal.tasks() {
+        let (id, _) = item?;
+        let folded = fold_task(&journal, &id, |r| {
+            let c = by_type.entry(r.event.event_type()).or_default();
+            c.records += 1;
+            c.bytes += r.size as u64;
+        })?;
+        bar.inc(folded.records);
+        tasks += 1;
+        records += folded.records;
+        bytes += folded.bytes;
+        damaged += u64::from(folded.has_problems());
+        let status = folded
+            .task
+            .as_ref()
+            .map_or("unreadable", |t| t.state.status.as_str());
+        *by_status.entry(status.to_owned()).or_default() += 1;
+        let executor = folded
+            .task
+            .as_ref()
+            .map_or_else(|| "?".to_owned(), |t| t.state.spec.executor_key.clone());
+        *by_executor.entry(executor).or_default() += 1;
+        sizes.push((folded.bytes, folded.records, id));
+    }
+    bar.finish_and_clear();
+    sizes.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.2.cmp(&b.2)));
+    sizes.truncate(args.top);
+    let mut out = Out::new();
+    if global.json {
+        let types: BTreeMap<&str, Value> = by_type
+            .iter()
+            .map(|(t, c)| {
+                (
+                    t.as_str(),
+                    json!({ "records": c.records, "bytes": c.bytes }),
+                )
+            })
+            .collect();
+        let largest: Vec<Value> = sizes
+            .iter()
+            .map(|(b, r, id)| json!({ "task": id, "records": r, "bytes": b }))
+            .collect();
+        out.json(&json!({
+            "tasks": tasks,
+            "records": records,
+            "bytes": bytes,
+            "last_seq": last_seq,
+            "tasks_with_problems": damaged,
+            "by_status": by_status,
+            "by_executor": by_executor,
+            "by_type": types,
+            "largest": largest,
+        }))?;
+        return out.flush();
+    }
+    out.line(format!(
+        "{tasks} tasks, {records} records, {} ({bytes} bytes), last sequence {last_seq}",
+        fmt::size(bytes)
+    ))?;
+    if damaged > 0 {
+        out.line(format!(
+            "{damaged} task(s) do not fold cleanly: run `dtask verify`"
+        ))?;
+    }
+    let mut t = Table::new(&["STATUS", "TASKS"]);
+    for (s, n) in &by_status {
+        t.row(vec![s.clone(), n.to_string()]);
+    }
+    out.text(format!("\n{}", t.render(2)))?;
+    let mut t = Table::new(&["EXECUTOR", "TASKS"]);
+    for (e, n) in &by_executor {
+        t.row(vec![e.clone(), n.to_string()]);
+    }
+    out.text(format!("\n{}", t.render(2)))?;
+    let mut t = Table::new(&["EVENT TYPE", "RECORDS", "BYTES"]);
+    for (ty, c) in &by_type {
+        t.row(vec![
+            ty.as_str().to_owned(),
+            c.records.to_string(),
+            fmt::size(c.bytes),
+        ]);
+    }
+    out.text(format!("\n{}", t.render(2)))?;
+    let mut t = Table::new(&["LARGEST TASK", "RECORDS", "BYTES"]);
+    for (b, r, id) in &sizes {
+        t.row(vec![id.clone(), r.to_string(), fmt::size(*b)]);
+    }
+    out.text(format!("\n{}", t.render(2)))?;
+    out.flush()
+}

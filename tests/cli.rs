@@ -1,0 +1,827 @@
+//! The `dtask` command-line tool, run as a process on journals built by the tests (with the
+//! task store and a manual clock, so every time and digest is deterministic).
+//!
+//! Golden files live in `tests/golden/`; `DTASK_BLESS=1 cargo test -p dtask --test cli`
+//! rewrites them.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
+
+use assert_cmd::Command;
+use dtask_engine::{
+    Command as Cmd, CreateRequest, ManualClock, StoreConfig, TaskStore, UpdateRequest,
+};
+use dtask_journal::keys::{self, Space};
+use dtask_journal::{Event, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp};
+use predicates::prelude::*;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// 2023-11-14T22:13:20.000Z.
+const T0: u64 = 1_700_000_000_000;
+
+fn request(id: &str, executor: &str, payload: &[u8], policy: LeasePolicy) -> CreateRequest {
+    CreateRequest {
+        spec: TaskSpec {
+            id: id.into(),
+            executor_key: executor.into(),
+            kind: "tool_call".into(),
+            payload: payload.to_vec(),
+            description: format!("the {id} task"),
+            output_file: String::new(),
+            session_id: "sess".into(),
+            notify_session: true,
+        },
+        policy: Some(policy),
+        ..CreateRequest::default()
+    }
+}
+
+fn update(attempt: u64, id: &str, data: &str) -> UpdateRequest {
+    UpdateRequest {
+        attempt,
+        event_id: id.into(),
+        kind: "progress".into(),
+        data: data.as_bytes().to_vec(),
+        metadata: vec![("step".into(), id.into())],
+    }
+}
+
+/// Builds the fixture journal: five tasks covering every status path the CLI shows.
+///
+/// - `alpha` (shell): started marker, two updates, heartbeat, completed.
+/// - `beta` (approval): waits for input, is answered, completes on attempt 2.
+/// - `gamma` (fetch): canceled while running.
+/// - `delta` (no JSON payload): pending.
+/// - `epsilon` (shell, fail policy): its lease expires, failed.
+///
+/// Three notifications are delivered and acknowledged; the rest stay queued.
+fn fixture(dir: &Path) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let clock = ManualClock::new(T0);
+        let journal = Journal::open(dir, JournalOptions::default()).unwrap();
+        let store = TaskStore::open(journal, clock.clone(), StoreConfig::default()).unwrap();
+        let tick = || clock.advance(Duration::from_secs(1));
+        let shell = br#"{"tool_name":"shell","command":"ls"}"#;
+        for (id, executor, payload, policy) in [
+            ("alpha", "shell", &shell[..], LeasePolicy::Retry),
+            (
+                "beta",
+                "approval",
+                br#"{"tool_name":"approval"}"#,
+                LeasePolicy::Retry,
+            ),
+            (
+                "gamma",
+                "fetch",
+                br#"{"tool_name":"fetch"}"#,
+                LeasePolicy::Retry,
+            ),
+            ("delta", "shell", b"raw bytes", LeasePolicy::Retry),
+            ("epsilon", "shell", &shell[..], LeasePolicy::Fail),
+        ] {
+            store
+                .create(request(id, executor, payload, policy))
+                .await
+                .unwrap();
+            tick();
+        }
+        // alpha
+        let t = store.execute("alpha", 1, Cmd::Start).await.unwrap();
+        tick();
+        let t = store
+            .execute(
+                "alpha",
+                t.version,
+                Cmd::CommitStart {
+                    checkpoint: b"pid=7".to_vec(),
+                },
+            )
+            .await
+            .unwrap();
+        tick();
+        store
+            .append_update("alpha", update(1, "a-1", "half"))
+            .await
+            .unwrap();
+        tick();
+        store
+            .append_update("alpha", update(1, "a-2", "all"))
+            .await
+            .unwrap();
+        tick();
+        let t = store
+            .execute("alpha", t.version, Cmd::Heartbeat)
+            .await
+            .unwrap();
+        tick();
+        store
+            .execute(
+                "alpha",
+                t.version,
+                Cmd::Complete {
+                    data: b"exit 0".to_vec(),
+                },
+            )
+            .await
+            .unwrap();
+        tick();
+        // beta
+        let t = store.execute("beta", 1, Cmd::Start).await.unwrap();
+        tick();
+        let t = store
+            .execute(
+                "beta",
+                t.version,
+                Cmd::WaitInput {
+                    checkpoint: b"deploy?".to_vec(),
+                },
+            )
+            .await
+            .unwrap();
+        tick();
+        let t = store
+            .execute(
+                "beta",
+                t.version,
+                Cmd::Resume {
+                    data: b"yes".to_vec(),
+                    context_snapshot: None,
+                },
+            )
+            .await
+            .unwrap();
+        tick();
+        let t = store.execute("beta", t.version, Cmd::Start).await.unwrap();
+        tick();
+        store
+            .execute(
+                "beta",
+                t.version,
+                Cmd::Complete {
+                    data: b"deployed".to_vec(),
+                },
+            )
+            .await
+            .unwrap();
+        tick();
+        // gamma
+        let t = store.execute("gamma", 1, Cmd::Start).await.unwrap();
+        tick();
+        let t = store
+            .execute(
+                "gamma",
+                t.version,
+                Cmd::RequestCancel {
+                    reason: "not needed".into(),
+                },
+            )
+            .await
+            .unwrap();
+        tick();
+        store
+            .execute(
+                "gamma",
+                t.version,
+                Cmd::AckCancel {
+                    reason: String::new(),
+                },
+            )
+            .await
+            .unwrap();
+        tick();
+        // epsilon
+        store.execute("epsilon", 1, Cmd::Start).await.unwrap();
+        clock.advance(Duration::from_secs(31));
+        store.get("epsilon").await.unwrap();
+        tick();
+        // the outbox: three delivered and acknowledged
+        for n in store
+            .receive_notifications(3, Duration::from_secs(60))
+            .await
+            .unwrap()
+        {
+            store.ack_notification(&n.receipt).await.unwrap();
+        }
+    });
+}
+
+fn built() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    fixture(dir.path());
+    dir
+}
+
+fn dtask(journal: &Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dtask"));
+    cmd.env_remove("DTASK_JOURNAL")
+        .arg("--journal")
+        .arg(journal);
+    cmd
+}
+
+fn stdout(cmd: &mut Command) -> String {
+    let output = cmd.assert().success().get_output().stdout.clone();
+    String::from_utf8(output).unwrap()
+}
+
+fn golden(name: &str, actual: &str) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(name);
+    if std::env::var_os("DTASK_BLESS").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, actual).unwrap();
+        return;
+    }
+    let expected = std::fs::read_to_string(&path)
+        .unwrap_or_else(|_| panic!("missing golden {}: run with DTASK_BLESS=1", path.display()));
+    assert!(
+        expected == actual,
+        "{name} differs from its golden file (DTASK_BLESS=1 regenerates it)\n--- expected\n{expected}\n--- actual\n{actual}"
+    );
+}
+
+fn json(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap()
+}
+
+/// Flips one payload byte of `task`'s record at `position`.
+fn flip(dir: &Path, task: &str, position: u64) {
+    let cfs: Vec<_> = Space::ALL.iter().map(|s| s.name()).collect();
+    let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), dir, cfs).unwrap();
+    let cf = db.cf_handle(Space::Events.name()).unwrap();
+    let key = keys::event_key(task, position);
+    let mut value = db.get_cf(cf, &key).unwrap().unwrap();
+    value[23] ^= 0x01;
+    db.put_cf(cf, &key, value).unwrap();
+}
+
+#[test]
+fn tasks_lists_filters_sorts_and_pages() {
+    let dir = built();
+    let all = stdout(dtask(dir.path()).arg("tasks"));
+    let ids: Vec<&str> = all
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().next().unwrap())
+        .collect();
+    assert_eq!(ids, ["alpha", "beta", "delta", "epsilon", "gamma"]);
+    assert!(all.contains("2023-11-14T22:13:20.000Z"), "{all}");
+
+    let done = json(&stdout(dtask(dir.path()).args([
+        "--json",
+        "tasks",
+        "--status",
+        "completed",
+    ])));
+    let ids: Vec<_> = done["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].clone())
+        .collect();
+    assert_eq!(ids, ["alpha", "beta"]);
+
+    let shell = json(&stdout(
+        dtask(dir.path()).args(["tasks", "--tool", "shell", "--json"]),
+    ));
+    assert_eq!(shell["tasks"].as_array().unwrap().len(), 2);
+    let failed = &shell["tasks"][1];
+    assert_eq!(
+        (failed["id"].as_str(), failed["status"].as_str()),
+        (Some("epsilon"), Some("failed"))
+    );
+
+    let page = json(&stdout(
+        dtask(dir.path()).args(["tasks", "--json", "--limit", "2"]),
+    ));
+    assert_eq!(page["tasks"].as_array().unwrap().len(), 2);
+    assert_eq!(page["next_after"], "beta");
+    let next =
+        json(&stdout(dtask(dir.path()).args([
+            "tasks", "--json", "--limit", "2", "--after", "beta",
+        ])));
+    assert_eq!(next["tasks"][0]["id"], "delta");
+
+    let by_created =
+        stdout(dtask(dir.path()).args(["tasks", "--sort", "created", "--executor", "shell"]));
+    let ids: Vec<&str> = by_created
+        .lines()
+        .skip(1)
+        .map(|l| l.split_whitespace().next().unwrap())
+        .collect();
+    assert_eq!(ids, ["alpha", "delta", "epsilon"]);
+
+    // alpha was created at T0, beta a second later.
+    let window = json(&stdout(dtask(dir.path()).args([
+        "tasks",
+        "--json",
+        "--since",
+        "2023-11-14T22:13:21Z",
+        "--until",
+        &(T0 + 3000).to_string(),
+    ])));
+    let ids: Vec<_> = window["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].clone())
+        .collect();
+    assert_eq!(ids, ["beta", "gamma"]);
+
+    dtask(dir.path())
+        .args(["tasks", "--status", "sleeping"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("unknown status"));
+}
+
+#[test]
+fn show_matches_its_golden_output() {
+    let dir = built();
+    golden(
+        "show-beta.txt",
+        &stdout(dtask(dir.path()).args(["show", "beta"])),
+    );
+    golden(
+        "show-alpha.json",
+        &stdout(dtask(dir.path()).args(["show", "alpha", "--json"])),
+    );
+    let bytes = stdout(dtask(dir.path()).args(["show", "alpha", "--bytes"]));
+    assert!(bytes.contains("\"pid=7\""), "{bytes}");
+    assert!(bytes.contains("\"exit 0\""), "{bytes}");
+    dtask(dir.path())
+        .args(["show", "nobody"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("no task \"nobody\""));
+}
+
+#[test]
+fn events_lists_raw_records() {
+    let dir = built();
+    let text = stdout(dtask(dir.path()).args(["events", "alpha"]));
+    let lines: Vec<&str> = text.lines().collect();
+    assert!(lines[0].starts_with("POS  SEQ"), "{text}");
+    assert!(lines[1].contains("created"), "{text}");
+    assert!(
+        text.contains("update_appended") && text.contains("event_id=a-2"),
+        "{text}"
+    );
+    let tail = stdout(dtask(dir.path()).args(["events", "alpha", "--tail", "2"]));
+    assert_eq!(tail.lines().count(), 3, "{tail}");
+    let range =
+        json(&stdout(dtask(dir.path()).args([
+            "events", "alpha", "--from", "2", "--to", "3", "--json",
+        ])));
+    let events = range["events"].as_array().unwrap();
+    assert_eq!(events.len(), 2);
+    assert_eq!(events[0]["position"], 2);
+    assert_eq!(events[0]["type"], "attempt_started");
+    assert_eq!(events[0]["digest"].as_str().unwrap().len(), 64);
+    assert_eq!(events[1]["event"]["checkpoint"], "cGlkPTc=");
+}
+
+#[test]
+fn export_matches_its_golden_output_and_redacts() {
+    let dir = built();
+    let export = stdout(dtask(dir.path()).arg("export"));
+    golden("export.jsonl", &export);
+    let header = json(export.lines().next().unwrap());
+    assert_eq!(header["dtask_export"], 1);
+    assert_eq!(header["scope"], "journal");
+    assert_eq!(
+        header["records"].as_u64().unwrap(),
+        export.lines().count() as u64 - 1
+    );
+
+    let redacted = stdout(dtask(dir.path()).args(["export", "--no-payload"]));
+    assert!(
+        redacted.contains(r#""checkpoint":{"redacted_len":5}"#),
+        "{redacted}"
+    );
+    assert!(!redacted.contains("cGlkPTc="));
+
+    let some = stdout(dtask(dir.path()).args(["export", "--task", "gamma", "--task", "alpha"]));
+    let seqs: Vec<u64> = some
+        .lines()
+        .skip(1)
+        .map(|l| json(l)["seq"].as_u64().unwrap())
+        .collect();
+    assert!(
+        seqs.windows(2).all(|w| w[0] < w[1]),
+        "global order: {seqs:?}"
+    );
+    let tasks: std::collections::BTreeSet<String> = some
+        .lines()
+        .skip(1)
+        .map(|l| json(l)["task"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(tasks.into_iter().collect::<Vec<_>>(), ["alpha", "gamma"]);
+}
+
+#[test]
+fn export_import_round_trip_is_bit_exact() {
+    let dir = built();
+    let work = tempfile::tempdir().unwrap();
+    let file = work.path().join("export.jsonl");
+    dtask(dir.path())
+        .args(["export", "--output"])
+        .arg(&file)
+        .assert()
+        .success();
+    let target = work.path().join("rebuilt");
+    let text = stdout(dtask(&target).arg("import").arg(&file));
+    assert!(text.contains("every digest and CRC matches"), "{text}");
+    // The rebuilt journal exports to the very same bytes, and audits clean.
+    let original = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(stdout(dtask(&target).arg("export")), original);
+    dtask(&target).arg("verify").assert().success();
+    // Every record's digest, compared directly.
+    let a = Journal::open_read_only(dir.path()).unwrap();
+    let b = Journal::open_read_only(&target).unwrap();
+    let digests = |j: &Journal| -> Vec<_> {
+        j.commits(1)
+            .map(|c| c.map(|c| (c.task, c.record.digest)).unwrap())
+            .collect()
+    };
+    assert_eq!(digests(&a), digests(&b));
+
+    // A non-empty target is refused.
+    dtask(&target)
+        .arg("import")
+        .arg(&file)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("not empty"));
+    // A redacted or partial export is refused.
+    let redacted = work.path().join("redacted.jsonl");
+    let partial = work.path().join("partial.jsonl");
+    dtask(dir.path())
+        .args(["export", "--no-payload", "-o"])
+        .arg(&redacted)
+        .assert()
+        .success();
+    dtask(dir.path())
+        .args(["export", "--task", "beta", "-o"])
+        .arg(&partial)
+        .assert()
+        .success();
+    dtask(&work.path().join("r1"))
+        .arg("import")
+        .arg(&redacted)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("redacted"));
+    dtask(&work.path().join("r2"))
+        .arg("import")
+        .arg(&partial)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("selected tasks"));
+}
+
+#[test]
+fn import_fails_loudly_when_a_digest_differs() {
+    let dir = built();
+    let export = stdout(dtask(dir.path()).arg("export"));
+    // Change one event's time but keep its exported digest: the rebuilt record cannot match.
+    let mut lines: Vec<String> = export.lines().map(str::to_owned).collect();
+    let mut line = json(&lines[3]);
+    let at = line["event"]["at"].as_u64().unwrap();
+    line["event"]["at"] = (at + 1).into();
+    lines[3] = line.to_string();
+    let work = tempfile::tempdir().unwrap();
+    let file = work.path().join("edited.jsonl");
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let task = line["task"].as_str().unwrap().to_owned();
+    dtask(&work.path().join("j"))
+        .arg("import")
+        .arg(&file)
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("not bit-exact"))
+        .stderr(predicate::str::contains(format!("task {task:?}")));
+}
+
+#[test]
+fn verify_is_clean_on_a_good_journal() {
+    let dir = built();
+    let text = stdout(dtask(dir.path()).arg("verify"));
+    assert!(text.contains("5 tasks"), "{text}");
+    assert!(text.trim_end().ends_with("clean"), "{text}");
+    let report = json(&stdout(dtask(dir.path()).args(["verify", "--json"])));
+    assert_eq!(report["clean"], true);
+    assert_eq!(report["problems"].as_array().unwrap().len(), 0);
+    dtask(dir.path())
+        .args(["verify", "--task", "beta"])
+        .assert()
+        .success();
+}
+
+#[test]
+fn verify_names_the_damaged_task_and_position() {
+    let dir = built();
+    flip(dir.path(), "alpha", 3);
+    dtask(dir.path())
+        .arg("verify")
+        .assert()
+        .code(1)
+        .stdout(predicate::str::contains(
+            "task \"alpha\" position 3: checksum",
+        ))
+        .stdout(predicate::str::contains("1 problem(s)"));
+    let report = json(
+        &String::from_utf8(
+            dtask(dir.path())
+                .args(["verify", "--json"])
+                .assert()
+                .code(1)
+                .get_output()
+                .stdout
+                .clone(),
+        )
+        .unwrap(),
+    );
+    assert_eq!(report["problems"][0]["task"], "alpha");
+    assert_eq!(report["problems"][0]["position"], 3);
+    assert_eq!(report["problems"][0]["kind"], "checksum");
+    // The inspection commands show the damage too, and say so in their exit code.
+    dtask(dir.path())
+        .args(["events", "alpha"])
+        .assert()
+        .code(1)
+        .stdout(predicate::str::contains("DAMAGED"));
+    dtask(dir.path())
+        .args(["verify", "--task", "beta"])
+        .assert()
+        .success();
+}
+
+#[test]
+fn verify_reports_an_illegal_record_appended_through_the_journal() {
+    let dir = built();
+    {
+        let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+        let head = journal.head("delta").unwrap().unwrap();
+        journal
+            .append(
+                "delta",
+                head.next_position,
+                &[Event::Completed {
+                    data: vec![],
+                    at: Timestamp(T0),
+                }],
+            )
+            .unwrap();
+    }
+    dtask(dir.path())
+        .arg("verify")
+        .assert()
+        .code(1)
+        .stdout(predicate::str::contains(
+            "task \"delta\" position 2: illegal: `completed` is not allowed in status pending",
+        ));
+}
+
+#[test]
+fn replay_travels_back_in_time() {
+    let dir = built();
+    let text = stdout(dtask(dir.path()).args(["replay", "beta", "--at", "3"]));
+    assert!(text.starts_with("as of position 3"), "{text}");
+    assert!(text.contains("waiting_input"), "{text}");
+    let state = json(&stdout(
+        dtask(dir.path()).args(["replay", "beta", "--at", "2", "--json"]),
+    ));
+    assert_eq!(state["state"]["status"], "running");
+    assert_eq!(state["state"]["version"], 2);
+    assert_eq!(state["at"]["type"], "attempt_started");
+    let last = json(&stdout(
+        dtask(dir.path()).args(["replay", "beta", "--json"]),
+    ));
+    assert_eq!(last["state"]["status"], "completed");
+    dtask(dir.path())
+        .args(["replay", "beta", "--at", "999"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("beyond its end"));
+}
+
+#[test]
+fn stats_counts_tasks_and_records() {
+    let dir = built();
+    let stats = json(&stdout(dtask(dir.path()).args(["stats", "--json"])));
+    assert_eq!(stats["tasks"], 5);
+    assert_eq!(stats["by_status"]["completed"], 2);
+    assert_eq!(stats["by_status"]["failed"], 1);
+    assert_eq!(stats["by_executor"]["shell"], 3);
+    assert_eq!(stats["by_type"]["created"]["records"], 5);
+    assert_eq!(stats["by_type"]["notification_acked"]["records"], 3);
+    assert_eq!(stats["records"], stats["last_seq"]);
+    assert_eq!(stats["largest"].as_array().unwrap().len(), 5);
+    let text = stdout(dtask(dir.path()).arg("stats"));
+    assert!(
+        text.contains("EVENT TYPE") && text.contains("LARGEST TASK"),
+        "{text}"
+    );
+}
+
+#[test]
+fn tail_prints_the_last_records() {
+    let dir = built();
+    let last = Journal::open_read_only(dir.path())
+        .unwrap()
+        .last_seq()
+        .unwrap();
+    let text = stdout(dtask(dir.path()).args(["tail", "-n", "3"]));
+    assert_eq!(text.lines().count(), 3, "{text}");
+    assert!(
+        text.lines()
+            .last()
+            .unwrap()
+            .trim_start()
+            .starts_with(&last.to_string()),
+        "{text}"
+    );
+    let lines = stdout(dtask(dir.path()).args(["tail", "--json", "--from-seq", "2"]));
+    assert_eq!(lines.lines().count() as u64, last - 1);
+    assert_eq!(json(lines.lines().next().unwrap())["seq"], 2);
+}
+
+#[test]
+fn tail_follows_a_live_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    let created = |id: &str| Event::Created {
+        spec: TaskSpec {
+            id: id.into(),
+            executor_key: "x".into(),
+            ..TaskSpec::default()
+        },
+        policy: LeasePolicy::Retry,
+        checkpoint: vec![],
+        context_snapshot: vec![],
+        at: Timestamp(T0),
+    };
+    journal.append("first", 0, &[created("first")]).unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_dtask"))
+        .arg("--journal")
+        .arg(dir.path())
+        .args([
+            "tail",
+            "--follow",
+            "--json",
+            "--from-seq",
+            "1",
+            "--interval",
+            "20",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout).lines() {
+            if tx.send(line.unwrap()).is_err() {
+                break;
+            }
+        }
+    });
+    // A safety net against a hung child, not a timing assertion.
+    let next = || {
+        rx.recv_timeout(Duration::from_secs(60))
+            .expect("a line from tail --follow")
+    };
+    assert_eq!(json(&next())["task"], "first");
+    journal.append("second", 0, &[created("second")]).unwrap();
+    let line = json(&next());
+    assert_eq!(
+        (line["task"].as_str(), line["seq"].as_u64()),
+        (Some("second"), Some(2))
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+}
+
+#[test]
+fn demo_runs_and_its_audit_is_clean() {
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path().join("demo");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dtask"));
+    cmd.env_remove("DTASK_JOURNAL").arg("demo").arg(&dir);
+    let text = stdout(&mut cmd);
+    assert!(text.contains("** crash **"), "{text}");
+    assert!(text.contains("deduplicated"), "{text}");
+    assert!(text.contains("audit: clean"), "{text}");
+    // The kept journal verifies clean with the CLI too, and the demo refuses to reuse it.
+    dtask(&dir).arg("verify").assert().success();
+    let mut again = Command::new(env!("CARGO_BIN_EXE_dtask"));
+    again
+        .env_remove("DTASK_JOURNAL")
+        .arg("demo")
+        .arg(&dir)
+        .assert()
+        .code(2);
+    // And without a directory (a temporary one), as `./dev demo` runs it.
+    let mut temp = Command::new(env!("CARGO_BIN_EXE_dtask"));
+    temp.env_remove("DTASK_JOURNAL").args(["demo", "--json"]);
+    let report = json(&stdout(&mut temp));
+    assert_eq!(report["audit"]["problems"].as_array().unwrap().len(), 0);
+    assert_eq!(report["tasks"].as_array().unwrap().len(), 5);
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dtask"));
+    cmd.env_remove("DTASK_JOURNAL")
+        .arg("tasks")
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("--journal"));
+    let missing = tempfile::tempdir().unwrap();
+    dtask(&missing.path().join("nothing"))
+        .arg("verify")
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("no journal"));
+    let mut bad = Command::new(env!("CARGO_BIN_EXE_dtask"));
+    bad.arg("frobnicate").assert().code(2);
+}
+
+/// Not a test: builds a large journal for measurements, e.g.
+/// `DTASK_LARGE=/tmp/big DTASK_LARGE_TASKS=100000 cargo test -p dtask --test cli -- --ignored`.
+/// Each task has 12 records: created, task-created notification, attempt, started marker, seven
+/// updates, completed.
+#[test]
+#[ignore = "builds a large journal for measurements"]
+fn large_journal() {
+    let Some(dir) = std::env::var_os("DTASK_LARGE") else {
+        return;
+    };
+    let tasks: u64 = std::env::var("DTASK_LARGE_TASKS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(10_000);
+    let journal = Journal::open(
+        &dir,
+        JournalOptions::default().with_durability(dtask_journal::Durability::Buffered),
+    )
+    .unwrap();
+    for t in 0..tasks {
+        let id = format!("task-{t:07}");
+        let at = |ms: u64| Timestamp(T0 + t * 10 + ms);
+        let mut events = vec![
+            Event::Created {
+                spec: TaskSpec {
+                    id: id.clone(),
+                    executor_key: "shell".into(),
+                    payload: br#"{"tool_name":"shell","command":"make"}"#.to_vec(),
+                    session_id: "s".into(),
+                    ..TaskSpec::default()
+                },
+                policy: LeasePolicy::Retry,
+                checkpoint: vec![],
+                context_snapshot: vec![],
+                at: at(0),
+            },
+            Event::NotificationEnqueued {
+                id: format!("{id}:1:task_created"),
+                event_id: String::new(),
+                kind: "task_created".into(),
+                data: vec![],
+                version: 1,
+                at: at(0),
+            },
+            Event::AttemptStarted {
+                attempt: 1,
+                lease_deadline: at(30_000),
+                at: at(1),
+            },
+            Event::StartCommitted {
+                checkpoint: b"pid=1234".to_vec(),
+                at: at(2),
+            },
+        ];
+        for u in 0..7 {
+            events.push(Event::UpdateAppended {
+                attempt: 1,
+                event_id: format!("u{u}"),
+                kind: "stdout".into(),
+                data: vec![b'x'; 64],
+                metadata: vec![],
+                at: at(3),
+            });
+        }
+        events.push(Event::Completed {
+            data: b"exit 0".to_vec(),
+            at: at(4),
+        });
+        journal.append(&id, 0, &events).unwrap();
+    }
+}
