@@ -1,8 +1,11 @@
 //! Durable appends per second with `Durability::Sync`, side by side with raw RocksDB doing the
 //! same work on the same machine in the same run: one synced put per append, and synced
 //! WriteBatches of as many records as there are writers (what a perfect group commit forms).
+//! dtask is measured with its writers as tokio tasks (how the engine calls it; the ratios use
+//! this column) and as OS threads blocking on each append.
 //!
-//! Run: `cargo bench --bench journal_append` (add `-- --secs 3` for longer rounds).
+//! Run: `cargo bench --bench journal_append` (add `-- --secs 3` for longer rounds, `-- --writers 64`
+//! for one row).
 #![allow(clippy::unwrap_used, clippy::cast_precision_loss, missing_docs)]
 
 use dtask::journal::{Event, Journal, JournalOptions, Timestamp};
@@ -65,6 +68,46 @@ fn dtask_appends(writers: usize, secs: f64) -> f64 {
     rate
 }
 
+/// The same appends from `writers` tokio tasks on a two-thread runtime (how the engine calls
+/// the journal).
+fn dtask_async_appends(writers: usize, secs: f64) -> f64 {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    runtime.block_on(async {
+        let tasks: Vec<_> = (0..writers)
+            .map(|t| {
+                let (journal, stop, done) = (journal.clone(), Arc::clone(&stop), Arc::clone(&done));
+                tokio::spawn(async move {
+                    let task = format!("task-{t:04}");
+                    let mut position = 0;
+                    while !stop.load(Ordering::Relaxed) {
+                        journal
+                            .append_async(&task, position, &[update(position)])
+                            .await
+                            .unwrap();
+                        position += 1;
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+        stop.store(true, Ordering::Relaxed);
+        for t in tasks {
+            t.await.unwrap();
+        }
+    });
+    done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+}
+
 fn raw_db(dir: &std::path::Path) -> rocksdb::DB {
     let mut opts = rocksdb::Options::default();
     opts.create_if_missing(true);
@@ -119,15 +162,28 @@ fn main() {
         .unwrap_or(2.0);
     println!("durable appends/s, Durability::Sync, {VALUE_BYTES}-byte records, {secs} s per cell");
     println!(
-        "{:>8} | {:>12} | {:>14} | {:>16} | {:>10} | {:>10}",
-        "writers", "dtask", "raw sync put", "raw sync batch", "vs put", "vs batch"
+        "{:>8} | {:>13} | {:>12} | {:>14} | {:>16} | {:>10} | {:>10}",
+        "writers",
+        "dtask (tasks)",
+        "dtask (thr)",
+        "raw sync put",
+        "raw sync batch",
+        "vs put",
+        "vs batch"
     );
-    for writers in [1usize, 16, 64, 256] {
-        let ours = dtask_appends(writers, secs);
+    let only: Option<usize> = args
+        .iter()
+        .position(|a| a == "--writers")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|s| s.parse().ok());
+    let cells = only.map_or_else(|| vec![1usize, 16, 64, 256], |w| vec![w]);
+    for writers in cells {
+        let ours = dtask_async_appends(writers, secs);
+        let threads = dtask_appends(writers, secs);
         let puts = raw_puts(writers, secs);
         let batches = raw_batches(writers, secs);
         println!(
-            "{writers:>8} | {ours:>12.0} | {puts:>14.0} | {batches:>16.0} | {:>9.2}x | {:>9.2}x",
+            "{writers:>8} | {ours:>13.0} | {threads:>12.0} | {puts:>14.0} | {batches:>16.0} | {:>9.2}x | {:>9.2}x",
             ours / puts,
             ours / batches
         );

@@ -17,6 +17,7 @@ use crate::options::Durability;
 use crate::record;
 use std::collections::HashMap;
 use std::sync::mpsc::{Receiver, TryRecvError};
+use std::time::{Duration, Instant};
 use std::sync::Arc;
 use tokio::sync::oneshot;
 
@@ -68,6 +69,9 @@ pub(crate) struct Writer {
     heads: HashMap<String, Head>,
 }
 
+/// How long the writer waits for the callers of its previous batch to re-submit.
+const LINGER: Duration = Duration::from_micros(100);
+
 /// Heads kept in memory before the cache is dropped and refilled from the `heads` space.
 const HEAD_CACHE_LIMIT: usize = 1 << 20;
 
@@ -88,16 +92,34 @@ impl Writer {
     }
 
     /// Runs until every sender is gone.
+    ///
+    /// Batch formation: after the first job, everything already queued is taken; then, when
+    /// the batch is still smaller than the previous one (the callers of that batch are still
+    /// re-submitting), the writer lingers up to [`LINGER`] for them. Without this a batch of
+    /// one or two often goes out alone right after a large one, and pays a whole sync.
     pub(crate) fn run(mut self, jobs: &Receiver<AppendJob>) {
         let mut batch = Vec::with_capacity(self.max_batch);
+        let mut previous = 1;
         while let Ok(first) = jobs.recv() {
             batch.push(first);
+            let deadline = Instant::now() + LINGER;
             while batch.len() < self.max_batch {
                 match jobs.try_recv() {
                     Ok(job) => batch.push(job),
-                    Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+                    Err(TryRecvError::Disconnected) => break,
+                    Err(TryRecvError::Empty) => {
+                        let now = Instant::now();
+                        if batch.len() >= previous || now >= deadline {
+                            break;
+                        }
+                        match jobs.recv_timeout(deadline - now) {
+                            Ok(job) => batch.push(job),
+                            Err(_) => break,
+                        }
+                    }
                 }
             }
+            previous = batch.len();
             self.commit(&mut batch);
         }
     }
