@@ -218,7 +218,11 @@ async fn g108_close_with_active_attempts_needs_a_deadline_and_stays_open() {
         Err(RuntimeError::CloseDeadlineRequired)
     ));
     assert!(!env.manager.is_closed());
-    assert!(env.manager.send_control(&id, Control::Stop("done".into())).await);
+    assert!(
+        env.manager
+            .send_control(&id, Control::Stop("done".into()))
+            .await
+    );
     let state = run.await.unwrap().unwrap();
     assert_eq!(state.status, Status::Canceled);
 }
@@ -274,7 +278,11 @@ async fn g110_execute_of_a_task_already_executing_fails_without_touching_the_sto
     let err = env.manager.execute(&id).await.unwrap_err();
     assert!(matches!(err, RuntimeError::AlreadyExecuting(_)));
     assert_eq!(env.manager.get(&id).await.unwrap(), before);
-    assert!(env.manager.send_control(&id, Control::Stop("x".into())).await);
+    assert!(
+        env.manager
+            .send_control(&id, Control::Stop("x".into()))
+            .await
+    );
     run.await.unwrap().unwrap();
 }
 
@@ -450,9 +458,21 @@ async fn g118_a_higher_priority_control_replaces_a_lower_one() {
         async move { m.execute(&id).await }
     });
     until_running(&env.manager, &id).await;
-    assert!(env.manager.send_control(&id, Control::Drain("d".into())).await);
-    assert!(env.manager.send_control(&id, Control::Timeout("t".into())).await);
-    assert!(!env.manager.send_control(&id, Control::Drain("d2".into())).await);
+    assert!(
+        env.manager
+            .send_control(&id, Control::Drain("d".into()))
+            .await
+    );
+    assert!(
+        env.manager
+            .send_control(&id, Control::Timeout("t".into()))
+            .await
+    );
+    assert!(
+        !env.manager
+            .send_control(&id, Control::Drain("d2".into()))
+            .await
+    );
     go_tx.send(true).unwrap();
     run.await.unwrap().unwrap();
     assert_eq!(*seen.lock().unwrap(), Some(Control::Timeout("t".into())));

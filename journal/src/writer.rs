@@ -17,8 +17,8 @@ use crate::options::Durability;
 use crate::record;
 use std::collections::HashMap;
 use std::sync::mpsc::{Receiver, TryRecvError};
-use std::time::{Duration, Instant};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 /// What an event does to the journal's indexes besides being recorded.
