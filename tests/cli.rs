@@ -10,7 +10,9 @@ use dtask_engine::{
     Command as Cmd, CreateRequest, ManualClock, StoreConfig, TaskStore, UpdateRequest,
 };
 use dtask_journal::keys::{self, Space};
-use dtask_journal::{Event, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp};
+use dtask_journal::{
+    record, Digest, Event, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp,
+};
 use predicates::prelude::*;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -560,6 +562,108 @@ fn verify_names_the_damaged_task_and_position() {
         .args(["verify", "--task", "beta"])
         .assert()
         .success();
+}
+
+/// Applies `f` to the raw events column family of the journal in `dir`.
+fn tamper(dir: &Path, f: impl FnOnce(&rocksdb::DB, &rocksdb::ColumnFamily)) {
+    let cfs: Vec<_> = Space::ALL.iter().map(|s| s.name()).collect();
+    let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), dir, cfs).unwrap();
+    let cf = db.cf_handle(Space::Events.name()).unwrap();
+    f(&db, cf);
+}
+
+/// `verify --json` on the damaged journal: exit 1 and the (task, position, kind) of each problem.
+fn problems(dir: &Path) -> Vec<(String, u64, String)> {
+    let out = dtask(dir)
+        .args(["verify", "--json"])
+        .assert()
+        .code(1)
+        .get_output()
+        .stdout
+        .clone();
+    let report = json(&String::from_utf8(out).unwrap());
+    report["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["task"].as_str().unwrap().to_owned(),
+                p["position"].as_u64().unwrap_or(u64::MAX),
+                p["kind"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn verify_names_every_kind_of_damage() {
+    let get = |db: &rocksdb::DB, cf: &rocksdb::ColumnFamily, p: u64| {
+        db.get_cf(cf, keys::event_key("alpha", p)).unwrap().unwrap()
+    };
+    // A truncated record.
+    let dir = built();
+    tamper(dir.path(), |db, cf| {
+        let v = get(db, cf, 2);
+        db.put_cf(cf, keys::event_key("alpha", 2), &v[..v.len() - 5])
+            .unwrap();
+    });
+    assert!(problems(dir.path()).contains(&("alpha".into(), 2, "truncated".into())));
+    // A deleted middle record.
+    let dir = built();
+    tamper(dir.path(), |db, cf| {
+        db.delete_cf(cf, keys::event_key("alpha", 2)).unwrap()
+    });
+    assert!(problems(dir.path()).contains(&("alpha".into(), 2, "missing".into())));
+    // Two swapped records.
+    let dir = built();
+    tamper(dir.path(), |db, cf| {
+        let (a, b) = (get(db, cf, 1), get(db, cf, 3));
+        db.put_cf(cf, keys::event_key("alpha", 1), b).unwrap();
+        db.put_cf(cf, keys::event_key("alpha", 3), a).unwrap();
+    });
+    let found = problems(dir.path());
+    assert!(
+        found.contains(&("alpha".into(), 1, "misplaced".into())),
+        "{found:?}"
+    );
+    assert!(
+        found.contains(&("alpha".into(), 3, "misplaced".into())),
+        "{found:?}"
+    );
+    // A forged record: another event framed at position 2 with a valid CRC but a chain digest
+    // that cannot match the real predecessor.
+    let dir = built();
+    tamper(dir.path(), |db, cf| {
+        let original =
+            record::decode_payload(record::parse(&get(db, cf, 2)).unwrap().payload).unwrap();
+        let forged = match original {
+            Event::UpdateAppended {
+                attempt,
+                event_id,
+                kind,
+                metadata,
+                at,
+                ..
+            } => Event::UpdateAppended {
+                attempt,
+                event_id,
+                kind,
+                data: b"forged".to_vec(),
+                metadata,
+                at,
+            },
+            other => other,
+        };
+        let payload = record::encode_payload(&forged).unwrap();
+        let (bytes, _) = record::frame("alpha", 2, 3, &payload, &Digest([9; 32])).unwrap();
+        db.put_cf(cf, keys::event_key("alpha", 2), bytes).unwrap();
+    });
+    let found = problems(dir.path());
+    assert!(
+        found.contains(&("alpha".into(), 2, "chain".into())),
+        "{found:?}"
+    );
 }
 
 #[test]

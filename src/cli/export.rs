@@ -137,13 +137,16 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
             .map_err(CliError::io(format!("creating {}", path.display())))?;
         let mut w = std::io::BufWriter::new(file);
         let n = write_export(&journal, &args.tasks, bytes, &mut w)?;
-        w.into_inner()
-            .map_err(|e| CliError::Io {
-                context: format!("writing {}", path.display()),
-                source: e.into_error(),
-            })?
-            .sync_all()
-            .map_err(CliError::io(format!("syncing {}", path.display())))?;
+        let file = w.into_inner().map_err(|e| CliError::Io {
+            context: format!("writing {}", path.display()),
+            source: e.into_error(),
+        })?;
+        // Only regular files can be synced (not /dev/null or a pipe).
+        let regular = file.metadata().is_ok_and(|m| m.is_file());
+        if regular {
+            file.sync_all()
+                .map_err(CliError::io(format!("syncing {}", path.display())))?;
+        }
         n
     } else {
         let mut w = std::io::BufWriter::new(std::io::stdout().lock());

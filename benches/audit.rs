@@ -1,0 +1,102 @@
+//! `dtask verify` and `dtask export` on a journal of 1M events (100k tasks of 10 events, half of
+//! them terminal): events per second, wall clock of the real binary.
+//!
+//! Run: `cargo bench --bench audit` (`-- --events 200000` for a smaller journal).
+#![allow(clippy::unwrap_used, clippy::cast_precision_loss, missing_docs)]
+
+use dtask::journal::{
+    Durability, Event, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp,
+};
+use std::process::Command;
+use std::time::Instant;
+
+fn build(dir: &std::path::Path, tasks: usize) {
+    let journal = Journal::open(
+        dir,
+        JournalOptions::default().with_durability(Durability::Buffered),
+    )
+    .unwrap();
+    let at = Timestamp(1_764_000_000_000);
+    for t in 0..tasks {
+        let id = format!("task-{t:07}");
+        let mut events = vec![
+            Event::Created {
+                spec: TaskSpec {
+                    id: id.clone(),
+                    executor_key: "bench".into(),
+                    kind: "background_tool".into(),
+                    payload: br#"{"version":1,"tool_name":"shell","arguments":"{}"}"#.to_vec(),
+                    ..TaskSpec::default()
+                },
+                policy: LeasePolicy::Retry,
+                checkpoint: vec![],
+                context_snapshot: vec![],
+                at,
+            },
+            Event::AttemptStarted {
+                attempt: 1,
+                lease_deadline: Timestamp(u64::MAX / 2),
+                at,
+            },
+            Event::StartCommitted {
+                checkpoint: b"{\"started\":true}".to_vec(),
+                at,
+            },
+        ];
+        let terminal = t % 2 == 0;
+        for u in 0..(7 - usize::from(terminal)) {
+            events.push(Event::UpdateAppended {
+                attempt: 1,
+                event_id: format!("u{u}"),
+                kind: "progress".into(),
+                data: b"step".to_vec(),
+                metadata: vec![],
+                at,
+            });
+        }
+        if terminal {
+            events.push(Event::Completed {
+                data: b"ok".to_vec(),
+                at,
+            });
+        }
+        journal.append(&id, 0, &events).unwrap();
+    }
+}
+
+fn timed(events: usize, what: &str, args: &[&str]) {
+    let start = Instant::now();
+    let status = Command::new(env!("CARGO_BIN_EXE_dtask"))
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    let secs = start.elapsed().as_secs_f64();
+    println!(
+        "{what:>8}: {secs:.2} s, {:.0} events/s (exit {})",
+        events as f64 / secs,
+        status.code().unwrap_or(-1)
+    );
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let events: usize = args
+        .iter()
+        .position(|a| a == "--events")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1_000_000);
+    let tasks = events / 10;
+    let dir = tempfile::tempdir().unwrap();
+    let journal = dir.path().join("journal");
+    build(&journal, tasks);
+    println!("journal of {} events over {tasks} tasks", tasks * 10);
+    let j = journal.to_str().unwrap();
+    timed(tasks * 10, "verify", &["--journal", j, "verify"]);
+    timed(
+        tasks * 10,
+        "export",
+        &["--journal", j, "export", "-o", "/dev/null"],
+    );
+}
