@@ -89,8 +89,12 @@ fn main() {
         .unwrap_or(1_000_000);
     let tasks = events / 10;
     let dir = tempfile::tempdir().unwrap();
-    let journal = dir.path().join("journal");
-    build(&journal, tasks);
+    // DTASK_BENCH_KEEP=<dir> builds the journal there and keeps it (for profiling).
+    let journal = std::env::var_os("DTASK_BENCH_KEEP")
+        .map_or_else(|| dir.path().join("journal"), std::path::PathBuf::from);
+    if !journal.join("CURRENT").exists() {
+        build(&journal, tasks);
+    }
     println!("journal of {} events over {tasks} tasks", tasks * 10);
     let j = journal.to_str().unwrap();
     timed(tasks * 10, "verify", &["--journal", j, "verify"]);

@@ -612,7 +612,7 @@ fn verify_names_every_kind_of_damage() {
     // A deleted middle record.
     let dir = built();
     tamper(dir.path(), |db, cf| {
-        db.delete_cf(cf, keys::event_key("alpha", 2)).unwrap()
+        db.delete_cf(cf, keys::event_key("alpha", 2)).unwrap();
     });
     assert!(problems(dir.path()).contains(&("alpha".into(), 2, "missing".into())));
     // Two swapped records.

@@ -120,6 +120,14 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Whether writes are refused (read-only or secondary).
     fn read_only(&self) -> bool;
+
+    /// Persists in-memory tables so a later open has no log to replay; a no-op by default.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on failure.
+    fn flush(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// How a RocksDB journal is opened.
@@ -295,6 +303,16 @@ impl Backend for RocksBackend {
 
     fn read_only(&self) -> bool {
         self.read_only
+    }
+
+    fn flush(&self) -> Result<()> {
+        if self.read_only {
+            return Ok(());
+        }
+        for space in Space::ALL {
+            self.db.flush_cf(self.cf(space)?)?;
+        }
+        Ok(())
     }
 }
 

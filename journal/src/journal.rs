@@ -62,6 +62,11 @@ impl Drop for Inner {
         if let Ok(mut writer) = self.writer.lock() {
             if let Some(handle) = writer.take() {
                 let _ = handle.join();
+                // Flush on close so the next open (often a read-only inspector) has no
+                // write-ahead log to replay. Best effort: the log is durable either way.
+                if let Err(error) = self.backend.flush() {
+                    tracing::warn!(%error, "flushing the journal at close failed");
+                }
             }
         }
     }
