@@ -453,16 +453,9 @@ fn read_unchained(backend: &dyn Backend, task: &str, position: u64) -> Result<Re
             },
         ));
     }
-    let event = record::decode_payload(frame.payload)
-        .map_err(|kind| Error::corruption(task, position, kind))?;
-    Ok(Record {
-        position,
-        seq: frame.seq,
-        event,
-        digest: frame.digest,
-        crc: frame.crc,
-        size: bytes.len(),
-    })
+    frame
+        .into_record()
+        .map_err(|kind| Error::corruption(task, position, kind))
 }
 
 /// A record with the task it belongs to (from the global commit order or the outbox).
@@ -547,16 +540,7 @@ impl<'a> StreamReader<'a> {
                 return Err(self.err(position, CorruptionKind::Chain));
             }
         }
-        let event =
-            record::decode_payload(frame.payload).map_err(|kind| self.err(position, kind))?;
-        Ok(Record {
-            position,
-            seq: frame.seq,
-            event,
-            digest: frame.digest,
-            crc: frame.crc,
-            size: bytes.len(),
-        })
+        frame.into_record().map_err(|kind| self.err(position, kind))
     }
 
     fn finish(&mut self) -> Option<Result<Record>> {

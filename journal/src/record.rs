@@ -167,6 +167,21 @@ pub struct Frame<'a> {
 }
 
 impl Frame<'_> {
+    /// Decodes the payload into the [`Record`] of this frame.
+    ///
+    /// # Errors
+    /// [`CorruptionKind::Decode`] when the payload is not a v1 event.
+    pub fn into_record(self) -> Result<Record, CorruptionKind> {
+        Ok(Record {
+            position: self.position,
+            seq: self.seq,
+            event: decode_payload(self.payload)?,
+            digest: self.digest,
+            crc: self.crc,
+            size: HEADER_LEN + self.payload.len() + TRAILER_LEN,
+        })
+    }
+
     /// Checks that this record chains from `prev` for `task`.
     #[must_use]
     pub fn chains_from(&self, prev: &Digest, task: &str) -> bool {
@@ -261,15 +276,7 @@ pub fn decode(
     if !frame.chains_from(prev, task) {
         return Err(CorruptionKind::Chain);
     }
-    let event = decode_payload(frame.payload)?;
-    Ok(Record {
-        position,
-        seq: frame.seq,
-        event,
-        digest: frame.digest,
-        crc: frame.crc,
-        size: bytes.len(),
-    })
+    frame.into_record()
 }
 
 #[cfg(test)]
