@@ -4,65 +4,10 @@
 //! Run: `cargo bench --bench audit` (`-- --events 200000` for a smaller journal).
 #![allow(clippy::unwrap_used, clippy::cast_precision_loss, missing_docs)]
 
-use dtask::journal::{
-    Durability, Event, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp,
-};
+mod common;
+
 use std::process::Command;
 use std::time::Instant;
-
-fn build(dir: &std::path::Path, tasks: usize) {
-    let journal = Journal::open(
-        dir,
-        JournalOptions::default().with_durability(Durability::Buffered),
-    )
-    .unwrap();
-    let at = Timestamp(1_764_000_000_000);
-    for t in 0..tasks {
-        let id = format!("task-{t:07}");
-        let mut events = vec![
-            Event::Created {
-                spec: TaskSpec {
-                    id: id.clone(),
-                    executor_key: "bench".into(),
-                    kind: "background_tool".into(),
-                    payload: br#"{"version":1,"tool_name":"shell","arguments":"{}"}"#.to_vec(),
-                    ..TaskSpec::default()
-                },
-                policy: LeasePolicy::Retry,
-                checkpoint: vec![],
-                context_snapshot: vec![],
-                at,
-            },
-            Event::AttemptStarted {
-                attempt: 1,
-                lease_deadline: Timestamp(u64::MAX / 2),
-                at,
-            },
-            Event::StartCommitted {
-                checkpoint: b"{\"started\":true}".to_vec(),
-                at,
-            },
-        ];
-        let terminal = t % 2 == 0;
-        for u in 0..(7 - usize::from(terminal)) {
-            events.push(Event::UpdateAppended {
-                attempt: 1,
-                event_id: format!("u{u}"),
-                kind: "progress".into(),
-                data: b"step".to_vec(),
-                metadata: vec![],
-                at,
-            });
-        }
-        if terminal {
-            events.push(Event::Completed {
-                data: b"ok".to_vec(),
-                at,
-            });
-        }
-        journal.append(&id, 0, &events).unwrap();
-    }
-}
 
 fn timed(events: usize, what: &str, args: &[&str]) {
     let start = Instant::now();
@@ -93,7 +38,7 @@ fn main() {
     let journal = std::env::var_os("DTASK_BENCH_KEEP")
         .map_or_else(|| dir.path().join("journal"), std::path::PathBuf::from);
     if !journal.join("CURRENT").exists() {
-        build(&journal, tasks);
+        common::build_journal(&journal, tasks, 10);
     }
     println!("journal of {} events over {tasks} tasks", tasks * 10);
     let j = journal.to_str().unwrap();

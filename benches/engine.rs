@@ -23,6 +23,8 @@ use dtask::engine::{Command, CreateRequest, StoreConfig, SystemClock, TaskStore,
 use dtask::journal::{
     Durability, Event, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp,
 };
+mod common;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -229,64 +231,7 @@ fn rss_bytes() -> u64 {
 /// Builds `tasks` tasks of `events_per_task` events (half terminal), then times the reopen.
 fn recovery(tasks: usize, events_per_task: usize) {
     let dir = tempfile::tempdir().unwrap();
-    {
-        let journal = Journal::open(
-            dir.path(),
-            JournalOptions::default().with_durability(Durability::Buffered),
-        )
-        .unwrap();
-        let threads: Vec<_> = (0..4)
-            .map(|part| {
-                let journal = journal.clone();
-                std::thread::spawn(move || {
-                    for t in (part..tasks).step_by(4) {
-                        let id = format!("task-{t:07}");
-                        let at = Timestamp(1_764_000_000_000);
-                        let mut events = vec![
-                            Event::Created {
-                                spec: spec(&id),
-                                policy: LeasePolicy::Retry,
-                                checkpoint: vec![],
-                                context_snapshot: vec![],
-                                at,
-                            },
-                            Event::AttemptStarted {
-                                attempt: 1,
-                                lease_deadline: Timestamp(u64::MAX / 2),
-                                at,
-                            },
-                            Event::StartCommitted {
-                                checkpoint: b"{\"started\":true}".to_vec(),
-                                at,
-                            },
-                        ];
-                        let terminal = t % 2 == 0;
-                        let updates = events_per_task - events.len() - usize::from(terminal);
-                        for u in 0..updates {
-                            events.push(Event::UpdateAppended {
-                                attempt: 1,
-                                event_id: format!("u{u}"),
-                                kind: "progress".into(),
-                                data: b"step".to_vec(),
-                                metadata: vec![],
-                                at,
-                            });
-                        }
-                        if terminal {
-                            events.push(Event::Completed {
-                                data: b"ok".to_vec(),
-                                at,
-                            });
-                        }
-                        journal.append(&id, 0, &events).unwrap();
-                    }
-                })
-            })
-            .collect();
-        for t in threads {
-            t.join().unwrap();
-        }
-    }
+    common::build_journal(dir.path(), tasks, events_per_task);
     let live = tasks / 2;
     let live_events = live * events_per_task;
     let rss_before = rss_bytes();

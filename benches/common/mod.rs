@@ -1,0 +1,79 @@
+//! Journals the benches build as input.
+
+use dtask::journal::{
+    Durability, Event, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp,
+};
+use std::path::Path;
+
+/// The stream of one sample task: created, claimed, started marker, updates, and (when
+/// `terminal`) completed — `events` records in all.
+pub fn task_events(id: &str, events: usize, terminal: bool) -> Vec<Event> {
+    let at = Timestamp(1_764_000_000_000);
+    let mut stream = vec![
+        Event::Created {
+            spec: TaskSpec {
+                id: id.into(),
+                executor_key: "bench".into(),
+                kind: "background_tool".into(),
+                payload: br#"{"version":1,"tool_name":"shell","arguments":"{}"}"#.to_vec(),
+                ..TaskSpec::default()
+            },
+            policy: LeasePolicy::Retry,
+            checkpoint: vec![],
+            context_snapshot: vec![],
+            at,
+        },
+        Event::AttemptStarted {
+            attempt: 1,
+            lease_deadline: Timestamp(u64::MAX / 2),
+            at,
+        },
+        Event::StartCommitted {
+            checkpoint: b"{\"started\":true}".to_vec(),
+            at,
+        },
+    ];
+    let updates = events.saturating_sub(stream.len() + usize::from(terminal));
+    for u in 0..updates {
+        stream.push(Event::UpdateAppended {
+            attempt: 1,
+            event_id: format!("u{u}"),
+            kind: "progress".into(),
+            data: b"step".to_vec(),
+            metadata: vec![],
+            at,
+        });
+    }
+    if terminal {
+        stream.push(Event::Completed {
+            data: b"ok".to_vec(),
+            at,
+        });
+    }
+    stream
+}
+
+/// Writes `tasks` sample tasks of `events_per_task` records (every other one terminal) into a
+/// new journal at `dir`, from four threads, and closes it.
+pub fn build_journal(dir: &Path, tasks: usize, events_per_task: usize) {
+    let journal = Journal::open(
+        dir,
+        JournalOptions::default().with_durability(Durability::Buffered),
+    )
+    .expect("open the bench journal");
+    let threads: Vec<_> = (0..4)
+        .map(|part| {
+            let journal = journal.clone();
+            std::thread::spawn(move || {
+                for t in (part..tasks).step_by(4) {
+                    let id = format!("task-{t:07}");
+                    let events = task_events(&id, events_per_task, t % 2 == 0);
+                    journal.append(&id, 0, &events).expect("append");
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("builder thread");
+    }
+}
