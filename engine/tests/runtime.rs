@@ -128,6 +128,15 @@ fn waits_for_control(key: &str, policy: LeasePolicy, drain: bool) -> FnExecutor 
     })
 }
 
+/// Runs one attempt of `id` in the background.
+fn spawn_execute(
+    manager: &Manager,
+    id: &str,
+) -> tokio::task::JoinHandle<Result<TaskState, RuntimeError>> {
+    let (manager, id) = (manager.clone(), id.to_owned());
+    tokio::spawn(async move { manager.execute(&id).await })
+}
+
 async fn until_running(manager: &Manager, id: &str) {
     while !manager.active_tasks().contains(&id.to_string())
         || manager.get(id).await.unwrap().status != Status::Running
@@ -207,11 +216,7 @@ async fn g106_submit_after_close_fails_but_get_and_cancel_work() {
 async fn g108_close_with_active_attempts_needs_a_deadline_and_stays_open() {
     let env = env(vec![waits_for_control("k", LeasePolicy::Retry, true)]);
     let id = submit(&env.manager, "k").await;
-    let m = env.manager.clone();
-    let run = tokio::spawn({
-        let id = id.clone();
-        async move { m.execute(&id).await }
-    });
+    let run = spawn_execute(&env.manager, &id);
     until_running(&env.manager, &id).await;
     assert!(matches!(
         env.manager.close(None, "bye").await,
@@ -268,11 +273,7 @@ async fn g109_close_drains_drainable_and_cancels_the_others_at_the_deadline() {
 async fn g110_execute_of_a_task_already_executing_fails_without_touching_the_store() {
     let env = env(vec![waits_for_control("k", LeasePolicy::Retry, false)]);
     let id = submit(&env.manager, "k").await;
-    let m = env.manager.clone();
-    let run = tokio::spawn({
-        let id = id.clone();
-        async move { m.execute(&id).await }
-    });
+    let run = spawn_execute(&env.manager, &id);
     until_running(&env.manager, &id).await;
     let before = env.manager.get(&id).await.unwrap();
     let err = env.manager.execute(&id).await.unwrap_err();
@@ -355,11 +356,7 @@ async fn g115_once_cancellation_is_accepted_any_result_is_committed_as_canceled(
         },
     )]);
     let id = submit(&env.manager, "k").await;
-    let m = env.manager.clone();
-    let run = tokio::spawn({
-        let id = id.clone();
-        async move { m.execute(&id).await }
-    });
+    let run = spawn_execute(&env.manager, &id);
     until_running(&env.manager, &id).await;
     let pending = env.manager.request_cancel(&id, "user stop").await.unwrap();
     assert_eq!(
@@ -452,11 +449,7 @@ async fn g118_a_higher_priority_control_replaces_a_lower_one() {
         },
     )]);
     let id = submit(&env.manager, "k").await;
-    let m = env.manager.clone();
-    let run = tokio::spawn({
-        let id = id.clone();
-        async move { m.execute(&id).await }
-    });
+    let run = spawn_execute(&env.manager, &id);
     until_running(&env.manager, &id).await;
     assert!(
         env.manager
@@ -573,11 +566,7 @@ async fn a_worker_is_woken_by_a_new_pending_task_without_waiting_a_poll_interval
 async fn fail_policy_cancel_returns_after_the_local_attempt_is_canceled() {
     let env = env(vec![waits_for_control("k", LeasePolicy::Fail, false)]);
     let id = submit(&env.manager, "k").await;
-    let m = env.manager.clone();
-    let run = tokio::spawn({
-        let id = id.clone();
-        async move { m.execute(&id).await }
-    });
+    let run = spawn_execute(&env.manager, &id);
     until_running(&env.manager, &id).await;
     let state = env.manager.request_cancel(&id, "stop it").await.unwrap();
     assert_eq!(state.status, Status::Canceled, "g047");
