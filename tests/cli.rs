@@ -14,7 +14,7 @@ use dtask_journal::{
     record, Digest, Event, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp,
 };
 use predicates::prelude::*;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 /// 2023-11-14T22:13:20.000Z.
@@ -231,9 +231,7 @@ fn stdout(cmd: &mut Command) -> String {
 }
 
 fn golden(name: &str, actual: &str) {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/golden")
-        .join(name);
+    let path = manifest_dir().join("tests/golden").join(name);
     if std::env::var_os("DTASK_BLESS").is_some() {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, actual).unwrap();
@@ -928,4 +926,11 @@ fn large_journal() {
         });
         journal.append(&id, 0, &events).unwrap();
     }
+}
+
+/// The package directory, read when the test runs (not when it was compiled), so a test binary
+/// reused from a build in another checkout still finds this checkout's files.
+fn manifest_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map_or_else(|| std::path::PathBuf::from("."), std::path::PathBuf::from)
 }
