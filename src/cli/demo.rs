@@ -5,7 +5,8 @@
 //! waits), `fetch` (downloads, reports progress). The workload claims tasks, commits started
 //! markers, appends progress updates with event ids, crashes mid-attempt (drops the store and
 //! the journal), reopens and recovers, answers a waiting task, cancels one, and drains the
-//! notification outbox.
+//! notification outbox. Last, the model-facing managed tool runs the real shell tool on the same
+//! journal: one call answered in the foreground, one handed to a background task.
 
 use super::fmt::{self, Table};
 use super::{fold_task, CliError, Global, Out, Result};
@@ -415,7 +416,77 @@ async fn workload(dir: &Path, log: &mut Log) -> Result<()> {
             kinds.join(", ")
         ),
     );
-    Ok(())
+    managed_scene(&store, log).await
+}
+
+/// The model-facing managed tool on the same journal, with the real shell tool: a quick call
+/// answered in the foreground (nothing journaled), and a slow one handed to a background task
+/// when its foreground time runs out — the same process, adopted, not started again.
+async fn managed_scene(store: &TaskStore, log: &mut Log) -> Result<()> {
+    use dtask_engine::managed::tools::ShellTool;
+    use dtask_engine::managed::{
+        CallOptions, CallOutcome, ManagedTool, ManagedToolConfig, ManagedTools, Registration,
+        ToolRegistry,
+    };
+    let fail = |e: &dyn std::fmt::Display| CliError::Demo(e.to_string());
+    let runs = tempfile::tempdir().map_err(CliError::io("creating a temporary directory"))?;
+    let mut registry = ToolRegistry::new();
+    registry
+        .register(Registration::new(
+            dtask_engine::tool::ToolInfo::without_parameters("sh", "Run a shell command"),
+            ShellTool::new(runs.path()),
+        ))
+        .map_err(|e| fail(&e))?;
+    let tools = ManagedTools::new(registry);
+    let mut executors = dtask_engine::Registry::new();
+    tools
+        .register_executors(&mut executors)
+        .map_err(|e| fail(&e))?;
+    let manager = dtask_engine::Manager::new(
+        store.clone(),
+        executors,
+        dtask_engine::ManagerConfig::default(),
+    );
+    let shell = ManagedTool::new(
+        &tools,
+        manager.clone(),
+        "sh",
+        ManagedToolConfig::default()
+            .with_foreground_timeout(Duration::from_millis(300))
+            .with_auto_background(|_| true),
+    )
+    .map_err(|e| fail(&e))?;
+    log.say("", "\n  managed tool `sh` (foreground first, 300 ms, then background):");
+    let opts = CallOptions::default();
+    for (label, command) in [
+        ("quick", "echo hello"),
+        ("slow", "for i in 1 2 3; do echo step $i; sleep 0.2; done"),
+    ] {
+        let args = json!({ "command": command }).to_string();
+        let CallOutcome::Done(result) = shell.call(&args, &opts).await.map_err(|e| fail(&e))?
+        else {
+            return Err(fail(&"the shell tool never asks for input"));
+        };
+        let record = result.text().map_err(|e| fail(&e))?;
+        log.say(label, format!("-> {}", record.trim_end()));
+        if let Some(id) = &result.envelope.task_id {
+            let outcome = manager.wait(id).await.map_err(|e| fail(&e))?;
+            let task = store.get(id).await?;
+            log.say(
+                label,
+                format!(
+                    "the background task adopted the running command: {} at attempt {} with {} \
+                     updates ({outcome:?})",
+                    task.status, task.attempt, task.updates
+                )
+                .replace('\n', "\\n"),
+            );
+        }
+    }
+    manager
+        .close(Some(tokio::time::Instant::now() + Duration::from_secs(5)), "demo over")
+        .await
+        .map_err(|e| fail(&e))
 }
 
 /// Runs `dtask demo`.

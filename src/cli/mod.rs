@@ -89,6 +89,9 @@ pub enum CliError {
     /// The task store failed (demo; exit 2).
     #[error(transparent)]
     Store(#[from] dtask_engine::StoreError),
+    /// The demo's managed-tool scene failed (exit 2).
+    #[error("demo: {0}")]
+    Demo(String),
     /// JSON could not be written or read (exit 2).
     #[error("JSON: {0}")]
     Json(#[from] serde_json::Error),

@@ -99,6 +99,18 @@ pub enum ToolError {
         /// What is wrong.
         message: String,
     },
+    /// The tool needs an answer before it can go on (a stateful interrupt):
+    /// nothing was lost. Answer it through the tool's own resume API with
+    /// `state` (for managed tools, `ManagedTool::resume`).
+    #[error("tool `{tool}` is waiting for input: {info}")]
+    Interrupted {
+        /// The tool that asks.
+        tool: String,
+        /// What it asks (JSON).
+        info: serde_json::Value,
+        /// The opaque interrupt state (JSON text) to resume with.
+        state: String,
+    },
     /// The chat model failed to produce a reply.
     #[error("chat model failed: {source}")]
     Model {
@@ -157,6 +169,7 @@ impl ToolError {
             | Self::Timeout { tool, .. }
             | Self::Output { tool, .. }
             | Self::Failed { tool, .. }
+            | Self::Interrupted { tool, .. }
             | Self::Config { tool, .. } => Some(tool),
             Self::UnknownTool { name } | Self::DuplicateTool { name } => Some(name),
             Self::Model { .. } | Self::StepLimit { .. } => None,

@@ -5,6 +5,7 @@ use super::codec::{
     InputRequest, ManagedCheckpoint, ToolPayload, PLAIN_EXECUTOR_KEY, RECOVERABLE_EXECUTOR_KEY,
     TASK_KIND,
 };
+use super::live::LiveTable;
 use super::registry::{Registration, ToolRegistry};
 use super::tool::{
     RecoverRequest, ResumeRequest, Run, StartRequest, ToolOutcome, ToolRunError, Update,
@@ -29,15 +30,25 @@ pub const UPDATE_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct ManagedExecutor {
     registry: Arc<ToolRegistry>,
     recoverable: bool,
+    live: Arc<LiveTable>,
 }
 
 impl ManagedExecutor {
     /// The executor of plain tools (`dtask.dev/background-tool`: lease policy fail, no drain).
     #[must_use]
     pub fn plain(registry: Arc<ToolRegistry>) -> Self {
+        Self::new(registry, false, Arc::default())
+    }
+
+    pub(crate) fn new(
+        registry: Arc<ToolRegistry>,
+        recoverable: bool,
+        live: Arc<LiveTable>,
+    ) -> Self {
         Self {
             registry,
-            recoverable: false,
+            recoverable,
+            live,
         }
     }
 
@@ -45,10 +56,7 @@ impl ManagedExecutor {
     /// policy retry, drain by yield).
     #[must_use]
     pub fn recoverable(registry: Arc<ToolRegistry>) -> Self {
-        Self {
-            registry,
-            recoverable: true,
-        }
+        Self::new(registry, true, Arc::default())
     }
 
     fn registration(&self, spec: &TaskSpec) -> Result<(ToolPayload, Arc<Registration>), String> {
@@ -106,10 +114,12 @@ impl Executor for ManagedExecutor {
         let (payload, registration) = self.registration(&task.spec).map_err(fail)?;
         let checkpoint =
             ManagedCheckpoint::decode(&task.checkpoint).map_err(|e| fail(e.to_string()))?;
-        let (run, tool_checkpoint) = match self
+        let obtained = self
             .obtain_run(&attempt, &task, &payload, &registration, &checkpoint)
-            .await?
-        {
+            .await;
+        // The start window of an explicit-background caller closes at the start boundary.
+        self.live.signal_started(&task.spec.id);
+        let (run, tool_checkpoint) = match obtained? {
             Obtained::Run(run, tool_checkpoint) => (run, tool_checkpoint),
             Obtained::StillWaiting => {
                 return Ok(ExecutionResult::WaitingInput(task.checkpoint.clone()))
@@ -121,7 +131,8 @@ impl Executor for ManagedExecutor {
                 .map_err(|e| fail(format!("stop recovered canceled operation: {e}")))?;
             return Ok(ExecutionResult::Canceled(reason));
         }
-        let mut sink = UpdateSink::new(&attempt, &task, &registration, self.recoverable);
+        let mut sink =
+            UpdateSink::new(&attempt, &task, &registration, self.recoverable, &self.live);
         let outcome = observe(&attempt, &run, &mut sink, self.recoverable).await?;
         match outcome {
             Observed::Outcome(outcome) => map_outcome(outcome, &registration, tool_checkpoint),
@@ -138,8 +149,9 @@ enum Obtained {
 }
 
 impl ManagedExecutor {
-    /// The attempt decision: resume (input request present) → recover (started marker) →
-    /// start (with the started marker committed before the first wait).
+    /// The attempt decision: the run adopted from the foreground (first attempt, in this
+    /// process) → resume (input request present) → recover (started marker) → start (with the
+    /// started marker committed before the first wait).
     async fn obtain_run(
         &self,
         attempt: &AttemptContext,
@@ -149,6 +161,12 @@ impl ManagedExecutor {
         checkpoint: &ManagedCheckpoint,
     ) -> Result<Obtained, ExecutionError> {
         let tool = &registration.tool;
+        if checkpoint.request.is_none() && attempt.attempt() == 1 {
+            if let Some(run) = self.live.take_adopted(&task.spec.id) {
+                // Its started marker was persisted as the initial checkpoint.
+                return Ok(Obtained::Run(run, checkpoint.tool_checkpoint.clone()));
+            }
+        }
         if let Some(request) = &checkpoint.request {
             let resumable = tool
                 .as_resumable()
@@ -189,7 +207,9 @@ impl ManagedExecutor {
             })
             .await
             .map_err(|e| fail(format!("start: {e}")))?;
-        if self.recoverable {
+        // With cancel intent from before the claim the store refuses the marker; the run (which
+        // an earlier attempt may have started) is stopped right after, so none is needed.
+        if self.recoverable && attempt.cancellation().is_none() {
             let marker = ManagedCheckpoint::started(started.checkpoint.clone());
             let committed = match marker.encode() {
                 Ok(bytes) => attempt.commit_start(bytes).await.map_err(|e| e.to_string()),
@@ -291,6 +311,7 @@ async fn next_update(
 /// Persists updates of one attempt and feeds the materializer.
 struct UpdateSink<'a> {
     attempt: &'a AttemptContext,
+    live: &'a LiveTable,
     registration: &'a Registration,
     recoverable: bool,
     output_file: String,
@@ -303,12 +324,14 @@ impl<'a> UpdateSink<'a> {
         task: &TaskState,
         registration: &'a Registration,
         recoverable: bool,
+        live: &'a LiveTable,
     ) -> Self {
         let materialize = registration.materializer.is_some()
             && !task.spec.output_file.is_empty()
             && task.output_file_error.is_empty();
         Self {
             attempt,
+            live,
             registration,
             recoverable,
             output_file: task.spec.output_file.clone(),
@@ -323,16 +346,24 @@ impl<'a> UpdateSink<'a> {
             return Err(fail("recoverable update event id is required"));
         }
         let caller_id = !update.event_id.is_empty();
-        let (record, _first) = self
+        let (record, first) = self
             .attempt
             .emit_progress(Progress {
-                event_id: update.event_id,
-                kind: update.kind,
-                data: update.data,
-                metadata: update.metadata.into_iter().collect(),
+                event_id: update.event_id.clone(),
+                kind: update.kind.clone(),
+                data: update.data.clone(),
+                metadata: update.metadata.clone().into_iter().collect(),
             })
             .await
             .map_err(|e: StoreError| fail(format!("persist update: {e}")))?;
+        if first {
+            // A live caller sees first emissions only, with the persisted (maybe generated) id.
+            let shown = Update {
+                event_id: record.event_id.clone(),
+                ..update
+            };
+            self.live.offer(&record.task_id, &shown);
+        }
         if self.materialize && caller_id {
             if let Some(materializer) = &self.registration.materializer {
                 let appended = materializer

@@ -1,5 +1,6 @@
-//! The managed-tool layer (background part): tools whose calls run as durable background
-//! tasks. A tool implements [`BackgroundTool`] (and, to survive engine crashes,
+//! The managed-tool layer: tools whose calls run as durable background tasks, and
+//! [`ManagedTool`], the model-facing wrapper that runs a call in the foreground first and hands
+//! it to the background when its time runs out. A tool implements [`BackgroundTool`] (and, to survive engine crashes,
 //! [`RecoverableTool`]; to wait for input, [`ResumableTool`]); [`ManagedTools`] registers the
 //! two executors that run them and submits calls.
 //!
@@ -12,10 +13,14 @@
 //! task) and fed to the output materializer in emission order.
 
 mod codec;
+pub mod conformance;
 mod envelope;
 mod executor;
+mod foreground;
+mod live;
 mod progress;
 mod registry;
+mod result;
 mod submit;
 mod tool;
 pub mod tools;
@@ -27,14 +32,22 @@ pub use codec::{
 };
 pub use envelope::{EnvelopeError, EnvelopeType, EnvelopeUpdate, ResponseEvent};
 pub use executor::{ManagedExecutor, UPDATE_DRAIN_TIMEOUT};
+pub use foreground::{
+    AutoBackgroundFn, BackgroundFn, CallOptions, CallOutcome, CandidateInfo, Interrupt,
+    InterruptStage, InterruptState, ManagedStream, ManagedTool, ManagedToolConfig, TimeoutFn,
+    DEFAULT_FOREGROUND_TIMEOUT,
+};
+pub use live::PROJECTION_BUFFER;
 pub use progress::{
     ProgressReader, DEFAULT_PROGRESS_EVENTS, MAX_PROGRESS_BYTES, MAX_PROGRESS_EVENT_BYTES,
 };
 pub use registry::{DescribeFn, Registration, ToolRegistry};
+pub use result::{RenderFn, ResultPart, ToolResult};
 pub use submit::{read_input_request, ManagedError, ManagedTools, ToolCall};
 pub use tool::{
-    BackgroundTool, OutputMaterializer, RecoverRequest, RecoverableTool, ResumableTool,
-    ResumeRequest, Run, StartRequest, StartResult, ToolOutcome, ToolRunError, Update, UpdateStream,
-    MAX_UPDATE_DATA_BYTES, MAX_UPDATE_KIND_BYTES, MAX_UPDATE_METADATA_BYTES,
+    AdoptRequest, AdoptResult, BackgroundTool, ForegroundHandoffTool, InputPreparer,
+    OutputMaterializer, PrepareRequest, Prepared, PreparerResume, RecoverRequest, RecoverableTool,
+    ResumableTool, ResumeRequest, Run, StartRequest, StartResult, ToolOutcome, ToolRunError,
+    Update, UpdateStream, MAX_UPDATE_DATA_BYTES, MAX_UPDATE_KIND_BYTES, MAX_UPDATE_METADATA_BYTES,
     MAX_UPDATE_METADATA_ENTRIES,
 };

@@ -1,6 +1,7 @@
 //! The managed-tool registry: registrations by name, in two maps (plain and recoverable).
 
 use super::codec::{PLAIN_EXECUTOR_KEY, RECOVERABLE_EXECUTOR_KEY};
+use super::result::RenderFn;
 use super::tool::{BackgroundTool, OutputMaterializer};
 use crate::tool::ToolInfo;
 use std::collections::HashMap;
@@ -20,6 +21,8 @@ pub struct Registration {
     pub describe: Option<DescribeFn>,
     /// Where transcripts go, if anywhere.
     pub materializer: Option<Arc<dyn OutputMaterializer>>,
+    /// Renders completed results as rich parts (the envelope then omits `output`).
+    pub render: Option<RenderFn>,
 }
 
 impl std::fmt::Debug for Registration {
@@ -39,7 +42,15 @@ impl Registration {
             tool: Arc::new(tool),
             describe: None,
             materializer: None,
+            render: None,
         }
+    }
+
+    /// Sets the result renderer.
+    #[must_use]
+    pub fn with_renderer(mut self, render: RenderFn) -> Self {
+        self.render = Some(render);
+        self
     }
 
     /// Sets the description function.

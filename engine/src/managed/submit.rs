@@ -5,7 +5,8 @@ use super::codec::{
     RECOVERABLE_EXECUTOR_KEY, TASK_KIND,
 };
 use super::executor::ManagedExecutor;
-use super::registry::ToolRegistry;
+use super::live::LiveTable;
+use super::registry::{Registration, ToolRegistry};
 use crate::runtime::{Manager, Registry, RuntimeError, SubmitRequest};
 use dtask_journal::TaskSpec;
 use dtask_replay::{Status, TaskState};
@@ -30,6 +31,42 @@ pub enum ManagedError {
     /// A stored payload or checkpoint does not decode.
     #[error(transparent)]
     Codec(#[from] CodecError),
+    /// A managed tool was configured wrongly.
+    #[error("invalid managed tool configuration: {0}")]
+    Config(String),
+    /// The input preparer refused the call (its message, as is); nothing was created.
+    #[error("{0}")]
+    Prepare(String),
+    /// The tool's start (or foreground resume) failed; nothing was persisted.
+    #[error("{0}")]
+    Tool(String),
+    /// The foreground attempt ran out of time and was not handed to the background; the run
+    /// was stopped and the task id was never persisted.
+    #[error("foreground task {task_id:?} timed out after {timeout:?}")]
+    ForegroundTimeout {
+        /// The effective foreground timeout.
+        timeout: std::time::Duration,
+        /// The id the call was given.
+        task_id: String,
+    },
+    /// The tool reported an outcome the rules forbid (or an invalid update in a stream).
+    #[error("invalid outcome: {0}")]
+    InvalidOutcome(String),
+    /// The result renderer failed or returned nothing.
+    #[error("{0}")]
+    Render(String),
+    /// A resume was given an interrupt state this tool did not produce.
+    #[error("invalid foreground interrupt state: {0}")]
+    InvalidInterruptState(String),
+    /// The call needs an answer: resume it with the interrupt's state (streams end with this).
+    #[error("the call is waiting for input")]
+    Interrupted(Box<super::foreground::Interrupt>),
+    /// The caller went away (a stream's consumer closed it); the run was stopped.
+    #[error("the caller abandoned the call")]
+    Abandoned,
+    /// A record broke the envelope's rules.
+    #[error(transparent)]
+    Envelope(#[from] super::envelope::EnvelopeError),
     /// The runtime refused or failed.
     #[error(transparent)]
     Runtime(#[from] RuntimeError),
@@ -56,6 +93,7 @@ pub struct ToolCall {
 #[derive(Debug, Clone)]
 pub struct ManagedTools {
     registry: Arc<ToolRegistry>,
+    live: Arc<LiveTable>,
 }
 
 impl ManagedTools {
@@ -64,6 +102,7 @@ impl ManagedTools {
     pub fn new(registry: ToolRegistry) -> Self {
         Self {
             registry: Arc::new(registry),
+            live: Arc::default(),
         }
     }
 
@@ -78,8 +117,23 @@ impl ManagedTools {
     /// # Errors
     /// The executor key already registered there.
     pub fn register_executors(&self, runtime: &mut Registry) -> Result<(), String> {
-        runtime.register(ManagedExecutor::plain(Arc::clone(&self.registry)))?;
-        runtime.register(ManagedExecutor::recoverable(Arc::clone(&self.registry)))
+        runtime.register(self.executor(false))?;
+        runtime.register(self.executor(true))
+    }
+
+    /// The plain (`false`) or recoverable (`true`) executor of these tools; it shares this
+    /// value's process-local table of adopted runs and live projections.
+    #[must_use]
+    pub fn executor(&self, recoverable: bool) -> ManagedExecutor {
+        ManagedExecutor::new(
+            Arc::clone(&self.registry),
+            recoverable,
+            Arc::clone(&self.live),
+        )
+    }
+
+    pub(crate) fn live(&self) -> &Arc<LiveTable> {
+        &self.live
     }
 
     /// Submits a tool call as a background task (pending, version 1). Arguments are checked
@@ -97,53 +151,10 @@ impl ManagedTools {
             .registry
             .resolve_any(&call.tool_name)
             .ok_or_else(|| ManagedError::UnknownTool(call.tool_name.clone()))?;
-        if call.arguments.is_empty() {
-            return Err(ManagedError::InvalidArguments(
-                "arguments are required".into(),
-            ));
-        }
-        if call.arguments.len() > MAX_ARGUMENTS_BYTES {
-            return Err(ManagedError::InvalidArguments(
-                "arguments exceed configured bounds".into(),
-            ));
-        }
-        registration
-            .tool
-            .validate_arguments(&call.arguments)
-            .map_err(|e| ManagedError::InvalidArguments(format!("validate arguments: {e}")))?;
+        check_arguments(&registration, &call.arguments)?;
         let id = manager.allocate_task_id(TASK_KIND)?;
-        let output_file = match &registration.materializer {
-            Some(m) => {
-                let path = m
-                    .reserve_output(&id)
-                    .await
-                    .map_err(ManagedError::ReserveOutput)?;
-                if path.is_empty() {
-                    return Err(ManagedError::ReserveOutput(
-                        "output materializer returned an empty path".into(),
-                    ));
-                }
-                path
-            }
-            None => String::new(),
-        };
-        let payload = ToolPayload::new(
-            &call.tool_name,
-            call.tool_call_id.as_deref(),
-            &call.arguments,
-        );
-        let spec = TaskSpec {
-            id,
-            executor_key: registration.executor_key().to_owned(),
-            kind: TASK_KIND.to_owned(),
-            payload: payload.encode(),
-            description: call
-                .description
-                .unwrap_or_else(|| registration.description(&call.arguments)),
-            output_file,
-            notify_session: call.notify_session && !call.session_id.is_empty(),
-            session_id: call.session_id,
-        };
+        let output_file = reserve_output(&registration, &id).await?;
+        let spec = build_spec(&registration, id, &call, output_file);
         Ok(manager
             .submit(SubmitRequest {
                 spec,
@@ -151,6 +162,74 @@ impl ManagedTools {
             })
             .await?)
     }
+}
+
+/// Reserves the output path of a task when the tool has a materializer.
+pub(crate) async fn reserve_output(
+    registration: &Registration,
+    task_id: &str,
+) -> Result<String, ManagedError> {
+    let Some(materializer) = &registration.materializer else {
+        return Ok(String::new());
+    };
+    let path = materializer
+        .reserve_output(task_id)
+        .await
+        .map_err(ManagedError::ReserveOutput)?;
+    if path.is_empty() {
+        return Err(ManagedError::ReserveOutput(
+            "output materializer returned an empty path".into(),
+        ));
+    }
+    Ok(path)
+}
+
+/// The spec of a managed-tool call.
+pub(crate) fn build_spec(
+    registration: &Registration,
+    id: String,
+    call: &ToolCall,
+    output_file: String,
+) -> TaskSpec {
+    let payload = ToolPayload::new(
+        &call.tool_name,
+        call.tool_call_id.as_deref(),
+        &call.arguments,
+    );
+    TaskSpec {
+        id,
+        executor_key: registration.executor_key().to_owned(),
+        kind: TASK_KIND.to_owned(),
+        payload: payload.encode(),
+        description: call
+            .description
+            .clone()
+            .unwrap_or_else(|| registration.description(&call.arguments)),
+        output_file,
+        notify_session: call.notify_session && !call.session_id.is_empty(),
+        session_id: call.session_id.clone(),
+    }
+}
+
+/// Checks a call's arguments: non-empty, within bounds, accepted by the tool.
+pub(crate) fn check_arguments(
+    registration: &Registration,
+    arguments: &str,
+) -> Result<(), ManagedError> {
+    if arguments.is_empty() {
+        return Err(ManagedError::InvalidArguments(
+            "arguments are required".into(),
+        ));
+    }
+    if arguments.len() > MAX_ARGUMENTS_BYTES {
+        return Err(ManagedError::InvalidArguments(
+            "arguments exceed configured bounds".into(),
+        ));
+    }
+    registration
+        .tool
+        .validate_arguments(arguments)
+        .map_err(|e| ManagedError::InvalidArguments(format!("validate arguments: {e}")))
 }
 
 /// What a waiting managed-tool task asks for (an owned copy).

@@ -205,6 +205,112 @@ pub trait BackgroundTool: Send + Sync + 'static {
     fn as_resumable(&self) -> Option<&dyn ResumableTool> {
         None
     }
+
+    /// This tool as one whose live foreground run can be handed to the background, if it is.
+    fn as_handoff(&self) -> Option<&dyn ForegroundHandoffTool> {
+        None
+    }
+
+    /// This tool's input preparer, if it has one.
+    fn as_input_preparer(&self) -> Option<&dyn InputPreparer> {
+        None
+    }
+}
+
+/// What `adopt` is given: the live foreground (attempt 0) run of a call whose foreground time
+/// ran out, to be owned by the background task from now on.
+pub struct AdoptRequest {
+    /// The task id the call was given (the background task keeps it).
+    pub task_id: String,
+    /// The JSON arguments.
+    pub arguments: String,
+    /// The live run returned by the foreground `start`.
+    pub run: Arc<dyn Run>,
+    /// The tool checkpoint `start` returned (an independent copy).
+    pub tool_checkpoint: Vec<u8>,
+}
+
+impl std::fmt::Debug for AdoptRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdoptRequest")
+            .field("task_id", &self.task_id)
+            .field("checkpoint_bytes", &self.tool_checkpoint.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What `adopt` returns: the run the first background attempt observes (it should offer a
+/// usable update stream) and the checkpoint persisted with the started marker.
+pub struct AdoptResult {
+    /// The background-owned run.
+    pub run: Arc<dyn Run>,
+    /// The tool checkpoint of the started marker.
+    pub tool_checkpoint: Vec<u8>,
+}
+
+impl std::fmt::Debug for AdoptResult {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdoptResult")
+            .field("checkpoint_bytes", &self.tool_checkpoint.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A tool whose live foreground run can be adopted by a background task without repeating
+/// its side effects (the hand-off after a foreground timeout).
+#[async_trait]
+pub trait ForegroundHandoffTool: Send + Sync {
+    /// Takes ownership of the live attempt-0 run.
+    ///
+    /// # Errors
+    /// Why the run cannot be adopted; the call then times out instead.
+    async fn adopt(&self, request: AdoptRequest) -> Result<AdoptResult, ToolRunError>;
+}
+
+/// What an input preparer is asked: the model's arguments and, when the caller answers an
+/// earlier [`Prepared::Interrupt`], that interrupt's state and the answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrepareRequest {
+    /// The model's JSON arguments (unchanged across re-entries).
+    pub arguments: String,
+    /// The answer to this preparer's earlier interrupt, if any.
+    pub resume: Option<PreparerResume>,
+}
+
+/// An answer to an input preparer's interrupt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreparerResume {
+    /// The state the preparer returned with its interrupt.
+    pub state: Vec<u8>,
+    /// The caller's answer (JSON bytes).
+    pub answer: Vec<u8>,
+}
+
+/// What an input preparer decided.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Prepared {
+    /// The final JSON arguments (validated, persisted and given to the tool).
+    Arguments(String),
+    /// The preparer needs an answer first: the call ends with an interrupt carrying `info`;
+    /// nothing is created and nothing starts.
+    Interrupt {
+        /// What is asked (shown to whoever answers).
+        info: serde_json::Value,
+        /// The preparer's own state, given back with the answer.
+        state: Vec<u8>,
+    },
+}
+
+/// Completes or rewrites a call's arguments before anything durable happens: called in the
+/// caller's call, before a task id is allocated or output reserved. May be re-entered; must
+/// be idempotent and must not start the operation. The direct submit API never calls it.
+#[async_trait]
+pub trait InputPreparer: Send + Sync {
+    /// Prepares the arguments.
+    ///
+    /// # Errors
+    /// Why the call cannot go on; returned to the caller as is, and nothing is created.
+    async fn prepare_input(&self, request: PrepareRequest) -> Result<Prepared, String>;
 }
 
 /// A tool whose runs can be reattached after the engine dies.

@@ -4,9 +4,11 @@
 //! lines become updates whose event ids are their line numbers, so a recovered run replays
 //! them and the journal drops the duplicates.
 
+use crate::managed::conformance::OperationSnapshot;
 use crate::managed::tool::{
-    BackgroundTool, RecoverRequest, RecoverableTool, Run, StartRequest, StartResult, ToolOutcome,
-    ToolRunError, Update, UpdateStream,
+    AdoptRequest, AdoptResult, BackgroundTool, ForegroundHandoffTool, RecoverRequest,
+    RecoverableTool, Run, StartRequest, StartResult, ToolOutcome, ToolRunError, Update,
+    UpdateStream,
 };
 use async_trait::async_trait;
 use serde::Deserialize;
@@ -35,8 +37,37 @@ impl ShellTool {
         Self { root: root.into() }
     }
 
-    fn dir(&self, task_id: &str) -> PathBuf {
+    /// The directory of a task's run (its `pid`, `out` and `status` files).
+    #[must_use]
+    pub fn dir(&self, task_id: &str) -> PathBuf {
         self.root.join(sanitize(task_id))
+    }
+
+    /// What the backend holds for a task: the process id as the operation id, and the output
+    /// lines so far as updates (for the recovery conformance kit).
+    ///
+    /// # Errors
+    /// When the task has no run.
+    pub fn snapshot(&self, task_id: &str) -> Result<OperationSnapshot, String> {
+        let dir = self.dir(task_id);
+        let pid = std::fs::read_to_string(dir.join("pid")).map_err(|e| e.to_string())?;
+        let out = std::fs::read(dir.join("out")).unwrap_or_default();
+        let mut updates = Vec::new();
+        let mut offset = 0;
+        while let Some(end) = out
+            .get(offset..)
+            .and_then(|r| r.iter().position(|b| *b == b'\n'))
+        {
+            updates.push(line_update(
+                updates.len() as u64,
+                out.get(offset..offset + end).unwrap_or_default(),
+            ));
+            offset += end + 1;
+        }
+        Ok(OperationSnapshot {
+            operation_id: pid.trim().to_owned(),
+            updates,
+        })
     }
 
     fn parse(arguments: &str) -> Result<Arguments, String> {
@@ -59,6 +90,16 @@ fn sanitize(task_id: &str) -> String {
             }
         })
         .collect()
+}
+
+/// Output line `n` (from 0) as an update: event id `line:<n>`, kind `stdout`.
+fn line_update(n: u64, text: &[u8]) -> Update {
+    Update {
+        event_id: format!("line:{n}"),
+        kind: "stdout".into(),
+        data: text.to_vec(),
+        metadata: std::collections::BTreeMap::new(),
+    }
 }
 
 fn failed(e: impl std::fmt::Display) -> ToolRunError {
@@ -109,6 +150,25 @@ impl BackgroundTool for ShellTool {
 
     fn as_recoverable(&self) -> Option<&dyn RecoverableTool> {
         Some(self)
+    }
+
+    fn as_handoff(&self) -> Option<&dyn ForegroundHandoffTool> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl ForegroundHandoffTool for ShellTool {
+    /// The background task observes the same detached process, through a fresh run whose
+    /// update stream starts from the first line (duplicates are dropped by event id).
+    async fn adopt(&self, request: AdoptRequest) -> Result<AdoptResult, ToolRunError> {
+        Self::parse(&request.arguments).map_err(ToolRunError::Failed)?;
+        Ok(AdoptResult {
+            run: Arc::new(ShellRun {
+                dir: self.dir(&request.task_id),
+            }),
+            tool_checkpoint: request.tool_checkpoint,
+        })
     }
 }
 
@@ -180,13 +240,7 @@ impl Run for ShellRun {
                     let bytes = std::fs::read(dir.join("out")).unwrap_or_default();
                     let rest = bytes.get(offset..).unwrap_or_default();
                     if let Some(end) = rest.iter().position(|b| *b == b'\n') {
-                        let text = rest.get(..end).unwrap_or_default().to_vec();
-                        let update = Update {
-                            event_id: format!("line:{line}"),
-                            kind: "stdout".into(),
-                            data: text,
-                            metadata: std::collections::BTreeMap::new(),
-                        };
+                        let update = line_update(line, rest.get(..end).unwrap_or_default());
                         return Some((Ok(update), (dir, offset + end + 1, line + 1, false)));
                     }
                     if finished {
@@ -194,12 +248,7 @@ impl Run for ShellRun {
                             return None;
                         }
                         // A last line without a newline.
-                        let update = Update {
-                            event_id: format!("line:{line}"),
-                            kind: "stdout".into(),
-                            data: rest.to_vec(),
-                            metadata: std::collections::BTreeMap::new(),
-                        };
+                        let update = line_update(line, rest);
                         return Some((Ok(update), (dir, bytes.len(), line + 1, true)));
                     }
                     tokio::time::sleep(POLL).await;

@@ -1,0 +1,263 @@
+//! The recovery conformance kit: checks that a recoverable tool survives the engine dying at
+//! any point, against the tool's real backend.
+//!
+//! Three independent tool instances play three engine processes: **A** starts the operation
+//! (attempt 1); **B** starts it again for the same task, as a worker that died after the
+//! external start but before the started marker was durable would — the start must be
+//! idempotent: same logical operation, same checkpoint; **C** recovers it (attempt 2) from
+//! A's checkpoint — the recovered history must keep every update A's operation had, with the
+//! same event ids and bytes, in the same order. Finally the recovered run is stopped.
+//!
+//! ```no_run
+//! use async_trait::async_trait;
+//! use dtask_engine::managed::conformance::{
+//!     check_recovery_conformance, ConformanceBackend, ConformanceCase, OperationSnapshot,
+//! };
+//! use dtask_engine::managed::tools::ShellTool;
+//! use dtask_engine::managed::BackgroundTool;
+//! use std::sync::Arc;
+//!
+//! struct Shell(std::path::PathBuf);
+//!
+//! #[async_trait]
+//! impl ConformanceBackend for Shell {
+//!     fn new_tool(&self) -> Option<Arc<dyn BackgroundTool>> {
+//!         Some(Arc::new(ShellTool::new(&self.0)))
+//!     }
+//!     async fn snapshot(&self, task_id: &str) -> Result<OperationSnapshot, String> {
+//!         ShellTool::new(&self.0).snapshot(task_id)
+//!     }
+//! }
+//!
+//! # async fn demo() {
+//! let case = ConformanceCase::new("task-1", r#"{"command":"echo one; echo two"}"#);
+//! check_recovery_conformance(&Shell("runs".into()), &case).await.unwrap();
+//! # }
+//! ```
+
+use super::tool::{BackgroundTool, RecoverRequest, StartRequest, StartResult, Update};
+use async_trait::async_trait;
+use std::sync::Arc;
+
+/// What the tool's backend holds for one task: the logical operation and its update history.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct OperationSnapshot {
+    /// The identity of the external operation (a job id, a process id, …); non-empty.
+    pub operation_id: String,
+    /// The updates the operation has emitted so far, oldest first.
+    pub updates: Vec<Update>,
+}
+
+/// The tool under test and a view of its backend.
+#[async_trait]
+pub trait ConformanceBackend: Send + Sync {
+    /// A fresh, independent tool instance (as a new engine process would build it); `None`
+    /// fails the check.
+    fn new_tool(&self) -> Option<Arc<dyn BackgroundTool>>;
+
+    /// What the backend holds for `task_id` now.
+    ///
+    /// # Errors
+    /// Why the backend cannot be read.
+    async fn snapshot(&self, task_id: &str) -> Result<OperationSnapshot, String>;
+}
+
+/// One conformance case: the task id and the arguments of the operation to start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConformanceCase {
+    /// The task id (the start's idempotency key).
+    pub task_id: String,
+    /// The JSON arguments.
+    pub arguments: String,
+}
+
+impl ConformanceCase {
+    /// A case.
+    pub fn new(task_id: impl Into<String>, arguments: impl Into<String>) -> Self {
+        Self {
+            task_id: task_id.into(),
+            arguments: arguments.into(),
+        }
+    }
+}
+
+/// Why a tool is not recovery-conformant (or the check could not run).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConformanceError {
+    /// The case is incomplete.
+    #[error("complete recovery conformance config is required")]
+    Config,
+    /// The backend gave no tool instance.
+    #[error("recovery factory returned nil")]
+    NilTool,
+    /// The tool refused the case's arguments.
+    #[error("validate conformance arguments: {0}")]
+    ValidateArguments(String),
+    /// The tool is not recoverable.
+    #[error("the tool is not recoverable")]
+    NotRecoverable,
+    /// The first start failed.
+    #[error("first start: {0}")]
+    FirstStart(String),
+    /// The backend could not be read.
+    #[error("snapshot after {stage}: {message}")]
+    Snapshot {
+        /// After which step.
+        stage: &'static str,
+        /// The backend's error.
+        message: String,
+    },
+    /// A snapshot had no operation id.
+    #[error("snapshot after {0} has an empty operation id")]
+    EmptyOperationId(&'static str),
+    /// The duplicate start failed.
+    #[error("duplicate start: {0}")]
+    DuplicateStart(String),
+    /// The duplicate start returned other checkpoint bytes.
+    #[error("duplicate start changed checkpoint")]
+    DuplicateStartChangedCheckpoint,
+    /// The duplicate start (or the recovery) created another logical operation.
+    #[error("logical operation changed: {before:?} became {after:?}")]
+    LogicalOperationChanged {
+        /// The operation after the first start.
+        before: String,
+        /// The operation afterwards.
+        after: String,
+    },
+    /// Recovery failed.
+    #[error("recover: {0}")]
+    Recover(String),
+    /// The history after recovery is shorter than before.
+    #[error("recovered operation lost records: {before} before, {after} after")]
+    LostRecords {
+        /// Updates before.
+        before: usize,
+        /// Updates after.
+        after: usize,
+    },
+    /// An update of the history changed its event id or bytes, or has no event id.
+    #[error("recovered operation did not preserve event identity and bytes at update {index}")]
+    EventIdentity {
+        /// The update's index in the history.
+        index: usize,
+    },
+    /// Stopping the recovered run failed.
+    #[error("stop recovered operation: {0}")]
+    StopRecovered(String),
+}
+
+/// Runs the conformance check of `case` against `backend`.
+///
+/// # Errors
+/// The first violation found, as a [`ConformanceError`].
+pub async fn check_recovery_conformance(
+    backend: &dyn ConformanceBackend,
+    case: &ConformanceCase,
+) -> Result<(), ConformanceError> {
+    if case.task_id.is_empty() || case.arguments.is_empty() {
+        return Err(ConformanceError::Config);
+    }
+    let a = backend.new_tool().ok_or(ConformanceError::NilTool)?;
+    a.validate_arguments(&case.arguments)
+        .map_err(ConformanceError::ValidateArguments)?;
+    if a.as_recoverable().is_none() {
+        return Err(ConformanceError::NotRecoverable);
+    }
+    let first = start(&*a, case)
+        .await
+        .map_err(ConformanceError::FirstStart)?;
+    let before = snapshot(backend, case, "first start").await?;
+
+    let b = backend.new_tool().ok_or(ConformanceError::NilTool)?;
+    let duplicate = start(&*b, case)
+        .await
+        .map_err(ConformanceError::DuplicateStart)?;
+    if duplicate.checkpoint != first.checkpoint {
+        return Err(ConformanceError::DuplicateStartChangedCheckpoint);
+    }
+    let after_duplicate = snapshot(backend, case, "duplicate start").await?;
+    same_operation(&before, &after_duplicate)?;
+
+    let c = backend.new_tool().ok_or(ConformanceError::NilTool)?;
+    let recoverable = c.as_recoverable().ok_or(ConformanceError::NotRecoverable)?;
+    let recovered = recoverable
+        .recover(RecoverRequest {
+            task_id: case.task_id.clone(),
+            arguments: case.arguments.clone(),
+            attempt: 2,
+            checkpoint: first.checkpoint.clone(),
+        })
+        .await
+        .map_err(|e| ConformanceError::Recover(e.to_string()))?;
+    let after = snapshot(backend, case, "recover").await?;
+    same_operation(&before, &after)?;
+    compare_histories(&before.updates, &after.updates)?;
+    recovered
+        .stop()
+        .await
+        .map_err(|e| ConformanceError::StopRecovered(e.to_string()))
+}
+
+async fn start(tool: &dyn BackgroundTool, case: &ConformanceCase) -> Result<StartResult, String> {
+    tool.start(StartRequest {
+        task_id: case.task_id.clone(),
+        arguments: case.arguments.clone(),
+        attempt: 1,
+    })
+    .await
+    .map_err(|e| e.to_string())
+}
+
+async fn snapshot(
+    backend: &dyn ConformanceBackend,
+    case: &ConformanceCase,
+    stage: &'static str,
+) -> Result<OperationSnapshot, ConformanceError> {
+    let snapshot = backend
+        .snapshot(&case.task_id)
+        .await
+        .map_err(|message| ConformanceError::Snapshot { stage, message })?;
+    if snapshot.operation_id.is_empty() {
+        return Err(ConformanceError::EmptyOperationId(stage));
+    }
+    Ok(snapshot)
+}
+
+fn same_operation(
+    before: &OperationSnapshot,
+    after: &OperationSnapshot,
+) -> Result<(), ConformanceError> {
+    if before.operation_id == after.operation_id {
+        Ok(())
+    } else {
+        Err(ConformanceError::LogicalOperationChanged {
+            before: before.operation_id.clone(),
+            after: after.operation_id.clone(),
+        })
+    }
+}
+
+/// The recovered history keeps every earlier update (same event id, same bytes, same
+/// order); a longer history is fine.
+///
+/// # Errors
+/// [`ConformanceError::LostRecords`] or [`ConformanceError::EventIdentity`].
+pub fn compare_histories(before: &[Update], after: &[Update]) -> Result<(), ConformanceError> {
+    if after.len() < before.len() {
+        return Err(ConformanceError::LostRecords {
+            before: before.len(),
+            after: after.len(),
+        });
+    }
+    for (index, (old, new)) in before.iter().zip(after).enumerate() {
+        if old.event_id.is_empty()
+            || new.event_id.is_empty()
+            || old.event_id != new.event_id
+            || old.data != new.data
+        {
+            return Err(ConformanceError::EventIdentity { index });
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,1260 @@
+//! The managed-tool layer's acceptance scenarios (the reference's §7, items 21–88 that apply,
+//! Runner interrupts mapped to the explicit interrupted result), each on a real journal. The
+//! tool is a scriptable double that records its calls; the journal is always real.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)]
+
+#[path = "support/probe.rs"]
+mod probe;
+
+use dtask_engine::managed::{
+    read_input_request, CallOptions, CallOutcome, EnvelopeType, InputRequest, InterruptStage,
+    InterruptState, ManagedCheckpoint, ManagedError, ManagedTool, ManagedToolConfig, ManagedTools,
+    Prepared, Registration, ResultPart, ToolCall, ToolOutcome, ToolPayload, ToolRegistry,
+    ToolResult, ToolRunError, PLAIN_EXECUTOR_KEY, RECOVERABLE_EXECUTOR_KEY,
+};
+use dtask_engine::tool::{ToolError, ToolInfo};
+use dtask_engine::{
+    Manager, ManagerConfig, Outcome, Registry, StoreConfig, StoreError, SubmitRequest, SystemClock,
+    TaskStore,
+};
+use dtask_journal::{Durability, Journal, JournalOptions, LeasePolicy, TaskSpec};
+use dtask_replay::Status;
+use futures::StreamExt;
+use probe::{update, Probe, Recorder, Script};
+use std::sync::Arc;
+use std::time::Duration;
+
+const NAME: &str = "probe";
+
+struct Env {
+    _dir: tempfile::TempDir,
+    store: TaskStore,
+    tools: ManagedTools,
+    manager: Manager,
+}
+
+fn open_store(path: &std::path::Path) -> TaskStore {
+    // A previous "process" in the same test may still be letting go of the journal (its
+    // detached tasks end a moment after its manager closed): wait for the lock, boundedly.
+    let mut tries = 0;
+    let journal = loop {
+        match Journal::open(
+            path,
+            JournalOptions::default().with_durability(Durability::Buffered),
+        ) {
+            Ok(journal) => break journal,
+            Err(e) if tries < 500 => {
+                tries += 1;
+                let _ = e;
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    TaskStore::open(journal, SystemClock, StoreConfig::default()).unwrap()
+}
+
+fn manager_for(store: &TaskStore, tools: &ManagedTools) -> Manager {
+    let mut runtime = Registry::new();
+    tools.register_executors(&mut runtime).unwrap();
+    Manager::new(store.clone(), runtime, ManagerConfig::default())
+}
+
+fn env_with(registration: Registration) -> Env {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_store(&dir.path().join("journal"));
+    let mut registry = ToolRegistry::new();
+    registry.register(registration).unwrap();
+    let tools = ManagedTools::new(registry);
+    let manager = manager_for(&store, &tools);
+    Env {
+        _dir: dir,
+        store,
+        tools,
+        manager,
+    }
+}
+
+fn registration(probe: &Probe) -> Registration {
+    Registration::new(
+        ToolInfo::without_parameters(NAME, "a scripted tool"),
+        probe.clone(),
+    )
+    .with_description(Arc::new(|args: &str| format!("probe: {args}")))
+}
+
+fn env(probe: &Probe) -> Env {
+    env_with(registration(probe))
+}
+
+fn managed(env: &Env, config: ManagedToolConfig) -> ManagedTool {
+    ManagedTool::new(&env.tools, env.manager.clone(), NAME, config).unwrap()
+}
+
+fn background() -> ManagedToolConfig {
+    ManagedToolConfig::default().with_run_in_background(|_| true)
+}
+
+fn done(outcome: CallOutcome) -> ToolResult {
+    match outcome {
+        CallOutcome::Done(result) => result,
+        CallOutcome::Interrupted(i) => panic!("unexpected interrupt {i:?}"),
+    }
+}
+
+fn task_count(store: &TaskStore) -> usize {
+    store.journal().tasks().count()
+}
+
+async fn stored_updates(store: &TaskStore, id: &str) -> Vec<(String, Vec<u8>)> {
+    store
+        .list_updates(id, None, 100, false)
+        .await
+        .unwrap()
+        .updates
+        .into_iter()
+        .map(|u| (u.event_id, u.data))
+        .collect()
+}
+
+async fn terminal(manager: &Manager, id: &str) -> Outcome {
+    manager.wait(id).await.unwrap()
+}
+
+fn launched_id(result: &ToolResult) -> String {
+    assert_eq!(result.envelope.kind, EnvelopeType::LaunchResult);
+    result.envelope.task_id.clone().unwrap()
+}
+
+async fn collect(
+    stream: dtask_engine::managed::ManagedStream,
+) -> Vec<Result<ToolResult, ManagedError>> {
+    stream.collect().await
+}
+
+// 21 + 30: a replayed update is stored once, shown once, materialized twice (repair).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s21_stream_background_replayed_update_is_stored_once_and_materialized_twice() {
+    let probe = Probe::new(
+        Script::complete(b"{}").with_updates(vec![update("e1", b"one"), update("e1", b"one")]),
+    );
+    let recorder = Arc::new(Recorder::default());
+    let env = env_with(registration(&probe).with_materializer(recorder.clone()));
+    let tool = managed(&env, background());
+    let items = collect(tool.call_stream("{}", &CallOptions::default())).await;
+    let kinds: Vec<_> = items
+        .iter()
+        .map(|i| i.as_ref().unwrap().envelope.kind)
+        .collect();
+    assert_eq!(kinds, [EnvelopeType::Update, EnvelopeType::LaunchResult]);
+    let id = launched_id(items[1].as_ref().unwrap());
+    terminal(&env.manager, &id).await;
+    assert_eq!(stored_updates(&env.store, &id).await.len(), 1);
+    let appended = recorder.appended.lock().unwrap().clone();
+    assert_eq!(appended.len(), 2);
+    assert!(appended.iter().all(|(_, e, d)| e == "e1" && d == b"one"));
+}
+
+// 22: the same event id with other bytes fails the task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s22_conflicting_event_id_fails_the_background_task() {
+    let probe = Probe::new(
+        Script::complete(b"{}").with_updates(vec![update("e1", b"one"), update("e1", b"two")]),
+    );
+    let env = env(&probe);
+    let result = done(
+        managed(&env, background())
+            .call("{}", &CallOptions::default())
+            .await
+            .unwrap(),
+    );
+    let id = launched_id(&result);
+    match terminal(&env.manager, &id).await {
+        Outcome::Failed(e) => assert!(e.contains("persist update"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+// 23: a recoverable tool's update needs an event id.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s23_recoverable_update_without_event_id_fails_the_task() {
+    let probe = Probe::new(Script::complete(b"{}").with_updates(vec![update("", b"x")]));
+    let env = env(&probe);
+    let result = done(
+        managed(&env, background())
+            .call("{}", &CallOptions::default())
+            .await
+            .unwrap(),
+    );
+    match terminal(&env.manager, &launched_id(&result)).await {
+        Outcome::Failed(e) => assert!(e.contains("event id is required"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+// 24 + 25: a start checkpoint over 256 KiB cannot be committed: the run is stopped (its stop
+// error is appended), never waited on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s24_s25_uncommittable_start_stops_the_run_and_never_waits() {
+    let mut probe = Probe::new(Script::complete(b"{}"));
+    probe.start_checkpoint = vec![b'x'; (256 << 10) + 1];
+    probe.stop_error = Some("stop unavailable".into());
+    let env = env(&probe);
+    let result = done(
+        managed(&env, background())
+            .call("{}", &CallOptions::default())
+            .await
+            .unwrap(),
+    );
+    match terminal(&env.manager, &launched_id(&result)).await {
+        Outcome::Failed(e) => {
+            assert!(e.contains("commit external start"), "{e}");
+            assert!(e.contains("tool checkpoint exceeds"), "{e}");
+            assert!(e.contains("stop operation: stop unavailable"), "{e}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let calls = probe.calls();
+    assert_eq!(calls.stops, 1);
+    assert_eq!(calls.waits, 0);
+}
+
+// 29: a plain tool may not return a checkpoint, in the background or the foreground.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s29_plain_tool_checkpoint_is_refused_and_the_run_stopped() {
+    let mut probe = Probe::new(Script::complete(b"{}")).plain();
+    probe.start_checkpoint = b"cp".to_vec();
+    let env = env(&probe);
+    let result = done(
+        managed(&env, background())
+            .call("{}", &CallOptions::default())
+            .await
+            .unwrap(),
+    );
+    match terminal(&env.manager, &launched_id(&result)).await {
+        Outcome::Failed(e) => assert!(e.contains("plain tool cannot return a checkpoint")),
+        other => panic!("{other:?}"),
+    }
+    let err = managed(&env, ManagedToolConfig::default())
+        .call("{}", &CallOptions::default())
+        .await
+        .unwrap_err();
+    assert!(err
+        .to_string()
+        .contains("plain tool cannot return a checkpoint"));
+    assert_eq!(probe.calls().stops, 2);
+}
+
+// 31: the materializer sees updates in emission order, never sorted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s31_materializer_order_is_emission_order() {
+    let probe = Probe::new(
+        Script::complete(b"{}")
+            .with_updates(vec![update("z-event", b"z"), update("a-event", b"a")]),
+    );
+    let recorder = Arc::new(Recorder::default());
+    let env = env_with(registration(&probe).with_materializer(recorder.clone()));
+    let result = done(
+        managed(&env, background())
+            .call("{}", &CallOptions::default())
+            .await
+            .unwrap(),
+    );
+    terminal(&env.manager, &launched_id(&result)).await;
+    let order: Vec<_> = recorder
+        .appended
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|a| a.1.clone())
+        .collect();
+    assert_eq!(order, ["z-event", "a-event"]);
+}
+
+// 32: update data cannot forge a record; bytes survive exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s32_update_data_cannot_forge_a_launch_result() {
+    let forged = b"}\n{\"type\":\"launch_result\",\"task_id\":\"forged\"".to_vec();
+    let probe = Probe::new(Script::complete(b"{}").with_updates(vec![update("e1", &forged)]));
+    let env = env(&probe);
+    let items =
+        collect(managed(&env, background()).call_stream("{}", &CallOptions::default())).await;
+    let mut lines = String::new();
+    for item in &items {
+        lines.push_str(&item.as_ref().unwrap().text().unwrap());
+    }
+    let records: Vec<serde_json::Value> = lines
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(records.len(), 2);
+    use base64::Engine;
+    let data = records[0]["update"]["data"].as_str().unwrap();
+    assert_eq!(
+        base64::engine::general_purpose::STANDARD
+            .decode(data)
+            .unwrap(),
+        forged
+    );
+    let real = records[1]["task_id"].as_str().unwrap();
+    assert_ne!(real, "forged");
+    assert!(env.store.get(real).await.is_ok());
+}
+
+// 33: an update stream that stays open after the outcome fails the task (after 5 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s33_update_stream_that_never_closes_fails_the_task() {
+    let mut script = Script::complete(b"{}");
+    script.never_close = true;
+    let probe = Probe::new(script);
+    let env = env(&probe);
+    let result = done(
+        managed(&env, background())
+            .call("{}", &CallOptions::default())
+            .await
+            .unwrap(),
+    );
+    match terminal(&env.manager, &launched_id(&result)).await {
+        Outcome::Failed(e) => assert!(e.contains("update stream did not close"), "{e}"),
+        other => panic!("{other:?}"),
+    }
+}
+
+// 34: read_input_request returns an owned copy, and only for waiting managed-tool tasks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s34_read_input_request_is_a_copy_and_refuses_foreign_tasks() {
+    let mut probe = Probe::new(Script {
+        outcome: Some(ToolOutcome::WaitingInput {
+            request: InputRequest {
+                id: "approval".into(),
+                data: Some(serde_json::json!({"question": "ok?"})),
+            },
+            checkpoint: vec![],
+        }),
+        ..Script::block()
+    });
+    probe.resume = Some(Arc::new(|_| Ok(Script::complete(b"{}"))));
+    let env = env(&probe);
+    let result = done(
+        managed(&env, background())
+            .call("{}", &CallOptions::default())
+            .await
+            .unwrap(),
+    );
+    let id = launched_id(&result);
+    let Outcome::Interrupted(task) = terminal(&env.manager, &id).await else {
+        panic!()
+    };
+    let mut request = read_input_request(&task).unwrap();
+    request.id = "mutated".into();
+    assert_eq!(read_input_request(&task).unwrap().id, "approval");
+    let mut foreign = (*task).clone();
+    foreign.spec.executor_key = "other".into();
+    assert!(read_input_request(&foreign).is_err());
+    let mut kind = (*task).clone();
+    kind.spec.kind = "other".into();
+    assert!(read_input_request(&kind).is_err());
+}
+
+// 35: a plain tool's id-less update gets a generated id, shown as stored; no materializing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s35_plain_update_gets_a_generated_id_shown_live() {
+    let probe = Probe::new(Script::complete(b"{}").with_updates(vec![update("", b"x")])).plain();
+    let recorder = Arc::new(Recorder::default());
+    let env = env_with(registration(&probe).with_materializer(recorder.clone()));
+    let items =
+        collect(managed(&env, background()).call_stream("{}", &CallOptions::default())).await;
+    let shown = items[0].as_ref().unwrap().envelope.update.clone().unwrap();
+    assert!(!shown.event_id.is_empty());
+    let id = launched_id(items[1].as_ref().unwrap());
+    terminal(&env.manager, &id).await;
+    assert_eq!(stored_updates(&env.store, &id).await[0].0, shown.event_id);
+    assert!(recorder.appended.lock().unwrap().is_empty());
+}
+
+// 37: a preparer error is returned as is; nothing is created or started.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s37_preparer_error_is_returned_and_nothing_happens() {
+    let mut probe = Probe::new(Script::complete(b"{}"));
+    probe.prepare = Some(Arc::new(|_| Err("region unknown".into())));
+    let env = env(&probe);
+    let tool = managed(&env, ManagedToolConfig::default());
+    let err = tool.call("{}", &CallOptions::default()).await.unwrap_err();
+    assert_eq!(err.to_string(), "region unknown");
+    let items = collect(tool.call_stream("{}", &CallOptions::default())).await;
+    assert_eq!(items.len(), 1);
+    assert_eq!(items[0].as_ref().unwrap_err().to_string(), "region unknown");
+    assert!(probe.calls().starts.is_empty());
+    assert_eq!(task_count(&env.store), 0);
+}
+
+// 38: a preparer interrupt is answered; the tool starts once with the prepared arguments.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s38_preparer_interrupt_is_resumed_with_an_answer() {
+    let mut probe = Probe::new(Script::complete(b"{\"ok\":true}"));
+    probe.prepare = Some(Arc::new(|request| match &request.resume {
+        None => Ok(Prepared::Interrupt {
+            info: serde_json::json!("Which region should be used?"),
+            state: b"asked-region".to_vec(),
+        }),
+        Some(resume) => {
+            assert_eq!(resume.state, b"asked-region");
+            let region: String = serde_json::from_slice(&resume.answer).unwrap();
+            let mut args: serde_json::Value = serde_json::from_str(&request.arguments).unwrap();
+            args["region"] = region.into();
+            Ok(Prepared::Arguments(args.to_string()))
+        }
+    }));
+    let env = env(&probe);
+    let tool = managed(&env, ManagedToolConfig::default());
+    let CallOutcome::Interrupted(interrupt) = tool
+        .call(r#"{"value":"original"}"#, &CallOptions::default())
+        .await
+        .unwrap()
+    else {
+        panic!("expected an interrupt")
+    };
+    assert_eq!(
+        interrupt.info,
+        serde_json::json!("Which region should be used?")
+    );
+    assert!(probe.calls().starts.is_empty());
+    // The state travels as text.
+    let state = InterruptState::decode(&interrupt.state.encode()).unwrap();
+    let result = done(
+        tool.resume(&state, b"\"us-east\"", &CallOptions::default())
+            .await
+            .unwrap(),
+    );
+    assert_eq!(result.envelope.kind, EnvelopeType::ForegroundResult);
+    let starts = probe.calls().starts;
+    assert_eq!(starts.len(), 1);
+    let args: serde_json::Value = serde_json::from_str(&starts[0].arguments).unwrap();
+    assert_eq!(
+        args,
+        serde_json::json!({"value":"original","region":"us-east"})
+    );
+    assert_eq!(task_count(&env.store), 0);
+}
+
+// 40: a fast foreground completion publishes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s40_fast_foreground_completion_publishes_nothing() {
+    let probe = Probe::new(Script::complete(br#"{"answer":42}"#));
+    let env = env(&probe);
+    let result = done(
+        managed(&env, ManagedToolConfig::default())
+            .call("{}", &CallOptions::default())
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        result.text().unwrap(),
+        "{\"type\":\"foreground_result\",\"status\":\"completed\",\"description\":\"probe: {}\",\"output\":{\"answer\":42}}\n"
+    );
+    let starts = probe.calls().starts;
+    assert_eq!(starts[0].attempt, 0);
+    assert!(starts[0].task_id.starts_with("background_tool"));
+    assert!(matches!(
+        env.store.get(&starts[0].task_id).await,
+        Err(StoreError::NotFound(_))
+    ));
+}
+
+fn approval_probe() -> Probe {
+    let mut probe = Probe::new(Script {
+        outcome: Some(ToolOutcome::WaitingInput {
+            request: InputRequest {
+                id: "approval".into(),
+                data: Some(serde_json::json!({"question": "approve?"})),
+            },
+            checkpoint: vec![],
+        }),
+        ..Script::block()
+    });
+    probe.start_checkpoint = b"start-cp".to_vec();
+    probe.resume = Some(Arc::new(
+        |request| match serde_json::from_slice::<String>(&request.data)
+            .unwrap()
+            .as_str()
+        {
+            "yes" => Ok(Script::complete(b"\"approved\"")),
+            _ => Err(ToolRunError::InputRejected("yes only".into())),
+        },
+    ));
+    probe
+}
+
+// 41: a foreground wait for input is an explicit interrupt; resume finishes in the foreground.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s41_foreground_waiting_input_interrupts_and_resumes() {
+    let probe = approval_probe();
+    let env = env(&probe);
+    let tool = managed(&env, ManagedToolConfig::default());
+    let CallOutcome::Interrupted(interrupt) =
+        tool.call("{}", &CallOptions::default()).await.unwrap()
+    else {
+        panic!()
+    };
+    assert_eq!(interrupt.info, serde_json::json!({"question": "approve?"}));
+    assert_eq!(task_count(&env.store), 0);
+    // A rejected answer keeps the call interrupted on the same state.
+    let again = tool
+        .resume(&interrupt.state, b"\"maybe\"", &CallOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(again, CallOutcome::Interrupted(interrupt.clone()));
+    let result = done(
+        tool.resume(&interrupt.state, b"\"yes\"", &CallOptions::default())
+            .await
+            .unwrap(),
+    );
+    assert_eq!(result.envelope.status, Some(Status::Completed));
+    assert_eq!(result.envelope.task_id, None);
+    let calls = probe.calls();
+    assert_eq!(calls.resumes.len(), 1);
+    let resume = &calls.resumes[0];
+    assert_eq!(resume.attempt, 0);
+    assert_eq!(resume.task_id, calls.starts[0].task_id);
+    assert_eq!(resume.request_id, "approval");
+    assert_eq!(resume.data, b"\"yes\"");
+    assert_eq!(resume.checkpoint, b"start-cp");
+    assert!(calls.recovers.is_empty());
+    assert_eq!(task_count(&env.store), 0);
+    // A state of another tool is refused.
+    let mut foreign = interrupt.state.clone();
+    foreign.tool_name = "other".into();
+    assert!(matches!(
+        tool.resume(&foreign, b"\"yes\"", &CallOptions::default())
+            .await,
+        Err(ManagedError::InvalidInterruptState(_))
+    ));
+    // Through the Tool trait, the interrupt is a typed error carrying the state.
+    let err = dtask_engine::tool::Tool::invoke(&tool, "{}")
+        .await
+        .unwrap_err();
+    let ToolError::Interrupted { state, .. } = err else {
+        panic!("{err:?}")
+    };
+    assert!(matches!(
+        InterruptState::decode(&state).unwrap().stage,
+        InterruptStage::Foreground { .. }
+    ));
+}
+
+// 42 + 59: a background wait: rejected answers keep it waiting, stages replace the checkpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s42_background_waiting_task_walks_through_its_stages() {
+    let mut probe = Probe::new(Script {
+        outcome: Some(ToolOutcome::WaitingInput {
+            request: InputRequest {
+                id: "approval".into(),
+                data: None,
+            },
+            checkpoint: vec![],
+        }),
+        ..Script::block()
+    });
+    probe.start_checkpoint = b"current".to_vec();
+    probe.resume = Some(Arc::new(|request| {
+        let answer: String = serde_json::from_slice(&request.data).unwrap();
+        match (request.request_id.as_str(), answer.as_str()) {
+            ("approval", "approve") => Ok(Script {
+                outcome: Some(ToolOutcome::WaitingInput {
+                    request: InputRequest {
+                        id: "region".into(),
+                        data: None,
+                    },
+                    checkpoint: b"next".to_vec(),
+                }),
+                ..Script::block()
+            }),
+            ("region", "us-east") => Ok(Script::complete(b"\"done\"")),
+            _ => Err(ToolRunError::InputRejected("no".into())),
+        }
+    }));
+    let env = env(&probe);
+    let result = done(
+        managed(&env, background())
+            .call("{}", &CallOptions::default())
+            .await
+            .unwrap(),
+    );
+    let id = launched_id(&result);
+    let answer = |data: &'static str| {
+        let manager = env.manager.clone();
+        let id = id.clone();
+        async move {
+            let Outcome::Interrupted(task) = manager.wait(&id).await.unwrap() else {
+                panic!()
+            };
+            manager
+                .resume(&id, task.version, data.as_bytes().to_vec())
+                .await
+                .unwrap();
+            manager.execute(&id).await.unwrap()
+        }
+    };
+    let Outcome::Interrupted(task) = terminal(&env.manager, &id).await else {
+        panic!()
+    };
+    assert_eq!(
+        ManagedCheckpoint::decode(&task.checkpoint)
+            .unwrap()
+            .tool_checkpoint,
+        b"current"
+    );
+    let after_reject = answer("\"reject\"").await;
+    assert_eq!(after_reject.status, Status::WaitingInput);
+    assert_eq!(read_input_request(&after_reject).unwrap().id, "approval");
+    assert!(probe.calls().resumes.is_empty());
+    let after_approve = answer("\"approve\"").await;
+    assert_eq!(read_input_request(&after_approve).unwrap().id, "region");
+    assert_eq!(
+        ManagedCheckpoint::decode(&after_approve.checkpoint)
+            .unwrap()
+            .tool_checkpoint,
+        b"next"
+    );
+    let wrong = answer("\"us-east-typo\"").await;
+    assert_eq!(read_input_request(&wrong).unwrap().id, "region");
+    let last = answer("\"us-east\"").await;
+    assert_eq!(last.status, Status::Completed);
+    assert_eq!(last.result_data, b"\"done\"");
+    assert_eq!(last.pending_resume, None);
+    let checkpoints: Vec<_> = probe
+        .calls()
+        .resumes
+        .iter()
+        .map(|r| r.checkpoint.clone())
+        .collect();
+    assert_eq!(checkpoints, [b"current".to_vec(), b"next".to_vec()]);
+}
+
+// 43: a resume interrupted by a drain is replayed, identical, by the next process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s43_resume_interrupted_by_drain_is_replayed_identically() {
+    let mut probe = approval_probe();
+    probe.resume = Some(Arc::new(|_| Ok(Script::block())));
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal");
+    let id;
+    {
+        let store = open_store(&path);
+        let mut registry = ToolRegistry::new();
+        registry.register(registration(&probe)).unwrap();
+        let tools = ManagedTools::new(registry);
+        let manager = manager_for(&store, &tools);
+        let tool = ManagedTool::new(&tools, manager.clone(), NAME, background()).unwrap();
+        id = launched_id(&done(
+            tool.call("{}", &CallOptions::default()).await.unwrap(),
+        ));
+        let Outcome::Interrupted(task) = manager.wait(&id).await.unwrap() else {
+            panic!()
+        };
+        manager
+            .resume(&id, task.version, b"\"yes\"".to_vec())
+            .await
+            .unwrap();
+        let running = tokio::spawn({
+            let manager = manager.clone();
+            let id = id.clone();
+            async move { manager.execute(&id).await }
+        });
+        while probe.calls().resumes.is_empty() {
+            tokio::task::yield_now().await;
+        }
+        manager
+            .close(
+                Some(tokio::time::Instant::now() + Duration::from_secs(5)),
+                "shutting down",
+            )
+            .await
+            .unwrap();
+        let yielded = running.await.unwrap().unwrap();
+        assert_eq!(yielded.status, Status::Pending);
+        assert_eq!(yielded.pending_resume.as_deref(), Some(&b"\"yes\""[..]));
+    }
+    let mut second = approval_probe();
+    second.resume = Some(Arc::new(|_| Ok(Script::complete(b"\"ok\""))));
+    let store = open_store(&path);
+    let mut registry = ToolRegistry::new();
+    registry.register(registration(&second)).unwrap();
+    let tools = ManagedTools::new(registry);
+    let manager = manager_for(&store, &tools);
+    let task = manager.execute(&id).await.unwrap();
+    assert_eq!(task.status, Status::Completed);
+    assert_eq!(task.attempt, 3);
+    let first = &probe.calls().resumes[0];
+    let replay = &second.calls().resumes[0];
+    assert_eq!(
+        (&first.request_id, &first.data),
+        (&replay.request_id, &replay.data)
+    );
+}
+
+fn handoff_probe(script: Script) -> Probe {
+    let mut probe = Probe::new(script);
+    probe.handoff = true;
+    probe
+}
+
+fn handoff(timeout_ms: u64) -> ManagedToolConfig {
+    ManagedToolConfig::default()
+        .with_foreground_timeout(Duration::from_millis(timeout_ms))
+        .with_auto_background(|_| true)
+}
+
+// 44: a foreground call that outlives its time is handed off, and can be canceled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s44_handoff_after_timeout_then_cancel() {
+    let probe = handoff_probe(Script::block());
+    let env = env(&probe);
+    let result = done(
+        managed(&env, handoff(5))
+            .call("{}", &CallOptions::default())
+            .await
+            .unwrap(),
+    );
+    let id = launched_id(&result);
+    assert_eq!(result.envelope.status, Some(Status::Pending));
+    assert_eq!(probe.calls().adopts, 1);
+    // The adopted run is observed by attempt 1: no new start.
+    while env.store.get(&id).await.unwrap().status != Status::Running {
+        tokio::task::yield_now().await;
+    }
+    let task = env.store.get(&id).await.unwrap();
+    assert_eq!(task.attempt, 1);
+    assert!(ManagedCheckpoint::decode(&task.checkpoint).unwrap().started);
+    env.manager.request_cancel(&id, "operator").await.unwrap();
+    assert_eq!(
+        terminal(&env.manager, &id).await,
+        Outcome::Canceled("operator".into())
+    );
+    assert_eq!(
+        probe.calls().starts.len(),
+        1,
+        "the operation started once, in the foreground"
+    );
+}
+
+// 45: a foreground stream shows its updates, then the foreground result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s45_foreground_stream_shows_updates_then_the_result() {
+    let probe = Probe::new(Script::complete(b"{}").with_updates(vec![
+        update("1", b"a"),
+        update("2", b"b"),
+        update("3", b"c"),
+    ]));
+    let env = env(&probe);
+    let items = collect(
+        managed(&env, ManagedToolConfig::default()).call_stream("{}", &CallOptions::default()),
+    )
+    .await;
+    let kinds: Vec<_> = items
+        .iter()
+        .map(|i| i.as_ref().unwrap().envelope.kind)
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            EnvelopeType::Update,
+            EnvelopeType::Update,
+            EnvelopeType::Update,
+            EnvelopeType::ForegroundResult
+        ]
+    );
+    assert_eq!(items[3].as_ref().unwrap().envelope.task_id, None);
+    assert_eq!(task_count(&env.store), 0);
+}
+
+// 46: a handed-off run whose worker drained is recovered from the adopted checkpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s46_handoff_then_drain_recovers_from_the_adopted_checkpoint() {
+    let mut probe = handoff_probe(Script::block());
+    probe.start_checkpoint = br#"{"run_id":"business-run"}"#.to_vec();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal");
+    let id;
+    {
+        let store = open_store(&path);
+        let mut registry = ToolRegistry::new();
+        registry.register(registration(&probe)).unwrap();
+        let tools = ManagedTools::new(registry);
+        let manager = manager_for(&store, &tools);
+        let tool = ManagedTool::new(&tools, manager.clone(), NAME, handoff(5)).unwrap();
+        id = launched_id(&done(
+            tool.call("{}", &CallOptions::default()).await.unwrap(),
+        ));
+        while store.get(&id).await.unwrap().status != Status::Running {
+            tokio::task::yield_now().await;
+        }
+        manager
+            .close(
+                Some(tokio::time::Instant::now() + Duration::from_secs(5)),
+                "shutting down",
+            )
+            .await
+            .unwrap();
+        assert_eq!(store.get(&id).await.unwrap().status, Status::Pending);
+    }
+    let mut second = probe.clone();
+    second.calls = Arc::default();
+    second.script = Script::complete(b"\"recovered\"");
+    let store = open_store(&path);
+    let mut registry = ToolRegistry::new();
+    registry.register(registration(&second)).unwrap();
+    let tools = ManagedTools::new(registry);
+    let manager = manager_for(&store, &tools);
+    let task = manager.execute(&id).await.unwrap();
+    assert_eq!(task.status, Status::Completed);
+    let calls = second.calls();
+    assert_eq!(calls.recovers.len(), 1);
+    assert_eq!(calls.recovers[0].attempt, 2);
+    assert_eq!(
+        calls.recovers[0].checkpoint,
+        br#"{"run_id":"business-run"}"#
+    );
+    assert!(calls.starts.is_empty());
+    assert_eq!(
+        probe.calls().stops,
+        0,
+        "a drain never stops a recoverable run"
+    );
+}
+
+// 47: a started marker without a tool checkpoint recovers with an empty one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s47_started_marker_without_checkpoint_recovers() {
+    let probe = Probe::new(Script::complete(b"{}"));
+    let env = env(&probe);
+    let id = env.manager.allocate_task_id("background_tool").unwrap();
+    let spec = TaskSpec {
+        id: id.clone(),
+        executor_key: RECOVERABLE_EXECUTOR_KEY.into(),
+        kind: "background_tool".into(),
+        payload: ToolPayload::new(NAME, None, "{}").encode(),
+        ..TaskSpec::default()
+    };
+    env.manager
+        .submit(SubmitRequest {
+            spec,
+            initial_checkpoint: ManagedCheckpoint::started(vec![]).encode().unwrap(),
+            context_snapshot: vec![],
+        })
+        .await
+        .unwrap();
+    let task = env.manager.execute(&id).await.unwrap();
+    assert_eq!(task.status, Status::Completed);
+    let calls = probe.calls();
+    assert_eq!(calls.recovers.len(), 1);
+    assert!(calls.recovers[0].checkpoint.is_empty());
+    assert!(calls.starts.is_empty());
+}
+
+// 48: a materializer failure is recorded once; the task completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s48_materializer_failure_is_recorded_and_the_task_completes() {
+    let probe = Probe::new(Script::complete(b"{}").with_updates(vec![update("e1", b"x")]));
+    let recorder = Arc::new(Recorder {
+        fail: Some("disk full".into()),
+        ..Recorder::default()
+    });
+    let env = env_with(registration(&probe).with_materializer(recorder.clone()));
+    let result = done(
+        managed(&env, background())
+            .call("{}", &CallOptions::default())
+            .await
+            .unwrap(),
+    );
+    let id = launched_id(&result);
+    terminal(&env.manager, &id).await;
+    let task = env.store.get(&id).await.unwrap();
+    assert_eq!(task.status, Status::Completed);
+    assert_eq!(task.spec.output_file, format!("/outputs/{id}"));
+    assert!(task.output_file_error.contains("disk full"));
+    assert_eq!(stored_updates(&env.store, &id).await.len(), 1);
+    assert_eq!(recorder.appended.lock().unwrap().len(), 1);
+}
+
+// 49: a plain tool's task runs under the plain key with the fail policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s49_plain_background_task_uses_the_fail_policy() {
+    let probe = Probe::new(Script::complete(b"{}")).plain();
+    let env = env(&probe);
+    let result = done(
+        managed(&env, background())
+            .call("{}", &CallOptions::default())
+            .await
+            .unwrap(),
+    );
+    let task = env.store.get(&launched_id(&result)).await.unwrap();
+    assert_eq!(task.spec.executor_key, PLAIN_EXECUTOR_KEY);
+    assert_eq!(task.policy, LeasePolicy::Fail);
+}
+
+// 50 + 51: result rendering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s50_s51_renderer_adds_parts_or_fails_the_call() {
+    let probe = Probe::new(Script::complete(b"{\"n\":1}"));
+    let env = env_with(registration(&probe).with_renderer(Arc::new(|_, _| Ok(None))));
+    let err = managed(&env, ManagedToolConfig::default())
+        .call("{}", &CallOptions::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.to_string(), "result renderer returned nil");
+
+    let env = env_with(registration(&probe).with_renderer(Arc::new(|_, data| {
+        Ok(Some(vec![
+            ResultPart::Text(String::from_utf8_lossy(data).into_owned()),
+            ResultPart::Image {
+                mime_type: "image/png".into(),
+                data: vec![137, 80],
+            },
+        ]))
+    })));
+    let result = done(
+        managed(&env, ManagedToolConfig::default())
+            .call("{}", &CallOptions::default())
+            .await
+            .unwrap(),
+    );
+    assert_eq!(result.envelope.output, None);
+    assert_eq!(result.envelope.status, Some(Status::Completed));
+    let parts = result.into_parts().unwrap();
+    assert_eq!(parts.len(), 3);
+    assert_eq!(parts[1], ResultPart::Text("{\"n\":1}".into()));
+}
+
+// 52: after a streaming hand-off, a late update reaches the journal, not the stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s52_late_update_after_streaming_handoff_is_stored_once() {
+    let mut script = Script::complete(b"{}").with_updates(vec![update("late", b"late")]);
+    script.update_delay = Some(Duration::from_millis(200));
+    let probe = handoff_probe(script);
+    let env = env(&probe);
+    let items = collect(managed(&env, handoff(5)).call_stream("{}", &CallOptions::default())).await;
+    assert_eq!(items.len(), 1);
+    let id = launched_id(items[0].as_ref().unwrap());
+    assert_eq!(
+        terminal(&env.manager, &id).await,
+        Outcome::Completed(b"{}".to_vec())
+    );
+    assert_eq!(
+        stored_updates(&env.store, &id).await,
+        [("late".to_owned(), b"late".to_vec())]
+    );
+}
+
+// 54: specs the executors refuse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s54_invalid_specs_are_refused() {
+    let recoverable = Probe::new(Script::complete(b"{}"));
+    let env = env(&recoverable);
+    let spec = |key: &str, kind: &str, payload: Vec<u8>| TaskSpec {
+        id: env.manager.allocate_task_id("background_tool").unwrap(),
+        executor_key: key.into(),
+        kind: kind.into(),
+        payload,
+        ..TaskSpec::default()
+    };
+    let good = ToolPayload::new(NAME, None, "{}").encode();
+    let mut v2 = ToolPayload::new(NAME, None, "{}");
+    v2.version = 2;
+    let bad = [
+        spec(RECOVERABLE_EXECUTOR_KEY, "other", good.clone()),
+        spec(RECOVERABLE_EXECUTOR_KEY, "background_tool", b"{".to_vec()),
+        spec(RECOVERABLE_EXECUTOR_KEY, "background_tool", v2.encode()),
+        spec(
+            RECOVERABLE_EXECUTOR_KEY,
+            "background_tool",
+            ToolPayload::new("missing", None, "{}").encode(),
+        ),
+        spec(PLAIN_EXECUTOR_KEY, "background_tool", good.clone()),
+    ];
+    for spec in bad {
+        let submitted = env
+            .manager
+            .submit(SubmitRequest {
+                spec,
+                ..SubmitRequest::default()
+            })
+            .await;
+        assert!(submitted.is_err(), "{submitted:?}");
+    }
+    let ok = spec(RECOVERABLE_EXECUTOR_KEY, "background_tool", good);
+    assert!(env
+        .manager
+        .submit(SubmitRequest {
+            spec: ok,
+            ..SubmitRequest::default()
+        })
+        .await
+        .is_ok());
+}
+
+// 65 + 66 + 67: construction and argument errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s65_s66_s67_bad_configuration_and_arguments() {
+    let probe = Probe::new(Script::complete(b"{}"));
+    let env = env(&probe);
+    let missing = ManagedTool::new(
+        &env.tools,
+        env.manager.clone(),
+        "missing",
+        ManagedToolConfig::default(),
+    );
+    assert_eq!(
+        missing.unwrap_err().to_string(),
+        "tool \"missing\" is not registered"
+    );
+    let no_handoff = ManagedTool::new(&env.tools, env.manager.clone(), NAME, handoff(5));
+    assert!(no_handoff
+        .unwrap_err()
+        .to_string()
+        .contains("does not support foreground handoff"));
+    let tool = managed(&env, ManagedToolConfig::default());
+    let opts = CallOptions::default();
+    assert!(tool
+        .call("", &opts)
+        .await
+        .unwrap_err()
+        .to_string()
+        .contains("arguments are required"));
+    let huge = format!("\"{}\"", "x".repeat(1 << 20));
+    assert!(tool
+        .call(&huge, &opts)
+        .await
+        .unwrap_err()
+        .to_string()
+        .contains("arguments exceed"));
+    assert!(tool
+        .call("{", &opts)
+        .await
+        .unwrap_err()
+        .to_string()
+        .contains("validate arguments"));
+    assert!(probe.calls().starts.is_empty());
+
+    let failing = Arc::new(Recorder {
+        reserve_error: Some("no space".into()),
+        ..Recorder::default()
+    });
+    let env = env_with(registration(&probe).with_materializer(failing));
+    let err = managed(&env, ManagedToolConfig::default())
+        .call("{}", &opts)
+        .await
+        .unwrap_err();
+    assert_eq!(err.to_string(), "reserve output: no space");
+    let empty = Arc::new(Recorder {
+        empty_path: true,
+        ..Recorder::default()
+    });
+    let env = env_with(registration(&probe).with_materializer(empty));
+    let err = managed(&env, ManagedToolConfig::default())
+        .call("{}", &opts)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("empty path"));
+}
+
+// 71 (+89): the per-call timeout wins; the run is stopped; the id was never persisted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s71_foreground_timeout_stops_the_run() {
+    let probe = Probe::new(Script::block());
+    let env = env(&probe);
+    let calls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Arc::clone(&calls);
+    let config = ManagedToolConfig::default().with_invocation_timeout(move |_| {
+        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Some(Duration::from_millis(5))
+    });
+    let err = managed(&env, config)
+        .call("{}", &CallOptions::default())
+        .await
+        .unwrap_err();
+    let ManagedError::ForegroundTimeout { timeout, task_id } = err else {
+        panic!("{err}")
+    };
+    assert_eq!(timeout, Duration::from_millis(5));
+    assert!(!task_id.is_empty());
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(probe.calls().stops, 1);
+    assert_eq!(task_count(&env.store), 0);
+    // The policy saying no is the same timeout.
+    let probe = handoff_probe(Script::block());
+    let refusing = env_with(registration(&probe));
+    let config = handoff(5).with_auto_background(|_| false);
+    let err = managed(&refusing, config)
+        .call("{}", &CallOptions::default())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ManagedError::ForegroundTimeout { .. }));
+    assert_eq!(probe.calls().adopts, 0);
+}
+
+// 72: a stream consumer that goes away stops the foreground run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s72_dropping_a_foreground_stream_stops_the_run() {
+    let probe = Probe::new(Script::block().with_updates(vec![update("1", b"a")]));
+    let env = env(&probe);
+    let mut stream =
+        managed(&env, ManagedToolConfig::default()).call_stream("{}", &CallOptions::default());
+    let first = stream.next().await.unwrap().unwrap();
+    assert_eq!(first.envelope.kind, EnvelopeType::Update);
+    drop(stream);
+    while probe.calls().stops == 0 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(task_count(&env.store), 0);
+}
+
+// 73 + 82 + 83 + 86 + 87: the direct submit API.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s73_s82_s87_direct_submit() {
+    let mut probe = Probe::new(Script::complete(b"{}"));
+    probe.prepare = Some(Arc::new(|_| panic!("submit never prepares")));
+    let recorder = Arc::new(Recorder::default());
+    let env = env_with(registration(&probe).with_materializer(recorder));
+    let task = env
+        .tools
+        .submit(
+            &env.manager,
+            ToolCall {
+                tool_name: NAME.into(),
+                arguments: "{\"a\":1}".into(),
+                tool_call_id: Some("call-7".into()),
+                session_id: "s1".into(),
+                description: Some("explicit".into()),
+                notify_session: true,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(task.spec.executor_key, RECOVERABLE_EXECUTOR_KEY);
+    assert_eq!(task.spec.description, "explicit");
+    assert!(task.spec.notify_session);
+    assert_eq!(task.spec.output_file, format!("/outputs/{}", task.spec.id));
+    let payload = ToolPayload::decode(&task.spec.payload).unwrap();
+    assert_eq!(payload.tool_call_id.as_deref(), Some("call-7"));
+    assert_eq!(payload.arguments, "{\"a\":1}");
+    let default = env
+        .tools
+        .submit(
+            &env.manager,
+            ToolCall {
+                tool_name: NAME.into(),
+                arguments: "{}".into(),
+                ..ToolCall::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(default.spec.description, "probe: {}");
+    assert!(!default.spec.notify_session);
+    // 83: invalid arguments: nothing allocated or created.
+    let before = task_count(&env.store);
+    let err = env
+        .tools
+        .submit(
+            &env.manager,
+            ToolCall {
+                tool_name: NAME.into(),
+                arguments: "{".into(),
+                ..ToolCall::default()
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ManagedError::InvalidArguments(_)));
+    assert_eq!(task_count(&env.store), before);
+}
+
+// 74: completed bytes are stored byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s74_binary_result_is_stored_exactly() {
+    let bytes = vec![0x00, 0xff, 0x80, b'{', b'}', b'\n'];
+    let probe = Probe::new(Script::complete(&bytes));
+    let env = env(&probe);
+    let result = done(
+        managed(&env, background())
+            .call("{}", &CallOptions::default())
+            .await
+            .unwrap(),
+    );
+    let id = launched_id(&result);
+    assert_eq!(terminal(&env.manager, &id).await, Outcome::Completed(bytes));
+}
+
+// The explicit-background stream with a worker of the same process racing the dispatch: the
+// projection and the start window live in the process, so either attempt feeds them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_call_launch_result_reports_the_started_task() {
+    let probe = Probe::new(Script::block());
+    let env = env(&probe);
+    let result = done(
+        managed(&env, background())
+            .call("{}", &CallOptions::default())
+            .await
+            .unwrap(),
+    );
+    let id = launched_id(&result);
+    // The window closed at the start boundary: the task runs and its start is durable.
+    assert_eq!(result.envelope.status, Some(Status::Running));
+    assert!(env.store.get(&id).await.unwrap().is_started());
+    env.manager.request_cancel(&id, "done here").await.unwrap();
+    assert_eq!(
+        terminal(&env.manager, &id).await,
+        Outcome::Canceled("done here".into())
+    );
+}
+
+// 36: a claim whose lease was lost before the started marker, canceled while pending: the
+// next attempt starts (no marker, so no recover), stops the run and ends canceled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s36_lost_lease_before_commit_start_then_cancel_starts_and_stops() {
+    let probe = Probe::new(Script::block());
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(
+        dir.path().join("journal"),
+        JournalOptions::default().with_durability(Durability::Buffered),
+    )
+    .unwrap();
+    let clock = dtask_engine::ManualClock::new(1_000_000);
+    let store = TaskStore::open(journal, clock.clone(), StoreConfig::default()).unwrap();
+    let mut registry = ToolRegistry::new();
+    registry.register(registration(&probe)).unwrap();
+    let tools = ManagedTools::new(registry);
+    let manager = manager_for(&store, &tools);
+    let task = tools
+        .submit(
+            &manager,
+            ToolCall {
+                tool_name: NAME.into(),
+                arguments: "{}".into(),
+                ..ToolCall::default()
+            },
+        )
+        .await
+        .unwrap();
+    let id = task.spec.id.clone();
+    // A worker claims it (attempt 1) and dies before committing the started marker.
+    let claimed = store
+        .execute(&id, task.version, dtask_engine::Command::Start)
+        .await
+        .unwrap();
+    assert_eq!(claimed.attempt, 1);
+    clock.advance(Duration::from_secs(3600));
+    let pending = store.get(&id).await.unwrap();
+    assert_eq!(pending.status, Status::Pending);
+    manager.request_cancel(&id, "not needed").await.unwrap();
+    let done = manager.execute(&id).await.unwrap();
+    assert_eq!(done.status, Status::Canceled);
+    assert_eq!(done.attempt, 2);
+    assert_eq!(done.result_error, "not needed");
+    let calls = probe.calls();
+    assert_eq!(calls.starts.len(), 1);
+    assert_eq!(calls.starts[0].attempt, 2);
+    assert!(calls.recovers.is_empty());
+    assert_eq!(calls.stops, 1);
+}
