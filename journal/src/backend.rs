@@ -197,16 +197,10 @@ pub trait Backend: Send + Sync + 'static {
         })
     }
 
-    /// Reads many keys of one space; `sorted` says the keys are in ascending order. The
-    /// default reads them one by one.
-    fn multi_get(
-        &self,
-        space: Space,
-        keys: &[&[u8]],
-        sorted: bool,
-    ) -> Vec<Result<Option<Vec<u8>>>> {
-        let _ = sorted;
-        keys.iter().map(|key| self.get(space, key)).collect()
+    /// A [`Cursor`] for reads that seek more than they scan (blocks read stay cached). The
+    /// default is [`Backend::cursor`].
+    fn lookup_cursor(&self, space: Space) -> Box<dyn Cursor + '_> {
+        self.cursor(space)
     }
 
     /// Catches a secondary instance up with its primary; a no-op elsewhere.
@@ -403,30 +397,14 @@ impl Backend for RocksBackend {
         }
     }
 
-    fn multi_get(
-        &self,
-        space: Space,
-        keys: &[&[u8]],
-        sorted: bool,
-    ) -> Vec<Result<Option<Vec<u8>>>> {
-        let cf = match self.cf(space) {
-            Ok(cf) => cf,
-            Err(e) => {
-                let message = e.to_string();
-                return keys
-                    .iter()
-                    .map(|_| Err(Error::Storage(message.clone())))
-                    .collect();
-            }
-        };
-        self.db
-            .batched_multi_get_cf_opt(cf, keys, sorted, &bulk_read_options())
-            .into_iter()
-            .map(|item| {
-                item.map(|value| value.map(|v| v.to_vec()))
-                    .map_err(Error::from)
-            })
-            .collect()
+    fn lookup_cursor(&self, space: Space) -> Box<dyn Cursor + '_> {
+        match self.cf(space) {
+            Ok(cf) => Box::new(RocksCursor {
+                raw: self.db.raw_iterator_cf_opt(cf, ReadOptions::default()),
+                positioned: false,
+            }),
+            Err(e) => Box::new(FailedCursor(e.to_string())),
+        }
     }
 
     fn catch_up(&self) -> Result<()> {

@@ -17,16 +17,31 @@ use crate::record::{Digest, Record};
 const SKIP_LIMIT: usize = 16;
 
 /// A cursor with what is known of its position.
-struct Positioned<'a> {
+pub(crate) struct Positioned<'a> {
     cursor: Box<dyn Cursor + 'a>,
     /// The cursor stands at the first key at or after this one; `None` before the first seek
     /// and after an error.
     at: Option<Vec<u8>>,
 }
 
-impl Positioned<'_> {
+impl<'a> Positioned<'a> {
+    /// A cursor not positioned yet.
+    pub(crate) fn new(cursor: Box<dyn Cursor + 'a>) -> Self {
+        Self { cursor, at: None }
+    }
+
+    /// The current key.
+    pub(crate) fn key(&self) -> Option<&[u8]> {
+        self.cursor.key()
+    }
+
+    /// The current value.
+    pub(crate) fn value(&self) -> Option<&[u8]> {
+        self.cursor.value()
+    }
+
     /// Moves to the first key at or after `target`, stepping forward when that is near.
-    fn reach(&mut self, target: &[u8]) {
+    pub(crate) fn reach(&mut self, target: &[u8]) {
         match &self.at {
             Some(at) if at.as_slice() <= target => {
                 let mut steps = 0;
@@ -48,7 +63,7 @@ impl Positioned<'_> {
     }
 
     /// The storage error, if any; the position is forgotten after one.
-    fn status(&mut self) -> Result<()> {
+    pub(crate) fn status(&mut self) -> Result<()> {
         let status = self.cursor.status();
         if status.is_err() {
             self.at = None;
@@ -73,14 +88,8 @@ impl std::fmt::Debug for StreamScanner<'_> {
 impl<'a> StreamScanner<'a> {
     pub(crate) fn new(backend: &'a dyn Backend) -> Self {
         Self {
-            events: Positioned {
-                cursor: backend.cursor(Space::Events),
-                at: None,
-            },
-            heads: Positioned {
-                cursor: backend.cursor(Space::Heads),
-                at: None,
-            },
+            events: Positioned::new(backend.cursor(Space::Events)),
+            heads: Positioned::new(backend.cursor(Space::Heads)),
         }
     }
 

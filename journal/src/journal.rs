@@ -372,20 +372,26 @@ impl Journal {
             })
     }
 
-    /// [`Journal::commits`] from `from_seq` in batches of up to `size` entries whose records
-    /// are read with one sorted multi-key lookup per batch instead of one lookup per entry.
-    /// Each batch is raw until [`RawCommits::into_committed`] checks and decodes it (possibly
-    /// on another thread); the items are exactly those of [`Journal::commits`].
+    /// [`Journal::commits`] from `from_seq` in batches of up to `size` entries of the commit
+    /// index. A batch is resolved to its records by [`RawCommits::into_committed`] (possibly
+    /// on another thread), which fetches them in key order instead of one lookup per entry;
+    /// the items are exactly those of [`Journal::commits`].
     #[must_use]
     pub fn commit_batches(&self, from_seq: u64, size: usize) -> CommitBatches<'_> {
-        let backend = self.inner.backend.as_ref();
-        let mut cursor = backend.cursor(Space::Commits);
+        let mut cursor = self.inner.backend.cursor(Space::Commits);
         cursor.seek(&keys::seq_key(from_seq));
         CommitBatches {
-            backend,
             cursor,
             size: size.max(1),
             done: false,
+        }
+    }
+
+    /// A fetcher of records for [`RawCommits::into_committed`].
+    #[must_use]
+    pub fn record_fetcher(&self) -> RecordFetcher<'_> {
+        RecordFetcher {
+            events: crate::bulk::Positioned::new(self.inner.backend.lookup_cursor(Space::Events)),
         }
     }
 
@@ -506,7 +512,6 @@ fn unchained(bytes: &[u8], task: &str, position: u64) -> Result<Record> {
 
 /// Batches of the global commit order; see [`Journal::commit_batches`].
 pub struct CommitBatches<'a> {
-    backend: &'a dyn Backend,
     cursor: Box<dyn crate::backend::Cursor + 'a>,
     size: usize,
     done: bool,
@@ -520,24 +525,15 @@ impl std::fmt::Debug for CommitBatches<'_> {
     }
 }
 
-/// One entry of a [`RawCommits`] batch.
-#[derive(Debug)]
-enum RawCommit {
-    /// A `commits` entry and what its value names in the `events` space.
-    Entry {
-        key: Vec<u8>,
-        event_key: Vec<u8>,
-        record: Result<Option<Vec<u8>>>,
-    },
-    /// The index could not be read further.
-    Failed(Error),
-}
-
-/// A batch of the global commit order, read but not yet checked; see
-/// [`Journal::commit_batches`].
+/// A batch of consecutive `commits` entries, not yet resolved to records; see
+/// [`Journal::commit_batches`]. It can be sent to another thread and resolved there with
+/// [`RawCommits::into_committed`].
 #[derive(Debug)]
 pub struct RawCommits {
-    entries: Vec<RawCommit>,
+    /// (sequence key, event key) per entry, in sequence order.
+    entries: Vec<(Vec<u8>, Vec<u8>)>,
+    /// The error that ended the index after these entries.
+    failed: Option<Error>,
 }
 
 impl RawCommits {
@@ -553,39 +549,73 @@ impl RawCommits {
         self.entries.is_empty()
     }
 
-    /// The entries checked and decoded, as [`Journal::commits`] yields them.
-    pub fn into_committed(self) -> impl Iterator<Item = Result<Committed>> {
-        self.entries.into_iter().map(|entry| match entry {
-            RawCommit::Failed(e) => Err(e),
-            RawCommit::Entry {
-                key,
-                event_key,
-                record,
-            } => {
-                let seq =
-                    keys::parse_seq_key(&key).map_err(|kind| Error::corruption("", 0, kind))?;
-                let (task, position) = keys::parse_event_key(&event_key)
-                    .map_err(|kind| Error::corruption("", 0, kind))?;
-                let bytes = record?
-                    .ok_or_else(|| Error::corruption(task, position, CorruptionKind::Missing))?;
-                let record = unchained(&bytes, task, position)?;
-                if record.seq != seq {
-                    return Err(Error::corruption(
-                        task,
-                        position,
-                        CorruptionKind::Key(format!(
-                            "commit index says sequence {seq}, record says {}",
-                            record.seq
-                        )),
-                    ));
-                }
-                Ok(Committed {
-                    task: task.to_owned(),
-                    record,
-                })
-            }
-        })
+    /// The entries' records, checked and decoded, as [`Journal::commits`] yields them. The
+    /// records are fetched in key order with the fetcher's cursor, which steps from one to the
+    /// next when they are near (as records committed together usually are).
+    pub fn into_committed(
+        self,
+        fetcher: &mut RecordFetcher<'_>,
+    ) -> impl Iterator<Item = Result<Committed>> {
+        let events = &mut fetcher.events;
+        let mut order: Vec<usize> = (0..self.entries.len()).collect();
+        order.sort_unstable_by(|&a, &b| self.entries[a].1.cmp(&self.entries[b].1));
+        let mut values: Vec<Result<Option<Vec<u8>>>> =
+            self.entries.iter().map(|_| Ok(None)).collect();
+        for &i in &order {
+            let key = self.entries[i].1.as_slice();
+            events.reach(key);
+            values[i] = match events.status() {
+                Err(e) => Err(e),
+                Ok(()) => Ok(events
+                    .key()
+                    .filter(|found| *found == key)
+                    .and_then(|_| events.value())
+                    .map(<[u8]>::to_vec)),
+            };
+        }
+        let failed = self.failed.map(Err);
+        self.entries
+            .into_iter()
+            .zip(values)
+            .map(|((key, event_key), record)| resolve(&key, &event_key, record))
+            .chain(failed)
     }
+}
+
+/// A cursor over the records for [`RawCommits::into_committed`]; one per thread, reused from
+/// batch to batch. See [`Journal::record_fetcher`].
+pub struct RecordFetcher<'a> {
+    events: crate::bulk::Positioned<'a>,
+}
+
+impl std::fmt::Debug for RecordFetcher<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecordFetcher").finish_non_exhaustive()
+    }
+}
+
+/// Checks one `commits` entry against the record it names (`record`: the bytes found).
+fn resolve(key: &[u8], event_key: &[u8], record: Result<Option<Vec<u8>>>) -> Result<Committed> {
+    let seq = keys::parse_seq_key(key).map_err(|kind| Error::corruption("", 0, kind))?;
+    let (task, position) =
+        keys::parse_event_key(event_key).map_err(|kind| Error::corruption("", 0, kind))?;
+    let bytes =
+        record?.ok_or_else(|| Error::corruption(task, position, CorruptionKind::Missing))?;
+    let record = unchained(&bytes, task, position)?;
+    if record.seq != seq {
+        return Err(Error::corruption(
+            task,
+            position,
+            CorruptionKind::Key(format!(
+                "commit index says sequence {seq}, record says {}",
+                record.seq
+            )),
+        ));
+    }
+    Ok(Committed {
+        task: task.to_owned(),
+        record,
+    })
 }
 
 impl Iterator for CommitBatches<'_> {
@@ -595,13 +625,13 @@ impl Iterator for CommitBatches<'_> {
         if self.done {
             return None;
         }
-        let mut index = Vec::with_capacity(self.size);
-        while index.len() < self.size {
+        let mut entries = Vec::with_capacity(self.size);
+        while entries.len() < self.size {
             let (Some(key), Some(value)) = (self.cursor.key(), self.cursor.value()) else {
                 self.done = true;
                 break;
             };
-            index.push((key.to_vec(), value.to_vec()));
+            entries.push((key.to_vec(), value.to_vec()));
             self.cursor.next();
         }
         let failed = if self.done {
@@ -609,32 +639,10 @@ impl Iterator for CommitBatches<'_> {
         } else {
             None
         };
-        let mut order: Vec<usize> = (0..index.len()).collect();
-        order.sort_unstable_by(|&a, &b| index[a].1.cmp(&index[b].1));
-        let sorted: Vec<&[u8]> = order.iter().map(|&i| index[i].1.as_slice()).collect();
-        let mut values: Vec<Option<Result<Option<Vec<u8>>>>> = index.iter().map(|_| None).collect();
-        for (&i, value) in order
-            .iter()
-            .zip(self.backend.multi_get(Space::Events, &sorted, true))
-        {
-            values[i] = Some(value);
-        }
-        let mut entries: Vec<RawCommit> = index
-            .into_iter()
-            .zip(values)
-            .map(|((key, event_key), record)| RawCommit::Entry {
-                key,
-                event_key,
-                record: record.unwrap_or(Ok(None)),
-            })
-            .collect();
-        if let Some(e) = failed {
-            entries.push(RawCommit::Failed(e));
-        }
-        if entries.is_empty() {
+        if entries.is_empty() && failed.is_none() {
             return None;
         }
-        Some(RawCommits { entries })
+        Some(RawCommits { entries, failed })
     }
 }
 

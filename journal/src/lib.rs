@@ -50,7 +50,8 @@ pub use event::{
 };
 pub use head::Head;
 pub use journal::{
-    CommitBatches, Committed, Journal, RawCommits, StreamReader, JOURNAL_FORMAT_VERSION,
+    CommitBatches, Committed, Journal, RawCommits, RecordFetcher, StreamReader,
+    JOURNAL_FORMAT_VERSION,
 };
 pub use options::{Durability, JournalOptions};
 pub use record::{Digest, Record, FORMAT_VERSION};

@@ -164,8 +164,8 @@ const IN_FLIGHT: usize = 8;
 type Formatted = (Vec<u8>, u64, Option<dtask_journal::Error>);
 
 /// The whole journal in global commit order. A reader thread walks the commit index in
-/// batches (each batch's records fetched with one sorted multi-key lookup), workers check,
-/// decode and format the batches, and this thread writes them in order. At most
+/// batches; workers fetch each batch's records (in key order, with a forward cursor), check,
+/// decode and format them; this thread writes the batches in order. At most
 /// [`IN_FLIGHT`] batches exist at a time.
 fn write_journal_export(journal: &Journal, bytes: Bytes, w: &mut dyn Write) -> Result<u64> {
     use std::sync::mpsc;
@@ -191,14 +191,20 @@ fn write_journal_export(journal: &Journal, bytes: Bytes, w: &mut dyn Write) -> R
         });
         for _ in 0..workers {
             let (batch_rx, done_tx) = (Arc::clone(&batch_rx), done_tx.clone());
-            scope.spawn(move || loop {
-                let next = match batch_rx.lock() {
-                    Ok(rx) => rx.recv(),
-                    Err(_) => return,
-                };
-                let Ok((index, batch)) = next else { return };
-                if done_tx.send((index, format_batch(batch, bytes))).is_err() {
-                    return;
+            scope.spawn(move || {
+                let mut fetcher = journal.record_fetcher();
+                loop {
+                    let next = match batch_rx.lock() {
+                        Ok(rx) => rx.recv(),
+                        Err(_) => return,
+                    };
+                    let Ok((index, batch)) = next else { return };
+                    if done_tx
+                        .send((index, format_batch(&mut fetcher, batch, bytes)))
+                        .is_err()
+                    {
+                        return;
+                    }
                 }
             });
         }
@@ -209,10 +215,14 @@ fn write_journal_export(journal: &Journal, bytes: Bytes, w: &mut dyn Write) -> R
     finish_export(w, records, written)
 }
 
-fn format_batch(batch: dtask_journal::RawCommits, bytes: Bytes) -> Formatted {
+fn format_batch(
+    fetcher: &mut dtask_journal::RecordFetcher<'_>,
+    batch: dtask_journal::RawCommits,
+    bytes: Bytes,
+) -> Formatted {
     let mut out = Vec::with_capacity(batch.len() * 256);
     let mut lines = 0;
-    for item in batch.into_committed() {
+    for item in batch.into_committed(fetcher) {
         match item {
             Ok(c) => {
                 write_record_line(&mut out, &c.task, &c.record, bytes);
