@@ -246,7 +246,7 @@ fn recovery(tasks: usize, events_per_task: usize) {
     let opened = start.elapsed();
     let store = TaskStore::open(journal, SystemClock, StoreConfig::default()).unwrap();
     let elapsed = start.elapsed();
-    let fold = elapsed - opened;
+    let fold = elapsed.saturating_sub(opened);
     let rss_after = rss_bytes();
     println!(
         "recovery: {} events over {tasks} tasks ({live} live): open + fold {:.3} s (journal open {:.3} s, fold {:.3} s = {:.0} live events/s), {:.0} live events folded/s overall, {:.0} B resident per live task",

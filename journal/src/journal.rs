@@ -530,8 +530,11 @@ impl std::fmt::Debug for CommitBatches<'_> {
 /// [`RawCommits::into_committed`].
 #[derive(Debug)]
 pub struct RawCommits {
-    /// (sequence key, event key) per entry, in sequence order.
-    entries: Vec<(Vec<u8>, Vec<u8>)>,
+    /// Sequence keys and event keys, back to back.
+    data: Vec<u8>,
+    /// Per entry, in sequence order: where its sequence key ends (= where its event key
+    /// starts) and where its event key ends in `data`.
+    entries: Vec<(usize, usize)>,
     /// The error that ended the index after these entries.
     failed: Option<Error>,
 }
@@ -549,6 +552,13 @@ impl RawCommits {
         self.entries.is_empty()
     }
 
+    /// Entry `i`: (sequence key, event key).
+    fn entry(&self, i: usize) -> (&[u8], &[u8]) {
+        let start = if i == 0 { 0 } else { self.entries[i - 1].1 };
+        let (split, end) = self.entries[i];
+        (&self.data[start..split], &self.data[split..end])
+    }
+
     /// The entries' records, checked and decoded, as [`Journal::commits`] yields them. The
     /// records are fetched in key order with the fetcher's cursor, which steps from one to the
     /// next when they are near (as records committed together usually are).
@@ -558,27 +568,22 @@ impl RawCommits {
     ) -> impl Iterator<Item = Result<Committed>> {
         let events = &mut fetcher.events;
         let mut order: Vec<usize> = (0..self.entries.len()).collect();
-        order.sort_unstable_by(|&a, &b| self.entries[a].1.cmp(&self.entries[b].1));
-        let mut values: Vec<Result<Option<Vec<u8>>>> =
-            self.entries.iter().map(|_| Ok(None)).collect();
+        order.sort_unstable_by(|&a, &b| self.entry(a).1.cmp(self.entry(b).1));
+        let mut resolved: Vec<Option<Result<Committed>>> =
+            self.entries.iter().map(|_| None).collect();
         for &i in &order {
-            let key = self.entries[i].1.as_slice();
-            events.reach(key);
-            values[i] = match events.status() {
+            let (key, event_key) = self.entry(i);
+            events.reach(event_key);
+            let found = match events.status() {
                 Err(e) => Err(e),
                 Ok(()) => Ok(events
                     .key()
-                    .filter(|found| *found == key)
-                    .and_then(|_| events.value())
-                    .map(<[u8]>::to_vec)),
+                    .filter(|found| *found == event_key)
+                    .and_then(|_| events.value())),
             };
+            resolved[i] = Some(resolve(key, event_key, found));
         }
-        let failed = self.failed.map(Err);
-        self.entries
-            .into_iter()
-            .zip(values)
-            .map(|((key, event_key), record)| resolve(&key, &event_key, record))
-            .chain(failed)
+        resolved.into_iter().flatten().chain(self.failed.map(Err))
     }
 }
 
@@ -595,13 +600,13 @@ impl std::fmt::Debug for RecordFetcher<'_> {
 }
 
 /// Checks one `commits` entry against the record it names (`record`: the bytes found).
-fn resolve(key: &[u8], event_key: &[u8], record: Result<Option<Vec<u8>>>) -> Result<Committed> {
+fn resolve(key: &[u8], event_key: &[u8], record: Result<Option<&[u8]>>) -> Result<Committed> {
     let seq = keys::parse_seq_key(key).map_err(|kind| Error::corruption("", 0, kind))?;
     let (task, position) =
         keys::parse_event_key(event_key).map_err(|kind| Error::corruption("", 0, kind))?;
     let bytes =
         record?.ok_or_else(|| Error::corruption(task, position, CorruptionKind::Missing))?;
-    let record = unchained(&bytes, task, position)?;
+    let record = unchained(bytes, task, position)?;
     if record.seq != seq {
         return Err(Error::corruption(
             task,
@@ -626,12 +631,16 @@ impl Iterator for CommitBatches<'_> {
             return None;
         }
         let mut entries = Vec::with_capacity(self.size);
+        let mut data = Vec::with_capacity(self.size * 40);
         while entries.len() < self.size {
             let (Some(key), Some(value)) = (self.cursor.key(), self.cursor.value()) else {
                 self.done = true;
                 break;
             };
-            entries.push((key.to_vec(), value.to_vec()));
+            data.extend_from_slice(key);
+            let split = data.len();
+            data.extend_from_slice(value);
+            entries.push((split, data.len()));
             self.cursor.next();
         }
         let failed = if self.done {
@@ -642,7 +651,11 @@ impl Iterator for CommitBatches<'_> {
         if entries.is_empty() && failed.is_none() {
             return None;
         }
-        Some(RawCommits { entries, failed })
+        Some(RawCommits {
+            data,
+            entries,
+            failed,
+        })
     }
 }
 
@@ -668,6 +681,10 @@ pub(crate) struct StreamCheck {
 }
 
 /// What one entry of a stream amounts to.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "a transient return value, never stored"
+)]
 pub(crate) enum Checked {
     /// The record (or its damage).
     One(Result<Record>),

@@ -624,7 +624,7 @@ pub fn audit_journal(
             .unwrap_or_else(|_| Err(Error::Storage("the commit index reader failed".into())));
         let batches = batches
             .join()
-            .unwrap_or_else(|_| Err(Error::Storage("the journal reader failed".into())));
+            .map_err(|_| Error::Storage("the journal reader failed".into()));
         let (report, events) = report?;
         batches?;
         finish(journal, report, &commits?, &events)
@@ -640,6 +640,10 @@ struct Collected {
 
 /// Takes the task results in task order and builds the report: everything but the `commits`
 /// and `outbox` checks. Returns the fingerprint of the intact records' (sequence, key) pairs.
+#[allow(
+    clippy::too_many_lines,
+    reason = "the live-index merge and the per-task bookkeeping read best together"
+)]
 fn collect(
     journal: &Journal,
     last_seq: u64,
@@ -812,7 +816,7 @@ struct Fingerprint {
 /// The lanes' seeds.
 const SEEDS: [u64; 2] = [0x243f_6a88_85a3_08d3, 0x1319_8a2e_0370_7344];
 
-/// The SplitMix64 finalizer: a bijective mix of 64 bits.
+/// The `SplitMix64` finalizer: a bijective mix of 64 bits.
 const fn mix(mut h: u64) -> u64 {
     h ^= h >> 30;
     h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -950,7 +954,7 @@ mod pipeline {
     pub(super) fn start<'scope>(
         scope: &'scope Scope<'scope, '_>,
         journal: &'scope Journal,
-    ) -> (ScopedJoinHandle<'scope, Result<(), Error>>, Results, Tokens) {
+    ) -> (ScopedJoinHandle<'scope, ()>, Results, Tokens) {
         let (token_tx, token_rx) = mpsc::sync_channel(IN_FLIGHT);
         for _ in 0..IN_FLIGHT {
             let _ = token_tx.send(());
@@ -969,11 +973,7 @@ mod pipeline {
     }
 
     /// Reads the streams of every task with a head, in task order.
-    fn read(
-        journal: &Journal,
-        tokens: &Receiver<()>,
-        batches: &SyncSender<(usize, Vec<Unit>)>,
-    ) -> Result<(), Error> {
+    fn read(journal: &Journal, tokens: &Receiver<()>, batches: &SyncSender<(usize, Vec<Unit>)>) {
         let mut scanner = journal.stream_scanner();
         let mut batch = Vec::new();
         let mut records = 0;
@@ -1008,14 +1008,13 @@ mod pipeline {
             if records >= BATCH_RECORDS || batch.len() >= BATCH_TASKS {
                 records = 0;
                 if !send(&mut batch) {
-                    return Ok(());
+                    return;
                 }
             }
         }
         if !batch.is_empty() {
             send(&mut batch);
         }
-        Ok(())
     }
 
     /// Verifies and folds batches until the reader is done.

@@ -18,7 +18,9 @@ pub struct IdIndex {
     bytes: Vec<u8>,
     /// Per inline id: where it ends in `bytes`, and its position.
     entries: Vec<(u32, u64)>,
-    /// The ids once there are more than [`INLINE_MAX`].
+    /// The ids once there are more than [`INLINE_MAX`] (boxed: most tasks never need it,
+    /// and an empty `Option<Box<_>>` takes one word where a map takes six).
+    #[allow(clippy::box_collection, reason = "keeps the common, small index small")]
     map: Option<Box<HashMap<Box<str>, u64>>>,
 }
 
@@ -132,6 +134,15 @@ impl IdIndex {
             entry.0 -= removed;
         }
         Some(position)
+    }
+}
+
+impl<'a> IntoIterator for &'a IdIndex {
+    type Item = (&'a str, u64);
+    type IntoIter = Box<dyn Iterator<Item = (&'a str, u64)> + 'a>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
     }
 }
 

@@ -761,6 +761,7 @@ mod tests {
     }
 
     /// Every variant, with strings that need escaping.
+    #[allow(clippy::too_many_lines, reason = "one event per variant reads best")]
     fn every_variant() -> Vec<Event> {
         let at = Timestamp(1_764_000_000_123);
         let odd = "q\"b\\s/\n\r\t\u{8}\u{c}\u{1}\u{1f}\u{7f}é😀 ".to_owned();

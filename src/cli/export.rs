@@ -209,7 +209,10 @@ fn write_journal_export(journal: &Journal, bytes: Bytes, w: &mut dyn Write) -> R
             });
         }
         drop(done_tx);
-        write_in_order(&done_rx, token_tx, w, &bar)
+        let written = write_in_order(&done_rx, &token_tx, w, &bar);
+        // Unblocks the reader and the workers when the writing stopped early.
+        drop((token_tx, done_rx));
+        written
     })?;
     bar.finish_and_clear();
     finish_export(w, records, written)
@@ -238,7 +241,7 @@ fn format_batch(
 /// Writes the formatted batches in batch order; returns the number of lines.
 fn write_in_order(
     done: &std::sync::mpsc::Receiver<(usize, Formatted)>,
-    tokens: std::sync::mpsc::SyncSender<()>,
+    tokens: &std::sync::mpsc::SyncSender<()>,
     w: &mut dyn Write,
     bar: &indicatif::ProgressBar,
 ) -> Result<u64> {
