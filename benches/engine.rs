@@ -10,7 +10,8 @@
 //!    open + fold until workers could claim; events folded per second and resident memory per
 //!    live task.
 //!
-//! Run: `cargo bench --bench engine` (`-- --quick` for a smaller recovery journal).
+//! Run: `cargo bench --bench engine` (`-- --quick` for a smaller recovery journal, `-- --part 3`
+//! for one part only).
 #![allow(
     clippy::unwrap_used,
     clippy::cast_precision_loss,
@@ -230,20 +231,30 @@ fn rss_bytes() -> u64 {
 
 /// Builds `tasks` tasks of `events_per_task` events (half terminal), then times the reopen.
 fn recovery(tasks: usize, events_per_task: usize) {
-    let dir = tempfile::tempdir().unwrap();
-    common::build_journal(dir.path(), tasks, events_per_task);
+    let temp = tempfile::tempdir().unwrap();
+    // DTASK_BENCH_KEEP=<dir> builds the journal there once and keeps it (for profiling).
+    let dir = std::env::var_os("DTASK_BENCH_KEEP")
+        .map_or_else(|| temp.path().to_path_buf(), std::path::PathBuf::from);
+    if !dir.join("CURRENT").exists() {
+        common::build_journal(&dir, tasks, events_per_task);
+    }
     let live = tasks / 2;
     let live_events = live * events_per_task;
     let rss_before = rss_bytes();
     let start = Instant::now();
-    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    let journal = Journal::open(&dir, JournalOptions::default()).unwrap();
+    let opened = start.elapsed();
     let store = TaskStore::open(journal, SystemClock, StoreConfig::default()).unwrap();
     let elapsed = start.elapsed();
+    let fold = elapsed.saturating_sub(opened);
     let rss_after = rss_bytes();
     println!(
-        "recovery: {} events over {tasks} tasks ({live} live): open + fold {:.3} s, {:.0} live events folded/s, {:.0} B resident per live task",
+        "recovery: {} events over {tasks} tasks ({live} live): open + fold {:.3} s (journal open {:.3} s, fold {:.3} s = {:.0} live events/s), {:.0} live events folded/s overall, {:.0} B resident per live task",
         tasks * events_per_task,
         elapsed.as_secs_f64(),
+        opened.as_secs_f64(),
+        fold.as_secs_f64(),
+        live_events as f64 / fold.as_secs_f64(),
         live_events as f64 / elapsed.as_secs_f64(),
         rss_after.saturating_sub(rss_before) as f64 / live as f64
     );
@@ -251,7 +262,14 @@ fn recovery(tasks: usize, events_per_task: usize) {
 }
 
 fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
+    let args: Vec<String> = std::env::args().collect();
+    let quick = args.iter().any(|a| a == "--quick");
+    let part: Option<u32> = args
+        .iter()
+        .position(|a| a == "--part")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|s| s.parse().ok());
+    let runs = |n: u32| part.is_none_or(|p| p == n);
     let secs = if quick { 1.0 } else { 3.0 };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -259,6 +277,23 @@ fn main() {
         .build()
         .unwrap();
     let record = heartbeat_record_bytes();
+    if runs(1) {
+        transitions_table(&runtime, record, secs);
+    }
+    if runs(2) {
+        lifecycles_table(&runtime, secs);
+    }
+    if runs(3) {
+        println!("3. recovery");
+        if quick {
+            recovery(10_000, 10);
+        } else {
+            recovery(100_000, 10);
+        }
+    }
+}
+
+fn transitions_table(runtime: &tokio::runtime::Runtime, record: usize, secs: f64) {
     println!("1. durable transitions/s (heartbeats, Durability::Sync, {record}-byte records)");
     println!(
         "{:>8} | {:>12} | {:>16} | {:>8} | {:>9} | {:>9}",
@@ -274,6 +309,9 @@ fn main() {
             percentile(&latencies, 0.99)
         );
     }
+}
+
+fn lifecycles_table(runtime: &tokio::runtime::Runtime, secs: f64) {
     println!("2. full lifecycles/s (create, claim, started marker, 5 updates, complete)");
     for concurrency in [64usize, 1024] {
         let rate = runtime.block_on(lifecycles(concurrency, secs));
@@ -281,11 +319,5 @@ fn main() {
             "{concurrency:>8} concurrent: {rate:>10.0} lifecycles/s ({:.0} durable records/s)",
             rate * 10.0
         );
-    }
-    println!("3. recovery");
-    if quick {
-        recovery(10_000, 10);
-    } else {
-        recovery(100_000, 10);
     }
 }

@@ -92,6 +92,81 @@ pub fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
     None
 }
 
+/// A positioned, forward-only cursor over one space, for bulk reads without a copy per entry.
+///
+/// After [`Cursor::seek`] the cursor stands at the first key at or after the one sought;
+/// [`Cursor::next`] moves to the following key. [`Cursor::key`] is `None` past the end (or
+/// after a storage error, which [`Cursor::status`] then returns).
+pub trait Cursor {
+    /// Moves to the first key at or after `key`.
+    fn seek(&mut self, key: &[u8]);
+    /// Moves to the next key; a no-op past the end.
+    fn next(&mut self);
+    /// The current key, `None` past the end.
+    fn key(&self) -> Option<&[u8]>;
+    /// The current value, `None` past the end.
+    fn value(&self) -> Option<&[u8]>;
+    /// The storage error that ended the cursor, if any.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] when reading failed.
+    fn status(&self) -> Result<()>;
+}
+
+/// A [`Cursor`] over [`Backend::scan`], for backends without a native one: each seek starts
+/// a new scan.
+struct ScanCursor<'a, B: Backend + ?Sized> {
+    backend: &'a B,
+    space: Space,
+    iter: Option<RawIter<'a>>,
+    current: Option<KeyValue>,
+    error: Option<Error>,
+}
+
+impl<B: Backend + ?Sized> ScanCursor<'_, B> {
+    fn pull(&mut self) {
+        self.current = None;
+        match self.iter.as_mut().and_then(Iterator::next) {
+            Some(Ok(kv)) => self.current = Some(kv),
+            Some(Err(e)) => {
+                self.error = Some(e);
+                self.iter = None;
+            }
+            None => self.iter = None,
+        }
+    }
+}
+
+impl<B: Backend + ?Sized> Cursor for ScanCursor<'_, B> {
+    fn seek(&mut self, key: &[u8]) {
+        self.error = None;
+        self.iter = Some(self.backend.scan(self.space, Range::from(key)));
+        self.pull();
+    }
+
+    fn next(&mut self) {
+        if self.current.is_some() {
+            self.pull();
+        }
+    }
+
+    fn key(&self) -> Option<&[u8]> {
+        self.current.as_ref().map(|(k, _)| &**k)
+    }
+
+    fn value(&self) -> Option<&[u8]> {
+        self.current.as_ref().map(|(_, v)| &**v)
+    }
+
+    fn status(&self) -> Result<()> {
+        match &self.error {
+            None => Ok(()),
+            Some(Error::Storage(message)) => Err(Error::Storage(message.clone())),
+            Some(e) => Err(Error::Storage(e.to_string())),
+        }
+    }
+}
+
 /// An ordered key-value store with atomic, optionally synced batches.
 pub trait Backend: Send + Sync + 'static {
     /// Writes every op atomically: all or nothing. With [`Durability::Sync`] the call returns
@@ -109,6 +184,24 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Iterates a range of one space in key order (or reverse key order).
     fn scan(&self, space: Space, range: Range) -> RawIter<'_>;
+
+    /// A forward [`Cursor`] over one space for bulk reads (not positioned until its first
+    /// seek). The default runs on [`Backend::scan`].
+    fn cursor(&self, space: Space) -> Box<dyn Cursor + '_> {
+        Box::new(ScanCursor {
+            backend: self,
+            space,
+            iter: None,
+            current: None,
+            error: None,
+        })
+    }
+
+    /// A [`Cursor`] for reads that seek more than they scan (blocks read stay cached). The
+    /// default is [`Backend::cursor`].
+    fn lookup_cursor(&self, space: Space) -> Box<dyn Cursor + '_> {
+        self.cursor(space)
+    }
 
     /// Catches a secondary instance up with its primary; a no-op elsewhere.
     ///
@@ -294,6 +387,26 @@ impl Backend for RocksBackend {
         )
     }
 
+    fn cursor(&self, space: Space) -> Box<dyn Cursor + '_> {
+        match self.cf(space) {
+            Ok(cf) => Box::new(RocksCursor {
+                raw: self.db.raw_iterator_cf_opt(cf, bulk_read_options()),
+                positioned: false,
+            }),
+            Err(e) => Box::new(FailedCursor(e.to_string())),
+        }
+    }
+
+    fn lookup_cursor(&self, space: Space) -> Box<dyn Cursor + '_> {
+        match self.cf(space) {
+            Ok(cf) => Box::new(RocksCursor {
+                raw: self.db.raw_iterator_cf_opt(cf, ReadOptions::default()),
+                positioned: false,
+            }),
+            Err(e) => Box::new(FailedCursor(e.to_string())),
+        }
+    }
+
     fn catch_up(&self) -> Result<()> {
         if self.secondary {
             self.db.try_catch_up_with_primary()?;
@@ -313,6 +426,74 @@ impl Backend for RocksBackend {
             self.db.flush_cf(self.cf(space)?)?;
         }
         Ok(())
+    }
+}
+
+/// Read options of bulk reads: a large read-ahead, and blocks read once stay out of the block
+/// cache (they would only evict the working set of the point reads).
+fn bulk_read_options() -> ReadOptions {
+    let mut opts = ReadOptions::default();
+    opts.set_readahead_size(BULK_READAHEAD);
+    opts.fill_cache(false);
+    opts
+}
+
+/// The read-ahead of bulk reads.
+const BULK_READAHEAD: usize = 2 << 20;
+
+/// A [`Cursor`] on a RocksDB raw iterator.
+struct RocksCursor<'a> {
+    raw: rocksdb::DBRawIteratorWithThreadMode<'a, DB>,
+    positioned: bool,
+}
+
+impl Cursor for RocksCursor<'_> {
+    fn seek(&mut self, key: &[u8]) {
+        self.raw.seek(key);
+        self.positioned = true;
+    }
+
+    fn next(&mut self) {
+        if self.positioned && self.raw.valid() {
+            self.raw.next();
+        }
+    }
+
+    fn key(&self) -> Option<&[u8]> {
+        if self.positioned {
+            self.raw.key()
+        } else {
+            None
+        }
+    }
+
+    fn value(&self) -> Option<&[u8]> {
+        if self.positioned {
+            self.raw.value()
+        } else {
+            None
+        }
+    }
+
+    fn status(&self) -> Result<()> {
+        Ok(self.raw.status()?)
+    }
+}
+
+/// A cursor of a space that cannot be opened: empty, with the error as its status.
+struct FailedCursor(String);
+
+impl Cursor for FailedCursor {
+    fn seek(&mut self, _key: &[u8]) {}
+    fn next(&mut self) {}
+    fn key(&self) -> Option<&[u8]> {
+        None
+    }
+    fn value(&self) -> Option<&[u8]> {
+        None
+    }
+    fn status(&self) -> Result<()> {
+        Err(Error::Storage(self.0.clone()))
     }
 }
 

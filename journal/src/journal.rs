@@ -1,6 +1,7 @@
 //! The journal: open, append, read.
 
 use crate::backend::{Backend, OpenMode, Range, RocksBackend};
+use crate::bulk::StreamScanner;
 use crate::error::{CorruptionKind, Error, Limit, Result};
 use crate::event::Event;
 use crate::head::Head;
@@ -371,6 +372,29 @@ impl Journal {
             })
     }
 
+    /// [`Journal::commits`] from `from_seq` in batches of up to `size` entries of the commit
+    /// index. A batch is resolved to its records by [`RawCommits::into_committed`] (possibly
+    /// on another thread), which fetches them in key order instead of one lookup per entry;
+    /// the items are exactly those of [`Journal::commits`].
+    #[must_use]
+    pub fn commit_batches(&self, from_seq: u64, size: usize) -> CommitBatches<'_> {
+        let mut cursor = self.inner.backend.cursor(Space::Commits);
+        cursor.seek(&keys::seq_key(from_seq));
+        CommitBatches {
+            cursor,
+            size: size.max(1),
+            done: false,
+        }
+    }
+
+    /// A fetcher of records for [`RawCommits::into_committed`].
+    #[must_use]
+    pub fn record_fetcher(&self) -> RecordFetcher<'_> {
+        RecordFetcher {
+            events: crate::bulk::Positioned::new(self.inner.backend.lookup_cursor(Space::Events)),
+        }
+    }
+
     /// The queued, unacknowledged notifications in insertion order.
     pub fn outbox(&self) -> impl Iterator<Item = Result<Committed>> + '_ {
         let backend = self.inner.backend.as_ref();
@@ -402,6 +426,29 @@ impl Journal {
     /// [`Error::Storage`] when RocksDB cannot catch up.
     pub fn catch_up(&self) -> Result<()> {
         self.inner.backend.catch_up()
+    }
+
+    /// A reader of many task streams in one forward pass over the journal (see
+    /// [`StreamScanner`]): the bulk counterpart of [`Journal::read_stream`], for recovery and
+    /// audits.
+    #[must_use]
+    pub fn stream_scanner(&self) -> StreamScanner<'_> {
+        StreamScanner::new(self.inner.backend.as_ref())
+    }
+
+    /// Visits the raw entries of the `commits` index in sequence order (key: the sequence,
+    /// u64 big-endian; value: the event key), for index checks that need no record.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] when the index cannot be read.
+    pub fn for_each_commit_entry(&self, visit: &mut dyn FnMut(&[u8], &[u8])) -> Result<()> {
+        let mut cursor = self.inner.backend.cursor(Space::Commits);
+        cursor.seek(&[]);
+        while let (Some(key), Some(value)) = (cursor.key(), cursor.value()) {
+            visit(key, value);
+            cursor.next();
+        }
+        cursor.status()
     }
 
     /// The raw bytes of one record, for tools that inspect damage.
@@ -443,7 +490,12 @@ fn read_unchained(backend: &dyn Backend, task: &str, position: u64) -> Result<Re
     let bytes = backend
         .get(Space::Events, &keys::event_key(task, position))?
         .ok_or_else(|| Error::corruption(task, position, CorruptionKind::Missing))?;
-    let frame = record::parse(&bytes).map_err(|kind| Error::corruption(task, position, kind))?;
+    unchained(&bytes, task, position)
+}
+
+/// Checks a record's CRC and position (not its chain) and decodes it.
+fn unchained(bytes: &[u8], task: &str, position: u64) -> Result<Record> {
+    let frame = record::parse(bytes).map_err(|kind| Error::corruption(task, position, kind))?;
     if frame.position != position {
         return Err(Error::corruption(
             task,
@@ -458,6 +510,155 @@ fn read_unchained(backend: &dyn Backend, task: &str, position: u64) -> Result<Re
         .map_err(|kind| Error::corruption(task, position, kind))
 }
 
+/// Batches of the global commit order; see [`Journal::commit_batches`].
+pub struct CommitBatches<'a> {
+    cursor: Box<dyn crate::backend::Cursor + 'a>,
+    size: usize,
+    done: bool,
+}
+
+impl std::fmt::Debug for CommitBatches<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CommitBatches")
+            .field("size", &self.size)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A batch of consecutive `commits` entries, not yet resolved to records; see
+/// [`Journal::commit_batches`]. It can be sent to another thread and resolved there with
+/// [`RawCommits::into_committed`].
+#[derive(Debug)]
+pub struct RawCommits {
+    /// Sequence keys and event keys, back to back.
+    data: Vec<u8>,
+    /// Per entry, in sequence order: where its sequence key ends (= where its event key
+    /// starts) and where its event key ends in `data`.
+    entries: Vec<(usize, usize)>,
+    /// The error that ended the index after these entries.
+    failed: Option<Error>,
+}
+
+impl RawCommits {
+    /// The number of entries.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether the batch is empty.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Entry `i`: (sequence key, event key).
+    fn entry(&self, i: usize) -> (&[u8], &[u8]) {
+        let start = if i == 0 { 0 } else { self.entries[i - 1].1 };
+        let (split, end) = self.entries[i];
+        (&self.data[start..split], &self.data[split..end])
+    }
+
+    /// The entries' records, checked and decoded, as [`Journal::commits`] yields them. The
+    /// records are fetched in key order with the fetcher's cursor, which steps from one to the
+    /// next when they are near (as records committed together usually are).
+    pub fn into_committed(
+        self,
+        fetcher: &mut RecordFetcher<'_>,
+    ) -> impl Iterator<Item = Result<Committed>> {
+        let events = &mut fetcher.events;
+        let mut order: Vec<usize> = (0..self.entries.len()).collect();
+        order.sort_unstable_by(|&a, &b| self.entry(a).1.cmp(self.entry(b).1));
+        let mut resolved: Vec<Option<Result<Committed>>> =
+            self.entries.iter().map(|_| None).collect();
+        for &i in &order {
+            let (key, event_key) = self.entry(i);
+            events.reach(event_key);
+            let found = match events.status() {
+                Err(e) => Err(e),
+                Ok(()) => Ok(events
+                    .key()
+                    .filter(|found| *found == event_key)
+                    .and_then(|_| events.value())),
+            };
+            resolved[i] = Some(resolve(key, event_key, found));
+        }
+        resolved.into_iter().flatten().chain(self.failed.map(Err))
+    }
+}
+
+/// A cursor over the records for [`RawCommits::into_committed`]; one per thread, reused from
+/// batch to batch. See [`Journal::record_fetcher`].
+pub struct RecordFetcher<'a> {
+    events: crate::bulk::Positioned<'a>,
+}
+
+impl std::fmt::Debug for RecordFetcher<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecordFetcher").finish_non_exhaustive()
+    }
+}
+
+/// Checks one `commits` entry against the record it names (`record`: the bytes found).
+fn resolve(key: &[u8], event_key: &[u8], record: Result<Option<&[u8]>>) -> Result<Committed> {
+    let seq = keys::parse_seq_key(key).map_err(|kind| Error::corruption("", 0, kind))?;
+    let (task, position) =
+        keys::parse_event_key(event_key).map_err(|kind| Error::corruption("", 0, kind))?;
+    let bytes =
+        record?.ok_or_else(|| Error::corruption(task, position, CorruptionKind::Missing))?;
+    let record = unchained(bytes, task, position)?;
+    if record.seq != seq {
+        return Err(Error::corruption(
+            task,
+            position,
+            CorruptionKind::Key(format!(
+                "commit index says sequence {seq}, record says {}",
+                record.seq
+            )),
+        ));
+    }
+    Ok(Committed {
+        task: task.to_owned(),
+        record,
+    })
+}
+
+impl Iterator for CommitBatches<'_> {
+    type Item = RawCommits;
+
+    fn next(&mut self) -> Option<RawCommits> {
+        if self.done {
+            return None;
+        }
+        let mut entries = Vec::with_capacity(self.size);
+        let mut data = Vec::with_capacity(self.size * 40);
+        while entries.len() < self.size {
+            let (Some(key), Some(value)) = (self.cursor.key(), self.cursor.value()) else {
+                self.done = true;
+                break;
+            };
+            data.extend_from_slice(key);
+            let split = data.len();
+            data.extend_from_slice(value);
+            entries.push((split, data.len()));
+            self.cursor.next();
+        }
+        let failed = if self.done {
+            self.cursor.status().err()
+        } else {
+            None
+        };
+        if entries.is_empty() && failed.is_none() {
+            return None;
+        }
+        Some(RawCommits {
+            data,
+            entries,
+            failed,
+        })
+    }
+}
+
 /// A record with the task it belongs to (from the global commit order or the outbox).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Committed {
@@ -467,54 +668,72 @@ pub struct Committed {
     pub record: Record,
 }
 
-/// Iterator over one task's records; see [`Journal::read_stream`].
-pub struct StreamReader<'a> {
-    backend: &'a dyn Backend,
+/// The checks of one task's stream, fed its entries in key order: CRC, position, hash chain,
+/// gaps, and at the end the task head. Shared by [`StreamReader`] and the bulk reads of
+/// [`crate::StreamScanner`], so both report exactly the same problems.
+pub(crate) struct StreamCheck {
     task: String,
-    raw: Option<crate::backend::RawIter<'a>>,
     /// The next position expected.
     expected: u64,
     /// The digest the next record must chain from; `None` after damage (chain unknown).
     prev: Option<Digest>,
-    /// A gap found before `pending` that was reported; the record itself comes next.
-    pending: Option<(u64, Vec<u8>)>,
-    done: bool,
     from: u64,
 }
 
-impl<'a> StreamReader<'a> {
-    fn new(backend: &'a dyn Backend, task: &str, from: u64) -> Self {
-        let prev = if from == 0 {
-            Some(Digest::GENESIS)
-        } else {
-            backend
-                .get(Space::Events, &keys::event_key(task, from - 1))
-                .ok()
-                .flatten()
-                .and_then(|bytes| record::parse(&bytes).ok().map(|frame| frame.digest))
-        };
-        let range = Range {
-            lower: keys::event_key(task, from),
-            upper: crate::backend::prefix_end(&keys::task_prefix(task)),
-            reverse: false,
-        };
+/// What one entry of a stream amounts to.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "a transient return value, never stored"
+)]
+pub(crate) enum Checked {
+    /// The record (or its damage).
+    One(Result<Record>),
+    /// A gap before the record: the first missing position, then the record.
+    Gap(Error, u64),
+}
+
+impl StreamCheck {
+    /// Checks `task`'s stream from `from`, whose previous record's digest is `prev`.
+    pub(crate) fn new(task: String, from: u64, prev: Option<Digest>) -> Self {
         Self {
-            raw: Some(backend.scan(Space::Events, range)),
-            backend,
-            task: task.to_owned(),
+            task,
             expected: from,
             prev,
-            pending: None,
-            done: false,
             from,
         }
+    }
+
+    /// The task.
+    pub(crate) fn task(&self) -> &str {
+        &self.task
     }
 
     fn err(&self, position: u64, kind: CorruptionKind) -> Error {
         Error::corruption(&self.task, position, kind)
     }
 
-    fn decode(&mut self, position: u64, bytes: &[u8]) -> Result<Record> {
+    /// Checks one entry found in the task's key range. On [`Checked::Gap`], the record comes
+    /// from [`StreamCheck::decode`] at the position returned.
+    pub(crate) fn entry(&mut self, key: &[u8], value: &[u8]) -> Checked {
+        let position = match keys::parse_event_key(key) {
+            Ok((_, position)) => position,
+            Err(kind) => {
+                self.prev = None;
+                return Checked::One(Err(self.err(self.expected, kind)));
+            }
+        };
+        if position > self.expected {
+            // A gap: report the first missing position, then the record after the gap.
+            let missing = self.expected;
+            self.prev = None;
+            self.expected = position;
+            return Checked::Gap(self.err(missing, CorruptionKind::Missing), position);
+        }
+        Checked::One(self.decode(position, value))
+    }
+
+    /// Verifies and decodes the record at `position`.
+    pub(crate) fn decode(&mut self, position: u64, bytes: &[u8]) -> Result<Record> {
         self.expected = position + 1;
         let frame = match record::parse(bytes) {
             Ok(frame) => frame,
@@ -543,12 +762,12 @@ impl<'a> StreamReader<'a> {
         frame.into_record().map_err(|kind| self.err(position, kind))
     }
 
-    fn finish(&mut self) -> Option<Result<Record>> {
-        self.done = true;
-        let head = match self.backend.get(Space::Heads, &keys::task_key(&self.task)) {
-            Ok(Some(bytes)) => bytes,
-            Ok(None) if self.expected == self.from => return None,
-            Ok(None) => {
+    /// Compares the end of the stream with the task head (as read from the `heads` space).
+    pub(crate) fn finish(&self, head: Option<&[u8]>) -> Option<Result<Record>> {
+        let head = match head {
+            Some(bytes) => bytes,
+            None if self.expected == self.from => return None,
+            None => {
                 return Some(Err(self.err(
                     self.expected,
                     CorruptionKind::Head {
@@ -556,9 +775,8 @@ impl<'a> StreamReader<'a> {
                     },
                 )))
             }
-            Err(e) => return Some(Err(e)),
         };
-        let head = match Head::decode(&head) {
+        let head = match Head::decode(head) {
             Ok(head) => head,
             Err(kind) => return Some(Err(self.err(self.expected, kind))),
         };
@@ -589,6 +807,53 @@ impl<'a> StreamReader<'a> {
     }
 }
 
+/// Iterator over one task's records; see [`Journal::read_stream`].
+pub struct StreamReader<'a> {
+    backend: &'a dyn Backend,
+    raw: Option<crate::backend::RawIter<'a>>,
+    check: StreamCheck,
+    /// A gap found before this record was reported; the record itself comes next.
+    pending: Option<(u64, Box<[u8]>)>,
+    done: bool,
+}
+
+impl<'a> StreamReader<'a> {
+    fn new(backend: &'a dyn Backend, task: &str, from: u64) -> Self {
+        let prev = if from == 0 {
+            Some(Digest::GENESIS)
+        } else {
+            backend
+                .get(Space::Events, &keys::event_key(task, from - 1))
+                .ok()
+                .flatten()
+                .and_then(|bytes| record::parse(&bytes).ok().map(|frame| frame.digest))
+        };
+        let range = Range {
+            lower: keys::event_key(task, from),
+            upper: crate::backend::prefix_end(&keys::task_prefix(task)),
+            reverse: false,
+        };
+        Self {
+            raw: Some(backend.scan(Space::Events, range)),
+            backend,
+            check: StreamCheck::new(task.to_owned(), from, prev),
+            pending: None,
+            done: false,
+        }
+    }
+
+    fn finish(&mut self) -> Option<Result<Record>> {
+        self.done = true;
+        match self
+            .backend
+            .get(Space::Heads, &keys::task_key(self.check.task()))
+        {
+            Ok(head) => self.check.finish(head.as_deref()),
+            Err(e) => Some(Err(e)),
+        }
+    }
+}
+
 impl Iterator for StreamReader<'_> {
     type Item = Result<Record>;
 
@@ -597,7 +862,7 @@ impl Iterator for StreamReader<'_> {
             return None;
         }
         if let Some((position, bytes)) = self.pending.take() {
-            return Some(self.decode(position, &bytes));
+            return Some(self.check.decode(position, &bytes));
         }
         let item = match self.raw.as_mut().and_then(Iterator::next) {
             None => {
@@ -611,21 +876,12 @@ impl Iterator for StreamReader<'_> {
             Some(Ok(item)) => item,
         };
         let (key, value) = item;
-        let position = match keys::parse_event_key(&key) {
-            Ok((_, position)) => position,
-            Err(kind) => {
-                self.prev = None;
-                return Some(Err(self.err(self.expected, kind)));
+        match self.check.entry(&key, &value) {
+            Checked::One(result) => Some(result),
+            Checked::Gap(missing, position) => {
+                self.pending = Some((position, value));
+                Some(Err(missing))
             }
-        };
-        if position > self.expected {
-            // A gap: report the first missing position, then the record after the gap.
-            let missing = self.expected;
-            self.prev = None;
-            self.pending = Some((position, value.into_vec()));
-            self.expected = position;
-            return Some(Err(self.err(missing, CorruptionKind::Missing)));
         }
-        Some(self.decode(position, &value))
     }
 }

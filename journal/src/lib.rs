@@ -32,6 +32,7 @@
 //! ```
 
 mod backend;
+mod bulk;
 mod error;
 mod event;
 mod head;
@@ -41,13 +42,17 @@ mod options;
 pub mod record;
 mod writer;
 
-pub use backend::{prefix_end, Backend, BatchOp, KeyValue, Range, RawIter, RocksBackend};
+pub use backend::{prefix_end, Backend, BatchOp, Cursor, KeyValue, Range, RawIter, RocksBackend};
+pub use bulk::{RawRecords, RawStream, StreamScanner};
 pub use error::{CorruptionKind, Error, Limit, Result};
 pub use event::{
     Event, EventType, ExpiryResolution, LeasePolicy, MetadataEntry, TaskSpec, Timestamp,
 };
 pub use head::Head;
-pub use journal::{Committed, Journal, StreamReader, JOURNAL_FORMAT_VERSION};
+pub use journal::{
+    CommitBatches, Committed, Journal, RawCommits, RecordFetcher, StreamReader,
+    JOURNAL_FORMAT_VERSION,
+};
 pub use options::{Durability, JournalOptions};
 pub use record::{Digest, Record, FORMAT_VERSION};
 pub use writer::Appended;

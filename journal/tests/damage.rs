@@ -58,6 +58,7 @@ fn events_cf(db: &rocksdb::DB) -> &rocksdb::ColumnFamily {
 /// Every error reading `task`, as (position, kind).
 fn problems(dir: &Path, task: &str) -> Vec<(u64, CorruptionKind)> {
     let journal = Journal::open_read_only(dir).unwrap();
+    bulk_reads_agree(&journal, task);
     journal
         .read_stream(task, 0)
         .filter_map(Result::err)
@@ -73,6 +74,31 @@ fn problems(dir: &Path, task: &str) -> Vec<(u64, CorruptionKind)> {
             other => panic!("unexpected error {other}"),
         })
         .collect()
+}
+
+/// The bulk reader reports exactly what `read_stream` reports, for every task of the journal
+/// (read in one pass, in id order) and for `task`.
+fn bulk_reads_agree(journal: &Journal, task: &str) {
+    let mut names: Vec<String> = journal
+        .tasks()
+        .filter_map(|t| t.ok().map(|t| t.0))
+        .collect();
+    names.push(task.to_owned());
+    names.sort();
+    names.dedup();
+    let mut scanner = journal.stream_scanner();
+    for name in &names {
+        let bulk: Vec<String> = scanner
+            .read(name)
+            .into_records()
+            .map(|r| format!("{r:?}"))
+            .collect();
+        let direct: Vec<String> = journal
+            .read_stream(name, 0)
+            .map(|r| format!("{r:?}"))
+            .collect();
+        assert_eq!(bulk, direct, "task {name:?}");
+    }
 }
 
 #[test]

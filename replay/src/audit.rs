@@ -28,6 +28,7 @@ use crate::fold::Task;
 use crate::state::Status;
 use dtask_journal::{CorruptionKind, Error, Event, Head, Journal, Record};
 use serde::Serialize;
+use std::cmp::Ordering;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt;
 
@@ -258,6 +259,16 @@ fn scan_task(
     head: Option<Head>,
     on_record: &mut dyn FnMut(&Record),
 ) -> Result<Scan, Error> {
+    scan_records(task, head, journal.read_stream(task, 0), on_record)
+}
+
+/// [`scan_task`] over records already being read.
+fn scan_records(
+    task: &str,
+    head: Option<Head>,
+    records: impl Iterator<Item = Result<Record, Error>>,
+    on_record: &mut dyn FnMut(&Record),
+) -> Result<Scan, Error> {
     let mut report = TaskReport {
         task: task.to_owned(),
         exists: head.is_some(),
@@ -275,7 +286,7 @@ fn scan_task(
     // id → (position, seq) of queued notifications, tracked without the fold so that the
     // outbox can be checked even past an illegal record.
     let mut queued: HashMap<String, (u64, u64)> = HashMap::new();
-    for item in journal.read_stream(task, 0) {
+    for item in records {
         let record = match item {
             Ok(record) => record,
             Err(Error::Corruption { position, kind, .. }) => {
@@ -587,6 +598,14 @@ impl SeqSet {
 /// Audits the whole journal: every task (see [`audit_task`]), then the `live`, `commits` and
 /// `outbox` indexes against the streams. `progress` is called after each task.
 ///
+/// The journal is read in a few forward passes — the streams with their heads and the `live`
+/// index in task order, the `commits` index in sequence order — never all held at once: a
+/// reader thread hands batches of raw streams to worker threads that verify, decode and fold
+/// them, and the results are taken in task order (the report is the same as a sequential
+/// audit's). The commit index is checked against the streams through an order-independent
+/// fingerprint of (sequence, event key) pairs; only when it disagrees is the index walked
+/// again entry by entry to name what is wrong.
+///
 /// # Errors
 /// [`Error::Storage`] (or another non-corruption journal error) when the journal cannot be
 /// read; damage is reported in the result, never as an error.
@@ -594,97 +613,184 @@ pub fn audit_journal(
     journal: &Journal,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<AuditReport, Error> {
+    let last_seq = journal.last_seq()?;
+    std::thread::scope(|scope| {
+        let commits = scope.spawn(|| CommitSummary::read(journal));
+        let (batches, results, tokens) = pipeline::start(scope, journal);
+        let report = collect(journal, last_seq, &results, &tokens, progress);
+        drop((results, tokens));
+        let commits = commits
+            .join()
+            .unwrap_or_else(|_| Err(Error::Storage("the commit index reader failed".into())));
+        let batches = batches
+            .join()
+            .map_err(|_| Error::Storage("the journal reader failed".into()));
+        let (report, events) = report?;
+        batches?;
+        finish(journal, report, &commits?, &events)
+    })
+}
+
+/// What the in-order pass over the task results leaves for the index checks.
+struct Collected {
+    report: AuditReport,
+    damaged: HashMap<String, HashSet<u64>>,
+    unacked: BTreeSet<(String, u64)>,
+}
+
+/// Takes the task results in task order and builds the report: everything but the `commits`
+/// and `outbox` checks. Returns the fingerprint of the intact records' (sequence, key) pairs.
+#[allow(
+    clippy::too_many_lines,
+    reason = "the live-index merge and the per-task bookkeeping read best together"
+)]
+fn collect(
+    journal: &Journal,
+    last_seq: u64,
+    results: &pipeline::Results,
+    tokens: &pipeline::Tokens,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<(Collected, Fingerprint), Error> {
     let mut report = AuditReport {
-        last_seq: journal.last_seq()?,
+        last_seq,
         ..AuditReport::default()
     };
-    let mut live = BTreeSet::new();
-    for id in journal.live_tasks() {
-        match id {
-            Ok(id) => {
-                live.insert(id);
+    let mut live = journal.live_tasks().peekable();
+    let mut live_unreadable = Vec::new();
+    let mut live_unknown = Vec::new();
+    let mut head_problems = Vec::new();
+    let mut task_problems = Vec::new();
+    // Takes the live index up to `task`: entries before it list tasks without a (readable)
+    // head; returns whether `task` itself is listed.
+    let mut live_until = |task: Option<&str>, report: &mut AuditReport| -> Result<bool, Error> {
+        loop {
+            let next = match live.peek() {
+                None => return Ok(false),
+                Some(Ok(id)) => match task {
+                    Some(task) if id.as_str() > task => return Ok(false),
+                    Some(task) if id == task => Ordering::Equal,
+                    _ => Ordering::Less,
+                },
+                Some(Err(_)) => Ordering::Less,
+            };
+            match live.next() {
+                Some(Ok(id)) => {
+                    report.live += 1;
+                    if next == Ordering::Equal {
+                        return Ok(true);
+                    }
+                    live_unknown.push(Problem::new(
+                        &id,
+                        None,
+                        ProblemKind::LiveIndex,
+                        "the live index lists a task the journal does not have",
+                    ));
+                }
+                Some(Err(Error::Corruption { task, kind, .. })) => {
+                    live_unreadable.push(Problem::new(
+                        &task,
+                        None,
+                        ProblemKind::LiveIndex,
+                        format!("unreadable live index entry: {kind}"),
+                    ));
+                }
+                Some(Err(e)) => return Err(e),
+                None => return Ok(false),
             }
-            Err(Error::Corruption { task, kind, .. }) => report.problems.push(Problem::new(
-                &task,
-                None,
-                ProblemKind::LiveIndex,
-                format!("unreadable live index entry: {kind}"),
-            )),
-            Err(e) => return Err(e),
         }
-    }
-    report.live = live.len() as u64;
-    let mut seqs = SeqSet::new(report.last_seq);
-    let mut known = HashSet::new();
+    };
+    let mut seqs = SeqSet::new(last_seq);
     let mut damaged: HashMap<String, HashSet<u64>> = HashMap::new();
     let mut unacked = BTreeSet::new();
     let mut tally = Progress {
-        total_records: report.last_seq,
+        total_records: last_seq,
         ..Progress::default()
     };
-    let mut seq_problems = Vec::new();
-    let mut heads = Vec::new();
-    for item in journal.tasks() {
-        match item {
-            Ok(pair) => heads.push(pair),
-            Err(Error::Corruption {
-                task,
-                position,
-                kind,
-            }) => {
-                report
-                    .problems
-                    .push(Problem::corruption(&task, position, &kind));
+    let mut events = Fingerprint::default();
+    for outcomes in results.in_order(tokens) {
+        for outcome in outcomes {
+            let (mut scan, records) = match outcome {
+                pipeline::Outcome::HeadProblem(problem) => {
+                    head_problems.push(problem);
+                    continue;
+                }
+                pipeline::Outcome::Failed(e) => return Err(e),
+                pipeline::Outcome::Task(scan, records, fingerprint) => {
+                    events.add(&fingerprint);
+                    (scan, records)
+                }
+            };
+            let task = scan.report.task.clone();
+            let mut seq_problems = Vec::new();
+            for (position, seq) in records {
+                match seqs.insert(seq) {
+                    Some(true) => {}
+                    found => seq_problems.push(Problem::new(
+                        &task,
+                        Some(position),
+                        ProblemKind::CommitIndex,
+                        if found.is_none() {
+                            format!(
+                                "the record's sequence {seq} is beyond the last committed sequence {last_seq}"
+                            )
+                        } else {
+                            format!("sequence {seq} is carried by two records")
+                        },
+                    )),
+                }
             }
-            Err(e) => return Err(e),
+            let listed = live_until(Some(&task), &mut report)?;
+            check_live(&mut scan.report, listed);
+            report.tasks += 1;
+            report.records += scan.report.records;
+            report.bytes += scan.report.bytes;
+            tally.tasks += 1;
+            tally.records += scan.report.records + scan.damaged.len() as u64;
+            task_problems.append(&mut scan.report.problems);
+            task_problems.append(&mut seq_problems);
+            for position in scan.unacked {
+                unacked.insert((task.clone(), position));
+            }
+            if !scan.damaged.is_empty() {
+                damaged.insert(task, scan.damaged);
+            }
+            progress(tally);
         }
     }
-    for (task, head) in heads {
-        let mut on_record = |record: &Record| match seqs.insert(record.seq) {
-            Some(true) => {}
-            found => seq_problems.push(Problem::new(
-                &task,
-                Some(record.position),
-                ProblemKind::CommitIndex,
-                if found.is_none() {
-                    format!(
-                        "the record's sequence {} is beyond the last committed sequence {}",
-                        record.seq, report.last_seq
-                    )
-                } else {
-                    format!("sequence {} is carried by two records", record.seq)
-                },
-            )),
-        };
-        let mut scan = scan_task(journal, &task, Some(head), &mut on_record)?;
-        check_live(&mut scan.report, live.contains(&task));
-        report.tasks += 1;
-        report.records += scan.report.records;
-        report.bytes += scan.report.bytes;
-        tally.tasks += 1;
-        tally.records += scan.report.records + scan.damaged.len() as u64;
-        report.problems.append(&mut scan.report.problems);
-        report.problems.append(&mut seq_problems);
-        for position in scan.unacked {
-            unacked.insert((task.clone(), position));
-        }
-        if !scan.damaged.is_empty() {
-            damaged.insert(task.clone(), scan.damaged);
-        }
-        known.insert(task);
-        progress(tally);
-    }
-    for task in live.iter().filter(|t| !known.contains(*t)) {
-        report.problems.push(Problem::new(
-            task,
-            None,
-            ProblemKind::LiveIndex,
-            "the live index lists a task the journal does not have",
-        ));
-    }
+    live_until(None, &mut report)?;
+    report.problems = live_unreadable;
+    report.problems.append(&mut head_problems);
+    report.problems.append(&mut task_problems);
+    report.problems.append(&mut live_unknown);
+    Ok((
+        Collected {
+            report,
+            damaged,
+            unacked,
+        },
+        events,
+    ))
+}
+
+/// The `commits` and `outbox` checks, once every stream was read.
+fn finish(
+    journal: &Journal,
+    collected: Collected,
+    commits: &CommitSummary,
+    events: &Fingerprint,
+) -> Result<AuditReport, Error> {
+    let Collected {
+        mut report,
+        damaged,
+        mut unacked,
+    } = collected;
     let is_damaged =
         |task: &str, position: u64| damaged.get(task).is_some_and(|d| d.contains(&position));
-    check_commits(journal, &known, &is_damaged, &mut report.problems)?;
+    if !commits.agrees_with(events) {
+        // Something is wrong with the index: walk it entry by entry to say what.
+        let known = |task: &str| matches!(journal.head(task), Ok(Some(_)));
+        check_commits(journal, &known, &is_damaged, &mut report.problems)?;
+    }
     report.outbox = check_outbox(
         journal,
         None,
@@ -695,11 +801,277 @@ pub fn audit_journal(
     Ok(report)
 }
 
+/// An order-independent fingerprint of a set of (sequence, event key) pairs: the lane-wise
+/// sums of two independent 64-bit hashes of each pair, and their count. It tells an intact
+/// index from a damaged one (any difference sends the audit to the entry-by-entry check); it
+/// is not meant to resist deliberate forgery, which the index is not protected against anyway.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Fingerprint {
+    lanes: [u64; 2],
+    count: u64,
+    /// A pair that cannot be compared this way was seen (a key that does not parse back).
+    opaque: bool,
+}
+
+/// The lanes' seeds.
+const SEEDS: [u64; 2] = [0x243f_6a88_85a3_08d3, 0x1319_8a2e_0370_7344];
+
+/// The `SplitMix64` finalizer: a bijective mix of 64 bits.
+const fn mix(mut h: u64) -> u64 {
+    h ^= h >> 30;
+    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h ^= h >> 27;
+    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
+}
+
+impl Fingerprint {
+    fn add_pair(&mut self, seq: u64, key: &[u8]) {
+        let len = key.len() as u64;
+        for (lane, seed) in self.lanes.iter_mut().zip(SEEDS) {
+            let mut h = mix(seed ^ seq);
+            h = mix(h ^ len);
+            let mut words = key.chunks_exact(8);
+            for word in &mut words {
+                let mut w = [0u8; 8];
+                w.copy_from_slice(word);
+                h = mix(h ^ u64::from_le_bytes(w));
+            }
+            let rest = words.remainder();
+            if !rest.is_empty() {
+                let mut w = [0u8; 8];
+                w[..rest.len()].copy_from_slice(rest);
+                h = mix(h ^ u64::from_le_bytes(w));
+            }
+            *lane = lane.wrapping_add(h);
+        }
+        self.count += 1;
+    }
+
+    fn add(&mut self, other: &Self) {
+        for (lane, other) in self.lanes.iter_mut().zip(other.lanes) {
+            *lane = lane.wrapping_add(other);
+        }
+        self.count += other.count;
+        self.opaque |= other.opaque;
+    }
+}
+
+/// One pass over the `commits` index: whether it is dense from 1 with well-formed keys, and
+/// the fingerprint of its (sequence, event key) entries.
+struct CommitSummary {
+    dense: bool,
+    fingerprint: Fingerprint,
+}
+
+impl CommitSummary {
+    fn read(journal: &Journal) -> Result<Self, Error> {
+        let mut summary = Self {
+            dense: true,
+            fingerprint: Fingerprint::default(),
+        };
+        let mut next = 1u64;
+        journal.for_each_commit_entry(&mut |key, value| {
+            match dtask_journal::keys::parse_seq_key(key) {
+                Ok(seq) if seq == next => summary.fingerprint.add_pair(seq, value),
+                _ => summary.dense = false,
+            }
+            next += 1;
+        })?;
+        Ok(summary)
+    }
+
+    /// Whether the index holds exactly the (sequence, key) pairs of the intact records, so
+    /// that an entry-by-entry check would find nothing.
+    fn agrees_with(&self, events: &Fingerprint) -> bool {
+        self.dense && !events.opaque && self.fingerprint == *events
+    }
+}
+
+/// The threads of [`audit_journal`]: one reads raw streams in task order and hands them out in
+/// numbered batches, workers verify and fold them, and [`pipeline::Results::in_order`] gives
+/// the results back in batch order. At most [`pipeline::IN_FLIGHT`] batches exist at a time
+/// (a token is taken per batch and returned when its results are consumed), so memory is
+/// bounded by the batch size, not by the journal.
+mod pipeline {
+    use super::{scan_records, Fingerprint, Problem, Scan};
+    use dtask_journal::{Error, Journal, RawStream};
+    use std::collections::BTreeMap;
+    use std::sync::mpsc::{self, Receiver, SyncSender};
+    use std::sync::{Arc, Mutex};
+    use std::thread::{Scope, ScopedJoinHandle};
+
+    /// Batches in flight at most.
+    pub(super) const IN_FLIGHT: usize = 16;
+    /// A batch is sent once it holds this many records (or [`BATCH_TASKS`] tasks).
+    const BATCH_RECORDS: usize = 2048;
+    const BATCH_TASKS: usize = 256;
+
+    /// What the reader found for one task.
+    enum Unit {
+        Task(dtask_journal::Head, RawStream),
+        HeadProblem(Problem),
+        Failed(Error),
+    }
+
+    /// A task's result.
+    pub(super) enum Outcome {
+        /// The scan, the (position, sequence) of every intact record, and their fingerprint.
+        Task(Scan, Vec<(u64, u64)>, Fingerprint),
+        /// The head could not be read.
+        HeadProblem(Problem),
+        /// The journal could not be read.
+        Failed(Error),
+    }
+
+    /// The tokens bounding the batches in flight.
+    pub(super) struct Tokens(SyncSender<()>);
+
+    /// Results as workers finish them.
+    pub(super) struct Results(Receiver<(usize, Vec<Outcome>)>);
+
+    impl Results {
+        /// The batches' outcomes in batch order; each batch consumed returns its token.
+        pub(super) fn in_order<'a>(
+            &'a self,
+            tokens: &'a Tokens,
+        ) -> impl Iterator<Item = Vec<Outcome>> + 'a {
+            let mut waiting: BTreeMap<usize, Vec<Outcome>> = BTreeMap::new();
+            let mut next = 0;
+            std::iter::from_fn(move || loop {
+                if let Some(batch) = waiting.remove(&next) {
+                    next += 1;
+                    let _ = tokens.0.send(());
+                    return Some(batch);
+                }
+                let (index, batch) = self.0.recv().ok()?;
+                waiting.insert(index, batch);
+            })
+        }
+    }
+
+    /// Starts the reader and the workers.
+    pub(super) fn start<'scope>(
+        scope: &'scope Scope<'scope, '_>,
+        journal: &'scope Journal,
+    ) -> (ScopedJoinHandle<'scope, ()>, Results, Tokens) {
+        let (token_tx, token_rx) = mpsc::sync_channel(IN_FLIGHT);
+        for _ in 0..IN_FLIGHT {
+            let _ = token_tx.send(());
+        }
+        let (batch_tx, batch_rx) = mpsc::sync_channel::<(usize, Vec<Unit>)>(IN_FLIGHT);
+        let (result_tx, result_rx) = mpsc::channel();
+        let batch_rx = Arc::new(Mutex::new(batch_rx));
+        let workers = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(1, 8));
+        for _ in 0..workers {
+            let batch_rx = Arc::clone(&batch_rx);
+            let result_tx = result_tx.clone();
+            scope.spawn(move || work(&batch_rx, &result_tx));
+        }
+        let reader = scope.spawn(move || read(journal, &token_rx, &batch_tx));
+        (reader, Results(result_rx), Tokens(token_tx))
+    }
+
+    /// Reads the streams of every task with a head, in task order.
+    fn read(journal: &Journal, tokens: &Receiver<()>, batches: &SyncSender<(usize, Vec<Unit>)>) {
+        let mut scanner = journal.stream_scanner();
+        let mut batch = Vec::new();
+        let mut records = 0;
+        let mut index = 0;
+        let mut send = |batch: &mut Vec<Unit>| -> bool {
+            if tokens.recv().is_err() {
+                return false;
+            }
+            let sent = batches.send((index, std::mem::take(batch))).is_ok();
+            index += 1;
+            sent
+        };
+        for item in journal.tasks() {
+            match item {
+                Ok((task, head)) => {
+                    let stream = scanner.read(&task);
+                    records += stream.len();
+                    batch.push(Unit::Task(head, stream));
+                }
+                Err(Error::Corruption {
+                    task,
+                    position,
+                    kind,
+                }) => batch.push(Unit::HeadProblem(Problem::corruption(
+                    &task, position, &kind,
+                ))),
+                Err(e) => {
+                    batch.push(Unit::Failed(e));
+                    break;
+                }
+            }
+            if records >= BATCH_RECORDS || batch.len() >= BATCH_TASKS {
+                records = 0;
+                if !send(&mut batch) {
+                    return;
+                }
+            }
+        }
+        if !batch.is_empty() {
+            send(&mut batch);
+        }
+    }
+
+    /// Verifies and folds batches until the reader is done.
+    fn work(
+        batches: &Mutex<Receiver<(usize, Vec<Unit>)>>,
+        results: &mpsc::Sender<(usize, Vec<Outcome>)>,
+    ) {
+        loop {
+            let next = match batches.lock() {
+                Ok(rx) => rx.recv(),
+                Err(_) => return,
+            };
+            let Ok((index, units)) = next else {
+                return;
+            };
+            let outcomes = units.into_iter().map(outcome).collect();
+            if results.send((index, outcomes)).is_err() {
+                return;
+            }
+        }
+    }
+
+    fn outcome(unit: Unit) -> Outcome {
+        match unit {
+            Unit::HeadProblem(problem) => Outcome::HeadProblem(problem),
+            Unit::Failed(e) => Outcome::Failed(e),
+            Unit::Task(head, stream) => {
+                let records = stream.into_records();
+                let task = records.task().to_owned();
+                let valid = dtask_journal::keys::is_valid_task_id(&task);
+                let mut seqs = Vec::new();
+                let mut fingerprint = Fingerprint {
+                    opaque: !valid,
+                    ..Fingerprint::default()
+                };
+                let mut key = dtask_journal::keys::task_prefix(&task);
+                let prefix = key.len();
+                let mut on_record = |record: &dtask_journal::Record| {
+                    seqs.push((record.position, record.seq));
+                    key.truncate(prefix);
+                    key.extend_from_slice(&record.position.to_be_bytes());
+                    fingerprint.add_pair(record.seq, &key);
+                };
+                match scan_records(&task, Some(head), records, &mut on_record) {
+                    Ok(scan) => Outcome::Task(scan, seqs, fingerprint),
+                    Err(e) => Outcome::Failed(e),
+                }
+            }
+        }
+    }
+}
+
 /// Checks that the commit index is dense from 1 and that every entry points at a record of a
 /// known task carrying that sequence.
 fn check_commits(
     journal: &Journal,
-    known: &HashSet<String>,
+    known: &dyn Fn(&str) -> bool,
     damaged: &dyn Fn(&str, u64) -> bool,
     problems: &mut Vec<Problem>,
 ) -> Result<(), Error> {
@@ -724,7 +1096,7 @@ fn check_commits(
                     ));
                 }
                 next = seq + 1;
-                if !known.contains(&c.task) {
+                if !known(&c.task) {
                     problems.push(Problem::new(
                         &c.task,
                         Some(c.record.position),

@@ -6,9 +6,9 @@
 //! live one by construction. `apply` also checks that the event is legal where it stands, so
 //! the audit can name the first record that could not have been written by a correct engine.
 
+use crate::ids::IdIndex;
 use crate::state::{Status, TaskState, DEFAULT_CANCEL_REASON, LEASE_EXPIRED_ERROR};
 use dtask_journal::{Event, EventType, ExpiryResolution, LeasePolicy};
-use std::collections::HashMap;
 use std::fmt;
 
 /// Why an event cannot follow the state it was applied to.
@@ -94,11 +94,11 @@ pub struct Task {
     /// The snapshot.
     pub state: TaskState,
     /// Update event id → position of its `UpdateAppended` record.
-    pub update_ids: HashMap<String, u64>,
+    pub update_ids: IdIndex,
     /// Application notification event id → position of its `NotificationEnqueued` record.
-    pub notification_ids: HashMap<String, u64>,
+    pub notification_ids: IdIndex,
     /// Queued, unacknowledged notification ids → position of the enqueue record.
-    pub outbox: HashMap<String, u64>,
+    pub outbox: IdIndex,
 }
 
 impl Task {
@@ -139,9 +139,9 @@ impl Task {
                 position: 1,
                 updates: 0,
             },
-            update_ids: HashMap::new(),
-            notification_ids: HashMap::new(),
-            outbox: HashMap::new(),
+            update_ids: IdIndex::new(),
+            notification_ids: IdIndex::new(),
+            outbox: IdIndex::new(),
         })
     }
 
@@ -420,13 +420,13 @@ impl Task {
             }
             Event::UpdateAppended { event_id, .. } => {
                 s.updates += 1;
-                self.update_ids.insert(event_id.clone(), position);
+                self.update_ids.insert(event_id, position);
             }
             Event::NotificationEnqueued { id, event_id, .. } => {
                 if !event_id.is_empty() {
-                    self.notification_ids.insert(event_id.clone(), position);
+                    self.notification_ids.insert(event_id, position);
                 }
-                self.outbox.insert(id.clone(), position);
+                self.outbox.insert(id, position);
             }
             Event::NotificationAcked { id, .. } => {
                 self.outbox.remove(id);

@@ -27,10 +27,12 @@
 
 pub mod audit;
 mod fold;
+mod ids;
 mod replay;
 mod state;
 
 pub use audit::{audit_journal, audit_task, AuditReport, Problem, ProblemKind, TaskReport};
 pub use fold::{cancel_error, FoldError, Task};
-pub use replay::{load_task, load_task_at, replay_task, Replay, ReplayError, TaskFold};
+pub use ids::IdIndex;
+pub use replay::{load_task, load_task_at, load_tasks, replay_task, Replay, ReplayError, TaskFold};
 pub use state::{Status, TaskState, DEFAULT_CANCEL_REASON, LEASE_EXPIRED_ERROR};

@@ -162,6 +162,301 @@ pub fn event_to_json(event: &Event, b: Bytes) -> Value {
     Value::Object(out)
 }
 
+/// Appends `s` as a JSON string, escaped exactly as `serde_json` escapes it.
+pub fn push_str(out: &mut Vec<u8>, s: &str) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    out.push(b'"');
+    let bytes = s.as_bytes();
+    let mut start = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let escape: &[u8] = match b {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            b'\n' => b"\\n",
+            b'\r' => b"\\r",
+            b'\t' => b"\\t",
+            0x08 => b"\\b",
+            0x0c => b"\\f",
+            0x00..=0x1f => b"",
+            _ => continue,
+        };
+        out.extend_from_slice(&bytes[start..i]);
+        start = i + 1;
+        if escape.is_empty() {
+            out.extend_from_slice(b"\\u00");
+            out.push(HEX[usize::from(b >> 4)]);
+            out.push(HEX[usize::from(b & 0xf)]);
+        } else {
+            out.extend_from_slice(escape);
+        }
+    }
+    out.extend_from_slice(&bytes[start..]);
+    out.push(b'"');
+}
+
+/// Appends `n` in decimal.
+pub fn push_u64(out: &mut Vec<u8>, n: u64) {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut n = n;
+    loop {
+        at -= 1;
+        // `n % 10` is a single digit.
+        #[allow(clippy::cast_possible_truncation)]
+        let digit = (n % 10) as u8;
+        digits[at] = b'0' + digit;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[at..]);
+}
+
+fn push_bool(out: &mut Vec<u8>, b: bool) {
+    out.extend_from_slice(if b { b"true" } else { b"false" });
+}
+
+fn push_bytes(out: &mut Vec<u8>, b: Bytes, data: &[u8]) {
+    match b {
+        Bytes::Base64 => {
+            out.push(b'"');
+            let at = out.len();
+            out.resize(at + base64::encoded_len(data.len(), true).unwrap_or(0), 0);
+            let n = STANDARD.encode_slice(data, &mut out[at..]).unwrap_or(0);
+            out.truncate(at + n);
+            out.push(b'"');
+        }
+        Bytes::Redact => {
+            out.extend_from_slice(b"{\"redacted_len\":");
+            push_u64(out, data.len() as u64);
+            out.push(b'}');
+        }
+    }
+}
+
+fn push_opt_bytes(out: &mut Vec<u8>, b: Bytes, data: Option<&Vec<u8>>) {
+    match data {
+        Some(data) => push_bytes(out, b, data),
+        None => out.extend_from_slice(b"null"),
+    }
+}
+
+/// A JSON object written field by field; fields must come in lexicographic order (the order
+/// `serde_json` writes a map in).
+struct Obj<'a> {
+    out: &'a mut Vec<u8>,
+    first: bool,
+}
+
+impl<'a> Obj<'a> {
+    fn new(out: &'a mut Vec<u8>) -> Self {
+        out.push(b'{');
+        Self { out, first: true }
+    }
+
+    fn key(&mut self, key: &str) -> &mut Vec<u8> {
+        if !self.first {
+            self.out.push(b',');
+        }
+        self.first = false;
+        self.out.push(b'"');
+        self.out.extend_from_slice(key.as_bytes());
+        self.out.extend_from_slice(b"\":");
+        self.out
+    }
+
+    fn u64(&mut self, key: &str, n: u64) -> &mut Self {
+        push_u64(self.key(key), n);
+        self
+    }
+
+    fn str(&mut self, key: &str, s: &str) -> &mut Self {
+        push_str(self.key(key), s);
+        self
+    }
+
+    fn bool(&mut self, key: &str, v: bool) -> &mut Self {
+        push_bool(self.key(key), v);
+        self
+    }
+
+    fn bytes(&mut self, key: &str, b: Bytes, data: &[u8]) -> &mut Self {
+        push_bytes(self.key(key), b, data);
+        self
+    }
+
+    fn opt_bytes(&mut self, key: &str, b: Bytes, data: Option<&Vec<u8>>) -> &mut Self {
+        push_opt_bytes(self.key(key), b, data);
+        self
+    }
+
+    fn end(&mut self) {
+        self.out.push(b'}');
+    }
+}
+
+/// Appends the event object of [`event_to_json`] to `out`, byte for byte as `serde_json`
+/// writes that value, without building it.
+#[allow(clippy::too_many_lines, reason = "one arm per event type reads best")]
+pub fn write_event_json(out: &mut Vec<u8>, event: &Event, b: Bytes) {
+    let ty = event.event_type().as_str();
+    let mut o = Obj::new(out);
+    match event {
+        Event::Created {
+            spec,
+            policy,
+            checkpoint,
+            context_snapshot,
+            at,
+        } => {
+            o.u64("at", at.0)
+                .bytes("checkpoint", b, checkpoint)
+                .bytes("context_snapshot", b, context_snapshot)
+                .str("policy", policy.as_str());
+            let mut s = Obj::new(o.key("spec"));
+            s.str("description", &spec.description)
+                .str("executor_key", &spec.executor_key)
+                .str("id", &spec.id)
+                .str("kind", &spec.kind)
+                .bool("notify_session", spec.notify_session)
+                .str("output_file", &spec.output_file)
+                .bytes("payload", b, &spec.payload)
+                .str("session_id", &spec.session_id)
+                .end();
+            o.str("type", ty);
+        }
+        Event::AttemptStarted {
+            attempt,
+            lease_deadline,
+            at,
+        } => {
+            o.u64("at", at.0)
+                .u64("attempt", *attempt)
+                .u64("lease_deadline", lease_deadline.0)
+                .str("type", ty);
+        }
+        Event::Heartbeat { lease_deadline, at } => {
+            o.u64("at", at.0)
+                .u64("lease_deadline", lease_deadline.0)
+                .str("type", ty);
+        }
+        Event::StartCommitted { checkpoint, at }
+        | Event::WaitingInput { checkpoint, at }
+        | Event::Suspended { checkpoint, at }
+        | Event::Yielded { checkpoint, at } => {
+            o.u64("at", at.0)
+                .bytes("checkpoint", b, checkpoint)
+                .str("type", ty);
+        }
+        Event::TranscriptFailed { error, at } | Event::Failed { error, at } => {
+            o.u64("at", at.0).str("error", error).str("type", ty);
+        }
+        Event::InputProvided {
+            data,
+            context_snapshot,
+            at,
+        } => {
+            o.u64("at", at.0)
+                .opt_bytes("context_snapshot", b, context_snapshot.as_ref())
+                .bytes("data", b, data)
+                .str("type", ty);
+        }
+        Event::Released {
+            context_snapshot,
+            at,
+        } => {
+            o.u64("at", at.0)
+                .opt_bytes("context_snapshot", b, context_snapshot.as_ref())
+                .str("type", ty);
+        }
+        Event::CancelRequested {
+            reason,
+            lease_deadline,
+            direct,
+            at,
+        } => {
+            o.u64("at", at.0).bool("direct", *direct);
+            match lease_deadline {
+                Some(d) => push_u64(o.key("lease_deadline"), d.0),
+                None => o.key("lease_deadline").extend_from_slice(b"null"),
+            }
+            o.str("reason", reason).str("type", ty);
+        }
+        Event::LeaseExpired {
+            resolution,
+            deadline,
+            at,
+        } => {
+            o.u64("at", at.0)
+                .u64("deadline", deadline.0)
+                .str("resolution", resolution_str(*resolution))
+                .str("type", ty);
+        }
+        Event::Completed { data, at } => {
+            o.u64("at", at.0).bytes("data", b, data).str("type", ty);
+        }
+        Event::Canceled { reason, at } => {
+            o.u64("at", at.0).str("reason", reason).str("type", ty);
+        }
+        Event::UpdateAppended {
+            attempt,
+            event_id,
+            kind,
+            data,
+            metadata,
+            at,
+        } => {
+            o.u64("at", at.0)
+                .u64("attempt", *attempt)
+                .bytes("data", b, data)
+                .str("event_id", event_id)
+                .str("kind", kind);
+            let out = o.key("metadata");
+            out.push(b'[');
+            for (i, (k, v)) in metadata.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                out.push(b'[');
+                push_str(out, k);
+                out.push(b',');
+                push_str(out, v);
+                out.push(b']');
+            }
+            out.push(b']');
+            o.str("type", ty);
+        }
+        Event::NotificationEnqueued {
+            id,
+            event_id,
+            kind,
+            data,
+            version,
+            at,
+        } => {
+            o.u64("at", at.0)
+                .bytes("data", b, data)
+                .str("event_id", event_id)
+                .str("id", id)
+                .str("kind", kind)
+                .str("type", ty)
+                .u64("version", *version);
+        }
+        Event::NotificationAcked {
+            id,
+            enqueued_seq,
+            at,
+        } => {
+            o.u64("at", at.0)
+                .u64("enqueued_seq", *enqueued_seq)
+                .str("id", id)
+                .str("type", ty);
+        }
+    }
+    o.end();
+}
+
 /// Reads fields of one JSON object, counting what was read so that unknown fields are refused.
 struct Fields<'a> {
     map: &'a Map<String, Value>,
@@ -463,6 +758,136 @@ mod tests {
                 at,
             },
         ]
+    }
+
+    /// Every variant, with strings that need escaping.
+    #[allow(clippy::too_many_lines, reason = "one event per variant reads best")]
+    fn every_variant() -> Vec<Event> {
+        let at = Timestamp(1_764_000_000_123);
+        let odd = "q\"b\\s/\n\r\t\u{8}\u{c}\u{1}\u{1f}\u{7f}é😀 ".to_owned();
+        let mut events = samples();
+        events.extend([
+            Event::Created {
+                spec: TaskSpec {
+                    id: odd.clone(),
+                    executor_key: odd.clone(),
+                    kind: String::new(),
+                    payload: (0..=255).collect(),
+                    description: odd.clone(),
+                    output_file: String::new(),
+                    session_id: odd.clone(),
+                    notify_session: false,
+                },
+                policy: LeasePolicy::Retry,
+                checkpoint: vec![1, 2],
+                context_snapshot: vec![3; 100],
+                at,
+            },
+            Event::Heartbeat {
+                lease_deadline: Timestamp(0),
+                at,
+            },
+            Event::StartCommitted {
+                checkpoint: b"{}".to_vec(),
+                at,
+            },
+            Event::TranscriptFailed {
+                error: odd.clone(),
+                at,
+            },
+            Event::WaitingInput {
+                checkpoint: vec![1],
+                at,
+            },
+            Event::Suspended {
+                checkpoint: vec![1, 2, 3, 4],
+                at,
+            },
+            Event::Yielded {
+                checkpoint: vec![],
+                at,
+            },
+            Event::InputProvided {
+                data: vec![5; 7],
+                context_snapshot: None,
+                at,
+            },
+            Event::Released {
+                context_snapshot: Some(vec![8]),
+                at,
+            },
+            Event::CancelRequested {
+                reason: odd.clone(),
+                lease_deadline: Some(Timestamp(u64::MAX)),
+                direct: false,
+                at,
+            },
+            Event::LeaseExpired {
+                resolution: ExpiryResolution::Retry,
+                deadline: at,
+                at,
+            },
+            Event::LeaseExpired {
+                resolution: ExpiryResolution::Failed,
+                deadline: at,
+                at,
+            },
+            Event::Completed { data: vec![], at },
+            Event::Failed {
+                error: "boom".into(),
+                at,
+            },
+            Event::Canceled {
+                reason: String::new(),
+                at,
+            },
+            Event::UpdateAppended {
+                attempt: u64::MAX,
+                event_id: odd.clone(),
+                kind: odd.clone(),
+                data: vec![],
+                metadata: vec![],
+                at,
+            },
+            Event::UpdateAppended {
+                attempt: 1,
+                event_id: "e".into(),
+                kind: "k".into(),
+                data: vec![0],
+                metadata: vec![(odd.clone(), String::new()), ("x".into(), odd.clone())],
+                at,
+            },
+            Event::NotificationEnqueued {
+                id: odd.clone(),
+                event_id: String::new(),
+                kind: "completed".into(),
+                data: vec![9; 3],
+                version: 4,
+                at,
+            },
+        ]);
+        events
+    }
+
+    #[test]
+    fn the_direct_writer_writes_what_serde_json_writes() {
+        for event in every_variant() {
+            for b in [Bytes::Base64, Bytes::Redact] {
+                let mut direct = Vec::new();
+                write_event_json(&mut direct, &event, b);
+                let via_value = serde_json::to_vec(&event_to_json(&event, b)).unwrap();
+                assert_eq!(
+                    String::from_utf8(direct).unwrap(),
+                    String::from_utf8(via_value).unwrap(),
+                    "{event:?}"
+                );
+            }
+        }
+        for n in [0, 1, 9, 10, 99, 100, 12_345, u64::MAX] {
+            let mut out = Vec::new();
+            push_u64(&mut out, n);
+            assert_eq!(out, n.to_string().into_bytes());
+        }
     }
 
     #[test]

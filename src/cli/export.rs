@@ -39,6 +39,32 @@ pub fn record_line(task: &str, record: &Record, bytes: Bytes) -> Value {
     })
 }
 
+/// Writes the export line of one record (without its newline) to `out`: the very bytes of
+/// `serde_json::to_writer(record_line(task, record, bytes))`, without building a JSON value.
+pub fn write_record_line(out: &mut Vec<u8>, task: &str, record: &Record, bytes: Bytes) {
+    out.extend_from_slice(b"{\"crc\":\"");
+    push_hex(out, &record.crc.to_be_bytes());
+    out.extend_from_slice(b"\",\"digest\":\"");
+    push_hex(out, &record.digest.0);
+    out.extend_from_slice(b"\",\"event\":");
+    codec::write_event_json(out, &record.event, bytes);
+    out.extend_from_slice(b",\"position\":");
+    codec::push_u64(out, record.position);
+    out.extend_from_slice(b",\"seq\":");
+    codec::push_u64(out, record.seq);
+    out.extend_from_slice(b",\"task\":");
+    codec::push_str(out, task);
+    out.push(b'}');
+}
+
+fn push_hex(out: &mut Vec<u8>, bytes: &[u8]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for b in bytes {
+        out.push(HEX[usize::from(b >> 4)]);
+        out.push(HEX[usize::from(b & 0xf)]);
+    }
+}
+
 /// Merges task streams by global sequence.
 struct Merge<'a> {
     streams: Vec<(String, Peekable<dtask_journal::StreamReader<'a>>)>,
@@ -78,14 +104,10 @@ fn write_export(
     bytes: Bytes,
     w: &mut dyn Write,
 ) -> Result<u64> {
-    let io = CliError::io("writing the export");
-    let (scope, records, mut items): (Value, u64, Items<'_>) = if tasks.is_empty() {
-        let last = journal.last_seq()?;
-        let items = journal
-            .commits(1)
-            .map(|c| c.map(|c| (c.task, c.record)).map_err(CliError::from));
-        ("journal".into(), last, Box::new(items))
-    } else {
+    if tasks.is_empty() {
+        return write_journal_export(journal, bytes, w);
+    }
+    let (scope, records, mut items): (Value, u64, Items<'_>) = {
         let mut total = 0;
         let mut streams = Vec::new();
         for task in tasks {
@@ -94,16 +116,7 @@ fn write_export(
         }
         (json!(tasks), total, Box::new(Merge { streams }))
     };
-    let header = json!({
-        "dtask_export": EXPORT_VERSION,
-        "journal_format": JOURNAL_FORMAT_VERSION,
-        "record_format": FORMAT_VERSION,
-        "scope": scope,
-        "redacted": bytes == Bytes::Redact,
-        "records": records,
-    });
-    serde_json::to_writer(&mut *w, &header)?;
-    w.write_all(b"\n").map_err(io)?;
+    write_header(w, &scope, records, bytes)?;
     let bar = progress(records, "exporting");
     let mut written = 0;
     for item in &mut items {
@@ -115,11 +128,139 @@ fn write_export(
         bar.inc(1);
     }
     bar.finish_and_clear();
+    finish_export(w, records, written)
+}
+
+fn write_header(w: &mut dyn Write, scope: &Value, records: u64, bytes: Bytes) -> Result<()> {
+    let header = json!({
+        "dtask_export": EXPORT_VERSION,
+        "journal_format": JOURNAL_FORMAT_VERSION,
+        "record_format": FORMAT_VERSION,
+        "scope": scope,
+        "redacted": bytes == Bytes::Redact,
+        "records": records,
+    });
+    serde_json::to_writer(&mut *w, &header)?;
+    w.write_all(b"\n")
+        .map_err(CliError::io("writing the export"))
+}
+
+fn finish_export(w: &mut dyn Write, records: u64, written: u64) -> Result<u64> {
     w.flush().map_err(CliError::io("writing the export"))?;
     if written != records {
         return Err(CliError::Problems(format!(
             "the journal announced {records} records but {written} were read: run `dtask verify`"
         )));
+    }
+    Ok(written)
+}
+
+/// Entries of the commit order read per batch.
+const BATCH: usize = 2048;
+/// Batches in flight at most (read, being formatted, or waiting to be written).
+const IN_FLIGHT: usize = 8;
+
+/// A formatted batch: its lines, how many, and the error that cut it short.
+type Formatted = (Vec<u8>, u64, Option<dtask_journal::Error>);
+
+/// The whole journal in global commit order. A reader thread walks the commit index in
+/// batches; workers fetch each batch's records (in key order, with a forward cursor), check,
+/// decode and format them; this thread writes the batches in order. At most
+/// [`IN_FLIGHT`] batches exist at a time.
+fn write_journal_export(journal: &Journal, bytes: Bytes, w: &mut dyn Write) -> Result<u64> {
+    use std::sync::mpsc;
+    use std::sync::{Arc, Mutex};
+    let records = journal.last_seq()?;
+    write_header(w, &"journal".into(), records, bytes)?;
+    let bar = progress(records, "exporting");
+    let (token_tx, token_rx) = mpsc::sync_channel::<()>(IN_FLIGHT);
+    for _ in 0..IN_FLIGHT {
+        let _ = token_tx.send(());
+    }
+    let (batch_tx, batch_rx) = mpsc::sync_channel::<(usize, dtask_journal::RawCommits)>(IN_FLIGHT);
+    let batch_rx = Arc::new(Mutex::new(batch_rx));
+    let (done_tx, done_rx) = mpsc::channel::<(usize, Formatted)>();
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(1, 8));
+    let written = std::thread::scope(|scope| {
+        scope.spawn(move || {
+            for (index, batch) in journal.commit_batches(1, BATCH).enumerate() {
+                if token_rx.recv().is_err() || batch_tx.send((index, batch)).is_err() {
+                    return;
+                }
+            }
+        });
+        for _ in 0..workers {
+            let (batch_rx, done_tx) = (Arc::clone(&batch_rx), done_tx.clone());
+            scope.spawn(move || {
+                let mut fetcher = journal.record_fetcher();
+                loop {
+                    let next = match batch_rx.lock() {
+                        Ok(rx) => rx.recv(),
+                        Err(_) => return,
+                    };
+                    let Ok((index, batch)) = next else { return };
+                    if done_tx
+                        .send((index, format_batch(&mut fetcher, batch, bytes)))
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+        drop(done_tx);
+        let written = write_in_order(&done_rx, &token_tx, w, &bar);
+        // Unblocks the reader and the workers when the writing stopped early.
+        drop((token_tx, done_rx));
+        written
+    })?;
+    bar.finish_and_clear();
+    finish_export(w, records, written)
+}
+
+fn format_batch(
+    fetcher: &mut dtask_journal::RecordFetcher<'_>,
+    batch: dtask_journal::RawCommits,
+    bytes: Bytes,
+) -> Formatted {
+    let mut out = Vec::with_capacity(batch.len() * 256);
+    let mut lines = 0;
+    for item in batch.into_committed(fetcher) {
+        match item {
+            Ok(c) => {
+                write_record_line(&mut out, &c.task, &c.record, bytes);
+                out.push(b'\n');
+                lines += 1;
+            }
+            Err(e) => return (out, lines, Some(e)),
+        }
+    }
+    (out, lines, None)
+}
+
+/// Writes the formatted batches in batch order; returns the number of lines.
+fn write_in_order(
+    done: &std::sync::mpsc::Receiver<(usize, Formatted)>,
+    tokens: &std::sync::mpsc::SyncSender<()>,
+    w: &mut dyn Write,
+    bar: &indicatif::ProgressBar,
+) -> Result<u64> {
+    let mut waiting = std::collections::BTreeMap::new();
+    let mut next = 0;
+    let mut written = 0;
+    while let Ok((index, batch)) = done.recv() {
+        waiting.insert(index, batch);
+        while let Some((out, lines, error)) = waiting.remove(&next) {
+            next += 1;
+            w.write_all(&out)
+                .map_err(CliError::io("writing the export"))?;
+            written += lines;
+            bar.inc(lines);
+            if let Some(e) = error {
+                return Err(e.into());
+            }
+            let _ = tokens.send(());
+        }
     }
     Ok(written)
 }
@@ -163,4 +304,36 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use dtask_journal::{Digest, Event, Timestamp};
+
+    #[test]
+    fn the_direct_line_is_the_serde_json_line() {
+        let record = Record {
+            position: 3,
+            seq: 1_234_567,
+            event: Event::Completed {
+                data: b"ok".to_vec(),
+                at: Timestamp(5),
+            },
+            digest: Digest([0xa5; 32]),
+            crc: 0x0012_abcd,
+            size: 60,
+        };
+        for bytes in [Bytes::Base64, Bytes::Redact] {
+            for task in ["t", "task \"quoted\" \\ é\n"] {
+                let mut direct = Vec::new();
+                write_record_line(&mut direct, task, &record, bytes);
+                let via_value = serde_json::to_vec(&record_line(task, &record, bytes)).unwrap();
+                assert_eq!(
+                    String::from_utf8(direct).unwrap(),
+                    String::from_utf8(via_value).unwrap()
+                );
+            }
+        }
+    }
 }

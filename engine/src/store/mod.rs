@@ -23,7 +23,7 @@ pub use updates::{UpdatePage, UpdateRecord, UpdateRequest};
 use crate::clock::Clock;
 use decide::Decision;
 use dtask_journal::{Event, Journal, LeasePolicy, TaskSpec, Timestamp};
-use dtask_replay::{load_task, ReplayError, Status, Task, TaskState};
+use dtask_replay::{load_task, load_tasks, ReplayError, Status, Task, TaskState};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -211,9 +211,23 @@ impl TaskStore {
     /// live task's stream is damaged or does not fold.
     pub fn open(journal: Journal, clock: impl Clock, config: StoreConfig) -> Result<Self> {
         let mut index = Index::default();
+        let mut live = Vec::new();
+        let mut unreadable = None;
         for id in journal.live_tasks() {
-            let id = id?;
-            let Some(task) = load_task(&journal, &id)? else {
+            match id {
+                Ok(id) => live.push(id),
+                Err(e) => {
+                    unreadable = Some(e);
+                    break;
+                }
+            }
+        }
+        let folded = load_tasks(&journal, &live)?;
+        if let Some(e) = unreadable {
+            return Err(e.into());
+        }
+        for (id, task) in live.into_iter().zip(folded) {
+            let Some(task) = task else {
                 continue;
             };
             let key = task.state.spec.executor_key.clone();

@@ -1,0 +1,253 @@
+//! Bulk reads: many task streams in one forward pass.
+//!
+//! [`Journal::read_stream`](crate::Journal::read_stream) seeks to one task's records and reads
+//! its head with a point lookup. Recovery and audits read thousands of streams in task order;
+//! a [`StreamScanner`] reads them with two forward cursors (records and heads) that step over
+//! what lies between consecutive tasks instead of seeking, and copies each stream's raw entries
+//! into one buffer ([`RawStream`]) so that another thread can verify and decode them. The
+//! checks are the very ones of `read_stream`, in the same order, with the same errors.
+
+use crate::backend::{prefix_end, Backend, Cursor};
+use crate::error::{Error, Result};
+use crate::journal::{Checked, StreamCheck};
+use crate::keys::{self, Space};
+use crate::record::{Digest, Record};
+
+/// How many entries a cursor steps over before it seeks instead.
+const SKIP_LIMIT: usize = 16;
+
+/// A cursor with what is known of its position.
+pub(crate) struct Positioned<'a> {
+    cursor: Box<dyn Cursor + 'a>,
+    /// The cursor stands at the first key at or after this one; `None` before the first seek
+    /// and after an error.
+    at: Option<Vec<u8>>,
+}
+
+impl<'a> Positioned<'a> {
+    /// A cursor not positioned yet.
+    pub(crate) fn new(cursor: Box<dyn Cursor + 'a>) -> Self {
+        Self { cursor, at: None }
+    }
+
+    /// The current key.
+    pub(crate) fn key(&self) -> Option<&[u8]> {
+        self.cursor.key()
+    }
+
+    /// The current value.
+    pub(crate) fn value(&self) -> Option<&[u8]> {
+        self.cursor.value()
+    }
+
+    /// Moves to the first key at or after `target`, stepping forward when that is near.
+    pub(crate) fn reach(&mut self, target: &[u8]) {
+        match &self.at {
+            Some(at) if at.as_slice() <= target => {
+                let mut steps = 0;
+                while let Some(key) = self.cursor.key() {
+                    if key >= target {
+                        break;
+                    }
+                    if steps == SKIP_LIMIT {
+                        self.cursor.seek(target);
+                        break;
+                    }
+                    self.cursor.next();
+                    steps += 1;
+                }
+            }
+            _ => self.cursor.seek(target),
+        }
+        self.at = Some(target.to_vec());
+    }
+
+    /// The storage error, if any; the position is forgotten after one.
+    pub(crate) fn status(&mut self) -> Result<()> {
+        let status = self.cursor.status();
+        if status.is_err() {
+            self.at = None;
+        }
+        status
+    }
+}
+
+/// Reads task streams in one forward pass; see the module docs. Reading tasks in ascending
+/// id order is fastest; any order is correct.
+pub struct StreamScanner<'a> {
+    events: Positioned<'a>,
+    heads: Positioned<'a>,
+}
+
+impl std::fmt::Debug for StreamScanner<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StreamScanner").finish_non_exhaustive()
+    }
+}
+
+impl<'a> StreamScanner<'a> {
+    pub(crate) fn new(backend: &'a dyn Backend) -> Self {
+        Self {
+            events: Positioned::new(backend.cursor(Space::Events)),
+            heads: Positioned::new(backend.cursor(Space::Heads)),
+        }
+    }
+
+    /// Reads `task`'s whole stream (raw entries and head), unverified.
+    pub fn read(&mut self, task: &str) -> RawStream {
+        let mut stream = RawStream {
+            task: task.to_owned(),
+            data: Vec::new(),
+            entries: Vec::new(),
+            error: None,
+            head: Ok(None),
+        };
+        let lower = keys::event_key(task, 0);
+        let upper = prefix_end(&keys::task_prefix(task));
+        self.events.reach(&lower);
+        while let (Some(key), Some(value)) = (self.events.cursor.key(), self.events.cursor.value())
+        {
+            if upper.as_deref().is_some_and(|upper| key >= upper) {
+                break;
+            }
+            let start = stream.data.len();
+            stream.data.extend_from_slice(key);
+            let split = stream.data.len();
+            stream.data.extend_from_slice(value);
+            stream.entries.push((start, split, stream.data.len()));
+            self.events.cursor.next();
+        }
+        match upper {
+            Some(upper) => self.events.at = Some(upper),
+            None => self.events.at = None,
+        }
+        if let Err(e) = self.events.status() {
+            stream.error = Some(e);
+            return stream;
+        }
+        let key = keys::task_key(task);
+        self.heads.reach(&key);
+        stream.head = match self.heads.status() {
+            Err(e) => Err(e),
+            Ok(()) => Ok(self
+                .heads
+                .cursor
+                .key()
+                .filter(|k| *k == key.as_slice())
+                .and_then(|_| self.heads.cursor.value())
+                .map(<[u8]>::to_vec)),
+        };
+        stream
+    }
+}
+
+/// One task's stream as read by a [`StreamScanner`]: raw, not yet verified. Verify and decode
+/// it with [`RawStream::into_records`].
+#[derive(Debug)]
+pub struct RawStream {
+    task: String,
+    /// Keys and values, back to back.
+    data: Vec<u8>,
+    /// (key start, key end = value start, value end) in `data`.
+    entries: Vec<(usize, usize, usize)>,
+    /// The storage error that cut the stream short.
+    error: Option<Error>,
+    /// The task head's bytes, or the error reading it.
+    head: Result<Option<Vec<u8>>>,
+}
+
+impl RawStream {
+    /// The task.
+    #[must_use]
+    pub fn task(&self) -> &str {
+        &self.task
+    }
+
+    /// The number of entries read (records, intact or not).
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether the stream has no entries.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The verified records, exactly as [`Journal::read_stream`](crate::Journal::read_stream)
+    /// from position 0 yields them: every record's CRC, position and hash chain is checked,
+    /// damage is reported per record and iteration continues, and the head is checked at the
+    /// end.
+    #[must_use]
+    pub fn into_records(self) -> RawRecords {
+        let check = StreamCheck::new(self.task.clone(), 0, Some(Digest::GENESIS));
+        RawRecords {
+            stream: self,
+            check,
+            next: 0,
+            pending: None,
+            done: false,
+        }
+    }
+}
+
+/// The verified records of a [`RawStream`].
+pub struct RawRecords {
+    stream: RawStream,
+    check: StreamCheck,
+    next: usize,
+    /// A gap was reported before the record at this position (entry index).
+    pending: Option<(u64, usize)>,
+    done: bool,
+}
+
+impl std::fmt::Debug for RawRecords {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RawRecords")
+            .field("task", &self.stream.task)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RawRecords {
+    /// The task.
+    #[must_use]
+    pub fn task(&self) -> &str {
+        &self.stream.task
+    }
+}
+
+impl Iterator for RawRecords {
+    type Item = Result<Record>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        if let Some((position, entry)) = self.pending.take() {
+            let (_, split, end) = self.stream.entries[entry];
+            return Some(self.check.decode(position, &self.stream.data[split..end]));
+        }
+        let Some(&(start, split, end)) = self.stream.entries.get(self.next) else {
+            self.done = true;
+            if let Some(e) = self.stream.error.take() {
+                return Some(Err(e));
+            }
+            return match std::mem::replace(&mut self.stream.head, Ok(None)) {
+                Ok(head) => self.check.finish(head.as_deref()),
+                Err(e) => Some(Err(e)),
+            };
+        };
+        let entry = self.next;
+        self.next += 1;
+        let data = &self.stream.data;
+        match self.check.entry(&data[start..split], &data[split..end]) {
+            Checked::One(result) => Some(result),
+            Checked::Gap(missing, position) => {
+                self.pending = Some((position, entry));
+                Some(Err(missing))
+            }
+        }
+    }
+}
