@@ -34,6 +34,7 @@
 mod backend;
 mod error;
 mod event;
+pub mod failpoints;
 mod head;
 mod journal;
 pub mod keys;

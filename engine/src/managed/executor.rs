@@ -189,6 +189,7 @@ impl ManagedExecutor {
             })
             .await
             .map_err(|e| fail(format!("start: {e}")))?;
+        crate::failpoints::point!(crate::failpoints::BEFORE_COMMIT_START, |m| Err(fail(m)));
         if self.recoverable {
             let marker = ManagedCheckpoint::started(started.checkpoint.clone());
             let committed = match marker.encode() {
@@ -333,6 +334,7 @@ impl<'a> UpdateSink<'a> {
             })
             .await
             .map_err(|e: StoreError| fail(format!("persist update: {e}")))?;
+        crate::failpoints::point!(crate::failpoints::AFTER_UPDATE_PERSISTED, |m| Err(fail(m)));
         if self.materialize && caller_id {
             if let Some(materializer) = &self.registration.materializer {
                 let appended = materializer
