@@ -143,6 +143,28 @@ struct ShellRun {
     dir: PathBuf,
 }
 
+impl ShellRun {
+    /// The command's process group (its session): the pid it published, never 0 or 1.
+    fn group(&self) -> Result<rustix::process::Pid, ToolRunError> {
+        let pid = std::fs::read_to_string(self.dir.join("pid")).map_err(failed)?;
+        pid.trim()
+            .parse::<i32>()
+            .ok()
+            .filter(|pid| *pid > 1)
+            .and_then(rustix::process::Pid::from_raw)
+            .ok_or_else(|| ToolRunError::failed(format!("bad pid file: {:?}", pid.trim())))
+    }
+
+    /// Whether any process of the command's group is alive.
+    fn group_alive(&self) -> Result<bool, ToolRunError> {
+        match rustix::process::test_kill_process_group(self.group()?) {
+            Ok(()) => Ok(true),
+            Err(rustix::io::Errno::SRCH) => Ok(false),
+            Err(e) => Err(failed(format!("look for the command: {e}"))),
+        }
+    }
+}
+
 fn read_status(dir: &Path) -> Option<i32> {
     std::fs::read_to_string(dir.join("status"))
         .ok()
@@ -153,8 +175,9 @@ fn read_status(dir: &Path) -> Option<i32> {
 impl Run for ShellRun {
     async fn wait(&self) -> Result<ToolOutcome, ToolRunError> {
         loop {
+            let stopped = self.dir.join("stopped").exists();
             if let Some(code) = read_status(&self.dir) {
-                if self.dir.join("stopped").exists() {
+                if stopped {
                     return Ok(ToolOutcome::Canceled("stopped".into()));
                 }
                 let output = std::fs::read(self.dir.join("out")).unwrap_or_default();
@@ -163,6 +186,10 @@ impl Run for ShellRun {
                 } else {
                     ToolOutcome::Failed(format!("command exited with status {code}"))
                 });
+            }
+            // A stopped command dies with the shell that would have written its status.
+            if stopped && !self.group_alive()? {
+                return Ok(ToolOutcome::Canceled("stopped".into()));
             }
             tokio::time::sleep(POLL).await;
         }
@@ -173,12 +200,13 @@ impl Run for ShellRun {
             return Ok(());
         }
         std::fs::write(self.dir.join("stopped"), b"").map_err(failed)?;
-        let pid = std::fs::read_to_string(self.dir.join("pid")).map_err(failed)?;
-        // The command runs in its own session: signal the whole process group.
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &format!("-{}", pid.trim())])
-            .status();
-        Ok(())
+        // The command runs in its own session: signal its whole process group, directly
+        // (a `kill -TERM -PGID` command line is misread by some `kill` builds as "every
+        // process").
+        match rustix::process::kill_process_group(self.group()?, rustix::process::Signal::TERM) {
+            Ok(()) | Err(rustix::io::Errno::SRCH) => Ok(()),
+            Err(e) => Err(failed(format!("signal the command: {e}"))),
+        }
     }
 
     fn updates(&self) -> Option<UpdateStream> {
