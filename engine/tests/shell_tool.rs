@@ -23,7 +23,10 @@ async fn starting_twice_runs_the_command_once() {
     let command = format!("echo ran >> '{}'; echo done", ledger.display());
     let first = tool.start(request("t-1", &command)).await.unwrap();
     let second = tool.start(request("t-1", &command)).await.unwrap();
-    assert_eq!(first.checkpoint, second.checkpoint, "the same run (same pid)");
+    assert_eq!(
+        first.checkpoint, second.checkpoint,
+        "the same run (same pid)"
+    );
     let outcome = tokio::time::timeout(Duration::from_secs(30), second.run.wait())
         .await
         .unwrap()

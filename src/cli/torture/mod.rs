@@ -64,7 +64,7 @@ pub struct Args {
     #[arg(long, default_value_t = 3)]
     pub tasks_per_run: u64,
     /// The side effect of shell tasks: a `sh` command that must append
-    /// "$DTASK_TORTURE_TOKEN" to the file "$DTASK_TORTURE_LEDGER" once per run (point this at
+    /// `$DTASK_TORTURE_TOKEN` to the file `$DTASK_TORTURE_LEDGER` once per run (point this at
     /// your own tool).
     #[arg(long, default_value = DEFAULT_SHELL_COMMAND, value_name = "CMD")]
     pub shell_command: String,
@@ -318,6 +318,10 @@ fn check_heads(layout: &Layout, before: &mut check::Heads, tally: &mut Tally) ->
 }
 
 /// The crash loop: child runs until `args.kills` crashes.
+#[allow(
+    clippy::too_many_lines,
+    reason = "one run of the loop reads best in one place"
+)]
 fn crash_loop(
     layout: &Layout,
     args: &Args,
@@ -440,6 +444,7 @@ fn crash_loop(
 }
 
 /// Runs `dtask torture`.
+#[allow(clippy::too_many_lines, reason = "the summary has many lines")]
 pub fn run(global: &Global, args: &Args) -> Result<()> {
     let fail = validate(args)?;
     let started = Instant::now();
