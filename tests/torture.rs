@@ -1,5 +1,5 @@
 //! `dtask torture` as a process: a short crash-recovery run — a child engine with a mixed
-//! workload SIGKILLed at random moments at least 20 times, restarted each time, then left to
+//! workload killed with SIGKILL at random moments at least 20 times, restarted each time, then left to
 //! finish — and the invariant checker's verdict.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

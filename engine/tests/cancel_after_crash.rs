@@ -13,13 +13,15 @@ use dtask_journal::{Journal, JournalOptions, LeasePolicy, TaskSpec};
 use dtask_replay::{Status, TaskState};
 use std::time::Duration;
 
+const KEY: &str = "marker-first";
+
 /// Writes its started marker first, like the managed executors, then completes.
 struct MarkerFirst;
 
 #[async_trait]
 impl Executor for MarkerFirst {
     fn key(&self) -> &str {
-        "marker-first"
+        KEY
     }
     fn lease_policy(&self) -> LeasePolicy {
         LeasePolicy::Retry
@@ -50,7 +52,7 @@ async fn an_attempt_claimed_with_cancel_intent_acknowledges_it() {
         .submit(SubmitRequest {
             spec: TaskSpec {
                 id: "victim".into(),
-                executor_key: "marker-first".into(),
+                executor_key: KEY.into(),
                 ..TaskSpec::default()
             },
             ..SubmitRequest::default()

@@ -244,17 +244,17 @@ mod imp {
     }
 
     pub(super) fn hit(name: &'static str) -> Option<String> {
-        fail::fail_point!(name, |arg: Option<String>| fire(name, arg));
+        fail::fail_point!(name, |arg: Option<String>| Some(fire(name, arg)));
         None
     }
 
-    fn fire(name: &str, arg: Option<String>) -> Option<String> {
+    fn fire(name: &str, arg: Option<String>) -> String {
         if arg.as_deref() == Some(PANIC_ARG) {
             eprintln!("{HIT_PREFIX} {name} (panic)");
             panic!("injected panic at fail point {name}");
         }
         eprintln!("{HIT_PREFIX} {name} (error)");
-        Some(arg.unwrap_or_else(|| format!("injected failure at fail point {name}")))
+        arg.unwrap_or_else(|| format!("injected failure at fail point {name}"))
     }
 }
 

@@ -97,7 +97,7 @@ struct Seen {
 }
 
 /// Folds one task's stream, checking event ids and attempts on the way.
-fn read_task(journal: &Journal, id: &str, findings: &mut Findings) -> Result<Option<Seen>> {
+fn read_task(journal: &Journal, id: &str, findings: &mut Findings) -> Option<Seen> {
     let mut task: Option<Task> = None;
     let mut event_ids = HashSet::new();
     let mut last_attempt = 0;
@@ -108,7 +108,7 @@ fn read_task(journal: &Journal, id: &str, findings: &mut Findings) -> Result<Opt
             Ok(record) => record,
             Err(e) => {
                 findings.violations.push(format!("task {id}: {e}"));
-                return Ok(None);
+                return None;
             }
         };
         findings.records += 1;
@@ -142,12 +142,10 @@ fn read_task(journal: &Journal, id: &str, findings: &mut Findings) -> Result<Opt
                 "task {id}: record {} does not fold: {e}",
                 record.position
             ));
-            return Ok(None);
+            return None;
         }
     }
-    let Some(task) = task else {
-        return Ok(None);
-    };
+    let task = task?;
     let (tool, token) = match ToolPayload::decode(&task.state.spec.payload) {
         Ok(payload) => {
             let token = serde_json::from_str::<serde_json::Value>(&payload.arguments)
@@ -163,13 +161,13 @@ fn read_task(journal: &Journal, id: &str, findings: &mut Findings) -> Result<Opt
             (String::new(), String::new())
         }
     };
-    Ok(Some(Seen {
+    Some(Seen {
         task,
         tool,
         token,
         cancel_requested,
         input_provided,
-    }))
+    })
 }
 
 /// The final check: `verify` is clean; every task is terminal; every acknowledged submission,
@@ -193,7 +191,7 @@ pub fn check(layout: &Layout) -> Result<Findings> {
         .collect::<std::result::Result<_, _>>()?;
     for id in ids {
         findings.tasks += 1;
-        let Some(task) = read_task(&journal, &id, &mut findings)? else {
+        let Some(task) = read_task(&journal, &id, &mut findings) else {
             continue;
         };
         let status = task.task.state.status;

@@ -364,21 +364,24 @@ fn crash_loop(
             spec.as_ref(),
             false,
         )?;
-        // A drain may take a few leases to settle: give it that long before killing.
+        // A drain may take a few leases to settle: give it that long before killing. With a
+        // fail point, every other run lives a few leases longer, so that what the run before
+        // left behind (expiring leases, pending recoveries) reaches the point.
         let patience = if drain_after.is_some() {
             Duration::from_millis(delay + args.lease_ms * 6)
+        } else if fail.is_some() && run % 2 == 0 {
+            Duration::from_millis(delay + args.lease_ms * 3)
         } else {
             Duration::from_millis(delay)
         };
-        let end = match wait_until(&mut child, started + patience)? {
-            Some(status) => ending(status),
-            None => {
-                let _ = child.kill();
-                child
-                    .wait()
-                    .map_err(CliError::io("waiting for a child engine"))?;
-                Ending::Killed
-            }
+        let end = if let Some(status) = wait_until(&mut child, started + patience)? {
+            ending(status)
+        } else {
+            let _ = child.kill();
+            child
+                .wait()
+                .map_err(CliError::io("waiting for a child engine"))?;
+            Ending::Killed
         };
         let elapsed = started.elapsed().as_millis();
         let log = layout.logs().join(format!("run-{run}.log"));
