@@ -201,8 +201,7 @@ impl Run for ShellRun {
         }
         std::fs::write(self.dir.join("stopped"), b"").map_err(failed)?;
         // The command runs in its own session: signal its whole process group, directly
-        // (a `kill -TERM -PGID` command line is misread by some `kill` builds as "every
-        // process").
+        // (with some `kill` builds a `kill -TERM -PGID` command line signals every process).
         match rustix::process::kill_process_group(self.group()?, rustix::process::Signal::TERM) {
             Ok(()) | Err(rustix::io::Errno::SRCH) => Ok(()),
             Err(e) => Err(failed(format!("signal the command: {e}"))),
