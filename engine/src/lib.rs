@@ -9,6 +9,7 @@
 //! the durable events says.
 
 mod clock;
+pub mod failpoints;
 pub mod managed;
 mod runtime;
 mod store;

@@ -35,6 +35,7 @@ mod backend;
 mod bulk;
 mod error;
 mod event;
+pub mod failpoints;
 mod head;
 mod journal;
 pub mod keys;

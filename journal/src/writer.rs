@@ -241,6 +241,12 @@ impl Writer {
         if accepted.is_empty() {
             return;
         }
+        if let Some(message) = crate::failpoints::hit(crate::failpoints::BEFORE_WRITE) {
+            for (reply, _) in accepted {
+                let _ = reply.send(Err(Error::Storage(message.clone())));
+            }
+            return;
+        }
         match self.backend.write(ops, self.durability) {
             Ok(()) => {
                 self.next_seq = seq;
@@ -248,6 +254,13 @@ impl Writer {
                     self.heads.clear();
                 }
                 self.heads.extend(overlay);
+                if let Some(message) = crate::failpoints::hit(crate::failpoints::AFTER_WRITE) {
+                    // Durable, but the callers hear of a failure: an ambiguous outcome.
+                    for (reply, _) in accepted {
+                        let _ = reply.send(Err(Error::Storage(message.clone())));
+                    }
+                    return;
+                }
                 for (reply, appended) in accepted {
                     let _ = reply.send(Ok(appended));
                 }

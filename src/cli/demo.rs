@@ -456,7 +456,10 @@ async fn managed_scene(store: &TaskStore, log: &mut Log) -> Result<()> {
             .with_auto_background(|_| true),
     )
     .map_err(|e| fail(&e))?;
-    log.say("", "\n  managed tool `sh` (foreground first, 300 ms, then background):");
+    log.say(
+        "",
+        "\n  managed tool `sh` (foreground first, 300 ms, then background):",
+    );
     let opts = CallOptions::default();
     for (label, command) in [
         ("quick", "echo hello"),
@@ -484,7 +487,10 @@ async fn managed_scene(store: &TaskStore, log: &mut Log) -> Result<()> {
         }
     }
     manager
-        .close(Some(tokio::time::Instant::now() + Duration::from_secs(5)), "demo over")
+        .close(
+            Some(tokio::time::Instant::now() + Duration::from_secs(5)),
+            "demo over",
+        )
         .await
         .map_err(|e| fail(&e))
 }

@@ -12,6 +12,7 @@ mod show;
 mod stats;
 mod tail;
 mod tasks;
+mod torture;
 mod verify;
 
 use clap::{Parser, Subcommand};
@@ -27,7 +28,7 @@ use std::process::ExitCode;
 #[command(
     name = "dtask",
     version,
-    about = "Inspect, verify, export and import dtask journals; run the demo workload",
+    about = "Inspect, verify, export and import dtask journals; run the demo workload and the crash torture",
     long_about = None
 )]
 pub struct Cli {
@@ -67,6 +68,12 @@ enum Command {
     Tail(tail::Args),
     /// Run a sample workload on an embedded journal and show what happened.
     Demo(demo::Args),
+    /// Crash-recovery torture: kill a child engine at random moments (or at a fail point),
+    /// restart it, repeat; then check that every invariant held.
+    Torture(torture::Args),
+    /// The child engine process of `dtask torture` (internal).
+    #[command(hide = true)]
+    TortureChild(torture::child::Args),
 }
 
 /// Errors of the command-line tool, each with its exit code.
@@ -170,6 +177,8 @@ pub fn run() -> ExitCode {
         Command::Stats(args) => stats::run(&global, &args),
         Command::Tail(args) => tail::run(&global, &args),
         Command::Demo(args) => demo::run(&global, &args),
+        Command::Torture(args) => torture::run(&global, &args),
+        Command::TortureChild(args) => torture::child::run(&args),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

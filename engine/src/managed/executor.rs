@@ -207,6 +207,7 @@ impl ManagedExecutor {
             })
             .await
             .map_err(|e| fail(format!("start: {e}")))?;
+        crate::failpoints::point!(crate::failpoints::BEFORE_COMMIT_START, |m| Err(fail(m)));
         // With cancel intent from before the claim the store refuses the marker; the run (which
         // an earlier attempt may have started) is stopped right after, so none is needed.
         if self.recoverable && attempt.cancellation().is_none() {
@@ -356,6 +357,7 @@ impl<'a> UpdateSink<'a> {
             })
             .await
             .map_err(|e: StoreError| fail(format!("persist update: {e}")))?;
+        crate::failpoints::point!(crate::failpoints::AFTER_UPDATE_PERSISTED, |m| Err(fail(m)));
         if first {
             // A live caller sees first emissions only, with the persisted (maybe generated) id.
             let shown = Update {

@@ -544,17 +544,17 @@ impl ManagedTool {
                     .await
                     .map_err(ManagedError::Prepare)?
                 {
-                    Prepared::Arguments(prepared) if prepared.is_empty() => {
+                    Prepared::Arguments(args) if args.is_empty() => {
                         return Err(ManagedError::Prepare(
                             "input preparer returned empty arguments".into(),
                         ))
                     }
-                    Prepared::Arguments(prepared) if prepared.len() > MAX_ARGUMENTS_BYTES => {
+                    Prepared::Arguments(args) if args.len() > MAX_ARGUMENTS_BYTES => {
                         return Err(ManagedError::Prepare(
                             "prepared arguments exceed configured bounds".into(),
                         ))
                     }
-                    Prepared::Arguments(prepared) => prepared,
+                    Prepared::Arguments(args) => args,
                     Prepared::Interrupt { info, state } => {
                         return Ok(Err(Interrupt {
                             info,
@@ -1018,7 +1018,7 @@ impl ManagedTool {
             .unwrap_or(DEFAULT_FOREGROUND_TIMEOUT);
         let timer = async {
             if limit.is_zero() {
-                std::future::pending().await
+                std::future::pending::<()>().await;
             } else {
                 tokio::time::sleep(limit).await;
             }

@@ -156,15 +156,17 @@ impl AttemptContext {
         true
     }
 
-    /// After a version conflict: the conflict is benign only when cancel intent arrived for
-    /// this very attempt (version + 1); then cancellation is accepted. Otherwise the runtime is
-    /// poisoned.
+    /// After a refused write: the refusal is benign only when cancel intent arrived for this
+    /// very attempt — just now (version + 1), or before, and the attempt already accepted it
+    /// (an attempt claimed with cancel intent already durable: its writes are refused, but it
+    /// must still acknowledge the cancellation). Then cancellation is accepted. Otherwise the
+    /// runtime is poisoned.
     async fn reconcile(&self, seen: u64) -> bool {
         if let Ok(task) = self.shared.store.get(&self.shared.task_id).await {
             let intent = task.status == Status::Running
                 && task.attempt == self.shared.attempt
                 && task.cancel_requested_at.is_some()
-                && task.version == seen + 1;
+                && (task.version == seen + 1 || self.cancellation().is_some());
             if intent {
                 return self.accept_cancellation().await;
             }

@@ -586,6 +586,9 @@ impl Manager {
         for attempt in drainable {
             attempt.controls().send(Control::Drain(reason.to_owned()));
         }
+        crate::failpoints::point!(crate::failpoints::DRAIN, |message| Err(
+            RuntimeError::AttemptFailed(message)
+        ));
         let drained = match deadline {
             None => true,
             Some(deadline) => tokio::time::timeout_at(deadline, self.wait_idle())

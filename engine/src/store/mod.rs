@@ -328,6 +328,9 @@ impl TaskStore {
             }
             Err(e) => return Err(e.into()),
         }
+        crate::failpoints::point!(crate::failpoints::STORE_AFTER_APPEND, |m| Err(
+            crate::failpoints::injected(m)
+        ));
         for event in events {
             task.apply(event).map_err(|error| {
                 tracing::error!(task = %id, %error, "a decided event does not fold");
@@ -368,6 +371,9 @@ impl TaskStore {
     /// Writes down an expired lease of the locked task, if one is due.
     async fn resolve_expiry(&self, slot: &Slot, task: &mut Task, now: Timestamp) -> Result<()> {
         if let Some(events) = decide::expiry(&task.state, now) {
+            crate::failpoints::point!(crate::failpoints::LEASE_EXPIRY, |m| Err(
+                crate::failpoints::injected(m)
+            ));
             self.commit(slot, task, &events).await?;
         }
         Ok(())
@@ -427,6 +433,9 @@ impl TaskStore {
             }
             Err(e) => return Err(e.into()),
         }
+        crate::failpoints::point!(crate::failpoints::STORE_AFTER_APPEND, |m| Err(
+            crate::failpoints::injected(m)
+        ));
         let state = task.state.clone();
         {
             let mut index = self.index();

@@ -1,6 +1,7 @@
 //! A recoverable shell tool: the command runs detached (its own session), with its output and
 //! exit status in files under a directory named by the task id. `start` is idempotent by task
-//! id (a second start reattaches), and `recover` reattaches after the engine died; output
+//! id (a second start reattaches; the command runs at most once even when the engine dies
+//! inside `start`), and `recover` reattaches after the engine died; output
 //! lines become updates whose event ids are their line numbers, so a recovered run replays
 //! them and the journal drops the duplicates.
 
@@ -18,6 +19,9 @@ use std::time::Duration;
 
 /// How often a shell run polls its files.
 const POLL: Duration = Duration::from_millis(20);
+
+/// How long a start waits for the spawned script to publish its pid.
+const PID_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, Deserialize)]
 struct Arguments {
@@ -118,9 +122,14 @@ impl BackgroundTool for ShellTool {
         let pid_file = dir.join("pid");
         if !pid_file.exists() {
             std::fs::create_dir_all(&dir).map_err(failed)?;
-            // The script records the exit status atomically once the command ends.
+            // The command runs at most once per task: the script claims the directory (mkdir
+            // is atomic) before it runs the command, and publishes its own pid (its session's
+            // process group). A start that finds the claim taken — an earlier engine spawned
+            // the script and died before the pid was published — spawns a no-op and waits for
+            // the pid. The exit status is recorded atomically once the command ends.
             let script = format!(
-                "({}) > out 2>&1; echo $? > status.tmp; mv status.tmp status",
+                "mkdir claimed 2>/dev/null || exit 0; echo $$ > pid.tmp; mv pid.tmp pid; \
+                 ({}) > out 2>&1; echo $? > status.tmp; mv status.tmp status",
                 args.command
             );
             let child = std::process::Command::new("setsid")
@@ -131,15 +140,20 @@ impl BackgroundTool for ShellTool {
                 .stderr(std::process::Stdio::null())
                 .spawn()
                 .map_err(failed)?;
-            let tmp = dir.join("pid.tmp");
-            std::fs::write(&tmp, child.id().to_string()).map_err(failed)?;
-            std::fs::rename(&tmp, &pid_file).map_err(failed)?;
             // Reap the child in the background so it does not linger as a zombie while this
             // process lives; a dead engine leaves it to init.
             std::thread::spawn(move || {
                 let mut child = child;
                 let _ = child.wait();
             });
+            crate::failpoints::point!(crate::failpoints::TOOL_START, |m| Err(failed(m)));
+            let deadline = std::time::Instant::now() + PID_TIMEOUT;
+            while !pid_file.exists() {
+                if std::time::Instant::now() > deadline {
+                    return Err(ToolRunError::failed("the command did not publish its pid"));
+                }
+                tokio::time::sleep(POLL).await;
+            }
         }
         let pid = std::fs::read_to_string(&pid_file).map_err(failed)?;
         Ok(StartResult {
@@ -189,6 +203,28 @@ struct ShellRun {
     dir: PathBuf,
 }
 
+impl ShellRun {
+    /// The command's process group (its session): the pid it published, never 0 or 1.
+    fn group(&self) -> Result<rustix::process::Pid, ToolRunError> {
+        let pid = std::fs::read_to_string(self.dir.join("pid")).map_err(failed)?;
+        pid.trim()
+            .parse::<i32>()
+            .ok()
+            .filter(|pid| *pid > 1)
+            .and_then(rustix::process::Pid::from_raw)
+            .ok_or_else(|| ToolRunError::failed(format!("bad pid file: {:?}", pid.trim())))
+    }
+
+    /// Whether any process of the command's group is alive.
+    fn group_alive(&self) -> Result<bool, ToolRunError> {
+        match rustix::process::test_kill_process_group(self.group()?) {
+            Ok(()) => Ok(true),
+            Err(rustix::io::Errno::SRCH) => Ok(false),
+            Err(e) => Err(failed(format!("look for the command: {e}"))),
+        }
+    }
+}
+
 fn read_status(dir: &Path) -> Option<i32> {
     std::fs::read_to_string(dir.join("status"))
         .ok()
@@ -199,8 +235,9 @@ fn read_status(dir: &Path) -> Option<i32> {
 impl Run for ShellRun {
     async fn wait(&self) -> Result<ToolOutcome, ToolRunError> {
         loop {
+            let stopped = self.dir.join("stopped").exists();
             if let Some(code) = read_status(&self.dir) {
-                if self.dir.join("stopped").exists() {
+                if stopped {
                     return Ok(ToolOutcome::Canceled("stopped".into()));
                 }
                 let output = std::fs::read(self.dir.join("out")).unwrap_or_default();
@@ -209,6 +246,10 @@ impl Run for ShellRun {
                 } else {
                     ToolOutcome::Failed(format!("command exited with status {code}"))
                 });
+            }
+            // A stopped command dies with the shell that would have written its status.
+            if stopped && !self.group_alive()? {
+                return Ok(ToolOutcome::Canceled("stopped".into()));
             }
             tokio::time::sleep(POLL).await;
         }
@@ -219,12 +260,12 @@ impl Run for ShellRun {
             return Ok(());
         }
         std::fs::write(self.dir.join("stopped"), b"").map_err(failed)?;
-        let pid = std::fs::read_to_string(self.dir.join("pid")).map_err(failed)?;
-        // The command runs in its own session: signal the whole process group.
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &format!("-{}", pid.trim())])
-            .status();
-        Ok(())
+        // The command runs in its own session: signal its whole process group, directly
+        // (with some `kill` builds a `kill -TERM -PGID` command line signals every process).
+        match rustix::process::kill_process_group(self.group()?, rustix::process::Signal::TERM) {
+            Ok(()) | Err(rustix::io::Errno::SRCH) => Ok(()),
+            Err(e) => Err(failed(format!("signal the command: {e}"))),
+        }
     }
 
     fn updates(&self) -> Option<UpdateStream> {

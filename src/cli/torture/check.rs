@@ -1,0 +1,290 @@
+//! The invariant checker of a torture run: what the journal, the acknowledgement log and the
+//! ledger must say after any number of crashes.
+
+use super::child::SHELL;
+use super::Layout;
+use crate::cli::Result;
+use dtask_engine::managed::ToolPayload;
+use dtask_journal::{Digest, Event, Journal};
+use dtask_replay::{audit_journal, Status, Task};
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+/// The heads of every task at one moment: (records, last digest).
+pub type Heads = HashMap<String, (u64, Digest)>;
+
+/// Reads the heads of every task.
+///
+/// # Errors
+/// Journal errors (damage included).
+pub fn heads(journal: &Journal) -> Result<Heads> {
+    let mut heads = Heads::new();
+    for item in journal.tasks() {
+        let (task, head) = item?;
+        heads.insert(task, (head.next_position, head.last_digest));
+    }
+    Ok(heads)
+}
+
+/// Checks that nothing durable before a crash went missing after it: every task still
+/// exists, its stream did not shrink, and the record it ended with is still there unchanged.
+///
+/// # Errors
+/// Journal errors.
+pub fn heads_grew(journal: &Journal, before: &Heads, now: &Heads) -> Result<Vec<String>> {
+    let mut violations = Vec::new();
+    for (task, (records, digest)) in before {
+        let Some((now_records, now_digest)) = now.get(task) else {
+            violations.push(format!("task {task} vanished after a crash"));
+            continue;
+        };
+        if now_records < records {
+            violations.push(format!(
+                "task {task} shrank from {records} to {now_records} records after a crash"
+            ));
+        } else if now_records == records {
+            if now_digest != digest {
+                violations.push(format!(
+                    "task {task}: its last record changed after a crash"
+                ));
+            }
+        } else if *records > 0 {
+            let position = records - 1;
+            let same = journal
+                .read_stream(task, position)
+                .next()
+                .transpose()?
+                .is_some_and(|r| r.position == position && r.digest == *digest);
+            if !same {
+                violations.push(format!(
+                    "task {task}: record {position} changed after a crash"
+                ));
+            }
+        }
+    }
+    Ok(violations)
+}
+
+/// What the final check found.
+#[derive(Debug, Default)]
+pub struct Findings {
+    /// Tasks in the journal.
+    pub tasks: u64,
+    /// Tasks by final status.
+    pub by_status: BTreeMap<String, u64>,
+    /// Tasks by tool.
+    pub by_tool: BTreeMap<String, u64>,
+    /// Records in the journal.
+    pub records: u64,
+    /// Progress updates in the journal.
+    pub updates: u64,
+    /// The most attempts any task took.
+    pub max_attempts: u64,
+    /// Lines of the acknowledgement log checked.
+    pub acknowledged: u64,
+    /// Side effects in the ledger.
+    pub side_effects: u64,
+    /// Invariant violations, one line each.
+    pub violations: Vec<String>,
+}
+
+/// One task as the checker sees it.
+struct Seen {
+    task: Task,
+    tool: String,
+    token: String,
+    cancel_requested: bool,
+    input_provided: bool,
+}
+
+/// Folds one task's stream, checking event ids and attempts on the way.
+fn read_task(journal: &Journal, id: &str, findings: &mut Findings) -> Option<Seen> {
+    let mut task: Option<Task> = None;
+    let mut event_ids = HashSet::new();
+    let mut last_attempt = 0;
+    let mut cancel_requested = false;
+    let mut input_provided = false;
+    for record in journal.read_stream(id, 0) {
+        let record = match record {
+            Ok(record) => record,
+            Err(e) => {
+                findings.violations.push(format!("task {id}: {e}"));
+                return None;
+            }
+        };
+        findings.records += 1;
+        match &record.event {
+            Event::UpdateAppended { event_id, .. } => {
+                findings.updates += 1;
+                if !event_ids.insert(event_id.clone()) {
+                    findings
+                        .violations
+                        .push(format!("task {id}: event id {event_id:?} appears twice"));
+                }
+            }
+            Event::AttemptStarted { attempt, .. } => {
+                if *attempt <= last_attempt {
+                    findings.violations.push(format!(
+                        "task {id}: attempt {attempt} started after attempt {last_attempt}"
+                    ));
+                }
+                last_attempt = *attempt;
+            }
+            Event::CancelRequested { .. } => cancel_requested = true,
+            Event::InputProvided { .. } => input_provided = true,
+            _ => {}
+        }
+        let applied = match task.as_mut() {
+            None => Task::created(&record.event).map(|t| task = Some(t)),
+            Some(t) => t.apply(&record.event),
+        };
+        if let Err(e) = applied {
+            findings.violations.push(format!(
+                "task {id}: record {} does not fold: {e}",
+                record.position
+            ));
+            return None;
+        }
+    }
+    let task = task?;
+    let (tool, token) = match ToolPayload::decode(&task.state.spec.payload) {
+        Ok(payload) => {
+            let token = serde_json::from_str::<serde_json::Value>(&payload.arguments)
+                .ok()
+                .and_then(|v| v.get("token").and_then(|t| t.as_str()).map(str::to_owned))
+                .unwrap_or_default();
+            (payload.tool_name, token)
+        }
+        Err(e) => {
+            findings
+                .violations
+                .push(format!("task {id}: payload does not decode: {e}"));
+            (String::new(), String::new())
+        }
+    };
+    Some(Seen {
+        task,
+        tool,
+        token,
+        cancel_requested,
+        input_provided,
+    })
+}
+
+/// The final check: `verify` is clean; every task is terminal; every acknowledged submission,
+/// cancellation, answer and update is in the journal; no event id twice in a task; attempts
+/// only grow; every recoverable side effect ran at most once per task (exactly once for a
+/// completed shell task).
+///
+/// # Errors
+/// Journal errors other than damage, and I/O errors reading the logs.
+pub fn check(layout: &Layout) -> Result<Findings> {
+    let journal = Journal::open_read_only(layout.journal())?;
+    let mut findings = Findings::default();
+    let audit = audit_journal(&journal, &mut |_| {})?;
+    for problem in &audit.problems {
+        findings.violations.push(format!("verify: {problem}"));
+    }
+    let mut seen: HashMap<String, Seen> = HashMap::new();
+    let ids: Vec<String> = journal
+        .tasks()
+        .map(|item| item.map(|(id, _)| id))
+        .collect::<std::result::Result<_, _>>()?;
+    for id in ids {
+        findings.tasks += 1;
+        let Some(task) = read_task(&journal, &id, &mut findings) else {
+            continue;
+        };
+        let status = task.task.state.status;
+        *findings
+            .by_status
+            .entry(status.as_str().to_owned())
+            .or_default() += 1;
+        *findings.by_tool.entry(task.tool.clone()).or_default() += 1;
+        findings.max_attempts = findings.max_attempts.max(task.task.state.attempt);
+        if !status.is_terminal() {
+            findings
+                .violations
+                .push(format!("task {id} ({}) ended {status}", task.tool));
+        }
+        seen.insert(id, task);
+    }
+    check_acks(layout, &seen, &mut findings);
+    check_ledger(layout, &seen, &mut findings);
+    Ok(findings)
+}
+
+fn check_acks(layout: &Layout, seen: &HashMap<String, Seen>, findings: &mut Findings) {
+    let acks = std::fs::read_to_string(layout.acks()).unwrap_or_default();
+    for line in acks.lines() {
+        let fields: Vec<&str> = line.split('\t').collect();
+        findings.acknowledged += 1;
+        let missing = match fields.as_slice() {
+            ["created", id, tool, token] => match seen.get(*id) {
+                None => Some(format!(
+                    "acknowledged task {id} ({tool}, {token}) is missing"
+                )),
+                Some(task) if task.token != *token => Some(format!(
+                    "task {id} carries token {:?}, acknowledged as {token:?}",
+                    task.token
+                )),
+                Some(_) => None,
+            },
+            ["cancel", id] => match seen.get(*id) {
+                Some(task)
+                    if task.cancel_requested || task.task.state.status == Status::Canceled =>
+                {
+                    None
+                }
+                _ => Some(format!("acknowledged cancellation of {id} is missing")),
+            },
+            ["resume", id] => match seen.get(*id) {
+                Some(task) if task.input_provided => None,
+                _ => Some(format!("acknowledged answer to {id} is missing")),
+            },
+            ["update", id, event_id] => match seen.get(*id) {
+                Some(task) if task.task.update_ids.contains_key(*event_id) => None,
+                _ => Some(format!(
+                    "acknowledged update {event_id:?} of {id} is missing"
+                )),
+            },
+            _ => Some(format!("unreadable acknowledgement line {line:?}")),
+        };
+        findings.violations.extend(missing);
+    }
+}
+
+fn check_ledger(layout: &Layout, seen: &HashMap<String, Seen>, findings: &mut Findings) {
+    let ledger = std::fs::read_to_string(layout.ledger()).unwrap_or_default();
+    let mut runs: HashMap<&str, u64> = HashMap::new();
+    for token in ledger.lines().map(str::trim).filter(|t| !t.is_empty()) {
+        findings.side_effects += 1;
+        *runs.entry(token).or_default() += 1;
+    }
+    let mut tokens = HashSet::new();
+    for (id, task) in seen {
+        if task.tool != SHELL {
+            continue;
+        }
+        tokens.insert(task.token.as_str());
+        let ran = runs.get(task.token.as_str()).copied().unwrap_or(0);
+        if ran > 1 {
+            findings.violations.push(format!(
+                "task {id}: its side effect ({}) ran {ran} times",
+                task.token
+            ));
+        }
+        if task.task.state.status == Status::Completed && ran == 0 {
+            findings.violations.push(format!(
+                "task {id} completed but its side effect ({}) never ran",
+                task.token
+            ));
+        }
+    }
+    for (token, ran) in runs {
+        if !tokens.contains(token) {
+            findings.violations.push(format!(
+                "side effect {token:?} ran {ran} times for no task in the journal"
+            ));
+        }
+    }
+}

@@ -1,0 +1,405 @@
+//! The engine process the torture driver kills: a Manager, a Worker and the managed tools on
+//! the torture journal, running a mixed workload until it is killed (or drains, or — in the
+//! finish run — until every task is terminal).
+//!
+//! Everything the child was acknowledged is written to the acknowledgement log *after* the
+//! acknowledgement, one line each: `created`, `cancel`, `resume` (by the workload) and `update`
+//! (by the output materializer, which only ever sees persisted updates). The checker then
+//! proves that each of them is in the journal.
+
+use super::rng::Rng;
+use super::Layout;
+use crate::cli::{CliError, Result};
+use dtask_engine::async_trait;
+use dtask_engine::managed::tools::{ApprovalTool, ShellTool};
+use dtask_engine::managed::{
+    BackgroundTool, ManagedTools, OutputMaterializer, Registration, Run, StartRequest, StartResult,
+    ToolCall, ToolOutcome, ToolRegistry, ToolRunError, Update, UpdateStream,
+};
+use dtask_engine::tool::ToolInfo;
+use dtask_engine::{
+    Manager, ManagerConfig, Registry, StoreConfig, SystemClock, TaskStore, Worker, WorkerConfig,
+};
+use dtask_journal::{Journal, JournalOptions};
+use dtask_replay::Status;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The tool names of the workload.
+pub const SHELL: &str = "shell";
+/// The plain tool (not recoverable: a lost lease fails its task).
+pub const TICK: &str = "tick";
+/// The resumable tool (answered later by the workload).
+pub const APPROVAL: &str = "approval";
+
+/// The exit code of a finish run that timed out with tasks still live.
+pub const UNFINISHED: i32 = 3;
+
+/// Arguments of the hidden `dtask torture-child` (started by `dtask torture`).
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The torture directory.
+    #[arg(long)]
+    pub dir: PathBuf,
+    /// The run's seed.
+    #[arg(long)]
+    pub seed: u64,
+    /// The run's number (part of every token).
+    #[arg(long)]
+    pub run: u64,
+    /// The lease duration, in milliseconds.
+    #[arg(long)]
+    pub lease_ms: u64,
+    /// How many tasks to submit.
+    #[arg(long, default_value_t = 4)]
+    pub tasks: u64,
+    /// Drain (close the manager) after this many milliseconds.
+    #[arg(long)]
+    pub drain_after_ms: Option<u64>,
+    /// Submit nothing; answer every waiting task; exit once every task is terminal.
+    #[arg(long)]
+    pub finish: bool,
+    /// How long a finish run may take, in seconds.
+    #[arg(long, default_value_t = 120)]
+    pub finish_timeout_secs: u64,
+    /// The command of shell tasks (the side effect, which appends the token to the ledger).
+    #[arg(long)]
+    pub shell_command: String,
+}
+
+/// The append-only acknowledgement log.
+#[derive(Debug)]
+struct Acks(Mutex<std::fs::File>);
+
+impl Acks {
+    fn open(path: &Path) -> Result<Self> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(CliError::io(format!("opening {}", path.display())))?;
+        Ok(Self(Mutex::new(file)))
+    }
+
+    /// Appends one line in a single write (an `O_APPEND` write of a short line is atomic).
+    fn log(&self, fields: &[&str]) {
+        let line = format!("{}\n", fields.join("\t"));
+        let mut file = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Err(e) = file.write_all(line.as_bytes()) {
+            eprintln!("torture-child: cannot log an acknowledgement: {e}");
+        }
+    }
+}
+
+/// The output materializer of the shell and tick tools: one transcript file per task,
+/// idempotent by event id; every update it sees is logged as acknowledged.
+#[derive(Debug)]
+struct Transcripts {
+    root: PathBuf,
+    acks: Arc<Acks>,
+}
+
+#[async_trait]
+impl OutputMaterializer for Transcripts {
+    async fn reserve_output(&self, task_id: &str) -> std::result::Result<String, String> {
+        Ok(self.root.join(task_id).display().to_string())
+    }
+
+    async fn append_output(
+        &self,
+        task_id: &str,
+        event_id: &str,
+        path: &str,
+        data: &[u8],
+    ) -> std::result::Result<(), String> {
+        self.acks.log(&["update", task_id, event_id]);
+        let existing = std::fs::read_to_string(path).unwrap_or_default();
+        let prefix = format!("{event_id}\t");
+        if existing.lines().any(|line| line.starts_with(&prefix)) {
+            return Ok(());
+        }
+        let line = format!(
+            "{event_id}\t{}\n",
+            String::from_utf8_lossy(data).escape_default()
+        );
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .and_then(|mut f| f.write_all(line.as_bytes()))
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// A plain tool: emits `ticks` updates with event ids, then completes.
+#[derive(Debug)]
+struct TickTool;
+
+/// The arguments of a tick call: `{"ticks": N}` with N in 1..=100.
+fn tick_arguments(arguments: &str) -> std::result::Result<u64, String> {
+    let value: serde_json::Value = serde_json::from_str(arguments).map_err(|e| e.to_string())?;
+    value
+        .get("ticks")
+        .and_then(serde_json::Value::as_u64)
+        .filter(|n| (1..=100).contains(n))
+        .ok_or_else(|| "\"ticks\" must be a number from 1 to 100".into())
+}
+
+/// How long a tick takes.
+const TICK_EVERY: Duration = Duration::from_millis(25);
+
+#[derive(Debug)]
+struct TickRun {
+    ticks: u64,
+}
+
+#[async_trait]
+impl Run for TickRun {
+    async fn wait(&self) -> std::result::Result<ToolOutcome, ToolRunError> {
+        tokio::time::sleep(TICK_EVERY * u32::try_from(self.ticks).unwrap_or(u32::MAX)).await;
+        Ok(ToolOutcome::Completed(
+            format!("{} ticks", self.ticks).into_bytes(),
+        ))
+    }
+
+    async fn stop(&self) -> std::result::Result<(), ToolRunError> {
+        Ok(())
+    }
+
+    fn updates(&self) -> Option<UpdateStream> {
+        let ticks = self.ticks;
+        let stream = futures::stream::unfold(0, move |i| async move {
+            if i >= ticks {
+                return None;
+            }
+            tokio::time::sleep(TICK_EVERY).await;
+            let update = Update {
+                event_id: format!("tick:{i}"),
+                kind: "tick".into(),
+                data: format!("tick {i}").into_bytes(),
+                metadata: std::collections::BTreeMap::new(),
+            };
+            Some((Ok::<_, String>(update), i + 1))
+        });
+        Some(Box::pin(stream))
+    }
+}
+
+#[async_trait]
+impl BackgroundTool for TickTool {
+    fn validate_arguments(&self, arguments: &str) -> std::result::Result<(), String> {
+        tick_arguments(arguments).map(drop)
+    }
+
+    async fn start(&self, request: StartRequest) -> std::result::Result<StartResult, ToolRunError> {
+        let ticks = tick_arguments(&request.arguments).map_err(ToolRunError::Failed)?;
+        Ok(StartResult {
+            run: Arc::new(TickRun { ticks }),
+            checkpoint: Vec::new(),
+        })
+    }
+}
+
+fn tools(layout: &Layout, acks: &Arc<Acks>) -> Result<ManagedTools> {
+    let transcripts: Arc<dyn OutputMaterializer> = Arc::new(Transcripts {
+        root: layout.transcripts(),
+        acks: Arc::clone(acks),
+    });
+    let mut registry = ToolRegistry::new();
+    let registrations = [
+        Registration::new(
+            ToolInfo::without_parameters(SHELL, "run a shell command (recoverable)"),
+            ShellTool::new(layout.runs()),
+        )
+        .with_materializer(Arc::clone(&transcripts)),
+        Registration::new(
+            ToolInfo::without_parameters(TICK, "tick a few times (plain)"),
+            TickTool,
+        )
+        .with_materializer(transcripts),
+        Registration::new(
+            ToolInfo::without_parameters(APPROVAL, "ask and wait for the answer (resumable)"),
+            ApprovalTool,
+        ),
+    ];
+    for registration in registrations {
+        registry.register(registration).map_err(CliError::Usage)?;
+    }
+    Ok(ManagedTools::new(registry))
+}
+
+/// Quotes `text` for `sh`.
+fn quote(text: &str) -> String {
+    format!("'{}'", text.replace('\'', r"'\''"))
+}
+
+/// The tool call of one new task.
+fn call(rng: &mut Rng, token: &str, layout: &Layout, shell_command: &str) -> ToolCall {
+    let (tool, arguments) = match rng.range(0, 9) {
+        0..=4 => {
+            let command = format!(
+                "export DTASK_TORTURE_TOKEN={} DTASK_TORTURE_LEDGER={}; {shell_command}",
+                quote(token),
+                quote(&layout.ledger().display().to_string()),
+            );
+            (
+                SHELL,
+                serde_json::json!({ "command": command, "token": token }),
+            )
+        }
+        5..=7 => (
+            TICK,
+            serde_json::json!({ "ticks": rng.range(1, 6), "token": token }),
+        ),
+        _ => (
+            APPROVAL,
+            serde_json::json!({ "question": format!("go ahead with {token}?"), "token": token }),
+        ),
+    };
+    ToolCall {
+        tool_name: tool.into(),
+        arguments: arguments.to_string(),
+        session_id: "torture".into(),
+        notify_session: true,
+        ..ToolCall::default()
+    }
+}
+
+/// Runs `dtask torture-child`.
+pub fn run(args: &Args) -> Result<()> {
+    let armed = dtask_engine::failpoints::configure_from_env()
+        .map_err(|e| CliError::Usage(e.to_string()))?;
+    for spec in &armed {
+        eprintln!("torture-child: armed fail point {spec}");
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(CliError::io("starting the runtime"))?;
+    let code = runtime.block_on(workload(args))?;
+    // Drop the runtime before exiting: the journal flushes when its last handle goes.
+    drop(runtime);
+    if code == 0 {
+        Ok(())
+    } else {
+        std::process::exit(code)
+    }
+}
+
+#[allow(clippy::too_many_lines, reason = "the workload reads best as one loop")]
+async fn workload(args: &Args) -> Result<i32> {
+    let layout = Layout::new(&args.dir);
+    let acks = Arc::new(Acks::open(&layout.acks())?);
+    let lease = Duration::from_millis(args.lease_ms.max(50));
+    let journal = Journal::open(layout.journal(), JournalOptions::default())?;
+    let store = TaskStore::open(
+        journal,
+        SystemClock,
+        StoreConfig::default().with_lease_duration(lease),
+    )?;
+    let tools = tools(&layout, &acks)?;
+    let mut runtime = Registry::new();
+    tools
+        .register_executors(&mut runtime)
+        .map_err(CliError::Usage)?;
+    let manager = Manager::new(
+        store.clone(),
+        runtime,
+        ManagerConfig::default().with_heartbeat_interval(lease / 4),
+    );
+    let sweeper = store.spawn_sweeper(lease / 4);
+    let worker = Worker::new(
+        manager.clone(),
+        WorkerConfig::new([
+            dtask_engine::managed::PLAIN_EXECUTOR_KEY,
+            dtask_engine::managed::RECOVERABLE_EXECUTOR_KEY,
+        ])
+        .with_max_concurrent(8)
+        .with_poll_interval(Duration::from_millis(50)),
+    )
+    .map_err(|e| CliError::Usage(e.to_string()))?;
+    let (stop_worker, stopped) = tokio::sync::oneshot::channel::<()>();
+    let worker = tokio::spawn(worker.run(async move {
+        let _ = stopped.await;
+    }));
+    eprintln!("torture-child: run {} up", args.run);
+
+    let mut rng = Rng::new(args.seed);
+    let started = Instant::now();
+    let finish_by = started + Duration::from_secs(args.finish_timeout_secs);
+    let mut submitted = 0;
+    let mut code = 0;
+    loop {
+        if args.finish {
+            if store.journal().live_tasks().next().is_none() {
+                break;
+            }
+            if Instant::now() > finish_by {
+                let live: Vec<String> = store.journal().live_tasks().flatten().collect();
+                eprintln!("torture-child: still live at the deadline: {live:?}");
+                code = UNFINISHED;
+                break;
+            }
+        } else {
+            if submitted < args.tasks {
+                let token = format!("r{}-t{submitted}", args.run);
+                let call = call(&mut rng, &token, &layout, &args.shell_command);
+                let tool = call.tool_name.clone();
+                match tools.submit(&manager, call).await {
+                    Ok(task) => acks.log(&["created", &task.spec.id, &tool, &token]),
+                    Err(e) => eprintln!("torture-child: submit failed: {e}"),
+                }
+                submitted += 1;
+            }
+            if let Some(after) = args.drain_after_ms {
+                if started.elapsed() >= Duration::from_millis(after) {
+                    break;
+                }
+            }
+        }
+        // Answer waiting tasks, cancel now and then.
+        let live: Vec<String> = store.journal().live_tasks().flatten().collect();
+        for id in &live {
+            let Ok(task) = store.get(id).await else {
+                continue;
+            };
+            if task.status == Status::WaitingInput && (args.finish || rng.chance(30)) {
+                match manager.resume(id, task.version, br#""yes""#.to_vec()).await {
+                    Ok(_) => acks.log(&["resume", id]),
+                    Err(e) => eprintln!("torture-child: resume {id} failed: {e}"),
+                }
+            }
+        }
+        if !args.finish && !live.is_empty() && rng.chance(8) {
+            let pick = usize::try_from(rng.range(0, live.len() as u64 - 1)).unwrap_or(0);
+            let id = live[pick].clone();
+            let manager = manager.clone();
+            let acks = Arc::clone(&acks);
+            tokio::spawn(async move {
+                if manager.request_cancel(&id, "torture").await.is_ok() {
+                    acks.log(&["cancel", &id]);
+                }
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(rng.range(10, 40))).await;
+    }
+    let deadline = tokio::time::Instant::now() + lease * 4;
+    if let Err(e) = manager.close(Some(deadline), "torture drain").await {
+        eprintln!("torture-child: close: {e}");
+    }
+    let _ = stop_worker.send(());
+    match worker.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => eprintln!("torture-child: worker: {e}"),
+        Err(e) => eprintln!("torture-child: worker task: {e}"),
+    }
+    sweeper.abort();
+    eprintln!("torture-child: run {} done ({code})", args.run);
+    Ok(code)
+}

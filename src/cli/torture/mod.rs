@@ -1,0 +1,600 @@
+//! `dtask torture`: the crash-recovery torture driver (`docs/crash-testing.md`).
+//!
+//! With a seed, it starts a child engine process (`dtask torture-child`, this same binary)
+//! that runs a mixed workload on a journal — recoverable shell tasks whose side effect appends
+//! a token to a ledger file, plain tasks emitting updates with event ids, resumable tasks
+//! answered later, cancellations — and kills it with SIGKILL at a random moment (or lets it
+//! abort at a chosen fail point), then starts the next one on the same journal, until the
+//! requested number of crashes. After each crash it checks that nothing durable went missing.
+//! A last child then lets everything finish, and the checker proves the invariants
+//! ([`check::check`]). It prints a summary (`--json` for one document), progress on standard
+//! error, and on failure a command that reproduces the run.
+
+pub mod check;
+pub mod child;
+mod rng;
+
+use super::{CliError, Global, Out, Result};
+use dtask_engine::failpoints::{self, FailAction, FailPointSpec};
+use dtask_journal::Journal;
+use rng::Rng;
+use serde_json::json;
+use std::fmt::Write as _;
+use std::os::unix::process::ExitStatusExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+/// The side effect of a shell task by default: append the token to the ledger, then print a
+/// few lines (updates with event ids) over a few tens of milliseconds.
+pub const DEFAULT_SHELL_COMMAND: &str =
+    "echo \"$DTASK_TORTURE_TOKEN\" >> \"$DTASK_TORTURE_LEDGER\"; \
+     for i in 1 2 3 4; do echo \"line $i\"; sleep 0.03; done";
+
+/// Arguments of `dtask torture`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// The seed of the kill schedule and the workload (default: from the clock; printed).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// How many crashes to inflict: SIGKILLs at random moments; with `--fail-point`, how many
+    /// times the point must fire (runs that do not reach it are killed as usual).
+    #[arg(long, default_value_t = 20)]
+    pub kills: u64,
+    /// Where to keep the journal, the ledger and the logs (must not exist or be empty).
+    /// Default: a temporary directory, removed after a clean run and kept after a failure.
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
+    /// Also arm this fail point in every child (see `docs/crash-testing.md` for the names).
+    #[arg(long, value_name = "NAME")]
+    pub fail_point: Option<String>,
+    /// What the fail point does: panic, error or abort.
+    #[arg(long, default_value = "abort", value_name = "ACTION")]
+    pub fail_action: String,
+    /// The earliest moment of a kill after a child starts, in milliseconds.
+    #[arg(long, default_value_t = 150)]
+    pub min_ms: u64,
+    /// The latest moment of a kill after a child starts, in milliseconds.
+    #[arg(long, default_value_t = 900)]
+    pub max_ms: u64,
+    /// The lease duration of the children's store, in milliseconds.
+    #[arg(long, default_value_t = 400)]
+    pub lease_ms: u64,
+    /// How many tasks each child submits.
+    #[arg(long, default_value_t = 3)]
+    pub tasks_per_run: u64,
+    /// The side effect of shell tasks: a `sh` command that must append
+    /// `$DTASK_TORTURE_TOKEN` to the file `$DTASK_TORTURE_LEDGER` once per run (point this at
+    /// your own tool).
+    #[arg(long, default_value = DEFAULT_SHELL_COMMAND, value_name = "CMD")]
+    pub shell_command: String,
+    /// How long the last child may take to bring every task to a terminal state, in seconds.
+    #[arg(long, default_value_t = 120)]
+    pub finish_timeout_secs: u64,
+}
+
+/// The files of a torture directory.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    root: PathBuf,
+}
+
+impl Layout {
+    /// The layout under `root`.
+    pub fn new(root: &Path) -> Self {
+        Self {
+            root: root.to_path_buf(),
+        }
+    }
+
+    /// The journal.
+    pub fn journal(&self) -> PathBuf {
+        self.root.join("journal")
+    }
+
+    /// The shell tool's runs.
+    pub fn runs(&self) -> PathBuf {
+        self.root.join("runs")
+    }
+
+    /// The transcripts written by the output materializer.
+    pub fn transcripts(&self) -> PathBuf {
+        self.root.join("transcripts")
+    }
+
+    /// The acknowledgement log.
+    pub fn acks(&self) -> PathBuf {
+        self.root.join("acks.log")
+    }
+
+    /// The external ledger of side effects.
+    pub fn ledger(&self) -> PathBuf {
+        self.root.join("ledger")
+    }
+
+    /// The children's standard error, one file per run.
+    pub fn logs(&self) -> PathBuf {
+        self.root.join("logs")
+    }
+
+    fn create(&self) -> Result<()> {
+        for dir in [self.runs(), self.transcripts(), self.logs()] {
+            std::fs::create_dir_all(&dir)
+                .map_err(CliError::io(format!("creating {}", dir.display())))?;
+        }
+        Ok(())
+    }
+}
+
+/// How a child run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    /// Killed with SIGKILL by the driver.
+    Killed,
+    /// Aborted itself (a fail point with `abort`).
+    Aborted,
+    /// Panicked to death (a fail point with `panic` on the workload's own thread).
+    Panicked,
+    /// Drained and exited cleanly.
+    Drained,
+    /// Anything else: a violation.
+    Failed(Option<i32>),
+}
+
+/// Counters of the crash loop.
+#[derive(Debug, Default)]
+struct Tally {
+    runs: u64,
+    sigkills: u64,
+    aborts: u64,
+    panics: u64,
+    drains: u64,
+    hits: u64,
+    violations: Vec<String>,
+}
+
+impl Tally {
+    fn crashes(&self) -> u64 {
+        self.sigkills + self.aborts + self.panics
+    }
+}
+
+/// The most hits a fail point lets pass before firing (chosen per run).
+fn max_skip(point: &str) -> u64 {
+    match point {
+        failpoints::JOURNAL_BEFORE_WRITE
+        | failpoints::JOURNAL_AFTER_WRITE
+        | failpoints::STORE_AFTER_APPEND => 12,
+        failpoints::AFTER_UPDATE_PERSISTED => 6,
+        failpoints::TOOL_START | failpoints::BEFORE_COMMIT_START => 2,
+        _ => 0,
+    }
+}
+
+fn validate(args: &Args) -> Result<Option<(String, FailAction)>> {
+    if args.min_ms > args.max_ms {
+        return Err(CliError::Usage(format!(
+            "--min-ms {} is above --max-ms {}",
+            args.min_ms, args.max_ms
+        )));
+    }
+    if args.lease_ms < 50 {
+        return Err(CliError::Usage("--lease-ms must be at least 50".into()));
+    }
+    let action: FailAction = args
+        .fail_action
+        .parse()
+        .map_err(|e: failpoints::FailPointError| CliError::Usage(e.to_string()))?;
+    let Some(point) = &args.fail_point else {
+        return Ok(None);
+    };
+    if !failpoints::POINTS.contains(&point.as_str()) {
+        return Err(CliError::Usage(format!(
+            "unknown fail point {point:?}; the fail points are: {}",
+            failpoints::POINTS.join(", ")
+        )));
+    }
+    if !failpoints::ENABLED {
+        return Err(CliError::Usage(
+            failpoints::FailPointError::Disabled.to_string(),
+        ));
+    }
+    Ok(Some((point.clone(), action)))
+}
+
+/// The command line that reproduces a run.
+fn reproduce(args: &Args, seed: u64) -> String {
+    let mut command = format!(
+        "dtask torture --seed {seed} --kills {} --min-ms {} --max-ms {} --lease-ms {} --tasks-per-run {}",
+        args.kills, args.min_ms, args.max_ms, args.lease_ms, args.tasks_per_run
+    );
+    if let Some(point) = &args.fail_point {
+        let _ = write!(
+            command,
+            " --fail-point {point} --fail-action {}",
+            args.fail_action
+        );
+    }
+    if args.shell_command != DEFAULT_SHELL_COMMAND {
+        let _ = write!(
+            command,
+            " --shell-command '{}'",
+            args.shell_command.replace('\'', r"'\''")
+        );
+    }
+    command
+}
+
+/// Starts one child run.
+fn spawn(
+    layout: &Layout,
+    args: &Args,
+    run: u64,
+    seed: u64,
+    drain_after: Option<u64>,
+    fail: Option<&FailPointSpec>,
+    finish: bool,
+) -> Result<Child> {
+    let exe = std::env::current_exe().map_err(CliError::io("finding this executable"))?;
+    let log_path = layout.logs().join(format!("run-{run}.log"));
+    let log = std::fs::File::create(&log_path)
+        .map_err(CliError::io(format!("creating {}", log_path.display())))?;
+    let mut command = std::process::Command::new(exe);
+    command
+        .arg("torture-child")
+        .arg("--dir")
+        .arg(&layout.root)
+        .args(["--seed", &seed.to_string()])
+        .args(["--run", &run.to_string()])
+        .args(["--lease-ms", &args.lease_ms.to_string()])
+        .args(["--tasks", &args.tasks_per_run.to_string()])
+        .args([
+            "--finish-timeout-secs",
+            &args.finish_timeout_secs.to_string(),
+        ])
+        .args(["--shell-command", &args.shell_command])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .env_remove(failpoints::ENV);
+    if let Some(after) = drain_after {
+        command.args(["--drain-after-ms", &after.to_string()]);
+    }
+    if finish {
+        command.arg("--finish");
+    }
+    if let Some(spec) = fail {
+        command.env(failpoints::ENV, spec.to_string());
+    }
+    command
+        .spawn()
+        .map_err(CliError::io("starting a child engine"))
+}
+
+/// Waits for `child` until `deadline`; `None` when it is still running then.
+fn wait_until(child: &mut Child, deadline: Instant) -> Result<Option<ExitStatus>> {
+    loop {
+        if let Some(status) = child
+            .try_wait()
+            .map_err(CliError::io("waiting for a child engine"))?
+        {
+            return Ok(Some(status));
+        }
+        if Instant::now() >= deadline {
+            return Ok(None);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn ending(status: ExitStatus) -> Ending {
+    const SIGABRT: i32 = 6;
+    const PANIC_EXIT: i32 = 101;
+    match (status.code(), status.signal()) {
+        (Some(0), _) => Ending::Drained,
+        (Some(PANIC_EXIT), _) => Ending::Panicked,
+        (_, Some(SIGABRT)) => Ending::Aborted,
+        (code, _) => Ending::Failed(code),
+    }
+}
+
+fn count_hits(path: &Path) -> u64 {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter(|line| line.starts_with(failpoints::HIT_PREFIX))
+        .count() as u64
+}
+
+/// Compares the journal's heads with the last snapshot, then replaces the snapshot.
+fn check_heads(layout: &Layout, before: &mut check::Heads, tally: &mut Tally) -> Result<()> {
+    let journal = Journal::open_read_only(layout.journal())?;
+    let now = check::heads(&journal)?;
+    tally
+        .violations
+        .extend(check::heads_grew(&journal, before, &now)?);
+    *before = now;
+    Ok(())
+}
+
+/// The crash loop: child runs until `args.kills` crashes.
+#[allow(
+    clippy::too_many_lines,
+    reason = "one run of the loop reads best in one place"
+)]
+fn crash_loop(
+    layout: &Layout,
+    args: &Args,
+    seed: u64,
+    fail: Option<&(String, FailAction)>,
+) -> Result<Tally> {
+    let mut rng = Rng::new(seed);
+    let mut tally = Tally::default();
+    let mut heads = check::Heads::new();
+    // Without a fail point every run ends in a crash (or a clean drain); with one, `kills`
+    // counts the firings of the point, and runs that do not reach it are killed as usual.
+    let enough = |tally: &Tally| match fail {
+        None => tally.crashes() >= args.kills,
+        Some(_) => tally.hits >= args.kills,
+    };
+    let max_runs = if fail.is_some() {
+        args.kills * 10 + 10
+    } else {
+        args.kills * 3 + 10
+    };
+    while !enough(&tally) && tally.runs < max_runs {
+        tally.runs += 1;
+        let run = tally.runs;
+        let delay = rng.range(args.min_ms, args.max_ms);
+        let drains_here = fail.is_some_and(|(p, _)| p == failpoints::DRAIN);
+        let drain_after =
+            (drains_here || rng.chance(15)).then(|| rng.range(args.min_ms / 2, delay));
+        let spec = fail.map(|(name, action)| FailPointSpec {
+            name: name.clone(),
+            action: *action,
+            skip: rng.range(0, max_skip(name)),
+        });
+        let started = Instant::now();
+        let mut child = spawn(
+            layout,
+            args,
+            run,
+            Rng::derive(seed, run),
+            drain_after,
+            spec.as_ref(),
+            false,
+        )?;
+        // A drain may take a few leases to settle: give it that long before killing. With a
+        // fail point, every other run lives a few leases longer, so that what the run before
+        // left behind (expiring leases, pending recoveries) reaches the point.
+        let patience = if drain_after.is_some() {
+            Duration::from_millis(delay + args.lease_ms * 6)
+        } else if fail.is_some() && run % 2 == 0 {
+            Duration::from_millis(delay + args.lease_ms * 3)
+        } else {
+            Duration::from_millis(delay)
+        };
+        let end = if let Some(status) = wait_until(&mut child, started + patience)? {
+            ending(status)
+        } else {
+            let _ = child.kill();
+            child
+                .wait()
+                .map_err(CliError::io("waiting for a child engine"))?;
+            Ending::Killed
+        };
+        let elapsed = started.elapsed().as_millis();
+        let log = layout.logs().join(format!("run-{run}.log"));
+        let hits = count_hits(&log);
+        tally.hits += hits;
+        match end {
+            Ending::Killed => tally.sigkills += 1,
+            Ending::Aborted => tally.aborts += 1,
+            Ending::Panicked => tally.panics += 1,
+            Ending::Drained => tally.drains += 1,
+            Ending::Failed(code) => tally.violations.push(format!(
+                "child run {run} exited with {code:?} (see {})",
+                log.display()
+            )),
+        }
+        check_heads(layout, &mut heads, &mut tally)?;
+        eprintln!(
+            "torture: run {run}: {} after {elapsed} ms; crashes {}/{}{}",
+            match end {
+                Ending::Killed => "SIGKILL",
+                Ending::Aborted => "aborted at the fail point",
+                Ending::Panicked => "panicked",
+                Ending::Drained => "drained and exited",
+                Ending::Failed(_) => "FAILED",
+            },
+            tally.crashes(),
+            args.kills,
+            if tally.violations.is_empty() {
+                String::new()
+            } else {
+                format!("; {} violations", tally.violations.len())
+            }
+        );
+    }
+    if !enough(&tally) {
+        tally.violations.push(format!(
+            "only {} crashes and {} fail-point firings in {} runs",
+            tally.crashes(),
+            tally.hits,
+            tally.runs
+        ));
+    }
+    // The finish run: no fail point, no kill; everything must reach a terminal state.
+    let run = tally.runs + 1;
+    let mut child = spawn(layout, args, run, Rng::derive(seed, run), None, None, true)?;
+    let deadline = Instant::now() + Duration::from_secs(args.finish_timeout_secs + 30);
+    match wait_until(&mut child, deadline)? {
+        Some(status) if status.success() => {}
+        Some(status) => tally.violations.push(format!(
+            "the finish run ended with {status} (see {})",
+            layout.logs().join(format!("run-{run}.log")).display()
+        )),
+        None => {
+            let _ = child.kill();
+            let _ = child.wait();
+            tally
+                .violations
+                .push("the finish run did not end in time".into());
+        }
+    }
+    check_heads(layout, &mut heads, &mut tally)?;
+    Ok(tally)
+}
+
+/// Runs `dtask torture`.
+#[allow(clippy::too_many_lines, reason = "the summary has many lines")]
+pub fn run(global: &Global, args: &Args) -> Result<()> {
+    let fail = validate(args)?;
+    let started = Instant::now();
+    let seed = args.seed.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| {
+                d.as_secs() ^ u64::from(d.subsec_nanos()).rotate_left(32)
+            })
+    });
+    let temp;
+    let root = if let Some(dir) = &args.dir {
+        let used = dir.exists()
+            && std::fs::read_dir(dir)
+                .map_err(CliError::io(format!("reading {}", dir.display())))?
+                .next()
+                .is_some();
+        if used {
+            return Err(CliError::Usage(format!(
+                "{} is not empty: the torture run needs a new directory",
+                dir.display()
+            )));
+        }
+        temp = None;
+        dir.clone()
+    } else {
+        let dir = tempfile::Builder::new()
+            .prefix("dtask-torture-")
+            .tempdir()
+            .map_err(CliError::io("creating a temporary directory"))?;
+        let path = dir.path().to_path_buf();
+        temp = Some(dir);
+        path
+    };
+    let layout = Layout::new(&root);
+    layout.create()?;
+    eprintln!(
+        "torture: seed {seed}, {} crashes{}, in {}",
+        args.kills,
+        fail.as_ref()
+            .map(|(p, a)| format!(" (fail point {p}: {a})"))
+            .unwrap_or_default(),
+        root.display()
+    );
+    let tally = crash_loop(&layout, args, seed, fail.as_ref())?;
+    let findings = check::check(&layout)?;
+    let mut violations = tally.violations.clone();
+    violations.extend(findings.violations.iter().cloned());
+    let wall = started.elapsed().as_secs_f64();
+    let reproduce = reproduce(args, seed);
+    let clean = violations.is_empty();
+    let kept = !clean || args.dir.is_some();
+    let dir_shown = if kept {
+        // A failed run keeps its directory for inspection.
+        let _ = temp.map(tempfile::TempDir::keep);
+        Some(root.display().to_string())
+    } else {
+        None
+    };
+    let mut out = Out::new();
+    if global.json {
+        out.json(&json!({
+            "seed": seed,
+            "kills": tally.crashes(),
+            "sigkills": tally.sigkills,
+            "aborts": tally.aborts,
+            "panics": tally.panics,
+            "drains": tally.drains,
+            "runs": tally.runs + 1,
+            "fail_point": fail.as_ref().map(|(p, _)| p.clone()),
+            "fail_action": fail.as_ref().map(|(_, a)| a.as_str()),
+            "fail_point_hits": tally.hits,
+            "tasks": findings.tasks,
+            "by_status": findings.by_status,
+            "by_tool": findings.by_tool,
+            "records": findings.records,
+            "updates": findings.updates,
+            "max_attempts": findings.max_attempts,
+            "acknowledged": findings.acknowledged,
+            "side_effects": findings.side_effects,
+            "violations": violations,
+            "clean": clean,
+            "wall_secs": (wall * 10.0).round() / 10.0,
+            "dir": dir_shown,
+            "reproduce": reproduce,
+        }))?;
+    } else {
+        out.line(format!(
+            "torture: seed {seed}: {} crashes ({} SIGKILL, {} aborts, {} panics) and {} clean drains in {} runs",
+            tally.crashes(),
+            tally.sigkills,
+            tally.aborts,
+            tally.panics,
+            tally.drains,
+            tally.runs + 1
+        ))?;
+        if let Some((point, action)) = &fail {
+            out.line(format!(
+                "fail point {point} ({action}) fired {} times",
+                tally.hits
+            ))?;
+        }
+        let statuses: Vec<String> = findings
+            .by_status
+            .iter()
+            .map(|(s, n)| format!("{n} {s}"))
+            .collect();
+        let tools: Vec<String> = findings
+            .by_tool
+            .iter()
+            .map(|(t, n)| format!("{n} {t}"))
+            .collect();
+        out.line(format!(
+            "tasks: {} ({}; {}), {} records, {} updates, at most {} attempts",
+            findings.tasks,
+            statuses.join(", "),
+            tools.join(", "),
+            findings.records,
+            findings.updates,
+            findings.max_attempts
+        ))?;
+        out.line(format!(
+            "checked: {} acknowledgements, {} side effects in the ledger, verify, terminal states, event ids, attempts",
+            findings.acknowledged, findings.side_effects
+        ))?;
+        for violation in &violations {
+            out.line(format!("VIOLATION {violation}"))?;
+        }
+        out.line(format!(
+            "{} in {wall:.1} s",
+            if clean {
+                "no violations".to_owned()
+            } else {
+                format!("{} VIOLATIONS", violations.len())
+            }
+        ))?;
+        if let Some(dir) = &dir_shown {
+            out.line(format!("kept: {dir}"))?;
+        }
+        if !clean {
+            out.line(format!("reproduce: {reproduce}"))?;
+        }
+    }
+    out.flush()?;
+    if clean {
+        Ok(())
+    } else {
+        Err(CliError::Problems(String::new()))
+    }
+}

@@ -1,0 +1,94 @@
+//! `dtask torture` as a process: a short crash-recovery run — a child engine with a mixed
+//! workload killed with SIGKILL at random moments at least 20 times, restarted each time, then left to
+//! finish — and the invariant checker's verdict.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use assert_cmd::Command;
+use serde_json::Value;
+use std::time::Duration;
+
+fn torture(args: &[&str]) -> (Option<i32>, Value, String) {
+    let output = Command::cargo_bin("dtask")
+        .unwrap()
+        .arg("torture")
+        .args(args)
+        .arg("--json")
+        .timeout(Duration::from_secs(900))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    let summary = serde_json::from_slice(&output.stdout).unwrap_or(Value::Null);
+    (output.status.code(), summary, stderr)
+}
+
+#[test]
+fn twenty_kills_leave_every_invariant_intact() {
+    let (code, summary, stderr) = torture(&["--seed", "20260601", "--kills", "20"]);
+    assert_eq!(code, Some(0), "summary: {summary:#}\nstderr: {stderr}");
+    assert_eq!(summary["violations"], Value::Array(vec![]), "{summary:#}");
+    assert_eq!(summary["clean"], true);
+    assert!(summary["kills"].as_u64().unwrap() >= 20, "{summary:#}");
+    assert!(summary["sigkills"].as_u64().unwrap() >= 1, "{summary:#}");
+    // The workload really ran: every kind of tool, updates, acknowledgements, side effects.
+    for tool in ["shell", "tick", "approval"] {
+        assert!(
+            summary["by_tool"][tool].as_u64().unwrap_or(0) > 0,
+            "no {tool} task: {summary:#}"
+        );
+    }
+    assert!(summary["updates"].as_u64().unwrap() > 0, "{summary:#}");
+    assert!(summary["acknowledged"].as_u64().unwrap() > 0, "{summary:#}");
+    assert!(summary["side_effects"].as_u64().unwrap() > 0, "{summary:#}");
+    // Every task ended in a terminal status.
+    let by_status = summary["by_status"].as_object().unwrap();
+    let tasks: u64 = by_status.values().map(|n| n.as_u64().unwrap()).sum();
+    assert_eq!(tasks, summary["tasks"].as_u64().unwrap());
+    for status in by_status.keys() {
+        assert!(
+            ["completed", "failed", "canceled"].contains(&status.as_str()),
+            "a task ended {status}: {summary:#}"
+        );
+    }
+    assert!(summary["reproduce"]
+        .as_str()
+        .unwrap()
+        .starts_with("dtask torture --seed 20260601 --kills 20"));
+}
+
+#[test]
+fn bad_arguments_are_usage_errors_and_run_nothing() {
+    let (code, _, stderr) = torture(&["--min-ms", "500", "--max-ms", "100"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--min-ms 500 is above --max-ms 100"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = torture(&["--fail-point", "nowhere"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("unknown fail point \"nowhere\""),
+        "{stderr}"
+    );
+    assert!(stderr.contains("journal::before_write"), "{stderr}");
+    let (code, _, stderr) = torture(&[
+        "--fail-point",
+        "store::after_append",
+        "--fail-action",
+        "explode",
+    ]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(
+        stderr.contains("unknown fail action \"explode\""),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn without_the_feature_fail_points_are_refused() {
+    if cfg!(feature = "failpoints") {
+        return;
+    }
+    let (code, _, stderr) = torture(&["--fail-point", "store::after_append"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("failpoints"), "{stderr}");
+}
