@@ -821,6 +821,13 @@ fn demo_runs_and_its_audit_is_clean() {
     assert!(text.contains("** crash **"), "{text}");
     assert!(text.contains("deduplicated"), "{text}");
     assert!(text.contains("audit: clean"), "{text}");
+    // The managed tool: one call answered in the foreground, one handed off and completed.
+    assert!(text.contains("\"type\":\"foreground_result\""), "{text}");
+    assert!(text.contains("\"type\":\"launch_result\""), "{text}");
+    assert!(
+        text.contains("adopted the running command (no second start): completed"),
+        "{text}"
+    );
     // The kept journal verifies clean with the CLI too, and the demo refuses to reuse it.
     dtask(&dir).arg("verify").assert().success();
     let mut again = Command::new(env!("CARGO_BIN_EXE_dtask"));
@@ -835,7 +842,8 @@ fn demo_runs_and_its_audit_is_clean() {
     temp.env_remove("DTASK_JOURNAL").args(["demo", "--json"]);
     let report = json(&stdout(&mut temp));
     assert_eq!(report["audit"]["problems"].as_array().unwrap().len(), 0);
-    assert_eq!(report["tasks"].as_array().unwrap().len(), 5);
+    // Five store-level tasks and the handed-off managed call (the foreground one left none).
+    assert_eq!(report["tasks"].as_array().unwrap().len(), 6);
 }
 
 #[test]

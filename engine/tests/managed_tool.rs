@@ -6,6 +6,7 @@
 #[path = "support/probe.rs"]
 mod probe;
 
+use base64::Engine as _;
 use dtask_engine::managed::{
     read_input_request, CallOptions, CallOutcome, EnvelopeType, InputRequest, InterruptStage,
     InterruptState, ManagedCheckpoint, ManagedError, ManagedTool, ManagedToolConfig, ManagedTools,
@@ -288,7 +289,6 @@ async fn s32_update_data_cannot_forge_a_launch_result() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(records.len(), 2);
-    use base64::Engine;
     let data = records[0]["update"]["data"].as_str().unwrap();
     assert_eq!(
         base64::engine::general_purpose::STANDARD

@@ -473,16 +473,15 @@ async fn managed_scene(store: &TaskStore, log: &mut Log) -> Result<()> {
         let record = result.text().map_err(|e| fail(&e))?;
         log.say(label, format!("-> {}", record.trim_end()));
         if let Some(id) = &result.envelope.task_id {
-            let outcome = manager.wait(id).await.map_err(|e| fail(&e))?;
+            manager.wait(id).await.map_err(|e| fail(&e))?;
             let task = store.get(id).await?;
             log.say(
                 label,
                 format!(
-                    "the background task adopted the running command: {} at attempt {} with {} \
-                     updates ({outcome:?})",
+                    "the background task adopted the running command (no second start): {} at \
+                     attempt {} with {} updates",
                     task.status, task.attempt, task.updates
-                )
-                .replace('\n', "\\n"),
+                ),
             );
         }
     }

@@ -129,18 +129,14 @@ pub struct ProbeRun {
 impl Run for ProbeRun {
     async fn wait(&self) -> Result<ToolOutcome, ToolRunError> {
         self.calls.lock().unwrap().waits += 1;
-        match &self.script.outcome {
-            Some(outcome) => {
-                if let Some(delay) = self.script.update_delay {
-                    tokio::time::sleep(delay * 2).await;
-                }
-                Ok(outcome.clone())
+        if let Some(outcome) = &self.script.outcome {
+            if let Some(delay) = self.script.update_delay {
+                tokio::time::sleep(delay * 2).await;
             }
-            None => {
-                self.stopped.notified().await;
-                Ok(ToolOutcome::Canceled("stopped".into()))
-            }
+            return Ok(outcome.clone());
         }
+        self.stopped.notified().await;
+        Ok(ToolOutcome::Canceled("stopped".into()))
     }
 
     async fn stop(&self) -> Result<(), ToolRunError> {
