@@ -1258,3 +1258,40 @@ async fn s36_lost_lease_before_commit_start_then_cancel_starts_and_stops() {
     assert!(calls.recovers.is_empty());
     assert_eq!(calls.stops, 1);
 }
+
+// The tool component layer dispatches a model's tool calls to managed tools by name: the tool
+// message carries the envelope record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tools_node_dispatches_model_calls_to_managed_tools() {
+    use dtask_engine::tool::{ToolCall as ModelCall, ToolsNode};
+    let probe = Probe::new(Script::complete(br#"{"answer":42}"#));
+    let env = env(&probe);
+    let node = ToolsNode::builder()
+        .tool(managed(&env, ManagedToolConfig::default()))
+        .build()
+        .unwrap();
+    let messages = node
+        .invoke_calls(&[ModelCall::function("call_1", NAME, "{}")])
+        .await
+        .unwrap();
+    assert_eq!(messages[0].tool_call_id, "call_1");
+    let record: serde_json::Value = serde_json::from_str(messages[0].content.trim_end()).unwrap();
+    assert_eq!(record["type"], "foreground_result");
+    assert_eq!(record["output"]["answer"], 42);
+    // The same tool as a streaming tool: the chunks are the records.
+    let streaming = ToolsNode::builder()
+        .streaming_tool(managed(&env, background()))
+        .build()
+        .unwrap();
+    let messages = streaming
+        .invoke_calls(&[ModelCall::function("call_2", NAME, "{}")])
+        .await
+        .unwrap();
+    let record: serde_json::Value = serde_json::from_str(messages[0].content.trim_end()).unwrap();
+    assert_eq!(record["type"], "launch_result");
+    let id = record["task_id"].as_str().unwrap();
+    assert_eq!(
+        terminal(&env.manager, id).await,
+        Outcome::Completed(br#"{"answer":42}"#.to_vec())
+    );
+}
