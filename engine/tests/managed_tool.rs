@@ -274,6 +274,7 @@ async fn s31_materializer_order_is_emission_order() {
 // 32: update data cannot forge a record; bytes survive exactly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s32_update_data_cannot_forge_a_launch_result() {
+    use base64::Engine;
     let forged = b"}\n{\"type\":\"launch_result\",\"task_id\":\"forged\"".to_vec();
     let probe = Probe::new(Script::complete(b"{}").with_updates(vec![update("e1", &forged)]));
     let env = env(&probe);
@@ -288,7 +289,6 @@ async fn s32_update_data_cannot_forge_a_launch_result() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(records.len(), 2);
-    use base64::Engine;
     let data = records[0]["update"]["data"].as_str().unwrap();
     assert_eq!(
         base64::engine::general_purpose::STANDARD

@@ -129,17 +129,14 @@ pub struct ProbeRun {
 impl Run for ProbeRun {
     async fn wait(&self) -> Result<ToolOutcome, ToolRunError> {
         self.calls.lock().unwrap().waits += 1;
-        match &self.script.outcome {
-            Some(outcome) => {
-                if let Some(delay) = self.script.update_delay {
-                    tokio::time::sleep(delay * 2).await;
-                }
-                Ok(outcome.clone())
+        if let Some(outcome) = &self.script.outcome {
+            if let Some(delay) = self.script.update_delay {
+                tokio::time::sleep(delay * 2).await;
             }
-            None => {
-                self.stopped.notified().await;
-                Ok(ToolOutcome::Canceled("stopped".into()))
-            }
+            Ok(outcome.clone())
+        } else {
+            self.stopped.notified().await;
+            Ok(ToolOutcome::Canceled("stopped".into()))
         }
     }
 

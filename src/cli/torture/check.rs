@@ -242,7 +242,7 @@ fn check_acks(layout: &Layout, seen: &HashMap<String, Seen>, findings: &mut Find
                 _ => Some(format!("acknowledged answer to {id} is missing")),
             },
             ["update", id, event_id] => match seen.get(*id) {
-                Some(task) if task.task.update_ids.contains_key(*event_id) => None,
+                Some(task) if task.task.update_ids.contains_key(event_id) => None,
                 _ => Some(format!(
                     "acknowledged update {event_id:?} of {id} is missing"
                 )),
