@@ -127,19 +127,37 @@ const PARALLEL_MIN_TASKS: usize = 256;
 /// # Errors
 /// The error [`load_task`] gives for the first task (in the order given) that fails.
 pub fn load_tasks(journal: &Journal, tasks: &[String]) -> Result<Vec<Option<Task>>, ReplayError> {
+    load_tasks_with(journal, tasks, |_, task| task)
+}
+
+/// [`load_tasks`], with `build` applied to each folded task on the fold thread that folded
+/// it (so a caller's per-task setup runs in parallel too); `build` gets the task's id.
+///
+/// # Errors
+/// As for [`load_tasks`].
+pub fn load_tasks_with<T, F>(
+    journal: &Journal,
+    tasks: &[String],
+    build: F,
+) -> Result<Vec<Option<T>>, ReplayError>
+where
+    T: Send,
+    F: Fn(&str, Task) -> T + Sync,
+{
     let threads = std::thread::available_parallelism()
         .map_or(1, std::num::NonZeroUsize::get)
         .clamp(1, 8)
         .min(tasks.len() / PARALLEL_MIN_TASKS)
         .max(1);
-    let fold = |chunk: &[String]| -> Result<Vec<Option<Task>>, ReplayError> {
+    let build = &build;
+    let fold = |chunk: &[String]| -> Result<Vec<Option<T>>, ReplayError> {
         let mut scanner = journal.stream_scanner();
         chunk
             .iter()
             .map(|task| {
                 let mut fold = TaskFold::new();
                 replay_records(task, scanner.read(task).into_records(), None, &mut fold)?;
-                Ok(fold.finish())
+                Ok(fold.finish().map(|folded| build(task, folded)))
             })
             .collect()
     };
@@ -177,4 +195,48 @@ pub fn load_task_at(
     let mut fold = TaskFold::new();
     replay_task(journal, task, Some(records), &mut fold)?;
     Ok(fold.finish())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use dtask_journal::{Event, JournalOptions, LeasePolicy, TaskSpec, Timestamp};
+
+    #[test]
+    fn load_tasks_with_builds_on_each_folded_task_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+        // Enough tasks for several fold threads on a multi-core machine.
+        let ids: Vec<String> = (0..2 * PARALLEL_MIN_TASKS + 7)
+            .map(|i| format!("t{i:05}"))
+            .collect();
+        for id in ids.iter().step_by(2) {
+            let created = Event::Created {
+                spec: TaskSpec {
+                    id: id.clone(),
+                    executor_key: "x".into(),
+                    ..TaskSpec::default()
+                },
+                policy: LeasePolicy::Retry,
+                checkpoint: vec![],
+                context_snapshot: vec![],
+                at: Timestamp(1),
+            };
+            journal.append(id, 0, &[created]).unwrap();
+        }
+        let plain = load_tasks(&journal, &ids).unwrap();
+        let built = load_tasks_with(&journal, &ids, |id, task| {
+            (id.to_owned(), task.state.spec.id.clone())
+        })
+        .unwrap();
+        assert_eq!(plain.len(), ids.len());
+        for ((id, plain), built) in ids.iter().zip(&plain).zip(&built) {
+            assert_eq!(plain.is_some(), built.is_some(), "{id}");
+            if let Some((seen, spec_id)) = built {
+                assert_eq!(seen, id);
+                assert_eq!(spec_id, id);
+            }
+        }
+    }
 }

@@ -23,7 +23,7 @@ pub use updates::{UpdatePage, UpdateRecord, UpdateRequest};
 use crate::clock::Clock;
 use decide::Decision;
 use dtask_journal::{Event, Journal, LeasePolicy, TaskSpec, Timestamp};
-use dtask_replay::{load_task, load_tasks, ReplayError, Status, Task, TaskState};
+use dtask_replay::{load_task, load_tasks_with, ReplayError, Status, Task, TaskState};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -222,17 +222,23 @@ impl TaskStore {
                 }
             }
         }
-        let folded = load_tasks(&journal, &live)?;
+        // Each task's slot is built on the fold thread that folded it; only the index
+        // entries are made here.
+        let folded = load_tasks_with(&journal, &live, |_, task| {
+            let placement = Placement::of(&task.state);
+            let key = task.state.spec.executor_key.clone();
+            (Slot::new(task), key, placement)
+        })?;
         if let Some(e) = unreadable {
             return Err(e.into());
         }
-        for (id, task) in live.into_iter().zip(folded) {
-            let Some(task) = task else {
+        index.slots.reserve(live.len());
+        for (id, built) in live.into_iter().zip(folded) {
+            let Some((slot, key, placement)) = built else {
                 continue;
             };
-            let key = task.state.spec.executor_key.clone();
-            index.place(&id, &key, None, &Placement::of(&task.state));
-            index.slots.insert(id, Slot::new(task));
+            index.place(&id, &key, None, &placement);
+            index.slots.insert(id, slot);
         }
         tracing::debug!(live = index.slots.len(), "task store opened");
         Ok(Self {
