@@ -122,6 +122,24 @@ async fn terminal(manager: &Manager, id: &str) -> Outcome {
     manager.wait(id).await.unwrap()
 }
 
+/// An explicit-background call of the tool with `{}`.
+async fn launch(env: &Env) -> ToolResult {
+    done(
+        managed(env, background())
+            .call("{}", &CallOptions::default())
+            .await
+            .unwrap(),
+    )
+}
+
+/// The error of a task that must end failed.
+async fn failure(manager: &Manager, id: &str) -> String {
+    match terminal(manager, id).await {
+        Outcome::Failed(e) => e,
+        other => panic!("expected a failure, got {other:?}"),
+    }
+}
+
 fn launched_id(result: &ToolResult) -> String {
     assert_eq!(result.envelope.kind, EnvelopeType::LaunchResult);
     result.envelope.task_id.clone().unwrap()
@@ -163,17 +181,10 @@ async fn s22_conflicting_event_id_fails_the_background_task() {
         Script::complete(b"{}").with_updates(vec![update("e1", b"one"), update("e1", b"two")]),
     );
     let env = env(&probe);
-    let result = done(
-        managed(&env, background())
-            .call("{}", &CallOptions::default())
-            .await
-            .unwrap(),
-    );
+    let result = launch(&env).await;
     let id = launched_id(&result);
-    match terminal(&env.manager, &id).await {
-        Outcome::Failed(e) => assert!(e.contains("persist update"), "{e}"),
-        other => panic!("{other:?}"),
-    }
+    let e = failure(&env.manager, &id).await;
+    assert!(e.contains("persist update"), "{e}");
 }
 
 // 23: a recoverable tool's update needs an event id.
@@ -181,16 +192,9 @@ async fn s22_conflicting_event_id_fails_the_background_task() {
 async fn s23_recoverable_update_without_event_id_fails_the_task() {
     let probe = Probe::new(Script::complete(b"{}").with_updates(vec![update("", b"x")]));
     let env = env(&probe);
-    let result = done(
-        managed(&env, background())
-            .call("{}", &CallOptions::default())
-            .await
-            .unwrap(),
-    );
-    match terminal(&env.manager, &launched_id(&result)).await {
-        Outcome::Failed(e) => assert!(e.contains("event id is required"), "{e}"),
-        other => panic!("{other:?}"),
-    }
+    let result = launch(&env).await;
+    let e = failure(&env.manager, &launched_id(&result)).await;
+    assert!(e.contains("event id is required"), "{e}");
 }
 
 // 24 + 25: a start checkpoint over 256 KiB cannot be committed: the run is stopped (its stop
@@ -201,20 +205,11 @@ async fn s24_s25_uncommittable_start_stops_the_run_and_never_waits() {
     probe.start_checkpoint = vec![b'x'; (256 << 10) + 1];
     probe.stop_error = Some("stop unavailable".into());
     let env = env(&probe);
-    let result = done(
-        managed(&env, background())
-            .call("{}", &CallOptions::default())
-            .await
-            .unwrap(),
-    );
-    match terminal(&env.manager, &launched_id(&result)).await {
-        Outcome::Failed(e) => {
-            assert!(e.contains("commit external start"), "{e}");
-            assert!(e.contains("tool checkpoint exceeds"), "{e}");
-            assert!(e.contains("stop operation: stop unavailable"), "{e}");
-        }
-        other => panic!("{other:?}"),
-    }
+    let result = launch(&env).await;
+    let e = failure(&env.manager, &launched_id(&result)).await;
+    assert!(e.contains("commit external start"), "{e}");
+    assert!(e.contains("tool checkpoint exceeds"), "{e}");
+    assert!(e.contains("stop operation: stop unavailable"), "{e}");
     let calls = probe.calls();
     assert_eq!(calls.stops, 1);
     assert_eq!(calls.waits, 0);
@@ -226,16 +221,9 @@ async fn s29_plain_tool_checkpoint_is_refused_and_the_run_stopped() {
     let mut probe = Probe::new(Script::complete(b"{}")).plain();
     probe.start_checkpoint = b"cp".to_vec();
     let env = env(&probe);
-    let result = done(
-        managed(&env, background())
-            .call("{}", &CallOptions::default())
-            .await
-            .unwrap(),
-    );
-    match terminal(&env.manager, &launched_id(&result)).await {
-        Outcome::Failed(e) => assert!(e.contains("plain tool cannot return a checkpoint")),
-        other => panic!("{other:?}"),
-    }
+    let result = launch(&env).await;
+    let e = failure(&env.manager, &launched_id(&result)).await;
+    assert!(e.contains("plain tool cannot return a checkpoint"));
     let err = managed(&env, ManagedToolConfig::default())
         .call("{}", &CallOptions::default())
         .await
@@ -255,12 +243,7 @@ async fn s31_materializer_order_is_emission_order() {
     );
     let recorder = Arc::new(Recorder::default());
     let env = env_with(registration(&probe).with_materializer(recorder.clone()));
-    let result = done(
-        managed(&env, background())
-            .call("{}", &CallOptions::default())
-            .await
-            .unwrap(),
-    );
+    let result = launch(&env).await;
     terminal(&env.manager, &launched_id(&result)).await;
     let order: Vec<_> = recorder
         .appended
@@ -308,16 +291,9 @@ async fn s33_update_stream_that_never_closes_fails_the_task() {
     script.never_close = true;
     let probe = Probe::new(script);
     let env = env(&probe);
-    let result = done(
-        managed(&env, background())
-            .call("{}", &CallOptions::default())
-            .await
-            .unwrap(),
-    );
-    match terminal(&env.manager, &launched_id(&result)).await {
-        Outcome::Failed(e) => assert!(e.contains("update stream did not close"), "{e}"),
-        other => panic!("{other:?}"),
-    }
+    let result = launch(&env).await;
+    let e = failure(&env.manager, &launched_id(&result)).await;
+    assert!(e.contains("update stream did not close"), "{e}");
 }
 
 // 34: read_input_request returns an owned copy, and only for waiting managed-tool tasks.
@@ -335,12 +311,7 @@ async fn s34_read_input_request_is_a_copy_and_refuses_foreign_tasks() {
     });
     probe.resume = Some(Arc::new(|_| Ok(Script::complete(b"{}"))));
     let env = env(&probe);
-    let result = done(
-        managed(&env, background())
-            .call("{}", &CallOptions::default())
-            .await
-            .unwrap(),
-    );
+    let result = launch(&env).await;
     let id = launched_id(&result);
     let Outcome::Interrupted(task) = terminal(&env.manager, &id).await else {
         panic!()
@@ -574,12 +545,7 @@ async fn s42_background_waiting_task_walks_through_its_stages() {
         }
     }));
     let env = env(&probe);
-    let result = done(
-        managed(&env, background())
-            .call("{}", &CallOptions::default())
-            .await
-            .unwrap(),
-    );
+    let result = launch(&env).await;
     let id = launched_id(&result);
     let answer = |data: &'static str| {
         let manager = env.manager.clone();
@@ -861,12 +827,7 @@ async fn s48_materializer_failure_is_recorded_and_the_task_completes() {
         ..Recorder::default()
     });
     let env = env_with(registration(&probe).with_materializer(recorder.clone()));
-    let result = done(
-        managed(&env, background())
-            .call("{}", &CallOptions::default())
-            .await
-            .unwrap(),
-    );
+    let result = launch(&env).await;
     let id = launched_id(&result);
     terminal(&env.manager, &id).await;
     let task = env.store.get(&id).await.unwrap();
@@ -882,12 +843,7 @@ async fn s48_materializer_failure_is_recorded_and_the_task_completes() {
 async fn s49_plain_background_task_uses_the_fail_policy() {
     let probe = Probe::new(Script::complete(b"{}")).plain();
     let env = env(&probe);
-    let result = done(
-        managed(&env, background())
-            .call("{}", &CallOptions::default())
-            .await
-            .unwrap(),
-    );
+    let result = launch(&env).await;
     let task = env.store.get(&launched_id(&result)).await.unwrap();
     assert_eq!(task.spec.executor_key, PLAIN_EXECUTOR_KEY);
     assert_eq!(task.policy, LeasePolicy::Fail);
@@ -1176,12 +1132,7 @@ async fn s74_binary_result_is_stored_exactly() {
     let bytes = vec![0x00, 0xff, 0x80, b'{', b'}', b'\n'];
     let probe = Probe::new(Script::complete(&bytes));
     let env = env(&probe);
-    let result = done(
-        managed(&env, background())
-            .call("{}", &CallOptions::default())
-            .await
-            .unwrap(),
-    );
+    let result = launch(&env).await;
     let id = launched_id(&result);
     assert_eq!(terminal(&env.manager, &id).await, Outcome::Completed(bytes));
 }
@@ -1192,12 +1143,7 @@ async fn s74_binary_result_is_stored_exactly() {
 async fn background_call_launch_result_reports_the_started_task() {
     let probe = Probe::new(Script::block());
     let env = env(&probe);
-    let result = done(
-        managed(&env, background())
-            .call("{}", &CallOptions::default())
-            .await
-            .unwrap(),
-    );
+    let result = launch(&env).await;
     let id = launched_id(&result);
     // The window closed at the start boundary: the task runs and its start is durable.
     assert_eq!(result.envelope.status, Some(Status::Running));

@@ -350,25 +350,9 @@ impl Journal {
             .scan(Space::Commits, Range::from(&keys::seq_key(from_seq)))
             .map(move |item| {
                 let (key, value) = item?;
-                let seq =
-                    keys::parse_seq_key(&key).map_err(|kind| Error::corruption("", 0, kind))?;
-                let (task, position) =
-                    keys::parse_event_key(&value).map_err(|kind| Error::corruption("", 0, kind))?;
-                let record = read_unchained(backend, task, position)?;
-                if record.seq != seq {
-                    return Err(Error::corruption(
-                        task,
-                        position,
-                        CorruptionKind::Key(format!(
-                            "commit index says sequence {seq}, record says {}",
-                            record.seq
-                        )),
-                    ));
-                }
-                Ok(Committed {
-                    task: task.to_owned(),
-                    record,
-                })
+                // The entry's value is the key of the record it names.
+                let record = backend.get(Space::Events, &value)?;
+                resolve(&key, &value, Ok(record.as_deref()))
             })
     }
 

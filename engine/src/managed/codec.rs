@@ -161,6 +161,21 @@ impl ManagedCheckpoint {
         }
     }
 
+    /// The checkpoint of a run that waits for input: the request, and the tool checkpoint the
+    /// outcome supplied (`replacement`) or, when it supplied none, the `current` one.
+    #[must_use]
+    pub fn waiting(request: InputRequest, replacement: Vec<u8>, current: Vec<u8>) -> Self {
+        Self {
+            started: true,
+            tool_checkpoint: if replacement.is_empty() {
+                current
+            } else {
+                replacement
+            },
+            request: Some(request),
+        }
+    }
+
     /// Encodes the checkpoint (always with `started: true`).
     ///
     /// # Errors

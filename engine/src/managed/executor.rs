@@ -2,8 +2,7 @@
 //! call — choose resume / recover / start, persist updates, obey controls, map the outcome.
 
 use super::codec::{
-    InputRequest, ManagedCheckpoint, ToolPayload, PLAIN_EXECUTOR_KEY, RECOVERABLE_EXECUTOR_KEY,
-    TASK_KIND,
+    ManagedCheckpoint, ToolPayload, PLAIN_EXECUTOR_KEY, RECOVERABLE_EXECUTOR_KEY, TASK_KIND,
 };
 use super::live::LiveTable;
 use super::registry::{Registration, ToolRegistry};
@@ -409,29 +408,10 @@ fn map_outcome(
             if registration.tool.as_resumable().is_none() {
                 return Err(fail("waiting input requires a resumable tool"));
             }
-            waiting(
-                request,
-                if checkpoint.is_empty() {
-                    tool_checkpoint
-                } else {
-                    checkpoint
-                },
-            )
+            let bytes = ManagedCheckpoint::waiting(request, checkpoint, tool_checkpoint)
+                .encode()
+                .map_err(|e| fail(format!("invalid outcome: {e}")))?;
+            Ok(ExecutionResult::WaitingInput(bytes))
         }
     }
-}
-
-fn waiting(
-    request: InputRequest,
-    tool_checkpoint: Vec<u8>,
-) -> Result<ExecutionResult, ExecutionError> {
-    let checkpoint = ManagedCheckpoint {
-        started: true,
-        tool_checkpoint,
-        request: Some(request),
-    };
-    let bytes = checkpoint
-        .encode()
-        .map_err(|e| fail(format!("invalid outcome: {e}")))?;
-    Ok(ExecutionResult::WaitingInput(bytes))
 }

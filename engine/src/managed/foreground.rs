@@ -15,7 +15,7 @@ use super::live::PROJECTION_BUFFER;
 use super::registry::Registration;
 use super::result::ToolResult;
 use super::submit::{
-    build_spec, check_arguments, reserve_output, ManagedError, ManagedTools, ToolCall,
+    build_spec, check_arguments, check_bounds, reserve_output, ManagedError, ManagedTools, ToolCall,
 };
 use super::tool::{
     AdoptRequest, ForegroundHandoffTool, PrepareRequest, Prepared, PreparerResume, ResumeRequest,
@@ -522,16 +522,7 @@ impl ManagedTool {
         arguments: &str,
         resume: Option<PreparerResume>,
     ) -> Result<Result<String, Interrupt>, ManagedError> {
-        if arguments.is_empty() {
-            return Err(ManagedError::InvalidArguments(
-                "arguments are required".into(),
-            ));
-        }
-        if arguments.len() > MAX_ARGUMENTS_BYTES {
-            return Err(ManagedError::InvalidArguments(
-                "arguments exceed configured bounds".into(),
-            ));
-        }
+        check_bounds(arguments)?;
         let prepared = match self.registration.tool.as_input_preparer() {
             None => arguments.to_owned(),
             Some(preparer) => {
@@ -807,19 +798,16 @@ impl ManagedTool {
                         "foreground waiting-input requires a resumable tool",
                     );
                 }
-                let tool_checkpoint = if checkpoint.is_empty() {
-                    fg.tool_checkpoint.clone()
-                } else {
-                    checkpoint
-                };
+                let waiting = ManagedCheckpoint::waiting(
+                    request.clone(),
+                    checkpoint,
+                    fg.tool_checkpoint.clone(),
+                );
                 // The same bounds as a durable wait.
-                ManagedCheckpoint {
-                    started: true,
-                    tool_checkpoint: tool_checkpoint.clone(),
-                    request: Some(request.clone()),
-                }
-                .encode()
-                .map_err(|e| ManagedError::InvalidOutcome(e.to_string()))?;
+                waiting
+                    .encode()
+                    .map_err(|e| ManagedError::InvalidOutcome(e.to_string()))?;
+                let tool_checkpoint = waiting.tool_checkpoint;
                 Ok(CallOutcome::Interrupted(Interrupt {
                     info: request.data.clone().unwrap_or_default(),
                     state: InterruptState {

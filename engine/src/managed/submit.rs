@@ -216,6 +216,15 @@ pub(crate) fn check_arguments(
     registration: &Registration,
     arguments: &str,
 ) -> Result<(), ManagedError> {
+    check_bounds(arguments)?;
+    registration
+        .tool
+        .validate_arguments(arguments)
+        .map_err(|e| ManagedError::InvalidArguments(format!("validate arguments: {e}")))
+}
+
+/// Checks that arguments are non-empty and at most [`MAX_ARGUMENTS_BYTES`].
+pub(crate) fn check_bounds(arguments: &str) -> Result<(), ManagedError> {
     if arguments.is_empty() {
         return Err(ManagedError::InvalidArguments(
             "arguments are required".into(),
@@ -226,10 +235,7 @@ pub(crate) fn check_arguments(
             "arguments exceed configured bounds".into(),
         ));
     }
-    registration
-        .tool
-        .validate_arguments(arguments)
-        .map_err(|e| ManagedError::InvalidArguments(format!("validate arguments: {e}")))
+    Ok(())
 }
 
 /// What a waiting managed-tool task asks for (an owned copy).
