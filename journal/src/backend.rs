@@ -176,6 +176,13 @@ pub trait Backend: Send + Sync + 'static {
     /// [`Error::Storage`] when nothing was written.
     fn write(&self, ops: Vec<BatchOp>, durability: Durability) -> Result<()>;
 
+    /// Makes every write that returned before this call durable (syncs the write-ahead log).
+    /// Safe to call while other writes go on.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] when the sync failed: what it covered may or may not be durable.
+    fn sync(&self) -> Result<()>;
+
     /// Reads one key.
     ///
     /// # Errors
@@ -358,6 +365,16 @@ impl Backend for RocksBackend {
             Durability::Buffered => &self.buffered,
         };
         self.db.write_opt(batch, write_options)?;
+        Ok(())
+    }
+
+    fn sync(&self) -> Result<()> {
+        if self.read_only {
+            return Err(Error::ReadOnly);
+        }
+        // With automatic WAL flushing (the default) every write is already in the OS's
+        // buffers; this syncs the log files up to the current one, concurrently with writers.
+        self.db.flush_wal(true)?;
         Ok(())
     }
 

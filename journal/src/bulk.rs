@@ -95,13 +95,20 @@ impl<'a> StreamScanner<'a> {
 
     /// Reads `task`'s whole stream (raw entries and head), unverified.
     pub fn read(&mut self, task: &str) -> RawStream {
-        let mut stream = RawStream {
-            task: task.to_owned(),
-            data: Vec::new(),
-            entries: Vec::new(),
-            error: None,
-            head: Ok(None),
-        };
+        let mut stream = RawStream::default();
+        self.read_into(task, &mut stream);
+        stream
+    }
+
+    /// [`StreamScanner::read`] into `stream`, reusing its buffers (what it held before is
+    /// replaced): a loop over many tasks allocates nothing per task for the raw bytes.
+    pub fn read_into(&mut self, task: &str, stream: &mut RawStream) {
+        stream.task.clear();
+        stream.task.push_str(task);
+        stream.data.clear();
+        stream.entries.clear();
+        stream.error = None;
+        stream.head = Ok(None);
         let lower = keys::event_key(task, 0);
         let upper = prefix_end(&keys::task_prefix(task));
         self.events.reach(&lower);
@@ -123,7 +130,7 @@ impl<'a> StreamScanner<'a> {
         }
         if let Err(e) = self.events.status() {
             stream.error = Some(e);
-            return stream;
+            return;
         }
         let key = keys::task_key(task);
         self.heads.reach(&key);
@@ -137,12 +144,12 @@ impl<'a> StreamScanner<'a> {
                 .and_then(|_| self.heads.cursor.value())
                 .map(<[u8]>::to_vec)),
         };
-        stream
     }
 }
 
 /// One task's stream as read by a [`StreamScanner`]: raw, not yet verified. Verify and decode
-/// it with [`RawStream::into_records`].
+/// it with [`RawStream::into_records`] (or [`RawStream::records`] to keep the buffers for the
+/// next [`StreamScanner::read_into`]).
 #[derive(Debug)]
 pub struct RawStream {
     task: String,
@@ -154,6 +161,19 @@ pub struct RawStream {
     error: Option<Error>,
     /// The task head's bytes, or the error reading it.
     head: Result<Option<Vec<u8>>>,
+}
+
+impl Default for RawStream {
+    /// An empty stream, to be filled by [`StreamScanner::read_into`].
+    fn default() -> Self {
+        Self {
+            task: String::new(),
+            data: Vec::new(),
+            entries: Vec::new(),
+            error: None,
+            head: Ok(None),
+        }
+    }
 }
 
 impl RawStream {
@@ -181,25 +201,73 @@ impl RawStream {
     /// end.
     #[must_use]
     pub fn into_records(self) -> RawRecords {
-        let check = StreamCheck::new(self.task.clone(), 0, Some(Digest::GENESIS));
-        RawRecords {
-            stream: self,
-            check,
-            next: 0,
-            pending: None,
-            done: false,
-        }
+        let walk = Walk::new(&self.task);
+        RawRecords { stream: self, walk }
+    }
+
+    /// [`RawStream::into_records`] without giving the stream up: the records are decoded
+    /// from its buffers, which stay for reuse. (The stream's storage error and head are
+    /// consumed by the walk.)
+    pub fn records(&mut self) -> Records<'_> {
+        let walk = Walk::new(&self.task);
+        Records { stream: self, walk }
     }
 }
 
-/// The verified records of a [`RawStream`].
-pub struct RawRecords {
-    stream: RawStream,
+/// Where a walk over a [`RawStream`]'s entries is.
+struct Walk {
     check: StreamCheck,
     next: usize,
     /// A gap was reported before the record at this position (entry index).
     pending: Option<(u64, usize)>,
     done: bool,
+}
+
+impl Walk {
+    fn new(task: &str) -> Self {
+        Self {
+            check: StreamCheck::new(task.to_owned(), 0, Some(Digest::GENESIS)),
+            next: 0,
+            pending: None,
+            done: false,
+        }
+    }
+
+    fn next(&mut self, stream: &mut RawStream) -> Option<Result<Record>> {
+        if self.done {
+            return None;
+        }
+        if let Some((position, entry)) = self.pending.take() {
+            let (_, split, end) = stream.entries[entry];
+            return Some(self.check.decode(position, &stream.data[split..end]));
+        }
+        let Some(&(start, split, end)) = stream.entries.get(self.next) else {
+            self.done = true;
+            if let Some(e) = stream.error.take() {
+                return Some(Err(e));
+            }
+            return match std::mem::replace(&mut stream.head, Ok(None)) {
+                Ok(head) => self.check.finish(head.as_deref()),
+                Err(e) => Some(Err(e)),
+            };
+        };
+        let entry = self.next;
+        self.next += 1;
+        let data = &stream.data;
+        match self.check.entry(&data[start..split], &data[split..end]) {
+            Checked::One(result) => Some(result),
+            Checked::Gap(missing, position) => {
+                self.pending = Some((position, entry));
+                Some(Err(missing))
+            }
+        }
+    }
+}
+
+/// The verified records of a [`RawStream`], owning it; see [`RawStream::into_records`].
+pub struct RawRecords {
+    stream: RawStream,
+    walk: Walk,
 }
 
 impl std::fmt::Debug for RawRecords {
@@ -222,32 +290,28 @@ impl Iterator for RawRecords {
     type Item = Result<Record>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if self.done {
-            return None;
-        }
-        if let Some((position, entry)) = self.pending.take() {
-            let (_, split, end) = self.stream.entries[entry];
-            return Some(self.check.decode(position, &self.stream.data[split..end]));
-        }
-        let Some(&(start, split, end)) = self.stream.entries.get(self.next) else {
-            self.done = true;
-            if let Some(e) = self.stream.error.take() {
-                return Some(Err(e));
-            }
-            return match std::mem::replace(&mut self.stream.head, Ok(None)) {
-                Ok(head) => self.check.finish(head.as_deref()),
-                Err(e) => Some(Err(e)),
-            };
-        };
-        let entry = self.next;
-        self.next += 1;
-        let data = &self.stream.data;
-        match self.check.entry(&data[start..split], &data[split..end]) {
-            Checked::One(result) => Some(result),
-            Checked::Gap(missing, position) => {
-                self.pending = Some((position, entry));
-                Some(Err(missing))
-            }
-        }
+        self.walk.next(&mut self.stream)
+    }
+}
+
+/// The verified records of a borrowed [`RawStream`]; see [`RawStream::records`].
+pub struct Records<'a> {
+    stream: &'a mut RawStream,
+    walk: Walk,
+}
+
+impl std::fmt::Debug for Records<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Records")
+            .field("task", &self.stream.task)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Iterator for Records<'_> {
+    type Item = Result<Record>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.walk.next(self.stream)
     }
 }

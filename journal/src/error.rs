@@ -155,6 +155,12 @@ pub enum Error {
     /// The journal's writer has shut down (closed, or failed earlier).
     #[error("the journal is closed")]
     Closed,
+    /// A sync of the write-ahead log failed, so what it covered may or may not be on stable
+    /// storage. The journal refuses every append from then on: reopen it (recovery reads
+    /// what really reached the disk). Appends refused with this error may or may not be
+    /// durable; appends refused before the failure are not affected.
+    #[error("the journal stopped after a failed sync and must be reopened: {0}")]
+    Stopped(String),
     /// The storage backend failed (I/O, RocksDB). The append, if any, was not written.
     #[error("storage error: {0}")]
     Storage(String),

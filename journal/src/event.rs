@@ -76,6 +76,7 @@ pub struct TaskSpec {
     /// A free tag (for example `background_tool`); not used for routing.
     pub kind: String,
     /// Opaque bytes that only the executor reads.
+    #[serde(with = "crate::byte_fields::bytes")]
     pub payload: Vec<u8>,
     /// Human-readable description.
     pub description: String,
@@ -125,8 +126,10 @@ pub enum Event {
         /// What a lease expiry does to this task.
         policy: LeasePolicy,
         /// The initial checkpoint (empty for none).
+        #[serde(with = "crate::byte_fields::bytes")]
         checkpoint: Vec<u8>,
         /// An opaque, manager-owned context capture (empty for none).
+        #[serde(with = "crate::byte_fields::bytes")]
         context_snapshot: Vec<u8>,
         /// Creation time.
         at: Timestamp,
@@ -151,6 +154,7 @@ pub enum Event {
     /// recover it instead of starting it again.
     StartCommitted {
         /// The managed checkpoint (non-empty).
+        #[serde(with = "crate::byte_fields::bytes")]
         checkpoint: Vec<u8>,
         /// Commit time.
         at: Timestamp,
@@ -165,6 +169,7 @@ pub enum Event {
     /// T8: the attempt ended waiting for input; the checkpoint carries the input request.
     WaitingInput {
         /// The replacement checkpoint (non-empty).
+        #[serde(with = "crate::byte_fields::bytes")]
         checkpoint: Vec<u8>,
         /// Transition time.
         at: Timestamp,
@@ -172,6 +177,7 @@ pub enum Event {
     /// T9: the attempt ended suspended.
     Suspended {
         /// The replacement checkpoint (non-empty).
+        #[serde(with = "crate::byte_fields::bytes")]
         checkpoint: Vec<u8>,
         /// Transition time.
         at: Timestamp,
@@ -179,6 +185,7 @@ pub enum Event {
     /// T10: the attempt yielded; the task is pending again.
     Yielded {
         /// A replacement checkpoint; empty keeps the stored one.
+        #[serde(with = "crate::byte_fields::bytes")]
         checkpoint: Vec<u8>,
         /// Transition time.
         at: Timestamp,
@@ -186,8 +193,10 @@ pub enum Event {
     /// T17: input was given to a task waiting for it; the task is pending with a pending resume.
     InputProvided {
         /// The resume data handed to the next attempt.
+        #[serde(with = "crate::byte_fields::bytes")]
         data: Vec<u8>,
         /// A replacement context snapshot, when one was captured.
+        #[serde(with = "crate::byte_fields::opt_bytes")]
         context_snapshot: Option<Vec<u8>>,
         /// Transition time.
         at: Timestamp,
@@ -195,6 +204,7 @@ pub enum Event {
     /// T18: a suspended task was released to pending.
     Released {
         /// A replacement context snapshot, when supplied (empty clears it).
+        #[serde(with = "crate::byte_fields::opt_bytes")]
         context_snapshot: Option<Vec<u8>>,
         /// Transition time.
         at: Timestamp,
@@ -225,6 +235,7 @@ pub enum Event {
     /// T6: the attempt completed the task with result data.
     Completed {
         /// The result data.
+        #[serde(with = "crate::byte_fields::bytes")]
         data: Vec<u8>,
         /// Transition time.
         at: Timestamp,
@@ -252,6 +263,7 @@ pub enum Event {
         /// A free kind tag.
         kind: String,
         /// The update bytes.
+        #[serde(with = "crate::byte_fields::bytes")]
         data: Vec<u8>,
         /// Key/value metadata, in emission order.
         metadata: Vec<MetadataEntry>,
@@ -268,6 +280,7 @@ pub enum Event {
         /// The notification kind.
         kind: String,
         /// The notification data (empty for lifecycle notifications).
+        #[serde(with = "crate::byte_fields::bytes")]
         data: Vec<u8>,
         /// The task version when queued.
         version: u64,

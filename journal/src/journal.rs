@@ -8,7 +8,7 @@ use crate::head::Head;
 use crate::keys::{self, Space};
 use crate::options::JournalOptions;
 use crate::record::{self, Digest, Record};
-use crate::writer::{AppendJob, Appended, EncodedEvent, IndexEffect, Writer};
+use crate::writer::{AppendJob, Appended, EncodedEvent, IndexEffect, Shared, Writer};
 use std::path::Path;
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
@@ -51,6 +51,8 @@ pub struct Journal {
 struct Inner {
     backend: Arc<dyn Backend>,
     options: JournalOptions,
+    /// The durable watermark (and whether the journal stopped), shared with the writer.
+    shared: Arc<Shared>,
     sender: Mutex<Option<Sender<AppendJob>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
 }
@@ -141,27 +143,32 @@ impl Journal {
     /// # Errors
     /// [`Error::Storage`] if the commit index cannot be read.
     pub fn with_backend(backend: Arc<dyn Backend>, options: JournalOptions) -> Result<Self> {
-        let (sender, writer) = if backend.read_only() {
-            (None, None)
+        let (sender, writer, shared) = if backend.read_only() {
+            // A reader sees everything in the database: its writer (if any) is another
+            // process, whose durability this one cannot know.
+            (None, None, Arc::new(Shared::new(u64::MAX)))
         } else {
-            let next_seq = last_seq(backend.as_ref())? + 1;
+            let last = last_seq(backend.as_ref())?;
+            let shared = Arc::new(Shared::new(last));
             let (tx, rx) = mpsc::channel();
             let writer = Writer::new(
                 Arc::clone(&backend),
                 options.durability,
                 options.max_batch_appends,
-                next_seq,
+                last + 1,
+                Arc::clone(&shared),
             );
             let handle = std::thread::Builder::new()
                 .name("dtask-journal-writer".into())
                 .spawn(move || writer.run(&rx))
                 .map_err(|e| Error::Storage(format!("cannot start the writer thread: {e}")))?;
-            (Some(tx), Some(handle))
+            (Some(tx), Some(handle), shared)
         };
         Ok(Self {
             inner: Arc::new(Inner {
                 backend,
                 options,
+                shared,
                 sender: Mutex::new(sender),
                 writer: Mutex::new(writer),
             }),
@@ -236,7 +243,7 @@ impl Journal {
             .collect()
     }
 
-    fn submit(
+    pub(crate) fn submit(
         &self,
         task: &str,
         expected_position: u64,
@@ -310,7 +317,23 @@ impl Journal {
     /// report every problem. Nothing is ever skipped silently.
     #[must_use]
     pub fn read_stream(&self, task: &str, from: u64) -> StreamReader<'_> {
-        StreamReader::new(self.inner.backend.as_ref(), task, from)
+        StreamReader::new(
+            self.inner.backend.as_ref(),
+            task,
+            from,
+            self.inner.shared.durable(),
+        )
+    }
+
+    /// The durable watermark: the global sequence up to which every record is durable (per
+    /// [`crate::Durability`]). Of a journal open for writing, the readers of this process
+    /// ([`Journal::read_stream`], [`Journal::commits`], [`Journal::commit_batches`],
+    /// [`Journal::outbox`]) see no record above it, so they never act on one that a crash
+    /// of the machine could take back. `u64::MAX` for a read-only journal or a follower:
+    /// they see what the database holds.
+    #[must_use]
+    pub fn durable_seq(&self) -> u64 {
+        self.inner.shared.durable()
     }
 
     /// Lists every task with its head, in task-id order.
@@ -346,8 +369,10 @@ impl Journal {
     /// CRC- and position-checked; chains are checked by [`Journal::read_stream`].
     pub fn commits(&self, from_seq: u64) -> impl Iterator<Item = Result<Committed>> + '_ {
         let backend = self.inner.backend.as_ref();
+        let durable = self.inner.shared.durable();
         backend
             .scan(Space::Commits, Range::from(&keys::seq_key(from_seq)))
+            .take_while(move |item| below(item, durable))
             .map(move |item| {
                 let (key, value) = item?;
                 // The entry's value is the key of the record it names.
@@ -367,6 +392,7 @@ impl Journal {
         CommitBatches {
             cursor,
             size: size.max(1),
+            until: self.inner.shared.durable(),
             done: false,
         }
     }
@@ -382,8 +408,10 @@ impl Journal {
     /// The queued, unacknowledged notifications in insertion order.
     pub fn outbox(&self) -> impl Iterator<Item = Result<Committed>> + '_ {
         let backend = self.inner.backend.as_ref();
+        let durable = self.inner.shared.durable();
         backend
             .scan(Space::Outbox, Range::default())
+            .take_while(move |item| below(item, durable))
             .map(move |item| {
                 let (_, value) = item?;
                 let (task, position) =
@@ -446,6 +474,15 @@ impl Journal {
     }
 }
 
+/// Whether an entry keyed by a sequence (`commits`, `outbox`) is at or below the durable
+/// watermark; errors and malformed keys pass, to be reported by the caller.
+fn below(item: &Result<crate::backend::KeyValue>, durable: u64) -> bool {
+    match item {
+        Ok((key, _)) => keys::parse_seq_key(key).map_or(true, |seq| seq <= durable),
+        Err(_) => true,
+    }
+}
+
 fn check_version(found: u32) -> Result<()> {
     if found == JOURNAL_FORMAT_VERSION {
         Ok(())
@@ -498,6 +535,8 @@ fn unchained(bytes: &[u8], task: &str, position: u64) -> Result<Record> {
 pub struct CommitBatches<'a> {
     cursor: Box<dyn crate::backend::Cursor + 'a>,
     size: usize,
+    /// The durable watermark: entries above it are not read.
+    until: u64,
     done: bool,
 }
 
@@ -621,6 +660,10 @@ impl Iterator for CommitBatches<'_> {
                 self.done = true;
                 break;
             };
+            if keys::parse_seq_key(key).is_ok_and(|seq| seq > self.until) {
+                self.done = true;
+                break;
+            }
             data.extend_from_slice(key);
             let split = data.len();
             data.extend_from_slice(value);
@@ -699,8 +742,8 @@ impl StreamCheck {
     /// Checks one entry found in the task's key range. On [`Checked::Gap`], the record comes
     /// from [`StreamCheck::decode`] at the position returned.
     pub(crate) fn entry(&mut self, key: &[u8], value: &[u8]) -> Checked {
-        let position = match keys::parse_event_key(key) {
-            Ok((_, position)) => position,
+        let position = match keys::position_in(&self.task, key) {
+            Ok(position) => position,
             Err(kind) => {
                 self.prev = None;
                 return Checked::One(Err(self.err(self.expected, kind)));
@@ -798,11 +841,13 @@ pub struct StreamReader<'a> {
     check: StreamCheck,
     /// A gap found before this record was reported; the record itself comes next.
     pending: Option<(u64, Box<[u8]>)>,
+    /// The durable watermark: the stream ends before a record above it.
+    durable: u64,
     done: bool,
 }
 
 impl<'a> StreamReader<'a> {
-    fn new(backend: &'a dyn Backend, task: &str, from: u64) -> Self {
+    fn new(backend: &'a dyn Backend, task: &str, from: u64, durable: u64) -> Self {
         let prev = if from == 0 {
             Some(Digest::GENESIS)
         } else {
@@ -822,19 +867,38 @@ impl<'a> StreamReader<'a> {
             backend,
             check: StreamCheck::new(task.to_owned(), from, prev),
             pending: None,
+            durable,
             done: false,
         }
     }
 
     fn finish(&mut self) -> Option<Result<Record>> {
         self.done = true;
-        match self
-            .backend
-            .get(Space::Heads, &keys::task_key(self.check.task()))
+        let task = self.check.task();
+        let head = match self.backend.get(Space::Heads, &keys::task_key(task)) {
+            Ok(head) => head,
+            Err(e) => return Some(Err(e)),
+        };
+        let problem = self.check.finish(head.as_deref())?;
+        // The head is read after the records: an append that landed in between makes it look
+        // ahead of the stream. A record at the position after the last one read settles it:
+        // the stream grew (this reader ends where it started reading); none means it is damaged.
+        if let Err(Error::Corruption {
+            kind: CorruptionKind::Missing,
+            position,
+            ..
+        }) = &problem
         {
-            Ok(head) => self.check.finish(head.as_deref()),
-            Err(e) => Some(Err(e)),
+            match self
+                .backend
+                .get(Space::Events, &keys::event_key(task, *position))
+            {
+                Ok(Some(_)) => return None,
+                Ok(None) => {}
+                Err(e) => return Some(Err(e)),
+            }
         }
+        Some(problem)
     }
 }
 
@@ -846,7 +910,13 @@ impl Iterator for StreamReader<'_> {
             return None;
         }
         if let Some((position, bytes)) = self.pending.take() {
-            return Some(self.check.decode(position, &bytes));
+            return match self.check.decode(position, &bytes) {
+                Ok(record) if record.seq > self.durable => {
+                    self.done = true;
+                    None
+                }
+                result => Some(result),
+            };
         }
         let item = match self.raw.as_mut().and_then(Iterator::next) {
             None => {
@@ -861,6 +931,12 @@ impl Iterator for StreamReader<'_> {
         };
         let (key, value) = item;
         match self.check.entry(&key, &value) {
+            Checked::One(Ok(record)) if record.seq > self.durable => {
+                // Written, not yet durable: the stream ends here for this process's readers
+                // (and so does the head check: the head is as new as this record).
+                self.done = true;
+                None
+            }
             Checked::One(result) => Some(result),
             Checked::Gap(missing, position) => {
                 self.pending = Some((position, value));

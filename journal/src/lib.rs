@@ -33,6 +33,7 @@
 
 mod backend;
 mod bulk;
+mod byte_fields;
 mod error;
 mod event;
 pub mod failpoints;
@@ -44,7 +45,7 @@ pub mod record;
 mod writer;
 
 pub use backend::{prefix_end, Backend, BatchOp, Cursor, KeyValue, Range, RawIter, RocksBackend};
-pub use bulk::{RawRecords, RawStream, StreamScanner};
+pub use bulk::{RawRecords, RawStream, Records, StreamScanner};
 pub use error::{CorruptionKind, Error, Limit, Result};
 pub use event::{
     Event, EventType, ExpiryResolution, LeasePolicy, MetadataEntry, TaskSpec, Timestamp,

@@ -1,13 +1,33 @@
-//! The group-commit writer.
+//! The group-commit writer and its syncer.
 //!
 //! One thread owns every write. Callers hand it an [`AppendJob`] (events already encoded, limits
 //! already checked) and wait on a one-shot reply. The writer takes the first job, drains every
 //! job already queued (up to `max_batch_appends`), checks each job's expected position against
 //! the task head (as advanced by earlier jobs of the same batch), frames the records, and writes
 //! the whole batch — records, commit index, heads, live and outbox indexes — as **one** atomic
-//! backend write with **one** sync. Only then is every caller of the batch acknowledged. A job
-//! whose expected position is stale is refused alone and contributes nothing; a failed write
-//! fails every job of the batch and leaves nothing behind.
+//! backend write. A job whose expected position is stale is refused alone and contributes
+//! nothing; a failed write fails every job of the batch and leaves nothing behind.
+//!
+//! With [`Durability::Sync`] the write and the sync are two stages on two threads, so that the
+//! next batch is formed, framed and written while the previous one is being synced (a
+//! pipelined group commit):
+//!
+//! 1. the **writer** writes batch N to the write-ahead log (the OS's buffers) and the memtable
+//!    without syncing, hands batch N's acknowledgements to the syncer and goes on with batch
+//!    N+1;
+//! 2. the **syncer** takes every batch handed over so far, syncs the write-ahead log once
+//!    (one `fdatasync` covers all of them: the log is written in order by one thread), and only
+//!    then publishes their sequences as durable and acknowledges their callers.
+//!
+//! A sync that fails leaves the batches it covered in an unknown state (written, perhaps not
+//! on stable storage). The journal then **stops**: every caller of those batches, of batches
+//! written after them, and of every later append gets [`Error::Stopped`]; it must be reopened
+//! (recovery reads what really reached the disk). This is the only safe answer to a failed
+//! fsync: retrying it may report success for data the kernel already dropped.
+//!
+//! Records written but not yet synced are invisible to this process's readers: the journal's
+//! readers stop at the durable watermark ([`Shared::durable`]), so nothing that a crash of the
+//! machine could take back is ever read, delivered or acted on here.
 
 use crate::backend::{Backend, BatchOp};
 use crate::error::{Error, Result};
@@ -16,9 +36,9 @@ use crate::keys::{self, Space};
 use crate::options::Durability;
 use crate::record;
 use std::collections::HashMap;
-use std::sync::mpsc::{Receiver, TryRecvError};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver};
+use std::sync::{Arc, OnceLock};
 use tokio::sync::oneshot;
 
 /// What an event does to the journal's indexes besides being recorded.
@@ -61,16 +81,59 @@ pub(crate) struct AppendJob {
     pub reply: oneshot::Sender<Result<Appended>>,
 }
 
+type Reply = oneshot::Sender<Result<Appended>>;
+
+/// What the writer, the syncer and the journal's readers share.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    /// The sequence up to which every record is durable (per the journal's [`Durability`]):
+    /// readers of this process stop there.
+    durable: AtomicU64,
+    /// Why the journal stopped, once a sync failed.
+    stopped: OnceLock<String>,
+    /// Batches handed to the syncer and not yet settled.
+    in_flight: AtomicU64,
+}
+
+impl Shared {
+    /// A journal whose records up to `durable` are all durable.
+    pub(crate) fn new(durable: u64) -> Self {
+        Self {
+            durable: AtomicU64::new(durable),
+            stopped: OnceLock::new(),
+            in_flight: AtomicU64::new(0),
+        }
+    }
+
+    /// The durable watermark: every record of a sequence up to it is durable, none after it
+    /// is acknowledged.
+    pub(crate) fn durable(&self) -> u64 {
+        self.durable.load(Ordering::Acquire)
+    }
+
+    fn publish(&self, seq: u64) {
+        self.durable.fetch_max(seq, Ordering::AcqRel);
+    }
+
+    fn stopped(&self) -> Option<Error> {
+        self.stopped.get().map(|why| Error::Stopped(why.clone()))
+    }
+}
+
+/// A written batch waiting for its sync.
+struct Written {
+    last_seq: u64,
+    acks: Vec<(Reply, Appended)>,
+}
+
 pub(crate) struct Writer {
     backend: Arc<dyn Backend>,
     durability: Durability,
     max_batch: usize,
     next_seq: u64,
     heads: HashMap<String, Head>,
+    shared: Arc<Shared>,
 }
-
-/// How long the writer waits for the callers of its previous batch to re-submit.
-const LINGER: Duration = Duration::from_micros(100);
 
 /// Heads kept in memory before the cache is dropped and refilled from the `heads` space.
 const HEAD_CACHE_LIMIT: usize = 1 << 20;
@@ -81,6 +144,7 @@ impl Writer {
         durability: Durability,
         max_batch: usize,
         next_seq: u64,
+        shared: Arc<Shared>,
     ) -> Self {
         Self {
             backend,
@@ -88,39 +152,91 @@ impl Writer {
             max_batch,
             next_seq,
             heads: HashMap::new(),
+            shared,
         }
     }
 
-    /// Runs until every sender is gone.
+    /// Runs until every sender is gone, then waits for the syncer to acknowledge everything
+    /// written.
     ///
-    /// Batch formation: after the first job, everything already queued is taken; then, when
-    /// the batch is still smaller than the previous one (the callers of that batch are still
-    /// re-submitting), the writer lingers up to [`LINGER`] for them. Without this a batch of
-    /// one or two often goes out alone right after a large one, and pays a whole sync.
+    /// Batch formation: after the first job, everything already queued is taken (up to
+    /// `max_batch`), and no more: the writer does not linger for late callers. With
+    /// [`Durability::Sync`] a batch written while the syncer is busy simply joins the next
+    /// sync, so writing early costs no sync; it lets the next sync start sooner and splits
+    /// the callers into cohorts that alternate between being written and being synced.
     pub(crate) fn run(mut self, jobs: &Receiver<AppendJob>) {
-        let mut batch = Vec::with_capacity(self.max_batch);
-        let mut previous = 1;
-        while let Ok(first) = jobs.recv() {
-            batch.push(first);
-            let deadline = Instant::now() + LINGER;
-            while batch.len() < self.max_batch {
-                match jobs.try_recv() {
-                    Ok(job) => batch.push(job),
-                    Err(TryRecvError::Disconnected) => break,
-                    Err(TryRecvError::Empty) => {
-                        let now = Instant::now();
-                        if batch.len() >= previous || now >= deadline {
-                            break;
-                        }
-                        match jobs.recv_timeout(deadline - now) {
-                            Ok(job) => batch.push(job),
-                            Err(_) => break,
-                        }
+        let syncer = match self.durability {
+            Durability::Buffered => None,
+            Durability::Sync => {
+                let (tx, rx) = mpsc::channel();
+                let backend = Arc::clone(&self.backend);
+                let shared = Arc::clone(&self.shared);
+                match std::thread::Builder::new()
+                    .name("dtask-journal-syncer".into())
+                    .spawn(move || sync_loop(backend.as_ref(), &shared, &rx))
+                {
+                    Ok(handle) => Some((tx, handle)),
+                    Err(e) => {
+                        // Without a syncer the writer syncs each batch itself.
+                        tracing::warn!(error = %e, "cannot start the journal syncer thread");
+                        None
                     }
                 }
             }
-            previous = batch.len();
-            self.commit(&mut batch);
+        };
+        let mut batch = Vec::with_capacity(self.max_batch);
+        let mut carried = None;
+        loop {
+            let first = match carried.take() {
+                Some(job) => job,
+                None => match jobs.recv() {
+                    Ok(job) => job,
+                    Err(_) => break,
+                },
+            };
+            batch.push(first);
+            while batch.len() < self.max_batch {
+                match jobs.try_recv() {
+                    Ok(job) => batch.push(job),
+                    Err(_) => break,
+                }
+            }
+            let Some(written) = self.commit(&mut batch) else {
+                continue;
+            };
+            match (self.durability, &syncer) {
+                (Durability::Buffered, _) => settle(&self.shared, vec![written], Ok(())),
+                (Durability::Sync, Some((to_syncer, _))) => {
+                    // Nothing being synced and nobody waiting to be written (a lone caller):
+                    // sync here and spare the hand-off to the syncer.
+                    if self.shared.in_flight.load(Ordering::Acquire) == 0 {
+                        carried = jobs.try_recv().ok();
+                        if carried.is_none() {
+                            let result = self.backend.sync();
+                            settle(&self.shared, vec![written], result);
+                            continue;
+                        }
+                    }
+                    self.shared.in_flight.fetch_add(1, Ordering::AcqRel);
+                    if let Err(mpsc::SendError(written)) = to_syncer.send(written) {
+                        // The syncer is gone (it panicked): nothing more can be made durable.
+                        self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+                        let _ = self.shared.stopped.set("the syncer thread ended".into());
+                        fail(written.acks, || {
+                            Error::Stopped("the syncer thread ended".into())
+                        });
+                    }
+                }
+                (Durability::Sync, None) => {
+                    // No syncer could be started: sync here.
+                    let result = self.backend.sync();
+                    settle(&self.shared, vec![written], result);
+                }
+            }
+        }
+        if let Some((tx, handle)) = syncer {
+            drop(tx);
+            let _ = handle.join();
         }
     }
 
@@ -205,7 +321,15 @@ impl Writer {
         Ok((ops, head, appended))
     }
 
-    fn commit(&mut self, batch: &mut Vec<AppendJob>) {
+    /// Checks, frames and writes (without syncing) the jobs of `batch`; returns what was
+    /// written, to be synced and acknowledged. Refused jobs are answered here.
+    fn commit(&mut self, batch: &mut Vec<AppendJob>) -> Option<Written> {
+        if let Some(why) = self.shared.stopped.get() {
+            for job in batch.drain(..) {
+                let _ = job.reply.send(Err(Error::Stopped(why.clone())));
+            }
+            return None;
+        }
         let mut seq = self.next_seq;
         let mut ops = Vec::with_capacity(batch.len() * 4);
         let mut overlay: HashMap<String, Head> = HashMap::new();
@@ -239,39 +363,350 @@ impl Writer {
             }
         }
         if accepted.is_empty() {
-            return;
+            return None;
         }
         if let Some(message) = crate::failpoints::hit(crate::failpoints::BEFORE_WRITE) {
-            for (reply, _) in accepted {
-                let _ = reply.send(Err(Error::Storage(message.clone())));
-            }
-            return;
+            fail(accepted, || Error::Storage(message.clone()));
+            return None;
         }
-        match self.backend.write(ops, self.durability) {
-            Ok(()) => {
-                self.next_seq = seq;
-                if self.heads.len() + overlay.len() > HEAD_CACHE_LIMIT {
-                    self.heads.clear();
+        // The sync, if any, is the syncer's: this write only reaches the OS's buffers.
+        if let Err(e) = self.backend.write(ops, Durability::Buffered) {
+            tracing::error!(error = %e, appends = accepted.len(), "journal batch failed");
+            let message = e.to_string();
+            fail(accepted, || Error::Storage(message.clone()));
+            return None;
+        }
+        self.next_seq = seq;
+        if self.heads.len() + overlay.len() > HEAD_CACHE_LIMIT {
+            self.heads.clear();
+        }
+        self.heads.extend(overlay);
+        Some(Written {
+            last_seq: seq - 1,
+            acks: accepted,
+        })
+    }
+}
+
+/// Fails every caller of `acks` with the error `error` makes.
+fn fail(acks: Vec<(Reply, Appended)>, error: impl Fn() -> Error) {
+    for (reply, _) in acks {
+        let _ = reply.send(Err(error()));
+    }
+}
+
+/// The syncer: syncs once for every batch written since the last sync, then acknowledges.
+fn sync_loop(backend: &dyn Backend, shared: &Shared, written: &Receiver<Written>) {
+    let mut pending = Vec::new();
+    while let Ok(first) = written.recv() {
+        pending.push(first);
+        while let Ok(more) = written.try_recv() {
+            pending.push(more);
+        }
+        let result = match shared.stopped() {
+            Some(stopped) => Err(stopped),
+            None => backend.sync(),
+        };
+        let batches = pending.len() as u64;
+        settle(shared, std::mem::take(&mut pending), result);
+        shared.in_flight.fetch_sub(batches, Ordering::AcqRel);
+    }
+}
+
+/// Publishes and acknowledges `batches` after their sync gave `result`; a failed sync stops
+/// the journal.
+fn settle(shared: &Shared, batches: Vec<Written>, result: Result<()>) {
+    match result {
+        Ok(()) => {
+            if let Some(last) = batches.iter().map(|w| w.last_seq).max() {
+                shared.publish(last);
+            }
+            if let Some(message) = crate::failpoints::hit(crate::failpoints::AFTER_WRITE) {
+                // Durable, but the callers hear of a failure: an ambiguous outcome.
+                for batch in batches {
+                    fail(batch.acks, || Error::Storage(message.clone()));
                 }
-                self.heads.extend(overlay);
-                if let Some(message) = crate::failpoints::hit(crate::failpoints::AFTER_WRITE) {
-                    // Durable, but the callers hear of a failure: an ambiguous outcome.
-                    for (reply, _) in accepted {
-                        let _ = reply.send(Err(Error::Storage(message.clone())));
-                    }
-                    return;
-                }
-                for (reply, appended) in accepted {
+                return;
+            }
+            for batch in batches {
+                for (reply, appended) in batch.acks {
                     let _ = reply.send(Ok(appended));
                 }
             }
-            Err(e) => {
-                tracing::error!(error = %e, appends = accepted.len(), "journal batch failed");
-                let message = e.to_string();
-                for (reply, _) in accepted {
-                    let _ = reply.send(Err(Error::Storage(message.clone())));
+        }
+        Err(e) => {
+            let why = match e {
+                Error::Stopped(why) => why,
+                other => {
+                    tracing::error!(error = %other, "journal sync failed: the journal stops");
+                    format!("a sync failed: {other}")
+                }
+            };
+            let _ = shared.stopped.set(why);
+            let why = shared.stopped.get().cloned().unwrap_or_default();
+            for batch in batches {
+                fail(batch.acks, || Error::Stopped(why.clone()));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    //! The pipelined group commit on a real RocksDB, with a backend whose sync can be held
+    //! back or made to fail (everything else goes to RocksDB untouched).
+    use crate::backend::{Backend, BatchOp, Cursor, OpenMode, Range, RawIter, RocksBackend};
+    use crate::keys::Space;
+    use crate::{Durability, Error, Event, Journal, JournalOptions, Result, Timestamp};
+    use std::collections::VecDeque;
+    use std::sync::mpsc::{self, Receiver, SyncSender};
+    use std::sync::{Arc, Mutex};
+
+    /// What a sync does (the next one in line; syncs without a gate go through at once).
+    enum Gate {
+        /// Announces itself on the first channel and syncs when the second one gives `true`
+        /// (fails on `false`).
+        Held(SyncSender<()>, Receiver<bool>),
+        /// Fails.
+        Broken,
+    }
+
+    struct Faulty {
+        inner: RocksBackend,
+        gates: Mutex<VecDeque<Gate>>,
+    }
+
+    impl Backend for Faulty {
+        fn write(&self, ops: Vec<BatchOp>, durability: Durability) -> Result<()> {
+            self.inner.write(ops, durability)
+        }
+        fn sync(&self) -> Result<()> {
+            let gate = self.gates.lock().unwrap().pop_front();
+            match gate {
+                None => self.inner.sync(),
+                Some(Gate::Broken) => Err(Error::Storage("injected: fdatasync failed".into())),
+                Some(Gate::Held(entered, release)) => {
+                    entered.send(()).unwrap();
+                    if release.recv().unwrap() {
+                        self.inner.sync()
+                    } else {
+                        Err(Error::Storage("injected: fdatasync failed".into()))
+                    }
                 }
             }
         }
+        fn get(&self, space: Space, key: &[u8]) -> Result<Option<Vec<u8>>> {
+            self.inner.get(space, key)
+        }
+        fn scan(&self, space: Space, range: Range) -> RawIter<'_> {
+            self.inner.scan(space, range)
+        }
+        fn cursor(&self, space: Space) -> Box<dyn Cursor + '_> {
+            self.inner.cursor(space)
+        }
+        fn read_only(&self) -> bool {
+            false
+        }
+    }
+
+    fn faulty(dir: &std::path::Path) -> (Journal, Arc<Faulty>) {
+        faulty_with(dir, JournalOptions::default())
+    }
+
+    fn faulty_with(dir: &std::path::Path, options: JournalOptions) -> (Journal, Arc<Faulty>) {
+        // Create the journal (format version) the normal way, then reopen over the wrapper.
+        drop(Journal::open(dir, JournalOptions::default()).unwrap());
+        let backend = Arc::new(Faulty {
+            inner: RocksBackend::open(dir, OpenMode::Primary).unwrap(),
+            gates: Mutex::new(VecDeque::new()),
+        });
+        let journal =
+            Journal::with_backend(Arc::clone(&backend) as Arc<dyn Backend>, options).unwrap();
+        (journal, backend)
+    }
+
+    fn update(i: u64) -> Event {
+        Event::UpdateAppended {
+            attempt: 1,
+            event_id: format!("e{i}"),
+            kind: "progress".into(),
+            data: vec![1, 2, 3],
+            metadata: vec![],
+            at: Timestamp(i),
+        }
+    }
+
+    fn notification(i: u64) -> Event {
+        Event::NotificationEnqueued {
+            id: format!("n{i}"),
+            event_id: format!("ne{i}"),
+            kind: "done".into(),
+            data: vec![],
+            version: 1,
+            at: Timestamp(i),
+        }
+    }
+
+    fn hold(backend: &Faulty) -> (Receiver<()>, SyncSender<bool>) {
+        let (entered_tx, entered) = mpsc::sync_channel(1);
+        let (release, release_rx) = mpsc::sync_channel(1);
+        backend
+            .gates
+            .lock()
+            .unwrap()
+            .push_back(Gate::Held(entered_tx, release_rx));
+        (entered, release)
+    }
+
+    #[test]
+    fn written_records_stay_invisible_until_their_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let (journal, backend) = faulty(dir.path());
+        journal.append("t", 0, &[update(0)]).unwrap();
+        let before = journal.durable_seq();
+        assert_eq!(before, 1);
+
+        let (entered, release) = hold(&backend);
+        let appender = {
+            let journal = journal.clone();
+            std::thread::spawn(move || journal.append("t", 1, &[update(1), notification(2)]))
+        };
+        // The syncer is inside the sync: the batch is written (RocksDB holds it) ...
+        entered.recv().unwrap();
+        assert!(backend
+            .inner
+            .get(Space::Events, &crate::keys::event_key("t", 2))
+            .unwrap()
+            .is_some());
+        // ... but no reader of this process sees it.
+        assert_eq!(journal.durable_seq(), before);
+        let stream: Vec<_> = journal.read_stream("t", 0).collect::<Result<_>>().unwrap();
+        assert_eq!(stream.len(), 1, "the unsynced records are not read");
+        assert_eq!(journal.commits(0).count(), 1);
+        assert_eq!(
+            journal
+                .commit_batches(0, 16)
+                .map(|b| b.len())
+                .sum::<usize>(),
+            1
+        );
+        assert_eq!(
+            journal.outbox().count(),
+            0,
+            "an unsynced notification is not delivered"
+        );
+
+        release.send(true).unwrap();
+        let appended = appender.join().unwrap().unwrap();
+        assert_eq!(appended.next_position, 3);
+        assert_eq!(journal.durable_seq(), 3);
+        assert_eq!(journal.read_stream("t", 0).count(), 3);
+        assert_eq!(journal.commits(0).count(), 3);
+        assert_eq!(journal.outbox().count(), 1);
+    }
+
+    /// Makes the syncer hold batch "b" while the writer goes on with batch "c": a lone append
+    /// "a" is synced by the writer itself (held, so that "b" and "c" queue up behind it), then
+    /// "b" (one append per batch) is handed to the syncer because "c" is waiting.
+    fn pipeline(
+        backend: &Faulty,
+        journal: &Journal,
+    ) -> (
+        tokio::sync::oneshot::Receiver<Result<crate::Appended>>,
+        tokio::sync::oneshot::Receiver<Result<crate::Appended>>,
+        SyncSender<bool>,
+    ) {
+        let (a_entered, a_release) = hold(backend);
+        let (b_entered, b_release) = hold(backend);
+        let a = {
+            let journal = journal.clone();
+            std::thread::spawn(move || journal.append("a", 0, &[update(0)]))
+        };
+        a_entered.recv().unwrap();
+        let b = journal.submit("b", 0, &[update(1)]).unwrap();
+        let c = journal.submit("c", 0, &[update(2)]).unwrap();
+        a_release.send(true).unwrap();
+        assert_eq!(a.join().unwrap().unwrap().last_seq, 1);
+        // "b" is in the syncer's hands, held; the writer writes "c" meanwhile.
+        b_entered.recv().unwrap();
+        let key = crate::keys::event_key("c", 0);
+        while backend.inner.get(Space::Events, &key).unwrap().is_none() {
+            std::thread::yield_now();
+        }
+        (b, c, b_release)
+    }
+
+    #[test]
+    fn the_next_batch_is_written_while_the_previous_one_syncs() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = JournalOptions::default().with_max_batch_appends(1);
+        let (journal, backend) = faulty_with(dir.path(), options);
+        let (mut b, mut c, release) = pipeline(&backend, &journal);
+        assert!(
+            b.try_recv().is_err() && c.try_recv().is_err(),
+            "nothing acknowledged early"
+        );
+        assert_eq!(journal.durable_seq(), 1);
+        assert_eq!(journal.read_stream("c", 0).count(), 0);
+        release.send(true).unwrap();
+        assert_eq!(b.blocking_recv().unwrap().unwrap().last_seq, 2);
+        assert_eq!(c.blocking_recv().unwrap().unwrap().last_seq, 3);
+        assert_eq!(journal.durable_seq(), 3);
+        assert_eq!(journal.read_stream("c", 0).count(), 1);
+    }
+
+    #[test]
+    fn a_failed_sync_stops_the_journal() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let (journal, backend) = faulty(dir.path());
+            journal.append("t", 0, &[update(0)]).unwrap();
+            backend.gates.lock().unwrap().push_back(Gate::Broken);
+            let failed = journal.append("t", 1, &[update(1)]).unwrap_err();
+            assert!(
+                matches!(failed, Error::Stopped(ref why) if why.contains("fdatasync")),
+                "{failed}"
+            );
+            // Every later append is refused, whatever the sync would do now.
+            let later = journal.append("u", 0, &[update(2)]).unwrap_err();
+            assert!(matches!(later, Error::Stopped(_)), "{later}");
+            assert_eq!(
+                journal.durable_seq(),
+                1,
+                "nothing after the failure is published"
+            );
+        }
+        // Reopened, the journal is consistent: the ambiguous record is either there, chained,
+        // or not at all, and appends go on from whatever is there.
+        let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+        let stream: Vec<_> = journal.read_stream("t", 0).collect::<Result<_>>().unwrap();
+        assert!((1..=2).contains(&stream.len()));
+        let next = u64::try_from(stream.len()).unwrap();
+        assert_eq!(
+            journal
+                .append("t", next, &[update(3)])
+                .unwrap()
+                .next_position,
+            next + 1
+        );
+        assert!(journal.head("u").unwrap().is_none());
+    }
+
+    #[test]
+    fn a_sync_failing_under_a_written_batch_fails_both() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = JournalOptions::default().with_max_batch_appends(1);
+        let (journal, backend) = faulty_with(dir.path(), options);
+        let (b, c, release) = pipeline(&backend, &journal);
+        release.send(false).unwrap();
+        assert!(matches!(b.blocking_recv().unwrap(), Err(Error::Stopped(_))));
+        assert!(matches!(c.blocking_recv().unwrap(), Err(Error::Stopped(_))));
+        assert_eq!(journal.durable_seq(), 1);
+        assert_eq!(journal.read_stream("c", 0).count(), 0);
+        assert!(matches!(
+            journal.append("d", 0, &[update(3)]),
+            Err(Error::Stopped(_))
+        ));
     }
 }

@@ -1,7 +1,7 @@
 //! Replaying a task's stream from the journal through a [`Replay`] implementation.
 
 use crate::fold::{FoldError, Task};
-use dtask_journal::{Journal, Record};
+use dtask_journal::{Journal, RawStream, Record};
 
 /// Something that consumes a task's records in stream order: the state fold used by recovery,
 /// the audit's checker, a test's model. Each sees the same verified records.
@@ -152,11 +152,13 @@ where
     let build = &build;
     let fold = |chunk: &[String]| -> Result<Vec<Option<T>>, ReplayError> {
         let mut scanner = journal.stream_scanner();
+        let mut raw = RawStream::default();
         chunk
             .iter()
             .map(|task| {
                 let mut fold = TaskFold::new();
-                replay_records(task, scanner.read(task).into_records(), None, &mut fold)?;
+                scanner.read_into(task, &mut raw);
+                replay_records(task, raw.records(), None, &mut fold)?;
                 Ok(fold.finish().map(|folded| build(task, folded)))
             })
             .collect()
