@@ -19,6 +19,9 @@
 //!    (one `fdatasync` covers all of them: the log is written in order by one thread), and only
 //!    then publishes their sequences as durable and acknowledges their callers.
 //!
+//! A lone append — nothing being synced and nobody queued behind it — is synced by the writer
+//! itself: the hand-off to another thread would only add a wake-up to its latency.
+//!
 //! A sync that fails leaves the batches it covered in an unknown state (written, perhaps not
 //! on stable storage). The journal then **stops**: every caller of those batches, of batches
 //! written after them, and of every later append gets [`Error::Stopped`]; it must be reopened
@@ -78,9 +81,10 @@ pub(crate) struct AppendJob {
     pub task: String,
     pub expected: u64,
     pub events: Vec<EncodedEvent>,
-    pub reply: oneshot::Sender<Result<Appended>>,
+    pub reply: Reply,
 }
 
+/// Where an append's outcome goes.
 type Reply = oneshot::Sender<Result<Appended>>;
 
 /// What the writer, the syncer and the journal's readers share.
@@ -201,43 +205,56 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            let Some(written) = self.commit(&mut batch) else {
-                continue;
-            };
-            match (self.durability, &syncer) {
-                (Durability::Buffered, _) => settle(&self.shared, vec![written], Ok(())),
-                (Durability::Sync, Some((to_syncer, _))) => {
-                    // Nothing being synced and nobody waiting to be written (a lone caller):
-                    // sync here and spare the hand-off to the syncer.
-                    if self.shared.in_flight.load(Ordering::Acquire) == 0 {
-                        carried = jobs.try_recv().ok();
-                        if carried.is_none() {
-                            let result = self.backend.sync();
-                            settle(&self.shared, vec![written], result);
-                            continue;
-                        }
-                    }
-                    self.shared.in_flight.fetch_add(1, Ordering::AcqRel);
-                    if let Err(mpsc::SendError(written)) = to_syncer.send(written) {
-                        // The syncer is gone (it panicked): nothing more can be made durable.
-                        self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
-                        let _ = self.shared.stopped.set("the syncer thread ended".into());
-                        fail(written.acks, || {
-                            Error::Stopped("the syncer thread ended".into())
-                        });
-                    }
-                }
-                (Durability::Sync, None) => {
-                    // No syncer could be started: sync here.
-                    let result = self.backend.sync();
-                    settle(&self.shared, vec![written], result);
-                }
+            if let Some(written) = self.commit(&mut batch) {
+                let syncer = syncer.as_ref().map(|(tx, _)| tx);
+                carried = self.make_durable(written, syncer, jobs);
             }
         }
         if let Some((tx, handle)) = syncer {
             drop(tx);
             let _ = handle.join();
         }
+    }
+
+    /// Gets `written` synced and acknowledged: at once with [`Durability::Buffered`]; here
+    /// when nothing is being synced and no job waits (the job found waiting, if any, is
+    /// returned, to start the next batch); else by the syncer.
+    fn make_durable(
+        &self,
+        written: Written,
+        syncer: Option<&mpsc::Sender<Written>>,
+        jobs: &Receiver<AppendJob>,
+    ) -> Option<AppendJob> {
+        let syncer = match (self.durability, syncer) {
+            (Durability::Buffered, _) => {
+                settle(&self.shared, vec![written], Ok(()));
+                return None;
+            }
+            (Durability::Sync, None) => {
+                // No syncer could be started: sync here.
+                settle(&self.shared, vec![written], self.backend.sync());
+                return None;
+            }
+            (Durability::Sync, Some(syncer)) => syncer,
+        };
+        let mut waiting = None;
+        if self.shared.in_flight.load(Ordering::Acquire) == 0 {
+            waiting = jobs.try_recv().ok();
+            if waiting.is_none() {
+                settle(&self.shared, vec![written], self.backend.sync());
+                return None;
+            }
+        }
+        self.shared.in_flight.fetch_add(1, Ordering::AcqRel);
+        if let Err(mpsc::SendError(written)) = syncer.send(written) {
+            // The syncer is gone (it panicked): nothing more can be made durable.
+            self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+            let _ = self.shared.stopped.set("the syncer thread ended".into());
+            fail(written.acks, || {
+                Error::Stopped("the syncer thread ended".into())
+            });
+        }
+        waiting
     }
 
     fn head(&self, overlay: &HashMap<String, Head>, task: &str) -> Result<Head> {
@@ -568,7 +585,7 @@ mod tests {
         assert_eq!(before, 1);
 
         let (entered, release) = hold(&backend);
-        let appender = {
+        let background = {
             let journal = journal.clone();
             std::thread::spawn(move || journal.append("t", 1, &[update(1), notification(2)]))
         };
@@ -598,7 +615,7 @@ mod tests {
         );
 
         release.send(true).unwrap();
-        let appended = appender.join().unwrap().unwrap();
+        let appended = background.join().unwrap().unwrap();
         assert_eq!(appended.next_position, 3);
         assert_eq!(journal.durable_seq(), 3);
         assert_eq!(journal.read_stream("t", 0).count(), 3);
