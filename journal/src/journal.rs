@@ -273,7 +273,9 @@ impl Journal {
     /// # Errors
     /// [`Error::Conflict`] when the stream is not at `expected_position` (nothing written);
     /// [`Error::TooLarge`], [`Error::InvalidTaskId`], [`Error::EmptyAppend`] for bad input
-    /// (nothing written); [`Error::Storage`] when the batch failed (nothing written).
+    /// (nothing written); [`Error::Storage`] when the batch failed (nothing written);
+    /// [`Error::Stopped`] once a sync failed (the append may or may not be durable; every
+    /// later append gets it too until the journal is reopened).
     ///
     /// # Panics
     /// Must not be called from inside an asynchronous runtime's worker (it blocks); use
@@ -314,7 +316,9 @@ impl Journal {
     /// Reads `task`'s stream from position `from`, verifying every record's CRC, position and
     /// hash chain, and at the end the task head. A damaged record yields an error naming its
     /// task and position; iteration then continues with the next record, so a reader can
-    /// report every problem. Nothing is ever skipped silently.
+    /// report every problem. Nothing is ever skipped silently. On a journal open for writing
+    /// the stream ends at the durable watermark ([`Journal::durable_seq`]): records written
+    /// but not yet synced are not read.
     #[must_use]
     pub fn read_stream(&self, task: &str, from: u64) -> StreamReader<'_> {
         StreamReader::new(
