@@ -292,7 +292,11 @@ fn read_only_and_follower_see_a_live_writer() {
     let writer = Journal::open(dir.path(), JournalOptions::default()).unwrap();
     writer.append("t", 0, &[created("t")]).unwrap();
 
+    assert_eq!(writer.durable_seq(), 1);
+
     let reader = Journal::open_read_only(dir.path()).unwrap();
+    // A reader cannot know its writer's syncs: it sees what the database holds.
+    assert_eq!(reader.durable_seq(), u64::MAX);
     assert_eq!(reader.read_stream("t", 0).count(), 1);
     assert!(matches!(
         reader.append("t", 1, &[update(1)]),
@@ -308,6 +312,23 @@ fn read_only_and_follower_see_a_live_writer() {
         .map(|r| r.unwrap().event.event_type())
         .collect();
     assert_eq!(types, vec![EventType::Created, EventType::UpdateAppended]);
+}
+
+#[test]
+fn a_reopened_writer_starts_with_everything_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+        journal
+            .append("t", 0, &[created("t"), update(1), update(2)])
+            .unwrap();
+    }
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    assert_eq!(journal.durable_seq(), 3);
+    assert_eq!(journal.read_stream("t", 0).count(), 3);
+    assert_eq!(journal.commits(0).count(), 3);
+    journal.append("t", 3, &[update(3)]).unwrap();
+    assert_eq!(journal.durable_seq(), 4);
 }
 
 #[test]
