@@ -5,7 +5,7 @@
 //! this column) and as OS threads blocking on each append.
 //!
 //! Run: `cargo bench --bench journal_append` (add `-- --secs 3` for longer rounds, `-- --writers 64`
-//! for one row).
+//! for one row, `-- --ours` for dtask's tokio column alone).
 #![allow(clippy::unwrap_used, clippy::cast_precision_loss, missing_docs)]
 
 use dtask::journal::{Event, Journal, JournalOptions, Timestamp};
@@ -177,6 +177,14 @@ fn main() {
         .and_then(|i| args.get(i + 1))
         .and_then(|s| s.parse().ok());
     let cells = only.map_or_else(|| vec![1usize, 16, 64, 256], |w| vec![w]);
+    // `--ours`: only dtask's tokio column, for profiling.
+    if args.iter().any(|a| a == "--ours") {
+        for writers in cells {
+            let ours = dtask_async_appends(writers, secs);
+            println!("{writers:>8} | {ours:>13.0}");
+        }
+        return;
+    }
     for writers in cells {
         let ours = dtask_async_appends(writers, secs);
         let threads = dtask_appends(writers, secs);

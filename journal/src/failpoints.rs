@@ -215,9 +215,17 @@ mod imp {
                 let to_pass = spec.skip;
                 let seen = AtomicU64::new(0);
                 fail::cfg_callback(spec.name.clone(), move || {
-                    if seen.fetch_add(1, Ordering::SeqCst) >= to_pass {
+                    // Exactly one thread fires: another one reaching the point while the
+                    // first aborts waits for the end instead of reporting a second hit.
+                    let n = seen.fetch_add(1, Ordering::SeqCst);
+                    if n == to_pass {
                         eprintln!("{HIT_PREFIX} {name} (abort)");
                         std::process::abort();
+                    }
+                    if n > to_pass {
+                        loop {
+                            std::thread::park();
+                        }
                     }
                 })
                 .map_err(refused)
