@@ -201,7 +201,7 @@ impl RawStream {
     /// end.
     #[must_use]
     pub fn into_records(self) -> RawRecords {
-        let walk = Walk::new(&self.task);
+        let walk = Walk::new(&self.task, false);
         RawRecords { stream: self, walk }
     }
 
@@ -209,7 +209,15 @@ impl RawStream {
     /// from its buffers, which stay for reuse. (The stream's storage error and head are
     /// consumed by the walk.)
     pub fn records(&mut self) -> Records<'_> {
-        let walk = Walk::new(&self.task);
+        let walk = Walk::new(&self.task, false);
+        Records { stream: self, walk }
+    }
+
+    /// [`RawStream::records`] as the state fold needs them: verified the same way, but an
+    /// `UpdateAppended` event comes without its `kind`, `data` and `metadata` (checked, not
+    /// copied; see [`crate::record::decode_payload_lean`]). Recovery folds with these.
+    pub fn fold_records(&mut self) -> Records<'_> {
+        let walk = Walk::new(&self.task, true);
         Records { stream: self, walk }
     }
 }
@@ -224,9 +232,10 @@ struct Walk {
 }
 
 impl Walk {
-    fn new(task: &str) -> Self {
+    fn new(task: &str, lean: bool) -> Self {
+        let check = StreamCheck::new(task.to_owned(), 0, Some(Digest::GENESIS));
         Self {
-            check: StreamCheck::new(task.to_owned(), 0, Some(Digest::GENESIS)),
+            check: if lean { check.lean() } else { check },
             next: 0,
             pending: None,
             done: false,

@@ -709,6 +709,8 @@ pub(crate) struct StreamCheck {
     /// The digest the next record must chain from; `None` after damage (chain unknown).
     prev: Option<Digest>,
     from: u64,
+    /// Decode with [`record::decode_payload_lean`] (for the state fold).
+    lean: bool,
 }
 
 /// What one entry of a stream amounts to.
@@ -731,7 +733,14 @@ impl StreamCheck {
             expected: from,
             prev,
             from,
+            lean: false,
         }
+    }
+
+    /// Decodes update events lean ([`record::decode_payload_lean`]).
+    pub(crate) fn lean(mut self) -> Self {
+        self.lean = true;
+        self
     }
 
     /// The task.
@@ -790,7 +799,12 @@ impl StreamCheck {
                 return Err(self.err(position, CorruptionKind::Chain));
             }
         }
-        frame.into_record().map_err(|kind| self.err(position, kind))
+        if self.lean {
+            frame.into_lean_record()
+        } else {
+            frame.into_record()
+        }
+        .map_err(|kind| self.err(position, kind))
     }
 
     /// Compares the end of the stream with the task head (as read from the `heads` space).

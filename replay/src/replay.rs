@@ -158,7 +158,7 @@ where
             .map(|task| {
                 let mut fold = TaskFold::new();
                 scanner.read_into(task, &mut raw);
-                replay_records(task, raw.records(), None, &mut fold)?;
+                replay_records(task, raw.fold_records(), None, &mut fold)?;
                 Ok(fold.finish().map(|folded| build(task, folded)))
             })
             .collect()
@@ -204,6 +204,49 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use dtask_journal::{Event, JournalOptions, LeasePolicy, TaskSpec, Timestamp};
+
+    /// Recovery folds with lean records (updates without their payload): the tasks are
+    /// those the full read gives.
+    #[test]
+    fn the_lean_fold_of_recovery_equals_the_full_fold() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+        let ids: Vec<String> = (0..5).map(|i| format!("t{i}")).collect();
+        for (i, id) in ids.iter().enumerate() {
+            let created = Event::Created {
+                spec: TaskSpec {
+                    id: id.clone(),
+                    executor_key: "x".into(),
+                    ..TaskSpec::default()
+                },
+                policy: LeasePolicy::Retry,
+                checkpoint: vec![1, 2],
+                context_snapshot: vec![],
+                at: Timestamp(1),
+            };
+            let started = Event::AttemptStarted {
+                attempt: 1,
+                lease_deadline: Timestamp(30_000),
+                at: Timestamp(2),
+            };
+            let updates = (0..=i).map(|u| Event::UpdateAppended {
+                attempt: 1,
+                event_id: format!("u{u}"),
+                kind: "progress".into(),
+                data: vec![7; 100 * u],
+                metadata: vec![("step".into(), u.to_string())],
+                at: Timestamp(3),
+            });
+            let events: Vec<Event> = [created, started].into_iter().chain(updates).collect();
+            journal.append(id, 0, &events).unwrap();
+        }
+        let lean = load_tasks(&journal, &ids).unwrap();
+        for (id, lean) in ids.iter().zip(lean) {
+            let full = load_task(&journal, id).unwrap();
+            assert!(full.is_some(), "{id}");
+            assert_eq!(lean, full, "{id}");
+        }
+    }
 
     #[test]
     fn load_tasks_with_builds_on_each_folded_task_in_order() {
