@@ -8,7 +8,8 @@
 //!    at 64 and 1,024 concurrent tasks, and p50 / p99 latency of one durable transition;
 //! 3. recovery: a journal of 1M events over 100k tasks (half terminal), closed, then timed
 //!    open + fold until workers could claim; events folded per second and resident memory per
-//!    live task.
+//!    live task. Then the same journal written by a process that aborts without closing it
+//!    (a crash): its open also replays the write-ahead log left behind.
 //!
 //! Run: `cargo bench --bench engine` (`-- --quick` for a smaller recovery journal, `-- --part 3`
 //! for one part only).
@@ -229,7 +230,9 @@ fn rss_bytes() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
-/// Builds `tasks` tasks of `events_per_task` events (half terminal), then times the reopen.
+/// Builds `tasks` tasks of `events_per_task` events (half terminal), closes the journal, then
+/// times the reopen; then the same after a crash: a child process builds the journal and
+/// aborts without closing it, so the open replays the write-ahead log it left.
 fn recovery(tasks: usize, events_per_task: usize) {
     let temp = tempfile::tempdir().unwrap();
     // DTASK_BENCH_KEEP=<dir> builds the journal there once and keeps it (for profiling).
@@ -238,18 +241,31 @@ fn recovery(tasks: usize, events_per_task: usize) {
     if !dir.join("CURRENT").exists() {
         common::build_journal(&dir, tasks, events_per_task);
     }
+    measure_recovery("closed", &dir, tasks, events_per_task);
+    let crashed = tempfile::tempdir().unwrap();
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .arg("--crash-build")
+        .arg(crashed.path())
+        .args([tasks.to_string(), events_per_task.to_string()])
+        .status()
+        .unwrap();
+    assert!(!status.success(), "the builder was to abort");
+    measure_recovery("crashed", crashed.path(), tasks, events_per_task);
+}
+
+fn measure_recovery(label: &str, dir: &std::path::Path, tasks: usize, events_per_task: usize) {
     let live = tasks / 2;
     let live_events = live * events_per_task;
     let rss_before = rss_bytes();
     let start = Instant::now();
-    let journal = Journal::open(&dir, JournalOptions::default()).unwrap();
+    let journal = Journal::open(dir, JournalOptions::default()).unwrap();
     let opened = start.elapsed();
     let store = TaskStore::open(journal, SystemClock, StoreConfig::default()).unwrap();
     let elapsed = start.elapsed();
     let fold = elapsed.saturating_sub(opened);
     let rss_after = rss_bytes();
     println!(
-        "recovery: {} events over {tasks} tasks ({live} live): open + fold {:.3} s (journal open {:.3} s, fold {:.3} s = {:.0} live events/s), {:.0} live events folded/s overall, {:.0} B resident per live task",
+        "recovery ({label}): {} events over {tasks} tasks ({live} live): open + fold {:.3} s (journal open {:.3} s, fold {:.3} s = {:.0} live events/s), {:.0} live events folded/s overall, {:.0} B resident per live task",
         tasks * events_per_task,
         elapsed.as_secs_f64(),
         opened.as_secs_f64(),
@@ -261,8 +277,20 @@ fn recovery(tasks: usize, events_per_task: usize) {
     drop(store);
 }
 
+/// `--crash-build DIR TASKS EVENTS`: builds the recovery journal and aborts with it open.
+fn crash_build(args: &[String]) -> ! {
+    let number = |i: usize| args[i].parse::<usize>().unwrap();
+    let journal = common::fill_journal(std::path::Path::new(&args[0]), number(1), number(2));
+    // Keep the journal open: the abort must find it so.
+    std::hint::black_box(&journal);
+    std::process::abort();
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--crash-build") {
+        crash_build(&args[i + 1..]);
+    }
     let quick = args.iter().any(|a| a == "--quick");
     let part: Option<u32> = args
         .iter()

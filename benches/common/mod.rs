@@ -56,6 +56,12 @@ pub fn task_events(id: &str, events: usize, terminal: bool) -> Vec<Event> {
 /// Writes `tasks` sample tasks of `events_per_task` records (every other one terminal) into a
 /// new journal at `dir`, from four threads, and closes it.
 pub fn build_journal(dir: &Path, tasks: usize, events_per_task: usize) {
+    fill_journal(dir, tasks, events_per_task);
+}
+
+/// [`build_journal`] without closing: the journal is returned open (dropping it closes it;
+/// aborting the process instead leaves what a crash leaves).
+pub fn fill_journal(dir: &Path, tasks: usize, events_per_task: usize) -> Journal {
     let journal = Journal::open(
         dir,
         JournalOptions::default().with_durability(Durability::Buffered),
@@ -76,4 +82,5 @@ pub fn build_journal(dir: &Path, tasks: usize, events_per_task: usize) {
     for t in threads {
         t.join().expect("builder thread");
     }
+    journal
 }

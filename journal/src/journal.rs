@@ -963,3 +963,107 @@ impl Iterator for StreamReader<'_> {
         }
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod wal_tests {
+    //! Write-ahead log files are recycled (reused once their data is flushed): a follower
+    //! reads through them, and a crash image replays only what the current log holds, not
+    //! the older records still in the reused file's tail.
+    use super::*;
+    use crate::event::Timestamp;
+
+    const TASKS: usize = 8;
+
+    fn update(i: u64, bytes: usize) -> Event {
+        Event::UpdateAppended {
+            attempt: 1,
+            event_id: format!("e{i}"),
+            kind: "progress".into(),
+            data: vec![u8::try_from(i % 251).unwrap(); bytes],
+            metadata: vec![],
+            at: Timestamp(i),
+        }
+    }
+
+    fn logs(dir: &Path) -> usize {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .path()
+                    .extension()
+                    .is_some_and(|x| x == "log")
+            })
+            .count()
+    }
+
+    /// The directory as a process crash leaves it (no write is in progress meanwhile).
+    fn crash_image(from: &Path, to: &Path) {
+        for entry in std::fs::read_dir(from).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_file() {
+                std::fs::copy(&path, to.join(path.file_name().unwrap())).unwrap();
+            }
+        }
+    }
+
+    fn assert_streams(journal: &Journal, lengths: &[u64]) {
+        for (t, &length) in lengths.iter().enumerate() {
+            let task = format!("t{t}");
+            let records: Vec<Record> = journal
+                .read_stream(&task, 0)
+                .collect::<Result<_>>()
+                .unwrap();
+            assert_eq!(records.len() as u64, length, "{task}");
+            for (position, record) in records.iter().enumerate() {
+                assert_eq!(record.position, position as u64, "{task}");
+            }
+        }
+    }
+
+    #[test]
+    fn recycled_logs_replay_only_their_own_records() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+        let mut lengths = vec![0u64; TASKS];
+        let mut append = |journal: &Journal, rounds: usize, bytes: usize| {
+            for _ in 0..rounds {
+                for (t, length) in lengths.iter_mut().enumerate() {
+                    journal
+                        .append(&format!("t{t}"), *length, &[update(*length, bytes)])
+                        .unwrap();
+                    *length += 1;
+                }
+            }
+        };
+        // Large records, and a flush after each round: every flush switches to a new log
+        // and keeps the old one for reuse.
+        for _ in 0..6 {
+            append(&journal, 20, 2_000);
+            journal.inner.backend.flush().unwrap();
+        }
+        assert!(
+            logs(dir.path()) > 1,
+            "flushed logs are kept for reuse, not deleted"
+        );
+        // A few small records in a reused log, whose tail still holds large old ones.
+        append(&journal, 2, 10);
+        let image = tempfile::tempdir().unwrap();
+        crash_image(dir.path(), image.path());
+        let lengths = lengths.clone();
+
+        let scratch = tempfile::tempdir().unwrap();
+        let follower = Journal::open_follower(dir.path(), scratch.path()).unwrap();
+        assert_streams(&follower, &lengths);
+        drop(follower);
+        drop(journal);
+
+        let recovered = Journal::open(image.path(), JournalOptions::default()).unwrap();
+        assert_streams(&recovered, &lengths);
+        assert_eq!(recovered.last_seq().unwrap(), lengths.iter().sum::<u64>());
+        // And the recovered journal goes on from there.
+        recovered.append("t0", lengths[0], &[update(0, 1)]).unwrap();
+    }
+}
