@@ -12,7 +12,7 @@
 //!    (a crash): its open also replays the write-ahead log left behind.
 //!
 //! Run: `cargo bench --bench engine` (`-- --quick` for a smaller recovery journal, `-- --part 3`
-//! for one part only).
+//! for one part only, `-- --part 1 --tasks 1024` for one row of part 1).
 #![allow(
     clippy::unwrap_used,
     clippy::cast_precision_loss,
@@ -264,15 +264,23 @@ fn measure_recovery(label: &str, dir: &std::path::Path, tasks: usize, events_per
     let elapsed = start.elapsed();
     let fold = elapsed.saturating_sub(opened);
     let rss_after = rss_bytes();
+    // Memory is measured on the first open only: a second one reuses what the allocator kept.
+    let memory = if label == "closed" {
+        format!(
+            ", {:.0} B resident per live task",
+            rss_after.saturating_sub(rss_before) as f64 / live as f64
+        )
+    } else {
+        String::new()
+    };
     println!(
-        "recovery ({label}): {} events over {tasks} tasks ({live} live): open + fold {:.3} s (journal open {:.3} s, fold {:.3} s = {:.0} live events/s), {:.0} live events folded/s overall, {:.0} B resident per live task",
+        "recovery ({label}): {} events over {tasks} tasks ({live} live): open + fold {:.3} s (journal open {:.3} s, fold {:.3} s = {:.0} live events/s), {:.0} live events folded/s overall{memory}",
         tasks * events_per_task,
         elapsed.as_secs_f64(),
         opened.as_secs_f64(),
         fold.as_secs_f64(),
         live_events as f64 / fold.as_secs_f64(),
         live_events as f64 / elapsed.as_secs_f64(),
-        rss_after.saturating_sub(rss_before) as f64 / live as f64
     );
     drop(store);
 }
@@ -305,8 +313,14 @@ fn main() {
         .build()
         .unwrap();
     let record = heartbeat_record_bytes();
+    // `--tasks N`: part 1 at N tasks only (for profiling).
+    let only_tasks: Option<usize> = args
+        .iter()
+        .position(|a| a == "--tasks")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|s| s.parse().ok());
     if runs(1) {
-        transitions_table(&runtime, record, secs);
+        transitions_table(&runtime, record, secs, only_tasks);
     }
     if runs(2) {
         lifecycles_table(&runtime, secs);
@@ -321,13 +335,19 @@ fn main() {
     }
 }
 
-fn transitions_table(runtime: &tokio::runtime::Runtime, record: usize, secs: f64) {
+fn transitions_table(
+    runtime: &tokio::runtime::Runtime,
+    record: usize,
+    secs: f64,
+    only_tasks: Option<usize>,
+) {
     println!("1. durable transitions/s (heartbeats, Durability::Sync, {record}-byte records)");
     println!(
         "{:>8} | {:>12} | {:>16} | {:>8} | {:>9} | {:>9}",
         "tasks", "dtask", "raw sync batch", "ratio", "p50", "p99"
     );
-    for tasks in [1usize, 64, 1024] {
+    let cells = only_tasks.map_or_else(|| vec![1usize, 64, 1024], |n| vec![n]);
+    for tasks in cells {
         let (rate, latencies) = runtime.block_on(transitions(tasks, secs));
         let raw = raw_batches(tasks, record, secs);
         println!(
