@@ -221,6 +221,17 @@ pub trait Backend: Send + Sync + 'static {
     /// Whether writes are refused (read-only or secondary).
     fn read_only(&self) -> bool;
 
+    /// Turns on automatic compactions. A writable journal opens with them off, so that the
+    /// reads of recovery have the machine to themselves (a compaction due at open — level-0
+    /// files left by the last run — would otherwise take a core from the fold); the writer
+    /// calls this before its first write. Idempotent; a no-op by default.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on failure.
+    fn start_compactions(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// Persists in-memory tables so a later open has no log to replay; a no-op by default.
     ///
     /// # Errors
@@ -301,9 +312,12 @@ impl RocksBackend {
         let db = match mode {
             OpenMode::Primary => {
                 let opts = db_options(true);
-                let descriptors = Space::ALL
-                    .iter()
-                    .map(|s| ColumnFamilyDescriptor::new(s.name(), db_options(true)));
+                let descriptors = Space::ALL.iter().map(|s| {
+                    let mut cf = db_options(true);
+                    // Until the first write: see `Backend::start_compactions`.
+                    cf.set_disable_auto_compactions(true);
+                    ColumnFamilyDescriptor::new(s.name(), cf)
+                });
                 DB::open_cf_descriptors(&opts, path, descriptors)?
             }
             OpenMode::ReadOnly => {
@@ -340,6 +354,23 @@ impl RocksBackend {
             sync,
             buffered,
         })
+    }
+
+    /// The number of level-0 files of `space` (for tests).
+    #[cfg(test)]
+    pub(crate) fn level0_files(&self, space: Space) -> Result<u64> {
+        Ok(self
+            .db
+            .property_int_value_cf(self.cf(space)?, "rocksdb.num-files-at-level0")?
+            .unwrap_or(0))
+    }
+
+    /// Waits until no compaction is due or running (for tests).
+    #[cfg(test)]
+    pub(crate) fn wait_for_compactions(&self) -> Result<()> {
+        Ok(self
+            .db
+            .wait_for_compact(&rocksdb::WaitForCompactOptions::default())?)
     }
 
     fn cf(&self, space: Space) -> Result<&ColumnFamily> {
@@ -457,6 +488,17 @@ impl Backend for RocksBackend {
 
     fn read_only(&self) -> bool {
         self.read_only
+    }
+
+    fn start_compactions(&self) -> Result<()> {
+        if self.read_only {
+            return Ok(());
+        }
+        for space in Space::ALL {
+            self.db
+                .set_options_cf(self.cf(space)?, &[("disable_auto_compactions", "false")])?;
+        }
+        Ok(())
     }
 
     fn flush(&self) -> Result<()> {

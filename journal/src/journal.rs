@@ -966,10 +966,11 @@ impl Iterator for StreamReader<'_> {
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
-mod wal_tests {
-    //! Write-ahead log files are recycled (reused once their data is flushed): a follower
-    //! reads through them, and a crash image replays only what the current log holds, not
-    //! the older records still in the reused file's tail.
+mod storage_tests {
+    //! How the journal sets RocksDB up: compactions wait for the first append; write-ahead
+    //! log files are recycled (reused once their data is flushed), a follower reads through
+    //! them, and a crash image replays only what the current log holds, not the older records
+    //! still in the reused file's tail.
     use super::*;
     use crate::event::Timestamp;
 
@@ -1021,6 +1022,60 @@ mod wal_tests {
                 assert_eq!(record.position, position as u64, "{task}");
             }
         }
+    }
+
+    fn level0_files(backend: &RocksBackend) -> u64 {
+        backend.level0_files(Space::Events).unwrap()
+    }
+
+    /// A writable journal opens with compactions off, so that recovery's reads are not
+    /// slowed by a compaction due at open; the first append turns them on.
+    #[test]
+    fn compactions_wait_for_the_first_append() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            // Six level-0 files, more than the four that make a compaction due.
+            let backend = RocksBackend::open(dir.path(), OpenMode::Primary).unwrap();
+            backend
+                .write(
+                    vec![crate::backend::BatchOp::Put {
+                        space: Space::Meta,
+                        key: keys::META_FORMAT_VERSION.to_vec(),
+                        value: JOURNAL_FORMAT_VERSION.to_be_bytes().to_vec(),
+                    }],
+                    crate::Durability::Sync,
+                )
+                .unwrap();
+            for round in 0..6u64 {
+                backend
+                    .write(
+                        vec![crate::backend::BatchOp::Put {
+                            space: Space::Events,
+                            key: keys::event_key("t", round),
+                            value: vec![1; 100],
+                        }],
+                        crate::Durability::Buffered,
+                    )
+                    .unwrap();
+                backend.flush().unwrap();
+            }
+            assert_eq!(level0_files(&backend), 6);
+        }
+        let backend = Arc::new(RocksBackend::open(dir.path(), OpenMode::Primary).unwrap());
+        let journal = Journal::with_backend(backend.clone(), JournalOptions::default()).unwrap();
+        // Reads (what recovery does) leave them alone.
+        assert_eq!(journal.live_tasks().count(), 0);
+        assert_eq!(
+            level0_files(&backend),
+            6,
+            "no compaction before the first append"
+        );
+        journal.append("u", 0, &[update(0, 10)]).unwrap();
+        backend.wait_for_compactions().unwrap();
+        assert!(
+            level0_files(&backend) < 4,
+            "the first append turns compactions on"
+        );
     }
 
     #[test]

@@ -137,6 +137,8 @@ pub(crate) struct Writer {
     next_seq: u64,
     heads: HashMap<String, Head>,
     shared: Arc<Shared>,
+    /// Whether the backend's compactions were turned on (before the first write).
+    compacting: bool,
 }
 
 /// Heads kept in memory before the cache is dropped and refilled from the `heads` space.
@@ -157,6 +159,7 @@ impl Writer {
             next_seq,
             heads: HashMap::new(),
             shared,
+            compacting: false,
         }
     }
 
@@ -385,6 +388,13 @@ impl Writer {
         if let Some(message) = crate::failpoints::hit(crate::failpoints::BEFORE_WRITE) {
             fail(accepted, || Error::Storage(message.clone()));
             return None;
+        }
+        if !self.compacting {
+            // Recovery's reads are over once the first append comes: compactions may start.
+            if let Err(e) = self.backend.start_compactions() {
+                tracing::warn!(error = %e, "cannot turn the journal's compactions on");
+            }
+            self.compacting = true;
         }
         // The sync, if any, is the syncer's: this write only reaches the OS's buffers.
         if let Err(e) = self.backend.write(ops, Durability::Buffered) {
