@@ -9,7 +9,8 @@
 //! 3. recovery: a journal of 1M events over 100k tasks (half terminal), closed, then timed
 //!    open + fold until workers could claim; events folded per second and resident memory per
 //!    live task. Then the same journal written by a process that aborts without closing it
-//!    (a crash): its open also replays the write-ahead log left behind.
+//!    (a crash): its open also replays the write-ahead log left behind. Each recovery runs in
+//!    a process of its own.
 //!
 //! Run: `cargo bench --bench engine` (`-- --quick` for a smaller recovery journal, `-- --part 3`
 //! for one part only, `-- --part 1 --tasks 1024` for one row of part 1).
@@ -232,7 +233,9 @@ fn rss_bytes() -> u64 {
 
 /// Builds `tasks` tasks of `events_per_task` events (half terminal), closes the journal, then
 /// times the reopen; then the same after a crash: a child process builds the journal and
-/// aborts without closing it, so the open replays the write-ahead log it left.
+/// aborts without closing it, so the open replays the write-ahead log it left. Each reopen
+/// runs in a fresh process, as a recovery does (and so that the memory it reports is the
+/// recovered state's, not what the allocator kept from the build).
 fn recovery(tasks: usize, events_per_task: usize) {
     let temp = tempfile::tempdir().unwrap();
     // DTASK_BENCH_KEEP=<dir> builds the journal there once and keeps it (for profiling).
@@ -241,16 +244,34 @@ fn recovery(tasks: usize, events_per_task: usize) {
     if !dir.join("CURRENT").exists() {
         common::build_journal(&dir, tasks, events_per_task);
     }
-    measure_recovery("closed", &dir, tasks, events_per_task);
+    let counts = [tasks.to_string(), events_per_task.to_string()];
+    let child = |what: &str, dir: &std::path::Path, label: &str| {
+        std::process::Command::new(std::env::current_exe().unwrap())
+            .arg(what)
+            .arg(dir)
+            .args(&counts)
+            .arg(label)
+            .status()
+            .unwrap()
+    };
+    assert!(child("--recover", &dir, "closed").success());
     let crashed = tempfile::tempdir().unwrap();
-    let status = std::process::Command::new(std::env::current_exe().unwrap())
-        .arg("--crash-build")
-        .arg(crashed.path())
-        .args([tasks.to_string(), events_per_task.to_string()])
-        .status()
-        .unwrap();
-    assert!(!status.success(), "the builder was to abort");
-    measure_recovery("crashed", crashed.path(), tasks, events_per_task);
+    assert!(
+        !child("--crash-build", crashed.path(), "").success(),
+        "the builder was to abort"
+    );
+    assert!(child("--recover", crashed.path(), "crashed").success());
+}
+
+/// `--recover DIR TASKS EVENTS LABEL`: times the recovery of the journal at DIR.
+fn recover(args: &[String]) {
+    let number = |i: usize| args[i].parse::<usize>().unwrap();
+    measure_recovery(
+        &args[3],
+        std::path::Path::new(&args[0]),
+        number(1),
+        number(2),
+    );
 }
 
 fn measure_recovery(label: &str, dir: &std::path::Path, tasks: usize, events_per_task: usize) {
@@ -264,23 +285,15 @@ fn measure_recovery(label: &str, dir: &std::path::Path, tasks: usize, events_per
     let elapsed = start.elapsed();
     let fold = elapsed.saturating_sub(opened);
     let rss_after = rss_bytes();
-    // Memory is measured on the first open only: a second one reuses what the allocator kept.
-    let memory = if label == "closed" {
-        format!(
-            ", {:.0} B resident per live task",
-            rss_after.saturating_sub(rss_before) as f64 / live as f64
-        )
-    } else {
-        String::new()
-    };
     println!(
-        "recovery ({label}): {} events over {tasks} tasks ({live} live): open + fold {:.3} s (journal open {:.3} s, fold {:.3} s = {:.0} live events/s), {:.0} live events folded/s overall{memory}",
+        "recovery ({label}): {} events over {tasks} tasks ({live} live): open + fold {:.3} s (journal open {:.3} s, fold {:.3} s = {:.0} live events/s), {:.0} live events folded/s overall, {:.0} B resident per live task",
         tasks * events_per_task,
         elapsed.as_secs_f64(),
         opened.as_secs_f64(),
         fold.as_secs_f64(),
         live_events as f64 / fold.as_secs_f64(),
         live_events as f64 / elapsed.as_secs_f64(),
+        rss_after.saturating_sub(rss_before) as f64 / live as f64
     );
     drop(store);
 }
@@ -298,6 +311,10 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--crash-build") {
         crash_build(&args[i + 1..]);
+    }
+    if let Some(i) = args.iter().position(|a| a == "--recover") {
+        recover(&args[i + 1..]);
+        return;
     }
     let quick = args.iter().any(|a| a == "--quick");
     let part: Option<u32> = args
