@@ -466,6 +466,29 @@ async fn g011_wait_for_version_ignores_updates() {
     assert!(now.version > 1);
 }
 
+/// The change channel of a task is made at the first subscription: a receiver made after
+/// changes starts at the latest counters, and sees every later one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_starts_at_the_latest_change_and_follows() {
+    let env = Env::new();
+    let store = env.store().clone();
+    let r = running(&store, "a", Retry).await;
+    store
+        .append_update("a", update(1, "e0", "x"))
+        .await
+        .unwrap();
+    let mut rx = store.watch("a").unwrap();
+    let first = *rx.borrow_and_update();
+    assert_eq!(first.version, r.version);
+    assert_eq!(first.position, store.get("a").await.unwrap().position);
+    let hb = ok(&store, "a", Command::Heartbeat).await;
+    rx.changed().await.unwrap();
+    assert_eq!(rx.borrow_and_update().version, hb.version);
+    // A second receiver shares the channel and starts where it is.
+    let second = store.watch("a").unwrap();
+    assert_eq!(second.borrow().version, hb.version);
+}
+
 #[tokio::test]
 async fn g012_wait_for_unknown_task_not_found() {
     let env = Env::new();

@@ -26,7 +26,7 @@ use dtask_journal::{Event, Journal, LeasePolicy, TaskSpec, Timestamp};
 use dtask_replay::{load_task, load_tasks_with, ReplayError, Status, Task, TaskState};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::ops::Bound;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use tokio::sync::watch;
 
 /// A request to create a task.
@@ -62,7 +62,12 @@ pub struct Change {
 
 struct Slot {
     task: tokio::sync::Mutex<Task>,
-    changes: watch::Sender<Change>,
+    /// The latest change counters; guards the creation of `changes` too.
+    latest: Mutex<Change>,
+    /// The channel of change counters, made when the first receiver subscribes: most live
+    /// tasks never have one, and a watch channel is ~400 bytes (a quarter of a recovered
+    /// task's memory before it was made lazy).
+    changes: OnceLock<watch::Sender<Change>>,
 }
 
 impl Slot {
@@ -73,8 +78,34 @@ impl Slot {
         };
         Arc::new(Self {
             task: tokio::sync::Mutex::new(task),
-            changes: watch::Sender::new(change),
+            latest: Mutex::new(change),
+            changes: OnceLock::new(),
         })
+    }
+
+    /// Records `change` and sends it to the receivers, if any.
+    fn publish(&self, change: Change) {
+        let mut latest = self
+            .latest
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *latest = change;
+        if let Some(changes) = self.changes.get() {
+            changes.send_replace(change);
+        }
+    }
+
+    /// A receiver of the change counters, starting at the latest ones.
+    fn subscribe(&self) -> watch::Receiver<Change> {
+        // Under `latest`, so that no change is published between reading the latest counters
+        // and making the channel.
+        let latest = self
+            .latest
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.changes
+            .get_or_init(|| watch::Sender::new(*latest))
+            .subscribe()
     }
 }
 
@@ -363,7 +394,7 @@ impl TaskStore {
             );
             index.evict(self.inner.config.terminal_cache);
         }
-        slot.changes.send_replace(Change {
+        slot.publish(Change {
             version: task.state.version,
             position: task.state.position,
         });
@@ -662,7 +693,7 @@ impl TaskStore {
     /// [`StoreError::NotFound`] for an unknown task.
     pub async fn wait_for_task_version(&self, id: &str, after_version: u64) -> Result<TaskState> {
         let slot = self.slot(id)?;
-        let mut changes = slot.changes.subscribe();
+        let mut changes = slot.subscribe();
         loop {
             {
                 let mut task = slot.task.lock().await;
@@ -683,6 +714,6 @@ impl TaskStore {
     /// # Errors
     /// [`StoreError::NotFound`] for an unknown task.
     pub fn watch(&self, id: &str) -> Result<watch::Receiver<Change>> {
-        Ok(self.slot(id)?.changes.subscribe())
+        Ok(self.slot(id)?.subscribe())
     }
 }
