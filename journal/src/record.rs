@@ -105,16 +105,21 @@ pub fn decode_payload(bytes: &[u8]) -> Result<Event, CorruptionKind> {
     let (event, read): (Event, usize) =
         bincode::serde::decode_from_slice(bytes, bincode_decode_config())
             .map_err(|e| CorruptionKind::Decode(e.to_string()))?;
-    if read != bytes.len() {
-        return Err(CorruptionKind::Decode(format!(
-            "{} trailing bytes after the event",
-            bytes.len() - read
-        )));
-    }
+    all_read(read, bytes)?;
     Ok(event)
 }
 
-/// The chain digest: BLAKE3 of `prev ‖ task length (u32 LE) ‖ task ‖ framed`.
+/// Refuses trailing bytes after a decoded event.
+fn all_read(read: usize, bytes: &[u8]) -> Result<(), CorruptionKind> {
+    if read == bytes.len() {
+        return Ok(());
+    }
+    Err(CorruptionKind::Decode(format!(
+        "{} trailing bytes after the event",
+        bytes.len().saturating_sub(read)
+    )))
+}
+
 /// [`decode_payload`] for the state fold: an `UpdateAppended` event comes without its `kind`,
 /// `data` and `metadata` (left empty). They are checked exactly as [`decode_payload`] checks
 /// them — the same bytes are accepted and refused — but not copied: the fold keeps only an
@@ -139,12 +144,7 @@ fn decode_lean_update(bytes: &[u8], tag_len: usize) -> Result<Event, CorruptionK
     let (update, read): (lean::Update<'_>, usize) =
         bincode::serde::borrow_decode_from_slice(fields, bincode_decode_config())
             .map_err(|e| CorruptionKind::Decode(e.to_string()))?;
-    if read != fields.len() {
-        return Err(CorruptionKind::Decode(format!(
-            "{} trailing bytes after the event",
-            fields.len() - read
-        )));
-    }
+    all_read(read, fields)?;
     Ok(Event::UpdateAppended {
         attempt: update.attempt,
         event_id: update.event_id.to_owned(),
@@ -203,6 +203,7 @@ mod lean {
     }
 }
 
+/// The chain digest: BLAKE3 of `prev ‖ task length (u32 LE) ‖ task ‖ framed`.
 fn chain_digest(prev: &Digest, task: &str, framed: &[u8]) -> Digest {
     /// Inputs up to this size (most records) are hashed in one call from a stack buffer:
     /// that spares the incremental hasher's set-up and buffering, a third of the cost of

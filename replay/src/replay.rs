@@ -205,6 +205,20 @@ mod tests {
     use super::*;
     use dtask_journal::{Event, JournalOptions, LeasePolicy, TaskSpec, Timestamp};
 
+    fn created(id: &str) -> Event {
+        Event::Created {
+            spec: TaskSpec {
+                id: id.to_owned(),
+                executor_key: "x".into(),
+                ..TaskSpec::default()
+            },
+            policy: LeasePolicy::Retry,
+            checkpoint: vec![1, 2],
+            context_snapshot: vec![],
+            at: Timestamp(1),
+        }
+    }
+
     /// Recovery folds with lean records (updates without their payload): the tasks are
     /// those the full read gives.
     #[test]
@@ -213,17 +227,6 @@ mod tests {
         let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
         let ids: Vec<String> = (0..5).map(|i| format!("t{i}")).collect();
         for (i, id) in ids.iter().enumerate() {
-            let created = Event::Created {
-                spec: TaskSpec {
-                    id: id.clone(),
-                    executor_key: "x".into(),
-                    ..TaskSpec::default()
-                },
-                policy: LeasePolicy::Retry,
-                checkpoint: vec![1, 2],
-                context_snapshot: vec![],
-                at: Timestamp(1),
-            };
             let started = Event::AttemptStarted {
                 attempt: 1,
                 lease_deadline: Timestamp(30_000),
@@ -237,7 +240,7 @@ mod tests {
                 metadata: vec![("step".into(), u.to_string())],
                 at: Timestamp(3),
             });
-            let events: Vec<Event> = [created, started].into_iter().chain(updates).collect();
+            let events: Vec<Event> = [created(id), started].into_iter().chain(updates).collect();
             journal.append(id, 0, &events).unwrap();
         }
         let lean = load_tasks(&journal, &ids).unwrap();
@@ -257,18 +260,7 @@ mod tests {
             .map(|i| format!("t{i:05}"))
             .collect();
         for id in ids.iter().step_by(2) {
-            let created = Event::Created {
-                spec: TaskSpec {
-                    id: id.clone(),
-                    executor_key: "x".into(),
-                    ..TaskSpec::default()
-                },
-                policy: LeasePolicy::Retry,
-                checkpoint: vec![],
-                context_snapshot: vec![],
-                at: Timestamp(1),
-            };
-            journal.append(id, 0, &[created]).unwrap();
+            journal.append(id, 0, &[created(id)]).unwrap();
         }
         let plain = load_tasks(&journal, &ids).unwrap();
         let built = load_tasks_with(&journal, &ids, |id, task| {
