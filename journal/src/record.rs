@@ -123,7 +123,7 @@ fn all_read(read: usize, bytes: &[u8]) -> Result<(), CorruptionKind> {
 /// [`decode_payload`] for the state fold: an `UpdateAppended` event comes without its `kind`,
 /// `data` and `metadata` (left empty). They are checked exactly as [`decode_payload`] checks
 /// them — the same bytes are accepted and refused — but not copied: the fold keeps only an
-/// update's attempt and event id, and copying the rest was a tenth of recovery's work. Every
+/// update's attempt and event id, and copying the rest was ~7 % of recovery's instructions. Every
 /// other event decodes in full.
 ///
 /// # Errors
