@@ -123,8 +123,8 @@ fn all_read(read: usize, bytes: &[u8]) -> Result<(), CorruptionKind> {
 /// [`decode_payload`] for the state fold: an `UpdateAppended` event comes without its `kind`,
 /// `data` and `metadata` (left empty). They are checked exactly as [`decode_payload`] checks
 /// them — the same bytes are accepted and refused — but not copied: the fold keeps only an
-/// update's attempt and event id, and copying the rest was ~7 % of recovery's instructions. Every
-/// other event decodes in full.
+/// update's attempt and event id, and copying the rest was ~7 % of recovery's instructions.
+/// Every other event decodes in full.
 ///
 /// # Errors
 /// Returns [`CorruptionKind::Decode`] when the bytes are not a v1 event.
