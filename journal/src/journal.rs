@@ -1081,7 +1081,11 @@ mod storage_tests {
     #[test]
     fn recycled_logs_replay_only_their_own_records() {
         let dir = tempfile::tempdir().unwrap();
-        let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+        // Created (with its format version) by `open`, then reopened on a backend the test
+        // keeps a handle of.
+        drop(Journal::open(dir.path(), JournalOptions::default()).unwrap());
+        let backend = Arc::new(RocksBackend::open(dir.path(), OpenMode::Primary).unwrap());
+        let journal = Journal::with_backend(backend.clone(), JournalOptions::default()).unwrap();
         let mut lengths = vec![0u64; TASKS];
         let mut append = |journal: &Journal, rounds: usize, bytes: usize| {
             for _ in 0..rounds {
@@ -1097,7 +1101,7 @@ mod storage_tests {
         // and keeps the old one for reuse.
         for _ in 0..6 {
             append(&journal, 20, 2_000);
-            journal.inner.backend.flush().unwrap();
+            backend.flush().unwrap();
         }
         assert!(
             logs(dir.path()) > 1,
@@ -1105,6 +1109,9 @@ mod storage_tests {
         );
         // A few small records in a reused log, whose tail still holds large old ones.
         append(&journal, 2, 10);
+        // Files copied one by one are a crash image only while none changes: no compaction
+        // may run meanwhile.
+        backend.wait_for_compactions().unwrap();
         let image = tempfile::tempdir().unwrap();
         crash_image(dir.path(), image.path());
         let lengths = lengths.clone();
