@@ -148,8 +148,8 @@ impl<'a> StreamScanner<'a> {
 }
 
 /// One task's stream as read by a [`StreamScanner`]: raw, not yet verified. Verify and decode
-/// it with [`RawStream::into_records`] (or [`RawStream::records`] to keep the buffers for the
-/// next [`StreamScanner::read_into`]).
+/// it with [`RawStream::into_records`] (or [`RawStream::fold_records`] to keep the buffers
+/// for the next [`StreamScanner::read_into`]).
 #[derive(Debug)]
 pub struct RawStream {
     task: String,
@@ -205,17 +205,12 @@ impl RawStream {
         RawRecords { stream: self, walk }
     }
 
-    /// [`RawStream::into_records`] without giving the stream up: the records are decoded
-    /// from its buffers, which stay for reuse. (The stream's storage error and head are
-    /// consumed by the walk.)
-    pub fn records(&mut self) -> Records<'_> {
-        let walk = Walk::new(&self.task, false);
-        Records { stream: self, walk }
-    }
-
-    /// [`RawStream::records`] as the state fold needs them: verified the same way, but an
-    /// `UpdateAppended` event comes without its `kind`, `data` and `metadata` (checked, not
-    /// copied; see [`crate::record::decode_payload_lean`]). Recovery folds with these.
+    /// The records as the state fold needs them, without giving the stream up: decoded from
+    /// its buffers, which stay for the next [`StreamScanner::read_into`], and verified as
+    /// [`RawStream::into_records`] verifies them, but an `UpdateAppended` event comes without
+    /// its `kind`, `data` and `metadata` (checked, not copied; see
+    /// [`crate::record::decode_payload_lean`]). Recovery folds with these. (The stream's
+    /// storage error and head are consumed by the walk.)
     pub fn fold_records(&mut self) -> Records<'_> {
         let walk = Walk::new(&self.task, true);
         Records { stream: self, walk }
@@ -303,7 +298,7 @@ impl Iterator for RawRecords {
     }
 }
 
-/// The verified records of a borrowed [`RawStream`]; see [`RawStream::records`].
+/// The verified records of a borrowed [`RawStream`]; see [`RawStream::fold_records`].
 pub struct Records<'a> {
     stream: &'a mut RawStream,
     walk: Walk,

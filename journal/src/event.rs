@@ -76,7 +76,7 @@ pub struct TaskSpec {
     /// A free tag (for example `background_tool`); not used for routing.
     pub kind: String,
     /// Opaque bytes that only the executor reads.
-    #[serde(with = "crate::byte_fields::bytes")]
+    #[serde(with = "serde_bytes")]
     pub payload: Vec<u8>,
     /// Human-readable description.
     pub description: String,
@@ -126,10 +126,10 @@ pub enum Event {
         /// What a lease expiry does to this task.
         policy: LeasePolicy,
         /// The initial checkpoint (empty for none).
-        #[serde(with = "crate::byte_fields::bytes")]
+        #[serde(with = "serde_bytes")]
         checkpoint: Vec<u8>,
         /// An opaque, manager-owned context capture (empty for none).
-        #[serde(with = "crate::byte_fields::bytes")]
+        #[serde(with = "serde_bytes")]
         context_snapshot: Vec<u8>,
         /// Creation time.
         at: Timestamp,
@@ -154,7 +154,7 @@ pub enum Event {
     /// recover it instead of starting it again.
     StartCommitted {
         /// The managed checkpoint (non-empty).
-        #[serde(with = "crate::byte_fields::bytes")]
+        #[serde(with = "serde_bytes")]
         checkpoint: Vec<u8>,
         /// Commit time.
         at: Timestamp,
@@ -169,7 +169,7 @@ pub enum Event {
     /// T8: the attempt ended waiting for input; the checkpoint carries the input request.
     WaitingInput {
         /// The replacement checkpoint (non-empty).
-        #[serde(with = "crate::byte_fields::bytes")]
+        #[serde(with = "serde_bytes")]
         checkpoint: Vec<u8>,
         /// Transition time.
         at: Timestamp,
@@ -177,7 +177,7 @@ pub enum Event {
     /// T9: the attempt ended suspended.
     Suspended {
         /// The replacement checkpoint (non-empty).
-        #[serde(with = "crate::byte_fields::bytes")]
+        #[serde(with = "serde_bytes")]
         checkpoint: Vec<u8>,
         /// Transition time.
         at: Timestamp,
@@ -185,7 +185,7 @@ pub enum Event {
     /// T10: the attempt yielded; the task is pending again.
     Yielded {
         /// A replacement checkpoint; empty keeps the stored one.
-        #[serde(with = "crate::byte_fields::bytes")]
+        #[serde(with = "serde_bytes")]
         checkpoint: Vec<u8>,
         /// Transition time.
         at: Timestamp,
@@ -193,10 +193,10 @@ pub enum Event {
     /// T17: input was given to a task waiting for it; the task is pending with a pending resume.
     InputProvided {
         /// The resume data handed to the next attempt.
-        #[serde(with = "crate::byte_fields::bytes")]
+        #[serde(with = "serde_bytes")]
         data: Vec<u8>,
         /// A replacement context snapshot, when one was captured.
-        #[serde(with = "crate::byte_fields::opt_bytes")]
+        #[serde(with = "serde_bytes")]
         context_snapshot: Option<Vec<u8>>,
         /// Transition time.
         at: Timestamp,
@@ -204,7 +204,7 @@ pub enum Event {
     /// T18: a suspended task was released to pending.
     Released {
         /// A replacement context snapshot, when supplied (empty clears it).
-        #[serde(with = "crate::byte_fields::opt_bytes")]
+        #[serde(with = "serde_bytes")]
         context_snapshot: Option<Vec<u8>>,
         /// Transition time.
         at: Timestamp,
@@ -235,7 +235,7 @@ pub enum Event {
     /// T6: the attempt completed the task with result data.
     Completed {
         /// The result data.
-        #[serde(with = "crate::byte_fields::bytes")]
+        #[serde(with = "serde_bytes")]
         data: Vec<u8>,
         /// Transition time.
         at: Timestamp,
@@ -263,7 +263,7 @@ pub enum Event {
         /// A free kind tag.
         kind: String,
         /// The update bytes.
-        #[serde(with = "crate::byte_fields::bytes")]
+        #[serde(with = "serde_bytes")]
         data: Vec<u8>,
         /// Key/value metadata, in emission order.
         metadata: Vec<MetadataEntry>,
@@ -280,7 +280,7 @@ pub enum Event {
         /// The notification kind.
         kind: String,
         /// The notification data (empty for lifecycle notifications).
-        #[serde(with = "crate::byte_fields::bytes")]
+        #[serde(with = "serde_bytes")]
         data: Vec<u8>,
         /// The task version when queued.
         version: u64,

@@ -33,6 +33,7 @@
 
 mod backend;
 mod bulk;
+#[cfg(test)]
 mod byte_fields;
 mod error;
 mod event;

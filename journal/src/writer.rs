@@ -252,10 +252,8 @@ impl Writer {
         if let Err(mpsc::SendError(written)) = syncer.send(written) {
             // The syncer is gone (it panicked): nothing more can be made durable.
             self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
-            let _ = self.shared.stopped.set("the syncer thread ended".into());
-            fail(written.acks, || {
-                Error::Stopped("the syncer thread ended".into())
-            });
+            let why = Error::Stopped("the syncer thread ended".into());
+            settle(&self.shared, vec![written], Err(why));
         }
         waiting
     }
