@@ -4,7 +4,7 @@
 //! default. Only this module and [`crate::Journal`] see raw bytes; callers see typed records.
 
 use crate::error::{Error, Result};
-use crate::keys::{Space, META_FORMAT_VERSION};
+use crate::keys::{Space, LEGACY_HEADS, META_FORMAT_VERSION};
 use crate::options::Durability;
 use rocksdb::{
     ColumnFamily, ColumnFamilyDescriptor, Direction, IteratorMode, Options, ReadOptions,
@@ -290,7 +290,7 @@ fn db_options(create: bool) -> Options {
     opts.set_bottommost_compression_type(rocksdb::DBCompressionType::Lz4);
     // The write-ahead log a crash leaves is replayed at the next open (about 100 MB/s on a
     // two-core machine). Each space has a memtable of its own, and a log file lives until
-    // every space with data in it has flushed: the small spaces (heads, commits, live) fill
+    // every space with data in it has flushed: the small spaces (commits, live, outbox) fill
     // their memtables slowly and would keep gigabytes of log alive (RocksDB's default bound
     // is four times the sum of the write buffers). Capping the log flushes them with the
     // large one instead, so recovery after a crash replays at most about this much.
@@ -308,37 +308,40 @@ fn db_options(create: bool) -> Options {
 
 impl RocksBackend {
     pub(crate) fn open(path: &Path, mode: OpenMode<'_>) -> Result<Self> {
-        let cfs = Space::ALL.iter().map(|s| s.name());
+        if !matches!(mode, OpenMode::Primary) && !path.join("CURRENT").exists() {
+            return Err(Error::NotAJournal(format!(
+                "no database at {}",
+                path.display()
+            )));
+        }
+        // A format-1 journal still has its `heads` space until it is opened for writing
+        // (RocksDB opens a database only with all its column families named).
+        let legacy = path.join("CURRENT").exists()
+            && DB::list_cf(&db_options(false), path)?
+                .iter()
+                .any(|name| name == LEGACY_HEADS);
+        let names = Space::ALL
+            .iter()
+            .map(|s| s.name())
+            .chain(legacy.then_some(LEGACY_HEADS));
         let db = match mode {
             OpenMode::Primary => {
                 let opts = db_options(true);
-                let descriptors = Space::ALL.iter().map(|s| {
+                let descriptors = names.map(|name| {
                     let mut cf = db_options(true);
                     // Until the first write: see `Backend::start_compactions`.
                     cf.set_disable_auto_compactions(true);
-                    ColumnFamilyDescriptor::new(s.name(), cf)
+                    ColumnFamilyDescriptor::new(name, cf)
                 });
                 DB::open_cf_descriptors(&opts, path, descriptors)?
             }
             OpenMode::ReadOnly => {
-                if !path.join("CURRENT").exists() {
-                    return Err(Error::NotAJournal(format!(
-                        "no database at {}",
-                        path.display()
-                    )));
-                }
-                DB::open_cf_for_read_only(&db_options(false), path, cfs, false)?
+                DB::open_cf_for_read_only(&db_options(false), path, names, false)?
             }
             OpenMode::Secondary(secondary) => {
-                if !path.join("CURRENT").exists() {
-                    return Err(Error::NotAJournal(format!(
-                        "no database at {}",
-                        path.display()
-                    )));
-                }
                 let mut opts = db_options(false);
                 opts.set_max_open_files(-1);
-                DB::open_cf_as_secondary(&opts, path, secondary, cfs)?
+                DB::open_cf_as_secondary(&opts, path, secondary, names)?
             }
         };
         let mut sync = WriteOptions::default();
@@ -377,6 +380,14 @@ impl RocksBackend {
         self.db
             .cf_handle(space.name())
             .ok_or_else(|| Error::NotAJournal(format!("column family {} missing", space.name())))
+    }
+
+    /// Drops format 1's `heads` space, if the database still has it.
+    pub(crate) fn drop_legacy_heads(&mut self) -> Result<()> {
+        if self.db.cf_handle(LEGACY_HEADS).is_some() {
+            self.db.drop_cf(LEGACY_HEADS)?;
+        }
+        Ok(())
     }
 
     /// Reads the stored format version, if any.

@@ -1,9 +1,9 @@
 //! Bulk reads: many task streams in one forward pass.
 //!
-//! [`Journal::read_stream`](crate::Journal::read_stream) seeks to one task's records and reads
-//! its head with a point lookup. Recovery and audits read thousands of streams in task order;
-//! a [`StreamScanner`] reads them with two forward cursors (records and heads) that step over
-//! what lies between consecutive tasks instead of seeking, and copies each stream's raw entries
+//! [`Journal::read_stream`](crate::Journal::read_stream) seeks to one task's records. Recovery
+//! and audits read thousands of streams in task order; a [`StreamScanner`] reads them with one
+//! forward cursor that steps over what lies between consecutive tasks instead of seeking
+//! (or, for an audit, reads every task in turn: [`StreamScanner::read_next`]), and copies each stream's raw entries
 //! into one buffer ([`RawStream`]) so that another thread can verify and decode them. The
 //! checks are the very ones of `read_stream`, in the same order, with the same errors.
 
@@ -76,7 +76,8 @@ impl<'a> Positioned<'a> {
 /// id order is fastest; any order is correct.
 pub struct StreamScanner<'a> {
     events: Positioned<'a>,
-    heads: Positioned<'a>,
+    /// [`StreamScanner::read_next`] reached the end (or a storage error).
+    exhausted: bool,
 }
 
 impl std::fmt::Debug for StreamScanner<'_> {
@@ -89,11 +90,11 @@ impl<'a> StreamScanner<'a> {
     pub(crate) fn new(backend: &'a dyn Backend) -> Self {
         Self {
             events: Positioned::new(backend.cursor(Space::Events)),
-            heads: Positioned::new(backend.cursor(Space::Heads)),
+            exhausted: false,
         }
     }
 
-    /// Reads `task`'s whole stream (raw entries and head), unverified.
+    /// Reads `task`'s whole stream (raw entries), unverified.
     pub fn read(&mut self, task: &str) -> RawStream {
         let mut stream = RawStream::default();
         self.read_into(task, &mut stream);
@@ -108,7 +109,6 @@ impl<'a> StreamScanner<'a> {
         stream.data.clear();
         stream.entries.clear();
         stream.error = None;
-        stream.head = Ok(None);
         let lower = keys::event_key(task, 0);
         let upper = prefix_end(&keys::task_prefix(task));
         self.events.reach(&lower);
@@ -130,20 +130,47 @@ impl<'a> StreamScanner<'a> {
         }
         if let Err(e) = self.events.status() {
             stream.error = Some(e);
-            return;
         }
-        let key = keys::task_key(task);
-        self.heads.reach(&key);
-        stream.head = match self.heads.status() {
-            Err(e) => Err(e),
-            Ok(()) => Ok(self
-                .heads
-                .cursor
-                .key()
-                .filter(|k| *k == key.as_slice())
-                .and_then(|_| self.heads.cursor.value())
-                .map(<[u8]>::to_vec)),
+    }
+
+    /// Reads the stream of the first task at or after where the last read ended (the first
+    /// task of the journal at the start) into `stream`; `false` when no task is left. With it
+    /// an audit reads every task in task order in one pass. A key that names no task comes as
+    /// a stream of that key alone, with a [`crate::CorruptionKind::Key`] error, and the scan
+    /// goes on after it.
+    pub fn read_next(&mut self, stream: &mut RawStream) -> bool {
+        if self.exhausted {
+            return false;
+        }
+        if self.events.at.is_none() {
+            self.events.reach(&[]);
+        }
+        let Some(key) = self.events.cursor.key() else {
+            self.exhausted = true;
+            stream.task.clear();
+            stream.data.clear();
+            stream.entries.clear();
+            stream.error = self.events.status().err();
+            return stream.error.is_some();
         };
+        match keys::parse_event_key(key) {
+            Ok((task, _)) => {
+                let task = task.to_owned();
+                self.read_into(&task, stream);
+                // Past the last possible task (a storage error, or no key after it).
+                self.exhausted = self.events.at.is_none();
+            }
+            Err(kind) => {
+                let mut after = key.to_vec();
+                after.push(0);
+                stream.task = String::from_utf8_lossy(key).into_owned();
+                stream.data.clear();
+                stream.entries.clear();
+                stream.error = Some(Error::corruption(&stream.task, 0, kind));
+                self.events.reach(&after);
+            }
+        }
+        true
     }
 }
 
@@ -159,8 +186,6 @@ pub struct RawStream {
     entries: Vec<(usize, usize, usize)>,
     /// The storage error that cut the stream short.
     error: Option<Error>,
-    /// The task head's bytes, or the error reading it.
-    head: Result<Option<Vec<u8>>>,
 }
 
 impl Default for RawStream {
@@ -171,7 +196,6 @@ impl Default for RawStream {
             data: Vec::new(),
             entries: Vec::new(),
             error: None,
-            head: Ok(None),
         }
     }
 }
@@ -197,8 +221,7 @@ impl RawStream {
 
     /// The verified records, exactly as [`Journal::read_stream`](crate::Journal::read_stream)
     /// from position 0 yields them: every record's CRC, position and hash chain is checked,
-    /// damage is reported per record and iteration continues, and the head is checked at the
-    /// end.
+    /// damage is reported per record and iteration continues.
     #[must_use]
     pub fn into_records(self) -> RawRecords {
         let walk = Walk::new(&self.task, false);
@@ -210,7 +233,7 @@ impl RawStream {
     /// [`RawStream::into_records`] verifies them, but an `UpdateAppended` event comes without
     /// its `kind`, `data` and `metadata` (checked, not copied; see
     /// [`crate::record::decode_payload_lean`]). Recovery folds with these. (The stream's
-    /// storage error and head are consumed by the walk.)
+    /// storage error is consumed by the walk.)
     pub fn fold_records(&mut self) -> Records<'_> {
         let walk = Walk::new(&self.task, true);
         Records { stream: self, walk }
@@ -247,13 +270,7 @@ impl Walk {
         }
         let Some(&(start, split, end)) = stream.entries.get(self.next) else {
             self.done = true;
-            if let Some(e) = stream.error.take() {
-                return Some(Err(e));
-            }
-            return match std::mem::replace(&mut stream.head, Ok(None)) {
-                Ok(head) => self.check.finish(head.as_deref()),
-                Err(e) => Some(Err(e)),
-            };
+            return stream.error.take().map(Err);
         };
         let entry = self.next;
         self.next += 1;

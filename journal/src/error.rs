@@ -28,14 +28,10 @@ pub enum CorruptionKind {
     /// The record does not chain from its predecessor: an earlier record was edited, removed
     /// or reordered, or the record belongs to another task.
     Chain,
-    /// No record exists at this position although later ones (or the task head) say it should:
-    /// a record was deleted.
+    /// No record exists at this position although later ones say it should: a record was
+    /// deleted. (A deleted *last* record leaves no gap in the stream; the audit finds it
+    /// through the `commits` index, which still names it.)
     Missing,
-    /// The task head disagrees with the stream (its last record was deleted or replaced).
-    Head {
-        /// What the head says.
-        detail: String,
-    },
     /// The payload is not a valid event of this format version.
     Decode(String),
     /// A key does not follow the journal's key layout.
@@ -61,7 +57,6 @@ impl fmt::Display for CorruptionKind {
                 "hash chain broken (an earlier record was edited, removed or reordered)",
             ),
             Self::Missing => f.write_str("record missing (deleted)"),
-            Self::Head { detail } => write!(f, "task head disagrees with the stream: {detail}"),
             Self::Decode(msg) => write!(f, "payload does not decode: {msg}"),
             Self::Key(msg) => write!(f, "malformed key: {msg}"),
         }

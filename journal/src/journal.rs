@@ -16,7 +16,14 @@ use std::thread::JoinHandle;
 use tokio::sync::oneshot;
 
 /// The journal format version stored in the `meta` space and checked at open.
-pub const JOURNAL_FORMAT_VERSION: u32 = 1;
+///
+/// Format 2 is format 1 without the `heads` space (a head is read off the task's last record);
+/// records and every other key are the same. A format-1 journal is read as it is, and upgraded
+/// in place when opened for writing.
+pub const JOURNAL_FORMAT_VERSION: u32 = 2;
+
+/// The oldest journal format this build reads.
+pub const OLDEST_JOURNAL_FORMAT_VERSION: u32 = 1;
 
 /// An append-only journal of task streams on an embedded RocksDB.
 ///
@@ -85,26 +92,43 @@ impl std::fmt::Debug for Journal {
 }
 
 impl Journal {
-    /// Opens (creating if missing) the journal at `path` for writing.
+    /// Opens (creating if missing) the journal at `path` for writing. A journal of an older
+    /// format ([`OLDEST_JOURNAL_FORMAT_VERSION`] or later) is upgraded in place.
     ///
     /// # Errors
     /// [`Error::UnsupportedFormat`] for a journal of a newer format, [`Error::NotAJournal`] for a
     /// non-empty database without a format version, [`Error::Storage`] when RocksDB fails
     /// (for example because another process holds the lock).
     pub fn open(path: impl AsRef<Path>, options: JournalOptions) -> Result<Self> {
-        let backend = RocksBackend::open(path.as_ref(), OpenMode::Primary)?;
-        match backend.format_version()? {
-            Some(v) => check_version(v)?,
-            None if backend.is_empty()? => backend.write(
+        let mut backend = RocksBackend::open(path.as_ref(), OpenMode::Primary)?;
+        let stamp = |backend: &RocksBackend| {
+            backend.write(
                 vec![crate::backend::BatchOp::Put {
                     space: Space::Meta,
                     key: keys::META_FORMAT_VERSION.to_vec(),
                     value: JOURNAL_FORMAT_VERSION.to_be_bytes().to_vec(),
                 }],
                 crate::Durability::Sync,
-            )?,
+            )
+        };
+        match backend.format_version()? {
+            Some(v) if v < JOURNAL_FORMAT_VERSION => {
+                check_version(v)?;
+                // Upgrade: the new version first, so that a crash in between leaves a journal
+                // that a format-1 build refuses (it would trust the stale heads) and that
+                // this build finishes upgrading at the next open.
+                stamp(&backend)?;
+                tracing::info!(
+                    from = v,
+                    to = JOURNAL_FORMAT_VERSION,
+                    "journal format upgraded"
+                );
+            }
+            Some(v) => check_version(v)?,
+            None if backend.is_empty()? => stamp(&backend)?,
             None => return Err(Error::NotAJournal("no format version".into())),
         }
+        backend.drop_legacy_heads()?;
         Self::with_backend(Arc::new(backend), options)
     }
 
@@ -301,20 +325,18 @@ impl Journal {
         rx.await.map_err(|_| Error::Closed)?
     }
 
-    /// The head of `task`'s stream, or `None` for an unknown task.
+    /// The head of `task`'s stream (read off its last record), or `None` for an unknown task.
+    /// It includes records not yet durable, if any.
     ///
     /// # Errors
-    /// [`Error::Corruption`] for a damaged head, [`Error::Storage`] on I/O failure.
+    /// [`Error::Corruption`] when the last record is damaged, [`Error::Storage`] on I/O
+    /// failure.
     pub fn head(&self, task: &str) -> Result<Option<Head>> {
-        self.inner
-            .backend
-            .get(Space::Heads, &keys::task_key(task))?
-            .map(|bytes| Head::decode(&bytes).map_err(|kind| Error::corruption(task, 0, kind)))
-            .transpose()
+        Head::read(self.inner.backend.as_ref(), task)
     }
 
     /// Reads `task`'s stream from position `from`, verifying every record's CRC, position and
-    /// hash chain, and at the end the task head. A damaged record yields an error naming its
+    /// hash chain. A damaged record yields an error naming its
     /// task and position; iteration then continues with the next record, so a reader can
     /// report every problem. Nothing is ever skipped silently. On a journal open for writing
     /// the stream ends at the durable watermark ([`Journal::durable_seq`]): records written
@@ -340,20 +362,48 @@ impl Journal {
         self.inner.shared.durable()
     }
 
-    /// Lists every task with its head, in task-id order.
+    /// Lists every task with its head, in task-id order. A task whose last record is damaged
+    /// comes as an [`Error::Corruption`] naming it, and the listing goes on.
     pub fn tasks(&self) -> impl Iterator<Item = Result<(String, Head)>> + '_ {
-        self.inner
-            .backend
-            .scan(Space::Heads, Range::default())
-            .map(|item| {
-                let (key, value) = item?;
-                let task = keys::parse_task_key(&key)
-                    .map_err(|kind| Error::corruption("", 0, kind))?
-                    .to_owned();
-                let head =
-                    Head::decode(&value).map_err(|kind| Error::corruption(&task, 0, kind))?;
-                Ok((task, head))
-            })
+        let backend = self.inner.backend.as_ref();
+        self.task_ids().map(move |task| {
+            let task = task?;
+            match Head::read(backend, &task)? {
+                Some(head) => Ok((task, head)),
+                // Gone between the listing and the read: not possible in an append-only
+                // journal; reported rather than skipped.
+                None => Err(Error::corruption(&task, 0, CorruptionKind::Missing)),
+            }
+        })
+    }
+
+    /// Lists the id of every task with at least one record, in task-id order: one seek per
+    /// task. A key that names no task ends the listing with an [`Error::Corruption`].
+    pub fn task_ids(&self) -> impl Iterator<Item = Result<String>> + '_ {
+        let mut cursor = self.inner.backend.cursor(Space::Events);
+        cursor.seek(&[]);
+        let mut done = false;
+        std::iter::from_fn(move || {
+            if done {
+                return None;
+            }
+            let Some(key) = cursor.key() else {
+                done = true;
+                return cursor.status().err().map(Err);
+            };
+            let task = match keys::parse_event_key(key) {
+                Ok((task, _)) => task.to_owned(),
+                Err(kind) => {
+                    done = true;
+                    return Some(Err(Error::corruption("", 0, kind)));
+                }
+            };
+            match crate::backend::prefix_end(&keys::task_prefix(&task)) {
+                Some(next) => cursor.seek(&next),
+                None => done = true,
+            }
+            Some(Ok(task))
+        })
     }
 
     /// Lists the tasks without a terminal event, in task-id order.
@@ -488,7 +538,7 @@ fn below(item: &Result<crate::backend::KeyValue>, durable: u64) -> bool {
 }
 
 fn check_version(found: u32) -> Result<()> {
-    if found == JOURNAL_FORMAT_VERSION {
+    if (OLDEST_JOURNAL_FORMAT_VERSION..=JOURNAL_FORMAT_VERSION).contains(&found) {
         Ok(())
     } else {
         Err(Error::UnsupportedFormat {
@@ -700,7 +750,7 @@ pub struct Committed {
 }
 
 /// The checks of one task's stream, fed its entries in key order: CRC, position, hash chain,
-/// gaps, and at the end the task head. Shared by [`StreamReader`] and the bulk reads of
+/// gaps. Shared by [`StreamReader`] and the bulk reads of
 /// [`crate::StreamScanner`], so both report exactly the same problems.
 pub(crate) struct StreamCheck {
     task: String,
@@ -708,7 +758,6 @@ pub(crate) struct StreamCheck {
     expected: u64,
     /// The digest the next record must chain from; `None` after damage (chain unknown).
     prev: Option<Digest>,
-    from: u64,
     /// Decode with [`record::decode_payload_lean`] (for the state fold).
     lean: bool,
 }
@@ -732,7 +781,6 @@ impl StreamCheck {
             task,
             expected: from,
             prev,
-            from,
             lean: false,
         }
     }
@@ -741,11 +789,6 @@ impl StreamCheck {
     pub(crate) fn lean(mut self) -> Self {
         self.lean = true;
         self
-    }
-
-    /// The task.
-    pub(crate) fn task(&self) -> &str {
-        &self.task
     }
 
     fn err(&self, position: u64, kind: CorruptionKind) -> Error {
@@ -806,55 +849,10 @@ impl StreamCheck {
         }
         .map_err(|kind| self.err(position, kind))
     }
-
-    /// Compares the end of the stream with the task head (as read from the `heads` space).
-    pub(crate) fn finish(&self, head: Option<&[u8]>) -> Option<Result<Record>> {
-        let head = match head {
-            Some(bytes) => bytes,
-            None if self.expected == self.from => return None,
-            None => {
-                return Some(Err(self.err(
-                    self.expected,
-                    CorruptionKind::Head {
-                        detail: "the task has records but no head".into(),
-                    },
-                )))
-            }
-        };
-        let head = match Head::decode(head) {
-            Ok(head) => head,
-            Err(kind) => return Some(Err(self.err(self.expected, kind))),
-        };
-        if head.next_position > self.expected {
-            return Some(Err(self.err(self.expected, CorruptionKind::Missing)));
-        }
-        if head.next_position < self.expected {
-            return Some(Err(self.err(
-                head.next_position,
-                CorruptionKind::Head {
-                    detail: format!(
-                        "head says {} records, the stream has more",
-                        head.next_position
-                    ),
-                },
-            )));
-        }
-        match self.prev {
-            Some(prev) if head.next_position > 0 && prev != head.last_digest => Some(Err(self
-                .err(
-                    head.next_position - 1,
-                    CorruptionKind::Head {
-                        detail: "the last record is not the one the head committed to".into(),
-                    },
-                ))),
-            _ => None,
-        }
-    }
 }
 
 /// Iterator over one task's records; see [`Journal::read_stream`].
 pub struct StreamReader<'a> {
-    backend: &'a dyn Backend,
     raw: Option<crate::backend::RawIter<'a>>,
     check: StreamCheck,
     /// A gap found before this record was reported; the record itself comes next.
@@ -882,41 +880,11 @@ impl<'a> StreamReader<'a> {
         };
         Self {
             raw: Some(backend.scan(Space::Events, range)),
-            backend,
             check: StreamCheck::new(task.to_owned(), from, prev),
             pending: None,
             durable,
             done: false,
         }
-    }
-
-    fn finish(&mut self) -> Option<Result<Record>> {
-        self.done = true;
-        let task = self.check.task();
-        let head = match self.backend.get(Space::Heads, &keys::task_key(task)) {
-            Ok(head) => head,
-            Err(e) => return Some(Err(e)),
-        };
-        let problem = self.check.finish(head.as_deref())?;
-        // The head is read after the records: an append that landed in between makes it look
-        // ahead of the stream. A record at the position after the last one read settles it:
-        // the stream grew (this reader ends where it started reading); none means it is damaged.
-        if let Err(Error::Corruption {
-            kind: CorruptionKind::Missing,
-            position,
-            ..
-        }) = &problem
-        {
-            match self
-                .backend
-                .get(Space::Events, &keys::event_key(task, *position))
-            {
-                Ok(Some(_)) => return None,
-                Ok(None) => {}
-                Err(e) => return Some(Err(e)),
-            }
-        }
-        Some(problem)
     }
 }
 
@@ -939,7 +907,8 @@ impl Iterator for StreamReader<'_> {
         let item = match self.raw.as_mut().and_then(Iterator::next) {
             None => {
                 self.raw = None;
-                return self.finish();
+                self.done = true;
+                return None;
             }
             Some(Err(e)) => {
                 self.done = true;
@@ -950,8 +919,7 @@ impl Iterator for StreamReader<'_> {
         let (key, value) = item;
         match self.check.entry(&key, &value) {
             Checked::One(Ok(record)) if record.seq > self.durable => {
-                // Written, not yet durable: the stream ends here for this process's readers
-                // (and so does the head check: the head is as new as this record).
+                // Written, not yet durable: the stream ends here for this process's readers.
                 self.done = true;
                 None
             }

@@ -9,13 +9,14 @@
 //! |-----------|---------------------------------------|----------------------------------------------|
 //! | `events`  | task id ‖ 0x00 ‖ position (u64 BE)    | a framed record ([`crate::record`])          |
 //! | `commits` | global sequence (u64 BE)              | the event key of the record committed then   |
-//! | `heads`   | task id                               | the task head ([`crate::head::Head`])        |
 //! | `live`    | task id                               | empty: the task has no terminal event yet    |
 //! | `outbox`  | global sequence of the enqueue (u64 BE)| the event key of the `NotificationEnqueued` |
 //! | `meta`    | ASCII name (`format_version`)         | u32 BE                                       |
 //!
-//! `commits`, `heads`, `live` and `outbox` are indexes written in the same atomic batch as the
-//! records they describe. A name, once used, is never reused for another layout.
+//! `commits`, `live` and `outbox` are indexes written in the same atomic batch as the records
+//! they describe. A task's head is read off its last record ([`crate::Head`]). A name, once
+//! used, is never reused for another layout: format 1 had a `heads` space
+//! ([`LEGACY_HEADS`]), dropped when a format-1 journal is opened for writing.
 
 use crate::error::CorruptionKind;
 
@@ -26,8 +27,6 @@ pub enum Space {
     Events,
     /// Global commit order: sequence → event key.
     Commits,
-    /// Per-task head: next position, last digest, terminal flag.
-    Heads,
     /// Tasks without a terminal event.
     Live,
     /// Queued, unacknowledged notifications in insertion order.
@@ -38,10 +37,9 @@ pub enum Space {
 
 impl Space {
     /// Every space, in creation order.
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 5] = [
         Self::Events,
         Self::Commits,
-        Self::Heads,
         Self::Live,
         Self::Outbox,
         Self::Meta,
@@ -53,13 +51,16 @@ impl Space {
         match self {
             Self::Events => "events",
             Self::Commits => "commits",
-            Self::Heads => "heads",
             Self::Live => "live",
             Self::Outbox => "outbox",
             Self::Meta => "meta",
         }
     }
 }
+
+/// The column family of format 1's task heads (task id → head), which format 2 derives from
+/// the last record instead. Never reused.
+pub const LEGACY_HEADS: &str = "heads";
 
 /// The separator between a task id and a position in an event key.
 pub const TASK_SEPARATOR: u8 = 0;
@@ -136,13 +137,13 @@ pub fn position_in(task: &str, key: &[u8]) -> Result<u64, CorruptionKind> {
     }
 }
 
-/// The key of `task` in the `heads` and `live` spaces.
+/// The key of `task` in the `live` space.
 #[must_use]
 pub fn task_key(task: &str) -> Vec<u8> {
     task.as_bytes().to_vec()
 }
 
-/// Parses a `heads` / `live` key.
+/// Parses a `live` key.
 ///
 /// # Errors
 /// [`CorruptionKind::Key`] when the key is not a task id.

@@ -54,7 +54,7 @@ pub use event::{
 pub use head::Head;
 pub use journal::{
     CommitBatches, Committed, Journal, RawCommits, RecordFetcher, StreamReader,
-    JOURNAL_FORMAT_VERSION,
+    JOURNAL_FORMAT_VERSION, OLDEST_JOURNAL_FORMAT_VERSION,
 };
 pub use options::{Durability, JournalOptions};
 pub use record::{Digest, Record, FORMAT_VERSION};

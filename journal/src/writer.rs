@@ -4,7 +4,7 @@
 //! already checked) and wait on a one-shot reply. The writer takes the first job, drains every
 //! job already queued (up to `max_batch_appends`), checks each job's expected position against
 //! the task head (as advanced by earlier jobs of the same batch), frames the records, and writes
-//! the whole batch — records, commit index, heads, live and outbox indexes — as **one** atomic
+//! the whole batch — records, commit index, live and outbox indexes — as **one** atomic
 //! backend write. A job whose expected position is stale is refused alone and contributes
 //! nothing; a failed write fails every job of the batch and leaves nothing behind.
 //!
@@ -141,7 +141,7 @@ pub(crate) struct Writer {
     compacting: bool,
 }
 
-/// Heads kept in memory before the cache is dropped and refilled from the `heads` space.
+/// Heads kept in memory before the cache is dropped and refilled from the tasks' last records.
 const HEAD_CACHE_LIMIT: usize = 1 << 20;
 
 impl Writer {
@@ -262,10 +262,7 @@ impl Writer {
         if let Some(head) = overlay.get(task).or_else(|| self.heads.get(task)) {
             return Ok(*head);
         }
-        match self.backend.get(Space::Heads, &keys::task_key(task))? {
-            Some(bytes) => Head::decode(&bytes).map_err(|kind| Error::corruption(task, 0, kind)),
-            None => Ok(Head::default()),
-        }
+        Ok(Head::read(self.backend.as_ref(), task)?.unwrap_or_default())
     }
 
     /// Frames one job's records on top of `head` starting at sequence `seq`, returning the
@@ -276,7 +273,7 @@ impl Writer {
         mut seq: u64,
     ) -> Result<(Vec<BatchOp>, Head, Appended)> {
         let first_seq = seq;
-        let mut ops = Vec::with_capacity(job.events.len() * 3 + 1);
+        let mut ops = Vec::with_capacity(job.events.len() * 2 + 1);
         for event in &job.events {
             let (bytes, digest) = record::frame(
                 &job.task,
@@ -326,11 +323,6 @@ impl Writer {
             head.last_digest = digest;
             seq += 1;
         }
-        ops.push(BatchOp::Put {
-            space: Space::Heads,
-            key: keys::task_key(&job.task),
-            value: head.encode(),
-        });
         let appended = Appended {
             next_position: head.next_position,
             first_seq,

@@ -342,7 +342,7 @@ fn a_newer_format_version_is_refused() {
         db.put_cf(
             meta,
             dtask_journal::keys::META_FORMAT_VERSION,
-            2u32.to_be_bytes(),
+            3u32.to_be_bytes(),
         )
         .unwrap();
     }
@@ -350,13 +350,13 @@ fn a_newer_format_version_is_refused() {
     assert!(matches!(
         err,
         Error::UnsupportedFormat {
-            found: 2,
-            supported: 1
+            found: 3,
+            supported: 2
         }
     ));
     assert!(matches!(
         Journal::open_read_only(dir.path()),
-        Err(Error::UnsupportedFormat { found: 2, .. })
+        Err(Error::UnsupportedFormat { found: 3, .. })
     ));
 }
 
@@ -397,4 +397,111 @@ async fn async_appends_group_commit() {
         h.await.unwrap();
     }
     assert_eq!(journal.last_seq().unwrap(), 32 * 20);
+}
+
+/// Rewrites a format-2 journal into what format 1 stored: version 1 and a `heads` space.
+fn make_format_1(dir: &std::path::Path) {
+    let mut opts = rocksdb::Options::default();
+    opts.create_missing_column_families(true);
+    let cfs: Vec<_> = Space::ALL
+        .iter()
+        .map(|s| s.name())
+        .chain([dtask_journal::keys::LEGACY_HEADS])
+        .collect();
+    let db = rocksdb::DB::open_cf(&opts, dir, cfs).unwrap();
+    let meta = db.cf_handle(Space::Meta.name()).unwrap();
+    db.put_cf(
+        meta,
+        dtask_journal::keys::META_FORMAT_VERSION,
+        1u32.to_be_bytes(),
+    )
+    .unwrap();
+    // A stale head, as if format 1 had stopped counting: format 2 must not trust it.
+    let heads = db.cf_handle(dtask_journal::keys::LEGACY_HEADS).unwrap();
+    db.put_cf(heads, b"t", [0u8; 54]).unwrap();
+}
+
+fn column_families(dir: &std::path::Path) -> Vec<String> {
+    rocksdb::DB::list_cf(&rocksdb::Options::default(), dir).unwrap()
+}
+
+#[test]
+fn a_format_1_journal_is_read_as_is_and_upgraded_when_opened_for_writing() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+        journal.append("t", 0, &[created("t")]).unwrap();
+        journal.append("t", 1, &[update(1), update(2)]).unwrap();
+    }
+    make_format_1(dir.path());
+    assert!(column_families(dir.path()).contains(&"heads".to_owned()));
+
+    // Readers read it as it is, and leave it so.
+    let reader = Journal::open_read_only(dir.path()).unwrap();
+    assert_eq!(reader.head("t").unwrap().unwrap().next_position, 3);
+    assert_eq!(reader.read_stream("t", 0).count(), 3);
+    drop(reader);
+    assert!(column_families(dir.path()).contains(&"heads".to_owned()));
+
+    // A writer upgrades it: version 2, no `heads`, appends go on where the stream ends.
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    assert!(!column_families(dir.path()).contains(&"heads".to_owned()));
+    assert!(matches!(
+        journal.append("t", 0, &[update(9)]),
+        Err(Error::Conflict { actual: 3, .. })
+    ));
+    journal.append("t", 3, &[update(3)]).unwrap();
+    let positions: Vec<u64> = journal
+        .read_stream("t", 0)
+        .map(|r| r.unwrap().position)
+        .collect();
+    assert_eq!(positions, vec![0, 1, 2, 3]);
+    drop(journal);
+    let raw = rocksdb::DB::open_cf_for_read_only(
+        &rocksdb::Options::default(),
+        dir.path(),
+        Space::ALL.iter().map(|s| s.name()),
+        false,
+    )
+    .unwrap();
+    let meta = raw.cf_handle(Space::Meta.name()).unwrap();
+    assert_eq!(
+        raw.get_cf(meta, dtask_journal::keys::META_FORMAT_VERSION)
+            .unwrap()
+            .unwrap(),
+        dtask_journal::JOURNAL_FORMAT_VERSION.to_be_bytes()
+    );
+}
+
+#[test]
+fn heads_and_task_ids_are_read_off_the_last_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    // Ids that are prefixes of one another, and one with a byte right after the separator.
+    for task in ["a", "a\u{1}", "ab", "b"] {
+        journal.append(task, 0, &[created(task)]).unwrap();
+    }
+    let last = journal.append("ab", 1, &[update(1), update(2)]).unwrap();
+    let ids: Vec<String> = journal.task_ids().map(Result::unwrap).collect();
+    assert_eq!(ids, ["a", "a\u{1}", "ab", "b"]);
+    let head = journal.head("ab").unwrap().unwrap();
+    assert_eq!(head.next_position, 3);
+    assert_eq!(head.last_seq, last.last_seq);
+    let records: Vec<_> = journal.read_stream("ab", 0).map(Result::unwrap).collect();
+    assert_eq!(head.last_digest, records[2].digest);
+    assert!(!head.terminal);
+    assert!(journal.head("zz").unwrap().is_none());
+    let heads: Vec<(String, u64)> = journal
+        .tasks()
+        .map(|t| t.map(|(id, h)| (id, h.next_position)).unwrap())
+        .collect();
+    assert_eq!(
+        heads,
+        [
+            ("a".to_owned(), 1),
+            ("a\u{1}".to_owned(), 1),
+            ("ab".to_owned(), 3),
+            ("b".to_owned(), 1)
+        ]
+    );
 }

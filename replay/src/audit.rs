@@ -5,9 +5,9 @@
 //! handle works as well as the writer's). What is checked:
 //!
 //! - **every record**: its CRC, its framing and format version, the position it stores, the
-//!   BLAKE3 hash chain from the previous record, and at the end of the stream the task head
-//!   (record count, last digest, last sequence, terminal flag) — all reported per record by
-//!   [`Journal::read_stream`], which continues past damage so that every bad record is named;
+//!   BLAKE3 hash chain from the previous record — all reported per record by
+//!   [`Journal::read_stream`], which continues past damage so that every bad record is named
+//!   (a deleted *last* record leaves no gap: the `commits` check below names it);
 //! - **legality**: the stream is re-folded with [`Task::apply`], whose [`crate::FoldError`]s
 //!   are the invariant violations (version +1 per lifecycle event, attempts only grow, at most
 //!   one terminal event and only notification records after it, update event ids unique, lease
@@ -26,7 +26,7 @@
 
 use crate::fold::Task;
 use crate::state::Status;
-use dtask_journal::{CorruptionKind, Error, Event, Head, Journal, Record};
+use dtask_journal::{CorruptionKind, Error, Event, Journal, Record};
 use serde::Serialize;
 use std::cmp::Ordering;
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -49,8 +49,6 @@ pub enum ProblemKind {
     Chain,
     /// A record is missing (deleted).
     Missing,
-    /// The task head disagrees with the stream.
-    Head,
     /// A record's payload is not a valid event.
     Decode,
     /// A key does not follow the key layout.
@@ -80,7 +78,6 @@ impl ProblemKind {
             Self::Misplaced => "misplaced",
             Self::Chain => "chain",
             Self::Missing => "missing",
-            Self::Head => "head",
             Self::Decode => "decode",
             Self::Key => "key",
             Self::Damaged => "damaged",
@@ -114,7 +111,6 @@ impl ProblemKind {
             CorruptionKind::Misplaced { .. } => Self::Misplaced,
             CorruptionKind::Chain => Self::Chain,
             CorruptionKind::Missing => Self::Missing,
-            CorruptionKind::Head { .. } => Self::Head,
             CorruptionKind::Decode(_) => Self::Decode,
             CorruptionKind::Key(_) => Self::Key,
             _ => Self::Damaged,
@@ -181,7 +177,7 @@ impl fmt::Display for Problem {
 pub struct TaskReport {
     /// The task.
     pub task: String,
-    /// Whether the journal knows the task (it has a head or records).
+    /// Whether the journal knows the task (it has records, intact or not).
     pub exists: bool,
     /// The records read intact.
     pub records: u64,
@@ -208,7 +204,7 @@ impl TaskReport {
 /// The audit of a whole journal.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
 pub struct AuditReport {
-    /// Tasks checked (tasks with a head).
+    /// Tasks checked (tasks with records).
     pub tasks: u64,
     /// Records read intact.
     pub records: u64,
@@ -256,22 +252,20 @@ struct Scan {
 fn scan_task(
     journal: &Journal,
     task: &str,
-    head: Option<Head>,
     on_record: &mut dyn FnMut(&Record),
 ) -> Result<Scan, Error> {
-    scan_records(task, head, journal.read_stream(task, 0), on_record)
+    scan_records(task, journal.read_stream(task, 0), on_record)
 }
 
 /// [`scan_task`] over records already being read.
 fn scan_records(
     task: &str,
-    head: Option<Head>,
     records: impl Iterator<Item = Result<Record, Error>>,
     on_record: &mut dyn FnMut(&Record),
 ) -> Result<Scan, Error> {
     let mut report = TaskReport {
         task: task.to_owned(),
-        exists: head.is_some(),
+        exists: false,
         records: 0,
         bytes: 0,
         status: None,
@@ -282,7 +276,6 @@ fn scan_records(
     let mut damaged = HashSet::new();
     let mut fold: Option<Task> = None;
     let mut folding = true;
-    let mut last_seq = None;
     // id → (position, seq) of queued notifications, tracked without the fold so that the
     // outbox can be checked even past an illegal record.
     let mut queued: HashMap<String, (u64, u64)> = HashMap::new();
@@ -303,7 +296,6 @@ fn scan_records(
         report.exists = true;
         report.records += 1;
         report.bytes += record.size as u64;
-        last_seq = Some(record.seq);
         on_record(&record);
         if record.event.is_terminal() {
             report.terminal = true;
@@ -333,36 +325,6 @@ fn scan_records(
     if let Some(t) = &fold {
         report.status = Some(t.state.status);
         report.version = t.state.version;
-    }
-    if let Some(head) = head {
-        if damaged.is_empty() {
-            if head.terminal != report.terminal {
-                report.problems.push(Problem::new(
-                    task,
-                    None,
-                    ProblemKind::Head,
-                    format!(
-                        "the head's terminal flag is {}, the stream {} a terminal event",
-                        head.terminal,
-                        if report.terminal { "has" } else { "has no" }
-                    ),
-                ));
-            }
-            if last_seq.is_some_and(|s| s != head.last_seq) {
-                report.problems.push(Problem::new(
-                    task,
-                    head.next_position.checked_sub(1),
-                    ProblemKind::Head,
-                    format!(
-                        "the head says the last sequence is {}, the last record says {}",
-                        head.last_seq,
-                        last_seq.unwrap_or_default()
-                    ),
-                ));
-            }
-        }
-        // A terminal event inside damage still counts for the live check.
-        report.terminal |= !damaged.is_empty() && head.terminal;
     }
     let unacked = queued.into_values().map(|(position, _)| position).collect();
     Ok(Scan {
@@ -442,8 +404,9 @@ fn consistency(task: &str, t: &Task, record: &Record, problems: &mut Vec<Problem
     }
 }
 
-/// Whether `live` (the index says the task is live) agrees with the report.
-fn check_live(report: &mut TaskReport, live: bool) {
+/// Whether `live` (the index says the task is live) agrees with the report. A stream with
+/// damage may hide its terminal event: then only a terminal task listed as live is wrong.
+fn check_live(report: &mut TaskReport, live: bool, damaged: bool) {
     if report.terminal && live {
         report.problems.push(Problem::new(
             &report.task,
@@ -451,7 +414,7 @@ fn check_live(report: &mut TaskReport, live: bool) {
             ProblemKind::LiveIndex,
             "the task is terminal but listed in the live index",
         ));
-    } else if !report.terminal && !live && report.records > 0 {
+    } else if !report.terminal && !live && report.records > 0 && !damaged {
         report.problems.push(Problem::new(
             &report.task,
             None,
@@ -533,25 +496,14 @@ fn check_outbox<'a>(
     Ok(entries)
 }
 
-/// Audits one task: its records, its legality, its head, and its entries in the `live` and
+/// Audits one task: its records, its legality, and its entries in the `live` and
 /// `outbox` indexes. An unknown task gives a report with `exists == false`.
 ///
 /// # Errors
 /// [`Error::Storage`] (or another non-corruption journal error) when the journal cannot be
 /// read; damage is reported in the result, never as an error.
 pub fn audit_task(journal: &Journal, task: &str) -> Result<TaskReport, Error> {
-    let (head, head_problem) = match journal.head(task) {
-        Ok(head) => (head, None),
-        Err(Error::Corruption { position, kind, .. }) => {
-            (None, Some(Problem::corruption(task, position, &kind)))
-        }
-        Err(e) => return Err(e),
-    };
-    let mut scan = scan_task(journal, task, head, &mut |_| {})?;
-    if let Some(problem) = head_problem {
-        scan.report.exists = true;
-        scan.report.problems.insert(0, problem);
-    }
+    let mut scan = scan_task(journal, task, &mut |_| {})?;
     if !scan.report.exists {
         return Ok(scan.report);
     }
@@ -563,7 +515,7 @@ pub fn audit_task(journal: &Journal, task: &str) -> Result<TaskReport, Error> {
             Err(e) => return Err(e),
         }
     }
-    check_live(&mut scan.report, live);
+    check_live(&mut scan.report, live, !scan.damaged.is_empty());
     let mut expected = scan.unacked.iter().map(|&p| (task.to_owned(), p)).collect();
     let damaged = |_: &str, p: u64| scan.damaged.contains(&p);
     let mut problems = Vec::new();
@@ -598,7 +550,7 @@ impl SeqSet {
 /// Audits the whole journal: every task (see [`audit_task`]), then the `live`, `commits` and
 /// `outbox` indexes against the streams. `progress` is called after each task.
 ///
-/// The journal is read in a few forward passes — the streams with their heads and the `live`
+/// The journal is read in a few forward passes — the streams and the `live`
 /// index in task order, the `commits` index in sequence order — never all held at once: a
 /// reader thread hands batches of raw streams to worker threads that verify, decode and fold
 /// them, and the results are taken in task order (the report is the same as a sequential
@@ -658,10 +610,9 @@ fn collect(
     let mut live = journal.live_tasks().peekable();
     let mut live_unreadable = Vec::new();
     let mut live_unknown = Vec::new();
-    let mut head_problems = Vec::new();
     let mut task_problems = Vec::new();
-    // Takes the live index up to `task`: entries before it list tasks without a (readable)
-    // head; returns whether `task` itself is listed.
+    // Takes the live index up to `task`: entries before it list tasks without records;
+    // returns whether `task` itself is listed.
     let mut live_until = |task: Option<&str>, report: &mut AuditReport| -> Result<bool, Error> {
         loop {
             let next = match live.peek() {
@@ -710,10 +661,6 @@ fn collect(
     for outcomes in results.in_order(tokens) {
         for outcome in outcomes {
             let (mut scan, records) = match outcome {
-                pipeline::Outcome::HeadProblem(problem) => {
-                    head_problems.push(problem);
-                    continue;
-                }
                 pipeline::Outcome::Failed(e) => return Err(e),
                 pipeline::Outcome::Task(scan, records, fingerprint) => {
                     events.add(&fingerprint);
@@ -740,7 +687,7 @@ fn collect(
                 }
             }
             let listed = live_until(Some(&task), &mut report)?;
-            check_live(&mut scan.report, listed);
+            check_live(&mut scan.report, listed, !scan.damaged.is_empty());
             report.tasks += 1;
             report.records += scan.report.records;
             report.bytes += scan.report.bytes;
@@ -759,7 +706,6 @@ fn collect(
     }
     live_until(None, &mut report)?;
     report.problems = live_unreadable;
-    report.problems.append(&mut head_problems);
     report.problems.append(&mut task_problems);
     report.problems.append(&mut live_unknown);
     Ok((
@@ -788,8 +734,7 @@ fn finish(
         |task: &str, position: u64| damaged.get(task).is_some_and(|d| d.contains(&position));
     if !commits.agrees_with(events) {
         // Something is wrong with the index: walk it entry by entry to say what.
-        let known = |task: &str| matches!(journal.head(task), Ok(Some(_)));
-        check_commits(journal, &known, &is_damaged, &mut report.problems)?;
+        check_commits(journal, &is_damaged, &mut report.problems)?;
     }
     report.outbox = check_outbox(
         journal,
@@ -894,7 +839,7 @@ impl CommitSummary {
 /// (a token is taken per batch and returned when its results are consumed), so memory is
 /// bounded by the batch size, not by the journal.
 mod pipeline {
-    use super::{scan_records, Fingerprint, Problem, Scan};
+    use super::{scan_records, Fingerprint, Scan};
     use dtask_journal::{Error, Journal, RawStream};
     use std::collections::BTreeMap;
     use std::sync::mpsc::{self, Receiver, SyncSender};
@@ -907,19 +852,10 @@ mod pipeline {
     const BATCH_RECORDS: usize = 2048;
     const BATCH_TASKS: usize = 256;
 
-    /// What the reader found for one task.
-    enum Unit {
-        Task(dtask_journal::Head, RawStream),
-        HeadProblem(Problem),
-        Failed(Error),
-    }
-
     /// A task's result.
     pub(super) enum Outcome {
         /// The scan, the (position, sequence) of every intact record, and their fingerprint.
         Task(Scan, Vec<(u64, u64)>, Fingerprint),
-        /// The head could not be read.
-        HeadProblem(Problem),
         /// The journal could not be read.
         Failed(Error),
     }
@@ -959,7 +895,7 @@ mod pipeline {
         for _ in 0..IN_FLIGHT {
             let _ = token_tx.send(());
         }
-        let (batch_tx, batch_rx) = mpsc::sync_channel::<(usize, Vec<Unit>)>(IN_FLIGHT);
+        let (batch_tx, batch_rx) = mpsc::sync_channel::<(usize, Vec<RawStream>)>(IN_FLIGHT);
         let (result_tx, result_rx) = mpsc::channel();
         let batch_rx = Arc::new(Mutex::new(batch_rx));
         let workers = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(1, 8));
@@ -972,13 +908,17 @@ mod pipeline {
         (reader, Results(result_rx), Tokens(token_tx))
     }
 
-    /// Reads the streams of every task with a head, in task order.
-    fn read(journal: &Journal, tokens: &Receiver<()>, batches: &SyncSender<(usize, Vec<Unit>)>) {
+    /// Reads the streams of every task, in task order.
+    fn read(
+        journal: &Journal,
+        tokens: &Receiver<()>,
+        batches: &SyncSender<(usize, Vec<RawStream>)>,
+    ) {
         let mut scanner = journal.stream_scanner();
         let mut batch = Vec::new();
         let mut records = 0;
         let mut index = 0;
-        let mut send = |batch: &mut Vec<Unit>| -> bool {
+        let mut send = |batch: &mut Vec<RawStream>| -> bool {
             if tokens.recv().is_err() {
                 return false;
             }
@@ -986,25 +926,13 @@ mod pipeline {
             index += 1;
             sent
         };
-        for item in journal.tasks() {
-            match item {
-                Ok((task, head)) => {
-                    let stream = scanner.read(&task);
-                    records += stream.len();
-                    batch.push(Unit::Task(head, stream));
-                }
-                Err(Error::Corruption {
-                    task,
-                    position,
-                    kind,
-                }) => batch.push(Unit::HeadProblem(Problem::corruption(
-                    &task, position, &kind,
-                ))),
-                Err(e) => {
-                    batch.push(Unit::Failed(e));
-                    break;
-                }
+        loop {
+            let mut stream = RawStream::default();
+            if !scanner.read_next(&mut stream) {
+                break;
             }
+            records += stream.len();
+            batch.push(stream);
             if records >= BATCH_RECORDS || batch.len() >= BATCH_TASKS {
                 records = 0;
                 if !send(&mut batch) {
@@ -1019,7 +947,7 @@ mod pipeline {
 
     /// Verifies and folds batches until the reader is done.
     fn work(
-        batches: &Mutex<Receiver<(usize, Vec<Unit>)>>,
+        batches: &Mutex<Receiver<(usize, Vec<RawStream>)>>,
         results: &mpsc::Sender<(usize, Vec<Outcome>)>,
     ) {
         loop {
@@ -1037,41 +965,34 @@ mod pipeline {
         }
     }
 
-    fn outcome(unit: Unit) -> Outcome {
-        match unit {
-            Unit::HeadProblem(problem) => Outcome::HeadProblem(problem),
-            Unit::Failed(e) => Outcome::Failed(e),
-            Unit::Task(head, stream) => {
-                let records = stream.into_records();
-                let task = records.task().to_owned();
-                let valid = dtask_journal::keys::is_valid_task_id(&task);
-                let mut seqs = Vec::new();
-                let mut fingerprint = Fingerprint {
-                    opaque: !valid,
-                    ..Fingerprint::default()
-                };
-                let mut key = dtask_journal::keys::task_prefix(&task);
-                let prefix = key.len();
-                let mut on_record = |record: &dtask_journal::Record| {
-                    seqs.push((record.position, record.seq));
-                    key.truncate(prefix);
-                    key.extend_from_slice(&record.position.to_be_bytes());
-                    fingerprint.add_pair(record.seq, &key);
-                };
-                match scan_records(&task, Some(head), records, &mut on_record) {
-                    Ok(scan) => Outcome::Task(scan, seqs, fingerprint),
-                    Err(e) => Outcome::Failed(e),
-                }
-            }
+    fn outcome(stream: RawStream) -> Outcome {
+        let records = stream.into_records();
+        let task = records.task().to_owned();
+        let valid = dtask_journal::keys::is_valid_task_id(&task);
+        let mut seqs = Vec::new();
+        let mut fingerprint = Fingerprint {
+            opaque: !valid,
+            ..Fingerprint::default()
+        };
+        let mut key = dtask_journal::keys::task_prefix(&task);
+        let prefix = key.len();
+        let mut on_record = |record: &dtask_journal::Record| {
+            seqs.push((record.position, record.seq));
+            key.truncate(prefix);
+            key.extend_from_slice(&record.position.to_be_bytes());
+            fingerprint.add_pair(record.seq, &key);
+        };
+        match scan_records(&task, records, &mut on_record) {
+            Ok(scan) => Outcome::Task(scan, seqs, fingerprint),
+            Err(e) => Outcome::Failed(e),
         }
     }
 }
 
-/// Checks that the commit index is dense from 1 and that every entry points at a record of a
-/// known task carrying that sequence.
+/// Checks that the commit index is dense from 1 and that every entry points at a record
+/// carrying that sequence.
 fn check_commits(
     journal: &Journal,
-    known: &dyn Fn(&str) -> bool,
     damaged: &dyn Fn(&str, u64) -> bool,
     problems: &mut Vec<Problem>,
 ) -> Result<(), Error> {
@@ -1096,14 +1017,6 @@ fn check_commits(
                     ));
                 }
                 next = seq + 1;
-                if !known(&c.task) {
-                    problems.push(Problem::new(
-                        &c.task,
-                        Some(c.record.position),
-                        ProblemKind::CommitIndex,
-                        format!("sequence {seq} points at a record of a task without a head"),
-                    ));
-                }
             }
             Err(Error::Corruption {
                 task,
@@ -1111,7 +1024,16 @@ fn check_commits(
                 kind,
             }) => {
                 // The entry's own sequence is unknown; assume it is the next one.
-                if !damaged(&task, position) {
+                if kind == CorruptionKind::Missing && !damaged(&task, position) {
+                    // A record deleted at the end of its stream leaves no gap there: only
+                    // the index still names it.
+                    problems.push(Problem::new(
+                        &task,
+                        Some(position),
+                        ProblemKind::Missing,
+                        format!("record missing (deleted); sequence {next} of the commit index names it"),
+                    ));
+                } else if !damaged(&task, position) {
                     problems.push(Problem::new(
                         &task,
                         Some(position),

@@ -613,7 +613,7 @@ fn report(
             out.line(format!("PROBLEM {p}"))?;
         }
         out.line(format!(
-            "audit: {} ({} tasks, {} records, {}, last sequence {}; CRCs, hash chains, heads, \
+            "audit: {} ({} tasks, {} records, {}, last sequence {}; CRCs, hash chains, \
              legality of every stream, live/commit/outbox indexes)",
             if audit.is_clean() {
                 "clean"

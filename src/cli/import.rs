@@ -7,6 +7,7 @@ use super::export::EXPORT_VERSION;
 use super::{CliError, Global, Out, Result};
 use dtask_journal::{
     Durability, Event, Journal, JournalOptions, FORMAT_VERSION, JOURNAL_FORMAT_VERSION,
+    OLDEST_JOURNAL_FORMAT_VERSION,
 };
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -69,14 +70,15 @@ fn check_header(header: &Value) -> Result<u64> {
         header.get("journal_format").and_then(Value::as_u64),
         header.get("record_format").and_then(Value::as_u64),
     );
-    if formats
-        != (
-            Some(u64::from(JOURNAL_FORMAT_VERSION)),
-            Some(u64::from(FORMAT_VERSION)),
-        )
+    // The journal formats differ in their indexes only, which an import rebuilds: an export
+    // of any journal format this build reads can be imported.
+    let readable = u64::from(OLDEST_JOURNAL_FORMAT_VERSION)..=u64::from(JOURNAL_FORMAT_VERSION);
+    if !formats.0.is_some_and(|v| readable.contains(&v))
+        || formats.1 != Some(u64::from(FORMAT_VERSION))
     {
         return Err(bad(format!(
-            "journal/record format {formats:?}; this build writes {JOURNAL_FORMAT_VERSION}/{FORMAT_VERSION}"
+            "journal/record format {formats:?}; this build reads journal formats \
+             {OLDEST_JOURNAL_FORMAT_VERSION}..={JOURNAL_FORMAT_VERSION}, record format {FORMAT_VERSION}"
         )));
     }
     if header.get("redacted").and_then(Value::as_bool) != Some(false) {

@@ -58,7 +58,7 @@ enum Command {
     Export(export::Args),
     /// Rebuild a fresh journal from a full export, verified bit-exact (same digests).
     Import(import::Args),
-    /// Audit the journal: CRCs, hash chains, heads, legality of every stream, indexes.
+    /// Audit the journal: CRCs, hash chains, legality of every stream, indexes.
     Verify(verify::Args),
     /// Show a task as it was after a given position (time travel).
     Replay(replay::Args),
