@@ -261,6 +261,35 @@ fn flip(dir: &Path, task: &str, position: u64) {
 }
 
 #[test]
+fn tasks_and_stats_go_on_past_a_damaged_last_record() {
+    let dir = built();
+    let last = {
+        let journal = Journal::open_read_only(dir.path()).unwrap();
+        journal.head("alpha").unwrap().unwrap().next_position - 1
+    };
+    flip(dir.path(), "alpha", last);
+    let all = stdout(dtask(dir.path()).arg("tasks"));
+    let ids: Vec<&str> = all
+        .lines()
+        .skip(1)
+        .take(5)
+        .map(|l| l.split_whitespace().next().unwrap())
+        .collect();
+    assert_eq!(ids, ["alpha", "beta", "delta", "epsilon", "gamma"], "{all}");
+    assert!(
+        all.contains("1 task(s) marked ! do not fold cleanly"),
+        "{all}"
+    );
+    let stats = json(&stdout(dtask(dir.path()).args(["--json", "stats"])));
+    assert_eq!(stats["tasks"], 5, "{stats}");
+    // The task is still known, and its damage is named, not an error of the tool.
+    let shown = dtask(dir.path()).args(["show", "alpha"]).output().unwrap();
+    let text = String::from_utf8_lossy(&shown.stdout);
+    assert!(text.contains("checksum"), "{text}");
+    assert!(!String::from_utf8_lossy(&shown.stderr).contains("no task"));
+}
+
+#[test]
 fn tasks_lists_filters_sorts_and_pages() {
     let dir = built();
     let all = stdout(dtask(dir.path()).arg("tasks"));

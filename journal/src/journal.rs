@@ -335,6 +335,32 @@ impl Journal {
         Head::read(self.inner.backend.as_ref(), task)
     }
 
+    /// The number of records of `task`'s stream (one past the position of its last key), or
+    /// `None` for an unknown task. Unlike [`Journal::head`] it reads only the last key, so a
+    /// damaged last record still counts: what inspection tools need to know a task exists and
+    /// how far its stream goes.
+    ///
+    /// # Errors
+    /// [`Error::Corruption`] when the last key is not one of the task's, [`Error::Storage`] on
+    /// I/O failure.
+    pub fn stream_len(&self, task: &str) -> Result<Option<u64>> {
+        let prefix = keys::task_prefix(task);
+        let range = Range {
+            lower: prefix.clone(),
+            upper: crate::backend::prefix_end(&prefix),
+            reverse: true,
+        };
+        match self.inner.backend.scan(Space::Events, range).next() {
+            None => Ok(None),
+            Some(item) => {
+                let (key, _) = item?;
+                let position = keys::position_in(task, &key)
+                    .map_err(|kind| Error::corruption(task, 0, kind))?;
+                Ok(Some(position + 1))
+            }
+        }
+    }
+
     /// Reads `task`'s stream from position `from`, verifying every record's CRC, position and
     /// hash chain. A damaged record yields an error naming its
     /// task and position; iteration then continues with the next record, so a reader can

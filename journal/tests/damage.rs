@@ -204,6 +204,30 @@ fn a_deleted_last_record_is_reported_by_the_commit_index() {
 }
 
 #[test]
+fn a_damaged_last_record_fails_the_head_but_not_the_stream_length() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    tamper(dir.path(), |db| {
+        let key = keys::event_key("victim", 5);
+        let mut value = db.get_cf(events_cf(db), &key).unwrap().unwrap();
+        value[30] ^= 1;
+        db.put_cf(events_cf(db), &key, value).unwrap();
+    });
+    let journal = Journal::open_read_only(dir.path()).unwrap();
+    assert!(matches!(
+        journal.head("victim"),
+        Err(Error::Corruption { position: 5, .. })
+    ));
+    assert_eq!(journal.stream_len("victim").unwrap(), Some(6));
+    assert_eq!(journal.stream_len("nobody").unwrap(), None);
+    // Listing ids goes on past it; listing heads names it and goes on too.
+    assert_eq!(journal.task_ids().count(), 2);
+    let heads: Vec<_> = journal.tasks().collect();
+    assert!(matches!(heads[0], Ok((ref t, _)) if t == "bystander"));
+    assert!(matches!(heads[1], Err(Error::Corruption { ref task, .. }) if task == "victim"));
+}
+
+#[test]
 fn swapped_records_are_reported_misplaced() {
     let dir = tempfile::tempdir().unwrap();
     build(dir.path());

@@ -551,8 +551,8 @@ fn report(
 ) -> Result<()> {
     let journal = Journal::open_read_only(dir)?;
     let mut rows = Vec::new();
-    for item in journal.tasks() {
-        let (id, _) = item?;
+    for id in journal.task_ids() {
+        let id = id?;
         let folded = fold_task(&journal, &id, |_| {})?;
         if let Some(task) = folded.task {
             rows.push((task.state, folded.records));

@@ -25,10 +25,8 @@ pub struct Args {
 /// Runs `dtask events`.
 pub fn run(global: &Global, args: &Args) -> Result<()> {
     let journal = global.open()?;
-    let head = require_task(&journal, &args.task)?;
-    let end = args.to.map_or(head.next_position, |t| {
-        t.saturating_add(1).min(head.next_position)
-    });
+    let len = require_task(&journal, &args.task)?;
+    let end = args.to.map_or(len, |t| t.saturating_add(1).min(len));
     let from = match args.tail {
         Some(n) => end.saturating_sub(n).max(args.from),
         None => args.from,

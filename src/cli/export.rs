@@ -106,7 +106,7 @@ fn write_export(
         let mut total = 0;
         let mut streams = Vec::new();
         for task in tasks {
-            total += require_task(journal, task)?.next_position;
+            total += require_task(journal, task)?;
             streams.push((task.clone(), journal.read_stream(task, 0).peekable()));
         }
         (json!(tasks), total, Box::new(Merge { streams }))

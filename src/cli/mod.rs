@@ -325,9 +325,10 @@ pub fn fold_task(
     Ok(folded)
 }
 
-/// Checks that the journal knows `task`.
-fn require_task(journal: &Journal, task: &str) -> Result<dtask_journal::Head> {
+/// Checks that the journal knows `task`; returns the length of its stream (a damaged last
+/// record counts).
+fn require_task(journal: &Journal, task: &str) -> Result<u64> {
     journal
-        .head(task)?
+        .stream_len(task)?
         .ok_or_else(|| CliError::Usage(format!("no task {task:?} in the journal")))
 }

@@ -21,8 +21,8 @@ pub struct Args {
 /// Runs `dtask replay`.
 pub fn run(global: &Global, args: &Args) -> Result<()> {
     let journal = global.open()?;
-    let head = require_task(&journal, &args.task)?;
-    let last = head.next_position.saturating_sub(1);
+    let len = require_task(&journal, &args.task)?;
+    let last = len.saturating_sub(1);
     let at = args.at.unwrap_or(last);
     if at > last {
         return Err(CliError::Usage(format!(

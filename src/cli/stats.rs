@@ -30,8 +30,8 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
     let mut by_type: BTreeMap<EventType, Counts> = BTreeMap::new();
     let mut sizes: Vec<(u64, u64, String)> = Vec::new();
     let (mut tasks, mut records, mut bytes, mut damaged) = (0u64, 0u64, 0u64, 0u64);
-    for item in journal.tasks() {
-        let (id, _) = item?;
+    for id in journal.task_ids() {
+        let id = id?;
         let folded = fold_task(&journal, &id, |r| {
             let c = by_type.entry(r.event.event_type()).or_default();
             c.records += 1;

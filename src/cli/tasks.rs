@@ -100,8 +100,8 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
     let journal = global.open()?;
     let bar = progress(journal.last_seq()?, "folding tasks");
     let mut rows = Vec::new();
-    for item in journal.tasks() {
-        let (id, _) = item?;
+    for id in journal.task_ids() {
+        let id = id?;
         if args.sort == Sort::Id && args.after.as_ref().is_some_and(|a| id <= *a) {
             continue;
         }

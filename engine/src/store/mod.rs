@@ -434,7 +434,7 @@ impl TaskStore {
         let policy =
             policy.ok_or_else(|| StoreError::invalid("policy", "must be retry or fail"))?;
         let id = spec.id.clone();
-        if self.index().slots.contains_key(&id) || self.inner.journal.head(&id)?.is_some() {
+        if self.index().slots.contains_key(&id) || self.inner.journal.stream_len(&id)?.is_some() {
             return Err(StoreError::AlreadyExists(id));
         }
         let now = self.now();
