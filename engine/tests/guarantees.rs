@@ -490,6 +490,46 @@ async fn watch_starts_at_the_latest_change_and_follows() {
 }
 
 #[tokio::test]
+async fn appends_after_a_restart_chain_from_the_recovered_heads() {
+    let mut env = Env::new();
+    let v = routed_running(&env, "a", true, Retry).await;
+    env.store()
+        .append_update("a", update(1, "e1", "x"))
+        .await
+        .unwrap();
+    env.store()
+        .create(request(session_spec("b", false), Retry))
+        .await
+        .unwrap();
+    env.reopen();
+    // The first appends after the restart frame on the heads the recovery handed the writer.
+    env.store()
+        .append_update("a", update(1, "e2", "y"))
+        .await
+        .unwrap();
+    env.store()
+        .execute("a", v, Command::Heartbeat)
+        .await
+        .unwrap();
+    let b = env.store().get("b").await.unwrap();
+    env.store()
+        .execute("b", b.version, Command::Start)
+        .await
+        .unwrap();
+    let journal = env.store().journal().clone();
+    for task in ["a", "b"] {
+        let records: Vec<_> = journal
+            .read_stream(task, 0)
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let head = journal.head(task).unwrap().unwrap();
+        assert_eq!(head.next_position, records.len() as u64, "{task}");
+    }
+    let report = dtask_replay::audit::audit_journal(&journal, &mut |_| {}).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+}
+
+#[tokio::test]
 async fn g012_wait_for_unknown_task_not_found() {
     let env = Env::new();
     assert_err(

@@ -335,6 +335,19 @@ impl Journal {
         Head::read(self.inner.backend.as_ref(), task)
     }
 
+    /// Hands the writer the heads of tasks, read off this journal since it was opened (by
+    /// recovery's fold, say), so that the first append to each does not read its head again:
+    /// a cold head costs the writer thread a reverse seek, which after a restart would slow
+    /// every live task's first append. Returns `false` (and takes nothing) once the writer
+    /// has begun its first batch, when a head read earlier may be stale; a read-only journal
+    /// takes nothing either. At most a million heads are taken.
+    ///
+    /// A head handed over must be exact (the last record's position + 1, its sequence and
+    /// digest): the writer trusts it.
+    pub fn prime_heads<'a>(&self, heads: impl IntoIterator<Item = (&'a str, Head)>) -> bool {
+        !self.is_read_only() && self.inner.shared.prime(heads)
+    }
+
     /// The number of records of `task`'s stream (one past the position of its last key), or
     /// `None` for an unknown task. Unlike [`Journal::head`] it reads only the last key, so a
     /// damaged last record still counts: what inspection tools need to know a task exists and

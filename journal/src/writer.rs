@@ -41,7 +41,7 @@ use crate::record;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use tokio::sync::oneshot;
 
 /// What an event does to the journal's indexes besides being recorded.
@@ -97,6 +97,49 @@ pub(crate) struct Shared {
     stopped: OnceLock<String>,
     /// Batches handed to the syncer and not yet settled.
     in_flight: AtomicU64,
+    /// Heads handed over before the writer's first batch ([`Shared::prime`]).
+    primed: Mutex<Primed>,
+}
+
+/// Heads read off the journal by someone else (recovery's fold) for the writer to use instead
+/// of reading them again, each at most once. Kept compact — the ids back to back in one
+/// string, the entries sorted by id — since it holds one entry per live task until each
+/// task's first append (~70 bytes plus the id, against ~150 in a map of strings).
+#[derive(Debug, Default)]
+struct Primed {
+    /// Every id, back to back.
+    ids: String,
+    /// (start, end) of the id in `ids`, and the head; sorted by id. A taken head is marked
+    /// with `next_position == u64::MAX`.
+    entries: Vec<(u32, u32, Head)>,
+    /// The writer began its first batch: heads read before it may be stale from now on.
+    closed: bool,
+}
+
+impl Primed {
+    fn id(&self, entry: &(u32, u32, Head)) -> &str {
+        self.ids
+            .get(entry.0 as usize..entry.1 as usize)
+            .unwrap_or_default()
+    }
+
+    fn take(&mut self, task: &str) -> Option<Head> {
+        let at = self
+            .entries
+            .binary_search_by(|entry| self.id(entry).cmp(task))
+            .ok()?;
+        let head = &mut self.entries.get_mut(at)?.2;
+        if head.next_position == u64::MAX {
+            return None;
+        }
+        Some(std::mem::replace(
+            head,
+            Head {
+                next_position: u64::MAX,
+                ..Head::default()
+            },
+        ))
+    }
 }
 
 impl Shared {
@@ -106,7 +149,59 @@ impl Shared {
             durable: AtomicU64::new(durable),
             stopped: OnceLock::new(),
             in_flight: AtomicU64::new(0),
+            primed: Mutex::new(Primed::default()),
         }
+    }
+
+    /// Hands the writer `heads` (read off the journal) so that it need not read them itself;
+    /// `false`, and nothing taken, once the writer has begun its first batch: a head read
+    /// before an append may be stale, and only before the first one is none. The writer
+    /// takes each head at most once, at the first append to its task, and trusts it (the
+    /// caller must have read it from this journal after it was opened).
+    pub(crate) fn prime<'a>(&self, heads: impl IntoIterator<Item = (&'a str, Head)>) -> bool {
+        let Ok(mut primed) = self.primed.lock() else {
+            return false;
+        };
+        if primed.closed {
+            return false;
+        }
+        let primed = &mut *primed;
+        for (task, head) in heads {
+            let start = primed.ids.len();
+            let end = start + task.len();
+            let (Ok(start), Ok(end)) = (u32::try_from(start), u32::try_from(end)) else {
+                break;
+            };
+            if primed.entries.len() >= HEAD_CACHE_LIMIT || head.next_position == u64::MAX {
+                break;
+            }
+            primed.ids.push_str(task);
+            primed.entries.push((start, end, head));
+        }
+        // Recovery hands them over in id order already; any other order is sorted here.
+        let ids = &primed.ids;
+        let id = |entry: &(u32, u32, Head)| ids.get(entry.0 as usize..entry.1 as usize);
+        if !primed.entries.is_sorted_by(|a, b| id(a) <= id(b)) {
+            primed.entries.sort_by(|a, b| id(a).cmp(&id(b)));
+        }
+        primed.entries.dedup_by(|a, b| id(a) == id(b));
+        true
+    }
+
+    /// Closes priming (the writer's first batch begins).
+    fn close_priming(&self) {
+        if let Ok(mut primed) = self.primed.lock() {
+            primed.closed = true;
+        }
+    }
+
+    /// Takes `task`'s primed head, if any.
+    fn take_primed(&self, task: &str) -> Option<Head> {
+        let mut primed = self.primed.lock().ok()?;
+        if primed.entries.is_empty() {
+            return None;
+        }
+        primed.take(task)
     }
 
     /// The durable watermark: every record of a sequence up to it is durable, none after it
@@ -262,6 +357,9 @@ impl Writer {
         if let Some(head) = overlay.get(task).or_else(|| self.heads.get(task)) {
             return Ok(*head);
         }
+        if let Some(head) = self.shared.take_primed(task) {
+            return Ok(head);
+        }
         Ok(Head::read(self.backend.as_ref(), task)?.unwrap_or_default())
     }
 
@@ -339,6 +437,10 @@ impl Writer {
                 let _ = job.reply.send(Err(Error::Stopped(why.clone())));
             }
             return None;
+        }
+        if !self.compacting {
+            // The first batch: from here on a head read elsewhere may be stale.
+            self.shared.close_priming();
         }
         let mut seq = self.next_seq;
         let mut ops = Vec::with_capacity(batch.len() * 4);
@@ -671,6 +773,32 @@ mod tests {
         assert_eq!(c.blocking_recv().unwrap().unwrap().last_seq, 3);
         assert_eq!(journal.durable_seq(), 3);
         assert_eq!(journal.read_stream("c", 0).count(), 1);
+    }
+
+    #[test]
+    fn primed_heads_are_found_in_any_order_and_taken_once() {
+        use super::{Head, Shared};
+        let head = |n: u64| Head {
+            next_position: n,
+            last_seq: n * 10,
+            ..Head::default()
+        };
+        let shared = Shared::new(0);
+        assert!(shared.prime([("b", head(2)), ("a", head(1)), ("c\u{1}", head(3))]));
+        assert!(shared.prime([("ab", head(4))]));
+        assert_eq!(shared.take_primed("a"), Some(head(1)));
+        assert_eq!(shared.take_primed("a"), None, "taken once");
+        assert_eq!(shared.take_primed("ab"), Some(head(4)));
+        assert_eq!(shared.take_primed("c\u{1}"), Some(head(3)));
+        assert_eq!(shared.take_primed("zz"), None);
+        shared.close_priming();
+        assert!(!shared.prime([("d", head(5))]), "closed");
+        assert_eq!(
+            shared.take_primed("b"),
+            Some(head(2)),
+            "still taken after closing"
+        );
+        assert_eq!(shared.take_primed("d"), None);
     }
 
     #[test]

@@ -505,3 +505,32 @@ fn heads_and_task_ids_are_read_off_the_last_records() {
         ]
     );
 }
+
+#[test]
+fn primed_heads_are_taken_before_the_first_append_only() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+        journal.append("t", 0, &[created("t")]).unwrap();
+        journal.append("u", 0, &[created("u")]).unwrap();
+    }
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    let head = journal.head("t").unwrap().unwrap();
+    // The writer trusts a primed head: a wrong one shows that it was used, not read again.
+    let wrong = dtask_journal::Head {
+        next_position: 5,
+        ..head
+    };
+    assert!(journal.prime_heads([("t", wrong)]));
+    assert!(matches!(
+        journal.append("t", 1, &[update(1)]),
+        Err(Error::Conflict { actual: 5, .. })
+    ));
+    // Once the writer has begun, heads read earlier may be stale: refused.
+    let u = journal.head("u").unwrap().unwrap();
+    assert!(!journal.prime_heads([("u", u)]));
+    journal.append("u", 1, &[update(1)]).unwrap();
+    drop(journal);
+    let reader = Journal::open_read_only(dir.path()).unwrap();
+    assert!(!reader.prime_heads([("u", u)]));
+}

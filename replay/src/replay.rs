@@ -1,7 +1,7 @@
 //! Replaying a task's stream from the journal through a [`Replay`] implementation.
 
 use crate::fold::{FoldError, Task};
-use dtask_journal::{Journal, RawStream, Record};
+use dtask_journal::{Head, Journal, RawStream, Record};
 
 /// Something that consumes a task's records in stream order: the state fold used by recovery,
 /// the audit's checker, a test's model. Each sees the same verified records.
@@ -127,11 +127,12 @@ const PARALLEL_MIN_TASKS: usize = 256;
 /// # Errors
 /// The error [`load_task`] gives for the first task (in the order given) that fails.
 pub fn load_tasks(journal: &Journal, tasks: &[String]) -> Result<Vec<Option<Task>>, ReplayError> {
-    load_tasks_with(journal, tasks, |_, task| task)
+    load_tasks_with(journal, tasks, |_, task, _| task)
 }
 
 /// [`load_tasks`], with `build` applied to each folded task on the fold thread that folded
-/// it (so a caller's per-task setup runs in parallel too); `build` gets the task's id.
+/// it (so a caller's per-task setup runs in parallel too); `build` gets the task's id and its
+/// head as read (for [`Journal::prime_heads`]).
 ///
 /// # Errors
 /// As for [`load_tasks`].
@@ -142,7 +143,7 @@ pub fn load_tasks_with<T, F>(
 ) -> Result<Vec<Option<T>>, ReplayError>
 where
     T: Send,
-    F: Fn(&str, Task) -> T + Sync,
+    F: Fn(&str, Task, Head) -> T + Sync,
 {
     let threads = std::thread::available_parallelism()
         .map_or(1, std::num::NonZeroUsize::get)
@@ -157,9 +158,20 @@ where
             .iter()
             .map(|task| {
                 let mut fold = TaskFold::new();
+                let mut head = Head::default();
                 scanner.read_into(task, &mut raw);
-                replay_records(task, raw.fold_records(), None, &mut fold)?;
-                Ok(fold.finish().map(|folded| build(task, folded)))
+                let records = raw.fold_records().inspect(|record| {
+                    if let Ok(record) = record {
+                        head.next_position = record.position + 1;
+                        head.last_seq = record.seq;
+                        head.last_digest = record.digest;
+                    }
+                });
+                replay_records(task, records, None, &mut fold)?;
+                Ok(fold.finish().map(|folded| {
+                    head.terminal = folded.state.is_terminal();
+                    build(task, folded, head)
+                }))
             })
             .collect()
     };
@@ -263,16 +275,18 @@ mod tests {
             journal.append(id, 0, &[created(id)]).unwrap();
         }
         let plain = load_tasks(&journal, &ids).unwrap();
-        let built = load_tasks_with(&journal, &ids, |id, task| {
-            (id.to_owned(), task.state.spec.id.clone())
+        let built = load_tasks_with(&journal, &ids, |id, task, head| {
+            (id.to_owned(), task.state.spec.id.clone(), head)
         })
         .unwrap();
         assert_eq!(plain.len(), ids.len());
         for ((id, plain), built) in ids.iter().zip(&plain).zip(&built) {
             assert_eq!(plain.is_some(), built.is_some(), "{id}");
-            if let Some((seen, spec_id)) = built {
+            if let Some((seen, spec_id, head)) = built {
                 assert_eq!(seen, id);
                 assert_eq!(spec_id, id);
+                // The head handed to `build` is the journal's own.
+                assert_eq!(Some(*head), journal.head(id).unwrap(), "{id}");
             }
         }
     }

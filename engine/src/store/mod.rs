@@ -255,17 +255,23 @@ impl TaskStore {
         }
         // Each task's slot is built on the fold thread that folded it; only the index
         // entries are made here.
-        let folded = load_tasks_with(&journal, &live, |_, task| {
+        let folded = load_tasks_with(&journal, &live, |_, task, head| {
             let placement = Placement::of(&task.state);
             let key = task.state.spec.executor_key.clone();
-            (Slot::new(task), key, placement)
+            (Slot::new(task), key, placement, head)
         })?;
         if let Some(e) = unreadable {
             return Err(e.into());
         }
+        // The writer need not read these heads again at each live task's first append.
+        journal.prime_heads(
+            live.iter()
+                .zip(&folded)
+                .filter_map(|(id, built)| built.as_ref().map(|b| (id.as_str(), b.3))),
+        );
         index.slots.reserve(live.len());
         for (id, built) in live.into_iter().zip(folded) {
-            let Some((slot, key, placement)) = built else {
+            let Some((slot, key, placement, _)) = built else {
                 continue;
             };
             index.place(&id, &key, None, &placement);
