@@ -481,25 +481,20 @@ fn export_import_round_trip_is_bit_exact() {
     assert_eq!(digests(&a), digests(&b));
 
     // An export of a format-1 journal (the same records) imports too; a newer one is refused.
-    let mut lines: Vec<String> = original.lines().map(str::to_owned).collect();
-    let mut header = json(&lines[0]);
-    header["journal_format"] = 1.into();
-    lines[0] = header.to_string();
-    let older = work.path().join("format1.jsonl");
-    std::fs::write(&older, lines.join("\n") + "\n").unwrap();
-    dtask(&work.path().join("f1"))
-        .arg("import")
-        .arg(&older)
-        .assert()
-        .success();
-    header["journal_format"] = (u64::from(dtask_journal::JOURNAL_FORMAT_VERSION) + 1).into();
-    lines[0] = header.to_string();
-    let newer = work.path().join("newer.jsonl");
-    std::fs::write(&newer, lines.join("\n") + "\n").unwrap();
-    dtask(&work.path().join("f3"))
-        .arg("import")
-        .arg(&newer)
-        .assert()
+    let import_as_format = |format: u64| {
+        let mut lines: Vec<String> = original.lines().map(str::to_owned).collect();
+        let mut header = json(&lines[0]);
+        header["journal_format"] = format.into();
+        lines[0] = header.to_string();
+        let file = work.path().join(format!("format{format}.jsonl"));
+        std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+        dtask(&work.path().join(format!("f{format}")))
+            .arg("import")
+            .arg(&file)
+            .assert()
+    };
+    import_as_format(1).success();
+    import_as_format(u64::from(dtask_journal::JOURNAL_FORMAT_VERSION) + 1)
         .code(2)
         .stderr(predicate::str::contains("journal formats"));
 

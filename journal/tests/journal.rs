@@ -338,13 +338,7 @@ fn a_newer_format_version_is_refused() {
     {
         let cfs: Vec<_> = Space::ALL.iter().map(|s| s.name()).collect();
         let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), dir.path(), cfs).unwrap();
-        let meta = db.cf_handle(Space::Meta.name()).unwrap();
-        db.put_cf(
-            meta,
-            dtask_journal::keys::META_FORMAT_VERSION,
-            3u32.to_be_bytes(),
-        )
-        .unwrap();
+        set_format_version(&db, 3);
     }
     let err = Journal::open(dir.path(), JournalOptions::default()).unwrap_err();
     assert!(matches!(
@@ -399,6 +393,17 @@ async fn async_appends_group_commit() {
     assert_eq!(journal.last_seq().unwrap(), 32 * 20);
 }
 
+/// Stores `version` as the journal's format version, behind the journal's back.
+fn set_format_version(db: &rocksdb::DB, version: u32) {
+    let meta = db.cf_handle(Space::Meta.name()).unwrap();
+    db.put_cf(
+        meta,
+        dtask_journal::keys::META_FORMAT_VERSION,
+        version.to_be_bytes(),
+    )
+    .unwrap();
+}
+
 /// Rewrites a format-2 journal into what format 1 stored: version 1 and a `heads` space.
 fn make_format_1(dir: &std::path::Path) {
     let mut opts = rocksdb::Options::default();
@@ -409,13 +414,7 @@ fn make_format_1(dir: &std::path::Path) {
         .chain([dtask_journal::keys::LEGACY_HEADS])
         .collect();
     let db = rocksdb::DB::open_cf(&opts, dir, cfs).unwrap();
-    let meta = db.cf_handle(Space::Meta.name()).unwrap();
-    db.put_cf(
-        meta,
-        dtask_journal::keys::META_FORMAT_VERSION,
-        1u32.to_be_bytes(),
-    )
-    .unwrap();
+    set_format_version(&db, 1);
     // A stale head, as if format 1 had stopped counting: format 2 must not trust it.
     let heads = db.cf_handle(dtask_journal::keys::LEGACY_HEADS).unwrap();
     db.put_cf(heads, b"t", [0u8; 54]).unwrap();
