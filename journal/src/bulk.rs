@@ -2,10 +2,11 @@
 //!
 //! [`Journal::read_stream`](crate::Journal::read_stream) seeks to one task's records. Recovery
 //! and audits read thousands of streams in task order; a [`StreamScanner`] reads them with one
-//! forward cursor that steps over what lies between consecutive tasks instead of seeking
-//! (or, for an audit, reads every task in turn: [`StreamScanner::read_next`]), and copies each stream's raw entries
-//! into one buffer ([`RawStream`]) so that another thread can verify and decode them. The
-//! checks are the very ones of `read_stream`, in the same order, with the same errors.
+//! forward cursor that steps over what lies between consecutive tasks instead of seeking (or,
+//! for an audit, reads every task in turn: [`StreamScanner::read_next`]), and copies each
+//! stream's raw entries into one buffer ([`RawStream`]) so that another thread can verify and
+//! decode them. The checks are the very ones of `read_stream`, in the same order, with the
+//! same errors.
 
 use crate::backend::{prefix_end, Backend, Cursor};
 use crate::error::{Error, Result};

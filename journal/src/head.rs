@@ -7,7 +7,7 @@
 //! head from the journal only on a miss. (Format 1 rewrote a `heads` entry in every append,
 //! a second randomly placed key per record; see `docs/journal-format.md`.)
 
-use crate::backend::{prefix_end, Backend, Range};
+use crate::backend::{prefix_end, Backend, KeyValue, Range};
 use crate::error::{Error, Result};
 use crate::keys::{self, Space};
 use crate::record::{self, Digest};
@@ -58,19 +58,24 @@ impl Head {
     /// # Errors
     /// [`Error::Corruption`] when the last record is damaged, [`Error::Storage`] on I/O failure.
     pub(crate) fn read(backend: &dyn Backend, task: &str) -> Result<Option<Self>> {
-        let prefix = keys::task_prefix(task);
-        let range = Range {
-            lower: prefix.clone(),
-            upper: prefix_end(&prefix),
-            reverse: true,
+        let Some((key, value)) = last_record(backend, task)? else {
+            return Ok(None);
         };
-        match backend.scan(Space::Events, range).next() {
-            None => Ok(None),
-            Some(item) => {
-                let (key, value) = item?;
-                let live = backend.get(Space::Live, &keys::task_key(task))?.is_some();
-                Self::of_last_record(task, &key, &value, !live).map(Some)
-            }
-        }
+        let live = backend.get(Space::Live, &keys::task_key(task))?.is_some();
+        Self::of_last_record(task, &key, &value, !live).map(Some)
     }
+}
+
+/// The key and bytes of `task`'s last record (one reverse seek), `None` when it has none.
+///
+/// # Errors
+/// [`Error::Storage`] on I/O failure.
+pub(crate) fn last_record(backend: &dyn Backend, task: &str) -> Result<Option<KeyValue>> {
+    let prefix = keys::task_prefix(task);
+    let range = Range {
+        lower: prefix.clone(),
+        upper: prefix_end(&prefix),
+        reverse: true,
+    };
+    backend.scan(Space::Events, range).next().transpose()
 }

@@ -357,21 +357,12 @@ impl Journal {
     /// [`Error::Corruption`] when the last key is not one of the task's, [`Error::Storage`] on
     /// I/O failure.
     pub fn stream_len(&self, task: &str) -> Result<Option<u64>> {
-        let prefix = keys::task_prefix(task);
-        let range = Range {
-            lower: prefix.clone(),
-            upper: crate::backend::prefix_end(&prefix),
-            reverse: true,
+        let Some((key, _)) = crate::head::last_record(self.inner.backend.as_ref(), task)? else {
+            return Ok(None);
         };
-        match self.inner.backend.scan(Space::Events, range).next() {
-            None => Ok(None),
-            Some(item) => {
-                let (key, _) = item?;
-                let position = keys::position_in(task, &key)
-                    .map_err(|kind| Error::corruption(task, 0, kind))?;
-                Ok(Some(position + 1))
-            }
-        }
+        let position =
+            keys::position_in(task, &key).map_err(|kind| Error::corruption(task, 0, kind))?;
+        Ok(Some(position + 1))
     }
 
     /// Reads `task`'s stream from position `from`, verifying every record's CRC, position and
@@ -417,7 +408,8 @@ impl Journal {
     }
 
     /// Lists the id of every task with at least one record, in task-id order: one seek per
-    /// task. A key that names no task ends the listing with an [`Error::Corruption`].
+    /// task. A key that names no task comes as an [`Error::Corruption`], and the listing goes
+    /// on after it.
     pub fn task_ids(&self) -> impl Iterator<Item = Result<String>> + '_ {
         let mut cursor = self.inner.backend.cursor(Space::Events);
         cursor.seek(&[]);
@@ -433,8 +425,11 @@ impl Journal {
             let task = match keys::parse_event_key(key) {
                 Ok((task, _)) => task.to_owned(),
                 Err(kind) => {
-                    done = true;
-                    return Some(Err(Error::corruption("", 0, kind)));
+                    let problem = Error::corruption(&String::from_utf8_lossy(key), 0, kind);
+                    let mut after = key.to_vec();
+                    after.push(0);
+                    cursor.seek(&after);
+                    return Some(Err(problem));
                 }
             };
             match crate::backend::prefix_end(&keys::task_prefix(&task)) {

@@ -228,6 +228,40 @@ fn a_damaged_last_record_fails_the_head_but_not_the_stream_length() {
 }
 
 #[test]
+fn a_key_that_names_no_task_is_reported_and_the_listing_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    tamper(dir.path(), |db| {
+        // Between "bystander" and "victim", too short to hold a separator and a position.
+        db.put_cf(events_cf(db), b"c", b"junk").unwrap();
+    });
+    let journal = Journal::open_read_only(dir.path()).unwrap();
+    let ids: Vec<_> = journal.task_ids().collect();
+    assert!(matches!(&ids[0], Ok(t) if t == "bystander"));
+    assert!(matches!(
+        &ids[1],
+        Err(Error::Corruption { task, kind: CorruptionKind::Key(_), .. }) if task == "c"
+    ));
+    assert!(matches!(&ids[2], Ok(t) if t == "victim"));
+    assert_eq!(ids.len(), 3);
+    let mut scanner = journal.stream_scanner();
+    let mut stream = dtask_journal::RawStream::default();
+    let mut seen = Vec::new();
+    while scanner.read_next(&mut stream) {
+        let errors = stream.fold_records().filter(Result::is_err).count();
+        seen.push((stream.task().to_owned(), stream.len(), errors));
+    }
+    assert_eq!(
+        seen,
+        [
+            ("bystander".to_owned(), 3, 0),
+            ("c".to_owned(), 0, 1),
+            ("victim".to_owned(), 6, 0)
+        ]
+    );
+}
+
+#[test]
 fn swapped_records_are_reported_misplaced() {
     let dir = tempfile::tempdir().unwrap();
     build(dir.path());
