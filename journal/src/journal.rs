@@ -340,7 +340,7 @@ impl Journal {
     /// a cold head costs the writer thread a reverse seek, which after a restart would slow
     /// every live task's first append. Returns `false` (and takes nothing) once the writer
     /// has begun its first batch, when a head read earlier may be stale; a read-only journal
-    /// takes nothing either. At most a million heads are taken.
+    /// takes nothing either. At most 2^20 heads are taken.
     ///
     /// A head handed over must be exact (the last record's position + 1, its sequence and
     /// digest): the writer trusts it.

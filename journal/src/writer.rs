@@ -172,7 +172,7 @@ impl Shared {
             let (Ok(start), Ok(end)) = (u32::try_from(start), u32::try_from(end)) else {
                 break;
             };
-            if primed.entries.len() >= HEAD_CACHE_LIMIT || head.next_position == u64::MAX {
+            if primed.entries.len() >= PRIMED_LIMIT || head.next_position == u64::MAX {
                 break;
             }
             primed.ids.push_str(task);
@@ -236,8 +236,14 @@ pub(crate) struct Writer {
     compacting: bool,
 }
 
-/// Heads kept in memory before the cache is dropped and refilled from the tasks' last records.
-const HEAD_CACHE_LIMIT: usize = 1 << 20;
+/// Heads kept in memory before the cache is dropped and refilled from the tasks' last records
+/// (~130 bytes each: 128k heads are ~17 MB). After a drop only the tasks still being appended
+/// to are read again, each once — a few thousand reverse seeks — so a small cache costs little,
+/// while one entry per task ever appended to would grow with the journal's history.
+const HEAD_CACHE_LIMIT: usize = 1 << 17;
+
+/// Primed heads taken at most (one per live task recovered; ~70 bytes each plus the id).
+const PRIMED_LIMIT: usize = 1 << 20;
 
 impl Writer {
     pub(crate) fn new(
