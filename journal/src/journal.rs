@@ -58,6 +58,8 @@ pub struct Journal {
 struct Inner {
     backend: Arc<dyn Backend>,
     options: JournalOptions,
+    /// The journal format version stored in the journal (after any upgrade at open).
+    format: u32,
     /// The durable watermark (and whether the journal stopped), shared with the writer.
     shared: Arc<Shared>,
     sender: Mutex<Option<Sender<AppendJob>>>,
@@ -167,6 +169,7 @@ impl Journal {
     /// # Errors
     /// [`Error::Storage`] if the commit index cannot be read.
     pub fn with_backend(backend: Arc<dyn Backend>, options: JournalOptions) -> Result<Self> {
+        let format = stored_format(backend.as_ref())?;
         let (sender, writer, shared) = if backend.read_only() {
             // A reader sees everything in the database: its writer (if any) is another
             // process, whose durability this one cannot know.
@@ -192,11 +195,19 @@ impl Journal {
             inner: Arc::new(Inner {
                 backend,
                 options,
+                format,
                 shared,
                 sender: Mutex::new(sender),
                 writer: Mutex::new(writer),
             }),
         })
+    }
+
+    /// The journal's format version, as stored in it: [`JOURNAL_FORMAT_VERSION`] for a journal
+    /// open for writing (an older one is upgraded at open), possibly older for a reader.
+    #[must_use]
+    pub fn format_version(&self) -> u32 {
+        self.inner.format
     }
 
     /// The options the journal was opened with.
@@ -569,6 +580,19 @@ fn below(item: &Result<crate::backend::KeyValue>, durable: u64) -> bool {
         Ok((key, _)) => keys::parse_seq_key(key).map_or(true, |seq| seq <= durable),
         Err(_) => true,
     }
+}
+
+/// The format version stored in `backend` (this build's for an empty one, which the next
+/// write stamps).
+fn stored_format(backend: &dyn Backend) -> Result<u32> {
+    let Some(bytes) = backend.get(Space::Meta, keys::META_FORMAT_VERSION)? else {
+        return Ok(JOURNAL_FORMAT_VERSION);
+    };
+    let bytes: [u8; 4] = bytes
+        .as_slice()
+        .try_into()
+        .map_err(|_| Error::NotAJournal("malformed format version".into()))?;
+    Ok(u32::from_be_bytes(bytes))
 }
 
 fn check_version(found: u32) -> Result<()> {

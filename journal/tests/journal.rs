@@ -437,6 +437,7 @@ fn a_format_1_journal_is_read_as_is_and_upgraded_when_opened_for_writing() {
 
     // Readers read it as it is, and leave it so.
     let reader = Journal::open_read_only(dir.path()).unwrap();
+    assert_eq!(reader.format_version(), 1);
     assert_eq!(reader.head("t").unwrap().unwrap().next_position, 3);
     assert_eq!(reader.read_stream("t", 0).count(), 3);
     drop(reader);
@@ -444,6 +445,7 @@ fn a_format_1_journal_is_read_as_is_and_upgraded_when_opened_for_writing() {
 
     // A writer upgrades it: version 2, no `heads`, appends go on where the stream ends.
     let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    assert_eq!(journal.format_version(), 2);
     assert!(!column_families(dir.path()).contains(&"heads".to_owned()));
     assert!(matches!(
         journal.append("t", 0, &[update(9)]),

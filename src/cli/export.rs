@@ -3,7 +3,7 @@
 
 use super::codec::{self, Bytes};
 use super::{progress, require_task, CliError, Global, Result};
-use dtask_journal::{Journal, Record, FORMAT_VERSION, JOURNAL_FORMAT_VERSION};
+use dtask_journal::{Journal, Record, FORMAT_VERSION};
 use serde_json::{json, Value};
 use std::io::Write;
 use std::iter::Peekable;
@@ -111,7 +111,7 @@ fn write_export(
         }
         (json!(tasks), total, Box::new(Merge { streams }))
     };
-    write_header(w, &scope, records, bytes)?;
+    write_header(w, journal, &scope, records, bytes)?;
     let bar = progress(records, "exporting");
     let mut written = 0;
     for item in &mut items {
@@ -126,10 +126,16 @@ fn write_export(
     finish_export(w, records, written)
 }
 
-fn write_header(w: &mut dyn Write, scope: &Value, records: u64, bytes: Bytes) -> Result<()> {
+fn write_header(
+    w: &mut dyn Write,
+    journal: &Journal,
+    scope: &Value,
+    records: u64,
+    bytes: Bytes,
+) -> Result<()> {
     let header = json!({
         "dtask_export": EXPORT_VERSION,
-        "journal_format": JOURNAL_FORMAT_VERSION,
+        "journal_format": journal.format_version(),
         "record_format": FORMAT_VERSION,
         "scope": scope,
         "redacted": bytes == Bytes::Redact,
@@ -166,7 +172,7 @@ fn write_journal_export(journal: &Journal, bytes: Bytes, w: &mut dyn Write) -> R
     use std::sync::mpsc;
     use std::sync::{Arc, Mutex};
     let records = journal.last_seq()?;
-    write_header(w, &"journal".into(), records, bytes)?;
+    write_header(w, journal, &"journal".into(), records, bytes)?;
     let bar = progress(records, "exporting");
     let (token_tx, token_rx) = mpsc::sync_channel::<()>(IN_FLIGHT);
     for _ in 0..IN_FLIGHT {

@@ -73,6 +73,7 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
             .map(|(b, r, id)| json!({ "task": id, "records": r, "bytes": b }))
             .collect();
         out.json(&json!({
+            "journal_format": journal.format_version(),
             "tasks": tasks,
             "records": records,
             "bytes": bytes,
@@ -86,8 +87,9 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
         return out.flush();
     }
     out.line(format!(
-        "{tasks} tasks, {records} records, {} ({bytes} bytes), last sequence {last_seq}",
-        fmt::size(bytes)
+        "{tasks} tasks, {records} records, {} ({bytes} bytes), last sequence {last_seq}, journal format {}",
+        fmt::size(bytes),
+        journal.format_version()
     ))?;
     if damaged > 0 {
         out.line(format!(
