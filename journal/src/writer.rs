@@ -112,6 +112,8 @@ struct Primed {
     /// (start, end) of the id in `ids`, and the head; sorted by id. A taken head is marked
     /// with `next_position == u64::MAX`.
     entries: Vec<(u32, u32, Head)>,
+    /// Entries not taken yet; at 0 the buffers are freed.
+    remaining: usize,
     /// The writer began its first batch: heads read before it may be stale from now on.
     closed: bool,
 }
@@ -132,13 +134,20 @@ impl Primed {
         if head.next_position == u64::MAX {
             return None;
         }
-        Some(std::mem::replace(
+        let taken = std::mem::replace(
             head,
             Head {
                 next_position: u64::MAX,
                 ..Head::default()
             },
-        ))
+        );
+        self.remaining = self.remaining.saturating_sub(1);
+        if self.remaining == 0 {
+            // Every head was taken: give the memory back.
+            self.ids = String::new();
+            self.entries = Vec::new();
+        }
+        Some(taken)
     }
 }
 
@@ -155,7 +164,7 @@ impl Shared {
 
     /// Hands the writer `heads` (read off the journal) so that it need not read them itself;
     /// `false`, and nothing taken, once the writer has begun its first batch: a head read
-    /// before an append may be stale, and only before the first one is none. The writer
+    /// before an append may be stale after it, and before the first append none is. The writer
     /// takes each head at most once, at the first append to its task, and trusts it (the
     /// caller must have read it from this journal after it was opened).
     pub(crate) fn prime<'a>(&self, heads: impl IntoIterator<Item = (&'a str, Head)>) -> bool {
@@ -185,6 +194,11 @@ impl Shared {
             primed.entries.sort_by(|a, b| id(a).cmp(&id(b)));
         }
         primed.entries.dedup_by(|a, b| id(a) == id(b));
+        primed.remaining = primed
+            .entries
+            .iter()
+            .filter(|entry| entry.2.next_position != u64::MAX)
+            .count();
         true
     }
 
@@ -805,6 +819,12 @@ mod tests {
             "still taken after closing"
         );
         assert_eq!(shared.take_primed("d"), None);
+        let primed = shared.primed.lock().unwrap();
+        assert_eq!(primed.remaining, 0);
+        assert!(
+            primed.entries.is_empty() && primed.ids.is_empty(),
+            "freed once all taken"
+        );
     }
 
     #[test]
