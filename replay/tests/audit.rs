@@ -315,6 +315,24 @@ fn flipped_bytes_are_reported_and_the_audit_goes_on() {
 }
 
 #[test]
+fn a_damaged_terminal_record_is_not_also_blamed_on_the_live_index() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    tamper(dir.path(), |db| {
+        let key = keys::event_key("done", 3);
+        let mut value = db.get_cf(cf(db, Space::Events), &key).unwrap().unwrap();
+        value[25] ^= 0x40;
+        db.put_cf(cf(db, Space::Events), &key, value).unwrap();
+    });
+    let report = audit(dir.path());
+    // The damage hides the `completed` event; "done" is rightly absent from the live index.
+    assert_eq!(
+        kinds(&report),
+        [("done".into(), Some(3), ProblemKind::Checksum)]
+    );
+}
+
+#[test]
 fn a_missing_commit_entry_is_reported() {
     let dir = tempfile::tempdir().unwrap();
     build(dir.path());
