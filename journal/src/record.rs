@@ -17,8 +17,9 @@
 //! a damaged record on its own; the chain digest commits to the task id, the position and every
 //! earlier record, so an edited (even with a recomputed CRC), deleted, reordered, swapped or
 //! transplanted record is detected. The position is also stored in the clear so that a record
-//! found at the wrong key is reported as misplaced. The task head (see [`crate::keys`]) stores
-//! the digest of the last record, which detects a deleted tail.
+//! found at the wrong key is reported as misplaced. A deleted tail leaves no gap in the chain;
+//! the `commits` index (see [`crate::keys`]) still names those records, which is how an audit
+//! finds them.
 
 use crate::error::CorruptionKind;
 use crate::event::Event;
