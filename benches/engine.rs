@@ -353,7 +353,7 @@ fn catch_up(label: &str, journal: &Journal) {
         rates.push(live.len() as f64 / start.elapsed().as_secs_f64());
     }
     println!(
-        "after recovery ({label}): one heartbeat per live task, 1,024 at a time: first {:.0} appends/s (the writer reads each task's head), second {:.0} appends/s",
+        "after recovery ({label}): one heartbeat per live task, 1,024 at a time: first {:.0} appends/s (each task's first since the restart), second {:.0} appends/s",
         rates[0], rates[1]
     );
 }
