@@ -55,6 +55,14 @@ fn events_cf(db: &rocksdb::DB) -> &rocksdb::ColumnFamily {
     db.cf_handle(Space::Events.name()).unwrap()
 }
 
+/// Flips one bit of byte `at` of `task`'s record at `position`.
+fn flip(db: &rocksdb::DB, task: &str, position: u64, at: usize) {
+    let key = keys::event_key(task, position);
+    let mut value = db.get_cf(events_cf(db), &key).unwrap().unwrap();
+    value[at] ^= 0x40;
+    db.put_cf(events_cf(db), &key, value).unwrap();
+}
+
 /// Every error reading `task`, as (position, kind).
 fn problems(dir: &Path, task: &str) -> Vec<(u64, CorruptionKind)> {
     let journal = Journal::open_read_only(dir).unwrap();
@@ -131,12 +139,7 @@ fn an_intact_journal_reads_clean() {
 fn a_flipped_byte_is_a_checksum_error_at_its_position() {
     let dir = tempfile::tempdir().unwrap();
     build(dir.path());
-    tamper(dir.path(), |db| {
-        let key = keys::event_key("victim", 3);
-        let mut value = db.get_cf(events_cf(db), &key).unwrap().unwrap();
-        value[25] ^= 0x40;
-        db.put_cf(events_cf(db), &key, value).unwrap();
-    });
+    tamper(dir.path(), |db| flip(db, "victim", 3, 25));
     let found = problems(dir.path(), "victim");
     assert_eq!(found.len(), 1, "{found:?}");
     assert_eq!(found[0].0, 3);
@@ -207,12 +210,7 @@ fn a_deleted_last_record_is_reported_by_the_commit_index() {
 fn a_damaged_last_record_fails_the_head_but_not_the_stream_length() {
     let dir = tempfile::tempdir().unwrap();
     build(dir.path());
-    tamper(dir.path(), |db| {
-        let key = keys::event_key("victim", 5);
-        let mut value = db.get_cf(events_cf(db), &key).unwrap().unwrap();
-        value[30] ^= 1;
-        db.put_cf(events_cf(db), &key, value).unwrap();
-    });
+    tamper(dir.path(), |db| flip(db, "victim", 5, 30));
     let journal = Journal::open_read_only(dir.path()).unwrap();
     assert!(matches!(
         journal.head("victim"),

@@ -110,6 +110,14 @@ fn cf(db: &rocksdb::DB, space: Space) -> &rocksdb::ColumnFamily {
     db.cf_handle(space.name()).unwrap()
 }
 
+/// Flips one bit inside the payload of `task`'s record at `position`.
+fn flip(db: &rocksdb::DB, task: &str, position: u64) {
+    let key = keys::event_key(task, position);
+    let mut value = db.get_cf(cf(db, Space::Events), &key).unwrap().unwrap();
+    value[25] ^= 0x40;
+    db.put_cf(cf(db, Space::Events), &key, value).unwrap();
+}
+
 fn kinds(report: &AuditReport) -> Vec<(String, Option<u64>, ProblemKind)> {
     report
         .problems
@@ -294,12 +302,8 @@ fn flipped_bytes_are_reported_and_the_audit_goes_on() {
     let dir = tempfile::tempdir().unwrap();
     build(dir.path());
     tamper(dir.path(), |db| {
-        for position in [1, 4] {
-            let key = keys::event_key("done", position);
-            let mut value = db.get_cf(cf(db, Space::Events), &key).unwrap().unwrap();
-            value[25] ^= 0x40;
-            db.put_cf(cf(db, Space::Events), &key, value).unwrap();
-        }
+        flip(db, "done", 1);
+        flip(db, "done", 4);
     });
     let report = audit(dir.path());
     // Both flips are named; the damaged enqueue record is not blamed on the outbox again.
@@ -318,12 +322,7 @@ fn flipped_bytes_are_reported_and_the_audit_goes_on() {
 fn a_damaged_terminal_record_is_not_also_blamed_on_the_live_index() {
     let dir = tempfile::tempdir().unwrap();
     build(dir.path());
-    tamper(dir.path(), |db| {
-        let key = keys::event_key("done", 3);
-        let mut value = db.get_cf(cf(db, Space::Events), &key).unwrap().unwrap();
-        value[25] ^= 0x40;
-        db.put_cf(cf(db, Space::Events), &key, value).unwrap();
-    });
+    tamper(dir.path(), |db| flip(db, "done", 3));
     let report = audit(dir.path());
     // The damage hides the `completed` event; "done" is rightly absent from the live index.
     assert_eq!(
