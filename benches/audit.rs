@@ -38,7 +38,7 @@ fn main() {
     let journal = std::env::var_os("DTASK_BENCH_KEEP")
         .map_or_else(|| dir.path().join("journal"), std::path::PathBuf::from);
     if !journal.join("CURRENT").exists() {
-        common::build_journal(&journal, tasks, 10);
+        common::build_journal(&journal, tasks, 10, common::Finished::Interleaved);
     }
     println!("journal of {} events over {tasks} tasks", tasks * 10);
     let j = journal.to_str().unwrap();

@@ -6,9 +6,11 @@
 //!    count — the physical ceiling — and the ratio;
 //! 2. full task lifecycles per second (create → claim → started marker → 5 updates → complete)
 //!    at 64 and 1,024 concurrent tasks, and p50 / p99 latency of one durable transition;
-//! 3. recovery: a journal of 1M events over 100k tasks (half terminal), closed, then timed
-//!    open + fold until workers could claim; events folded per second and resident memory per
-//!    live task. Then the same journal written by a process that aborts without closing it
+//! 3. recovery: a journal of 1M events over 100k tasks (half terminal, every other one), closed,
+//!    then timed open + fold until workers could claim; events folded per second and resident
+//!    memory per live task. Then a journal whose finished tasks are the older half (as
+//!    time-ordered ids lay them out: no finished task's records between live ones). Then the
+//!    first journal written by a process that aborts without closing it
 //!    (a crash): its open also replays the write-ahead log left behind. Each recovery runs in
 //!    a process of its own, and is followed by one heartbeat appended to every live task,
 //!    twice (1,024 at a time): the first round is the catch-up of workers resuming every task
@@ -244,7 +246,7 @@ fn recovery(tasks: usize, events_per_task: usize) {
     let dir = std::env::var_os("DTASK_BENCH_KEEP")
         .map_or_else(|| temp.path().to_path_buf(), std::path::PathBuf::from);
     if !dir.join("CURRENT").exists() {
-        common::build_journal(&dir, tasks, events_per_task);
+        common::build_journal(&dir, tasks, events_per_task, common::Finished::Interleaved);
     }
     let counts = [tasks.to_string(), events_per_task.to_string()];
     let child = |what: &str, dir: &std::path::Path, label: &str| {
@@ -257,6 +259,16 @@ fn recovery(tasks: usize, events_per_task: usize) {
             .unwrap()
     };
     assert!(child("--recover", &dir, "closed").success());
+    // The same with the finished half first (as time-ordered ids lay it out): nothing lies
+    // between the live tasks.
+    let oldest = tempfile::tempdir().unwrap();
+    common::build_journal(
+        oldest.path(),
+        tasks,
+        events_per_task,
+        common::Finished::OldestHalf,
+    );
+    assert!(child("--recover", oldest.path(), "closed, oldest half finished").success());
     let crashed = tempfile::tempdir().unwrap();
     assert!(
         !child("--crash-build", crashed.path(), "").success(),

@@ -1,4 +1,5 @@
 //! Journals the benches build as input.
+#![allow(dead_code, reason = "each bench uses a part of these helpers")]
 
 use dtask::journal::{
     Durability, Event, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp,
@@ -53,15 +54,35 @@ pub fn task_events(id: &str, events: usize, terminal: bool) -> Vec<Event> {
     stream
 }
 
-/// Writes `tasks` sample tasks of `events_per_task` records (every other one terminal) into a
-/// new journal at `dir`, from four threads, and closes it.
-pub fn build_journal(dir: &Path, tasks: usize, events_per_task: usize) {
-    fill_journal(dir, tasks, events_per_task);
+/// Writes `tasks` sample tasks of `events_per_task` records (half of them terminal, laid out
+/// as `finished` says) into a new journal at `dir`, from four threads, and closes it.
+pub fn build_journal(dir: &Path, tasks: usize, events_per_task: usize, finished: Finished) {
+    fill_journal_with(dir, tasks, events_per_task, finished);
+}
+
+/// Which of the sample tasks are finished.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Finished {
+    /// Every other task (in id order): between two live tasks lie a finished one's records,
+    /// which a recovery steps over. The worst case, and the default.
+    Interleaved,
+    /// The first half (in id order): tasks finish about in the order they were created, and
+    /// ids that grow with time (such as the `Manager`'s, `UUIDv7`) keep the live ones together.
+    OldestHalf,
 }
 
 /// [`build_journal`] without closing: the journal is returned open (dropping it closes it;
 /// aborting the process instead leaves what a crash leaves).
 pub fn fill_journal(dir: &Path, tasks: usize, events_per_task: usize) -> Journal {
+    fill_journal_with(dir, tasks, events_per_task, Finished::Interleaved)
+}
+
+fn fill_journal_with(
+    dir: &Path,
+    tasks: usize,
+    events_per_task: usize,
+    finished: Finished,
+) -> Journal {
     let journal = Journal::open(
         dir,
         JournalOptions::default().with_durability(Durability::Buffered),
@@ -73,7 +94,11 @@ pub fn fill_journal(dir: &Path, tasks: usize, events_per_task: usize) -> Journal
             std::thread::spawn(move || {
                 for t in (part..tasks).step_by(4) {
                     let id = format!("task-{t:07}");
-                    let events = task_events(&id, events_per_task, t % 2 == 0);
+                    let terminal = match finished {
+                        Finished::Interleaved => t % 2 == 0,
+                        Finished::OldestHalf => t < tasks / 2,
+                    };
+                    let events = task_events(&id, events_per_task, terminal);
                     journal.append(&id, 0, &events).expect("append");
                 }
             })
