@@ -3,12 +3,13 @@
 //! Format 2 keeps no index of heads: a head is read off the task's last record (its key gives
 //! the position, its frame the global sequence and chain digest) and the `live` index (a task
 //! with records that is not live has a terminal event; notifications may follow that event,
-//! so the last record alone does not say). The writer keeps the heads of the tasks it appends to in memory and reads a
-//! head from the journal only on a miss. (Format 1 rewrote a `heads` entry in every append,
-//! a second randomly placed key per record; see `docs/journal-format.md`.)
+//! so the last record alone does not say). The writer keeps the heads of the tasks it appends
+//! to in memory and reads a head from the journal only on a miss. (Format 1 rewrote a `heads`
+//! entry in every append, a second randomly placed key per record; see
+//! `docs/journal-format.md`.)
 
 use crate::backend::{prefix_end, Backend, KeyValue, Range};
-use crate::error::{Error, Result};
+use crate::error::{CorruptionKind, Error, Result};
 use crate::keys::{self, Space};
 use crate::record::{self, Digest};
 
@@ -36,12 +37,11 @@ impl Head {
             keys::position_in(task, key).map_err(|kind| Error::corruption(task, 0, kind))?;
         let frame = record::parse(bytes).map_err(|kind| Error::corruption(task, position, kind))?;
         if frame.position != position {
+            let found = frame.position;
             return Err(Error::corruption(
                 task,
                 position,
-                crate::error::CorruptionKind::Misplaced {
-                    found: frame.position,
-                },
+                CorruptionKind::Misplaced { found },
             ));
         }
         Ok(Self {
