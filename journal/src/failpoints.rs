@@ -2,7 +2,7 @@
 //! panic, fail the operation with an error, or abort on the spot.
 //!
 //! The points are compiled in only with the `failpoints` cargo feature (built on the `fail`
-//! crate); without it every point is an empty statement and [`configure`] refuses. The types
+//! crate); without it every point is an empty statement and [`arm`] refuses. The types
 //! here (what to do, where, after how many hits) are always available so that a driver built
 //! without the feature can still parse and forward a configuration to a child process.
 //!

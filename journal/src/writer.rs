@@ -175,6 +175,7 @@ impl Shared {
             return false;
         }
         let primed = &mut *primed;
+        let before = primed.entries.len();
         for (task, head) in heads {
             let start = primed.ids.len();
             let end = start + task.len();
@@ -187,18 +188,27 @@ impl Shared {
             primed.ids.push_str(task);
             primed.entries.push((start, end, head));
         }
-        // Recovery hands them over in id order already; any other order is sorted here.
+        // Recovery hands them over in id order already, chunk after chunk: what was there is
+        // sorted, and stays so when the new ones follow it in order. Any other order is sorted
+        // here (the first of equal ids kept).
         let ids = &primed.ids;
         let id = |entry: &(u32, u32, Head)| ids.get(entry.0 as usize..entry.1 as usize);
-        if !primed.entries.is_sorted_by(|a, b| id(a) <= id(b)) {
-            primed.entries.sort_by(|a, b| id(a).cmp(&id(b)));
-        }
-        primed.entries.dedup_by(|a, b| id(a) == id(b));
-        primed.remaining = primed
+        let added = primed.entries.len() - before;
+        let joined = primed
             .entries
-            .iter()
-            .filter(|entry| entry.2.next_position != u64::MAX)
-            .count();
+            .get(before.saturating_sub(1)..)
+            .unwrap_or_default();
+        if joined.is_sorted_by(|a, b| id(a) < id(b)) {
+            primed.remaining += added;
+        } else {
+            primed.entries.sort_by(|a, b| id(a).cmp(&id(b)));
+            primed.entries.dedup_by(|a, b| id(a) == id(b));
+            primed.remaining = primed
+                .entries
+                .iter()
+                .filter(|entry| entry.2.next_position != u64::MAX)
+                .count();
+        }
         true
     }
 
@@ -825,6 +835,26 @@ mod tests {
             primed.entries.is_empty() && primed.ids.is_empty(),
             "freed once all taken"
         );
+    }
+
+    #[test]
+    fn primed_heads_handed_over_chunk_after_chunk_stay_sorted() {
+        use super::{Head, Shared};
+        let head = |n: u64| Head {
+            next_position: n,
+            ..Head::default()
+        };
+        let shared = Shared::new(0);
+        // In order, chunk after chunk (recovery's way): appended as they come.
+        assert!(shared.prime([("a", head(1)), ("b", head(2))]));
+        assert!(shared.prime([("c", head(3)), ("d", head(4))]));
+        // Out of order, and one id again: sorted, the first head of an id kept.
+        assert!(shared.prime([("bb", head(5)), ("a", head(6))]));
+        assert_eq!(shared.primed.lock().unwrap().remaining, 5);
+        for (id, n) in [("d", 4), ("a", 1), ("bb", 5), ("c", 3), ("b", 2)] {
+            assert_eq!(shared.take_primed(id), Some(head(n)), "{id}");
+        }
+        assert!(shared.primed.lock().unwrap().entries.is_empty(), "freed");
     }
 
     #[test]

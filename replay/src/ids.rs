@@ -9,7 +9,7 @@ const INLINE_MAX: usize = 32;
 /// that recorded them.
 ///
 /// Every live task holds three of these in memory, and most hold a handful of ids: up to
-/// [`INLINE_MAX`] ids are kept in one byte buffer with a small table of (end, position) —
+/// 32 ids are kept in one byte buffer with a small table of (end, position) —
 /// two allocations, no per-id string — and looked up by a linear scan; beyond that, a hash
 /// map. Equality is map equality (insertion order does not matter).
 #[derive(Debug, Clone, Default)]

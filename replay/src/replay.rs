@@ -1,7 +1,10 @@
 //! Replaying a task's stream from the journal through a [`Replay`] implementation.
 
 use crate::fold::{FoldError, Task};
-use dtask_journal::{Head, Journal, RawStream, Record};
+use dtask_journal::{Head, Journal, RawStream, Record, StreamScanner};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Mutex};
 
 /// Something that consumes a task's records in stream order: the state fold used by recovery,
 /// the audit's checker, a test's model. Each sees the same verified records.
@@ -119,10 +122,15 @@ pub fn load_task(journal: &Journal, task: &str) -> Result<Option<Task>, ReplayEr
 /// Tasks folded per thread at least; fewer are folded on the calling thread.
 const PARALLEL_MIN_TASKS: usize = 256;
 
+/// Tasks a fold thread takes at a time. The threads take chunks in id order as they finish
+/// the last, so that a thread whose tasks happen to be cheap does not sit idle while another
+/// still folds; each chunk costs its thread one seek.
+const CHUNK_TASKS: usize = 512;
+
 /// Folds many tasks — [`load_task`] for each of `tasks`, with the same results in the same
-/// order — reading their streams in one forward pass per thread ([`Journal::stream_scanner`])
-/// on up to as many threads as the machine has cores. Tasks in ascending id order read
-/// fastest (the `live` index lists them so).
+/// order — reading their streams in forward passes ([`Journal::stream_scanner`]) on up to as
+/// many threads as the machine has cores. Tasks in ascending id order read fastest (the
+/// `live` index lists them so).
 ///
 /// # Errors
 /// The error [`load_task`] gives for the first task (in the order given) that fails.
@@ -145,56 +153,231 @@ where
     T: Send,
     F: Fn(&str, Task, Head) -> T + Sync,
 {
+    let mut folded: Vec<Option<T>> = std::iter::repeat_with(|| None).take(tasks.len()).collect();
+    let (threads, chunk) = plan(tasks.len());
+    let chunks = tasks.chunks(chunk).zip(folded.chunks_mut(chunk));
+    fold_chunks(journal, threads, chunks, &build, |_, _| {})?;
+    Ok(folded)
+}
+
+/// [`load_tasks_with`], each chunk of tasks handed with its results to `consume` on the
+/// calling thread, in order, as soon as it is folded, while later chunks are still being
+/// folded: the caller may take the ids and the results out of the slices (`std::mem::take`,
+/// `Option::take`). A store's open makes its index there, so that indexing does not wait for
+/// the whole fold.
+///
+/// ```
+/// use dtask_journal::{Event, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp};
+/// let dir = tempfile::tempdir()?;
+/// let journal = Journal::open(dir.path(), JournalOptions::default())?;
+/// for id in ["a", "b"] {
+///     let spec = TaskSpec { id: id.into(), executor_key: "x".into(), ..TaskSpec::default() };
+///     let created = Event::Created {
+///         spec, policy: LeasePolicy::Retry, checkpoint: vec![], context_snapshot: vec![], at: Timestamp(1),
+///     };
+///     journal.append(id, 0, &[created])?;
+/// }
+/// let mut ids: Vec<String> = journal.live_tasks().collect::<Result<_, _>>()?;
+/// let mut seen = Vec::new();
+/// dtask_replay::load_tasks_each(
+///     &journal,
+///     &mut ids,
+///     |_, task, head| (task.state.version, head.next_position),
+///     |ids, folded| {
+///         for (id, folded) in ids.iter_mut().zip(folded) {
+///             seen.push((std::mem::take(id), folded.take()));
+///         }
+///     },
+/// )?;
+/// assert_eq!(seen, [("a".to_owned(), Some((1, 1))), ("b".to_owned(), Some((1, 1)))]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+/// As for [`load_tasks`]; `consume` has then seen the chunks before the failing one.
+pub fn load_tasks_each<T, F, C>(
+    journal: &Journal,
+    tasks: &mut [String],
+    build: F,
+    consume: C,
+) -> Result<(), ReplayError>
+where
+    T: Send,
+    F: Fn(&str, Task, Head) -> T + Sync,
+    C: FnMut(&mut [String], &mut [Option<T>]),
+{
+    let mut folded: Vec<Option<T>> = std::iter::repeat_with(|| None).take(tasks.len()).collect();
+    let (threads, chunk) = plan(tasks.len());
+    let chunks = tasks.chunks_mut(chunk).zip(folded.chunks_mut(chunk));
+    fold_chunks(journal, threads, chunks, &build, consume)
+}
+
+/// How many threads fold `tasks` tasks, and how many tasks each takes at a time.
+fn plan(tasks: usize) -> (usize, usize) {
     let threads = std::thread::available_parallelism()
         .map_or(1, std::num::NonZeroUsize::get)
         .clamp(1, 8)
-        .min(tasks.len() / PARALLEL_MIN_TASKS)
+        .min(tasks / PARALLEL_MIN_TASKS)
         .max(1);
-    let build = &build;
-    let fold = |chunk: &[String]| -> Result<Vec<Option<T>>, ReplayError> {
-        let mut scanner = journal.stream_scanner();
-        let mut raw = RawStream::default();
-        chunk
-            .iter()
-            .map(|task| {
-                let mut fold = TaskFold::new();
-                let mut head = Head::default();
-                scanner.read_into(task, &mut raw);
-                let records = raw.fold_records().inspect(|record| {
-                    if let Ok(record) = record {
-                        head.next_position = record.position + 1;
-                        head.last_seq = record.seq;
-                        head.last_digest = record.digest;
-                    }
-                });
-                replay_records(task, records, None, &mut fold)?;
-                Ok(fold.finish().map(|folded| {
-                    head.terminal = folded.state.is_terminal();
-                    build(task, folded, head)
-                }))
-            })
-            .collect()
-    };
-    if threads == 1 {
-        return fold(tasks);
-    }
-    let chunk = tasks.len().div_ceil(threads);
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = tasks
-            .chunks(chunk)
-            .map(|chunk| scope.spawn(move || fold(chunk)))
-            .collect();
-        let mut folded = Vec::with_capacity(tasks.len());
-        for handle in handles {
-            let part = handle.join().map_err(|_| {
-                ReplayError::Journal(dtask_journal::Error::Storage(
-                    "a fold thread panicked".into(),
-                ))
-            })??;
-            folded.extend(part);
+    (threads, tasks.div_ceil(threads).clamp(1, CHUNK_TASKS))
+}
+
+/// Folds each task of `chunks` into the chunk's result slots on `threads` threads (the
+/// calling thread alone when 1), and hands each chunk with its results to `consume` on the
+/// calling thread, in chunk order. The first error, in chunk order, ends it: later chunks are
+/// not folded, nor handed over. The results go straight into the caller's slots, so that a
+/// chunk allocates nothing of its own (per-chunk buffers would be freed on another thread
+/// than the one that made them, leaving holes in its allocator arena).
+fn fold_chunks<'o, S, T, F, C>(
+    journal: &Journal,
+    threads: usize,
+    chunks: impl Iterator<Item = (S, &'o mut [Option<T>])>,
+    build: &F,
+    mut consume: C,
+) -> Result<(), ReplayError>
+where
+    S: std::ops::Deref<Target = [String]> + Send,
+    T: Send + 'o,
+    F: Fn(&str, Task, Head) -> T + Sync,
+    C: FnMut(S, &mut [Option<T>]),
+{
+    if threads <= 1 {
+        let mut folder = ChunkFolder::new(journal);
+        for (ids, slots) in chunks {
+            folder.fold(&ids, slots, build)?;
+            consume(ids, slots);
         }
-        Ok(folded)
+        return Ok(());
+    }
+    let (work, queue) = mpsc::channel::<(usize, S, &'o mut [Option<T>])>();
+    let queue = Mutex::new(queue);
+    let (finished, done) = mpsc::channel::<Done<'o, S, T>>();
+    // Chunks after this one are skipped: it failed.
+    let failed_at = AtomicUsize::new(usize::MAX);
+    std::thread::scope(|scope| {
+        for _ in 0..threads {
+            let finished = finished.clone();
+            let (queue, failed_at) = (&queue, &failed_at);
+            scope.spawn(move || {
+                let mut folder = ChunkFolder::new(journal);
+                loop {
+                    let next = match queue.lock() {
+                        Ok(queue) => queue.recv(),
+                        Err(_) => break,
+                    };
+                    let Ok((i, ids, slots)) = next else { break };
+                    let result = if i > failed_at.load(Ordering::Acquire) {
+                        Ok(())
+                    } else {
+                        folder.fold(&ids, slots, build)
+                    };
+                    if result.is_err() {
+                        failed_at.fetch_min(i, Ordering::AcqRel);
+                    }
+                    if finished.send((i, ids, slots, result)).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        drop(finished);
+        // Chunks are folded in any order; they are handed over in chunk order.
+        let mut order = InOrder {
+            waiting: BTreeMap::new(),
+            next: 0,
+            error: None,
+        };
+        let mut sent = 0;
+        for (ids, slots) in chunks {
+            if work.send((sent, ids, slots)).is_err() {
+                break;
+            }
+            sent += 1;
+        }
+        drop(work);
+        while order.next < sent {
+            let Ok(done) = done.recv() else {
+                return Err(ReplayError::Journal(dtask_journal::Error::Storage(
+                    "a fold thread panicked".into(),
+                )));
+            };
+            order.take(done, &mut consume);
+        }
+        order.error.map_or(Ok(()), Err)
     })
+}
+
+/// A fold thread's result: the chunk's number, its ids, its result slots, and whether
+/// folding them failed.
+type Done<'o, S, T> = (usize, S, &'o mut [Option<T>], Result<(), ReplayError>);
+
+/// Folded chunks put back in order.
+struct InOrder<'o, S, T> {
+    waiting: BTreeMap<usize, Done<'o, S, T>>,
+    next: usize,
+    error: Option<ReplayError>,
+}
+
+impl<'o, S, T> InOrder<'o, S, T> {
+    /// Takes one folded chunk and hands over every chunk now next in order (none once one
+    /// failed).
+    fn take(&mut self, done: Done<'o, S, T>, consume: &mut impl FnMut(S, &mut [Option<T>])) {
+        self.waiting.insert(done.0, done);
+        while let Some((_, ids, slots, result)) = self.waiting.remove(&self.next) {
+            self.next += 1;
+            match result {
+                _ if self.error.is_some() => {}
+                Ok(()) => consume(ids, slots),
+                Err(e) => self.error = Some(e),
+            }
+        }
+    }
+}
+
+/// A fold thread's reader: one forward pass over the journal, its buffers reused from task
+/// to task.
+struct ChunkFolder<'a> {
+    scanner: StreamScanner<'a>,
+    raw: RawStream,
+}
+
+impl<'a> ChunkFolder<'a> {
+    fn new(journal: &'a Journal) -> Self {
+        Self {
+            scanner: journal.stream_scanner(),
+            raw: RawStream::default(),
+        }
+    }
+
+    /// Folds each task of `tasks`, in order, into `slots`, stopping at the first that fails.
+    fn fold<T, F>(
+        &mut self,
+        tasks: &[String],
+        slots: &mut [Option<T>],
+        build: &F,
+    ) -> Result<(), ReplayError>
+    where
+        F: Fn(&str, Task, Head) -> T,
+    {
+        for (task, slot) in tasks.iter().zip(slots) {
+            let mut fold = TaskFold::new();
+            let mut head = Head::default();
+            self.scanner.read_into(task, &mut self.raw);
+            let records = self.raw.fold_records().inspect(|record| {
+                if let Ok(record) = record {
+                    head.next_position = record.position + 1;
+                    head.last_seq = record.seq;
+                    head.last_digest = record.digest;
+                }
+            });
+            replay_records(task, records, None, &mut fold)?;
+            *slot = fold.finish().map(|folded| {
+                head.terminal = folded.state.is_terminal();
+                build(task, folded, head)
+            });
+        }
+        Ok(())
+    }
 }
 
 /// Folds `task`'s first `records` records: the task as it was after position `records - 1`.
@@ -261,6 +444,85 @@ mod tests {
             assert!(full.is_some(), "{id}");
             assert_eq!(lean, full, "{id}");
         }
+    }
+
+    /// Several chunks on several threads: each chunk is handed over once, in order, with its
+    /// own ids and results; a task that does not fold ends it with its error (the first in
+    /// id order), after the chunks before its own and none after.
+    #[test]
+    fn load_tasks_each_hands_over_the_chunks_in_order_up_to_the_first_failure() {
+        let dir = tempfile::tempdir().unwrap();
+        let options =
+            JournalOptions::default().with_durability(dtask_journal::Durability::Buffered);
+        let journal = Journal::open(dir.path(), options).unwrap();
+        let mut ids: Vec<String> = (0..2 * CHUNK_TASKS + 100)
+            .map(|i| format!("t{i:05}"))
+            .collect();
+        let broken = [CHUNK_TASKS + 7, 2 * CHUNK_TASKS + 3];
+        for (i, id) in ids.iter().enumerate() {
+            let event = if broken.contains(&i) {
+                // A stream must begin with its creation.
+                Event::Heartbeat {
+                    lease_deadline: Timestamp(2),
+                    at: Timestamp(1),
+                }
+            } else {
+                created(id)
+            };
+            journal.append(id, 0, &[event]).unwrap();
+        }
+        let whole = ids.clone();
+        let mut seen = Vec::new();
+        let error = load_tasks_each(
+            &journal,
+            &mut ids,
+            |id, task, _| {
+                assert_eq!(task.state.spec.id, id);
+                id.to_owned()
+            },
+            |chunk, folded| {
+                for (id, folded) in chunk.iter_mut().zip(folded) {
+                    assert_eq!(folded.take().as_ref(), Some(&*id));
+                    seen.push(std::mem::take(id));
+                }
+            },
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&error, ReplayError::Rejected { task, .. } if *task == whole[broken[0]]),
+            "{error}"
+        );
+        let (threads, chunk) = plan(whole.len());
+        // With one thread the chunk of the failing task is cut short at it.
+        let handed = if threads > 1 { chunk } else { broken[0] };
+        assert_eq!(seen, whole[..handed]);
+
+        // Without the broken tasks every chunk is handed over.
+        let mut fine: Vec<String> = whole
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !broken.contains(i))
+            .map(|(_, id)| id.clone())
+            .collect();
+        let expected = fine.clone();
+        let mut seen = Vec::new();
+        load_tasks_each(
+            &journal,
+            &mut fine,
+            |id, _, _| id.to_owned(),
+            |chunk, folded| {
+                seen.extend(
+                    chunk
+                        .iter()
+                        .cloned()
+                        .zip(folded.iter_mut().map(Option::take)),
+                );
+            },
+        )
+        .unwrap();
+        let ids: Vec<&String> = seen.iter().map(|(id, _)| id).collect();
+        assert_eq!(ids, expected.iter().collect::<Vec<_>>());
+        assert!(seen.iter().all(|(id, built)| built.as_ref() == Some(id)));
     }
 
     #[test]

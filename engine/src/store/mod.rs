@@ -23,7 +23,7 @@ pub use updates::{UpdatePage, UpdateRecord, UpdateRequest};
 use crate::clock::Clock;
 use decide::Decision;
 use dtask_journal::{Event, Journal, LeasePolicy, TaskSpec, Timestamp};
-use dtask_replay::{load_task, load_tasks_with, ReplayError, Status, Task, TaskState};
+use dtask_replay::{load_task, load_tasks_each, ReplayError, Status, Task, TaskState};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
@@ -253,29 +253,37 @@ impl TaskStore {
                 }
             }
         }
-        // Each task's slot is built on the fold thread that folded it; only the index
-        // entries are made here.
-        let folded = load_tasks_with(&journal, &live, |_, task, head| {
-            let placement = Placement::of(&task.state);
-            let key = task.state.spec.executor_key.clone();
-            (Slot::new(task), key, placement, head)
-        })?;
+        index.slots.reserve(live.len());
+        // Each task's slot is built on the fold thread that folded it; the index entries of
+        // each chunk of tasks are made here, while later chunks are being folded.
+        load_tasks_each(
+            &journal,
+            &mut live,
+            |_, task, head| {
+                let placement = Placement::of(&task.state);
+                let key = task.state.spec.executor_key.clone();
+                (Slot::new(task), key, placement, head)
+            },
+            |ids, built| {
+                // The writer need not read these heads again at each live task's first
+                // append.
+                journal.prime_heads(
+                    ids.iter()
+                        .zip(built.iter())
+                        .filter_map(|(id, built)| built.as_ref().map(|b| (id.as_str(), b.3))),
+                );
+                for (id, built) in ids.iter_mut().zip(built) {
+                    let Some((slot, key, placement, _)) = built.take() else {
+                        continue;
+                    };
+                    let id = std::mem::take(id);
+                    index.place(&id, &key, None, &placement);
+                    index.slots.insert(id, slot);
+                }
+            },
+        )?;
         if let Some(e) = unreadable {
             return Err(e.into());
-        }
-        // The writer need not read these heads again at each live task's first append.
-        journal.prime_heads(
-            live.iter()
-                .zip(&folded)
-                .filter_map(|(id, built)| built.as_ref().map(|b| (id.as_str(), b.3))),
-        );
-        index.slots.reserve(live.len());
-        for (id, built) in live.into_iter().zip(folded) {
-            let Some((slot, key, placement, _)) = built else {
-                continue;
-            };
-            index.place(&id, &key, None, &placement);
-            index.slots.insert(id, slot);
         }
         tracing::debug!(live = index.slots.len(), "task store opened");
         Ok(Self {
