@@ -529,6 +529,44 @@ async fn appends_after_a_restart_chain_from_the_recovered_heads() {
     assert!(report.is_clean(), "{:?}", report.problems);
 }
 
+/// Recovery folds the live tasks in chunks on several threads and indexes each chunk as it
+/// comes: with more live tasks than a few chunks hold, every one comes back as it was, the
+/// pending ones are listed in id order, and the first appends after the restart chain on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_with_many_live_tasks_brings_back_and_indexes_each() {
+    let mut env = Env::new();
+    let ids: Vec<String> = (0..1_300).map(|i| format!("t{i:05}")).collect();
+    let mut before = Vec::new();
+    for (i, id) in ids.iter().enumerate() {
+        let task = create(env.store(), id, Retry).await;
+        before.push(if i % 3 == 0 {
+            ok(env.store(), id, Command::Start).await
+        } else {
+            task
+        });
+    }
+    env.reopen();
+    let store = env.store();
+    for (id, was) in ids.iter().zip(&before) {
+        assert_eq!(&store.get(id).await.unwrap(), was, "{id}");
+    }
+    let page = store.list_pending(&keys(), None, 10_000).await.unwrap();
+    let pending: Vec<&str> = page.tasks.iter().map(|t| t.spec.id.as_str()).collect();
+    let expected: Vec<&str> = ids
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| i % 3 != 0)
+        .map(|(_, id)| id.as_str())
+        .collect();
+    assert_eq!(pending, expected);
+    for id in [&ids[0], &ids[ids.len() - 1], &ids[3 * 300]] {
+        ok(store, id, Command::Heartbeat).await;
+    }
+    ok(store, &ids[1], Command::Start).await;
+    let report = dtask_replay::audit::audit_journal(store.journal(), &mut |_| {}).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+}
+
 #[tokio::test]
 async fn g012_wait_for_unknown_task_not_found() {
     let env = Env::new();
