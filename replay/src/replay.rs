@@ -255,10 +255,11 @@ where
     // Chunks after this one are skipped: it failed.
     let failed_at = AtomicUsize::new(usize::MAX);
     std::thread::scope(|scope| {
+        let mut folders = Vec::with_capacity(threads);
         for _ in 0..threads {
             let finished = finished.clone();
             let (queue, failed_at) = (&queue, &failed_at);
-            scope.spawn(move || {
+            folders.push(scope.spawn(move || {
                 let mut folder = ChunkFolder::new(journal);
                 loop {
                     let next = match queue.lock() {
@@ -278,7 +279,7 @@ where
                         break;
                     }
                 }
-            });
+            }));
         }
         drop(finished);
         // Chunks are folded in any order; they are handed over in chunk order.
@@ -295,13 +296,24 @@ where
             sent += 1;
         }
         drop(work);
+        // Every chunk comes back unless a fold thread panicked: then the others end once the
+        // queue is empty, and the results channel closes.
+        let mut panicked = false;
         while order.next < sent {
             let Ok(done) = done.recv() else {
-                return Err(ReplayError::Journal(dtask_journal::Error::Storage(
-                    "a fold thread panicked".into(),
-                )));
+                panicked = true;
+                break;
             };
             order.take(done, &mut consume);
+        }
+        // Joined here, a panicked thread is this error rather than a panic of the scope.
+        for folder in folders {
+            panicked |= folder.join().is_err();
+        }
+        if panicked {
+            return Err(ReplayError::Journal(dtask_journal::Error::Storage(
+                "a fold thread panicked".into(),
+            )));
         }
         order.error.map_or(Ok(()), Err)
     })
@@ -523,6 +535,31 @@ mod tests {
         let ids: Vec<&String> = seen.iter().map(|(id, _)| id).collect();
         assert_eq!(ids, expected.iter().collect::<Vec<_>>());
         assert!(seen.iter().all(|(id, built)| built.as_ref() == Some(id)));
+    }
+
+    /// A panic on a fold thread comes back as an error, not as a panic of the caller (on a
+    /// machine with one core the tasks fold on the calling thread, and the panic is its own).
+    #[test]
+    fn a_panicking_fold_thread_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let options =
+            JournalOptions::default().with_durability(dtask_journal::Durability::Buffered);
+        let journal = Journal::open(dir.path(), options).unwrap();
+        let ids: Vec<String> = (0..CHUNK_TASKS + 10).map(|i| format!("t{i:05}")).collect();
+        for id in &ids {
+            journal.append(id, 0, &[created(id)]).unwrap();
+        }
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            load_tasks_with(&journal, &ids, |id, _, _| {
+                assert_ne!(id, "t00003", "a bug in build");
+            })
+        }));
+        if plan(ids.len()).0 > 1 {
+            let error = outcome.expect("no panic").unwrap_err();
+            assert!(error.to_string().contains("panicked"), "{error}");
+        } else {
+            assert!(outcome.is_err());
+        }
     }
 
     #[test]
