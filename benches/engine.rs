@@ -8,10 +8,11 @@
 //!    at 64 and 1,024 concurrent tasks, and p50 / p99 latency of one durable transition;
 //! 3. recovery: a journal of 1M events over 100k tasks (half terminal, every other one), closed,
 //!    then timed open + fold until workers could claim; events folded per second and resident
-//!    memory per live task. Then a journal whose finished tasks are the older half (as
-//!    time-ordered ids lay them out: no finished task's records between live ones). Then the
-//!    first journal written by a process that aborts without closing it
-//!    (a crash): its open also replays the write-ahead log left behind. Each recovery runs in
+//!    memory per live task. Then a copy of that journal opened with memory-mapped reads
+//!    (`JournalOptions::mmap_reads`). Then a journal whose finished tasks are the older half
+//!    (as time-ordered ids lay them out: no finished task's records between live ones). Then
+//!    the first journal written by a process that aborts without closing it (a crash): its
+//!    open also replays the write-ahead log left behind. Each recovery runs in
 //!    a process of its own, and is followed by one heartbeat appended to every live task,
 //!    twice (1,024 at a time): the first round is the catch-up of workers resuming every task
 //!    after a restart, the second the steady state.
@@ -258,7 +259,16 @@ fn recovery(tasks: usize, events_per_task: usize) {
             .status()
             .unwrap()
     };
+    // A copy for the recovery with memory-mapped reads (each recovery appends to its journal
+    // afterwards).
+    let mapped = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, mapped.path().join(path.file_name().unwrap())).unwrap();
+    }
     assert!(child("--recover", &dir, "closed").success());
+    assert!(child("--recover", mapped.path(), "closed, mmap reads").success());
+    drop(mapped);
     // The same with the finished half first (as time-ordered ids lay it out): nothing lies
     // between the live tasks.
     let oldest = tempfile::tempdir().unwrap();
@@ -293,7 +303,8 @@ fn measure_recovery(label: &str, dir: &std::path::Path, tasks: usize, events_per
     let live_events = live * events_per_task;
     let rss_before = rss_bytes();
     let start = Instant::now();
-    let journal = Journal::open(dir, JournalOptions::default()).unwrap();
+    let options = JournalOptions::default().with_mmap_reads(label.contains("mmap reads"));
+    let journal = Journal::open(dir, options).unwrap();
     let opened = start.elapsed();
     let store = TaskStore::open(journal, SystemClock, StoreConfig::default()).unwrap();
     let elapsed = start.elapsed();

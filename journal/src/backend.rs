@@ -308,6 +308,12 @@ fn db_options(create: bool) -> Options {
 
 impl RocksBackend {
     pub(crate) fn open(path: &Path, mode: OpenMode<'_>) -> Result<Self> {
+        Self::open_with(path, mode, false)
+    }
+
+    /// [`RocksBackend::open`], reading table files through memory maps when `mmap_reads`
+    /// (see [`crate::JournalOptions::mmap_reads`]).
+    pub(crate) fn open_with(path: &Path, mode: OpenMode<'_>, mmap_reads: bool) -> Result<Self> {
         if !matches!(mode, OpenMode::Primary) && !path.join("CURRENT").exists() {
             return Err(Error::NotAJournal(format!(
                 "no database at {}",
@@ -326,7 +332,8 @@ impl RocksBackend {
             .chain(legacy.then_some(LEGACY_HEADS));
         let db = match mode {
             OpenMode::Primary => {
-                let opts = db_options(true);
+                let mut opts = db_options(true);
+                opts.set_allow_mmap_reads(mmap_reads);
                 let descriptors = names.map(|name| {
                     let mut cf = db_options(true);
                     // Until the first write: see `Backend::start_compactions`.

@@ -102,7 +102,8 @@ impl Journal {
     /// non-empty database without a format version, [`Error::Storage`] when RocksDB fails
     /// (for example because another process holds the lock).
     pub fn open(path: impl AsRef<Path>, options: JournalOptions) -> Result<Self> {
-        let mut backend = RocksBackend::open(path.as_ref(), OpenMode::Primary)?;
+        let mut backend =
+            RocksBackend::open_with(path.as_ref(), OpenMode::Primary, options.mmap_reads)?;
         let stamp = |backend: &RocksBackend| {
             backend.write(
                 vec![crate::backend::BatchOp::Put {

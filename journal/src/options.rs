@@ -39,6 +39,16 @@ pub struct JournalOptions {
     pub max_events_per_append: usize,
     /// The most appends the group-commit writer puts in one batch. Default: 4096.
     pub max_batch_appends: usize,
+    /// Read the journal's table files through memory maps instead of copying each block
+    /// read into a buffer of its own. Default: off.
+    ///
+    /// Recovery folds faster with it (~10–15 % on the bench's 1M-event journal), but the
+    /// mapped pages of the files it reads count as the process's resident memory: ~3.5 KB
+    /// per live task there, against ~1.45 KB without. They are clean page cache that the
+    /// kernel can drop at any time, but a resident set that grows with the journal read
+    /// surprises operators and memory limits that count it, hence off by default. For
+    /// services that recover large journals and measure memory by the page cache anyway.
+    pub mmap_reads: bool,
 }
 
 impl Default for JournalOptions {
@@ -50,6 +60,7 @@ impl Default for JournalOptions {
             max_task_id_bytes: 1024,
             max_events_per_append: 1024,
             max_batch_appends: 4096,
+            mmap_reads: false,
         }
     }
 }
@@ -73,6 +84,13 @@ impl JournalOptions {
     #[must_use]
     pub fn with_max_record_bytes(mut self, bytes: usize) -> Self {
         self.max_record_bytes = bytes.min(crate::record::MAX_PAYLOAD_BYTES);
+        self
+    }
+
+    /// Sets [`JournalOptions::mmap_reads`].
+    #[must_use]
+    pub fn with_mmap_reads(mut self, on: bool) -> Self {
+        self.mmap_reads = on;
         self
     }
 

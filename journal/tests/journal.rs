@@ -535,3 +535,59 @@ fn primed_heads_are_taken_before_the_first_append_only() {
     let reader = Journal::open_read_only(dir.path()).unwrap();
     assert!(!reader.prime_heads([("u", u)]));
 }
+
+/// A journal opened with memory-mapped reads reads the same records — from table files, after
+/// a reopen — and goes on appending; the option reaches RocksDB.
+#[test]
+fn mmap_reads_read_the_same_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let tasks: Vec<String> = (0..200).map(|i| format!("task-{i:03}")).collect();
+    {
+        let options = JournalOptions::default().with_durability(Durability::Buffered);
+        let journal = Journal::open(dir.path(), options).unwrap();
+        for task in &tasks {
+            let events: Vec<Event> = std::iter::once(created(task))
+                .chain((1..20).map(update))
+                .collect();
+            journal.append(task, 0, &events).unwrap();
+        }
+    }
+    let read_all = |journal: &Journal| -> Vec<Vec<dtask_journal::Record>> {
+        tasks
+            .iter()
+            .map(|task| journal.read_stream(task, 0).map(Result::unwrap).collect())
+            .collect()
+    };
+    let plain = read_all(&Journal::open(dir.path(), JournalOptions::default()).unwrap());
+    let journal =
+        Journal::open(dir.path(), JournalOptions::default().with_mmap_reads(true)).unwrap();
+    let options_file = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| {
+            path.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("OPTIONS-")
+        })
+        .max()
+        .unwrap();
+    assert!(std::fs::read_to_string(options_file)
+        .unwrap()
+        .contains("allow_mmap_reads=true"));
+    assert_eq!(plain.len(), tasks.len());
+    assert!(plain.iter().all(|stream| stream.len() == 20));
+    assert_eq!(read_all(&journal), plain);
+    let mut scanner = journal.stream_scanner();
+    for (task, stream) in tasks.iter().zip(&plain) {
+        let mut raw = scanner.read(task);
+        let folded: Vec<_> = raw.fold_records().map(Result::unwrap).collect();
+        assert_eq!(folded.len(), stream.len(), "{task}");
+        assert_eq!(
+            folded.last().map(|r| r.digest),
+            stream.last().map(|r| r.digest)
+        );
+    }
+    journal.append(&tasks[7], 20, &[update(20)]).unwrap();
+    assert_eq!(journal.read_stream(&tasks[7], 0).count(), 21);
+}
