@@ -47,10 +47,19 @@ impl IdIndex {
 
     /// The inline ids with their positions, in insertion order.
     fn inline(&self) -> impl Iterator<Item = (&str, &u64)> {
+        self.inline_bytes().map(|(id, position)| {
+            // Only whole `&str`s are stored, and cut at their ends.
+            (std::str::from_utf8(id).unwrap_or_default(), position)
+        })
+    }
+
+    /// [`IdIndex::inline`] as bytes: what a lookup compares, without checking each
+    /// candidate's UTF-8 again.
+    fn inline_bytes(&self) -> impl Iterator<Item = (&[u8], &u64)> {
         let mut start = 0;
         self.entries.iter().map(move |(end, position)| {
             let end = *end as usize;
-            let id = std::str::from_utf8(&self.bytes[start..end]).unwrap_or_default();
+            let id = self.bytes.get(start..end).unwrap_or_default();
             start = end;
             (id, position)
         })
@@ -70,8 +79,8 @@ impl IdIndex {
         match &self.map {
             Some(map) => map.get(id),
             None => self
-                .inline()
-                .find(|(candidate, _)| *candidate == id)
+                .inline_bytes()
+                .find(|(candidate, _)| *candidate == id.as_bytes())
                 .map(|(_, position)| position),
         }
     }
@@ -118,13 +127,12 @@ impl IdIndex {
         }
         let mut start = 0usize;
         let mut found = None;
-        for (i, (end, position)) in self.entries.iter().enumerate() {
-            let end = *end as usize;
-            if &self.bytes[start..end] == id.as_bytes() {
-                found = Some((i, start, end, *position));
+        for (i, (candidate, position)) in self.inline_bytes().enumerate() {
+            if candidate == id.as_bytes() {
+                found = Some((i, start, start + candidate.len(), *position));
                 break;
             }
-            start = end;
+            start += candidate.len();
         }
         let (i, start, end, position) = found?;
         self.bytes.drain(start..end);
