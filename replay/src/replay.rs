@@ -458,18 +458,28 @@ mod tests {
         }
     }
 
+    /// A journal in a temporary directory that acknowledges without syncing (these tests
+    /// append many tasks and crash nothing).
+    fn buffered_journal() -> (tempfile::TempDir, Journal) {
+        let dir = tempfile::tempdir().unwrap();
+        let options =
+            JournalOptions::default().with_durability(dtask_journal::Durability::Buffered);
+        let journal = Journal::open(dir.path(), options).unwrap();
+        (dir, journal)
+    }
+
+    /// `n` task ids in ascending order.
+    fn task_ids(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("t{i:05}")).collect()
+    }
+
     /// Several chunks on several threads: each chunk is handed over once, in order, with its
     /// own ids and results; a task that does not fold ends it with its error (the first in
     /// id order), after the chunks before its own and none after.
     #[test]
     fn load_tasks_each_hands_over_the_chunks_in_order_up_to_the_first_failure() {
-        let dir = tempfile::tempdir().unwrap();
-        let options =
-            JournalOptions::default().with_durability(dtask_journal::Durability::Buffered);
-        let journal = Journal::open(dir.path(), options).unwrap();
-        let mut ids: Vec<String> = (0..2 * CHUNK_TASKS + 100)
-            .map(|i| format!("t{i:05}"))
-            .collect();
+        let (_dir, journal) = buffered_journal();
+        let mut ids = task_ids(2 * CHUNK_TASKS + 100);
         let broken = [CHUNK_TASKS + 7, 2 * CHUNK_TASKS + 3];
         for (i, id) in ids.iter().enumerate() {
             let event = if broken.contains(&i) {
@@ -541,11 +551,8 @@ mod tests {
     /// machine with one core the tasks fold on the calling thread, and the panic is its own).
     #[test]
     fn a_panicking_fold_thread_is_an_error() {
-        let dir = tempfile::tempdir().unwrap();
-        let options =
-            JournalOptions::default().with_durability(dtask_journal::Durability::Buffered);
-        let journal = Journal::open(dir.path(), options).unwrap();
-        let ids: Vec<String> = (0..CHUNK_TASKS + 10).map(|i| format!("t{i:05}")).collect();
+        let (_dir, journal) = buffered_journal();
+        let ids = task_ids(CHUNK_TASKS + 10);
         for id in &ids {
             journal.append(id, 0, &[created(id)]).unwrap();
         }
