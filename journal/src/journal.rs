@@ -79,6 +79,21 @@ impl Drop for Inner {
                 if let Err(error) = self.backend.flush() {
                     tracing::warn!(%error, "flushing the journal at close failed");
                 }
+                // Settle (see `JournalOptions::settle_on_close`): the compactions due are
+                // done now, not in the next run's first seconds beside its workers.
+                let timeout = self.options.settle_on_close;
+                if !timeout.is_zero() {
+                    match self.backend.settle(timeout) {
+                        Ok(true) => {}
+                        Ok(false) => tracing::info!(
+                            ?timeout,
+                            "the journal closed with compactions still due"
+                        ),
+                        Err(error) => {
+                            tracing::warn!(%error, "settling the journal at close failed");
+                        }
+                    }
+                }
             }
         }
     }

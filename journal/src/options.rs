@@ -1,5 +1,7 @@
 //! Journal configuration.
 
+use std::time::Duration;
+
 /// When an append is acknowledged relative to stable storage.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum Durability {
@@ -49,6 +51,21 @@ pub struct JournalOptions {
     /// surprises operators and memory limits that count it, hence off by default. For
     /// services that recover large journals and measure memory by the page cache anyway.
     pub mmap_reads: bool,
+    /// How long a clean close (dropping the last handle of a writable journal) waits for
+    /// the compactions the store has due, after flushing its in-memory tables. Default: 10 s;
+    /// [`Duration::ZERO`] closes without waiting.
+    ///
+    /// The flush at close leaves a new table file per space, and a journal that has run a
+    /// while often closes with a compaction due or under way (RocksDB merges level-0 files
+    /// once there are four; it abandons a compaction under way when the database closes).
+    /// Closing without waiting hands that compaction to the next run, which starts it at its
+    /// first append: in the first seconds after the restart, beside the workers resuming
+    /// every task. On the bench's 1M-event journal closed with four level-0 files, one
+    /// heartbeat to each of its 50k live tasks after recovery ran at 131–246k appends/s,
+    /// against 271–349k once the close had settled it. Waiting makes a planned restart (a
+    /// deploy, an upgrade) start from a settled journal; a crash, which has no clean close,
+    /// recovers as before. The wait is bounded: what is not done by then stays due.
+    pub settle_on_close: Duration,
 }
 
 impl Default for JournalOptions {
@@ -61,6 +78,7 @@ impl Default for JournalOptions {
             max_events_per_append: 1024,
             max_batch_appends: 4096,
             mmap_reads: false,
+            settle_on_close: Duration::from_secs(10),
         }
     }
 }
@@ -91,6 +109,13 @@ impl JournalOptions {
     #[must_use]
     pub fn with_mmap_reads(mut self, on: bool) -> Self {
         self.mmap_reads = on;
+        self
+    }
+
+    /// Sets [`JournalOptions::settle_on_close`] ([`Duration::ZERO`]: close without waiting).
+    #[must_use]
+    pub fn with_settle_on_close(mut self, timeout: Duration) -> Self {
+        self.settle_on_close = timeout;
         self
     }
 

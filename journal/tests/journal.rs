@@ -591,3 +591,65 @@ fn mmap_reads_read_the_same_records() {
     journal.append(&tasks[7], 20, &[update(20)]).unwrap();
     assert_eq!(journal.read_stream(&tasks[7], 0).count(), 21);
 }
+
+/// The level-0 table files of the `events` space, read with RocksDB itself (read-only).
+fn events_level0_files(dir: &std::path::Path) -> u64 {
+    let names = column_families(dir);
+    let db = rocksdb::DB::open_cf_for_read_only(&rocksdb::Options::default(), dir, &names, false)
+        .unwrap();
+    let events = db.cf_handle(Space::Events.name()).unwrap();
+    db.property_int_value_cf(events, "rocksdb.num-files-at-level0")
+        .unwrap()
+        .unwrap()
+}
+
+/// Each clean close flushes a table file per space; the close that brings `events` to
+/// RocksDB's compaction trigger (four level-0 files) waits for that compaction, so the next
+/// open reads one merged run. A journal opened and closed without appending (its compactions
+/// still off) settles too. Nothing is lost either way.
+#[test]
+fn a_clean_close_settles_the_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = |settle: std::time::Duration| {
+        JournalOptions::default()
+            .with_durability(Durability::Buffered)
+            .with_settle_on_close(settle)
+    };
+    let session = |round: u64, settle: std::time::Duration| {
+        let journal = Journal::open(dir.path(), options(settle)).unwrap();
+        for task in ["a", "b", "c"] {
+            let events: Vec<Event> = if round == 0 {
+                std::iter::once(created(task))
+                    .chain((1..50).map(update))
+                    .collect()
+            } else {
+                (round * 50..round * 50 + 50).map(update).collect()
+            };
+            journal.append(task, round * 50, &events).unwrap();
+        }
+    };
+    // Three closes without waiting leave three level-0 files: below the trigger, nothing due.
+    for round in 0..3 {
+        session(round, std::time::Duration::ZERO);
+    }
+    assert_eq!(events_level0_files(dir.path()), 3);
+    // The fourth close's flush makes a compaction due; the close waits for it.
+    session(3, std::time::Duration::from_secs(60));
+    assert_eq!(events_level0_files(dir.path()), 0);
+    // Four more flushes, the last one by a close that does not wait for the compaction due.
+    for round in 4..8 {
+        session(round, std::time::Duration::ZERO);
+    }
+    // Opened and closed without an append (compactions off since the open): settled too.
+    drop(Journal::open(dir.path(), options(std::time::Duration::from_secs(60))).unwrap());
+    assert_eq!(events_level0_files(dir.path()), 0);
+    let journal = Journal::open_read_only(dir.path()).unwrap();
+    for task in ["a", "b", "c"] {
+        let stream: Vec<_> = journal.read_stream(task, 0).map(Result::unwrap).collect();
+        assert_eq!(stream.len(), 400, "{task}");
+        assert!(stream
+            .iter()
+            .enumerate()
+            .all(|(i, r)| r.position == i as u64));
+    }
+}
