@@ -18,7 +18,8 @@
 //!    after a restart, the second the steady state.
 //!
 //! Run: `cargo bench --bench engine` (`-- --quick` for a smaller recovery journal, `-- --part 3`
-//! for one part only, `-- --part 1 --tasks 1024` for one row of part 1).
+//! for one part only, `-- --part 1 --tasks 1024` for one row of part 1, `-- --rounds 5` for more
+//! alternating rounds of part 1: three by default).
 #![allow(
     clippy::unwrap_used,
     clippy::cast_precision_loss,
@@ -320,6 +321,15 @@ fn measure_recovery(label: &str, dir: &std::path::Path, tasks: usize, events_per
         live_events as f64 / elapsed.as_secs_f64(),
         rss_after.saturating_sub(rss_before) as f64 / live as f64
     );
+    let per_task = rss_after.saturating_sub(rss_before) as f64 / live as f64;
+    let folded = live_events as f64 / fold.as_secs_f64();
+    println!(
+        "target ({label}): fold >= 2M live events/s {} ({folded:.0}), open + fold < 2 s {} ({:.3} s), <= 2 KiB per live task {} ({per_task:.0} B)",
+        common::verdict(folded >= 2_000_000.0),
+        common::verdict(elapsed.as_secs_f64() < 2.0),
+        elapsed.as_secs_f64(),
+        common::verdict(per_task <= 2048.0)
+    );
     catch_up(label, store.journal());
     drop(store);
 }
@@ -400,13 +410,13 @@ fn main() {
         return;
     }
     let quick = args.iter().any(|a| a == "--quick");
-    let part: Option<u32> = args
-        .iter()
-        .position(|a| a == "--part")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|s| s.parse().ok());
+    let part: Option<u32> = common::arg(&args, "--part");
     let runs = |n: u32| part.is_none_or(|p| p == n);
     let secs = if quick { 1.0 } else { 3.0 };
+    // `--rounds N`: part 1's cells alternate dtask and the raw batches N times (3 by default).
+    let rounds: usize = common::arg(&args, "--rounds")
+        .unwrap_or(if quick { 1 } else { 3 })
+        .max(1);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -414,13 +424,9 @@ fn main() {
         .unwrap();
     let record = heartbeat_record_bytes();
     // `--tasks N`: part 1 at N tasks only (for profiling).
-    let only_tasks: Option<usize> = args
-        .iter()
-        .position(|a| a == "--tasks")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|s| s.parse().ok());
+    let only_tasks: Option<usize> = common::arg(&args, "--tasks");
     if runs(1) {
-        transitions_table(&runtime, record, secs, only_tasks);
+        transitions_table(&runtime, record, secs, rounds, only_tasks);
     }
     if runs(2) {
         lifecycles_table(&runtime, secs);
@@ -439,22 +445,53 @@ fn transitions_table(
     runtime: &tokio::runtime::Runtime,
     record: usize,
     secs: f64,
+    rounds: usize,
     only_tasks: Option<usize>,
 ) {
-    println!("1. durable transitions/s (heartbeats, Durability::Sync, {record}-byte records)");
     println!(
-        "{:>8} | {:>12} | {:>16} | {:>8} | {:>9} | {:>9}",
+        "1. durable transitions/s (heartbeats, Durability::Sync, {record}-byte records; \
+         {rounds} rounds alternating with the raw batches: medians, and the range of the \
+         per-round ratios)"
+    );
+    println!(
+        "{:>8} | {:>12} | {:>16} | {:>18} | {:>9} | {:>9}",
         "tasks", "dtask", "raw sync batch", "ratio", "p50", "p99"
     );
     let cells = only_tasks.map_or_else(|| vec![1usize, 64, 1024], |n| vec![n]);
+    let mut targets = Vec::new();
     for tasks in cells {
-        let (rate, latencies) = runtime.block_on(transitions(tasks, secs));
-        let raw = raw_batches(tasks, record, secs);
+        let (mut ours, mut raw, mut latencies) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..rounds {
+            // Alternate which side runs first.
+            if round % 2 == 1 {
+                raw.push(raw_batches(tasks, record, secs));
+            }
+            let (rate, round_latencies) = runtime.block_on(transitions(tasks, secs));
+            ours.push(rate);
+            latencies.extend(round_latencies);
+            if round % 2 == 0 {
+                raw.push(raw_batches(tasks, record, secs));
+            }
+        }
+        latencies.sort_unstable();
+        let ratio = common::Spread::of_ratios(&ours, &raw);
         println!(
-            "{tasks:>8} | {rate:>12.0} | {raw:>16.0} | {:>7.2}x | {:>7.2?} | {:>7.2?}",
-            rate / raw,
+            "{tasks:>8} | {:>12.0} | {:>16.0} | {:>18} | {:>7.2?} | {:>7.2?}",
+            common::Spread::of(&ours).median,
+            common::Spread::of(&raw).median,
+            ratio.ratio(),
             percentile(&latencies, 0.5),
             percentile(&latencies, 0.99)
+        );
+        if tasks >= 64 {
+            targets.push((tasks, common::Spread::of(&ours).median, ratio.median));
+        }
+    }
+    for (tasks, rate, ratio) in targets {
+        println!(
+            "target at {tasks} tasks: >= 100k transitions/s {} ({rate:.0}), >= 0.8x the raw synced batches {} ({ratio:.2}x)",
+            common::verdict(rate >= 100_000.0),
+            common::verdict(ratio >= 0.8)
         );
     }
 }
@@ -467,5 +504,11 @@ fn lifecycles_table(runtime: &tokio::runtime::Runtime, secs: f64) {
             "{concurrency:>8} concurrent: {rate:>10.0} lifecycles/s ({:.0} durable records/s)",
             rate * 10.0
         );
+        if concurrency == 1024 {
+            println!(
+                "target at 1024 concurrent: >= 10k lifecycles/s {} ({rate:.0})",
+                common::verdict(rate >= 10_000.0)
+            );
+        }
     }
 }

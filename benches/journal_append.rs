@@ -4,14 +4,19 @@
 //! dtask is measured with its writers as tokio tasks (how the engine calls it; the ratios use
 //! this column) and as OS threads blocking on each append.
 //!
-//! Run: `cargo bench --bench journal_append` (add `-- --secs 3` for longer rounds, `-- --writers 64`
-//! for one row, `-- --ours` for dtask's tokio column alone).
+//! Each cell runs its four columns in alternating rounds (three by default) and prints the
+//! medians and the range of the per-round ratios: the machine's speed swings too much from
+//! one minute to the next for one run of each column to compare them.
+//!
+//! Run: `cargo bench --bench journal_append` (add `-- --secs 3` for longer columns, `-- --rounds 5`
+//! for more rounds, `-- --writers 64` for one row, `-- --ours` for dtask's tokio column alone).
 #![allow(clippy::unwrap_used, clippy::cast_precision_loss, missing_docs)]
 
 use dtask::journal::{Event, Journal, JournalOptions, Timestamp};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+mod common;
 
 const VALUE_BYTES: usize = 200;
 
@@ -152,31 +157,41 @@ fn raw_batches(batch: usize, secs: f64) -> f64 {
     })
 }
 
+/// One cell's four columns over `rounds` rounds, each round running them in a rotated order
+/// (so that no column always runs first, after the previous cell's journal was dropped).
+struct Cell {
+    ours: Vec<f64>,
+    threads: Vec<f64>,
+    puts: Vec<f64>,
+    batches: Vec<f64>,
+}
+
+fn measure_cell(writers: usize, secs: f64, rounds: usize) -> Cell {
+    let mut cell = Cell {
+        ours: Vec::new(),
+        threads: Vec::new(),
+        puts: Vec::new(),
+        batches: Vec::new(),
+    };
+    for round in 0..rounds {
+        for column in 0..4 {
+            match (column + round) % 4 {
+                0 => cell.ours.push(dtask_async_appends(writers, secs)),
+                1 => cell.threads.push(dtask_appends(writers, secs)),
+                2 => cell.puts.push(raw_puts(writers, secs)),
+                _ => cell.batches.push(raw_batches(writers, secs)),
+            }
+        }
+    }
+    cell
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let secs = args
-        .iter()
-        .position(|a| a == "--secs")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(2.0);
-    println!("durable appends/s, Durability::Sync, {VALUE_BYTES}-byte records, {secs} s per cell");
-    println!(
-        "{:>8} | {:>13} | {:>12} | {:>14} | {:>16} | {:>10} | {:>10}",
-        "writers",
-        "dtask (tasks)",
-        "dtask (thr)",
-        "raw sync put",
-        "raw sync batch",
-        "vs put",
-        "vs batch"
-    );
-    let only: Option<usize> = args
-        .iter()
-        .position(|a| a == "--writers")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|s| s.parse().ok());
-    let cells = only.map_or_else(|| vec![1usize, 16, 64, 256], |w| vec![w]);
+    let secs = common::arg(&args, "--secs").unwrap_or(2.0);
+    let rounds: usize = common::arg(&args, "--rounds").unwrap_or(3).max(1);
+    let cells =
+        common::arg(&args, "--writers").map_or_else(|| vec![1usize, 16, 64, 256], |w| vec![w]);
     // `--ours`: only dtask's tokio column, for profiling.
     if args.iter().any(|a| a == "--ours") {
         for writers in cells {
@@ -185,15 +200,44 @@ fn main() {
         }
         return;
     }
+    println!(
+        "durable appends/s, Durability::Sync, {VALUE_BYTES}-byte records, {secs} s per column, \
+         {rounds} alternating rounds: medians, and the range of the per-round ratios"
+    );
+    println!(
+        "{:>8} | {:>13} | {:>12} | {:>14} | {:>16} | {:>18} | {:>18}",
+        "writers",
+        "dtask (tasks)",
+        "dtask (thr)",
+        "raw sync put",
+        "raw sync batch",
+        "vs put",
+        "vs batch"
+    );
+    let mut targets = Vec::new();
     for writers in cells {
-        let ours = dtask_async_appends(writers, secs);
-        let threads = dtask_appends(writers, secs);
-        let puts = raw_puts(writers, secs);
-        let batches = raw_batches(writers, secs);
+        let cell = measure_cell(writers, secs, rounds);
+        let median = |values: &[f64]| common::Spread::of(values).median;
+        let vs_put = common::Spread::of_ratios(&cell.ours, &cell.puts);
+        let vs_batch = common::Spread::of_ratios(&cell.ours, &cell.batches);
         println!(
-            "{writers:>8} | {ours:>13.0} | {threads:>12.0} | {puts:>14.0} | {batches:>16.0} | {:>9.2}x | {:>9.2}x",
-            ours / puts,
-            ours / batches
+            "{writers:>8} | {:>13.0} | {:>12.0} | {:>14.0} | {:>16.0} | {:>18} | {:>18}",
+            median(&cell.ours),
+            median(&cell.threads),
+            median(&cell.puts),
+            median(&cell.batches),
+            vs_put.ratio(),
+            vs_batch.ratio()
+        );
+        if writers >= 64 {
+            targets.push((writers, vs_put.median, vs_batch.median));
+        }
+    }
+    for (writers, vs_put, vs_batch) in targets {
+        println!(
+            "target at {writers} writers: >= 3x raw synced puts {} ({vs_put:.2}x), >= 0.8x raw synced batches {} ({vs_batch:.2}x)",
+            common::verdict(vs_put >= 3.0),
+            common::verdict(vs_batch >= 0.8)
         );
     }
 }

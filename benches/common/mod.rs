@@ -109,3 +109,61 @@ fn fill_journal_with(
     }
     journal
 }
+
+/// What a bench cell measured over several rounds: the median and the range. The machines
+/// the benches run on swing by a factor of two from one minute to the next (the disk's sync
+/// latency, the host's CPU), so a cell alternates dtask with its raw baseline round by
+/// round and reports the median of the per-round figures, not one run of each.
+#[derive(Debug, Clone, Copy)]
+pub struct Spread {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Spread {
+    /// The spread of `values` (at least one).
+    pub fn of(values: &[f64]) -> Self {
+        let mut sorted = values.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        let n = sorted.len();
+        let median = if n % 2 == 1 {
+            sorted[n / 2]
+        } else {
+            (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
+        };
+        Self {
+            median,
+            min: sorted[0],
+            max: sorted[n - 1],
+        }
+    }
+
+    /// The spread of the per-round ratios `ours[i] / base[i]`.
+    pub fn of_ratios(ours: &[f64], base: &[f64]) -> Self {
+        let ratios: Vec<f64> = ours.iter().zip(base).map(|(o, b)| o / b).collect();
+        Self::of(&ratios)
+    }
+
+    /// `2.61x (2.20-3.28)`: the median ratio and its range.
+    pub fn ratio(&self) -> String {
+        format!("{:.2}x ({:.2}-{:.2})", self.median, self.min, self.max)
+    }
+}
+
+/// The value of `--name N` on the command line, if any.
+pub fn arg<T: std::str::FromStr>(args: &[String], name: &str) -> Option<T> {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .and_then(|s| s.parse().ok())
+}
+
+/// `met` or `not met`, for a target line.
+pub fn verdict(met: bool) -> &'static str {
+    if met {
+        "met"
+    } else {
+        "not met"
+    }
+}
