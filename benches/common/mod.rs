@@ -130,7 +130,7 @@ impl Spread {
         let median = if n % 2 == 1 {
             sorted[n / 2]
         } else {
-            (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0
+            f64::midpoint(sorted[n / 2 - 1], sorted[n / 2])
         };
         Self {
             median,
