@@ -475,16 +475,16 @@ fn transitions_table(
         }
         latencies.sort_unstable();
         let ratio = common::Spread::of_ratios(&ours, &raw);
+        let rate = common::Spread::of(&ours).median;
         println!(
-            "{tasks:>8} | {:>12.0} | {:>16.0} | {:>18} | {:>7.2?} | {:>7.2?}",
-            common::Spread::of(&ours).median,
+            "{tasks:>8} | {rate:>12.0} | {:>16.0} | {:>18} | {:>7.2?} | {:>7.2?}",
             common::Spread::of(&raw).median,
             ratio.ratio(),
             percentile(&latencies, 0.5),
             percentile(&latencies, 0.99)
         );
         if tasks >= 64 {
-            targets.push((tasks, common::Spread::of(&ours).median, ratio.median));
+            targets.push((tasks, rate, ratio.median));
         }
     }
     for (tasks, rate, ratio) in targets {
