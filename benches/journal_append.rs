@@ -1,15 +1,19 @@
 //! Durable appends per second with `Durability::Sync`, side by side with raw RocksDB doing the
 //! same work on the same machine in the same run: one synced put per append, and synced
-//! WriteBatches of as many records as there are writers (what a perfect group commit forms).
+//! WriteBatches of as many records as there are writers (what a perfect group commit forms),
+//! each holding one record of every writer's task (the keys the puts write); and, as a
+//! second batch column, the same batches of ascending keys (RocksDB's cheapest insert, which
+//! no journal keyed by task makes).
 //! dtask is measured with its writers as tokio tasks (how the engine calls it; the ratios use
 //! this column) and as OS threads blocking on each append.
 //!
-//! Each cell runs its four columns in alternating rounds (three by default) and prints the
+//! Each cell runs its five columns in alternating rounds (three by default) and prints the
 //! medians and the range of the per-round ratios: the machine's speed swings too much from
 //! one minute to the next for one run of each column to compare them.
 //!
 //! Run: `cargo bench --bench journal_append` (add `-- --secs 3` for longer columns, `-- --rounds 5`
-//! for more rounds, `-- --writers 64` for one row, `-- --ours` for dtask's tokio column alone).
+//! for more rounds, `-- --writers 64` for one row, `-- --ours` for dtask's tokio column alone,
+//! `-- --max-batch 8` to cap dtask's batches at 8 appends).
 #![allow(clippy::unwrap_used, clippy::cast_precision_loss, missing_docs)]
 
 use dtask::journal::{Event, Journal, JournalOptions, Timestamp};
@@ -28,6 +32,17 @@ fn update(i: u64) -> Event {
         data: vec![7; VALUE_BYTES - 40],
         metadata: vec![],
         at: Timestamp(i),
+    }
+}
+
+/// `--max-batch N`: [`JournalOptions::max_batch_appends`] for dtask's columns.
+static MAX_BATCH: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+
+fn journal_options() -> JournalOptions {
+    let options = JournalOptions::default();
+    match MAX_BATCH.get() {
+        Some(&appends) => options.with_max_batch_appends(appends),
+        None => options,
     }
 }
 
@@ -57,7 +72,7 @@ fn run_threads(
 
 fn dtask_appends(writers: usize, secs: f64) -> f64 {
     let dir = tempfile::tempdir().unwrap();
-    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    let journal = Journal::open(dir.path(), journal_options()).unwrap();
     let rate = run_threads(writers, secs, move |t, stop, done| {
         let task = format!("task-{t:04}");
         let mut position = 0;
@@ -77,7 +92,7 @@ fn dtask_appends(writers: usize, secs: f64) -> f64 {
 /// the journal).
 fn dtask_async_appends(writers: usize, secs: f64) -> f64 {
     let dir = tempfile::tempdir().unwrap();
-    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    let journal = Journal::open(dir.path(), journal_options()).unwrap();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -137,33 +152,50 @@ fn raw_puts(writers: usize, secs: f64) -> f64 {
     })
 }
 
-fn raw_batches(batch: usize, secs: f64) -> f64 {
+/// The keys of a raw batch.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum BatchKeys {
+    /// The keys the writers' appends write (one record of each writer's task per batch, as
+    /// in the raw puts): what a perfect group commit of this workload writes.
+    Tasks,
+    /// One ascending key after another: RocksDB's cheapest insert, which no journal keyed by
+    /// task makes.
+    Sequential,
+}
+
+fn raw_batches(batch: usize, secs: f64, keys: BatchKeys) -> f64 {
     let dir = tempfile::tempdir().unwrap();
     let db = Arc::new(raw_db(dir.path()));
     let value = vec![7u8; VALUE_BYTES];
     run_threads(1, secs, move |_, stop, done| {
         let mut wo = rocksdb::WriteOptions::default();
         wo.set_sync(true);
-        let mut i = 0u64;
+        let mut round = 0u64;
         while !stop.load(Ordering::Relaxed) {
             let mut wb = rocksdb::WriteBatch::default();
-            for _ in 0..batch {
-                wb.put(format!("k{i:016}"), &value);
-                i += 1;
+            for t in 0..batch {
+                match keys {
+                    BatchKeys::Tasks => wb.put(format!("task-{t:04}/{round:016}"), &value),
+                    BatchKeys::Sequential => {
+                        wb.put(format!("k{:016}", round * batch as u64 + t as u64), &value);
+                    }
+                }
             }
+            round += 1;
             db.write_opt(wb, &wo).unwrap();
             done.fetch_add(batch as u64, Ordering::Relaxed);
         }
     })
 }
 
-/// One cell's four columns over `rounds` rounds, each round running them in a rotated order
+/// One cell's five columns over `rounds` rounds, each round running them in a rotated order
 /// (so that no column always runs first, after the previous cell's journal was dropped).
 struct Cell {
     ours: Vec<f64>,
     threads: Vec<f64>,
     puts: Vec<f64>,
     batches: Vec<f64>,
+    sequential: Vec<f64>,
 }
 
 fn measure_cell(writers: usize, secs: f64, rounds: usize) -> Cell {
@@ -172,14 +204,20 @@ fn measure_cell(writers: usize, secs: f64, rounds: usize) -> Cell {
         threads: Vec::new(),
         puts: Vec::new(),
         batches: Vec::new(),
+        sequential: Vec::new(),
     };
     for round in 0..rounds {
-        for column in 0..4 {
-            match (column + round) % 4 {
+        for column in 0..5 {
+            match (column + round) % 5 {
                 0 => cell.ours.push(dtask_async_appends(writers, secs)),
                 1 => cell.threads.push(dtask_appends(writers, secs)),
                 2 => cell.puts.push(raw_puts(writers, secs)),
-                _ => cell.batches.push(raw_batches(writers, secs)),
+                3 => cell
+                    .batches
+                    .push(raw_batches(writers, secs, BatchKeys::Tasks)),
+                _ => cell
+                    .sequential
+                    .push(raw_batches(writers, secs, BatchKeys::Sequential)),
             }
         }
     }
@@ -190,6 +228,9 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let secs = common::arg(&args, "--secs").unwrap_or(2.0);
     let rounds: usize = common::arg(&args, "--rounds").unwrap_or(3).max(1);
+    if let Some(appends) = common::arg(&args, "--max-batch") {
+        MAX_BATCH.set(appends).unwrap();
+    }
     let cells =
         common::arg(&args, "--writers").map_or_else(|| vec![1usize, 16, 64, 256], |w| vec![w]);
     // `--ours`: only dtask's tokio column, for profiling.
@@ -205,14 +246,16 @@ fn main() {
          {rounds} alternating rounds: medians, and the range of the per-round ratios"
     );
     println!(
-        "{:>8} | {:>13} | {:>12} | {:>14} | {:>16} | {:>18} | {:>18}",
+        "{:>8} | {:>13} | {:>12} | {:>12} | {:>14} | {:>14} | {:>18} | {:>18} | {:>18}",
         "writers",
         "dtask (tasks)",
         "dtask (thr)",
         "raw sync put",
-        "raw sync batch",
+        "raw batch",
+        "raw batch seq",
         "vs put",
-        "vs batch"
+        "vs batch",
+        "vs batch seq"
     );
     let mut targets = Vec::new();
     for writers in cells {
@@ -220,24 +263,37 @@ fn main() {
         let median = |values: &[f64]| common::Spread::of(values).median;
         let vs_put = common::Spread::of_ratios(&cell.ours, &cell.puts);
         let vs_batch = common::Spread::of_ratios(&cell.ours, &cell.batches);
+        let vs_sequential = common::Spread::of_ratios(&cell.ours, &cell.sequential);
         println!(
-            "{writers:>8} | {:>13.0} | {:>12.0} | {:>14.0} | {:>16.0} | {:>18} | {:>18}",
+            "{writers:>8} | {:>13.0} | {:>12.0} | {:>12.0} | {:>14.0} | {:>14.0} | {:>18} | {:>18} | {:>18}",
             median(&cell.ours),
             median(&cell.threads),
             median(&cell.puts),
             median(&cell.batches),
+            median(&cell.sequential),
             vs_put.ratio(),
-            vs_batch.ratio()
+            vs_batch.ratio(),
+            vs_sequential.ratio()
         );
         if writers >= 64 {
-            targets.push((writers, vs_put.median, vs_batch.median));
+            targets.push((
+                writers,
+                vs_put.median,
+                vs_batch.median,
+                vs_sequential.median,
+            ));
         }
     }
-    for (writers, vs_put, vs_batch) in targets {
+    println!(
+        "(raw batch: one record of each writer's task per batch, the keys the raw puts write; \
+         raw batch seq: ascending keys, RocksDB's cheapest insert)"
+    );
+    for (writers, vs_put, vs_batch, vs_sequential) in targets {
         println!(
-            "target at {writers} writers: >= 3x raw synced puts {} ({vs_put:.2}x), >= 0.8x raw synced batches {} ({vs_batch:.2}x)",
+            "target at {writers} writers: >= 3x raw synced puts {} ({vs_put:.2}x), >= 0.8x raw synced batches {} ({vs_batch:.2}x; {} against ascending keys, {vs_sequential:.2}x)",
             common::verdict(vs_put >= 3.0),
-            common::verdict(vs_batch >= 0.8)
+            common::verdict(vs_batch >= 0.8),
+            common::verdict(vs_sequential >= 0.8)
         );
     }
 }
