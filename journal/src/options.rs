@@ -45,9 +45,9 @@ pub struct JournalOptions {
     /// With [`Durability::Sync`], a small cap (around 8) lets a sync that ends while the
     /// writer is busy take more of the queued appends, already written in several small
     /// batches rather than inside one large batch still being written. Measured with 64
-    /// concurrent writers it was faster in most rounds (by up to a quarter), and with 256 it
-    /// was slower: there the writer's CPU is the bound and each batch costs a write of its
-    /// own. See `docs/performance.md`.
+    /// concurrent writers it was faster in most short rounds (by up to a quarter) but not
+    /// beyond the noise in whole bench runs, and with 256 it was slower: there the writer's
+    /// CPU is the bound and each batch costs a write of its own. See `docs/performance.md`.
     pub max_batch_appends: usize,
     /// Read the journal's table files through memory maps instead of copying each block
     /// read into a buffer of its own. Default: off.
