@@ -311,18 +311,16 @@ fn measure_recovery(label: &str, dir: &std::path::Path, tasks: usize, events_per
     let elapsed = start.elapsed();
     let fold = elapsed.saturating_sub(opened);
     let rss_after = rss_bytes();
+    let per_task = rss_after.saturating_sub(rss_before) as f64 / live as f64;
+    let folded = live_events as f64 / fold.as_secs_f64();
     println!(
-        "recovery ({label}): {} events over {tasks} tasks ({live} live): open + fold {:.3} s (journal open {:.3} s, fold {:.3} s = {:.0} live events/s), {:.0} live events folded/s overall, {:.0} B resident per live task",
+        "recovery ({label}): {} events over {tasks} tasks ({live} live): open + fold {:.3} s (journal open {:.3} s, fold {:.3} s = {folded:.0} live events/s), {:.0} live events folded/s overall, {per_task:.0} B resident per live task",
         tasks * events_per_task,
         elapsed.as_secs_f64(),
         opened.as_secs_f64(),
         fold.as_secs_f64(),
-        live_events as f64 / fold.as_secs_f64(),
         live_events as f64 / elapsed.as_secs_f64(),
-        rss_after.saturating_sub(rss_before) as f64 / live as f64
     );
-    let per_task = rss_after.saturating_sub(rss_before) as f64 / live as f64;
-    let folded = live_events as f64 / fold.as_secs_f64();
     println!(
         "target ({label}): fold >= 2M live events/s {} ({folded:.0}), open + fold < 2 s {} ({:.3} s), <= 2 KiB per live task {} ({per_task:.0} B)",
         common::verdict(folded >= 2_000_000.0),

@@ -135,6 +135,12 @@ fn raw_db(dir: &std::path::Path) -> rocksdb::DB {
     rocksdb::DB::open(&opts, dir).unwrap()
 }
 
+/// The raw key of writer `t`'s `i`-th record: what the raw puts and the task-keyed raw
+/// batches both write.
+fn raw_task_key(t: usize, i: u64) -> String {
+    format!("task-{t:04}/{i:016}")
+}
+
 fn raw_puts(writers: usize, secs: f64) -> f64 {
     let dir = tempfile::tempdir().unwrap();
     let db = Arc::new(raw_db(dir.path()));
@@ -144,7 +150,7 @@ fn raw_puts(writers: usize, secs: f64) -> f64 {
         wo.set_sync(true);
         let mut i = 0u64;
         while !stop.load(Ordering::Relaxed) {
-            let key = format!("task-{t:04}/{i:016}");
+            let key = raw_task_key(t, i);
             db.put_opt(key, &value, &wo).unwrap();
             i += 1;
             done.fetch_add(1, Ordering::Relaxed);
@@ -175,7 +181,7 @@ fn raw_batches(batch: usize, secs: f64, keys: BatchKeys) -> f64 {
             let mut wb = rocksdb::WriteBatch::default();
             for t in 0..batch {
                 match keys {
-                    BatchKeys::Tasks => wb.put(format!("task-{t:04}/{round:016}"), &value),
+                    BatchKeys::Tasks => wb.put(raw_task_key(t, round), &value),
                     BatchKeys::Sequential => {
                         wb.put(format!("k{:016}", round * batch as u64 + t as u64), &value);
                     }
