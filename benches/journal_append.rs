@@ -7,13 +7,23 @@
 //! dtask is measured with its writers as tokio tasks (how the engine calls it; the ratios use
 //! this column) and as OS threads blocking on each append.
 //!
-//! Each cell runs its five columns in alternating rounds (three by default) and prints the
+//! Two more columns measure the machine without RocksDB (`common::file_log`): **file batch**,
+//! a plain file's synced batches of as many records as there are writers from one thread (the
+//! open-loop stream the raw batches are), and **file group**, the simplest closed-loop group
+//! commit over that file for that many writers (no framing, index or memtable). Their ratio,
+//! **file bound**, is the share of an open-loop batch stream that closed-loop writers reach on
+//! this machine when writing costs next to nothing.
+//!
+//! Each cell runs its seven columns in alternating rounds (three by default) and prints the
 //! medians and the range of the per-round ratios: the machine's speed swings too much from
 //! one minute to the next for one run of each column to compare them.
 //!
 //! Run: `cargo bench --bench journal_append` (add `-- --secs 3` for longer columns, `-- --rounds 5`
 //! for more rounds, `-- --writers 64` for one row, `-- --ours` for dtask's tokio column alone,
-//! `-- --max-batch 8` to cap dtask's batches at 8 appends).
+//! `-- --max-batch 8` to cap dtask's batches at 8 appends, `-- --file` for the two plain-file
+//! columns alone, `-- --file-syncers 2` to let the file group commit run two syncs at once,
+//! which RocksDB's log cannot, `-- --file-linger 150` to let its syncer wait up to 150 µs for
+//! the writers it last woke).
 #![allow(clippy::unwrap_used, clippy::cast_precision_loss, missing_docs)]
 
 use dtask::journal::{Event, Journal, JournalOptions, Timestamp};
@@ -21,6 +31,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 mod common;
+use common::file_log;
 
 const VALUE_BYTES: usize = 200;
 
@@ -194,33 +205,50 @@ fn raw_batches(batch: usize, secs: f64, keys: BatchKeys) -> f64 {
     })
 }
 
-/// One cell's five columns over `rounds` rounds, each round running them in a rotated order
+/// `--file-syncers N`: how many syncs the plain file's group commit may run at once.
+static FILE_SYNCERS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+/// `--file-linger US`: how long the plain file's syncer may wait for the writers it last woke.
+static FILE_LINGER: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+
+/// The plain file's group commit as the flags set it.
+fn file_group_commit(writers: usize, secs: f64) -> f64 {
+    file_log::group_commit(
+        writers,
+        VALUE_BYTES,
+        secs,
+        FILE_SYNCERS.get().copied().unwrap_or(1),
+        FILE_LINGER.get().copied().unwrap_or_default(),
+    )
+}
+
+/// One cell's seven columns over `rounds` rounds, each round running them in a rotated order
 /// (so that no column always runs first, after the previous cell's journal was dropped).
+#[derive(Default)]
 struct Cell {
     ours: Vec<f64>,
     threads: Vec<f64>,
     puts: Vec<f64>,
     batches: Vec<f64>,
     sequential: Vec<f64>,
+    file_batches: Vec<f64>,
+    file_group: Vec<f64>,
 }
 
 fn measure_cell(writers: usize, secs: f64, rounds: usize) -> Cell {
-    let mut cell = Cell {
-        ours: Vec::new(),
-        threads: Vec::new(),
-        puts: Vec::new(),
-        batches: Vec::new(),
-        sequential: Vec::new(),
-    };
+    let mut cell = Cell::default();
     for round in 0..rounds {
-        for column in 0..5 {
-            match (column + round) % 5 {
+        for column in 0..7 {
+            match (column + round) % 7 {
                 0 => cell.ours.push(dtask_async_appends(writers, secs)),
                 1 => cell.threads.push(dtask_appends(writers, secs)),
                 2 => cell.puts.push(raw_puts(writers, secs)),
                 3 => cell
                     .batches
                     .push(raw_batches(writers, secs, BatchKeys::Tasks)),
+                4 => cell
+                    .file_batches
+                    .push(file_log::batches(writers, VALUE_BYTES, secs)),
+                5 => cell.file_group.push(file_group_commit(writers, secs)),
                 _ => cell
                     .sequential
                     .push(raw_batches(writers, secs, BatchKeys::Sequential)),
@@ -237,8 +265,28 @@ fn main() {
     if let Some(appends) = common::arg(&args, "--max-batch") {
         MAX_BATCH.set(appends).unwrap();
     }
+    if let Some(syncers) = common::arg(&args, "--file-syncers") {
+        FILE_SYNCERS.set(syncers).unwrap();
+    }
+    if let Some(micros) = common::arg(&args, "--file-linger") {
+        FILE_LINGER.set(Duration::from_micros(micros)).unwrap();
+    }
     let cells =
         common::arg(&args, "--writers").map_or_else(|| vec![1usize, 16, 64, 256], |w| vec![w]);
+    // `--file`: only the two plain-file columns, alternating, and their ratio per round.
+    if args.iter().any(|a| a == "--file") {
+        for writers in cells {
+            for _ in 0..rounds {
+                let batches = file_log::batches(writers, VALUE_BYTES, secs);
+                let group = file_group_commit(writers, secs);
+                println!(
+                    "{writers:>8} | file batch {batches:>9.0} | file group {group:>9.0} | {:.2}x",
+                    group / batches
+                );
+            }
+        }
+        return;
+    }
     // `--ours`: only dtask's tokio column, for profiling.
     if args.iter().any(|a| a == "--ours") {
         for writers in cells {
@@ -247,12 +295,56 @@ fn main() {
         }
         return;
     }
+    table(&cells, secs, rounds);
+}
+
+/// The medians a cell of 64 writers or more is judged on.
+struct Targets {
+    writers: usize,
+    vs_put: f64,
+    vs_batch: f64,
+    vs_sequential: f64,
+    /// The plain file's group commit against its own synced batches.
+    file_bound: f64,
+    /// The plain file's group commit against the raw synced puts.
+    file_group_vs_put: f64,
+}
+
+impl Targets {
+    fn print(&self) {
+        let Self {
+            writers,
+            vs_put,
+            vs_batch,
+            vs_sequential,
+            file_bound,
+            file_group_vs_put,
+        } = self;
+        println!(
+            "target at {writers} writers: >= 3x raw synced puts {} ({vs_put:.2}x), >= 0.8x raw synced batches {} ({vs_batch:.2}x; {} against ascending keys, {vs_sequential:.2}x)",
+            common::verdict(*vs_put >= 3.0),
+            common::verdict(*vs_batch >= 0.8),
+            common::verdict(*vs_sequential >= 0.8)
+        );
+        println!(
+            "closed-loop bound at {writers} writers: a plain file's group commit reaches {file_bound:.2}x its own synced batches{} and {file_group_vs_put:.2}x raw synced puts",
+            if *file_bound < 0.8 {
+                " (below 0.8x without RocksDB)"
+            } else {
+                ""
+            }
+        );
+    }
+}
+
+/// The whole table: every cell's seven columns in alternating rounds, then the target lines.
+fn table(cells: &[usize], secs: f64, rounds: usize) {
     println!(
         "durable appends/s, Durability::Sync, {VALUE_BYTES}-byte records, {secs} s per column, \
          {rounds} alternating rounds: medians, and the range of the per-round ratios"
     );
     println!(
-        "{:>8} | {:>13} | {:>12} | {:>12} | {:>14} | {:>14} | {:>18} | {:>18} | {:>18}",
+        "{:>8} | {:>13} | {:>12} | {:>12} | {:>14} | {:>14} | {:>18} | {:>18} | {:>18} | {:>10} | {:>10} | {:>18} | {:>18}",
         "writers",
         "dtask (tasks)",
         "dtask (thr)",
@@ -261,17 +353,23 @@ fn main() {
         "raw batch seq",
         "vs put",
         "vs batch",
-        "vs batch seq"
+        "vs batch seq",
+        "file batch",
+        "file group",
+        "file bound",
+        "vs file group"
     );
     let mut targets = Vec::new();
-    for writers in cells {
+    for &writers in cells {
         let cell = measure_cell(writers, secs, rounds);
         let median = |values: &[f64]| common::Spread::of(values).median;
         let vs_put = common::Spread::of_ratios(&cell.ours, &cell.puts);
         let vs_batch = common::Spread::of_ratios(&cell.ours, &cell.batches);
         let vs_sequential = common::Spread::of_ratios(&cell.ours, &cell.sequential);
+        let file_bound = common::Spread::of_ratios(&cell.file_group, &cell.file_batches);
+        let vs_file_group = common::Spread::of_ratios(&cell.ours, &cell.file_group);
         println!(
-            "{writers:>8} | {:>13.0} | {:>12.0} | {:>12.0} | {:>14.0} | {:>14.0} | {:>18} | {:>18} | {:>18}",
+            "{writers:>8} | {:>13.0} | {:>12.0} | {:>12.0} | {:>14.0} | {:>14.0} | {:>18} | {:>18} | {:>18} | {:>10.0} | {:>10.0} | {:>18} | {:>18}",
             median(&cell.ours),
             median(&cell.threads),
             median(&cell.puts),
@@ -279,27 +377,32 @@ fn main() {
             median(&cell.sequential),
             vs_put.ratio(),
             vs_batch.ratio(),
-            vs_sequential.ratio()
+            vs_sequential.ratio(),
+            median(&cell.file_batches),
+            median(&cell.file_group),
+            file_bound.ratio(),
+            vs_file_group.ratio()
         );
         if writers >= 64 {
-            targets.push((
+            targets.push(Targets {
                 writers,
-                vs_put.median,
-                vs_batch.median,
-                vs_sequential.median,
-            ));
+                vs_put: vs_put.median,
+                vs_batch: vs_batch.median,
+                vs_sequential: vs_sequential.median,
+                file_bound: file_bound.median,
+                file_group_vs_put: common::Spread::of_ratios(&cell.file_group, &cell.puts).median,
+            });
         }
     }
     println!(
         "(raw batch: one record of each writer's task per batch, the keys the raw puts write; \
-         raw batch seq: ascending keys, RocksDB's cheapest insert)"
+         raw batch seq: ascending keys, RocksDB's cheapest insert; file batch / file group: a \
+         plain file's synced batches and the simplest closed-loop group commit over it, no \
+         RocksDB; file bound: their ratio, the share of an open-loop batch stream that closed-loop \
+         writers reach on this machine when writing costs next to nothing; vs file group: dtask \
+         against that group commit)"
     );
-    for (writers, vs_put, vs_batch, vs_sequential) in targets {
-        println!(
-            "target at {writers} writers: >= 3x raw synced puts {} ({vs_put:.2}x), >= 0.8x raw synced batches {} ({vs_batch:.2}x; {} against ascending keys, {vs_sequential:.2}x)",
-            common::verdict(vs_put >= 3.0),
-            common::verdict(vs_batch >= 0.8),
-            common::verdict(vs_sequential >= 0.8)
-        );
+    for target in &targets {
+        target.print();
     }
 }

@@ -1,6 +1,8 @@
 //! Journals the benches build as input.
 #![allow(dead_code, reason = "each bench uses a part of these helpers")]
 
+pub mod file_log;
+
 use dtask::journal::{
     Durability, Event, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp,
 };
