@@ -104,39 +104,29 @@ fn dtask_appends(writers: usize, secs: f64) -> f64 {
 fn dtask_async_appends(writers: usize, secs: f64) -> f64 {
     let dir = tempfile::tempdir().unwrap();
     let journal = Journal::open(dir.path(), journal_options()).unwrap();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let done = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
-    runtime.block_on(async {
-        let tasks: Vec<_> = (0..writers)
-            .map(|t| {
-                let (journal, stop, done) = (journal.clone(), Arc::clone(&stop), Arc::clone(&done));
-                tokio::spawn(async move {
-                    let task = format!("task-{t:04}");
-                    let mut position = 0;
-                    while !stop.load(Ordering::Relaxed) {
-                        journal
-                            .append_async(&task, position, &[update(position)])
-                            .await
-                            .unwrap();
-                        position += 1;
-                        done.fetch_add(1, Ordering::Relaxed);
-                    }
-                })
-            })
-            .collect();
-        tokio::time::sleep(Duration::from_secs_f64(secs)).await;
-        stop.store(true, Ordering::Relaxed);
-        for t in tasks {
-            t.await.unwrap();
-        }
-    });
-    done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+    let rate = common::closed_loop(
+        writers,
+        secs,
+        |t, stop, done| {
+            let journal = journal.clone();
+            async move {
+                let task = format!("task-{t:04}");
+                let mut position = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    journal
+                        .append_async(&task, position, &[update(position)])
+                        .await
+                        .unwrap();
+                    position += 1;
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        },
+        || {},
+    );
+    drop(journal);
+    drop(dir);
+    rate
 }
 
 fn raw_db(dir: &std::path::Path) -> rocksdb::DB {

@@ -11,7 +11,7 @@
 //! when writing costs next to nothing.
 
 use std::io::Write as _;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -73,54 +73,40 @@ pub fn group_commit(
     let syncing: Vec<_> = (0..syncers.max(1))
         .map(|_| spawn_syncer(Arc::clone(&log), Arc::clone(&file), linger))
         .collect();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let done = Arc::new(AtomicU64::new(0));
-    let start = Instant::now();
-    let rate = runtime.block_on(async {
-        let tasks: Vec<_> = (0..writers)
-            .map(|_| {
-                let (log, stop, done) = (Arc::clone(&log), Arc::clone(&stop), Arc::clone(&done));
-                tokio::spawn(async move {
-                    while !stop.load(Ordering::Relaxed) {
-                        let (ack, acked) = tokio::sync::oneshot::channel();
-                        let first = {
-                            let mut state = log.state.lock().unwrap();
-                            state.queue.push(ack);
-                            state.queue.len() == 1
-                        };
-                        if first {
-                            log.queued.notify_one();
-                        }
-                        if acked.await.is_err() {
-                            return;
-                        }
-                        done.fetch_add(1, Ordering::Relaxed);
+    let rate = super::closed_loop(
+        writers,
+        secs,
+        |_, stop, done| {
+            let log = Arc::clone(&log);
+            async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let (ack, acked) = tokio::sync::oneshot::channel();
+                    let first = {
+                        let mut state = log.state.lock().unwrap();
+                        state.queue.push(ack);
+                        state.queue.len() == 1
+                    };
+                    if first {
+                        log.queued.notify_one();
                     }
-                })
-            })
-            .collect();
-        tokio::time::sleep(Duration::from_secs_f64(secs)).await;
-        stop.store(true, Ordering::Relaxed);
-        let rate = done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
-        {
+                    if acked.await.is_err() {
+                        return;
+                    }
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        },
+        || {
             // Dropping the acknowledgements still queued or written ends their writers.
             let mut state = log.state.lock().unwrap();
             state.stop = true;
             state.queue.clear();
             state.written.clear();
-        }
-        log.queued.notify_all();
-        log.written.notify_all();
-        for task in tasks {
-            task.await.unwrap();
-        }
-        rate
-    });
+            drop(state);
+            log.queued.notify_all();
+            log.written.notify_all();
+        },
+    );
     writer.join().unwrap();
     for syncer in syncing {
         syncer.join().unwrap();

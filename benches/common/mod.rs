@@ -7,6 +7,9 @@ use dtask::journal::{
     Durability, Event, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp,
 };
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// The stream of one sample task: created, claimed, started marker, updates, and (when
 /// `terminal`) completed — `events` records in all.
@@ -110,6 +113,39 @@ fn fill_journal_with(
         t.join().expect("builder thread");
     }
     journal
+}
+
+/// Runs `writers` closed-loop writers as tokio tasks on a two-thread runtime (as the engine
+/// runs on the two cores) for `secs`. Each is `work(writer, stop, done)`: a loop that adds
+/// what it completes to `done` until `stop` is set. `on_stop` runs once `stop` is set and
+/// before the writers are awaited, to release any still waiting. Returns completions per
+/// second up to the stop.
+pub fn closed_loop<W, F>(writers: usize, secs: f64, work: W, on_stop: impl FnOnce()) -> f64
+where
+    W: Fn(usize, Arc<AtomicBool>, Arc<AtomicU64>) -> F,
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    runtime.block_on(async {
+        let tasks: Vec<_> = (0..writers)
+            .map(|writer| tokio::spawn(work(writer, Arc::clone(&stop), Arc::clone(&done))))
+            .collect();
+        tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+        stop.store(true, Ordering::Relaxed);
+        let rate = done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64();
+        on_stop();
+        for task in tasks {
+            task.await.unwrap();
+        }
+        rate
+    })
 }
 
 /// What a bench cell measured over several rounds: the median and the range. The machines
