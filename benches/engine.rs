@@ -486,8 +486,7 @@ fn transitions_table(
                         tasks,
                         record,
                         secs,
-                        1,
-                        Duration::ZERO,
+                        file_log::Shape::default(),
                     )),
                 }
             }

@@ -23,7 +23,8 @@
 //! `-- --max-batch 8` to cap dtask's batches at 8 appends, `-- --file` for the two plain-file
 //! columns alone, `-- --file-syncers 2` to let the file group commit run two syncs at once,
 //! which RocksDB's log cannot, `-- --file-linger 150` to let its syncer wait up to 150 µs for
-//! the writers it last woke).
+//! the writers it last woke, `-- --file-work 2000` to have its writing thread spend 2 µs of
+//! CPU per record, as a journal's writer does on framing, index and memtable).
 #![allow(clippy::unwrap_used, clippy::cast_precision_loss, missing_docs)]
 
 use dtask::journal::{Event, Journal, JournalOptions, Timestamp};
@@ -199,16 +200,17 @@ fn raw_batches(batch: usize, secs: f64, keys: BatchKeys) -> f64 {
 static FILE_SYNCERS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
 /// `--file-linger US`: how long the plain file's syncer may wait for the writers it last woke.
 static FILE_LINGER: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
+/// `--file-work NS`: CPU the plain file's writing thread spends per record.
+static FILE_WORK: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
 
 /// The plain file's group commit as the flags set it.
 fn file_group_commit(writers: usize, secs: f64) -> f64 {
-    file_log::group_commit(
-        writers,
-        VALUE_BYTES,
-        secs,
-        FILE_SYNCERS.get().copied().unwrap_or(1),
-        FILE_LINGER.get().copied().unwrap_or_default(),
-    )
+    let shape = file_log::Shape {
+        syncers: FILE_SYNCERS.get().copied().unwrap_or(1),
+        linger: FILE_LINGER.get().copied().unwrap_or_default(),
+        work_per_record: FILE_WORK.get().copied().unwrap_or_default(),
+    };
+    file_log::group_commit(writers, VALUE_BYTES, secs, shape)
 }
 
 /// One cell's seven columns over `rounds` rounds, each round running them in a rotated order
@@ -260,6 +262,9 @@ fn main() {
     }
     if let Some(micros) = common::arg(&args, "--file-linger") {
         FILE_LINGER.set(Duration::from_micros(micros)).unwrap();
+    }
+    if let Some(nanos) = common::arg(&args, "--file-work") {
+        FILE_WORK.set(Duration::from_nanos(nanos)).unwrap();
     }
     let cells =
         common::arg(&args, "--writers").map_or_else(|| vec![1usize, 16, 64, 256], |w| vec![w]);

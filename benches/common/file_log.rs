@@ -50,28 +50,40 @@ struct State {
     stop: bool,
 }
 
+/// How [`group_commit`] runs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Shape {
+    /// How many syncs may run at once: one (zero counts as one), as RocksDB's log allows;
+    /// more let syncs overlap.
+    pub syncers: usize,
+    /// How long a syncer that finds fewer records written than its last sync woke may wait
+    /// for them, so that one sync can cover every writer instead of the writers splitting
+    /// into cohorts. Zero: no wait.
+    pub linger: Duration,
+    /// CPU time the writing thread spends per record after its `write` (a busy loop),
+    /// standing for what a journal's writer adds on the way of each record: framing, index
+    /// entries, memtable inserts. Zero: none.
+    pub work_per_record: Duration,
+}
+
 /// Acknowledged records per second of `writers` closed-loop writers over a fresh plain file
 /// for `secs`. The writers are tokio tasks on a two-thread runtime (as the journal bench's
 /// dtask column and the engine have them); each queues one record of `record_bytes` and waits
-/// for its acknowledgement. One thread writes everything queued in one `write`; each of
-/// `syncers` threads (one, as RocksDB's log allows; more let syncs overlap) takes everything
-/// written since the last sync began, syncs it in one `fdatasync` and wakes its writers. With
-/// a non-zero `linger`, a syncer that finds fewer records written than its last sync woke
-/// waits up to that long for them first, so that one sync can cover every writer instead of
-/// the writers splitting into cohorts.
-pub fn group_commit(
-    writers: usize,
-    record_bytes: usize,
-    secs: f64,
-    syncers: usize,
-    linger: Duration,
-) -> f64 {
+/// for its acknowledgement. One thread writes everything queued in one `write`; a syncing
+/// thread takes everything written since the last sync began, syncs it in one `fdatasync`
+/// and wakes its writers. `shape` varies this (see [`Shape`]).
+pub fn group_commit(writers: usize, record_bytes: usize, secs: f64, shape: Shape) -> f64 {
     let dir = tempfile::tempdir().unwrap();
     let file = Arc::new(std::fs::File::create(dir.path().join("log")).unwrap());
     let log = Arc::new(Log::default());
-    let writer = spawn_writer(Arc::clone(&log), Arc::clone(&file), record_bytes);
-    let syncing: Vec<_> = (0..syncers.max(1))
-        .map(|_| spawn_syncer(Arc::clone(&log), Arc::clone(&file), linger))
+    let writer = spawn_writer(
+        Arc::clone(&log),
+        Arc::clone(&file),
+        record_bytes,
+        shape.work_per_record,
+    );
+    let syncing: Vec<_> = (0..shape.syncers.max(1))
+        .map(|_| spawn_syncer(Arc::clone(&log), Arc::clone(&file), shape.linger))
         .collect();
     let rate = super::closed_loop(
         writers,
@@ -114,11 +126,13 @@ pub fn group_commit(
     rate
 }
 
-/// The writing thread: everything queued, in one `write` a batch.
+/// The writing thread: everything queued, in one `write` a batch, then `work_per_record` of
+/// CPU for each record in it.
 fn spawn_writer(
     log: Arc<Log>,
     file: Arc<std::fs::File>,
     record_bytes: usize,
+    work_per_record: Duration,
 ) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let mut bytes = Vec::new();
@@ -135,6 +149,11 @@ fn spawn_writer(
             bytes.clear();
             bytes.resize(record_bytes * batch.len(), 7);
             (&*file).write_all(&bytes).unwrap();
+            let work = work_per_record * u32::try_from(batch.len()).unwrap_or(u32::MAX);
+            let begun = Instant::now();
+            while begun.elapsed() < work {
+                std::hint::spin_loop();
+            }
             let mut state = log.state.lock().unwrap();
             if state.stop {
                 return; // dropping the batch's acknowledgements ends its writers
