@@ -451,8 +451,8 @@ fn transitions_table(
 ) {
     println!(
         "1. durable transitions/s (heartbeats, Durability::Sync, {record}-byte records; \
-         {rounds} rounds alternating with the raw batches: medians, and the range of the \
-         per-round ratios)"
+         {rounds} rounds, dtask alternating with the raw batches and the plain-file columns: \
+         medians, and the range of the per-round ratios)"
     );
     println!(
         "{:>8} | {:>12} | {:>16} | {:>18} | {:>9} | {:>9} | {:>10} | {:>10} | {:>18}",
