@@ -4,7 +4,7 @@
 //! default. Only this module and [`crate::Journal`] see raw bytes; callers see typed records.
 
 use crate::error::{Error, Result};
-use crate::keys::{Space, LEGACY_HEADS, META_FORMAT_VERSION};
+use crate::keys::{Space, LEGACY_HEADS};
 use crate::options::Durability;
 use rocksdb::{
     ColumnFamily, ColumnFamilyDescriptor, Direction, IteratorMode, Options, ReadOptions,
@@ -251,6 +251,22 @@ pub trait Backend: Send + Sync + 'static {
         let _ = timeout;
         Ok(true)
     }
+
+    /// Up to `max` keys stored outside the journal's spaces (for RocksDB, in its default
+    /// column family, which the journal never writes): what the audit reports as unknown.
+    /// None by default.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on failure.
+    fn foreign_keys(&self, max: usize) -> Result<Vec<Vec<u8>>> {
+        let _ = max;
+        Ok(Vec::new())
+    }
+
+    /// Whether format 1's `heads` space ([`crate::keys::LEGACY_HEADS`]) is present.
+    fn has_legacy_heads(&self) -> bool {
+        false
+    }
 }
 
 /// How a RocksDB journal is opened.
@@ -408,29 +424,6 @@ impl RocksBackend {
         }
         Ok(())
     }
-
-    /// Reads the stored format version, if any.
-    pub(crate) fn format_version(&self) -> Result<Option<u32>> {
-        let Some(bytes) = self.get(Space::Meta, META_FORMAT_VERSION)? else {
-            return Ok(None);
-        };
-        let arr: [u8; 4] = bytes
-            .as_slice()
-            .try_into()
-            .map_err(|_| Error::NotAJournal("malformed format version".into()))?;
-        Ok(Some(u32::from_be_bytes(arr)))
-    }
-
-    /// Whether the database holds no journal data at all.
-    pub(crate) fn is_empty(&self) -> Result<bool> {
-        for space in Space::ALL {
-            if let Some(item) = self.scan(space, Range::default()).next() {
-                item?;
-                return Ok(false);
-            }
-        }
-        Ok(true)
-    }
 }
 
 impl Backend for RocksBackend {
@@ -518,6 +511,19 @@ impl Backend for RocksBackend {
 
     fn read_only(&self) -> bool {
         self.read_only
+    }
+
+    fn foreign_keys(&self, max: usize) -> Result<Vec<Vec<u8>>> {
+        let mut keys = Vec::new();
+        for item in self.db.iterator(rocksdb::IteratorMode::Start).take(max) {
+            let (key, _) = item?;
+            keys.push(key.to_vec());
+        }
+        Ok(keys)
+    }
+
+    fn has_legacy_heads(&self) -> bool {
+        self.db.cf_handle(LEGACY_HEADS).is_some()
     }
 
     fn start_compactions(&self) -> Result<()> {

@@ -36,6 +36,15 @@ pub enum CorruptionKind {
     Decode(String),
     /// A key does not follow the journal's key layout.
     Key(String),
+    /// A number read from disk (a position, a global sequence) is outside the range a
+    /// journal can hold ([`crate::keys::MAX_SEQUENCE`]): forged or damaged. It is refused
+    /// before it sizes anything or enters arithmetic.
+    OutOfRange {
+        /// What the number is (`position`, `sequence`).
+        what: &'static str,
+        /// The number found.
+        value: u64,
+    },
 }
 
 impl fmt::Display for CorruptionKind {
@@ -59,6 +68,11 @@ impl fmt::Display for CorruptionKind {
             Self::Missing => f.write_str("record missing (deleted)"),
             Self::Decode(msg) => write!(f, "payload does not decode: {msg}"),
             Self::Key(msg) => write!(f, "malformed key: {msg}"),
+            Self::OutOfRange { what, value } => write!(
+                f,
+                "{what} {value} is out of range (a journal holds 1 to {})",
+                crate::keys::MAX_SEQUENCE
+            ),
         }
     }
 }
@@ -131,6 +145,20 @@ pub enum Error {
     /// An append carried no events.
     #[error("an append needs at least one event")]
     EmptyAppend,
+    /// A `created` event names another task than the stream it was appended to. Nothing was
+    /// written.
+    #[error("a `created` event for task {found:?} cannot open the stream of task {task:?}")]
+    WrongTask {
+        /// The stream appended to.
+        task: String,
+        /// The task the event's spec names.
+        found: String,
+    },
+    /// The journal disagrees with itself (its indexes, its streams and its tail marker), so
+    /// it is not opened for writing: an engine would build on the damage. Nothing was
+    /// written. `dtask verify` names every problem; the read-only commands still work.
+    #[error("the journal is inconsistent: {0}; run `dtask verify` for every problem")]
+    Inconsistent(crate::tail::Inconsistency),
     /// The database was written by a newer (or unknown) format version.
     #[error(
         "journal format version {found} is not supported (this build reads up to {supported})"

@@ -1,6 +1,6 @@
 //! The journal: open, append, read.
 
-use crate::backend::{Backend, OpenMode, Range, RocksBackend};
+use crate::backend::{Backend, BatchOp, OpenMode, Range, RocksBackend};
 use crate::bulk::StreamScanner;
 use crate::error::{CorruptionKind, Error, Limit, Result};
 use crate::event::Event;
@@ -8,6 +8,7 @@ use crate::head::Head;
 use crate::keys::{self, Space};
 use crate::options::JournalOptions;
 use crate::record::{self, Digest, Record};
+use crate::tail::{Inconsistency, LiveSummary, Tail};
 use crate::writer::{AppendJob, Appended, EncodedEvent, IndexEffect, Shared, Writer};
 use std::path::Path;
 use std::sync::mpsc::{self, Sender};
@@ -18,9 +19,13 @@ use tokio::sync::oneshot;
 /// The journal format version stored in the `meta` space and checked at open.
 ///
 /// Format 2 is format 1 without the `heads` space (a head is read off the task's last record);
-/// records and every other key are the same. A format-1 journal is read as it is, and upgraded
-/// in place when opened for writing.
-pub const JOURNAL_FORMAT_VERSION: u32 = 2;
+/// format 3 adds the tail marker ([`Tail`]), rewritten by every batch. Records and every other
+/// key are the same in all three. An older journal is read as it is, and upgraded in place
+/// when opened for writing.
+pub const JOURNAL_FORMAT_VERSION: u32 = 3;
+
+/// The first format with a tail marker.
+const TAIL_FORMAT_VERSION: u32 = 3;
 
 /// The oldest journal format this build reads.
 pub const OLDEST_JOURNAL_FORMAT_VERSION: u32 = 1;
@@ -60,6 +65,9 @@ struct Inner {
     options: JournalOptions,
     /// The journal format version stored in the journal (after any upgrade at open).
     format: u32,
+    /// The tail marker as read at open (a writable journal's, checked against its commit
+    /// index), for [`Journal::check_live`].
+    opened_tail: Option<Tail>,
     /// The durable watermark (and whether the journal stopped), shared with the writer.
     shared: Arc<Shared>,
     sender: Mutex<Option<Sender<AppendJob>>>,
@@ -119,33 +127,7 @@ impl Journal {
     pub fn open(path: impl AsRef<Path>, options: JournalOptions) -> Result<Self> {
         let mut backend =
             RocksBackend::open_with(path.as_ref(), OpenMode::Primary, options.mmap_reads)?;
-        let stamp = |backend: &RocksBackend| {
-            backend.write(
-                vec![crate::backend::BatchOp::Put {
-                    space: Space::Meta,
-                    key: keys::META_FORMAT_VERSION.to_vec(),
-                    value: JOURNAL_FORMAT_VERSION.to_be_bytes().to_vec(),
-                }],
-                crate::Durability::Sync,
-            )
-        };
-        match backend.format_version()? {
-            Some(v) if v < JOURNAL_FORMAT_VERSION => {
-                check_version(v)?;
-                // Upgrade: the new version first, so that a crash in between leaves a journal
-                // that a format-1 build refuses (it would trust the stale heads) and that
-                // this build finishes upgrading at the next open.
-                stamp(&backend)?;
-                tracing::info!(
-                    from = v,
-                    to = JOURNAL_FORMAT_VERSION,
-                    "journal format upgraded"
-                );
-            }
-            Some(v) => check_version(v)?,
-            None if backend.is_empty()? => stamp(&backend)?,
-            None => return Err(Error::NotAJournal("no format version".into())),
-        }
+        prepare_writable(&backend)?;
         backend.drop_legacy_heads()?;
         Self::with_backend(Arc::new(backend), options)
     }
@@ -172,46 +154,56 @@ impl Journal {
     }
 
     fn checked_reader(backend: RocksBackend) -> Result<Self> {
-        match backend.format_version()? {
+        match stored_version(&backend)? {
             Some(v) => check_version(v)?,
+            // A journal whose creator died before it stamped the version holds nothing:
+            // read it as the empty journal it is.
+            None if is_empty(&backend)? => {}
             None => return Err(Error::NotAJournal("no format version".into())),
         }
         Self::with_backend(Arc::new(backend), JournalOptions::default())
     }
 
     /// Builds a journal over any [`Backend`] (which must already hold a compatible format
-    /// version or be empty).
+    /// version or be empty). A writable backend of an older format is upgraded in place, and
+    /// its tail is checked as [`Journal::open`] checks it.
     ///
     /// # Errors
-    /// [`Error::Storage`] if the commit index cannot be read.
+    /// [`Error::Storage`] if the commit index cannot be read; [`Error::Inconsistent`] when a
+    /// writable journal's commit index does not end where its tail marker says.
     pub fn with_backend(backend: Arc<dyn Backend>, options: JournalOptions) -> Result<Self> {
+        if !backend.read_only() {
+            prepare_writable(backend.as_ref())?;
+        }
         let format = stored_format(backend.as_ref())?;
-        let (sender, writer, shared) = if backend.read_only() {
+        let (sender, writer, shared, opened_tail) = if backend.read_only() {
             // A reader sees everything in the database: its writer (if any) is another
             // process, whose durability this one cannot know.
-            (None, None, Arc::new(Shared::new(u64::MAX)))
+            let tail = read_tail(backend.as_ref()).ok().flatten();
+            (None, None, Arc::new(Shared::new(u64::MAX)), tail)
         } else {
-            let last = last_seq(backend.as_ref())?;
-            let shared = Arc::new(Shared::new(last));
+            let tail = checked_tail(backend.as_ref())?;
+            let shared = Arc::new(Shared::new(tail.last_seq));
             let (tx, rx) = mpsc::channel();
             let writer = Writer::new(
                 Arc::clone(&backend),
                 options.durability,
                 options.max_batch_appends,
-                last + 1,
+                tail,
                 Arc::clone(&shared),
             );
             let handle = std::thread::Builder::new()
                 .name("dtask-journal-writer".into())
                 .spawn(move || writer.run(&rx))
                 .map_err(|e| Error::Storage(format!("cannot start the writer thread: {e}")))?;
-            (Some(tx), Some(handle), shared)
+            (Some(tx), Some(handle), shared, Some(tail))
         };
         Ok(Self {
             inner: Arc::new(Inner {
                 backend,
                 options,
                 format,
+                opened_tail,
                 shared,
                 sender: Mutex::new(sender),
                 writer: Mutex::new(writer),
@@ -281,6 +273,12 @@ impl Journal {
                     });
                 }
                 let effect = match event {
+                    Event::Created { spec, .. } if spec.id != task => {
+                        return Err(Error::WrongTask {
+                            task: task.to_owned(),
+                            found: spec.id.clone(),
+                        })
+                    }
                     Event::Created { .. } => IndexEffect::Created,
                     Event::NotificationEnqueued { .. } => IndexEffect::Enqueue,
                     Event::NotificationAcked { enqueued_seq, .. } => {
@@ -473,10 +471,21 @@ impl Journal {
             .backend
             .scan(Space::Live, Range::default())
             .map(|item| {
-                let (key, _) = item?;
-                keys::parse_task_key(&key)
-                    .map(str::to_owned)
-                    .map_err(|kind| Error::corruption("", 0, kind))
+                let (key, value) = item?;
+                let task =
+                    keys::parse_task_key(&key).map_err(|kind| Error::corruption("", 0, kind))?;
+                if !value.is_empty() {
+                    // The index keeps no value: bytes here were not written by a journal.
+                    return Err(Error::corruption(
+                        task,
+                        0,
+                        CorruptionKind::Key(format!(
+                            "the live entry carries {} bytes; the index keeps none",
+                            value.len()
+                        )),
+                    ));
+                }
+                Ok(task.to_owned())
             })
     }
 
@@ -578,6 +587,124 @@ impl Journal {
         cursor.status()
     }
 
+    /// The tail marker as stored now ([`Tail`]); `None` for a journal of a format before 3.
+    ///
+    /// # Errors
+    /// [`Error::Corruption`] when the marker is unreadable, [`Error::Storage`] on I/O failure.
+    pub fn read_tail(&self) -> Result<Option<Tail>> {
+        read_tail(self.inner.backend.as_ref())
+    }
+
+    /// Checks the live tasks a recovery found — every task of the `live` index with records,
+    /// summed up with their heads ([`LiveSummary::add`]) — against the tail marker read when
+    /// the journal was opened. Call it before the first append: the marker moves with every
+    /// batch.
+    ///
+    /// # Errors
+    /// [`Error::Inconsistent`] ([`Inconsistency::LiveTasks`]) when they differ: a `live`
+    /// entry was lost or added, or a live task's last record was lost or added.
+    pub fn check_live(&self, found: &LiveSummary) -> Result<()> {
+        let Some(tail) = self.inner.opened_tail else {
+            return Ok(());
+        };
+        if tail.live == *found {
+            return Ok(());
+        }
+        Err(Inconsistency::LiveTasks {
+            marker: tail.live.tasks,
+            found: found.tasks,
+            digest_differs: tail.live.digest != found.digest,
+        }
+        .into_error())
+    }
+
+    /// Rewrites the `live` index to list exactly `live` — the tasks without a terminal event
+    /// and their heads, as a fold of every stream found them — when they sum up to the tail
+    /// marker read at open: the marker was written with the records, so if the streams agree
+    /// with it and the index does not, the index is what was damaged, and it is derived from
+    /// the streams. Anything else is refused, nothing written. Only before the first append.
+    ///
+    /// # Errors
+    /// [`Error::Inconsistent`] when `live` does not sum up to the marker (the streams
+    /// themselves lost or gained records: not repaired here); [`Error::ReadOnly`];
+    /// [`Error::Storage`] after the first append or on I/O failure.
+    pub fn repair_live_index(&self, live: &[(String, Head)]) -> Result<LiveRepair> {
+        let backend = self.inner.backend.as_ref();
+        if backend.read_only() {
+            return Err(Error::ReadOnly);
+        }
+        let found = LiveSummary::of(live.iter().map(|(task, head)| (task.as_str(), head)));
+        self.check_live(&found)?;
+        if !self.inner.shared.prime(std::iter::empty()) {
+            return Err(Error::Storage(
+                "the live index can only be repaired before the first append".into(),
+            ));
+        }
+        let mut listed = std::collections::BTreeSet::new();
+        for item in backend.scan(Space::Live, Range::default()) {
+            let (key, _) = item?;
+            listed.insert(key.into_vec());
+        }
+        let mut repair = LiveRepair::default();
+        let mut ops = Vec::new();
+        for (task, _) in live {
+            let key = keys::task_key(task);
+            if !listed.remove(&key) {
+                repair.added.push(task.clone());
+                ops.push(BatchOp::Put {
+                    space: Space::Live,
+                    key,
+                    value: Vec::new(),
+                });
+            }
+        }
+        for key in listed {
+            repair
+                .removed
+                .push(String::from_utf8_lossy(&key).into_owned());
+            ops.push(BatchOp::Delete {
+                space: Space::Live,
+                key,
+            });
+        }
+        if !ops.is_empty() {
+            backend.write(ops, crate::Durability::Sync)?;
+        }
+        Ok(repair)
+    }
+
+    /// Up to `max` keys the journal's layout has no place for: in the `meta` space, any but
+    /// [`keys::META_KEYS`]; in the store's own spaces outside the journal's (RocksDB's default
+    /// column family). Each as (space name, key).
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on I/O failure.
+    pub fn foreign_keys(&self, max: usize) -> Result<Vec<(&'static str, Vec<u8>)>> {
+        let backend = self.inner.backend.as_ref();
+        let mut found = Vec::new();
+        for item in backend.scan(Space::Meta, Range::default()) {
+            let (key, _) = item?;
+            if found.len() < max && !keys::META_KEYS.contains(&&*key) {
+                found.push((Space::Meta.name(), key.to_vec()));
+            }
+        }
+        let rest = max - found.len();
+        found.extend(
+            backend
+                .foreign_keys(rest)?
+                .into_iter()
+                .map(|key| ("default", key)),
+        );
+        Ok(found)
+    }
+
+    /// Whether format 1's `heads` space is still present (a format-1 journal not yet opened
+    /// for writing, or an upgrade cut short).
+    #[must_use]
+    pub fn has_legacy_heads(&self) -> bool {
+        self.inner.backend.has_legacy_heads()
+    }
+
     /// The raw bytes of one record, for tools that inspect damage.
     ///
     /// # Errors
@@ -598,17 +725,167 @@ fn below(item: &Result<crate::backend::KeyValue>, durable: u64) -> bool {
     }
 }
 
+/// The batch op storing this build's format version.
+fn version_stamp() -> BatchOp {
+    BatchOp::Put {
+        space: Space::Meta,
+        key: keys::META_FORMAT_VERSION.to_vec(),
+        value: JOURNAL_FORMAT_VERSION.to_be_bytes().to_vec(),
+    }
+}
+
+/// The batch op storing `tail`.
+fn tail_put(tail: &Tail) -> BatchOp {
+    BatchOp::Put {
+        space: Space::Meta,
+        key: keys::META_TAIL.to_vec(),
+        value: tail.encode(),
+    }
+}
+
+/// Makes a writable backend a journal of this build's format: a new one (no version and no
+/// data — perhaps created by a process that died before it stamped the version) gets the
+/// version and an empty tail marker in one write; one of an older format is upgraded in place:
+/// the tail marker, summed up from the journal as it is, and the new version, in one write.
+/// The `heads` space of format 1 is dropped by [`Journal::open`] afterwards (a crash in
+/// between leaves a format-3 journal with a stale `heads`, which a format-1 build refuses and
+/// the next writable open drops).
+fn prepare_writable(backend: &dyn Backend) -> Result<()> {
+    let from = match stored_version(backend)? {
+        Some(v) if v >= TAIL_FORMAT_VERSION => return check_version(v),
+        Some(v) => {
+            check_version(v)?;
+            v
+        }
+        None if is_empty(backend)? => {
+            let ops = vec![version_stamp(), tail_put(&Tail::default())];
+            return backend.write(ops, crate::Durability::Sync);
+        }
+        None => return Err(Error::NotAJournal("no format version".into())),
+    };
+    let tail = summarize(backend)?;
+    backend.write(
+        vec![tail_put(&tail), version_stamp()],
+        crate::Durability::Sync,
+    )?;
+    tracing::info!(
+        from,
+        to = JOURNAL_FORMAT_VERSION,
+        live = tail.live.tasks,
+        "journal format upgraded"
+    );
+    Ok(())
+}
+
+/// Whether the backend holds no journal data at all.
+fn is_empty(backend: &dyn Backend) -> Result<bool> {
+    for space in Space::ALL {
+        if let Some(item) = backend.scan(space, Range::default()).next() {
+            item?;
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// The tail marker of the journal as it is: its last commit entry (checked against the
+/// record it names) and the heads of the tasks of its `live` index (one reverse seek each).
+fn summarize(backend: &dyn Backend) -> Result<Tail> {
+    let last_seq = checked_commit_tail(backend)?;
+    let mut live = LiveSummary::default();
+    for item in backend.scan(Space::Live, Range::default()) {
+        let (key, _) = item?;
+        let task = keys::parse_task_key(&key).map_err(|kind| Error::corruption("", 0, kind))?;
+        if let Some(head) = Head::read(backend, task)? {
+            live.add(task, &head);
+        }
+    }
+    Ok(Tail { last_seq, live })
+}
+
+/// The stored tail marker, `None` when there is none.
+fn read_tail(backend: &dyn Backend) -> Result<Option<Tail>> {
+    backend
+        .get(Space::Meta, keys::META_TAIL)?
+        .map(|bytes| Tail::decode(&bytes).map_err(|kind| Error::corruption("", 0, kind)))
+        .transpose()
+}
+
+/// The tail marker of a writable journal, checked against its commit index: the marker's last
+/// sequence is the last entry's, and that entry names a record carrying it.
+fn checked_tail(backend: &dyn Backend) -> Result<Tail> {
+    let tail = match backend.get(Space::Meta, keys::META_TAIL)? {
+        Some(bytes) => {
+            Tail::decode(&bytes).map_err(|kind| Inconsistency::Marker(kind).into_error())?
+        }
+        None => return Err(Inconsistency::Marker(CorruptionKind::Missing).into_error()),
+    };
+    let index = checked_commit_tail(backend)?;
+    if index != tail.last_seq {
+        return Err(Inconsistency::CommitTail {
+            index,
+            marker: tail.last_seq,
+        }
+        .into_error());
+    }
+    Ok(tail)
+}
+
+/// The last sequence of the commit index (0 when empty), checked: a well-formed entry that
+/// names a record carrying its sequence.
+fn checked_commit_tail(backend: &dyn Backend) -> Result<u64> {
+    let Some(item) = backend
+        .scan(Space::Commits, Range::default().reversed())
+        .next()
+    else {
+        return Ok(0);
+    };
+    let (key, value) = item?;
+    let target =
+        |seq: u64, detail: String| Inconsistency::CommitTarget { seq, detail }.into_error();
+    let seq =
+        keys::parse_seq_key(&key).map_err(|kind| target(0, format!("is malformed: {kind}")))?;
+    let (task, position) = keys::parse_event_key(&value)
+        .map_err(|kind| target(seq, format!("is malformed: {kind}")))?;
+    let Some(bytes) = backend.get(Space::Events, &value)? else {
+        return Err(target(
+            seq,
+            format!("names task {task:?} position {position}, which has no record"),
+        ));
+    };
+    match record::parse(&bytes) {
+        Ok(frame) if frame.seq == seq && frame.position == position => Ok(seq),
+        Ok(frame) => Err(target(
+            seq,
+            format!(
+                "names task {task:?} position {position}, whose record carries sequence {} at \
+                 position {}",
+                frame.seq, frame.position
+            ),
+        )),
+        Err(kind) => Err(target(
+            seq,
+            format!("names task {task:?} position {position}, whose record is damaged: {kind}"),
+        )),
+    }
+}
+
 /// The format version stored in `backend` (this build's for an empty one, which the next
 /// write stamps).
 fn stored_format(backend: &dyn Backend) -> Result<u32> {
+    Ok(stored_version(backend)?.unwrap_or(JOURNAL_FORMAT_VERSION))
+}
+
+/// The format version stored in `backend`, if any.
+fn stored_version(backend: &dyn Backend) -> Result<Option<u32>> {
     let Some(bytes) = backend.get(Space::Meta, keys::META_FORMAT_VERSION)? else {
-        return Ok(JOURNAL_FORMAT_VERSION);
+        return Ok(None);
     };
     let bytes: [u8; 4] = bytes
         .as_slice()
         .try_into()
         .map_err(|_| Error::NotAJournal("malformed format version".into()))?;
-    Ok(u32::from_be_bytes(bytes))
+    Ok(Some(u32::from_be_bytes(bytes)))
 }
 
 fn check_version(found: u32) -> Result<()> {
@@ -811,6 +1088,23 @@ impl Iterator for CommitBatches<'_> {
             entries,
             failed,
         })
+    }
+}
+
+/// What [`Journal::repair_live_index`] changed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LiveRepair {
+    /// Tasks without a terminal event that the `live` index had lost.
+    pub added: Vec<String>,
+    /// Entries that named no live task (a terminal task, no task, a malformed key).
+    pub removed: Vec<String>,
+}
+
+impl LiveRepair {
+    /// Whether nothing was changed.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.added.is_empty() && self.removed.is_empty()
     }
 }
 
@@ -1080,11 +1374,7 @@ mod storage_tests {
             let backend = RocksBackend::open(dir.path(), OpenMode::Primary).unwrap();
             backend
                 .write(
-                    vec![crate::backend::BatchOp::Put {
-                        space: Space::Meta,
-                        key: keys::META_FORMAT_VERSION.to_vec(),
-                        value: JOURNAL_FORMAT_VERSION.to_be_bytes().to_vec(),
-                    }],
+                    vec![version_stamp(), tail_put(&Tail::default())],
                     crate::Durability::Sync,
                 )
                 .unwrap();

@@ -68,6 +68,51 @@ pub const TASK_SEPARATOR: u8 = 0;
 /// The `meta` key holding the format version.
 pub const META_FORMAT_VERSION: &[u8] = b"format_version";
 
+/// The `meta` key holding the tail marker (format 3 on; see [`crate::Tail`]).
+pub const META_TAIL: &[u8] = b"tail";
+
+/// Every key the `meta` space may hold; the audit reports any other.
+pub const META_KEYS: [&[u8]; 2] = [META_FORMAT_VERSION, META_TAIL];
+
+/// The largest position or global sequence a journal holds (2^62). No journal comes near it
+/// (at a million records a second it takes 146,000 years); a larger number read from disk is
+/// damage, refused where it is parsed so that no allocation is sized and no addition is made
+/// with it.
+pub const MAX_SEQUENCE: u64 = 1 << 62;
+
+/// The largest position of a record in its stream; see [`MAX_SEQUENCE`].
+pub const MAX_POSITION: u64 = MAX_SEQUENCE;
+
+/// Checks that `position`, read from disk, is within [`MAX_POSITION`].
+///
+/// # Errors
+/// [`CorruptionKind::OutOfRange`] when it is not.
+pub fn checked_position(position: u64) -> Result<u64, CorruptionKind> {
+    if position <= MAX_POSITION {
+        Ok(position)
+    } else {
+        Err(CorruptionKind::OutOfRange {
+            what: "position",
+            value: position,
+        })
+    }
+}
+
+/// Checks that `seq`, read from disk, is a global sequence: from 1 to [`MAX_SEQUENCE`].
+///
+/// # Errors
+/// [`CorruptionKind::OutOfRange`] when it is not.
+pub fn checked_seq(seq: u64) -> Result<u64, CorruptionKind> {
+    if (1..=MAX_SEQUENCE).contains(&seq) {
+        Ok(seq)
+    } else {
+        Err(CorruptionKind::OutOfRange {
+            what: "sequence",
+            value: seq,
+        })
+    }
+}
+
 /// The key of record `position` of `task`'s stream.
 #[must_use]
 pub fn event_key(task: &str, position: u64) -> Vec<u8> {
@@ -111,7 +156,7 @@ pub fn parse_event_key(key: &[u8]) -> Result<(&str, u64), CorruptionKind> {
     let pos: [u8; 8] = pos
         .try_into()
         .map_err(|_| CorruptionKind::Key("bad position".into()))?;
-    Ok((task, u64::from_be_bytes(pos)))
+    Ok((task, checked_position(u64::from_be_bytes(pos))?))
 }
 
 /// The position of an `events` key known to lie in `task`'s key range (as every key of a scan
@@ -130,7 +175,8 @@ pub fn position_in(task: &str, key: &[u8]) -> Result<u64, CorruptionKind> {
         (Some(id), Some(&TASK_SEPARATOR), Some(pos)) if id == task.as_bytes() => pos
             .try_into()
             .map(u64::from_be_bytes)
-            .map_err(|_| CorruptionKind::Key(format!("bad position ({} bytes)", pos.len()))),
+            .map_err(|_| CorruptionKind::Key(format!("bad position ({} bytes)", pos.len())))
+            .and_then(checked_position),
         _ => Err(CorruptionKind::Key(format!(
             "not an event key of task {task:?}"
         ))),
@@ -146,9 +192,15 @@ pub fn task_key(task: &str) -> Vec<u8> {
 /// Parses a `live` key.
 ///
 /// # Errors
-/// [`CorruptionKind::Key`] when the key is not a task id.
+/// [`CorruptionKind::Key`] when the key is not a task id (UTF-8, non-empty, no NUL).
 pub fn parse_task_key(key: &[u8]) -> Result<&str, CorruptionKind> {
-    std::str::from_utf8(key).map_err(|_| CorruptionKind::Key("task id is not UTF-8".into()))
+    let task =
+        std::str::from_utf8(key).map_err(|_| CorruptionKind::Key("task id is not UTF-8".into()))?;
+    if is_valid_task_id(task) {
+        Ok(task)
+    } else {
+        Err(CorruptionKind::Key(format!("{task:?} is not a task id")))
+    }
 }
 
 /// The key of a global sequence number in the `commits` and `outbox` spaces.
@@ -160,12 +212,13 @@ pub const fn seq_key(seq: u64) -> [u8; 8] {
 /// Parses a `commits` / `outbox` key.
 ///
 /// # Errors
-/// [`CorruptionKind::Key`] when the key is not 8 bytes.
+/// [`CorruptionKind::Key`] when the key is not 8 bytes, [`CorruptionKind::OutOfRange`] when
+/// it is not a global sequence (0, or above [`MAX_SEQUENCE`]).
 pub fn parse_seq_key(key: &[u8]) -> Result<u64, CorruptionKind> {
     let bytes: [u8; 8] = key
         .try_into()
         .map_err(|_| CorruptionKind::Key(format!("sequence key of {} bytes", key.len())))?;
-    Ok(u64::from_be_bytes(bytes))
+    checked_seq(u64::from_be_bytes(bytes))
 }
 
 /// Checks that `task` can be used in keys: non-empty and without NUL.
@@ -191,7 +244,7 @@ mod tests {
         }
 
         #[test]
-        fn event_key_round_trips(a in task_id(), p in any::<u64>()) {
+        fn event_key_round_trips(a in task_id(), p in 0..=MAX_POSITION) {
             let key = event_key(&a, p);
             prop_assert_eq!(parse_event_key(&key).unwrap(), (a.as_str(), p));
             prop_assert!(key.starts_with(&task_prefix(&a)));
@@ -213,7 +266,14 @@ mod tests {
         #[test]
         fn seq_key_order_is_numeric_order(a in any::<u64>(), b in any::<u64>()) {
             prop_assert_eq!(seq_key(a).cmp(&seq_key(b)), a.cmp(&b));
-            prop_assert_eq!(parse_seq_key(&seq_key(a)).unwrap(), a);
+            // Only global sequences parse back; anything else is damage.
+            match parse_seq_key(&seq_key(a)) {
+                Ok(parsed) => prop_assert!(parsed == a && (1..=MAX_SEQUENCE).contains(&a)),
+                Err(kind) => {
+                    let out_of_range = matches!(kind, CorruptionKind::OutOfRange { .. });
+                    prop_assert!(out_of_range && !(1..=MAX_SEQUENCE).contains(&a));
+                }
+            }
         }
 
         #[test]
@@ -229,6 +289,20 @@ mod tests {
         // "a" and "a\u{1}" must be distinct ranges.
         assert!(!event_key("ab", 0).starts_with(&task_prefix("a")));
         assert!(event_key("a", u64::MAX) < event_key("ab", 0));
+    }
+
+    #[test]
+    fn numbers_beyond_the_bounds_do_not_parse() {
+        assert!(parse_seq_key(&seq_key(0)).is_err());
+        assert!(parse_seq_key(&seq_key(MAX_SEQUENCE + 1)).is_err());
+        assert!(parse_seq_key(&seq_key(u64::MAX)).is_err());
+        assert_eq!(parse_seq_key(&seq_key(MAX_SEQUENCE)), Ok(MAX_SEQUENCE));
+        assert!(parse_event_key(&event_key("t", MAX_POSITION + 1)).is_err());
+        assert!(position_in("t", &event_key("t", u64::MAX)).is_err());
+        assert_eq!(
+            position_in("t", &event_key("t", MAX_POSITION)),
+            Ok(MAX_POSITION)
+        );
     }
 
     #[test]

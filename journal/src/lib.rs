@@ -43,6 +43,7 @@ mod journal;
 pub mod keys;
 mod options;
 pub mod record;
+mod tail;
 mod writer;
 
 pub use backend::{prefix_end, Backend, BatchOp, Cursor, KeyValue, Range, RawIter, RocksBackend};
@@ -53,9 +54,10 @@ pub use event::{
 };
 pub use head::Head;
 pub use journal::{
-    CommitBatches, Committed, Journal, RawCommits, RecordFetcher, StreamReader,
+    CommitBatches, Committed, Journal, LiveRepair, RawCommits, RecordFetcher, StreamReader,
     JOURNAL_FORMAT_VERSION, OLDEST_JOURNAL_FORMAT_VERSION,
 };
 pub use options::{Durability, JournalOptions};
 pub use record::{Digest, Record, FORMAT_VERSION};
+pub use tail::{Inconsistency, LiveSummary, PairHash, Tail};
 pub use writer::Appended;

@@ -353,8 +353,10 @@ pub fn parse(bytes: &[u8]) -> Result<Frame<'_>, CorruptionKind> {
     }
     let digest_at = crc_at - DIGEST_LEN;
     Ok(Frame {
-        position: u64::from_be_bytes(array(bytes, 1).ok_or_else(truncated)?),
-        seq: u64::from_be_bytes(array(bytes, 9).ok_or_else(truncated)?),
+        position: crate::keys::checked_position(u64::from_be_bytes(
+            array(bytes, 1).ok_or_else(truncated)?,
+        ))?,
+        seq: crate::keys::checked_seq(u64::from_be_bytes(array(bytes, 9).ok_or_else(truncated)?))?,
         payload: bytes.get(HEADER_LEN..digest_at).ok_or_else(truncated)?,
         digest: Digest(array(bytes, digest_at).ok_or_else(truncated)?),
         crc: stored,

@@ -38,6 +38,7 @@ use crate::head::Head;
 use crate::keys::{self, Space};
 use crate::options::Durability;
 use crate::record;
+use crate::tail::Tail;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver};
@@ -258,6 +259,8 @@ pub(crate) struct Writer {
     shared: Arc<Shared>,
     /// Whether the backend's compactions were turned on (before the first write).
     compacting: bool,
+    /// The tail marker as of the last batch written; every batch writes the next one.
+    tail: Tail,
 }
 
 /// Heads kept in memory before the cache is dropped and refilled from the tasks' last records
@@ -274,17 +277,18 @@ impl Writer {
         backend: Arc<dyn Backend>,
         durability: Durability,
         max_batch: usize,
-        next_seq: u64,
+        tail: Tail,
         shared: Arc<Shared>,
     ) -> Self {
         Self {
             backend,
             durability,
             max_batch,
-            next_seq,
+            next_seq: tail.last_seq + 1,
             heads: HashMap::new(),
             shared,
             compacting: false,
+            tail,
         }
     }
 
@@ -473,8 +477,9 @@ impl Writer {
             self.shared.close_priming();
         }
         let mut seq = self.next_seq;
-        let mut ops = Vec::with_capacity(batch.len() * 4);
+        let mut ops = Vec::with_capacity(batch.len() * 4 + 1);
         let mut overlay: HashMap<String, Head> = HashMap::new();
+        let mut tail = self.tail;
         let mut accepted = Vec::with_capacity(batch.len());
         for job in batch.drain(..) {
             let head = match self.head(&overlay, &job.task) {
@@ -493,10 +498,11 @@ impl Writer {
                 }
             };
             match Self::stage(&job, head, seq) {
-                Ok((mut job_ops, head, appended)) => {
+                Ok((mut job_ops, after, appended)) => {
                     ops.append(&mut job_ops);
                     seq = appended.last_seq + 1;
-                    overlay.insert(job.task, head);
+                    tail.live.advance(&job.task, &head, &after);
+                    overlay.insert(job.task, after);
                     accepted.push((job.reply, appended));
                 }
                 Err(e) => {
@@ -507,6 +513,12 @@ impl Writer {
         if accepted.is_empty() {
             return None;
         }
+        tail.last_seq = seq - 1;
+        ops.push(BatchOp::Put {
+            space: Space::Meta,
+            key: keys::META_TAIL.to_vec(),
+            value: tail.encode(),
+        });
         if let Some(message) = crate::failpoints::hit(crate::failpoints::BEFORE_WRITE) {
             fail(accepted, || Error::Storage(message.clone()));
             return None;
@@ -526,6 +538,7 @@ impl Writer {
             return None;
         }
         self.next_seq = seq;
+        self.tail = tail;
         if self.heads.len() + overlay.len() > HEAD_CACHE_LIMIT {
             self.heads.clear();
         }

@@ -142,7 +142,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
     #[test]
-    fn record_round_trips(event in event(), task in "[a-z]{1,8}", position in any::<u64>(), seq in any::<u64>(), prev in any::<[u8; 32]>()) {
+    fn record_round_trips(event in event(), task in "[a-z]{1,8}", position in 0..=dtask_journal::keys::MAX_POSITION, seq in 1..=dtask_journal::keys::MAX_SEQUENCE, prev in any::<[u8; 32]>()) {
         let prev = Digest(prev);
         let payload = record::encode_payload(&event).unwrap();
         let (bytes, digest) = record::frame(&task, position, seq, &payload, &prev).unwrap();

@@ -1,10 +1,13 @@
 //! Real damage on a real RocksDB journal: each kind of tampering is reported with the exact
-//! task, position and kind of damage.
+//! task, position and kind of damage; and what a writable open and an append refuse: forged
+//! numbers, a commit index that does not end where the journal's tail marker says, a record
+//! for another task, and what a torn first start leaves behind.
 #![allow(clippy::unwrap_used)]
 
 use dtask_journal::keys::{self, Space};
 use dtask_journal::{
-    CorruptionKind, Error, Event, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp,
+    CorruptionKind, Error, Event, Inconsistency, Journal, JournalOptions, LeasePolicy, LiveSummary,
+    TaskSpec, Timestamp,
 };
 use std::path::Path;
 
@@ -315,4 +318,228 @@ fn a_record_transplanted_from_another_task_breaks_the_chain() {
     });
     let found = problems(dir.path(), "victim");
     assert_eq!(found[0], (1, CorruptionKind::Chain));
+}
+
+/// "a" (3 records, sequences 1, 3, 4) and "b" (2 records, sequences 2, 5); both live.
+fn build_ab(dir: &Path) {
+    let journal = Journal::open(dir, JournalOptions::default()).unwrap();
+    journal.append("a", 0, &[created("a")]).unwrap();
+    journal.append("b", 0, &[created("b")]).unwrap();
+    journal
+        .append("a", 1, &[heartbeat(1), heartbeat(2)])
+        .unwrap();
+    journal.append("b", 1, &[heartbeat(3)]).unwrap();
+}
+
+fn cf(db: &rocksdb::DB, space: Space) -> &rocksdb::ColumnFamily {
+    db.cf_handle(space.name()).unwrap()
+}
+
+fn open(dir: &Path) -> Result<Journal, Error> {
+    Journal::open(dir, JournalOptions::default())
+}
+
+#[test]
+fn a_created_event_for_another_task_is_refused_and_nothing_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = open(dir.path()).unwrap();
+    let refused = journal.append("job-1", 0, &[created("other-task")]);
+    assert!(
+        matches!(
+            &refused,
+            Err(Error::WrongTask { task, found }) if task == "job-1" && found == "other-task"
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(journal.stream_len("job-1").unwrap(), None);
+    assert_eq!(journal.stream_len("other-task").unwrap(), None);
+    assert_eq!(journal.last_seq().unwrap(), 0);
+    // The right one goes through at position 0: nothing was taken by the refusal.
+    journal.append("job-1", 0, &[created("job-1")]).unwrap();
+    assert_eq!(journal.last_seq().unwrap(), 1);
+}
+
+#[test]
+fn forged_huge_sequences_are_refused_at_open_not_a_panic() {
+    for forged in [1u64 << 37, keys::MAX_SEQUENCE + 1, u64::MAX] {
+        let dir = tempfile::tempdir().unwrap();
+        build_ab(dir.path());
+        tamper(dir.path(), |db| {
+            db.put_cf(
+                cf(db, Space::Commits),
+                keys::seq_key(forged),
+                keys::event_key("a", 0),
+            )
+            .unwrap();
+        });
+        let refused = open(dir.path());
+        match &refused {
+            Err(Error::Inconsistent(Inconsistency::CommitTail { index, marker: 5 }))
+                if *index == forged => {}
+            Err(Error::Inconsistent(Inconsistency::CommitTarget { .. })) => {}
+            other => panic!("forged sequence {forged}: {other:?}"),
+        }
+        let message = refused.unwrap_err().to_string();
+        assert!(message.contains("dtask verify"), "{message}");
+        // Readers still open it and read the streams.
+        let reader = Journal::open_read_only(dir.path()).unwrap();
+        assert_eq!(reader.read_stream("a", 0).count(), 3);
+    }
+}
+
+#[test]
+fn a_commit_index_that_lost_its_tail_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    build_ab(dir.path());
+    tamper(dir.path(), |db| {
+        db.delete_cf(cf(db, Space::Commits), keys::seq_key(5))
+            .unwrap();
+    });
+    let refused = open(dir.path());
+    assert!(
+        matches!(
+            refused,
+            Err(Error::Inconsistent(Inconsistency::CommitTail {
+                index: 4,
+                marker: 5
+            }))
+        ),
+        "{refused:?}"
+    );
+    // Nothing was written: the damage is still there for `verify` to name.
+    let reader = Journal::open_read_only(dir.path()).unwrap();
+    assert_eq!(reader.last_seq().unwrap(), 4);
+    assert_eq!(reader.read_tail().unwrap().unwrap().last_seq, 5);
+}
+
+#[test]
+fn a_last_commit_entry_naming_no_record_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    build_ab(dir.path());
+    // The global last record (b's heartbeat, sequence 5) is deleted.
+    tamper(dir.path(), |db| {
+        db.delete_cf(cf(db, Space::Events), keys::event_key("b", 1))
+            .unwrap();
+    });
+    let refused = open(dir.path());
+    assert!(
+        matches!(
+            &refused,
+            Err(Error::Inconsistent(Inconsistency::CommitTarget { seq: 5, detail }))
+                if detail.contains("has no record")
+        ),
+        "{refused:?}"
+    );
+}
+
+#[test]
+fn a_missing_or_damaged_tail_marker_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    build_ab(dir.path());
+    tamper(dir.path(), |db| {
+        let meta = cf(db, Space::Meta);
+        let mut tail = db.get_cf(meta, keys::META_TAIL).unwrap().unwrap();
+        tail[3] ^= 1;
+        db.put_cf(meta, keys::META_TAIL, tail).unwrap();
+    });
+    assert!(matches!(
+        open(dir.path()),
+        Err(Error::Inconsistent(Inconsistency::Marker(_)))
+    ));
+    tamper(dir.path(), |db| {
+        db.delete_cf(cf(db, Space::Meta), keys::META_TAIL).unwrap();
+    });
+    assert!(matches!(
+        open(dir.path()),
+        Err(Error::Inconsistent(Inconsistency::Marker(_)))
+    ));
+}
+
+#[test]
+fn the_tail_marker_follows_every_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    build_ab(dir.path());
+    let journal = open(dir.path()).unwrap();
+    let tail = journal.read_tail().unwrap().unwrap();
+    assert_eq!(tail.last_seq, 5);
+    let heads: Vec<_> = ["a", "b"]
+        .iter()
+        .map(|t| (*t, journal.head(t).unwrap().unwrap()))
+        .collect();
+    let live = LiveSummary::of(heads.iter().map(|(t, h)| (*t, h)));
+    assert_eq!(tail.live, live);
+    assert_eq!(live.tasks, 2);
+    journal.check_live(&live).unwrap();
+    // A live task missing from what a recovery found is a mismatch.
+    let only_a = LiveSummary::of(heads.iter().take(1).map(|(t, h)| (*t, h)));
+    assert!(matches!(
+        journal.check_live(&only_a),
+        Err(Error::Inconsistent(Inconsistency::LiveTasks {
+            marker: 2,
+            found: 1,
+            ..
+        }))
+    ));
+    // A terminal event takes the task out of the marker's live tasks.
+    journal
+        .append(
+            "a",
+            3,
+            &[Event::Completed {
+                data: vec![],
+                at: Timestamp(9),
+            }],
+        )
+        .unwrap();
+    let tail = journal.read_tail().unwrap().unwrap();
+    assert_eq!((tail.last_seq, tail.live.tasks), (6, 1));
+    let b = journal.head("b").unwrap().unwrap();
+    assert_eq!(tail.live, LiveSummary::of([("b", &b)]));
+}
+
+#[test]
+fn a_versionless_journal_without_records_opens_as_new_everywhere() {
+    // What a process killed after RocksDB created the column families, before the version
+    // was stored, leaves behind.
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut opts = rocksdb::Options::default();
+        opts.create_if_missing(true);
+        opts.create_missing_column_families(true);
+        let cfs: Vec<_> = Space::ALL.iter().map(|s| s.name()).collect();
+        rocksdb::DB::open_cf(&opts, dir.path(), cfs).unwrap();
+    }
+    let reader = Journal::open_read_only(dir.path()).unwrap();
+    assert_eq!(reader.task_ids().count(), 0);
+    assert_eq!(reader.last_seq().unwrap(), 0);
+    drop(reader);
+    let scratch = tempfile::tempdir().unwrap();
+    let follower = Journal::open_follower(dir.path(), scratch.path()).unwrap();
+    assert_eq!(follower.commits(1).count(), 0);
+    drop(follower);
+    let journal = open(dir.path()).unwrap();
+    assert_eq!(
+        journal.format_version(),
+        dtask_journal::JOURNAL_FORMAT_VERSION
+    );
+    journal.append("t", 0, &[created("t")]).unwrap();
+    assert_eq!(journal.read_tail().unwrap().unwrap().last_seq, 1);
+}
+
+#[test]
+fn a_versionless_database_with_data_is_not_a_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut opts = rocksdb::Options::default();
+        opts.create_if_missing(true);
+        opts.create_missing_column_families(true);
+        let cfs: Vec<_> = Space::ALL.iter().map(|s| s.name()).collect();
+        let db = rocksdb::DB::open_cf(&opts, dir.path(), cfs).unwrap();
+        db.put_cf(cf(&db, Space::Live), b"t", b"").unwrap();
+    }
+    assert!(matches!(
+        Journal::open_read_only(dir.path()),
+        Err(Error::NotAJournal(_))
+    ));
+    assert!(matches!(open(dir.path()), Err(Error::NotAJournal(_))));
 }

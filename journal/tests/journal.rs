@@ -338,19 +338,19 @@ fn a_newer_format_version_is_refused() {
     {
         let cfs: Vec<_> = Space::ALL.iter().map(|s| s.name()).collect();
         let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), dir.path(), cfs).unwrap();
-        set_format_version(&db, 3);
+        set_format_version(&db, 4);
     }
     let err = Journal::open(dir.path(), JournalOptions::default()).unwrap_err();
     assert!(matches!(
         err,
         Error::UnsupportedFormat {
-            found: 3,
-            supported: 2
+            found: 4,
+            supported: 3
         }
     ));
     assert!(matches!(
         Journal::open_read_only(dir.path()),
-        Err(Error::UnsupportedFormat { found: 3, .. })
+        Err(Error::UnsupportedFormat { found: 4, .. })
     ));
 }
 
@@ -415,9 +415,18 @@ fn make_format_1(dir: &std::path::Path) {
         .collect();
     let db = rocksdb::DB::open_cf(&opts, dir, cfs).unwrap();
     set_format_version(&db, 1);
+    db.delete_cf(
+        db.cf_handle(Space::Meta.name()).unwrap(),
+        dtask_journal::keys::META_TAIL,
+    )
+    .unwrap();
     // A stale head, as if format 1 had stopped counting: format 2 must not trust it.
     let heads = db.cf_handle(dtask_journal::keys::LEGACY_HEADS).unwrap();
     db.put_cf(heads, b"t", [0u8; 54]).unwrap();
+}
+
+fn reader_tail(dir: &std::path::Path) -> Option<dtask_journal::Tail> {
+    Journal::open_read_only(dir).unwrap().read_tail().unwrap()
 }
 
 fn column_families(dir: &std::path::Path) -> Vec<String> {
@@ -443,9 +452,14 @@ fn a_format_1_journal_is_read_as_is_and_upgraded_when_opened_for_writing() {
     drop(reader);
     assert!(column_families(dir.path()).contains(&"heads".to_owned()));
 
-    // A writer upgrades it: version 2, no `heads`, appends go on where the stream ends.
+    assert!(reader_tail(dir.path()).is_none());
+
+    // A writer upgrades it: version 3, no `heads`, a tail marker summed up from the journal,
+    // appends go on where the stream ends.
     let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
-    assert_eq!(journal.format_version(), 2);
+    assert_eq!(journal.format_version(), 3);
+    let tail = journal.read_tail().unwrap().unwrap();
+    assert_eq!((tail.last_seq, tail.live.tasks), (3, 1));
     assert!(!column_families(dir.path()).contains(&"heads".to_owned()));
     assert!(matches!(
         journal.append("t", 0, &[update(9)]),

@@ -65,6 +65,14 @@ pub enum ProblemKind {
     CommitIndex,
     /// The `outbox` index disagrees with the streams.
     OutboxIndex,
+    /// A number read from disk (a position, a sequence) is outside what a journal can hold.
+    OutOfRange,
+    /// The tail marker (format 3) disagrees with the streams: their last sequence, or the
+    /// live tasks' heads.
+    TailMarker,
+    /// The journal's layout disagrees with its format version, or holds keys its layout has
+    /// no place for.
+    Layout,
 }
 
 impl ProblemKind {
@@ -86,6 +94,9 @@ impl ProblemKind {
             Self::LiveIndex => "live_index",
             Self::CommitIndex => "commit_index",
             Self::OutboxIndex => "outbox_index",
+            Self::OutOfRange => "out_of_range",
+            Self::TailMarker => "tail_marker",
+            Self::Layout => "layout",
         }
     }
 
@@ -100,6 +111,8 @@ impl ProblemKind {
                 | Self::LiveIndex
                 | Self::CommitIndex
                 | Self::OutboxIndex
+                | Self::TailMarker
+                | Self::Layout
         )
     }
 
@@ -113,6 +126,7 @@ impl ProblemKind {
             CorruptionKind::Missing => Self::Missing,
             CorruptionKind::Decode(_) => Self::Decode,
             CorruptionKind::Key(_) => Self::Key,
+            CorruptionKind::OutOfRange { .. } => Self::OutOfRange,
             _ => Self::Damaged,
         }
     }
@@ -306,7 +320,7 @@ fn scan_records(
         }
         let position = record.position;
         let applied = match fold.as_mut() {
-            None => Task::created(&record.event).map(|t| fold = Some(t)),
+            None => Task::created(task, &record.event).map(|t| fold = Some(t)),
             Some(t) => {
                 consistency(task, t, &record, &mut report.problems);
                 t.apply(&record.event)
@@ -524,29 +538,6 @@ pub fn audit_task(journal: &Journal, task: &str) -> Result<TaskReport, Error> {
     Ok(scan.report)
 }
 
-/// A set of global sequences, as a bitmap.
-struct SeqSet {
-    bits: Vec<u64>,
-}
-
-impl SeqSet {
-    fn new(last: u64) -> Self {
-        let words = usize::try_from(last / 64 + 1).unwrap_or(usize::MAX);
-        Self {
-            bits: vec![0; words],
-        }
-    }
-
-    /// Inserts `seq`; `None` when out of range, `Some(false)` when already present.
-    fn insert(&mut self, seq: u64) -> Option<bool> {
-        let word = self.bits.get_mut(usize::try_from(seq / 64).ok()?)?;
-        let bit = 1u64 << (seq % 64);
-        let fresh = *word & bit == 0;
-        *word |= bit;
-        Some(fresh)
-    }
-}
-
 /// Audits the whole journal: every task (see [`audit_task`]), then the `live`, `commits` and
 /// `outbox` indexes against the streams. `progress` is called after each task.
 ///
@@ -565,7 +556,7 @@ pub fn audit_journal(
     journal: &Journal,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<AuditReport, Error> {
-    let last_seq = journal.last_seq()?;
+    let last_seq = last_commit_seq(journal)?;
     std::thread::scope(|scope| {
         let commits = scope.spawn(|| CommitSummary::read(journal));
         let (batches, results, tokens) = pipeline::start(scope, journal);
@@ -588,6 +579,8 @@ struct Collected {
     report: AuditReport,
     damaged: HashMap<String, HashSet<u64>>,
     unacked: BTreeSet<(String, u64)>,
+    /// The tail marker the streams call for.
+    tail: dtask_journal::Tail,
 }
 
 /// Takes the task results in task order and builds the report: everything but the `commits`
@@ -650,7 +643,8 @@ fn collect(
             }
         }
     };
-    let mut seqs = SeqSet::new(last_seq);
+    // The sequences of the intact records, sparse: a forged sequence cannot size anything.
+    let mut seqs = roaring::RoaringTreemap::new();
     let mut damaged: HashMap<String, HashSet<u64>> = HashMap::new();
     let mut unacked = BTreeSet::new();
     let mut tally = Progress {
@@ -658,6 +652,9 @@ fn collect(
         ..Progress::default()
     };
     let mut events = Fingerprint::default();
+    // The tail marker the streams call for: their last sequence, and the heads of the tasks
+    // without a terminal event.
+    let mut tail = dtask_journal::Tail::default();
     for outcomes in results.in_order(tokens) {
         for outcome in outcomes {
             let (mut scan, records) = match outcome {
@@ -669,21 +666,33 @@ fn collect(
             };
             let task = scan.report.task.clone();
             let mut seq_problems = Vec::new();
-            for (position, seq) in records {
-                match seqs.insert(seq) {
-                    Some(true) => {}
-                    found => seq_problems.push(Problem::new(
-                        &task,
-                        Some(position),
-                        ProblemKind::CommitIndex,
-                        if found.is_none() {
-                            format!(
-                                "the record's sequence {seq} is beyond the last committed sequence {last_seq}"
-                            )
-                        } else {
-                            format!("sequence {seq} is carried by two records")
-                        },
-                    )),
+            for &(position, seq) in &records {
+                let detail = if seq > last_seq {
+                    format!(
+                        "the record's sequence {seq} has no commit entry (the index ends at \
+                         {last_seq})"
+                    )
+                } else if seqs.insert(seq) {
+                    continue;
+                } else {
+                    format!("sequence {seq} is carried by two records")
+                };
+                seq_problems.push(Problem::new(
+                    &task,
+                    Some(position),
+                    ProblemKind::CommitIndex,
+                    detail,
+                ));
+            }
+            if let Some(&(position, seq)) = records.iter().max_by_key(|(position, _)| *position) {
+                tail.last_seq = tail.last_seq.max(seq);
+                if !scan.report.terminal {
+                    let head = dtask_journal::Head {
+                        next_position: position + 1,
+                        last_seq: seq,
+                        ..dtask_journal::Head::default()
+                    };
+                    tail.live.add(&task, &head);
                 }
             }
             let listed = live_until(Some(&task), &mut report)?;
@@ -713,6 +722,7 @@ fn collect(
             report,
             damaged,
             unacked,
+            tail,
         },
         events,
     ))
@@ -729,6 +739,7 @@ fn finish(
         mut report,
         damaged,
         mut unacked,
+        tail,
     } = collected;
     let is_damaged =
         |task: &str, position: u64| damaged.get(task).is_some_and(|d| d.contains(&position));
@@ -743,60 +754,151 @@ fn finish(
         &is_damaged,
         &mut report.problems,
     )?;
+    if damaged.is_empty() {
+        // With damage in the streams what they call for is unknown; the damage is reported.
+        check_tail(journal, &tail, report.records > 0, &mut report.problems)?;
+    }
+    check_layout(journal, &mut report.problems)?;
     Ok(report)
 }
 
-/// An order-independent fingerprint of a set of (sequence, event key) pairs: the lane-wise
-/// sums of two independent 64-bit hashes of each pair, and their count. It tells an intact
-/// index from a damaged one (any difference sends the audit to the entry-by-entry check); it
-/// is not meant to resist deliberate forgery, which the index is not protected against anyway.
+/// The last well-formed sequence of the commit index (0 when there is none). A malformed
+/// last entry is reported by the index walk; here it is stepped over, so that it sizes
+/// nothing.
+fn last_commit_seq(journal: &Journal) -> Result<u64, Error> {
+    match journal.last_seq() {
+        Ok(seq) => Ok(seq),
+        Err(Error::Corruption { .. }) => {
+            let mut last = 0;
+            journal.for_each_commit_entry(&mut |key, _| {
+                if let Ok(seq) = dtask_journal::keys::parse_seq_key(key) {
+                    last = seq;
+                }
+            })?;
+            Ok(last)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// Compares the tail marker (format 3 on) with what the streams call for (`expected`).
+fn check_tail(
+    journal: &Journal,
+    expected: &dtask_journal::Tail,
+    has_records: bool,
+    problems: &mut Vec<Problem>,
+) -> Result<(), Error> {
+    let marker = match journal.read_tail() {
+        Ok(Some(marker)) => marker,
+        Ok(None) => {
+            if journal.format_version() >= 3 && has_records {
+                problems.push(Problem::new(
+                    "",
+                    None,
+                    ProblemKind::TailMarker,
+                    format!(
+                        "a format-{} journal without a tail marker",
+                        journal.format_version()
+                    ),
+                ));
+            }
+            return Ok(());
+        }
+        Err(Error::Corruption { kind, .. }) => {
+            problems.push(Problem::new(
+                "",
+                None,
+                ProblemKind::TailMarker,
+                format!("the tail marker is unreadable: {kind}"),
+            ));
+            return Ok(());
+        }
+        Err(e) => return Err(e),
+    };
+    let mut differences = Vec::new();
+    if marker.last_seq != expected.last_seq {
+        differences.push(format!(
+            "it says the last sequence is {}, the streams end at {}",
+            marker.last_seq, expected.last_seq
+        ));
+    }
+    if marker.live != expected.live {
+        differences.push(format!(
+            "it records {} live tasks (heads {}), the streams have {} (heads {})",
+            marker.live.tasks, marker.live.digest, expected.live.tasks, expected.live.digest
+        ));
+    }
+    if !differences.is_empty() {
+        problems.push(Problem::new(
+            "",
+            None,
+            ProblemKind::TailMarker,
+            format!(
+                "the tail marker disagrees with the streams: {}",
+                differences.join("; ")
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Keys the layout has no place for, and a layout that disagrees with the format version.
+/// (A format-3 journal that still has format 1's `heads` space is an upgrade cut short between
+/// its two steps, which the next writable open finishes: not a problem.)
+fn check_layout(journal: &Journal, problems: &mut Vec<Problem>) -> Result<(), Error> {
+    /// Unknown keys reported at most, each; a count follows.
+    const MAX: usize = 100;
+    for (space, key) in journal.foreign_keys(MAX)? {
+        problems.push(Problem::new(
+            "",
+            None,
+            ProblemKind::Layout,
+            format!(
+                "unknown key {:?} in the `{space}` space",
+                String::from_utf8_lossy(&key)
+            ),
+        ));
+    }
+    let format = journal.format_version();
+    if format == 1 && !journal.has_legacy_heads() {
+        problems.push(Problem::new(
+            "",
+            None,
+            ProblemKind::Layout,
+            "stamped format 1 but laid out as a newer format (no `heads` space)",
+        ));
+    }
+    if format < 3 && matches!(journal.read_tail(), Ok(Some(_)) | Err(_)) {
+        problems.push(Problem::new(
+            "",
+            None,
+            ProblemKind::Layout,
+            format!("stamped format {format} but laid out as format 3 (a tail marker)"),
+        ));
+    }
+    Ok(())
+}
+
+/// An order-independent fingerprint of a set of (sequence, event key) pairs
+/// ([`dtask_journal::PairHash`]) and their count. It tells an intact index from a damaged one
+/// (any difference sends the audit to the entry-by-entry check); it is not meant to resist
+/// deliberate forgery, which the index is not protected against anyway.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct Fingerprint {
-    lanes: [u64; 2],
+    pairs: dtask_journal::PairHash,
     count: u64,
     /// A pair that cannot be compared this way was seen (a key that does not parse back).
     opaque: bool,
 }
 
-/// The lanes' seeds.
-const SEEDS: [u64; 2] = [0x243f_6a88_85a3_08d3, 0x1319_8a2e_0370_7344];
-
-/// The `SplitMix64` finalizer: a bijective mix of 64 bits.
-const fn mix(mut h: u64) -> u64 {
-    h ^= h >> 30;
-    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    h ^= h >> 27;
-    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
-    h ^ (h >> 31)
-}
-
 impl Fingerprint {
     fn add_pair(&mut self, seq: u64, key: &[u8]) {
-        let len = key.len() as u64;
-        for (lane, seed) in self.lanes.iter_mut().zip(SEEDS) {
-            let mut h = mix(seed ^ seq);
-            h = mix(h ^ len);
-            let mut words = key.chunks_exact(8);
-            for word in &mut words {
-                let mut w = [0u8; 8];
-                w.copy_from_slice(word);
-                h = mix(h ^ u64::from_le_bytes(w));
-            }
-            let rest = words.remainder();
-            if !rest.is_empty() {
-                let mut w = [0u8; 8];
-                w[..rest.len()].copy_from_slice(rest);
-                h = mix(h ^ u64::from_le_bytes(w));
-            }
-            *lane = lane.wrapping_add(h);
-        }
+        self.pairs.add(seq, key);
         self.count += 1;
     }
 
     fn add(&mut self, other: &Self) {
-        for (lane, other) in self.lanes.iter_mut().zip(other.lanes) {
-            *lane = lane.wrapping_add(other);
-        }
+        self.pairs.merge(&other.pairs);
         self.count += other.count;
         self.opaque |= other.opaque;
     }
@@ -997,7 +1099,8 @@ fn check_commits(
     problems: &mut Vec<Problem>,
 ) -> Result<(), Error> {
     let mut next = 1u64;
-    for item in journal.commits(1) {
+    // From the start of the index: an entry at sequence 0 is damage too.
+    for item in journal.commits(0) {
         match item {
             Ok(c) => {
                 let seq = c.record.seq;
@@ -1024,7 +1127,19 @@ fn check_commits(
                 kind,
             }) => {
                 // The entry's own sequence is unknown; assume it is the next one.
-                if kind == CorruptionKind::Missing && !damaged(&task, position) {
+                if task.is_empty() {
+                    // The entry itself is malformed: its key or the key it names.
+                    problems.push(Problem::new(
+                        "",
+                        None,
+                        ProblemKind::CommitIndex,
+                        format!(
+                            "a malformed commit entry after sequence {}: {kind}",
+                            next - 1
+                        ),
+                    ));
+                    continue;
+                } else if kind == CorruptionKind::Missing && !damaged(&task, position) {
                     // A record deleted at the end of its stream leaves no gap there: only
                     // the index still names it.
                     problems.push(Problem::new(

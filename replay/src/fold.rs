@@ -102,11 +102,13 @@ pub struct Task {
 }
 
 impl Task {
-    /// Starts a fold from the stream's first record, which must be `Created`.
+    /// Starts a fold of task `id`'s stream from its first record, which must be `Created`
+    /// and name `id`.
     ///
     /// # Errors
-    /// [`FoldError::NotCreatedFirst`] otherwise.
-    pub fn created(event: &Event) -> Result<Self, FoldError> {
+    /// [`FoldError::NotCreatedFirst`] for another event, [`FoldError::WrongTask`] when the
+    /// spec names another task.
+    pub fn created(id: &str, event: &Event) -> Result<Self, FoldError> {
         let Event::Created {
             spec,
             policy,
@@ -117,6 +119,12 @@ impl Task {
         else {
             return Err(FoldError::NotCreatedFirst(event.event_type()));
         };
+        if spec.id != id {
+            return Err(FoldError::WrongTask {
+                expected: id.to_owned(),
+                found: spec.id.clone(),
+            });
+        }
         Ok(Self {
             state: TaskState {
                 spec: spec.clone(),
@@ -145,17 +153,18 @@ impl Task {
         })
     }
 
-    /// Folds a whole stream.
+    /// Folds a whole stream of task `id`.
     ///
     /// # Errors
     /// The first [`FoldError`], with the position of the record that caused it.
     pub fn fold<'a>(
+        id: &str,
         events: impl IntoIterator<Item = &'a Event>,
     ) -> Result<Option<Self>, (u64, FoldError)> {
         let mut task: Option<Self> = None;
         for (position, event) in (0u64..).zip(events) {
             match task.as_mut() {
-                None => task = Some(Self::created(event).map_err(|e| (position, e))?),
+                None => task = Some(Self::created(id, event).map_err(|e| (position, e))?),
                 Some(t) => t.apply(event).map_err(|e| (position, e))?,
             }
         }

@@ -19,7 +19,7 @@
 //!     Event::AttemptStarted { attempt: 1, lease_deadline: Timestamp(30_001), at: Timestamp(1) },
 //!     Event::Completed { data: b"done".to_vec(), at: Timestamp(2) },
 //! ];
-//! let task = Task::fold(&events).expect("legal stream").expect("non-empty");
+//! let task = Task::fold("t", &events).expect("legal stream").expect("non-empty");
 //! assert_eq!(task.state.status, Status::Completed);
 //! assert_eq!(task.state.version, 3);
 //! assert_eq!(task.state.result_data, b"done");

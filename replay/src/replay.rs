@@ -38,17 +38,19 @@ pub enum ReplayError<E = FoldError> {
     },
 }
 
-/// The state fold as a [`Replay`]: builds a [`Task`] from its records.
-#[derive(Debug, Default)]
-pub struct TaskFold {
+/// The state fold as a [`Replay`]: builds a [`Task`] from the records of one task's stream.
+#[derive(Debug)]
+pub struct TaskFold<'a> {
+    /// The stream's task: its `created` record must name it.
+    id: &'a str,
     task: Option<Task>,
 }
 
-impl TaskFold {
-    /// An empty fold.
+impl<'a> TaskFold<'a> {
+    /// An empty fold of `id`'s stream.
     #[must_use]
-    pub fn new() -> Self {
-        Self::default()
+    pub fn new(id: &'a str) -> Self {
+        Self { id, task: None }
     }
 
     /// The folded task (`None` when no record was replayed).
@@ -58,13 +60,13 @@ impl TaskFold {
     }
 }
 
-impl Replay for TaskFold {
+impl Replay for TaskFold<'_> {
     type Error = FoldError;
 
     fn replay(&mut self, record: &Record) -> Result<(), FoldError> {
         match self.task.as_mut() {
             None => {
-                self.task = Some(Task::created(&record.event)?);
+                self.task = Some(Task::created(self.id, &record.event)?);
                 Ok(())
             }
             Some(task) => task.apply(&record.event),
@@ -114,7 +116,7 @@ fn replay_records<R: Replay>(
 /// # Errors
 /// As for [`replay_task`].
 pub fn load_task(journal: &Journal, task: &str) -> Result<Option<Task>, ReplayError> {
-    let mut fold = TaskFold::new();
+    let mut fold = TaskFold::new(task);
     replay_task(journal, task, None, &mut fold)?;
     Ok(fold.finish())
 }
@@ -372,7 +374,7 @@ impl<'a> ChunkFolder<'a> {
         F: Fn(&str, Task, Head) -> T,
     {
         for (task, slot) in tasks.iter().zip(slots) {
-            let mut fold = TaskFold::new();
+            let mut fold = TaskFold::new(task);
             let mut head = Head::default();
             self.scanner.read_into(task, &mut self.raw);
             let records = self.raw.fold_records().inspect(|record| {
@@ -401,7 +403,7 @@ pub fn load_task_at(
     task: &str,
     records: u64,
 ) -> Result<Option<Task>, ReplayError> {
-    let mut fold = TaskFold::new();
+    let mut fold = TaskFold::new(task);
     replay_task(journal, task, Some(records), &mut fold)?;
     Ok(fold.finish())
 }

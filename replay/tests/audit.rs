@@ -479,13 +479,270 @@ fn a_deleted_last_record_is_named_by_the_commit_index() {
             .unwrap();
     });
     let report = audit(dir.path());
+    // The journal's tail marker, written with the record, says where the streams ended.
     assert_eq!(
         kinds(&report),
-        [("running".into(), Some(3), ProblemKind::Missing)],
+        [
+            ("running".into(), Some(3), ProblemKind::Missing),
+            (String::new(), None, ProblemKind::TailMarker),
+        ],
         "{:?}",
         report.problems
     );
+    assert!(report.problems[1]
+        .detail
+        .contains("the last sequence is 10, the streams end at 9"));
     assert_eq!(report.records, 9);
+}
+
+#[test]
+fn forged_huge_commit_sequences_are_problems_not_an_abort() {
+    for forged in [1u64 << 37, keys::MAX_SEQUENCE + 1, u64::MAX] {
+        let dir = tempfile::tempdir().unwrap();
+        build(dir.path());
+        tamper(dir.path(), |db| {
+            db.put_cf(
+                cf(db, Space::Commits),
+                keys::seq_key(forged),
+                keys::event_key("running", 0),
+            )
+            .unwrap();
+        });
+        let report = audit(dir.path());
+        assert!(
+            report
+                .problems
+                .iter()
+                .any(|p| p.kind == ProblemKind::CommitIndex),
+            "forged {forged}: {:?}",
+            report.problems
+        );
+        assert_eq!(report.records, 10);
+    }
+}
+
+#[test]
+fn a_deleted_last_commit_entry_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    tamper(dir.path(), |db| {
+        db.delete_cf(cf(db, Space::Commits), keys::seq_key(10))
+            .unwrap();
+    });
+    let report = audit(dir.path());
+    assert_eq!(
+        kinds(&report),
+        [("running".into(), Some(3), ProblemKind::CommitIndex)],
+        "{:?}",
+        report.problems
+    );
+    assert!(
+        report.problems[0]
+            .detail
+            .contains("sequence 10 has no commit entry"),
+        "{}",
+        report.problems[0]
+    );
+}
+
+/// Writes a well-formed record at the end of `task`'s stream, chained on its last record, with
+/// sequence `seq` — in the `events` space only, as no journal writes it.
+fn forge_next(db: &rocksdb::DB, task: &str, position: u64, seq: u64, event: &Event) {
+    let events = cf(db, Space::Events);
+    let prev = db
+        .get_cf(events, keys::event_key(task, position - 1))
+        .unwrap()
+        .unwrap();
+    let prev = dtask_journal::record::parse(&prev).unwrap().digest;
+    let payload = dtask_journal::record::encode_payload(event).unwrap();
+    let (bytes, _) = dtask_journal::record::frame(task, position, seq, &payload, &prev).unwrap();
+    db.put_cf(events, keys::event_key(task, position), bytes)
+        .unwrap();
+}
+
+#[test]
+fn a_record_without_a_commit_entry_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    // Sequence 11: one past the index, inside the same 64-bit word of a bitmap of sequences.
+    tamper(dir.path(), |db| {
+        forge_next(db, "running", 4, 11, &update(1, "c"));
+    });
+    let report = audit(dir.path());
+    assert_eq!(
+        kinds(&report),
+        [
+            ("running".into(), Some(4), ProblemKind::CommitIndex),
+            (String::new(), None, ProblemKind::TailMarker),
+        ],
+        "{:?}",
+        report.problems
+    );
+    assert!(report.problems[0]
+        .detail
+        .contains("sequence 11 has no commit entry"));
+}
+
+#[test]
+fn a_record_reusing_a_sequence_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    tamper(dir.path(), |db| {
+        forge_next(db, "running", 4, 3, &update(1, "c"));
+    });
+    let report = audit(dir.path());
+    assert!(
+        report
+            .problems
+            .iter()
+            .any(|p| p.kind == ProblemKind::CommitIndex
+                && p.detail.contains("sequence 3 is carried by two records")),
+        "{:?}",
+        report.problems
+    );
+}
+
+#[test]
+fn a_created_record_naming_another_task_is_illegal() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    // The append refuses it, so it is forged: a stream "x" opened by "other"'s `created`,
+    // with its commit and live entries, as the writer would have written them.
+    tamper(dir.path(), |db| {
+        let payload =
+            dtask_journal::record::encode_payload(&created("other", LeasePolicy::Retry)).unwrap();
+        let (bytes, _) =
+            dtask_journal::record::frame("x", 0, 11, &payload, &dtask_journal::Digest::GENESIS)
+                .unwrap();
+        db.put_cf(cf(db, Space::Events), keys::event_key("x", 0), bytes)
+            .unwrap();
+        db.put_cf(
+            cf(db, Space::Commits),
+            keys::seq_key(11),
+            keys::event_key("x", 0),
+        )
+        .unwrap();
+        db.put_cf(cf(db, Space::Live), keys::task_key("x"), b"")
+            .unwrap();
+    });
+    let report = audit(dir.path());
+    let illegal: Vec<_> = report
+        .problems
+        .iter()
+        .filter(|p| p.kind == ProblemKind::Illegal)
+        .collect();
+    assert_eq!(illegal.len(), 1, "{:?}", report.problems);
+    assert_eq!(
+        (illegal[0].task.as_str(), illegal[0].position),
+        ("x", Some(0))
+    );
+    assert!(
+        illegal[0].detail.contains("the spec names task \"other\""),
+        "{}",
+        illegal[0]
+    );
+}
+
+#[test]
+fn a_commit_entry_at_sequence_zero_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    tamper(dir.path(), |db| {
+        db.put_cf(
+            cf(db, Space::Commits),
+            keys::seq_key(0),
+            keys::event_key("done", 0),
+        )
+        .unwrap();
+    });
+    let report = audit(dir.path());
+    assert_eq!(
+        kinds(&report),
+        [(String::new(), None, ProblemKind::CommitIndex)],
+        "{:?}",
+        report.problems
+    );
+    assert!(
+        report.problems[0].detail.contains("sequence 0"),
+        "{}",
+        report.problems[0]
+    );
+}
+
+#[test]
+fn a_value_in_the_live_index_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    tamper(dir.path(), |db| {
+        db.put_cf(cf(db, Space::Live), keys::task_key("running"), b"junk")
+            .unwrap();
+    });
+    let report = audit(dir.path());
+    assert!(
+        report
+            .problems
+            .iter()
+            .any(|p| p.kind == ProblemKind::LiveIndex
+                && p.task == "running"
+                && p.detail.contains("carries 4 bytes")),
+        "{:?}",
+        report.problems
+    );
+}
+
+#[test]
+fn unknown_keys_in_meta_and_in_the_default_space_are_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    tamper(dir.path(), |db| {
+        db.put_cf(cf(db, Space::Meta), b"colour", b"blue").unwrap();
+        db.put(b"stray", b"x").unwrap();
+    });
+    let report = audit(dir.path());
+    let details: Vec<_> = report
+        .problems
+        .iter()
+        .map(|p| (p.kind, p.detail.as_str()))
+        .collect();
+    assert_eq!(
+        details,
+        [
+            (
+                ProblemKind::Layout,
+                "unknown key \"colour\" in the `meta` space"
+            ),
+            (
+                ProblemKind::Layout,
+                "unknown key \"stray\" in the `default` space"
+            ),
+        ]
+    );
+}
+
+#[test]
+fn an_older_format_stamp_on_a_newer_layout_is_reported() {
+    for version in [1u32, 2] {
+        let dir = tempfile::tempdir().unwrap();
+        build(dir.path());
+        tamper(dir.path(), |db| {
+            db.put_cf(
+                cf(db, Space::Meta),
+                keys::META_FORMAT_VERSION,
+                version.to_be_bytes(),
+            )
+            .unwrap();
+        });
+        let report = audit(dir.path());
+        assert!(
+            !report.problems.is_empty()
+                && report
+                    .problems
+                    .iter()
+                    .all(|p| p.kind == ProblemKind::Layout),
+            "format {version}: {:?}",
+            report.problems
+        );
+    }
 }
 
 /// Not a test: times the audit of the journal at `$DTASK_LARGE` (see `large_journal` in the

@@ -314,7 +314,7 @@ pub fn fold_task(
             continue;
         }
         let applied = match folded.task.as_mut() {
-            None => Task::created(&record.event).map(|t| folded.task = Some(t)),
+            None => Task::created(task, &record.event).map(|t| folded.task = Some(t)),
             Some(t) => t.apply(&record.event),
         };
         if let Err(e) = applied {

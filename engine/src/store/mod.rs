@@ -22,7 +22,9 @@ pub use updates::{UpdatePage, UpdateRecord, UpdateRequest};
 
 use crate::clock::Clock;
 use decide::Decision;
-use dtask_journal::{Event, Journal, LeasePolicy, TaskSpec, Timestamp};
+use dtask_journal::{
+    Event, Head, Journal, LeasePolicy, LiveRepair, LiveSummary, TaskSpec, Timestamp,
+};
 use dtask_replay::{load_task, load_tasks_each, ReplayError, Status, Task, TaskState};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::ops::Bound;
@@ -195,6 +197,31 @@ struct Inner {
     index: Mutex<Index>,
     outbox: Mutex<outbox::Leases>,
     pending_epoch: watch::Sender<u64>,
+    /// What the open repaired in the `live` index, if anything.
+    repaired: Option<LiveRepair>,
+}
+
+/// Derives the `live` index from the streams: folds every task of the journal and hands the
+/// ones without a terminal event, with their heads, to [`Journal::repair_live_index`], which
+/// rewrites the index only if they sum up to the journal's tail marker.
+fn repair_live_index(journal: &Journal) -> Result<LiveRepair> {
+    let mut ids = journal
+        .task_ids()
+        .collect::<std::result::Result<Vec<_>, _>>()?;
+    let mut live: Vec<(String, Head)> = Vec::new();
+    load_tasks_each(
+        journal,
+        &mut ids,
+        |_, task, head| (!task.state.is_terminal()).then_some(head),
+        |ids, built| {
+            for (id, built) in ids.iter_mut().zip(built) {
+                if let Some(Some(head)) = built.take() {
+                    live.push((std::mem::take(id), head));
+                }
+            }
+        },
+    )?;
+    Ok(journal.repair_live_index(&live)?)
 }
 
 /// The durable task store.
@@ -237,10 +264,50 @@ impl std::fmt::Debug for TaskStore {
 impl TaskStore {
     /// Opens a store over `journal`, folding every live task into memory.
     ///
+    /// The open checks the journal before building on it: the live tasks it folded, with
+    /// their heads, must sum up to the journal's tail marker ([`Journal::check_live`]). When
+    /// they do not, every stream is folded to find out why: if the streams agree with the
+    /// marker, the `live` index is what was damaged, and it is derived from them again
+    /// ([`Journal::repair_live_index`]; a `tracing` warning and
+    /// [`TaskStore::repaired_live_index`] say what changed); otherwise the open is refused.
+    ///
     /// # Errors
-    /// [`StoreError::Journal`] when the journal cannot be read, [`StoreError::Replay`] when a
-    /// live task's stream is damaged or does not fold.
+    /// [`StoreError::Journal`] when the journal cannot be read or is inconsistent
+    /// ([`dtask_journal::Error::Inconsistent`]: `dtask verify` names every problem),
+    /// [`StoreError::Replay`] when a live task's stream is damaged or does not fold.
     pub fn open(journal: Journal, clock: impl Clock, config: StoreConfig) -> Result<Self> {
+        let clock: Arc<dyn Clock> = Arc::new(clock);
+        match Self::recover(&journal)? {
+            Ok(index) => Ok(Self::with_index(journal, clock, config, index, None)),
+            Err(mismatch) => {
+                let repair = repair_live_index(&journal).map_err(|e| match e {
+                    // The streams do not agree with the marker either: the first finding
+                    // (the live tasks' mismatch) is the one to report.
+                    StoreError::Journal(dtask_journal::Error::Inconsistent(_)) => mismatch.into(),
+                    e => e,
+                })?;
+                tracing::warn!(
+                    added = ?repair.added,
+                    removed = ?repair.removed,
+                    "the live index disagreed with the task streams and was derived from them again"
+                );
+                match Self::recover(&journal)? {
+                    Ok(index) => Ok(Self::with_index(
+                        journal,
+                        clock,
+                        config,
+                        index,
+                        Some(repair),
+                    )),
+                    Err(mismatch) => Err(mismatch.into()),
+                }
+            }
+        }
+    }
+
+    /// Folds every task of the `live` index and checks them against the journal's tail
+    /// marker: the index, or the inconsistency found.
+    fn recover(journal: &Journal) -> Result<Result<Index, dtask_journal::Error>> {
         let mut index = Index::default();
         let mut live = Vec::new();
         let mut unreadable = None;
@@ -254,10 +321,11 @@ impl TaskStore {
             }
         }
         index.slots.reserve(live.len());
+        let mut summary = LiveSummary::default();
         // Each task's slot is built on the fold thread that folded it; the index entries of
         // each chunk of tasks are made here, while later chunks are being folded.
         load_tasks_each(
-            &journal,
+            journal,
             &mut live,
             |_, task, head| {
                 let placement = Placement::of(&task.state);
@@ -273,9 +341,10 @@ impl TaskStore {
                         .filter_map(|(id, built)| built.as_ref().map(|b| (id.as_str(), b.3))),
                 );
                 for (id, built) in ids.iter_mut().zip(built) {
-                    let Some((slot, key, placement, _)) = built.take() else {
+                    let Some((slot, key, placement, head)) = built.take() else {
                         continue;
                     };
+                    summary.add(id, &head);
                     let id = std::mem::take(id);
                     index.place(&id, &key, None, &placement);
                     index.slots.insert(id, slot);
@@ -285,17 +354,39 @@ impl TaskStore {
         if let Some(e) = unreadable {
             return Err(e.into());
         }
+        match journal.check_live(&summary) {
+            Ok(()) => Ok(Ok(index)),
+            Err(e @ dtask_journal::Error::Inconsistent(_)) => Ok(Err(e)),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn with_index(
+        journal: Journal,
+        clock: Arc<dyn Clock>,
+        config: StoreConfig,
+        index: Index,
+        repaired: Option<LiveRepair>,
+    ) -> Self {
         tracing::debug!(live = index.slots.len(), "task store opened");
-        Ok(Self {
+        Self {
             inner: Arc::new(Inner {
                 journal,
-                clock: Arc::new(clock),
+                clock,
                 config,
                 index: Mutex::new(index),
                 outbox: Mutex::new(outbox::Leases::new()),
                 pending_epoch: watch::Sender::new(0),
+                repaired,
             }),
-        })
+        }
+    }
+
+    /// What the open repaired in the journal's `live` index (see [`TaskStore::open`]), if it
+    /// had to.
+    #[must_use]
+    pub fn repaired_live_index(&self) -> Option<&LiveRepair> {
+        self.inner.repaired.as_ref()
     }
 
     /// The journal under the store.
@@ -459,7 +550,7 @@ impl TaskStore {
             context_snapshot,
             at: now,
         };
-        let mut task = Task::created(&created).map_err(|error| {
+        let mut task = Task::created(&id, &created).map_err(|error| {
             StoreError::Replay(ReplayError::Rejected {
                 task: id.clone(),
                 position: 0,

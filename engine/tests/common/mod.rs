@@ -66,6 +66,11 @@ impl Env {
         ));
     }
 
+    /// Drops the store and its journal (closing the journal), keeping the directory.
+    pub fn close(&mut self) {
+        drop(self.store.take());
+    }
+
     /// Moves the clock forward by `ms` milliseconds.
     pub fn advance(&self, ms: u64) {
         self.clock.advance(Duration::from_millis(ms));

@@ -134,7 +134,7 @@ fn read_task(journal: &Journal, id: &str, findings: &mut Findings) -> Option<See
             _ => {}
         }
         let applied = match task.as_mut() {
-            None => Task::created(&record.event).map(|t| task = Some(t)),
+            None => Task::created(id, &record.event).map(|t| task = Some(t)),
             Some(t) => t.apply(&record.event),
         };
         if let Err(e) = applied {
