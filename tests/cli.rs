@@ -956,7 +956,10 @@ fn tail_follows_a_live_writer() {
         at: Timestamp(T0),
     };
     journal.append("first", 0, &[created("first")]).unwrap();
+    // Killed with SIGKILL below: its scratch directory stays behind, in a directory of ours.
+    let tmp = tempfile::tempdir().unwrap();
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_dtask"))
+        .env("TMPDIR", tmp.path())
         .arg("--journal")
         .arg(dir.path())
         .args([
