@@ -27,13 +27,13 @@ async fn main() {
     let mut registry = ToolRegistry::new();
     registry
         .register(Registration::new(
-            ToolInfo::without_parameters("shell", "Run a shell command"),
+            ToolInfo::new("shell", "Run a shell command", ShellTool::parameters()),
             ShellTool::new(dir.path().join("runs")),
         ))
         .unwrap();
     registry
         .register(Registration::new(
-            ToolInfo::without_parameters("approve", "Ask a person"),
+            ToolInfo::new("approve", "Ask a person", ApprovalTool::parameters()),
             ApprovalTool,
         ))
         .unwrap();

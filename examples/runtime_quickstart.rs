@@ -53,6 +53,19 @@ impl Executor for Echo {
     }
 }
 
+/// An outcome for people: result data as text when it is UTF-8.
+fn describe(outcome: &Outcome) -> String {
+    match outcome {
+        Outcome::Completed(data) => match std::str::from_utf8(data) {
+            Ok(text) => format!("completed: {text:?}"),
+            Err(_) => format!("completed: {} bytes", data.len()),
+        },
+        Outcome::Failed(error) => format!("failed: {error}"),
+        Outcome::Canceled(reason) => format!("canceled: {reason}"),
+        Outcome::Interrupted(state) => format!("waiting for input (version {})", state.version),
+    }
+}
+
 async fn submit(manager: &Manager, payload: &str) -> String {
     let id = manager.allocate_task_id("echo").unwrap();
     manager
@@ -91,7 +104,10 @@ async fn main() {
     }));
 
     let hello = submit(&manager, "hello").await;
-    println!("{hello}: {:?}", manager.wait(&hello).await.unwrap());
+    println!(
+        "{hello}: {}",
+        describe(&manager.wait(&hello).await.unwrap())
+    );
 
     let approval = submit(&manager, "needs approval").await;
     if let Outcome::Interrupted(state) = manager.wait(&approval).await.unwrap() {
@@ -104,7 +120,10 @@ async fn main() {
             .await
             .unwrap();
     }
-    println!("{approval}: {:?}", manager.wait(&approval).await.unwrap());
+    println!(
+        "{approval}: {}",
+        describe(&manager.wait(&approval).await.unwrap())
+    );
 
     let forever = submit(&manager, "runs forever").await;
     while manager.get(&forever).await.unwrap().attempt == 0 {
@@ -114,7 +133,10 @@ async fn main() {
         .request_cancel(&forever, "user gave up")
         .await
         .unwrap();
-    println!("{forever}: {:?}", manager.wait(&forever).await.unwrap());
+    println!(
+        "{forever}: {}",
+        describe(&manager.wait(&forever).await.unwrap())
+    );
 
     let _ = stop.send(());
     worker.await.unwrap().unwrap();

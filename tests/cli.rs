@@ -277,7 +277,7 @@ fn tasks_and_stats_go_on_past_a_damaged_last_record() {
         .collect();
     assert_eq!(ids, ["alpha", "beta", "delta", "epsilon", "gamma"], "{all}");
     assert!(
-        all.contains("1 task(s) marked ! do not fold cleanly"),
+        all.contains("1 task marked ! does not fold cleanly"),
         "{all}"
     );
     let stats = json(&stdout(dtask(dir.path()).args(["--json", "stats"])));
@@ -385,6 +385,10 @@ fn show_matches_its_golden_output() {
         "show-alpha.json",
         &stdout(dtask(dir.path()).args(["show", "alpha", "--json"])),
     );
+    // Without --bytes, text values are previewed next to their size; binary ones are a size.
+    let text = stdout(dtask(dir.path()).args(["show", "alpha"]));
+    assert!(text.contains(r#"result       "exit 0" (6 B)"#), "{text}");
+    assert!(text.contains(r#""pid=7" (5 B)"#), "{text}");
     let bytes = stdout(dtask(dir.path()).args(["show", "alpha", "--bytes"]));
     assert!(bytes.contains("\"pid=7\""), "{bytes}");
     assert!(bytes.contains("\"exit 0\""), "{bytes}");
@@ -418,6 +422,13 @@ fn events_lists_raw_records() {
     assert_eq!(events[0]["type"], "attempt_started");
     assert_eq!(events[0]["digest"].as_str().unwrap().len(), 64);
     assert_eq!(events[1]["event"]["checkpoint"], "cGlkPTc=");
+    // An empty range is a usage error, not an empty table.
+    dtask(dir.path())
+        .args(["events", "alpha", "--from", "8", "--to", "3"])
+        .assert()
+        .code(2)
+        .stdout("")
+        .stderr(predicate::str::contains("--from 8 is after --to 3"));
 }
 
 #[test]
@@ -561,6 +572,125 @@ fn import_fails_loudly_when_a_digest_differs() {
 }
 
 #[test]
+fn a_failed_import_leaves_nothing_behind() {
+    let dir = built();
+    let export = stdout(dtask(dir.path()).arg("export"));
+    let lines: Vec<&str> = export.lines().collect();
+    // Cut short: the header announces every record, ten follow.
+    let work = tempfile::tempdir().unwrap();
+    let file = work.path().join("cut.jsonl");
+    std::fs::write(&file, lines[..11].join("\n") + "\n").unwrap();
+    let entries = |dir: &Path| -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    let target = work.path().join("copy");
+    dtask(&target)
+        .arg("import")
+        .arg(&file)
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("cut short"));
+    assert!(
+        !target.exists(),
+        "a failed import left {}",
+        target.display()
+    );
+    assert_eq!(
+        entries(work.path()),
+        ["cut.jsonl"],
+        "nothing left beside it"
+    );
+    // An empty target directory stays as it was.
+    std::fs::create_dir(&target).unwrap();
+    dtask(&target)
+        .arg("import")
+        .arg(&file)
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("cut short"));
+    assert!(entries(&target).is_empty(), "{:?}", entries(&target));
+    assert_eq!(entries(work.path()), ["copy", "cut.jsonl"]);
+    // A record that does not rebuild bit-exact leaves nothing either.
+    let mut edited: Vec<String> = lines.iter().map(|l| (*l).to_owned()).collect();
+    let mut line = json(&edited[3]);
+    line["event"]["at"] = (line["event"]["at"].as_u64().unwrap() + 1).into();
+    edited[3] = line.to_string();
+    let file = work.path().join("edited.jsonl");
+    std::fs::write(&file, edited.join("\n") + "\n").unwrap();
+    let other = work.path().join("other");
+    dtask(&other).arg("import").arg(&file).assert().code(1);
+    assert!(!other.exists());
+    // The whole export imports into the empty directory.
+    let file = work.path().join("full.jsonl");
+    std::fs::write(&file, &export).unwrap();
+    dtask(&target).arg("import").arg(&file).assert().success();
+    assert_eq!(stdout(dtask(&target).arg("export")), export);
+    assert_eq!(
+        entries(work.path()),
+        ["copy", "cut.jsonl", "edited.jsonl", "full.jsonl"]
+    );
+}
+
+#[test]
+fn a_journal_held_by_a_writer_is_in_use_but_still_readable() {
+    let work = tempfile::tempdir().unwrap();
+    let torture_dir = work.path();
+    let held = torture_dir.join("journal");
+    let journal = Journal::open(&held, JournalOptions::default()).unwrap();
+    journal
+        .append(
+            "held",
+            0,
+            &[Event::Created {
+                spec: TaskSpec {
+                    id: "held".into(),
+                    executor_key: "x".into(),
+                    ..TaskSpec::default()
+                },
+                policy: LeasePolicy::Retry,
+                checkpoint: vec![],
+                context_snapshot: vec![],
+                at: Timestamp(T0),
+            }],
+        )
+        .unwrap();
+    // A command that opens the journal for writing: the engine process of `torture`.
+    let mut writer = Command::new(env!("CARGO_BIN_EXE_dtask"));
+    writer
+        .env_remove("DTASK_JOURNAL")
+        .arg("torture-child")
+        .arg("--dir")
+        .arg(torture_dir)
+        .args(["--seed", "1", "--run", "1", "--lease-ms", "400"])
+        .args(["--shell-command", "true"])
+        .timeout(Duration::from_secs(60))
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(format!(
+            "the journal at {} is in use: another process has it open for writing",
+            held.display()
+        )))
+        .stderr(predicate::str::contains(
+            "the read-only commands (tasks, show, events, replay, stats, tail, verify, export) \
+             work on it",
+        ))
+        .stderr(predicate::str::contains("While lock file").not());
+    // The read-only commands work while it is held.
+    let tasks = stdout(dtask(&held).arg("tasks"));
+    assert!(
+        tasks.lines().nth(1).unwrap().starts_with("held "),
+        "{tasks}"
+    );
+    dtask(&held).arg("verify").assert().success();
+    drop(journal);
+}
+
+#[test]
 fn verify_is_clean_on_a_good_journal() {
     let dir = built();
     let text = stdout(dtask(dir.path()).arg("verify"));
@@ -569,10 +699,8 @@ fn verify_is_clean_on_a_good_journal() {
     let report = json(&stdout(dtask(dir.path()).args(["verify", "--json"])));
     assert_eq!(report["clean"], true);
     assert_eq!(report["problems"].as_array().unwrap().len(), 0);
-    dtask(dir.path())
-        .args(["verify", "--task", "beta"])
-        .assert()
-        .success();
+    let one = stdout(dtask(dir.path()).args(["verify", "--task", "beta"]));
+    assert!(one.contains(": 1 task, "), "{one}");
 }
 
 #[test]
@@ -586,7 +714,7 @@ fn verify_names_the_damaged_task_and_position() {
         .stdout(predicate::str::contains(
             "task \"alpha\" position 3: checksum",
         ))
-        .stdout(predicate::str::contains("1 problem(s)"));
+        .stdout(predicate::str::contains(": 1 problem\n"));
     let report = json(
         &String::from_utf8(
             dtask(dir.path())
@@ -748,12 +876,22 @@ fn replay_travels_back_in_time() {
     let text = stdout(dtask(dir.path()).args(["replay", "beta", "--at", "3"]));
     assert!(text.starts_with("as of position 3"), "{text}");
     assert!(text.contains("waiting_input"), "{text}");
+    // The timeline as `show` draws it, up to the position: the first attempt ended waiting
+    // for input; the answer and the second attempt come later.
+    assert!(text.contains("\nattempts\n"), "{text}");
+    assert!(text.contains("\nwaits and answers\n"), "{text}");
+    assert!(!text.contains("input_provided"), "{text}");
+    assert!(!text.contains("\noutcome\n"), "{text}");
     let state = json(&stdout(
         dtask(dir.path()).args(["replay", "beta", "--at", "2", "--json"]),
     ));
     assert_eq!(state["state"]["status"], "running");
     assert_eq!(state["state"]["version"], 2);
     assert_eq!(state["at"]["type"], "attempt_started");
+    let attempts = state["timeline"]["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 1, "{state}");
+    assert_eq!(attempts[0]["end"], serde_json::Value::Null, "{state}");
+    assert_eq!(state["timeline"]["outcome"], serde_json::Value::Null);
     let last = json(&stdout(
         dtask(dir.path()).args(["replay", "beta", "--json"]),
     ));
@@ -822,7 +960,10 @@ fn tail_follows_a_live_writer() {
         at: Timestamp(T0),
     };
     journal.append("first", 0, &[created("first")]).unwrap();
+    // Killed with SIGKILL below: its scratch directory stays behind, in a directory of ours.
+    let tmp = tempfile::tempdir().unwrap();
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_dtask"))
+        .env("TMPDIR", tmp.path())
         .arg("--journal")
         .arg(dir.path())
         .args([
@@ -863,6 +1004,122 @@ fn tail_follows_a_live_writer() {
     child.wait().unwrap();
 }
 
+/// A journal with `n` tasks of one record each, closed.
+fn small_journal(dir: &Path, n: u64) {
+    let journal = Journal::open(dir, JournalOptions::default()).unwrap();
+    for i in 0..n {
+        let id = format!("t{i}");
+        journal
+            .append(
+                &id,
+                0,
+                &[Event::Created {
+                    spec: TaskSpec {
+                        id: id.clone(),
+                        executor_key: "x".into(),
+                        ..TaskSpec::default()
+                    },
+                    policy: LeasePolicy::Retry,
+                    checkpoint: vec![],
+                    context_snapshot: vec![],
+                    at: Timestamp(T0 + i),
+                }],
+            )
+            .unwrap();
+    }
+}
+
+/// `dtask --journal DIR tail --follow …` with its temporary directory under `tmp`.
+fn follow(dir: &Path, tmp: &Path, args: &[&str]) -> Command {
+    let mut cmd = dtask(dir);
+    cmd.env("TMPDIR", tmp)
+        .args(["tail", "--follow", "--json", "--interval", "20"])
+        .args(args)
+        // A safety net against a hung process, not a timing assertion.
+        .timeout(Duration::from_secs(60));
+    cmd
+}
+
+fn is_empty_dir(dir: &Path) -> bool {
+    std::fs::read_dir(dir).unwrap().next().is_none()
+}
+
+#[test]
+fn tail_follow_stops_at_max_or_when_idle_and_removes_its_scratch_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    small_journal(dir.path(), 3);
+    let tmp = tempfile::tempdir().unwrap();
+    // --max: exits by itself after that many records.
+    let out = stdout(&mut follow(
+        dir.path(),
+        tmp.path(),
+        &["--from-seq", "1", "--max", "2"],
+    ));
+    let seqs: Vec<u64> = out
+        .lines()
+        .map(|l| json(l)["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seqs, [1, 2], "{out}");
+    assert!(
+        is_empty_dir(tmp.path()),
+        "a scratch directory was left behind"
+    );
+    // --until-idle: exits once nothing new came for that long.
+    let out = stdout(&mut follow(
+        dir.path(),
+        tmp.path(),
+        &["--until-idle", "0.2"],
+    ));
+    assert_eq!(out.lines().count(), 3, "{out}");
+    assert!(
+        is_empty_dir(tmp.path()),
+        "a scratch directory was left behind"
+    );
+    // The stop flags need --follow.
+    dtask(dir.path())
+        .args(["tail", "--max", "1"])
+        .assert()
+        .code(2);
+}
+
+#[test]
+fn tail_follow_removes_its_scratch_dir_on_sigterm_and_sigint() {
+    let dir = tempfile::tempdir().unwrap();
+    small_journal(dir.path(), 1);
+    for signal in ["TERM", "INT"] {
+        let tmp = tempfile::tempdir().unwrap();
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_dtask"))
+            .env_remove("DTASK_JOURNAL")
+            .env("TMPDIR", tmp.path())
+            .arg("--journal")
+            .arg(dir.path())
+            .args(["tail", "--follow", "--json", "--interval", "20"])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // The first line means the follower is open, its scratch directory made.
+        let mut lines =
+            std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().unwrap()));
+        assert_eq!(json(&lines.next().unwrap().unwrap())["task"], "t0");
+        assert!(
+            !is_empty_dir(tmp.path()),
+            "the follower's scratch directory"
+        );
+        let killed = std::process::Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(0), "SIG{signal}: {status}");
+        assert!(
+            is_empty_dir(tmp.path()),
+            "SIG{signal} left the scratch directory behind"
+        );
+    }
+}
+
 #[test]
 fn demo_runs_and_its_audit_is_clean() {
     let work = tempfile::tempdir().unwrap();
@@ -896,6 +1153,22 @@ fn demo_runs_and_its_audit_is_clean() {
     assert_eq!(report["audit"]["problems"].as_array().unwrap().len(), 0);
     // Five store-level tasks and the handed-off managed call (the foreground one left none).
     assert_eq!(report["tasks"].as_array().unwrap().len(), 6);
+    // The model is told what the shell tool takes: a required string `command`.
+    let function = &report["managed_tool"]["function"];
+    assert_eq!(function["name"], "sh", "{report}");
+    assert_eq!(
+        function["parameters"]["required"],
+        serde_json::json!(["command"]),
+        "{report}"
+    );
+    assert_eq!(
+        function["parameters"]["properties"]["command"]["type"],
+        "string"
+    );
+    assert!(
+        text.contains("the model is told it requires: command"),
+        "{text}"
+    );
 }
 
 #[test]
@@ -907,11 +1180,46 @@ fn usage_errors_exit_2() {
         .code(2)
         .stderr(predicate::str::contains("--journal"));
     let missing = tempfile::tempdir().unwrap();
-    dtask(&missing.path().join("nothing"))
-        .arg("verify")
-        .assert()
-        .code(2)
-        .stderr(predicate::str::contains("no journal"));
+    let nothing = missing.path().join("nothing");
+    for command in ["verify", "tasks", "tail"] {
+        dtask(&nothing)
+            .arg(command)
+            .assert()
+            .code(2)
+            .stderr(format!("dtask: no journal at {}\n", nothing.display()));
+    }
+    // A time that does not exist is refused, not rolled over into March.
+    let dir = built();
+    for bad in ["2024-02-31", "2023-02-29", "2024-02-30T00:00:00Z"] {
+        dtask(dir.path())
+            .args(["tasks", "--since", bad])
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains(format!("bad time \"{bad}\"")));
+    }
+    // RFC 3339 with an offset and fractional seconds is accepted.
+    let window = json(&stdout(dtask(dir.path()).args([
+        "tasks",
+        "--json",
+        "--since",
+        "2023-11-14T23:13:20.500+01:00",
+        "--until",
+        "2023-11-14",
+    ])));
+    assert_eq!(window["tasks"].as_array().unwrap().len(), 0, "{window}");
+    let since = json(&stdout(dtask(dir.path()).args([
+        "tasks",
+        "--json",
+        "--since",
+        "2023-11-14T23:13:20.500+01:00",
+    ])));
+    let ids: Vec<_> = since["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].clone())
+        .collect();
+    assert_eq!(ids, ["beta", "delta", "epsilon", "gamma"]);
     let mut bad = Command::new(env!("CARGO_BIN_EXE_dtask"));
     bad.arg("frobnicate").assert().code(2);
 }

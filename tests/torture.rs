@@ -92,3 +92,59 @@ fn without_the_feature_fail_points_are_refused() {
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("failpoints"), "{stderr}");
 }
+
+#[test]
+fn kills_before_the_journal_exists_mean_nothing_was_acknowledged() {
+    // Killed within a few milliseconds of starting, most children die before they created
+    // the journal (or while creating it): the driver must go on, not stop at "not a journal".
+    let (code, summary, stderr) = torture(&[
+        "--seed", "1", "--kills", "3", "--min-ms", "1", "--max-ms", "5",
+    ]);
+    // With this seed the first child is killed within 5 ms of its start, long before its
+    // journal is there, so the first check finds no journal.
+    assert!(stderr.contains("run 1: SIGKILL after"), "{stderr}");
+    assert_eq!(code, Some(0), "summary: {summary:#}\nstderr: {stderr}");
+    assert_eq!(summary["clean"], true, "{summary:#}");
+    assert!(summary["kills"].as_u64().unwrap() >= 3, "{summary:#}");
+    assert!(!stderr.contains("not a dtask journal"), "{stderr}");
+}
+
+#[test]
+fn no_kills_print_a_sensible_summary() {
+    let output = Command::cargo_bin("dtask")
+        .unwrap()
+        .env_remove("DTASK_JOURNAL")
+        .args(["torture", "--kills", "0", "--seed", "1"])
+        .timeout(Duration::from_secs(300))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("0 crashes"), "{stdout}");
+    assert!(stdout.contains("in 1 run\n"), "{stdout}");
+    assert!(
+        stdout.contains("tasks: none (no child run submitted a task)"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("(; )"), "{stdout}");
+    assert!(stdout.contains("checked: 0 acknowledgements"), "{stdout}");
+}
+
+#[test]
+fn the_journal_flag_is_refused() {
+    let output = Command::cargo_bin("dtask")
+        .unwrap()
+        .env_remove("DTASK_JOURNAL")
+        .args(["--journal", "somewhere", "torture", "--kills", "1"])
+        .timeout(Duration::from_secs(60))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("torture does not take --journal"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("--dir"), "{stderr}");
+    assert!(output.stdout.is_empty());
+}

@@ -334,6 +334,15 @@ fn db_options(create: bool) -> Options {
     opts
 }
 
+/// Whether RocksDB refused an open because the database's `LOCK` file is held: by another
+/// process (`While lock file: …`) or by another open in this one (`lock hold by current
+/// process`).
+fn is_lock_error(e: &rocksdb::Error) -> bool {
+    let message = e.as_ref();
+    e.kind() == rocksdb::ErrorKind::IOError
+        && (message.contains("While lock file") || message.contains("lock hold by current process"))
+}
+
 impl RocksBackend {
     pub(crate) fn open(path: &Path, mode: OpenMode<'_>) -> Result<Self> {
         Self::open_with(path, mode, false)
@@ -368,7 +377,15 @@ impl RocksBackend {
                     cf.set_disable_auto_compactions(true);
                     ColumnFamilyDescriptor::new(name, cf)
                 });
-                DB::open_cf_descriptors(&opts, path, descriptors)?
+                DB::open_cf_descriptors(&opts, path, descriptors).map_err(|e| {
+                    if is_lock_error(&e) {
+                        Error::InUse {
+                            path: path.to_path_buf(),
+                        }
+                    } else {
+                        e.into()
+                    }
+                })?
             }
             OpenMode::ReadOnly => {
                 DB::open_cf_for_read_only(&db_options(false), path, names, false)?
@@ -645,5 +662,25 @@ mod tests {
         assert_eq!(prefix_end(b"ab"), Some(b"ac".to_vec()));
         assert_eq!(prefix_end(&[1, 0xff]), Some(vec![2]));
         assert_eq!(prefix_end(&[0xff, 0xff]), None);
+    }
+
+    #[test]
+    fn a_held_journal_is_in_use_for_writers_and_open_for_readers() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let _writer = RocksBackend::open(dir.path(), OpenMode::Primary).expect("the first open");
+        match RocksBackend::open(dir.path(), OpenMode::Primary) {
+            Err(Error::InUse { path }) => assert_eq!(path, dir.path()),
+            other => panic!("expected InUse, got {other:?}"),
+        }
+        let message = Error::InUse {
+            path: dir.path().to_path_buf(),
+        }
+        .to_string();
+        assert!(
+            message.contains(&dir.path().display().to_string()),
+            "{message}"
+        );
+        assert!(message.contains("read-only"), "{message}");
+        RocksBackend::open(dir.path(), OpenMode::ReadOnly).expect("a reader takes no lock");
     }
 }

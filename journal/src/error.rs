@@ -172,6 +172,17 @@ pub enum Error {
     /// The path holds a database that is not a dtask journal (no format version).
     #[error("not a dtask journal: {0}")]
     NotAJournal(String),
+    /// Another process (or another open in this one) holds the journal's writer lock, so it
+    /// cannot be opened for writing. Read-only and follower opens take no lock and still work.
+    #[error(
+        "the journal at {} is in use: another process has it open for writing (it can still be \
+         opened read-only)",
+        path.display()
+    )]
+    InUse {
+        /// The journal directory that is held.
+        path: std::path::PathBuf,
+    },
     /// The journal was opened read-only or as a secondary.
     #[error("the journal is open read-only")]
     ReadOnly,

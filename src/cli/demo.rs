@@ -34,6 +34,8 @@ const SESSION: &str = "agent-session-1";
 struct Log {
     json: bool,
     steps: Vec<Value>,
+    /// The managed tool as the model is told about it (an OpenAI `tools` entry).
+    managed_tool: Option<Value>,
 }
 
 impl Log {
@@ -254,9 +256,13 @@ async fn workload(dir: &Path, log: &mut Log) -> Result<()> {
     log.say(
         "",
         format!(
-            "  reopened: {live} live tasks folded back from the journal; fetch-1 is identical to \
-             before the crash ({}, version {}, attempt {}, {} records)",
-            after.state.status, after.state.version, after.state.attempt, after.state.position
+            "  reopened: {} folded back from the journal; fetch-1 is identical to before the \
+             crash ({}, version {}, attempt {}, {})",
+            fmt::count(live as u64, "live task"),
+            after.state.status,
+            after.state.version,
+            after.state.attempt,
+            fmt::count(after.state.position, "record")
         ),
     );
     log.say(
@@ -411,8 +417,8 @@ async fn workload(dir: &Path, log: &mut Log) -> Result<()> {
     log.say(
         "",
         format!(
-            "  outbox: {} notifications delivered to {SESSION} and acknowledged ({})",
-            delivered.len(),
+            "  outbox: {} delivered to {SESSION} and acknowledged ({})",
+            fmt::count(delivered.len() as u64, "notification"),
             kinds.join(", ")
         ),
     );
@@ -433,7 +439,7 @@ async fn managed_scene(store: &TaskStore, log: &mut Log) -> Result<()> {
     let mut registry = ToolRegistry::new();
     registry
         .register(Registration::new(
-            dtask_engine::tool::ToolInfo::without_parameters("sh", "Run a shell command"),
+            dtask_engine::tool::ToolInfo::new("sh", "Run a shell command", ShellTool::parameters()),
             ShellTool::new(runs.path()),
         ))
         .map_err(|e| fail(&e))?;
@@ -456,10 +462,20 @@ async fn managed_scene(store: &TaskStore, log: &mut Log) -> Result<()> {
             .with_auto_background(|_| true),
     )
     .map_err(|e| fail(&e))?;
+    let info = shell.info();
+    let required: Vec<&str> = info.parameters["required"]
+        .as_array()
+        .map(|names| names.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
     log.say(
         "",
-        "\n  managed tool `sh` (foreground first, 300 ms, then background):",
+        format!(
+            "\n  managed tool `sh` (the model is told it requires: {}; foreground first, 300 ms, \
+             then background):",
+            required.join(", ")
+        ),
     );
+    log.managed_tool = Some(info.to_openai_tool());
     let opts = CallOptions::default();
     for (label, command) in [
         ("quick", "echo hello"),
@@ -479,8 +495,10 @@ async fn managed_scene(store: &TaskStore, log: &mut Log) -> Result<()> {
                 label,
                 format!(
                     "the background task adopted the running command (no second start): {} at \
-                     attempt {} with {} updates",
-                    task.status, task.attempt, task.updates
+                     attempt {} with {}",
+                    task.status,
+                    task.attempt,
+                    fmt::count(task.updates, "update")
                 ),
             );
         }
@@ -518,6 +536,7 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
     let mut log = Log {
         json: global.json,
         steps: Vec::new(),
+        managed_tool: None,
     };
     log.say(
         "",
@@ -580,6 +599,7 @@ fn report(
             "journal": dir.display().to_string(),
             "kept": args.dir.is_some(),
             "steps": log.steps,
+            "managed_tool": log.managed_tool,
             "tasks": tasks,
             "audit": audit,
         }))?;
@@ -613,15 +633,15 @@ fn report(
             out.line(format!("PROBLEM {p}"))?;
         }
         out.line(format!(
-            "audit: {} ({} tasks, {} records, {}, last sequence {}; CRCs, hash chains, \
+            "audit: {} ({}, {}, {}, last sequence {}; CRCs, hash chains, \
              legality of every stream, live/commit/outbox indexes)",
             if audit.is_clean() {
                 "clean"
             } else {
                 "PROBLEMS FOUND"
             },
-            audit.tasks,
-            audit.records,
+            fmt::count(audit.tasks, "task"),
+            fmt::count(audit.records, "record"),
             fmt::size(audit.bytes),
             audit.last_seq
         ))?;

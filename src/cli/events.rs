@@ -24,6 +24,12 @@ pub struct Args {
 
 /// Runs `dtask events`.
 pub fn run(global: &Global, args: &Args) -> Result<()> {
+    if let Some(to) = args.to.filter(|to| *to < args.from) {
+        return Err(CliError::Usage(format!(
+            "--from {} is after --to {to}: the range is empty",
+            args.from
+        )));
+    }
     let journal = global.open()?;
     let len = require_task(&journal, &args.task)?;
     let end = args.to.map_or(len, |t| t.saturating_add(1).min(len));
@@ -94,7 +100,8 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
     out.flush()?;
     if damaged > 0 {
         return Err(CliError::Problems(format!(
-            "{damaged} damaged record(s) in task {:?}: run `dtask verify`",
+            "{} in task {:?}: run `dtask verify`",
+            fmt::count(damaged, "damaged record"),
             args.task
         )));
     }

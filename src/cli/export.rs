@@ -301,7 +301,11 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
                 json!({ "records": written, "output": path.display().to_string() })
             );
         } else {
-            eprintln!("exported {written} records to {}", path.display());
+            eprintln!(
+                "exported {} to {}",
+                super::fmt::count(written, "record"),
+                path.display()
+            );
         }
     }
     Ok(())

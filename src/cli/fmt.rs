@@ -23,18 +23,6 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
     )
 }
 
-/// (year, month, day) → days since 1970-01-01.
-fn days_from_civil(year: i64, month: u32, day: u32) -> i64 {
-    let year = if month <= 2 { year - 1 } else { year };
-    let era = year.div_euclid(400);
-    let yoe = year.rem_euclid(400);
-    let month = i64::from(month);
-    let mp = if month > 2 { month - 3 } else { month + 9 };
-    let doy = (153 * mp + 2) / 5 + i64::from(day) - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
 /// A timestamp as RFC 3339 in UTC with milliseconds: `2024-05-01T12:00:00.000Z`.
 pub fn time(at: Timestamp) -> String {
     let ms = at.as_millis();
@@ -55,44 +43,39 @@ pub fn opt_time(at: Option<Timestamp>) -> String {
     at.map_or_else(|| "-".to_owned(), time)
 }
 
-/// Parses a time: milliseconds since the epoch, `YYYY-MM-DD`, or
-/// `YYYY-MM-DDTHH:MM:SS[.mmm]Z` (UTC).
+/// Parses a time: milliseconds since the epoch, a date `YYYY-MM-DD` (midnight UTC), or an
+/// RFC 3339 time with or without fractional seconds (`2024-05-01T12:00:00Z`,
+/// `2024-05-01T12:00:00.250+02:00`). Impossible dates (`2024-02-31`) are refused.
 pub fn parse_time(text: &str) -> Result<Timestamp, String> {
     if let Ok(ms) = text.parse::<u64>() {
         return Ok(Timestamp(ms));
     }
-    let bad = || {
-        format!("bad time {text:?}: use milliseconds since the epoch, YYYY-MM-DD or YYYY-MM-DDTHH:MM:SS[.mmm]Z")
+    let bad = |why: &dyn std::fmt::Display| {
+        format!(
+            "bad time {text:?} ({why}): use milliseconds since the epoch, YYYY-MM-DD or RFC 3339 \
+             (YYYY-MM-DDTHH:MM:SS[.mmm]Z)"
+        )
     };
-    let (date, clock) = match text.split_once('T') {
-        Some((date, clock)) => (date, Some(clock.strip_suffix('Z').ok_or_else(bad)?)),
-        None => (text, None),
+    let instant = if text.contains(['T', 't', ' ']) {
+        text.parse::<jiff::Timestamp>().map_err(|e| bad(&e))?
+    } else {
+        let date = text.parse::<jiff::civil::Date>().map_err(|e| bad(&e))?;
+        date.to_zoned(jiff::tz::TimeZone::UTC)
+            .map_err(|e| bad(&e))?
+            .timestamp()
     };
-    let mut parts = date.split('-');
-    let year: i64 = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
-    let month: u32 = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
-    let day: u32 = parts.next().and_then(|p| p.parse().ok()).ok_or_else(bad)?;
-    if parts.next().is_some() || !(1..=12).contains(&month) || !(1..=31).contains(&day) {
-        return Err(bad());
+    u64::try_from(instant.as_millisecond())
+        .map(Timestamp)
+        .map_err(|_| bad(&"before 1970"))
+}
+
+/// `n` and the noun, plural unless `n` is 1: `1 task`, `2 tasks`, `3 crashes`.
+pub fn count(n: u64, noun: &str) -> String {
+    if n == 1 {
+        return format!("1 {noun}");
     }
-    let mut ms: i64 = 0;
-    if let Some(clock) = clock {
-        let (hms, frac) = clock.split_once('.').unwrap_or((clock, "0"));
-        let mut fields = hms.split(':').map(|f| f.parse::<i64>().ok());
-        let (Some(Some(h)), Some(Some(mi)), Some(Some(s)), None) =
-            (fields.next(), fields.next(), fields.next(), fields.next())
-        else {
-            return Err(bad());
-        };
-        if !(0..24).contains(&h) || !(0..60).contains(&mi) || !(0..=60).contains(&s) {
-            return Err(bad());
-        }
-        let frac: String = frac.chars().chain("000".chars()).take(3).collect();
-        let frac: i64 = frac.parse().map_err(|_| bad())?;
-        ms = ((h * 60 + mi) * 60 + s) * 1000 + frac;
-    }
-    let total = days_from_civil(year, month, day) * 86_400_000 + ms;
-    u64::try_from(total).map(Timestamp).map_err(|_| bad())
+    let es = ["s", "sh", "ch", "x"].iter().any(|end| noun.ends_with(end));
+    format!("{n} {noun}{}", if es { "es" } else { "s" })
 }
 
 /// A byte count for humans: `512 B`, `1.5 KiB`, `3.2 MiB`.
@@ -114,14 +97,28 @@ pub fn size(bytes: u64) -> String {
 /// Bytes for humans: quoted text when printable UTF-8, else `base64:…`.
 pub fn bytes(data: &[u8]) -> String {
     match std::str::from_utf8(data) {
-        Ok(text)
-            if !text
-                .chars()
-                .any(|c| c.is_control() && c != '\n' && c != '\t') =>
-        {
-            format!("{text:?}")
-        }
+        Ok(text) if printable(text) => format!("{text:?}"),
         _ => format!("base64:{}", STANDARD.encode(data)),
+    }
+}
+
+/// Whether `text` is printable: no control characters other than newlines and tabs.
+fn printable(text: &str) -> bool {
+    !text
+        .chars()
+        .any(|c| c.is_control() && c != '\n' && c != '\t')
+}
+
+/// A preview of printable UTF-8 `data`: quoted and escaped, cut after `max` characters (then
+/// followed by `…`); `None` for empty or binary data.
+pub fn preview(data: &[u8], max: usize) -> Option<String> {
+    let text = std::str::from_utf8(data).ok().filter(|t| printable(t))?;
+    if text.is_empty() {
+        return None;
+    }
+    match text.char_indices().nth(max) {
+        Some((cut, _)) => Some(format!("{:?}…", &text[..cut])),
+        None => Some(format!("{text:?}")),
     }
 }
 
@@ -293,6 +290,42 @@ mod tests {
         assert_eq!(parse_time("12"), Ok(Timestamp(12)));
         assert!(parse_time("yesterday").is_err());
         assert!(parse_time("2024-13-01").is_err());
+        assert!(parse_time("2024-02-31").is_err());
+        assert!(parse_time("2023-02-29").is_err());
+        assert!(parse_time("2024-02-31T00:00:00Z").is_err());
+        assert!(
+            parse_time("2024-05-01T12:00:00").is_err(),
+            "an offset is required"
+        );
+        assert_eq!(
+            parse_time("2023-11-14T22:13:20Z"),
+            Ok(Timestamp(1_700_000_000_000))
+        );
+        assert_eq!(
+            parse_time("2023-11-15T00:13:20.5+02:00"),
+            Ok(Timestamp(1_700_000_000_500))
+        );
+        assert!(parse_time("1969-12-31").is_err());
+    }
+
+    #[test]
+    fn counts_pluralize() {
+        assert_eq!(count(1, "task"), "1 task");
+        assert_eq!(count(0, "task"), "0 tasks");
+        assert_eq!(count(2, "crash"), "2 crashes");
+        assert_eq!(count(1, "side effect"), "1 side effect");
+    }
+
+    #[test]
+    fn previews_cut_long_text_and_skip_binary() {
+        assert_eq!(preview(b"exit 0", 40), Some("\"exit 0\"".into()));
+        assert_eq!(
+            preview("héllo wörld".as_bytes(), 5),
+            Some("\"héllo\"…".into())
+        );
+        assert_eq!(preview(b"a\nb", 40), Some("\"a\\nb\"".into()));
+        assert_eq!(preview(&[0xff, 0x00], 40), None);
+        assert_eq!(preview(b"", 40), None);
     }
 
     #[test]

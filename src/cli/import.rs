@@ -1,6 +1,10 @@
 //! `dtask import <file> --journal <new dir>`: rebuilds a fresh journal from a full export by
 //! appending its records in global order, and checks that every rebuilt record carries the
 //! exported digest and CRC (bit-exact).
+//!
+//! The import is all or nothing: the journal is built in a temporary directory beside the
+//! target and renamed into place only once every record, digest and the audit checked out; a
+//! failed import leaves the target as it was (absent, or an empty directory).
 
 use super::codec;
 use super::export::EXPORT_VERSION;
@@ -234,6 +238,45 @@ fn rebuild(
     Ok((records, next_position.len()))
 }
 
+/// Builds the journal in `dir` from the record lines, checks the record count, makes it
+/// durable and audits it; returns the records and tasks.
+fn build(
+    dir: &Path,
+    lines: impl Iterator<Item = std::io::Result<String>>,
+    name: &str,
+    announced: u64,
+) -> Result<(u64, usize)> {
+    let mut options = JournalOptions::default()
+        .with_durability(Durability::Buffered)
+        .with_max_value_bytes(usize::MAX)
+        .with_max_record_bytes(usize::MAX);
+    options.max_task_id_bytes = usize::MAX;
+    let journal = Journal::open(dir, options)?;
+    let bar = super::progress(announced, "importing");
+    let (records, tasks) = rebuild(&journal, lines, name, &bar)?;
+    bar.finish_and_clear();
+    drop(journal);
+    if records != announced {
+        return Err(CliError::Problems(format!(
+            "the export announces {} but holds {records}: it is cut short; nothing was imported",
+            super::fmt::count(announced, "record")
+        )));
+    }
+    sync_dir(dir)?;
+    let rebuilt = Journal::open_read_only(dir)?;
+    let audit = dtask_replay::audit_journal(&rebuilt, &mut |_| {})?;
+    if !audit.is_clean() {
+        for p in &audit.problems {
+            eprintln!("{p}");
+        }
+        return Err(CliError::Problems(format!(
+            "the rebuilt journal has {}; nothing was imported",
+            super::fmt::count(audit.problems.len() as u64, "problem")
+        )));
+    }
+    Ok((records, tasks))
+}
+
 /// Runs `dtask import`.
 pub fn run(global: &Global, args: &Args) -> Result<()> {
     let target = global.journal_dir()?.to_path_buf();
@@ -255,33 +298,29 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
         .map_err(|e| CliError::Usage(format!("{name}:1: not JSON: {e}")))?;
     let announced = check_header(&header)?;
 
-    let mut options = JournalOptions::default()
-        .with_durability(Durability::Buffered)
-        .with_max_value_bytes(usize::MAX)
-        .with_max_record_bytes(usize::MAX);
-    options.max_task_id_bytes = usize::MAX;
-    let journal = Journal::open(&target, options)?;
-    let bar = super::progress(announced, "importing");
-    let (records, tasks) = rebuild(&journal, lines, &name, &bar)?;
-    bar.finish_and_clear();
-    drop(journal);
-    if records != announced {
-        return Err(CliError::Problems(format!(
-            "the export announces {announced} records but holds {records}: it is cut short"
-        )));
-    }
-    sync_dir(&target)?;
-    let rebuilt = Journal::open_read_only(&target)?;
-    let audit = dtask_replay::audit_journal(&rebuilt, &mut |_| {})?;
-    if !audit.is_clean() {
-        for p in &audit.problems {
-            eprintln!("{p}");
-        }
-        return Err(CliError::Problems(format!(
-            "the rebuilt journal has {} problem(s)",
-            audit.problems.len()
-        )));
-    }
+    // Built beside the target (same file system, so the rename is atomic); removed on any
+    // failure when `staging` drops.
+    let parent = match target.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let staging = tempfile::Builder::new()
+        .prefix(".dtask-import-")
+        .tempdir_in(&parent)
+        .map_err(CliError::io(format!(
+            "creating a temporary directory in {}",
+            parent.display()
+        )))?;
+    let built = staging.path().join("journal");
+    let (records, tasks) = build(&built, lines, &name, announced)?;
+    std::fs::rename(&built, &target).map_err(CliError::io(format!(
+        "moving the imported journal to {}",
+        target.display()
+    )))?;
+    std::fs::File::open(&parent)
+        .and_then(|f| f.sync_all())
+        .map_err(CliError::io(format!("syncing {}", parent.display())))?;
+    drop(staging);
     let mut out = Out::new();
     if global.json {
         out.json(&json!({
@@ -293,8 +332,9 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
         }))?;
     } else {
         out.line(format!(
-            "imported {records} records of {} tasks into {}: every digest and CRC matches the export; audit clean",
-            tasks,
+            "imported {} of {} into {}: every digest and CRC matches the export; audit clean",
+            super::fmt::count(records, "record"),
+            super::fmt::count(tasks as u64, "task"),
             target.display()
         ))?;
     }

@@ -15,7 +15,8 @@ mod tasks;
 mod torture;
 mod verify;
 
-use clap::{Parser, Subcommand};
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use dtask_journal::{Error as JournalError, Journal, Record};
 use dtask_replay::{FoldError, Task};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -132,8 +133,10 @@ pub type Result<T, E = CliError> = std::result::Result<T, E>;
 /// Options every subcommand sees.
 #[derive(Debug, Clone)]
 pub struct Global {
-    /// `--journal`.
+    /// `--journal` (or `DTASK_JOURNAL`).
     pub journal: Option<PathBuf>,
+    /// Whether `--journal` was given on the command line (not only through the environment).
+    pub journal_flag: bool,
     /// `--json`.
     pub json: bool,
 }
@@ -146,24 +149,37 @@ impl Global {
         })
     }
 
-    /// Opens the journal read-only (no lock: works while a process writes it).
-    fn open(&self) -> Result<Journal> {
+    /// The journal directory, required to exist.
+    fn existing_journal_dir(&self) -> Result<&Path> {
         let dir = self.journal_dir()?;
+        if !dir.exists() {
+            return Err(CliError::Usage(format!("no journal at {}", dir.display())));
+        }
         if !dir.is_dir() {
             return Err(CliError::Usage(format!(
-                "no journal at {}: not a directory",
+                "no journal at {}: it is a file, a journal is a directory",
                 dir.display()
             )));
         }
-        Ok(Journal::open_read_only(dir)?)
+        Ok(dir)
+    }
+
+    /// Opens the journal read-only (no lock: works while a process writes it).
+    fn open(&self) -> Result<Journal> {
+        Ok(Journal::open_read_only(self.existing_journal_dir()?)?)
     }
 }
 
 /// Parses the arguments, runs the subcommand and maps the outcome to an exit code.
 pub fn run() -> ExitCode {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     let global = Global {
         journal: cli.journal,
+        journal_flag: matches.value_source("journal") == Some(ValueSource::CommandLine),
         json: cli.json,
     };
     let outcome = match cli.command {
@@ -186,6 +202,12 @@ pub fn run() -> ExitCode {
         Err(e) => {
             if !matches!(e, CliError::Problems(ref m) if m.is_empty()) {
                 eprintln!("dtask: {e}");
+            }
+            if let CliError::Journal(JournalError::InUse { .. }) = e {
+                eprintln!(
+                    "dtask: the read-only commands (tasks, show, events, replay, stats, tail, \
+                     verify, export) work on it while it is held"
+                );
             }
             ExitCode::from(e.exit_code())
         }

@@ -1,6 +1,7 @@
-//! `dtask replay <task> --at <position>`: the task as it was after a position (time travel).
+//! `dtask replay <task> --at <position>`: the task as it was after a position (time travel):
+//! its state and its timeline up to that record, as `show` prints them.
 
-use super::show::{state_json, state_text, Show};
+use super::show::{state_json, state_text, timeline_json, timeline_text, Show, Timeline};
 use super::{fmt, require_task, CliError, Global, Out, Result};
 use dtask_replay::{load_task_at, ReplayError};
 use serde_json::json;
@@ -47,6 +48,14 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
         .transpose()?
         .ok_or_else(|| CliError::Problems(format!("no record at position {at}")))?;
     let show = Show { bytes: args.bytes };
+    let mut timeline = Timeline::default();
+    for item in journal.read_stream(&args.task, 0) {
+        let record = item?;
+        if record.position > at {
+            break;
+        }
+        timeline.add(&record, show);
+    }
     let mut out = Out::new();
     if global.json {
         out.json(&json!({
@@ -59,6 +68,7 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
             },
             "last_position": last,
             "state": state_json(&task.state, show),
+            "timeline": timeline_json(&timeline),
         }))?;
     } else {
         out.line(format!(
@@ -68,6 +78,7 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
             record.event.event_type()
         ))?;
         out.text(state_text(&task.state, show))?;
+        out.text(timeline_text(&timeline))?;
     }
     out.flush()
 }

@@ -18,7 +18,11 @@ pub struct Args {
     bytes: bool,
 }
 
-/// Bytes as a size, or as the bytes themselves with `--bytes`.
+/// The most characters of a text value shown without `--bytes`.
+const PREVIEW_CHARS: usize = 40;
+
+/// Bytes as a size (with a preview of printable text), or as the bytes themselves with
+/// `--bytes`.
 #[derive(Debug, Clone, Copy)]
 pub struct Show {
     /// Whether to show bytes.
@@ -26,12 +30,15 @@ pub struct Show {
 }
 
 impl Show {
-    /// For humans.
+    /// For humans: the bytes themselves with `--bytes`; else the size, after a preview of
+    /// the text when the bytes are printable UTF-8.
     pub fn text(self, data: &[u8]) -> String {
         if self.bytes {
             fmt::bytes(data)
+        } else if let Some(preview) = fmt::preview(data, PREVIEW_CHARS) {
+            format!("{preview} ({})", fmt::size(data.len() as u64))
         } else {
-            format!("{} B", data.len())
+            fmt::size(data.len() as u64)
         }
     }
 
@@ -95,9 +102,10 @@ impl Entry {
     }
 }
 
-/// The timeline of a task, built from its records.
+/// The timeline of a task, built from its records (by `show`, and by `replay` up to a
+/// position).
 #[derive(Debug, Default)]
-struct Timeline {
+pub struct Timeline {
     attempts: Vec<Attempt>,
     checkpoints: Vec<Entry>,
     waits: Vec<Entry>,
@@ -117,8 +125,9 @@ impl Timeline {
         }
     }
 
+    /// Adds a record of the task (in stream order).
     #[allow(clippy::too_many_lines, reason = "one arm per event type reads best")]
-    fn add(&mut self, record: &Record, show: Show) {
+    pub fn add(&mut self, record: &Record, show: Show) {
         let at = record.event.at();
         let bytes = |name: &'static str, data: &[u8]| (name, show.json(data), show.text(data));
         match &record.event {
@@ -342,8 +351,12 @@ pub fn state_text(s: &TaskState, show: Show) -> String {
     kv(
         "status",
         format!(
-            "{}  (version {}, attempt {}, {} records, {} updates)",
-            s.status, s.version, s.attempt, s.position, s.updates
+            "{}  (version {}, attempt {}, {}, {})",
+            s.status,
+            s.version,
+            s.attempt,
+            fmt::count(s.position, "record"),
+            fmt::count(s.updates, "update")
         ),
     );
     kv(
@@ -445,7 +458,8 @@ fn entries_table(title: &str, entries: &[Entry], out: &mut String) {
     out.push_str(&table.render(2));
 }
 
-fn timeline_text(t: &Timeline) -> String {
+/// The timeline for humans: one table per part, each after a blank line.
+pub fn timeline_text(t: &Timeline) -> String {
     let mut out = String::new();
     if !t.attempts.is_empty() {
         out.push_str("\nattempts\n");
@@ -488,7 +502,8 @@ fn timeline_text(t: &Timeline) -> String {
     out
 }
 
-fn timeline_json(t: &Timeline) -> Value {
+/// The timeline as JSON.
+pub fn timeline_json(t: &Timeline) -> Value {
     let attempts: Vec<Value> = t
         .attempts
         .iter()

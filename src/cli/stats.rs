@@ -87,13 +87,17 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
         return out.flush();
     }
     out.line(format!(
-        "{tasks} tasks, {records} records, {} ({bytes} bytes), last sequence {last_seq}, journal format {}",
+        "{}, {}, {} ({bytes} bytes), last sequence {last_seq}, journal format {}",
+        fmt::count(tasks, "task"),
+        fmt::count(records, "record"),
         fmt::size(bytes),
         journal.format_version()
     ))?;
     if damaged > 0 {
         out.line(format!(
-            "{damaged} task(s) do not fold cleanly: run `dtask verify`"
+            "{} {} not fold cleanly: run `dtask verify`",
+            fmt::count(damaged, "task"),
+            if damaged == 1 { "does" } else { "do" }
         ))?;
     }
     let mut t = Table::new(&["STATUS", "TASKS"]);

@@ -191,7 +191,9 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
     let flagged = rows.iter().filter(|r| r.problem.is_some()).count();
     if flagged > 0 {
         out.line(format!(
-            "{flagged} task(s) marked ! do not fold cleanly: run `dtask verify`"
+            "{} marked ! {} not fold cleanly: run `dtask verify`",
+            fmt::count(flagged as u64, "task"),
+            if flagged == 1 { "does" } else { "do" }
         ))?;
     }
     if let Some(next) = next_after {

@@ -21,16 +21,16 @@ fn print(out: &mut Out, report: &AuditReport, scope: &str) -> Result<()> {
     let verdict = if report.is_clean() {
         "clean".to_owned()
     } else {
-        format!("{} problem(s)", report.problems.len())
+        fmt::count(report.problems.len() as u64, "problem")
     };
     out.line(format!(
-        "verified {scope}: {} tasks, {} records ({}), last sequence {}, {} live, {} queued notifications: {verdict}",
-        report.tasks,
-        report.records,
+        "verified {scope}: {}, {} ({}), last sequence {}, {} live, {}: {verdict}",
+        fmt::count(report.tasks, "task"),
+        fmt::count(report.records, "record"),
         fmt::size(report.bytes),
         report.last_seq,
         report.live,
-        report.outbox
+        fmt::count(report.outbox, "queued notification")
     ))
 }
 

@@ -3,14 +3,42 @@
 
 use super::child::SHELL;
 use super::Layout;
-use crate::cli::Result;
+use crate::cli::{CliError, Result};
 use dtask_engine::managed::ToolPayload;
-use dtask_journal::{Digest, Event, Journal};
+use dtask_journal::{Digest, Error as JournalError, Event, Journal};
 use dtask_replay::{audit_journal, Status, Task};
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
 
 /// The heads of every task at one moment: (records, last digest).
 pub type Heads = HashMap<String, (u64, Digest)>;
+
+/// Opens the torture journal read-only, or `None` when no child has created it yet — the
+/// directory is missing or empty, or holds a database that is not a journal yet (a child was
+/// killed while creating it: no format version, or not all of its column families). Nothing
+/// can have been acknowledged then: every acknowledgement follows a durable append, and the
+/// first append follows the format version.
+///
+/// # Errors
+/// I/O errors reading the directory, and any other journal error.
+pub fn open_if_created(path: &Path) -> Result<Option<Journal>> {
+    let empty = match std::fs::read_dir(path) {
+        Ok(mut entries) => entries.next().is_none(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
+        Err(e) => return Err(CliError::io(format!("reading {}", path.display()))(e)),
+    };
+    if empty {
+        return Ok(None);
+    }
+    match Journal::open_read_only(path) {
+        Ok(journal) => Ok(Some(journal)),
+        Err(JournalError::NotAJournal(_)) => Ok(None),
+        Err(JournalError::Storage(message)) if message.contains("Column family not found") => {
+            Ok(None)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
 
 /// Reads the heads of every task.
 ///
@@ -178,8 +206,13 @@ fn read_task(journal: &Journal, id: &str, findings: &mut Findings) -> Option<See
 /// # Errors
 /// Journal errors other than damage, and I/O errors reading the logs.
 pub fn check(layout: &Layout) -> Result<Findings> {
-    let journal = Journal::open_read_only(layout.journal())?;
     let mut findings = Findings::default();
+    let Some(journal) = open_if_created(&layout.journal())? else {
+        // No journal: whatever the acknowledgement log names is missing.
+        check_acks(layout, &HashMap::new(), &mut findings);
+        check_ledger(layout, &HashMap::new(), &mut findings);
+        return Ok(findings);
+    };
     let audit = audit_journal(&journal, &mut |_| {})?;
     for problem in &audit.problems {
         findings.violations.push(format!("verify: {problem}"));
@@ -283,7 +316,8 @@ fn check_ledger(layout: &Layout, seen: &HashMap<String, Seen>, findings: &mut Fi
     for (token, ran) in runs {
         if !tokens.contains(token) {
             findings.violations.push(format!(
-                "side effect {token:?} ran {ran} times for no task in the journal"
+                "side effect {token:?} ran {} for no task in the journal",
+                crate::cli::fmt::count(ran, "time")
             ));
         }
     }

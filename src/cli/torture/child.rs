@@ -213,7 +213,11 @@ fn tools(layout: &Layout, acks: &Arc<Acks>) -> Result<ManagedTools> {
     let mut registry = ToolRegistry::new();
     let registrations = [
         Registration::new(
-            ToolInfo::without_parameters(SHELL, "run a shell command (recoverable)"),
+            ToolInfo::new(
+                SHELL,
+                "run a shell command (recoverable)",
+                ShellTool::parameters(),
+            ),
             ShellTool::new(layout.runs()),
         )
         .with_materializer(Arc::clone(&transcripts)),
@@ -223,7 +227,11 @@ fn tools(layout: &Layout, acks: &Arc<Acks>) -> Result<ManagedTools> {
         )
         .with_materializer(transcripts),
         Registration::new(
-            ToolInfo::without_parameters(APPROVAL, "ask and wait for the answer (resumable)"),
+            ToolInfo::new(
+                APPROVAL,
+                "ask and wait for the answer (resumable)",
+                ApprovalTool::parameters(),
+            ),
             ApprovalTool,
         ),
     ];

@@ -14,9 +14,9 @@ pub mod check;
 pub mod child;
 mod rng;
 
+use super::fmt::count;
 use super::{CliError, Global, Out, Result};
 use dtask_engine::failpoints::{self, FailAction, FailPointSpec};
-use dtask_journal::Journal;
 use rng::Rng;
 use serde_json::json;
 use std::fmt::Write as _;
@@ -306,9 +306,18 @@ fn count_hits(path: &Path) -> u64 {
         .count() as u64
 }
 
-/// Compares the journal's heads with the last snapshot, then replaces the snapshot.
+/// Compares the journal's heads with the last snapshot, then replaces the snapshot. A journal
+/// that no child has created yet has no heads: nothing was acknowledged.
 fn check_heads(layout: &Layout, before: &mut check::Heads, tally: &mut Tally) -> Result<()> {
-    let journal = Journal::open_read_only(layout.journal())?;
+    let Some(journal) = check::open_if_created(&layout.journal())? else {
+        tally.violations.extend(
+            before
+                .keys()
+                .map(|task| format!("task {task} vanished after a crash (no journal)")),
+        );
+        before.clear();
+        return Ok(());
+    };
     let now = check::heads(&journal)?;
     tally
         .violations
@@ -412,16 +421,16 @@ fn crash_loop(
             if tally.violations.is_empty() {
                 String::new()
             } else {
-                format!("; {} violations", tally.violations.len())
+                format!("; {}", count(tally.violations.len() as u64, "violation"))
             }
         );
     }
     if !enough(&tally) {
         tally.violations.push(format!(
-            "only {} crashes and {} fail-point firings in {} runs",
-            tally.crashes(),
-            tally.hits,
-            tally.runs
+            "only {} and {} in {}",
+            count(tally.crashes(), "crash"),
+            count(tally.hits, "fail-point firing"),
+            count(tally.runs, "run")
         ));
     }
     // The finish run: no fail point, no kill; everything must reach a terminal state.
@@ -449,6 +458,13 @@ fn crash_loop(
 /// Runs `dtask torture`.
 #[allow(clippy::too_many_lines, reason = "the summary has many lines")]
 pub fn run(global: &Global, args: &Args) -> Result<()> {
+    if global.journal_flag {
+        return Err(CliError::Usage(
+            "torture does not take --journal: it makes a new journal of its own, in DIR/journal \
+             with --dir DIR (else in a temporary directory)"
+                .into(),
+        ));
+    }
     let fail = validate(args)?;
     let started = Instant::now();
     let seed = args.seed.unwrap_or_else(|| {
@@ -485,8 +501,8 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
     let layout = Layout::new(&root);
     layout.create()?;
     eprintln!(
-        "torture: seed {seed}, {} crashes{}, in {}",
-        args.kills,
+        "torture: seed {seed}, {}{}, in {}",
+        count(args.kills, "crash"),
         fail.as_ref()
             .map(|(p, a)| format!(" (fail point {p}: {a})"))
             .unwrap_or_default(),
@@ -536,18 +552,18 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
         }))?;
     } else {
         out.line(format!(
-            "torture: seed {seed}: {} crashes ({} SIGKILL, {} aborts, {} panics) and {} clean drains in {} runs",
-            tally.crashes(),
+            "torture: seed {seed}: {} ({} SIGKILL, {}, {}) and {} in {}",
+            count(tally.crashes(), "crash"),
             tally.sigkills,
-            tally.aborts,
-            tally.panics,
-            tally.drains,
-            tally.runs + 1
+            count(tally.aborts, "abort"),
+            count(tally.panics, "panic"),
+            count(tally.drains, "clean drain"),
+            count(tally.runs + 1, "run")
         ))?;
         if let Some((point, action)) = &fail {
             out.line(format!(
-                "fail point {point} ({action}) fired {} times",
-                tally.hits
+                "fail point {point} ({action}) fired {}",
+                count(tally.hits, "time")
             ))?;
         }
         let statuses: Vec<String> = findings
@@ -560,18 +576,23 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
             .iter()
             .map(|(t, n)| format!("{n} {t}"))
             .collect();
+        if findings.tasks == 0 {
+            out.line("tasks: none (no child run submitted a task)")?;
+        } else {
+            out.line(format!(
+                "tasks: {} ({}; {}), {}, {}, at most {} per task",
+                findings.tasks,
+                statuses.join(", "),
+                tools.join(", "),
+                count(findings.records, "record"),
+                count(findings.updates, "update"),
+                count(findings.max_attempts, "attempt")
+            ))?;
+        }
         out.line(format!(
-            "tasks: {} ({}; {}), {} records, {} updates, at most {} attempts",
-            findings.tasks,
-            statuses.join(", "),
-            tools.join(", "),
-            findings.records,
-            findings.updates,
-            findings.max_attempts
-        ))?;
-        out.line(format!(
-            "checked: {} acknowledgements, {} side effects in the ledger, verify, terminal states, event ids, attempts",
-            findings.acknowledged, findings.side_effects
+            "checked: {}, {} in the ledger, verify, terminal states, event ids, attempts",
+            count(findings.acknowledged, "acknowledgement"),
+            count(findings.side_effects, "side effect")
         ))?;
         for violation in &violations {
             out.line(format!("VIOLATION {violation}"))?;
@@ -581,7 +602,7 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
             if clean {
                 "no violations".to_owned()
             } else {
-                format!("{} VIOLATIONS", violations.len())
+                count(violations.len() as u64, "violation").to_uppercase()
             }
         ))?;
         if let Some(dir) = &dir_shown {

@@ -14,6 +14,30 @@ use std::sync::Arc;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ApprovalTool;
 
+impl ApprovalTool {
+    /// The JSON Schema of the tool's arguments, for its [`ToolInfo`](crate::tool::ToolInfo):
+    /// an object with a required string `question`.
+    ///
+    /// ```
+    /// use dtask_engine::managed::tools::ApprovalTool;
+    ///
+    /// assert_eq!(ApprovalTool::parameters()["required"], serde_json::json!(["question"]));
+    /// ```
+    #[must_use]
+    pub fn parameters() -> serde_json::Value {
+        serde_json::json!({
+            "type": "object",
+            "properties": {
+                "question": {
+                    "type": "string",
+                    "description": "What to ask the person (must not be empty); they answer yes or no."
+                }
+            },
+            "required": ["question"]
+        })
+    }
+}
+
 /// A run whose outcome is known from the start.
 #[derive(Debug)]
 struct Decided(ToolOutcome);

@@ -41,6 +41,30 @@ impl ShellTool {
         Self { root: root.into() }
     }
 
+    /// The JSON Schema of the tool's arguments, for its [`ToolInfo`](crate::tool::ToolInfo):
+    /// an object with a required string `command`.
+    ///
+    /// ```
+    /// use dtask_engine::managed::tools::ShellTool;
+    /// use dtask_engine::tool::ToolInfo;
+    ///
+    /// let info = ToolInfo::new("shell", "Run a shell command", ShellTool::parameters());
+    /// assert_eq!(info.parameters["required"], serde_json::json!(["command"]));
+    /// ```
+    #[must_use]
+    pub fn parameters() -> serde_json::Value {
+        serde_json::json!({
+            "type": "object",
+            "properties": {
+                "command": {
+                    "type": "string",
+                    "description": "The command to run, with `sh -c` (must not be empty)."
+                }
+            },
+            "required": ["command"]
+        })
+    }
+
     /// The directory of a task's run (its `pid`, `out` and `status` files).
     #[must_use]
     pub fn dir(&self, task_id: &str) -> PathBuf {
