@@ -118,12 +118,14 @@ impl std::fmt::Debug for Journal {
 
 impl Journal {
     /// Opens (creating if missing) the journal at `path` for writing. A journal of an older
-    /// format ([`OLDEST_JOURNAL_FORMAT_VERSION`] or later) is upgraded in place.
+    /// format ([`OLDEST_JOURNAL_FORMAT_VERSION`] or later) is upgraded in place. The open checks
+    /// the journal's end against its tail marker before anything is written (see [`Tail`]).
     ///
     /// # Errors
     /// [`Error::UnsupportedFormat`] for a journal of a newer format, [`Error::NotAJournal`] for a
-    /// non-empty database without a format version, [`Error::Storage`] when RocksDB fails
-    /// (for example because another process holds the lock).
+    /// non-empty database without a format version, [`Error::InUse`] when another open holds
+    /// the journal for writing, [`Error::Inconsistent`] when the commit index does not end
+    /// where the tail marker says, [`Error::Storage`] when RocksDB fails otherwise.
     pub fn open(path: impl AsRef<Path>, options: JournalOptions) -> Result<Self> {
         let mut backend =
             RocksBackend::open_with(path.as_ref(), OpenMode::Primary, options.mmap_reads)?;
