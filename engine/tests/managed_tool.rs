@@ -1241,3 +1241,63 @@ async fn a_tools_node_dispatches_model_calls_to_managed_tools() {
         Outcome::Completed(br#"{"answer":42}"#.to_vec())
     );
 }
+
+// A failing foreground start is a model-visible failure, the same record for a call and a
+// stream: failed, with the task description and the start's error; nothing is persisted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_foreground_start_is_the_same_failed_record_for_call_and_stream() {
+    let mut probe = Probe::new(Script::complete(b"{}"));
+    probe.start_error = Some("backend down".into());
+    let env = env(&probe);
+    let tool = managed(&env, ManagedToolConfig::default());
+    let called = done(tool.call("{}", &CallOptions::default()).await.unwrap());
+    let mut streamed = collect(tool.call_stream("{}", &CallOptions::default())).await;
+    assert_eq!(streamed.len(), 1, "one final record, no error");
+    let streamed = streamed.remove(0).unwrap();
+    assert_eq!(called, streamed);
+    assert_eq!(
+        called.text().unwrap(),
+        "{\"type\":\"foreground_result\",\"status\":\"failed\",\"description\":\"probe: {}\",\"error\":\"backend down\"}\n"
+    );
+    // Through the component traits too: the record, not an error.
+    let invoked = dtask_engine::tool::Tool::invoke(&tool, "{}").await.unwrap();
+    assert_eq!(invoked, called.text().unwrap());
+    let chunks: Vec<_> = dtask_engine::tool::StreamingTool::invoke_stream(&tool, "{}")
+        .await
+        .unwrap()
+        .collect()
+        .await;
+    assert_eq!(chunks.len(), 1);
+    assert_eq!(chunks[0].as_ref().unwrap(), &called.text().unwrap());
+    assert_eq!(probe.calls().starts.len(), 4);
+    assert_eq!(task_count(&env.store), 0);
+}
+
+// A failing foreground resume answers like a failing start: a failed record with the
+// description.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_foreground_resume_is_a_failed_record_with_the_description() {
+    let mut probe = approval_probe();
+    probe.resume = Some(Arc::new(
+        |_: &dtask_engine::managed::ResumeRequest| -> Result<Script, ToolRunError> {
+            Err(ToolRunError::failed("resume broke"))
+        },
+    ));
+    let env = env(&probe);
+    let tool = managed(&env, ManagedToolConfig::default());
+    let CallOutcome::Interrupted(interrupt) =
+        tool.call("{}", &CallOptions::default()).await.unwrap()
+    else {
+        panic!("expected an interrupt")
+    };
+    let result = done(
+        tool.resume(&interrupt.state, b"\"yes\"", &CallOptions::default())
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        result.text().unwrap(),
+        "{\"type\":\"foreground_result\",\"status\":\"failed\",\"description\":\"probe: {}\",\"error\":\"resume broke\"}\n"
+    );
+    assert_eq!(task_count(&env.store), 0);
+}

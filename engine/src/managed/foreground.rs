@@ -325,11 +325,13 @@ impl ManagedTool {
         info
     }
 
-    /// Calls the tool with JSON `arguments`.
+    /// Calls the tool with JSON `arguments`. A foreground start that fails is not an error
+    /// but the model-visible failed `foreground_result` (as in [`ManagedTool::call_stream`]).
     ///
     /// # Errors
-    /// Bad arguments, the preparer's or the tool's start error, an invalid outcome, a render
-    /// failure, [`ManagedError::ForegroundTimeout`], and the runtime's errors.
+    /// Bad arguments, the preparer's error, a plain tool's start checkpoint, an invalid
+    /// outcome, a render failure, [`ManagedError::ForegroundTimeout`], and the runtime's
+    /// errors.
     pub async fn call(
         &self,
         arguments: &str,
@@ -476,14 +478,10 @@ impl ManagedTool {
                         }))
                     }
                     Err(e) => {
-                        return Ok(CallOutcome::Done(ToolResult::record(
-                            ResponseEvent::foreground_result(
-                                Status::Failed,
-                                "",
-                                b"",
-                                &e.to_string(),
-                            ),
-                        )))
+                        return Ok(failed_foreground(
+                            &self.registration.description(arguments),
+                            &e.to_string(),
+                        ))
                     }
                 };
                 let spec = build_spec(
@@ -596,14 +594,11 @@ impl ManagedTool {
                 attempt: 0,
             })
             .await;
+        // A start error of attempt 0 is a model-visible failure, the same record for a call
+        // and a stream.
         let started = match started {
             Ok(started) => started,
-            Err(e) if sink.is_some() => {
-                return Ok(CallOutcome::Done(ToolResult::record(
-                    ResponseEvent::foreground_result(Status::Failed, "", b"", &e.to_string()),
-                )))
-            }
-            Err(e) => return Err(ManagedError::Tool(e.to_string())),
+            Err(e) => return Ok(failed_foreground(&spec.description, &e.to_string())),
         };
         if !self.registration.is_recoverable() && !started.checkpoint.is_empty() {
             let _ = started.run.stop().await;
@@ -725,9 +720,7 @@ impl ManagedTool {
         if sink.is_some() {
             return Err(ManagedError::InvalidOutcome(message));
         }
-        Ok(CallOutcome::Done(ToolResult::record(
-            ResponseEvent::foreground_result(Status::Failed, &fg.spec.description, b"", &message),
-        )))
+        Ok(failed_foreground(&fg.spec.description, &message))
     }
 
     /// One foreground update: checked, deduplicated in memory (nothing is persisted),
@@ -1058,6 +1051,16 @@ impl ManagedTool {
         let task = self.manager.get(&id).await.unwrap_or(submitted);
         Ok(CallOutcome::Done(self.launch_result(&task)?))
     }
+}
+
+/// A model-visible failed foreground result (nothing was persisted).
+fn failed_foreground(description: &str, error: &str) -> CallOutcome {
+    CallOutcome::Done(ToolResult::record(ResponseEvent::foreground_result(
+        Status::Failed,
+        description,
+        b"",
+        error,
+    )))
 }
 
 async fn next_update(updates: &mut Option<UpdateStream>) -> Option<Result<Update, String>> {

@@ -37,7 +37,9 @@ pub enum ManagedError {
     /// The input preparer refused the call (its message, as is); nothing was created.
     #[error("{0}")]
     Prepare(String),
-    /// The tool's start (or foreground resume) failed; nothing was persisted.
+    /// The tool broke a foreground rule (a plain tool's start checkpoint) or its hand-off
+    /// adoption failed; nothing was persisted. A failing start or resume is not this error but
+    /// a failed `foreground_result`.
     #[error("{0}")]
     Tool(String),
     /// The foreground attempt ran out of time and was not handed to the background; the run
