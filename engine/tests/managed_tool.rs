@@ -11,7 +11,8 @@ use dtask_engine::managed::{
     read_input_request, CallOptions, CallOutcome, EnvelopeType, InputRequest, InterruptStage,
     InterruptState, ManagedCheckpoint, ManagedError, ManagedTool, ManagedToolConfig, ManagedTools,
     Prepared, Registration, ResultPart, ToolCall, ToolOutcome, ToolPayload, ToolRegistry,
-    ToolResult, ToolRunError, PLAIN_EXECUTOR_KEY, RECOVERABLE_EXECUTOR_KEY,
+    ToolResult, ToolRunError, Update, UpdateError, MAX_UPDATE_DATA_BYTES,
+    MAX_UPDATE_EVENT_ID_BYTES, MAX_UPDATE_KIND_BYTES, PLAIN_EXECUTOR_KEY, RECOVERABLE_EXECUTOR_KEY,
 };
 use dtask_engine::tool::{ToolError, ToolInfo};
 use dtask_engine::{
@@ -1300,4 +1301,116 @@ async fn a_failing_foreground_resume_is_a_failed_record_with_the_description() {
         "{\"type\":\"foreground_result\",\"status\":\"failed\",\"description\":\"probe: {}\",\"error\":\"resume broke\"}\n"
     );
     assert_eq!(task_count(&env.store), 0);
+}
+
+/// One update over each bound, with the typed error that refuses it and its text.
+fn oversized_updates() -> Vec<(Update, UpdateError, &'static str)> {
+    vec![
+        (
+            Update {
+                kind: "k".repeat(MAX_UPDATE_KIND_BYTES + 1),
+                ..update("e1", b"x")
+            },
+            UpdateError::KindTooLong {
+                len: MAX_UPDATE_KIND_BYTES + 1,
+                max: MAX_UPDATE_KIND_BYTES,
+            },
+            "update kind exceeds configured bounds",
+        ),
+        (
+            update(&"e".repeat(MAX_UPDATE_EVENT_ID_BYTES + 1), b"x"),
+            UpdateError::EventIdTooLong {
+                len: MAX_UPDATE_EVENT_ID_BYTES + 1,
+                max: MAX_UPDATE_EVENT_ID_BYTES,
+            },
+            "update event id exceeds configured bounds",
+        ),
+        (
+            update("e1", &vec![b'x'; MAX_UPDATE_DATA_BYTES + 1]),
+            UpdateError::DataTooLarge {
+                len: MAX_UPDATE_DATA_BYTES + 1,
+                max: MAX_UPDATE_DATA_BYTES,
+            },
+            "update data exceeds configured bounds",
+        ),
+    ]
+}
+
+/// An update exactly at every bound.
+fn update_at_the_bounds() -> Update {
+    Update {
+        kind: "k".repeat(MAX_UPDATE_KIND_BYTES),
+        ..update(
+            &"e".repeat(MAX_UPDATE_EVENT_ID_BYTES),
+            &vec![b'x'; MAX_UPDATE_DATA_BYTES],
+        )
+    }
+}
+
+// Update bounds in the background: an update over a bound (kind, event id, data) fails the
+// task with the bound's error and nothing of it is stored; one at every bound is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_over_a_bound_fails_the_background_task() {
+    for (oversized, error, text) in oversized_updates() {
+        assert_eq!(oversized.validate(), Err(error));
+        let probe = Probe::new(Script::complete(b"{}").with_updates(vec![oversized]));
+        let env = env(&probe);
+        let id = launched_id(&launch(&env).await);
+        let e = failure(&env.manager, &id).await;
+        assert!(e.starts_with(text), "{text}: {e}");
+        assert!(stored_updates(&env.store, &id).await.is_empty(), "{text}");
+    }
+    let at = update_at_the_bounds();
+    let probe = Probe::new(Script::complete(b"{}").with_updates(vec![at.clone()]));
+    let env = env(&probe);
+    let id = launched_id(&launch(&env).await);
+    assert_eq!(
+        terminal(&env.manager, &id).await,
+        Outcome::Completed(b"{}".to_vec())
+    );
+    assert_eq!(
+        stored_updates(&env.store, &id).await,
+        [(at.event_id, at.data)]
+    );
+}
+
+// Update bounds in the foreground: the run is stopped; a call answers with a failed record
+// carrying the bound's error, a stream ends with the typed `InvalidUpdate` (the refused update
+// is never shown). An update at every bound is shown and the call completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_over_a_bound_is_refused_in_the_foreground_call_and_stream() {
+    for (oversized, error, text) in oversized_updates() {
+        // The run would never end on its own: only the refusal ends the call.
+        let probe = Probe::new(Script::block().with_updates(vec![oversized]));
+        let env = env(&probe);
+        let tool = managed(&env, ManagedToolConfig::default());
+        let called = done(tool.call("{}", &CallOptions::default()).await.unwrap());
+        assert_eq!(called.envelope.kind, EnvelopeType::ForegroundResult);
+        assert_eq!(called.envelope.status, Some(Status::Failed));
+        let shown = called.envelope.error.clone().unwrap();
+        assert_eq!(shown, error.to_string());
+        assert!(shown.starts_with(text), "{text}: {shown}");
+        assert_eq!(probe.calls().stops, 1, "{text}");
+        let items = collect(tool.call_stream("{}", &CallOptions::default())).await;
+        assert_eq!(items.len(), 1, "{text}: the refused update is not shown");
+        match &items[0] {
+            Err(ManagedError::InvalidUpdate(e)) => assert_eq!(e, &error),
+            other => panic!("{text}: {other:?}"),
+        }
+        assert_eq!(probe.calls().stops, 2, "{text}");
+        assert_eq!(task_count(&env.store), 0);
+    }
+    let at = update_at_the_bounds();
+    let probe = Probe::new(Script::complete(b"{}").with_updates(vec![at.clone()]));
+    let env = env(&probe);
+    let items = collect(
+        managed(&env, ManagedToolConfig::default()).call_stream("{}", &CallOptions::default()),
+    )
+    .await;
+    let records: Vec<_> = items.into_iter().map(Result::unwrap).collect();
+    assert_eq!(records.len(), 2);
+    let shown = records[0].envelope.update.clone().unwrap();
+    assert_eq!(shown.event_id, at.event_id);
+    assert_eq!(shown.kind, at.kind);
+    assert_eq!(records[1].envelope.status, Some(Status::Completed));
 }

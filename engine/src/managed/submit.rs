@@ -51,9 +51,14 @@ pub enum ManagedError {
         /// The id the call was given.
         task_id: String,
     },
-    /// The tool reported an outcome the rules forbid (or an invalid update in a stream).
+    /// The tool reported an outcome the rules forbid (or, in a stream, an update stream
+    /// failure or an event id conflict).
     #[error("invalid outcome: {0}")]
     InvalidOutcome(String),
+    /// A foreground stream's update broke a bound (its kind, event id, data or metadata); the
+    /// run was stopped.
+    #[error(transparent)]
+    InvalidUpdate(#[from] super::tool::UpdateError),
     /// The result renderer failed or returned nothing.
     #[error("{0}")]
     Render(String),
