@@ -61,7 +61,7 @@ struct Tool(Arc<Backend>);
 struct Handle(Arc<Backend>, bool);
 
 impl Handle {
-    fn new(backend: &Arc<Backend>) -> Arc<dyn Run> {
+    fn run(backend: &Arc<Backend>) -> Arc<dyn Run> {
         let waiting = backend.resumable && backend.fault != Fault::NotWaiting;
         Arc::new(Handle(Arc::clone(backend), waiting))
     }
@@ -145,7 +145,7 @@ impl BackgroundTool for Tool {
             br#"{"run_id":"business-run"}"#.to_vec()
         };
         Ok(StartResult {
-            run: Handle::new(b),
+            run: Handle::run(b),
             checkpoint,
         })
     }
@@ -207,7 +207,7 @@ impl RecoverableTool for Tool {
             Fault::ChangesBytes => op.updates[1].data = b"TWO".to_vec(),
             _ => op.updates.push(upd("u3", b"three")),
         }
-        Ok(Handle::new(b))
+        Ok(Handle::run(b))
     }
 }
 
