@@ -1,6 +1,7 @@
 //! The recovery conformance kit (the reference's §7 items 1–20): a healthy tool passes, and
 //! each kind of broken tool is caught with its own error. The shipped shell tool passes
-//! against its real backend (detached processes and files).
+//! against its real backend (detached processes and files). With an answer, the kit's resume
+//! scenarios (resume, then the same resume replayed) catch each broken resumable tool too.
 #![allow(clippy::unwrap_used)]
 
 use async_trait::async_trait;
@@ -10,8 +11,8 @@ use dtask_engine::managed::conformance::{
 };
 use dtask_engine::managed::tools::ShellTool;
 use dtask_engine::managed::{
-    BackgroundTool, RecoverRequest, RecoverableTool, Run, StartRequest, StartResult, ToolOutcome,
-    ToolRunError, Update,
+    BackgroundTool, InputRequest, RecoverRequest, RecoverableTool, ResumableTool, ResumeRequest,
+    Run, StartRequest, StartResult, ToolOutcome, ToolRunError, Update,
 };
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -33,24 +34,56 @@ enum Fault {
     ChangesBytes,
     StopFails,
     EmptyOperationId,
+    // The input path of a resumable tool.
+    NotWaiting,
+    WaitKeepsCheckpoint,
+    ResumeRejects,
+    ReplayRejected,
+    ReplayNewOperation,
+    ResumeLosesRecords,
 }
 
 /// An external backend: operations by task id, each with an id and an update history.
 #[derive(Default)]
 struct Backend {
     fault: Fault,
+    /// The operation asks for input (its runs wait for it until resumed).
+    resumable: bool,
     operations: Mutex<HashMap<String, OperationSnapshot>>,
     starts: Mutex<usize>,
     recovered_checkpoints: Mutex<Vec<Vec<u8>>>,
+    resumes: Mutex<Vec<ResumeRequest>>,
 }
 
 struct Tool(Arc<Backend>);
 
-struct Handle(Arc<Backend>);
+/// A run of the operation; `waiting` runs end waiting for input.
+struct Handle(Arc<Backend>, bool);
+
+impl Handle {
+    fn run(backend: &Arc<Backend>) -> Arc<dyn Run> {
+        let waiting = backend.resumable && backend.fault != Fault::NotWaiting;
+        Arc::new(Handle(Arc::clone(backend), waiting))
+    }
+}
 
 #[async_trait]
 impl Run for Handle {
     async fn wait(&self) -> Result<ToolOutcome, ToolRunError> {
+        if self.1 {
+            let checkpoint = if self.0.fault == Fault::WaitKeepsCheckpoint {
+                Vec::new()
+            } else {
+                b"waiting-cp".to_vec()
+            };
+            return Ok(ToolOutcome::WaitingInput {
+                request: InputRequest {
+                    id: "approval".into(),
+                    data: Some(serde_json::json!({"question": "go?"})),
+                },
+                checkpoint,
+            });
+        }
         Ok(ToolOutcome::Completed(vec![]))
     }
     async fn stop(&self) -> Result<(), ToolRunError> {
@@ -112,13 +145,45 @@ impl BackgroundTool for Tool {
             br#"{"run_id":"business-run"}"#.to_vec()
         };
         Ok(StartResult {
-            run: Arc::new(Handle(Arc::clone(b))),
+            run: Handle::run(b),
             checkpoint,
         })
     }
 
     fn as_recoverable(&self) -> Option<&dyn RecoverableTool> {
         Some(self)
+    }
+
+    fn as_resumable(&self) -> Option<&dyn ResumableTool> {
+        self.0.resumable.then_some(self as &dyn ResumableTool)
+    }
+}
+
+#[async_trait]
+impl ResumableTool for Tool {
+    async fn resume(&self, request: ResumeRequest) -> Result<Arc<dyn Run>, ToolRunError> {
+        let b = &self.0;
+        let n = {
+            let mut resumes = b.resumes.lock().unwrap();
+            resumes.push(request.clone());
+            resumes.len()
+        };
+        if request.data != b"\"yes\"" || (b.fault == Fault::ResumeRejects && n == 1) {
+            return Err(ToolRunError::InputRejected("answer yes".into()));
+        }
+        let mut ops = b.operations.lock().unwrap();
+        let op = ops.get_mut(&request.task_id).unwrap();
+        match (b.fault, n) {
+            (Fault::ReplayRejected, 2) => {
+                return Err(ToolRunError::InputRejected("already answered".into()))
+            }
+            (Fault::ReplayNewOperation, 2) => op.operation_id = "op-3".into(),
+            (Fault::ResumeLosesRecords, 1) => op.updates.clear(),
+            // The answer is applied once, by request id: a replay changes nothing.
+            (_, 1) => op.updates.push(upd("answer", b"yes")),
+            _ => {}
+        }
+        Ok(Arc::new(Handle(Arc::clone(b), false)))
     }
 }
 
@@ -142,7 +207,7 @@ impl RecoverableTool for Tool {
             Fault::ChangesBytes => op.updates[1].data = b"TWO".to_vec(),
             _ => op.updates.push(upd("u3", b"three")),
         }
-        Ok(Arc::new(Handle(Arc::clone(b))))
+        Ok(Handle::run(b))
     }
 }
 
@@ -270,4 +335,85 @@ async fn the_shell_tool_is_recovery_conformant() {
     let backend = Shell(dir.path().to_path_buf());
     let case = ConformanceCase::new("task-1", r#"{"command":"echo one; echo two; sleep 1"}"#);
     check_recovery_conformance(&backend, &case).await.unwrap();
+}
+
+async fn check_resumable(
+    fault: Fault,
+    answer: &[u8],
+) -> (Result<(), ConformanceError>, Arc<Backend>) {
+    let backend = Arc::new(Backend {
+        fault,
+        resumable: true,
+        ..Backend::default()
+    });
+    let result = check_recovery_conformance(
+        &Shared(Arc::clone(&backend)),
+        &ConformanceCase::new("t1", "{}").with_answer(answer),
+    )
+    .await;
+    (result, backend)
+}
+
+// The resume scenarios: the recovered run waits; the answer is resumed at attempt 3 with the
+// waiting checkpoint, then replayed identically at attempt 4; a tool that applies it once
+// passes.
+#[tokio::test]
+async fn a_resumable_tool_passes_the_resume_and_replayed_resume() {
+    let (result, backend) = check_resumable(Fault::None, b"\"yes\"").await;
+    result.unwrap();
+    let resumes = backend.resumes.lock().unwrap().clone();
+    assert_eq!(resumes.len(), 2, "a resume and its replay");
+    assert_eq!(resumes[0].attempt, 3);
+    assert_eq!(resumes[1].attempt, 4);
+    for resume in &resumes {
+        assert_eq!(resume.task_id, "t1");
+        assert_eq!(resume.request_id, "approval");
+        assert_eq!(resume.data, b"\"yes\"");
+        assert_eq!(resume.checkpoint, b"waiting-cp");
+    }
+    // A wait that keeps the checkpoint resumes from the start checkpoint.
+    let (result, backend) = check_resumable(Fault::WaitKeepsCheckpoint, b"\"yes\"").await;
+    result.unwrap();
+    assert!(backend
+        .resumes
+        .lock()
+        .unwrap()
+        .iter()
+        .all(|r| r.checkpoint == br#"{"run_id":"business-run"}"#));
+}
+
+#[tokio::test]
+async fn each_broken_resume_is_caught_with_its_own_error() {
+    let cases = [
+        (Fault::NotWaiting, "recovered run did not wait for input"),
+        (Fault::ResumeRejects, "resume: resume input rejected"),
+        (
+            Fault::ReplayRejected,
+            "replayed resume: resume input rejected",
+        ),
+        (Fault::ReplayNewOperation, "logical operation changed"),
+        (Fault::ResumeLosesRecords, "lost records"),
+        (Fault::StopFails, "stop recovered operation"),
+    ];
+    for (fault, message) in cases {
+        let (result, _) = check_resumable(fault, b"\"yes\"").await;
+        let err = result.expect_err(&format!("{fault:?} must fail"));
+        assert!(err.to_string().contains(message), "{fault:?}: {err}");
+    }
+    // An answer the tool refuses fails the resume; without the replay.
+    let (result, backend) = check_resumable(Fault::None, b"\"no\"").await;
+    assert!(
+        matches!(result, Err(ConformanceError::Resume(_))),
+        "{result:?}"
+    );
+    assert_eq!(backend.resumes.lock().unwrap().len(), 1);
+    // A case with an answer needs a resumable tool.
+    let backend = Shared(Arc::new(Backend::default()));
+    let err = check_recovery_conformance(
+        &backend,
+        &ConformanceCase::new("t1", "{}").with_answer(b"\"yes\"".to_vec()),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err, ConformanceError::NotResumable);
 }

@@ -10,8 +10,10 @@ use base64::Engine as _;
 use dtask_engine::managed::{
     read_input_request, CallOptions, CallOutcome, EnvelopeType, InputRequest, InterruptStage,
     InterruptState, ManagedCheckpoint, ManagedError, ManagedTool, ManagedToolConfig, ManagedTools,
-    Prepared, Registration, ResultPart, ToolCall, ToolOutcome, ToolPayload, ToolRegistry,
-    ToolResult, ToolRunError, PLAIN_EXECUTOR_KEY, RECOVERABLE_EXECUTOR_KEY,
+    Prepared, ProgressReader, Registration, ResultPart, ToolCall, ToolOutcome, ToolPayload,
+    ToolRegistry, ToolResult, ToolRunError, Update, UpdateError, MAX_PROGRESS_BYTES,
+    MAX_PROGRESS_EVENT_BYTES, MAX_UPDATE_DATA_BYTES, MAX_UPDATE_EVENT_ID_BYTES,
+    MAX_UPDATE_KIND_BYTES, PLAIN_EXECUTOR_KEY, RECOVERABLE_EXECUTOR_KEY,
 };
 use dtask_engine::tool::{ToolError, ToolInfo};
 use dtask_engine::{
@@ -1240,4 +1242,503 @@ async fn a_tools_node_dispatches_model_calls_to_managed_tools() {
         terminal(&env.manager, id).await,
         Outcome::Completed(br#"{"answer":42}"#.to_vec())
     );
+}
+
+// A failing foreground start is a model-visible failure, the same record for a call and a
+// stream: failed, with the task description and the start's error; nothing is persisted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_foreground_start_is_the_same_failed_record_for_call_and_stream() {
+    let mut probe = Probe::new(Script::complete(b"{}"));
+    probe.start_error = Some("backend down".into());
+    let env = env(&probe);
+    let tool = managed(&env, ManagedToolConfig::default());
+    let called = done(tool.call("{}", &CallOptions::default()).await.unwrap());
+    let mut streamed = collect(tool.call_stream("{}", &CallOptions::default())).await;
+    assert_eq!(streamed.len(), 1, "one final record, no error");
+    let streamed = streamed.remove(0).unwrap();
+    assert_eq!(called, streamed);
+    assert_eq!(
+        called.text().unwrap(),
+        "{\"type\":\"foreground_result\",\"status\":\"failed\",\"description\":\"probe: {}\",\"error\":\"backend down\"}\n"
+    );
+    // Through the component traits too: the record, not an error.
+    let invoked = dtask_engine::tool::Tool::invoke(&tool, "{}").await.unwrap();
+    assert_eq!(invoked, called.text().unwrap());
+    let chunks: Vec<_> = dtask_engine::tool::StreamingTool::invoke_stream(&tool, "{}")
+        .await
+        .unwrap()
+        .collect()
+        .await;
+    assert_eq!(chunks.len(), 1);
+    assert_eq!(chunks[0].as_ref().unwrap(), &called.text().unwrap());
+    assert_eq!(probe.calls().starts.len(), 4);
+    assert_eq!(task_count(&env.store), 0);
+}
+
+// A failing foreground resume answers like a failing start: a failed record with the
+// description.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_foreground_resume_is_a_failed_record_with_the_description() {
+    let mut probe = approval_probe();
+    probe.resume = Some(Arc::new(
+        |_: &dtask_engine::managed::ResumeRequest| -> Result<Script, ToolRunError> {
+            Err(ToolRunError::failed("resume broke"))
+        },
+    ));
+    let env = env(&probe);
+    let tool = managed(&env, ManagedToolConfig::default());
+    let CallOutcome::Interrupted(interrupt) =
+        tool.call("{}", &CallOptions::default()).await.unwrap()
+    else {
+        panic!("expected an interrupt")
+    };
+    let result = done(
+        tool.resume(&interrupt.state, b"\"yes\"", &CallOptions::default())
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        result.text().unwrap(),
+        "{\"type\":\"foreground_result\",\"status\":\"failed\",\"description\":\"probe: {}\",\"error\":\"resume broke\"}\n"
+    );
+    assert_eq!(task_count(&env.store), 0);
+}
+
+/// One update over each bound, with the typed error that refuses it and its text.
+fn oversized_updates() -> Vec<(Update, UpdateError, &'static str)> {
+    vec![
+        (
+            Update {
+                kind: "k".repeat(MAX_UPDATE_KIND_BYTES + 1),
+                ..update("e1", b"x")
+            },
+            UpdateError::KindTooLong {
+                len: MAX_UPDATE_KIND_BYTES + 1,
+                max: MAX_UPDATE_KIND_BYTES,
+            },
+            "update kind exceeds configured bounds",
+        ),
+        (
+            update(&"e".repeat(MAX_UPDATE_EVENT_ID_BYTES + 1), b"x"),
+            UpdateError::EventIdTooLong {
+                len: MAX_UPDATE_EVENT_ID_BYTES + 1,
+                max: MAX_UPDATE_EVENT_ID_BYTES,
+            },
+            "update event id exceeds configured bounds",
+        ),
+        (
+            update("e1", &vec![b'x'; MAX_UPDATE_DATA_BYTES + 1]),
+            UpdateError::DataTooLarge {
+                len: MAX_UPDATE_DATA_BYTES + 1,
+                max: MAX_UPDATE_DATA_BYTES,
+            },
+            "update data exceeds configured bounds",
+        ),
+    ]
+}
+
+/// An update exactly at every bound.
+fn update_at_the_bounds() -> Update {
+    Update {
+        kind: "k".repeat(MAX_UPDATE_KIND_BYTES),
+        ..update(
+            &"e".repeat(MAX_UPDATE_EVENT_ID_BYTES),
+            &vec![b'x'; MAX_UPDATE_DATA_BYTES],
+        )
+    }
+}
+
+// Update bounds in the background: an update over a bound (kind, event id, data) fails the
+// task with the bound's error and nothing of it is stored; one at every bound is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_over_a_bound_fails_the_background_task() {
+    for (oversized, error, text) in oversized_updates() {
+        assert_eq!(oversized.validate(), Err(error));
+        let probe = Probe::new(Script::complete(b"{}").with_updates(vec![oversized]));
+        let env = env(&probe);
+        let id = launched_id(&launch(&env).await);
+        let e = failure(&env.manager, &id).await;
+        assert!(e.starts_with(text), "{text}: {e}");
+        assert!(stored_updates(&env.store, &id).await.is_empty(), "{text}");
+    }
+    let at = update_at_the_bounds();
+    let probe = Probe::new(Script::complete(b"{}").with_updates(vec![at.clone()]));
+    let env = env(&probe);
+    let id = launched_id(&launch(&env).await);
+    assert_eq!(
+        terminal(&env.manager, &id).await,
+        Outcome::Completed(b"{}".to_vec())
+    );
+    assert_eq!(
+        stored_updates(&env.store, &id).await,
+        [(at.event_id, at.data)]
+    );
+}
+
+// Update bounds in the foreground: the run is stopped; a call answers with a failed record
+// carrying the bound's error, a stream ends with the typed `InvalidUpdate` (the refused update
+// is never shown). An update at every bound is shown and the call completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_over_a_bound_is_refused_in_the_foreground_call_and_stream() {
+    for (oversized, error, text) in oversized_updates() {
+        // The run would never end on its own: only the refusal ends the call.
+        let probe = Probe::new(Script::block().with_updates(vec![oversized]));
+        let env = env(&probe);
+        let tool = managed(&env, ManagedToolConfig::default());
+        let called = done(tool.call("{}", &CallOptions::default()).await.unwrap());
+        assert_eq!(called.envelope.kind, EnvelopeType::ForegroundResult);
+        assert_eq!(called.envelope.status, Some(Status::Failed));
+        let shown = called.envelope.error.clone().unwrap();
+        assert_eq!(shown, error.to_string());
+        assert!(shown.starts_with(text), "{text}: {shown}");
+        assert_eq!(probe.calls().stops, 1, "{text}");
+        let items = collect(tool.call_stream("{}", &CallOptions::default())).await;
+        assert_eq!(items.len(), 1, "{text}: the refused update is not shown");
+        match &items[0] {
+            Err(ManagedError::InvalidUpdate(e)) => assert_eq!(e, &error),
+            other => panic!("{text}: {other:?}"),
+        }
+        assert_eq!(probe.calls().stops, 2, "{text}");
+        assert_eq!(task_count(&env.store), 0);
+    }
+    let at = update_at_the_bounds();
+    let probe = Probe::new(Script::complete(b"{}").with_updates(vec![at.clone()]));
+    let env = env(&probe);
+    let items = collect(
+        managed(&env, ManagedToolConfig::default()).call_stream("{}", &CallOptions::default()),
+    )
+    .await;
+    let records: Vec<_> = items.into_iter().map(Result::unwrap).collect();
+    assert_eq!(records.len(), 2);
+    let shown = records[0].envelope.update.clone().unwrap();
+    assert_eq!(shown.event_id, at.event_id);
+    assert_eq!(shown.kind, at.kind);
+    assert_eq!(records[1].envelope.status, Some(Status::Completed));
+}
+
+/// The progress text of a background task whose updates carry `data`, read with `limit`.
+async fn progress_of(data: Vec<Vec<u8>>, limit: i64) -> String {
+    let updates = data
+        .iter()
+        .enumerate()
+        .map(|(i, d)| update(&format!("u{i}"), d))
+        .collect();
+    let probe = Probe::new(Script::complete(b"{}").with_updates(updates));
+    let env = env(&probe);
+    let id = launched_id(&launch(&env).await);
+    terminal(&env.manager, &id).await;
+    assert_eq!(stored_updates(&env.store, &id).await.len(), data.len());
+    ProgressReader::new(env.store.clone(), limit)
+        .read(&id)
+        .await
+        .unwrap()
+}
+
+const PROGRESS_HEADER: &str = "Recent progress:";
+const LINE_PREFIX: &str = "\n[stdout] ";
+
+// The progress reader's per-update bound: content over 4 KiB is cut to 4096 bytes on a
+// character boundary and marked; content of exactly 4 KiB is shown whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_cuts_each_update_at_four_kib_on_a_character_boundary() {
+    let text = progress_of(
+        vec![
+            vec![b'a'; MAX_PROGRESS_EVENT_BYTES + 1],
+            vec![b'b'; MAX_PROGRESS_EVENT_BYTES],
+            // 4095 bytes, then a 3-byte character across the bound.
+            format!("{}€tail", "c".repeat(MAX_PROGRESS_EVENT_BYTES - 1)).into_bytes(),
+        ],
+        0,
+    )
+    .await;
+    let expected = format!(
+        "{PROGRESS_HEADER}{LINE_PREFIX}{}...[truncated]{LINE_PREFIX}{}{LINE_PREFIX}{}...[truncated]",
+        "a".repeat(MAX_PROGRESS_EVENT_BYTES),
+        "b".repeat(MAX_PROGRESS_EVENT_BYTES),
+        "c".repeat(MAX_PROGRESS_EVENT_BYTES - 1),
+    );
+    assert_eq!(text, expected);
+    assert!(!text.contains('\u{fffd}'));
+}
+
+// The progress reader's total bound: lines are added oldest first while the text stays within
+// 16 KiB (exactly 16 KiB fits); the first line that does not fit becomes the truncation marker
+// and ends the text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_stops_at_sixteen_kib_with_a_marker() {
+    // Four lines of exactly a quarter of what follows the header: 16 KiB in all.
+    let quarter = (MAX_PROGRESS_BYTES - PROGRESS_HEADER.len()) / 4 - LINE_PREFIX.len();
+    let exact = progress_of((0..4u8).map(|i| vec![b'a' + i; quarter]).collect(), 0).await;
+    assert_eq!(exact.len(), MAX_PROGRESS_BYTES);
+    assert!(!exact.contains("truncated"));
+    // One more byte-long update does not fit.
+    let mut data: Vec<Vec<u8>> = (0..4u8).map(|i| vec![b'a' + i; quarter]).collect();
+    data.push(b"e".to_vec());
+    data.push(b"f".to_vec());
+    let over = progress_of(data, 0).await;
+    assert_eq!(over, format!("{exact}\n[recent progress truncated]"));
+    assert!(!over.contains("[stdout] e"));
+}
+
+// The progress reader reads the newest `limit` updates, oldest first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_reads_the_newest_limit_updates() {
+    let text = progress_of(vec![b"one".to_vec(), b"two".to_vec(), b"three".to_vec()], 2).await;
+    assert_eq!(text, "Recent progress:\n[stdout] two\n[stdout] three");
+}
+
+// A zero foreground timeout disables the timer: a call that outlives any timer is neither
+// timed out nor handed off (though the policy would hand it off) and finishes in the
+// foreground when its run ends; per call and configured alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_zero_foreground_timeout_disables_the_timer() {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let mut probe = handoff_probe(Script::complete(br#"{"ok":true}"#));
+    probe.gate = Some(Arc::clone(&gate));
+    let env = env(&probe);
+    let configured = managed(&env, handoff(0));
+    let per_call = managed(&env, handoff(60_000));
+    let zero = CallOptions {
+        foreground_timeout: Some(Duration::ZERO),
+        ..CallOptions::default()
+    };
+    for (n, (tool, options)) in [(configured, CallOptions::default()), (per_call, zero)]
+        .into_iter()
+        .enumerate()
+    {
+        let call = tokio::spawn(async move { tool.call("{}", &options).await });
+        // The run is being waited on, and stays open until the gate opens: a timer of zero
+        // would have fired by now (it is ready at its first poll, taken with the wait's).
+        while probe.calls().waits <= n {
+            assert!(!call.is_finished(), "the call ended before its run did");
+            tokio::task::yield_now().await;
+        }
+        gate.add_permits(1);
+        let result = done(call.await.unwrap().unwrap());
+        assert_eq!(result.envelope.kind, EnvelopeType::ForegroundResult);
+        assert_eq!(result.envelope.status, Some(Status::Completed));
+    }
+    let calls = probe.calls();
+    assert_eq!(calls.adopts, 0);
+    assert_eq!(calls.stops, 0);
+    assert_eq!(task_count(&env.store), 0);
+}
+
+/// The notifications queued for `session`, by kind, in order.
+async fn session_notifications(store: &TaskStore, session: &str) -> Vec<(String, String)> {
+    store
+        .receive_notifications(100, Duration::from_secs(60))
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|n| n.session_id == session)
+        .map(|n| (n.task_id, n.kind))
+        .collect()
+}
+
+// The per-call session id reaches the task: an explicit-background call and a handed-off call
+// carry it in their spec (with session notifications on), and the task's lifecycle
+// notifications are routed to it; a call without a session routes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_calls_session_id_reaches_the_task_and_its_notifications() {
+    let probe = handoff_probe(Script::complete(b"{}"));
+    let env = env(&probe);
+    let options = CallOptions {
+        tool_call_id: Some("call-9".into()),
+        session_id: "session-1".into(),
+        foreground_timeout: None,
+    };
+    // Explicit background.
+    let launched = done(
+        managed(&env, background())
+            .call("{}", &options)
+            .await
+            .unwrap(),
+    );
+    let id = launched_id(&launched);
+    assert_eq!(
+        terminal(&env.manager, &id).await,
+        Outcome::Completed(b"{}".to_vec())
+    );
+    let task = env.store.get(&id).await.unwrap();
+    assert_eq!(task.spec.session_id, "session-1");
+    assert!(task.spec.notify_session);
+    let payload = ToolPayload::decode(&task.spec.payload).unwrap();
+    assert_eq!(payload.tool_call_id.as_deref(), Some("call-9"));
+    assert_eq!(
+        session_notifications(&env.store, "session-1").await,
+        [
+            (id.clone(), "task_created".to_owned()),
+            (id.clone(), "completed".to_owned())
+        ]
+    );
+    // Hand-off: the spec built for the foreground attempt carries the session too.
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let mut held = handoff_probe(Script::complete(b"{}"));
+    held.gate = Some(Arc::clone(&gate));
+    let handed_env = env_with(registration(&held));
+    let handed = done(
+        managed(&handed_env, handoff(1))
+            .call("{}", &options)
+            .await
+            .unwrap(),
+    );
+    let id = launched_id(&handed);
+    gate.add_permits(2);
+    assert_eq!(
+        terminal(&handed_env.manager, &id).await,
+        Outcome::Completed(b"{}".to_vec())
+    );
+    let task = handed_env.store.get(&id).await.unwrap();
+    assert_eq!(task.spec.session_id, "session-1");
+    assert!(task.spec.notify_session);
+    assert_eq!(
+        session_notifications(&handed_env.store, "session-1").await,
+        [
+            (id.clone(), "task_created".to_owned()),
+            (id.clone(), "completed".to_owned())
+        ]
+    );
+    // Without a session: no routing, nothing queued.
+    let plain = env_with(registration(&Probe::new(Script::complete(b"{}"))));
+    let id = launched_id(&launch(&plain).await);
+    terminal(&plain.manager, &id).await;
+    let task = plain.store.get(&id).await.unwrap();
+    assert!(task.spec.session_id.is_empty());
+    assert!(!task.spec.notify_session);
+    assert!(plain
+        .store
+        .receive_notifications(100, Duration::from_secs(60))
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+/// What the held tool's runs share: how many run now, the most that ever ran at once, how
+/// many started, and the permits that let a run end.
+struct Held {
+    running: std::sync::atomic::AtomicUsize,
+    high_water: std::sync::atomic::AtomicUsize,
+    started: tokio::sync::watch::Sender<usize>,
+    release: tokio::sync::Semaphore,
+}
+
+/// A plain tool whose runs stay open until the test releases them.
+#[derive(Clone)]
+struct HeldTool(Arc<Held>);
+
+struct HeldRun(Arc<Held>);
+
+#[dtask_engine::async_trait]
+impl dtask_engine::managed::Run for HeldRun {
+    async fn wait(&self) -> Result<ToolOutcome, ToolRunError> {
+        self.0.release.acquire().await.unwrap().forget();
+        self.0
+            .running
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(ToolOutcome::Completed(b"{}".to_vec()))
+    }
+
+    async fn stop(&self) -> Result<(), ToolRunError> {
+        Ok(())
+    }
+}
+
+#[dtask_engine::async_trait]
+impl dtask_engine::managed::BackgroundTool for HeldTool {
+    fn validate_arguments(&self, _arguments: &str) -> Result<(), String> {
+        Ok(())
+    }
+
+    async fn start(
+        &self,
+        _request: dtask_engine::managed::StartRequest,
+    ) -> Result<dtask_engine::managed::StartResult, ToolRunError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        let now = self.0.running.fetch_add(1, SeqCst) + 1;
+        self.0.high_water.fetch_max(now, SeqCst);
+        self.0.started.send_modify(|n| *n += 1);
+        Ok(dtask_engine::managed::StartResult {
+            run: Arc::new(HeldRun(Arc::clone(&self.0))),
+            checkpoint: Vec::new(),
+        })
+    }
+}
+
+// A worker's `max_concurrent` bounds the managed attempts it runs: with more tasks than the
+// bound and every run held open, exactly the bound run (and are claimed) at once; each
+// release lets one more start; the most ever running together is the bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workers_max_concurrent_bounds_concurrent_managed_attempts() {
+    use std::sync::atomic::Ordering::SeqCst;
+    const BOUND: usize = 2;
+    const TASKS: usize = 6;
+    let held = Arc::new(Held {
+        running: 0.into(),
+        high_water: 0.into(),
+        started: tokio::sync::watch::Sender::new(0),
+        release: tokio::sync::Semaphore::new(0),
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(
+        dir.path().join("journal"),
+        JournalOptions::default().with_durability(Durability::Buffered),
+    )
+    .unwrap();
+    // A manual clock: no lease can expire while the runs are held.
+    let clock = dtask_engine::ManualClock::new(1_000_000);
+    let store = TaskStore::open(journal, clock, StoreConfig::default()).unwrap();
+    let mut registry = ToolRegistry::new();
+    registry
+        .register(Registration::new(
+            ToolInfo::without_parameters("held", "runs until released"),
+            HeldTool(Arc::clone(&held)),
+        ))
+        .unwrap();
+    let tools = ManagedTools::new(registry);
+    let manager = manager_for(&store, &tools);
+    let mut ids = Vec::new();
+    for _ in 0..TASKS {
+        let call = ToolCall {
+            tool_name: "held".into(),
+            arguments: "{}".into(),
+            ..ToolCall::default()
+        };
+        ids.push(tools.submit(&manager, call).await.unwrap().spec.id);
+    }
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let worker = dtask_engine::Worker::new(
+        manager.clone(),
+        dtask_engine::WorkerConfig::new([PLAIN_EXECUTOR_KEY]).with_max_concurrent(BOUND),
+    )
+    .unwrap();
+    let worker = tokio::spawn(worker.run(async move {
+        let _ = stop_rx.wait_for(|s| *s).await;
+    }));
+    let mut started = held.started.subscribe();
+    started.wait_for(|n| *n >= BOUND).await.unwrap();
+    // While the bound's runs are held, only they are claimed.
+    let mut running = 0;
+    for id in &ids {
+        if store.get(id).await.unwrap().status == Status::Running {
+            running += 1;
+        }
+    }
+    assert_eq!(running, BOUND);
+    for k in 1..=TASKS - BOUND {
+        held.release.add_permits(1);
+        started.wait_for(|n| *n >= BOUND + k).await.unwrap();
+    }
+    held.release.add_permits(BOUND);
+    for id in &ids {
+        assert_eq!(
+            manager.wait(id).await.unwrap(),
+            Outcome::Completed(b"{}".to_vec())
+        );
+    }
+    stop_tx.send(true).unwrap();
+    worker.await.unwrap().unwrap();
+    assert_eq!(*started.borrow(), TASKS);
+    assert_eq!(held.high_water.load(SeqCst), BOUND);
+    assert_eq!(held.running.load(SeqCst), 0);
 }

@@ -6,7 +6,14 @@
 //! external start but before the started marker was durable would — the start must be
 //! idempotent: same logical operation, same checkpoint; **C** recovers it (attempt 2) from
 //! A's checkpoint — the recovered history must keep every update A's operation had, with the
-//! same event ids and bytes, in the same order. Finally the recovered run is stopped.
+//! same event ids and bytes, in the same order.
+//!
+//! A case with an answer ([`ConformanceCase::with_answer`]) goes on through the input path of
+//! a resumable tool: C's recovered run must come to wait for input; **D** resumes the same
+//! operation (attempt 3) with the answer and the waiting checkpoint; **E** resumes it again
+//! with the same request id and answer (attempt 4), as the engine does when it died after the
+//! resume but before the outcome was durable — the replay must be accepted, and both resumes
+//! must keep the logical operation and its history. Finally the latest run is stopped.
 //!
 //! ```no_run
 //! use async_trait::async_trait;
@@ -35,7 +42,10 @@
 //! # }
 //! ```
 
-use super::tool::{BackgroundTool, RecoverRequest, StartRequest, StartResult, Update};
+use super::tool::{
+    BackgroundTool, RecoverRequest, ResumeRequest, Run, StartRequest, StartResult, ToolOutcome,
+    Update,
+};
 use async_trait::async_trait;
 use std::sync::Arc;
 
@@ -62,13 +72,17 @@ pub trait ConformanceBackend: Send + Sync {
     async fn snapshot(&self, task_id: &str) -> Result<OperationSnapshot, String>;
 }
 
-/// One conformance case: the task id and the arguments of the operation to start.
+/// One conformance case: the task id and the arguments of the operation to start, and for a
+/// resumable tool the answer to its input request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConformanceCase {
     /// The task id (the start's idempotency key).
     pub task_id: String,
     /// The JSON arguments.
     pub arguments: String,
+    /// The answer (JSON bytes) to give the recovered run's input request; `None` skips the
+    /// resume scenarios.
+    pub answer: Option<Vec<u8>>,
 }
 
 impl ConformanceCase {
@@ -77,7 +91,16 @@ impl ConformanceCase {
         Self {
             task_id: task_id.into(),
             arguments: arguments.into(),
+            answer: None,
         }
+    }
+
+    /// The case with the resume scenarios: the tool must be resumable, its recovered run must
+    /// wait for input, and `answer` must be one it accepts.
+    #[must_use]
+    pub fn with_answer(mut self, answer: impl Into<Vec<u8>>) -> Self {
+        self.answer = Some(answer.into());
+        self
     }
 }
 
@@ -142,9 +165,22 @@ pub enum ConformanceError {
         /// The update's index in the history.
         index: usize,
     },
-    /// Stopping the recovered run failed.
+    /// Stopping the recovered (or, with an answer, the last resumed) run failed.
     #[error("stop recovered operation: {0}")]
     StopRecovered(String),
+    /// The case has an answer but the tool is not resumable.
+    #[error("the tool is not resumable")]
+    NotResumable,
+    /// With an answer, the recovered run did not come to wait for input.
+    #[error("recovered run did not wait for input: {0}")]
+    NotWaiting(String),
+    /// The resume with the answer failed or was rejected.
+    #[error("resume: {0}")]
+    Resume(String),
+    /// The replayed resume (same request id and answer, a later attempt) failed or was
+    /// rejected: resume is not idempotent.
+    #[error("replayed resume: {0}")]
+    ReplayedResume(String),
 }
 
 /// Runs the conformance check of `case` against `backend`.
@@ -163,6 +199,9 @@ pub async fn check_recovery_conformance(
         .map_err(ConformanceError::ValidateArguments)?;
     if a.as_recoverable().is_none() {
         return Err(ConformanceError::NotRecoverable);
+    }
+    if case.answer.is_some() && a.as_resumable().is_none() {
+        return Err(ConformanceError::NotResumable);
     }
     let first = start(&*a, case)
         .await
@@ -193,10 +232,73 @@ pub async fn check_recovery_conformance(
     let after = snapshot(backend, case, "recover").await?;
     same_operation(&before, &after)?;
     compare_histories(&before.updates, &after.updates)?;
-    recovered
-        .stop()
+    let last = match &case.answer {
+        None => recovered,
+        Some(answer) => {
+            resume_scenarios(backend, case, answer, &first.checkpoint, recovered, &after).await?
+        }
+    };
+    last.stop()
         .await
         .map_err(|e| ConformanceError::StopRecovered(e.to_string()))
+}
+
+/// The input path: the recovered run waits; D resumes with the answer; E replays the same
+/// resume. Returns the replayed run.
+async fn resume_scenarios(
+    backend: &dyn ConformanceBackend,
+    case: &ConformanceCase,
+    answer: &[u8],
+    start_checkpoint: &[u8],
+    recovered: Arc<dyn Run>,
+    after_recover: &OperationSnapshot,
+) -> Result<Arc<dyn Run>, ConformanceError> {
+    let (request, replacement) = match recovered.wait().await {
+        Ok(ToolOutcome::WaitingInput {
+            request,
+            checkpoint,
+        }) => (request, checkpoint),
+        Ok(other) => return Err(ConformanceError::NotWaiting(format!("{other:?}"))),
+        Err(e) => return Err(ConformanceError::NotWaiting(e.to_string())),
+    };
+    // The checkpoint the engine persists at the waiting boundary.
+    let checkpoint = if replacement.is_empty() {
+        start_checkpoint.to_vec()
+    } else {
+        replacement
+    };
+    let waiting = snapshot(backend, case, "wait for input").await?;
+    same_operation(after_recover, &waiting)?;
+    compare_histories(&after_recover.updates, &waiting.updates)?;
+    let resume = |attempt| ResumeRequest {
+        task_id: case.task_id.clone(),
+        arguments: case.arguments.clone(),
+        attempt,
+        request_id: request.id.clone(),
+        data: answer.to_vec(),
+        checkpoint: checkpoint.clone(),
+    };
+
+    let d = backend.new_tool().ok_or(ConformanceError::NilTool)?;
+    let resumable = d.as_resumable().ok_or(ConformanceError::NotResumable)?;
+    resumable
+        .resume(resume(3))
+        .await
+        .map_err(|e| ConformanceError::Resume(e.to_string()))?;
+    let resumed = snapshot(backend, case, "resume").await?;
+    same_operation(after_recover, &resumed)?;
+    compare_histories(&waiting.updates, &resumed.updates)?;
+
+    let e = backend.new_tool().ok_or(ConformanceError::NilTool)?;
+    let resumable = e.as_resumable().ok_or(ConformanceError::NotResumable)?;
+    let replayed = resumable
+        .resume(resume(4))
+        .await
+        .map_err(|e| ConformanceError::ReplayedResume(e.to_string()))?;
+    let after_replay = snapshot(backend, case, "replayed resume").await?;
+    same_operation(after_recover, &after_replay)?;
+    compare_histories(&resumed.updates, &after_replay.updates)?;
+    Ok(replayed)
 }
 
 async fn start(tool: &dyn BackgroundTool, case: &ConformanceCase) -> Result<StartResult, String> {

@@ -341,7 +341,7 @@ impl<'a> UpdateSink<'a> {
 
     async fn persist(&mut self, update: Result<Update, String>) -> Result<(), ExecutionError> {
         let update = update.map_err(|e| fail(format!("update stream: {e}")))?;
-        update.validate().map_err(fail)?;
+        update.validate().map_err(|e| fail(e.to_string()))?;
         if self.recoverable && update.event_id.is_empty() {
             return Err(fail("recoverable update event id is required"));
         }

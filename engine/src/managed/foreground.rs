@@ -19,7 +19,7 @@ use super::submit::{
 };
 use super::tool::{
     AdoptRequest, ForegroundHandoffTool, PrepareRequest, Prepared, PreparerResume, ResumeRequest,
-    Run, StartRequest, ToolOutcome, ToolRunError, Update, UpdateStream,
+    Run, StartRequest, ToolOutcome, ToolRunError, Update, UpdateError, UpdateStream,
 };
 use crate::runtime::{Manager, SubmitRequest};
 use crate::tool::{StreamingTool, Tool, ToolError, ToolInfo, ToolOutputStream};
@@ -325,11 +325,13 @@ impl ManagedTool {
         info
     }
 
-    /// Calls the tool with JSON `arguments`.
+    /// Calls the tool with JSON `arguments`. A foreground start that fails is not an error
+    /// but the model-visible failed `foreground_result` (as in [`ManagedTool::call_stream`]).
     ///
     /// # Errors
-    /// Bad arguments, the preparer's or the tool's start error, an invalid outcome, a render
-    /// failure, [`ManagedError::ForegroundTimeout`], and the runtime's errors.
+    /// Bad arguments, the preparer's error, a plain tool's start checkpoint, an invalid
+    /// outcome, a render failure, [`ManagedError::ForegroundTimeout`], and the runtime's
+    /// errors.
     pub async fn call(
         &self,
         arguments: &str,
@@ -476,14 +478,10 @@ impl ManagedTool {
                         }))
                     }
                     Err(e) => {
-                        return Ok(CallOutcome::Done(ToolResult::record(
-                            ResponseEvent::foreground_result(
-                                Status::Failed,
-                                "",
-                                b"",
-                                &e.to_string(),
-                            ),
-                        )))
+                        return Ok(failed_foreground(
+                            &self.registration.description(arguments),
+                            &e.to_string(),
+                        ))
                     }
                 };
                 let spec = build_spec(
@@ -596,14 +594,11 @@ impl ManagedTool {
                 attempt: 0,
             })
             .await;
+        // A start error of attempt 0 is a model-visible failure, the same record for a call
+        // and a stream.
         let started = match started {
             Ok(started) => started,
-            Err(e) if sink.is_some() => {
-                return Ok(CallOutcome::Done(ToolResult::record(
-                    ResponseEvent::foreground_result(Status::Failed, "", b"", &e.to_string()),
-                )))
-            }
-            Err(e) => return Err(ManagedError::Tool(e.to_string())),
+            Err(e) => return Ok(failed_foreground(&spec.description, &e.to_string())),
         };
         if !self.registration.is_recoverable() && !started.checkpoint.is_empty() {
             let _ = started.run.stop().await;
@@ -673,17 +668,17 @@ impl ManagedTool {
                             while let Some(update) = stream.next().await {
                                 self.foreground_update(&fg, update, &mut seen, &mut materialize, sink).await?;
                             }
-                            Ok::<(), String>(())
+                            Ok::<(), UpdateFailure>(())
                         })
                         .await;
                         let failure = match drained {
                             Ok(Ok(())) => None,
                             Ok(Err(e)) => Some(e),
-                            Err(_) => Some("update stream did not close after terminal outcome".to_owned()),
+                            Err(_) => Some(UpdateFailure::Other("update stream did not close after terminal outcome".to_owned())),
                         };
-                        if let Some(message) = failure {
+                        if let Some(failure) = failure {
                             guard.disarm();
-                            return self.update_failure(&fg, message, sink).await;
+                            return self.update_failure(&fg, failure, sink).await;
                         }
                     }
                     guard.disarm();
@@ -693,9 +688,9 @@ impl ManagedTool {
                 update = next_update(&mut updates) => match update {
                     None => updates = None,
                     Some(update) => {
-                        if let Err(message) = self.foreground_update(&fg, update, &mut seen, &mut materialize, sink).await {
+                        if let Err(failure) = self.foreground_update(&fg, update, &mut seen, &mut materialize, sink).await {
                             guard.disarm();
-                            return self.update_failure(&fg, message, sink).await;
+                            return self.update_failure(&fg, failure, sink).await;
                         }
                     }
                 },
@@ -714,20 +709,24 @@ impl ManagedTool {
     }
 
     /// An invalid update or update-stream failure in the foreground: the run is stopped;
-    /// a call answers with a failed result, a stream ends with the error.
+    /// a call answers with a failed result, a stream ends with the error
+    /// ([`ManagedError::InvalidUpdate`] for a broken bound, else
+    /// [`ManagedError::InvalidOutcome`]).
     async fn update_failure(
         &self,
         fg: &Foreground,
-        message: String,
+        failure: UpdateFailure,
         sink: Option<&Sink>,
     ) -> Result<CallOutcome, ManagedError> {
         let _ = fg.run.stop().await;
+        let message = failure.to_string();
         if sink.is_some() {
-            return Err(ManagedError::InvalidOutcome(message));
+            return Err(match failure {
+                UpdateFailure::Bounds(e) => ManagedError::InvalidUpdate(e),
+                UpdateFailure::Other(message) => ManagedError::InvalidOutcome(message),
+            });
         }
-        Ok(CallOutcome::Done(ToolResult::record(
-            ResponseEvent::foreground_result(Status::Failed, &fg.spec.description, b"", &message),
-        )))
+        Ok(failed_foreground(&fg.spec.description, &message))
     }
 
     /// One foreground update: checked, deduplicated in memory (nothing is persisted),
@@ -739,20 +738,22 @@ impl ManagedTool {
         seen: &mut HashMap<String, Vec<u8>>,
         materialize: &mut bool,
         sink: Option<&Sink>,
-    ) -> Result<(), String> {
-        let update = update.map_err(|e| format!("update stream: {e}"))?;
-        update.validate()?;
+    ) -> Result<(), UpdateFailure> {
+        let update = update.map_err(|e| UpdateFailure::Other(format!("update stream: {e}")))?;
+        update.validate().map_err(UpdateFailure::Bounds)?;
         if self.registration.is_recoverable() && update.event_id.is_empty() {
-            return Err("recoverable update event id is required".into());
+            return Err(UpdateFailure::Other(
+                "recoverable update event id is required".into(),
+            ));
         }
         if !update.event_id.is_empty() {
             match seen.get(&update.event_id) {
                 Some(data) if *data == update.data => return Ok(()),
                 Some(_) => {
-                    return Err(format!(
+                    return Err(UpdateFailure::Other(format!(
                         "task event id conflict: event {:?} was emitted with other bytes",
                         update.event_id
-                    ))
+                    )))
                 }
                 None => {
                     seen.insert(update.event_id.clone(), update.data.clone());
@@ -767,7 +768,7 @@ impl ManagedTool {
                         &update.data,
                     )
                     .await
-                    .map_err(|e| format!("materialize output: {e}"))?;
+                    .map_err(|e| UpdateFailure::Other(format!("materialize output: {e}")))?;
                 }
             }
         }
@@ -1058,6 +1059,27 @@ impl ManagedTool {
         let task = self.manager.get(&id).await.unwrap_or(submitted);
         Ok(CallOutcome::Done(self.launch_result(&task)?))
     }
+}
+
+/// Why a foreground update ended the call.
+#[derive(Debug, thiserror::Error)]
+enum UpdateFailure {
+    /// The update broke a bound.
+    #[error(transparent)]
+    Bounds(UpdateError),
+    /// The stream failed, an event id conflicted, the materializer failed, ….
+    #[error("{0}")]
+    Other(String),
+}
+
+/// A model-visible failed foreground result (nothing was persisted).
+fn failed_foreground(description: &str, error: &str) -> CallOutcome {
+    CallOutcome::Done(ToolResult::record(ResponseEvent::foreground_result(
+        Status::Failed,
+        description,
+        b"",
+        error,
+    )))
 }
 
 async fn next_update(updates: &mut Option<UpdateStream>) -> Option<Result<Update, String>> {

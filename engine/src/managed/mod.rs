@@ -48,6 +48,6 @@ pub use tool::{
     AdoptRequest, AdoptResult, BackgroundTool, ForegroundHandoffTool, InputPreparer,
     OutputMaterializer, PrepareRequest, Prepared, PreparerResume, RecoverRequest, RecoverableTool,
     ResumableTool, ResumeRequest, Run, StartRequest, StartResult, ToolOutcome, ToolRunError,
-    Update, UpdateStream, MAX_UPDATE_DATA_BYTES, MAX_UPDATE_KIND_BYTES, MAX_UPDATE_METADATA_BYTES,
-    MAX_UPDATE_METADATA_ENTRIES,
+    Update, UpdateError, UpdateStream, MAX_UPDATE_DATA_BYTES, MAX_UPDATE_EVENT_ID_BYTES,
+    MAX_UPDATE_KIND_BYTES, MAX_UPDATE_METADATA_BYTES, MAX_UPDATE_METADATA_ENTRIES,
 };

@@ -37,7 +37,9 @@ pub enum ManagedError {
     /// The input preparer refused the call (its message, as is); nothing was created.
     #[error("{0}")]
     Prepare(String),
-    /// The tool's start (or foreground resume) failed; nothing was persisted.
+    /// The tool broke a foreground rule (a plain tool's start checkpoint) or its hand-off
+    /// adoption failed; nothing was persisted. A failing start or resume is not this error but
+    /// a failed `foreground_result`.
     #[error("{0}")]
     Tool(String),
     /// The foreground attempt ran out of time and was not handed to the background; the run
@@ -49,9 +51,14 @@ pub enum ManagedError {
         /// The id the call was given.
         task_id: String,
     },
-    /// The tool reported an outcome the rules forbid (or an invalid update in a stream).
+    /// The tool reported an outcome the rules forbid (or, in a stream, an update stream
+    /// failure or an event id conflict).
     #[error("invalid outcome: {0}")]
     InvalidOutcome(String),
+    /// A foreground stream's update broke a bound (its kind, event id, data or metadata); the
+    /// run was stopped.
+    #[error(transparent)]
+    InvalidUpdate(#[from] super::tool::UpdateError),
     /// The result renderer failed or returned nothing.
     #[error("{0}")]
     Render(String),

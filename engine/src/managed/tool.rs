@@ -10,6 +10,9 @@ use std::sync::Arc;
 pub const MAX_UPDATE_DATA_BYTES: usize = 256 << 10;
 /// The longest update kind: 128 bytes.
 pub const MAX_UPDATE_KIND_BYTES: usize = 128;
+/// The longest update event id: 1024 bytes (the store's default id bound, so that an update
+/// the foreground accepts is one the background can persist).
+pub const MAX_UPDATE_EVENT_ID_BYTES: usize = 1024;
 /// The most update metadata entries: 32.
 pub const MAX_UPDATE_METADATA_ENTRIES: usize = 32;
 /// The longest update metadata key or value: 1024 bytes.
@@ -18,8 +21,8 @@ pub const MAX_UPDATE_METADATA_BYTES: usize = 1024;
 /// A progress update of a running tool.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Update {
-    /// A lifetime-stable idempotency key; required for recoverable tools, generated for plain
-    /// tools when empty.
+    /// A lifetime-stable idempotency key (at most 1024 bytes); required for recoverable tools,
+    /// generated for plain tools when empty.
     pub event_id: String,
     /// A free kind tag (at most 128 bytes).
     pub kind: String,
@@ -29,28 +32,96 @@ pub struct Update {
     pub metadata: BTreeMap<String, String>,
 }
 
+/// Which bound an update breaks. Its text starts with the same words on every path: the
+/// failed foreground result, the stream's [`crate::managed::ManagedError::InvalidUpdate`] and
+/// the failed background task.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum UpdateError {
+    /// The data is larger than [`MAX_UPDATE_DATA_BYTES`].
+    #[error("update data exceeds configured bounds ({len} bytes, at most {max})")]
+    DataTooLarge {
+        /// The data's length.
+        len: usize,
+        /// The bound.
+        max: usize,
+    },
+    /// The kind is longer than [`MAX_UPDATE_KIND_BYTES`].
+    #[error("update kind exceeds configured bounds ({len} bytes, at most {max})")]
+    KindTooLong {
+        /// The kind's length.
+        len: usize,
+        /// The bound.
+        max: usize,
+    },
+    /// The event id is longer than [`MAX_UPDATE_EVENT_ID_BYTES`].
+    #[error("update event id exceeds configured bounds ({len} bytes, at most {max})")]
+    EventIdTooLong {
+        /// The event id's length.
+        len: usize,
+        /// The bound.
+        max: usize,
+    },
+    /// More than [`MAX_UPDATE_METADATA_ENTRIES`] metadata entries.
+    #[error("update metadata exceeds configured bounds ({entries} entries, at most {max})")]
+    TooManyMetadataEntries {
+        /// The number of entries.
+        entries: usize,
+        /// The bound.
+        max: usize,
+    },
+    /// A metadata key is empty, or a key or value is longer than
+    /// [`MAX_UPDATE_METADATA_BYTES`].
+    #[error("update metadata entry exceeds configured bounds (key {key:?})")]
+    MetadataEntry {
+        /// The offending key (cut to the bound).
+        key: String,
+    },
+}
+
 impl Update {
     /// Checks the update's bounds.
     ///
     /// # Errors
-    /// Which bound is exceeded.
-    pub fn validate(&self) -> Result<(), String> {
+    /// The first bound exceeded, as an [`UpdateError`].
+    pub fn validate(&self) -> Result<(), UpdateError> {
         if self.data.len() > MAX_UPDATE_DATA_BYTES {
-            return Err("update data exceeds configured bounds".into());
+            return Err(UpdateError::DataTooLarge {
+                len: self.data.len(),
+                max: MAX_UPDATE_DATA_BYTES,
+            });
         }
         if self.kind.len() > MAX_UPDATE_KIND_BYTES {
-            return Err("update kind exceeds configured bounds".into());
+            return Err(UpdateError::KindTooLong {
+                len: self.kind.len(),
+                max: MAX_UPDATE_KIND_BYTES,
+            });
+        }
+        if self.event_id.len() > MAX_UPDATE_EVENT_ID_BYTES {
+            return Err(UpdateError::EventIdTooLong {
+                len: self.event_id.len(),
+                max: MAX_UPDATE_EVENT_ID_BYTES,
+            });
         }
         if self.metadata.len() > MAX_UPDATE_METADATA_ENTRIES {
-            return Err("update metadata exceeds configured bounds".into());
+            return Err(UpdateError::TooManyMetadataEntries {
+                entries: self.metadata.len(),
+                max: MAX_UPDATE_METADATA_ENTRIES,
+            });
         }
-        let bad_entry = self.metadata.iter().any(|(k, v)| {
+        let bad_entry = self.metadata.iter().find(|(k, v)| {
             k.is_empty()
                 || k.len() > MAX_UPDATE_METADATA_BYTES
                 || v.len() > MAX_UPDATE_METADATA_BYTES
         });
-        if bad_entry {
-            return Err("update metadata entry exceeds configured bounds".into());
+        if let Some((key, _)) = bad_entry {
+            let mut end = key.len().min(MAX_UPDATE_METADATA_BYTES);
+            while !key.is_char_boundary(end) {
+                end -= 1;
+            }
+            return Err(UpdateError::MetadataEntry {
+                key: key[..end].to_owned(),
+            });
         }
         Ok(())
     }
@@ -355,4 +426,49 @@ pub trait OutputMaterializer: Send + Sync + 'static {
         path: &str,
         data: &[u8],
     ) -> Result<(), String>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_metadata(entries: impl IntoIterator<Item = (String, String)>) -> Update {
+        Update {
+            event_id: "e".into(),
+            data: b"x".to_vec(),
+            metadata: entries.into_iter().collect(),
+            ..Update::default()
+        }
+    }
+
+    #[test]
+    fn metadata_bounds_are_typed_errors() {
+        let full = (0..MAX_UPDATE_METADATA_ENTRIES).map(|i| (format!("k{i}"), "v".into()));
+        assert_eq!(with_metadata(full).validate(), Ok(()));
+        let over = (0..=MAX_UPDATE_METADATA_ENTRIES).map(|i| (format!("k{i}"), "v".into()));
+        assert_eq!(
+            with_metadata(over).validate(),
+            Err(UpdateError::TooManyMetadataEntries {
+                entries: MAX_UPDATE_METADATA_ENTRIES + 1,
+                max: MAX_UPDATE_METADATA_ENTRIES,
+            })
+        );
+        let empty_key = with_metadata([(String::new(), "v".into())]);
+        assert_eq!(
+            empty_key.validate(),
+            Err(UpdateError::MetadataEntry { key: String::new() })
+        );
+        let long_value = with_metadata([("k".into(), "v".repeat(MAX_UPDATE_METADATA_BYTES + 1))]);
+        assert_eq!(
+            long_value.validate(),
+            Err(UpdateError::MetadataEntry { key: "k".into() })
+        );
+        let long_key = "é".repeat(MAX_UPDATE_METADATA_BYTES);
+        let Err(UpdateError::MetadataEntry { key }) =
+            with_metadata([(long_key, "v".into())]).validate()
+        else {
+            panic!("a long key is refused");
+        };
+        assert_eq!(key.len(), MAX_UPDATE_METADATA_BYTES, "cut to the bound");
+    }
 }

@@ -78,6 +78,9 @@ pub struct Probe {
     pub start_error: Option<String>,
     pub stop_error: Option<String>,
     pub validate_error: Option<String>,
+    /// When set, a run's `wait` takes one permit before it returns its scripted outcome: the
+    /// test decides when the run ends.
+    pub gate: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 impl Probe {
@@ -94,6 +97,7 @@ impl Probe {
             start_error: None,
             stop_error: None,
             validate_error: None,
+            gate: None,
         }
     }
 
@@ -113,6 +117,7 @@ impl Probe {
             stopped: tokio::sync::Notify::new(),
             stop_error: self.stop_error.clone(),
             updates_taken: Mutex::new(false),
+            gate: self.gate.clone(),
         })
     }
 }
@@ -123,12 +128,16 @@ pub struct ProbeRun {
     stopped: tokio::sync::Notify,
     stop_error: Option<String>,
     updates_taken: Mutex<bool>,
+    gate: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 #[async_trait]
 impl Run for ProbeRun {
     async fn wait(&self) -> Result<ToolOutcome, ToolRunError> {
         self.calls.lock().unwrap().waits += 1;
+        if let Some(gate) = &self.gate {
+            gate.acquire().await.unwrap().forget();
+        }
         if let Some(outcome) = &self.script.outcome {
             if let Some(delay) = self.script.update_delay {
                 tokio::time::sleep(delay * 2).await;
