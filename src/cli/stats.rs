@@ -100,18 +100,31 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
             if damaged == 1 { "does" } else { "do" }
         ))?;
     }
+    tables(&mut out, &by_status, &by_executor, &by_type, &sizes)?;
+    out.flush()
+}
+
+/// The text tables of `dtask stats`: tasks by status and executor, records by type, the
+/// largest tasks.
+fn tables(
+    out: &mut Out,
+    by_status: &BTreeMap<String, u64>,
+    by_executor: &BTreeMap<String, u64>,
+    by_type: &BTreeMap<EventType, Counts>,
+    sizes: &[(u64, u64, String)],
+) -> Result<()> {
     let mut t = Table::new(&["STATUS", "TASKS"]);
-    for (s, n) in &by_status {
+    for (s, n) in by_status {
         t.row(vec![s.clone(), n.to_string()]);
     }
     out.text(format!("\n{}", t.render(2)))?;
     let mut t = Table::new(&["EXECUTOR", "TASKS"]);
-    for (e, n) in &by_executor {
+    for (e, n) in by_executor {
         t.row(vec![e.clone(), n.to_string()]);
     }
     out.text(format!("\n{}", t.render(2)))?;
     let mut t = Table::new(&["EVENT TYPE", "RECORDS", "BYTES"]);
-    for (ty, c) in &by_type {
+    for (ty, c) in by_type {
         t.row(vec![
             ty.as_str().to_owned(),
             c.records.to_string(),
@@ -120,9 +133,9 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
     }
     out.text(format!("\n{}", t.render(2)))?;
     let mut t = Table::new(&["LARGEST TASK", "RECORDS", "BYTES"]);
-    for (b, r, id) in &sizes {
+    for (b, r, id) in sizes {
         t.row(vec![id.clone(), r.to_string(), fmt::size(*b)]);
     }
     out.text(format!("\n{}", t.render(2)))?;
-    out.flush()
+    Ok(())
 }
