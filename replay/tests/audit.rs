@@ -118,6 +118,14 @@ fn flip(db: &rocksdb::DB, task: &str, position: u64) {
     db.put_cf(cf(db, Space::Events), &key, value).unwrap();
 }
 
+/// Builds the journal of [`build`], damages it with `f` and audits it.
+fn audit_damaged(f: impl FnOnce(&rocksdb::DB)) -> AuditReport {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    tamper(dir.path(), f);
+    audit(dir.path())
+}
+
 fn kinds(report: &AuditReport) -> Vec<(String, Option<u64>, ProblemKind)> {
     report
         .problems
@@ -320,10 +328,7 @@ fn flipped_bytes_are_reported_and_the_audit_goes_on() {
 
 #[test]
 fn a_damaged_terminal_record_is_not_also_blamed_on_the_live_index() {
-    let dir = tempfile::tempdir().unwrap();
-    build(dir.path());
-    tamper(dir.path(), |db| flip(db, "done", 3));
-    let report = audit(dir.path());
+    let report = audit_damaged(|db| flip(db, "done", 3));
     // The damage hides the `completed` event; "done" is rightly absent from the live index.
     assert_eq!(
         kinds(&report),
@@ -333,13 +338,10 @@ fn a_damaged_terminal_record_is_not_also_blamed_on_the_live_index() {
 
 #[test]
 fn a_missing_commit_entry_is_reported() {
-    let dir = tempfile::tempdir().unwrap();
-    build(dir.path());
-    tamper(dir.path(), |db| {
+    let report = audit_damaged(|db| {
         db.delete_cf(cf(db, Space::Commits), keys::seq_key(5))
             .unwrap();
     });
-    let report = audit(dir.path());
     assert_eq!(
         kinds(&report),
         [("running".into(), Some(2), ProblemKind::CommitIndex)]
@@ -349,9 +351,7 @@ fn a_missing_commit_entry_is_reported() {
 
 #[test]
 fn a_commit_entry_pointing_elsewhere_is_reported() {
-    let dir = tempfile::tempdir().unwrap();
-    build(dir.path());
-    tamper(dir.path(), |db| {
+    let report = audit_damaged(|db| {
         db.put_cf(
             cf(db, Space::Commits),
             keys::seq_key(2),
@@ -359,7 +359,6 @@ fn a_commit_entry_pointing_elsewhere_is_reported() {
         )
         .unwrap();
     });
-    let report = audit(dir.path());
     assert_eq!(
         kinds(&report),
         [("running".into(), Some(0), ProblemKind::CommitIndex)]
@@ -472,13 +471,10 @@ fn an_ack_naming_the_wrong_sequence_is_inconsistent() {
 
 #[test]
 fn a_deleted_last_record_is_named_by_the_commit_index() {
-    let dir = tempfile::tempdir().unwrap();
-    build(dir.path());
-    tamper(dir.path(), |db| {
+    let report = audit_damaged(|db| {
         db.delete_cf(cf(db, Space::Events), keys::event_key("running", 3))
             .unwrap();
     });
-    let report = audit(dir.path());
     // The journal's tail marker, written with the record, says where the streams ended.
     assert_eq!(
         kinds(&report),
@@ -523,13 +519,10 @@ fn forged_huge_commit_sequences_are_problems_not_an_abort() {
 
 #[test]
 fn a_deleted_last_commit_entry_is_reported() {
-    let dir = tempfile::tempdir().unwrap();
-    build(dir.path());
-    tamper(dir.path(), |db| {
+    let report = audit_damaged(|db| {
         db.delete_cf(cf(db, Space::Commits), keys::seq_key(10))
             .unwrap();
     });
-    let report = audit(dir.path());
     assert_eq!(
         kinds(&report),
         [("running".into(), Some(3), ProblemKind::CommitIndex)],
@@ -585,12 +578,9 @@ fn a_record_without_a_commit_entry_is_reported() {
 
 #[test]
 fn a_record_reusing_a_sequence_is_reported() {
-    let dir = tempfile::tempdir().unwrap();
-    build(dir.path());
-    tamper(dir.path(), |db| {
+    let report = audit_damaged(|db| {
         forge_next(db, "running", 4, 3, &update(1, "c"));
     });
-    let report = audit(dir.path());
     assert!(
         report
             .problems
@@ -645,9 +635,7 @@ fn a_created_record_naming_another_task_is_illegal() {
 
 #[test]
 fn a_commit_entry_at_sequence_zero_is_reported() {
-    let dir = tempfile::tempdir().unwrap();
-    build(dir.path());
-    tamper(dir.path(), |db| {
+    let report = audit_damaged(|db| {
         db.put_cf(
             cf(db, Space::Commits),
             keys::seq_key(0),
@@ -655,7 +643,6 @@ fn a_commit_entry_at_sequence_zero_is_reported() {
         )
         .unwrap();
     });
-    let report = audit(dir.path());
     assert_eq!(
         kinds(&report),
         [(String::new(), None, ProblemKind::CommitIndex)],
@@ -671,13 +658,10 @@ fn a_commit_entry_at_sequence_zero_is_reported() {
 
 #[test]
 fn a_value_in_the_live_index_is_reported() {
-    let dir = tempfile::tempdir().unwrap();
-    build(dir.path());
-    tamper(dir.path(), |db| {
+    let report = audit_damaged(|db| {
         db.put_cf(cf(db, Space::Live), keys::task_key("running"), b"junk")
             .unwrap();
     });
-    let report = audit(dir.path());
     assert!(
         report
             .problems
@@ -692,13 +676,10 @@ fn a_value_in_the_live_index_is_reported() {
 
 #[test]
 fn unknown_keys_in_meta_and_in_the_default_space_are_reported() {
-    let dir = tempfile::tempdir().unwrap();
-    build(dir.path());
-    tamper(dir.path(), |db| {
+    let report = audit_damaged(|db| {
         db.put_cf(cf(db, Space::Meta), b"colour", b"blue").unwrap();
         db.put(b"stray", b"x").unwrap();
     });
-    let report = audit(dir.path());
     let details: Vec<_> = report
         .problems
         .iter()
