@@ -95,16 +95,12 @@ impl PairHash {
     /// Adds the head of a live task `task`: the pair of its last record. An empty head adds
     /// nothing.
     pub fn add_head(&mut self, task: &str, head: &Head) {
-        if let Some(last) = head.next_position.checked_sub(1) {
-            self.add(head.last_seq, &keys::event_key(task, last));
-        }
+        with_last_key(task, head, |seq, key| self.add(seq, key));
     }
 
     /// Removes the head of a live task `task`; see [`PairHash::add_head`].
     pub fn remove_head(&mut self, task: &str, head: &Head) {
-        if let Some(last) = head.next_position.checked_sub(1) {
-            self.remove(head.last_seq, &keys::event_key(task, last));
-        }
+        with_last_key(task, head, |seq, key| self.remove(seq, key));
     }
 
     /// The digest as 16 bytes.
@@ -125,6 +121,26 @@ impl PairHash {
             lanes: [u64::from_be_bytes(a), u64::from_be_bytes(b)],
         }
     }
+}
+
+/// Calls `f` with the sequence and the `events` key of `head`'s last record (none for an empty
+/// head). The key is made on the stack for the usual task ids: the writer does this twice per
+/// append.
+fn with_last_key(task: &str, head: &Head, f: impl FnOnce(u64, &[u8])) {
+    const STACK: usize = 128;
+    let Some(last) = head.next_position.checked_sub(1) else {
+        return;
+    };
+    let len = task.len() + 9;
+    if len > STACK {
+        f(head.last_seq, &keys::event_key(task, last));
+        return;
+    }
+    let mut key = [0u8; STACK];
+    key[..task.len()].copy_from_slice(task.as_bytes());
+    key[task.len()] = keys::TASK_SEPARATOR;
+    key[task.len() + 1..len].copy_from_slice(&last.to_be_bytes());
+    f(head.last_seq, &key[..len]);
 }
 
 impl std::fmt::Display for PairHash {
@@ -312,5 +328,29 @@ impl std::fmt::Display for Inconsistency {
 impl Inconsistency {
     pub(crate) fn into_error(self) -> Error {
         Error::Inconsistent(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The stack-built key of a head is the journal's event key, short ids and long.
+    #[test]
+    fn a_head_hashes_as_the_pair_of_its_last_record() {
+        for task in ["t", "task-0000001", &"x".repeat(200)] {
+            let head = Head {
+                next_position: 7,
+                last_seq: 42,
+                ..Head::default()
+            };
+            let mut by_head = PairHash::default();
+            by_head.add_head(task, &head);
+            let mut by_pair = PairHash::default();
+            by_pair.add(42, &keys::event_key(task, 6));
+            assert_eq!(by_head, by_pair);
+            by_head.remove_head(task, &head);
+            assert_eq!(by_head, PairHash::default());
+        }
     }
 }
