@@ -230,6 +230,16 @@ fn stdout(cmd: &mut Command) -> String {
     String::from_utf8(output).unwrap()
 }
 
+/// The ids of the tasks a `tasks --json` listing holds, in order.
+fn listed_ids(listing: &serde_json::Value) -> Vec<serde_json::Value> {
+    listing["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].clone())
+        .collect()
+}
+
 fn golden(name: &str, actual: &str) {
     let path = manifest_dir().join("tests/golden").join(name);
     if std::env::var_os("DTASK_BLESS").is_some() {
@@ -312,12 +322,7 @@ fn tasks_lists_filters_sorts_and_pages() {
         "--status",
         "completed",
     ])));
-    let ids: Vec<_> = done["tasks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["id"].clone())
-        .collect();
+    let ids = listed_ids(&done);
     assert_eq!(ids, ["alpha", "beta"]);
 
     let shell = json(&stdout(
@@ -359,12 +364,7 @@ fn tasks_lists_filters_sorts_and_pages() {
         "--until",
         &(T0 + 3000).to_string(),
     ])));
-    let ids: Vec<_> = window["tasks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["id"].clone())
-        .collect();
+    let ids = listed_ids(&window);
     assert_eq!(ids, ["beta", "gamma"]);
 
     dtask(dir.path())
@@ -1213,12 +1213,7 @@ fn usage_errors_exit_2() {
         "--since",
         "2023-11-14T23:13:20.500+01:00",
     ])));
-    let ids: Vec<_> = since["tasks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| t["id"].clone())
-        .collect();
+    let ids = listed_ids(&since);
     assert_eq!(ids, ["beta", "delta", "epsilon", "gamma"]);
     let mut bad = Command::new(env!("CARGO_BIN_EXE_dtask"));
     bad.arg("frobnicate").assert().code(2);
