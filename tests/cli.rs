@@ -642,23 +642,7 @@ fn a_journal_held_by_a_writer_is_in_use_but_still_readable() {
     let torture_dir = work.path();
     let held = torture_dir.join("journal");
     let journal = Journal::open(&held, JournalOptions::default()).unwrap();
-    journal
-        .append(
-            "held",
-            0,
-            &[Event::Created {
-                spec: TaskSpec {
-                    id: "held".into(),
-                    executor_key: "x".into(),
-                    ..TaskSpec::default()
-                },
-                policy: LeasePolicy::Retry,
-                checkpoint: vec![],
-                context_snapshot: vec![],
-                at: Timestamp(T0),
-            }],
-        )
-        .unwrap();
+    journal.append("held", 0, &[created("held", T0)]).unwrap();
     // A command that opens the journal for writing: the engine process of `torture`.
     let mut writer = Command::new(env!("CARGO_BIN_EXE_dtask"));
     writer
@@ -948,17 +932,7 @@ fn tail_prints_the_last_records() {
 fn tail_follows_a_live_writer() {
     let dir = tempfile::tempdir().unwrap();
     let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
-    let created = |id: &str| Event::Created {
-        spec: TaskSpec {
-            id: id.into(),
-            executor_key: "x".into(),
-            ..TaskSpec::default()
-        },
-        policy: LeasePolicy::Retry,
-        checkpoint: vec![],
-        context_snapshot: vec![],
-        at: Timestamp(T0),
-    };
+    let created = |id: &str| created(id, T0);
     journal.append("first", 0, &[created("first")]).unwrap();
     // Killed with SIGKILL below: its scratch directory stays behind, in a directory of ours.
     let tmp = tempfile::tempdir().unwrap();
@@ -1005,27 +979,26 @@ fn tail_follows_a_live_writer() {
 }
 
 /// A journal with `n` tasks of one record each, closed.
+/// The `created` event of a plain task `id` at `at` (milliseconds).
+fn created(id: &str, at: u64) -> Event {
+    Event::Created {
+        spec: TaskSpec {
+            id: id.into(),
+            executor_key: "x".into(),
+            ..TaskSpec::default()
+        },
+        policy: LeasePolicy::Retry,
+        checkpoint: vec![],
+        context_snapshot: vec![],
+        at: Timestamp(at),
+    }
+}
+
 fn small_journal(dir: &Path, n: u64) {
     let journal = Journal::open(dir, JournalOptions::default()).unwrap();
     for i in 0..n {
         let id = format!("t{i}");
-        journal
-            .append(
-                &id,
-                0,
-                &[Event::Created {
-                    spec: TaskSpec {
-                        id: id.clone(),
-                        executor_key: "x".into(),
-                        ..TaskSpec::default()
-                    },
-                    policy: LeasePolicy::Retry,
-                    checkpoint: vec![],
-                    context_snapshot: vec![],
-                    at: Timestamp(T0 + i),
-                }],
-            )
-            .unwrap();
+        journal.append(&id, 0, &[created(&id, T0 + i)]).unwrap();
     }
 }
 

@@ -57,6 +57,18 @@ fn open_store(path: &std::path::Path) -> TaskStore {
     TaskStore::open(journal, SystemClock, StoreConfig::default()).unwrap()
 }
 
+/// A store on a journal in `dir` with a manual clock (and the clock).
+fn manual_store(dir: &std::path::Path) -> (TaskStore, dtask_engine::ManualClock) {
+    let journal = Journal::open(
+        dir.join("journal"),
+        JournalOptions::default().with_durability(Durability::Buffered),
+    )
+    .unwrap();
+    let clock = dtask_engine::ManualClock::new(1_000_000);
+    let store = TaskStore::open(journal, clock.clone(), StoreConfig::default()).unwrap();
+    (store, clock)
+}
+
 fn manager_for(store: &TaskStore, tools: &ManagedTools) -> Manager {
     let mut runtime = Registry::new();
     tools.register_executors(&mut runtime).unwrap();
@@ -1180,13 +1192,7 @@ async fn background_call_launch_result_reports_the_started_task() {
 async fn s36_lost_lease_before_commit_start_then_cancel_starts_and_stops() {
     let probe = Probe::new(Script::block());
     let dir = tempfile::tempdir().unwrap();
-    let journal = Journal::open(
-        dir.path().join("journal"),
-        JournalOptions::default().with_durability(Durability::Buffered),
-    )
-    .unwrap();
-    let clock = dtask_engine::ManualClock::new(1_000_000);
-    let store = TaskStore::open(journal, clock.clone(), StoreConfig::default()).unwrap();
+    let (store, clock) = manual_store(dir.path());
     let mut registry = ToolRegistry::new();
     registry.register(registration(&probe)).unwrap();
     let tools = ManagedTools::new(registry);
@@ -1697,14 +1703,8 @@ async fn a_workers_max_concurrent_bounds_concurrent_managed_attempts() {
         release: tokio::sync::Semaphore::new(0),
     });
     let dir = tempfile::tempdir().unwrap();
-    let journal = Journal::open(
-        dir.path().join("journal"),
-        JournalOptions::default().with_durability(Durability::Buffered),
-    )
-    .unwrap();
     // A manual clock: no lease can expire while the runs are held.
-    let clock = dtask_engine::ManualClock::new(1_000_000);
-    let store = TaskStore::open(journal, clock, StoreConfig::default()).unwrap();
+    let (store, _clock) = manual_store(dir.path());
     let mut registry = ToolRegistry::new();
     registry
         .register(Registration::new(
