@@ -84,7 +84,7 @@ pub fn disarm_all() {
 /// The store error of a fail point that fires with `error`: a storage failure.
 #[cfg(feature = "failpoints")]
 pub(crate) fn injected(message: String) -> crate::StoreError {
-    crate::StoreError::Journal(dtask_journal::Error::Storage(message))
+    crate::StoreError::Journal(dtask_journal::Error::storage(message))
 }
 
 /// Evaluates a fail point: `point!(NAME)` for a site without an error path (an `error`

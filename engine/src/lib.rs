@@ -28,7 +28,7 @@ pub use runtime::{
     Worker, WorkerConfig, DEFAULT_TIMEOUT_REASON, MAX_ERROR_BYTES,
 };
 pub use store::{
-    Change, Command, CreateRequest, Notification, NotificationRequest, Result, StoreConfig,
-    StoreError, TaskPage, TaskStore, UpdatePage, UpdateRecord, UpdateRequest,
+    Change, Command, CreateRequest, NotFound, Notification, NotificationRequest, Result,
+    StoreConfig, StoreError, TaskPage, TaskStore, UpdatePage, UpdateRecord, UpdateRequest,
     RESERVED_KIND_PREFIXES,
 };

@@ -161,8 +161,8 @@ impl<B: Backend + ?Sized> Cursor for ScanCursor<'_, B> {
     fn status(&self) -> Result<()> {
         match &self.error {
             None => Ok(()),
-            Some(Error::Storage(message)) => Err(Error::Storage(message.clone())),
-            Some(e) => Err(Error::Storage(e.to_string())),
+            Some(Error::Storage(storage)) => Err(Error::Storage(storage.clone())),
+            Some(e) => Err(Error::storage(e.to_string())),
         }
     }
 }
@@ -649,7 +649,7 @@ impl Cursor for FailedCursor {
         None
     }
     fn status(&self) -> Result<()> {
-        Err(Error::Storage(self.0.clone()))
+        Err(Error::storage(self.0.clone()))
     }
 }
 

@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use std::sync::Arc;
+
 /// What is wrong with a damaged record or stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -116,6 +118,17 @@ pub enum Error {
         /// What is wrong.
         kind: CorruptionKind,
     },
+    /// An index entry or a metadata value does not parse: it was not written by a journal.
+    /// Unlike [`Error::Corruption`], there is no record to name: `key` is the entry's key.
+    #[error("a malformed entry in the `{}` space: {kind}", space.name())]
+    MalformedEntry {
+        /// The space (column family) of the entry.
+        space: crate::keys::Space,
+        /// The entry's key.
+        key: Vec<u8>,
+        /// What is wrong.
+        kind: CorruptionKind,
+    },
     /// The expected position of an append is stale: another append got there first. Nothing
     /// was written.
     #[error(
@@ -197,13 +210,96 @@ pub enum Error {
     Stopped(String),
     /// The storage backend failed (I/O, RocksDB). The append, if any, was not written.
     #[error("storage error: {0}")]
-    Storage(String),
+    Storage(StorageError),
     /// An event could not be encoded.
     #[error("encoding error: {0}")]
     Encode(String),
 }
 
+/// A failure of the storage backend: what failed, and the backend's own error when there is
+/// one ([`std::error::Error::source`]).
+#[derive(Debug, Clone)]
+pub struct StorageError {
+    message: String,
+    source: Option<Arc<dyn std::error::Error + Send + Sync>>,
+}
+
+impl StorageError {
+    /// A failure described by `message` alone.
+    #[must_use]
+    pub fn new(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// A failure caused by `source`, described by its message.
+    #[must_use]
+    pub fn caused_by(source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self {
+            message: source.to_string(),
+            source: Some(Arc::new(source)),
+        }
+    }
+
+    /// What failed.
+    #[must_use]
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl std::fmt::Display for StorageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for StorageError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
+
+impl From<String> for StorageError {
+    fn from(message: String) -> Self {
+        Self::new(message)
+    }
+}
+
+impl From<&str> for StorageError {
+    fn from(message: &str) -> Self {
+        Self::new(message)
+    }
+}
+
 impl Error {
+    /// A storage failure described by `message`.
+    #[must_use]
+    pub fn storage(message: impl Into<String>) -> Self {
+        Self::Storage(StorageError::new(message))
+    }
+
+    /// A malformed entry of `space` under `key`.
+    #[must_use]
+    pub fn malformed(space: crate::keys::Space, key: &[u8], kind: CorruptionKind) -> Self {
+        Self::MalformedEntry {
+            space,
+            key: key.to_vec(),
+            kind,
+        }
+    }
+
+    /// Whether this is damage (a corrupt record or a malformed entry) rather than a failure to
+    /// read: a damage-tolerant reader reports it and goes on.
+    #[must_use]
+    pub const fn is_damage(&self) -> bool {
+        matches!(self, Self::Corruption { .. } | Self::MalformedEntry { .. })
+    }
+
     /// Builds a corruption error.
     #[must_use]
     pub fn corruption(task: &str, position: u64, kind: CorruptionKind) -> Self {
@@ -217,7 +313,7 @@ impl Error {
 
 impl From<rocksdb::Error> for Error {
     fn from(e: rocksdb::Error) -> Self {
-        Self::Storage(e.into_string())
+        Self::Storage(StorageError::caused_by(e))
     }
 }
 

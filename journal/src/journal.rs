@@ -197,7 +197,7 @@ impl Journal {
             let handle = std::thread::Builder::new()
                 .name("dtask-journal-writer".into())
                 .spawn(move || writer.run(&rx))
-                .map_err(|e| Error::Storage(format!("cannot start the writer thread: {e}")))?;
+                .map_err(|e| Error::Storage(crate::error::StorageError::caused_by(e)))?;
             (Some(tx), Some(handle), shared, Some(tail))
         };
         Ok(Self {
@@ -474,8 +474,8 @@ impl Journal {
             .scan(Space::Live, Range::default())
             .map(|item| {
                 let (key, value) = item?;
-                let task =
-                    keys::parse_task_key(&key).map_err(|kind| Error::corruption("", 0, kind))?;
+                let task = keys::parse_task_key(&key)
+                    .map_err(|kind| Error::malformed(Space::Live, &key, kind))?;
                 if !value.is_empty() {
                     // The index keeps no value: bytes here were not written by a journal.
                     return Err(Error::corruption(
@@ -539,9 +539,9 @@ impl Journal {
             .scan(Space::Outbox, Range::default())
             .take_while(move |item| below(item, durable))
             .map(move |item| {
-                let (_, value) = item?;
-                let (task, position) =
-                    keys::parse_event_key(&value).map_err(|kind| Error::corruption("", 0, kind))?;
+                let (key, value) = item?;
+                let (task, position) = keys::parse_event_key(&value)
+                    .map_err(|kind| Error::malformed(Space::Outbox, &key, kind))?;
                 Ok(Committed {
                     task: task.to_owned(),
                     record: read_unchained(backend, task, position)?,
@@ -574,16 +574,18 @@ impl Journal {
         StreamScanner::new(self.inner.backend.as_ref())
     }
 
-    /// Visits the raw entries of the `commits` index in sequence order (key: the sequence,
-    /// u64 big-endian; value: the event key), for index checks that need no record.
+    /// Visits the entries of the `commits` index in key order, for index checks that need no
+    /// record: each entry's sequence (`None` when its key is malformed) and the event key it
+    /// names, as stored (opaque bytes, to be hashed with [`crate::PairHash::add`] and compared with
+    /// the records' pairs from [`crate::TaskPairs`]).
     ///
     /// # Errors
     /// [`Error::Storage`] when the index cannot be read.
-    pub fn for_each_commit_entry(&self, visit: &mut dyn FnMut(&[u8], &[u8])) -> Result<()> {
+    pub fn for_each_commit_entry(&self, visit: &mut dyn FnMut(Option<u64>, &[u8])) -> Result<()> {
         let mut cursor = self.inner.backend.cursor(Space::Commits);
         cursor.seek(&[]);
         while let (Some(key), Some(value)) = (cursor.key(), cursor.value()) {
-            visit(key, value);
+            visit(keys::parse_seq_key(key).ok(), value);
             cursor.next();
         }
         cursor.status()
@@ -638,8 +640,8 @@ impl Journal {
         let found = LiveSummary::of(live.iter().map(|(task, head)| (task.as_str(), head)));
         self.check_live(&found)?;
         if !self.inner.shared.prime(std::iter::empty()) {
-            return Err(Error::Storage(
-                "the live index can only be repaired before the first append".into(),
+            return Err(Error::storage(
+                "the live index can only be repaired before the first append",
             ));
         }
         let mut listed = std::collections::BTreeSet::new();
@@ -797,7 +799,8 @@ fn summarize(backend: &dyn Backend) -> Result<Tail> {
     let mut live = LiveSummary::default();
     for item in backend.scan(Space::Live, Range::default()) {
         let (key, _) = item?;
-        let task = keys::parse_task_key(&key).map_err(|kind| Error::corruption("", 0, kind))?;
+        let task =
+            keys::parse_task_key(&key).map_err(|kind| Error::malformed(Space::Live, &key, kind))?;
         if let Some(head) = Head::read(backend, task)? {
             live.add(task, &head);
         }
@@ -809,7 +812,10 @@ fn summarize(backend: &dyn Backend) -> Result<Tail> {
 fn read_tail(backend: &dyn Backend) -> Result<Option<Tail>> {
     backend
         .get(Space::Meta, keys::META_TAIL)?
-        .map(|bytes| Tail::decode(&bytes).map_err(|kind| Error::corruption("", 0, kind)))
+        .map(|bytes| {
+            Tail::decode(&bytes)
+                .map_err(|kind| Error::malformed(Space::Meta, keys::META_TAIL, kind))
+        })
         .transpose()
 }
 
@@ -909,7 +915,7 @@ fn last_seq(backend: &dyn Backend) -> Result<u64> {
         None => Ok(0),
         Some(item) => {
             let (key, _) = item?;
-            keys::parse_seq_key(&key).map_err(|kind| Error::corruption("", 0, kind))
+            keys::parse_seq_key(&key).map_err(|kind| Error::malformed(Space::Commits, &key, kind))
         }
     }
 }
@@ -1031,9 +1037,10 @@ impl std::fmt::Debug for RecordFetcher<'_> {
 
 /// Checks one `commits` entry against the record it names (`record`: the bytes found).
 fn resolve(key: &[u8], event_key: &[u8], record: Result<Option<&[u8]>>) -> Result<Committed> {
-    let seq = keys::parse_seq_key(key).map_err(|kind| Error::corruption("", 0, kind))?;
-    let (task, position) =
-        keys::parse_event_key(event_key).map_err(|kind| Error::corruption("", 0, kind))?;
+    let seq =
+        keys::parse_seq_key(key).map_err(|kind| Error::malformed(Space::Commits, key, kind))?;
+    let (task, position) = keys::parse_event_key(event_key)
+        .map_err(|kind| Error::malformed(Space::Commits, key, kind))?;
     let bytes =
         record?.ok_or_else(|| Error::corruption(task, position, CorruptionKind::Missing))?;
     let record = unchained(bytes, task, position)?;

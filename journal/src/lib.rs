@@ -4,13 +4,15 @@
 //!
 //! - [`Event`]: the vocabulary — every state transition of a task and the non-lifecycle
 //!   records (progress updates, notification bookkeeping), schema v1.
-//! - [`record`]: record framing — format version, bincode payload, per-task BLAKE3 hash chain,
-//!   CRC-32 — verified on every read.
-//! - [`keys`]: every key layout, in one file.
+//! - [`Record`]: a verified record — its framing (format version, bincode payload, per-task
+//!   BLAKE3 hash chain, CRC-32) is checked on every read; the layouts of records and keys are
+//!   in `docs/journal-format.md`.
 //! - [`Journal`]: open (writer, read-only, follower), append with an expected position
 //!   (atomic, group-committed, durable per [`Durability`]), read a task's stream, list tasks,
 //!   read everything in global commit order.
-//! - [`Backend`]: the storage seam; [`RocksBackend`] is the embedded default.
+//! - Index readers for audits and followers: [`Journal::commits`] (records in global commit
+//!   order), [`Journal::live_tasks`], [`Journal::outbox`], and the tail marker ([`Tail`])
+//!   checked at every writable open.
 //!
 //! ```
 //! use dtask_journal::{Event, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp};
@@ -40,24 +42,34 @@ mod event;
 pub mod failpoints;
 mod head;
 mod journal;
+// The storage internals below are public for dtask's own crates (the fold's bulk readers, the
+// audit) and for tests that damage a journal on purpose; they are not part of the API a
+// service builds on, so they stay out of the docs and may change in any release.
+#[doc(hidden)]
 pub mod keys;
 mod options;
+#[doc(hidden)]
 pub mod record;
 mod tail;
 mod writer;
 
+#[doc(hidden)]
 pub use backend::{prefix_end, Backend, BatchOp, Cursor, KeyValue, Range, RawIter, RocksBackend};
+#[doc(hidden)]
 pub use bulk::{RawRecords, RawStream, Records, StreamScanner};
-pub use error::{CorruptionKind, Error, Limit, Result};
+pub use error::{CorruptionKind, Error, Limit, Result, StorageError};
 pub use event::{
     Event, EventType, ExpiryResolution, LeasePolicy, MetadataEntry, TaskSpec, Timestamp,
 };
 pub use head::Head;
+#[doc(hidden)]
+pub use journal::{CommitBatches, RawCommits, RecordFetcher};
 pub use journal::{
-    CommitBatches, Committed, Journal, LiveRepair, RawCommits, RecordFetcher, StreamReader,
-    JOURNAL_FORMAT_VERSION, OLDEST_JOURNAL_FORMAT_VERSION,
+    Committed, Journal, LiveRepair, StreamReader, JOURNAL_FORMAT_VERSION,
+    OLDEST_JOURNAL_FORMAT_VERSION,
 };
+pub use keys::Space;
 pub use options::{Durability, JournalOptions};
 pub use record::{Digest, Record, FORMAT_VERSION};
-pub use tail::{Inconsistency, LiveSummary, PairHash, Tail};
+pub use tail::{Inconsistency, LiveSummary, PairHash, Tail, TaskPairs};
 pub use writer::Appended;

@@ -47,7 +47,8 @@ pub struct JournalOptions {
     /// batches rather than inside one large batch still being written. Measured with 64
     /// concurrent writers it was faster in most short rounds (by up to a quarter) but not
     /// beyond the noise in whole bench runs, and with 256 it was slower: there the writer's
-    /// CPU is the bound and each batch costs a write of its own. See `docs/performance.md`.
+    /// CPU is the bound and each batch costs a write of its own (the measurements are in
+    /// `docs/performance-history.md`).
     pub max_batch_appends: usize,
     /// Read the journal's table files through memory maps instead of copying each block
     /// read into a buffer of its own. Default: off.
@@ -68,9 +69,8 @@ pub struct JournalOptions {
     /// once there are four; it abandons a compaction under way when the database closes).
     /// Closing without waiting hands that compaction to the next run, which starts it at its
     /// first append: in the first seconds after the restart, beside the workers resuming
-    /// every task. On the bench's 1M-event journal closed with four level-0 files, one
-    /// heartbeat to each of its 50k live tasks after recovery ran at 131–246k appends/s,
-    /// against 271–349k once the close had settled it. Waiting makes a planned restart (a
+    /// every task, whose appends then run markedly slower (docs/performance.md has the
+    /// figures). Waiting makes a planned restart (a
     /// deploy, an upgrade) start from a settled journal; a crash, which has no clean close,
     /// recovers as before. The wait is bounded: what is not done by then stays due.
     pub settle_on_close: Duration,

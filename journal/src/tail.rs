@@ -123,6 +123,36 @@ impl PairHash {
     }
 }
 
+/// The (sequence, event key) pairs of one task's records, added to a [`PairHash`] without
+/// the caller building keys: the audit fingerprints every record this way and compares the
+/// sum with the commit index's ([`crate::Journal::for_each_commit_entry`]).
+#[derive(Debug, Clone)]
+pub struct TaskPairs {
+    key: Vec<u8>,
+    prefix: usize,
+}
+
+impl TaskPairs {
+    /// The pairs of task `task`; `None` when the id cannot be part of a key (empty, or with a
+    /// NUL byte), so that its records' keys cannot be rebuilt.
+    #[must_use]
+    pub fn new(task: &str) -> Option<Self> {
+        if !keys::is_valid_task_id(task) {
+            return None;
+        }
+        let key = keys::task_prefix(task);
+        let prefix = key.len();
+        Some(Self { key, prefix })
+    }
+
+    /// Adds the pair of the record at `position` carrying sequence `seq` to `hash`.
+    pub fn add(&mut self, hash: &mut PairHash, position: u64, seq: u64) {
+        self.key.truncate(self.prefix);
+        self.key.extend_from_slice(&position.to_be_bytes());
+        hash.add(seq, &self.key);
+    }
+}
+
 /// Calls `f` with the sequence and the `events` key of `head`'s last record (none for an empty
 /// head). The key is made on the stack for the usual task ids: the writer does this twice per
 /// append.

@@ -33,7 +33,7 @@
 //! machine could take back is ever read, delivered or acted on here.
 
 use crate::backend::{Backend, BatchOp};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, StorageError};
 use crate::head::Head;
 use crate::keys::{self, Space};
 use crate::options::Durability;
@@ -520,7 +520,7 @@ impl Writer {
             value: tail.encode(),
         });
         if let Some(message) = crate::failpoints::hit(crate::failpoints::BEFORE_WRITE) {
-            fail(accepted, || Error::Storage(message.clone()));
+            fail(accepted, || Error::storage(message.clone()));
             return None;
         }
         if !self.compacting {
@@ -533,8 +533,11 @@ impl Writer {
         // The sync, if any, is the syncer's: this write only reaches the OS's buffers.
         if let Err(e) = self.backend.write(ops, Durability::Buffered) {
             tracing::error!(error = %e, appends = accepted.len(), "journal batch failed");
-            let message = e.to_string();
-            fail(accepted, || Error::Storage(message.clone()));
+            let storage = match e {
+                Error::Storage(storage) => storage,
+                e => StorageError::new(e.to_string()),
+            };
+            fail(accepted, || Error::Storage(storage.clone()));
             return None;
         }
         self.next_seq = seq;
@@ -586,7 +589,7 @@ fn settle(shared: &Shared, batches: Vec<Written>, result: Result<()>) {
             if let Some(message) = crate::failpoints::hit(crate::failpoints::AFTER_WRITE) {
                 // Durable, but the callers hear of a failure: an ambiguous outcome.
                 for batch in batches {
-                    fail(batch.acks, || Error::Storage(message.clone()));
+                    fail(batch.acks, || Error::storage(message.clone()));
                 }
                 return;
             }
@@ -647,13 +650,13 @@ mod tests {
             let gate = self.gates.lock().unwrap().pop_front();
             match gate {
                 None => self.inner.sync(),
-                Some(Gate::Broken) => Err(Error::Storage("injected: fdatasync failed".into())),
+                Some(Gate::Broken) => Err(Error::storage("injected: fdatasync failed")),
                 Some(Gate::Held(entered, release)) => {
                     entered.send(()).unwrap();
                     if release.recv().unwrap() {
                         self.inner.sync()
                     } else {
-                        Err(Error::Storage("injected: fdatasync failed".into()))
+                        Err(Error::storage("injected: fdatasync failed"))
                     }
                 }
             }

@@ -25,11 +25,14 @@
 //! finding. Only an I/O failure of the storage stops an audit early.
 
 use crate::fold::Task;
+use crate::parallel;
+use crate::replay::{replay_records, tolerant, FoldView, Replay};
 use crate::state::Status;
 use dtask_journal::{CorruptionKind, Error, Event, Journal, Record};
 use serde::Serialize;
 use std::cmp::Ordering;
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::convert::Infallible;
 use std::fmt;
 
 /// What kind of problem an audit found.
@@ -262,90 +265,100 @@ struct Scan {
     unacked: BTreeSet<u64>,
 }
 
-/// Folds and checks one task's stream; `on_record` sees every intact record.
-fn scan_task(
-    journal: &Journal,
-    task: &str,
-    on_record: &mut dyn FnMut(&Record),
-) -> Result<Scan, Error> {
-    scan_records(task, journal.read_stream(task, 0), on_record)
+/// The audit's per-task checker: a [`Replay`] built on the damage-tolerant [`FoldView`],
+/// which adds the checks the fold does not make and collects problems in stream order.
+struct TaskChecker<'a> {
+    task: &'a str,
+    view: FoldView,
+    terminal: bool,
+    problems: Vec<Problem>,
+    /// id → (position, seq) of queued notifications, tracked without the fold so that the
+    /// outbox can be checked even past an illegal record.
+    queued: HashMap<String, (u64, u64)>,
+    on_record: &'a mut dyn FnMut(&Record),
 }
 
-/// [`scan_task`] over records already being read.
+impl<'a> TaskChecker<'a> {
+    fn new(task: &'a str, on_record: &'a mut dyn FnMut(&Record)) -> Self {
+        Self {
+            task,
+            view: FoldView::new(task),
+            terminal: false,
+            problems: Vec::new(),
+            queued: HashMap::new(),
+            on_record,
+        }
+    }
+
+    fn finish(self) -> Scan {
+        let view = self.view;
+        let folded = view.task.as_ref();
+        Scan {
+            report: TaskReport {
+                task: self.task.to_owned(),
+                exists: view.exists(),
+                records: view.records,
+                bytes: view.bytes,
+                status: folded.map(|t| t.state.status),
+                version: folded.map_or(0, |t| t.state.version),
+                terminal: self.terminal,
+                problems: self.problems,
+            },
+            damaged: view.damage.iter().map(|(position, _)| *position).collect(),
+            unacked: self
+                .queued
+                .into_values()
+                .map(|(position, _)| position)
+                .collect(),
+        }
+    }
+}
+
+impl Replay for TaskChecker<'_> {
+    type Error = Infallible;
+
+    fn replay(&mut self, record: &Record) -> Result<(), Infallible> {
+        (self.on_record)(record);
+        if record.event.is_terminal() {
+            self.terminal = true;
+        }
+        track_notifications(self.task, record, &mut self.queued, &mut self.problems);
+        let folding = self.view.is_folding();
+        if folding {
+            if let Some(t) = &self.view.task {
+                consistency(self.task, t, record, &mut self.problems);
+            }
+        }
+        self.view.replay(record)?;
+        if folding {
+            if let Some((position, error)) = &self.view.illegal {
+                self.problems.push(Problem::new(
+                    self.task,
+                    Some(*position),
+                    ProblemKind::Illegal,
+                    error.to_string(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn damaged(&mut self, position: u64, kind: &CorruptionKind) -> bool {
+        self.problems
+            .push(Problem::corruption(self.task, position, kind));
+        self.view.damaged(position, kind)
+    }
+}
+
+/// Folds and checks one task's stream; `on_record` sees every intact record.
 fn scan_records(
     task: &str,
     records: impl Iterator<Item = Result<Record, Error>>,
     on_record: &mut dyn FnMut(&Record),
 ) -> Result<Scan, Error> {
-    let mut report = TaskReport {
-        task: task.to_owned(),
-        exists: false,
-        records: 0,
-        bytes: 0,
-        status: None,
-        version: 0,
-        terminal: false,
-        problems: Vec::new(),
-    };
-    let mut damaged = HashSet::new();
-    let mut fold: Option<Task> = None;
-    let mut folding = true;
-    // id → (position, seq) of queued notifications, tracked without the fold so that the
-    // outbox can be checked even past an illegal record.
-    let mut queued: HashMap<String, (u64, u64)> = HashMap::new();
-    for item in records {
-        let record = match item {
-            Ok(record) => record,
-            Err(Error::Corruption { position, kind, .. }) => {
-                report.exists = true;
-                damaged.insert(position);
-                report
-                    .problems
-                    .push(Problem::corruption(task, position, &kind));
-                folding = false;
-                continue;
-            }
-            Err(e) => return Err(e),
-        };
-        report.exists = true;
-        report.records += 1;
-        report.bytes += record.size as u64;
-        on_record(&record);
-        if record.event.is_terminal() {
-            report.terminal = true;
-        }
-        track_notifications(task, &record, &mut queued, &mut report.problems);
-        if !folding {
-            continue;
-        }
-        let position = record.position;
-        let applied = match fold.as_mut() {
-            None => Task::created(task, &record.event).map(|t| fold = Some(t)),
-            Some(t) => {
-                consistency(task, t, &record, &mut report.problems);
-                t.apply(&record.event)
-            }
-        };
-        if let Err(error) = applied {
-            report.problems.push(Problem::new(
-                task,
-                Some(position),
-                ProblemKind::Illegal,
-                error.to_string(),
-            ));
-            folding = false;
-        }
-    }
-    if let Some(t) = &fold {
-        report.status = Some(t.state.status);
-        report.version = t.state.version;
-    }
-    let unacked = queued.into_values().map(|(position, _)| position).collect();
-    Ok(Scan {
-        report,
-        damaged,
-        unacked,
-    })
+    let mut checker = TaskChecker::new(task, on_record);
+    tolerant(replay_records(task, records, None, &mut checker))?;
+    Ok(checker.finish())
 }
 
 /// Tracks queued notifications and checks that an acknowledgement names its enqueue record.
@@ -478,6 +491,19 @@ fn check_outbox<'a>(
                     ));
                 }
             }
+            Err(Error::MalformedEntry { kind, .. }) => {
+                // The entry names no task: it belongs to no task's audit.
+                if only.is_some() {
+                    continue;
+                }
+                entries += 1;
+                problems.push(Problem::new(
+                    "",
+                    None,
+                    ProblemKind::OutboxIndex,
+                    format!("a malformed outbox entry: {kind}"),
+                ));
+            }
             Err(Error::Corruption {
                 task,
                 position,
@@ -517,7 +543,7 @@ fn check_outbox<'a>(
 /// [`Error::Storage`] (or another non-corruption journal error) when the journal cannot be
 /// read; damage is reported in the result, never as an error.
 pub fn audit_task(journal: &Journal, task: &str) -> Result<TaskReport, Error> {
-    let mut scan = scan_task(journal, task, &mut |_| {})?;
+    let mut scan = scan_records(task, journal.read_stream(task, 0), &mut |_| {})?;
     if !scan.report.exists {
         return Ok(scan.report);
     }
@@ -525,7 +551,8 @@ pub fn audit_task(journal: &Journal, task: &str) -> Result<TaskReport, Error> {
     for id in journal.live_tasks() {
         match id {
             Ok(id) if id == task => live = true,
-            Ok(_) | Err(Error::Corruption { .. }) => {}
+            Ok(_) => {}
+            Err(e) if e.is_damage() => {}
             Err(e) => return Err(e),
         }
     }
@@ -559,18 +586,41 @@ pub fn audit_journal(
     let last_seq = last_commit_seq(journal)?;
     std::thread::scope(|scope| {
         let commits = scope.spawn(|| CommitSummary::read(journal));
-        let (batches, results, tokens) = pipeline::start(scope, journal);
-        let report = collect(journal, last_seq, &results, &tokens, progress);
-        drop((results, tokens));
+        let (reader, batches) = pipeline::read(scope, journal);
+        let mut collector = Collector::new(journal, last_seq);
+        let mut failed = None;
+        let workers = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(1, 8));
+        let pooled = parallel::ordered(
+            workers,
+            pipeline::IN_FLIGHT,
+            batches.iter(),
+            || (),
+            |(), _, batch| pipeline::check(batch),
+            |outcomes| {
+                for outcome in outcomes {
+                    if let Err(e) = collector.take(outcome, progress) {
+                        failed = Some(e);
+                        return false;
+                    }
+                }
+                true
+            },
+        );
+        // The reader ends once its batches are no longer taken.
+        drop(batches);
         let commits = commits
             .join()
-            .unwrap_or_else(|_| Err(Error::Storage("the commit index reader failed".into())));
-        let batches = batches
+            .unwrap_or_else(|_| Err(Error::storage("the commit index reader failed")));
+        let read = reader
             .join()
-            .map_err(|_| Error::Storage("the journal reader failed".into()));
-        let (report, events) = report?;
-        batches?;
-        finish(journal, report, &commits?, &events)
+            .map_err(|_| Error::storage("the journal reader failed"));
+        pooled.map_err(|parallel::Panicked| Error::storage("an audit worker panicked"))?;
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        read?;
+        let (collected, events) = collector.finish()?;
+        finish(journal, collected, &commits?, &events)
     })
 }
 
@@ -584,31 +634,54 @@ struct Collected {
 }
 
 /// Takes the task results in task order and builds the report: everything but the `commits`
-/// and `outbox` checks. Returns the fingerprint of the intact records' (sequence, key) pairs.
-#[allow(
-    clippy::too_many_lines,
-    reason = "the live-index merge and the per-task bookkeeping read best together"
-)]
-fn collect(
-    journal: &Journal,
+/// and `outbox` checks, and the fingerprint of the intact records' (sequence, key) pairs.
+struct Collector<'j> {
     last_seq: u64,
-    results: &pipeline::Results,
-    tokens: &pipeline::Tokens,
-    progress: &mut dyn FnMut(Progress),
-) -> Result<(Collected, Fingerprint), Error> {
-    let mut report = AuditReport {
-        last_seq,
-        ..AuditReport::default()
-    };
-    let mut live = journal.live_tasks().peekable();
-    let mut live_unreadable = Vec::new();
-    let mut live_unknown = Vec::new();
-    let mut task_problems = Vec::new();
-    // Takes the live index up to `task`: entries before it list tasks without records;
-    // returns whether `task` itself is listed.
-    let mut live_until = |task: Option<&str>, report: &mut AuditReport| -> Result<bool, Error> {
+    report: AuditReport,
+    live: std::iter::Peekable<Box<dyn Iterator<Item = Result<String, Error>> + 'j>>,
+    live_unreadable: Vec<Problem>,
+    live_unknown: Vec<Problem>,
+    task_problems: Vec<Problem>,
+    /// The sequences of the intact records, sparse: a forged sequence cannot size anything.
+    seqs: roaring::RoaringTreemap,
+    damaged: HashMap<String, HashSet<u64>>,
+    unacked: BTreeSet<(String, u64)>,
+    tally: Progress,
+    events: Fingerprint,
+    /// The tail marker the streams call for: their last sequence, and the heads of the tasks
+    /// without a terminal event.
+    tail: dtask_journal::Tail,
+}
+
+impl<'j> Collector<'j> {
+    fn new(journal: &'j Journal, last_seq: u64) -> Self {
+        Self {
+            last_seq,
+            report: AuditReport {
+                last_seq,
+                ..AuditReport::default()
+            },
+            live: (Box::new(journal.live_tasks()) as Box<dyn Iterator<Item = _>>).peekable(),
+            live_unreadable: Vec::new(),
+            live_unknown: Vec::new(),
+            task_problems: Vec::new(),
+            seqs: roaring::RoaringTreemap::new(),
+            damaged: HashMap::new(),
+            unacked: BTreeSet::new(),
+            tally: Progress {
+                total_records: last_seq,
+                ..Progress::default()
+            },
+            events: Fingerprint::default(),
+            tail: dtask_journal::Tail::default(),
+        }
+    }
+
+    /// Takes the live index up to `task`: entries before it list tasks without records;
+    /// returns whether `task` itself is listed.
+    fn live_until(&mut self, task: Option<&str>) -> Result<bool, Error> {
         loop {
-            let next = match live.peek() {
+            let next = match self.live.peek() {
                 None => return Ok(false),
                 Some(Ok(id)) => match task {
                     Some(task) if id.as_str() > task => return Ok(false),
@@ -617,21 +690,29 @@ fn collect(
                 },
                 Some(Err(_)) => Ordering::Less,
             };
-            match live.next() {
+            match self.live.next() {
                 Some(Ok(id)) => {
-                    report.live += 1;
+                    self.report.live += 1;
                     if next == Ordering::Equal {
                         return Ok(true);
                     }
-                    live_unknown.push(Problem::new(
+                    self.live_unknown.push(Problem::new(
                         &id,
                         None,
                         ProblemKind::LiveIndex,
                         "the live index lists a task the journal does not have",
                     ));
                 }
+                Some(Err(Error::MalformedEntry { kind, .. })) => {
+                    self.live_unreadable.push(Problem::new(
+                        "",
+                        None,
+                        ProblemKind::LiveIndex,
+                        format!("unreadable live index entry: {kind}"),
+                    ));
+                }
                 Some(Err(Error::Corruption { task, kind, .. })) => {
-                    live_unreadable.push(Problem::new(
+                    self.live_unreadable.push(Problem::new(
                         &task,
                         None,
                         ProblemKind::LiveIndex,
@@ -642,90 +723,90 @@ fn collect(
                 None => return Ok(false),
             }
         }
-    };
-    // The sequences of the intact records, sparse: a forged sequence cannot size anything.
-    let mut seqs = roaring::RoaringTreemap::new();
-    let mut damaged: HashMap<String, HashSet<u64>> = HashMap::new();
-    let mut unacked = BTreeSet::new();
-    let mut tally = Progress {
-        total_records: last_seq,
-        ..Progress::default()
-    };
-    let mut events = Fingerprint::default();
-    // The tail marker the streams call for: their last sequence, and the heads of the tasks
-    // without a terminal event.
-    let mut tail = dtask_journal::Tail::default();
-    for outcomes in results.in_order(tokens) {
-        for outcome in outcomes {
-            let (mut scan, records) = match outcome {
-                pipeline::Outcome::Failed(e) => return Err(e),
-                pipeline::Outcome::Task(scan, records, fingerprint) => {
-                    events.add(&fingerprint);
-                    (scan, records)
-                }
-            };
-            let task = scan.report.task.clone();
-            let mut seq_problems = Vec::new();
-            for &(position, seq) in &records {
-                let detail = if seq > last_seq {
-                    format!(
-                        "the record's sequence {seq} has no commit entry (the index ends at \
-                         {last_seq})"
-                    )
-                } else if seqs.insert(seq) {
-                    continue;
-                } else {
-                    format!("sequence {seq} is carried by two records")
-                };
-                seq_problems.push(Problem::new(
-                    &task,
-                    Some(position),
-                    ProblemKind::CommitIndex,
-                    detail,
-                ));
-            }
-            if let Some(&(position, seq)) = records.iter().max_by_key(|(position, _)| *position) {
-                tail.last_seq = tail.last_seq.max(seq);
-                if !scan.report.terminal {
-                    let head = dtask_journal::Head {
-                        next_position: position + 1,
-                        last_seq: seq,
-                        ..dtask_journal::Head::default()
-                    };
-                    tail.live.add(&task, &head);
-                }
-            }
-            let listed = live_until(Some(&task), &mut report)?;
-            check_live(&mut scan.report, listed, !scan.damaged.is_empty());
-            report.tasks += 1;
-            report.records += scan.report.records;
-            report.bytes += scan.report.bytes;
-            tally.tasks += 1;
-            tally.records += scan.report.records + scan.damaged.len() as u64;
-            task_problems.append(&mut scan.report.problems);
-            task_problems.append(&mut seq_problems);
-            for position in scan.unacked {
-                unacked.insert((task.clone(), position));
-            }
-            if !scan.damaged.is_empty() {
-                damaged.insert(task, scan.damaged);
-            }
-            progress(tally);
-        }
     }
-    live_until(None, &mut report)?;
-    report.problems = live_unreadable;
-    report.problems.append(&mut task_problems);
-    report.problems.append(&mut live_unknown);
-    Ok((
-        Collected {
-            report,
-            damaged,
-            unacked,
-            tail,
-        },
-        events,
-    ))
+
+    /// Takes the next task's result, in task order.
+    fn take(
+        &mut self,
+        outcome: pipeline::Outcome,
+        progress: &mut dyn FnMut(Progress),
+    ) -> Result<(), Error> {
+        let (mut scan, records) = match outcome {
+            pipeline::Outcome::Failed(e) => return Err(e),
+            pipeline::Outcome::Task(scan, records, fingerprint) => {
+                self.events.add(&fingerprint);
+                (scan, records)
+            }
+        };
+        let task = scan.report.task.clone();
+        let last_seq = self.last_seq;
+        let mut seq_problems = Vec::new();
+        for &(position, seq) in &records {
+            let detail = if seq > last_seq {
+                format!(
+                    "the record's sequence {seq} has no commit entry (the index ends at \
+                     {last_seq})"
+                )
+            } else if self.seqs.insert(seq) {
+                continue;
+            } else {
+                format!("sequence {seq} is carried by two records")
+            };
+            seq_problems.push(Problem::new(
+                &task,
+                Some(position),
+                ProblemKind::CommitIndex,
+                detail,
+            ));
+        }
+        if let Some(&(position, seq)) = records.iter().max_by_key(|(position, _)| *position) {
+            self.tail.last_seq = self.tail.last_seq.max(seq);
+            if !scan.report.terminal {
+                let head = dtask_journal::Head {
+                    next_position: position + 1,
+                    last_seq: seq,
+                    ..dtask_journal::Head::default()
+                };
+                self.tail.live.add(&task, &head);
+            }
+        }
+        let listed = self.live_until(Some(&task))?;
+        check_live(&mut scan.report, listed, !scan.damaged.is_empty());
+        self.report.tasks += 1;
+        self.report.records += scan.report.records;
+        self.report.bytes += scan.report.bytes;
+        self.tally.tasks += 1;
+        self.tally.records += scan.report.records + scan.damaged.len() as u64;
+        self.task_problems.append(&mut scan.report.problems);
+        self.task_problems.append(&mut seq_problems);
+        for position in scan.unacked {
+            self.unacked.insert((task.clone(), position));
+        }
+        if !scan.damaged.is_empty() {
+            self.damaged.insert(task, scan.damaged);
+        }
+        progress(self.tally);
+        Ok(())
+    }
+
+    /// The live index past the last task, and the report in its order: unreadable live
+    /// entries, the tasks' problems, live entries of unknown tasks.
+    fn finish(mut self) -> Result<(Collected, Fingerprint), Error> {
+        self.live_until(None)?;
+        let mut report = self.report;
+        report.problems = self.live_unreadable;
+        report.problems.append(&mut self.task_problems);
+        report.problems.append(&mut self.live_unknown);
+        Ok((
+            Collected {
+                report,
+                damaged: self.damaged,
+                unacked: self.unacked,
+                tail: self.tail,
+            },
+            self.events,
+        ))
+    }
 }
 
 /// The `commits` and `outbox` checks, once every stream was read.
@@ -768,10 +849,10 @@ fn finish(
 fn last_commit_seq(journal: &Journal) -> Result<u64, Error> {
     match journal.last_seq() {
         Ok(seq) => Ok(seq),
-        Err(Error::Corruption { .. }) => {
+        Err(e) if e.is_damage() => {
             let mut last = 0;
-            journal.for_each_commit_entry(&mut |key, _| {
-                if let Ok(seq) = dtask_journal::keys::parse_seq_key(key) {
+            journal.for_each_commit_entry(&mut |seq, _| {
+                if let Some(seq) = seq {
                     last = seq;
                 }
             })?;
@@ -804,7 +885,7 @@ fn check_tail(
             }
             return Ok(());
         }
-        Err(Error::Corruption { kind, .. }) => {
+        Err(Error::Corruption { kind, .. } | Error::MalformedEntry { kind, .. }) => {
             problems.push(Problem::new(
                 "",
                 None,
@@ -918,9 +999,9 @@ impl CommitSummary {
             fingerprint: Fingerprint::default(),
         };
         let mut next = 1u64;
-        journal.for_each_commit_entry(&mut |key, value| {
-            match dtask_journal::keys::parse_seq_key(key) {
-                Ok(seq) if seq == next => summary.fingerprint.add_pair(seq, value),
+        journal.for_each_commit_entry(&mut |seq, value| {
+            match seq {
+                Some(seq) if seq == next => summary.fingerprint.add_pair(seq, value),
                 _ => summary.dense = false,
             }
             next += 1;
@@ -935,20 +1016,18 @@ impl CommitSummary {
     }
 }
 
-/// The threads of [`audit_journal`]: one reads raw streams in task order and hands them out in
-/// numbered batches, workers verify and fold them, and [`pipeline::Results::in_order`] gives
-/// the results back in batch order. At most [`pipeline::IN_FLIGHT`] batches exist at a time
-/// (a token is taken per batch and returned when its results are consumed), so memory is
-/// bounded by the batch size, not by the journal.
+/// The audit's reading: a reader thread reads every task's raw stream in one forward pass and
+/// hands them out in batches; the shared worker pool ([`parallel::ordered`]) verifies, decodes
+/// and checks them, and the results come back in batch order. At most [`pipeline::IN_FLIGHT`]
+/// batches are with the workers and as many wait in the channel, so memory is bounded by the
+/// batch size, not by the journal.
 mod pipeline {
     use super::{scan_records, Fingerprint, Scan};
     use dtask_journal::{Error, Journal, RawStream};
-    use std::collections::BTreeMap;
-    use std::sync::mpsc::{self, Receiver, SyncSender};
-    use std::sync::{Arc, Mutex};
+    use std::sync::mpsc::{self, Receiver};
     use std::thread::{Scope, ScopedJoinHandle};
 
-    /// Batches in flight at most.
+    /// Batches with the workers at most (and as many again waiting to be taken).
     pub(super) const IN_FLIGHT: usize = 16;
     /// A batch is sent once it holds this many records (or [`BATCH_TASKS`] tasks).
     const BATCH_RECORDS: usize = 2048;
@@ -962,127 +1041,57 @@ mod pipeline {
         Failed(Error),
     }
 
-    /// The tokens bounding the batches in flight.
-    pub(super) struct Tokens(SyncSender<()>);
-
-    /// Results as workers finish them.
-    pub(super) struct Results(Receiver<(usize, Vec<Outcome>)>);
-
-    impl Results {
-        /// The batches' outcomes in batch order; each batch consumed returns its token.
-        pub(super) fn in_order<'a>(
-            &'a self,
-            tokens: &'a Tokens,
-        ) -> impl Iterator<Item = Vec<Outcome>> + 'a {
-            let mut waiting: BTreeMap<usize, Vec<Outcome>> = BTreeMap::new();
-            let mut next = 0;
-            std::iter::from_fn(move || loop {
-                if let Some(batch) = waiting.remove(&next) {
-                    next += 1;
-                    let _ = tokens.0.send(());
-                    return Some(batch);
-                }
-                let (index, batch) = self.0.recv().ok()?;
-                waiting.insert(index, batch);
-            })
-        }
-    }
-
-    /// Starts the reader and the workers.
-    pub(super) fn start<'scope>(
+    /// Starts the reader: the streams of every task, in task order, in batches.
+    pub(super) fn read<'scope>(
         scope: &'scope Scope<'scope, '_>,
         journal: &'scope Journal,
-    ) -> (ScopedJoinHandle<'scope, ()>, Results, Tokens) {
-        let (token_tx, token_rx) = mpsc::sync_channel(IN_FLIGHT);
-        for _ in 0..IN_FLIGHT {
-            let _ = token_tx.send(());
-        }
-        let (batch_tx, batch_rx) = mpsc::sync_channel::<(usize, Vec<RawStream>)>(IN_FLIGHT);
-        let (result_tx, result_rx) = mpsc::channel();
-        let batch_rx = Arc::new(Mutex::new(batch_rx));
-        let workers = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(1, 8));
-        for _ in 0..workers {
-            let batch_rx = Arc::clone(&batch_rx);
-            let result_tx = result_tx.clone();
-            scope.spawn(move || work(&batch_rx, &result_tx));
-        }
-        let reader = scope.spawn(move || read(journal, &token_rx, &batch_tx));
-        (reader, Results(result_rx), Tokens(token_tx))
-    }
-
-    /// Reads the streams of every task, in task order.
-    fn read(
-        journal: &Journal,
-        tokens: &Receiver<()>,
-        batches: &SyncSender<(usize, Vec<RawStream>)>,
-    ) {
-        let mut scanner = journal.stream_scanner();
-        let mut batch = Vec::new();
-        let mut records = 0;
-        let mut index = 0;
-        let mut send = |batch: &mut Vec<RawStream>| -> bool {
-            if tokens.recv().is_err() {
-                return false;
-            }
-            let sent = batches.send((index, std::mem::take(batch))).is_ok();
-            index += 1;
-            sent
-        };
-        loop {
-            let mut stream = RawStream::default();
-            if !scanner.read_next(&mut stream) {
-                break;
-            }
-            records += stream.len();
-            batch.push(stream);
-            if records >= BATCH_RECORDS || batch.len() >= BATCH_TASKS {
-                records = 0;
-                if !send(&mut batch) {
-                    return;
+    ) -> (ScopedJoinHandle<'scope, ()>, Receiver<Vec<RawStream>>) {
+        let (batch_tx, batch_rx) = mpsc::sync_channel::<Vec<RawStream>>(IN_FLIGHT);
+        let reader = scope.spawn(move || {
+            let mut scanner = journal.stream_scanner();
+            let mut batch = Vec::new();
+            let mut records = 0;
+            loop {
+                let mut stream = RawStream::default();
+                if !scanner.read_next(&mut stream) {
+                    break;
+                }
+                records += stream.len();
+                batch.push(stream);
+                if records >= BATCH_RECORDS || batch.len() >= BATCH_TASKS {
+                    records = 0;
+                    if batch_tx.send(std::mem::take(&mut batch)).is_err() {
+                        return;
+                    }
                 }
             }
-        }
-        if !batch.is_empty() {
-            send(&mut batch);
-        }
+            if !batch.is_empty() {
+                let _ = batch_tx.send(batch);
+            }
+        });
+        (reader, batch_rx)
     }
 
-    /// Verifies and folds batches until the reader is done.
-    fn work(
-        batches: &Mutex<Receiver<(usize, Vec<RawStream>)>>,
-        results: &mpsc::Sender<(usize, Vec<Outcome>)>,
-    ) {
-        loop {
-            let next = match batches.lock() {
-                Ok(rx) => rx.recv(),
-                Err(_) => return,
-            };
-            let Ok((index, units)) = next else {
-                return;
-            };
-            let outcomes = units.into_iter().map(outcome).collect();
-            if results.send((index, outcomes)).is_err() {
-                return;
-            }
-        }
+    /// Verifies, folds and checks a batch of streams.
+    pub(super) fn check(batch: Vec<RawStream>) -> Vec<Outcome> {
+        batch.into_iter().map(outcome).collect()
     }
 
     fn outcome(stream: RawStream) -> Outcome {
         let records = stream.into_records();
         let task = records.task().to_owned();
-        let valid = dtask_journal::keys::is_valid_task_id(&task);
+        let mut pairs = dtask_journal::TaskPairs::new(&task);
         let mut seqs = Vec::new();
         let mut fingerprint = Fingerprint {
-            opaque: !valid,
+            opaque: pairs.is_none(),
             ..Fingerprint::default()
         };
-        let mut key = dtask_journal::keys::task_prefix(&task);
-        let prefix = key.len();
         let mut on_record = |record: &dtask_journal::Record| {
             seqs.push((record.position, record.seq));
-            key.truncate(prefix);
-            key.extend_from_slice(&record.position.to_be_bytes());
-            fingerprint.add_pair(record.seq, &key);
+            if let Some(pairs) = &mut pairs {
+                pairs.add(&mut fingerprint.pairs, record.position, record.seq);
+                fingerprint.count += 1;
+            }
         };
         match scan_records(&task, records, &mut on_record) {
             Ok(scan) => Outcome::Task(scan, seqs, fingerprint),
@@ -1121,25 +1130,25 @@ fn check_commits(
                 }
                 next = seq + 1;
             }
+            Err(Error::MalformedEntry { kind, .. }) => {
+                // The entry itself is malformed: its key or the key it names.
+                problems.push(Problem::new(
+                    "",
+                    None,
+                    ProblemKind::CommitIndex,
+                    format!(
+                        "a malformed commit entry after sequence {}: {kind}",
+                        next - 1
+                    ),
+                ));
+            }
             Err(Error::Corruption {
                 task,
                 position,
                 kind,
             }) => {
                 // The entry's own sequence is unknown; assume it is the next one.
-                if task.is_empty() {
-                    // The entry itself is malformed: its key or the key it names.
-                    problems.push(Problem::new(
-                        "",
-                        None,
-                        ProblemKind::CommitIndex,
-                        format!(
-                            "a malformed commit entry after sequence {}: {kind}",
-                            next - 1
-                        ),
-                    ));
-                    continue;
-                } else if kind == CorruptionKind::Missing && !damaged(&task, position) {
+                if kind == CorruptionKind::Missing && !damaged(&task, position) {
                     // A record deleted at the end of its stream leaves no gap there: only
                     // the index still names it.
                     problems.push(Problem::new(

@@ -7,8 +7,8 @@
 //! the audit can name the first record that could not have been written by a correct engine.
 
 use crate::ids::IdIndex;
-use crate::state::{Status, TaskState, DEFAULT_CANCEL_REASON, LEASE_EXPIRED_ERROR};
-use dtask_journal::{Event, EventType, ExpiryResolution, LeasePolicy};
+use crate::state::{Fenced, Status, TaskState, DEFAULT_CANCEL_REASON, LEASE_EXPIRED_ERROR};
+use dtask_journal::{Event, EventType, ExpiryResolution};
 use std::fmt;
 
 /// Why an event cannot follow the state it was applied to.
@@ -199,13 +199,7 @@ impl Task {
             status: s.status,
             event: ty,
         };
-        let need_running = || {
-            if s.status == Status::Running {
-                Ok(())
-            } else {
-                Err(illegal())
-            }
-        };
+        let need_running = || s.check_attempt(None).map_err(|_| illegal());
         match event {
             Event::Created { .. } => return Err(FoldError::CreatedTwice),
             Event::AttemptStarted { attempt, .. } => {
@@ -268,12 +262,7 @@ impl Task {
                 if s.cancel_requested_at.is_some() {
                     return Err(FoldError::CancelMismatch("cancel requested twice"));
                 }
-                let should_be_direct = match s.status {
-                    Status::Pending => s.attempt == 0 || s.policy == LeasePolicy::Fail,
-                    Status::WaitingInput | Status::Suspended => true,
-                    _ => false,
-                };
-                if *direct != should_be_direct {
+                if *direct != s.cancel_is_direct() {
                     return Err(FoldError::CancelMismatch(
                         "direct cancellation does not match the status",
                     ));
@@ -286,11 +275,7 @@ impl Task {
             }
             Event::LeaseExpired { resolution, .. } => {
                 need_running()?;
-                let expected = match (s.policy, s.cancel_requested_at.is_some()) {
-                    (LeasePolicy::Retry, _) => ExpiryResolution::Retry,
-                    (LeasePolicy::Fail, false) => ExpiryResolution::Failed,
-                    (LeasePolicy::Fail, true) => ExpiryResolution::Canceled,
-                };
+                let expected = s.expiry_resolution();
                 if *resolution != expected {
                     return Err(FoldError::ResolutionMismatch {
                         expected,
@@ -301,13 +286,13 @@ impl Task {
             Event::UpdateAppended {
                 attempt, event_id, ..
             } => {
-                need_running()?;
-                if *attempt != s.attempt {
-                    return Err(FoldError::StaleAttempt {
-                        current: s.attempt,
-                        found: *attempt,
-                    });
-                }
+                s.check_attempt(Some(*attempt))
+                    .map_err(|fenced| match fenced {
+                        Fenced::StaleAttempt { current, found } => {
+                            FoldError::StaleAttempt { current, found }
+                        }
+                        _ => illegal(),
+                    })?;
                 if self.update_ids.contains_key(event_id) {
                     return Err(FoldError::DuplicateEventId(event_id.clone()));
                 }

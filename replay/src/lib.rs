@@ -28,6 +28,7 @@
 pub mod audit;
 mod fold;
 mod ids;
+mod parallel;
 mod replay;
 mod state;
 
@@ -35,7 +36,7 @@ pub use audit::{audit_journal, audit_task, AuditReport, Problem, ProblemKind, Ta
 pub use fold::{cancel_error, FoldError, Task};
 pub use ids::IdIndex;
 pub use replay::{
-    load_task, load_task_at, load_tasks, load_tasks_each, load_tasks_with, replay_task, Replay,
-    ReplayError, TaskFold,
+    load_task, load_task_at, load_tasks, load_tasks_each, load_tasks_with, replay_task, FoldView,
+    Replay, ReplayError, TaskFold,
 };
-pub use state::{Status, TaskState, DEFAULT_CANCEL_REASON, LEASE_EXPIRED_ERROR};
+pub use state::{Fenced, Status, TaskState, DEFAULT_CANCEL_REASON, LEASE_EXPIRED_ERROR};

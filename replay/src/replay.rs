@@ -1,10 +1,16 @@
 //! Replaying a task's stream from the journal through a [`Replay`] implementation.
+//!
+//! One driver ([`replay_task`], over records already being read: `replay_records`) feeds
+//! every consumer of a stream: the strict state fold of recovery ([`TaskFold`]), the
+//! damage-tolerant view of inspection ([`FoldView`]), and the audit's per-task checker, which
+//! builds on the view. A consumer says what damage means to it ([`Replay::damaged`]); the
+//! driver does the rest the same way for all.
 
 use crate::fold::{FoldError, Task};
-use dtask_journal::{Head, Journal, RawStream, Record, StreamScanner};
-use std::collections::BTreeMap;
+use crate::parallel;
+use dtask_journal::{CorruptionKind, Head, Journal, RawStream, Record, StreamScanner};
+use std::convert::Infallible;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Mutex};
 
 /// Something that consumes a task's records in stream order: the state fold used by recovery,
 /// the audit's checker, a test's model. Each sees the same verified records.
@@ -17,6 +23,14 @@ pub trait Replay {
     /// # Errors
     /// Whatever the implementation finds wrong with the record; replay stops there.
     fn replay(&mut self, record: &Record) -> Result<(), Self::Error>;
+
+    /// A record at `position` is damaged (it does not verify, or is missing). Returns whether
+    /// the replay goes on: a damage-tolerant replay notes the damage and returns `true`; the
+    /// default, `false`, ends the replay with the damage as its error.
+    fn damaged(&mut self, position: u64, kind: &CorruptionKind) -> bool {
+        let _ = (position, kind);
+        false
+    }
 }
 
 /// Errors of replaying a stream.
@@ -26,6 +40,9 @@ pub enum ReplayError<E = FoldError> {
     /// The journal could not be read, or a record is damaged.
     #[error(transparent)]
     Journal(#[from] dtask_journal::Error),
+    /// A fold thread panicked (a bug): the tasks it was folding have no result.
+    #[error("a fold thread panicked")]
+    FoldThreadPanicked,
     /// A record was rejected by the replay.
     #[error("task {task:?} at position {position}: {error}")]
     Rejected {
@@ -88,15 +105,21 @@ pub fn replay_task<R: Replay>(
     replay_records(task, journal.read_stream(task, 0), until, replay)
 }
 
-/// [`replay_task`] over records already being read.
-fn replay_records<R: Replay>(
+/// [`replay_task`] over records already being read: the one driver of every [`Replay`].
+pub(crate) fn replay_records<R: Replay>(
     task: &str,
     records: impl Iterator<Item = dtask_journal::Result<Record>>,
     until: Option<u64>,
     replay: &mut R,
 ) -> Result<(), ReplayError<R::Error>> {
     for record in records {
-        let record = record?;
+        let record = match record {
+            Ok(record) => record,
+            Err(dtask_journal::Error::Corruption {
+                position, ref kind, ..
+            }) if replay.damaged(position, kind) => continue,
+            Err(e) => return Err(e.into()),
+        };
         if until.is_some_and(|end| record.position >= end) {
             break;
         }
@@ -109,6 +132,152 @@ fn replay_records<R: Replay>(
             })?;
     }
     Ok(())
+}
+
+/// The outcome of a replay that never rejects a record: only the journal can fail it.
+pub(crate) fn tolerant(
+    outcome: Result<(), ReplayError<Infallible>>,
+) -> Result<(), dtask_journal::Error> {
+    match outcome {
+        Ok(()) => Ok(()),
+        Err(ReplayError::Journal(e)) => Err(e),
+        Err(ReplayError::Rejected { error, .. }) => match error {},
+        Err(ReplayError::FoldThreadPanicked) => {
+            Err(dtask_journal::Error::storage("a fold thread panicked"))
+        }
+    }
+}
+
+/// A task folded for inspection, tolerating damage: the fold goes up to the first damaged or
+/// illegal record and keeps what stopped it, while every intact record is still counted.
+/// A [`Replay`] that never fails, so a damaged journal can be shown and audited.
+///
+/// ```
+/// use dtask_journal::{Event, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp};
+/// use dtask_replay::{FoldView, Status};
+/// let dir = tempfile::tempdir()?;
+/// let journal = Journal::open(dir.path(), JournalOptions::default())?;
+/// let spec = TaskSpec { id: "t".into(), executor_key: "x".into(), ..TaskSpec::default() };
+/// journal.append("t", 0, &[Event::Created {
+///     spec, policy: LeasePolicy::Retry, checkpoint: vec![], context_snapshot: vec![], at: Timestamp(1),
+/// }])?;
+/// let view = FoldView::read(&journal, "t", |_| {})?;
+/// assert_eq!(view.task.as_ref().map(|t| t.state.status), Some(Status::Pending));
+/// assert_eq!((view.records, view.has_problems()), (1, false));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Debug, Default)]
+pub struct FoldView {
+    /// The stream's task.
+    id: String,
+    /// The task as far as it folds.
+    pub task: Option<Task>,
+    /// Intact records read.
+    pub records: u64,
+    /// Bytes of the intact records read.
+    pub bytes: u64,
+    /// Damaged records, in stream order: position and what is wrong.
+    pub damage: Vec<(u64, CorruptionKind)>,
+    /// The first record that could not follow the state before it, and why.
+    pub illegal: Option<(u64, FoldError)>,
+}
+
+impl FoldView {
+    /// An empty view of `id`'s stream.
+    #[must_use]
+    pub fn new(id: &str) -> Self {
+        Self {
+            id: id.to_owned(),
+            ..Self::default()
+        }
+    }
+
+    /// Reads and folds `task`'s stream, handing every intact record to `on_record`.
+    ///
+    /// # Errors
+    /// Journal errors other than damage (I/O); damage is in the view.
+    pub fn read(
+        journal: &Journal,
+        task: &str,
+        mut on_record: impl FnMut(&Record),
+    ) -> Result<Self, dtask_journal::Error> {
+        struct Observed<'a, F> {
+            view: FoldView,
+            on_record: &'a mut F,
+        }
+        impl<F: FnMut(&Record)> Replay for Observed<'_, F> {
+            type Error = Infallible;
+            fn replay(&mut self, record: &Record) -> Result<(), Infallible> {
+                (self.on_record)(record);
+                self.view.replay(record)
+            }
+            fn damaged(&mut self, position: u64, kind: &CorruptionKind) -> bool {
+                self.view.damaged(position, kind)
+            }
+        }
+        let mut observed = Observed {
+            view: Self::new(task),
+            on_record: &mut on_record,
+        };
+        tolerant(replay_task(journal, task, None, &mut observed))?;
+        Ok(observed.view)
+    }
+
+    /// Whether the fold still goes on: no damaged or illegal record so far.
+    #[must_use]
+    pub fn is_folding(&self) -> bool {
+        self.damage.is_empty() && self.illegal.is_none()
+    }
+
+    /// Whether anything is wrong with the stream.
+    #[must_use]
+    pub fn has_problems(&self) -> bool {
+        !self.is_folding()
+    }
+
+    /// Whether the stream has any record, intact or damaged.
+    #[must_use]
+    pub fn exists(&self) -> bool {
+        self.records > 0 || !self.damage.is_empty()
+    }
+
+    /// The problems, one line each, in stream order of the damage, then the illegal record.
+    #[must_use]
+    pub fn problems(&self) -> Vec<String> {
+        let mut out: Vec<String> = self
+            .damage
+            .iter()
+            .map(|(p, kind)| format!("position {p}: {kind}"))
+            .collect();
+        if let Some((p, e)) = &self.illegal {
+            out.push(format!("position {p}: illegal: {e}"));
+        }
+        out
+    }
+}
+
+impl Replay for FoldView {
+    type Error = Infallible;
+
+    fn replay(&mut self, record: &Record) -> Result<(), Infallible> {
+        self.records += 1;
+        self.bytes += record.size as u64;
+        if self.is_folding() {
+            let applied = match self.task.as_mut() {
+                None => Task::created(&self.id, &record.event).map(|t| self.task = Some(t)),
+                Some(t) => t.apply(&record.event),
+            };
+            if let Err(e) = applied {
+                self.illegal = Some((record.position, e));
+            }
+        }
+        Ok(())
+    }
+
+    fn damaged(&mut self, position: u64, kind: &CorruptionKind) -> bool {
+        self.damage.push((position, kind.clone()));
+        true
+    }
 }
 
 /// Folds `task` from the journal; `None` for an unknown task.
@@ -216,11 +385,7 @@ where
 
 /// How many threads fold `tasks` tasks, and how many tasks each takes at a time.
 fn plan(tasks: usize) -> (usize, usize) {
-    let threads = std::thread::available_parallelism()
-        .map_or(1, std::num::NonZeroUsize::get)
-        .clamp(1, 8)
-        .min(tasks / PARALLEL_MIN_TASKS)
-        .max(1);
+    let threads = parallel::threads_for(tasks, PARALLEL_MIN_TASKS);
     (threads, tasks.div_ceil(threads).clamp(1, CHUNK_TASKS))
 }
 
@@ -243,109 +408,39 @@ where
     F: Fn(&str, Task, Head) -> T + Sync,
     C: FnMut(S, &mut [Option<T>]),
 {
-    if threads <= 1 {
-        let mut folder = ChunkFolder::new(journal);
-        for (ids, slots) in chunks {
-            folder.fold(&ids, slots, build)?;
-            consume(ids, slots);
-        }
-        return Ok(());
-    }
-    let (work, queue) = mpsc::channel::<(usize, S, &'o mut [Option<T>])>();
-    let queue = Mutex::new(queue);
-    let (finished, done) = mpsc::channel::<Done<'o, S, T>>();
     // Chunks after this one are skipped: it failed.
     let failed_at = AtomicUsize::new(usize::MAX);
-    std::thread::scope(|scope| {
-        let mut folders = Vec::with_capacity(threads);
-        for _ in 0..threads {
-            let finished = finished.clone();
-            let (queue, failed_at) = (&queue, &failed_at);
-            folders.push(scope.spawn(move || {
-                let mut folder = ChunkFolder::new(journal);
-                loop {
-                    let next = match queue.lock() {
-                        Ok(queue) => queue.recv(),
-                        Err(_) => break,
-                    };
-                    let Ok((i, ids, slots)) = next else { break };
-                    let result = if i > failed_at.load(Ordering::Acquire) {
-                        Ok(())
-                    } else {
-                        folder.fold(&ids, slots, build)
-                    };
-                    if result.is_err() {
-                        failed_at.fetch_min(i, Ordering::AcqRel);
-                    }
-                    if finished.send((i, ids, slots, result)).is_err() {
-                        break;
-                    }
-                }
-            }));
-        }
-        drop(finished);
-        // Chunks are folded in any order; they are handed over in chunk order.
-        let mut order = InOrder {
-            waiting: BTreeMap::new(),
-            next: 0,
-            error: None,
-        };
-        let mut sent = 0;
-        for (ids, slots) in chunks {
-            if work.send((sent, ids, slots)).is_err() {
-                break;
-            }
-            sent += 1;
-        }
-        drop(work);
-        // Every chunk comes back unless a fold thread panicked: then the others end once the
-        // queue is empty, and the results channel closes.
-        let mut panicked = false;
-        while order.next < sent {
-            let Ok(done) = done.recv() else {
-                panicked = true;
-                break;
+    let mut error = None;
+    parallel::ordered(
+        threads,
+        // Enough chunks out that no fold thread waits for the caller's `consume`.
+        4 * threads,
+        chunks,
+        || ChunkFolder::new(journal),
+        |folder, i, (ids, slots)| {
+            let result = if i > failed_at.load(Ordering::Acquire) {
+                Ok(())
+            } else {
+                folder.fold(&ids, slots, build)
             };
-            order.take(done, &mut consume);
-        }
-        // Joined here, a panicked thread is this error rather than a panic of the scope.
-        for folder in folders {
-            panicked |= folder.join().is_err();
-        }
-        if panicked {
-            return Err(ReplayError::Journal(dtask_journal::Error::Storage(
-                "a fold thread panicked".into(),
-            )));
-        }
-        order.error.map_or(Ok(()), Err)
-    })
-}
-
-/// A fold thread's result: the chunk's number, its ids, its result slots, and whether
-/// folding them failed.
-type Done<'o, S, T> = (usize, S, &'o mut [Option<T>], Result<(), ReplayError>);
-
-/// Folded chunks put back in order.
-struct InOrder<'o, S, T> {
-    waiting: BTreeMap<usize, Done<'o, S, T>>,
-    next: usize,
-    error: Option<ReplayError>,
-}
-
-impl<'o, S, T> InOrder<'o, S, T> {
-    /// Takes one folded chunk and hands over every chunk now next in order (none once one
-    /// failed).
-    fn take(&mut self, done: Done<'o, S, T>, consume: &mut impl FnMut(S, &mut [Option<T>])) {
-        self.waiting.insert(done.0, done);
-        while let Some((_, ids, slots, result)) = self.waiting.remove(&self.next) {
-            self.next += 1;
-            match result {
-                _ if self.error.is_some() => {}
-                Ok(()) => consume(ids, slots),
-                Err(e) => self.error = Some(e),
+            if result.is_err() {
+                failed_at.fetch_min(i, Ordering::AcqRel);
             }
-        }
-    }
+            (ids, slots, result)
+        },
+        |(ids, slots, result)| match result {
+            Ok(()) => {
+                consume(ids, slots);
+                true
+            }
+            Err(e) => {
+                error = Some(e);
+                false
+            }
+        },
+    )
+    .map_err(|parallel::Panicked| ReplayError::FoldThreadPanicked)?;
+    error.map_or(Ok(()), Err)
 }
 
 /// A fold thread's reader: one forward pass over the journal, its buffers reused from task

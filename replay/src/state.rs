@@ -1,6 +1,6 @@
 //! The task snapshot: what a task's events add up to.
 
-use dtask_journal::{LeasePolicy, TaskSpec, Timestamp};
+use dtask_journal::{ExpiryResolution, LeasePolicy, TaskSpec, Timestamp};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -137,9 +137,123 @@ impl TaskState {
         !self.checkpoint.is_empty()
     }
 
-    /// Whether the running attempt's lease has run out at `now`.
+    /// Whether the running attempt's lease has run out at `now`: the task is running and its
+    /// deadline is not after `now` (a lease ends *at* its deadline).
     #[must_use]
     pub fn lease_expired_at(&self, now: Timestamp) -> bool {
         self.status == Status::Running && self.lease_deadline.is_some_and(|d| d <= now)
+    }
+
+    /// Whether the running attempt's lease is live at `now` (its deadline is after `now`).
+    #[must_use]
+    pub fn lease_live_at(&self, now: Timestamp) -> bool {
+        self.status == Status::Running && self.lease_deadline.is_some_and(|d| d > now)
+    }
+
+    // The transition rules that both the live engine (`decide`) and the fold's legality check
+    // need. Each is written here once: a recovered task equals the live one only while the
+    // two sides agree, so neither side has its own copy.
+
+    /// How an expired lease of this task is resolved: a retry-policy task goes back to
+    /// pending; a fail-policy task fails, or is canceled when cancellation was requested.
+    #[must_use]
+    pub fn expiry_resolution(&self) -> ExpiryResolution {
+        match (self.policy, self.cancel_requested_at.is_some()) {
+            (LeasePolicy::Retry, _) => ExpiryResolution::Retry,
+            (LeasePolicy::Fail, false) => ExpiryResolution::Failed,
+            (LeasePolicy::Fail, true) => ExpiryResolution::Canceled,
+        }
+    }
+
+    /// Whether a cancel request ends the task at once: no attempt can acknowledge it — the
+    /// task is waiting or suspended, or pending and never claimed (or claimed under the fail
+    /// policy, whose next claim would not run). A running task's cancel is acknowledged by
+    /// its attempt (or resolved when its lease expires).
+    #[must_use]
+    pub fn cancel_is_direct(&self) -> bool {
+        match self.status {
+            Status::Pending => self.attempt == 0 || self.policy == LeasePolicy::Fail,
+            Status::WaitingInput | Status::Suspended => true,
+            _ => false,
+        }
+    }
+
+    /// The part of the attempt fence that needs no clock (what the fold checks): the task is
+    /// running and, when `attempt` is given, it is the running attempt.
+    ///
+    /// # Errors
+    /// [`Fenced::NotRunning`] or [`Fenced::StaleAttempt`].
+    pub fn check_attempt(&self, attempt: Option<u64>) -> Result<(), Fenced> {
+        if self.status != Status::Running {
+            return Err(Fenced::NotRunning);
+        }
+        match attempt {
+            Some(found) if found != self.attempt => Err(Fenced::StaleAttempt {
+                current: self.attempt,
+                found,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// The fence of the active attempt at `now`, which every attempt-scoped write passes
+    /// (lifecycle commands of the attempt, progress updates, application notifications): the
+    /// task is running, `attempt` (when given) is the running one, its lease is live, and —
+    /// unless `allow_cancel` (transcript failures and cancel acknowledgements) — no
+    /// cancellation was requested.
+    ///
+    /// # Errors
+    /// The first [`Fenced`] reason, in that order.
+    pub fn check_active(
+        &self,
+        attempt: Option<u64>,
+        now: Timestamp,
+        allow_cancel: bool,
+    ) -> Result<(), Fenced> {
+        self.check_attempt(attempt)?;
+        if !self.lease_live_at(now) {
+            return Err(Fenced::LeaseExpired);
+        }
+        if !allow_cancel && self.cancel_requested_at.is_some() {
+            return Err(Fenced::CancelRequested);
+        }
+        Ok(())
+    }
+}
+
+/// Why an attempt-scoped write is fenced off ([`TaskState::check_active`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Fenced {
+    /// The task is not running (terminal tasks included).
+    #[error("the task is not running")]
+    NotRunning,
+    /// The write names another attempt than the running one.
+    #[error("the attempt is not the current one")]
+    StaleAttempt {
+        /// The running attempt.
+        current: u64,
+        /// The attempt the write names.
+        found: u64,
+    },
+    /// The running attempt's lease has run out.
+    #[error("the lease has expired")]
+    LeaseExpired,
+    /// Cancellation was requested: only a cancel acknowledgement (or a transcript failure)
+    /// may follow.
+    #[error("cancellation was requested")]
+    CancelRequested,
+}
+
+impl Fenced {
+    /// The reason as a static text (what `LeaseLost` errors carry).
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::NotRunning => "the task is not running",
+            Self::StaleAttempt { .. } => "the attempt is not the current one",
+            Self::LeaseExpired => "the lease has expired",
+            Self::CancelRequested => "cancellation was requested",
+        }
     }
 }

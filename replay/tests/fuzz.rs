@@ -186,8 +186,12 @@ fn read_everything(dir: &Path, changed: bool) {
             let _ = journal.last_seq();
             let _ = journal.read_tail();
         }
-        Err(Error::NotAJournal(_) | Error::UnsupportedFormat { .. } | Error::Corruption { .. }) => {
-        }
+        Err(
+            Error::NotAJournal(_)
+            | Error::UnsupportedFormat { .. }
+            | Error::Corruption { .. }
+            | Error::MalformedEntry { .. },
+        ) => {}
         Err(e) => panic!("untyped failure of a read-only open: {e:?}"),
     }
     // A writable open refuses with a typed error, or opens a journal it can append to.
@@ -200,6 +204,7 @@ fn read_everything(dir: &Path, changed: bool) {
             Error::NotAJournal(_)
             | Error::UnsupportedFormat { .. }
             | Error::Corruption { .. }
+            | Error::MalformedEntry { .. }
             | Error::Inconsistent(_),
         ) => {}
         Err(e) => panic!("untyped failure of a writable open: {e:?}"),

@@ -18,7 +18,7 @@ mod verify;
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use dtask_journal::{Error as JournalError, Journal, Record};
-use dtask_replay::{FoldError, Task};
+use dtask_replay::FoldView;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -112,7 +112,8 @@ impl CliError {
     /// The process exit code: 1 for problems found in a journal, 2 for usage and I/O errors.
     fn exit_code(&self) -> u8 {
         match self {
-            Self::Problems(_) | Self::Journal(JournalError::Corruption { .. }) => 1,
+            Self::Problems(_) => 1,
+            Self::Journal(e) if e.is_damage() => 1,
             _ => 2,
         }
     }
@@ -272,79 +273,18 @@ pub fn progress(total: u64, what: &str) -> ProgressBar {
     bar
 }
 
-/// A task folded for display, tolerating damage: the fold stops at the first damaged or
-/// illegal record, and what stopped it is kept.
-#[derive(Debug, Default)]
-pub struct Folded {
-    /// The task as far as it folds.
-    pub task: Option<Task>,
-    /// Records read intact.
-    pub records: u64,
-    /// Bytes of the records read intact.
-    pub bytes: u64,
-    /// Damaged records: (position, reason).
-    pub damage: Vec<(u64, String)>,
-    /// The first illegal record, if any.
-    pub illegal: Option<(u64, FoldError)>,
-}
-
-impl Folded {
-    /// Whether anything is wrong.
-    pub fn has_problems(&self) -> bool {
-        !self.damage.is_empty() || self.illegal.is_some()
-    }
-
-    /// The problems, one line each.
-    pub fn problems(&self) -> Vec<String> {
-        let mut out: Vec<String> = self
-            .damage
-            .iter()
-            .map(|(p, why)| format!("position {p}: {why}"))
-            .collect();
-        if let Some((p, e)) = &self.illegal {
-            out.push(format!("position {p}: illegal: {e}"));
-        }
-        out
-    }
-}
-
-/// Reads and folds `task`, handing every intact record to `on_record`.
+/// Reads and folds `task` for display, tolerating damage (the fold stops at the first
+/// damaged or illegal record, and what stopped it is kept), handing every intact record to
+/// `on_record`.
 ///
 /// # Errors
 /// Journal errors other than damage (I/O).
 pub fn fold_task(
     journal: &Journal,
     task: &str,
-    mut on_record: impl FnMut(&Record),
-) -> Result<Folded> {
-    let mut folded = Folded::default();
-    let mut folding = true;
-    for item in journal.read_stream(task, 0) {
-        let record = match item {
-            Ok(record) => record,
-            Err(JournalError::Corruption { position, kind, .. }) => {
-                folded.damage.push((position, kind.to_string()));
-                folding = false;
-                continue;
-            }
-            Err(e) => return Err(e.into()),
-        };
-        folded.records += 1;
-        folded.bytes += record.size as u64;
-        on_record(&record);
-        if !folding {
-            continue;
-        }
-        let applied = match folded.task.as_mut() {
-            None => Task::created(task, &record.event).map(|t| folded.task = Some(t)),
-            Some(t) => t.apply(&record.event),
-        };
-        if let Err(e) = applied {
-            folded.illegal = Some((record.position, e));
-            folding = false;
-        }
-    }
-    Ok(folded)
+    on_record: impl FnMut(&Record),
+) -> Result<FoldView> {
+    Ok(FoldView::read(journal, task, on_record)?)
 }
 
 /// Checks that the journal knows `task`; returns the length of its stream (a damaged last

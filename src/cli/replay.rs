@@ -3,7 +3,8 @@
 
 use super::show::{state_json, state_text, timeline_json, timeline_text, Show, Timeline};
 use super::{fmt, require_task, CliError, Global, Out, Result};
-use dtask_replay::{load_task_at, ReplayError};
+use dtask_journal::{EventType, Record, Timestamp};
+use dtask_replay::{replay_task, FoldError, Replay, ReplayError, TaskFold};
 use serde_json::json;
 
 /// Arguments of `dtask replay`.
@@ -19,6 +20,26 @@ pub struct Args {
     bytes: bool,
 }
 
+/// The task as of a position: the strict fold, and the timeline of the records folded, in
+/// one pass over the stream.
+struct AsOf<'a> {
+    fold: TaskFold<'a>,
+    timeline: Timeline,
+    show: Show,
+    /// The last record's sequence, time and type.
+    last_record: Option<(u64, Timestamp, EventType)>,
+}
+
+impl Replay for AsOf<'_> {
+    type Error = FoldError;
+
+    fn replay(&mut self, record: &Record) -> std::result::Result<(), FoldError> {
+        self.timeline.add(record, self.show);
+        self.last_record = Some((record.seq, record.event.at(), record.event.event_type()));
+        self.fold.replay(record)
+    }
+}
+
 /// Runs `dtask replay`.
 pub fn run(global: &Global, args: &Args) -> Result<()> {
     let journal = global.open()?;
@@ -31,40 +52,38 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
             args.task
         )));
     }
-    let task = match load_task_at(&journal, &args.task, at + 1) {
-        Ok(Some(task)) => task,
-        Ok(None) => {
-            return Err(CliError::Problems(format!(
-                "task {:?} has no records",
-                args.task
-            )))
-        }
+    let show = Show { bytes: args.bytes };
+    let mut view = AsOf {
+        fold: TaskFold::new(&args.task),
+        timeline: Timeline::default(),
+        show,
+        last_record: None,
+    };
+    match replay_task(&journal, &args.task, Some(at + 1), &mut view) {
+        Ok(()) => {}
         Err(ReplayError::Journal(e)) => return Err(e.into()),
         Err(e) => return Err(CliError::Problems(e.to_string())),
-    };
-    let record = journal
-        .read_stream(&args.task, at)
-        .next()
-        .transpose()?
-        .ok_or_else(|| CliError::Problems(format!("no record at position {at}")))?;
-    let show = Show { bytes: args.bytes };
-    let mut timeline = Timeline::default();
-    for item in journal.read_stream(&args.task, 0) {
-        let record = item?;
-        if record.position > at {
-            break;
-        }
-        timeline.add(&record, show);
     }
+    let AsOf {
+        fold,
+        timeline,
+        last_record,
+        ..
+    } = view;
+    let task = fold
+        .finish()
+        .ok_or_else(|| CliError::Problems(format!("task {:?} has no records", args.task)))?;
+    let (seq, time, event_type) =
+        last_record.ok_or_else(|| CliError::Problems(format!("no record at position {at}")))?;
     let mut out = Out::new();
     if global.json {
         out.json(&json!({
             "task": args.task,
             "at": {
                 "position": at,
-                "seq": record.seq,
-                "time": record.event.at().0,
-                "type": record.event.event_type().as_str(),
+                "seq": seq,
+                "time": time.0,
+                "type": event_type.as_str(),
             },
             "last_position": last,
             "state": state_json(&task.state, show),
@@ -73,9 +92,9 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
     } else {
         out.line(format!(
             "as of position {at} of {last} (sequence {}, {}, {})\n",
-            record.seq,
-            fmt::time(record.event.at()),
-            record.event.event_type()
+            seq,
+            fmt::time(time),
+            event_type
         ))?;
         out.text(state_text(&task.state, show))?;
         out.text(timeline_text(&timeline))?;

@@ -1,13 +1,23 @@
-//! `decide`: what a command means for a task, as events. Pure: no I/O, the time is a parameter.
+//! `decide`: what a request means for a task, as events. Pure: no I/O, the time is a parameter.
+//!
+//! Every write of the store is decided here — lifecycle commands, creation, progress updates,
+//! application notifications and their acknowledgements — and then goes the same way: one
+//! atomic journal append, then the same events folded into the task (`TaskStore::commit`).
+//! The transition rules themselves (how an expired lease is resolved, when a cancel is
+//! direct, the attempt fence) are methods of [`TaskState`], which the fold's legality check
+//! calls too: each rule is written once.
 //!
 //! The order of checks follows the reference store: request validation first (before any
 //! lookup), then existence, lazy lease expiry (written as its own event before the command is
 //! decided), the version CAS, and last status and lease authority.
 
 use super::config::StoreConfig;
-use super::error::{Result, StoreError};
-use dtask_journal::{Event, ExpiryResolution, LeasePolicy, TaskSpec, Timestamp};
-use dtask_replay::{Status, TaskState};
+use super::error::{NotFound, Result, StoreError};
+use super::outbox::{application_notification_id, NotificationRequest};
+use super::updates::UpdateRequest;
+use super::CreateRequest;
+use dtask_journal::{Event, ExpiryResolution, TaskSpec, Timestamp};
+use dtask_replay::{Fenced, Status, Task, TaskState};
 
 /// A lifecycle command on an existing task. Every command carries the version the caller
 /// observed (the CAS token).
@@ -99,13 +109,22 @@ impl Command {
     }
 }
 
-/// What a command decides.
+/// What a request decides.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Decision {
+pub(crate) enum Decision<R = ()> {
     /// Append these events (lifecycle first, then any notification).
     Write(Vec<Event>),
     /// Nothing to write: the command is an idempotent repeat.
     Unchanged,
+    /// The request's event id was recorded before, by the record at `position`: the store
+    /// compares its content with the request's (same: the original is the answer; other: a
+    /// conflict).
+    Repeat {
+        /// The position of the record that carries the event id.
+        position: u64,
+        /// The request, handed back for the comparison.
+        request: R,
+    },
 }
 
 fn check_len(field: &'static str, len: usize, max: usize) -> Result<()> {
@@ -136,7 +155,7 @@ pub(crate) fn validate_task_id(id: &str, config: &StoreConfig) -> Result<()> {
 }
 
 /// Validates a create request (before any lookup).
-pub(crate) fn validate_create(
+fn validate_create(
     spec: &TaskSpec,
     checkpoint: &[u8],
     context_snapshot: &[u8],
@@ -209,17 +228,40 @@ pub(crate) fn validate(command: &Command, config: &StoreConfig) -> Result<()> {
     }
 }
 
+/// Decides a create request (T1): the `created` record, and the `task_created`
+/// notification in the same batch when the task has a session. Returns the task's id.
+pub(crate) fn create(
+    request: CreateRequest,
+    now: Timestamp,
+    config: &StoreConfig,
+) -> Result<(String, Vec<Event>)> {
+    let CreateRequest {
+        spec,
+        policy,
+        checkpoint,
+        context_snapshot,
+    } = request;
+    validate_create(&spec, &checkpoint, &context_snapshot, config)?;
+    let policy = policy.ok_or_else(|| StoreError::invalid("policy", "must be retry or fail"))?;
+    let id = spec.id.clone();
+    let notification = lifecycle_notification(&spec, "task_created", 1, now);
+    let created = Event::Created {
+        spec,
+        policy,
+        checkpoint,
+        context_snapshot,
+        at: now,
+    };
+    Ok((id, std::iter::once(created).chain(notification).collect()))
+}
+
 /// The lease-expiry event due at `now`, if the running attempt's lease has run out.
 pub(crate) fn expiry(state: &TaskState, now: Timestamp) -> Option<Vec<Event>> {
-    let deadline = state.lease_deadline?;
-    if state.status != Status::Running || deadline > now {
+    if !state.lease_expired_at(now) {
         return None;
     }
-    let resolution = match (state.policy, state.cancel_requested_at.is_some()) {
-        (LeasePolicy::Retry, _) => ExpiryResolution::Retry,
-        (LeasePolicy::Fail, false) => ExpiryResolution::Failed,
-        (LeasePolicy::Fail, true) => ExpiryResolution::Canceled,
-    };
+    let deadline = state.lease_deadline?;
+    let resolution = state.expiry_resolution();
     let mut events = vec![Event::LeaseExpired {
         resolution,
         deadline,
@@ -231,22 +273,27 @@ pub(crate) fn expiry(state: &TaskState, now: Timestamp) -> Option<Vec<Event>> {
         } else {
             "canceled"
         };
-        events.extend(lifecycle_notification(state, kind, state.version + 1, now));
+        events.extend(lifecycle_notification(
+            &state.spec,
+            kind,
+            state.version + 1,
+            now,
+        ));
     }
     Some(events)
 }
 
 /// The outbox record of a lifecycle notification, when the task routes them.
-pub(crate) fn lifecycle_notification(
-    state: &TaskState,
+fn lifecycle_notification(
+    spec: &TaskSpec,
     kind: &str,
     version: u64,
     at: Timestamp,
 ) -> Option<Event> {
-    let routed = !state.spec.session_id.is_empty();
-    let wanted = kind == "task_created" || state.spec.notify_session;
+    let routed = !spec.session_id.is_empty();
+    let wanted = kind == "task_created" || spec.notify_session;
     (routed && wanted).then(|| Event::NotificationEnqueued {
-        id: format!("{}:{version}:{kind}", state.spec.id),
+        id: format!("{}:{version}:{kind}", spec.id),
         event_id: String::new(),
         kind: kind.to_owned(),
         data: Vec::new(),
@@ -266,25 +313,27 @@ fn cas(state: &TaskState, expected: u64) -> Result<()> {
     }
 }
 
-/// Checks an active attempt: running with a live lease (expiry was resolved before), and
-/// unless `allow_cancel`, without cancel intent.
-fn active(state: &TaskState, now: Timestamp, allow_cancel: bool) -> Result<()> {
-    if state.status != Status::Running {
-        return Err(StoreError::LeaseLost("the task is not running"));
-    }
-    if state.lease_deadline.is_none_or(|d| d <= now) {
-        return Err(StoreError::LeaseLost("the lease has expired"));
-    }
-    if !allow_cancel && state.cancel_requested_at.is_some() {
-        return Err(StoreError::LeaseLost("cancellation was requested"));
-    }
-    Ok(())
+/// The attempt fence ([`TaskState::check_active`]) as a store error.
+fn fence(
+    state: &TaskState,
+    attempt: Option<u64>,
+    now: Timestamp,
+    allow_cancel: bool,
+) -> Result<()> {
+    state
+        .check_active(attempt, now, allow_cancel)
+        .map_err(|fenced: Fenced| StoreError::LeaseLost(fenced.as_str()))
 }
 
 fn write(state: &TaskState, event: Event, notify: Option<&str>, now: Timestamp) -> Decision {
     let mut events = vec![event];
     if let Some(kind) = notify {
-        events.extend(lifecycle_notification(state, kind, state.version + 1, now));
+        events.extend(lifecycle_notification(
+            &state.spec,
+            kind,
+            state.version + 1,
+            now,
+        ));
     }
     Decision::Write(events)
 }
@@ -359,11 +408,7 @@ fn request_cancel(
     if state.cancel_requested_at.is_some() {
         return Ok(Decision::Unchanged);
     }
-    let direct = match state.status {
-        Status::Pending => state.attempt == 0 || state.policy == LeasePolicy::Fail,
-        Status::WaitingInput | Status::Suspended => true,
-        _ => false,
-    };
+    let direct = state.cancel_is_direct();
     let running = state.status == Status::Running;
     let event = Event::CancelRequested {
         reason: reason.to_owned(),
@@ -386,7 +431,7 @@ fn decide_active(
         command,
         Command::ReportTranscriptFailure { .. } | Command::AckCancel { .. }
     );
-    active(state, now, allow_cancel)?;
+    fence(state, None, now, allow_cancel)?;
     let at = now;
     let (event, notify) = match command {
         Command::Heartbeat => (
@@ -451,4 +496,146 @@ fn decide_active(
         }
     };
     Ok(write(state, event, notify, now))
+}
+
+/// Validates a progress update's own fields (before any lookup).
+pub(crate) fn validate_update(request: &UpdateRequest, config: &StoreConfig) -> Result<()> {
+    if request.attempt == 0 {
+        return Err(StoreError::invalid("attempt", "must be positive"));
+    }
+    if request.event_id.is_empty() {
+        return Err(StoreError::invalid("event id", "must not be empty"));
+    }
+    if request.event_id.len() > config.max_id_bytes {
+        return Err(StoreError::invalid("event id", "too long"));
+    }
+    if request.data.is_empty() {
+        return Err(StoreError::invalid("data", "must not be empty"));
+    }
+    if request.data.len() > config.max_value_bytes {
+        return Err(StoreError::invalid(
+            "data",
+            format!("{} bytes exceeds the limit", request.data.len()),
+        ));
+    }
+    Ok(())
+}
+
+/// Decides a progress update of the running attempt: the fence first, then replay detection
+/// (an event id seen before, in any attempt, is a [`Decision::Repeat`]).
+pub(crate) fn update(
+    task: &Task,
+    request: UpdateRequest,
+    now: Timestamp,
+) -> Result<Decision<UpdateRequest>> {
+    fence(&task.state, Some(request.attempt), now, false)?;
+    if let Some(&position) = task.update_ids.get(&request.event_id) {
+        return Ok(Decision::Repeat { position, request });
+    }
+    let UpdateRequest {
+        attempt,
+        event_id,
+        kind,
+        data,
+        metadata,
+    } = request;
+    Ok(Decision::Write(vec![Event::UpdateAppended {
+        attempt,
+        event_id,
+        kind,
+        data,
+        metadata,
+        at: now,
+    }]))
+}
+
+/// Kind prefixes reserved for the engine's own notifications.
+pub const RESERVED_KIND_PREFIXES: [&str; 2] = ["dtask.", "eino."];
+
+/// Lifecycle notification kinds, which applications may not use.
+const LIFECYCLE_KINDS: [&str; 6] = [
+    "task_created",
+    "task_backgrounded",
+    "waiting_input",
+    "completed",
+    "failed",
+    "canceled",
+];
+
+/// Validates an application notification's own fields (before any lookup).
+pub(crate) fn validate_notification(
+    id: &str,
+    attempt: u64,
+    request: &NotificationRequest,
+    config: &StoreConfig,
+) -> Result<()> {
+    if request.event_id.is_empty() || request.event_id.len() > config.max_id_bytes {
+        return Err(StoreError::invalid(
+            "event id",
+            "required, at most 1024 bytes",
+        ));
+    }
+    if request.kind.is_empty() || request.kind.len() > config.max_notification_kind_bytes {
+        return Err(StoreError::invalid("kind", "required, at most 64 bytes"));
+    }
+    if LIFECYCLE_KINDS.contains(&request.kind.as_str())
+        || RESERVED_KIND_PREFIXES
+            .iter()
+            .any(|p| request.kind.starts_with(p))
+    {
+        return Err(StoreError::invalid("kind", "reserved"));
+    }
+    if request.data.len() > config.max_notification_bytes {
+        return Err(StoreError::invalid("data", "over 256 KiB"));
+    }
+    validate_task_id(id, config)?;
+    if attempt == 0 {
+        return Err(StoreError::invalid("attempt", "must be positive"));
+    }
+    Ok(())
+}
+
+/// Decides an application notification of the running `attempt`: the fence, the session
+/// route, then replay detection by event id.
+pub(crate) fn notification(
+    task: &Task,
+    attempt: u64,
+    request: NotificationRequest,
+    now: Timestamp,
+) -> Result<Decision<NotificationRequest>> {
+    fence(&task.state, Some(attempt), now, false)?;
+    if task.state.spec.session_id.is_empty() {
+        return Err(StoreError::NotificationUnavailable(
+            "the task has no session route",
+        ));
+    }
+    if let Some(&position) = task.notification_ids.get(&request.event_id) {
+        return Ok(Decision::Repeat { position, request });
+    }
+    let NotificationRequest {
+        event_id,
+        kind,
+        data,
+    } = request;
+    Ok(Decision::Write(vec![Event::NotificationEnqueued {
+        id: application_notification_id(task.state.id(), &event_id),
+        event_id,
+        kind,
+        data,
+        version: task.state.version,
+        at: now,
+    }]))
+}
+
+/// Decides the acknowledgement of notification `id`, queued by the record of global
+/// sequence `enqueued_seq`.
+pub(crate) fn ack(task: &Task, id: &str, enqueued_seq: u64, now: Timestamp) -> Result<Decision> {
+    if !task.outbox.contains_key(id) {
+        return Err(StoreError::NotFound(NotFound::Notification(id.to_owned())));
+    }
+    Ok(Decision::Write(vec![Event::NotificationAcked {
+        id: id.to_owned(),
+        enqueued_seq,
+        at: now,
+    }]))
 }

@@ -15,9 +15,9 @@ pub enum StoreError {
         /// What is wrong with it.
         reason: String,
     },
-    /// The task (or notification receipt) does not exist.
+    /// What was asked for does not exist: [`NotFound`] says what, and its id.
     #[error("not found: {0}")]
-    NotFound(String),
+    NotFound(NotFound),
     /// A task with this id exists already.
     #[error("task {0:?} already exists")]
     AlreadyExists(String),
@@ -71,7 +71,49 @@ pub enum StoreError {
     Replay(#[from] dtask_replay::ReplayError),
 }
 
+/// What a [`StoreError::NotFound`] did not find.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NotFound {
+    /// No task has this id.
+    #[error("task {0:?}")]
+    Task(String),
+    /// No progress update is recorded at this position of the task's stream.
+    #[error("update of task {task:?} at position {position}")]
+    Update {
+        /// The task.
+        task: String,
+        /// The position looked at.
+        position: u64,
+    },
+    /// No notification record is at this position of the task's stream.
+    #[error("notification record of task {task:?} at position {position}")]
+    NotificationRecord {
+        /// The task.
+        task: String,
+        /// The position looked at.
+        position: u64,
+    },
+    /// The notification is not queued (it was acknowledged).
+    #[error("notification {0:?}")]
+    Notification(String),
+    /// No delivery holds this receipt (unknown, or superseded by a later delivery).
+    #[error("receipt {0:?}")]
+    Receipt(String),
+}
+
 impl StoreError {
+    pub(crate) fn task_not_found(id: &str) -> Self {
+        Self::NotFound(NotFound::Task(id.to_owned()))
+    }
+
+    pub(crate) fn update_not_found(task: &str, position: u64) -> Self {
+        Self::NotFound(NotFound::Update {
+            task: task.to_owned(),
+            position,
+        })
+    }
+
     pub(crate) fn invalid(field: &'static str, reason: impl Into<String>) -> Self {
         Self::Invalid {
             field,

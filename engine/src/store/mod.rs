@@ -16,7 +16,7 @@ mod updates;
 
 pub use config::StoreConfig;
 pub use decide::Command;
-pub use error::{Result, StoreError};
+pub use error::{NotFound, Result, StoreError};
 pub use outbox::{Notification, NotificationRequest, RESERVED_KIND_PREFIXES};
 pub use updates::{UpdatePage, UpdateRecord, UpdateRequest};
 
@@ -26,9 +26,10 @@ use dtask_journal::{
     Event, Head, Journal, LeasePolicy, LiveRepair, LiveSummary, TaskSpec, Timestamp,
 };
 use dtask_replay::{load_task, load_tasks_each, ReplayError, Status, Task, TaskState};
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::ops::Bound;
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, OnceLock};
 use tokio::sync::watch;
 
 /// A request to create a task.
@@ -51,6 +52,13 @@ pub struct TaskPage {
     pub tasks: Vec<TaskState>,
     /// The cursor of the next page; `None` on the last page.
     pub next_cursor: Option<String>,
+}
+
+/// Whether an append was written or lost a race.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Appended {
+    Written,
+    Conflict,
 }
 
 /// The change counters of a task, published after every applied event.
@@ -87,10 +95,7 @@ impl Slot {
 
     /// Records `change` and sends it to the receivers, if any.
     fn publish(&self, change: Change) {
-        let mut latest = self
-            .latest
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut latest = self.latest.lock();
         *latest = change;
         if let Some(changes) = self.changes.get() {
             changes.send_replace(change);
@@ -101,10 +106,7 @@ impl Slot {
     fn subscribe(&self) -> watch::Receiver<Change> {
         // Under `latest`, so that no change is published between reading the latest counters
         // and making the channel.
-        let latest = self
-            .latest
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let latest = self.latest.lock();
         self.changes
             .get_or_init(|| watch::Sender::new(*latest))
             .subscribe()
@@ -415,12 +417,9 @@ impl TaskStore {
     }
 
     fn index(&self) -> MutexGuard<'_, Index> {
-        // A poisoned index means a panic while holding a plain map lock; the maps are still
-        // consistent (every update is a single insert/remove), so keep going.
-        self.inner
-            .index
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        // parking_lot's locks do not poison: a panic while holding this plain map lock leaves
+        // the maps consistent (every update is a single insert/remove).
+        self.inner.index.lock()
     }
 
     /// The slot of `id`, folding a task that is not in memory.
@@ -428,8 +427,8 @@ impl TaskStore {
         if let Some(slot) = self.index().slots.get(id) {
             return Ok(Arc::clone(slot));
         }
-        let task = load_task(&self.inner.journal, id)?
-            .ok_or_else(|| StoreError::NotFound(format!("task {id:?}")))?;
+        let task =
+            load_task(&self.inner.journal, id)?.ok_or_else(|| StoreError::task_not_found(id))?;
         let mut index = self.index();
         if let Some(slot) = index.slots.get(id) {
             return Ok(Arc::clone(slot));
@@ -444,35 +443,39 @@ impl TaskStore {
         Ok(slot)
     }
 
-    /// Appends `events` for the locked `task`, then folds them into it.
-    async fn commit(&self, slot: &Slot, task: &mut Task, events: &[Event]) -> Result<()> {
-        let id = task.state.spec.id.clone();
-        let before = Placement::of(&task.state);
-        match self
-            .inner
-            .journal
-            .append_async(&id, task.state.position, events)
-            .await
-        {
+    /// Appends `events` at the end of `id`'s stream, `position` records long: the one
+    /// durable step of every write. A conflict (another writer advanced the stream, or — at
+    /// position 0 — the task exists) is handed back for the caller to interpret.
+    async fn append(&self, id: &str, position: u64, events: &[Event]) -> Result<Appended> {
+        match self.inner.journal.append_async(id, position, events).await {
             Ok(_) => {}
-            Err(dtask_journal::Error::Conflict { .. }) => {
-                // Another writer advanced the stream (only possible if a task was folded twice
-                // concurrently). Refold and report a stale version.
-                let fresh = load_task(&self.inner.journal, &id)?
-                    .ok_or_else(|| StoreError::NotFound(format!("task {id:?}")))?;
-                let expected = task.state.version;
-                *task = fresh;
-                self.publish(slot, task, &before);
-                return Err(StoreError::VersionConflict {
-                    expected,
-                    actual: task.state.version,
-                });
-            }
+            Err(dtask_journal::Error::Conflict { .. }) => return Ok(Appended::Conflict),
             Err(e) => return Err(e.into()),
         }
         crate::failpoints::point!(crate::failpoints::STORE_AFTER_APPEND, |m| Err(
             crate::failpoints::injected(m)
         ));
+        Ok(Appended::Written)
+    }
+
+    /// Appends `events` for the locked `task`, then folds them into it: every decided write
+    /// of an existing task ends here.
+    async fn commit(&self, slot: &Slot, task: &mut Task, events: &[Event]) -> Result<()> {
+        let id = task.state.spec.id.clone();
+        let before = Placement::of(&task.state);
+        if self.append(&id, task.state.position, events).await? == Appended::Conflict {
+            // Another writer advanced the stream (only possible if a task was folded twice
+            // concurrently). Refold and report a stale version.
+            let fresh = load_task(&self.inner.journal, &id)?
+                .ok_or_else(|| StoreError::task_not_found(&id))?;
+            let expected = task.state.version;
+            *task = fresh;
+            self.publish(slot, task, &before);
+            return Err(StoreError::VersionConflict {
+                expected,
+                actual: task.state.version,
+            });
+        }
         for event in events {
             task.apply(event).map_err(|error| {
                 tracing::error!(task = %id, %error, "a decided event does not fold");
@@ -528,56 +531,24 @@ impl TaskStore {
     /// [`StoreError::Invalid`] for a bad spec, [`StoreError::AlreadyExists`] when the id is
     /// taken; nothing is written in either case.
     pub async fn create(&self, request: CreateRequest) -> Result<TaskState> {
-        let CreateRequest {
-            spec,
-            policy,
-            checkpoint,
-            context_snapshot,
-        } = request;
-        let config = &self.inner.config;
-        decide::validate_create(&spec, &checkpoint, &context_snapshot, config)?;
-        let policy =
-            policy.ok_or_else(|| StoreError::invalid("policy", "must be retry or fail"))?;
-        let id = spec.id.clone();
+        let now = self.now();
+        let (id, events) = decide::create(request, now, &self.inner.config)?;
         if self.index().slots.contains_key(&id) || self.inner.journal.stream_len(&id)?.is_some() {
             return Err(StoreError::AlreadyExists(id));
         }
-        let now = self.now();
-        let created = Event::Created {
-            spec,
-            policy,
-            checkpoint,
-            context_snapshot,
-            at: now,
-        };
-        let mut task = Task::created(&id, &created).map_err(|error| {
-            StoreError::Replay(ReplayError::Rejected {
-                task: id.clone(),
-                position: 0,
-                error,
-            })
-        })?;
-        let mut events = vec![created];
-        if let Some(n) = decide::lifecycle_notification(&task.state, "task_created", 1, now) {
-            task.apply(&n).map_err(|error| {
+        // Folded before the append, so that a stream that would not fold is never written.
+        let task = Task::fold(&id, &events)
+            .map_err(|(position, error)| {
                 StoreError::Replay(ReplayError::Rejected {
                     task: id.clone(),
-                    position: 1,
+                    position,
                     error,
                 })
-            })?;
-            events.push(n);
+            })?
+            .ok_or_else(|| StoreError::task_not_found(&id))?;
+        if self.append(&id, 0, &events).await? == Appended::Conflict {
+            return Err(StoreError::AlreadyExists(id));
         }
-        match self.inner.journal.append_async(&id, 0, &events).await {
-            Ok(_) => {}
-            Err(dtask_journal::Error::Conflict { .. }) => {
-                return Err(StoreError::AlreadyExists(id))
-            }
-            Err(e) => return Err(e.into()),
-        }
-        crate::failpoints::point!(crate::failpoints::STORE_AFTER_APPEND, |m| Err(
-            crate::failpoints::injected(m)
-        ));
         let state = task.state.clone();
         {
             let mut index = self.index();
@@ -635,7 +606,7 @@ impl TaskStore {
         let now = self.now();
         self.resolve_expiry(&slot, &mut task, now).await?;
         match decide::decide(&task.state, expected_version, &command, now, config)? {
-            Decision::Unchanged => {}
+            Decision::Unchanged | Decision::Repeat { .. } => {}
             Decision::Write(events) => self.commit(&slot, &mut task, &events).await?,
         }
         Ok(task.state.clone())

@@ -6,27 +6,13 @@
 //! in the same batch. Receipt leases are delivery bookkeeping and live in memory only: after a
 //! restart every unacknowledged notification is deliverable again (at-least-once delivery).
 
-use super::decide;
-use super::error::{Result, StoreError};
-use super::updates::fence;
+use super::decide::{self, Decision};
+use super::error::{NotFound, Result, StoreError};
 use super::TaskStore;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use dtask_journal::{Event, Timestamp};
 use std::collections::HashMap;
-
-/// Kind prefixes reserved for the engine's own notifications.
-pub const RESERVED_KIND_PREFIXES: [&str; 2] = ["dtask.", "eino."];
-
-/// Lifecycle notification kinds, which applications may not use.
-const LIFECYCLE_KINDS: [&str; 6] = [
-    "task_created",
-    "task_backgrounded",
-    "waiting_input",
-    "completed",
-    "failed",
-    "canceled",
-];
 
 /// An application notification of a running attempt.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -82,23 +68,18 @@ pub(crate) struct Leases {
 }
 
 impl Leases {
-    /// An empty table with a fresh receipt epoch.
+    /// An empty table with a fresh receipt epoch (random: half of a version-4 UUID).
     pub(crate) fn new() -> Self {
-        use std::hash::{BuildHasher, Hasher};
-        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        hasher.write_u128(nanos);
-        hasher.write_u32(std::process::id());
         Self {
             by_seq: HashMap::new(),
             by_receipt: HashMap::new(),
-            epoch: hasher.finish(),
+            epoch: uuid::Uuid::new_v4().as_u64_pair().0,
             next_receipt: 0,
         }
     }
 }
+
+pub use super::decide::RESERVED_KIND_PREFIXES;
 
 /// The id of an application notification: depends only on (task, event id).
 #[must_use]
@@ -111,11 +92,8 @@ pub fn application_notification_id(task: &str, event_id: &str) -> String {
 }
 
 impl TaskStore {
-    fn leases(&self) -> std::sync::MutexGuard<'_, Leases> {
-        self.inner
-            .outbox
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    fn leases(&self) -> parking_lot::MutexGuard<'_, Leases> {
+        self.inner.outbox.lock()
     }
 
     /// Queues an application notification from the running `attempt`. The task's version and
@@ -132,64 +110,35 @@ impl TaskStore {
         attempt: u64,
         request: NotificationRequest,
     ) -> Result<()> {
-        let config = self.config();
-        if request.event_id.is_empty() || request.event_id.len() > config.max_id_bytes {
-            return Err(StoreError::invalid(
-                "event id",
-                "required, at most 1024 bytes",
-            ));
-        }
-        if request.kind.is_empty() || request.kind.len() > config.max_notification_kind_bytes {
-            return Err(StoreError::invalid("kind", "required, at most 64 bytes"));
-        }
-        if LIFECYCLE_KINDS.contains(&request.kind.as_str())
-            || RESERVED_KIND_PREFIXES
-                .iter()
-                .any(|p| request.kind.starts_with(p))
-        {
-            return Err(StoreError::invalid("kind", "reserved"));
-        }
-        if request.data.len() > config.max_notification_bytes {
-            return Err(StoreError::invalid("data", "over 256 KiB"));
-        }
-        decide::validate_task_id(id, config)?;
-        if attempt == 0 {
-            return Err(StoreError::invalid("attempt", "must be positive"));
-        }
+        decide::validate_notification(id, attempt, &request, self.config())?;
         let slot = self.slot(id)?;
         let mut task = slot.task.lock().await;
         let now = self.now();
         self.resolve_expiry(&slot, &mut task, now).await?;
-        fence(&task.state, attempt, now)?;
-        if task.state.spec.session_id.is_empty() {
-            return Err(StoreError::NotificationUnavailable(
-                "the task has no session route",
-            ));
-        }
-        if let Some(&position) = task.notification_ids.get(&request.event_id) {
-            let record = self
-                .journal()
-                .read_stream(id, position)
-                .next()
-                .ok_or_else(|| StoreError::NotFound("notification record".into()))??;
-            return match record.event {
-                Event::NotificationEnqueued { kind, data, .. }
-                    if kind == request.kind && data == request.data =>
-                {
-                    Ok(())
+        match decide::notification(&task, attempt, request, now)? {
+            Decision::Repeat { position, request } => {
+                let record = self
+                    .journal()
+                    .read_stream(id, position)
+                    .next()
+                    .ok_or_else(|| {
+                        StoreError::NotFound(NotFound::NotificationRecord {
+                            task: id.to_owned(),
+                            position,
+                        })
+                    })??;
+                match record.event {
+                    Event::NotificationEnqueued { kind, data, .. }
+                        if kind == request.kind && data == request.data =>
+                    {
+                        Ok(())
+                    }
+                    _ => Err(StoreError::NotificationEventIdConflict(request.event_id)),
                 }
-                _ => Err(StoreError::NotificationEventIdConflict(request.event_id)),
-            };
+            }
+            Decision::Write(events) => self.commit(&slot, &mut task, &events).await,
+            Decision::Unchanged => Ok(()),
         }
-        let event = Event::NotificationEnqueued {
-            id: application_notification_id(id, &request.event_id),
-            event_id: request.event_id,
-            kind: request.kind,
-            data: request.data,
-            version: task.state.version,
-            at: now,
-        };
-        self.commit(&slot, &mut task, &[event]).await
     }
 
     /// Leases up to `limit` deliverable notifications in insertion order for `lease`; each
@@ -282,13 +231,13 @@ impl TaskStore {
             let seq = *table
                 .by_receipt
                 .get(receipt)
-                .ok_or_else(|| StoreError::NotFound(format!("receipt {receipt:?}")))?;
+                .ok_or_else(|| StoreError::NotFound(NotFound::Receipt(receipt.to_owned())))?;
             let lease = table
                 .by_seq
                 .get(&seq)
                 .filter(|l| l.receipt == receipt)
                 .cloned()
-                .ok_or_else(|| StoreError::NotFound(format!("receipt {receipt:?}")))?;
+                .ok_or_else(|| StoreError::NotFound(NotFound::Receipt(receipt.to_owned())))?;
             (seq, lease)
         };
         if now >= lease.expires {
@@ -296,15 +245,9 @@ impl TaskStore {
         }
         let slot = self.slot(&lease.task)?;
         let mut task = slot.task.lock().await;
-        if !task.outbox.contains_key(&lease.id) {
-            return Err(StoreError::NotFound(format!("notification {:?}", lease.id)));
+        if let Decision::Write(events) = decide::ack(&task, &lease.id, seq, now)? {
+            self.commit(&slot, &mut task, &events).await?;
         }
-        let event = Event::NotificationAcked {
-            id: lease.id.clone(),
-            enqueued_seq: seq,
-            at: now,
-        };
-        self.commit(&slot, &mut task, &[event]).await?;
         let mut leases = self.leases();
         leases.by_seq.remove(&seq);
         leases.by_receipt.remove(receipt);

@@ -2,11 +2,10 @@
 //! deduplicated task-wide by event id.
 
 use super::cursor::{self, EventCursor};
-use super::decide;
+use super::decide::{self, Decision};
 use super::error::{Result, StoreError};
 use super::TaskStore;
 use dtask_journal::{Event, MetadataEntry, Record, Timestamp};
-use dtask_replay::Status;
 
 /// A progress update to append.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -96,62 +95,42 @@ impl TaskStore {
     ) -> Result<(UpdateRecord, bool)> {
         let config = self.config();
         decide::validate_task_id(id, config)?;
-        if request.attempt == 0 {
-            return Err(StoreError::invalid("attempt", "must be positive"));
-        }
-        if request.event_id.is_empty() {
-            return Err(StoreError::invalid("event id", "must not be empty"));
-        }
-        if request.event_id.len() > config.max_id_bytes {
-            return Err(StoreError::invalid("event id", "too long"));
-        }
-        if request.data.is_empty() {
-            return Err(StoreError::invalid("data", "must not be empty"));
-        }
-        if request.data.len() > config.max_value_bytes {
-            return Err(StoreError::invalid(
-                "data",
-                format!("{} bytes exceeds the limit", request.data.len()),
-            ));
-        }
+        decide::validate_update(&request, config)?;
         let slot = self.slot(id)?;
         let mut task = slot.task.lock().await;
         let now = self.now();
         self.resolve_expiry(&slot, &mut task, now).await?;
-        fence(&task.state, request.attempt, now)?;
-        if let Some(&position) = task.update_ids.get(&request.event_id) {
-            let original = self.read_update(id, position)?;
-            let same = original.kind == request.kind
-                && original.data == request.data
-                && original.metadata == request.metadata;
-            return if same {
-                Ok((original, false))
-            } else {
-                Err(StoreError::EventIdConflict(request.event_id))
-            };
-        }
         let position = task.state.position;
-        let event = Event::UpdateAppended {
-            attempt: request.attempt,
-            event_id: request.event_id,
-            kind: request.kind,
-            data: request.data,
-            metadata: request.metadata,
-            at: now,
-        };
-        self.commit(&slot, &mut task, std::slice::from_ref(&event))
-            .await?;
-        let record = Record {
-            position,
-            seq: 0,
-            event,
-            digest: dtask_journal::Digest::GENESIS,
-            crc: 0,
-            size: 0,
-        };
-        UpdateRecord::from_record(id, &record)
-            .map(|u| (u, true))
-            .ok_or_else(|| StoreError::NotFound("update".into()))
+        match decide::update(&task, request, now)? {
+            Decision::Repeat { position, request } => {
+                let original = self.read_update(id, position)?;
+                let same = original.kind == request.kind
+                    && original.data == request.data
+                    && original.metadata == request.metadata;
+                if same {
+                    Ok((original, false))
+                } else {
+                    Err(StoreError::EventIdConflict(request.event_id))
+                }
+            }
+            Decision::Write(events) => {
+                self.commit(&slot, &mut task, &events).await?;
+                let [event] = <[Event; 1]>::try_from(events)
+                    .map_err(|_| StoreError::update_not_found(id, position))?;
+                let record = Record {
+                    position,
+                    seq: 0,
+                    event,
+                    digest: dtask_journal::Digest::GENESIS,
+                    crc: 0,
+                    size: 0,
+                };
+                UpdateRecord::from_record(id, &record)
+                    .map(|u| (u, true))
+                    .ok_or_else(|| StoreError::update_not_found(id, position))
+            }
+            Decision::Unchanged => Err(StoreError::update_not_found(id, position)),
+        }
     }
 
     fn read_update(&self, id: &str, position: u64) -> Result<UpdateRecord> {
@@ -159,9 +138,9 @@ impl TaskStore {
             .journal()
             .read_stream(id, position)
             .next()
-            .ok_or_else(|| StoreError::NotFound(format!("update at {position}")))??;
+            .ok_or_else(|| StoreError::update_not_found(id, position))??;
         UpdateRecord::from_record(id, &record)
-            .ok_or_else(|| StoreError::NotFound(format!("update at {position}")))
+            .ok_or_else(|| StoreError::update_not_found(id, position))
     }
 
     /// Lists a task's updates a page at a time, oldest first (or newest first). The first page
@@ -272,21 +251,4 @@ impl TaskStore {
         }
         Ok((out, None))
     }
-}
-
-/// The fence of attempt-scoped writes (updates and application notifications).
-pub(crate) fn fence(state: &dtask_replay::TaskState, attempt: u64, now: Timestamp) -> Result<()> {
-    if state.status != Status::Running {
-        return Err(StoreError::LeaseLost("the task is not running"));
-    }
-    if state.cancel_requested_at.is_some() {
-        return Err(StoreError::LeaseLost("cancellation was requested"));
-    }
-    if attempt != state.attempt {
-        return Err(StoreError::LeaseLost("the attempt is not the current one"));
-    }
-    if state.lease_deadline.is_none_or(|d| d <= now) {
-        return Err(StoreError::LeaseLost("the lease has expired"));
-    }
-    Ok(())
 }

@@ -182,14 +182,23 @@ pub fn outcome<T>(r: &Result<T, StoreError>) -> &'static str {
     }
 }
 
-/// Asserts that `result` failed with the named variant.
-#[track_caller]
-pub fn assert_err<T: std::fmt::Debug>(result: Result<T, StoreError>, want: &str) {
-    match result {
-        Ok(v) => panic!("expected {want}, got Ok({v:?})"),
-        Err(e) => assert_eq!(kind(&e), want, "unexpected error: {e}"),
-    }
+/// Asserts that `result` failed with an error matching `pattern` (a typed variant, e.g.
+/// `StoreError::LeaseLost(_)`).
+#[allow(unused_macros)]
+macro_rules! assert_err {
+    ($result:expr, $pattern:pat) => {
+        match $result {
+            Ok(v) => panic!("expected {}, got Ok({v:?})", stringify!($pattern)),
+            Err(e) => assert!(
+                matches!(e, $pattern),
+                "expected {}, got: {e:?}",
+                stringify!($pattern)
+            ),
+        }
+    };
 }
+#[allow(unused_imports)]
+pub(crate) use assert_err;
 
 /// Receives everything deliverable with a long lease.
 pub async fn receive_all(store: &TaskStore) -> Vec<Notification> {

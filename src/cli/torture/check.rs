@@ -5,8 +5,10 @@ use super::child::SHELL;
 use super::Layout;
 use crate::cli::{CliError, Result};
 use dtask_engine::managed::ToolPayload;
-use dtask_journal::{Digest, Error as JournalError, Event, Journal};
-use dtask_replay::{audit_journal, Status, Task};
+use dtask_journal::{Digest, Error as JournalError, Event, Journal, Record};
+use dtask_replay::{
+    audit_journal, replay_task, FoldError, Replay, ReplayError, Status, Task, TaskFold,
+};
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
@@ -33,7 +35,9 @@ pub fn open_if_created(path: &Path) -> Result<Option<Journal>> {
     match Journal::open_read_only(path) {
         Ok(journal) => Ok(Some(journal)),
         Err(JournalError::NotAJournal(_)) => Ok(None),
-        Err(JournalError::Storage(message)) if message.contains("Column family not found") => {
+        Err(JournalError::Storage(storage))
+            if storage.message().contains("Column family not found") =>
+        {
             Ok(None)
         }
         Err(e) => Err(e.into()),
@@ -124,56 +128,87 @@ struct Seen {
     input_provided: bool,
 }
 
-/// Folds one task's stream, checking event ids and attempts on the way.
-fn read_task(journal: &Journal, id: &str, findings: &mut Findings) -> Option<Seen> {
-    let mut task: Option<Task> = None;
-    let mut event_ids = HashSet::new();
-    let mut last_attempt = 0;
-    let mut cancel_requested = false;
-    let mut input_provided = false;
-    for record in journal.read_stream(id, 0) {
-        let record = match record {
-            Ok(record) => record,
-            Err(e) => {
-                findings.violations.push(format!("task {id}: {e}"));
-                return None;
-            }
-        };
-        findings.records += 1;
+/// The torture's own checks of one stream, beside the fold: update event ids are unique, and
+/// attempts only grow.
+struct StreamCheck<'a> {
+    fold: TaskFold<'a>,
+    event_ids: HashSet<String>,
+    last_attempt: u64,
+    cancel_requested: bool,
+    input_provided: bool,
+    records: u64,
+    updates: u64,
+    violations: Vec<String>,
+}
+
+impl Replay for StreamCheck<'_> {
+    type Error = FoldError;
+
+    fn replay(&mut self, record: &Record) -> std::result::Result<(), FoldError> {
+        self.records += 1;
         match &record.event {
             Event::UpdateAppended { event_id, .. } => {
-                findings.updates += 1;
-                if !event_ids.insert(event_id.clone()) {
-                    findings
-                        .violations
-                        .push(format!("task {id}: event id {event_id:?} appears twice"));
+                self.updates += 1;
+                if !self.event_ids.insert(event_id.clone()) {
+                    self.violations
+                        .push(format!("event id {event_id:?} appears twice"));
                 }
             }
             Event::AttemptStarted { attempt, .. } => {
-                if *attempt <= last_attempt {
-                    findings.violations.push(format!(
-                        "task {id}: attempt {attempt} started after attempt {last_attempt}"
+                if *attempt <= self.last_attempt {
+                    self.violations.push(format!(
+                        "attempt {attempt} started after attempt {}",
+                        self.last_attempt
                     ));
                 }
-                last_attempt = *attempt;
+                self.last_attempt = *attempt;
             }
-            Event::CancelRequested { .. } => cancel_requested = true,
-            Event::InputProvided { .. } => input_provided = true,
+            Event::CancelRequested { .. } => self.cancel_requested = true,
+            Event::InputProvided { .. } => self.input_provided = true,
             _ => {}
         }
-        let applied = match task.as_mut() {
-            None => Task::created(id, &record.event).map(|t| task = Some(t)),
-            Some(t) => t.apply(&record.event),
-        };
-        if let Err(e) = applied {
+        self.fold.replay(record)
+    }
+}
+
+/// Folds one task's stream, checking event ids and attempts on the way.
+fn read_task(journal: &Journal, id: &str, findings: &mut Findings) -> Option<Seen> {
+    let mut check = StreamCheck {
+        fold: TaskFold::new(id),
+        event_ids: HashSet::new(),
+        last_attempt: 0,
+        cancel_requested: false,
+        input_provided: false,
+        records: 0,
+        updates: 0,
+        violations: Vec::new(),
+    };
+    let outcome = replay_task(journal, id, None, &mut check);
+    findings.records += check.records;
+    findings.updates += check.updates;
+    findings.violations.extend(
+        check
+            .violations
+            .iter()
+            .map(|violation| format!("task {id}: {violation}")),
+    );
+    match outcome {
+        Ok(()) => {}
+        Err(ReplayError::Rejected {
+            position, error, ..
+        }) => {
             findings.violations.push(format!(
-                "task {id}: record {} does not fold: {e}",
-                record.position
+                "task {id}: record {position} does not fold: {error}"
             ));
             return None;
         }
+        Err(e) => {
+            findings.violations.push(format!("task {id}: {e}"));
+            return None;
+        }
     }
-    let task = task?;
+    let (cancel_requested, input_provided) = (check.cancel_requested, check.input_provided);
+    let task = check.fold.finish()?;
     let (tool, token) = match ToolPayload::decode(&task.state.spec.payload) {
         Ok(payload) => {
             let token = serde_json::from_str::<serde_json::Value>(&payload.arguments)
