@@ -11,6 +11,8 @@
 //!   (atomic, group-committed, durable per [`Durability`]), read a task's stream, list tasks,
 //!   read everything in global commit order.
 //! - [`Backend`]: the storage seam; [`RocksBackend`] is the embedded default.
+//! - [`export`]: the export format (JSON lines that rebuild a journal bit-exact) as serde
+//!   types, to write and read exports.
 //!
 //! ```
 //! use dtask_journal::{Event, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp};
@@ -37,6 +39,7 @@ mod bulk;
 mod byte_fields;
 mod error;
 mod event;
+pub mod export;
 pub mod failpoints;
 mod head;
 mod journal;
