@@ -6,8 +6,19 @@
 
 mod common;
 
+use clap::Parser;
 use std::process::Command;
 use std::time::Instant;
+
+/// `dtask verify` and `dtask export` on a journal of 1M events.
+#[derive(Debug, Parser)]
+struct Args {
+    /// Events in the journal (10 per task).
+    #[arg(long, default_value_t = 1_000_000)]
+    events: usize,
+    #[command(flatten)]
+    _cargo: common::CargoBench,
+}
 
 fn timed(events: usize, what: &str, args: &[&str]) {
     let start = Instant::now();
@@ -25,14 +36,8 @@ fn timed(events: usize, what: &str, args: &[&str]) {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let events: usize = args
-        .iter()
-        .position(|a| a == "--events")
-        .and_then(|i| args.get(i + 1))
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1_000_000);
-    let tasks = events / 10;
+    let args = Args::parse();
+    let tasks = args.events / 10;
     let dir = tempfile::tempdir().unwrap();
     // DTASK_BENCH_KEEP=<dir> builds the journal there and keeps it (for profiling).
     let journal = std::env::var_os("DTASK_BENCH_KEEP")

@@ -35,6 +35,7 @@ use dtask::journal::{
     Durability, Event, Head, Journal, JournalOptions, LeasePolicy, LiveSummary, TaskSpec, Timestamp,
 };
 mod common;
+use clap::Parser;
 use common::file_log;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -254,12 +255,12 @@ fn recovery(tasks: usize, events_per_task: usize) {
         common::build_journal(&dir, tasks, events_per_task, common::Finished::Interleaved);
     }
     let counts = [tasks.to_string(), events_per_task.to_string()];
-    let child = |what: &str, dir: &std::path::Path, label: &str| {
+    let child = |what: &str, dir: &std::path::Path, label: Option<&str>| {
         std::process::Command::new(std::env::current_exe().unwrap())
             .arg(what)
             .arg(dir)
             .args(&counts)
-            .arg(label)
+            .args(label)
             .status()
             .unwrap()
     };
@@ -270,8 +271,8 @@ fn recovery(tasks: usize, events_per_task: usize) {
         let path = entry.unwrap().path();
         std::fs::copy(&path, mapped.path().join(path.file_name().unwrap())).unwrap();
     }
-    assert!(child("--recover", &dir, "closed").success());
-    assert!(child("--recover", mapped.path(), "closed, mmap reads").success());
+    assert!(child("--recover", &dir, Some("closed")).success());
+    assert!(child("--recover", mapped.path(), Some("closed, mmap reads")).success());
     drop(mapped);
     // The same with the finished half first (as time-ordered ids lay it out): nothing lies
     // between the live tasks.
@@ -282,13 +283,18 @@ fn recovery(tasks: usize, events_per_task: usize) {
         events_per_task,
         common::Finished::OldestHalf,
     );
-    assert!(child("--recover", oldest.path(), "closed, oldest half finished").success());
+    assert!(child(
+        "--recover",
+        oldest.path(),
+        Some("closed, oldest half finished")
+    )
+    .success());
     let crashed = tempfile::tempdir().unwrap();
     assert!(
-        !child("--crash-build", crashed.path(), "").success(),
+        !child("--crash-build", crashed.path(), None).success(),
         "the builder was to abort"
     );
-    assert!(child("--recover", crashed.path(), "crashed").success());
+    assert!(child("--recover", crashed.path(), Some("crashed")).success());
 }
 
 /// `--recover DIR TASKS EVENTS LABEL`: times the recovery of the journal at DIR.
@@ -431,31 +437,52 @@ fn crash_build(args: &[String]) -> ! {
     std::process::abort();
 }
 
+/// End-to-end engine figures (see the module docs).
+#[derive(Debug, Parser)]
+struct Args {
+    /// A smaller recovery journal and shorter columns.
+    #[arg(long)]
+    quick: bool,
+    /// Run this part only (1, 2 or 3).
+    #[arg(long, value_name = "N")]
+    part: Option<u32>,
+    /// Part 1's cells alternate dtask and the raw batches N times (default 3, 1 with
+    /// `--quick`).
+    #[arg(long, value_name = "N")]
+    rounds: Option<usize>,
+    /// Part 1 at N tasks only (for profiling).
+    #[arg(long, value_name = "N")]
+    tasks: Option<usize>,
+    /// Child process: times the recovery of the journal at DIR.
+    #[arg(long, hide = true, num_args = 4, value_names = ["DIR", "TASKS", "EVENTS", "LABEL"])]
+    recover: Option<Vec<String>>,
+    /// Child process: builds the recovery journal at DIR and aborts with it open.
+    #[arg(long, hide = true, num_args = 3, value_names = ["DIR", "TASKS", "EVENTS"])]
+    crash_build: Option<Vec<String>>,
+    #[command(flatten)]
+    _cargo: common::CargoBench,
+}
+
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    if let Some(i) = args.iter().position(|a| a == "--crash-build") {
-        crash_build(&args[i + 1..]);
+    let args = Args::parse();
+    if let Some(child) = &args.crash_build {
+        crash_build(child);
     }
-    if let Some(i) = args.iter().position(|a| a == "--recover") {
-        recover(&args[i + 1..]);
+    if let Some(child) = &args.recover {
+        recover(child);
         return;
     }
-    let quick = args.iter().any(|a| a == "--quick");
-    let part: Option<u32> = common::arg(&args, "--part");
-    let runs = |n: u32| part.is_none_or(|p| p == n);
+    let quick = args.quick;
+    let runs = |n: u32| args.part.is_none_or(|p| p == n);
     let secs = if quick { 1.0 } else { 3.0 };
-    // `--rounds N`: part 1's cells alternate dtask and the raw batches N times (3 by default).
-    let rounds: usize = common::arg(&args, "--rounds")
-        .unwrap_or(if quick { 1 } else { 3 })
-        .max(1);
+    let rounds = args.rounds.unwrap_or(if quick { 1 } else { 3 }).max(1);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
     let record = heartbeat_record_bytes();
-    // `--tasks N`: part 1 at N tasks only (for profiling).
-    let only_tasks: Option<usize> = common::arg(&args, "--tasks");
+    let only_tasks = args.tasks;
     if runs(1) {
         transitions_table(&runtime, record, secs, rounds, only_tasks);
     }

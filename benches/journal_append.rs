@@ -27,6 +27,7 @@
 //! CPU per record, as a journal's writer does on framing, index and memtable).
 #![allow(clippy::unwrap_used, clippy::cast_precision_loss, missing_docs)]
 
+use clap::Parser;
 use dtask::journal::{Event, Journal, JournalOptions, Timestamp};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -250,26 +251,61 @@ fn measure_cell(writers: usize, secs: f64, rounds: usize) -> Cell {
     cell
 }
 
+/// Durable appends per second against raw RocksDB and a plain file (see the module docs).
+#[derive(Debug, Parser)]
+struct Args {
+    /// Seconds per column.
+    #[arg(long, default_value_t = 2.0)]
+    secs: f64,
+    /// Alternating rounds of every column (at least 1).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// One row only, at this many writers (default: 1, 16, 64 and 256).
+    #[arg(long)]
+    writers: Option<usize>,
+    /// Only dtask's tokio column, for profiling.
+    #[arg(long)]
+    ours: bool,
+    /// Only the two plain-file columns, and their ratio per round.
+    #[arg(long)]
+    file: bool,
+    /// Cap dtask's batches at this many appends.
+    #[arg(long, value_name = "APPENDS")]
+    max_batch: Option<usize>,
+    /// Syncs the plain file's group commit may run at once.
+    #[arg(long, value_name = "SYNCERS")]
+    file_syncers: Option<usize>,
+    /// Microseconds the plain file's syncer waits for the writers it last woke.
+    #[arg(long, value_name = "MICROS")]
+    file_linger: Option<u64>,
+    /// Nanoseconds of CPU the plain file's writing thread spends per record.
+    #[arg(long, value_name = "NANOS")]
+    file_work: Option<u64>,
+    #[command(flatten)]
+    _cargo: common::CargoBench,
+}
+
 fn main() {
-    let args: Vec<String> = std::env::args().collect();
-    let secs = common::arg(&args, "--secs").unwrap_or(2.0);
-    let rounds: usize = common::arg(&args, "--rounds").unwrap_or(3).max(1);
-    if let Some(appends) = common::arg(&args, "--max-batch") {
+    let args = Args::parse();
+    let secs = args.secs;
+    let rounds = args.rounds.max(1);
+    if let Some(appends) = args.max_batch {
         MAX_BATCH.set(appends).unwrap();
     }
-    if let Some(syncers) = common::arg(&args, "--file-syncers") {
+    if let Some(syncers) = args.file_syncers {
         FILE_SYNCERS.set(syncers).unwrap();
     }
-    if let Some(micros) = common::arg(&args, "--file-linger") {
+    if let Some(micros) = args.file_linger {
         FILE_LINGER.set(Duration::from_micros(micros)).unwrap();
     }
-    if let Some(nanos) = common::arg(&args, "--file-work") {
+    if let Some(nanos) = args.file_work {
         FILE_WORK.set(Duration::from_nanos(nanos)).unwrap();
     }
-    let cells =
-        common::arg(&args, "--writers").map_or_else(|| vec![1usize, 16, 64, 256], |w| vec![w]);
+    let cells = args
+        .writers
+        .map_or_else(|| vec![1usize, 16, 64, 256], |w| vec![w]);
     // `--file`: only the two plain-file columns, alternating, and their ratio per round.
-    if args.iter().any(|a| a == "--file") {
+    if args.file {
         for writers in cells {
             for _ in 0..rounds {
                 let batches = file_log::batches(writers, VALUE_BYTES, secs);
@@ -283,7 +319,7 @@ fn main() {
         return;
     }
     // `--ours`: only dtask's tokio column, for profiling.
-    if args.iter().any(|a| a == "--ours") {
+    if args.ours {
         for writers in cells {
             let ours = dtask_async_appends(writers, secs);
             println!("{writers:>8} | {ours:>13.0}");

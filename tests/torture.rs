@@ -98,10 +98,11 @@ fn kills_before_the_journal_exists_mean_nothing_was_acknowledged() {
     // Killed within a few milliseconds of starting, most children die before they created
     // the journal (or while creating it): the driver must go on, not stop at "not a journal".
     let (code, summary, stderr) = torture(&[
-        "--seed", "1", "--kills", "3", "--min-ms", "1", "--max-ms", "5",
+        "--seed", "2", "--kills", "3", "--min-ms", "1", "--max-ms", "5",
     ]);
-    // With this seed the first child is killed within 5 ms of its start, long before its
-    // journal is there, so the first check finds no journal.
+    // With this seed the first child is killed within 5 ms of its start (it draws no drain:
+    // a unit test of the generator holds that), long before its journal is there, so the
+    // first check finds no journal.
     assert!(stderr.contains("run 1: SIGKILL after"), "{stderr}");
     assert_eq!(code, Some(0), "summary: {summary:#}\nstderr: {stderr}");
     assert_eq!(summary["clean"], true, "{summary:#}");

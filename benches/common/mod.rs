@@ -189,12 +189,13 @@ impl Spread {
     }
 }
 
-/// The value of `--name N` on the command line, if any.
-pub fn arg<T: std::str::FromStr>(args: &[String], name: &str) -> Option<T> {
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .and_then(|s| s.parse().ok())
+/// The flag `cargo bench` passes to every bench binary, accepted and ignored: flatten it into
+/// a bench's arguments.
+#[derive(Debug, clap::Args)]
+pub struct CargoBench {
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long = "bench", hide = true)]
+    bench: bool,
 }
 
 /// `met` or `not met`, for a target line.

@@ -11,7 +11,7 @@
 //!
 //! Schema changes go through a new record format version with an explicit upcast (bincode is
 //! not self-describing): never reorder, remove or change the type of a variant or field here
-//! without bumping [`crate::FORMAT_VERSION`].
+//! without bumping [`crate::RECORD_FORMAT_VERSION`].
 
 use serde::{Deserialize, Serialize};
 use std::fmt;

@@ -13,6 +13,8 @@
 //! - Index readers for audits and followers: [`Journal::commits`] (records in global commit
 //!   order), [`Journal::live_tasks`], [`Journal::outbox`], and the tail marker ([`Tail`])
 //!   checked at every writable open.
+//! - [`export`]: the export format (JSON lines that rebuild a journal bit-exact) as serde
+//!   types, to write and read exports.
 //!
 //! ```
 //! use dtask_journal::{Event, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp};
@@ -39,6 +41,7 @@ mod bulk;
 mod byte_fields;
 mod error;
 mod event;
+pub mod export;
 pub mod failpoints;
 mod head;
 mod journal;
@@ -70,6 +73,6 @@ pub use journal::{
 };
 pub use keys::Space;
 pub use options::{Durability, JournalOptions};
-pub use record::{Digest, Record, FORMAT_VERSION};
+pub use record::{Digest, Record, RECORD_FORMAT_VERSION};
 pub use tail::{Inconsistency, LiveSummary, PairHash, Tail, TaskPairs};
 pub use writer::Appended;

@@ -25,8 +25,10 @@ use crate::error::CorruptionKind;
 use crate::event::Event;
 use std::fmt;
 
-/// The record format version this build writes and reads.
-pub const FORMAT_VERSION: u8 = 1;
+/// The version of a record's framing (the byte in front of every record), which this build
+/// writes and reads. Not the journal's layout version: that is
+/// [`crate::JOURNAL_FORMAT_VERSION`].
+pub const RECORD_FORMAT_VERSION: u8 = 1;
 
 /// Bytes before the payload.
 pub const HEADER_LEN: usize = 21;
@@ -42,39 +44,35 @@ impl Digest {
     /// The digest a stream's first record chains from.
     pub const GENESIS: Self = Self([0; DIGEST_LEN]);
 
-    /// The digest as lower-case hex.
+    /// The digest as 64 lower-case hex digits.
     #[must_use]
     pub fn to_hex(&self) -> String {
-        use fmt::Write;
-        self.0.iter().fold(String::with_capacity(64), |mut s, b| {
-            let _ = write!(s, "{b:02x}");
-            s
-        })
+        self.as_hash().to_hex().to_string()
     }
 
-    /// Parses 64 hex digits.
+    /// Parses 64 hex digits (either case).
     #[must_use]
     pub fn from_hex(hex: &str) -> Option<Self> {
-        if hex.len() != DIGEST_LEN * 2 {
-            return None;
-        }
-        let mut out = [0u8; DIGEST_LEN];
-        for (i, byte) in out.iter_mut().enumerate() {
-            *byte = u8::from_str_radix(hex.get(i * 2..i * 2 + 2)?, 16).ok()?;
-        }
-        Some(Self(out))
+        blake3::Hash::from_hex(hex)
+            .ok()
+            .map(|hash| Self(*hash.as_bytes()))
+    }
+
+    /// The digest as a BLAKE3 hash (whose hex form this digest's is).
+    fn as_hash(&self) -> blake3::Hash {
+        blake3::Hash::from_bytes(self.0)
     }
 }
 
 impl fmt::Debug for Digest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Digest({})", self.to_hex())
+        write!(f, "Digest({})", self.as_hash().to_hex())
     }
 }
 
 impl fmt::Display for Digest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.to_hex())
+        f.write_str(&self.as_hash().to_hex())
     }
 }
 
@@ -244,7 +242,7 @@ pub fn frame(
 ) -> Result<(Vec<u8>, Digest), usize> {
     let len = u32::try_from(payload.len()).map_err(|_| payload.len())?;
     let mut out = Vec::with_capacity(HEADER_LEN + payload.len() + TRAILER_LEN);
-    out.push(FORMAT_VERSION);
+    out.push(RECORD_FORMAT_VERSION);
     out.extend_from_slice(&position.to_be_bytes());
     out.extend_from_slice(&seq.to_be_bytes());
     out.extend_from_slice(&len.to_le_bytes());
@@ -348,7 +346,7 @@ pub fn parse(bytes: &[u8]) -> Result<Frame<'_>, CorruptionKind> {
         return Err(CorruptionKind::Checksum { stored, computed });
     }
     let version = bytes.first().copied().ok_or_else(truncated)?;
-    if version != FORMAT_VERSION {
+    if version != RECORD_FORMAT_VERSION {
         return Err(CorruptionKind::UnknownVersion(version));
     }
     let digest_at = crc_at - DIGEST_LEN;
@@ -477,5 +475,19 @@ mod tests {
         let d = Digest([0xab; 32]);
         assert_eq!(Digest::from_hex(&d.to_hex()), Some(d));
         assert_eq!(Digest::from_hex("zz"), None);
+        let mut counting = [0u8; 32];
+        for (i, b) in counting.iter_mut().enumerate() {
+            *b = u8::try_from(i * 8).unwrap();
+        }
+        let hex = "0008101820283038404850586068707880889098a0a8b0b8c0c8d0d8e0e8f0f8";
+        assert_eq!(Digest(counting).to_hex(), hex);
+        assert_eq!(Digest(counting).to_string(), hex);
+        assert_eq!(format!("{:?}", Digest(counting)), format!("Digest({hex})"));
+        assert_eq!(
+            Digest::from_hex(&hex.to_uppercase()),
+            Some(Digest(counting))
+        );
+        assert_eq!(Digest::from_hex(&hex.replacen("00", "+0", 1)), None);
+        assert_eq!(Digest::from_hex(&hex[2..]), None);
     }
 }

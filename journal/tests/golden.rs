@@ -1,6 +1,6 @@
 //! Golden fixture of record format v1: the committed bytes must decode to the same events, and
 //! encoding those events must give the same bytes. A failure means the format drifted: bump
-//! `FORMAT_VERSION`, add an upcast, and keep the old fixture. Regenerate (only with a version
+//! `RECORD_FORMAT_VERSION`, add an upcast, and keep the old fixture. Regenerate (only with a version
 //! bump) with `DTASK_BLESS=1 cargo test -p dtask-journal --test golden`.
 #![allow(clippy::unwrap_used)]
 

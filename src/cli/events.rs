@@ -56,20 +56,22 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
     if global.json {
         let events: Vec<Value> = rows
             .iter()
-            .map(|row| match row {
-                Ok(r) => json!({
-                    "position": r.position,
-                    "seq": r.seq,
-                    "at": r.event.at().0,
-                    "type": r.event.event_type().as_str(),
-                    "crc": format!("{:08x}", r.crc),
-                    "digest": r.digest.to_hex(),
-                    "size": r.size,
-                    "event": codec::event_to_json(&r.event, Bytes::Base64),
-                }),
-                Err((position, why)) => json!({ "position": position, "damaged": why }),
+            .map(|row| -> Result<Value> {
+                Ok(match row {
+                    Ok(r) => json!({
+                        "position": r.position,
+                        "seq": r.seq,
+                        "at": r.event.at().0,
+                        "type": r.event.event_type().as_str(),
+                        "crc": format!("{:08x}", r.crc),
+                        "digest": r.digest.to_hex(),
+                        "size": r.size,
+                        "event": codec::event_json(&r.event, Bytes::Base64)?,
+                    }),
+                    Err((position, why)) => json!({ "position": position, "damaged": why }),
+                })
             })
-            .collect();
+            .collect::<Result<_>>()?;
         out.json(&json!({ "task": args.task, "events": events }))?;
     } else {
         let mut table = Table::new(&["POS", "SEQ", "AT", "TYPE", "CRC", "DIGEST", "DETAIL"]);

@@ -3,14 +3,12 @@
 
 use super::codec::{self, Bytes};
 use super::{progress, require_task, CliError, Global, Result};
-use dtask_journal::{Journal, Record, FORMAT_VERSION};
-use serde_json::{json, Value};
+use dtask_journal::export::{ExportError, Header, RecordJson, Scope};
+use dtask_journal::{Journal, Record};
+use serde_json::json;
 use std::io::Write;
 use std::iter::Peekable;
 use std::path::PathBuf;
-
-/// The export schema version written in the header (`dtask_export`).
-pub const EXPORT_VERSION: u64 = 1;
 
 /// Arguments of `dtask export`.
 #[derive(Debug, clap::Args)]
@@ -27,36 +25,17 @@ pub struct Args {
     output: Option<PathBuf>,
 }
 
-/// One record as an export line (what [`write_record_line`] writes, parsed).
-pub fn record_line(task: &str, record: &Record, bytes: Bytes) -> Value {
-    let mut out = Vec::new();
-    write_record_line(&mut out, task, record, bytes);
-    serde_json::from_slice(&out).unwrap_or(Value::Null)
+/// Appends the export line of one record (with its newline) to `out`.
+fn write_record_line(out: &mut Vec<u8>, task: &str, record: &Record, bytes: Bytes) -> Result<()> {
+    RecordJson::new(task, record, bytes)
+        .write_line(out)
+        .map_err(export_error)
 }
 
-/// Writes the export line of one record (without its newline) to `out`, keys in order, as
-/// `serde_json` would write the same object, without building a JSON value.
-pub fn write_record_line(out: &mut Vec<u8>, task: &str, record: &Record, bytes: Bytes) {
-    out.extend_from_slice(b"{\"crc\":\"");
-    push_hex(out, &record.crc.to_be_bytes());
-    out.extend_from_slice(b"\",\"digest\":\"");
-    push_hex(out, &record.digest.0);
-    out.extend_from_slice(b"\",\"event\":");
-    codec::write_event_json(out, &record.event, bytes);
-    out.extend_from_slice(b",\"position\":");
-    codec::push_u64(out, record.position);
-    out.extend_from_slice(b",\"seq\":");
-    codec::push_u64(out, record.seq);
-    out.extend_from_slice(b",\"task\":");
-    codec::push_str(out, task);
-    out.push(b'}');
-}
-
-fn push_hex(out: &mut Vec<u8>, bytes: &[u8]) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    for b in bytes {
-        out.push(HEX[usize::from(b >> 4)]);
-        out.push(HEX[usize::from(b & 0xf)]);
+fn export_error(e: ExportError) -> CliError {
+    match e {
+        ExportError::Write(e) => e.into(),
+        other => CliError::Problems(other.to_string()),
     }
 }
 
@@ -102,22 +81,28 @@ fn write_export(
     if tasks.is_empty() {
         return write_journal_export(journal, bytes, w);
     }
-    let (scope, records, mut items): (Value, u64, Items<'_>) = {
+    let (scope, records, mut items): (Scope, u64, Items<'_>) = {
         let mut total = 0;
         let mut streams = Vec::new();
         for task in tasks {
             total += require_task(journal, task)?;
             streams.push((task.clone(), journal.read_stream(task, 0).peekable()));
         }
-        (json!(tasks), total, Box::new(Merge { streams }))
+        (
+            Scope::Tasks(tasks.to_vec()),
+            total,
+            Box::new(Merge { streams }),
+        )
     };
-    write_header(w, journal, &scope, records, bytes)?;
+    write_header(w, journal, scope, records, bytes)?;
     let bar = progress(records, "exporting");
     let mut written = 0;
+    let mut line = Vec::new();
     for item in &mut items {
         let (task, record) = item?;
-        serde_json::to_writer(&mut *w, &record_line(&task, &record, bytes))?;
-        w.write_all(b"\n")
+        line.clear();
+        write_record_line(&mut line, &task, &record, bytes)?;
+        w.write_all(&line)
             .map_err(CliError::io("writing the export"))?;
         written += 1;
         bar.inc(1);
@@ -129,20 +114,14 @@ fn write_export(
 fn write_header(
     w: &mut dyn Write,
     journal: &Journal,
-    scope: &Value,
+    scope: Scope,
     records: u64,
     bytes: Bytes,
 ) -> Result<()> {
-    let header = json!({
-        "dtask_export": EXPORT_VERSION,
-        "journal_format": journal.format_version(),
-        "record_format": FORMAT_VERSION,
-        "scope": scope,
-        "redacted": bytes == Bytes::Redact,
-        "records": records,
-    });
-    serde_json::to_writer(&mut *w, &header)?;
-    w.write_all(b"\n")
+    let header = Header::new(journal.format_version().into(), scope, records, bytes);
+    let mut line = Vec::new();
+    header.write_line(&mut line).map_err(export_error)?;
+    w.write_all(&line)
         .map_err(CliError::io("writing the export"))
 }
 
@@ -162,7 +141,7 @@ const BATCH: usize = 2048;
 const IN_FLIGHT: usize = 8;
 
 /// A formatted batch: its lines, how many, and the error that cut it short.
-type Formatted = (Vec<u8>, u64, Option<dtask_journal::Error>);
+type Formatted = (Vec<u8>, u64, Option<CliError>);
 
 /// The whole journal in global commit order. A reader thread walks the commit index in
 /// batches; workers fetch each batch's records (in key order, with a forward cursor), check,
@@ -172,7 +151,7 @@ fn write_journal_export(journal: &Journal, bytes: Bytes, w: &mut dyn Write) -> R
     use std::sync::mpsc;
     use std::sync::{Arc, Mutex};
     let records = journal.last_seq()?;
-    write_header(w, journal, &"journal".into(), records, bytes)?;
+    write_header(w, journal, Scope::Journal, records, bytes)?;
     let bar = progress(records, "exporting");
     let (token_tx, token_rx) = mpsc::sync_channel::<()>(IN_FLIGHT);
     for _ in 0..IN_FLIGHT {
@@ -229,11 +208,12 @@ fn format_batch(
     for item in batch.into_committed(fetcher) {
         match item {
             Ok(c) => {
-                write_record_line(&mut out, &c.task, &c.record, bytes);
-                out.push(b'\n');
+                if let Err(e) = write_record_line(&mut out, &c.task, &c.record, bytes) {
+                    return (out, lines, Some(e));
+                }
                 lines += 1;
             }
-            Err(e) => return (out, lines, Some(e)),
+            Err(e) => return (out, lines, Some(e.into())),
         }
     }
     (out, lines, None)
@@ -258,7 +238,7 @@ fn write_in_order(
             written += lines;
             bar.inc(lines);
             if let Some(e) = error {
-                return Err(e.into());
+                return Err(e);
             }
             let _ = tokens.send(());
         }
@@ -269,11 +249,7 @@ fn write_in_order(
 /// Runs `dtask export`.
 pub fn run(global: &Global, args: &Args) -> Result<()> {
     let journal = global.open()?;
-    let bytes = if args.no_payload {
-        Bytes::Redact
-    } else {
-        Bytes::Base64
-    };
+    let bytes = codec::bytes(args.no_payload);
     let written = if let Some(path) = &args.output {
         let file = std::fs::File::create(path)
             .map_err(CliError::io(format!("creating {}", path.display())))?;
@@ -314,6 +290,7 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use dtask_journal::export::RecordLine;
     use dtask_journal::{Digest, Event, Timestamp};
 
     #[test]
@@ -330,7 +307,7 @@ mod tests {
             size: 60,
         };
         for task in ["t", "task \"quoted\" \\ é\n"] {
-            let line = record_line(task, &record, Bytes::Base64);
+            let line = codec::record_json(task, &record, Bytes::Base64).unwrap();
             assert_eq!(line["task"], task);
             assert_eq!(line["position"], 3);
             assert_eq!(line["seq"], 1_234_567);
@@ -340,6 +317,30 @@ mod tests {
             assert_eq!(line["event"]["data"], "b2s=");
             let keys: Vec<_> = line.as_object().unwrap().keys().cloned().collect();
             assert_eq!(keys, ["crc", "digest", "event", "position", "seq", "task"]);
+            // The streaming form writes the bytes of the value form.
+            let mut out = Vec::new();
+            write_record_line(&mut out, task, &record, Bytes::Base64).unwrap();
+            assert_eq!(out, format!("{line}\n").into_bytes());
         }
+    }
+
+    /// Every line of the golden export reads back and writes again to the same bytes.
+    #[test]
+    fn the_golden_export_round_trips_byte_for_byte() {
+        let dir = std::env::var_os("CARGO_MANIFEST_DIR")
+            .map_or_else(|| PathBuf::from("."), PathBuf::from);
+        let text = std::fs::read_to_string(dir.join("tests/golden/export.jsonl")).unwrap();
+        let mut lines = text.lines();
+        let header = Header::read(lines.next().unwrap()).unwrap();
+        let mut out = Vec::new();
+        header.write_line(&mut out).unwrap();
+        let mut records = 0;
+        for line in lines {
+            let record = RecordLine::read(line).unwrap();
+            RecordJson::of_line(&record).write_line(&mut out).unwrap();
+            records += 1;
+        }
+        assert_eq!(header.records, records);
+        assert_eq!(String::from_utf8(out).unwrap(), text);
     }
 }

@@ -6,14 +6,13 @@
 //! target and renamed into place only once every record, digest and the audit checked out; a
 //! failed import leaves the target as it was (absent, or an empty directory).
 
-use super::codec;
-use super::export::EXPORT_VERSION;
 use super::{CliError, Global, Out, Result};
+use dtask_journal::export::{ExportError, Header, RecordLine, Scope};
 use dtask_journal::{
-    Durability, Event, Journal, JournalOptions, FORMAT_VERSION, JOURNAL_FORMAT_VERSION,
-    OLDEST_JOURNAL_FORMAT_VERSION,
+    Digest, Durability, Event, Journal, JournalOptions, JOURNAL_FORMAT_VERSION,
+    OLDEST_JOURNAL_FORMAT_VERSION, RECORD_FORMAT_VERSION,
 };
-use serde_json::{json, Value};
+use serde_json::json;
 use std::collections::HashMap;
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
@@ -30,8 +29,8 @@ pub struct Args {
 struct Expected {
     position: u64,
     seq: u64,
-    digest: String,
-    crc: String,
+    digest: Digest,
+    crc: u32,
 }
 
 /// Consecutive records of one task, appended together (their sequences stay consecutive).
@@ -59,77 +58,60 @@ fn check_target(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-fn check_header(header: &Value) -> Result<u64> {
+/// Reads the header line and checks that this build can import the export; returns the
+/// number of records it announces.
+fn check_header(line: &str, name: &str) -> Result<u64> {
     let bad = |why: String| CliError::Usage(format!("not a dtask export: {why}"));
-    let version = header
-        .get("dtask_export")
-        .and_then(Value::as_u64)
-        .ok_or_else(|| bad("the first line has no \"dtask_export\" version".into()))?;
-    if version != EXPORT_VERSION {
-        return Err(bad(format!(
-            "export version {version}; this build reads version {EXPORT_VERSION}"
-        )));
-    }
-    let formats = (
-        header.get("journal_format").and_then(Value::as_u64),
-        header.get("record_format").and_then(Value::as_u64),
-    );
+    let header = Header::read(line).map_err(|e| match e {
+        ExportError::NotJson(e) => CliError::Usage(format!("{name}:1: not JSON: {e}")),
+        e @ (ExportError::NoVersion | ExportError::Version { .. }) => bad(e.to_string()),
+        e => bad(format!("the header: {e}")),
+    })?;
     // The journal formats differ in their indexes only, which an import rebuilds: an export
     // of any journal format this build reads can be imported.
     let readable = u64::from(OLDEST_JOURNAL_FORMAT_VERSION)..=u64::from(JOURNAL_FORMAT_VERSION);
-    if !formats.0.is_some_and(|v| readable.contains(&v))
-        || formats.1 != Some(u64::from(FORMAT_VERSION))
+    if !readable.contains(&header.journal_format)
+        || header.record_format != u64::from(RECORD_FORMAT_VERSION)
     {
         return Err(bad(format!(
-            "journal/record format {formats:?}; this build reads journal formats \
-             {OLDEST_JOURNAL_FORMAT_VERSION}..={JOURNAL_FORMAT_VERSION}, record format {FORMAT_VERSION}"
+            "journal/record format ({}, {}); this build reads journal formats \
+             {OLDEST_JOURNAL_FORMAT_VERSION}..={JOURNAL_FORMAT_VERSION}, record format {RECORD_FORMAT_VERSION}",
+            header.journal_format, header.record_format
         )));
     }
-    if header.get("redacted").and_then(Value::as_bool) != Some(false) {
+    if header.redacted {
         return Err(CliError::Usage(
             "the export is redacted (--no-payload): payloads are missing, it cannot be imported"
                 .into(),
         ));
     }
-    if header.get("scope").and_then(Value::as_str) != Some("journal") {
+    if header.scope != Scope::Journal {
         return Err(CliError::Usage(
             "the export holds selected tasks only: their global sequences cannot be rebuilt \
              bit-exact, so only a whole-journal export can be imported"
                 .into(),
         ));
     }
-    header
-        .get("records")
-        .and_then(Value::as_u64)
-        .ok_or_else(|| bad("the header has no record count".into()))
+    Ok(header.records)
 }
 
-/// Parses one record line.
-fn parse_line(value: &Value) -> Result<(String, Expected, Event), String> {
-    let field = |name: &str| {
-        value
-            .get(name)
-            .ok_or_else(|| format!("missing field {name:?}"))
-    };
-    let text = |name: &str| {
-        field(name)?
-            .as_str()
-            .map(str::to_owned)
-            .ok_or_else(|| format!("field {name:?} must be a string"))
-    };
-    let number = |name: &str| {
-        field(name)?
-            .as_u64()
-            .ok_or_else(|| format!("field {name:?} must be an unsigned integer"))
-    };
+/// Reads one record line.
+fn parse_line(line: &str) -> Result<(String, Expected, Event), ExportError> {
+    let RecordLine {
+        task,
+        position,
+        seq,
+        digest,
+        crc,
+        event,
+    } = RecordLine::read(line)?;
     let expected = Expected {
-        position: number("position")?,
-        seq: number("seq")?,
-        digest: text("digest")?,
-        crc: text("crc")?,
+        position,
+        seq,
+        digest,
+        crc,
     };
-    let event = codec::event_from_json(field("event")?)?;
-    Ok((text("task")?, expected, event))
+    Ok((task, expected, event))
 }
 
 /// Appends a batch and compares what was written with the export.
@@ -150,17 +132,15 @@ fn flush(journal: &Journal, batch: &mut Option<Batch>) -> Result<()> {
     let rebuilt = journal.read_stream(&batch.task, first.position);
     for (want, got) in batch.expected.iter().zip(rebuilt) {
         let got = got?;
-        let digest = got.digest.to_hex();
-        let crc = format!("{:08x}", got.crc);
         if got.position != want.position
             || got.seq != want.seq
-            || digest != want.digest
-            || crc != want.crc
+            || got.digest != want.digest
+            || got.crc != want.crc
         {
             return Err(CliError::Problems(format!(
                 "the import is not bit-exact: task {:?} position {} sequence {}: rebuilt digest \
-                 {digest} crc {crc}, exported digest {} crc {}",
-                batch.task, want.position, want.seq, want.digest, want.crc
+                 {} crc {:08x}, exported digest {} crc {:08x}",
+                batch.task, want.position, want.seq, got.digest, got.crc, want.digest, want.crc
             )));
         }
     }
@@ -200,9 +180,7 @@ fn rebuild(
             continue;
         }
         let bad = |why: String| CliError::Usage(format!("{name}:{line_no}: {why}"));
-        let value: Value =
-            serde_json::from_str(&line).map_err(|e| bad(format!("not JSON: {e}")))?;
-        let (task, expected, event) = parse_line(&value).map_err(bad)?;
+        let (task, expected, event) = parse_line(&line).map_err(|e| bad(e.to_string()))?;
         if expected.seq != records + 1 {
             return Err(bad(format!(
                 "sequence {} where {} was expected: the export is not in global order",
@@ -294,9 +272,7 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
         .next()
         .ok_or_else(|| CliError::Usage(format!("{name} is empty")))?
         .map_err(CliError::io(format!("reading {name}")))?;
-    let header: Value = serde_json::from_str(&header_line)
-        .map_err(|e| CliError::Usage(format!("{name}:1: not JSON: {e}")))?;
-    let announced = check_header(&header)?;
+    let announced = check_header(&header_line, &name)?;
 
     // Built beside the target (same file system, so the rename is atomic); removed on any
     // failure when `staging` drops.

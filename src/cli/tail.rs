@@ -5,8 +5,7 @@
 //! directory, `TMPDIR`), removed whenever `tail --follow` ends: at `--max` records, after
 //! `--until-idle` without a new record, on SIGINT or SIGTERM, or on an error.
 
-use super::codec::Bytes;
-use super::export::record_line;
+use super::codec::{self, Bytes};
 use super::{fmt, CliError, Global, Out, Result};
 use dtask_journal::{Committed, Journal};
 use std::path::Path;
@@ -49,7 +48,7 @@ fn parse_secs(text: &str) -> Result<Duration, String> {
 
 fn print(out: &mut Out, global: &Global, c: &Committed, bytes: Bytes) -> Result<()> {
     if global.json {
-        return out.json_line(&record_line(&c.task, &c.record, bytes));
+        return out.json_line(&codec::record_json(&c.task, &c.record, bytes)?);
     }
     let r = &c.record;
     out.line(format!(
@@ -91,11 +90,7 @@ fn drain(
 /// Runs `dtask tail`.
 pub fn run(global: &Global, args: &Args) -> Result<()> {
     let dir = global.existing_journal_dir()?;
-    let bytes = if args.no_payload {
-        Bytes::Redact
-    } else {
-        Bytes::Base64
-    };
+    let bytes = codec::bytes(args.no_payload);
     let mut out = Out::new();
     if !args.follow {
         let journal = global.open()?;

@@ -1,23 +1,17 @@
-//! A small seeded generator (`SplitMix64`): the same seed gives the same schedule of kills and
-//! the same workload choices (process timing still varies from run to run).
+//! The torture's seeded generator (`ChaCha8` from `rand`): the same seed gives the same schedule
+//! of kills and the same workload choices (process timing still varies from run to run).
 
-/// A `SplitMix64` generator.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
+use rand::rngs::ChaCha8Rng;
+use rand::{Rng as _, RngExt as _, SeedableRng as _};
+
+/// A seeded generator.
+#[derive(Debug)]
+pub struct Rng(ChaCha8Rng);
 
 impl Rng {
     /// A generator seeded with `seed`.
     pub fn new(seed: u64) -> Self {
-        Self(seed)
-    }
-
-    /// The next 64 random bits.
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        Self(ChaCha8Rng::seed_from_u64(seed))
     }
 
     /// A number in `lo..=hi` (`lo` when the range is empty).
@@ -25,17 +19,20 @@ impl Rng {
         if hi <= lo {
             return lo;
         }
-        lo + self.next_u64() % (hi - lo + 1)
+        self.0.random_range(lo..=hi)
     }
 
     /// `true` with probability `percent` / 100.
     pub fn chance(&mut self, percent: u64) -> bool {
-        self.next_u64() % 100 < percent
+        self.range(0, 99) < percent
     }
 
-    /// The seed of a derived stream (e.g. one child run's).
+    /// The seed of a derived stream (e.g. one child run's): the first number of `seed`'s
+    /// generator on its stream `stream`.
     pub fn derive(seed: u64, stream: u64) -> u64 {
-        Rng::new(seed ^ stream.wrapping_mul(0xA24B_AED4_963E_E407)).next_u64()
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        rng.set_stream(stream);
+        rng.next_u64()
     }
 }
 
@@ -45,15 +42,27 @@ mod tests {
 
     #[test]
     fn the_same_seed_gives_the_same_numbers_and_ranges_hold() {
-        let a: Vec<u64> = (0..5)
-            .scan(Rng::new(7), |r, _| Some(r.next_u64()))
-            .collect();
-        let b: Vec<u64> = (0..5)
-            .scan(Rng::new(7), |r, _| Some(r.next_u64()))
-            .collect();
-        assert_eq!(a, b);
+        let draw = |seed| -> Vec<u64> {
+            let mut rng = Rng::new(seed);
+            (0..5).map(|_| rng.range(0, u64::MAX - 1)).collect()
+        };
+        assert_eq!(draw(7), draw(7));
+        assert_ne!(draw(7), draw(8));
         let mut rng = Rng::new(1);
         assert!((0..1000).all(|_| (3..=9).contains(&rng.range(3, 9))));
         assert_eq!(rng.range(5, 5), 5);
+        assert_eq!(rng.range(6, 5), 6);
+        assert_eq!(Rng::derive(3, 1), Rng::derive(3, 1));
+        assert_ne!(Rng::derive(3, 1), Rng::derive(3, 2));
+        assert_ne!(Rng::derive(3, 1), Rng::derive(4, 1));
+    }
+
+    /// `tests/torture.rs` counts on seed 2 killing its first child: the first run draws its
+    /// delay, then no drain (a 15 % chance; seed 1 drains).
+    #[test]
+    fn seed_2_does_not_drain_its_first_run() {
+        let mut rng = Rng::new(2);
+        assert!((1..=5).contains(&rng.range(1, 5)));
+        assert!(!rng.chance(15));
     }
 }

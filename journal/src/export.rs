@@ -1,0 +1,1081 @@
+//! The export format (`docs/export-format.md`, version [`VERSION`]) as serde types, both ways:
+//! JSON lines — a [`Header`], then one line per record — that rebuild a journal bit-exact.
+//!
+//! - Writing: [`Header`] and [`RecordJson`] (a record of a journal, borrowed) serialize to the
+//!   exact bytes `dtask export` writes: keys in lexicographic order, compact, as `serde_json`
+//!   writes them. Byte fields are standard base64 with padding, or `{"redacted_len": N}` with
+//!   [`ByteFields::Redacted`].
+//! - Reading: [`Header::read`] and [`RecordLine::read`] refuse what the format does not allow
+//!   (an unknown version, a missing, unknown or malformed event field, a redacted byte field)
+//!   with an [`ExportError`] that names the field.
+//!
+//! ```
+//! use dtask_journal::export::{ByteFields, Header, RecordJson, RecordLine, Scope};
+//! use dtask_journal::{Digest, Event, Record, Timestamp};
+//!
+//! # fn main() -> Result<(), dtask_journal::export::ExportError> {
+//! let record = Record {
+//!     position: 0,
+//!     seq: 1,
+//!     event: Event::Completed { data: b"ok".to_vec(), at: Timestamp(5) },
+//!     digest: Digest([0xa5; 32]),
+//!     crc: 0x0012_abcd,
+//!     size: 60,
+//! };
+//! let header = Header::new(2, Scope::Journal, 1, ByteFields::Base64);
+//! let mut export = Vec::new();
+//! header.write_line(&mut export)?;
+//! RecordJson::new("job-1", &record, ByteFields::Base64).write_line(&mut export)?;
+//!
+//! let text = String::from_utf8(export).expect("JSON is UTF-8");
+//! let mut lines = text.lines();
+//! assert_eq!(Header::read(lines.next().unwrap_or_default())?, header);
+//! let line = lines.next().unwrap_or_default();
+//! assert!(line.starts_with(r#"{"crc":"0012abcd","digest":"a5a5"#));
+//! assert!(line.ends_with(r#""event":{"at":5,"data":"b2s=","type":"completed"},"position":0,"seq":1,"task":"job-1"}"#));
+//! let read = RecordLine::read(line)?;
+//! assert_eq!((read.task.as_str(), read.seq, read.crc), ("job-1", 1, 0x0012_abcd));
+//! assert_eq!(read.event, record.event);
+//! # Ok(()) }
+//! ```
+
+use crate::event::{Event, ExpiryResolution, LeasePolicy, TaskSpec, Timestamp};
+use crate::record::{Digest, Record, RECORD_FORMAT_VERSION};
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine as _;
+use serde::de::{self, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::ser::SerializeStruct;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::{Map, Value};
+use serde_with::base64::Base64;
+use serde_with::{serde_as, DeserializeAs, Same, SerializeAs};
+use std::fmt::{self, Write as _};
+
+/// The export schema version this build writes and reads: the header's `dtask_export`.
+///
+/// It changes when a field is removed, renamed or changes meaning.
+pub const VERSION: u64 = 1;
+
+/// Why an export line could not be read or written.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExportError {
+    /// The line is not JSON (or holds more than one JSON value).
+    #[error("not JSON: {0}")]
+    NotJson(#[source] serde_json::Error),
+    /// The JSON does not fit the format: a field is missing, unknown (in an event), of the
+    /// wrong type, or holds a value the format does not allow — a redacted byte field among
+    /// them, which cannot be read back.
+    #[error("{}", located(.path, .message))]
+    Invalid {
+        /// Where: `event.spec.payload`, `seq`; empty for the line itself.
+        path: String,
+        /// What is wrong there.
+        message: String,
+    },
+    /// The first line names no export version (`dtask_export`): it is no export.
+    #[error("the first line has no \"dtask_export\" version")]
+    NoVersion,
+    /// An export version this build does not read.
+    #[error("export version {found}; this build reads version {VERSION}")]
+    Version {
+        /// The version of the export.
+        found: u64,
+    },
+    /// Writing a line failed.
+    #[error("writing the export: {0}")]
+    Write(#[source] serde_json::Error),
+}
+
+fn located(path: &str, message: &str) -> String {
+    if path.is_empty() {
+        message.to_owned()
+    } else {
+        format!("{path}: {message}")
+    }
+}
+
+impl ExportError {
+    /// The error of a path-tracked deserialization, its path under `prefix`.
+    fn from_tracked(prefix: &str, e: serde_path_to_error::Error<serde_json::Error>) -> Self {
+        let mut path = prefix.to_owned();
+        for segment in e.path() {
+            match segment {
+                serde_path_to_error::Segment::Seq { index } => {
+                    let _ = write!(path, "[{index}]");
+                }
+                serde_path_to_error::Segment::Map { key } => {
+                    if !path.is_empty() {
+                        path.push('.');
+                    }
+                    path.push_str(key);
+                }
+                // The variant of an event is its `type`, not a level of the line.
+                _ => {}
+            }
+        }
+        let inner = e.into_inner();
+        if matches!(
+            inner.classify(),
+            serde_json::error::Category::Syntax | serde_json::error::Category::Eof
+        ) {
+            return Self::NotJson(inner);
+        }
+        Self::Invalid {
+            path,
+            message: inner.to_string(),
+        }
+    }
+}
+
+/// Parses one line as `T`, naming the path of what does not fit.
+fn parse<'a, T: Deserialize<'a>>(line: &'a str) -> Result<T, ExportError> {
+    let mut de = serde_json::Deserializer::from_str(line);
+    let value =
+        serde_path_to_error::deserialize(&mut de).map_err(|e| ExportError::from_tracked("", e))?;
+    de.end().map_err(ExportError::NotJson)?;
+    Ok(value)
+}
+
+/// Writes `value` as one compact JSON line (with its `\n`).
+fn write_json_line(out: &mut Vec<u8>, value: &impl Serialize) -> Result<(), ExportError> {
+    serde_json::to_writer(&mut *out, value).map_err(ExportError::Write)?;
+    out.push(b'\n');
+    Ok(())
+}
+
+/// How byte fields (payloads, checkpoints, data, context snapshots) are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ByteFields {
+    /// Standard base64 with padding: the export can be imported.
+    #[default]
+    Base64,
+    /// `{"redacted_len": N}`, the length only (`dtask export --no-payload`): such an export
+    /// cannot be read back.
+    Redacted,
+}
+
+/// Which records an export holds: the header's `scope`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Scope {
+    /// `"journal"`: every record of the journal; only such an export can be imported.
+    Journal,
+    /// The tasks exported (`dtask export --task ID`), as a list of task ids.
+    Tasks(Vec<String>),
+}
+
+impl Serialize for Scope {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self {
+            Self::Journal => serializer.serialize_str("journal"),
+            Self::Tasks(tasks) => tasks.serialize(serializer),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Scope {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct ScopeVisitor;
+
+        impl<'de> Visitor<'de> for ScopeVisitor {
+            type Value = Scope;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("\"journal\" or a list of task ids")
+            }
+
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Scope, E> {
+                if text == "journal" {
+                    Ok(Scope::Journal)
+                } else {
+                    Err(E::invalid_value(de::Unexpected::Str(text), &self))
+                }
+            }
+
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Scope, A::Error> {
+                let mut tasks = Vec::new();
+                while let Some(task) = seq.next_element()? {
+                    tasks.push(task);
+                }
+                Ok(Scope::Tasks(tasks))
+            }
+        }
+
+        deserializer.deserialize_any(ScopeVisitor)
+    }
+}
+
+/// The first line of an export.
+///
+/// Unknown header fields are ignored (a field added to the header does not change the
+/// version); the CLI's import refuses more than the format does (a redacted or `--task`
+/// export, an unknown journal format).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Header {
+    /// The export schema version, [`VERSION`].
+    pub dtask_export: u64,
+    /// The journal format version of the source journal (its `meta` space).
+    pub journal_format: u64,
+    /// The record framing version the digests and CRCs belong to ([`RECORD_FORMAT_VERSION`]).
+    pub record_format: u64,
+    /// How many record lines follow.
+    pub records: u64,
+    /// Whether byte fields were written as [`ByteFields::Redacted`].
+    pub redacted: bool,
+    /// Which records the export holds.
+    pub scope: Scope,
+}
+
+impl Header {
+    /// The header of an export of this build's version and record format.
+    #[must_use]
+    pub fn new(journal_format: u64, scope: Scope, records: u64, bytes: ByteFields) -> Self {
+        Self {
+            dtask_export: VERSION,
+            journal_format,
+            record_format: u64::from(RECORD_FORMAT_VERSION),
+            records,
+            redacted: bytes == ByteFields::Redacted,
+            scope,
+        }
+    }
+
+    /// Reads the first line of an export (without its `\n`).
+    ///
+    /// # Errors
+    /// [`ExportError::NotJson`]; [`ExportError::NoVersion`] when the line names no
+    /// `dtask_export` version and [`ExportError::Version`] for one this build does not read
+    /// (both before any other field is looked at); [`ExportError::Invalid`] for a missing or
+    /// malformed field.
+    pub fn read(line: &str) -> Result<Self, ExportError> {
+        let value: Value = serde_json::from_str(line).map_err(ExportError::NotJson)?;
+        match value.get("dtask_export").and_then(Value::as_u64) {
+            None => Err(ExportError::NoVersion),
+            Some(VERSION) => serde_path_to_error::deserialize(value)
+                .map_err(|e| ExportError::from_tracked("", e)),
+            Some(found) => Err(ExportError::Version { found }),
+        }
+    }
+
+    /// Appends the header line (with its `\n`) to `out`.
+    ///
+    /// # Errors
+    /// [`ExportError::Write`] if serialization fails (it does not for a header).
+    pub fn write_line(&self, out: &mut Vec<u8>) -> Result<(), ExportError> {
+        write_json_line(out, self)
+    }
+}
+
+/// A CRC-32 as 8 lower-case hex digits (`0012abcd`), as the format writes it; reading takes
+/// nothing else.
+struct CrcHex;
+
+impl SerializeAs<u32> for CrcHex {
+    fn serialize_as<S: Serializer>(crc: &u32, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(&format_args!("{crc:08x}"))
+    }
+}
+
+impl<'de> DeserializeAs<'de, u32> for CrcHex {
+    fn deserialize_as<D: Deserializer<'de>>(deserializer: D) -> Result<u32, D::Error> {
+        let text = std::borrow::Cow::<str>::deserialize(deserializer)?;
+        let canonical = text.len() == 8 && text.bytes().all(is_lower_hex);
+        canonical
+            .then(|| u32::from_str_radix(&text, 16).ok())
+            .flatten()
+            .ok_or_else(|| {
+                de::Error::invalid_value(de::Unexpected::Str(&text), &"8 lower-case hex digits")
+            })
+    }
+}
+
+/// A chain digest as 64 lower-case hex digits ([`Digest::to_hex`]); reading takes nothing else.
+struct DigestHex;
+
+impl SerializeAs<Digest> for DigestHex {
+    fn serialize_as<S: Serializer>(digest: &Digest, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(digest)
+    }
+}
+
+impl<'de> DeserializeAs<'de, Digest> for DigestHex {
+    fn deserialize_as<D: Deserializer<'de>>(deserializer: D) -> Result<Digest, D::Error> {
+        let text = std::borrow::Cow::<str>::deserialize(deserializer)?;
+        text.bytes()
+            .all(is_lower_hex)
+            .then(|| Digest::from_hex(&text))
+            .flatten()
+            .ok_or_else(|| {
+                de::Error::invalid_value(de::Unexpected::Str(&text), &"64 lower-case hex digits")
+            })
+    }
+}
+
+fn is_lower_hex(b: u8) -> bool {
+    matches!(b, b'0'..=b'9' | b'a'..=b'f')
+}
+
+/// A byte field to write: base64, or its length only.
+#[derive(Clone, Copy)]
+struct ByteField<'a> {
+    data: &'a [u8],
+    how: ByteFields,
+}
+
+/// What a redacted byte field holds.
+#[derive(Serialize)]
+struct Redaction {
+    redacted_len: u64,
+}
+
+impl Serialize for ByteField<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        match self.how {
+            ByteFields::Base64 => serde_with::As::<Base64>::serialize(&self.data, serializer),
+            ByteFields::Redacted => Redaction {
+                redacted_len: self.data.len() as u64,
+            }
+            .serialize(serializer),
+        }
+    }
+}
+
+/// Reads a byte field: standard base64 with canonical padding. A redaction
+/// (`{"redacted_len": N}`) is refused: its bytes are gone.
+struct StrictBase64;
+
+impl<'de> DeserializeAs<'de, Vec<u8>> for StrictBase64 {
+    fn deserialize_as<D: Deserializer<'de>>(deserializer: D) -> Result<Vec<u8>, D::Error> {
+        deserializer.deserialize_any(StrictBase64)
+    }
+}
+
+impl<'de> Visitor<'de> for StrictBase64 {
+    type Value = Vec<u8>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("base64 text")
+    }
+
+    fn visit_str<E: de::Error>(self, text: &str) -> Result<Vec<u8>, E> {
+        STANDARD
+            .decode(text)
+            .map_err(|e| E::custom(format_args!("bad base64: {e}")))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Vec<u8>, A::Error> {
+        while let Some(key) = map.next_key::<std::borrow::Cow<'_, str>>()? {
+            if key == "redacted_len" {
+                return Err(de::Error::custom(
+                    "the field was redacted (--no-payload): a redacted export cannot be read back",
+                ));
+            }
+            map.next_value::<IgnoredAny>()?;
+        }
+        Err(de::Error::invalid_type(de::Unexpected::Map, &self))
+    }
+}
+
+/// An event as the JSON object of the format: `{"type": "<event type>", <every field>}`, keys
+/// in lexicographic order, times as milliseconds since the UNIX epoch.
+///
+/// Every field of every event is written, so that [`RecordLine::read`] rebuilds the exact
+/// event (and so the exact record bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventJson<'a> {
+    event: &'a Event,
+    bytes: ByteFields,
+}
+
+impl<'a> EventJson<'a> {
+    /// `event`, its byte fields written as `bytes` says.
+    #[must_use]
+    pub const fn new(event: &'a Event, bytes: ByteFields) -> Self {
+        Self { event, bytes }
+    }
+}
+
+/// A task spec as the format writes it (inside a `created` event), keys in order.
+#[derive(Serialize)]
+struct SpecJson<'a> {
+    description: &'a str,
+    executor_key: &'a str,
+    id: &'a str,
+    kind: &'a str,
+    notify_session: bool,
+    output_file: &'a str,
+    payload: ByteField<'a>,
+    session_id: &'a str,
+}
+
+impl<'a> Serialize for EventJson<'a> {
+    /// The fields of each event type in lexicographic order, `type` among them: the order
+    /// `serde_json` writes an object's keys in, which the export has always used.
+    #[allow(clippy::too_many_lines, reason = "one arm per event type reads best")]
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let bytes = |data: &'a [u8]| ByteField {
+            data,
+            how: self.bytes,
+        };
+        let ty = self.event.event_type().as_str();
+        match self.event {
+            Event::Created {
+                spec,
+                policy,
+                checkpoint,
+                context_snapshot,
+                at,
+            } => {
+                let mut o = serializer.serialize_struct("created", 6)?;
+                o.serialize_field("at", at)?;
+                o.serialize_field("checkpoint", &bytes(checkpoint))?;
+                o.serialize_field("context_snapshot", &bytes(context_snapshot))?;
+                o.serialize_field("policy", policy)?;
+                o.serialize_field(
+                    "spec",
+                    &SpecJson {
+                        description: &spec.description,
+                        executor_key: &spec.executor_key,
+                        id: &spec.id,
+                        kind: &spec.kind,
+                        notify_session: spec.notify_session,
+                        output_file: &spec.output_file,
+                        payload: bytes(&spec.payload),
+                        session_id: &spec.session_id,
+                    },
+                )?;
+                o.serialize_field("type", ty)?;
+                o.end()
+            }
+            Event::AttemptStarted {
+                attempt,
+                lease_deadline,
+                at,
+            } => {
+                let mut o = serializer.serialize_struct("attempt_started", 4)?;
+                o.serialize_field("at", at)?;
+                o.serialize_field("attempt", attempt)?;
+                o.serialize_field("lease_deadline", lease_deadline)?;
+                o.serialize_field("type", ty)?;
+                o.end()
+            }
+            Event::Heartbeat { lease_deadline, at } => {
+                let mut o = serializer.serialize_struct("heartbeat", 3)?;
+                o.serialize_field("at", at)?;
+                o.serialize_field("lease_deadline", lease_deadline)?;
+                o.serialize_field("type", ty)?;
+                o.end()
+            }
+            Event::StartCommitted { checkpoint, at }
+            | Event::WaitingInput { checkpoint, at }
+            | Event::Suspended { checkpoint, at }
+            | Event::Yielded { checkpoint, at } => {
+                let mut o = serializer.serialize_struct("checkpoint", 3)?;
+                o.serialize_field("at", at)?;
+                o.serialize_field("checkpoint", &bytes(checkpoint))?;
+                o.serialize_field("type", ty)?;
+                o.end()
+            }
+            Event::TranscriptFailed { error, at } | Event::Failed { error, at } => {
+                let mut o = serializer.serialize_struct("error", 3)?;
+                o.serialize_field("at", at)?;
+                o.serialize_field("error", error)?;
+                o.serialize_field("type", ty)?;
+                o.end()
+            }
+            Event::InputProvided {
+                data,
+                context_snapshot,
+                at,
+            } => {
+                let mut o = serializer.serialize_struct("input_provided", 4)?;
+                o.serialize_field("at", at)?;
+                o.serialize_field("context_snapshot", &context_snapshot.as_deref().map(bytes))?;
+                o.serialize_field("data", &bytes(data))?;
+                o.serialize_field("type", ty)?;
+                o.end()
+            }
+            Event::Released {
+                context_snapshot,
+                at,
+            } => {
+                let mut o = serializer.serialize_struct("released", 3)?;
+                o.serialize_field("at", at)?;
+                o.serialize_field("context_snapshot", &context_snapshot.as_deref().map(bytes))?;
+                o.serialize_field("type", ty)?;
+                o.end()
+            }
+            Event::CancelRequested {
+                reason,
+                lease_deadline,
+                direct,
+                at,
+            } => {
+                let mut o = serializer.serialize_struct("cancel_requested", 5)?;
+                o.serialize_field("at", at)?;
+                o.serialize_field("direct", direct)?;
+                o.serialize_field("lease_deadline", lease_deadline)?;
+                o.serialize_field("reason", reason)?;
+                o.serialize_field("type", ty)?;
+                o.end()
+            }
+            Event::LeaseExpired {
+                resolution,
+                deadline,
+                at,
+            } => {
+                let mut o = serializer.serialize_struct("lease_expired", 4)?;
+                o.serialize_field("at", at)?;
+                o.serialize_field("deadline", deadline)?;
+                o.serialize_field("resolution", resolution)?;
+                o.serialize_field("type", ty)?;
+                o.end()
+            }
+            Event::Completed { data, at } => {
+                let mut o = serializer.serialize_struct("completed", 3)?;
+                o.serialize_field("at", at)?;
+                o.serialize_field("data", &bytes(data))?;
+                o.serialize_field("type", ty)?;
+                o.end()
+            }
+            Event::Canceled { reason, at } => {
+                let mut o = serializer.serialize_struct("canceled", 3)?;
+                o.serialize_field("at", at)?;
+                o.serialize_field("reason", reason)?;
+                o.serialize_field("type", ty)?;
+                o.end()
+            }
+            Event::UpdateAppended {
+                attempt,
+                event_id,
+                kind,
+                data,
+                metadata,
+                at,
+            } => {
+                let mut o = serializer.serialize_struct("update_appended", 7)?;
+                o.serialize_field("at", at)?;
+                o.serialize_field("attempt", attempt)?;
+                o.serialize_field("data", &bytes(data))?;
+                o.serialize_field("event_id", event_id)?;
+                o.serialize_field("kind", kind)?;
+                o.serialize_field("metadata", metadata)?;
+                o.serialize_field("type", ty)?;
+                o.end()
+            }
+            Event::NotificationEnqueued {
+                id,
+                event_id,
+                kind,
+                data,
+                version,
+                at,
+            } => {
+                let mut o = serializer.serialize_struct("notification_enqueued", 7)?;
+                o.serialize_field("at", at)?;
+                o.serialize_field("data", &bytes(data))?;
+                o.serialize_field("event_id", event_id)?;
+                o.serialize_field("id", id)?;
+                o.serialize_field("kind", kind)?;
+                o.serialize_field("type", ty)?;
+                o.serialize_field("version", version)?;
+                o.end()
+            }
+            Event::NotificationAcked {
+                id,
+                enqueued_seq,
+                at,
+            } => {
+                let mut o = serializer.serialize_struct("notification_acked", 4)?;
+                o.serialize_field("at", at)?;
+                o.serialize_field("enqueued_seq", enqueued_seq)?;
+                o.serialize_field("id", id)?;
+                o.serialize_field("type", ty)?;
+                o.end()
+            }
+        }
+    }
+}
+
+/// How an event is read: its fields, every one required (`null` for an absent optional
+/// value), none unknown. The `type` names the variant.
+#[serde_as]
+#[derive(Deserialize)]
+#[serde(remote = "Event", rename_all = "snake_case", deny_unknown_fields)]
+#[allow(
+    dead_code,
+    reason = "only the remote derive reads this mirror of `Event`"
+)]
+enum EventDef {
+    Created {
+        #[serde(with = "SpecDef")]
+        spec: TaskSpec,
+        policy: LeasePolicy,
+        #[serde_as(as = "StrictBase64")]
+        checkpoint: Vec<u8>,
+        #[serde_as(as = "StrictBase64")]
+        context_snapshot: Vec<u8>,
+        at: Timestamp,
+    },
+    AttemptStarted {
+        attempt: u64,
+        lease_deadline: Timestamp,
+        at: Timestamp,
+    },
+    Heartbeat {
+        lease_deadline: Timestamp,
+        at: Timestamp,
+    },
+    StartCommitted {
+        #[serde_as(as = "StrictBase64")]
+        checkpoint: Vec<u8>,
+        at: Timestamp,
+    },
+    TranscriptFailed {
+        error: String,
+        at: Timestamp,
+    },
+    WaitingInput {
+        #[serde_as(as = "StrictBase64")]
+        checkpoint: Vec<u8>,
+        at: Timestamp,
+    },
+    Suspended {
+        #[serde_as(as = "StrictBase64")]
+        checkpoint: Vec<u8>,
+        at: Timestamp,
+    },
+    Yielded {
+        #[serde_as(as = "StrictBase64")]
+        checkpoint: Vec<u8>,
+        at: Timestamp,
+    },
+    InputProvided {
+        #[serde_as(as = "StrictBase64")]
+        data: Vec<u8>,
+        #[serde_as(as = "Option<StrictBase64>", no_default)]
+        context_snapshot: Option<Vec<u8>>,
+        at: Timestamp,
+    },
+    Released {
+        #[serde_as(as = "Option<StrictBase64>", no_default)]
+        context_snapshot: Option<Vec<u8>>,
+        at: Timestamp,
+    },
+    CancelRequested {
+        reason: String,
+        #[serde_as(as = "Option<Same>", no_default)]
+        lease_deadline: Option<Timestamp>,
+        direct: bool,
+        at: Timestamp,
+    },
+    LeaseExpired {
+        resolution: ExpiryResolution,
+        deadline: Timestamp,
+        at: Timestamp,
+    },
+    Completed {
+        #[serde_as(as = "StrictBase64")]
+        data: Vec<u8>,
+        at: Timestamp,
+    },
+    Failed {
+        error: String,
+        at: Timestamp,
+    },
+    Canceled {
+        reason: String,
+        at: Timestamp,
+    },
+    UpdateAppended {
+        attempt: u64,
+        event_id: String,
+        kind: String,
+        #[serde_as(as = "StrictBase64")]
+        data: Vec<u8>,
+        metadata: Vec<(String, String)>,
+        at: Timestamp,
+    },
+    NotificationEnqueued {
+        id: String,
+        event_id: String,
+        kind: String,
+        #[serde_as(as = "StrictBase64")]
+        data: Vec<u8>,
+        version: u64,
+        at: Timestamp,
+    },
+    NotificationAcked {
+        id: String,
+        enqueued_seq: u64,
+        at: Timestamp,
+    },
+}
+
+/// How a task spec is read: every field, none unknown.
+#[serde_as]
+#[derive(Deserialize)]
+#[serde(remote = "TaskSpec", deny_unknown_fields)]
+#[allow(
+    dead_code,
+    reason = "only the remote derive reads this mirror of `TaskSpec`"
+)]
+struct SpecDef {
+    id: String,
+    executor_key: String,
+    kind: String,
+    #[serde_as(as = "StrictBase64")]
+    payload: Vec<u8>,
+    description: String,
+    output_file: String,
+    session_id: String,
+    notify_session: bool,
+}
+
+/// [`EventDef`] as a type of its own, for the path-tracking reader.
+#[derive(Deserialize)]
+#[serde(transparent)]
+struct ReadEvent(#[serde(with = "EventDef")] Event);
+
+/// Reads an event from its JSON object: the `type` picks the variant, which is read from the
+/// other fields.
+fn event_from_fields(mut fields: Map<String, Value>) -> Result<Event, ExportError> {
+    let invalid = |message: String| ExportError::Invalid {
+        path: "event".into(),
+        message,
+    };
+    let ty = match fields.remove("type") {
+        Some(Value::String(ty)) => ty,
+        Some(other) => {
+            return Err(invalid(format!(
+                "field `type` must be a string, not {other}"
+            )))
+        }
+        None => return Err(invalid("missing field `type`".into())),
+    };
+    let tagged = Value::Object(Map::from_iter([(ty, Value::Object(fields))]));
+    serde_path_to_error::deserialize(tagged)
+        .map(|ReadEvent(event)| event)
+        .map_err(|e| ExportError::from_tracked("event", e))
+}
+
+/// A record of a journal as an export line: what `dtask export` writes for it.
+///
+/// ```text
+/// {"crc":"…","digest":"…","event":{…},"position":N,"seq":N,"task":"…"}
+/// ```
+#[serde_as]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct RecordJson<'a> {
+    #[serde_as(as = "CrcHex")]
+    crc: u32,
+    #[serde_as(as = "DigestHex")]
+    digest: Digest,
+    event: EventJson<'a>,
+    position: u64,
+    seq: u64,
+    task: &'a str,
+}
+
+impl<'a> RecordJson<'a> {
+    /// The line of `record`, a record of `task`'s stream.
+    #[must_use]
+    pub const fn new(task: &'a str, record: &'a Record, bytes: ByteFields) -> Self {
+        Self {
+            crc: record.crc,
+            digest: record.digest,
+            event: EventJson::new(&record.event, bytes),
+            position: record.position,
+            seq: record.seq,
+            task,
+        }
+    }
+
+    /// The line of a record read back (with base64 byte fields).
+    #[must_use]
+    pub const fn of_line(line: &'a RecordLine) -> Self {
+        Self {
+            crc: line.crc,
+            digest: line.digest,
+            event: EventJson::new(&line.event, ByteFields::Base64),
+            position: line.position,
+            seq: line.seq,
+            task: line.task.as_str(),
+        }
+    }
+
+    /// Appends the line (with its `\n`) to `out`.
+    ///
+    /// # Errors
+    /// [`ExportError::Write`] if serialization fails (it does not for a record).
+    pub fn write_line(&self, out: &mut Vec<u8>) -> Result<(), ExportError> {
+        write_json_line(out, self)
+    }
+}
+
+/// A record line of an export, read: the record's place and identity, and the event that
+/// rebuilds it.
+///
+/// Unknown fields of the line itself are ignored; unknown fields of its event are refused.
+/// It serializes as [`RecordJson::of_line`] does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordLine {
+    /// The task id.
+    pub task: String,
+    /// The record's position in the task's stream (0-based).
+    pub position: u64,
+    /// The global commit sequence (1-based).
+    pub seq: u64,
+    /// The record's chain digest.
+    pub digest: Digest,
+    /// The record's CRC-32.
+    pub crc: u32,
+    /// The event.
+    pub event: Event,
+}
+
+/// A record line before its event is read.
+#[serde_as]
+#[derive(Deserialize)]
+struct RawLine {
+    #[serde_as(as = "CrcHex")]
+    crc: u32,
+    #[serde_as(as = "DigestHex")]
+    digest: Digest,
+    event: Map<String, Value>,
+    position: u64,
+    seq: u64,
+    task: String,
+}
+
+impl RawLine {
+    fn into_line(self) -> Result<RecordLine, ExportError> {
+        Ok(RecordLine {
+            task: self.task,
+            position: self.position,
+            seq: self.seq,
+            digest: self.digest,
+            crc: self.crc,
+            event: event_from_fields(self.event)?,
+        })
+    }
+}
+
+impl RecordLine {
+    /// Reads one record line (without its `\n`).
+    ///
+    /// # Errors
+    /// [`ExportError::NotJson`], or [`ExportError::Invalid`] naming the field that is
+    /// missing, unknown (in the event) or malformed, or a byte field that was redacted.
+    pub fn read(line: &str) -> Result<Self, ExportError> {
+        parse::<RawLine>(line)?.into_line()
+    }
+}
+
+impl Serialize for RecordLine {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        RecordJson::of_line(self).serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for RecordLine {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        RawLine::deserialize(deserializer)?
+            .into_line()
+            .map_err(de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn line(event: Event) -> String {
+        let record = Record {
+            position: 1,
+            seq: 2,
+            event,
+            digest: Digest([7; 32]),
+            crc: 9,
+            size: 0,
+        };
+        let mut out = Vec::new();
+        RecordJson::new("t", &record, ByteFields::Base64)
+            .write_line(&mut out)
+            .unwrap();
+        String::from_utf8(out).unwrap().trim_end().to_owned()
+    }
+
+    fn edited(line: &str, edit: impl FnOnce(&mut Map<String, Value>)) -> String {
+        let mut value: Value = serde_json::from_str(line).unwrap();
+        edit(value["event"].as_object_mut().unwrap());
+        value.to_string()
+    }
+
+    fn error(line: &str) -> String {
+        RecordLine::read(line).unwrap_err().to_string()
+    }
+
+    fn cancel() -> Event {
+        Event::CancelRequested {
+            reason: "r".into(),
+            lease_deadline: None,
+            direct: true,
+            at: Timestamp(3),
+        }
+    }
+
+    #[test]
+    fn every_event_field_is_required_and_no_other_is_taken() {
+        let text = line(cancel());
+        assert_eq!(RecordLine::read(&text).unwrap().event, cancel());
+        let missing = edited(&text, |e| {
+            e.remove("lease_deadline");
+        });
+        assert_eq!(error(&missing), "event: missing field `lease_deadline`");
+        let extra = edited(&text, |e| {
+            e.insert("surprise".into(), 1.into());
+        });
+        assert!(
+            error(&extra).starts_with("event.surprise: unknown field `surprise`"),
+            "{}",
+            error(&extra)
+        );
+        let wrong = edited(&text, |e| {
+            e.insert("at".into(), "soon".into());
+        });
+        assert!(
+            error(&wrong).starts_with("event.at: invalid type"),
+            "{}",
+            error(&wrong)
+        );
+        let untyped = edited(&text, |e| {
+            e.remove("type");
+        });
+        assert_eq!(error(&untyped), "event: missing field `type`");
+        let unknown = edited(&text, |e| {
+            e.insert("type".into(), "exploded".into());
+        });
+        assert!(
+            error(&unknown).starts_with("event: unknown variant `exploded`"),
+            "{}",
+            error(&unknown)
+        );
+        // Fields of the line itself: required, typed; unknown ones are ignored.
+        let mut value: Value = serde_json::from_str(&text).unwrap();
+        value["later"] = true.into();
+        assert_eq!(
+            RecordLine::read(&value.to_string()).unwrap().event,
+            cancel()
+        );
+        value["seq"] = "two".into();
+        assert!(
+            error(&value.to_string()).starts_with("seq: invalid type"),
+            "{}",
+            error(&value.to_string())
+        );
+        assert!(error("{").starts_with("not JSON"), "{}", error("{"));
+        assert!(error(&format!("{text} 1")).starts_with("not JSON"));
+    }
+
+    #[test]
+    fn byte_fields_are_strict_base64_and_redactions_are_refused() {
+        let created = Event::Created {
+            spec: TaskSpec {
+                id: "t".into(),
+                payload: b"ok".to_vec(),
+                ..TaskSpec::default()
+            },
+            policy: LeasePolicy::Fail,
+            checkpoint: vec![1],
+            context_snapshot: vec![],
+            at: Timestamp(1),
+        };
+        let text = line(created.clone());
+        assert_eq!(RecordLine::read(&text).unwrap().event, created);
+        let unpadded = text.replace("\"b2s=\"", "\"b2s\"");
+        assert!(
+            error(&unpadded).starts_with("event.spec.payload: bad base64"),
+            "{}",
+            error(&unpadded)
+        );
+        let record = Record {
+            position: 0,
+            seq: 1,
+            event: created,
+            digest: Digest::GENESIS,
+            crc: 0,
+            size: 0,
+        };
+        let mut redacted = Vec::new();
+        RecordJson::new("t", &record, ByteFields::Redacted)
+            .write_line(&mut redacted)
+            .unwrap();
+        let redacted = String::from_utf8(redacted).unwrap();
+        assert!(
+            redacted.contains(r#""payload":{"redacted_len":2}"#),
+            "{redacted}"
+        );
+        let message = error(redacted.trim_end());
+        assert!(message.contains("redacted (--no-payload)"), "{message}");
+        let spec_extra = text.replace("\"id\":\"t\"", "\"id\":\"t\",\"zzz\":0");
+        assert!(
+            error(&spec_extra).starts_with("event.spec.zzz: unknown field `zzz`"),
+            "{}",
+            error(&spec_extra)
+        );
+    }
+
+    #[test]
+    fn digests_and_crcs_are_canonical_hex() {
+        let text = line(cancel());
+        let read = RecordLine::read(&text).unwrap();
+        assert_eq!((read.digest, read.crc), (Digest([7; 32]), 9));
+        assert!(text.starts_with(&format!(
+            r#"{{"crc":"00000009","digest":"{}""#,
+            "07".repeat(32)
+        )));
+        for (from, to) in [
+            ("00000009", "0000009"),
+            ("00000009", "0000000A"),
+            ("0707", "07+7"),
+        ] {
+            let bad = text.replacen(from, to, 1);
+            assert!(RecordLine::read(&bad).is_err(), "{bad}");
+        }
+        let upper = text.replacen(&"07".repeat(32), &"0A".repeat(32), 1);
+        assert!(
+            error(&upper).starts_with("digest: invalid value"),
+            "{}",
+            error(&upper)
+        );
+    }
+
+    #[test]
+    fn headers_check_the_version_first() {
+        let header = Header::new(2, Scope::Tasks(vec!["a".into()]), 3, ByteFields::Redacted);
+        let mut out = Vec::new();
+        header.write_line(&mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(
+            text,
+            "{\"dtask_export\":1,\"journal_format\":2,\"record_format\":1,\"records\":3,\"redacted\":true,\"scope\":[\"a\"]}\n"
+        );
+        assert_eq!(Header::read(text.trim_end()).unwrap(), header);
+        assert!(matches!(
+            Header::read(r#"{"dtask_export":2,"anything":"else"}"#),
+            Err(ExportError::Version { found: 2 })
+        ));
+        assert!(matches!(Header::read("[]"), Err(ExportError::NoVersion)));
+        assert!(matches!(Header::read("{"), Err(ExportError::NotJson(_))));
+        let unknown_scope = text.replace("[\"a\"]", "\"everything\"");
+        assert!(Header::read(unknown_scope.trim_end())
+            .unwrap_err()
+            .to_string()
+            .starts_with("scope: invalid value"),);
+        let later = text.replace("{\"dtask_export\"", "{\"added_later\":0,\"dtask_export\"");
+        assert_eq!(Header::read(later.trim_end()).unwrap(), header);
+    }
+}
