@@ -1,4 +1,4 @@
-//! Guarantees of the task store: CommitStart.
+//! Guarantees of the task store: `CommitStart`.
 
 use super::*;
 
