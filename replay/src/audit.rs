@@ -540,9 +540,9 @@ fn check_outbox<'a>(
 /// `outbox` indexes. An unknown task gives a report with `exists == false`.
 ///
 /// # Errors
-/// [`Error::Storage`] (or another non-corruption journal error) when the journal cannot be
-/// read; damage is reported in the result, never as an error.
-pub fn audit_task(journal: &Journal, task: &str) -> Result<TaskReport, Error> {
+/// [`AuditError::Journal`] when the journal cannot be read; damage is reported in the
+/// result, never as an error.
+pub fn audit_task(journal: &Journal, task: &str) -> Result<TaskReport, AuditError> {
     let mut scan = scan_records(task, journal.read_stream(task, 0), &mut |_| {})?;
     if !scan.report.exists {
         return Ok(scan.report);
@@ -553,7 +553,7 @@ pub fn audit_task(journal: &Journal, task: &str) -> Result<TaskReport, Error> {
             Ok(id) if id == task => live = true,
             Ok(_) => {}
             Err(e) if e.is_damage() => {}
-            Err(e) => return Err(e),
+            Err(e) => return Err(e.into()),
         }
     }
     check_live(&mut scan.report, live, !scan.damaged.is_empty());
@@ -577,12 +577,12 @@ pub fn audit_task(journal: &Journal, task: &str) -> Result<TaskReport, Error> {
 /// again entry by entry to name what is wrong.
 ///
 /// # Errors
-/// [`Error::Storage`] (or another non-corruption journal error) when the journal cannot be
-/// read; damage is reported in the result, never as an error.
+/// [`AuditError::Journal`] when the journal cannot be read; damage is reported in the
+/// result, never as an error.
 pub fn audit_journal(
     journal: &Journal,
     progress: &mut dyn FnMut(Progress),
-) -> Result<AuditReport, Error> {
+) -> Result<AuditReport, AuditError> {
     let last_seq = last_commit_seq(journal)?;
     std::thread::scope(|scope| {
         let commits = scope.spawn(|| CommitSummary::read(journal));
@@ -610,18 +610,30 @@ pub fn audit_journal(
         drop(batches);
         let commits = commits
             .join()
-            .unwrap_or_else(|_| Err(Error::storage("the commit index reader failed")));
+            .map_err(|_| AuditError::Panicked("the commit index reader"));
         let read = reader
             .join()
-            .map_err(|_| Error::storage("the journal reader failed"));
-        pooled.map_err(|parallel::Panicked| Error::storage("an audit worker panicked"))?;
+            .map_err(|_| AuditError::Panicked("the journal reader"));
+        pooled.map_err(|parallel::Panicked| AuditError::Panicked("a worker"))?;
         if let Some(e) = failed {
-            return Err(e);
+            return Err(e.into());
         }
         read?;
         let (collected, events) = collector.finish()?;
-        finish(journal, collected, &commits?, &events)
+        Ok(finish(journal, collected, &commits??, &events)?)
     })
+}
+
+/// Why an audit could not run to its end. Damage never is: it is reported in the result.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AuditError {
+    /// The journal could not be read (I/O, or a storage failure).
+    #[error(transparent)]
+    Journal(#[from] Error),
+    /// A thread of the audit panicked (a bug): its report would be incomplete.
+    #[error("the audit failed: {0} panicked")]
+    Panicked(&'static str),
 }
 
 /// What the in-order pass over the task results leaves for the index checks.

@@ -32,7 +32,9 @@ mod parallel;
 mod replay;
 mod state;
 
-pub use audit::{audit_journal, audit_task, AuditReport, Problem, ProblemKind, TaskReport};
+pub use audit::{
+    audit_journal, audit_task, AuditError, AuditReport, Problem, ProblemKind, TaskReport,
+};
 pub use fold::{cancel_error, FoldError, Task};
 pub use ids::IdIndex;
 pub use replay::{

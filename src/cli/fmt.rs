@@ -5,37 +5,16 @@ use base64::Engine;
 use dtask_journal::{Event, Timestamp};
 use std::fmt::Write;
 
-/// Days since 1970-01-01 → (year, month, day) (proleptic Gregorian).
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (
-        year,
-        u32::try_from(month).unwrap_or(1),
-        u32::try_from(day).unwrap_or(1),
-    )
-}
-
-/// A timestamp as RFC 3339 in UTC with milliseconds: `2024-05-01T12:00:00.000Z`.
+/// A timestamp as RFC 3339 in UTC with milliseconds: `2024-05-01T12:00:00.000Z` (a time past
+/// the year 9999, which only a forged record can hold, as milliseconds since the epoch).
 pub fn time(at: Timestamp) -> String {
-    let ms = at.as_millis();
-    let secs = i64::try_from(ms / 1000).unwrap_or(i64::MAX);
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    let (y, m, d) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        ms % 1000
-    )
+    i64::try_from(at.as_millis())
+        .ok()
+        .and_then(|ms| jiff::Timestamp::from_millisecond(ms).ok())
+        .map_or_else(
+            || format!("{} ms after the epoch", at.as_millis()),
+            |t| t.strftime("%Y-%m-%dT%H:%M:%S%.3fZ").to_string(),
+        )
 }
 
 /// An optional timestamp, `-` when absent.

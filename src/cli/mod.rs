@@ -94,6 +94,9 @@ pub enum CliError {
     /// The journal could not be opened or read (exit 2; exit 1 for damage).
     #[error(transparent)]
     Journal(#[from] JournalError),
+    /// An audit could not run to its end (exit 2; damage is a finding, not this).
+    #[error(transparent)]
+    Audit(#[from] dtask_replay::AuditError),
     /// The task store failed (demo; exit 2).
     #[error(transparent)]
     Store(#[from] dtask_engine::StoreError),
