@@ -981,17 +981,7 @@ fn tail_follows_a_live_writer() {
 /// A journal with `n` tasks of one record each, closed.
 /// The `created` event of a plain task `id` at `at` (milliseconds).
 fn created(id: &str, at: u64) -> Event {
-    Event::Created {
-        spec: TaskSpec {
-            id: id.into(),
-            executor_key: "x".into(),
-            ..TaskSpec::default()
-        },
-        policy: LeasePolicy::Retry,
-        checkpoint: vec![],
-        context_snapshot: vec![],
-        at: Timestamp(at),
-    }
+    Event::created(TaskSpec::new(id, "x"), LeasePolicy::Retry, Timestamp(at))
 }
 
 fn small_journal(dir: &Path, n: u64) {

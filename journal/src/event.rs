@@ -88,6 +88,18 @@ pub struct TaskSpec {
     pub notify_session: bool,
 }
 
+impl TaskSpec {
+    /// A spec with `id` and `executor_key` and every other field empty.
+    #[must_use]
+    pub fn new(id: impl Into<String>, executor_key: impl Into<String>) -> Self {
+        Self {
+            id: id.into(),
+            executor_key: executor_key.into(),
+            ..Self::default()
+        }
+    }
+}
+
 /// How a lazily or sweeper-detected lease expiry was resolved; which one follows from the
 /// task's [`LeasePolicy`] and whether cancellation had been requested.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -388,6 +400,25 @@ impl fmt::Display for EventType {
 }
 
 impl Event {
+    /// The `created` event of `spec` under `policy` at `at`, with no initial checkpoint and no
+    /// context snapshot.
+    ///
+    /// ```
+    /// use dtask_journal::{Event, LeasePolicy, TaskSpec, Timestamp};
+    /// let created = Event::created(TaskSpec::new("t", "shell"), LeasePolicy::Retry, Timestamp(1));
+    /// assert_eq!(created.event_type().as_str(), "created");
+    /// ```
+    #[must_use]
+    pub fn created(spec: TaskSpec, policy: LeasePolicy, at: Timestamp) -> Self {
+        Self::Created {
+            spec,
+            policy,
+            checkpoint: Vec::new(),
+            context_snapshot: Vec::new(),
+            at,
+        }
+    }
+
     /// The event's type.
     #[must_use]
     pub const fn event_type(&self) -> EventType {

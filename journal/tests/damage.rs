@@ -12,17 +12,7 @@ use dtask_journal::{
 use std::path::Path;
 
 fn created(task: &str) -> Event {
-    Event::Created {
-        spec: TaskSpec {
-            id: task.into(),
-            executor_key: "x".into(),
-            ..TaskSpec::default()
-        },
-        policy: LeasePolicy::Retry,
-        checkpoint: vec![],
-        context_snapshot: vec![],
-        at: Timestamp(1),
-    }
+    Event::created(TaskSpec::new(task, "x"), LeasePolicy::Retry, Timestamp(1))
 }
 
 fn heartbeat(i: u64) -> Event {

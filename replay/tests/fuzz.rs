@@ -18,17 +18,7 @@ use proptest::prelude::*;
 use std::path::Path;
 
 fn created(task: &str) -> Event {
-    Event::Created {
-        spec: TaskSpec {
-            id: task.into(),
-            executor_key: "x".into(),
-            ..TaskSpec::default()
-        },
-        policy: LeasePolicy::Retry,
-        checkpoint: vec![],
-        context_snapshot: vec![],
-        at: Timestamp(1),
-    }
+    Event::created(TaskSpec::new(task, "x"), LeasePolicy::Retry, Timestamp(1))
 }
 
 /// Fast opens: the cases need no fsync, and no wait for compactions at close.
