@@ -12,7 +12,7 @@ use dtask::engine::managed::{
 };
 use dtask::engine::tool::ToolInfo;
 use dtask::engine::{
-    Manager, ManagerConfig, Outcome, Registry, StoreConfig, SystemClock, TaskStore,
+    ExecutorRegistry, Manager, ManagerConfig, StoreConfig, SystemClock, TaskOutcome, TaskStore,
 };
 use dtask::journal::{Journal, JournalOptions};
 use std::time::Duration;
@@ -38,7 +38,7 @@ async fn main() {
         ))
         .unwrap();
     let tools = ManagedTools::new(registry);
-    let mut executors = Registry::new();
+    let mut executors = ExecutorRegistry::new();
     tools.register_executors(&mut executors).unwrap();
     let manager = Manager::new(store, executors, ManagerConfig::default());
 
@@ -73,7 +73,7 @@ async fn main() {
     print!("slow call    -> {}", slow.text().unwrap());
     let id = slow.envelope.task_id.clone().unwrap();
     let outcome = manager.wait(&id).await.unwrap();
-    let Outcome::Completed(output) = outcome else {
+    let TaskOutcome::Completed(output) = outcome else {
         panic!("{outcome:?}")
     };
     println!(

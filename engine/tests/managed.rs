@@ -9,7 +9,7 @@ use dtask_engine::managed::{
 };
 use dtask_engine::tool::ToolInfo;
 use dtask_engine::{
-    Manager, ManagerConfig, Outcome, Registry, StoreConfig, SystemClock, TaskStore,
+    ExecutorRegistry, Manager, ManagerConfig, StoreConfig, SystemClock, TaskOutcome, TaskStore,
 };
 use dtask_journal::{Durability, Journal, JournalOptions};
 use dtask_replay::Status;
@@ -33,7 +33,7 @@ fn tools(root: &Path) -> ManagedTools {
 }
 
 fn manager(store: &TaskStore, tools: &ManagedTools) -> Manager {
-    let mut runtime = Registry::new();
+    let mut runtime = ExecutorRegistry::new();
     tools.register_executors(&mut runtime).unwrap();
     Manager::new(store.clone(), runtime, ManagerConfig::default())
 }
@@ -158,7 +158,7 @@ async fn an_approval_waits_rejects_bad_answers_and_completes_on_yes() {
     manager.execute(&id).await.unwrap();
     assert_eq!(
         manager.wait(&id).await.unwrap(),
-        Outcome::Completed(br#"{"approved":true}"#.to_vec())
+        TaskOutcome::Completed(br#"{"approved":true}"#.to_vec())
     );
 }
 

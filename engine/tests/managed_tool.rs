@@ -17,8 +17,8 @@ use dtask_engine::managed::{
 };
 use dtask_engine::tool::{ToolError, ToolInfo};
 use dtask_engine::{
-    Manager, ManagerConfig, Outcome, Registry, StoreConfig, StoreError, SubmitRequest, SystemClock,
-    TaskStore,
+    ExecutorRegistry, Manager, ManagerConfig, StoreConfig, StoreError, SubmitRequest, SystemClock,
+    TaskOutcome, TaskStore,
 };
 use dtask_journal::{Durability, Journal, JournalOptions, LeasePolicy, TaskSpec};
 use dtask_replay::Status;
@@ -70,7 +70,7 @@ fn manual_store(dir: &std::path::Path) -> (TaskStore, dtask_engine::ManualClock)
 }
 
 fn manager_for(store: &TaskStore, tools: &ManagedTools) -> Manager {
-    let mut runtime = Registry::new();
+    let mut runtime = ExecutorRegistry::new();
     tools.register_executors(&mut runtime).unwrap();
     Manager::new(store.clone(), runtime, ManagerConfig::default())
 }
@@ -132,7 +132,7 @@ async fn stored_updates(store: &TaskStore, id: &str) -> Vec<(String, Vec<u8>)> {
         .collect()
 }
 
-async fn terminal(manager: &Manager, id: &str) -> Outcome {
+async fn terminal(manager: &Manager, id: &str) -> TaskOutcome {
     manager.wait(id).await.unwrap()
 }
 
@@ -149,7 +149,7 @@ async fn launch(env: &Env) -> ToolResult {
 /// The error of a task that must end failed.
 async fn failure(manager: &Manager, id: &str) -> String {
     match terminal(manager, id).await {
-        Outcome::Failed(e) => e,
+        TaskOutcome::Failed(e) => e,
         other => panic!("expected a failure, got {other:?}"),
     }
 }
@@ -327,7 +327,7 @@ async fn s34_read_input_request_is_a_copy_and_refuses_foreign_tasks() {
     let env = env(&probe);
     let result = launch(&env).await;
     let id = launched_id(&result);
-    let Outcome::Interrupted(task) = terminal(&env.manager, &id).await else {
+    let TaskOutcome::Interrupted(task) = terminal(&env.manager, &id).await else {
         panic!()
     };
     let mut request = read_input_request(&task).unwrap();
@@ -565,7 +565,7 @@ async fn s42_background_waiting_task_walks_through_its_stages() {
         let manager = env.manager.clone();
         let id = id.clone();
         async move {
-            let Outcome::Interrupted(task) = manager.wait(&id).await.unwrap() else {
+            let TaskOutcome::Interrupted(task) = manager.wait(&id).await.unwrap() else {
                 panic!()
             };
             manager
@@ -575,7 +575,7 @@ async fn s42_background_waiting_task_walks_through_its_stages() {
             manager.execute(&id).await.unwrap()
         }
     };
-    let Outcome::Interrupted(task) = terminal(&env.manager, &id).await else {
+    let TaskOutcome::Interrupted(task) = terminal(&env.manager, &id).await else {
         panic!()
     };
     assert_eq!(
@@ -629,7 +629,7 @@ async fn s43_resume_interrupted_by_drain_is_replayed_identically() {
         id = launched_id(&done(
             tool.call("{}", &CallOptions::default()).await.unwrap(),
         ));
-        let Outcome::Interrupted(task) = manager.wait(&id).await.unwrap() else {
+        let TaskOutcome::Interrupted(task) = manager.wait(&id).await.unwrap() else {
             panic!()
         };
         manager
@@ -726,7 +726,7 @@ async fn s44_handoff_after_timeout_then_cancel() {
     env.manager.request_cancel(&id, "operator").await.unwrap();
     assert_eq!(
         terminal(&env.manager, &id).await,
-        Outcome::Canceled("operator".into())
+        TaskOutcome::Canceled("operator".into())
     );
     assert_eq!(
         probe.calls().starts.len(),
@@ -925,7 +925,7 @@ async fn s52_late_update_after_streaming_handoff_is_stored_once() {
     let id = launched_id(items[0].as_ref().unwrap());
     assert_eq!(
         terminal(&env.manager, &id).await,
-        Outcome::Completed(b"{}".to_vec())
+        TaskOutcome::Completed(b"{}".to_vec())
     );
     assert_eq!(
         stored_updates(&env.store, &id).await,
@@ -1165,7 +1165,10 @@ async fn s74_binary_result_is_stored_exactly() {
     let env = env(&probe);
     let result = launch(&env).await;
     let id = launched_id(&result);
-    assert_eq!(terminal(&env.manager, &id).await, Outcome::Completed(bytes));
+    assert_eq!(
+        terminal(&env.manager, &id).await,
+        TaskOutcome::Completed(bytes)
+    );
 }
 
 // The explicit-background stream with a worker of the same process racing the dispatch: the
@@ -1182,7 +1185,7 @@ async fn background_call_launch_result_reports_the_started_task() {
     env.manager.request_cancel(&id, "done here").await.unwrap();
     assert_eq!(
         terminal(&env.manager, &id).await,
-        Outcome::Canceled("done here".into())
+        TaskOutcome::Canceled("done here".into())
     );
 }
 
@@ -1263,7 +1266,7 @@ async fn a_tools_node_dispatches_model_calls_to_managed_tools() {
     let id = record["task_id"].as_str().unwrap();
     assert_eq!(
         terminal(&env.manager, id).await,
-        Outcome::Completed(br#"{"answer":42}"#.to_vec())
+        TaskOutcome::Completed(br#"{"answer":42}"#.to_vec())
     );
 }
 
@@ -1390,7 +1393,7 @@ async fn an_update_over_a_bound_fails_the_background_task() {
     let id = launched_id(&launch(&env).await);
     assert_eq!(
         terminal(&env.manager, &id).await,
-        Outcome::Completed(b"{}".to_vec())
+        TaskOutcome::Completed(b"{}".to_vec())
     );
     assert_eq!(
         stored_updates(&env.store, &id).await,
@@ -1581,7 +1584,7 @@ async fn a_calls_session_id_reaches_the_task_and_its_notifications() {
     let id = launched_id(&launched);
     assert_eq!(
         terminal(&env.manager, &id).await,
-        Outcome::Completed(b"{}".to_vec())
+        TaskOutcome::Completed(b"{}".to_vec())
     );
     let task = env.store.get(&id).await.unwrap();
     assert_eq!(task.spec.session_id, "session-1");
@@ -1610,7 +1613,7 @@ async fn a_calls_session_id_reaches_the_task_and_its_notifications() {
     gate.add_permits(2);
     assert_eq!(
         terminal(&handed_env.manager, &id).await,
-        Outcome::Completed(b"{}".to_vec())
+        TaskOutcome::Completed(b"{}".to_vec())
     );
     let task = handed_env.store.get(&id).await.unwrap();
     assert_eq!(task.spec.session_id, "session-1");
@@ -1750,7 +1753,7 @@ async fn a_workers_max_concurrent_bounds_concurrent_managed_attempts() {
     for id in &ids {
         assert_eq!(
             manager.wait(id).await.unwrap(),
-            Outcome::Completed(b"{}".to_vec())
+            TaskOutcome::Completed(b"{}".to_vec())
         );
     }
     stop_tx.send(true).unwrap();

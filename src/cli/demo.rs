@@ -444,7 +444,7 @@ async fn managed_scene(store: &TaskStore, log: &mut Log) -> Result<()> {
         ))
         .map_err(|e| fail(&e))?;
     let tools = ManagedTools::new(registry);
-    let mut executors = dtask_engine::Registry::new();
+    let mut executors = dtask_engine::ExecutorRegistry::new();
     tools
         .register_executors(&mut executors)
         .map_err(|e| fail(&e))?;

@@ -10,7 +10,7 @@ use super::tool::{
     RecoverRequest, ResumeRequest, Run, StartRequest, ToolOutcome, ToolRunError, Update,
 };
 use crate::runtime::{
-    AttemptContext, Control, ExecutionError, ExecutionResult, Executor, Progress,
+    AttemptContext, Control, ExecutionError, ExecutionResult, Executor, Progress, ValidationError,
 };
 use crate::store::StoreError;
 use async_trait::async_trait;
@@ -58,15 +58,24 @@ impl ManagedExecutor {
         Self::new(registry, true, Arc::default())
     }
 
-    fn registration(&self, spec: &TaskSpec) -> Result<(ToolPayload, Arc<Registration>), String> {
+    fn registration(
+        &self,
+        spec: &TaskSpec,
+    ) -> Result<(ToolPayload, Arc<Registration>), ValidationError> {
         if spec.kind != TASK_KIND {
-            return Err(format!("task kind {:?} is not {TASK_KIND}", spec.kind));
+            return Err(ValidationError::new(format!(
+                "task kind {:?} is not {TASK_KIND}",
+                spec.kind
+            )));
         }
-        let payload = ToolPayload::decode(&spec.payload).map_err(|e| e.to_string())?;
+        let payload = ToolPayload::decode(&spec.payload)
+            .map_err(|e| ValidationError::with_source(e.to_string(), e))?;
         let registration = self
             .registry
             .resolve(self.key(), &payload.tool_name)
-            .ok_or_else(|| format!("tool {:?} is unavailable", payload.tool_name))?;
+            .ok_or_else(|| {
+                ValidationError::new(format!("tool {:?} is unavailable", payload.tool_name))
+            })?;
         Ok((payload, registration))
     }
 }
@@ -97,12 +106,17 @@ impl Executor for ManagedExecutor {
         self.recoverable
     }
 
-    fn validate_spec(&self, spec: &TaskSpec) -> Result<(), String> {
+    fn validate_spec(&self, spec: &TaskSpec) -> Result<(), ValidationError> {
         let (payload, registration) = self.registration(spec)?;
         if registration.is_recoverable() != self.recoverable {
-            return Err("the tool's class does not match the executor".into());
+            return Err(ValidationError::new(
+                "the tool's class does not match the executor",
+            ));
         }
-        registration.tool.validate_arguments(&payload.arguments)
+        registration
+            .tool
+            .validate_arguments(&payload.arguments)
+            .map_err(ValidationError::new)
     }
 
     async fn execute(
@@ -110,7 +124,9 @@ impl Executor for ManagedExecutor {
         attempt: AttemptContext,
         task: TaskState,
     ) -> Result<ExecutionResult, ExecutionError> {
-        let (payload, registration) = self.registration(&task.spec).map_err(fail)?;
+        let (payload, registration) = self
+            .registration(&task.spec)
+            .map_err(|e| fail(e.to_string()))?;
         let checkpoint =
             ManagedCheckpoint::decode(&task.checkpoint).map_err(|e| fail(e.to_string()))?;
         let obtained = self
@@ -388,7 +404,8 @@ impl<'a> UpdateSink<'a> {
     }
 }
 
-/// Checks a tool outcome (§5) and maps it to the attempt's result.
+/// Checks a tool outcome (a failure needs an error; only a resumable tool waits for input, within
+/// the managed checkpoint's bounds) and maps it to the attempt's result.
 fn map_outcome(
     outcome: ToolOutcome,
     registration: &Registration,

@@ -7,7 +7,9 @@ use super::codec::{
 use super::executor::ManagedExecutor;
 use super::live::LiveTable;
 use super::registry::{Registration, ToolRegistry};
-use crate::runtime::{Manager, Registry, RuntimeError, SubmitRequest};
+use crate::runtime::{
+    ExecutorRegistry, ExecutorRegistryError, Manager, RuntimeError, SubmitRequest,
+};
 use dtask_journal::TaskSpec;
 use dtask_replay::{Status, TaskState};
 use std::sync::Arc;
@@ -122,8 +124,11 @@ impl ManagedTools {
     /// Registers the plain and recoverable executors into a runtime registry.
     ///
     /// # Errors
-    /// The executor key already registered there.
-    pub fn register_executors(&self, runtime: &mut Registry) -> Result<(), String> {
+    /// [`ExecutorRegistryError::Duplicate`] when an executor key is registered there already.
+    pub fn register_executors(
+        &self,
+        runtime: &mut ExecutorRegistry,
+    ) -> Result<(), ExecutorRegistryError> {
         runtime.register(self.executor(false))?;
         runtime.register(self.executor(true))
     }

@@ -193,8 +193,9 @@ impl AttemptContext {
         }
     }
 
-    /// Writes the started marker (T4): the tool's side effect has begun and `checkpoint` says
-    /// how to recover it. Must be durable before the attempt first waits on its run.
+    /// Writes the started marker (transition T4 of docs/semantics.md): the tool's side effect
+    /// has begun and `checkpoint` says how to recover it. Must be durable before the attempt
+    /// first waits on its run.
     ///
     /// # Errors
     /// The store's error; a lost lease poisons the attempt.
@@ -204,7 +205,8 @@ impl AttemptContext {
             .map(drop)
     }
 
-    /// Records the task's first transcript (output file) failure (T5).
+    /// Records the task's first transcript (output file) failure (transition T5 of
+    /// docs/semantics.md).
     ///
     /// # Errors
     /// The store's error.

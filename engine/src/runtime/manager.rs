@@ -3,7 +3,7 @@
 use super::attempt::AttemptContext;
 use super::control::Control;
 use super::error::RuntimeError;
-use super::executor::{ExecutionError, ExecutionResult, Executor, Registry};
+use super::executor::{ExecutionError, ExecutionResult, Executor, ExecutorRegistry};
 use crate::store::{Command, CreateRequest, StoreError, TaskStore};
 use dtask_journal::TaskSpec;
 use dtask_replay::{Status, TaskState};
@@ -79,9 +79,11 @@ pub struct SubmitRequest {
     pub context_snapshot: Vec<u8>,
 }
 
-/// What waiting for a task observed: a terminal outcome, or an interruption for input.
+/// What [`Manager::wait`] observed of a whole task: its terminal outcome, or its wait for
+/// input. One attempt's result is an [`ExecutionResult`] instead (an attempt may also yield or
+/// suspend, which waiting never reports).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub enum TaskOutcome {
     /// Completed with result data.
     Completed(Vec<u8>),
     /// Failed with an error.
@@ -99,7 +101,7 @@ struct Active {
 
 struct Inner {
     store: TaskStore,
-    registry: Registry,
+    registry: ExecutorRegistry,
     config: ManagerConfig,
     closed: AtomicBool,
     drain_reason: Mutex<Option<String>>,
@@ -154,7 +156,7 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 impl Manager {
     /// A manager over `store` routing to `registry`'s executors.
     #[must_use]
-    pub fn new(store: TaskStore, registry: Registry, config: ManagerConfig) -> Self {
+    pub fn new(store: TaskStore, registry: ExecutorRegistry, config: ManagerConfig) -> Self {
         Self {
             inner: Arc::new(Inner {
                 store,
@@ -178,7 +180,7 @@ impl Manager {
 
     /// The executor registry.
     #[must_use]
-    pub fn registry(&self) -> &Registry {
+    pub fn registry(&self) -> &ExecutorRegistry {
         &self.inner.registry
     }
 
@@ -245,7 +247,7 @@ impl Manager {
         let executor = self.executor(&request.spec.executor_key)?;
         executor
             .validate_spec(&request.spec)
-            .map_err(|e| RuntimeError::InvalidSpec(format!("validate spec: {e}")))?;
+            .map_err(RuntimeError::InvalidSpec)?;
         let state = self
             .inner
             .store
@@ -274,19 +276,20 @@ impl Manager {
         Ok(self.inner.store.get(id).await?)
     }
 
-    /// Waits for a terminal outcome, or for the task to wait for input ([`Outcome::Interrupted`]).
+    /// Waits for a terminal outcome, or for the task to wait for input
+    /// ([`TaskOutcome::Interrupted`]).
     /// Never returns an unknown outcome: errors are errors.
     ///
     /// # Errors
     /// The store's errors.
-    pub async fn wait(&self, id: &str) -> Result<Outcome, RuntimeError> {
+    pub async fn wait(&self, id: &str) -> Result<TaskOutcome, RuntimeError> {
         let mut state = self.inner.store.get(id).await?;
         loop {
             match state.status {
-                Status::Completed => return Ok(Outcome::Completed(state.result_data)),
-                Status::Failed => return Ok(Outcome::Failed(state.result_error)),
-                Status::Canceled => return Ok(Outcome::Canceled(state.result_error)),
-                Status::WaitingInput => return Ok(Outcome::Interrupted(Box::new(state))),
+                Status::Completed => return Ok(TaskOutcome::Completed(state.result_data)),
+                Status::Failed => return Ok(TaskOutcome::Failed(state.result_error)),
+                Status::Canceled => return Ok(TaskOutcome::Canceled(state.result_error)),
+                Status::WaitingInput => return Ok(TaskOutcome::Interrupted(Box::new(state))),
                 Status::Pending | Status::Running | Status::Suspended => {
                     state = self
                         .inner
@@ -386,8 +389,8 @@ impl Manager {
         }
     }
 
-    /// Gives input to a task waiting for it (T17). `expected_version` ties the input to that
-    /// exact wait.
+    /// Gives input to a task waiting for it (transition T17 of docs/semantics.md).
+    /// `expected_version` ties the input to that exact wait.
     ///
     /// # Errors
     /// [`StoreError::IllegalTransition`], [`StoreError::VersionConflict`].
@@ -408,7 +411,8 @@ impl Manager {
             .await?)
     }
 
-    /// Releases a suspended task to pending (T18), retrying version conflicts.
+    /// Releases a suspended task to pending (transition T18 of docs/semantics.md), retrying
+    /// version conflicts.
     ///
     /// # Errors
     /// [`StoreError::IllegalTransition`] when the task is not suspended.
@@ -496,7 +500,7 @@ impl Manager {
         let executor = self.executor(&task.spec.executor_key)?;
         executor
             .validate_spec(&task.spec)
-            .map_err(|e| RuntimeError::InvalidSpec(format!("validate spec: {e}")))?;
+            .map_err(RuntimeError::InvalidSpec)?;
         executor
             .validate_execution(&task)
             .map_err(RuntimeError::InvalidExecution)?;
@@ -631,9 +635,10 @@ impl Manager {
     }
 }
 
-/// Commits an executor result through the attempt runtime (§4.6): an accepted cancellation
-/// replaces the result; an invalid result poisons the runtime and commits nothing; a version
-/// conflict is reconciled (cancel intent → commit as canceled, else lease lost).
+/// Commits an executor result through the attempt runtime (docs/runtime.md, "One attempt",
+/// step 7): an accepted cancellation replaces the result; an invalid result poisons the runtime
+/// and commits nothing; a version conflict is reconciled (cancel intent → commit as canceled,
+/// else lease lost).
 async fn commit(
     attempt: &AttemptContext,
     result: ExecutionResult,

@@ -18,7 +18,8 @@ use dtask_engine::managed::{
 };
 use dtask_engine::tool::ToolInfo;
 use dtask_engine::{
-    Manager, ManagerConfig, Registry, StoreConfig, SystemClock, TaskStore, Worker, WorkerConfig,
+    ExecutorRegistry, Manager, ManagerConfig, StoreConfig, SystemClock, TaskStore, Worker,
+    WorkerConfig,
 };
 use dtask_journal::{Journal, JournalOptions};
 use dtask_replay::Status;
@@ -312,10 +313,10 @@ async fn workload(args: &Args) -> Result<i32> {
         StoreConfig::default().with_lease_duration(lease),
     )?;
     let tools = tools(&layout, &acks)?;
-    let mut runtime = Registry::new();
+    let mut runtime = ExecutorRegistry::new();
     tools
         .register_executors(&mut runtime)
-        .map_err(CliError::Usage)?;
+        .map_err(|e| CliError::Usage(e.to_string()))?;
     let manager = Manager::new(
         store.clone(),
         runtime,
