@@ -61,7 +61,7 @@ async fn main() {
     let CallOutcome::Done(quick) = quick else {
         unreachable!()
     };
-    print!("quick call   -> {}", quick.text().unwrap());
+    print!("quick call   -> {}", quick.text());
 
     let slow = shell
         .call(r#"{"command":"sleep 2; echo done"}"#, &opts)
@@ -70,8 +70,8 @@ async fn main() {
     let CallOutcome::Done(slow) = slow else {
         unreachable!()
     };
-    print!("slow call    -> {}", slow.text().unwrap());
-    let id = slow.envelope.task_id.clone().unwrap();
+    print!("slow call    -> {}", slow.text());
+    let id = slow.envelope.task_id().unwrap().to_owned();
     let outcome = manager.wait(&id).await.unwrap();
     let TaskOutcome::Completed(output) = outcome else {
         panic!("{outcome:?}")
@@ -104,7 +104,7 @@ async fn main() {
     let CallOutcome::Done(answered) = answered else {
         unreachable!()
     };
-    print!("  answered   -> {}", answered.text().unwrap());
+    print!("  answered   -> {}", answered.text());
 
     manager
         .close(

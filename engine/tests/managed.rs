@@ -2,10 +2,11 @@
 //! resumable approval tool, and recovery after a drain (recover, not start).
 #![allow(clippy::unwrap_used)]
 
+use dtask_engine::managed::codec::ManagedCheckpoint;
 use dtask_engine::managed::tools::{ApprovalTool, ShellTool};
 use dtask_engine::managed::{
-    read_input_request, ManagedCheckpoint, ManagedTools, ProgressReader, Registration,
-    ResponseEvent, ToolCall, ToolRegistry,
+    read_input_request, ManagedTools, ProgressReader, Registration, ResponseEvent, ToolCall,
+    ToolRegistry,
 };
 use dtask_engine::tool::ToolInfo;
 use dtask_engine::{
@@ -91,7 +92,7 @@ async fn a_shell_task_runs_to_completion_with_its_lines_as_updates() {
         .await
         .unwrap();
     assert_eq!(progress, "Recent progress:\n[stdout] b\n[stdout] c");
-    let envelope = ResponseEvent::launch_result(&state).encode().unwrap();
+    let envelope = ResponseEvent::launch_result(&state).unwrap().encode();
     assert!(
         envelope.starts_with("{\"type\":\"launch_result\",\"task_id\":"),
         "{envelope}"

@@ -10,7 +10,7 @@ use tokio::sync::{mpsc, watch};
 
 /// How many projected updates may wait for a streaming caller before newer ones are dropped
 /// from the live view (they are durable in the journal either way).
-pub const PROJECTION_BUFFER: usize = 16;
+pub(crate) const PROJECTION_BUFFER: usize = 16;
 
 #[derive(Default)]
 struct Entry {

@@ -1,6 +1,7 @@
 //! The managed-tool registry: registrations by name, in two maps (plain and recoverable).
 
 use super::codec::{PLAIN_EXECUTOR_KEY, RECOVERABLE_EXECUTOR_KEY};
+use super::error::ToolRegistryError;
 use super::result::RenderFn;
 use super::tool::{BackgroundTool, OutputMaterializer};
 use crate::tool::ToolInfo;
@@ -111,16 +112,20 @@ impl ToolRegistry {
     /// Registers a tool.
     ///
     /// # Errors
-    /// The name, when a tool of the same class has it already (or it is empty).
-    pub fn register(&mut self, registration: Registration) -> Result<(), String> {
+    /// [`ToolRegistryError::EmptyName`], or [`ToolRegistryError::Duplicate`] when a tool of the
+    /// same class has the name already.
+    pub fn register(&mut self, registration: Registration) -> Result<(), ToolRegistryError> {
         let name = registration.info.name.clone();
         let map = if registration.is_recoverable() {
             &mut self.recoverable
         } else {
             &mut self.plain
         };
-        if name.is_empty() || map.contains_key(&name) {
-            return Err(name);
+        if name.is_empty() {
+            return Err(ToolRegistryError::EmptyName);
+        }
+        if map.contains_key(&name) {
+            return Err(ToolRegistryError::Duplicate { name });
         }
         map.insert(name, Arc::new(registration));
         Ok(())
