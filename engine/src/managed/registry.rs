@@ -150,3 +150,57 @@ impl ToolRegistry {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::managed::error::{ToolFailure, ToolRunError};
+    use crate::managed::tool::{StartRequest, StartResult};
+    use crate::managed::tools::ApprovalTool;
+    use async_trait::async_trait;
+
+    struct Plain;
+
+    #[async_trait]
+    impl BackgroundTool for Plain {
+        fn validate_arguments(&self, _arguments: &str) -> Result<(), ToolFailure> {
+            Ok(())
+        }
+
+        async fn start(&self, _request: StartRequest) -> Result<StartResult, ToolRunError> {
+            Err(ToolRunError::failed("never started"))
+        }
+    }
+
+    fn registration(name: &str, tool: impl BackgroundTool) -> Registration {
+        Registration::new(ToolInfo::without_parameters(name, "a tool"), tool)
+    }
+
+    #[test]
+    fn a_name_is_registered_once_per_class() {
+        let mut registry = ToolRegistry::new();
+        assert_eq!(
+            registry.register(registration("", Plain)),
+            Err(ToolRegistryError::EmptyName)
+        );
+        registry
+            .register(registration("ask", ApprovalTool))
+            .unwrap();
+        // The same name once in each class (a migration).
+        registry.register(registration("ask", Plain)).unwrap();
+        let again = registry.register(registration("ask", ApprovalTool));
+        assert_eq!(
+            again,
+            Err(ToolRegistryError::Duplicate { name: "ask".into() })
+        );
+        assert_eq!(
+            again.unwrap_err().to_string(),
+            "managed tool \"ask\" is registered already"
+        );
+        assert!(registry.resolve_any("ask").unwrap().is_recoverable());
+        assert!(!registry
+            .resolve(PLAIN_EXECUTOR_KEY, "ask")
+            .unwrap()
+            .is_recoverable());
+    }
+}

@@ -219,3 +219,60 @@ impl ExecutorRegistry {
         keys
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Keyed(&'static str);
+
+    #[async_trait]
+    impl Executor for Keyed {
+        fn key(&self) -> &str {
+            self.0
+        }
+
+        fn lease_policy(&self) -> LeasePolicy {
+            LeasePolicy::Retry
+        }
+
+        async fn execute(
+            &self,
+            _attempt: AttemptContext,
+            _task: TaskState,
+        ) -> Result<ExecutionResult, ExecutionError> {
+            Ok(ExecutionResult::Completed(Vec::new()))
+        }
+    }
+
+    #[test]
+    fn a_key_is_registered_once() {
+        let mut registry = ExecutorRegistry::new();
+        assert_eq!(
+            registry.register(Keyed("")),
+            Err(ExecutorRegistryError::EmptyKey)
+        );
+        registry.register(Keyed("job")).unwrap();
+        let again = registry.register(Keyed("job"));
+        assert_eq!(
+            again,
+            Err(ExecutorRegistryError::Duplicate { key: "job".into() })
+        );
+        assert_eq!(
+            again.unwrap_err().to_string(),
+            "executor \"job\" is registered already"
+        );
+        assert_eq!(registry.keys(), ["job"]);
+    }
+
+    #[test]
+    fn a_validation_error_shows_its_message_and_keeps_its_source() {
+        let plain = ValidationError::from("no such tool");
+        assert_eq!(plain.to_string(), "no such tool");
+        assert!(std::error::Error::source(&plain).is_none());
+        let io = std::io::Error::other("disk gone");
+        let caused = ValidationError::with_source("read the spec: disk gone", io);
+        assert_eq!(caused.message(), "read the spec: disk gone");
+        assert!(std::error::Error::source(&caused).is_some());
+    }
+}
