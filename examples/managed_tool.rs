@@ -12,7 +12,7 @@ use dtask::engine::managed::{
 };
 use dtask::engine::tool::ToolInfo;
 use dtask::engine::{
-    Manager, ManagerConfig, Outcome, Registry, StoreConfig, SystemClock, TaskStore,
+    ExecutorRegistry, Manager, ManagerConfig, StoreConfig, SystemClock, TaskOutcome, TaskStore,
 };
 use dtask::journal::{Journal, JournalOptions};
 use std::time::Duration;
@@ -38,7 +38,7 @@ async fn main() {
         ))
         .unwrap();
     let tools = ManagedTools::new(registry);
-    let mut executors = Registry::new();
+    let mut executors = ExecutorRegistry::new();
     tools.register_executors(&mut executors).unwrap();
     let manager = Manager::new(store, executors, ManagerConfig::default());
 
@@ -61,7 +61,7 @@ async fn main() {
     let CallOutcome::Done(quick) = quick else {
         unreachable!()
     };
-    print!("quick call   -> {}", quick.text().unwrap());
+    print!("quick call   -> {}", quick.text());
 
     let slow = shell
         .call(r#"{"command":"sleep 2; echo done"}"#, &opts)
@@ -70,10 +70,10 @@ async fn main() {
     let CallOutcome::Done(slow) = slow else {
         unreachable!()
     };
-    print!("slow call    -> {}", slow.text().unwrap());
-    let id = slow.envelope.task_id.clone().unwrap();
+    print!("slow call    -> {}", slow.text());
+    let id = slow.envelope.task_id().unwrap().to_owned();
     let outcome = manager.wait(&id).await.unwrap();
-    let Outcome::Completed(output) = outcome else {
+    let TaskOutcome::Completed(output) = outcome else {
         panic!("{outcome:?}")
     };
     println!(
@@ -104,7 +104,7 @@ async fn main() {
     let CallOutcome::Done(answered) = answered else {
         unreachable!()
     };
-    print!("  answered   -> {}", answered.text().unwrap());
+    print!("  answered   -> {}", answered.text());
 
     manager
         .close(

@@ -5,9 +5,9 @@
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use dtask::engine::{
-    async_trait, AttemptContext, Control, ExecutionError, ExecutionResult, Executor, Manager,
-    ManagerConfig, Outcome, Progress, Registry, StoreConfig, SubmitRequest, SystemClock, TaskStore,
-    Worker, WorkerConfig,
+    async_trait, AttemptContext, Control, ExecutionError, ExecutionResult, Executor,
+    ExecutorRegistry, Manager, ManagerConfig, Progress, StoreConfig, SubmitRequest, SystemClock,
+    TaskOutcome, TaskStore, Worker, WorkerConfig,
 };
 use dtask::journal::{Journal, JournalOptions, LeasePolicy, TaskSpec};
 use dtask::replay::TaskState;
@@ -54,15 +54,15 @@ impl Executor for Echo {
 }
 
 /// An outcome for people: result data as text when it is UTF-8.
-fn describe(outcome: &Outcome) -> String {
+fn describe(outcome: &TaskOutcome) -> String {
     match outcome {
-        Outcome::Completed(data) => match std::str::from_utf8(data) {
+        TaskOutcome::Completed(data) => match std::str::from_utf8(data) {
             Ok(text) => format!("completed: {text:?}"),
             Err(_) => format!("completed: {} bytes", data.len()),
         },
-        Outcome::Failed(error) => format!("failed: {error}"),
-        Outcome::Canceled(reason) => format!("canceled: {reason}"),
-        Outcome::Interrupted(state) => format!("waiting for input (version {})", state.version),
+        TaskOutcome::Failed(error) => format!("failed: {error}"),
+        TaskOutcome::Canceled(reason) => format!("canceled: {reason}"),
+        TaskOutcome::Interrupted(state) => format!("waiting for input (version {})", state.version),
     }
 }
 
@@ -89,7 +89,7 @@ async fn main() {
     let dir = tempfile::tempdir().unwrap();
     let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
     let store = TaskStore::open(journal, SystemClock, StoreConfig::default()).unwrap();
-    let mut registry = Registry::new();
+    let mut registry = ExecutorRegistry::new();
     registry.register(Echo).unwrap();
     let manager = Manager::new(store, registry, ManagerConfig::default());
 
@@ -110,7 +110,7 @@ async fn main() {
     );
 
     let approval = submit(&manager, "needs approval").await;
-    if let Outcome::Interrupted(state) = manager.wait(&approval).await.unwrap() {
+    if let TaskOutcome::Interrupted(state) = manager.wait(&approval).await.unwrap() {
         println!(
             "{approval}: waiting for input ({:?})",
             String::from_utf8_lossy(&state.checkpoint)

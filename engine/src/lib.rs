@@ -24,8 +24,9 @@ pub use async_trait::async_trait;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use runtime::{
     truncate_utf8, AttemptContext, Control, ControlSlot, ExecutionError, ExecutionResult, Executor,
-    IdGenerator, Manager, ManagerConfig, Outcome, Progress, Registry, RuntimeError, SubmitRequest,
-    Worker, WorkerConfig, DEFAULT_TIMEOUT_REASON, MAX_ERROR_BYTES,
+    ExecutorRegistry, ExecutorRegistryError, IdGenerator, Manager, ManagerConfig, Progress,
+    RuntimeError, SubmitRequest, TaskOutcome, ValidationError, Worker, WorkerConfig,
+    DEFAULT_TIMEOUT_REASON, MAX_ERROR_BYTES,
 };
 pub use store::{
     Change, Command, CreateRequest, NotFound, Notification, NotificationRequest, Result,

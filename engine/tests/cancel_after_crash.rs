@@ -6,8 +6,8 @@
 #![allow(clippy::unwrap_used)]
 
 use dtask_engine::{
-    async_trait, AttemptContext, Command, ExecutionError, ExecutionResult, Executor, Manager,
-    ManagerConfig, ManualClock, Registry, StoreConfig, SubmitRequest, TaskStore,
+    async_trait, AttemptContext, Command, ExecutionError, ExecutionResult, Executor,
+    ExecutorRegistry, Manager, ManagerConfig, ManualClock, StoreConfig, SubmitRequest, TaskStore,
 };
 use dtask_journal::{Journal, JournalOptions, LeasePolicy, TaskSpec};
 use dtask_replay::{Status, TaskState};
@@ -45,7 +45,7 @@ async fn an_attempt_claimed_with_cancel_intent_acknowledges_it() {
     let clock = ManualClock::new(1_000_000);
     let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
     let store = TaskStore::open(journal, clock.clone(), StoreConfig::default()).unwrap();
-    let mut registry = Registry::new();
+    let mut registry = ExecutorRegistry::new();
     registry.register(MarkerFirst).unwrap();
     let manager = Manager::new(store.clone(), registry, ManagerConfig::default());
     let task = manager

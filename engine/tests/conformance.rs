@@ -1,7 +1,8 @@
-//! The recovery conformance kit (the reference's §7 items 1–20): a healthy tool passes, and
-//! each kind of broken tool is caught with its own error. The shipped shell tool passes
-//! against its real backend (detached processes and files). With an answer, the kit's resume
-//! scenarios (resume, then the same resume replayed) catch each broken resumable tool too.
+//! The recovery conformance kit (docs/managed-tools.md, "Recovery conformance kit"): a healthy
+//! tool passes, and each kind of broken tool is caught with its own error. The shipped shell
+//! tool passes against its real backend (detached processes and files). With an answer, the
+//! kit's resume scenarios (resume, then the same resume replayed) catch each broken resumable
+//! tool too.
 #![allow(clippy::unwrap_used)]
 
 use async_trait::async_trait;
@@ -12,7 +13,7 @@ use dtask_engine::managed::conformance::{
 use dtask_engine::managed::tools::ShellTool;
 use dtask_engine::managed::{
     BackgroundTool, InputRequest, RecoverRequest, RecoverableTool, ResumableTool, ResumeRequest,
-    Run, StartRequest, StartResult, ToolOutcome, ToolRunError, Update,
+    Run, RunOutcome, StartRequest, StartResult, ToolFailure, ToolRunError, Update,
 };
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -69,14 +70,14 @@ impl Handle {
 
 #[async_trait]
 impl Run for Handle {
-    async fn wait(&self) -> Result<ToolOutcome, ToolRunError> {
+    async fn wait(&self) -> Result<RunOutcome, ToolRunError> {
         if self.1 {
             let checkpoint = if self.0.fault == Fault::WaitKeepsCheckpoint {
                 Vec::new()
             } else {
                 b"waiting-cp".to_vec()
             };
-            return Ok(ToolOutcome::WaitingInput {
+            return Ok(RunOutcome::WaitingInput {
                 request: InputRequest {
                     id: "approval".into(),
                     data: Some(serde_json::json!({"question": "go?"})),
@@ -84,7 +85,7 @@ impl Run for Handle {
                 checkpoint,
             });
         }
-        Ok(ToolOutcome::Completed(vec![]))
+        Ok(RunOutcome::Completed(vec![]))
     }
     async fn stop(&self) -> Result<(), ToolRunError> {
         if self.0.fault == Fault::StopFails {
@@ -104,7 +105,7 @@ fn upd(id: &str, data: &[u8]) -> Update {
 
 #[async_trait]
 impl BackgroundTool for Tool {
-    fn validate_arguments(&self, _arguments: &str) -> Result<(), String> {
+    fn validate_arguments(&self, _arguments: &str) -> Result<(), ToolFailure> {
         if self.0.fault == Fault::Validate {
             return Err("bad".into());
         }
@@ -222,7 +223,7 @@ impl ConformanceBackend for Shared {
         Some(Arc::new(Tool(Arc::clone(&self.0))))
     }
 
-    async fn snapshot(&self, task_id: &str) -> Result<OperationSnapshot, String> {
+    async fn snapshot(&self, task_id: &str) -> Result<OperationSnapshot, ToolFailure> {
         if self.0.fault == Fault::SnapshotFails {
             return Err("unreachable".into());
         }
@@ -324,7 +325,7 @@ impl ConformanceBackend for Shell {
         Some(Arc::new(ShellTool::new(&self.0)))
     }
 
-    async fn snapshot(&self, task_id: &str) -> Result<OperationSnapshot, String> {
+    async fn snapshot(&self, task_id: &str) -> Result<OperationSnapshot, ToolFailure> {
         ShellTool::new(&self.0).snapshot(task_id)
     }
 }

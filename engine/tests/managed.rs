@@ -2,14 +2,15 @@
 //! resumable approval tool, and recovery after a drain (recover, not start).
 #![allow(clippy::unwrap_used)]
 
+use dtask_engine::managed::codec::ManagedCheckpoint;
 use dtask_engine::managed::tools::{ApprovalTool, ShellTool};
 use dtask_engine::managed::{
-    read_input_request, ManagedCheckpoint, ManagedTools, ProgressReader, Registration,
-    ResponseEvent, ToolCall, ToolRegistry,
+    read_input_request, ManagedTools, ProgressReader, Registration, ResponseEvent, ToolCall,
+    ToolRegistry,
 };
 use dtask_engine::tool::ToolInfo;
 use dtask_engine::{
-    Manager, ManagerConfig, Outcome, Registry, StoreConfig, SystemClock, TaskStore,
+    ExecutorRegistry, Manager, ManagerConfig, StoreConfig, SystemClock, TaskOutcome, TaskStore,
 };
 use dtask_journal::{Durability, Journal, JournalOptions};
 use dtask_replay::Status;
@@ -33,7 +34,7 @@ fn tools(root: &Path) -> ManagedTools {
 }
 
 fn manager(store: &TaskStore, tools: &ManagedTools) -> Manager {
-    let mut runtime = Registry::new();
+    let mut runtime = ExecutorRegistry::new();
     tools.register_executors(&mut runtime).unwrap();
     Manager::new(store.clone(), runtime, ManagerConfig::default())
 }
@@ -91,7 +92,7 @@ async fn a_shell_task_runs_to_completion_with_its_lines_as_updates() {
         .await
         .unwrap();
     assert_eq!(progress, "Recent progress:\n[stdout] b\n[stdout] c");
-    let envelope = ResponseEvent::launch_result(&state).encode().unwrap();
+    let envelope = ResponseEvent::launch_result(&state).unwrap().encode();
     assert!(
         envelope.starts_with("{\"type\":\"launch_result\",\"task_id\":"),
         "{envelope}"
@@ -158,7 +159,7 @@ async fn an_approval_waits_rejects_bad_answers_and_completes_on_yes() {
     manager.execute(&id).await.unwrap();
     assert_eq!(
         manager.wait(&id).await.unwrap(),
-        Outcome::Completed(br#"{"approved":true}"#.to_vec())
+        TaskOutcome::Completed(br#"{"approved":true}"#.to_vec())
     );
 }
 

@@ -1,24 +1,26 @@
-//! The managed-tool layer's acceptance scenarios (the reference's §7, items 21–88 that apply,
-//! Runner interrupts mapped to the explicit interrupted result), each on a real journal. The
-//! tool is a scriptable double that records its calls; the journal is always real.
+//! The managed-tool layer's acceptance scenarios (the behaviour docs/managed-tools.md
+//! describes, a foreground wait for input being the explicit interrupted result), each on a
+//! real journal. The tool is a scriptable double that records its calls; the journal is always
+//! real.
 #![allow(clippy::unwrap_used, clippy::too_many_lines)]
 
 #[path = "support/probe.rs"]
 mod probe;
 
 use base64::Engine as _;
+use dtask_engine::managed::codec::{ManagedCheckpoint, ToolPayload};
 use dtask_engine::managed::{
     read_input_request, CallOptions, CallOutcome, EnvelopeType, InputRequest, InterruptStage,
-    InterruptState, ManagedCheckpoint, ManagedError, ManagedTool, ManagedToolConfig, ManagedTools,
-    Prepared, ProgressReader, Registration, ResultPart, ToolCall, ToolOutcome, ToolPayload,
-    ToolRegistry, ToolResult, ToolRunError, Update, UpdateError, MAX_PROGRESS_BYTES,
-    MAX_PROGRESS_EVENT_BYTES, MAX_UPDATE_DATA_BYTES, MAX_UPDATE_EVENT_ID_BYTES,
-    MAX_UPDATE_KIND_BYTES, PLAIN_EXECUTOR_KEY, RECOVERABLE_EXECUTOR_KEY,
+    InterruptState, ManagedError, ManagedTool, ManagedToolConfig, ManagedTools, Prepared,
+    ProgressReader, Registration, ResultPart, RunOutcome, ToolCall, ToolFailure, ToolRegistry,
+    ToolResult, ToolRunError, Update, UpdateError, MAX_PROGRESS_BYTES, MAX_PROGRESS_EVENT_BYTES,
+    MAX_UPDATE_DATA_BYTES, MAX_UPDATE_EVENT_ID_BYTES, MAX_UPDATE_KIND_BYTES, PLAIN_EXECUTOR_KEY,
+    RECOVERABLE_EXECUTOR_KEY,
 };
 use dtask_engine::tool::{ToolError, ToolInfo};
 use dtask_engine::{
-    Manager, ManagerConfig, Outcome, Registry, StoreConfig, StoreError, SubmitRequest, SystemClock,
-    TaskStore,
+    ExecutorRegistry, Manager, ManagerConfig, StoreConfig, StoreError, SubmitRequest, SystemClock,
+    TaskOutcome, TaskStore,
 };
 use dtask_journal::{Durability, Journal, JournalOptions, LeasePolicy, TaskSpec};
 use dtask_replay::Status;
@@ -70,7 +72,7 @@ fn manual_store(dir: &std::path::Path) -> (TaskStore, dtask_engine::ManualClock)
 }
 
 fn manager_for(store: &TaskStore, tools: &ManagedTools) -> Manager {
-    let mut runtime = Registry::new();
+    let mut runtime = ExecutorRegistry::new();
     tools.register_executors(&mut runtime).unwrap();
     Manager::new(store.clone(), runtime, ManagerConfig::default())
 }
@@ -132,7 +134,7 @@ async fn stored_updates(store: &TaskStore, id: &str) -> Vec<(String, Vec<u8>)> {
         .collect()
 }
 
-async fn terminal(manager: &Manager, id: &str) -> Outcome {
+async fn terminal(manager: &Manager, id: &str) -> TaskOutcome {
     manager.wait(id).await.unwrap()
 }
 
@@ -149,14 +151,14 @@ async fn launch(env: &Env) -> ToolResult {
 /// The error of a task that must end failed.
 async fn failure(manager: &Manager, id: &str) -> String {
     match terminal(manager, id).await {
-        Outcome::Failed(e) => e,
+        TaskOutcome::Failed(e) => e,
         other => panic!("expected a failure, got {other:?}"),
     }
 }
 
 fn launched_id(result: &ToolResult) -> String {
-    assert_eq!(result.envelope.kind, EnvelopeType::LaunchResult);
-    result.envelope.task_id.clone().unwrap()
+    assert_eq!(result.envelope.kind(), EnvelopeType::LaunchResult);
+    result.envelope.task_id().unwrap().to_owned()
 }
 
 async fn collect(
@@ -177,7 +179,7 @@ async fn s21_stream_background_replayed_update_is_stored_once_and_materialized_t
     let items = collect(tool.call_stream("{}", &CallOptions::default())).await;
     let kinds: Vec<_> = items
         .iter()
-        .map(|i| i.as_ref().unwrap().envelope.kind)
+        .map(|i| i.as_ref().unwrap().envelope.kind())
         .collect();
     assert_eq!(kinds, [EnvelopeType::Update, EnvelopeType::LaunchResult]);
     let id = launched_id(items[1].as_ref().unwrap());
@@ -279,7 +281,7 @@ async fn s32_update_data_cannot_forge_a_launch_result() {
         collect(managed(&env, background()).call_stream("{}", &CallOptions::default())).await;
     let mut lines = String::new();
     for item in &items {
-        lines.push_str(&item.as_ref().unwrap().text().unwrap());
+        lines.push_str(&item.as_ref().unwrap().text());
     }
     let records: Vec<serde_json::Value> = lines
         .lines()
@@ -314,7 +316,7 @@ async fn s33_update_stream_that_never_closes_fails_the_task() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s34_read_input_request_is_a_copy_and_refuses_foreign_tasks() {
     let mut probe = Probe::new(Script {
-        outcome: Some(ToolOutcome::WaitingInput {
+        outcome: Some(RunOutcome::WaitingInput {
             request: InputRequest {
                 id: "approval".into(),
                 data: Some(serde_json::json!({"question": "ok?"})),
@@ -327,7 +329,7 @@ async fn s34_read_input_request_is_a_copy_and_refuses_foreign_tasks() {
     let env = env(&probe);
     let result = launch(&env).await;
     let id = launched_id(&result);
-    let Outcome::Interrupted(task) = terminal(&env.manager, &id).await else {
+    let TaskOutcome::Interrupted(task) = terminal(&env.manager, &id).await else {
         panic!()
     };
     let mut request = read_input_request(&task).unwrap();
@@ -349,7 +351,13 @@ async fn s35_plain_update_gets_a_generated_id_shown_live() {
     let env = env_with(registration(&probe).with_materializer(recorder.clone()));
     let items =
         collect(managed(&env, background()).call_stream("{}", &CallOptions::default())).await;
-    let shown = items[0].as_ref().unwrap().envelope.update.clone().unwrap();
+    let shown = items[0]
+        .as_ref()
+        .unwrap()
+        .envelope
+        .as_update()
+        .cloned()
+        .unwrap();
     assert!(!shown.event_id.is_empty());
     let id = launched_id(items[1].as_ref().unwrap());
     terminal(&env.manager, &id).await;
@@ -411,7 +419,7 @@ async fn s38_preparer_interrupt_is_resumed_with_an_answer() {
             .await
             .unwrap(),
     );
-    assert_eq!(result.envelope.kind, EnvelopeType::ForegroundResult);
+    assert_eq!(result.envelope.kind(), EnvelopeType::ForegroundResult);
     let starts = probe.calls().starts;
     assert_eq!(starts.len(), 1);
     let args: serde_json::Value = serde_json::from_str(&starts[0].arguments).unwrap();
@@ -434,7 +442,7 @@ async fn s40_fast_foreground_completion_publishes_nothing() {
             .unwrap(),
     );
     assert_eq!(
-        result.text().unwrap(),
+        result.text(),
         "{\"type\":\"foreground_result\",\"status\":\"completed\",\"description\":\"probe: {}\",\"output\":{\"answer\":42}}\n"
     );
     let starts = probe.calls().starts;
@@ -448,7 +456,7 @@ async fn s40_fast_foreground_completion_publishes_nothing() {
 
 fn approval_probe() -> Probe {
     let mut probe = Probe::new(Script {
-        outcome: Some(ToolOutcome::WaitingInput {
+        outcome: Some(RunOutcome::WaitingInput {
             request: InputRequest {
                 id: "approval".into(),
                 data: Some(serde_json::json!({"question": "approve?"})),
@@ -494,8 +502,8 @@ async fn s41_foreground_waiting_input_interrupts_and_resumes() {
             .await
             .unwrap(),
     );
-    assert_eq!(result.envelope.status, Some(Status::Completed));
-    assert_eq!(result.envelope.task_id, None);
+    assert_eq!(result.envelope.status(), Some(Status::Completed));
+    assert_eq!(result.envelope.task_id(), None);
     let calls = probe.calls();
     assert_eq!(calls.resumes.len(), 1);
     let resume = &calls.resumes[0];
@@ -531,7 +539,7 @@ async fn s41_foreground_waiting_input_interrupts_and_resumes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s42_background_waiting_task_walks_through_its_stages() {
     let mut probe = Probe::new(Script {
-        outcome: Some(ToolOutcome::WaitingInput {
+        outcome: Some(RunOutcome::WaitingInput {
             request: InputRequest {
                 id: "approval".into(),
                 data: None,
@@ -545,7 +553,7 @@ async fn s42_background_waiting_task_walks_through_its_stages() {
         let answer: String = serde_json::from_slice(&request.data).unwrap();
         match (request.request_id.as_str(), answer.as_str()) {
             ("approval", "approve") => Ok(Script {
-                outcome: Some(ToolOutcome::WaitingInput {
+                outcome: Some(RunOutcome::WaitingInput {
                     request: InputRequest {
                         id: "region".into(),
                         data: None,
@@ -565,7 +573,7 @@ async fn s42_background_waiting_task_walks_through_its_stages() {
         let manager = env.manager.clone();
         let id = id.clone();
         async move {
-            let Outcome::Interrupted(task) = manager.wait(&id).await.unwrap() else {
+            let TaskOutcome::Interrupted(task) = manager.wait(&id).await.unwrap() else {
                 panic!()
             };
             manager
@@ -575,7 +583,7 @@ async fn s42_background_waiting_task_walks_through_its_stages() {
             manager.execute(&id).await.unwrap()
         }
     };
-    let Outcome::Interrupted(task) = terminal(&env.manager, &id).await else {
+    let TaskOutcome::Interrupted(task) = terminal(&env.manager, &id).await else {
         panic!()
     };
     assert_eq!(
@@ -629,7 +637,7 @@ async fn s43_resume_interrupted_by_drain_is_replayed_identically() {
         id = launched_id(&done(
             tool.call("{}", &CallOptions::default()).await.unwrap(),
         ));
-        let Outcome::Interrupted(task) = manager.wait(&id).await.unwrap() else {
+        let TaskOutcome::Interrupted(task) = manager.wait(&id).await.unwrap() else {
             panic!()
         };
         manager
@@ -714,7 +722,7 @@ async fn s44_handoff_after_timeout_then_cancel() {
             .unwrap(),
     );
     let id = launched_id(&result);
-    assert_eq!(result.envelope.status, Some(Status::Pending));
+    assert_eq!(result.envelope.status(), Some(Status::Pending));
     assert_eq!(probe.calls().adopts, 1);
     // The adopted run is observed by attempt 1: no new start.
     while env.store.get(&id).await.unwrap().status != Status::Running {
@@ -726,7 +734,7 @@ async fn s44_handoff_after_timeout_then_cancel() {
     env.manager.request_cancel(&id, "operator").await.unwrap();
     assert_eq!(
         terminal(&env.manager, &id).await,
-        Outcome::Canceled("operator".into())
+        TaskOutcome::Canceled("operator".into())
     );
     assert_eq!(
         probe.calls().starts.len(),
@@ -750,7 +758,7 @@ async fn s45_foreground_stream_shows_updates_then_the_result() {
     .await;
     let kinds: Vec<_> = items
         .iter()
-        .map(|i| i.as_ref().unwrap().envelope.kind)
+        .map(|i| i.as_ref().unwrap().envelope.kind())
         .collect();
     assert_eq!(
         kinds,
@@ -761,7 +769,7 @@ async fn s45_foreground_stream_shows_updates_then_the_result() {
             EnvelopeType::ForegroundResult
         ]
     );
-    assert_eq!(items[3].as_ref().unwrap().envelope.task_id, None);
+    assert_eq!(items[3].as_ref().unwrap().envelope.task_id(), None);
     assert_eq!(task_count(&env.store), 0);
 }
 
@@ -906,9 +914,9 @@ async fn s50_s51_renderer_adds_parts_or_fails_the_call() {
             .await
             .unwrap(),
     );
-    assert_eq!(result.envelope.output, None);
-    assert_eq!(result.envelope.status, Some(Status::Completed));
-    let parts = result.into_parts().unwrap();
+    assert_eq!(result.envelope.output(), None);
+    assert_eq!(result.envelope.status(), Some(Status::Completed));
+    let parts = result.into_parts();
     assert_eq!(parts.len(), 3);
     assert_eq!(parts[1], ResultPart::Text("{\"n\":1}".into()));
 }
@@ -925,7 +933,7 @@ async fn s52_late_update_after_streaming_handoff_is_stored_once() {
     let id = launched_id(items[0].as_ref().unwrap());
     assert_eq!(
         terminal(&env.manager, &id).await,
-        Outcome::Completed(b"{}".to_vec())
+        TaskOutcome::Completed(b"{}".to_vec())
     );
     assert_eq!(
         stored_updates(&env.store, &id).await,
@@ -1088,7 +1096,7 @@ async fn s72_dropping_a_foreground_stream_stops_the_run() {
     let mut stream =
         managed(&env, ManagedToolConfig::default()).call_stream("{}", &CallOptions::default());
     let first = stream.next().await.unwrap().unwrap();
-    assert_eq!(first.envelope.kind, EnvelopeType::Update);
+    assert_eq!(first.envelope.kind(), EnvelopeType::Update);
     drop(stream);
     while probe.calls().stops == 0 {
         tokio::task::yield_now().await;
@@ -1165,7 +1173,10 @@ async fn s74_binary_result_is_stored_exactly() {
     let env = env(&probe);
     let result = launch(&env).await;
     let id = launched_id(&result);
-    assert_eq!(terminal(&env.manager, &id).await, Outcome::Completed(bytes));
+    assert_eq!(
+        terminal(&env.manager, &id).await,
+        TaskOutcome::Completed(bytes)
+    );
 }
 
 // The explicit-background stream with a worker of the same process racing the dispatch: the
@@ -1177,12 +1188,12 @@ async fn background_call_launch_result_reports_the_started_task() {
     let result = launch(&env).await;
     let id = launched_id(&result);
     // The window closed at the start boundary: the task runs and its start is durable.
-    assert_eq!(result.envelope.status, Some(Status::Running));
+    assert_eq!(result.envelope.status(), Some(Status::Running));
     assert!(env.store.get(&id).await.unwrap().is_started());
     env.manager.request_cancel(&id, "done here").await.unwrap();
     assert_eq!(
         terminal(&env.manager, &id).await,
-        Outcome::Canceled("done here".into())
+        TaskOutcome::Canceled("done here".into())
     );
 }
 
@@ -1263,7 +1274,7 @@ async fn a_tools_node_dispatches_model_calls_to_managed_tools() {
     let id = record["task_id"].as_str().unwrap();
     assert_eq!(
         terminal(&env.manager, id).await,
-        Outcome::Completed(br#"{"answer":42}"#.to_vec())
+        TaskOutcome::Completed(br#"{"answer":42}"#.to_vec())
     );
 }
 
@@ -1281,19 +1292,19 @@ async fn a_failing_foreground_start_is_the_same_failed_record_for_call_and_strea
     let streamed = streamed.remove(0).unwrap();
     assert_eq!(called, streamed);
     assert_eq!(
-        called.text().unwrap(),
+        called.text(),
         "{\"type\":\"foreground_result\",\"status\":\"failed\",\"description\":\"probe: {}\",\"error\":\"backend down\"}\n"
     );
     // Through the component traits too: the record, not an error.
     let invoked = dtask_engine::tool::Tool::invoke(&tool, "{}").await.unwrap();
-    assert_eq!(invoked, called.text().unwrap());
+    assert_eq!(invoked, called.text());
     let chunks: Vec<_> = dtask_engine::tool::StreamingTool::invoke_stream(&tool, "{}")
         .await
         .unwrap()
         .collect()
         .await;
     assert_eq!(chunks.len(), 1);
-    assert_eq!(chunks[0].as_ref().unwrap(), &called.text().unwrap());
+    assert_eq!(chunks[0].as_ref().unwrap(), &called.text());
     assert_eq!(probe.calls().starts.len(), 4);
     assert_eq!(task_count(&env.store), 0);
 }
@@ -1321,7 +1332,7 @@ async fn a_failing_foreground_resume_is_a_failed_record_with_the_description() {
             .unwrap(),
     );
     assert_eq!(
-        result.text().unwrap(),
+        result.text(),
         "{\"type\":\"foreground_result\",\"status\":\"failed\",\"description\":\"probe: {}\",\"error\":\"resume broke\"}\n"
     );
     assert_eq!(task_count(&env.store), 0);
@@ -1390,7 +1401,7 @@ async fn an_update_over_a_bound_fails_the_background_task() {
     let id = launched_id(&launch(&env).await);
     assert_eq!(
         terminal(&env.manager, &id).await,
-        Outcome::Completed(b"{}".to_vec())
+        TaskOutcome::Completed(b"{}".to_vec())
     );
     assert_eq!(
         stored_updates(&env.store, &id).await,
@@ -1409,9 +1420,9 @@ async fn an_update_over_a_bound_is_refused_in_the_foreground_call_and_stream() {
         let env = env(&probe);
         let tool = managed(&env, ManagedToolConfig::default());
         let called = done(tool.call("{}", &CallOptions::default()).await.unwrap());
-        assert_eq!(called.envelope.kind, EnvelopeType::ForegroundResult);
-        assert_eq!(called.envelope.status, Some(Status::Failed));
-        let shown = called.envelope.error.clone().unwrap();
+        assert_eq!(called.envelope.kind(), EnvelopeType::ForegroundResult);
+        assert_eq!(called.envelope.status(), Some(Status::Failed));
+        let shown = called.envelope.error().unwrap().to_owned();
         assert_eq!(shown, error.to_string());
         assert!(shown.starts_with(text), "{text}: {shown}");
         assert_eq!(probe.calls().stops, 1, "{text}");
@@ -1433,10 +1444,10 @@ async fn an_update_over_a_bound_is_refused_in_the_foreground_call_and_stream() {
     .await;
     let records: Vec<_> = items.into_iter().map(Result::unwrap).collect();
     assert_eq!(records.len(), 2);
-    let shown = records[0].envelope.update.clone().unwrap();
+    let shown = records[0].envelope.as_update().cloned().unwrap();
     assert_eq!(shown.event_id, at.event_id);
     assert_eq!(shown.kind, at.kind);
-    assert_eq!(records[1].envelope.status, Some(Status::Completed));
+    assert_eq!(records[1].envelope.status(), Some(Status::Completed));
 }
 
 /// The progress text of a background task whose updates carry `data`, read with `limit`.
@@ -1538,8 +1549,8 @@ async fn a_zero_foreground_timeout_disables_the_timer() {
         }
         gate.add_permits(1);
         let result = done(call.await.unwrap().unwrap());
-        assert_eq!(result.envelope.kind, EnvelopeType::ForegroundResult);
-        assert_eq!(result.envelope.status, Some(Status::Completed));
+        assert_eq!(result.envelope.kind(), EnvelopeType::ForegroundResult);
+        assert_eq!(result.envelope.status(), Some(Status::Completed));
     }
     let calls = probe.calls();
     assert_eq!(calls.adopts, 0);
@@ -1581,7 +1592,7 @@ async fn a_calls_session_id_reaches_the_task_and_its_notifications() {
     let id = launched_id(&launched);
     assert_eq!(
         terminal(&env.manager, &id).await,
-        Outcome::Completed(b"{}".to_vec())
+        TaskOutcome::Completed(b"{}".to_vec())
     );
     let task = env.store.get(&id).await.unwrap();
     assert_eq!(task.spec.session_id, "session-1");
@@ -1610,7 +1621,7 @@ async fn a_calls_session_id_reaches_the_task_and_its_notifications() {
     gate.add_permits(2);
     assert_eq!(
         terminal(&handed_env.manager, &id).await,
-        Outcome::Completed(b"{}".to_vec())
+        TaskOutcome::Completed(b"{}".to_vec())
     );
     let task = handed_env.store.get(&id).await.unwrap();
     assert_eq!(task.spec.session_id, "session-1");
@@ -1654,12 +1665,12 @@ struct HeldRun(Arc<Held>);
 
 #[dtask_engine::async_trait]
 impl dtask_engine::managed::Run for HeldRun {
-    async fn wait(&self) -> Result<ToolOutcome, ToolRunError> {
+    async fn wait(&self) -> Result<RunOutcome, ToolRunError> {
         self.0.release.acquire().await.unwrap().forget();
         self.0
             .running
             .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-        Ok(ToolOutcome::Completed(b"{}".to_vec()))
+        Ok(RunOutcome::Completed(b"{}".to_vec()))
     }
 
     async fn stop(&self) -> Result<(), ToolRunError> {
@@ -1669,7 +1680,7 @@ impl dtask_engine::managed::Run for HeldRun {
 
 #[dtask_engine::async_trait]
 impl dtask_engine::managed::BackgroundTool for HeldTool {
-    fn validate_arguments(&self, _arguments: &str) -> Result<(), String> {
+    fn validate_arguments(&self, _arguments: &str) -> Result<(), ToolFailure> {
         Ok(())
     }
 
@@ -1750,7 +1761,7 @@ async fn a_workers_max_concurrent_bounds_concurrent_managed_attempts() {
     for id in &ids {
         assert_eq!(
             manager.wait(id).await.unwrap(),
-            Outcome::Completed(b"{}".to_vec())
+            TaskOutcome::Completed(b"{}".to_vec())
         );
     }
     stop_tx.send(true).unwrap();

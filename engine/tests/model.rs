@@ -174,7 +174,7 @@ struct Model {
     outbox: Vec<(String, usize)>,
 }
 
-type Outcome = Result<(), &'static str>;
+type TaskOutcome = Result<(), &'static str>;
 
 impl MTask {
     fn terminal(&self) -> bool {
@@ -252,7 +252,7 @@ impl Model {
         session: bool,
         notify: bool,
         checkpoint: u8,
-    ) -> Outcome {
+    ) -> TaskOutcome {
         if self.tasks[t].is_some() {
             return Err("AlreadyExists");
         }
@@ -282,7 +282,7 @@ impl Model {
         Ok(())
     }
 
-    fn command(&mut self, t: usize, expected: u64, cmd: &Cmd) -> Outcome {
+    fn command(&mut self, t: usize, expected: u64, cmd: &Cmd) -> TaskOutcome {
         // 1. Validation, before any lookup.
         match cmd {
             Cmd::CommitStart(0) | Cmd::WaitInput(0) | Cmd::Suspend(0) | Cmd::Transcript(0) => {

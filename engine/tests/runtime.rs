@@ -1,11 +1,12 @@
-//! The runtime against guarantees 105–120 of the reference (eino-core §7), on a real journal.
+//! The runtime against its guarantees (docs/runtime.md; the tests keep the reference's
+//! guarantee numbers 105–120, as docs/semantics.md explains), on a real journal.
 #![allow(clippy::unwrap_used, clippy::missing_panics_doc)]
 
 use async_trait::async_trait;
 use dtask_engine::{
-    AttemptContext, Control, ExecutionError, ExecutionResult, Executor, Manager, ManagerConfig,
-    ManualClock, Outcome, Progress, Registry, RuntimeError, StoreConfig, StoreError, SubmitRequest,
-    TaskStore, Worker, WorkerConfig,
+    AttemptContext, Control, ExecutionError, ExecutionResult, Executor, ExecutorRegistry, Manager,
+    ManagerConfig, ManualClock, Progress, RuntimeError, StoreConfig, StoreError, SubmitRequest,
+    TaskOutcome, TaskStore, Worker, WorkerConfig,
 };
 use dtask_journal::{Durability, Journal, JournalOptions, LeasePolicy, TaskSpec};
 use dtask_replay::{Status, TaskState};
@@ -79,7 +80,7 @@ fn env(executors: Vec<FnExecutor>) -> Env {
     .unwrap();
     let clock = ManualClock::new(1_000_000);
     let store = TaskStore::open(journal, clock.clone(), StoreConfig::default()).unwrap();
-    let mut registry = Registry::new();
+    let mut registry = ExecutorRegistry::new();
     for e in executors {
         registry.register(e).unwrap();
     }
@@ -408,7 +409,7 @@ async fn g117_wait_returns_interrupted_for_waiting_input_and_outcomes_for_termin
         async move { m.wait(&id).await }
     });
     env.manager.execute(&id).await.unwrap();
-    let Outcome::Interrupted(state) = waiter.await.unwrap().unwrap() else {
+    let TaskOutcome::Interrupted(state) = waiter.await.unwrap().unwrap() else {
         panic!("expected an interruption");
     };
     assert_eq!(state.checkpoint, b"approve?");
@@ -424,7 +425,7 @@ async fn g117_wait_returns_interrupted_for_waiting_input_and_outcomes_for_termin
     env.manager.execute(&id).await.unwrap();
     assert_eq!(
         waiter.await.unwrap().unwrap(),
-        Outcome::Completed(b"yes".to_vec())
+        TaskOutcome::Completed(b"yes".to_vec())
     );
 }
 
@@ -523,7 +524,7 @@ async fn g119_two_workers_never_execute_the_same_attempt() {
         .collect();
     for id in &ids {
         let outcome = env.manager.wait(id).await.unwrap();
-        assert_eq!(outcome, Outcome::Completed(vec![]));
+        assert_eq!(outcome, TaskOutcome::Completed(vec![]));
     }
     stop_tx.send(true).unwrap();
     for w in workers {
@@ -557,7 +558,7 @@ async fn a_worker_is_woken_by_a_new_pending_task_without_waiting_a_poll_interval
         .await
         .expect("woken without the hour-long poll")
         .unwrap();
-    assert_eq!(outcome, Outcome::Completed(b"done".to_vec()));
+    assert_eq!(outcome, TaskOutcome::Completed(b"done".to_vec()));
     stop_tx.send(true).unwrap();
     handle.await.unwrap().unwrap();
 }

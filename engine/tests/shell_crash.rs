@@ -12,8 +12,8 @@ use dtask_engine::managed::tools::ShellTool;
 use dtask_engine::managed::{ManagedTools, Registration, ToolCall, ToolRegistry};
 use dtask_engine::tool::ToolInfo;
 use dtask_engine::{
-    Clock, Manager, ManagerConfig, ManualClock, Outcome, Registry, StoreConfig, SystemClock,
-    TaskStore, Worker, WorkerConfig,
+    Clock, ExecutorRegistry, Manager, ManagerConfig, ManualClock, StoreConfig, SystemClock,
+    TaskOutcome, TaskStore, Worker, WorkerConfig,
 };
 use dtask_journal::{Journal, JournalOptions};
 use dtask_replay::Status;
@@ -51,7 +51,7 @@ fn child(dir: &Path) {
         let journal = Journal::open(dir.join("journal"), JournalOptions::default()).unwrap();
         let store = TaskStore::open(journal, SystemClock, StoreConfig::default()).unwrap();
         let tools = tools(dir);
-        let mut registry = Registry::new();
+        let mut registry = ExecutorRegistry::new();
         tools.register_executors(&mut registry).unwrap();
         let manager = Manager::new(store.clone(), registry, ManagerConfig::default());
         let arguments = serde_json::json!({ "command": command(dir) }).to_string();
@@ -123,12 +123,12 @@ fn run() -> Result<(), String> {
             return Err(format!("expected a pending, started task: {before:?}"));
         }
         let tools = tools(dir.path());
-        let mut registry = Registry::new();
+        let mut registry = ExecutorRegistry::new();
         tools.register_executors(&mut registry).unwrap();
         let manager = Manager::new(store.clone(), registry, ManagerConfig::default());
         manager.execute(&id).await.map_err(|e| e.to_string())?;
         let outcome = manager.wait(&id).await.unwrap();
-        let Outcome::Completed(output) = outcome else {
+        let TaskOutcome::Completed(output) = outcome else {
             return Err(format!("the task did not complete: {outcome:?}"));
         };
         let text = String::from_utf8_lossy(&output);

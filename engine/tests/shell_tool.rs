@@ -4,7 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use dtask_engine::managed::tools::ShellTool;
-use dtask_engine::managed::{BackgroundTool, StartRequest, ToolOutcome};
+use dtask_engine::managed::{BackgroundTool, RunOutcome, StartRequest};
 use std::time::Duration;
 
 fn request(task_id: &str, command: &str) -> StartRequest {
@@ -31,7 +31,7 @@ async fn starting_twice_runs_the_command_once() {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(outcome, ToolOutcome::Completed(b"done\n".to_vec()));
+    assert_eq!(outcome, RunOutcome::Completed(b"done\n".to_vec()));
     assert_eq!(std::fs::read_to_string(&ledger).unwrap(), "ran\n");
 }
 
@@ -54,7 +54,7 @@ async fn stop_ends_the_command_and_the_run_reports_canceled() {
         .await
         .expect("a stopped run ends")
         .unwrap();
-    assert_eq!(outcome, ToolOutcome::Canceled("stopped".into()));
+    assert_eq!(outcome, RunOutcome::Canceled("stopped".into()));
     assert!(
         !std::path::Path::new(&format!("/proc/{pid}")).exists()
             || std::fs::read_to_string(format!("/proc/{pid}/stat"))

@@ -6,9 +6,9 @@
 
 use async_trait::async_trait;
 use dtask_engine::{
-    AttemptContext, ExecutionError, ExecutionResult, Executor, Manager, ManagerConfig, ManualClock,
-    Outcome, Progress, Registry, StoreConfig, SubmitRequest, SystemClock, TaskStore, Worker,
-    WorkerConfig,
+    AttemptContext, ExecutionError, ExecutionResult, Executor, ExecutorRegistry, Manager,
+    ManagerConfig, ManualClock, Progress, StoreConfig, SubmitRequest, SystemClock, TaskOutcome,
+    TaskStore, Worker, WorkerConfig,
 };
 use dtask_journal::{Journal, JournalOptions, LeasePolicy, TaskSpec};
 use dtask_replay::{Status, TaskState, LEASE_EXPIRED_ERROR};
@@ -109,7 +109,7 @@ fn child(dir: &Path, scenario: &str) {
         let journal = Journal::open(dir.join("journal"), JournalOptions::default()).unwrap();
         let store = TaskStore::open(journal, SystemClock, StoreConfig::default()).unwrap();
         let (policy, cancel) = policy_of(scenario);
-        let mut registry = Registry::new();
+        let mut registry = ExecutorRegistry::new();
         registry
             .register(Hang {
                 policy,
@@ -165,7 +165,7 @@ fn scenario(scenario: &str) -> Result<(), String> {
         // The child's lease (30 s from its clock) has certainly run out on this clock.
         let clock = ManualClock::new(SystemClock.now_millis() + 3_600_000);
         let store = TaskStore::open(journal, clock, StoreConfig::default()).unwrap();
-        let mut registry = Registry::new();
+        let mut registry = ExecutorRegistry::new();
         registry.register(Finish).unwrap();
         let manager = Manager::new(store, registry, ManagerConfig::default());
         let task = manager.get("victim").await.unwrap();
@@ -185,7 +185,7 @@ fn scenario(scenario: &str) -> Result<(), String> {
                 expect(task.checkpoint == b"started", "the started marker survived")?;
                 let state = manager.execute("victim").await.unwrap();
                 let outcome = manager.wait("victim").await.unwrap();
-                if outcome != Outcome::Completed(b"attempt 2 from started".to_vec())
+                if outcome != TaskOutcome::Completed(b"attempt 2 from started".to_vec())
                     || state.attempt != 2
                 {
                     return Err(format!("retry: attempt 2 did not complete: {outcome:?}"));

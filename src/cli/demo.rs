@@ -444,7 +444,7 @@ async fn managed_scene(store: &TaskStore, log: &mut Log) -> Result<()> {
         ))
         .map_err(|e| fail(&e))?;
     let tools = ManagedTools::new(registry);
-    let mut executors = dtask_engine::Registry::new();
+    let mut executors = dtask_engine::ExecutorRegistry::new();
     tools
         .register_executors(&mut executors)
         .map_err(|e| fail(&e))?;
@@ -486,9 +486,9 @@ async fn managed_scene(store: &TaskStore, log: &mut Log) -> Result<()> {
         else {
             return Err(fail(&"the shell tool never asks for input"));
         };
-        let record = result.text().map_err(|e| fail(&e))?;
+        let record = result.text();
         log.say(label, format!("-> {}", record.trim_end()));
-        if let Some(id) = &result.envelope.task_id {
+        if let Some(id) = result.envelope.task_id() {
             manager.wait(id).await.map_err(|e| fail(&e))?;
             let task = store.get(id).await?;
             log.say(

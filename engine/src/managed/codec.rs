@@ -1,8 +1,10 @@
 //! The managed-tool layer's persisted formats: the task payload and the managed checkpoint
-//! (the started marker). Both are versioned JSON; the core store treats them as opaque bytes.
+//! (the started marker), and [`read_input_request`], which reads what a waiting task asks.
+//! Both formats are versioned JSON; the core store treats them as opaque bytes.
 
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
+use dtask_replay::{Status, TaskState};
 use serde::{Deserialize, Serialize};
 
 /// The executor key of plain background tools (lease policy fail, no drain).
@@ -33,6 +35,33 @@ pub enum CodecError {
     /// The checkpoint is not a managed-tool checkpoint of version 1 within bounds.
     #[error("incompatible managed-tool checkpoint: {0}")]
     IncompatibleCheckpoint(String),
+    /// An input request's id is empty or longer than [`MAX_REQUEST_ID_BYTES`].
+    #[error("input request id must be 1 to 256 bytes")]
+    RequestIdLength {
+        /// The id's length.
+        len: usize,
+    },
+    /// An input request's data is larger than [`MAX_REQUEST_DATA_BYTES`] as JSON.
+    #[error("input request data exceeds 256 KiB")]
+    RequestDataTooLarge {
+        /// The data's length as JSON.
+        len: usize,
+        /// The bound.
+        max: usize,
+    },
+    /// The task is not a recoverable managed-tool task waiting for input.
+    #[error("no input request: task {task_id:?} is {status} under {executor_key:?}")]
+    NotWaitingForInput {
+        /// The task.
+        task_id: String,
+        /// Its status.
+        status: Status,
+        /// Its executor key.
+        executor_key: String,
+    },
+    /// The waiting task's checkpoint carries no input request.
+    #[error("no input request: the checkpoint has no request")]
+    NoInputRequest,
 }
 
 /// The private payload of a managed-tool task.
@@ -112,17 +141,20 @@ impl InputRequest {
     /// Checks the request's bounds.
     ///
     /// # Errors
-    /// A description of the violated bound.
-    pub fn validate(&self) -> Result<(), String> {
+    /// [`CodecError::RequestIdLength`] or [`CodecError::RequestDataTooLarge`].
+    pub fn validate(&self) -> Result<(), CodecError> {
         if self.id.is_empty() || self.id.len() > MAX_REQUEST_ID_BYTES {
-            return Err("input request id must be 1 to 256 bytes".into());
+            return Err(CodecError::RequestIdLength { len: self.id.len() });
         }
         let data_len = self
             .data
             .as_ref()
             .map_or(0, |d| serde_json::to_vec(d).map_or(usize::MAX, |v| v.len()));
         if data_len > MAX_REQUEST_DATA_BYTES {
-            return Err("input request data exceeds 256 KiB".into());
+            return Err(CodecError::RequestDataTooLarge {
+                len: data_len,
+                max: MAX_REQUEST_DATA_BYTES,
+            });
         }
         Ok(())
     }
@@ -228,10 +260,32 @@ impl ManagedCheckpoint {
         if let Some(request) = &self.request {
             request
                 .validate()
-                .map_err(CodecError::IncompatibleCheckpoint)?;
+                .map_err(|e| CodecError::IncompatibleCheckpoint(e.to_string()))?;
         }
         Ok(())
     }
+}
+
+/// What a waiting managed-tool task asks for (an owned copy).
+///
+/// # Errors
+/// [`CodecError::NotWaitingForInput`] unless the task is a recoverable managed-tool task
+/// waiting for input, [`CodecError::NoInputRequest`] when its checkpoint has no request, and
+/// the checkpoint's decoding errors.
+pub fn read_input_request(task: &TaskState) -> Result<InputRequest, CodecError> {
+    if task.status != Status::WaitingInput
+        || task.spec.executor_key != RECOVERABLE_EXECUTOR_KEY
+        || task.spec.kind != TASK_KIND
+    {
+        return Err(CodecError::NotWaitingForInput {
+            task_id: task.spec.id.clone(),
+            status: task.status,
+            executor_key: task.spec.executor_key.clone(),
+        });
+    }
+    ManagedCheckpoint::decode(&task.checkpoint)?
+        .request
+        .ok_or(CodecError::NoInputRequest)
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@
 //!     check_recovery_conformance, ConformanceBackend, ConformanceCase, OperationSnapshot,
 //! };
 //! use dtask_engine::managed::tools::ShellTool;
-//! use dtask_engine::managed::BackgroundTool;
+//! use dtask_engine::managed::{BackgroundTool, ToolFailure};
 //! use std::sync::Arc;
 //!
 //! struct Shell(std::path::PathBuf);
@@ -31,7 +31,7 @@
 //!     fn new_tool(&self) -> Option<Arc<dyn BackgroundTool>> {
 //!         Some(Arc::new(ShellTool::new(&self.0)))
 //!     }
-//!     async fn snapshot(&self, task_id: &str) -> Result<OperationSnapshot, String> {
+//!     async fn snapshot(&self, task_id: &str) -> Result<OperationSnapshot, ToolFailure> {
 //!         ShellTool::new(&self.0).snapshot(task_id)
 //!     }
 //! }
@@ -42,8 +42,9 @@
 //! # }
 //! ```
 
+use super::error::ToolFailure;
 use super::tool::{
-    BackgroundTool, RecoverRequest, ResumeRequest, Run, StartRequest, StartResult, ToolOutcome,
+    BackgroundTool, RecoverRequest, ResumeRequest, Run, RunOutcome, StartRequest, StartResult,
     Update,
 };
 use async_trait::async_trait;
@@ -69,7 +70,7 @@ pub trait ConformanceBackend: Send + Sync {
     ///
     /// # Errors
     /// Why the backend cannot be read.
-    async fn snapshot(&self, task_id: &str) -> Result<OperationSnapshot, String>;
+    async fn snapshot(&self, task_id: &str) -> Result<OperationSnapshot, ToolFailure>;
 }
 
 /// One conformance case: the task id and the arguments of the operation to start, and for a
@@ -196,7 +197,7 @@ pub async fn check_recovery_conformance(
     }
     let a = backend.new_tool().ok_or(ConformanceError::NilTool)?;
     a.validate_arguments(&case.arguments)
-        .map_err(ConformanceError::ValidateArguments)?;
+        .map_err(|e| ConformanceError::ValidateArguments(e.to_string()))?;
     if a.as_recoverable().is_none() {
         return Err(ConformanceError::NotRecoverable);
     }
@@ -254,7 +255,7 @@ async fn resume_scenarios(
     after_recover: &OperationSnapshot,
 ) -> Result<Arc<dyn Run>, ConformanceError> {
     let (request, replacement) = match recovered.wait().await {
-        Ok(ToolOutcome::WaitingInput {
+        Ok(RunOutcome::WaitingInput {
             request,
             checkpoint,
         }) => (request, checkpoint),
@@ -316,10 +317,14 @@ async fn snapshot(
     case: &ConformanceCase,
     stage: &'static str,
 ) -> Result<OperationSnapshot, ConformanceError> {
-    let snapshot = backend
-        .snapshot(&case.task_id)
-        .await
-        .map_err(|message| ConformanceError::Snapshot { stage, message })?;
+    let snapshot =
+        backend
+            .snapshot(&case.task_id)
+            .await
+            .map_err(|e| ConformanceError::Snapshot {
+                stage,
+                message: e.to_string(),
+            })?;
     if snapshot.operation_id.is_empty() {
         return Err(ConformanceError::EmptyOperationId(stage));
     }

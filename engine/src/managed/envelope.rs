@@ -1,19 +1,21 @@
-//! The model-facing response envelope: one JSON record per line, validated before encoding.
+//! The model-facing response envelope: one JSON record per line.
 //!
-//! Keys appear in the order `type, task_id, status, description, output, error,
-//! input_request, update`; every key but `type` is omitted when empty. JSON escaping guarantees
-//! a record never contains a raw newline, so update data cannot forge a lifecycle record.
+//! A record is a [`ResponseEvent`], whose variants carry exactly what their record type may
+//! carry, so an illegal record cannot be built. Keys appear in the order `type, task_id, status,
+//! description, output, error, input_request, update`; every key but `type` is omitted when
+//! empty. JSON escaping guarantees a record never contains a raw newline, so update data
+//! cannot forge a lifecycle record.
 
-use super::codec::InputRequest;
-use super::submit::read_input_request;
+use super::codec::{read_input_request, InputRequest};
+use super::error::EnvelopeError;
 use super::tool::Update;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use dtask_replay::{Status, TaskState};
-use serde::Serialize;
+use serde::{Serialize, Serializer};
 use std::collections::BTreeMap;
 
-/// The kind of a record.
+/// The kind of a record: its `type` key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EnvelopeType {
@@ -44,37 +46,155 @@ pub struct EnvelopeUpdate {
 
 /// One record of the envelope.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct ResponseEvent {
-    /// The record type.
-    #[serde(rename = "type")]
-    pub kind: EnvelopeType,
-    /// The task id (launch results only).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub task_id: Option<String>,
-    /// The status (results only).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub status: Option<Status>,
-    /// The task description.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub description: Option<String>,
-    /// The output of a completed call: its bytes as JSON when they parse, else as a string.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub output: Option<serde_json::Value>,
-    /// The error of a failed or canceled call.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    /// What a waiting call asks for.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub input_request: Option<InputRequest>,
-    /// The update (update records only).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub update: Option<EnvelopeUpdate>,
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ResponseEvent {
+    /// A progress update (first emissions only).
+    Update {
+        /// The update.
+        update: EnvelopeUpdate,
+    },
+    /// A background task carries the call (or its state is reported).
+    LaunchResult {
+        /// The task id.
+        task_id: String,
+        /// The task's status and description.
+        #[serde(flatten)]
+        result: CallResult,
+    },
+    /// The call finished in the foreground: no task was published.
+    ForegroundResult {
+        /// The call's status and description.
+        #[serde(flatten)]
+        result: CallResult,
+    },
 }
 
-/// Why a record is not a legal envelope record.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid response envelope: {0}")]
-pub struct EnvelopeError(pub &'static str);
+/// A result record's body: the status, with what goes with it, and the task description.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallResult {
+    /// The status and what goes with it.
+    pub status: ResultStatus,
+    /// The task description (omitted when empty).
+    pub description: String,
+}
+
+/// A result's status and what goes with it: output only when completed, an error only when
+/// failed or canceled, an input request exactly when waiting.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ResultStatus {
+    /// Waiting to be claimed.
+    Pending,
+    /// An attempt runs it.
+    Running,
+    /// Suspended.
+    Suspended,
+    /// Waiting for input.
+    WaitingInput {
+        /// What is asked.
+        input_request: InputRequest,
+    },
+    /// Completed.
+    Completed {
+        /// The result bytes as JSON when they parse, else as a string; `None` when there are
+        /// none, or when a result renderer shows them as rich parts.
+        output: Option<serde_json::Value>,
+    },
+    /// Failed.
+    Failed {
+        /// The error (omitted when empty).
+        error: String,
+    },
+    /// Canceled.
+    Canceled {
+        /// The reason (omitted when empty).
+        error: String,
+    },
+}
+
+impl ResultStatus {
+    /// A completed status whose output is `data` (as JSON when it parses, else as a string;
+    /// none when empty).
+    #[must_use]
+    pub fn completed(data: &[u8]) -> Self {
+        Self::Completed {
+            output: output_of(data),
+        }
+    }
+
+    /// The task status this is.
+    #[must_use]
+    pub fn status(&self) -> Status {
+        match self {
+            Self::Pending => Status::Pending,
+            Self::Running => Status::Running,
+            Self::Suspended => Status::Suspended,
+            Self::WaitingInput { .. } => Status::WaitingInput,
+            Self::Completed { .. } => Status::Completed,
+            Self::Failed { .. } => Status::Failed,
+            Self::Canceled { .. } => Status::Canceled,
+        }
+    }
+}
+
+/// The wire form of a [`CallResult`], keys in envelope order.
+#[derive(Serialize)]
+struct ResultWire<'a> {
+    status: Status,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    description: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    output: Option<&'a serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    input_request: Option<&'a InputRequest>,
+}
+
+impl Serialize for CallResult {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        ResultWire {
+            status: self.status.status(),
+            description: &self.description,
+            output: self.output(),
+            error: self.error(),
+            input_request: self.input_request(),
+        }
+        .serialize(serializer)
+    }
+}
+
+impl CallResult {
+    /// The result's output (completed results only).
+    #[must_use]
+    pub fn output(&self) -> Option<&serde_json::Value> {
+        match &self.status {
+            ResultStatus::Completed { output } => output.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// The result's error (failed and canceled results with a non-empty one only).
+    #[must_use]
+    pub fn error(&self) -> Option<&str> {
+        match &self.status {
+            ResultStatus::Failed { error } | ResultStatus::Canceled { error }
+                if !error.is_empty() =>
+            {
+                Some(error)
+            }
+            _ => None,
+        }
+    }
+
+    /// What a waiting result asks for.
+    #[must_use]
+    pub fn input_request(&self) -> Option<&InputRequest> {
+        match &self.status {
+            ResultStatus::WaitingInput { input_request } => Some(input_request),
+            _ => None,
+        }
+    }
+}
 
 fn output_of(data: &[u8]) -> Option<serde_json::Value> {
     if data.is_empty() {
@@ -91,135 +211,176 @@ impl ResponseEvent {
     /// An update record.
     #[must_use]
     pub fn update(update: &Update) -> Self {
-        Self {
-            kind: EnvelopeType::Update,
-            task_id: None,
-            status: None,
-            description: None,
-            output: None,
-            error: None,
-            input_request: None,
-            update: Some(EnvelopeUpdate {
+        Self::Update {
+            update: EnvelopeUpdate {
                 event_id: update.event_id.clone(),
                 kind: update.kind.clone(),
                 data: STANDARD.encode(&update.data),
                 metadata: update.metadata.clone(),
-            }),
+            },
         }
     }
 
     /// A launch result for a task snapshot.
-    #[must_use]
-    pub fn launch_result(task: &TaskState) -> Self {
-        let (output, error, input_request) = match task.status {
-            Status::Completed => (output_of(&task.result_data), None, None),
-            Status::Failed | Status::Canceled => (None, Some(task.result_error.clone()), None),
-            Status::WaitingInput => (None, None, read_input_request(task).ok()),
-            _ => (None, None, None),
+    ///
+    /// # Errors
+    /// [`EnvelopeError::MissingInputRequest`] for a task waiting for input whose request
+    /// cannot be read.
+    pub fn launch_result(task: &TaskState) -> Result<Self, EnvelopeError> {
+        let status = match task.status {
+            Status::Pending => ResultStatus::Pending,
+            Status::Running => ResultStatus::Running,
+            Status::Suspended => ResultStatus::Suspended,
+            Status::WaitingInput => ResultStatus::WaitingInput {
+                input_request: read_input_request(task).map_err(|source| {
+                    EnvelopeError::MissingInputRequest {
+                        task_id: task.spec.id.clone(),
+                        source,
+                    }
+                })?,
+            },
+            Status::Completed => ResultStatus::completed(&task.result_data),
+            Status::Failed => ResultStatus::Failed {
+                error: task.result_error.clone(),
+            },
+            Status::Canceled => ResultStatus::Canceled {
+                error: task.result_error.clone(),
+            },
         };
-        Self {
-            kind: EnvelopeType::LaunchResult,
-            task_id: Some(task.spec.id.clone()),
-            status: Some(task.status),
-            description: Some(task.spec.description.clone()).filter(|d| !d.is_empty()),
-            output,
-            error: error.filter(|e| !e.is_empty()),
-            input_request,
-            update: None,
-        }
+        Ok(Self::LaunchResult {
+            task_id: task.spec.id.clone(),
+            result: CallResult {
+                status,
+                description: task.spec.description.clone(),
+            },
+        })
     }
 
     /// A foreground result: the call finished without publishing a task.
     #[must_use]
-    pub fn foreground_result(
-        status: Status,
-        description: &str,
-        output: &[u8],
-        error: &str,
-    ) -> Self {
-        Self {
-            kind: EnvelopeType::ForegroundResult,
-            task_id: None,
-            status: Some(status),
-            description: Some(description.to_owned()).filter(|d| !d.is_empty()),
-            output: if status == Status::Completed {
-                output_of(output)
-            } else {
-                None
+    pub fn foreground_result(description: &str, status: ResultStatus) -> Self {
+        Self::ForegroundResult {
+            result: CallResult {
+                status,
+                description: description.to_owned(),
             },
-            error: Some(error.to_owned()).filter(|e| !e.is_empty()),
-            input_request: None,
-            update: None,
         }
     }
 
-    /// Checks the record against the envelope's rules.
-    ///
-    /// # Errors
-    /// [`EnvelopeError`] naming the broken rule.
-    pub fn validate(&self) -> Result<(), EnvelopeError> {
-        match self.kind {
-            EnvelopeType::Update => {
-                if self.update.is_none() {
-                    return Err(EnvelopeError("an update record needs an update"));
-                }
-                let extra = self.task_id.is_some()
-                    || self.status.is_some()
-                    || self.description.is_some()
-                    || self.output.is_some()
-                    || self.error.is_some()
-                    || self.input_request.is_some();
-                if extra {
-                    return Err(EnvelopeError("an update record carries only its update"));
-                }
-                return Ok(());
-            }
-            EnvelopeType::LaunchResult if self.task_id.is_none() => {
-                return Err(EnvelopeError("a launch result needs a task id"))
-            }
-            EnvelopeType::ForegroundResult if self.task_id.is_some() => {
-                return Err(EnvelopeError("a foreground result has no task id"))
-            }
-            _ => {}
-        }
-        if self.update.is_some() {
-            return Err(EnvelopeError("a result carries no update"));
-        }
-        let status = self
-            .status
-            .ok_or(EnvelopeError("a result needs a status"))?;
-        if status == Status::Completed && self.error.is_some() {
-            return Err(EnvelopeError("a completed result has no error"));
-        }
-        if status != Status::Completed && self.output.is_some() {
-            return Err(EnvelopeError("only a completed result has output"));
-        }
-        match (status == Status::WaitingInput, self.input_request.is_some()) {
-            (true, false) => Err(EnvelopeError("a waiting result needs an input request")),
-            (true, true) if self.error.is_some() => {
-                Err(EnvelopeError("a waiting result has no error"))
-            }
-            (false, true) => Err(EnvelopeError("only a waiting result has an input request")),
-            _ => Ok(()),
+    /// The record's type.
+    #[must_use]
+    pub fn kind(&self) -> EnvelopeType {
+        match self {
+            Self::Update { .. } => EnvelopeType::Update,
+            Self::LaunchResult { .. } => EnvelopeType::LaunchResult,
+            Self::ForegroundResult { .. } => EnvelopeType::ForegroundResult,
         }
     }
 
-    /// Validates and encodes the record as one line (JSON and a newline).
-    ///
-    /// # Errors
-    /// [`EnvelopeError`] when the record is not legal; nothing partial is produced.
-    pub fn encode(&self) -> Result<String, EnvelopeError> {
-        self.validate()?;
-        let mut line =
-            serde_json::to_string(self).map_err(|_| EnvelopeError("record does not encode"))?;
+    /// The task id (launch results only).
+    #[must_use]
+    pub fn task_id(&self) -> Option<&str> {
+        match self {
+            Self::LaunchResult { task_id, .. } => Some(task_id),
+            _ => None,
+        }
+    }
+
+    /// The result's body (results only).
+    #[must_use]
+    pub fn result(&self) -> Option<&CallResult> {
+        match self {
+            Self::LaunchResult { result, .. } | Self::ForegroundResult { result } => Some(result),
+            Self::Update { .. } => None,
+        }
+    }
+
+    /// The status (results only).
+    #[must_use]
+    pub fn status(&self) -> Option<Status> {
+        self.result().map(|r| r.status.status())
+    }
+
+    /// The output (completed results only).
+    #[must_use]
+    pub fn output(&self) -> Option<&serde_json::Value> {
+        self.result().and_then(CallResult::output)
+    }
+
+    /// The error (failed and canceled results only).
+    #[must_use]
+    pub fn error(&self) -> Option<&str> {
+        self.result().and_then(CallResult::error)
+    }
+
+    /// The update (update records only).
+    #[must_use]
+    pub fn as_update(&self) -> Option<&EnvelopeUpdate> {
+        match self {
+            Self::Update { update } => Some(update),
+            _ => None,
+        }
+    }
+
+    /// The record without the output of a completed result (a result renderer shows it).
+    pub(crate) fn without_output(mut self) -> Self {
+        if let Self::LaunchResult { result, .. } | Self::ForegroundResult { result } = &mut self {
+            if let ResultStatus::Completed { output } = &mut result.status {
+                *output = None;
+            }
+        }
+        self
+    }
+
+    /// The record as one line (JSON and a newline).
+    #[must_use]
+    pub fn encode(&self) -> String {
+        // Strings, base64, string maps and JSON values always serialize.
+        let mut line = serde_json::to_string(self).unwrap_or_default();
         line.push('\n');
-        Ok(line)
+        line
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::managed::codec::{ManagedCheckpoint, RECOVERABLE_EXECUTOR_KEY, TASK_KIND};
+    use dtask_journal::{LeasePolicy, TaskSpec, Timestamp};
+
+    fn task(status: Status, description: &str) -> TaskState {
+        TaskState {
+            spec: TaskSpec {
+                id: "background_tool_1".into(),
+                executor_key: RECOVERABLE_EXECUTOR_KEY.into(),
+                kind: TASK_KIND.into(),
+                description: description.into(),
+                ..TaskSpec::default()
+            },
+            policy: LeasePolicy::Retry,
+            status,
+            checkpoint: Vec::new(),
+            result_data: Vec::new(),
+            result_error: String::new(),
+            output_file_error: String::new(),
+            pending_resume: None,
+            context_snapshot: Vec::new(),
+            version: 1,
+            attempt: 0,
+            cancel_requested_at: None,
+            cancel_reason: String::new(),
+            created_at: Timestamp(0),
+            updated_at: Timestamp(0),
+            done_at: None,
+            lease_deadline: None,
+            position: 0,
+            updates: 0,
+        }
+    }
+
+    fn launch(task: &TaskState) -> String {
+        ResponseEvent::launch_result(task).unwrap().encode()
+    }
 
     #[test]
     fn records_match_the_reference_shapes() {
@@ -229,37 +390,150 @@ mod tests {
             ..Update::default()
         };
         assert_eq!(
-            ResponseEvent::update(&update).encode().unwrap(),
+            ResponseEvent::update(&update).encode(),
             "{\"type\":\"update\",\"update\":{\"kind\":\"stdout\",\"data\":\"bGluZQ==\"}}\n"
         );
         let done = ResponseEvent::foreground_result(
-            Status::Completed,
             "External operation",
-            br#"{"ok":true}"#,
-            "",
+            ResultStatus::completed(br#"{"ok":true}"#),
         );
         assert_eq!(
-            done.encode().unwrap(),
+            done.encode(),
             "{\"type\":\"foreground_result\",\"status\":\"completed\",\"description\":\"External operation\",\"output\":{\"ok\":true}}\n"
         );
     }
 
+    /// Every shape of record, byte for byte as the envelope has always encoded it.
     #[test]
-    fn illegal_records_are_refused() {
-        let mut r = ResponseEvent::foreground_result(Status::Failed, "", b"", "boom");
-        assert!(r.validate().is_ok());
-        r.task_id = Some("t".into());
-        assert!(r.validate().is_err());
-        let mut w = ResponseEvent::foreground_result(Status::WaitingInput, "", b"", "");
-        assert!(w.validate().is_err(), "waiting needs a request");
-        w.input_request = Some(InputRequest {
-            id: "a".into(),
-            data: None,
-        });
-        assert!(w.validate().is_ok());
-        let mut u = ResponseEvent::update(&Update::default());
-        u.status = Some(Status::Running);
-        assert!(u.encode().is_err());
+    fn every_record_shape_keeps_its_bytes() {
+        let full = Update {
+            event_id: "line:0".into(),
+            kind: "stdout".into(),
+            data: b"x\ny".to_vec(),
+            metadata: [("k", "v"), ("a", "b")]
+                .into_iter()
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .collect(),
+        };
+        let mut lines = vec![
+            ResponseEvent::update(&full).encode(),
+            ResponseEvent::update(&Update::default()).encode(),
+        ];
+        for status in [Status::Pending, Status::Running, Status::Suspended] {
+            lines.push(launch(&task(status, "desc")));
+            lines.push(launch(&task(status, "")));
+        }
+        let mut done = task(Status::Completed, "d");
+        for data in [&br#"{"ok":true,"n":[1,2]}"#[..], b"plain \"text\"\n", b""] {
+            done.result_data = data.to_vec();
+            lines.push(launch(&done));
+        }
+        for status in [Status::Failed, Status::Canceled] {
+            let mut ended = task(status, "d");
+            ended.result_error = "boom".into();
+            lines.push(launch(&ended));
+            ended.result_error = String::new();
+            lines.push(launch(&ended));
+        }
+        let mut waiting = task(Status::WaitingInput, "w");
+        for (id, data) in [
+            ("approval", Some(serde_json::json!({"question": "ok?"}))),
+            ("r", None),
+        ] {
+            waiting.checkpoint = ManagedCheckpoint {
+                started: true,
+                tool_checkpoint: b"cp".to_vec(),
+                request: Some(InputRequest {
+                    id: id.into(),
+                    data,
+                }),
+            }
+            .encode()
+            .unwrap();
+            lines.push(launch(&waiting));
+        }
+        for (description, status) in [
+            ("d", ResultStatus::completed(br#"{"a":1}"#)),
+            ("", ResultStatus::completed(b"text")),
+            ("", ResultStatus::completed(b"")),
+            (
+                "d",
+                ResultStatus::Failed {
+                    error: "boom".into(),
+                },
+            ),
+            (
+                "",
+                ResultStatus::Failed {
+                    error: String::new(),
+                },
+            ),
+            (
+                "d",
+                ResultStatus::Canceled {
+                    error: "stopped".into(),
+                },
+            ),
+        ] {
+            lines.push(ResponseEvent::foreground_result(description, status).encode());
+        }
+        let expected = [
+            r#"{"type":"update","update":{"event_id":"line:0","kind":"stdout","data":"eAp5","metadata":{"a":"b","k":"v"}}}"#,
+            r#"{"type":"update","update":{}}"#,
+            r#"{"type":"launch_result","task_id":"background_tool_1","status":"pending","description":"desc"}"#,
+            r#"{"type":"launch_result","task_id":"background_tool_1","status":"pending"}"#,
+            r#"{"type":"launch_result","task_id":"background_tool_1","status":"running","description":"desc"}"#,
+            r#"{"type":"launch_result","task_id":"background_tool_1","status":"running"}"#,
+            r#"{"type":"launch_result","task_id":"background_tool_1","status":"suspended","description":"desc"}"#,
+            r#"{"type":"launch_result","task_id":"background_tool_1","status":"suspended"}"#,
+            r#"{"type":"launch_result","task_id":"background_tool_1","status":"completed","description":"d","output":{"n":[1,2],"ok":true}}"#,
+            r#"{"type":"launch_result","task_id":"background_tool_1","status":"completed","description":"d","output":"plain \"text\"\n"}"#,
+            r#"{"type":"launch_result","task_id":"background_tool_1","status":"completed","description":"d"}"#,
+            r#"{"type":"launch_result","task_id":"background_tool_1","status":"failed","description":"d","error":"boom"}"#,
+            r#"{"type":"launch_result","task_id":"background_tool_1","status":"failed","description":"d"}"#,
+            r#"{"type":"launch_result","task_id":"background_tool_1","status":"canceled","description":"d","error":"boom"}"#,
+            r#"{"type":"launch_result","task_id":"background_tool_1","status":"canceled","description":"d"}"#,
+            r#"{"type":"launch_result","task_id":"background_tool_1","status":"waiting_input","description":"w","input_request":{"id":"approval","data":{"question":"ok?"}}}"#,
+            r#"{"type":"launch_result","task_id":"background_tool_1","status":"waiting_input","description":"w","input_request":{"id":"r"}}"#,
+            r#"{"type":"foreground_result","status":"completed","description":"d","output":{"a":1}}"#,
+            r#"{"type":"foreground_result","status":"completed","output":"text"}"#,
+            r#"{"type":"foreground_result","status":"completed"}"#,
+            r#"{"type":"foreground_result","status":"failed","description":"d","error":"boom"}"#,
+            r#"{"type":"foreground_result","status":"failed"}"#,
+            r#"{"type":"foreground_result","status":"canceled","description":"d","error":"stopped"}"#,
+        ];
+        assert_eq!(lines.len(), expected.len());
+        for (line, expected) in lines.iter().zip(expected) {
+            assert_eq!(line, &format!("{expected}\n"));
+        }
+    }
+
+    #[test]
+    fn a_waiting_task_without_a_request_has_no_record() {
+        let waiting = task(Status::WaitingInput, "w");
+        let err = ResponseEvent::launch_result(&waiting).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "invalid response envelope: a waiting result needs an input request"
+        );
+        let mut plain = waiting.clone();
+        plain.spec.executor_key = crate::managed::codec::PLAIN_EXECUTOR_KEY.into();
+        assert!(ResponseEvent::launch_result(&plain).is_err());
+    }
+
+    #[test]
+    fn a_rendered_result_drops_only_the_output() {
+        let done = ResponseEvent::foreground_result("d", ResultStatus::completed(b"{}"));
+        let rendered = done.clone().without_output();
+        assert_eq!(rendered.output(), None);
+        assert_eq!(rendered.status(), Some(Status::Completed));
+        let failed = ResponseEvent::foreground_result(
+            "d",
+            ResultStatus::Failed {
+                error: "boom".into(),
+            },
+        );
+        assert_eq!(failed.clone().without_output(), failed);
     }
 
     #[test]
@@ -269,7 +543,7 @@ mod tests {
             kind: "x\n{\"type\":\"launch_result\"}".into(),
             ..Update::default()
         };
-        let line = ResponseEvent::update(&update).encode().unwrap();
+        let line = ResponseEvent::update(&update).encode();
         assert_eq!(line.matches('\n').count(), 1);
     }
 }

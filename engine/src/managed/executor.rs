@@ -4,41 +4,35 @@
 use super::codec::{
     ManagedCheckpoint, ToolPayload, PLAIN_EXECUTOR_KEY, RECOVERABLE_EXECUTOR_KEY, TASK_KIND,
 };
+use super::error::{RuleViolation, ToolRunError};
 use super::live::LiveTable;
-use super::registry::{Registration, ToolRegistry};
-use super::tool::{
-    RecoverRequest, ResumeRequest, Run, StartRequest, ToolOutcome, ToolRunError, Update,
+use super::observe::{
+    check_outcome, observe, CheckedOutcome, MaterializerFeed, Observed, UpdateFailure, UpdateSink,
 };
+use super::registry::{Registration, ToolRegistry};
+use super::tool::{RecoverRequest, ResumeRequest, Run, StartRequest, Update};
 use crate::runtime::{
-    AttemptContext, Control, ExecutionError, ExecutionResult, Executor, Progress,
+    AttemptContext, Control, ExecutionError, ExecutionResult, Executor, Progress, ValidationError,
 };
 use crate::store::StoreError;
 use async_trait::async_trait;
 use dtask_journal::{LeasePolicy, TaskSpec};
 use dtask_replay::TaskState;
-use futures::StreamExt;
 use std::fmt::Write as _;
 use std::sync::Arc;
-use std::time::Duration;
-
-/// How long the update stream may stay open after the run's outcome.
-pub const UPDATE_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The executor of one class of managed tools.
 #[derive(Debug, Clone)]
-pub struct ManagedExecutor {
+pub(crate) struct ManagedExecutor {
     registry: Arc<ToolRegistry>,
     recoverable: bool,
     live: Arc<LiveTable>,
 }
 
 impl ManagedExecutor {
-    /// The executor of plain tools (`dtask.dev/background-tool`: lease policy fail, no drain).
-    #[must_use]
-    pub fn plain(registry: Arc<ToolRegistry>) -> Self {
-        Self::new(registry, false, Arc::default())
-    }
-
+    /// The executor of plain (`recoverable: false`: `dtask.dev/background-tool`, lease policy
+    /// fail, no drain) or recoverable tools (`dtask.dev/recoverable-background-tool`, lease
+    /// policy retry, drain by yield), sharing `live` with the calls of the same tools.
     pub(crate) fn new(
         registry: Arc<ToolRegistry>,
         recoverable: bool,
@@ -51,28 +45,36 @@ impl ManagedExecutor {
         }
     }
 
-    /// The executor of recoverable tools (`dtask.dev/recoverable-background-tool`: lease
-    /// policy retry, drain by yield).
-    #[must_use]
-    pub fn recoverable(registry: Arc<ToolRegistry>) -> Self {
-        Self::new(registry, true, Arc::default())
-    }
-
-    fn registration(&self, spec: &TaskSpec) -> Result<(ToolPayload, Arc<Registration>), String> {
+    fn registration(
+        &self,
+        spec: &TaskSpec,
+    ) -> Result<(ToolPayload, Arc<Registration>), ValidationError> {
         if spec.kind != TASK_KIND {
-            return Err(format!("task kind {:?} is not {TASK_KIND}", spec.kind));
+            return Err(ValidationError::new(format!(
+                "task kind {:?} is not {TASK_KIND}",
+                spec.kind
+            )));
         }
-        let payload = ToolPayload::decode(&spec.payload).map_err(|e| e.to_string())?;
+        let payload = ToolPayload::decode(&spec.payload)
+            .map_err(|e| ValidationError::with_source(e.to_string(), e))?;
         let registration = self
             .registry
             .resolve(self.key(), &payload.tool_name)
-            .ok_or_else(|| format!("tool {:?} is unavailable", payload.tool_name))?;
+            .ok_or_else(|| {
+                ValidationError::new(format!("tool {:?} is unavailable", payload.tool_name))
+            })?;
         Ok((payload, registration))
     }
 }
 
 fn fail(message: impl Into<String>) -> ExecutionError {
     ExecutionError::failed(message)
+}
+
+impl From<UpdateFailure> for ExecutionError {
+    fn from(failure: UpdateFailure) -> Self {
+        fail(failure.to_string())
+    }
 }
 
 #[async_trait]
@@ -97,12 +99,17 @@ impl Executor for ManagedExecutor {
         self.recoverable
     }
 
-    fn validate_spec(&self, spec: &TaskSpec) -> Result<(), String> {
+    fn validate_spec(&self, spec: &TaskSpec) -> Result<(), ValidationError> {
         let (payload, registration) = self.registration(spec)?;
         if registration.is_recoverable() != self.recoverable {
-            return Err("the tool's class does not match the executor".into());
+            return Err(ValidationError::new(
+                "the tool's class does not match the executor",
+            ));
         }
-        registration.tool.validate_arguments(&payload.arguments)
+        registration
+            .tool
+            .validate_arguments(&payload.arguments)
+            .map_err(|e| ValidationError::with_source(e.to_string(), e))
     }
 
     async fn execute(
@@ -110,7 +117,9 @@ impl Executor for ManagedExecutor {
         attempt: AttemptContext,
         task: TaskState,
     ) -> Result<ExecutionResult, ExecutionError> {
-        let (payload, registration) = self.registration(&task.spec).map_err(fail)?;
+        let (payload, registration) = self
+            .registration(&task.spec)
+            .map_err(|e| fail(e.to_string()))?;
         let checkpoint =
             ManagedCheckpoint::decode(&task.checkpoint).map_err(|e| fail(e.to_string()))?;
         let obtained = self
@@ -130,12 +139,29 @@ impl Executor for ManagedExecutor {
                 .map_err(|e| fail(format!("stop recovered canceled operation: {e}")))?;
             return Ok(ExecutionResult::Canceled(reason));
         }
-        let mut sink =
-            UpdateSink::new(&attempt, &task, &registration, self.recoverable, &self.live);
-        let outcome = observe(&attempt, &run, &mut sink, self.recoverable).await?;
-        match outcome {
-            Observed::Outcome(outcome) => map_outcome(outcome, &registration, tool_checkpoint),
-            Observed::Control(result) => Ok(result),
+        let mut sink = JournalSink::new(&attempt, &task, &registration, &self.live);
+        let observed = observe(
+            &run,
+            run.updates(),
+            self.recoverable,
+            &mut sink,
+            attempt.next_control(),
+        )
+        .await?;
+        match observed {
+            Observed::Outcome(outcome) => {
+                match check_outcome(outcome, &registration, tool_checkpoint) {
+                    Ok(CheckedOutcome::Completed(data)) => Ok(ExecutionResult::Completed(data)),
+                    Ok(CheckedOutcome::Failed(error)) => Ok(ExecutionResult::Failed(error)),
+                    Ok(CheckedOutcome::Canceled(reason)) => Ok(ExecutionResult::Canceled(reason)),
+                    Ok(CheckedOutcome::WaitingInput { checkpoint, .. }) => {
+                        Ok(ExecutionResult::WaitingInput(checkpoint))
+                    }
+                    Err(e @ RuleViolation::NotResumable) => Err(fail(e.to_string())),
+                    Err(e) => Err(fail(format!("invalid outcome: {e}"))),
+                }
+            }
+            Observed::Event(control) => self.obey(control, &run).await,
         }
     }
 }
@@ -230,122 +256,68 @@ impl ManagedExecutor {
     }
 }
 
-enum Observed {
-    Outcome(ToolOutcome),
-    Control(ExecutionResult),
-}
-
-/// Runs the attempt: waits for the outcome while persisting updates and obeying controls.
-async fn observe(
-    attempt: &AttemptContext,
-    run: &Arc<dyn Run>,
-    sink: &mut UpdateSink<'_>,
-    recoverable: bool,
-) -> Result<Observed, ExecutionError> {
-    let mut updates = run.updates();
-    let waiter = Arc::clone(run);
-    let wait = async move { waiter.wait().await };
-    tokio::pin!(wait);
-    loop {
-        tokio::select! {
-            outcome = &mut wait => {
-                let outcome = outcome.map_err(|e| fail(e.to_string()));
-                if let Some(stream) = updates.as_mut() {
-                    let drained = tokio::time::timeout(UPDATE_DRAIN_TIMEOUT, async {
-                        while let Some(update) = stream.next().await {
-                            sink.persist(update).await?;
-                        }
-                        Ok::<(), ExecutionError>(())
-                    })
-                    .await;
-                    match drained {
-                        Ok(result) => result?,
-                        Err(_) => return Err(fail("update stream did not close after terminal outcome")),
-                    }
-                }
-                return Ok(Observed::Outcome(match outcome {
-                    Ok(o) => o,
-                    Err(ExecutionError::Failed(e)) => ToolOutcome::Failed(e),
-                    Err(e) => return Err(e),
-                }));
+impl ManagedExecutor {
+    /// A control ended the observation: Stop stops the run and cancels, Timeout stops it and
+    /// fails, Drain yields (recoverable tools; the run keeps going and the next attempt
+    /// recovers it) or fails (plain tools).
+    async fn obey(
+        &self,
+        control: Control,
+        run: &Arc<dyn Run>,
+    ) -> Result<ExecutionResult, ExecutionError> {
+        match control {
+            Control::Stop(reason) => {
+                run.stop()
+                    .await
+                    .map_err(|e| fail(format!("stop operation: {e}")))?;
+                Ok(ExecutionResult::Canceled(reason))
             }
-            update = next_update(&mut updates) => {
-                match update {
-                    Some(update) => sink.persist(update).await?,
-                    None => updates = None,
+            Control::Timeout(reason) => {
+                let mut message = reason;
+                if let Err(e) = run.stop().await {
+                    let _ = write!(message, "; stop operation: {e}");
                 }
+                Ok(ExecutionResult::Failed(message))
             }
-            control = attempt.next_control() => {
-                match control {
-                    Control::Stop(reason) => {
-                        run.stop().await.map_err(|e| fail(format!("stop operation: {e}")))?;
-                        return Ok(Observed::Control(ExecutionResult::Canceled(reason)));
-                    }
-                    Control::Timeout(reason) => {
-                        let mut message = reason;
-                        if let Err(e) = run.stop().await {
-                            let _ = write!(message, "; stop operation: {e}");
-                        }
-                        return Ok(Observed::Control(ExecutionResult::Failed(message)));
-                    }
-                    Control::Drain(_) if recoverable => {
-                        // The run keeps going; the next attempt recovers it.
-                        return Ok(Observed::Control(ExecutionResult::Yield(Vec::new())));
-                    }
-                    Control::Drain(_) => return Err(fail("plain tool cannot drain")),
-                }
-            }
+            Control::Drain(_) if self.recoverable => Ok(ExecutionResult::Yield(Vec::new())),
+            Control::Drain(_) => Err(fail("plain tool cannot drain")),
         }
     }
 }
 
-async fn next_update(
-    updates: &mut Option<super::tool::UpdateStream>,
-) -> Option<Result<Update, String>> {
-    match updates.as_mut() {
-        Some(stream) => stream.next().await,
-        None => std::future::pending().await,
-    }
-}
-
-/// Persists updates of one attempt and feeds the materializer.
-struct UpdateSink<'a> {
+/// Records the updates of one background attempt: persisted as journal update events
+/// (deduplicated by event id there), first emissions offered to a live caller, and fed to the
+/// materializer, whose first failure is recorded as the task's transcript failure.
+struct JournalSink<'a> {
     attempt: &'a AttemptContext,
     live: &'a LiveTable,
-    registration: &'a Registration,
-    recoverable: bool,
-    output_file: String,
-    materialize: bool,
+    feed: MaterializerFeed,
 }
 
-impl<'a> UpdateSink<'a> {
+impl<'a> JournalSink<'a> {
     fn new(
         attempt: &'a AttemptContext,
         task: &TaskState,
-        registration: &'a Registration,
-        recoverable: bool,
+        registration: &Registration,
         live: &'a LiveTable,
     ) -> Self {
-        let materialize = registration.materializer.is_some()
-            && !task.spec.output_file.is_empty()
-            && task.output_file_error.is_empty();
+        let mut feed = MaterializerFeed::new(registration, &task.spec.id, &task.spec.output_file);
+        if !task.output_file_error.is_empty() {
+            feed.stop();
+        }
         Self {
             attempt,
             live,
-            registration,
-            recoverable,
-            output_file: task.spec.output_file.clone(),
-            materialize,
+            feed,
         }
     }
+}
 
-    async fn persist(&mut self, update: Result<Update, String>) -> Result<(), ExecutionError> {
-        let update = update.map_err(|e| fail(format!("update stream: {e}")))?;
-        update.validate().map_err(|e| fail(e.to_string()))?;
-        if self.recoverable && update.event_id.is_empty() {
-            return Err(fail("recoverable update event id is required"));
-        }
-        let caller_id = !update.event_id.is_empty();
+impl UpdateSink for JournalSink<'_> {
+    type Error = ExecutionError;
+
+    async fn accept(&mut self, update: Update) -> Result<(), ExecutionError> {
+        let caller_id = update.event_id.clone();
         let (record, first) = self
             .attempt
             .emit_progress(Progress {
@@ -365,53 +337,15 @@ impl<'a> UpdateSink<'a> {
             };
             self.live.offer(&record.task_id, &shown);
         }
-        if self.materialize && caller_id {
-            if let Some(materializer) = &self.registration.materializer {
-                let appended = materializer
-                    .append_output(
-                        &record.task_id,
-                        &record.event_id,
-                        &self.output_file,
-                        &record.data,
-                    )
-                    .await;
-                if let Err(e) = appended {
-                    self.materialize = false;
-                    self.attempt
-                        .report_transcript_failure(e)
-                        .await
-                        .map_err(|_| fail("report transcript materialization failure"))?;
-                }
+        if self.feed.is_on() {
+            if let Err(e) = self.feed.append(&caller_id, &record.data).await {
+                self.feed.stop();
+                self.attempt
+                    .report_transcript_failure(e.to_string())
+                    .await
+                    .map_err(|_| fail("report transcript materialization failure"))?;
             }
         }
         Ok(())
-    }
-}
-
-/// Checks a tool outcome (§5) and maps it to the attempt's result.
-fn map_outcome(
-    outcome: ToolOutcome,
-    registration: &Registration,
-    tool_checkpoint: Vec<u8>,
-) -> Result<ExecutionResult, ExecutionError> {
-    match outcome {
-        ToolOutcome::Completed(data) => Ok(ExecutionResult::Completed(data)),
-        ToolOutcome::Failed(error) if error.is_empty() => {
-            Err(fail("invalid outcome: a failure needs an error"))
-        }
-        ToolOutcome::Failed(error) => Ok(ExecutionResult::Failed(error)),
-        ToolOutcome::Canceled(reason) => Ok(ExecutionResult::Canceled(reason)),
-        ToolOutcome::WaitingInput {
-            request,
-            checkpoint,
-        } => {
-            if registration.tool.as_resumable().is_none() {
-                return Err(fail("waiting input requires a resumable tool"));
-            }
-            let bytes = ManagedCheckpoint::waiting(request, checkpoint, tool_checkpoint)
-                .encode()
-                .map_err(|e| fail(format!("invalid outcome: {e}")))?;
-            Ok(ExecutionResult::WaitingInput(bytes))
-        }
     }
 }

@@ -4,13 +4,14 @@
 //! alone decides (an adopted run that is gone is recovered from its started marker).
 
 use super::tool::{Run, Update};
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use tokio::sync::{mpsc, watch};
 
 /// How many projected updates may wait for a streaming caller before newer ones are dropped
 /// from the live view (they are durable in the journal either way).
-pub const PROJECTION_BUFFER: usize = 16;
+pub(crate) const PROJECTION_BUFFER: usize = 16;
 
 #[derive(Default)]
 struct Entry {
@@ -41,9 +42,7 @@ impl std::fmt::Debug for LiveTable {
 
 impl LiveTable {
     fn lock(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
-        self.entries
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.entries.lock()
     }
 
     fn edit(&self, task_id: &str, f: impl FnOnce(&mut Entry)) {

@@ -1,6 +1,7 @@
 //! The managed-tool registry: registrations by name, in two maps (plain and recoverable).
 
 use super::codec::{PLAIN_EXECUTOR_KEY, RECOVERABLE_EXECUTOR_KEY};
+use super::error::ToolRegistryError;
 use super::result::RenderFn;
 use super::tool::{BackgroundTool, OutputMaterializer};
 use crate::tool::ToolInfo;
@@ -111,16 +112,20 @@ impl ToolRegistry {
     /// Registers a tool.
     ///
     /// # Errors
-    /// The name, when a tool of the same class has it already (or it is empty).
-    pub fn register(&mut self, registration: Registration) -> Result<(), String> {
+    /// [`ToolRegistryError::EmptyName`], or [`ToolRegistryError::Duplicate`] when a tool of the
+    /// same class has the name already.
+    pub fn register(&mut self, registration: Registration) -> Result<(), ToolRegistryError> {
         let name = registration.info.name.clone();
         let map = if registration.is_recoverable() {
             &mut self.recoverable
         } else {
             &mut self.plain
         };
-        if name.is_empty() || map.contains_key(&name) {
-            return Err(name);
+        if name.is_empty() {
+            return Err(ToolRegistryError::EmptyName);
+        }
+        if map.contains_key(&name) {
+            return Err(ToolRegistryError::Duplicate { name });
         }
         map.insert(name, Arc::new(registration));
         Ok(())
@@ -143,5 +148,59 @@ impl ToolRegistry {
             PLAIN_EXECUTOR_KEY => self.plain.get(name).cloned(),
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::managed::error::{ToolFailure, ToolRunError};
+    use crate::managed::tool::{StartRequest, StartResult};
+    use crate::managed::tools::ApprovalTool;
+    use async_trait::async_trait;
+
+    struct Plain;
+
+    #[async_trait]
+    impl BackgroundTool for Plain {
+        fn validate_arguments(&self, _arguments: &str) -> Result<(), ToolFailure> {
+            Ok(())
+        }
+
+        async fn start(&self, _request: StartRequest) -> Result<StartResult, ToolRunError> {
+            Err(ToolRunError::failed("never started"))
+        }
+    }
+
+    fn registration(name: &str, tool: impl BackgroundTool) -> Registration {
+        Registration::new(ToolInfo::without_parameters(name, "a tool"), tool)
+    }
+
+    #[test]
+    fn a_name_is_registered_once_per_class() {
+        let mut registry = ToolRegistry::new();
+        assert_eq!(
+            registry.register(registration("", Plain)),
+            Err(ToolRegistryError::EmptyName)
+        );
+        registry
+            .register(registration("ask", ApprovalTool))
+            .unwrap();
+        // The same name once in each class (a migration).
+        registry.register(registration("ask", Plain)).unwrap();
+        let again = registry.register(registration("ask", ApprovalTool));
+        assert_eq!(
+            again,
+            Err(ToolRegistryError::Duplicate { name: "ask".into() })
+        );
+        assert_eq!(
+            again.unwrap_err().to_string(),
+            "managed tool \"ask\" is registered already"
+        );
+        assert!(registry.resolve_any("ask").unwrap().is_recoverable());
+        assert!(!registry
+            .resolve(PLAIN_EXECUTOR_KEY, "ask")
+            .unwrap()
+            .is_recoverable());
     }
 }

@@ -1,7 +1,8 @@
 //! What a managed tool call hands back to the model: the envelope record as the first text
 //! part, and rich parts a result renderer adds to completed results.
 
-use super::envelope::{EnvelopeError, ResponseEvent};
+use super::envelope::ResponseEvent;
+use super::error::ToolFailure;
 use dtask_journal::TaskSpec;
 use std::sync::Arc;
 
@@ -47,25 +48,21 @@ impl ToolResult {
     }
 
     /// The record as one line (JSON and a newline): the first, text part of the result.
-    ///
-    /// # Errors
-    /// [`EnvelopeError`] when the record is not legal.
-    pub fn text(&self) -> Result<String, EnvelopeError> {
+    #[must_use]
+    pub fn text(&self) -> String {
         self.envelope.encode()
     }
 
     /// All parts, the record's line first.
-    ///
-    /// # Errors
-    /// [`EnvelopeError`] when the record is not legal.
-    pub fn into_parts(self) -> Result<Vec<ResultPart>, EnvelopeError> {
-        let mut parts = vec![ResultPart::Text(self.envelope.encode()?)];
+    #[must_use]
+    pub fn into_parts(self) -> Vec<ResultPart> {
+        let mut parts = vec![ResultPart::Text(self.envelope.encode())];
         parts.extend(self.parts);
-        Ok(parts)
+        parts
     }
 }
 
 /// Renders a completed result as rich parts, from the task's spec and result bytes. `Ok(None)`
 /// is refused ("result renderer returned nil"); an error fails the model call, never the task.
 pub type RenderFn =
-    Arc<dyn Fn(&TaskSpec, &[u8]) -> Result<Option<Vec<ResultPart>>, String> + Send + Sync>;
+    Arc<dyn Fn(&TaskSpec, &[u8]) -> Result<Option<Vec<ResultPart>>, ToolFailure> + Send + Sync>;

@@ -1,6 +1,7 @@
 //! The traits a managed tool implements, and the values that cross them.
 
 use super::codec::InputRequest;
+use super::error::{ToolFailure, ToolRunError, UpdateError};
 use async_trait::async_trait;
 use futures::stream::BoxStream;
 use std::collections::BTreeMap;
@@ -30,53 +31,6 @@ pub struct Update {
     pub data: Vec<u8>,
     /// Key/value metadata (at most 32 entries, keys non-empty, keys and values at most 1 KiB).
     pub metadata: BTreeMap<String, String>,
-}
-
-/// Which bound an update breaks. Its text starts with the same words on every path: the
-/// failed foreground result, the stream's [`crate::managed::ManagedError::InvalidUpdate`] and
-/// the failed background task.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum UpdateError {
-    /// The data is larger than [`MAX_UPDATE_DATA_BYTES`].
-    #[error("update data exceeds configured bounds ({len} bytes, at most {max})")]
-    DataTooLarge {
-        /// The data's length.
-        len: usize,
-        /// The bound.
-        max: usize,
-    },
-    /// The kind is longer than [`MAX_UPDATE_KIND_BYTES`].
-    #[error("update kind exceeds configured bounds ({len} bytes, at most {max})")]
-    KindTooLong {
-        /// The kind's length.
-        len: usize,
-        /// The bound.
-        max: usize,
-    },
-    /// The event id is longer than [`MAX_UPDATE_EVENT_ID_BYTES`].
-    #[error("update event id exceeds configured bounds ({len} bytes, at most {max})")]
-    EventIdTooLong {
-        /// The event id's length.
-        len: usize,
-        /// The bound.
-        max: usize,
-    },
-    /// More than [`MAX_UPDATE_METADATA_ENTRIES`] metadata entries.
-    #[error("update metadata exceeds configured bounds ({entries} entries, at most {max})")]
-    TooManyMetadataEntries {
-        /// The number of entries.
-        entries: usize,
-        /// The bound.
-        max: usize,
-    },
-    /// A metadata key is empty, or a key or value is longer than
-    /// [`MAX_UPDATE_METADATA_BYTES`].
-    #[error("update metadata entry exceeds configured bounds (key {key:?})")]
-    MetadataEntry {
-        /// The offending key (cut to the bound).
-        key: String,
-    },
 }
 
 impl Update {
@@ -127,9 +81,11 @@ impl Update {
     }
 }
 
-/// How a tool's run ended.
+/// How a tool's [`Run`] ended: what [`Run::wait`] returns. The managed executors turn it into
+/// the attempt's [`ExecutionResult`](crate::ExecutionResult), and a foreground call into its
+/// [`CallOutcome`](super::CallOutcome).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ToolOutcome {
+pub enum RunOutcome {
     /// Completed with result data.
     Completed(Vec<u8>),
     /// Failed with an error (non-empty).
@@ -145,28 +101,8 @@ pub enum ToolOutcome {
     },
 }
 
-/// An error of a tool operation (start, recover, resume, wait, stop).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum ToolRunError {
-    /// The operation failed.
-    #[error("{0}")]
-    Failed(String),
-    /// `resume` refused the input before any side effect: the task keeps waiting on the same
-    /// request.
-    #[error("resume input rejected: {0}")]
-    InputRejected(String),
-}
-
-impl ToolRunError {
-    /// A failure with `message`.
-    pub fn failed(message: impl Into<String>) -> Self {
-        Self::Failed(message.into())
-    }
-}
-
 /// A stream of updates a run emits; the framework owns it. An `Err` item fails the attempt.
-pub type UpdateStream = BoxStream<'static, Result<Update, String>>;
+pub type UpdateStream = BoxStream<'static, Result<Update, ToolFailure>>;
 
 /// A live external operation.
 #[async_trait]
@@ -175,7 +111,7 @@ pub trait Run: Send + Sync + 'static {
     ///
     /// # Errors
     /// A failure of the operation or of the wait; the attempt fails with it.
-    async fn wait(&self) -> Result<ToolOutcome, ToolRunError>;
+    async fn wait(&self) -> Result<RunOutcome, ToolRunError>;
 
     /// Stops the operation. Must be safe to call repeatedly and concurrently.
     ///
@@ -184,7 +120,7 @@ pub trait Run: Send + Sync + 'static {
     async fn stop(&self) -> Result<(), ToolRunError>;
 
     /// The run's updates, if it emits any. Called at most once per run. After `wait` returns,
-    /// the stream must end within 5 s.
+    /// the stream must end within [`UPDATE_DRAIN_TIMEOUT`](super::UPDATE_DRAIN_TIMEOUT) (5 s).
     fn updates(&self) -> Option<UpdateStream> {
         None
     }
@@ -258,7 +194,7 @@ pub trait BackgroundTool: Send + Sync + 'static {
     ///
     /// # Errors
     /// Why the arguments are refused.
-    fn validate_arguments(&self, arguments: &str) -> Result<(), String>;
+    fn validate_arguments(&self, arguments: &str) -> Result<(), ToolFailure>;
 
     /// Starts the external operation. A recoverable tool's start must be idempotent by task
     /// id: a worker can die after the side effect but before the started marker is durable.
@@ -381,7 +317,7 @@ pub trait InputPreparer: Send + Sync {
     ///
     /// # Errors
     /// Why the call cannot go on; returned to the caller as is, and nothing is created.
-    async fn prepare_input(&self, request: PrepareRequest) -> Result<Prepared, String>;
+    async fn prepare_input(&self, request: PrepareRequest) -> Result<Prepared, ToolFailure>;
 }
 
 /// A tool whose runs can be reattached after the engine dies.
@@ -412,7 +348,7 @@ pub trait OutputMaterializer: Send + Sync + 'static {
     ///
     /// # Errors
     /// Why no path could be reserved.
-    async fn reserve_output(&self, task_id: &str) -> Result<String, String>;
+    async fn reserve_output(&self, task_id: &str) -> Result<String, ToolFailure>;
 
     /// Appends one update's data; must be idempotent by (task id, event id) and apply distinct
     /// events in call order.
@@ -425,7 +361,7 @@ pub trait OutputMaterializer: Send + Sync + 'static {
         event_id: &str,
         path: &str,
         data: &[u8],
-    ) -> Result<(), String>;
+    ) -> Result<(), ToolFailure>;
 }
 
 #[cfg(test)]

@@ -9,7 +9,8 @@ use super::control::{Control, ControlSlot};
 use crate::store::{Command, StoreError, TaskStore, UpdateRecord, UpdateRequest};
 use dtask_journal::MetadataEntry;
 use dtask_replay::{Status, TaskState};
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Mutex as AsyncMutex;
 
@@ -96,13 +97,13 @@ impl AttemptContext {
     /// The accepted cancellation's reason, if cancellation was accepted.
     #[must_use]
     pub fn cancellation(&self) -> Option<String> {
-        lock(&self.shared.cancel).clone()
+        self.shared.cancel.lock().clone()
     }
 
     /// The poison error, if the attempt lost its authority.
     #[must_use]
     pub fn poisoned(&self) -> Option<String> {
-        lock(&self.shared.poison).clone()
+        self.shared.poison.lock().clone()
     }
 
     fn check_poison(&self) -> Result<(), StoreError> {
@@ -113,7 +114,7 @@ impl AttemptContext {
     }
 
     pub(crate) fn poison(&self, why: &str) {
-        let mut poison = lock(&self.shared.poison);
+        let mut poison = self.shared.poison.lock();
         if poison.is_none() {
             *poison = Some(why.to_owned());
             tracing::warn!(task = %self.shared.task_id, attempt = self.shared.attempt, why, "attempt poisoned");
@@ -126,11 +127,11 @@ impl AttemptContext {
     }
 
     fn stop_heartbeats(&self) {
-        *lock(&self.shared.heartbeats_stopped) = true;
+        *self.shared.heartbeats_stopped.lock() = true;
     }
 
     fn heartbeats_stopped(&self) -> bool {
-        *lock(&self.shared.heartbeats_stopped)
+        *self.shared.heartbeats_stopped.lock()
     }
 
     /// Accepts the durable cancellation of this attempt: adopts the version the cancel
@@ -150,7 +151,7 @@ impl AttemptContext {
         }
         *version = task.version;
         let reason = dtask_replay::cancel_error(&task.cancel_reason, "");
-        *lock(&self.shared.cancel) = Some(reason.clone());
+        *self.shared.cancel.lock() = Some(reason.clone());
         self.stop_heartbeats();
         self.shared.controls.send(Control::Stop(reason));
         true
@@ -193,8 +194,9 @@ impl AttemptContext {
         }
     }
 
-    /// Writes the started marker (T4): the tool's side effect has begun and `checkpoint` says
-    /// how to recover it. Must be durable before the attempt first waits on its run.
+    /// Writes the started marker (transition T4 of docs/semantics.md): the tool's side effect
+    /// has begun and `checkpoint` says how to recover it. Must be durable before the attempt
+    /// first waits on its run.
     ///
     /// # Errors
     /// The store's error; a lost lease poisons the attempt.
@@ -204,7 +206,8 @@ impl AttemptContext {
             .map(drop)
     }
 
-    /// Records the task's first transcript (output file) failure (T5).
+    /// Records the task's first transcript (output file) failure (transition T5 of
+    /// docs/semantics.md).
     ///
     /// # Errors
     /// The store's error.
@@ -291,8 +294,4 @@ impl AttemptContext {
     pub(crate) fn halt_heartbeats(&self) {
         self.stop_heartbeats();
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }

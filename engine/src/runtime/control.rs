@@ -2,7 +2,7 @@
 //! replaces a queued lower one (Stop > Timeout > Drain) and a lower one never replaces a
 //! higher one.
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 /// A control request for a running attempt.
@@ -55,10 +55,7 @@ impl ControlSlot {
             Control::Timeout(r) if r.is_empty() => Control::Timeout(DEFAULT_TIMEOUT_REASON.into()),
             other => other,
         };
-        let mut queued = self
-            .queued
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut queued = self.queued.lock();
         let accepted = match queued.as_ref() {
             None => true,
             Some(q) if *q == control => return true,
@@ -74,10 +71,7 @@ impl ControlSlot {
 
     /// Takes the queued control, if any.
     pub fn try_recv(&self) -> Option<Control> {
-        self.queued
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take()
+        self.queued.lock().take()
     }
 
     /// Waits for the next control.

@@ -1,5 +1,6 @@
 //! The runtime's error type.
 
+use super::executor::ValidationError;
 use crate::store::StoreError;
 
 /// Errors of the manager, workers and attempts.
@@ -13,11 +14,11 @@ pub enum RuntimeError {
     #[error("executor {0:?} is unavailable")]
     ExecutorUnavailable(String),
     /// The executor refused the spec.
-    #[error("{0}")]
-    InvalidSpec(String),
+    #[error("validate spec: {0}")]
+    InvalidSpec(#[source] ValidationError),
     /// The executor refused to run the task.
     #[error("validate execution: {0}")]
-    InvalidExecution(String),
+    InvalidExecution(#[source] ValidationError),
     /// A task-id kind is not `[A-Za-z0-9_-]{0,64}`.
     #[error("invalid task id kind {0:?}")]
     InvalidKind(String),

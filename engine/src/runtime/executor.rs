@@ -7,9 +7,11 @@ use dtask_replay::TaskState;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// How an attempt ended, as the executor reports it. Exactly one variant, so results that mix
-/// variants cannot be expressed; results missing a required part (an empty error or
-/// checkpoint) are refused at commit with `InvalidExecutionResult`.
+/// How one attempt ended, as its executor reports it to the manager, which commits it (the
+/// task's [`TaskOutcome`](super::TaskOutcome) is what waiting for the whole task observes).
+/// Exactly one variant, so results that mix variants cannot be expressed; results missing a
+/// required part (an empty error or checkpoint) are refused at commit with
+/// `InvalidExecutionResult`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ExecutionResult {
     /// The task completed with this result data.
@@ -47,6 +49,72 @@ impl ExecutionError {
     }
 }
 
+/// Why an executor refuses a spec at submit, or a task before an attempt is claimed: a
+/// message, and optionally the error underneath. The message is what the caller sees (inside
+/// [`RuntimeError::InvalidSpec`](super::RuntimeError::InvalidSpec) or
+/// [`RuntimeError::InvalidExecution`](super::RuntimeError::InvalidExecution)).
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct ValidationError {
+    message: String,
+    #[source]
+    source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+}
+
+impl ValidationError {
+    /// A refusal with `message` and no source.
+    pub fn new(message: impl Into<String>) -> Self {
+        Self {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// A refusal with `message`, caused by `source`.
+    pub fn with_source(
+        message: impl Into<String>,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    ) -> Self {
+        Self {
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+
+    /// The message.
+    #[must_use]
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl From<String> for ValidationError {
+    fn from(message: String) -> Self {
+        Self::new(message)
+    }
+}
+
+impl From<&str> for ValidationError {
+    fn from(message: &str) -> Self {
+        Self::new(message)
+    }
+}
+
+/// Why an executor cannot be registered.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExecutorRegistryError {
+    /// The executor's key is empty.
+    #[error("an executor needs a non-empty key")]
+    EmptyKey,
+    /// Another executor has the key already.
+    #[error("executor {key:?} is registered already")]
+    Duplicate {
+        /// The key.
+        key: String,
+    },
+}
+
 /// Runs attempts of the tasks routed to its key.
 #[async_trait]
 pub trait Executor: Send + Sync + 'static {
@@ -65,7 +133,7 @@ pub trait Executor: Send + Sync + 'static {
     ///
     /// # Errors
     /// Why the spec is refused.
-    fn validate_spec(&self, spec: &TaskSpec) -> Result<(), String> {
+    fn validate_spec(&self, spec: &TaskSpec) -> Result<(), ValidationError> {
         let _ = spec;
         Ok(())
     }
@@ -74,7 +142,7 @@ pub trait Executor: Send + Sync + 'static {
     ///
     /// # Errors
     /// Why the task cannot run.
-    fn validate_execution(&self, task: &TaskState) -> Result<(), String> {
+    fn validate_execution(&self, task: &TaskState) -> Result<(), ValidationError> {
         let _ = task;
         Ok(())
     }
@@ -92,17 +160,17 @@ pub trait Executor: Send + Sync + 'static {
 
 /// The executors a manager can route to, by key.
 #[derive(Clone, Default)]
-pub struct Registry {
+pub struct ExecutorRegistry {
     executors: HashMap<String, Arc<dyn Executor>>,
 }
 
-impl std::fmt::Debug for Registry {
+impl std::fmt::Debug for ExecutorRegistry {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_set().entries(self.executors.keys()).finish()
     }
 }
 
-impl Registry {
+impl ExecutorRegistry {
     /// An empty registry.
     #[must_use]
     pub fn new() -> Self {
@@ -112,19 +180,26 @@ impl Registry {
     /// Registers `executor` under its key.
     ///
     /// # Errors
-    /// The key, when another executor has it already.
-    pub fn register(&mut self, executor: impl Executor) -> Result<(), String> {
+    /// [`ExecutorRegistryError::EmptyKey`], or [`ExecutorRegistryError::Duplicate`] when
+    /// another executor has the key already.
+    pub fn register(&mut self, executor: impl Executor) -> Result<(), ExecutorRegistryError> {
         self.register_arc(Arc::new(executor))
     }
 
     /// Registers a shared executor under its key.
     ///
     /// # Errors
-    /// The key, when another executor has it already.
-    pub fn register_arc(&mut self, executor: Arc<dyn Executor>) -> Result<(), String> {
+    /// As [`ExecutorRegistry::register`].
+    pub fn register_arc(
+        &mut self,
+        executor: Arc<dyn Executor>,
+    ) -> Result<(), ExecutorRegistryError> {
         let key = executor.key().to_owned();
-        if key.is_empty() || self.executors.contains_key(&key) {
-            return Err(key);
+        if key.is_empty() {
+            return Err(ExecutorRegistryError::EmptyKey);
+        }
+        if self.executors.contains_key(&key) {
+            return Err(ExecutorRegistryError::Duplicate { key });
         }
         self.executors.insert(key, executor);
         Ok(())
@@ -142,5 +217,62 @@ impl Registry {
         let mut keys: Vec<_> = self.executors.keys().cloned().collect();
         keys.sort();
         keys
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Keyed(&'static str);
+
+    #[async_trait]
+    impl Executor for Keyed {
+        fn key(&self) -> &str {
+            self.0
+        }
+
+        fn lease_policy(&self) -> LeasePolicy {
+            LeasePolicy::Retry
+        }
+
+        async fn execute(
+            &self,
+            _attempt: AttemptContext,
+            _task: TaskState,
+        ) -> Result<ExecutionResult, ExecutionError> {
+            Ok(ExecutionResult::Completed(Vec::new()))
+        }
+    }
+
+    #[test]
+    fn a_key_is_registered_once() {
+        let mut registry = ExecutorRegistry::new();
+        assert_eq!(
+            registry.register(Keyed("")),
+            Err(ExecutorRegistryError::EmptyKey)
+        );
+        registry.register(Keyed("job")).unwrap();
+        let again = registry.register(Keyed("job"));
+        assert_eq!(
+            again,
+            Err(ExecutorRegistryError::Duplicate { key: "job".into() })
+        );
+        assert_eq!(
+            again.unwrap_err().to_string(),
+            "executor \"job\" is registered already"
+        );
+        assert_eq!(registry.keys(), ["job"]);
+    }
+
+    #[test]
+    fn a_validation_error_shows_its_message_and_keeps_its_source() {
+        let plain = ValidationError::from("no such tool");
+        assert_eq!(plain.to_string(), "no such tool");
+        assert!(std::error::Error::source(&plain).is_none());
+        let io = std::io::Error::other("disk gone");
+        let caused = ValidationError::with_source("read the spec: disk gone", io);
+        assert_eq!(caused.message(), "read the spec: disk gone");
+        assert!(std::error::Error::source(&caused).is_some());
     }
 }

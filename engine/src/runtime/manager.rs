@@ -3,13 +3,14 @@
 use super::attempt::AttemptContext;
 use super::control::Control;
 use super::error::RuntimeError;
-use super::executor::{ExecutionError, ExecutionResult, Executor, Registry};
+use super::executor::{ExecutionError, ExecutionResult, Executor, ExecutorRegistry};
 use crate::store::{Command, CreateRequest, StoreError, TaskStore};
 use dtask_journal::TaskSpec;
 use dtask_replay::{Status, TaskState};
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
 use tracing::Instrument;
@@ -79,9 +80,11 @@ pub struct SubmitRequest {
     pub context_snapshot: Vec<u8>,
 }
 
-/// What waiting for a task observed: a terminal outcome, or an interruption for input.
+/// What [`Manager::wait`] observed of a whole task: its terminal outcome, or its wait for
+/// input. One attempt's result is an [`ExecutionResult`] instead (an attempt may also yield or
+/// suspend, which waiting never reports).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub enum TaskOutcome {
     /// Completed with result data.
     Completed(Vec<u8>),
     /// Failed with an error.
@@ -99,7 +102,7 @@ struct Active {
 
 struct Inner {
     store: TaskStore,
-    registry: Registry,
+    registry: ExecutorRegistry,
     config: ManagerConfig,
     closed: AtomicBool,
     drain_reason: Mutex<Option<String>>,
@@ -122,10 +125,6 @@ impl std::fmt::Debug for Manager {
             .field("closed", &self.is_closed())
             .finish_non_exhaustive()
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Truncates `text` to at most `max` bytes on a character boundary.
@@ -154,7 +153,7 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 impl Manager {
     /// A manager over `store` routing to `registry`'s executors.
     #[must_use]
-    pub fn new(store: TaskStore, registry: Registry, config: ManagerConfig) -> Self {
+    pub fn new(store: TaskStore, registry: ExecutorRegistry, config: ManagerConfig) -> Self {
         Self {
             inner: Arc::new(Inner {
                 store,
@@ -178,7 +177,7 @@ impl Manager {
 
     /// The executor registry.
     #[must_use]
-    pub fn registry(&self) -> &Registry {
+    pub fn registry(&self) -> &ExecutorRegistry {
         &self.inner.registry
     }
 
@@ -191,7 +190,7 @@ impl Manager {
     /// The ids of the attempts running in this manager.
     #[must_use]
     pub fn active_tasks(&self) -> Vec<String> {
-        let mut ids: Vec<_> = lock(&self.inner.active).keys().cloned().collect();
+        let mut ids: Vec<_> = self.inner.active.lock().keys().cloned().collect();
         ids.sort();
         ids
     }
@@ -245,7 +244,7 @@ impl Manager {
         let executor = self.executor(&request.spec.executor_key)?;
         executor
             .validate_spec(&request.spec)
-            .map_err(|e| RuntimeError::InvalidSpec(format!("validate spec: {e}")))?;
+            .map_err(RuntimeError::InvalidSpec)?;
         let state = self
             .inner
             .store
@@ -274,19 +273,20 @@ impl Manager {
         Ok(self.inner.store.get(id).await?)
     }
 
-    /// Waits for a terminal outcome, or for the task to wait for input ([`Outcome::Interrupted`]).
+    /// Waits for a terminal outcome, or for the task to wait for input
+    /// ([`TaskOutcome::Interrupted`]).
     /// Never returns an unknown outcome: errors are errors.
     ///
     /// # Errors
     /// The store's errors.
-    pub async fn wait(&self, id: &str) -> Result<Outcome, RuntimeError> {
+    pub async fn wait(&self, id: &str) -> Result<TaskOutcome, RuntimeError> {
         let mut state = self.inner.store.get(id).await?;
         loop {
             match state.status {
-                Status::Completed => return Ok(Outcome::Completed(state.result_data)),
-                Status::Failed => return Ok(Outcome::Failed(state.result_error)),
-                Status::Canceled => return Ok(Outcome::Canceled(state.result_error)),
-                Status::WaitingInput => return Ok(Outcome::Interrupted(Box::new(state))),
+                Status::Completed => return Ok(TaskOutcome::Completed(state.result_data)),
+                Status::Failed => return Ok(TaskOutcome::Failed(state.result_error)),
+                Status::Canceled => return Ok(TaskOutcome::Canceled(state.result_error)),
+                Status::WaitingInput => return Ok(TaskOutcome::Interrupted(Box::new(state))),
                 Status::Pending | Status::Running | Status::Suspended => {
                     state = self
                         .inner
@@ -361,7 +361,7 @@ impl Manager {
         loop {
             let ready = self.inner.ready.notified();
             let gone = self.inner.idle.notified();
-            match lock(&self.inner.active).get(id) {
+            match self.inner.active.lock().get(id) {
                 None => return None,
                 Some(Active {
                     attempt: Some(attempt),
@@ -379,15 +379,15 @@ impl Manager {
     async fn wait_attempt_done(&self, id: &str) {
         loop {
             let notified = self.inner.idle.notified();
-            if !lock(&self.inner.active).contains_key(id) {
+            if !self.inner.active.lock().contains_key(id) {
                 return;
             }
             notified.await;
         }
     }
 
-    /// Gives input to a task waiting for it (T17). `expected_version` ties the input to that
-    /// exact wait.
+    /// Gives input to a task waiting for it (transition T17 of docs/semantics.md).
+    /// `expected_version` ties the input to that exact wait.
     ///
     /// # Errors
     /// [`StoreError::IllegalTransition`], [`StoreError::VersionConflict`].
@@ -408,7 +408,8 @@ impl Manager {
             .await?)
     }
 
-    /// Releases a suspended task to pending (T18), retrying version conflicts.
+    /// Releases a suspended task to pending (transition T18 of docs/semantics.md), retrying
+    /// version conflicts.
     ///
     /// # Errors
     /// [`StoreError::IllegalTransition`] when the task is not suspended.
@@ -467,7 +468,7 @@ impl Manager {
             return Err(RuntimeError::Closed);
         }
         {
-            let mut active = lock(&self.inner.active);
+            let mut active = self.inner.active.lock();
             if active.contains_key(id) {
                 return Err(RuntimeError::AlreadyExecuting(id.to_owned()));
             }
@@ -480,11 +481,14 @@ impl Manager {
             );
         }
         let result = self.execute_registered(id).await;
-        lock(&self.inner.active).remove(id);
+        self.inner.active.lock().remove(id);
         self.inner.idle.notify_waiters();
         if let Err(e) = &result {
             if !e.is_benign() && !matches!(e, RuntimeError::DrainCheckpointUnavailable) {
-                lock(&self.inner.first_error).get_or_insert_with(|| e.to_string());
+                self.inner
+                    .first_error
+                    .lock()
+                    .get_or_insert_with(|| e.to_string());
             }
         }
         result
@@ -496,7 +500,7 @@ impl Manager {
         let executor = self.executor(&task.spec.executor_key)?;
         executor
             .validate_spec(&task.spec)
-            .map_err(|e| RuntimeError::InvalidSpec(format!("validate spec: {e}")))?;
+            .map_err(RuntimeError::InvalidSpec)?;
         executor
             .validate_execution(&task)
             .map_err(RuntimeError::InvalidExecution)?;
@@ -505,7 +509,7 @@ impl Manager {
         async {
             let attempt = AttemptContext::new(store.clone(), &claimed);
             {
-                let mut active = lock(&self.inner.active);
+                let mut active = self.inner.active.lock();
                 if let Some(entry) = active.get_mut(id) {
                     entry.attempt = Some(attempt.clone());
                     entry.supports_drain = executor.supports_drain();
@@ -516,7 +520,7 @@ impl Manager {
                 attempt.accept_cancellation().await;
             }
             if executor.supports_drain() {
-                if let Some(reason) = lock(&self.inner.drain_reason).clone() {
+                if let Some(reason) = self.inner.drain_reason.lock().clone() {
                     attempt.controls().send(Control::Drain(reason));
                 }
             }
@@ -573,12 +577,15 @@ impl Manager {
                 reason: "over 4096 bytes".into(),
             }));
         }
-        if deadline.is_none() && !lock(&self.inner.active).is_empty() {
+        if deadline.is_none() && !self.inner.active.lock().is_empty() {
             return Err(RuntimeError::CloseDeadlineRequired);
         }
         self.inner.closed.store(true, Ordering::SeqCst);
-        *lock(&self.inner.drain_reason) = Some(reason.to_owned());
-        let drainable: Vec<AttemptContext> = lock(&self.inner.active)
+        *self.inner.drain_reason.lock() = Some(reason.to_owned());
+        let drainable: Vec<AttemptContext> = self
+            .inner
+            .active
+            .lock()
             .values()
             .filter(|a| a.supports_drain)
             .filter_map(|a| a.attempt.clone())
@@ -596,7 +603,10 @@ impl Manager {
                 .is_ok(),
         };
         if !drained {
-            let stubborn: Vec<String> = lock(&self.inner.active)
+            let stubborn: Vec<String> = self
+                .inner
+                .active
+                .lock()
                 .iter()
                 .filter(|(_, a)| !a.supports_drain)
                 .map(|(id, _)| id.clone())
@@ -614,7 +624,7 @@ impl Manager {
                 return Err(RuntimeError::CloseTimedOut);
             }
         }
-        match lock(&self.inner.first_error).take() {
+        match self.inner.first_error.lock().take() {
             Some(e) => Err(RuntimeError::AttemptFailed(e)),
             None => Ok(()),
         }
@@ -623,7 +633,7 @@ impl Manager {
     async fn wait_idle(&self) {
         loop {
             let notified = self.inner.idle.notified();
-            if lock(&self.inner.active).is_empty() {
+            if self.inner.active.lock().is_empty() {
                 return;
             }
             notified.await;
@@ -631,9 +641,10 @@ impl Manager {
     }
 }
 
-/// Commits an executor result through the attempt runtime (§4.6): an accepted cancellation
-/// replaces the result; an invalid result poisons the runtime and commits nothing; a version
-/// conflict is reconciled (cancel intent → commit as canceled, else lease lost).
+/// Commits an executor result through the attempt runtime (docs/runtime.md, "One attempt",
+/// step 7): an accepted cancellation replaces the result; an invalid result poisons the runtime
+/// and commits nothing; a version conflict is reconciled (cancel intent → commit as canceled,
+/// else lease lost).
 async fn commit(
     attempt: &AttemptContext,
     result: ExecutionResult,

@@ -12,8 +12,11 @@ mod worker;
 pub use attempt::{AttemptContext, Progress};
 pub use control::{Control, ControlSlot, DEFAULT_TIMEOUT_REASON};
 pub use error::RuntimeError;
-pub use executor::{ExecutionError, ExecutionResult, Executor, Registry};
+pub use executor::{
+    ExecutionError, ExecutionResult, Executor, ExecutorRegistry, ExecutorRegistryError,
+    ValidationError,
+};
 pub use manager::{
-    truncate_utf8, IdGenerator, Manager, ManagerConfig, Outcome, SubmitRequest, MAX_ERROR_BYTES,
+    truncate_utf8, IdGenerator, Manager, ManagerConfig, SubmitRequest, TaskOutcome, MAX_ERROR_BYTES,
 };
 pub use worker::{Worker, WorkerConfig};

@@ -2,9 +2,10 @@
 
 use super::error::RuntimeError;
 use super::manager::Manager;
+use parking_lot::Mutex;
 use std::collections::HashSet;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
@@ -113,13 +114,13 @@ impl Worker {
                     if task.attempt == 0 && task.created_at.plus_millis(delay) > store.now() {
                         continue;
                     }
-                    if !lock(&in_flight).insert(id.clone()) {
+                    if !in_flight.lock().insert(id.clone()) {
                         continue;
                     }
                     let permit = tokio::select! {
                         permit = Arc::clone(&slots).acquire_owned() => permit,
                         () = &mut shutdown => {
-                            lock(&in_flight).remove(&id);
+                            in_flight.lock().remove(&id);
                             break 'poll;
                         }
                     };
@@ -128,7 +129,7 @@ impl Worker {
                     let in_flight = Arc::clone(&in_flight);
                     attempts.spawn(async move {
                         let result = manager.execute(&id).await;
-                        lock(&in_flight).remove(&id);
+                        in_flight.lock().remove(&id);
                         drop(permit);
                         result.map(drop)
                     });
@@ -183,8 +184,4 @@ fn dispatch_failure(
         Ok(Err(e)) => Some(e),
         Err(join) => Some(RuntimeError::AttemptFailed(join.to_string())),
     }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }

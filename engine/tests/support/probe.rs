@@ -6,7 +6,8 @@ use async_trait::async_trait;
 use dtask_engine::managed::{
     AdoptRequest, AdoptResult, BackgroundTool, ForegroundHandoffTool, InputPreparer,
     OutputMaterializer, PrepareRequest, Prepared, RecoverRequest, RecoverableTool, ResumableTool,
-    ResumeRequest, Run, StartRequest, StartResult, ToolOutcome, ToolRunError, Update, UpdateStream,
+    ResumeRequest, Run, RunOutcome, StartRequest, StartResult, ToolFailure, ToolRunError, Update,
+    UpdateStream,
 };
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -31,7 +32,7 @@ pub struct Script {
     /// A delay before the updates are emitted.
     pub update_delay: Option<Duration>,
     /// The outcome; `None` blocks until stopped (then canceled).
-    pub outcome: Option<ToolOutcome>,
+    pub outcome: Option<RunOutcome>,
     /// The update stream never ends.
     pub never_close: bool,
 }
@@ -41,7 +42,7 @@ impl Script {
         Self {
             updates: vec![],
             update_delay: None,
-            outcome: Some(ToolOutcome::Completed(data.to_vec())),
+            outcome: Some(RunOutcome::Completed(data.to_vec())),
             never_close: false,
         }
     }
@@ -62,7 +63,7 @@ impl Script {
 }
 
 pub type ResumeFn = Arc<dyn Fn(&ResumeRequest) -> Result<Script, ToolRunError> + Send + Sync>;
-pub type PrepareFn = Arc<dyn Fn(&PrepareRequest) -> Result<Prepared, String> + Send + Sync>;
+pub type PrepareFn = Arc<dyn Fn(&PrepareRequest) -> Result<Prepared, ToolFailure> + Send + Sync>;
 
 /// The tool's capabilities and behaviour.
 #[derive(Clone)]
@@ -133,7 +134,7 @@ pub struct ProbeRun {
 
 #[async_trait]
 impl Run for ProbeRun {
-    async fn wait(&self) -> Result<ToolOutcome, ToolRunError> {
+    async fn wait(&self) -> Result<RunOutcome, ToolRunError> {
         self.calls.lock().unwrap().waits += 1;
         if let Some(gate) = &self.gate {
             gate.acquire().await.unwrap().forget();
@@ -145,7 +146,7 @@ impl Run for ProbeRun {
             return Ok(outcome.clone());
         }
         self.stopped.notified().await;
-        Ok(ToolOutcome::Canceled("stopped".into()))
+        Ok(RunOutcome::Canceled("stopped".into()))
     }
 
     async fn stop(&self) -> Result<(), ToolRunError> {
@@ -190,13 +191,13 @@ fn async_stream(updates: Vec<Update>, delay: Option<Duration>, never_close: bool
 
 #[async_trait]
 impl BackgroundTool for Probe {
-    fn validate_arguments(&self, arguments: &str) -> Result<(), String> {
+    fn validate_arguments(&self, arguments: &str) -> Result<(), ToolFailure> {
         if let Some(e) = &self.validate_error {
-            return Err(e.clone());
+            return Err(e.as_str().into());
         }
         serde_json::from_str::<serde_json::Value>(arguments)
             .map(drop)
-            .map_err(|e| e.to_string())
+            .map_err(|e| ToolFailure::with_source(e.to_string(), e))
     }
 
     async fn start(&self, request: StartRequest) -> Result<StartResult, ToolRunError> {
@@ -264,7 +265,7 @@ impl ForegroundHandoffTool for Probe {
 
 #[async_trait]
 impl InputPreparer for Probe {
-    async fn prepare_input(&self, request: PrepareRequest) -> Result<Prepared, String> {
+    async fn prepare_input(&self, request: PrepareRequest) -> Result<Prepared, ToolFailure> {
         self.calls.lock().unwrap().prepares.push(request.clone());
         (self.prepare.as_ref().unwrap())(&request)
     }
@@ -281,9 +282,9 @@ pub struct Recorder {
 
 #[async_trait]
 impl OutputMaterializer for Recorder {
-    async fn reserve_output(&self, task_id: &str) -> Result<String, String> {
+    async fn reserve_output(&self, task_id: &str) -> Result<String, ToolFailure> {
         if let Some(e) = &self.reserve_error {
-            return Err(e.clone());
+            return Err(e.as_str().into());
         }
         if self.empty_path {
             return Ok(String::new());
@@ -297,14 +298,14 @@ impl OutputMaterializer for Recorder {
         event_id: &str,
         _path: &str,
         data: &[u8],
-    ) -> Result<(), String> {
+    ) -> Result<(), ToolFailure> {
         self.appended.lock().unwrap().push((
             task_id.to_owned(),
             event_id.to_owned(),
             data.to_vec(),
         ));
         match &self.fail {
-            Some(e) => Err(e.clone()),
+            Some(e) => Err(e.as_str().into()),
             None => Ok(()),
         }
     }

@@ -4,7 +4,7 @@
 use super::child::SHELL;
 use super::Layout;
 use crate::cli::{CliError, Result};
-use dtask_engine::managed::ToolPayload;
+use dtask_engine::managed::codec::ToolPayload;
 use dtask_journal::{Digest, Error as JournalError, Event, Journal, Record};
 use dtask_replay::{
     audit_journal, replay_task, FoldError, Replay, ReplayError, Status, Task, TaskFold,

@@ -13,12 +13,13 @@ use crate::cli::{CliError, Result};
 use dtask_engine::async_trait;
 use dtask_engine::managed::tools::{ApprovalTool, ShellTool};
 use dtask_engine::managed::{
-    BackgroundTool, ManagedTools, OutputMaterializer, Registration, Run, StartRequest, StartResult,
-    ToolCall, ToolOutcome, ToolRegistry, ToolRunError, Update, UpdateStream,
+    BackgroundTool, ManagedTools, OutputMaterializer, Registration, Run, RunOutcome, StartRequest,
+    StartResult, ToolCall, ToolFailure, ToolRegistry, ToolRunError, Update, UpdateStream,
 };
 use dtask_engine::tool::ToolInfo;
 use dtask_engine::{
-    Manager, ManagerConfig, Registry, StoreConfig, SystemClock, TaskStore, Worker, WorkerConfig,
+    ExecutorRegistry, Manager, ManagerConfig, StoreConfig, SystemClock, TaskStore, Worker,
+    WorkerConfig,
 };
 use dtask_journal::{Journal, JournalOptions};
 use dtask_replay::Status;
@@ -106,7 +107,7 @@ struct Transcripts {
 
 #[async_trait]
 impl OutputMaterializer for Transcripts {
-    async fn reserve_output(&self, task_id: &str) -> std::result::Result<String, String> {
+    async fn reserve_output(&self, task_id: &str) -> std::result::Result<String, ToolFailure> {
         Ok(self.root.join(task_id).display().to_string())
     }
 
@@ -116,7 +117,7 @@ impl OutputMaterializer for Transcripts {
         event_id: &str,
         path: &str,
         data: &[u8],
-    ) -> std::result::Result<(), String> {
+    ) -> std::result::Result<(), ToolFailure> {
         self.acks.log(&["update", task_id, event_id]);
         let existing = std::fs::read_to_string(path).unwrap_or_default();
         let prefix = format!("{event_id}\t");
@@ -132,7 +133,7 @@ impl OutputMaterializer for Transcripts {
             .append(true)
             .open(path)
             .and_then(|mut f| f.write_all(line.as_bytes()))
-            .map_err(|e| e.to_string())
+            .map_err(|e| ToolFailure::with_source(e.to_string(), e))
     }
 }
 
@@ -141,8 +142,9 @@ impl OutputMaterializer for Transcripts {
 struct TickTool;
 
 /// The arguments of a tick call: `{"ticks": N}` with N in 1..=100.
-fn tick_arguments(arguments: &str) -> std::result::Result<u64, String> {
-    let value: serde_json::Value = serde_json::from_str(arguments).map_err(|e| e.to_string())?;
+fn tick_arguments(arguments: &str) -> std::result::Result<u64, ToolFailure> {
+    let value: serde_json::Value =
+        serde_json::from_str(arguments).map_err(|e| ToolFailure::with_source(e.to_string(), e))?;
     value
         .get("ticks")
         .and_then(serde_json::Value::as_u64)
@@ -160,9 +162,9 @@ struct TickRun {
 
 #[async_trait]
 impl Run for TickRun {
-    async fn wait(&self) -> std::result::Result<ToolOutcome, ToolRunError> {
+    async fn wait(&self) -> std::result::Result<RunOutcome, ToolRunError> {
         tokio::time::sleep(TICK_EVERY * u32::try_from(self.ticks).unwrap_or(u32::MAX)).await;
-        Ok(ToolOutcome::Completed(
+        Ok(RunOutcome::Completed(
             format!("{} ticks", self.ticks).into_bytes(),
         ))
     }
@@ -184,7 +186,7 @@ impl Run for TickRun {
                 data: format!("tick {i}").into_bytes(),
                 metadata: std::collections::BTreeMap::new(),
             };
-            Some((Ok::<_, String>(update), i + 1))
+            Some((Ok::<_, ToolFailure>(update), i + 1))
         });
         Some(Box::pin(stream))
     }
@@ -192,12 +194,12 @@ impl Run for TickRun {
 
 #[async_trait]
 impl BackgroundTool for TickTool {
-    fn validate_arguments(&self, arguments: &str) -> std::result::Result<(), String> {
+    fn validate_arguments(&self, arguments: &str) -> std::result::Result<(), ToolFailure> {
         tick_arguments(arguments).map(drop)
     }
 
     async fn start(&self, request: StartRequest) -> std::result::Result<StartResult, ToolRunError> {
-        let ticks = tick_arguments(&request.arguments).map_err(ToolRunError::Failed)?;
+        let ticks = tick_arguments(&request.arguments)?;
         Ok(StartResult {
             run: Arc::new(TickRun { ticks }),
             checkpoint: Vec::new(),
@@ -236,7 +238,9 @@ fn tools(layout: &Layout, acks: &Arc<Acks>) -> Result<ManagedTools> {
         ),
     ];
     for registration in registrations {
-        registry.register(registration).map_err(CliError::Usage)?;
+        registry
+            .register(registration)
+            .map_err(|e| CliError::Usage(e.to_string()))?;
     }
     Ok(ManagedTools::new(registry))
 }
@@ -312,10 +316,10 @@ async fn workload(args: &Args) -> Result<i32> {
         StoreConfig::default().with_lease_duration(lease),
     )?;
     let tools = tools(&layout, &acks)?;
-    let mut runtime = Registry::new();
+    let mut runtime = ExecutorRegistry::new();
     tools
         .register_executors(&mut runtime)
-        .map_err(CliError::Usage)?;
+        .map_err(|e| CliError::Usage(e.to_string()))?;
     let manager = Manager::new(
         store.clone(),
         runtime,

@@ -3,9 +3,10 @@
 //! else is rejected and the task keeps waiting).
 
 use crate::managed::codec::InputRequest;
+use crate::managed::error::{ToolFailure, ToolRunError};
 use crate::managed::tool::{
-    BackgroundTool, RecoverRequest, RecoverableTool, ResumableTool, ResumeRequest, Run,
-    StartRequest, StartResult, ToolOutcome, ToolRunError,
+    BackgroundTool, RecoverRequest, RecoverableTool, ResumableTool, ResumeRequest, Run, RunOutcome,
+    StartRequest, StartResult,
 };
 use async_trait::async_trait;
 use std::sync::Arc;
@@ -40,11 +41,11 @@ impl ApprovalTool {
 
 /// A run whose outcome is known from the start.
 #[derive(Debug)]
-struct Decided(ToolOutcome);
+struct Decided(RunOutcome);
 
 #[async_trait]
 impl Run for Decided {
-    async fn wait(&self) -> Result<ToolOutcome, ToolRunError> {
+    async fn wait(&self) -> Result<RunOutcome, ToolRunError> {
         Ok(self.0.clone())
     }
 
@@ -53,8 +54,9 @@ impl Run for Decided {
     }
 }
 
-fn question(arguments: &str) -> Result<String, String> {
-    let value: serde_json::Value = serde_json::from_str(arguments).map_err(|e| e.to_string())?;
+fn question(arguments: &str) -> Result<String, ToolFailure> {
+    let value: serde_json::Value =
+        serde_json::from_str(arguments).map_err(|e| ToolFailure::with_source(e.to_string(), e))?;
     value
         .get("question")
         .and_then(serde_json::Value::as_str)
@@ -64,8 +66,8 @@ fn question(arguments: &str) -> Result<String, String> {
 }
 
 fn ask(arguments: &str) -> Result<Arc<dyn Run>, ToolRunError> {
-    let question = question(arguments).map_err(ToolRunError::Failed)?;
-    Ok(Arc::new(Decided(ToolOutcome::WaitingInput {
+    let question = question(arguments)?;
+    Ok(Arc::new(Decided(RunOutcome::WaitingInput {
         request: InputRequest {
             id: "approval".into(),
             data: Some(serde_json::json!({ "question": question })),
@@ -76,7 +78,7 @@ fn ask(arguments: &str) -> Result<Arc<dyn Run>, ToolRunError> {
 
 #[async_trait]
 impl BackgroundTool for ApprovalTool {
-    fn validate_arguments(&self, arguments: &str) -> Result<(), String> {
+    fn validate_arguments(&self, arguments: &str) -> Result<(), ToolFailure> {
         question(arguments).map(drop)
     }
 
@@ -108,8 +110,8 @@ impl ResumableTool for ApprovalTool {
     async fn resume(&self, request: ResumeRequest) -> Result<Arc<dyn Run>, ToolRunError> {
         let answer: Option<String> = serde_json::from_slice(&request.data).ok();
         let outcome = match answer.as_deref() {
-            Some("yes") => ToolOutcome::Completed(br#"{"approved":true}"#.to_vec()),
-            Some("no") => ToolOutcome::Completed(br#"{"approved":false}"#.to_vec()),
+            Some("yes") => RunOutcome::Completed(br#"{"approved":true}"#.to_vec()),
+            Some("no") => RunOutcome::Completed(br#"{"approved":false}"#.to_vec()),
             _ => {
                 return Err(ToolRunError::InputRejected(
                     "answer with \"yes\" or \"no\"".into(),

@@ -6,10 +6,10 @@
 //! them and the journal drops the duplicates.
 
 use crate::managed::conformance::OperationSnapshot;
+use crate::managed::error::{ToolFailure, ToolRunError};
 use crate::managed::tool::{
     AdoptRequest, AdoptResult, BackgroundTool, ForegroundHandoffTool, RecoverRequest,
-    RecoverableTool, Run, StartRequest, StartResult, ToolOutcome, ToolRunError, Update,
-    UpdateStream,
+    RecoverableTool, Run, RunOutcome, StartRequest, StartResult, Update, UpdateStream,
 };
 use async_trait::async_trait;
 use serde::Deserialize;
@@ -76,9 +76,9 @@ impl ShellTool {
     ///
     /// # Errors
     /// When the task has no run.
-    pub fn snapshot(&self, task_id: &str) -> Result<OperationSnapshot, String> {
+    pub fn snapshot(&self, task_id: &str) -> Result<OperationSnapshot, ToolFailure> {
         let dir = self.dir(task_id);
-        let pid = std::fs::read_to_string(dir.join("pid")).map_err(|e| e.to_string())?;
+        let pid = std::fs::read_to_string(dir.join("pid")).map_err(io_failure)?;
         let out = std::fs::read(dir.join("out")).unwrap_or_default();
         let mut updates = Vec::new();
         let mut offset = 0;
@@ -98,8 +98,9 @@ impl ShellTool {
         })
     }
 
-    fn parse(arguments: &str) -> Result<Arguments, String> {
-        let args: Arguments = serde_json::from_str(arguments).map_err(|e| e.to_string())?;
+    fn parse(arguments: &str) -> Result<Arguments, ToolFailure> {
+        let args: Arguments = serde_json::from_str(arguments)
+            .map_err(|e| ToolFailure::with_source(e.to_string(), e))?;
         if args.command.trim().is_empty() {
             return Err("command must not be empty".into());
         }
@@ -130,18 +131,23 @@ fn line_update(n: u64, text: &[u8]) -> Update {
     }
 }
 
-fn failed(e: impl std::fmt::Display) -> ToolRunError {
-    ToolRunError::failed(e.to_string())
+/// An I/O error as a tool failure (its text is the message).
+fn io_failure(e: std::io::Error) -> ToolFailure {
+    ToolFailure::with_source(e.to_string(), e)
+}
+
+fn failed(e: std::io::Error) -> ToolRunError {
+    io_failure(e).into()
 }
 
 #[async_trait]
 impl BackgroundTool for ShellTool {
-    fn validate_arguments(&self, arguments: &str) -> Result<(), String> {
+    fn validate_arguments(&self, arguments: &str) -> Result<(), ToolFailure> {
         Self::parse(arguments).map(drop)
     }
 
     async fn start(&self, request: StartRequest) -> Result<StartResult, ToolRunError> {
-        let args = Self::parse(&request.arguments).map_err(ToolRunError::Failed)?;
+        let args = Self::parse(&request.arguments)?;
         let dir = self.dir(&request.task_id);
         let pid_file = dir.join("pid");
         if !pid_file.exists() {
@@ -170,7 +176,9 @@ impl BackgroundTool for ShellTool {
                 let mut child = child;
                 let _ = child.wait();
             });
-            crate::failpoints::point!(crate::failpoints::TOOL_START, |m| Err(failed(m)));
+            crate::failpoints::point!(crate::failpoints::TOOL_START, |m| Err(
+                ToolRunError::failed(m)
+            ));
             let deadline = std::time::Instant::now() + PID_TIMEOUT;
             while !pid_file.exists() {
                 if std::time::Instant::now() > deadline {
@@ -200,7 +208,7 @@ impl ForegroundHandoffTool for ShellTool {
     /// The background task observes the same detached process, through a fresh run whose
     /// update stream starts from the first line (duplicates are dropped by event id).
     async fn adopt(&self, request: AdoptRequest) -> Result<AdoptResult, ToolRunError> {
-        Self::parse(&request.arguments).map_err(ToolRunError::Failed)?;
+        Self::parse(&request.arguments)?;
         Ok(AdoptResult {
             run: Arc::new(ShellRun {
                 dir: self.dir(&request.task_id),
@@ -244,7 +252,7 @@ impl ShellRun {
         match rustix::process::test_kill_process_group(self.group()?) {
             Ok(()) => Ok(true),
             Err(rustix::io::Errno::SRCH) => Ok(false),
-            Err(e) => Err(failed(format!("look for the command: {e}"))),
+            Err(e) => Err(ToolRunError::failed(format!("look for the command: {e}"))),
         }
     }
 }
@@ -257,23 +265,23 @@ fn read_status(dir: &Path) -> Option<i32> {
 
 #[async_trait]
 impl Run for ShellRun {
-    async fn wait(&self) -> Result<ToolOutcome, ToolRunError> {
+    async fn wait(&self) -> Result<RunOutcome, ToolRunError> {
         loop {
             let stopped = self.dir.join("stopped").exists();
             if let Some(code) = read_status(&self.dir) {
                 if stopped {
-                    return Ok(ToolOutcome::Canceled("stopped".into()));
+                    return Ok(RunOutcome::Canceled("stopped".into()));
                 }
                 let output = std::fs::read(self.dir.join("out")).unwrap_or_default();
                 return Ok(if code == 0 {
-                    ToolOutcome::Completed(output)
+                    RunOutcome::Completed(output)
                 } else {
-                    ToolOutcome::Failed(format!("command exited with status {code}"))
+                    RunOutcome::Failed(format!("command exited with status {code}"))
                 });
             }
             // A stopped command dies with the shell that would have written its status.
             if stopped && !self.group_alive()? {
-                return Ok(ToolOutcome::Canceled("stopped".into()));
+                return Ok(RunOutcome::Canceled("stopped".into()));
             }
             tokio::time::sleep(POLL).await;
         }
@@ -288,7 +296,7 @@ impl Run for ShellRun {
         // (with some `kill` builds a `kill -TERM -PGID` command line signals every process).
         match rustix::process::kill_process_group(self.group()?, rustix::process::Signal::TERM) {
             Ok(()) | Err(rustix::io::Errno::SRCH) => Ok(()),
-            Err(e) => Err(failed(format!("signal the command: {e}"))),
+            Err(e) => Err(ToolRunError::failed(format!("signal the command: {e}"))),
         }
     }
 
