@@ -8,6 +8,62 @@
 //! Every state change goes through the journal first; memory only ever holds what the fold of
 //! the durable events says.
 
+/// Defines an error that is a message for whoever reads it and, optionally, the error
+/// underneath (kept for callers that walk [`std::error::Error::source`]), with `new`,
+/// `with_source`, `message` and conversions from strings. The managed layer's `ToolFailure`
+/// and the runtime's `ValidationError` are such errors.
+macro_rules! message_error {
+    ($(#[$meta:meta])* $name:ident) => {
+        $(#[$meta])*
+        #[derive(Debug, thiserror::Error)]
+        #[error("{message}")]
+        pub struct $name {
+            message: String,
+            #[source]
+            source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+        }
+
+        impl $name {
+            /// An error with `message` and no source.
+            pub fn new(message: impl Into<String>) -> Self {
+                Self {
+                    message: message.into(),
+                    source: None,
+                }
+            }
+
+            /// An error with `message`, caused by `source`.
+            pub fn with_source(
+                message: impl Into<String>,
+                source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+            ) -> Self {
+                Self {
+                    message: message.into(),
+                    source: Some(source.into()),
+                }
+            }
+
+            /// The message.
+            #[must_use]
+            pub fn message(&self) -> &str {
+                &self.message
+            }
+        }
+
+        impl From<String> for $name {
+            fn from(message: String) -> Self {
+                Self::new(message)
+            }
+        }
+
+        impl From<&str> for $name {
+            fn from(message: &str) -> Self {
+                Self::new(message)
+            }
+        }
+    };
+}
+
 mod clock;
 pub mod failpoints;
 pub mod managed;

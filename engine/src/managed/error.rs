@@ -11,67 +11,24 @@ use super::interrupt::{Interrupt, InterruptStateError};
 use crate::runtime::RuntimeError;
 use std::time::Duration;
 
-/// Why a tool's own code failed: a message, and optionally the error underneath.
-///
-/// The message is what the task and the model see (a failed task's error, a failed
-/// `foreground_result`), so it should say what went wrong; the source is kept for callers that
-/// walk [`std::error::Error::source`].
-///
-/// ```
-/// use dtask_engine::managed::ToolFailure;
-///
-/// let plain = ToolFailure::new("no such job");
-/// assert_eq!(plain.to_string(), "no such job");
-/// let io = std::io::Error::other("disk full");
-/// let wrapped = ToolFailure::with_source("write the transcript: disk full", io);
-/// assert!(std::error::Error::source(&wrapped).is_some());
-/// ```
-#[derive(Debug, thiserror::Error)]
-#[error("{message}")]
-pub struct ToolFailure {
-    message: String,
-    #[source]
-    source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
-}
-
-impl ToolFailure {
-    /// A failure with `message` and no source.
-    pub fn new(message: impl Into<String>) -> Self {
-        Self {
-            message: message.into(),
-            source: None,
-        }
-    }
-
-    /// A failure with `message`, caused by `source`.
-    pub fn with_source(
-        message: impl Into<String>,
-        source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
-    ) -> Self {
-        Self {
-            message: message.into(),
-            source: Some(source.into()),
-        }
-    }
-
-    /// The message.
-    #[must_use]
-    pub fn message(&self) -> &str {
-        &self.message
-    }
-}
-
-impl From<String> for ToolFailure {
-    fn from(message: String) -> Self {
-        Self::new(message)
-    }
-}
-
-impl From<&str> for ToolFailure {
-    fn from(message: &str) -> Self {
-        Self::new(message)
-    }
-}
+message_error!(
+    /// Why a tool's own code failed: a message, and optionally the error underneath.
+    ///
+    /// The message is what the task and the model see (a failed task's error, a failed
+    /// `foreground_result`), so it should say what went wrong; the source is kept for callers that
+    /// walk [`std::error::Error::source`].
+    ///
+    /// ```
+    /// use dtask_engine::managed::ToolFailure;
+    ///
+    /// let plain = ToolFailure::new("no such job");
+    /// assert_eq!(plain.to_string(), "no such job");
+    /// let io = std::io::Error::other("disk full");
+    /// let wrapped = ToolFailure::with_source("write the transcript: disk full", io);
+    /// assert!(std::error::Error::source(&wrapped).is_some());
+    /// ```
+    ToolFailure
+);
 
 /// An error of a tool operation on a run (start, recover, resume, adopt, wait, stop).
 #[derive(Debug, thiserror::Error)]

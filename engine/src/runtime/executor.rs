@@ -49,56 +49,13 @@ impl ExecutionError {
     }
 }
 
-/// Why an executor refuses a spec at submit, or a task before an attempt is claimed: a
-/// message, and optionally the error underneath. The message is what the caller sees (inside
-/// [`RuntimeError::InvalidSpec`](super::RuntimeError::InvalidSpec) or
-/// [`RuntimeError::InvalidExecution`](super::RuntimeError::InvalidExecution)).
-#[derive(Debug, thiserror::Error)]
-#[error("{message}")]
-pub struct ValidationError {
-    message: String,
-    #[source]
-    source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
-}
-
-impl ValidationError {
-    /// A refusal with `message` and no source.
-    pub fn new(message: impl Into<String>) -> Self {
-        Self {
-            message: message.into(),
-            source: None,
-        }
-    }
-
-    /// A refusal with `message`, caused by `source`.
-    pub fn with_source(
-        message: impl Into<String>,
-        source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
-    ) -> Self {
-        Self {
-            message: message.into(),
-            source: Some(source.into()),
-        }
-    }
-
-    /// The message.
-    #[must_use]
-    pub fn message(&self) -> &str {
-        &self.message
-    }
-}
-
-impl From<String> for ValidationError {
-    fn from(message: String) -> Self {
-        Self::new(message)
-    }
-}
-
-impl From<&str> for ValidationError {
-    fn from(message: &str) -> Self {
-        Self::new(message)
-    }
-}
+message_error!(
+    /// Why an executor refuses a spec at submit, or a task before an attempt is claimed: a
+    /// message, and optionally the error underneath. The message is what the caller sees (inside
+    /// [`RuntimeError::InvalidSpec`](super::RuntimeError::InvalidSpec) or
+    /// [`RuntimeError::InvalidExecution`](super::RuntimeError::InvalidExecution)).
+    ValidationError
+);
 
 /// Why an executor cannot be registered.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
