@@ -47,7 +47,6 @@ use serde::de::{self, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::ser::SerializeStruct;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
-use serde_with::base64::Base64;
 use serde_with::{serde_as, DeserializeAs, Same, SerializeAs};
 use std::fmt::{self, Write as _};
 
@@ -272,8 +271,20 @@ struct CrcHex;
 
 impl SerializeAs<u32> for CrcHex {
     fn serialize_as<S: Serializer>(crc: &u32, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(&format_args!("{crc:08x}"))
+        // On the stack and in one piece: `collect_str` would escape the formatter's output
+        // fragment by fragment, once per record.
+        let mut hex = [0u8; 8];
+        for (pair, byte) in hex.chunks_exact_mut(2).zip(crc.to_be_bytes()) {
+            pair.copy_from_slice(&b16(byte));
+        }
+        serializer.serialize_str(std::str::from_utf8(&hex).map_err(serde::ser::Error::custom)?)
     }
+}
+
+/// The two lower-case hex digits of `b`.
+fn b16(b: u8) -> [u8; 2] {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    [DIGITS[usize::from(b >> 4)], DIGITS[usize::from(b & 0xf)]]
 }
 
 impl<'de> DeserializeAs<'de, u32> for CrcHex {
@@ -294,7 +305,7 @@ struct DigestHex;
 
 impl SerializeAs<Digest> for DigestHex {
     fn serialize_as<S: Serializer>(digest: &Digest, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(digest)
+        serializer.serialize_str(digest.as_hash().to_hex().as_str())
     }
 }
 
@@ -315,6 +326,11 @@ fn is_lower_hex(b: u8) -> bool {
     matches!(b, b'0'..=b'9' | b'a'..=b'f')
 }
 
+thread_local! {
+    /// The base64 text of the byte field being written.
+    static BASE64_BUFFER: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+}
+
 /// A byte field to write: base64, or its length only.
 #[derive(Clone, Copy)]
 struct ByteField<'a> {
@@ -331,7 +347,13 @@ struct Redaction {
 impl Serialize for ByteField<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         match self.how {
-            ByteFields::Base64 => serde_with::As::<Base64>::serialize(&self.data, serializer),
+            // Encoded into a buffer kept per thread: an export writes millions of byte
+            // fields, and would otherwise allocate a `String` for each.
+            ByteFields::Base64 => BASE64_BUFFER.with_borrow_mut(|text| {
+                text.clear();
+                STANDARD.encode_string(self.data, text);
+                serializer.serialize_str(text)
+            }),
             ByteFields::Redacted => Redaction {
                 redacted_len: self.data.len() as u64,
             }

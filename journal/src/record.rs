@@ -59,7 +59,8 @@ impl Digest {
     }
 
     /// The digest as a BLAKE3 hash (whose hex form this digest's is).
-    fn as_hash(&self) -> blake3::Hash {
+    /// The digest as blake3's hash value (whose `to_hex` formats on the stack).
+    pub(crate) fn as_hash(&self) -> blake3::Hash {
         blake3::Hash::from_bytes(self.0)
     }
 }
