@@ -13,9 +13,9 @@
 
 use super::config::StoreConfig;
 use super::error::{NotFound, Result, StoreError};
-use super::outbox::{application_notification_id, NotificationRequest};
-use super::updates::UpdateRequest;
-use super::CreateRequest;
+use super::request::{
+    application_notification_id, CreateRequest, NotificationRequest, UpdateRequest,
+};
 use dtask_journal::{Event, ExpiryResolution, TaskSpec, Timestamp};
 use dtask_replay::{Fenced, Status, Task, TaskState};
 

@@ -12,38 +12,25 @@ mod cursor;
 pub(crate) mod decide;
 mod error;
 mod outbox;
+mod request;
 mod updates;
 
 pub use config::StoreConfig;
 pub use decide::Command;
 pub use error::{NotFound, Result, StoreError};
-pub use outbox::{Notification, NotificationRequest, RESERVED_KIND_PREFIXES};
-pub use updates::{UpdatePage, UpdateRecord, UpdateRequest};
+pub use outbox::{Notification, RESERVED_KIND_PREFIXES};
+pub use request::{CreateRequest, NotificationRequest, UpdateRequest};
+pub use updates::{UpdatePage, UpdateRecord};
 
 use crate::clock::Clock;
 use decide::Decision;
-use dtask_journal::{
-    Event, Head, Journal, LeasePolicy, LiveRepair, LiveSummary, TaskSpec, Timestamp,
-};
+use dtask_journal::{Event, Head, Journal, LiveRepair, LiveSummary, Timestamp};
 use dtask_replay::{load_task, load_tasks_each, ReplayError, Status, Task, TaskState};
 use parking_lot::{Mutex, MutexGuard};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::ops::Bound;
 use std::sync::{Arc, OnceLock};
 use tokio::sync::watch;
-
-/// A request to create a task.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct CreateRequest {
-    /// The spec (id and executor key required).
-    pub spec: TaskSpec,
-    /// The lease-expiry policy.
-    pub policy: Option<LeasePolicy>,
-    /// The initial checkpoint.
-    pub checkpoint: Vec<u8>,
-    /// The initial context snapshot.
-    pub context_snapshot: Vec<u8>,
-}
 
 /// One page of a task listing.
 #[derive(Debug, Clone, PartialEq, Eq)]

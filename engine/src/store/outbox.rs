@@ -8,22 +8,10 @@
 
 use super::decide::{self, Decision};
 use super::error::{NotFound, Result, StoreError};
+use super::request::NotificationRequest;
 use super::TaskStore;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use base64::Engine;
 use dtask_journal::{Event, Timestamp};
 use std::collections::HashMap;
-
-/// An application notification of a running attempt.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct NotificationRequest {
-    /// The idempotency key (required, at most 1024 bytes).
-    pub event_id: String,
-    /// The kind (required, at most 64 bytes, not a lifecycle kind, no reserved prefix).
-    pub kind: String,
-    /// The data (at most 256 KiB; empty and absent are the same).
-    pub data: Vec<u8>,
-}
 
 /// A delivered notification with its receipt.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,16 +68,6 @@ impl Leases {
 }
 
 pub use super::decide::RESERVED_KIND_PREFIXES;
-
-/// The id of an application notification: depends only on (task, event id).
-#[must_use]
-pub fn application_notification_id(task: &str, event_id: &str) -> String {
-    format!(
-        "dtask.custom:{}:{}:application-event",
-        URL_SAFE_NO_PAD.encode(task),
-        URL_SAFE_NO_PAD.encode(event_id)
-    )
-}
 
 impl TaskStore {
     fn leases(&self) -> parking_lot::MutexGuard<'_, Leases> {

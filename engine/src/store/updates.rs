@@ -4,23 +4,9 @@
 use super::cursor::{self, EventCursor};
 use super::decide::{self, Decision};
 use super::error::{Result, StoreError};
+use super::request::UpdateRequest;
 use super::TaskStore;
 use dtask_journal::{Event, MetadataEntry, Record, Timestamp};
-
-/// A progress update to append.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct UpdateRequest {
-    /// The emitting attempt (the fence; must be the running attempt).
-    pub attempt: u64,
-    /// The idempotency key, unique within the task.
-    pub event_id: String,
-    /// A free kind tag.
-    pub kind: String,
-    /// The update bytes (non-empty).
-    pub data: Vec<u8>,
-    /// Key/value metadata.
-    pub metadata: Vec<MetadataEntry>,
-}
 
 /// A stored progress update.
 #[derive(Debug, Clone, PartialEq, Eq)]
