@@ -109,16 +109,27 @@ impl Command {
     }
 }
 
-/// What a request decides.
+/// What a command decides.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Decision<R = ()> {
+pub(crate) enum Decision {
     /// Append these events (lifecycle first, then any notification).
     Write(Vec<Event>),
     /// Nothing to write: the command is an idempotent repeat.
     Unchanged,
-    /// The request's event id was recorded before, by the record at `position`: the store
-    /// compares its content with the request's (same: the original is the answer; other: a
-    /// conflict).
+}
+
+/// What a write keyed by an event id (a progress update, an application notification)
+/// decides.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "a return value, consumed at once: boxing the event would cost an allocation"
+)]
+pub(crate) enum Keyed<R> {
+    /// A new event id: append this event.
+    New(Event),
+    /// The event id was recorded before, by the record at `position`: the store compares its
+    /// content with the request's (same: the original is the answer; other: a conflict).
     Repeat {
         /// The position of the record that carries the event id.
         position: u64,
@@ -522,15 +533,15 @@ pub(crate) fn validate_update(request: &UpdateRequest, config: &StoreConfig) -> 
 }
 
 /// Decides a progress update of the running attempt: the fence first, then replay detection
-/// (an event id seen before, in any attempt, is a [`Decision::Repeat`]).
+/// (an event id seen before, in any attempt, is a [`Keyed::Repeat`]).
 pub(crate) fn update(
     task: &Task,
     request: UpdateRequest,
     now: Timestamp,
-) -> Result<Decision<UpdateRequest>> {
+) -> Result<Keyed<UpdateRequest>> {
     fence(&task.state, Some(request.attempt), now, false)?;
     if let Some(&position) = task.update_ids.get(&request.event_id) {
-        return Ok(Decision::Repeat { position, request });
+        return Ok(Keyed::Repeat { position, request });
     }
     let UpdateRequest {
         attempt,
@@ -539,14 +550,14 @@ pub(crate) fn update(
         data,
         metadata,
     } = request;
-    Ok(Decision::Write(vec![Event::UpdateAppended {
+    Ok(Keyed::New(Event::UpdateAppended {
         attempt,
         event_id,
         kind,
         data,
         metadata,
         at: now,
-    }]))
+    }))
 }
 
 /// Kind prefixes reserved for the engine's own notifications.
@@ -602,7 +613,7 @@ pub(crate) fn notification(
     attempt: u64,
     request: NotificationRequest,
     now: Timestamp,
-) -> Result<Decision<NotificationRequest>> {
+) -> Result<Keyed<NotificationRequest>> {
     fence(&task.state, Some(attempt), now, false)?;
     if task.state.spec.session_id.is_empty() {
         return Err(StoreError::NotificationUnavailable(
@@ -610,21 +621,21 @@ pub(crate) fn notification(
         ));
     }
     if let Some(&position) = task.notification_ids.get(&request.event_id) {
-        return Ok(Decision::Repeat { position, request });
+        return Ok(Keyed::Repeat { position, request });
     }
     let NotificationRequest {
         event_id,
         kind,
         data,
     } = request;
-    Ok(Decision::Write(vec![Event::NotificationEnqueued {
+    Ok(Keyed::New(Event::NotificationEnqueued {
         id: application_notification_id(task.state.id(), &event_id),
         event_id,
         kind,
         data,
         version: task.state.version,
         at: now,
-    }]))
+    }))
 }
 
 /// Decides the acknowledgement of notification `id`, queued by the record of global

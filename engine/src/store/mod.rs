@@ -593,7 +593,7 @@ impl TaskStore {
         let now = self.now();
         self.resolve_expiry(&slot, &mut task, now).await?;
         match decide::decide(&task.state, expected_version, &command, now, config)? {
-            Decision::Unchanged | Decision::Repeat { .. } => {}
+            Decision::Unchanged => {}
             Decision::Write(events) => self.commit(&slot, &mut task, &events).await?,
         }
         Ok(task.state.clone())

@@ -6,7 +6,7 @@
 //! in the same batch. Receipt leases are delivery bookkeeping and live in memory only: after a
 //! restart every unacknowledged notification is deliverable again (at-least-once delivery).
 
-use super::decide::{self, Decision};
+use super::decide::{self, Decision, Keyed};
 use super::error::{NotFound, Result, StoreError};
 use super::request::NotificationRequest;
 use super::TaskStore;
@@ -94,7 +94,7 @@ impl TaskStore {
         let now = self.now();
         self.resolve_expiry(&slot, &mut task, now).await?;
         match decide::notification(&task, attempt, request, now)? {
-            Decision::Repeat { position, request } => {
+            Keyed::Repeat { position, request } => {
                 let record = self
                     .journal()
                     .read_stream(id, position)
@@ -114,8 +114,7 @@ impl TaskStore {
                     _ => Err(StoreError::NotificationEventIdConflict(request.event_id)),
                 }
             }
-            Decision::Write(events) => self.commit(&slot, &mut task, &events).await,
-            Decision::Unchanged => Ok(()),
+            Keyed::New(event) => self.commit(&slot, &mut task, &[event]).await,
         }
     }
 

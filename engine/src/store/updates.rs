@@ -2,7 +2,7 @@
 //! deduplicated task-wide by event id.
 
 use super::cursor::{self, EventCursor};
-use super::decide::{self, Decision};
+use super::decide::{self, Keyed};
 use super::error::{Result, StoreError};
 use super::request::UpdateRequest;
 use super::TaskStore;
@@ -88,7 +88,7 @@ impl TaskStore {
         self.resolve_expiry(&slot, &mut task, now).await?;
         let position = task.state.position;
         match decide::update(&task, request, now)? {
-            Decision::Repeat { position, request } => {
+            Keyed::Repeat { position, request } => {
                 let original = self.read_update(id, position)?;
                 let same = original.kind == request.kind
                     && original.data == request.data
@@ -99,10 +99,9 @@ impl TaskStore {
                     Err(StoreError::EventIdConflict(request.event_id))
                 }
             }
-            Decision::Write(events) => {
-                self.commit(&slot, &mut task, &events).await?;
-                let [event] = <[Event; 1]>::try_from(events)
-                    .map_err(|_| StoreError::update_not_found(id, position))?;
+            Keyed::New(event) => {
+                self.commit(&slot, &mut task, std::slice::from_ref(&event))
+                    .await?;
                 let record = Record {
                     position,
                     seq: 0,
@@ -115,7 +114,6 @@ impl TaskStore {
                     .map(|u| (u, true))
                     .ok_or_else(|| StoreError::update_not_found(id, position))
             }
-            Decision::Unchanged => Err(StoreError::update_not_found(id, position)),
         }
     }
 
