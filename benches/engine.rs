@@ -199,7 +199,7 @@ async fn lifecycles(concurrency: usize, secs: f64) -> f64 {
                                 event_id: format!("u{u}"),
                                 kind: "progress".into(),
                                 data: b"step done".to_vec(),
-                                metadata: vec![],
+                                ..UpdateRequest::default()
                             },
                         )
                         .await

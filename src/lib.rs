@@ -13,7 +13,10 @@ pub use dtask_journal as journal;
 pub use dtask_replay as replay;
 
 pub use dtask_engine::{
-    Clock, Command, CreateRequest, ManualClock, StoreConfig, StoreError, SystemClock, TaskStore,
+    Clock, Command, CreateRequest, ExecutionContext, InputRequest, ManualClock, StoreConfig,
+    StoreError, SystemClock, TaskStore,
 };
-pub use dtask_journal::{Durability, Event, Journal, JournalOptions, LeasePolicy, TaskSpec};
+pub use dtask_journal::{
+    Delivery, Durability, Event, Journal, JournalOptions, LeasePolicy, Publication, TaskSpec,
+};
 pub use dtask_replay::{Status, Task, TaskState};

@@ -44,6 +44,7 @@ fn update(attempt: u64, id: &str, data: &str) -> UpdateRequest {
         kind: "progress".into(),
         data: data.as_bytes().to_vec(),
         metadata: vec![("step".into(), id.into())],
+        ..UpdateRequest::default()
     }
 }
 
@@ -437,7 +438,7 @@ fn export_matches_its_golden_output_and_redacts() {
     let export = stdout(dtask(dir.path()).arg("export"));
     golden("export.jsonl", &export);
     let header = json(export.lines().next().unwrap());
-    assert_eq!(header["dtask_export"], 1);
+    assert_eq!(header["dtask_export"], 2);
     assert_eq!(header["scope"], "journal");
     assert_eq!(
         header["records"].as_u64().unwrap(),
@@ -1114,8 +1115,15 @@ fn demo_runs_and_its_audit_is_clean() {
     temp.env_remove("DTASK_JOURNAL").args(["demo", "--json"]);
     let report = json(&stdout(&mut temp));
     assert_eq!(report["audit"]["problems"].as_array().unwrap().len(), 0);
-    // Five store-level tasks and the handed-off managed call (the foreground one left none).
-    assert_eq!(report["tasks"].as_array().unwrap().len(), 6);
+    // Five store-level tasks, the conversation's agent task and its nested task, and the
+    // handed-off managed call (the foreground one left none).
+    let tasks = report["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 8);
+    let ids: Vec<&str> = tasks.iter().filter_map(|t| t["id"].as_str()).collect();
+    assert!(
+        ids.contains(&"agent-1") && ids.contains(&"agent-1/backup"),
+        "{ids:?}"
+    );
     // The model is told what the shell tool takes: a required string `command`.
     let function = &report["managed_tool"]["function"];
     assert_eq!(function["name"], "sh", "{report}");
@@ -1259,4 +1267,69 @@ fn large_journal() {
 fn manifest_dir() -> std::path::PathBuf {
     std::env::var_os("CARGO_MANIFEST_DIR")
         .map_or_else(|| std::path::PathBuf::from("."), std::path::PathBuf::from)
+}
+
+/// The G3 records (inputs, a nested task, consumed cursors) survive `export` / `import`
+/// bit-exact, `verify` audits them clean, and `show` renders the mailbox and the children.
+/// An export of version 1 (before the G3 event types) still imports.
+#[test]
+fn g3_records_round_trip_and_show() {
+    let work = tempfile::tempdir().unwrap();
+    let demo = work.path().join("demo");
+    Command::new(env!("CARGO_BIN_EXE_dtask"))
+        .env_remove("DTASK_JOURNAL")
+        .arg("demo")
+        .arg(&demo)
+        .assert()
+        .success();
+    let export = stdout(dtask(&demo).arg("export"));
+    for ty in [
+        "input_sent",
+        "child_created",
+        "created_v2",
+        "input_committed",
+        "inputs_pending",
+    ] {
+        assert!(
+            export.contains(&format!("\"type\":\"{ty}\"")),
+            "no {ty} in the export"
+        );
+    }
+    let file = work.path().join("demo.jsonl");
+    std::fs::write(&file, &export).unwrap();
+    let rebuilt = work.path().join("rebuilt");
+    dtask(&rebuilt).arg("import").arg(&file).assert().success();
+    assert_eq!(stdout(dtask(&rebuilt).arg("export")), export);
+    dtask(&rebuilt).arg("verify").assert().success();
+
+    let shown = json(&stdout(dtask(&rebuilt).args(["show", "agent-1", "--json"])));
+    let state = &shown["state"];
+    assert_eq!(state["status"], "completed");
+    assert_eq!(state["mailbox"]["sealed"], true);
+    assert_eq!(state["mailbox"]["latest"], state["mailbox"]["consumed"]);
+    let children = shown["timeline"]["children"].as_array().unwrap();
+    assert_eq!(children.len(), 1, "{shown}");
+    let inputs = shown["timeline"]["inputs"].as_array().unwrap();
+    assert!(inputs.iter().any(|i| i["event"] == "input_sent"), "{shown}");
+    let child = json(&stdout(dtask(&rebuilt).args([
+        "show",
+        "agent-1/backup",
+        "--json",
+    ])));
+    assert_eq!(child["state"]["parent_task_id"], "agent-1");
+    let text = stdout(dtask(&rebuilt).args(["show", "agent-1"]));
+    assert!(
+        text.contains("mailbox") && text.contains("children"),
+        "{text}"
+    );
+
+    // A version 1 header is read too (its events are a subset of version 2's).
+    let v1 = export.replacen("\"dtask_export\":2", "\"dtask_export\":1", 1);
+    let v1_file = work.path().join("v1.jsonl");
+    std::fs::write(&v1_file, v1).unwrap();
+    dtask(&work.path().join("from-v1"))
+        .arg("import")
+        .arg(&v1_file)
+        .assert()
+        .success();
 }

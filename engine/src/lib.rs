@@ -85,7 +85,8 @@ pub use runtime::{
     DEFAULT_TIMEOUT_REASON, MAX_ERROR_BYTES,
 };
 pub use store::{
-    Change, Command, CreateRequest, NotFound, Notification, NotificationRequest, Result,
-    StoreConfig, StoreError, TaskPage, TaskStore, UpdatePage, UpdateRecord, UpdateRequest,
+    AdvanceCursor, Change, Command, CreateRequest, ExecutionContext, InputPage, InputRecord,
+    InputRequest, NotFound, Notification, NotificationRequest, Result, StoreConfig, StoreError,
+    TaskPage, TaskStore, UpdatePage, UpdateRecord, UpdateRequest, MAX_INPUT_KIND_BYTES,
     RESERVED_KIND_PREFIXES,
 };

@@ -1770,3 +1770,139 @@ async fn a_workers_max_concurrent_bounds_concurrent_managed_attempts() {
     assert_eq!(held.high_water.load(SeqCst), BOUND);
     assert_eq!(held.running.load(SeqCst), 0);
 }
+
+/// A recoverable tool whose run takes input while it runs: every input is recorded, and the
+/// input "done" ends the run with all of them.
+#[derive(Clone, Default)]
+struct ListenTool(Arc<Listened>);
+
+#[derive(Default)]
+struct Listened {
+    received: std::sync::Mutex<Vec<(u64, String)>>,
+    done: tokio::sync::Notify,
+}
+
+struct ListenRun(Arc<Listened>);
+
+#[dtask_engine::async_trait]
+impl dtask_engine::managed::Run for ListenRun {
+    async fn wait(&self) -> Result<RunOutcome, ToolRunError> {
+        self.0.done.notified().await;
+        let received = self.0.received.lock().unwrap();
+        let texts: Vec<&str> = received.iter().map(|(_, t)| t.as_str()).collect();
+        Ok(RunOutcome::Completed(texts.join(",").into_bytes()))
+    }
+
+    async fn stop(&self) -> Result<(), ToolRunError> {
+        Ok(())
+    }
+
+    async fn deliver_input(
+        &self,
+        input: &dtask_engine::managed::RunInput,
+    ) -> Result<bool, ToolRunError> {
+        let text = String::from_utf8_lossy(&input.data).into_owned();
+        let mut received = self.0.received.lock().unwrap();
+        if received.iter().all(|(s, _)| *s != input.sequence) {
+            received.push((input.sequence, text.clone()));
+        }
+        if text == "done" {
+            self.0.done.notify_one();
+        }
+        Ok(true)
+    }
+}
+
+#[dtask_engine::async_trait]
+impl dtask_engine::managed::BackgroundTool for ListenTool {
+    fn validate_arguments(&self, _arguments: &str) -> Result<(), ToolFailure> {
+        Ok(())
+    }
+
+    async fn start(
+        &self,
+        _request: dtask_engine::managed::StartRequest,
+    ) -> Result<dtask_engine::managed::StartResult, ToolRunError> {
+        Ok(dtask_engine::managed::StartResult {
+            run: Arc::new(ListenRun(Arc::clone(&self.0))),
+            checkpoint: b"listening".to_vec(),
+        })
+    }
+
+    fn as_recoverable(&self) -> Option<&dyn dtask_engine::managed::RecoverableTool> {
+        Some(self)
+    }
+}
+
+#[dtask_engine::async_trait]
+impl dtask_engine::managed::RecoverableTool for ListenTool {
+    async fn recover(
+        &self,
+        _request: dtask_engine::managed::RecoverRequest,
+    ) -> Result<Arc<dyn dtask_engine::managed::Run>, ToolRunError> {
+        Ok(Arc::new(ListenRun(Arc::clone(&self.0))))
+    }
+}
+
+/// Input sent to a running background tool reaches its run while it runs (not only when it
+/// waits for input); each input taken is recorded as read, and the launch result shows the
+/// inputs received and read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_background_tool_receives_inputs() {
+    let listen = ListenTool::default();
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _clock) = manual_store(dir.path());
+    let mut registry = ToolRegistry::new();
+    registry
+        .register(Registration::new(
+            ToolInfo::without_parameters("listen", "takes messages while it runs"),
+            listen.clone(),
+        ))
+        .unwrap();
+    let tools = ManagedTools::new(registry);
+    let manager = manager_for(&store, &tools);
+    let call = ToolCall {
+        tool_name: "listen".into(),
+        arguments: "{}".into(),
+        ..ToolCall::default()
+    };
+    let id = tools.submit(&manager, call).await.unwrap().spec.id;
+    let run = {
+        let (manager, id) = (manager.clone(), id.clone());
+        tokio::spawn(async move { manager.execute(&id).await })
+    };
+    // Running, with its started marker durable.
+    let mut version = 0;
+    loop {
+        let task = store.wait_for_task_version(&id, version).await.unwrap();
+        if task.status == Status::Running && task.is_started() {
+            break;
+        }
+        version = task.version;
+    }
+    for text in ["hello", "done"] {
+        store
+            .send_input(
+                &id,
+                dtask_engine::InputRequest {
+                    event_id: format!("msg-{text}"),
+                    kind: "message".into(),
+                    data: text.as_bytes().to_vec(),
+                    ..dtask_engine::InputRequest::default()
+                },
+            )
+            .await
+            .unwrap();
+    }
+    let task = run.await.unwrap().unwrap();
+    assert_eq!(task.status, Status::Completed);
+    assert_eq!(task.result_data, b"hello,done");
+    assert_eq!((task.mailbox.latest, task.mailbox.consumed), (2, 2));
+    let record = dtask_engine::managed::ResponseEvent::launch_result(&task)
+        .unwrap()
+        .encode();
+    assert!(
+        record.contains(r#""inputs":{"received":2,"read":2}"#),
+        "{record}"
+    );
+}

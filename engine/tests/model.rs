@@ -2,19 +2,32 @@
 //! and against a small in-memory model of the reference rules, written here independently of
 //! `decide` and the fold. After every operation the outcome (Ok, or which error) and the
 //! task's snapshot must agree; the outbox is compared whenever it is drained.
+//!
+//! The model covers the G3 layer too: mailbox inputs (and the `*IfNoInputs` commands),
+//! publication, and children created under a running attempt, whose lifecycle notices go into
+//! their parent's mailbox.
 
-#![allow(clippy::unwrap_used, clippy::too_many_lines)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::too_many_lines,
+    clippy::struct_excessive_bools
+)]
 
 mod common;
 
 use common::*;
-use dtask_engine::{Command, CreateRequest, UpdateRequest};
-use dtask_journal::{LeasePolicy, TaskSpec, Timestamp};
+use dtask_engine::{Command, CreateRequest, ExecutionContext, InputRequest, UpdateRequest};
+use dtask_journal::{Delivery, LeasePolicy, Publication, TaskSpec, Timestamp};
 use dtask_replay::{Status, TaskState, DEFAULT_CANCEL_REASON, LEASE_EXPIRED_ERROR};
 use proptest::prelude::*;
 use std::collections::HashMap;
 
+/// Root tasks (created by `Op::Create`).
 const TASKS: usize = 2;
+/// Slots for children (created by `Op::Child` under a running root task).
+const CHILDREN: usize = 2;
+/// Every task slot.
+const SLOTS: usize = TASKS + CHILDREN;
 
 #[derive(Debug, Clone)]
 enum Cmd {
@@ -31,6 +44,14 @@ enum Cmd {
     Resume(u8),
     Release(Option<u8>),
     Transcript(u8),
+    /// `CommitInput` from the consumed cursor forward by this much.
+    CommitInput(u8),
+    /// `CompleteIfNoInputs` at the consumed cursor.
+    CompleteIfNoInputs(u8),
+    /// `WaitInputIfNoInputs` at the consumed cursor plus this much.
+    WaitIfNoInputs(u8),
+    /// `SuspendIfNoInputs` at the consumed cursor.
+    SuspendIfNoInputs,
 }
 
 #[derive(Debug, Clone)]
@@ -41,6 +62,7 @@ enum Op {
         session: bool,
         notify: bool,
         checkpoint: u8,
+        deferred: bool,
     },
     Cmd {
         t: usize,
@@ -52,6 +74,20 @@ enum Op {
         attempt_skew: i8,
         event: u8,
         payload: u8,
+    },
+    Input {
+        t: usize,
+        event: u8,
+        payload: u8,
+    },
+    Publish {
+        t: usize,
+    },
+    Child {
+        slot: usize,
+        parent: usize,
+        attempt_skew: i8,
+        notify: bool,
     },
     Advance(u64),
     Reboot,
@@ -89,7 +125,11 @@ fn cmd_strategy() -> impl Strategy<Value = Cmd> {
         2 => n.clone().prop_map(Cmd::RequestCancel),
         2 => n.clone().prop_map(Cmd::Resume),
         2 => proptest::option::of(n.clone()).prop_map(Cmd::Release),
-        1 => n.prop_map(Cmd::Transcript),
+        1 => n.clone().prop_map(Cmd::Transcript),
+        2 => n.clone().prop_map(Cmd::CommitInput),
+        2 => n.clone().prop_map(Cmd::CompleteIfNoInputs),
+        2 => n.prop_map(Cmd::WaitIfNoInputs),
+        1 => Just(Cmd::SuspendIfNoInputs),
     ]
 }
 
@@ -100,14 +140,18 @@ fn create_strategy() -> impl Strategy<Value = Op> {
         any::<bool>(),
         any::<bool>(),
         0u8..2,
+        prop_oneof![3 => Just(false), 1 => Just(true)],
     )
-        .prop_map(|(t, retry, session, notify, checkpoint)| Op::Create {
-            t,
-            retry,
-            session,
-            notify: session && notify,
-            checkpoint,
-        })
+        .prop_map(
+            |(t, retry, session, notify, checkpoint, deferred)| Op::Create {
+                t,
+                retry,
+                session,
+                notify: session && notify,
+                checkpoint,
+                deferred,
+            },
+        )
 }
 
 /// Every task is created first (with random settings), then the random operations run.
@@ -128,13 +172,18 @@ fn script_strategy() -> impl Strategy<Value = Vec<Op>> {
 }
 
 fn op_strategy() -> impl Strategy<Value = Op> {
-    let t = 0..TASKS;
+    let t = 0..SLOTS;
     prop_oneof![
         1 => create_strategy(),
         14 => (t.clone(), prop_oneof![10 => Just(0i8), 1 => Just(-1i8), 1 => Just(1i8)], cmd_strategy())
             .prop_map(|(t, skew, cmd)| Op::Cmd { t, skew, cmd }),
-        3 => (t, prop_oneof![6 => Just(0i8), 1 => Just(-1i8), 1 => Just(1i8)], 0u8..3, 1u8..3)
+        3 => (t.clone(), prop_oneof![6 => Just(0i8), 1 => Just(-1i8), 1 => Just(1i8)], 0u8..3, 1u8..3)
             .prop_map(|(t, attempt_skew, event, payload)| Op::Update { t, attempt_skew, event, payload }),
+        4 => (t.clone(), 0u8..4, 1u8..3)
+            .prop_map(|(t, event, payload)| Op::Input { t, event, payload }),
+        1 => t.prop_map(|t| Op::Publish { t }),
+        2 => (TASKS..SLOTS, 0..TASKS, prop_oneof![6 => Just(0i8), 1 => Just(-1i8)], any::<bool>())
+            .prop_map(|(slot, parent, attempt_skew, notify)| Op::Child { slot, parent, attempt_skew, notify }),
         2 => prop_oneof![Just(1_000u64), Just(15_000), Just(29_999), Just(30_000), Just(31_000)].prop_map(Op::Advance),
         1 => Just(Op::Reboot),
         1 => Just(Op::Drain),
@@ -165,6 +214,16 @@ struct MTask {
     updated: u64,
     done: Option<u64>,
     updates: HashMap<String, Vec<u8>>,
+    deferred: bool,
+    published: bool,
+    /// The parent's slot, for a child.
+    parent: Option<usize>,
+    /// Inputs: (event id, data, kind), in sequence order.
+    inputs: Vec<(String, Vec<u8>, String)>,
+    consumed: u64,
+    generation: u64,
+    children: Vec<String>,
+    parent_error: bool,
 }
 
 #[derive(Debug, Default)]
@@ -177,6 +236,39 @@ struct Model {
 type TaskOutcome = Result<(), &'static str>;
 
 impl MTask {
+    fn new(t: usize, retry: bool, session: bool, notify: bool, checkpoint: u8, now: u64) -> Self {
+        Self {
+            id: format!("t{t}"),
+            retry,
+            session,
+            notify,
+            status: Status::Pending,
+            version: 1,
+            attempt: 0,
+            checkpoint: bytes(checkpoint),
+            cancel_at: None,
+            cancel_reason: String::new(),
+            lease: None,
+            pending_resume: None,
+            result_data: Vec::new(),
+            result_error: String::new(),
+            output_error: String::new(),
+            context: Vec::new(),
+            created: now,
+            updated: now,
+            done: None,
+            updates: HashMap::new(),
+            deferred: false,
+            published: false,
+            parent: None,
+            inputs: Vec::new(),
+            consumed: 0,
+            generation: 1,
+            children: Vec::new(),
+            parent_error: false,
+        }
+    }
+
     fn terminal(&self) -> bool {
         matches!(
             self.status,
@@ -196,6 +288,15 @@ impl MTask {
         self.pending_resume = None;
         self.lease = None;
         self.done = Some(now);
+        self.generation += 1;
+    }
+
+    fn latest(&self) -> u64 {
+        self.inputs.len() as u64
+    }
+
+    fn active(&self, now: u64) -> bool {
+        self.status == Status::Running && self.lease.is_some_and(|d| d > now)
     }
 
     fn cancel_error(&self, ack: &str) -> String {
@@ -212,10 +313,108 @@ impl MTask {
 impl Model {
     fn notify(&mut self, t: usize, kind: &str) {
         let task = self.tasks[t].as_ref().unwrap();
-        if task.session && (kind == "task_created" || task.notify) {
-            let id = format!("{}:{}:{kind}", task.id, task.version);
-            self.outbox.push((id, t));
+        let wanted = kind == "task_created" || kind == "task_backgrounded" || task.notify;
+        if task.deferred && !task.published || !wanted {
+            return;
         }
+        let id = format!("{}:{}:{kind}", task.id, task.version);
+        match task.parent {
+            None if task.session => self.outbox.push((id, t)),
+            None => {}
+            Some(p) => {
+                let child = task.id.clone();
+                let parent = self.tasks[p].as_mut().unwrap();
+                let delivered = parent.inputs.iter().any(|(e, ..)| *e == id);
+                if parent.terminal() && !delivered {
+                    self.tasks[t].as_mut().unwrap().parent_error = true;
+                } else if !delivered {
+                    parent
+                        .inputs
+                        .push((id, child.into_bytes(), kind.to_owned()));
+                    if parent.status == Status::WaitingInput {
+                        parent.status = Status::Pending;
+                        parent.bump(self.now);
+                    }
+                }
+            }
+        }
+    }
+
+    fn input(&mut self, t: usize, event: &str, data: &[u8]) -> Result<bool, &'static str> {
+        if self.tasks[t].is_none() {
+            return Err("NotFound");
+        }
+        self.resolve(t);
+        let now = self.now;
+        let task = self.tasks[t].as_mut().unwrap();
+        if let Some((_, d, _)) = task.inputs.iter().find(|(e, ..)| e == event) {
+            return if d == data {
+                Ok(false)
+            } else {
+                Err("InputConflict")
+            };
+        }
+        if task.terminal() {
+            return Err("MailboxSealed");
+        }
+        task.inputs
+            .push((event.to_owned(), data.to_vec(), "message".to_owned()));
+        if task.status == Status::WaitingInput {
+            task.status = Status::Pending;
+            task.bump(now);
+        }
+        Ok(true)
+    }
+
+    fn publish(&mut self, t: usize) -> TaskOutcome {
+        if self.tasks[t].is_none() {
+            return Err("NotFound");
+        }
+        self.resolve(t);
+        let task = self.tasks[t].as_mut().unwrap();
+        if !task.deferred {
+            return Err("IllegalTransition");
+        }
+        if task.published {
+            return Ok(());
+        }
+        if task.terminal() {
+            return Err("AlreadyTerminal");
+        }
+        task.published = true;
+        self.notify(t, "task_backgrounded");
+        Ok(())
+    }
+
+    fn child(&mut self, slot: usize, parent: usize, attempt: u64, notify: bool) -> TaskOutcome {
+        if self.tasks[parent].is_none() {
+            return Err("NotFound");
+        }
+        self.resolve(parent);
+        let now = self.now;
+        let p = self.tasks[parent].as_mut().unwrap();
+        if p.terminal() {
+            return Err("MailboxSealed");
+        }
+        if p.status != Status::Running
+            || attempt != p.attempt
+            || !p.active(now)
+            || p.cancel_at.is_some()
+        {
+            return Err("LeaseLost");
+        }
+        if self.tasks[slot].is_some() {
+            return Err("AlreadyExists");
+        }
+        let p = self.tasks[parent].as_mut().unwrap();
+        p.children.push(format!("t{slot}"));
+        self.tasks[slot] = Some(MTask {
+            parent: Some(parent),
+            notify,
+            ..MTask::new(slot, true, false, false, 0, now)
+        });
+        self.notify(slot, "task_created");
+        Ok(())
     }
 
     /// Lazy lease expiry at the model's clock.
@@ -256,28 +455,7 @@ impl Model {
         if self.tasks[t].is_some() {
             return Err("AlreadyExists");
         }
-        self.tasks[t] = Some(MTask {
-            id: format!("t{t}"),
-            retry,
-            session,
-            notify,
-            status: Status::Pending,
-            version: 1,
-            attempt: 0,
-            checkpoint: bytes(checkpoint),
-            cancel_at: None,
-            cancel_reason: String::new(),
-            lease: None,
-            pending_resume: None,
-            result_data: Vec::new(),
-            result_error: String::new(),
-            output_error: String::new(),
-            context: Vec::new(),
-            created: self.now,
-            updated: self.now,
-            done: None,
-            updates: HashMap::new(),
-        });
+        self.tasks[t] = Some(MTask::new(t, retry, session, notify, checkpoint, self.now));
         self.notify(t, "task_created");
         Ok(())
     }
@@ -289,6 +467,7 @@ impl Model {
                 return Err("Invalid")
             }
             Cmd::Fail(0) => return Err("InvalidExecutionResult"),
+            Cmd::CommitInput(0) => return Err("Invalid"),
             _ => {}
         }
         // 2. Existence.
@@ -414,6 +593,53 @@ impl Model {
                         }
                         task.lease = None;
                     }
+                    Cmd::CommitInput(by) => {
+                        let cursor = task.consumed + u64::from(*by);
+                        if cursor > task.latest() {
+                            return Err("InvalidCursor");
+                        }
+                        task.consumed = cursor;
+                        task.checkpoint = b"ci".to_vec();
+                    }
+                    Cmd::CompleteIfNoInputs(d) => {
+                        if task.latest() > task.consumed {
+                            task.status = Status::Pending;
+                            task.lease = None;
+                            task.bump(now);
+                            return Err("InputsPending");
+                        }
+                        task.finish(Status::Completed, String::new(), now);
+                        task.result_data = bytes(*d);
+                        note = Some("completed");
+                    }
+                    Cmd::WaitIfNoInputs(by) => {
+                        let cursor = task.consumed + u64::from(*by);
+                        if cursor > task.latest() {
+                            return Err("InvalidCursor");
+                        }
+                        task.consumed = cursor;
+                        task.checkpoint = b"wait".to_vec();
+                        task.lease = None;
+                        if task.latest() > cursor {
+                            task.status = Status::Pending;
+                            task.bump(now);
+                            return Err("InputsPending");
+                        }
+                        task.status = Status::WaitingInput;
+                        task.pending_resume = None;
+                        note = Some("waiting_input");
+                    }
+                    Cmd::SuspendIfNoInputs => {
+                        task.checkpoint = b"zz".to_vec();
+                        task.lease = None;
+                        if task.latest() > task.consumed {
+                            task.status = Status::Pending;
+                            task.bump(now);
+                            return Err("InputsPending");
+                        }
+                        task.status = Status::Suspended;
+                        task.pending_resume = None;
+                    }
                     _ => unreachable!(),
                 }
             }
@@ -488,11 +714,53 @@ impl Model {
         assert_eq!(got.done_at, m.done.map(ts));
         assert_eq!(got.updates, m.updates.len() as u64);
         assert_eq!(got.policy == LeasePolicy::Retry, m.retry);
+        assert_eq!(got.mailbox.latest, m.latest(), "inputs of {}", m.id);
+        assert_eq!(got.mailbox.consumed, m.consumed, "consumed of {}", m.id);
+        assert_eq!(
+            got.mailbox.generation, m.generation,
+            "generation of {}",
+            m.id
+        );
+        let publication = match (m.deferred, m.published) {
+            (false, _) => Publication::OnCreate,
+            (true, false) => Publication::Deferred,
+            (true, true) => Publication::OnBackground,
+        };
+        assert_eq!(got.publication, publication, "publication of {}", m.id);
+        assert_eq!(
+            got.parent_task_id,
+            m.parent.map(|p| format!("t{p}")).unwrap_or_default()
+        );
+        assert_eq!(
+            !got.parent_notification_error.is_empty(),
+            m.parent_error,
+            "parent notice of {}",
+            m.id
+        );
     }
 }
 
-fn to_command(cmd: &Cmd) -> Command {
+/// The store command of `cmd`, whose cursor arguments are relative to the model's consumed
+/// cursor `consumed`.
+fn to_command(cmd: &Cmd, consumed: u64) -> Command {
     match cmd {
+        Cmd::CommitInput(by) => Command::CommitInput {
+            expected_cursor: consumed,
+            cursor: consumed + u64::from(*by),
+            checkpoint: b"ci".to_vec(),
+        },
+        Cmd::CompleteIfNoInputs(d) => Command::CompleteIfNoInputs {
+            cursor: consumed,
+            data: bytes(*d),
+        },
+        Cmd::WaitIfNoInputs(by) => Command::WaitInputIfNoInputs {
+            cursor: consumed + u64::from(*by),
+            checkpoint: b"wait".to_vec(),
+        },
+        Cmd::SuspendIfNoInputs => Command::SuspendIfNoInputs {
+            cursor: consumed,
+            checkpoint: b"zz".to_vec(),
+        },
         Cmd::Start => Command::Start,
         Cmd::Heartbeat => Command::Heartbeat,
         Cmd::CommitStart(c) => Command::CommitStart {
@@ -537,7 +805,7 @@ async fn run(ops: Vec<Op>) {
     let mut env = Env::new();
     let mut model = Model {
         now: T0,
-        tasks: vec![None; TASKS],
+        tasks: vec![None; SLOTS],
         outbox: Vec::new(),
     };
     for (i, op) in ops.iter().enumerate() {
@@ -553,6 +821,7 @@ async fn run(ops: Vec<Op>) {
                 session,
                 notify,
                 checkpoint,
+                deferred,
             } => {
                 let spec = TaskSpec {
                     session_id: if *session { "s".into() } else { String::new() },
@@ -569,10 +838,23 @@ async fn run(ops: Vec<Op>) {
                         spec,
                         policy: Some(policy),
                         checkpoint: bytes(*checkpoint),
-                        context_snapshot: Vec::new(),
+                        publication: if *deferred {
+                            Publication::Deferred
+                        } else {
+                            Publication::OnCreate
+                        },
+                        ..CreateRequest::default()
                     })
                     .await;
                 let want = model.create(*t, *retry, *session, *notify, *checkpoint);
+                if want.is_ok() {
+                    model.tasks[*t].as_mut().unwrap().deferred = *deferred;
+                    if *deferred {
+                        // Created deferred: its task_created was not sent.
+                        let id = format!("t{t}:1:task_created");
+                        model.outbox.retain(|(n, _)| *n != id);
+                    }
+                }
                 assert_eq!(outcome(&got), model_outcome(&want), "op {i}: {op:?}");
                 if let Ok(state) = got {
                     model.expect_snapshot(*t, &state);
@@ -582,8 +864,9 @@ async fn run(ops: Vec<Op>) {
             Op::Cmd { t, skew, cmd } => {
                 let base = model.tasks[*t].as_ref().map_or(1, |m| m.version);
                 let expected = skewed(base, *skew);
+                let consumed = model.tasks[*t].as_ref().map_or(0, |m| m.consumed);
                 let got = store
-                    .execute(&format!("t{t}"), expected, to_command(cmd))
+                    .execute(&format!("t{t}"), expected, to_command(cmd, consumed))
                     .await;
                 let want = model.command(*t, expected, cmd);
                 assert_eq!(
@@ -611,7 +894,7 @@ async fn run(ops: Vec<Op>) {
                     event_id: event.clone(),
                     kind: "progress".into(),
                     data: data.clone(),
-                    metadata: vec![],
+                    ..UpdateRequest::default()
                 };
                 let got = store.append_update(&format!("t{t}"), request).await;
                 let want = model.update(*t, attempt, &event, &data);
@@ -622,6 +905,73 @@ async fn run(ops: Vec<Op>) {
                     assert_eq!(record.event_id, event);
                 }
                 Some(*t)
+            }
+            Op::Input { t, event, payload } => {
+                let event = format!("i{event}");
+                let data = bytes(*payload);
+                let request = InputRequest {
+                    event_id: event.clone(),
+                    kind: "message".into(),
+                    data: data.clone(),
+                    delivery: Delivery::Queued,
+                };
+                let got = store.send_input(&format!("t{t}"), request).await;
+                let want = model.input(*t, &event, &data);
+                assert_eq!(outcome(&got), model_outcome(&want), "op {i}: {op:?}");
+                if let (Ok((record, inserted)), Ok(want)) = (&got, &want) {
+                    assert_eq!(inserted, want, "op {i}: inserted");
+                    assert_eq!(record.data, data);
+                }
+                Some(*t)
+            }
+            Op::Publish { t } => {
+                let version = model.tasks[*t].as_ref().map_or(1, |m| m.version);
+                let got = store.publish(&format!("t{t}"), version).await;
+                let want = model.publish(*t);
+                assert_eq!(outcome(&got), model_outcome(&want), "op {i}: {op:?}");
+                Some(*t)
+            }
+            Op::Child {
+                slot,
+                parent,
+                attempt_skew,
+                notify,
+            } => {
+                let base = model.tasks[*parent].as_ref().map_or(1, |m| m.attempt);
+                let attempt = skewed(base, *attempt_skew).max(1);
+                let got = store
+                    .create(CreateRequest {
+                        spec: TaskSpec {
+                            notify_session: *notify,
+                            ..spec(&format!("t{slot}"))
+                        },
+                        policy: Some(LeasePolicy::Retry),
+                        parent: Some(ExecutionContext {
+                            task_id: format!("t{parent}"),
+                            attempt,
+                            generation: 1,
+                        }),
+                        ..CreateRequest::default()
+                    })
+                    .await;
+                let want = model.child(*slot, *parent, attempt, *notify);
+                assert_eq!(
+                    outcome(&got),
+                    model_outcome(&want),
+                    "op {i}: {op:?} ({got:?})"
+                );
+                if got.is_ok() {
+                    let children = store
+                        .list_children(&format!("t{parent}"), None, 100)
+                        .await
+                        .unwrap();
+                    let ids: Vec<String> =
+                        children.tasks.iter().map(|c| c.spec.id.clone()).collect();
+                    let mut want = model.tasks[*parent].as_ref().unwrap().children.clone();
+                    want.sort();
+                    assert_eq!(ids, want, "op {i}: children");
+                }
+                Some(*parent)
             }
             Op::Advance(ms) => {
                 env.advance(*ms);
@@ -653,6 +1003,13 @@ async fn run(ops: Vec<Op>) {
                 (Ok(state), Some(_)) => model.expect_snapshot(t, state),
                 (Err(e), None) => assert_eq!(kind(e), "NotFound"),
                 _ => panic!("op {i}: existence differs: {got:?}"),
+            }
+            // A child's notice changes its parent: compare the parent too.
+            let related = model.tasks[t].as_ref().and_then(|m| m.parent);
+            if let Some(p) = related {
+                let parent = store.get_task(&format!("t{p}")).await.unwrap();
+                model.resolve(p);
+                model.expect_snapshot(p, &parent.state);
             }
         }
     }

@@ -102,7 +102,7 @@ async fn step(store: &TaskStore, env: &Env, ids: &mut Vec<&'static str>, op: &Op
                 event_id: event_id.into(),
                 kind: "progress".into(),
                 data: data.as_bytes().to_vec(),
-                metadata: vec![],
+                ..UpdateRequest::default()
             };
             format!(
                 "{:?}",

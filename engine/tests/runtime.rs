@@ -591,3 +591,78 @@ async fn task_ids_are_kind_prefixed_and_time_ordered() {
         Err(RuntimeError::InvalidKind(_))
     ));
 }
+
+/// A heartbeat that committed but whose answer was lost leaves the runtime one version
+/// behind: its next heartbeat is refused as stale. The runtime re-reads the task and, its
+/// attempt still being the running one, carries on (it used to poison the attempt).
+#[tokio::test]
+async fn heartbeat_with_a_lost_answer_carries_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(
+        dir.path(),
+        JournalOptions::default().with_durability(Durability::Buffered),
+    )
+    .unwrap();
+    let store =
+        TaskStore::open(journal, ManualClock::new(1_000_000), StoreConfig::default()).unwrap();
+    let mut registry = ExecutorRegistry::new();
+    registry
+        .register(waits_for_control("k", LeasePolicy::Retry, false))
+        .unwrap();
+    let manager = Manager::new(
+        store.clone(),
+        registry,
+        ManagerConfig::default().with_heartbeat_interval(Duration::from_millis(5)),
+    );
+    let id = submit(&manager, "k").await;
+    let run = spawn_execute(&manager, &id);
+    until_running(&manager, &id).await;
+    // The runtime's heartbeat, committed behind its back: as if its answer had been lost.
+    let running = store.get(&id).await.unwrap();
+    let lost = store
+        .execute(&id, running.version, dtask_engine::Command::Heartbeat)
+        .await
+        .unwrap();
+    // The runtime's next heartbeats are written at the adopted version.
+    let renewed = tokio::time::timeout(
+        Duration::from_secs(60),
+        store.wait_for_task_version(&id, lost.version + 1),
+    )
+    .await
+    .expect("the runtime stopped heartbeating")
+    .unwrap();
+    assert_eq!(renewed.status, Status::Running);
+    assert_eq!(renewed.attempt, 1);
+    manager.request_cancel(&id, "enough").await.unwrap();
+    let ended = run.await.unwrap().unwrap();
+    assert_eq!(ended.status, Status::Canceled);
+    assert_eq!(ended.result_error, "enough");
+}
+
+/// A cancel requested through the manager on a task that has finished by itself succeeds
+/// and returns the terminal state, with no cancel request recorded.
+#[tokio::test]
+async fn cancel_of_a_finished_task_returns_its_terminal_state() {
+    let env = env(vec![completes("k")]);
+    let id = submit(&env.manager, "k").await;
+    let done = env.manager.execute(&id).await.unwrap();
+    assert_eq!(done.status, Status::Completed);
+    let state = env.manager.request_cancel(&id, "too late").await.unwrap();
+    assert_eq!(state.status, Status::Completed);
+    assert_eq!(state.cancel_requested_at, None);
+    assert_eq!(state.version, done.version);
+    // The store keeps its typed answer.
+    let err = env
+        .manager
+        .store()
+        .execute(
+            &id,
+            done.version,
+            dtask_engine::Command::RequestCancel {
+                reason: String::new(),
+            },
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::AlreadyTerminal(_)));
+}

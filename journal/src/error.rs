@@ -158,6 +158,9 @@ pub enum Error {
     /// An append carried no events.
     #[error("an append needs at least one event")]
     EmptyAppend,
+    /// A linked append names one stream twice. Nothing was written.
+    #[error("a linked append names the stream of task {0:?} twice")]
+    DuplicateStream(String),
     /// A `created` event names another task than the stream it was appended to. Nothing was
     /// written.
     #[error("a `created` event for task {found:?} cannot open the stream of task {task:?}")]

@@ -1,4 +1,4 @@
-//! The journal's vocabulary: every record a task stream can hold (schema v1).
+//! The journal's vocabulary: every record a task stream can hold (schema v2).
 //!
 //! A task's stream is an ordered list of [`Event`]s. *Lifecycle* events change the task's
 //! status or durable fields and each raises the task's version by exactly one; *non-lifecycle*
@@ -11,10 +11,18 @@
 //!
 //! Schema changes go through a new record format version with an explicit upcast (bincode is
 //! not self-describing): never reorder, remove or change the type of a variant or field here
-//! without bumping [`crate::RECORD_FORMAT_VERSION`].
+//! without bumping [`crate::RECORD_FORMAT_VERSION`]. New variants are appended at the end of
+//! [`Event`]: bincode writes a variant's index, so every record of an older schema decodes
+//! unchanged. Schema v2 ([`EVENT_SCHEMA_VERSION`]) added the mailbox, nested tasks,
+//! publication and multi-part progress events (from `CreatedV2` on); a stream written by a
+//! v1 engine holds none of them and folds exactly as before.
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
+
+/// The event schema this build writes: 2 (v1 plus the mailbox, nested tasks, publication and
+/// multi-part progress events). Every v1 record is a v2 record.
+pub const EVENT_SCHEMA_VERSION: u32 = 2;
 
 /// Milliseconds since the UNIX epoch, as recorded in an event.
 ///
@@ -62,6 +70,55 @@ impl LeasePolicy {
         match self {
             Self::Retry => "retry",
             Self::Fail => "fail",
+        }
+    }
+}
+
+/// How an input is delivered to the task's executor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Delivery {
+    /// Read in FIFO order at the executor's next boundary.
+    #[default]
+    Queued,
+    /// The executor should interrupt what it is doing to read it (advisory: the order is
+    /// still FIFO).
+    Preempt,
+}
+
+impl Delivery {
+    /// The lower-case name used in exports and the CLI.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Queued => "queued",
+            Self::Preempt => "preempt",
+        }
+    }
+}
+
+/// When a task becomes visible to its parent (or session): its lifecycle notifications are
+/// held back while it is deferred.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Publication {
+    /// Invisible until published: no lifecycle notification is sent.
+    Deferred,
+    /// Visible from creation (`task_created` is sent).
+    #[default]
+    OnCreate,
+    /// Published after creation (`task_backgrounded` was sent).
+    OnBackground,
+}
+
+impl Publication {
+    /// The lower-case name used in exports and the CLI.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Deferred => "deferred",
+            Self::OnCreate => "on_create",
+            Self::OnBackground => "on_background",
         }
     }
 }
@@ -308,6 +365,136 @@ pub enum Event {
         /// Acknowledgement time.
         at: Timestamp,
     },
+    // ---- schema v2 ----
+    /// T1 of schema v2: the task was created with a publication other than `on_create`, or
+    /// under a parent. (A root task published on create is written as `Created`, the v1
+    /// bytes.)
+    CreatedV2 {
+        /// The immutable spec.
+        spec: TaskSpec,
+        /// What a lease expiry does to this task.
+        policy: LeasePolicy,
+        /// The initial checkpoint (empty for none).
+        #[serde(with = "serde_bytes")]
+        checkpoint: Vec<u8>,
+        /// An opaque, manager-owned context capture (empty for none).
+        #[serde(with = "serde_bytes")]
+        context_snapshot: Vec<u8>,
+        /// When the task becomes visible (`deferred` or `on_create`).
+        publication: Publication,
+        /// The parent task, empty for a root task.
+        parent_task_id: String,
+        /// The root session of the task tree (a nested task inherits its parent's).
+        root_session_id: String,
+        /// Creation time.
+        at: Timestamp,
+    },
+    /// A child task was created by this task's running attempt (non-lifecycle), in the same
+    /// atomic append as the child's creation. The attempt and mailbox generation are the
+    /// authority the child was created under.
+    ChildCreated {
+        /// The child's id.
+        child_id: String,
+        /// The attempt that created it (the running one).
+        attempt: u64,
+        /// The mailbox generation the attempt saw.
+        generation: u64,
+        /// Creation time.
+        at: Timestamp,
+    },
+    /// An input reached the task's mailbox (non-lifecycle): the next sequence number, FIFO.
+    /// Deduplicated by `event_id` for the life of the task.
+    InputSent {
+        /// The mailbox sequence (1, 2, 3, …).
+        sequence: u64,
+        /// The sender's idempotency key.
+        event_id: String,
+        /// The input kind.
+        kind: String,
+        /// The input bytes.
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+        /// How it is delivered.
+        delivery: Delivery,
+        /// Send time.
+        at: Timestamp,
+    },
+    /// T17': input reached a task waiting for it; the task is pending again (lifecycle,
+    /// written right after the `InputSent` that woke it).
+    InputWoke {
+        /// The sequence of the input that woke it.
+        sequence: u64,
+        /// Transition time.
+        at: Timestamp,
+    },
+    /// The running attempt moved the consumed cursor forward (non-lifecycle).
+    CursorAdvanced {
+        /// The new consumed cursor (a sequence number).
+        cursor: u64,
+        /// The attempt that consumed (the running one).
+        attempt: u64,
+        /// Time.
+        at: Timestamp,
+    },
+    /// T24: the running attempt consumed inputs up to `cursor` and committed a checkpoint at
+    /// that boundary.
+    InputCommitted {
+        /// The new consumed cursor.
+        cursor: u64,
+        /// The checkpoint (non-empty).
+        #[serde(with = "serde_bytes")]
+        checkpoint: Vec<u8>,
+        /// Time.
+        at: Timestamp,
+    },
+    /// An `*IfNoInputs` transition found input newer than `cursor`: the consumed cursor is set
+    /// to `cursor` and the task is pending again, so the next attempt reads the new input.
+    InputsPending {
+        /// The consumed cursor.
+        cursor: u64,
+        /// A replacement checkpoint; empty keeps the stored one.
+        #[serde(with = "serde_bytes")]
+        checkpoint: Vec<u8>,
+        /// Transition time.
+        at: Timestamp,
+    },
+    /// A deferred task was published: `on_background` from now on (non-lifecycle).
+    Published {
+        /// Publish time.
+        at: Timestamp,
+    },
+    /// One part of a multi-part progress event of a running attempt (non-lifecycle);
+    /// deduplicated by (`event_id`, `part_id`). Readers see the event as complete once its
+    /// `last` part is recorded; no part may follow it.
+    PartAppended {
+        /// The attempt that emitted it (the fence).
+        attempt: u64,
+        /// The logical event.
+        event_id: String,
+        /// The part, unique within the event.
+        part_id: String,
+        /// Whether this is the event's final part.
+        last: bool,
+        /// A free kind tag.
+        kind: String,
+        /// The part's bytes (may be empty for a metadata-only part).
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+        /// Key/value metadata, in emission order.
+        metadata: Vec<MetadataEntry>,
+        /// Append time.
+        at: Timestamp,
+    },
+    /// A lifecycle notification of this nested task could not be put into its parent's
+    /// mailbox (non-lifecycle); the transition that caused it went ahead.
+    ParentNotificationFailed {
+        /// The notification kind.
+        kind: String,
+        /// Why.
+        error: String,
+        /// Time.
+        at: Timestamp,
+    },
 }
 
 /// The discriminant of an [`Event`], for filters, statistics and display.
@@ -333,11 +520,21 @@ pub enum EventType {
     UpdateAppended,
     NotificationEnqueued,
     NotificationAcked,
+    CreatedV2,
+    ChildCreated,
+    InputSent,
+    InputWoke,
+    CursorAdvanced,
+    InputCommitted,
+    InputsPending,
+    Published,
+    PartAppended,
+    ParentNotificationFailed,
 }
 
 impl EventType {
     /// Every event type, in schema order.
-    pub const ALL: [Self; 18] = [
+    pub const ALL: [Self; 28] = [
         Self::Created,
         Self::AttemptStarted,
         Self::Heartbeat,
@@ -356,6 +553,16 @@ impl EventType {
         Self::UpdateAppended,
         Self::NotificationEnqueued,
         Self::NotificationAcked,
+        Self::CreatedV2,
+        Self::ChildCreated,
+        Self::InputSent,
+        Self::InputWoke,
+        Self::CursorAdvanced,
+        Self::InputCommitted,
+        Self::InputsPending,
+        Self::Published,
+        Self::PartAppended,
+        Self::ParentNotificationFailed,
     ];
 
     /// The `snake_case` name used in exports and the CLI.
@@ -380,6 +587,16 @@ impl EventType {
             Self::UpdateAppended => "update_appended",
             Self::NotificationEnqueued => "notification_enqueued",
             Self::NotificationAcked => "notification_acked",
+            Self::CreatedV2 => "created_v2",
+            Self::ChildCreated => "child_created",
+            Self::InputSent => "input_sent",
+            Self::InputWoke => "input_woke",
+            Self::CursorAdvanced => "cursor_advanced",
+            Self::InputCommitted => "input_committed",
+            Self::InputsPending => "inputs_pending",
+            Self::Published => "published",
+            Self::PartAppended => "part_appended",
+            Self::ParentNotificationFailed => "parent_notification_failed",
         }
     }
 
@@ -388,7 +605,15 @@ impl EventType {
     pub const fn is_lifecycle(self) -> bool {
         !matches!(
             self,
-            Self::UpdateAppended | Self::NotificationEnqueued | Self::NotificationAcked
+            Self::UpdateAppended
+                | Self::NotificationEnqueued
+                | Self::NotificationAcked
+                | Self::ChildCreated
+                | Self::InputSent
+                | Self::CursorAdvanced
+                | Self::Published
+                | Self::PartAppended
+                | Self::ParentNotificationFailed
         )
     }
 }
@@ -419,6 +644,15 @@ impl Event {
         }
     }
 
+    /// The spec of a creation event (`Created`, `CreatedV2`), `None` for any other.
+    #[must_use]
+    pub const fn spec(&self) -> Option<&TaskSpec> {
+        match self {
+            Self::Created { spec, .. } | Self::CreatedV2 { spec, .. } => Some(spec),
+            _ => None,
+        }
+    }
+
     /// The event's type.
     #[must_use]
     pub const fn event_type(&self) -> EventType {
@@ -441,6 +675,16 @@ impl Event {
             Self::UpdateAppended { .. } => EventType::UpdateAppended,
             Self::NotificationEnqueued { .. } => EventType::NotificationEnqueued,
             Self::NotificationAcked { .. } => EventType::NotificationAcked,
+            Self::CreatedV2 { .. } => EventType::CreatedV2,
+            Self::ChildCreated { .. } => EventType::ChildCreated,
+            Self::InputSent { .. } => EventType::InputSent,
+            Self::InputWoke { .. } => EventType::InputWoke,
+            Self::CursorAdvanced { .. } => EventType::CursorAdvanced,
+            Self::InputCommitted { .. } => EventType::InputCommitted,
+            Self::InputsPending { .. } => EventType::InputsPending,
+            Self::Published { .. } => EventType::Published,
+            Self::PartAppended { .. } => EventType::PartAppended,
+            Self::ParentNotificationFailed { .. } => EventType::ParentNotificationFailed,
         }
     }
 
@@ -465,7 +709,17 @@ impl Event {
             | Self::Canceled { at, .. }
             | Self::UpdateAppended { at, .. }
             | Self::NotificationEnqueued { at, .. }
-            | Self::NotificationAcked { at, .. } => *at,
+            | Self::NotificationAcked { at, .. }
+            | Self::CreatedV2 { at, .. }
+            | Self::ChildCreated { at, .. }
+            | Self::InputSent { at, .. }
+            | Self::InputWoke { at, .. }
+            | Self::CursorAdvanced { at, .. }
+            | Self::InputCommitted { at, .. }
+            | Self::InputsPending { at, .. }
+            | Self::Published { at }
+            | Self::PartAppended { at, .. }
+            | Self::ParentNotificationFailed { at, .. } => *at,
         }
     }
 
@@ -496,6 +750,12 @@ impl Event {
                 checkpoint,
                 context_snapshot,
                 ..
+            }
+            | Self::CreatedV2 {
+                spec,
+                checkpoint,
+                context_snapshot,
+                ..
             } => spec
                 .payload
                 .len()
@@ -504,7 +764,9 @@ impl Event {
             Self::StartCommitted { checkpoint, .. }
             | Self::WaitingInput { checkpoint, .. }
             | Self::Suspended { checkpoint, .. }
-            | Self::Yielded { checkpoint, .. } => checkpoint.len(),
+            | Self::Yielded { checkpoint, .. }
+            | Self::InputCommitted { checkpoint, .. }
+            | Self::InputsPending { checkpoint, .. } => checkpoint.len(),
             Self::InputProvided {
                 data,
                 context_snapshot,
@@ -517,7 +779,9 @@ impl Event {
             } => context_snapshot.as_ref().map_or(0, Vec::len),
             Self::Completed { data, .. }
             | Self::UpdateAppended { data, .. }
-            | Self::NotificationEnqueued { data, .. } => data.len(),
+            | Self::NotificationEnqueued { data, .. }
+            | Self::InputSent { data, .. }
+            | Self::PartAppended { data, .. } => data.len(),
             Self::AttemptStarted { .. }
             | Self::Heartbeat { .. }
             | Self::TranscriptFailed { .. }
@@ -525,7 +789,12 @@ impl Event {
             | Self::LeaseExpired { .. }
             | Self::Failed { .. }
             | Self::Canceled { .. }
-            | Self::NotificationAcked { .. } => 0,
+            | Self::NotificationAcked { .. }
+            | Self::ChildCreated { .. }
+            | Self::InputWoke { .. }
+            | Self::CursorAdvanced { .. }
+            | Self::Published { .. }
+            | Self::ParentNotificationFailed { .. } => 0,
         }
     }
 }
@@ -537,8 +806,17 @@ mod tests {
     #[test]
     fn lifecycle_split_matches_schema_order() {
         let lifecycle: Vec<_> = EventType::ALL.iter().filter(|t| t.is_lifecycle()).collect();
-        assert_eq!(lifecycle.len(), 15);
+        assert_eq!(lifecycle.len(), 19);
         assert_eq!(*lifecycle[14], EventType::Canceled);
+        assert_eq!(
+            lifecycle[15..],
+            [
+                &EventType::CreatedV2,
+                &EventType::InputWoke,
+                &EventType::InputCommitted,
+                &EventType::InputsPending
+            ]
+        );
     }
 
     #[test]

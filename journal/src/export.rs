@@ -39,7 +39,9 @@
 //! # Ok(()) }
 //! ```
 
-use crate::event::{Event, ExpiryResolution, LeasePolicy, TaskSpec, Timestamp};
+use crate::event::{
+    Delivery, Event, ExpiryResolution, LeasePolicy, Publication, TaskSpec, Timestamp,
+};
 use crate::record::{Digest, Record, RECORD_FORMAT_VERSION};
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
@@ -50,10 +52,16 @@ use serde_json::{Map, Value};
 use serde_with::{serde_as, DeserializeAs, Same, SerializeAs};
 use std::fmt::{self, Write as _};
 
-/// The export schema version this build writes and reads: the header's `dtask_export`.
+/// The export schema version this build writes: the header's `dtask_export`.
 ///
-/// It changes when a field is removed, renamed or changes meaning.
-pub const VERSION: u64 = 1;
+/// It changes when a field is removed, renamed or changes meaning, or when event types are
+/// added (version 2: the event schema v2's mailbox, nested-task, publication and part
+/// events). A reader of version 2 reads version 1 exports too ([`OLDEST_VERSION`]): their
+/// events are a subset.
+pub const VERSION: u64 = 2;
+
+/// The oldest export version this build reads.
+pub const OLDEST_VERSION: u64 = 1;
 
 /// Why an export line could not be read or written.
 #[derive(Debug, thiserror::Error)]
@@ -250,7 +258,7 @@ impl Header {
         let value: Value = serde_json::from_str(line).map_err(ExportError::NotJson)?;
         match value.get("dtask_export").and_then(Value::as_u64) {
             None => Err(ExportError::NoVersion),
-            Some(VERSION) => serde_path_to_error::deserialize(value)
+            Some(OLDEST_VERSION..=VERSION) => serde_path_to_error::deserialize(value)
                 .map_err(|e| ExportError::from_tracked("", e)),
             Some(found) => Err(ExportError::Version { found }),
         }
@@ -615,6 +623,144 @@ impl<'a> Serialize for EventJson<'a> {
                 o.serialize_field("type", ty)?;
                 o.end()
             }
+            Event::CreatedV2 {
+                spec,
+                policy,
+                checkpoint,
+                context_snapshot,
+                publication,
+                parent_task_id,
+                root_session_id,
+                at,
+            } => {
+                let mut o = serializer.serialize_struct("created_v2", 9)?;
+                o.serialize_field("at", at)?;
+                o.serialize_field("checkpoint", &bytes(checkpoint))?;
+                o.serialize_field("context_snapshot", &bytes(context_snapshot))?;
+                o.serialize_field("parent_task_id", parent_task_id)?;
+                o.serialize_field("policy", policy)?;
+                o.serialize_field("publication", publication)?;
+                o.serialize_field("root_session_id", root_session_id)?;
+                o.serialize_field(
+                    "spec",
+                    &SpecJson {
+                        description: &spec.description,
+                        executor_key: &spec.executor_key,
+                        id: &spec.id,
+                        kind: &spec.kind,
+                        notify_session: spec.notify_session,
+                        output_file: &spec.output_file,
+                        payload: bytes(&spec.payload),
+                        session_id: &spec.session_id,
+                    },
+                )?;
+                o.serialize_field("type", ty)?;
+                o.end()
+            }
+            Event::ChildCreated {
+                child_id,
+                attempt,
+                generation,
+                at,
+            } => {
+                let mut o = serializer.serialize_struct("child_created", 5)?;
+                o.serialize_field("at", at)?;
+                o.serialize_field("attempt", attempt)?;
+                o.serialize_field("child_id", child_id)?;
+                o.serialize_field("generation", generation)?;
+                o.serialize_field("type", ty)?;
+                o.end()
+            }
+            Event::InputSent {
+                sequence,
+                event_id,
+                kind,
+                data,
+                delivery,
+                at,
+            } => {
+                let mut o = serializer.serialize_struct("input_sent", 7)?;
+                o.serialize_field("at", at)?;
+                o.serialize_field("data", &bytes(data))?;
+                o.serialize_field("delivery", delivery)?;
+                o.serialize_field("event_id", event_id)?;
+                o.serialize_field("kind", kind)?;
+                o.serialize_field("sequence", sequence)?;
+                o.serialize_field("type", ty)?;
+                o.end()
+            }
+            Event::InputWoke { sequence, at } => {
+                let mut o = serializer.serialize_struct("input_woke", 3)?;
+                o.serialize_field("at", at)?;
+                o.serialize_field("sequence", sequence)?;
+                o.serialize_field("type", ty)?;
+                o.end()
+            }
+            Event::CursorAdvanced {
+                cursor,
+                attempt,
+                at,
+            } => {
+                let mut o = serializer.serialize_struct("cursor_advanced", 4)?;
+                o.serialize_field("at", at)?;
+                o.serialize_field("attempt", attempt)?;
+                o.serialize_field("cursor", cursor)?;
+                o.serialize_field("type", ty)?;
+                o.end()
+            }
+            Event::InputCommitted {
+                cursor,
+                checkpoint,
+                at,
+            }
+            | Event::InputsPending {
+                cursor,
+                checkpoint,
+                at,
+            } => {
+                let mut o = serializer.serialize_struct("input_committed", 4)?;
+                o.serialize_field("at", at)?;
+                o.serialize_field("checkpoint", &bytes(checkpoint))?;
+                o.serialize_field("cursor", cursor)?;
+                o.serialize_field("type", ty)?;
+                o.end()
+            }
+            Event::Published { at } => {
+                let mut o = serializer.serialize_struct("published", 2)?;
+                o.serialize_field("at", at)?;
+                o.serialize_field("type", ty)?;
+                o.end()
+            }
+            Event::PartAppended {
+                attempt,
+                event_id,
+                part_id,
+                last,
+                kind,
+                data,
+                metadata,
+                at,
+            } => {
+                let mut o = serializer.serialize_struct("part_appended", 9)?;
+                o.serialize_field("at", at)?;
+                o.serialize_field("attempt", attempt)?;
+                o.serialize_field("data", &bytes(data))?;
+                o.serialize_field("event_id", event_id)?;
+                o.serialize_field("kind", kind)?;
+                o.serialize_field("last", last)?;
+                o.serialize_field("metadata", metadata)?;
+                o.serialize_field("part_id", part_id)?;
+                o.serialize_field("type", ty)?;
+                o.end()
+            }
+            Event::ParentNotificationFailed { kind, error, at } => {
+                let mut o = serializer.serialize_struct("parent_notification_failed", 4)?;
+                o.serialize_field("at", at)?;
+                o.serialize_field("error", error)?;
+                o.serialize_field("kind", kind)?;
+                o.serialize_field("type", ty)?;
+                o.end()
+            }
         }
     }
 }
@@ -730,6 +876,74 @@ enum EventDef {
     NotificationAcked {
         id: String,
         enqueued_seq: u64,
+        at: Timestamp,
+    },
+    CreatedV2 {
+        #[serde(with = "SpecDef")]
+        spec: TaskSpec,
+        policy: LeasePolicy,
+        #[serde_as(as = "StrictBase64")]
+        checkpoint: Vec<u8>,
+        #[serde_as(as = "StrictBase64")]
+        context_snapshot: Vec<u8>,
+        publication: Publication,
+        parent_task_id: String,
+        root_session_id: String,
+        at: Timestamp,
+    },
+    ChildCreated {
+        child_id: String,
+        attempt: u64,
+        generation: u64,
+        at: Timestamp,
+    },
+    InputSent {
+        sequence: u64,
+        event_id: String,
+        kind: String,
+        #[serde_as(as = "StrictBase64")]
+        data: Vec<u8>,
+        delivery: Delivery,
+        at: Timestamp,
+    },
+    InputWoke {
+        sequence: u64,
+        at: Timestamp,
+    },
+    CursorAdvanced {
+        cursor: u64,
+        attempt: u64,
+        at: Timestamp,
+    },
+    InputCommitted {
+        cursor: u64,
+        #[serde_as(as = "StrictBase64")]
+        checkpoint: Vec<u8>,
+        at: Timestamp,
+    },
+    InputsPending {
+        cursor: u64,
+        #[serde_as(as = "StrictBase64")]
+        checkpoint: Vec<u8>,
+        at: Timestamp,
+    },
+    Published {
+        at: Timestamp,
+    },
+    PartAppended {
+        attempt: u64,
+        event_id: String,
+        part_id: String,
+        last: bool,
+        kind: String,
+        #[serde_as(as = "StrictBase64")]
+        data: Vec<u8>,
+        metadata: Vec<(String, String)>,
+        at: Timestamp,
+    },
+    ParentNotificationFailed {
+        kind: String,
+        error: String,
         at: Timestamp,
     },
 }
@@ -1083,12 +1297,15 @@ mod tests {
         let text = String::from_utf8(out).unwrap();
         assert_eq!(
             text,
-            "{\"dtask_export\":1,\"journal_format\":2,\"record_format\":1,\"records\":3,\"redacted\":true,\"scope\":[\"a\"]}\n"
+            "{\"dtask_export\":2,\"journal_format\":2,\"record_format\":1,\"records\":3,\"redacted\":true,\"scope\":[\"a\"]}\n"
         );
         assert_eq!(Header::read(text.trim_end()).unwrap(), header);
+        // A version 1 header (before the G3 events) reads too.
+        let v1 = text.replace("\"dtask_export\":2", "\"dtask_export\":1");
+        assert_eq!(Header::read(v1.trim_end()).unwrap().dtask_export, 1);
         assert!(matches!(
-            Header::read(r#"{"dtask_export":2,"anything":"else"}"#),
-            Err(ExportError::Version { found: 2 })
+            Header::read(r#"{"dtask_export":3,"anything":"else"}"#),
+            Err(ExportError::Version { found: 3 })
         ));
         assert!(matches!(Header::read("[]"), Err(ExportError::NoVersion)));
         assert!(matches!(Header::read("{"), Err(ExportError::NotJson(_))));

@@ -9,7 +9,7 @@ use crate::keys::{self, Space};
 use crate::options::JournalOptions;
 use crate::record::{self, Digest, Record};
 use crate::tail::{Inconsistency, LiveSummary, Tail};
-use crate::writer::{AppendJob, Appended, EncodedEvent, IndexEffect, Shared, Writer};
+use crate::writer::{AppendJob, Appended, EncodedEvent, IndexEffect, LinkedPart, Shared, Writer};
 use std::path::Path;
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
@@ -274,20 +274,22 @@ impl Journal {
                         max: max_record,
                     });
                 }
-                let effect = match event {
-                    Event::Created { spec, .. } if spec.id != task => {
+                let effect = match event.spec() {
+                    Some(spec) if spec.id != task => {
                         return Err(Error::WrongTask {
                             task: task.to_owned(),
                             found: spec.id.clone(),
                         })
                     }
-                    Event::Created { .. } => IndexEffect::Created,
-                    Event::NotificationEnqueued { .. } => IndexEffect::Enqueue,
-                    Event::NotificationAcked { enqueued_seq, .. } => {
-                        IndexEffect::Ack(*enqueued_seq)
-                    }
-                    e if e.is_terminal() => IndexEffect::Terminal,
-                    _ => IndexEffect::None,
+                    Some(_) => IndexEffect::Created,
+                    None => match event {
+                        Event::NotificationEnqueued { .. } => IndexEffect::Enqueue,
+                        Event::NotificationAcked { enqueued_seq, .. } => {
+                            IndexEffect::Ack(*enqueued_seq)
+                        }
+                        e if e.is_terminal() => IndexEffect::Terminal,
+                        _ => IndexEffect::None,
+                    },
                 };
                 Ok(EncodedEvent { payload, effect })
             })
@@ -299,13 +301,26 @@ impl Journal {
         task: &str,
         expected_position: u64,
         events: &[Event],
+        linked: &[(&str, u64, &[Event])],
     ) -> Result<oneshot::Receiver<Result<Appended>>> {
         let encoded = self.prepare(task, events)?;
+        let mut parts = Vec::with_capacity(linked.len());
+        for (i, (other, expected, events)) in linked.iter().enumerate() {
+            if *other == task || linked[..i].iter().any(|(t, ..)| t == other) {
+                return Err(Error::DuplicateStream((*other).to_owned()));
+            }
+            parts.push(LinkedPart {
+                task: (*other).to_owned(),
+                expected: *expected,
+                events: self.prepare(other, events)?,
+            });
+        }
         let (reply, rx) = oneshot::channel();
         let job = AppendJob {
             task: task.to_owned(),
             expected: expected_position,
             events: encoded,
+            linked: parts,
             reply,
         };
         let sender = self.inner.sender.lock().map_err(|_| Error::Closed)?;
@@ -332,7 +347,7 @@ impl Journal {
     /// Must not be called from inside an asynchronous runtime's worker (it blocks); use
     /// [`Journal::append_async`] there.
     pub fn append(&self, task: &str, expected_position: u64, events: &[Event]) -> Result<Appended> {
-        self.submit(task, expected_position, events)?
+        self.submit(task, expected_position, events, &[])?
             .blocking_recv()
             .map_err(|_| Error::Closed)?
     }
@@ -348,7 +363,27 @@ impl Journal {
         expected_position: u64,
         events: &[Event],
     ) -> Result<Appended> {
-        let rx = self.submit(task, expected_position, events)?;
+        let rx = self.submit(task, expected_position, events, &[])?;
+        rx.await.map_err(|_| Error::Closed)?
+    }
+
+    /// Appends `events` to `task`'s stream at `expected_position` and each of `linked` —
+    /// (other task, its expected position, its events) — to its own stream, **atomically**:
+    /// every part is written in one batch, or none is. What a nested task's creation (with
+    /// its parent's record of it) and a child's notification into its parent's mailbox
+    /// need. Returns the first part's [`Appended`].
+    ///
+    /// # Errors
+    /// As for [`Journal::append`]; [`Error::Conflict`] names the first part whose stream was
+    /// not at its expected position; [`Error::DuplicateStream`] when a stream appears twice.
+    pub async fn append_linked_async(
+        &self,
+        task: &str,
+        expected_position: u64,
+        events: &[Event],
+        linked: &[(&str, u64, &[Event])],
+    ) -> Result<Appended> {
+        let rx = self.submit(task, expected_position, events, linked)?;
         rx.await.map_err(|_| Error::Closed)?
     }
 

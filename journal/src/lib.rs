@@ -62,7 +62,8 @@ pub use backend::{prefix_end, Backend, BatchOp, Cursor, KeyValue, Range, RawIter
 pub use bulk::{RawRecords, RawStream, Records, StreamScanner};
 pub use error::{CorruptionKind, Error, Limit, Result, StorageError};
 pub use event::{
-    Event, EventType, ExpiryResolution, LeasePolicy, MetadataEntry, TaskSpec, Timestamp,
+    Delivery, Event, EventType, ExpiryResolution, LeasePolicy, MetadataEntry, Publication,
+    TaskSpec, Timestamp, EVENT_SCHEMA_VERSION,
 };
 pub use head::Head;
 #[doc(hidden)]

@@ -82,7 +82,18 @@ pub(crate) struct AppendJob {
     pub task: String,
     pub expected: u64,
     pub events: Vec<EncodedEvent>,
+    /// Appends to other streams that commit with this one or not at all (a nested task's
+    /// creation with its parent's record of it, a child's notification into its parent's
+    /// mailbox).
+    pub linked: Vec<LinkedPart>,
     pub reply: Reply,
+}
+
+/// One other stream's part of an [`AppendJob`].
+pub(crate) struct LinkedPart {
+    pub task: String,
+    pub expected: u64,
+    pub events: Vec<EncodedEvent>,
 }
 
 /// Where an append's outcome goes.
@@ -400,34 +411,35 @@ impl Writer {
     /// Frames one job's records on top of `head` starting at sequence `seq`, returning the
     /// batch ops, the advanced head and the acknowledgement.
     fn stage(
-        job: &AppendJob,
+        task: &str,
+        events: &[EncodedEvent],
         mut head: Head,
         mut seq: u64,
     ) -> Result<(Vec<BatchOp>, Head, Appended)> {
         let first_seq = seq;
-        let mut ops = Vec::with_capacity(job.events.len() * 2 + 1);
-        for event in &job.events {
+        let mut ops = Vec::with_capacity(events.len() * 2 + 1);
+        for event in events {
             let (bytes, digest) = record::frame(
-                &job.task,
+                task,
                 head.next_position,
                 seq,
                 &event.payload,
                 &head.last_digest,
             )
             .map_err(|len| Error::Encode(format!("payload of {len} bytes")))?;
-            let event_key = keys::event_key(&job.task, head.next_position);
+            let event_key = keys::event_key(task, head.next_position);
             match event.effect {
                 IndexEffect::None => {}
                 IndexEffect::Created => ops.push(BatchOp::Put {
                     space: Space::Live,
-                    key: keys::task_key(&job.task),
+                    key: keys::task_key(task),
                     value: Vec::new(),
                 }),
                 IndexEffect::Terminal => {
                     head.terminal = true;
                     ops.push(BatchOp::Delete {
                         space: Space::Live,
-                        key: keys::task_key(&job.task),
+                        key: keys::task_key(task),
                     });
                 }
                 IndexEffect::Enqueue => ops.push(BatchOp::Put {
@@ -463,6 +475,41 @@ impl Writer {
         Ok((ops, head, appended))
     }
 
+    /// Checks every part of one job against its stream's head and frames them all, or none:
+    /// the batch ops, each part's (task, head before, next sequence, head after), and the
+    /// first part's acknowledgement.
+    #[allow(clippy::type_complexity, reason = "a private step of `commit`")]
+    fn stage_job(
+        &self,
+        parts: impl Iterator<Item = (String, u64, Vec<EncodedEvent>)>,
+        overlay: &HashMap<String, Head>,
+        mut seq: u64,
+    ) -> Result<(Vec<BatchOp>, Vec<(String, Head, u64, Head)>, Appended)> {
+        let mut ops = Vec::new();
+        let mut staged: Vec<(String, Head, u64, Head)> = Vec::with_capacity(1);
+        let mut first = None;
+        for (task, expected, events) in parts {
+            let head = match staged.iter().find(|(t, ..)| *t == task) {
+                Some((_, _, _, after)) => *after,
+                None => self.head(overlay, &task)?,
+            };
+            if head.next_position != expected {
+                return Err(Error::Conflict {
+                    task,
+                    expected,
+                    actual: head.next_position,
+                });
+            }
+            let (mut part_ops, after, appended) = Self::stage(&task, &events, head, seq)?;
+            ops.append(&mut part_ops);
+            seq = appended.last_seq + 1;
+            first.get_or_insert(appended);
+            staged.push((task, head, seq, after));
+        }
+        let appended = first.ok_or(Error::EmptyAppend)?;
+        Ok((ops, staged, appended))
+    }
+
     /// Checks, frames and writes (without syncing) the jobs of `batch`; returns what was
     /// written, to be synced and acknowledged. Refused jobs are answered here.
     fn commit(&mut self, batch: &mut Vec<AppendJob>) -> Option<Written> {
@@ -482,31 +529,27 @@ impl Writer {
         let mut tail = self.tail;
         let mut accepted = Vec::with_capacity(batch.len());
         for job in batch.drain(..) {
-            let head = match self.head(&overlay, &job.task) {
-                Ok(head) if head.next_position == job.expected => head,
-                Ok(head) => {
-                    let _ = job.reply.send(Err(Error::Conflict {
-                        task: job.task,
-                        expected: job.expected,
-                        actual: head.next_position,
-                    }));
-                    continue;
-                }
-                Err(e) => {
-                    let _ = job.reply.send(Err(e));
-                    continue;
-                }
-            };
-            match Self::stage(&job, head, seq) {
-                Ok((mut job_ops, after, appended)) => {
+            let AppendJob {
+                task,
+                expected,
+                events,
+                linked,
+                reply,
+            } = job;
+            let parts = std::iter::once((task, expected, events))
+                .chain(linked.into_iter().map(|p| (p.task, p.expected, p.events)));
+            match self.stage_job(parts, &overlay, seq) {
+                Ok((mut job_ops, staged, appended)) => {
                     ops.append(&mut job_ops);
-                    seq = appended.last_seq + 1;
-                    tail.live.advance(&job.task, &head, &after);
-                    overlay.insert(job.task, after);
-                    accepted.push((job.reply, appended));
+                    seq = staged.last().map_or(seq, |(_, _, after_seq, _)| *after_seq);
+                    for (task, head, _, after) in staged {
+                        tail.live.advance(&task, &head, &after);
+                        overlay.insert(task, after);
+                    }
+                    accepted.push((reply, appended));
                 }
                 Err(e) => {
-                    let _ = job.reply.send(Err(e));
+                    let _ = reply.send(Err(e));
                 }
             }
         }
@@ -789,8 +832,8 @@ mod tests {
             std::thread::spawn(move || journal.append("a", 0, &[update(0)]))
         };
         a_entered.recv().unwrap();
-        let b = journal.submit("b", 0, &[update(1)]).unwrap();
-        let c = journal.submit("c", 0, &[update(2)]).unwrap();
+        let b = journal.submit("b", 0, &[update(1)], &[]).unwrap();
+        let c = journal.submit("c", 0, &[update(2)], &[]).unwrap();
         a_release.send(true).unwrap();
         assert_eq!(a.join().unwrap().unwrap().last_seq, 1);
         // "b" is in the syncer's hands, held; the writer writes "c" meanwhile.

@@ -1,13 +1,17 @@
-//! Golden fixture of record format v1: the committed bytes must decode to the same events, and
-//! encoding those events must give the same bytes. A failure means the format drifted: bump
+//! Golden fixtures of record format v1 — one with an event of every type of event schema v1,
+//! one with an event of every type schema v2 added: the committed bytes must decode to the
+//! same events, and encoding those events must give the same bytes. A failure means the format drifted: bump
 //! `RECORD_FORMAT_VERSION`, add an upcast, and keep the old fixture. Regenerate (only with a version
 //! bump) with `DTASK_BLESS=1 cargo test -p dtask-journal --test golden`.
 #![allow(clippy::unwrap_used)]
 
 use dtask_journal::record::{self, Digest};
-use dtask_journal::{Event, ExpiryResolution, LeasePolicy, TaskSpec, Timestamp};
+use dtask_journal::{
+    Delivery, Event, ExpiryResolution, LeasePolicy, Publication, TaskSpec, Timestamp,
+};
 
 const FIXTURE: &str = "tests/fixtures/format-v1.hex";
+const FIXTURE_V2: &str = "tests/fixtures/schema-v2.hex";
 const TASK: &str = "golden-task";
 
 /// One event of every type, with fixed values.
@@ -136,10 +140,82 @@ fn events() -> Vec<Event> {
     ]
 }
 
-fn encode_all() -> Vec<String> {
+/// One event of every type event schema v2 added, with fixed values.
+fn events_v2() -> Vec<Event> {
+    let at = Timestamp(1_764_000_000_000);
+    vec![
+        Event::CreatedV2 {
+            spec: TaskSpec {
+                id: TASK.into(),
+                executor_key: "agent".into(),
+                kind: "sub_agent".into(),
+                payload: b"{}".to_vec(),
+                description: "a nested task".into(),
+                output_file: String::new(),
+                session_id: String::new(),
+                notify_session: true,
+            },
+            policy: LeasePolicy::Retry,
+            checkpoint: vec![],
+            context_snapshot: vec![7],
+            publication: Publication::Deferred,
+            parent_task_id: "parent".into(),
+            root_session_id: "root-session".into(),
+            at,
+        },
+        Event::ChildCreated {
+            child_id: "golden-task/child".into(),
+            attempt: 1,
+            generation: 1,
+            at,
+        },
+        Event::InputSent {
+            sequence: 1,
+            event_id: "msg-1".into(),
+            kind: "user_message".into(),
+            data: b"steer left".to_vec(),
+            delivery: Delivery::Preempt,
+            at,
+        },
+        Event::InputWoke { sequence: 1, at },
+        Event::CursorAdvanced {
+            cursor: 1,
+            attempt: 2,
+            at,
+        },
+        Event::InputCommitted {
+            cursor: 1,
+            checkpoint: b"consumed".to_vec(),
+            at,
+        },
+        Event::InputsPending {
+            cursor: 1,
+            checkpoint: vec![],
+            at,
+        },
+        Event::Published { at },
+        Event::PartAppended {
+            attempt: 2,
+            event_id: "answer".into(),
+            part_id: "p1".into(),
+            last: true,
+            kind: "token".into(),
+            data: b"hello".to_vec(),
+            metadata: vec![("k".into(), "v".into())],
+            at,
+        },
+        Event::ParentNotificationFailed {
+            kind: "completed".into(),
+            error: "the mailbox of task \"parent\" is sealed".into(),
+            at,
+        },
+    ]
+}
+
+fn encode(events: &[Event]) -> Vec<String> {
     let mut prev = Digest::GENESIS;
     let mut lines = Vec::new();
-    for (i, event) in events().iter().enumerate() {
+    for (i, event) in events.iter().enumerate() {
         let position = i as u64;
         let payload = record::encode_payload(event).unwrap();
         let (bytes, digest) = record::frame(TASK, position, position + 1, &payload, &prev).unwrap();
@@ -166,21 +242,33 @@ fn unhex(s: &str) -> Vec<u8> {
 
 #[test]
 fn format_v1_fixture_decodes_and_reencodes_identically() {
-    let lines = encode_all();
-    let path = manifest_dir().join(FIXTURE);
-    if std::env::var_os("DTASK_BLESS").is_some() {
+    check_fixture(FIXTURE, &events());
+}
+
+#[test]
+fn schema_v2_fixture_decodes_and_reencodes_identically() {
+    check_fixture(FIXTURE_V2, &events_v2());
+}
+
+fn check_fixture(fixture_path: &str, events: &[Event]) {
+    let lines = encode(events);
+    let path = manifest_dir().join(fixture_path);
+    if std::env::var_os("DTASK_BLESS").is_some() || !path.exists() {
         let mut text = lines.join("\n");
         text.push('\n');
         std::fs::write(&path, text).unwrap();
     }
     let text = std::fs::read_to_string(&path).unwrap();
     let fixture: Vec<&str> = text.lines().collect();
-    assert_eq!(fixture.len(), events().len(), "one record per event type");
+    assert_eq!(fixture.len(), events.len(), "one record per event type");
 
     let mut prev = Digest::GENESIS;
-    for (i, (line, expected)) in fixture.iter().zip(events()).enumerate() {
+    for (i, (line, expected)) in fixture.iter().zip(events).enumerate() {
         let rec = record::decode(TASK, i as u64, &prev, &unhex(line)).unwrap();
-        assert_eq!(rec.event, expected, "record {i} decodes to the fixed event");
+        assert_eq!(
+            &rec.event, expected,
+            "record {i} decodes to the fixed event"
+        );
         assert_eq!(rec.seq, i as u64 + 1);
         prev = rec.digest;
     }

@@ -657,3 +657,57 @@ fn a_clean_close_settles_the_journal() {
             .all(|(i, r)| r.position == i as u64));
     }
 }
+
+/// A linked append writes every stream's part in one batch, or none: a conflict on any part
+/// leaves every stream as it was; a stream named twice is refused before anything is written.
+#[test]
+fn a_linked_append_is_all_or_nothing_across_streams() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    journal.append("parent", 0, &[created("parent")]).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let appended = runtime
+        .block_on(journal.append_linked_async(
+            "child",
+            0,
+            &[created("child")],
+            &[("parent", 1, &[update(1)])],
+        ))
+        .unwrap();
+    assert_eq!(appended.next_position, 1);
+    assert_eq!(journal.stream_len("parent").unwrap(), Some(2));
+    assert_eq!(journal.stream_len("child").unwrap(), Some(1));
+    // The parent's part is stale: neither stream changes.
+    let err = runtime
+        .block_on(journal.append_linked_async(
+            "child",
+            1,
+            &[update(2)],
+            &[("parent", 1, &[update(3)])],
+        ))
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        Error::Conflict { ref task, expected: 1, actual: 2 } if task == "parent"
+    ));
+    assert_eq!(journal.stream_len("parent").unwrap(), Some(2));
+    assert_eq!(journal.stream_len("child").unwrap(), Some(1));
+    let err = runtime
+        .block_on(journal.append_linked_async(
+            "child",
+            1,
+            &[update(2)],
+            &[("child", 1, &[update(3)])],
+        ))
+        .unwrap_err();
+    assert!(matches!(err, Error::DuplicateStream(ref t) if t == "child"));
+    let last = journal.last_seq().unwrap();
+    // Reopened, both streams hold exactly what was acknowledged.
+    drop(journal);
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    assert_eq!(journal.last_seq().unwrap(), last);
+    assert_eq!(journal.read_stream("parent", 0).count(), 2);
+    assert_eq!(journal.read_stream("child", 0).count(), 1);
+}

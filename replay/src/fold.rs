@@ -7,8 +7,11 @@
 //! the audit can name the first record that could not have been written by a correct engine.
 
 use crate::ids::IdIndex;
-use crate::state::{Fenced, Status, TaskState, DEFAULT_CANCEL_REASON, LEASE_EXPIRED_ERROR};
-use dtask_journal::{Event, EventType, ExpiryResolution};
+use crate::state::{
+    Fenced, Mailbox, Status, TaskState, DEFAULT_CANCEL_REASON, LEASE_EXPIRED_ERROR,
+};
+use dtask_journal::{Event, EventType, ExpiryResolution, Publication};
+use std::collections::BTreeSet;
 use std::fmt;
 
 /// Why an event cannot follow the state it was applied to.
@@ -85,6 +88,51 @@ pub enum FoldError {
     /// An acknowledgement of a notification that is not queued.
     #[error("ack of notification {0:?} that is not queued")]
     UnknownNotification(String),
+    /// An input sent to a sealed mailbox (the task had ended).
+    #[error("input {0:?} sent after the mailbox was sealed")]
+    MailboxSealed(String),
+    /// An input whose sequence is not the mailbox's next one.
+    #[error("input sequence {found}, expected {expected}")]
+    SequenceNotNext {
+        /// The next sequence.
+        expected: u64,
+        /// The sequence recorded.
+        found: u64,
+    },
+    /// The consumed cursor moved backwards, or past the newest input.
+    #[error("consumed cursor moved from {consumed} to {found} (newest input {latest})")]
+    CursorOutOfRange {
+        /// The consumed cursor before.
+        consumed: u64,
+        /// The cursor recorded.
+        found: u64,
+        /// The newest input's sequence.
+        latest: u64,
+    },
+    /// A child task created under an authority that was not current: not the running
+    /// attempt, or another mailbox generation.
+    #[error("child {child:?} created under a stale authority: {why}")]
+    StaleAuthority {
+        /// The child.
+        child: String,
+        /// What was stale.
+        why: String,
+    },
+    /// A child recorded twice.
+    #[error("child {0:?} recorded twice")]
+    DuplicateChild(String),
+    /// A part of a progress event whose final part was recorded before.
+    #[error("part of event {0:?} after its final part")]
+    EventClosed(String),
+    /// A publication change that does not follow from the task's publication.
+    #[error("`published` while the publication is {0}")]
+    NotDeferred(&'static str),
+}
+
+/// The key of a progress-event part in [`Task::parts`]: unambiguous for any two strings.
+#[must_use]
+pub fn part_key(event_id: &str, part_id: &str) -> String {
+    format!("{}:{event_id}{part_id}", event_id.len())
 }
 
 /// A task as folded from its stream: the snapshot plus the indexes the store needs to fence
@@ -99,6 +147,18 @@ pub struct Task {
     pub notification_ids: IdIndex,
     /// Queued, unacknowledged notification ids → position of the enqueue record.
     pub outbox: IdIndex,
+    /// Mailbox input event id → position of its `InputSent` record.
+    pub input_ids: IdIndex,
+    /// The position of each input's record, by sequence (index 0 is sequence 1).
+    pub input_positions: Vec<u64>,
+    /// Progress-event parts ([`part_key`]) → position of their `PartAppended` record.
+    pub parts: IdIndex,
+    /// Event ids of multi-part progress events → position of their first part.
+    pub part_events: IdIndex,
+    /// Event ids whose final part is recorded → its position.
+    pub closed_events: IdIndex,
+    /// The ids of the task's children, in id order.
+    pub children: BTreeSet<String>,
 }
 
 impl Task {
@@ -109,16 +169,46 @@ impl Task {
     /// [`FoldError::NotCreatedFirst`] for another event, [`FoldError::WrongTask`] when the
     /// spec names another task.
     pub fn created(id: &str, event: &Event) -> Result<Self, FoldError> {
-        let Event::Created {
-            spec,
-            policy,
-            checkpoint,
-            context_snapshot,
-            at,
-        } = event
-        else {
-            return Err(FoldError::NotCreatedFirst(event.event_type()));
-        };
+        let none = String::new();
+        let (spec, policy, checkpoint, context_snapshot, publication, parent, root, at) =
+            match event {
+                Event::Created {
+                    spec,
+                    policy,
+                    checkpoint,
+                    context_snapshot,
+                    at,
+                } => (
+                    spec,
+                    policy,
+                    checkpoint,
+                    context_snapshot,
+                    Publication::OnCreate,
+                    &none,
+                    &none,
+                    at,
+                ),
+                Event::CreatedV2 {
+                    spec,
+                    policy,
+                    checkpoint,
+                    context_snapshot,
+                    publication,
+                    parent_task_id,
+                    root_session_id,
+                    at,
+                } => (
+                    spec,
+                    policy,
+                    checkpoint,
+                    context_snapshot,
+                    *publication,
+                    parent_task_id,
+                    root_session_id,
+                    at,
+                ),
+                _ => return Err(FoldError::NotCreatedFirst(event.event_type())),
+            };
         if spec.id != id {
             return Err(FoldError::WrongTask {
                 expected: id.to_owned(),
@@ -146,10 +236,21 @@ impl Task {
                 lease_deadline: None,
                 position: 1,
                 updates: 0,
+                publication,
+                parent_task_id: parent.clone(),
+                root_session_id: root.clone(),
+                mailbox: Mailbox::new(),
+                parent_notification_error: String::new(),
             },
             update_ids: IdIndex::new(),
             notification_ids: IdIndex::new(),
             outbox: IdIndex::new(),
+            input_ids: IdIndex::new(),
+            input_positions: Vec::new(),
+            parts: IdIndex::new(),
+            part_events: IdIndex::new(),
+            closed_events: IdIndex::new(),
+            children: BTreeSet::new(),
         })
     }
 
@@ -187,21 +288,149 @@ impl Task {
     fn check(&self, event: &Event) -> Result<(), FoldError> {
         let ty = event.event_type();
         let s = &self.state;
-        if s.status.is_terminal()
-            && !matches!(
-                ty,
-                EventType::NotificationEnqueued | EventType::NotificationAcked
-            )
-        {
-            return Err(FoldError::AfterTerminal(ty));
+        if s.status.is_terminal() {
+            return match event {
+                Event::NotificationEnqueued { .. }
+                | Event::NotificationAcked { .. }
+                | Event::ParentNotificationFailed { .. } => self.check_any(event),
+                Event::InputSent { event_id, .. } => {
+                    Err(FoldError::MailboxSealed(event_id.clone()))
+                }
+                _ => Err(FoldError::AfterTerminal(ty)),
+            };
         }
+        self.check_any(event)
+    }
+
+    /// [`Task::check`] past the terminal gate.
+    #[allow(clippy::too_many_lines, reason = "one arm per event type reads best")]
+    fn check_any(&self, event: &Event) -> Result<(), FoldError> {
+        let ty = event.event_type();
+        let s = &self.state;
         let illegal = || FoldError::IllegalTransition {
             status: s.status,
             event: ty,
         };
         let need_running = || s.check_attempt(None).map_err(|_| illegal());
+        let cursor_range = |found: u64, strictly_after: bool| {
+            let m = s.mailbox;
+            let backwards = if strictly_after {
+                found <= m.consumed
+            } else {
+                found < m.consumed
+            };
+            if backwards || found > m.latest {
+                return Err(FoldError::CursorOutOfRange {
+                    consumed: m.consumed,
+                    found,
+                    latest: m.latest,
+                });
+            }
+            Ok(())
+        };
+        let fenced = |attempt: u64| {
+            s.check_attempt(Some(attempt))
+                .map_err(|fenced| match fenced {
+                    Fenced::StaleAttempt { current, found } => {
+                        FoldError::StaleAttempt { current, found }
+                    }
+                    _ => illegal(),
+                })
+        };
         match event {
-            Event::Created { .. } => return Err(FoldError::CreatedTwice),
+            Event::Created { .. } | Event::CreatedV2 { .. } => return Err(FoldError::CreatedTwice),
+            Event::ChildCreated {
+                child_id,
+                attempt,
+                generation,
+                ..
+            } => {
+                if let Err(fenced) = s.check_attempt(Some(*attempt)) {
+                    return Err(FoldError::StaleAuthority {
+                        child: child_id.clone(),
+                        why: fenced.as_str().to_owned(),
+                    });
+                }
+                if *generation != s.mailbox.generation {
+                    return Err(FoldError::StaleAuthority {
+                        child: child_id.clone(),
+                        why: format!(
+                            "generation {generation}, the mailbox is at {}",
+                            s.mailbox.generation
+                        ),
+                    });
+                }
+                if self.children.contains(child_id) {
+                    return Err(FoldError::DuplicateChild(child_id.clone()));
+                }
+            }
+            Event::InputSent {
+                sequence, event_id, ..
+            } => {
+                if *sequence != s.mailbox.latest + 1 {
+                    return Err(FoldError::SequenceNotNext {
+                        expected: s.mailbox.latest + 1,
+                        found: *sequence,
+                    });
+                }
+                if self.input_ids.contains_key(event_id) {
+                    return Err(FoldError::DuplicateEventId(event_id.clone()));
+                }
+            }
+            Event::InputWoke { sequence, .. } => {
+                if s.status != Status::WaitingInput || *sequence != s.mailbox.latest {
+                    return Err(illegal());
+                }
+            }
+            Event::CursorAdvanced {
+                cursor, attempt, ..
+            } => {
+                fenced(*attempt)?;
+                cursor_range(*cursor, false)?;
+            }
+            Event::InputCommitted {
+                cursor, checkpoint, ..
+            } => {
+                need_running()?;
+                cursor_range(*cursor, true)?;
+                if checkpoint.is_empty() {
+                    return Err(FoldError::EmptyCheckpoint(ty));
+                }
+            }
+            Event::InputsPending { cursor, .. } => {
+                need_running()?;
+                cursor_range(*cursor, false)?;
+                if *cursor >= s.mailbox.latest {
+                    // The fallback is taken only when newer input exists.
+                    return Err(illegal());
+                }
+            }
+            Event::Published { .. } => {
+                if s.publication != Publication::Deferred {
+                    return Err(FoldError::NotDeferred(s.publication.as_str()));
+                }
+            }
+            Event::PartAppended {
+                attempt,
+                event_id,
+                part_id,
+                ..
+            } => {
+                fenced(*attempt)?;
+                if self.parts.contains_key(&part_key(event_id, part_id))
+                    || self.update_ids.contains_key(event_id)
+                {
+                    return Err(FoldError::DuplicateEventId(event_id.clone()));
+                }
+                if self.closed_events.contains_key(event_id) {
+                    return Err(FoldError::EventClosed(event_id.clone()));
+                }
+            }
+            Event::ParentNotificationFailed { .. } => {
+                if s.parent_task_id.is_empty() {
+                    return Err(illegal());
+                }
+            }
             Event::AttemptStarted { attempt, .. } => {
                 if s.status != Status::Pending {
                     return Err(illegal());
@@ -293,7 +522,8 @@ impl Task {
                         }
                         _ => illegal(),
                     })?;
-                if self.update_ids.contains_key(event_id) {
+                if self.update_ids.contains_key(event_id) || self.part_events.contains_key(event_id)
+                {
                     return Err(FoldError::DuplicateEventId(event_id.clone()));
                 }
             }
@@ -324,7 +554,56 @@ impl Task {
         }
         let s = &mut self.state;
         match event {
-            Event::Created { .. } => {}
+            Event::Created { .. } | Event::CreatedV2 { .. } => {}
+            Event::ChildCreated { child_id, .. } => {
+                self.children.insert(child_id.clone());
+            }
+            Event::InputSent {
+                sequence, event_id, ..
+            } => {
+                s.mailbox.latest = *sequence;
+                self.input_ids.insert(event_id, position);
+                self.input_positions.push(position);
+            }
+            Event::InputWoke { .. } => s.status = Status::Pending,
+            Event::CursorAdvanced { cursor, .. } => s.mailbox.consumed = *cursor,
+            Event::InputCommitted {
+                cursor, checkpoint, ..
+            } => {
+                s.mailbox.consumed = *cursor;
+                s.checkpoint.clone_from(checkpoint);
+            }
+            Event::InputsPending {
+                cursor, checkpoint, ..
+            } => {
+                s.mailbox.consumed = *cursor;
+                s.status = Status::Pending;
+                if !checkpoint.is_empty() {
+                    s.checkpoint.clone_from(checkpoint);
+                }
+                s.lease_deadline = None;
+            }
+            Event::Published { .. } => s.publication = Publication::OnBackground,
+            Event::PartAppended {
+                event_id,
+                part_id,
+                last,
+                ..
+            } => {
+                s.updates += 1;
+                self.parts.insert(&part_key(event_id, part_id), position);
+                if !self.part_events.contains_key(event_id) {
+                    self.part_events.insert(event_id, position);
+                }
+                if *last {
+                    self.closed_events.insert(event_id, position);
+                }
+            }
+            Event::ParentNotificationFailed { error, .. } => {
+                if s.parent_notification_error.is_empty() {
+                    s.parent_notification_error.clone_from(error);
+                }
+            }
             Event::AttemptStarted {
                 attempt,
                 lease_deadline,
@@ -447,6 +726,9 @@ fn finish(s: &mut TaskState, status: Status, error: String, at: dtask_journal::T
     s.pending_resume = None;
     s.lease_deadline = None;
     s.done_at = Some(at);
+    // The mailbox is sealed: a new ownership generation, no new input. The checkpoint is
+    // kept (see docs/semantics.md, "Terminal transitions and the checkpoint").
+    s.mailbox.generation += 1;
 }
 
 impl fmt::Display for Task {

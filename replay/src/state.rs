@@ -1,6 +1,6 @@
 //! The task snapshot: what a task's events add up to.
 
-use dtask_journal::{ExpiryResolution, LeasePolicy, TaskSpec, Timestamp};
+use dtask_journal::{ExpiryResolution, LeasePolicy, Publication, TaskSpec, Timestamp};
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -114,8 +114,48 @@ pub struct TaskState {
     pub lease_deadline: Option<Timestamp>,
     /// The number of records folded (the stream's next position).
     pub position: u64,
-    /// The number of progress updates recorded.
+    /// The number of progress updates (and update parts) recorded.
     pub updates: u64,
+    /// When the task becomes visible to its parent or session.
+    pub publication: Publication,
+    /// The parent task; empty for a root task.
+    pub parent_task_id: String,
+    /// The root session of the task's tree (empty when none).
+    pub root_session_id: String,
+    /// The task's mailbox: inputs sent to it and how far they were consumed.
+    pub mailbox: Mailbox,
+    /// The first failure to put a lifecycle notification into the parent's mailbox.
+    pub parent_notification_error: String,
+}
+
+/// A task's mailbox (the reference's background mailbox): created with the task, sealed when
+/// the task ends. Inputs get sequence numbers 1, 2, 3, … in the order they arrive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Mailbox {
+    /// The ownership generation: 1 from creation, raised when the mailbox is sealed.
+    pub generation: u64,
+    /// The sequence of the newest input (0 for none).
+    pub latest: u64,
+    /// The sequence up to which the task's attempts consumed the inputs.
+    pub consumed: u64,
+}
+
+impl Mailbox {
+    /// The mailbox of a new task: generation 1, no input.
+    #[must_use]
+    pub const fn new() -> Self {
+        Self {
+            generation: 1,
+            latest: 0,
+            consumed: 0,
+        }
+    }
+
+    /// Whether inputs arrived that no attempt has consumed yet.
+    #[must_use]
+    pub const fn has_unconsumed(&self) -> bool {
+        self.latest > self.consumed
+    }
 }
 
 impl TaskState {
@@ -129,6 +169,18 @@ impl TaskState {
     #[must_use]
     pub const fn is_terminal(&self) -> bool {
         self.status.is_terminal()
+    }
+
+    /// Whether the task's mailbox is sealed (the task is terminal): it takes no new input.
+    #[must_use]
+    pub const fn mailbox_sealed(&self) -> bool {
+        self.status.is_terminal()
+    }
+
+    /// Whether the task is a nested task (it has a parent).
+    #[must_use]
+    pub fn is_nested(&self) -> bool {
+        !self.parent_task_id.is_empty()
     }
 
     /// Whether the started marker is durable (a checkpoint exists).

@@ -754,3 +754,99 @@ fn audit_timing() {
         report.records as f64 / elapsed.as_secs_f64()
     );
 }
+
+fn sent(sequence: u64, id: &str) -> Event {
+    Event::InputSent {
+        sequence,
+        event_id: id.into(),
+        kind: "message".into(),
+        data: b"hi".to_vec(),
+        delivery: dtask_journal::Delivery::Queued,
+        at: Timestamp(13),
+    }
+}
+
+/// Each G3 record a correct engine could not have written is a named problem: an input past
+/// a sealed mailbox, an input out of sequence, a consumed cursor moved backwards, a child
+/// created under a stale authority, a part after its event's final part, a publication of a
+/// task that was not deferred.
+#[test]
+fn illegal_g3_records_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = journal(dir.path());
+    let base = |id: &str| [created(id, LeasePolicy::Retry), started(1, 100)];
+    j.append("sealed", 0, &base("sealed")).unwrap();
+    j.append("sealed", 2, &[completed(), sent(1, "late")])
+        .unwrap();
+    j.append("gap", 0, &base("gap")).unwrap();
+    j.append("gap", 2, &[sent(1, "a"), sent(3, "b")]).unwrap();
+    j.append("back", 0, &base("back")).unwrap();
+    let advance = |cursor| Event::CursorAdvanced {
+        cursor,
+        attempt: 1,
+        at: Timestamp(14),
+    };
+    j.append(
+        "back",
+        2,
+        &[sent(1, "a"), sent(2, "b"), advance(2), advance(1)],
+    )
+    .unwrap();
+    j.append("stale", 0, &base("stale")).unwrap();
+    j.append(
+        "stale",
+        2,
+        &[Event::ChildCreated {
+            child_id: "c".into(),
+            attempt: 1,
+            generation: 2,
+            at: Timestamp(15),
+        }],
+    )
+    .unwrap();
+    j.append("parts", 0, &base("parts")).unwrap();
+    let part = |part_id: &str, last| Event::PartAppended {
+        attempt: 1,
+        event_id: "e".into(),
+        part_id: part_id.into(),
+        last,
+        kind: "token".into(),
+        data: vec![],
+        metadata: vec![],
+        at: Timestamp(16),
+    };
+    j.append("parts", 2, &[part("p1", true), part("p2", true)])
+        .unwrap();
+    j.append("public", 0, &base("public")).unwrap();
+    j.append("public", 2, &[Event::Published { at: Timestamp(17) }])
+        .unwrap();
+    let report = audit_journal(&j, &mut |_| {}).unwrap();
+    let found: Vec<(String, Option<u64>, ProblemKind, bool)> = report
+        .problems
+        .iter()
+        .map(|p| {
+            let named = match p.task.as_str() {
+                "sealed" => p.detail.contains("sealed"),
+                "gap" => p.detail.contains("input sequence 3, expected 2"),
+                "back" => p.detail.contains("from 2 to 1"),
+                "stale" => p.detail.contains("stale authority"),
+                "parts" => p.detail.contains("after its final part"),
+                "public" => p.detail.contains("publication is on_create"),
+                _ => false,
+            };
+            (p.task.clone(), p.position, p.kind, named)
+        })
+        .collect();
+    let expected: Vec<(String, Option<u64>, ProblemKind, bool)> = [
+        ("back", 5),
+        ("gap", 3),
+        ("parts", 3),
+        ("public", 2),
+        ("sealed", 3),
+        ("stale", 2),
+    ]
+    .into_iter()
+    .map(|(t, p)| (t.to_owned(), Some(p), ProblemKind::Illegal, true))
+    .collect();
+    assert_eq!(found, expected, "{:#?}", report.problems);
+}

@@ -5,8 +5,10 @@
 //! waits), `fetch` (downloads, reports progress). The workload claims tasks, commits started
 //! markers, appends progress updates with event ids, crashes mid-attempt (drops the store and
 //! the journal), reopens and recovers, answers a waiting task, cancels one, and drains the
-//! notification outbox. Last, the model-facing managed tool runs the real shell tool on the same
-//! journal: one call answered in the foreground, one handed to a background task.
+//! notification outbox. Then a conversation with a running agent task: a person sends it input
+//! while it runs, it consumes the input and starts a nested sub-agent task whose completion
+//! arrives in its mailbox. Last, the model-facing managed tool runs the real shell tool on the
+//! same journal: one call answered in the foreground, one handed to a background task.
 
 use super::fmt::{self, Table};
 use super::{fold_task, CliError, Global, Out, Result};
@@ -76,6 +78,7 @@ fn update(attempt: u64, event_id: &str, kind: &str, data: &str) -> UpdateRequest
         kind: kind.into(),
         data: data.as_bytes().to_vec(),
         metadata: vec![("source".into(), "demo".into())],
+        ..UpdateRequest::default()
     }
 }
 
@@ -422,7 +425,159 @@ async fn workload(dir: &Path, log: &mut Log) -> Result<()> {
             kinds.join(", ")
         ),
     );
+    conversation_scene(&store, log).await?;
     managed_scene(&store, log).await
+}
+
+/// A conversation with a running task: input sent while it runs, consumed at a checkpoint, a
+/// nested task started under the running attempt, and its completion arriving as input.
+#[allow(clippy::too_many_lines, reason = "the scene reads best as one story")]
+async fn conversation_scene(store: &TaskStore, log: &mut Log) -> Result<()> {
+    use dtask_engine::{ExecutionContext, InputRequest};
+    log.say(
+        "",
+        "
+  a conversation with a running task (mailbox and a nested task):",
+    );
+    let say = |text: &str| InputRequest {
+        event_id: format!("user-{}", text.len()),
+        kind: "user_message".into(),
+        data: text.as_bytes().to_vec(),
+        delivery: dtask_journal::Delivery::Queued,
+    };
+    let agent = json!({ "tool_name": "agent", "goal": "migrate the staging database" });
+    store
+        .create(spec(
+            "agent-1",
+            "agent",
+            &agent,
+            "a sub-agent with its own tools",
+        ))
+        .await?;
+    let running = claim(store, "agent-1").await?;
+    for text in ["use the staging replica", "and keep a backup"] {
+        let (input, _) = store.send_input("agent-1", say(text)).await?;
+        log.say(
+            "agent-1",
+            format!(
+                "input {} arrives while it runs: {text:?} (still {})",
+                input.sequence,
+                store.get("agent-1").await?.status
+            ),
+        );
+    }
+    let page = store.list_inputs("agent-1", 0, 10).await?;
+    let running = store
+        .execute(
+            "agent-1",
+            running.version,
+            Command::CommitInput {
+                expected_cursor: page.consumed,
+                cursor: page.latest,
+                checkpoint: br#"{"plan":"backup, then migrate the replica"}"#.to_vec(),
+            },
+        )
+        .await?;
+    log.say(
+        "agent-1",
+        format!(
+            "reads {} and commits a checkpoint that consumed them (cursor {})",
+            fmt::count(page.inputs.len() as u64, "input"),
+            running.mailbox.consumed
+        ),
+    );
+    let backup = json!({ "tool_name": "shell", "command": "pg_dump staging > backup.sql" });
+    let mut child = spec("agent-1/backup", "shell", &backup, "back up the replica");
+    child.spec.session_id = String::new();
+    child.parent = Some(ExecutionContext {
+        task_id: "agent-1".into(),
+        attempt: running.attempt,
+        generation: running.mailbox.generation,
+    });
+    store.create(child).await?;
+    let c = claim(store, "agent-1/backup").await?;
+    store
+        .execute(
+            "agent-1/backup",
+            c.version,
+            Command::Complete {
+                data: br#"{"bytes":1048576}"#.to_vec(),
+            },
+        )
+        .await?;
+    let page = store
+        .list_inputs("agent-1", running.mailbox.consumed, 10)
+        .await?;
+    let kinds: Vec<String> = page
+        .inputs
+        .iter()
+        .map(|i| format!("{} of {}", i.kind, String::from_utf8_lossy(&i.data)))
+        .collect();
+    log.say(
+        "agent-1",
+        format!(
+            "started nested task agent-1/backup under attempt {}; its lifecycle arrives in the              mailbox: {}",
+            running.attempt,
+            kinds.join(", ")
+        ),
+    );
+    let done = store
+        .execute(
+            "agent-1",
+            running.version,
+            Command::CompleteIfNoInputs {
+                cursor: running.mailbox.consumed,
+                data: b"{}".to_vec(),
+            },
+        )
+        .await;
+    let state = match done {
+        Err(dtask_engine::StoreError::InputsPending(state)) => *state,
+        Err(e) => return Err(e.into()),
+        Ok(_) => {
+            return Err(CliError::Problems(
+                "a completion ignored unread input".into(),
+            ))
+        }
+    };
+    log.say(
+        "agent-1",
+        format!(
+            "tries to complete with unread input: refused, {} again for its next attempt",
+            state.status
+        ),
+    );
+    let again = claim(store, "agent-1").await?;
+    let latest = again.mailbox.latest;
+    let again = store
+        .execute(
+            "agent-1",
+            again.version,
+            Command::CommitInput {
+                expected_cursor: again.mailbox.consumed,
+                cursor: latest,
+                checkpoint: br#"{"plan":"migrate the replica","backup":"done"}"#.to_vec(),
+            },
+        )
+        .await?;
+    let done = store
+        .execute(
+            "agent-1",
+            again.version,
+            Command::CompleteIfNoInputs {
+                cursor: latest,
+                data: br#"{"migrated":true}"#.to_vec(),
+            },
+        )
+        .await?;
+    log.say(
+        "agent-1",
+        format!(
+            "attempt {} reads it and completes: {} (mailbox sealed, generation {})",
+            done.attempt, done.status, done.mailbox.generation
+        ),
+    );
+    Ok(())
 }
 
 /// The model-facing managed tool on the same journal, with the real shell tool: a quick call

@@ -113,6 +113,7 @@ pub fn tool_name(payload: &[u8]) -> Option<String> {
 }
 
 /// A one-line summary of an event's fields (sizes, not bytes).
+#[allow(clippy::too_many_lines, reason = "one arm per event type reads best")]
 pub fn summary(event: &Event) -> String {
     let n = |b: &[u8]| format!("{} B", b.len());
     match event {
@@ -192,6 +193,82 @@ pub fn summary(event: &Event) -> String {
         Event::NotificationAcked {
             id, enqueued_seq, ..
         } => format!("id={id} enqueued_seq={enqueued_seq}"),
+        Event::CreatedV2 {
+            spec,
+            policy,
+            checkpoint,
+            publication,
+            parent_task_id,
+            root_session_id,
+            ..
+        } => {
+            let mut s = format!(
+                "executor={} kind={} policy={} payload={} publication={}",
+                spec.executor_key,
+                spec.kind,
+                policy.as_str(),
+                n(&spec.payload),
+                publication.as_str()
+            );
+            if !checkpoint.is_empty() {
+                let _ = write!(s, " checkpoint={}", n(checkpoint));
+            }
+            if !parent_task_id.is_empty() {
+                let _ = write!(s, " parent={parent_task_id}");
+            }
+            if !root_session_id.is_empty() {
+                let _ = write!(s, " root_session={root_session_id}");
+            }
+            if !spec.session_id.is_empty() {
+                let _ = write!(s, " session={}", spec.session_id);
+            }
+            s
+        }
+        Event::ChildCreated {
+            child_id,
+            attempt,
+            generation,
+            ..
+        } => format!("child={child_id} attempt={attempt} generation={generation}"),
+        Event::InputSent {
+            sequence,
+            event_id,
+            kind,
+            data,
+            delivery,
+            ..
+        } => format!(
+            "sequence={sequence} event_id={event_id} kind={kind} delivery={} data={}",
+            delivery.as_str(),
+            n(data)
+        ),
+        Event::InputWoke { sequence, .. } => format!("by input {sequence}"),
+        Event::CursorAdvanced {
+            cursor, attempt, ..
+        } => format!("cursor={cursor} attempt={attempt}"),
+        Event::InputCommitted {
+            cursor, checkpoint, ..
+        }
+        | Event::InputsPending {
+            cursor, checkpoint, ..
+        } => format!("cursor={cursor} checkpoint={}", n(checkpoint)),
+        Event::Published { .. } => "on_background".to_owned(),
+        Event::PartAppended {
+            attempt,
+            event_id,
+            part_id,
+            last,
+            kind,
+            data,
+            ..
+        } => format!(
+            "attempt={attempt} event_id={event_id} part={part_id}{} kind={kind} data={}",
+            if *last { " (final)" } else { "" },
+            n(data)
+        ),
+        Event::ParentNotificationFailed { kind, error, .. } => {
+            format!("kind={kind} error={error:?}")
+        }
     }
 }
 

@@ -111,6 +111,8 @@ pub struct Timeline {
     waits: Vec<Entry>,
     updates: Vec<Entry>,
     notifications: Vec<Entry>,
+    inputs: Vec<Entry>,
+    children: Vec<Entry>,
     cancel: Option<Entry>,
     outcome: Option<Entry>,
 }
@@ -131,7 +133,7 @@ impl Timeline {
         let at = record.event.at();
         let bytes = |name: &'static str, data: &[u8]| (name, show.json(data), show.text(data));
         match &record.event {
-            Event::Created { checkpoint, .. } => {
+            Event::Created { checkpoint, .. } | Event::CreatedV2 { checkpoint, .. } => {
                 if !checkpoint.is_empty() {
                     let (n, j, t) = bytes("checkpoint", checkpoint);
                     self.checkpoints
@@ -288,6 +290,109 @@ impl Timeline {
                     .field("version", (*version).into(), version.to_string())
                     .field("acked_at", Value::Null, "-".into()),
             ),
+            Event::ChildCreated {
+                child_id,
+                attempt,
+                generation,
+                ..
+            } => self.children.push(
+                Entry::new(record, "child_created")
+                    .field("child", child_id.clone().into(), child_id.clone())
+                    .field("attempt", (*attempt).into(), attempt.to_string())
+                    .field("generation", (*generation).into(), generation.to_string()),
+            ),
+            Event::InputSent {
+                sequence,
+                event_id,
+                kind,
+                data,
+                delivery,
+                ..
+            } => {
+                let (n, j, t) = bytes("data", data);
+                self.inputs.push(
+                    Entry::new(record, "input_sent")
+                        .field("sequence", (*sequence).into(), sequence.to_string())
+                        .field("event_id", event_id.clone().into(), event_id.clone())
+                        .field("kind", kind.clone().into(), kind.clone())
+                        .field(
+                            "delivery",
+                            delivery.as_str().into(),
+                            delivery.as_str().to_owned(),
+                        )
+                        .field(n, j, t),
+                );
+            }
+            Event::InputWoke { sequence, .. } => {
+                self.waits.push(Entry::new(record, "input_woke").field(
+                    "sequence",
+                    (*sequence).into(),
+                    sequence.to_string(),
+                ));
+            }
+            Event::CursorAdvanced { cursor, .. } => {
+                self.inputs
+                    .push(Entry::new(record, "cursor_advanced").field(
+                        "consumed",
+                        (*cursor).into(),
+                        cursor.to_string(),
+                    ));
+            }
+            Event::InputCommitted {
+                cursor, checkpoint, ..
+            } => {
+                self.inputs
+                    .push(Entry::new(record, "input_committed").field(
+                        "consumed",
+                        (*cursor).into(),
+                        cursor.to_string(),
+                    ));
+                let (n, j, t) = bytes("checkpoint", checkpoint);
+                self.checkpoints
+                    .push(Entry::new(record, "input_committed").field(n, j, t));
+            }
+            Event::InputsPending { cursor, .. } => {
+                self.end_attempt(at, "inputs_pending");
+                self.inputs.push(Entry::new(record, "inputs_pending").field(
+                    "consumed",
+                    (*cursor).into(),
+                    cursor.to_string(),
+                ));
+            }
+            Event::Published { .. } => self.notifications.push(Entry::new(record, "published")),
+            Event::PartAppended {
+                attempt,
+                event_id,
+                part_id,
+                last,
+                kind,
+                data,
+                ..
+            } => {
+                if let Some(a) = self
+                    .attempts
+                    .iter_mut()
+                    .rev()
+                    .find(|a| a.number == *attempt)
+                {
+                    a.updates += 1;
+                }
+                let (n, j, t) = bytes("data", data);
+                self.updates.push(
+                    Entry::new(record, "part_appended")
+                        .field("attempt", (*attempt).into(), attempt.to_string())
+                        .field("event_id", event_id.clone().into(), event_id.clone())
+                        .field("part", part_id.clone().into(), part_id.clone())
+                        .field("final", (*last).into(), last.to_string())
+                        .field("kind", kind.clone().into(), kind.clone())
+                        .field(n, j, t),
+                );
+            }
+            Event::ParentNotificationFailed { kind, error, .. } => self.notifications.push(
+                Entry::new(record, "parent_notification_failed")
+                    .field("kind", kind.clone().into(), kind.clone())
+                    .field("error", error.clone().into(), format!("{error:?}")),
+            ),
             Event::NotificationAcked { id, .. } => {
                 let queued = self
                     .notifications
@@ -333,10 +438,21 @@ pub fn state_json(s: &TaskState, show: Show) -> Value {
         "updated_at": s.updated_at.0,
         "done_at": s.done_at.map(|t| t.0),
         "lease_deadline": s.lease_deadline.map(|t| t.0),
+        "publication": s.publication.as_str(),
+        "parent_task_id": s.parent_task_id,
+        "root_session_id": s.root_session_id,
+        "mailbox": {
+            "generation": s.mailbox.generation,
+            "latest": s.mailbox.latest,
+            "consumed": s.mailbox.consumed,
+            "sealed": s.mailbox_sealed(),
+        },
+        "parent_notification_error": s.parent_notification_error,
     })
 }
 
 /// The folded state for humans, as `key  value` lines.
+#[allow(clippy::too_many_lines, reason = "one line per field reads best")]
 pub fn state_text(s: &TaskState, show: Show) -> String {
     let dash = |v: &str| {
         if v.is_empty() {
@@ -395,6 +511,33 @@ pub fn state_text(s: &TaskState, show: Show) -> String {
             )
         },
     );
+    if s.is_nested() {
+        kv("parent", s.parent_task_id.clone());
+    }
+    if !s.root_session_id.is_empty() {
+        kv("root session", s.root_session_id.clone());
+    }
+    if s.publication != dtask_journal::Publication::OnCreate {
+        kv("publication", s.publication.as_str().to_owned());
+    }
+    if s.mailbox.latest > 0 {
+        kv(
+            "mailbox",
+            format!(
+                "{} (consumed up to {}, generation {}{})",
+                fmt::count(s.mailbox.latest, "input"),
+                s.mailbox.consumed,
+                s.mailbox.generation,
+                if s.mailbox_sealed() { ", sealed" } else { "" }
+            ),
+        );
+    }
+    if !s.parent_notification_error.is_empty() {
+        kv(
+            "parent notice",
+            format!("failed: {:?}", s.parent_notification_error),
+        );
+    }
     kv("created", fmt::time(s.created_at));
     kv("updated", fmt::time(s.updated_at));
     kv("done", fmt::opt_time(s.done_at));
@@ -493,6 +636,8 @@ pub fn timeline_text(t: &Timeline) -> String {
     entries_table("waits and answers", &t.waits, &mut out);
     entries_table("updates", &t.updates, &mut out);
     entries_table("notifications", &t.notifications, &mut out);
+    entries_table("mailbox", &t.inputs, &mut out);
+    entries_table("children", &t.children, &mut out);
     if let Some(c) = &t.cancel {
         entries_table("cancellation", std::slice::from_ref(c), &mut out);
     }
@@ -528,6 +673,8 @@ pub fn timeline_json(t: &Timeline) -> Value {
         "waits": list(&t.waits),
         "updates": list(&t.updates),
         "notifications": list(&t.notifications),
+        "inputs": list(&t.inputs),
+        "children": list(&t.children),
         "cancel": t.cancel.as_ref().map(Entry::json),
         "outcome": t.outcome.as_ref().map(Entry::json),
     })

@@ -60,6 +60,10 @@ pub enum ResponseEvent {
         /// The task's status and description.
         #[serde(flatten)]
         result: CallResult,
+        /// The inputs sent to the task while it ran, and how many it has read (omitted when
+        /// none was sent).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        inputs: Option<InputCounts>,
     },
     /// The call finished in the foreground: no task was published.
     ForegroundResult {
@@ -67,6 +71,15 @@ pub enum ResponseEvent {
         #[serde(flatten)]
         result: CallResult,
     },
+}
+
+/// How many inputs a task's mailbox received, and how many of them its runs have read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct InputCounts {
+    /// The inputs sent to the task.
+    pub received: u64,
+    /// The inputs its runs have read (consumed).
+    pub read: u64,
 }
 
 /// A result record's body: the status, with what goes with it, and the task description.
@@ -253,6 +266,10 @@ impl ResponseEvent {
                 status,
                 description: task.spec.description.clone(),
             },
+            inputs: (task.mailbox.latest > 0).then_some(InputCounts {
+                received: task.mailbox.latest,
+                read: task.mailbox.consumed,
+            }),
         })
     }
 
@@ -375,6 +392,11 @@ mod tests {
             lease_deadline: None,
             position: 0,
             updates: 0,
+            publication: dtask_journal::Publication::OnCreate,
+            parent_task_id: String::new(),
+            root_session_id: String::new(),
+            mailbox: dtask_replay::Mailbox::new(),
+            parent_notification_error: String::new(),
         }
     }
 

@@ -10,7 +10,7 @@ use super::observe::{
     check_outcome, observe, CheckedOutcome, MaterializerFeed, Observed, UpdateFailure, UpdateSink,
 };
 use super::registry::{Registration, ToolRegistry};
-use super::tool::{RecoverRequest, ResumeRequest, Run, StartRequest, Update};
+use super::tool::{RecoverRequest, ResumeRequest, Run, RunInput, StartRequest, Update};
 use crate::runtime::{
     AttemptContext, Control, ExecutionError, ExecutionResult, Executor, Progress, ValidationError,
 };
@@ -140,14 +140,29 @@ impl Executor for ManagedExecutor {
             return Ok(ExecutionResult::Canceled(reason));
         }
         let mut sink = JournalSink::new(&attempt, &task, &registration, &self.live);
-        let observed = observe(
+        let observing = observe(
             &run,
             run.updates(),
             self.recoverable,
             &mut sink,
             attempt.next_control(),
-        )
-        .await?;
+        );
+        // A recoverable tool's run receives the inputs sent to its task while it runs; each
+        // one it takes is recorded as consumed (with the started marker as the checkpoint).
+        // The forwarder is a task of its own, stopped between inputs (never inside a write).
+        let forwarder = self.recoverable.then(|| {
+            let (stop, stopped) = tokio::sync::watch::channel(false);
+            let forward = forward_inputs(attempt.clone(), Arc::clone(&run), stopped);
+            (stop, tokio::spawn(forward))
+        });
+        let observed = observing.await;
+        if let Some((stop, forwarder)) = forwarder {
+            let _ = stop.send(true);
+            if let Ok(Err(e)) = forwarder.await {
+                tracing::warn!(task = %task.spec.id, error = %e, "inputs not forwarded to the run");
+            }
+        }
+        let observed = observed?;
         match observed {
             Observed::Outcome(outcome) => {
                 match check_outcome(outcome, &registration, tool_checkpoint) {
@@ -162,6 +177,71 @@ impl Executor for ManagedExecutor {
                 }
             }
             Observed::Event(control) => self.obey(control, &run).await,
+        }
+    }
+}
+
+/// Offers the run every input of its task's mailbox after the consumed cursor, in order, as
+/// they arrive, and records each one it takes as consumed (`CommitInput`). Returns when the
+/// run takes no input (the rest stays in the mailbox); never returns otherwise.
+///
+/// Stops when `stop` turns true, but only between inputs: an input's delivery and the record
+/// of its consumption are never cut apart by the stop. A failure stops the forwarding (the
+/// attempt goes on; the inputs not recorded stay in the mailbox).
+async fn forward_inputs(
+    attempt: AttemptContext,
+    run: Arc<dyn Run>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<(), ExecutionError> {
+    let store_error = |what: &str, e: StoreError| fail(format!("{what}: {e}"));
+    let mut consumed = attempt
+        .store()
+        .get(attempt.task_id())
+        .await
+        .map_err(|e| store_error("read the mailbox", e))?
+        .mailbox
+        .consumed;
+    loop {
+        let page = tokio::select! {
+            page = attempt.wait_inputs(consumed) => {
+                page.map_err(|e| store_error("read the mailbox", e))?
+            }
+            _ = stop.wait_for(|stopped| *stopped) => return Ok(()),
+        };
+        if page.sealed {
+            return Ok(());
+        }
+        for input in page.inputs {
+            if *stop.borrow() {
+                return Ok(());
+            }
+            let offered = RunInput {
+                sequence: input.sequence,
+                event_id: input.event_id,
+                kind: input.kind,
+                data: input.data,
+            };
+            let taken = run
+                .deliver_input(&offered)
+                .await
+                .map_err(|e| fail(format!("deliver input {}: {e}", offered.sequence)))?;
+            if !taken {
+                return Ok(());
+            }
+            let checkpoint = attempt
+                .store()
+                .get(attempt.task_id())
+                .await
+                .map_err(|e| store_error("read the checkpoint", e))?
+                .checkpoint;
+            if checkpoint.is_empty() {
+                return Ok(());
+            }
+            attempt
+                .commit_input(consumed, offered.sequence, checkpoint)
+                .await
+                .map_err(|e| store_error("record the input as read", e))?;
+            consumed = offered.sequence;
         }
     }
 }

@@ -41,7 +41,9 @@ pub use codec::{
     read_input_request, CodecError, InputRequest, MAX_ARGUMENTS_BYTES, MAX_REQUEST_DATA_BYTES,
     MAX_REQUEST_ID_BYTES, MAX_TOOL_CHECKPOINT_BYTES, PLAIN_EXECUTOR_KEY, RECOVERABLE_EXECUTOR_KEY,
 };
-pub use envelope::{CallResult, EnvelopeType, EnvelopeUpdate, ResponseEvent, ResultStatus};
+pub use envelope::{
+    CallResult, EnvelopeType, EnvelopeUpdate, InputCounts, ResponseEvent, ResultStatus,
+};
 pub use error::{
     ArgumentsError, EnvelopeError, ManagedError, RuleViolation, ToolFailure, ToolRegistryError,
     ToolRunError, UpdateError,
@@ -57,7 +59,7 @@ pub use submit::{ManagedTools, ToolCall};
 pub use tool::{
     AdoptRequest, AdoptResult, BackgroundTool, ForegroundHandoffTool, InputPreparer,
     OutputMaterializer, PrepareRequest, Prepared, PreparerResume, RecoverRequest, RecoverableTool,
-    ResumableTool, ResumeRequest, Run, RunOutcome, StartRequest, StartResult, Update, UpdateStream,
-    MAX_UPDATE_DATA_BYTES, MAX_UPDATE_EVENT_ID_BYTES, MAX_UPDATE_KIND_BYTES,
+    ResumableTool, ResumeRequest, Run, RunInput, RunOutcome, StartRequest, StartResult, Update,
+    UpdateStream, MAX_UPDATE_DATA_BYTES, MAX_UPDATE_EVENT_ID_BYTES, MAX_UPDATE_KIND_BYTES,
     MAX_UPDATE_METADATA_BYTES, MAX_UPDATE_METADATA_ENTRIES,
 };

@@ -124,6 +124,33 @@ pub trait Run: Send + Sync + 'static {
     fn updates(&self) -> Option<UpdateStream> {
         None
     }
+
+    /// Hands the run an input that was sent to its task while it runs (the task's mailbox,
+    /// in order). `Ok(true)`: the run took it, and the attempt records it as consumed;
+    /// `Ok(false)` (the default): the run takes no input while running, and the input stays
+    /// in the mailbox. Called for recoverable tools' background runs, one input at a time;
+    /// an input may be offered again after a crash before its consumption was recorded, so a
+    /// run should recognize a repeated [`RunInput::sequence`].
+    ///
+    /// # Errors
+    /// The attempt fails with it.
+    async fn deliver_input(&self, input: &RunInput) -> Result<bool, ToolRunError> {
+        let _ = input;
+        Ok(false)
+    }
+}
+
+/// An input sent to a running task, as its run receives it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunInput {
+    /// Its sequence in the task's mailbox (1, 2, 3, …).
+    pub sequence: u64,
+    /// The sender's idempotency key.
+    pub event_id: String,
+    /// The input kind.
+    pub kind: String,
+    /// The input bytes.
+    pub data: Vec<u8>,
 }
 
 /// What `start` was asked.

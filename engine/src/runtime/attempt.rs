@@ -206,6 +206,51 @@ impl AttemptContext {
             .map(drop)
     }
 
+    /// The inputs of the task's mailbox after sequence `after`, with the mailbox's counters
+    /// (see [`TaskStore::list_inputs`]).
+    ///
+    /// # Errors
+    /// The store's error.
+    pub async fn inputs(&self, after: u64) -> Result<crate::store::InputPage, StoreError> {
+        self.shared
+            .store
+            .list_inputs(&self.shared.task_id, after, 0)
+            .await
+    }
+
+    /// Waits until the task's mailbox holds an input after sequence `after` (or is sealed),
+    /// then lists them (see [`TaskStore::wait_inputs`]).
+    ///
+    /// # Errors
+    /// The store's error.
+    pub async fn wait_inputs(&self, after: u64) -> Result<crate::store::InputPage, StoreError> {
+        self.shared
+            .store
+            .wait_inputs(&self.shared.task_id, after, 0)
+            .await
+    }
+
+    /// Records that this attempt consumed the mailbox's inputs from `expected_cursor` up to
+    /// `cursor`, with the checkpoint that reflects them (transition T24, `CommitInput`).
+    ///
+    /// # Errors
+    /// The store's error (a stale cursor is [`StoreError::CursorConflict`]); a lost lease
+    /// poisons the attempt.
+    pub async fn commit_input(
+        &self,
+        expected_cursor: u64,
+        cursor: u64,
+        checkpoint: Vec<u8>,
+    ) -> Result<(), StoreError> {
+        self.versioned_or_poison(Command::CommitInput {
+            expected_cursor,
+            cursor,
+            checkpoint,
+        })
+        .await
+        .map(drop)
+    }
+
     /// Records the task's first transcript (output file) failure (transition T5 of
     /// docs/semantics.md).
     ///
@@ -253,6 +298,7 @@ impl AttemptContext {
                     kind: progress.kind,
                     data: progress.data,
                     metadata: progress.metadata,
+                    ..UpdateRequest::default()
                 },
             )
             .await
@@ -272,6 +318,10 @@ impl AttemptContext {
             match self.versioned(Command::Heartbeat).await {
                 Ok(_) => {}
                 Err(StoreError::VersionConflict { .. }) => {
+                    if self.still_ours().await {
+                        // An earlier heartbeat committed but its answer was lost.
+                        continue;
+                    }
                     self.reconcile(seen).await;
                     return;
                 }
@@ -284,11 +334,34 @@ impl AttemptContext {
                 }
                 Err(e) => {
                     tracing::warn!(task = %self.shared.task_id, error = %e, "heartbeat failed");
+                    if self.still_ours().await {
+                        // Committed with its answer lost, or not written at all: either way
+                        // the attempt still runs, and the next tick renews the lease.
+                        continue;
+                    }
                     self.poison("heartbeat failed");
                     return;
                 }
             }
         }
+    }
+
+    /// After a heartbeat whose answer was lost or refused as stale: re-reads the task and,
+    /// when this attempt is still the running one without cancel intent and with a live
+    /// lease, adopts the task's version (only this attempt writes to its running task, so
+    /// a newer version is its own lost heartbeat) and says to carry on.
+    async fn still_ours(&self) -> bool {
+        let Ok(task) = self.shared.store.get(&self.shared.task_id).await else {
+            return false;
+        };
+        let ours = task
+            .check_active(Some(self.shared.attempt), self.shared.store.now(), false)
+            .is_ok();
+        if ours {
+            let mut version = self.shared.version.lock().await;
+            *version = (*version).max(task.version);
+        }
+        ours
     }
 
     pub(crate) fn halt_heartbeats(&self) {

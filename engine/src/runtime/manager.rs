@@ -253,6 +253,7 @@ impl Manager {
                 policy: Some(executor.lease_policy()),
                 checkpoint: request.initial_checkpoint,
                 context_snapshot: request.context_snapshot,
+                ..CreateRequest::default()
             })
             .await?;
         Ok(state)
@@ -299,13 +300,18 @@ impl Manager {
     }
 
     /// Requests cancellation. The first reason wins. A running attempt in this manager gets a
-    /// Stop control; for a fail-policy task with a local attempt this returns once the task is
-    /// canceled (or with an error), for recoverable work as soon as the intent is durable.
+    /// Stop control; for a fail-policy task with a local attempt this returns once the task has
+    /// ended, for recoverable work as soon as the intent is durable.
+    ///
+    /// A task that has ended — before the request, or by itself while it was being
+    /// canceled — is returned as it ended, without error: the caller wanted it to stop, and
+    /// it stopped. (The store keeps its typed [`StoreError::AlreadyTerminal`]; this is the
+    /// manager's decision.) Whether the request was recorded shows in the returned state's
+    /// `cancel_requested_at`.
     ///
     /// # Errors
-    /// [`StoreError::AlreadyTerminal`] (as [`RuntimeError::Store`]), version conflicts after
-    /// retries, [`StoreError::IllegalTransition`] when a local fail-policy attempt ended
-    /// otherwise.
+    /// Version conflicts after retries, [`StoreError::IllegalTransition`] when a local
+    /// fail-policy attempt ended without ending the task.
     pub async fn request_cancel(&self, id: &str, reason: &str) -> Result<TaskState, RuntimeError> {
         if reason.len() > MAX_ERROR_BYTES {
             return Err(RuntimeError::Store(StoreError::Invalid {
@@ -317,6 +323,9 @@ impl Manager {
         let mut state = None;
         for _ in 0..CAS_TRIES {
             let current = self.inner.store.get(id).await?;
+            if current.is_terminal() {
+                return Ok(current);
+            }
             let command = Command::RequestCancel {
                 reason: reason.to_owned(),
             };
@@ -326,6 +335,7 @@ impl Manager {
                     break;
                 }
                 Err(e @ StoreError::VersionConflict { .. }) => last = Some(e),
+                Err(StoreError::AlreadyTerminal(_)) => return Ok(self.inner.store.get(id).await?),
                 Err(e) => return Err(e.into()),
             }
         }
@@ -345,8 +355,7 @@ impl Manager {
         self.wait_attempt_done(id).await;
         let after = self.inner.store.get(id).await?;
         match after.status {
-            Status::Canceled => Ok(after),
-            s if s.is_terminal() => Err(StoreError::AlreadyTerminal(id.to_owned()).into()),
+            s if s.is_terminal() => Ok(after),
             s => Err(StoreError::IllegalTransition {
                 status: s,
                 operation: "request_cancel",

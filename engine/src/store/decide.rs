@@ -14,10 +14,11 @@
 use super::config::StoreConfig;
 use super::error::{NotFound, Result, StoreError};
 use super::request::{
-    application_notification_id, CreateRequest, NotificationRequest, UpdateRequest,
+    application_notification_id, AdvanceCursor, CreateRequest, ExecutionContext, InputRequest,
+    NotificationRequest, UpdateRequest,
 };
-use dtask_journal::{Event, ExpiryResolution, TaskSpec, Timestamp};
-use dtask_replay::{Fenced, Status, Task, TaskState};
+use dtask_journal::{Event, ExpiryResolution, Publication, TaskSpec, Timestamp};
+use dtask_replay::{part_key, Fenced, Status, Task, TaskState};
 
 /// A lifecycle command on an existing task. Every command carries the version the caller
 /// observed (the CAS token).
@@ -85,6 +86,38 @@ pub enum Command {
         /// A replacement context snapshot (empty clears it).
         context_snapshot: Option<Vec<u8>>,
     },
+    /// Consume mailbox inputs up to `cursor` and commit a checkpoint at that boundary (T24).
+    CommitInput {
+        /// The consumed cursor the attempt saw.
+        expected_cursor: u64,
+        /// The new consumed cursor (after `expected_cursor`, at most the newest sequence).
+        cursor: u64,
+        /// The checkpoint (non-empty).
+        checkpoint: Vec<u8>,
+    },
+    /// Complete the task unless input newer than `cursor` arrived (T6'): then the task goes
+    /// back to pending and the store answers [`StoreError::InputsPending`].
+    CompleteIfNoInputs {
+        /// The consumed cursor (must equal the mailbox's).
+        cursor: u64,
+        /// The result data.
+        data: Vec<u8>,
+    },
+    /// Wait for input unless input newer than `cursor` arrived (T8'); consumes up to
+    /// `cursor` either way.
+    WaitInputIfNoInputs {
+        /// The new consumed cursor (at least the mailbox's, at most the newest sequence).
+        cursor: u64,
+        /// The checkpoint with the input request (non-empty).
+        checkpoint: Vec<u8>,
+    },
+    /// Suspend unless input newer than `cursor` arrived (T9').
+    SuspendIfNoInputs {
+        /// The consumed cursor (must equal the mailbox's).
+        cursor: u64,
+        /// The checkpoint (non-empty).
+        checkpoint: Vec<u8>,
+    },
 }
 
 impl Command {
@@ -105,6 +138,10 @@ impl Command {
             Self::RequestCancel { .. } => "request_cancel",
             Self::Resume { .. } => "resume",
             Self::ReleaseSuspension { .. } => "release_suspension",
+            Self::CommitInput { .. } => "commit_input",
+            Self::CompleteIfNoInputs { .. } => "complete_if_no_inputs",
+            Self::WaitInputIfNoInputs { .. } => "wait_input_if_no_inputs",
+            Self::SuspendIfNoInputs { .. } => "suspend_if_no_inputs",
         }
     }
 }
@@ -125,9 +162,9 @@ pub(crate) enum Decision {
     clippy::large_enum_variant,
     reason = "a return value, consumed at once: boxing the event would cost an allocation"
 )]
-pub(crate) enum Keyed<R> {
-    /// A new event id: append this event.
-    New(Event),
+pub(crate) enum Keyed<R, E = Event> {
+    /// A new event id: append this event (or these events).
+    New(E),
     /// The event id was recorded before, by the record at `position`: the store compares its
     /// content with the request's (same: the original is the answer; other: a conflict).
     Repeat {
@@ -166,21 +203,58 @@ pub(crate) fn validate_task_id(id: &str, config: &StoreConfig) -> Result<()> {
 }
 
 /// Validates a create request (before any lookup).
-fn validate_create(
-    spec: &TaskSpec,
-    checkpoint: &[u8],
-    context_snapshot: &[u8],
-    config: &StoreConfig,
-) -> Result<()> {
+pub(crate) fn validate_create(request: &CreateRequest, config: &StoreConfig) -> Result<()> {
+    let CreateRequest {
+        spec,
+        checkpoint,
+        context_snapshot,
+        publication,
+        parent,
+        root_session_id,
+        ..
+    } = request;
     validate_task_id(&spec.id, config)?;
     check_non_empty("executor key", spec.executor_key.is_empty())?;
     check_len("executor key", spec.executor_key.len(), config.max_id_bytes)?;
-    if spec.notify_session && spec.session_id.is_empty() {
+    if spec.notify_session && spec.session_id.is_empty() && parent.is_none() {
         return Err(StoreError::invalid(
             "notify session",
-            "requires a session id",
+            "requires a session id or a parent",
         ));
     }
+    if *publication == Publication::OnBackground {
+        return Err(StoreError::invalid(
+            "publication",
+            "on_background requires publish (create deferred, then publish)",
+        ));
+    }
+    if let Some(parent) = parent {
+        validate_task_id(&parent.task_id, config)
+            .map_err(|_| StoreError::invalid("parent task id", "must be a valid task id"))?;
+        if parent.task_id == spec.id {
+            return Err(StoreError::invalid(
+                "parent task id",
+                "a task cannot be its own parent",
+            ));
+        }
+        if parent.attempt == 0 || parent.generation == 0 {
+            return Err(StoreError::invalid(
+                "parent",
+                "the execution context of a running attempt (attempt and generation > 0)",
+            ));
+        }
+        if !root_session_id.is_empty() {
+            return Err(StoreError::invalid(
+                "root session id",
+                "a nested task inherits its parent's",
+            ));
+        }
+    }
+    check_len(
+        "root session id",
+        root_session_id.len(),
+        config.max_id_bytes,
+    )?;
     check_len("payload", spec.payload.len(), config.max_value_bytes)?;
     check_len("checkpoint", checkpoint.len(), config.max_value_bytes)?;
     check_len(
@@ -199,7 +273,9 @@ pub(crate) fn validate(command: &Command, config: &StoreConfig) -> Result<()> {
         Command::Start | Command::Heartbeat => Ok(()),
         Command::CommitStart { checkpoint }
         | Command::WaitInput { checkpoint }
-        | Command::Suspend { checkpoint } => {
+        | Command::Suspend { checkpoint }
+        | Command::WaitInputIfNoInputs { checkpoint, .. }
+        | Command::SuspendIfNoInputs { checkpoint, .. } => {
             check_non_empty("checkpoint", checkpoint.is_empty())?;
             check_len("checkpoint", checkpoint.len(), max_value)
         }
@@ -208,7 +284,9 @@ pub(crate) fn validate(command: &Command, config: &StoreConfig) -> Result<()> {
             check_non_empty("error", error.is_empty())?;
             check_len("error", error.len(), max_error)
         }
-        Command::Complete { data } => check_len("data", data.len(), max_value),
+        Command::Complete { data } | Command::CompleteIfNoInputs { data, .. } => {
+            check_len("data", data.len(), max_value)
+        }
         Command::Fail { error } => {
             if error.is_empty() {
                 return Err(StoreError::InvalidExecutionResult(
@@ -236,6 +314,20 @@ pub(crate) fn validate(command: &Command, config: &StoreConfig) -> Result<()> {
             context_snapshot.as_ref().map_or(0, Vec::len),
             max_value,
         ),
+        Command::CommitInput {
+            expected_cursor,
+            cursor,
+            checkpoint,
+        } => {
+            if cursor <= expected_cursor {
+                return Err(StoreError::invalid(
+                    "cursor",
+                    "must be after the expected cursor",
+                ));
+            }
+            check_non_empty("checkpoint", checkpoint.is_empty())?;
+            check_len("checkpoint", checkpoint.len(), max_value)
+        }
     }
 }
 
@@ -243,27 +335,98 @@ pub(crate) fn validate(command: &Command, config: &StoreConfig) -> Result<()> {
 /// notification in the same batch when the task has a session. Returns the task's id.
 pub(crate) fn create(
     request: CreateRequest,
+    inherited_root: String,
     now: Timestamp,
     config: &StoreConfig,
 ) -> Result<(String, Vec<Event>)> {
+    validate_create(&request, config)?;
     let CreateRequest {
         spec,
         policy,
         checkpoint,
         context_snapshot,
+        publication,
+        parent,
+        root_session_id,
     } = request;
-    validate_create(&spec, &checkpoint, &context_snapshot, config)?;
     let policy = policy.ok_or_else(|| StoreError::invalid("policy", "must be retry or fail"))?;
-    let id = spec.id.clone();
-    let notification = lifecycle_notification(&spec, "task_created", 1, now);
-    let created = Event::Created {
-        spec,
-        policy,
-        checkpoint,
-        context_snapshot,
-        at: now,
+    let root_session_id = if parent.is_some() {
+        inherited_root
+    } else {
+        root_session_id
     };
+    let id = spec.id.clone();
+    let route = Route {
+        spec: &spec,
+        publication,
+        nested: parent.is_some(),
+    };
+    let notification = lifecycle_notification(&route, "task_created", 1, now);
+    let created =
+        if publication == Publication::OnCreate && parent.is_none() && root_session_id.is_empty() {
+            // A plain root task: the v1 record.
+            Event::Created {
+                spec,
+                policy,
+                checkpoint,
+                context_snapshot,
+                at: now,
+            }
+        } else {
+            Event::CreatedV2 {
+                spec,
+                policy,
+                checkpoint,
+                context_snapshot,
+                publication,
+                parent_task_id: parent.map(|p| p.task_id).unwrap_or_default(),
+                root_session_id,
+                at: now,
+            }
+        };
     Ok((id, std::iter::once(created).chain(notification).collect()))
+}
+
+/// The root session a nested task inherits from its parent: the parent's root session, or
+/// the session of a root parent.
+pub(crate) fn inherited_root(parent: &TaskState) -> String {
+    if parent.root_session_id.is_empty() {
+        parent.spec.session_id.clone()
+    } else {
+        parent.root_session_id.clone()
+    }
+}
+
+/// Checks the authority a child is created under against its parent (the reference's
+/// nested-task authority): the parent's mailbox is not sealed, the generation is current,
+/// and the attempt is the parent's active, uncanceled one. Returns the parent's record of
+/// the child.
+pub(crate) fn child_authority(
+    parent: &Task,
+    context: &ExecutionContext,
+    child: &str,
+    now: Timestamp,
+) -> Result<Event> {
+    let state = &parent.state;
+    if state.mailbox_sealed() {
+        return Err(StoreError::MailboxSealed(state.spec.id.clone()));
+    }
+    if context.generation != state.mailbox.generation {
+        return Err(StoreError::OwnershipLost {
+            expected: context.generation,
+            actual: state.mailbox.generation,
+        });
+    }
+    fence(state, Some(context.attempt), now, false)?;
+    if parent.children.contains(child) {
+        return Err(StoreError::AlreadyExists(child.to_owned()));
+    }
+    Ok(Event::ChildCreated {
+        child_id: child.to_owned(),
+        attempt: context.attempt,
+        generation: context.generation,
+        at: now,
+    })
 }
 
 /// The lease-expiry event due at `now`, if the running attempt's lease has run out.
@@ -285,7 +448,7 @@ pub(crate) fn expiry(state: &TaskState, now: Timestamp) -> Option<Vec<Event>> {
             "canceled"
         };
         events.extend(lifecycle_notification(
-            &state.spec,
+            &Route::of(state),
             kind,
             state.version + 1,
             now,
@@ -294,17 +457,47 @@ pub(crate) fn expiry(state: &TaskState, now: Timestamp) -> Option<Vec<Event>> {
     Some(events)
 }
 
-/// The outbox record of a lifecycle notification, when the task routes them.
+/// Where a task's lifecycle notifications go: a root task's to its session's outbox, a
+/// nested task's into its parent's mailbox (see [`parent_notice`]); none while the task is
+/// deferred.
+pub(crate) struct Route<'a> {
+    spec: &'a TaskSpec,
+    publication: Publication,
+    nested: bool,
+}
+
+impl<'a> Route<'a> {
+    pub(crate) fn of(state: &'a TaskState) -> Self {
+        Self {
+            spec: &state.spec,
+            publication: state.publication,
+            nested: state.is_nested(),
+        }
+    }
+
+    /// Whether a notification of `kind` is wanted at all (by either route).
+    fn wants(&self, kind: &str) -> bool {
+        self.publication != Publication::Deferred
+            && (kind == "task_created" || kind == "task_backgrounded" || self.spec.notify_session)
+    }
+}
+
+/// The id of the lifecycle notification of `kind` that task `id` sent at `version`.
+fn lifecycle_notification_id(id: &str, version: u64, kind: &str) -> String {
+    format!("{id}:{version}:{kind}")
+}
+
+/// The outbox record of a lifecycle notification, when the task routes them to a session.
 fn lifecycle_notification(
-    spec: &TaskSpec,
+    route: &Route<'_>,
     kind: &str,
     version: u64,
     at: Timestamp,
 ) -> Option<Event> {
-    let routed = !spec.session_id.is_empty();
-    let wanted = kind == "task_created" || spec.notify_session;
-    (routed && wanted).then(|| Event::NotificationEnqueued {
-        id: format!("{}:{version}:{kind}", spec.id),
+    let spec = route.spec;
+    let routed = !route.nested && !spec.session_id.is_empty();
+    (routed && route.wants(kind)).then(|| Event::NotificationEnqueued {
+        id: lifecycle_notification_id(&spec.id, version, kind),
         event_id: String::new(),
         kind: kind.to_owned(),
         data: Vec::new(),
@@ -337,16 +530,256 @@ fn fence(
 }
 
 fn write(state: &TaskState, event: Event, notify: Option<&str>, now: Timestamp) -> Decision {
-    let mut events = vec![event];
+    write_all(state, vec![event], notify, now)
+}
+
+/// [`write`] for several events, the last of them the lifecycle transition.
+fn write_all(
+    state: &TaskState,
+    mut events: Vec<Event>,
+    notify: Option<&str>,
+    now: Timestamp,
+) -> Decision {
     if let Some(kind) = notify {
         events.extend(lifecycle_notification(
-            &state.spec,
+            &Route::of(state),
             kind,
             state.version + 1,
             now,
         ));
     }
     Decision::Write(events)
+}
+
+/// A lifecycle notification of a nested task, on its way into the parent's mailbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ParentNotice {
+    /// The parent.
+    pub parent: String,
+    /// The notification id (the input's event id).
+    pub id: String,
+    /// The notification kind (the input's kind).
+    pub kind: &'static str,
+    /// The child (the input's data).
+    pub child: String,
+}
+
+/// The lifecycle notification that `events`, applied to the nested task `state`, send to
+/// its parent's mailbox, if any: the same kinds, conditions and ids as a root task's
+/// session notifications (`task_created` when created on create, `task_backgrounded` when
+/// published, `waiting_input` and the terminal kinds when the spec asks for them); none
+/// while the task is deferred.
+pub(crate) fn parent_notice(state: Option<&TaskState>, events: &[Event]) -> Option<ParentNotice> {
+    let mut version = state.map_or(0, |s| s.version);
+    let mut publication = state.map(|s| s.publication);
+    let mut found = None;
+    for event in events {
+        if event.is_lifecycle() {
+            version += 1;
+        }
+        let kind = match event {
+            Event::CreatedV2 {
+                publication: p,
+                parent_task_id,
+                spec,
+                ..
+            } => {
+                publication = Some(*p);
+                if parent_task_id.is_empty() {
+                    return None;
+                }
+                found = Some((parent_task_id.clone(), spec.id.clone(), spec.notify_session));
+                "task_created"
+            }
+            Event::Published { .. } => {
+                publication = Some(Publication::OnBackground);
+                "task_backgrounded"
+            }
+            Event::WaitingInput { .. } => "waiting_input",
+            Event::Completed { .. } => "completed",
+            Event::Failed { .. } => "failed",
+            Event::Canceled { .. } | Event::CancelRequested { direct: true, .. } => "canceled",
+            Event::LeaseExpired { resolution, .. } => match resolution {
+                ExpiryResolution::Retry => continue,
+                ExpiryResolution::Failed => "failed",
+                ExpiryResolution::Canceled => "canceled",
+            },
+            _ => continue,
+        };
+        let (parent, child, notify) = match (&found, state) {
+            (Some(found), _) => found.clone(),
+            (None, Some(s)) if s.is_nested() => (
+                s.parent_task_id.clone(),
+                s.spec.id.clone(),
+                s.spec.notify_session,
+            ),
+            _ => return None,
+        };
+        let lifecycle_kind = matches!(kind, "task_created" | "task_backgrounded");
+        let publication = publication.unwrap_or_default();
+        if publication == Publication::Deferred
+            || (kind == "task_created" && publication != Publication::OnCreate)
+            || !(lifecycle_kind || notify)
+        {
+            continue;
+        }
+        return Some(ParentNotice {
+            id: lifecycle_notification_id(&child, version, kind),
+            parent,
+            kind,
+            child,
+        });
+    }
+    None
+}
+
+/// The events that put `notice` into the parent's mailbox: an input (and the wake of a
+/// parent waiting for input); none when it is there already (a replay).
+///
+/// # Errors
+/// [`StoreError::MailboxSealed`] when the parent has ended.
+pub(crate) fn deliver(parent: &Task, notice: &ParentNotice, now: Timestamp) -> Result<Vec<Event>> {
+    let request = InputRequest {
+        event_id: notice.id.clone(),
+        kind: notice.kind.to_owned(),
+        data: notice.child.clone().into_bytes(),
+        delivery: dtask_journal::Delivery::Queued,
+    };
+    match input(parent, request, now)? {
+        Keyed::New(events) => Ok(events),
+        Keyed::Repeat { .. } => Ok(Vec::new()),
+    }
+}
+
+/// Validates an input's own fields (before any lookup).
+pub(crate) fn validate_input(id: &str, request: &InputRequest, config: &StoreConfig) -> Result<()> {
+    validate_task_id(id, config)?;
+    check_non_empty("event id", request.event_id.is_empty())?;
+    check_len("event id", request.event_id.len(), config.max_id_bytes)?;
+    check_non_empty("kind", request.kind.is_empty())?;
+    check_len("kind", request.kind.len(), MAX_INPUT_KIND_BYTES)?;
+    check_len("data", request.data.len(), config.max_value_bytes)
+}
+
+/// The longest input kind.
+pub const MAX_INPUT_KIND_BYTES: usize = 128;
+
+/// Decides an input to the task's mailbox: replay detection first (an event id seen before
+/// is a [`Keyed::Repeat`], even once the mailbox is sealed), then the seal; a new input gets
+/// the next sequence and wakes a task waiting for input (T17'). A suspended task stays
+/// suspended (the newest reference): only a release wakes it.
+pub(crate) fn input(
+    task: &Task,
+    request: InputRequest,
+    now: Timestamp,
+) -> Result<Keyed<InputRequest, Vec<Event>>> {
+    if let Some(&position) = task.input_ids.get(&request.event_id) {
+        return Ok(Keyed::Repeat { position, request });
+    }
+    let state = &task.state;
+    if state.mailbox_sealed() {
+        return Err(StoreError::MailboxSealed(state.spec.id.clone()));
+    }
+    let sequence = state.mailbox.latest + 1;
+    let InputRequest {
+        event_id,
+        kind,
+        data,
+        delivery,
+    } = request;
+    let mut events = vec![Event::InputSent {
+        sequence,
+        event_id,
+        kind,
+        data,
+        delivery,
+        at: now,
+    }];
+    if state.status == Status::WaitingInput {
+        events.push(Event::InputWoke { sequence, at: now });
+    }
+    Ok(Keyed::New(events))
+}
+
+/// Decides a move of the consumed cursor: the generation, the cursor CAS, the range, then
+/// the active attempt; a move to where it is writes nothing.
+pub(crate) fn advance_cursor(
+    state: &TaskState,
+    request: &AdvanceCursor,
+    now: Timestamp,
+) -> Result<Decision> {
+    if request.expected_generation != state.mailbox.generation {
+        return Err(StoreError::OwnershipLost {
+            expected: request.expected_generation,
+            actual: state.mailbox.generation,
+        });
+    }
+    if state.mailbox_sealed() {
+        return Err(StoreError::MailboxSealed(state.spec.id.clone()));
+    }
+    check_cursor(state, request.expected_cursor, request.cursor)?;
+    fence(state, Some(request.attempt), now, false)?;
+    if request.cursor == state.mailbox.consumed {
+        return Ok(Decision::Unchanged);
+    }
+    Ok(Decision::Write(vec![Event::CursorAdvanced {
+        cursor: request.cursor,
+        attempt: request.attempt,
+        at: now,
+    }]))
+}
+
+/// The consumed cursor is `expected`, and `cursor` lies between it and the newest input.
+fn check_cursor(state: &TaskState, expected: u64, cursor: u64) -> Result<()> {
+    let mailbox = state.mailbox;
+    if mailbox.consumed != expected {
+        return Err(StoreError::CursorConflict {
+            expected,
+            actual: mailbox.consumed,
+        });
+    }
+    if cursor < expected || cursor > mailbox.latest {
+        return Err(StoreError::InvalidCursor(format!(
+            "cursor {cursor} outside [{expected}, {}]",
+            mailbox.latest
+        )));
+    }
+    Ok(())
+}
+
+/// Decides `Publish`: the CAS; an on-background task is returned unchanged; an on-create
+/// one cannot be published; a deferred one that has ended stays deferred.
+pub(crate) fn publish(
+    state: &TaskState,
+    expected_version: u64,
+    now: Timestamp,
+) -> Result<Decision> {
+    cas(state, expected_version)?;
+    match state.publication {
+        Publication::OnBackground => Ok(Decision::Unchanged),
+        Publication::OnCreate => Err(StoreError::IllegalTransition {
+            status: state.status,
+            operation: "publish",
+        }),
+        Publication::Deferred if state.is_terminal() => {
+            Err(StoreError::AlreadyTerminal(state.spec.id.clone()))
+        }
+        Publication::Deferred => {
+            let mut events = vec![Event::Published { at: now }];
+            let route = Route {
+                spec: &state.spec,
+                publication: Publication::OnBackground,
+                nested: state.is_nested(),
+            };
+            events.extend(lifecycle_notification(
+                &route,
+                "task_backgrounded",
+                state.version,
+                now,
+            ));
+            Ok(Decision::Write(events))
+        }
+    }
 }
 
 /// Decides `command` against `state` (whose expired lease, if any, was already resolved).
@@ -432,6 +865,7 @@ fn request_cancel(
 
 /// Commands of the active attempt (the CAS already passed): the lease must be live and,
 /// except for transcript failures and cancel acknowledgements, no cancel intent may exist.
+#[allow(clippy::too_many_lines, reason = "one arm per command reads best")]
 fn decide_active(
     state: &TaskState,
     command: &Command,
@@ -496,6 +930,44 @@ fn decide_active(
             let checkpoint = checkpoint.clone();
             (Event::Yielded { checkpoint, at }, None)
         }
+        Command::CommitInput {
+            expected_cursor,
+            cursor,
+            checkpoint,
+        } => {
+            check_cursor(state, *expected_cursor, *cursor)?;
+            let checkpoint = checkpoint.clone();
+            let cursor = *cursor;
+            (
+                Event::InputCommitted {
+                    cursor,
+                    checkpoint,
+                    at,
+                },
+                None,
+            )
+        }
+        Command::CompleteIfNoInputs { cursor, data } => {
+            return if_no_inputs(state, *cursor, true, Vec::new(), now, || {
+                let data = data.clone();
+                (Event::Completed { data, at }, Some("completed"))
+            })
+        }
+        Command::WaitInputIfNoInputs { cursor, checkpoint } => {
+            return if_no_inputs(state, *cursor, false, checkpoint.clone(), now, || {
+                let checkpoint = checkpoint.clone();
+                (
+                    Event::WaitingInput { checkpoint, at },
+                    Some("waiting_input"),
+                )
+            })
+        }
+        Command::SuspendIfNoInputs { cursor, checkpoint } => {
+            return if_no_inputs(state, *cursor, true, checkpoint.clone(), now, || {
+                let checkpoint = checkpoint.clone();
+                (Event::Suspended { checkpoint, at }, None)
+            })
+        }
         Command::Start
         | Command::Resume { .. }
         | Command::ReleaseSuspension { .. }
@@ -509,6 +981,51 @@ fn decide_active(
     Ok(write(state, event, notify, now))
 }
 
+/// The `*IfNoInputs` transitions of the active attempt: the cursor must equal the consumed one
+/// (`exact`) or lie between it and the newest input; with input newer than `cursor` the
+/// task goes back to pending with the cursor consumed (and `fallback_checkpoint`, when
+/// non-empty), else the cursor is consumed and `transition` is written.
+fn if_no_inputs(
+    state: &TaskState,
+    cursor: u64,
+    exact: bool,
+    fallback_checkpoint: Vec<u8>,
+    now: Timestamp,
+    transition: impl FnOnce() -> (Event, Option<&'static str>),
+) -> Result<Decision> {
+    let mailbox = state.mailbox;
+    if (exact && cursor != mailbox.consumed) || cursor < mailbox.consumed {
+        return Err(StoreError::CursorConflict {
+            expected: cursor,
+            actual: mailbox.consumed,
+        });
+    }
+    if cursor > mailbox.latest {
+        return Err(StoreError::InvalidCursor(format!(
+            "cursor {cursor} is past the newest input {}",
+            mailbox.latest
+        )));
+    }
+    if mailbox.latest > cursor {
+        return Ok(Decision::Write(vec![Event::InputsPending {
+            cursor,
+            checkpoint: fallback_checkpoint,
+            at: now,
+        }]));
+    }
+    let mut events = Vec::with_capacity(3);
+    if cursor > mailbox.consumed {
+        events.push(Event::CursorAdvanced {
+            cursor,
+            attempt: state.attempt,
+            at: now,
+        });
+    }
+    let (event, notify) = transition();
+    events.push(event);
+    Ok(write_all(state, events, notify, now))
+}
+
 /// Validates a progress update's own fields (before any lookup).
 pub(crate) fn validate_update(request: &UpdateRequest, config: &StoreConfig) -> Result<()> {
     if request.attempt == 0 {
@@ -520,9 +1037,11 @@ pub(crate) fn validate_update(request: &UpdateRequest, config: &StoreConfig) -> 
     if request.event_id.len() > config.max_id_bytes {
         return Err(StoreError::invalid("event id", "too long"));
     }
-    if request.data.is_empty() {
+    if request.part_id.is_empty() && request.data.is_empty() {
+        // A part may be metadata only; a single-record update carries data.
         return Err(StoreError::invalid("data", "must not be empty"));
     }
+    check_len("part id", request.part_id.len(), config.max_id_bytes)?;
     if request.data.len() > config.max_value_bytes {
         return Err(StoreError::invalid(
             "data",
@@ -540,8 +1059,14 @@ pub(crate) fn update(
     now: Timestamp,
 ) -> Result<Keyed<UpdateRequest>> {
     fence(&task.state, Some(request.attempt), now, false)?;
+    if !request.part_id.is_empty() {
+        return part(task, request, now);
+    }
     if let Some(&position) = task.update_ids.get(&request.event_id) {
         return Ok(Keyed::Repeat { position, request });
+    }
+    if task.part_events.contains_key(&request.event_id) {
+        return Err(StoreError::EventIdConflict(request.event_id));
     }
     let UpdateRequest {
         attempt,
@@ -549,10 +1074,47 @@ pub(crate) fn update(
         kind,
         data,
         metadata,
+        ..
     } = request;
     Ok(Keyed::New(Event::UpdateAppended {
         attempt,
         event_id,
+        kind,
+        data,
+        metadata,
+        at: now,
+    }))
+}
+
+/// A part of a multi-part progress event (the fence already passed): a known (event, part)
+/// is a repeat; a new part of an event whose final part is recorded (or of a single-record
+/// update's event id) is refused.
+fn part(task: &Task, request: UpdateRequest, now: Timestamp) -> Result<Keyed<UpdateRequest>> {
+    if let Some(&position) = task
+        .parts
+        .get(&part_key(&request.event_id, &request.part_id))
+    {
+        return Ok(Keyed::Repeat { position, request });
+    }
+    if task.closed_events.contains_key(&request.event_id)
+        || task.update_ids.contains_key(&request.event_id)
+    {
+        return Err(StoreError::EventClosed(request.event_id));
+    }
+    let UpdateRequest {
+        attempt,
+        event_id,
+        kind,
+        data,
+        metadata,
+        part_id,
+        last,
+    } = request;
+    Ok(Keyed::New(Event::PartAppended {
+        attempt,
+        event_id,
+        part_id,
+        last,
         kind,
         data,
         metadata,

@@ -1,6 +1,6 @@
 //! The task store's error type.
 
-use dtask_replay::Status;
+use dtask_replay::{Status, TaskState};
 
 /// Errors of the task store. Every named error of the reference store is a variant to match.
 #[derive(Debug, thiserror::Error)]
@@ -59,6 +59,46 @@ pub enum StoreError {
     /// An application notification's event id was replayed with a different kind or data.
     #[error("notification event id {0:?} was recorded with different content")]
     NotificationEventIdConflict(String),
+    /// The task's mailbox is sealed (the task has ended): it takes no new input, and no
+    /// child can be created under it.
+    #[error("the mailbox of task {0:?} is sealed")]
+    MailboxSealed(String),
+    /// The caller's mailbox generation is not the current one: its ownership was lost.
+    #[error("ownership lost: generation {expected} expected, the mailbox is at {actual}")]
+    OwnershipLost {
+        /// The generation the caller presented.
+        expected: u64,
+        /// The mailbox's generation.
+        actual: u64,
+    },
+    /// The caller's consumed cursor is stale.
+    #[error("cursor conflict: consumed cursor {expected} expected, the mailbox is at {actual}")]
+    CursorConflict {
+        /// The cursor the caller presented.
+        expected: u64,
+        /// The mailbox's consumed cursor.
+        actual: u64,
+    },
+    /// An input's event id was replayed with a different kind, data or delivery.
+    #[error("input event id {0:?} was recorded with different content")]
+    InputConflict(String),
+    /// An `*IfNoInputs` transition found input newer than the caller's cursor: the task was
+    /// sent back to pending instead (this is written: the snapshot is the task after it).
+    #[error("inputs pending: task {:?} went back to pending to read newer input", .0.spec.id)]
+    InputsPending(Box<TaskState>),
+    /// A part of a progress event whose final part is recorded.
+    #[error("task event {0:?} is closed: its final part is recorded")]
+    EventClosed(String),
+    /// A progress-event part was replayed with different bytes or final flag.
+    #[error(
+        "task event part {part_id:?} of event {event_id:?} was recorded with different content"
+    )]
+    PartConflict {
+        /// The event.
+        event_id: String,
+        /// The part.
+        part_id: String,
+    },
     /// The store was closed.
     #[error("the task store is closed")]
     Closed,
@@ -100,6 +140,17 @@ pub enum NotFound {
     /// No delivery holds this receipt (unknown, or superseded by a later delivery).
     #[error("receipt {0:?}")]
     Receipt(String),
+    /// No mailbox has this id (no task: every task has one).
+    #[error("mailbox {0:?}")]
+    Mailbox(String),
+    /// No input has this sequence in the task's mailbox.
+    #[error("input {sequence} of task {task:?}")]
+    Input {
+        /// The task.
+        task: String,
+        /// The sequence looked for.
+        sequence: u64,
+    },
 }
 
 impl StoreError {

@@ -11,19 +11,24 @@ mod config;
 mod cursor;
 pub(crate) mod decide;
 mod error;
+mod mailbox;
 mod outbox;
 mod request;
 mod updates;
 
 pub use config::StoreConfig;
-pub use decide::Command;
+pub use decide::{Command, MAX_INPUT_KIND_BYTES};
 pub use error::{NotFound, Result, StoreError};
+pub use mailbox::{InputPage, InputRecord};
 pub use outbox::{Notification, RESERVED_KIND_PREFIXES};
-pub use request::{CreateRequest, NotificationRequest, UpdateRequest};
+pub use request::{
+    AdvanceCursor, CreateRequest, ExecutionContext, InputRequest, NotificationRequest,
+    UpdateRequest,
+};
 pub use updates::{UpdatePage, UpdateRecord};
 
 use crate::clock::Clock;
-use decide::Decision;
+use decide::{Decision, ParentNotice};
 use dtask_journal::{Event, Head, Journal, LiveRepair, LiveSummary, Timestamp};
 use dtask_replay::{load_task, load_tasks_each, ReplayError, Status, Task, TaskState};
 use parking_lot::{Mutex, MutexGuard};
@@ -409,8 +414,10 @@ impl TaskStore {
         self.inner.index.lock()
     }
 
-    /// The slot of `id`, folding a task that is not in memory.
+    /// The slot of `id`, folding a task that is not in memory. The id is validated first,
+    /// the same way on every path: an empty id is a validation error, never "not found".
     fn slot(&self, id: &str) -> Result<Arc<Slot>> {
+        decide::validate_task_id(id, &self.inner.config)?;
         if let Some(slot) = self.index().slots.get(id) {
             return Ok(Arc::clone(slot));
         }
@@ -446,23 +453,126 @@ impl TaskStore {
     }
 
     /// Appends `events` for the locked `task`, then folds them into it: every decided write
-    /// of an existing task ends here.
+    /// of an existing task ends here. A nested task's lifecycle notification goes into its
+    /// parent's mailbox in the same atomic append.
     async fn commit(&self, slot: &Slot, task: &mut Task, events: &[Event]) -> Result<()> {
-        let id = task.state.spec.id.clone();
-        let before = Placement::of(&task.state);
-        if self.append(&id, task.state.position, events).await? == Appended::Conflict {
-            // Another writer advanced the stream (only possible if a task was folded twice
-            // concurrently). Refold and report a stale version.
-            let fresh = load_task(&self.inner.journal, &id)?
-                .ok_or_else(|| StoreError::task_not_found(&id))?;
-            let expected = task.state.version;
-            *task = fresh;
-            self.publish(slot, task, &before);
-            return Err(StoreError::VersionConflict {
-                expected,
-                actual: task.state.version,
-            });
+        if task.state.is_nested() {
+            if let Some(notice) = decide::parent_notice(Some(&task.state), events) {
+                return self.commit_with_parent(slot, task, events, notice).await;
+            }
         }
+        self.commit_one(slot, task, events).await
+    }
+
+    /// [`TaskStore::commit`] with a notice for the parent: the parent's slot is locked after
+    /// the child's (locks are only ever taken child before parent), the input decided on
+    /// the parent's state, and both streams appended at once. When the parent cannot take
+    /// it (it ended, or is gone), the child records why and its transition goes ahead.
+    async fn commit_with_parent(
+        &self,
+        slot: &Slot,
+        task: &mut Task,
+        events: &[Event],
+        notice: ParentNotice,
+    ) -> Result<()> {
+        let now = self.now();
+        let parent_slot = match self.slot(&notice.parent) {
+            Ok(parent) => Some(parent),
+            Err(StoreError::NotFound(_)) => None,
+            Err(e) => return Err(e),
+        };
+        let mut parent = match &parent_slot {
+            Some(parent) => Some(parent.task.lock().await),
+            None => None,
+        };
+        let delivery = match parent.as_deref() {
+            Some(parent) => decide::deliver(parent, &notice, now),
+            None => Err(StoreError::NotFound(error::NotFound::Mailbox(
+                notice.parent.clone(),
+            ))),
+        };
+        let parent_events = match delivery {
+            Ok(parent_events) => parent_events,
+            Err(e) => {
+                let mut events = events.to_vec();
+                events.push(Event::ParentNotificationFailed {
+                    kind: notice.kind.to_owned(),
+                    error: e.to_string(),
+                    at: now,
+                });
+                return self.commit_one(slot, task, &events).await;
+            }
+        };
+        let (Some(parent_slot), Some(parent)) = (parent_slot.as_deref(), parent.as_deref_mut())
+        else {
+            return self.commit_one(slot, task, events).await;
+        };
+        if parent_events.is_empty() {
+            // Delivered before (a replayed notice): nothing more for the parent.
+            return self.commit_one(slot, task, events).await;
+        }
+        self.commit_linked(
+            slot,
+            task,
+            events,
+            Some((parent_slot, parent, &parent_events)),
+        )
+        .await
+    }
+
+    /// Appends `events` for `task` — and, when given, `linked` events for another locked
+    /// task in the same atomic append — then folds each into its task.
+    async fn commit_linked(
+        &self,
+        slot: &Slot,
+        task: &mut Task,
+        events: &[Event],
+        linked: Option<(&Slot, &mut Task, &[Event])>,
+    ) -> Result<()> {
+        let Some((other_slot, other, other_events)) = linked else {
+            return self.commit_one(slot, task, events).await;
+        };
+        let id = task.state.spec.id.clone();
+        let other_id = other.state.spec.id.clone();
+        let before = Placement::of(&task.state);
+        let other_before = Placement::of(&other.state);
+        let parts = [(other_id.as_str(), other.state.position, other_events)];
+        match self
+            .inner
+            .journal
+            .append_linked_async(&id, task.state.position, events, &parts)
+            .await
+        {
+            Ok(_) => {}
+            Err(dtask_journal::Error::Conflict { .. }) => {
+                // Another writer advanced one of the streams: refold both, report a stale
+                // version.
+                let expected = task.state.version;
+                for (slot, task, before, id) in [
+                    (slot, &mut *task, &before, &id),
+                    (other_slot, &mut *other, &other_before, &other_id),
+                ] {
+                    *task = load_task(&self.inner.journal, id)?
+                        .ok_or_else(|| StoreError::task_not_found(id))?;
+                    self.publish_change(slot, task, before);
+                }
+                return Err(StoreError::VersionConflict {
+                    expected,
+                    actual: task.state.version,
+                });
+            }
+            Err(e) => return Err(e.into()),
+        }
+        Self::apply_all(task, events)?;
+        Self::apply_all(other, other_events)?;
+        self.publish_change(slot, task, &before);
+        self.publish_change(other_slot, other, &other_before);
+        Ok(())
+    }
+
+    /// Folds appended `events` into `task`.
+    fn apply_all(task: &mut Task, events: &[Event]) -> Result<()> {
+        let id = task.state.spec.id.clone();
         for event in events {
             task.apply(event).map_err(|error| {
                 tracing::error!(task = %id, %error, "a decided event does not fold");
@@ -473,11 +583,32 @@ impl TaskStore {
                 })
             })?;
         }
-        self.publish(slot, task, &before);
         Ok(())
     }
 
-    fn publish(&self, slot: &Slot, task: &Task, before: &Placement) {
+    /// [`TaskStore::commit`] of one stream.
+    async fn commit_one(&self, slot: &Slot, task: &mut Task, events: &[Event]) -> Result<()> {
+        let id = task.state.spec.id.clone();
+        let before = Placement::of(&task.state);
+        if self.append(&id, task.state.position, events).await? == Appended::Conflict {
+            // Another writer advanced the stream (only possible if a task was folded twice
+            // concurrently). Refold and report a stale version.
+            let fresh = load_task(&self.inner.journal, &id)?
+                .ok_or_else(|| StoreError::task_not_found(&id))?;
+            let expected = task.state.version;
+            *task = fresh;
+            self.publish_change(slot, task, &before);
+            return Err(StoreError::VersionConflict {
+                expected,
+                actual: task.state.version,
+            });
+        }
+        Self::apply_all(task, events)?;
+        self.publish_change(slot, task, &before);
+        Ok(())
+    }
+
+    fn publish_change(&self, slot: &Slot, task: &Task, before: &Placement) {
         let after = Placement::of(&task.state);
         if after != *before {
             let mut index = self.index();
@@ -518,8 +649,47 @@ impl TaskStore {
     /// [`StoreError::Invalid`] for a bad spec, [`StoreError::AlreadyExists`] when the id is
     /// taken; nothing is written in either case.
     pub async fn create(&self, request: CreateRequest) -> Result<TaskState> {
+        decide::validate_create(&request, &self.inner.config)?;
+        let Some(context) = request.parent.clone() else {
+            let now = self.now();
+            let (id, events) = decide::create(request, String::new(), now, &self.inner.config)?;
+            return self.create_stream(id, events, None).await;
+        };
+        // A nested task: its parent's running attempt is the authority, checked under the
+        // parent's lock and recorded in the parent's stream in the same append.
+        let parent_slot = match self.slot(&context.task_id) {
+            Err(StoreError::NotFound(_)) => {
+                return Err(StoreError::NotFound(error::NotFound::Mailbox(
+                    context.task_id,
+                )))
+            }
+            other => other?,
+        };
+        let mut parent = parent_slot.task.lock().await;
         let now = self.now();
-        let (id, events) = decide::create(request, now, &self.inner.config)?;
+        self.resolve_expiry(&parent_slot, &mut parent, now).await?;
+        let root = decide::inherited_root(&parent.state);
+        let (id, events) = decide::create(request, root, now, &self.inner.config)?;
+        let mut parent_events = vec![decide::child_authority(&parent, &context, &id, now)?];
+        if let Some(notice) = decide::parent_notice(None, &events) {
+            parent_events.extend(decide::deliver(&parent, &notice, now)?);
+        }
+        self.create_stream(
+            id,
+            events,
+            Some((&parent_slot, &mut parent, &parent_events)),
+        )
+        .await
+    }
+
+    /// Writes a new task's stream (with, for a nested task, its parent's events in the same
+    /// append) and indexes it.
+    async fn create_stream(
+        &self,
+        id: String,
+        events: Vec<Event>,
+        parent: Option<(&Slot, &mut Task, &[Event])>,
+    ) -> Result<TaskState> {
         if self.index().slots.contains_key(&id) || self.inner.journal.stream_len(&id)?.is_some() {
             return Err(StoreError::AlreadyExists(id));
         }
@@ -533,8 +703,45 @@ impl TaskStore {
                 })
             })?
             .ok_or_else(|| StoreError::task_not_found(&id))?;
-        if self.append(&id, 0, &events).await? == Appended::Conflict {
-            return Err(StoreError::AlreadyExists(id));
+        match parent {
+            None => {
+                if self.append(&id, 0, &events).await? == Appended::Conflict {
+                    return Err(StoreError::AlreadyExists(id));
+                }
+            }
+            Some((parent_slot, parent, parent_events)) => {
+                let before = Placement::of(&parent.state);
+                let parts = [(
+                    parent.state.spec.id.as_str(),
+                    parent.state.position,
+                    parent_events,
+                )];
+                match self
+                    .inner
+                    .journal
+                    .append_linked_async(&id, 0, &events, &parts)
+                    .await
+                {
+                    Ok(_) => {}
+                    Err(dtask_journal::Error::Conflict { task, .. }) if task == id => {
+                        return Err(StoreError::AlreadyExists(id));
+                    }
+                    Err(dtask_journal::Error::Conflict { .. }) => {
+                        let expected = parent.state.version;
+                        let parent_id = parent.state.spec.id.clone();
+                        *parent = load_task(&self.inner.journal, &parent_id)?
+                            .ok_or_else(|| StoreError::task_not_found(&parent_id))?;
+                        self.publish_change(parent_slot, parent, &before);
+                        return Err(StoreError::VersionConflict {
+                            expected,
+                            actual: parent.state.version,
+                        });
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+                Self::apply_all(parent, parent_events)?;
+                self.publish_change(parent_slot, parent, &before);
+            }
         }
         let state = task.state.clone();
         {
@@ -594,7 +801,12 @@ impl TaskStore {
         self.resolve_expiry(&slot, &mut task, now).await?;
         match decide::decide(&task.state, expected_version, &command, now, config)? {
             Decision::Unchanged => {}
-            Decision::Write(events) => self.commit(&slot, &mut task, &events).await?,
+            Decision::Write(events) => {
+                self.commit(&slot, &mut task, &events).await?;
+                if matches!(events.last(), Some(Event::InputsPending { .. })) {
+                    return Err(StoreError::InputsPending(Box::new(task.state.clone())));
+                }
+            }
         }
         Ok(task.state.clone())
     }
@@ -664,6 +876,7 @@ impl TaskStore {
                         "cursor does not match the status or executor keys".into(),
                     ));
                 }
+                self.check_cursor_task(&c.l)?;
                 Some(c.l)
             }
         };
@@ -682,6 +895,19 @@ impl TaskStore {
             .take(limit + 1)
             .collect();
         Ok((ids, limit, keys))
+    }
+
+    /// A list cursor's last id must name a task (a cursor is only ever made from one).
+    fn check_cursor_task(&self, id: &str) -> Result<()> {
+        let known = self.index().slots.contains_key(id)
+            || (!id.is_empty() && self.inner.journal.stream_len(id)?.is_some());
+        if known {
+            Ok(())
+        } else {
+            Err(StoreError::InvalidCursor(format!(
+                "the cursor's last id {id:?} names no task"
+            )))
+        }
     }
 
     async fn list_status(

@@ -2,7 +2,7 @@
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
-use dtask_journal::{LeasePolicy, MetadataEntry, TaskSpec};
+use dtask_journal::{Delivery, LeasePolicy, MetadataEntry, Publication, TaskSpec};
 
 /// A request to create a task.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -15,6 +15,52 @@ pub struct CreateRequest {
     pub checkpoint: Vec<u8>,
     /// The initial context snapshot.
     pub context_snapshot: Vec<u8>,
+    /// When the task becomes visible: `on_create` (the default) or `deferred` (until
+    /// [`crate::TaskStore::publish`]); `on_background` is refused at creation.
+    pub publication: Publication,
+    /// The running attempt creating this task as its child: the authority of a nested task
+    /// (see [`ExecutionContext`]). `None` for a root task.
+    pub parent: Option<ExecutionContext>,
+    /// The root session of a root task's tree (a nested task inherits its parent's).
+    pub root_session_id: String,
+}
+
+/// The authority of a running attempt, which it presents to create child tasks: the
+/// reference's execution context with a manager owner.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ExecutionContext {
+    /// The parent task.
+    pub task_id: String,
+    /// The parent's running attempt.
+    pub attempt: u64,
+    /// The parent's mailbox generation, as the attempt saw it.
+    pub generation: u64,
+}
+
+/// An input to send to a task's mailbox.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct InputRequest {
+    /// The sender's idempotency key (required, at most 1024 bytes).
+    pub event_id: String,
+    /// The input kind (required, at most 128 bytes).
+    pub kind: String,
+    /// The input bytes.
+    pub data: Vec<u8>,
+    /// How it is delivered.
+    pub delivery: Delivery,
+}
+
+/// A request to move a mailbox's consumed cursor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AdvanceCursor {
+    /// The running attempt (the fence).
+    pub attempt: u64,
+    /// The mailbox generation the attempt saw.
+    pub expected_generation: u64,
+    /// The consumed cursor the attempt saw.
+    pub expected_cursor: u64,
+    /// The new consumed cursor (at least `expected_cursor`, at most the newest sequence).
+    pub cursor: u64,
 }
 
 /// A progress update to append.
@@ -30,6 +76,11 @@ pub struct UpdateRequest {
     pub data: Vec<u8>,
     /// Key/value metadata.
     pub metadata: Vec<MetadataEntry>,
+    /// The part of a multi-part event; empty for a single-record update (the reference's
+    /// shorthand for one final part).
+    pub part_id: String,
+    /// Whether this is the event's final part (parts only).
+    pub last: bool,
 }
 
 /// An application notification of a running attempt.

@@ -23,6 +23,11 @@ pub struct UpdateRecord {
     pub data: Vec<u8>,
     /// Key/value metadata.
     pub metadata: Vec<MetadataEntry>,
+    /// The part of a multi-part event; empty for a single-record update.
+    pub part_id: String,
+    /// Whether the record completes its event (always for a single-record update; for a
+    /// part, whether it is the final one). Readers see an event as complete only then.
+    pub last: bool,
     /// The record's position in the task's stream (its append position).
     pub position: u64,
     /// When it was appended.
@@ -48,6 +53,29 @@ impl UpdateRecord {
                 kind: kind.clone(),
                 data: data.clone(),
                 metadata: metadata.clone(),
+                part_id: String::new(),
+                last: true,
+                position: record.position,
+                created_at: *at,
+            }),
+            Event::PartAppended {
+                attempt,
+                event_id,
+                part_id,
+                last,
+                kind,
+                data,
+                metadata,
+                at,
+            } => Some(Self {
+                task_id: task_id.to_owned(),
+                attempt: *attempt,
+                event_id: event_id.clone(),
+                kind: kind.clone(),
+                data: data.clone(),
+                metadata: metadata.clone(),
+                part_id: part_id.clone(),
+                last: *last,
                 position: record.position,
                 created_at: *at,
             }),
@@ -71,9 +99,14 @@ impl TaskStore {
     /// seen before (in any attempt) with the same bytes returns the original record with
     /// `false`, and with other bytes fails. The task's version does not change.
     ///
+    /// With a `part_id`, the update is one part of a multi-part event, deduplicated by
+    /// (event id, part id) — the same bytes and final flag return the original; once the
+    /// event's final part is recorded, a new part of it is refused.
+    ///
     /// # Errors
     /// [`StoreError::Invalid`], [`StoreError::NotFound`], [`StoreError::LeaseLost`],
-    /// [`StoreError::EventIdConflict`].
+    /// [`StoreError::EventIdConflict`], [`StoreError::PartConflict`],
+    /// [`StoreError::EventClosed`].
     pub async fn append_update(
         &self,
         id: &str,
@@ -92,11 +125,15 @@ impl TaskStore {
                 let original = self.read_update(id, position)?;
                 let same = original.kind == request.kind
                     && original.data == request.data
-                    && original.metadata == request.metadata;
-                if same {
-                    Ok((original, false))
-                } else {
-                    Err(StoreError::EventIdConflict(request.event_id))
+                    && original.metadata == request.metadata
+                    && (request.part_id.is_empty() || original.last == request.last);
+                match (same, request.part_id.is_empty()) {
+                    (true, _) => Ok((original, false)),
+                    (false, true) => Err(StoreError::EventIdConflict(request.event_id)),
+                    (false, false) => Err(StoreError::PartConflict {
+                        event_id: request.event_id,
+                        part_id: request.part_id,
+                    }),
                 }
             }
             Keyed::New(event) => {

@@ -27,6 +27,7 @@ fn update(attempt: u64, event_id: &str, data: &str) -> UpdateRequest {
         kind: "progress".to_owned(),
         data: data.as_bytes().to_vec(),
         metadata: vec![("k".to_owned(), "v".to_owned())],
+        ..UpdateRequest::default()
     }
 }
 

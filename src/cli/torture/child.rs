@@ -394,8 +394,12 @@ async fn workload(args: &Args) -> Result<i32> {
             let manager = manager.clone();
             let acks = Arc::clone(&acks);
             tokio::spawn(async move {
-                if manager.request_cancel(&id, "torture").await.is_ok() {
-                    acks.log(&["cancel", &id]);
+                // A task that finished by itself answers with its terminal state: only a
+                // recorded cancel request is an acknowledged cancellation.
+                if let Ok(state) = manager.request_cancel(&id, "torture").await {
+                    if state.cancel_requested_at.is_some() {
+                        acks.log(&["cancel", &id]);
+                    }
                 }
             });
         }
