@@ -366,12 +366,16 @@ impl Model {
         Ok(true)
     }
 
-    fn publish(&mut self, t: usize) -> TaskOutcome {
+    fn publish(&mut self, t: usize, expected: u64) -> TaskOutcome {
         if self.tasks[t].is_none() {
             return Err("NotFound");
         }
         self.resolve(t);
         let task = self.tasks[t].as_mut().unwrap();
+        // The CAS comes after lazy expiry, which may have raised the version.
+        if task.version != expected {
+            return Err("VersionConflict");
+        }
         if !task.deferred {
             return Err("IllegalTransition");
         }
@@ -927,7 +931,7 @@ async fn run(ops: Vec<Op>) {
             Op::Publish { t } => {
                 let version = model.tasks[*t].as_ref().map_or(1, |m| m.version);
                 let got = store.publish(&format!("t{t}"), version).await;
-                let want = model.publish(*t);
+                let want = model.publish(*t, version);
                 assert_eq!(outcome(&got), model_outcome(&want), "op {i}: {op:?}");
                 Some(*t)
             }
