@@ -2,7 +2,12 @@
 //! directories: every endpoint's success and client errors, the control endpoints changing
 //! what the journal holds, the streams, metrics, the token, and the OpenAPI document against
 //! its committed copy (`DTASK_BLESS=1 cargo test -p dtask --test server` rewrites it).
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::too_many_lines,
+    clippy::similar_names
+)]
 
 use dtask::server::{Server, ServerConfig, ServerError};
 use dtask_engine::{
@@ -734,7 +739,7 @@ async fn verify_stats_and_metrics_describe_the_journal() {
         r#"dtask_tasks{status="completed"} 0"#,
         r#"dtask_tasks_by_executor{executor="shell"} 1"#,
         r#"dtask_journal_records_by_type{event_type="attempt_started"} 1"#,
-        r#"dtask_journal_last_sequence 3"#,
+        "dtask_journal_last_sequence 3",
         r#"dtask_verify_runs_total{result="clean"} 2"#,
     ] {
         assert!(

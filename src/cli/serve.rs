@@ -93,7 +93,7 @@ async fn serve(global: &Global, args: &Args) -> Result<()> {
         "dtask serve: http://{addr}/ ({mode}, journal {}); stop with Ctrl-C",
         dir.display()
     );
-    let served = server
+    let outcome = server
         .serve(listener, async move {
             tokio::select! {
                 _ = interrupt.recv() => {}
@@ -110,5 +110,5 @@ async fn serve(global: &Global, args: &Args) -> Result<()> {
             .close()
             .map_err(CliError::io("removing the scratch directory"))?;
     }
-    Ok(served?)
+    Ok(outcome?)
 }

@@ -325,7 +325,10 @@ pub async fn stream(
     headers: HeaderMap,
     ApiQuery(query): ApiQuery<StreamQuery>,
 ) -> Result<Response, ApiError> {
-    let after = start_after(&headers, &query, shared.hub.last_seq())?;
+    // "From now on": the journal's last sequence (not the pump's, which is 0 until its first
+    // count is done).
+    let now = blocking(&shared, |j| Ok(j.last_seq()?)).await?;
+    let after = start_after(&headers, &query, now)?;
     let events = sse::subscribe(
         &shared.hub,
         shared.journal.clone(),

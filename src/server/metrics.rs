@@ -1,4 +1,4 @@
-//! Metrics in the Prometheus text format (OpenMetrics), from a registry owned by the server:
+//! Metrics in the Prometheus text format (`OpenMetrics`), from a registry owned by the server:
 //! HTTP requests by route, method and status (and their durations), tasks by status and
 //! executor, records by type, the journal's last sequence, the SSE streams.
 //!

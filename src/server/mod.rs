@@ -210,6 +210,7 @@ impl Server {
             .route("/", get(web::index))
             .route("/assets/app.js", get(web::script))
             .route("/assets/style.css", get(web::style))
+            .route("/favicon.ico", get(web::favicon))
             .route("/api/tasks", get(api::list_tasks).post(api::submit))
             .route("/api/tasks/{id}", get(api::get_task))
             .route("/api/tasks/{id}/records", get(api::get_records))

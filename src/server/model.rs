@@ -269,7 +269,7 @@ impl RecordView {
             event_type: record.event.event_type().as_str().to_owned(),
             at: record.event.at().0,
             crc: format!("{:08x}", record.crc),
-            digest: record.digest.to_hex().to_string(),
+            digest: record.digest.to_hex(),
             size: record.size,
             event: event_json(&record.event, bytes)?,
         })

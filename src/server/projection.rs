@@ -137,17 +137,14 @@ impl Projection {
             }
         } else if record.position == 0 {
             c.tasks += 1;
-            match Task::created(task, &record.event) {
-                Ok(folded) => {
-                    *c.by_executor
-                        .entry(folded.state.spec.executor_key.clone())
-                        .or_default() += 1;
-                    c.live.insert(task.to_owned(), folded);
-                }
-                Err(_) => {
-                    c.problems += 1;
-                    *c.by_executor.entry("?".to_owned()).or_default() += 1;
-                }
+            if let Ok(folded) = Task::created(task, &record.event) {
+                *c.by_executor
+                    .entry(folded.state.spec.executor_key.clone())
+                    .or_default() += 1;
+                c.live.insert(task.to_owned(), folded);
+            } else {
+                c.problems += 1;
+                *c.by_executor.entry("?".to_owned()).or_default() += 1;
             }
         }
     }

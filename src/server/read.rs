@@ -180,7 +180,7 @@ pub fn list_tasks(journal: &Journal, query: &ListQuery) -> Result<TaskList, ApiE
     };
     let budget = (limit * 20).max(2000);
     let mut tasks = Vec::new();
-    let mut scanned = 0u64;
+    let mut scanned = 0usize;
     let mut last: Option<String> = None;
     let mut exhausted = true;
     for id in journal.task_ids() {
@@ -188,7 +188,7 @@ pub fn list_tasks(journal: &Journal, query: &ListQuery) -> Result<TaskList, ApiE
         if after.as_ref().is_some_and(|a| id <= *a) {
             continue;
         }
-        if tasks.len() == limit || scanned as usize == budget {
+        if tasks.len() == limit || scanned == budget {
             exhausted = false;
             break;
         }
@@ -207,7 +207,7 @@ pub fn list_tasks(journal: &Journal, query: &ListQuery) -> Result<TaskList, ApiE
     Ok(TaskList {
         tasks,
         next_cursor,
-        scanned,
+        scanned: scanned as u64,
     })
 }
 
@@ -279,6 +279,27 @@ pub fn records(
     })
 }
 
+/// The damage-tolerant fold up to a position, and the last record folded.
+struct Upto {
+    view: FoldView,
+    last: Option<AtRecord>,
+}
+impl dtask_replay::Replay for Upto {
+    type Error = std::convert::Infallible;
+    fn replay(&mut self, record: &dtask_journal::Record) -> Result<(), Self::Error> {
+        self.last = Some(AtRecord {
+            position: record.position,
+            seq: record.seq,
+            time: record.event.at().0,
+            event_type: record.event.event_type().as_str().to_owned(),
+        });
+        self.view.replay(record)
+    }
+    fn damaged(&mut self, position: u64, kind: &dtask_journal::CorruptionKind) -> bool {
+        self.view.damaged(position, kind)
+    }
+}
+
 /// The task as it was after position `at` (default: its last record), folded as `show`
 /// folds (up to the first damaged or illegal record).
 ///
@@ -297,25 +318,6 @@ pub fn state_at(
         return Err(ApiError::out_of_range(format!(
             "task {id:?} has positions 0..={last}; at={at} is beyond its end"
         )));
-    }
-    struct Upto {
-        view: FoldView,
-        last: Option<AtRecord>,
-    }
-    impl dtask_replay::Replay for Upto {
-        type Error = std::convert::Infallible;
-        fn replay(&mut self, record: &dtask_journal::Record) -> Result<(), Self::Error> {
-            self.last = Some(AtRecord {
-                position: record.position,
-                seq: record.seq,
-                time: record.event.at().0,
-                event_type: record.event.event_type().as_str().to_owned(),
-            });
-            self.view.replay(record)
-        }
-        fn damaged(&mut self, position: u64, kind: &dtask_journal::CorruptionKind) -> bool {
-            self.view.damaged(position, kind)
-        }
     }
     let mut upto = Upto {
         view: FoldView::new(id),

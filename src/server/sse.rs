@@ -55,12 +55,10 @@ impl Item {
     }
 }
 
-/// The broadcast side: the channel, the pump's position, the subscribers.
+/// The broadcast side: the channel and the subscribers.
 #[derive(Debug)]
 pub struct Hub {
     sender: broadcast::Sender<Arc<Item>>,
-    /// The last sequence broadcast.
-    last_seq: AtomicU64,
     subscribers: Arc<AtomicU64>,
     max_subscribers: u64,
 }
@@ -71,7 +69,6 @@ impl Hub {
         let (sender, _) = broadcast::channel(buffer.max(16));
         Self {
             sender,
-            last_seq: AtomicU64::new(0),
             subscribers: Arc::new(AtomicU64::new(0)),
             max_subscribers: max_subscribers as u64,
         }
@@ -80,11 +77,6 @@ impl Hub {
     /// Open streams.
     pub fn subscribers(&self) -> u64 {
         self.subscribers.load(Ordering::Relaxed)
-    }
-
-    /// The last sequence broadcast.
-    pub fn last_seq(&self) -> u64 {
-        self.last_seq.load(Ordering::Acquire)
     }
 
     fn admit(&self) -> Result<Admitted, ApiError> {
@@ -145,7 +137,6 @@ impl Pump {
                 1
             }
         };
-        self.hub.last_seq.store(next - 1, Ordering::Release);
         loop {
             if *stop.borrow() {
                 return;
@@ -181,7 +172,6 @@ impl Pump {
                 self.projection.apply(&c.task, &c.record);
                 next = c.record.seq + 1;
                 let item = Arc::new(Item::of(&c.task, &c.record));
-                self.hub.last_seq.store(c.record.seq, Ordering::Release);
                 // No receiver is not an error: nobody is listening.
                 let _ = self.hub.sender.send(item);
             }

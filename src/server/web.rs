@@ -41,3 +41,8 @@ pub async fn script() -> Response {
 pub async fn style() -> Response {
     asset("text/css; charset=utf-8", STYLE)
 }
+
+/// `GET /favicon.ico`: none (204), so browsers do not log a 404.
+pub async fn favicon() -> axum::http::StatusCode {
+    axum::http::StatusCode::NO_CONTENT
+}

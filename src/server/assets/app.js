@@ -15,7 +15,7 @@ function h(tag, attrs, ...children) {
     else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
     else if (v !== undefined && v !== null && v !== false) el.setAttribute(k, v === true ? "" : v);
   }
-  for (const c of children.flat()) {
+  for (const c of children.flat(Infinity)) {
     if (c === null || c === undefined) continue;
     el.append(c instanceof Node ? c : document.createTextNode(String(c)));
   }
@@ -275,11 +275,11 @@ async function taskPage(id) {
   let sliderTimer = null;
   slider.addEventListener("input", () => { clearTimeout(sliderTimer); sliderTimer = setTimeout(showAt, 120); });
 
-  const addRecords = (list) => {
+  const addRecords = (list, live) => {
     for (const r of list) {
       if (records.length && r.position <= records[records.length - 1].position) continue;
       records.push(r);
-      recordsBody.append(h("tr", { class: records.length > 1 ? "flash" : "" },
+      recordsBody.append(h("tr", { class: live ? "flash" : "" },
         h("td", { class: "num" }, r.position), h("td", { class: "num" }, r.seq), h("td", {}, time(r.at)),
         h("td", {}, r.type), h("td", { class: "mono" }, r.crc),
         h("td", { class: "mono", title: r.digest }, r.digest.slice(0, 16) + "…"), h("td", { class: "num" }, r.size)));
@@ -304,7 +304,7 @@ async function taskPage(id) {
   slider.value = slider.max;
   showAt();
   const last = records.length ? records[records.length - 1].seq : 0;
-  follow(`${path}/stream?from_seq=${last + 1}`, (r) => { addRecords([r]); refreshState(); if (Number(slider.value) === Number(slider.max)) showAt(); });
+  follow(`${path}/stream?from_seq=${last + 1}`, (r) => { addRecords([r], true); refreshState(); if (Number(slider.value) === Number(slider.max)) showAt(); });
 }
 
 // ---- the journal ---------------------------------------------------------------------
