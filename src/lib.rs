@@ -5,7 +5,10 @@
 //! over its events; after a crash the journal is replayed and work continues.
 //!
 //! This crate is the facade: it re-exports the journal ([`journal`]), the fold and audit
-//! ([`replay`]), the live engine ([`engine`]) and the tool component layer ([`tool`]).
+//! ([`replay`]), the live engine ([`engine`]) and the tool component layer ([`tool`]), and
+//! holds the HTTP server of `dtask serve` ([`server`]).
+
+pub mod server;
 
 pub use dtask_engine as engine;
 pub use dtask_engine::tool;

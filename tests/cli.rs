@@ -661,8 +661,8 @@ fn a_journal_held_by_a_writer_is_in_use_but_still_readable() {
             held.display()
         )))
         .stderr(predicate::str::contains(
-            "the read-only commands (tasks, show, events, replay, stats, tail, verify, export) \
-             work on it",
+            "the read-only commands (tasks, show, events, replay, stats, tail, verify, export, \
+             serve --read-only) work on it",
         ))
         .stderr(predicate::str::contains("While lock file").not());
     // The read-only commands work while it is held.

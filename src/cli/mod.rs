@@ -8,6 +8,7 @@ mod export;
 mod fmt;
 mod import;
 mod replay;
+mod serve;
 mod show;
 mod stats;
 mod tail;
@@ -69,6 +70,9 @@ enum Command {
     Tail(tail::Args),
     /// Run a sample workload on an embedded journal and show what happened.
     Demo(demo::Args),
+    /// Serve an HTTP API, a live web view of the tasks and metrics (owner of the journal, or
+    /// `--read-only` follower of one another process writes).
+    Serve(serve::Args),
     /// Crash-recovery torture: kill a child engine at random moments (or at a fail point),
     /// restart it, repeat; then check that every invariant held.
     Torture(torture::Args),
@@ -106,6 +110,9 @@ pub enum CliError {
     /// JSON could not be written or read (exit 2).
     #[error("JSON: {0}")]
     Json(#[from] serde_json::Error),
+    /// The HTTP server could not start or failed (exit 2).
+    #[error(transparent)]
+    Server(#[from] dtask::server::ServerError),
     /// The command ran and found problems, already reported (exit 1).
     #[error("{0}")]
     Problems(String),
@@ -197,6 +204,7 @@ pub fn run() -> ExitCode {
         Command::Stats(args) => stats::run(&global, &args),
         Command::Tail(args) => tail::run(&global, &args),
         Command::Demo(args) => demo::run(&global, &args),
+        Command::Serve(args) => serve::run(&global, &args),
         Command::Torture(args) => torture::run(&global, &args),
         Command::TortureChild(args) => torture::child::run(&args),
     };
@@ -210,7 +218,7 @@ pub fn run() -> ExitCode {
             if let CliError::Journal(JournalError::InUse { .. }) = e {
                 eprintln!(
                     "dtask: the read-only commands (tasks, show, events, replay, stats, tail, \
-                     verify, export) work on it while it is held"
+                     verify, export, serve --read-only) work on it while it is held"
                 );
             }
             ExitCode::from(e.exit_code())

@@ -1,0 +1,114 @@
+//! `dtask serve`: the HTTP API, the web page and the metrics of `dtask::server` over a
+//! journal. By default the server owns the journal (opens the engine's task store, serves the
+//! control endpoints); with `--read-only` it follows a journal another process writes.
+//! SIGINT and SIGTERM stop it gracefully.
+
+use super::{CliError, Global, Result};
+use dtask::server::{Server, ServerConfig};
+use dtask_engine::{StoreConfig, SystemClock, TaskStore};
+use dtask_journal::{Journal, JournalOptions};
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::signal::unix::{signal, SignalKind};
+
+/// Arguments of `dtask serve`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The address to listen on. Off loopback, `--token` is required.
+    #[arg(long, default_value = "127.0.0.1:7700", value_name = "ADDR")]
+    listen: SocketAddr,
+    /// Follow a journal another process writes: inspection endpoints only, no lock taken.
+    #[arg(long)]
+    read_only: bool,
+    /// A bearer token every request must carry (at least 16 characters); required off
+    /// loopback.
+    #[arg(
+        long,
+        env = "DTASK_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    token: Option<String>,
+    /// How often to look for new commits, in milliseconds.
+    #[arg(long, default_value_t = 100, value_name = "MS")]
+    poll: u64,
+    /// The largest request body, in bytes.
+    #[arg(long, default_value_t = 2 << 20, value_name = "BYTES")]
+    body_limit: usize,
+}
+
+/// Runs `dtask serve`.
+pub fn run(global: &Global, args: &Args) -> Result<()> {
+    Server::check_listen(args.listen, args.token.as_deref())?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(CliError::io("starting the runtime"))?;
+    runtime.block_on(serve(global, args))
+}
+
+async fn serve(global: &Global, args: &Args) -> Result<()> {
+    // The handlers come first: from then on SIGINT and SIGTERM stop the server instead of
+    // the process, and the follower's scratch directory is always removed.
+    let mut interrupt =
+        signal(SignalKind::interrupt()).map_err(CliError::io("installing a signal handler"))?;
+    let mut terminate =
+        signal(SignalKind::terminate()).map_err(CliError::io("installing a signal handler"))?;
+    let mut config = ServerConfig::default()
+        .with_poll_interval(Duration::from_millis(args.poll.max(10)))
+        .with_body_limit(args.body_limit);
+    if let Some(token) = &args.token {
+        config = config.with_token(token.clone());
+    }
+    let mut scratch = None;
+    let mut sweeper = None;
+    let (server, mode, dir) = if args.read_only {
+        let dir = global.existing_journal_dir()?;
+        let tmp = tempfile::Builder::new()
+            .prefix("dtask-serve-")
+            .tempdir()
+            .map_err(CliError::io("creating a scratch directory"))?;
+        let journal = Journal::open_follower(dir, tmp.path())?;
+        scratch = Some(tmp);
+        (Server::follower(journal, config), "read-only", dir)
+    } else {
+        let dir = global.journal_dir()?;
+        let journal = Journal::open(dir, JournalOptions::default())?;
+        let store = TaskStore::open(journal, SystemClock, StoreConfig::default())?;
+        if let Some(repair) = store.repaired_live_index() {
+            eprintln!(
+                "dtask serve: warning: the live index was damaged and re-derived: {repair:?}"
+            );
+        }
+        sweeper = Some(store.spawn_sweeper(Duration::from_secs(1)));
+        (Server::owner(store, None, config), "owner", dir)
+    };
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(CliError::io(format!("listening on {}", args.listen)))?;
+    let addr = listener
+        .local_addr()
+        .map_err(CliError::io("reading the listen address"))?;
+    eprintln!(
+        "dtask serve: http://{addr}/ ({mode}, journal {}); stop with Ctrl-C",
+        dir.display()
+    );
+    let outcome = server
+        .serve(listener, async move {
+            tokio::select! {
+                _ = interrupt.recv() => {}
+                _ = terminate.recv() => {}
+            }
+        })
+        .await;
+    if let Some(sweeper) = sweeper {
+        sweeper.abort();
+    }
+    eprintln!("dtask serve: stopped");
+    if let Some(scratch) = scratch {
+        scratch
+            .close()
+            .map_err(CliError::io("removing the scratch directory"))?;
+    }
+    Ok(outcome?)
+}

@@ -1,0 +1,432 @@
+//! The HTTP handlers of the JSON API, each with its OpenAPI description.
+
+use super::error::ErrorBody;
+use super::extract::{ApiPath, ApiQuery, JsonBody, OptionalJsonBody};
+use super::model::{
+    BytesQuery, CancelBody, ListQuery, RecordPage, RecordsQuery, ReleaseBody, ResumeBody, StateAt,
+    StateQuery, Stats, SubmitBody, TaskDetail, TaskList, TaskStateView, UpdatePage, UpdatesQuery,
+    VerifyQuery, VerifyReport,
+};
+use super::sse::{self, Scope};
+use super::{read, ApiError, Shared};
+use axum::extract::State;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::sse::{KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use dtask_journal::Journal;
+use serde::Deserialize;
+use std::sync::Arc;
+use utoipa::IntoParams;
+
+type Api<T> = Result<Json<T>, ApiError>;
+
+/// Runs a blocking read of the journal on the blocking pool.
+async fn blocking<T: Send + 'static>(
+    shared: &Shared,
+    read: impl FnOnce(&Journal) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let journal = shared.journal.clone();
+    tokio::task::spawn_blocking(move || read(&journal)).await?
+}
+
+/// Lists tasks, a page at a time, with filters.
+#[utoipa::path(
+    get, path = "/api/tasks", tag = "tasks", params(ListQuery),
+    responses(
+        (status = 200, description = "A page of tasks, in id order", body = TaskList),
+        (status = 400, description = "A bad filter or cursor", body = ErrorBody),
+    )
+)]
+pub async fn list_tasks(
+    State(shared): State<Arc<Shared>>,
+    ApiQuery(query): ApiQuery<ListQuery>,
+) -> Api<TaskList> {
+    blocking(&shared, move |j| read::list_tasks(j, &query))
+        .await
+        .map(Json)
+}
+
+/// A task's folded state.
+#[utoipa::path(
+    get, path = "/api/tasks/{id}", tag = "tasks",
+    params(("id" = String, Path, description = "The task id"), BytesQuery),
+    responses(
+        (status = 200, description = "The task, folded from its stream", body = TaskDetail),
+        (status = 404, description = "No such task", body = ErrorBody),
+    )
+)]
+pub async fn get_task(
+    State(shared): State<Arc<Shared>>,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(query): ApiQuery<BytesQuery>,
+) -> Api<TaskDetail> {
+    let base64 = query.bytes.unwrap_or(false);
+    blocking(&shared, move |j| read::task(j, &id, base64))
+        .await
+        .map(Json)
+}
+
+/// A task's raw records: position, sequence, CRC, chain digest, type, time, event.
+#[utoipa::path(
+    get, path = "/api/tasks/{id}/records", tag = "tasks",
+    params(("id" = String, Path, description = "The task id"), RecordsQuery),
+    responses(
+        (status = 200, description = "A page of the task's records", body = RecordPage),
+        (status = 404, description = "No such task", body = ErrorBody),
+    )
+)]
+pub async fn get_records(
+    State(shared): State<Arc<Shared>>,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(query): ApiQuery<RecordsQuery>,
+) -> Api<RecordPage> {
+    blocking(&shared, move |j| {
+        read::records(j, &id, query.from.unwrap_or(0), query.limit)
+    })
+    .await
+    .map(Json)
+}
+
+/// The task as it was after a position (time travel).
+#[utoipa::path(
+    get, path = "/api/tasks/{id}/state", tag = "tasks",
+    params(("id" = String, Path, description = "The task id"), StateQuery),
+    responses(
+        (status = 200, description = "The state after position `at`", body = StateAt),
+        (status = 400, description = "A position past the end", body = ErrorBody),
+        (status = 404, description = "No such task", body = ErrorBody),
+    )
+)]
+pub async fn get_state(
+    State(shared): State<Arc<Shared>>,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(query): ApiQuery<StateQuery>,
+) -> Api<StateAt> {
+    let base64 = query.bytes.unwrap_or(false);
+    blocking(&shared, move |j| read::state_at(j, &id, query.at, base64))
+        .await
+        .map(Json)
+}
+
+/// A task's progress updates, oldest first, a page at a time.
+#[utoipa::path(
+    get, path = "/api/tasks/{id}/updates", tag = "tasks",
+    params(("id" = String, Path, description = "The task id"), UpdatesQuery),
+    responses(
+        (status = 200, description = "A page of updates; `next_cursor` goes on from the end of what is stored now", body = UpdatePage),
+        (status = 400, description = "A bad cursor", body = ErrorBody),
+        (status = 404, description = "No such task", body = ErrorBody),
+    )
+)]
+pub async fn get_updates(
+    State(shared): State<Arc<Shared>>,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(query): ApiQuery<UpdatesQuery>,
+) -> Api<UpdatePage> {
+    let base64 = query.bytes.unwrap_or(false);
+    blocking(&shared, move |j| {
+        read::updates(j, &id, query.cursor.as_deref(), query.limit, base64)
+    })
+    .await
+    .map(Json)
+}
+
+fn owner(shared: &Shared) -> Result<&super::control::Owner, ApiError> {
+    shared.owner.as_ref().ok_or_else(ApiError::read_only)
+}
+
+/// Creates a task (owner mode).
+#[utoipa::path(
+    post, path = "/api/tasks", tag = "control", request_body = SubmitBody,
+    responses(
+        (status = 201, description = "The task, created pending", body = TaskStateView),
+        (status = 400, description = "Bad JSON, an unknown field, an invalid spec", body = ErrorBody),
+        (status = 403, description = "A read-only server", body = ErrorBody),
+        (status = 409, description = "The id is taken", body = ErrorBody),
+        (status = 413, description = "The body is over the limit", body = ErrorBody),
+        (status = 415, description = "Not `application/json`", body = ErrorBody),
+    )
+)]
+pub async fn submit(
+    State(shared): State<Arc<Shared>>,
+    JsonBody(body): JsonBody<SubmitBody>,
+) -> Result<Response, ApiError> {
+    let state = owner(&shared)?.submit(body).await?;
+    Ok((StatusCode::CREATED, Json(TaskStateView::of(&state, false))).into_response())
+}
+
+/// Requests cancellation (owner mode); the first reason wins.
+#[utoipa::path(
+    post, path = "/api/tasks/{id}/cancel", tag = "control", request_body = CancelBody,
+    params(("id" = String, Path, description = "The task id")),
+    responses(
+        (status = 200, description = "The task after the request", body = TaskStateView),
+        (status = 403, description = "A read-only server", body = ErrorBody),
+        (status = 404, description = "No such task", body = ErrorBody),
+        (status = 409, description = "The task is terminal", body = ErrorBody),
+    )
+)]
+pub async fn cancel(
+    State(shared): State<Arc<Shared>>,
+    ApiPath(id): ApiPath<String>,
+    OptionalJsonBody(body): OptionalJsonBody<CancelBody>,
+) -> Api<TaskStateView> {
+    let state = owner(&shared)?.cancel(&id, body).await?;
+    Ok(Json(TaskStateView::of(&state, false)))
+}
+
+/// Gives input to a task waiting for it (owner mode).
+#[utoipa::path(
+    post, path = "/api/tasks/{id}/resume", tag = "control", request_body = ResumeBody,
+    params(("id" = String, Path, description = "The task id")),
+    responses(
+        (status = 200, description = "The task, pending again with the input", body = TaskStateView),
+        (status = 403, description = "A read-only server", body = ErrorBody),
+        (status = 404, description = "No such task", body = ErrorBody),
+        (status = 409, description = "Not waiting for input, or not at the expected version", body = ErrorBody),
+    )
+)]
+pub async fn resume(
+    State(shared): State<Arc<Shared>>,
+    ApiPath(id): ApiPath<String>,
+    OptionalJsonBody(body): OptionalJsonBody<ResumeBody>,
+) -> Api<TaskStateView> {
+    let state = owner(&shared)?.resume(&id, body).await?;
+    Ok(Json(TaskStateView::of(&state, false)))
+}
+
+/// Releases a suspended task to pending (owner mode).
+#[utoipa::path(
+    post, path = "/api/tasks/{id}/release", tag = "control", request_body = ReleaseBody,
+    params(("id" = String, Path, description = "The task id")),
+    responses(
+        (status = 200, description = "The task, pending again", body = TaskStateView),
+        (status = 403, description = "A read-only server", body = ErrorBody),
+        (status = 404, description = "No such task", body = ErrorBody),
+        (status = 409, description = "Not suspended", body = ErrorBody),
+    )
+)]
+pub async fn release(
+    State(shared): State<Arc<Shared>>,
+    ApiPath(id): ApiPath<String>,
+    OptionalJsonBody(body): OptionalJsonBody<ReleaseBody>,
+) -> Api<TaskStateView> {
+    let state = owner(&shared)?.release(&id, body).await?;
+    Ok(Json(TaskStateView::of(&state, false)))
+}
+
+/// Audits the journal (or one task): CRCs, hash chains, legality, indexes. One audit runs at
+/// a time.
+#[utoipa::path(
+    post, path = "/api/verify", tag = "journal", params(VerifyQuery),
+    responses(
+        (status = 200, description = "The audit's report (problems are findings, not errors)", body = VerifyReport),
+        (status = 404, description = "No such task", body = ErrorBody),
+        (status = 429, description = "An audit is running already", body = ErrorBody),
+    )
+)]
+pub async fn verify(
+    State(shared): State<Arc<Shared>>,
+    ApiQuery(query): ApiQuery<VerifyQuery>,
+) -> Api<VerifyReport> {
+    let Ok(_running) = shared.verify_gate.try_acquire() else {
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "busy",
+            "an audit is running already; try again when it is done",
+        ));
+    };
+    let report = blocking(&shared, move |j| read::verify(j, query.task.as_deref())).await?;
+    let result = if report.clean { "clean" } else { "problems" };
+    shared
+        .metrics
+        .verifies
+        .get_or_create(&super::metrics::ResultLabel {
+            result: result.to_owned(),
+        })
+        .inc();
+    Ok(Json(report))
+}
+
+/// Journal statistics: tasks by status and executor, records by type.
+#[utoipa::path(
+    get, path = "/api/stats", tag = "journal",
+    responses((status = 200, description = "The server's counts of the journal", body = Stats))
+)]
+pub async fn stats(State(shared): State<Arc<Shared>>) -> Json<Stats> {
+    let s = shared.projection.snapshot();
+    Json(Stats {
+        mode: if shared.owner.is_some() {
+            "owner"
+        } else {
+            "follower"
+        }
+        .to_owned(),
+        journal_format: shared.journal.format_version(),
+        last_seq: s.last_seq,
+        counted: s.counted,
+        tasks: s.tasks,
+        records: s.records,
+        bytes: s.bytes,
+        tasks_with_problems: s.problems,
+        by_status: s
+            .by_status
+            .iter()
+            .map(|(k, v)| (k.as_str().to_owned(), *v))
+            .collect(),
+        by_executor: s.by_executor,
+        by_type: s
+            .by_type
+            .iter()
+            .map(|(k, v)| (k.as_str().to_owned(), *v))
+            .collect(),
+        subscribers: shared.hub.subscribers(),
+    })
+}
+
+/// Query of the streams.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct StreamQuery {
+    /// Start at this global sequence (without it, and without `Last-Event-ID`: from now on,
+    /// or for a task stream from its first record).
+    pub from_seq: Option<u64>,
+}
+
+/// The sequence a stream starts after: `Last-Event-ID`, else `from_seq - 1`, else `default`.
+fn start_after(headers: &HeaderMap, query: &StreamQuery, default: u64) -> Result<u64, ApiError> {
+    if let Some(value) = headers.get("last-event-id") {
+        return value
+            .to_str()
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .ok_or_else(|| {
+                ApiError::bad_request("Last-Event-ID must be a global sequence (a number)")
+            });
+    }
+    Ok(query.from_seq.map_or(default, |s| s.saturating_sub(1)))
+}
+
+/// Committed records in commit order, as server-sent events (`id` = global sequence,
+/// `event: record`, `data` = a record as in `/records`, byte fields as their length).
+#[utoipa::path(
+    get, path = "/api/stream", tag = "streams", params(StreamQuery,
+        ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this global sequence")),
+    responses(
+        (status = 200, description = "An event stream (`text/event-stream`)", content_type = "text/event-stream", body = String),
+        (status = 400, description = "A bad Last-Event-ID", body = ErrorBody),
+        (status = 503, description = "Too many streams are open", body = ErrorBody),
+    )
+)]
+pub async fn stream(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    ApiQuery(query): ApiQuery<StreamQuery>,
+) -> Result<Response, ApiError> {
+    // "From now on": the journal's last sequence (not the pump's, which is 0 until its first
+    // count is done).
+    let now = blocking(&shared, |j| Ok(j.last_seq()?)).await?;
+    let after = start_after(&headers, &query, now)?;
+    let events = sse::subscribe(
+        &shared.hub,
+        shared.journal.clone(),
+        Scope::Journal,
+        after,
+        Arc::clone(&shared.metrics),
+        shared.stop.clone(),
+    )?;
+    Ok(no_buffering(
+        Sse::new(events)
+            .keep_alive(KeepAlive::default())
+            .into_response(),
+    ))
+}
+
+/// One task's records as server-sent events, from its first record (or `Last-Event-ID`).
+#[utoipa::path(
+    get, path = "/api/tasks/{id}/stream", tag = "streams",
+    params(("id" = String, Path, description = "The task id"), StreamQuery,
+        ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this global sequence")),
+    responses(
+        (status = 200, description = "An event stream (`text/event-stream`)", content_type = "text/event-stream", body = String),
+        (status = 404, description = "No such task", body = ErrorBody),
+        (status = 503, description = "Too many streams are open", body = ErrorBody),
+    )
+)]
+pub async fn task_stream(
+    State(shared): State<Arc<Shared>>,
+    ApiPath(id): ApiPath<String>,
+    headers: HeaderMap,
+    ApiQuery(query): ApiQuery<StreamQuery>,
+) -> Result<Response, ApiError> {
+    let after = start_after(&headers, &query, 0)?;
+    let task = id.clone();
+    blocking(&shared, move |j| {
+        j.stream_len(&task)?.ok_or_else(|| ApiError::no_task(&task))
+    })
+    .await?;
+    let events = sse::subscribe(
+        &shared.hub,
+        shared.journal.clone(),
+        Scope::Task(id),
+        after,
+        Arc::clone(&shared.metrics),
+        shared.stop.clone(),
+    )?;
+    Ok(no_buffering(
+        Sse::new(events)
+            .keep_alive(KeepAlive::default())
+            .into_response(),
+    ))
+}
+
+/// Asks proxies not to buffer a stream.
+fn no_buffering(mut response: Response) -> Response {
+    response.headers_mut().insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-cache"),
+    );
+    response
+        .headers_mut()
+        .insert("x-accel-buffering", header::HeaderValue::from_static("no"));
+    response
+}
+
+/// Metrics in the Prometheus text format.
+#[utoipa::path(
+    get, path = "/metrics", tag = "journal",
+    responses((status = 200, description = "OpenMetrics text", content_type = "application/openmetrics-text", body = String))
+)]
+pub async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
+    let text = shared
+        .metrics
+        .render(&shared.projection.snapshot(), shared.hub.subscribers());
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+/// The API's OpenAPI document.
+#[utoipa::path(
+    get, path = "/openapi.json", tag = "journal",
+    responses((status = 200, description = "This document", content_type = "application/json", body = serde_json::Value))
+)]
+pub async fn openapi() -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        super::openapi::document(),
+    )
+        .into_response()
+}
+
+/// Any path the API does not have.
+pub async fn not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
+}

@@ -1,0 +1,364 @@
+// The web view of `dtask serve`: hand-written, no dependencies, no build step.
+// Three pages (hash routes): #/ the task list, #/task/<id> one task, #/journal the journal.
+"use strict";
+
+const STATUSES = ["pending", "running", "waiting_input", "suspended", "completed", "failed", "canceled"];
+const main = document.getElementById("main");
+const liveBadge = document.getElementById("live");
+let mode = "";
+let source = null; // the open EventSource
+
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "class") el.className = v;
+    else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+    else if (v !== undefined && v !== null && v !== false) el.setAttribute(k, v === true ? "" : v);
+  }
+  for (const c of children.flat(Infinity)) {
+    if (c === null || c === undefined) continue;
+    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return el;
+}
+
+async function api(path, options) {
+  const response = await fetch(path, options);
+  const text = await response.text();
+  const body = text ? JSON.parse(text) : null;
+  if (!response.ok) {
+    const e = body && body.error ? body.error : { code: String(response.status), message: text };
+    throw new Error(`${e.code}: ${e.message}`);
+  }
+  return body;
+}
+
+function time(ms) {
+  if (!ms) return "-";
+  return new Date(ms).toISOString().replace("T", " ").replace("Z", "");
+}
+
+function statusBadge(s) {
+  return h("span", { class: `status ${s || "unknown"}` }, s || "?");
+}
+
+function follow(url, onRecord) {
+  if (source) source.close();
+  source = new EventSource(url);
+  source.addEventListener("open", () => { liveBadge.textContent = "live"; liveBadge.className = "live on"; });
+  source.addEventListener("error", () => { liveBadge.textContent = "reconnecting"; liveBadge.className = "live off"; });
+  source.addEventListener("record", (e) => onRecord(JSON.parse(e.data)));
+}
+
+function setNav(name) {
+  for (const a of document.querySelectorAll("header nav a")) {
+    a.classList.toggle("active", a.dataset.nav === name);
+  }
+}
+
+// ---- the task list -------------------------------------------------------------------
+
+const listState = { status: "", tool: "", executor: "", q: "" };
+
+async function tasksPage() {
+  setNav("tasks");
+  const rows = new Map();
+  const tbody = h("tbody");
+  const more = h("button", { hidden: true }, "More");
+  const info = h("p", { class: "muted" });
+  let cursor = null;
+
+  const matches = (t) =>
+    (!listState.status || t.status === listState.status) &&
+    (!listState.tool || t.tool === listState.tool) &&
+    (!listState.executor || t.executor === listState.executor) &&
+    (!listState.q || [t.id, t.description, t.tool || ""].some((s) => s.toLowerCase().includes(listState.q.toLowerCase())));
+
+  const row = (t) =>
+    h("tr", { "data-id": t.id },
+      h("td", {}, h("a", { href: `#/task/${encodeURIComponent(t.id)}`, class: "mono" }, t.id)),
+      h("td", {}, statusBadge(t.status), t.problem ? h("span", { class: "problem", title: t.problem }, " !") : null),
+      h("td", {}, t.executor), h("td", {}, t.tool || "-"),
+      h("td", { class: "num" }, t.attempt), h("td", { class: "num" }, t.records),
+      h("td", {}, time(t.created_at)), h("td", {}, time(t.updated_at)),
+      h("td", { class: "muted" }, t.description));
+
+  const render = () => {
+    tbody.replaceChildren(...[...rows.values()].sort((a, b) => (a.id < b.id ? -1 : 1)).map(row));
+    info.textContent = `${rows.size} task${rows.size === 1 ? "" : "s"} shown`;
+  };
+
+  const load = async (reset) => {
+    if (reset) { rows.clear(); cursor = null; }
+    const params = new URLSearchParams({ limit: "100" });
+    for (const k of ["status", "tool", "executor", "q"]) if (listState[k]) params.set(k, listState[k]);
+    if (cursor) params.set("cursor", cursor);
+    const page = await api(`/api/tasks?${params}`);
+    for (const t of page.tasks) rows.set(t.id, t);
+    cursor = page.next_cursor;
+    more.hidden = !cursor;
+    render();
+  };
+  more.addEventListener("click", () => load(false));
+
+  const input = (key, placeholder) => {
+    const el = h("input", { type: "search", placeholder, value: listState[key] });
+    let timer = null;
+    el.addEventListener("input", () => {
+      clearTimeout(timer);
+      timer = setTimeout(() => { listState[key] = el.value.trim(); load(true); }, 250);
+    });
+    return el;
+  };
+  const statusSelect = h("select", { id: "status-filter" }, h("option", { value: "" }, "any status"),
+    STATUSES.map((s) => h("option", { value: s, selected: s === listState.status }, s)));
+  statusSelect.addEventListener("change", () => { listState.status = statusSelect.value; load(true); });
+
+  main.replaceChildren(
+    h("h1", {}, "Tasks"),
+    h("div", { class: "filters" },
+      h("label", {}, "status"), statusSelect,
+      h("label", {}, "tool"), input("tool", "tool name"),
+      h("label", {}, "executor"), input("executor", "executor key"),
+      h("label", {}, "search"), input("q", "id, description, tool")),
+    h("table", { id: "tasks" },
+      h("thead", {}, h("tr", {}, ["ID", "STATUS", "EXECUTOR", "TOOL"].map((c) => h("th", {}, c)),
+        h("th", { class: "num" }, "ATTEMPT"), h("th", { class: "num" }, "RECORDS"),
+        ["CREATED", "UPDATED", "DESCRIPTION"].map((c) => h("th", {}, c)))),
+      tbody),
+    more, info);
+  try { await load(true); } catch (e) { main.append(h("p", { class: "error" }, e.message)); }
+
+  // Live: every committed record refreshes its task's row.
+  const pending = new Set();
+  let flush = null;
+  follow("/api/stream", (record) => {
+    pending.add(record.task);
+    if (flush) return;
+    flush = setTimeout(async () => {
+      flush = null;
+      const ids = [...pending];
+      pending.clear();
+      for (const id of ids) {
+        try {
+          const detail = await api(`/api/tasks/${encodeURIComponent(id)}`);
+          const s = detail.state;
+          if (!s) continue;
+          const t = { id, status: s.status, executor: s.executor_key, tool: s.tool, attempt: s.attempt,
+            records: detail.records, created_at: s.created_at, updated_at: s.updated_at,
+            description: s.description, problem: detail.problems.length ? detail.problems.join("; ") : null };
+          if (matches(t)) rows.set(id, t); else rows.delete(id);
+        } catch (_) { /* the next record retries */ }
+      }
+      render();
+      for (const id of ids) {
+        const tr = tbody.querySelector(`tr[data-id="${CSS.escape(id)}"]`);
+        if (tr) tr.classList.add("flash");
+      }
+    }, 150);
+  });
+}
+
+// ---- one task ------------------------------------------------------------------------
+
+function timeline(records) {
+  const items = [];
+  let attempt = null;
+  for (const r of records) {
+    const e = r.event;
+    const at = time(r.at);
+    switch (r.type) {
+      case "created": items.push(["", `created (executor ${e.spec.executor_key}, policy ${e.policy})`, r]); break;
+      case "attempt_started":
+        attempt = { n: e.attempt, heartbeats: 0, item: null };
+        attempt.item = ["attempt", `attempt ${e.attempt} started`, r];
+        items.push(attempt.item);
+        break;
+      case "heartbeat":
+        if (attempt) { attempt.heartbeats += 1; attempt.item[1] = `attempt ${attempt.n} started · ${attempt.heartbeats} heartbeat${attempt.heartbeats === 1 ? "" : "s"}, last ${at}`; }
+        break;
+      case "start_committed": items.push(["attempt", "started marker committed (checkpoint)", r]); break;
+      case "update_appended": items.push(["", `update ${e.kind || ""} #${e.event_id} (attempt ${e.attempt})`, r]); break;
+      case "waiting_input": items.push(["wait", "waiting for input", r]); break;
+      case "input_provided": items.push(["wait", "input provided", r]); break;
+      case "suspended": items.push(["wait", "suspended", r]); break;
+      case "released": items.push(["wait", "released", r]); break;
+      case "yielded": items.push(["", "yielded (back to pending)", r]); break;
+      case "cancel_requested": items.push(["cancel", `cancel requested: ${e.reason || "(no reason)"}${e.direct ? " (direct)" : ""}`, r]); break;
+      case "lease_expired": items.push(["bad", `lease expired (${e.resolution})`, r]); break;
+      case "completed": items.push(["outcome", "completed", r]); break;
+      case "failed": items.push(["bad", `failed: ${e.error}`, r]); break;
+      case "canceled": items.push(["cancel", `canceled: ${e.reason}`, r]); break;
+      case "transcript_failed": items.push(["bad", `transcript failed: ${e.error}`, r]); break;
+      default: items.push(["", r.type.replace(/_/g, " "), r]);
+    }
+  }
+  return h("ol", { class: "timeline" }, items.map(([cls, text, r]) =>
+    h("li", { class: cls }, h("span", { class: "muted mono" }, `#${r.position} ${time(r.at)} `), text)));
+}
+
+function stateList(s) {
+  if (!s) return h("p", { class: "error" }, "the stream does not fold");
+  const bytes = (b) => (b ? (b.text !== undefined ? `${b.text}${b.truncated ? "…" : ""} (${b.size} B)` : `${b.size} B`) : "-");
+  const pairs = [
+    ["status", statusBadge(s.status)], ["version", s.version], ["attempt", s.attempt], ["records", s.records],
+    ["updates", s.updates], ["executor", s.executor_key], ["tool", s.tool || "-"], ["kind", s.kind || "-"],
+    ["policy", s.policy], ["description", s.description || "-"], ["payload", bytes(s.payload)],
+    ["checkpoint", bytes(s.checkpoint)], ["created", time(s.created_at)], ["updated", time(s.updated_at)],
+    ["done", time(s.done_at)], ["lease until", time(s.lease_deadline)],
+  ];
+  if (s.pending_resume) pairs.push(["pending resume", bytes(s.pending_resume)]);
+  if (s.cancel_requested_at) pairs.push(["cancel", `${time(s.cancel_requested_at)}: ${s.cancel_reason}`]);
+  if (s.status === "completed") pairs.push(["result", bytes(s.result_data)]);
+  if (s.result_error) pairs.push(["error", s.result_error]);
+  return h("dl", { class: "kv" }, pairs.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
+}
+
+async function taskPage(id) {
+  setNav("");
+  const path = `/api/tasks/${encodeURIComponent(id)}`;
+  const stateBox = h("div");
+  const timelineBox = h("div");
+  const recordsBody = h("tbody");
+  const slider = h("input", { type: "range", min: "0", max: "0", value: "0", id: "at" });
+  const sliderLabel = h("span", { class: "mono" });
+  const atBox = h("div");
+  const actions = h("div", { class: "actions" });
+  const message = h("p");
+  const records = [];
+
+  main.replaceChildren(h("h1", { class: "mono" }, id), stateBox, actions, message,
+    h("h2", {}, "Timeline"), timelineBox,
+    h("h2", {}, "State at position"), h("div", { class: "slider" }, slider, sliderLabel), atBox,
+    h("h2", {}, "Records"),
+    h("table", { id: "records" }, h("thead", {}, h("tr", {},
+      ["POS", "SEQ", "TIME", "TYPE", "CRC", "DIGEST", "SIZE"].map((c) => h("th", {}, c)))), recordsBody));
+
+  const refreshState = async () => {
+    try {
+      const detail = await api(path);
+      stateBox.replaceChildren(stateList(detail.state),
+        detail.problems.length ? h("p", { class: "problem" }, detail.problems.join("; ")) : "");
+      renderActions(detail.state);
+    } catch (e) { stateBox.replaceChildren(h("p", { class: "error" }, e.message)); }
+  };
+
+  const act = async (what, body) => {
+    try {
+      await api(`${path}/${what}`, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(body) });
+      message.replaceChildren(h("span", { class: "muted" }, `${what}: done`));
+    } catch (e) { message.replaceChildren(h("span", { class: "error" }, e.message)); }
+    refreshState();
+  };
+  const renderActions = (s) => {
+    actions.replaceChildren();
+    if (mode !== "owner" || !s) return;
+    const terminal = ["completed", "failed", "canceled"].includes(s.status);
+    if (!terminal) {
+      const reason = h("input", { placeholder: "reason", id: "cancel-reason" });
+      actions.append(reason, h("button", { onclick: () => act("cancel", { reason: reason.value }) }, "Cancel"));
+    }
+    if (s.status === "waiting_input") {
+      const input = h("input", { placeholder: "input", id: "resume-data" });
+      actions.append(input, h("button", { onclick: () => act("resume", { data: input.value, expected_version: s.version }) }, "Resume"));
+    }
+    if (s.status === "suspended") actions.append(h("button", { onclick: () => act("release", {}) }, "Release"));
+  };
+
+  const showAt = async () => {
+    sliderLabel.textContent = `${slider.value} / ${slider.max}`;
+    try {
+      const at = await api(`${path}/state?at=${slider.value}`);
+      atBox.replaceChildren(h("p", { class: "muted" }, `after #${at.at.position} ${at.at.type} (sequence ${at.at.seq}, ${time(at.at.time)})`), stateList(at.state));
+    } catch (e) { atBox.replaceChildren(h("p", { class: "error" }, e.message)); }
+  };
+  let sliderTimer = null;
+  slider.addEventListener("input", () => { clearTimeout(sliderTimer); sliderTimer = setTimeout(showAt, 120); });
+
+  const addRecords = (list, live) => {
+    for (const r of list) {
+      if (records.length && r.position <= records[records.length - 1].position) continue;
+      records.push(r);
+      recordsBody.append(h("tr", { class: live ? "flash" : "" },
+        h("td", { class: "num" }, r.position), h("td", { class: "num" }, r.seq), h("td", {}, time(r.at)),
+        h("td", {}, r.type), h("td", { class: "mono" }, r.crc),
+        h("td", { class: "mono", title: r.digest }, r.digest.slice(0, 16) + "…"), h("td", { class: "num" }, r.size)));
+    }
+    timelineBox.replaceChildren(timeline(records));
+    const follow = Number(slider.value) === Number(slider.max);
+    slider.max = String(Math.max(0, records.length - 1));
+    if (follow) slider.value = slider.max;
+  };
+
+  await refreshState();
+  try {
+    let from = 0;
+    for (;;) {
+      const page = await api(`${path}/records?from=${from}`);
+      addRecords(page.records);
+      if (page.damaged.length) message.replaceChildren(h("span", { class: "problem" }, `damaged: ${page.damaged.map((d) => `#${d.position} ${d.problem}`).join("; ")}`));
+      if (page.next_from === null) break;
+      from = page.next_from;
+    }
+  } catch (e) { message.replaceChildren(h("span", { class: "error" }, e.message)); }
+  slider.value = slider.max;
+  showAt();
+  const last = records.length ? records[records.length - 1].seq : 0;
+  follow(`${path}/stream?from_seq=${last + 1}`, (r) => { addRecords([r], true); refreshState(); if (Number(slider.value) === Number(slider.max)) showAt(); });
+}
+
+// ---- the journal ---------------------------------------------------------------------
+
+async function journalPage() {
+  setNav("journal");
+  const statsBox = h("div");
+  const verifyBox = h("div");
+  const button = h("button", { id: "verify" }, "Verify the journal");
+  main.replaceChildren(h("h1", {}, "Journal"), statsBox, h("h2", {}, "Audit"), button, verifyBox);
+  const table = (title, map) => h("table", {}, h("thead", {}, h("tr", {}, h("th", {}, title), h("th", { class: "num" }, "COUNT"))),
+    h("tbody", {}, Object.entries(map).map(([k, v]) => h("tr", {}, h("td", {}, k), h("td", { class: "num" }, v)))));
+  const refresh = async () => {
+    const s = await api("/api/stats");
+    statsBox.replaceChildren(
+      h("div", { class: "cards" },
+        [["tasks", s.tasks], ["records", s.records], ["bytes", s.bytes], ["last sequence", s.last_seq],
+          ["with problems", s.tasks_with_problems], ["streams", s.subscribers]].map(([k, v]) => h("div", { class: "card" }, h("b", {}, v), k))),
+      h("p", { class: "muted" }, `${s.mode} · journal format ${s.journal_format}${s.counted ? "" : " · counting…"}`),
+      h("div", { class: "cards" }, table("STATUS", s.by_status), table("EXECUTOR", s.by_executor), table("EVENT TYPE", s.by_type)));
+  };
+  button.addEventListener("click", async () => {
+    button.disabled = true;
+    verifyBox.replaceChildren(h("p", { class: "muted" }, "verifying…"));
+    try {
+      const r = await api("/api/verify", { method: "POST" });
+      verifyBox.replaceChildren(
+        h("p", { id: "verify-result", class: r.clean ? "" : "problem" },
+          `${r.clean ? "clean" : `${r.problems.length} problem(s)`}: ${r.tasks} tasks, ${r.records} records, ${r.bytes} bytes, last sequence ${r.last_seq}, ${r.live} live, ${r.outbox} queued notifications (${r.elapsed_ms} ms)`),
+        r.problems.length ? h("table", {}, h("tbody", {}, r.problems.map((p) =>
+          h("tr", {}, h("td", { class: "mono" }, p.task), h("td", {}, p.position ?? "-"), h("td", {}, p.kind), h("td", {}, p.detail))))) : "");
+    } catch (e) { verifyBox.replaceChildren(h("p", { class: "error" }, e.message)); }
+    button.disabled = false;
+  });
+  await refresh();
+  let timer = null;
+  follow("/api/stream", () => { if (!timer) timer = setTimeout(() => { timer = null; refresh(); }, 500); });
+}
+
+// ---- routing -------------------------------------------------------------------------
+
+async function route() {
+  const hash = location.hash || "#/";
+  try {
+    if (hash.startsWith("#/task/")) await taskPage(decodeURIComponent(hash.slice(7)));
+    else if (hash === "#/journal") await journalPage();
+    else await tasksPage();
+  } catch (e) {
+    main.replaceChildren(h("p", { class: "error" }, e.message));
+  }
+}
+
+window.addEventListener("hashchange", route);
+api("/api/stats").then((s) => {
+  mode = s.mode;
+  document.getElementById("mode").textContent = s.mode === "owner" ? "owner" : "read-only";
+}).catch(() => {}).finally(route);

@@ -1,0 +1,139 @@
+//! The bearer token: when the server has one, every request must carry it, as
+//! `Authorization: Bearer <token>` or (for the browser, which cannot set headers on page loads
+//! and `EventSource`) the `dtask_token` cookie that `GET /?token=<token>` sets.
+//!
+//! Tokens are compared in constant time over their BLAKE3 digests, so neither the content nor
+//! the length of the expected token leaks through timing.
+
+use super::ApiError;
+use axum::extract::{Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use std::sync::Arc;
+use subtle::ConstantTimeEq;
+
+/// The shortest token accepted.
+pub const MIN_TOKEN_LEN: usize = 16;
+
+/// The cookie that carries the token for the web page.
+pub const COOKIE: &str = "dtask_token";
+
+/// The expected token, kept as its digest.
+#[derive(Debug, Clone)]
+pub struct Token {
+    digest: [u8; 32],
+}
+
+impl Token {
+    /// The token `secret`.
+    pub fn new(secret: &str) -> Self {
+        Self {
+            digest: *blake3::hash(secret.as_bytes()).as_bytes(),
+        }
+    }
+
+    /// Whether `candidate` is the token (constant time).
+    pub fn matches(&self, candidate: &str) -> bool {
+        let digest = blake3::hash(candidate.as_bytes());
+        self.digest.ct_eq(digest.as_bytes()).into()
+    }
+}
+
+/// The token a request carries: the bearer header, else the cookie.
+fn presented(request: &Request) -> Option<String> {
+    let headers = request.headers();
+    if let Some(value) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+    {
+        return value.strip_prefix("Bearer ").map(str::to_owned);
+    }
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .find_map(|pair| {
+            let (name, value) = pair.trim().split_once('=')?;
+            (name == COOKIE).then(|| value.to_owned())
+        })
+}
+
+/// The `token` query parameter of a page load, if any.
+fn query_token(request: &Request) -> Option<String> {
+    request.uri().query()?.split('&').find_map(|pair| {
+        let (name, value) = pair.split_once('=')?;
+        (name == "token").then(|| percent_decode(value))
+    })
+}
+
+/// Decodes `%XX` escapes (and `+` as a space) of a query value.
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..=i + 2]).ok();
+                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                    Some(b) => {
+                        out.push(b);
+                        i += 3;
+                        continue;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Middleware: refuses a request without the token (401 `unauthorized`). `GET /?token=…`
+/// with the right token sets the cookie and redirects to `/`.
+pub async fn require(
+    State(token): State<Option<Arc<Token>>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Some(token) = token else {
+        return next.run(request).await;
+    };
+    if request.uri().path() == "/" {
+        if let Some(given) = query_token(&request) {
+            if token.matches(&given) {
+                let cookie = format!("{COOKIE}={given}; Path=/; HttpOnly; SameSite=Strict");
+                return (
+                    StatusCode::SEE_OTHER,
+                    [
+                        (header::LOCATION, "/".to_owned()),
+                        (header::SET_COOKIE, cookie),
+                    ],
+                )
+                    .into_response();
+            }
+        }
+    }
+    match presented(&request) {
+        Some(given) if token.matches(&given) => next.run(request).await,
+        _ => {
+            let mut response = ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "this server needs its token: `Authorization: Bearer <token>` (or open \
+                 /?token=<token> in a browser)",
+            )
+            .into_response();
+            response.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+            response
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! The control side of the API (owner mode): submit, cancel, resume, release, through the
+//! engine's task store, or through an embedded [`Manager`] when the server was given one (so
+//! that executors are checked at submit, and a cancel reaches an attempt running in it).
+
+use super::model::{CancelBody, ReleaseBody, ResumeBody, SubmitBody};
+use super::ApiError;
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
+use dtask_engine::{Command, CreateRequest, Manager, StoreError, SubmitRequest, TaskStore};
+use dtask_journal::{LeasePolicy, TaskSpec};
+use dtask_replay::{Status, TaskState};
+
+/// How many times a command retries a version conflict with a concurrent writer.
+const CAS_TRIES: usize = 8;
+
+/// What a server that owns the journal writes with.
+#[derive(Debug, Clone)]
+pub struct Owner {
+    /// The task store.
+    pub store: TaskStore,
+    /// The manager, when one is embedded.
+    pub manager: Option<Manager>,
+}
+
+/// A generated task id: `<kind or "task">_<UUID v7>` (time-ordered).
+fn generate_id(kind: &str) -> Result<String, ApiError> {
+    let valid = kind.len() <= 64
+        && kind
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if !valid {
+        return Err(ApiError::new(
+            axum::http::StatusCode::BAD_REQUEST,
+            "invalid_request",
+            format!("kind {kind:?}: at most 64 bytes of [A-Za-z0-9_-] to prefix a generated id"),
+        ));
+    }
+    let prefix = if kind.is_empty() { "task" } else { kind };
+    Ok(format!("{prefix}_{}", uuid::Uuid::now_v7().simple()))
+}
+
+fn invalid(message: impl Into<String>) -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::BAD_REQUEST,
+        "invalid_request",
+        message,
+    )
+}
+
+impl Owner {
+    /// Creates a task (pending).
+    ///
+    /// # Errors
+    /// 400 for a bad request, 409 when the id is taken.
+    pub async fn submit(&self, body: SubmitBody) -> Result<TaskState, ApiError> {
+        let id = match body.id {
+            Some(id) => id,
+            None => generate_id(&body.kind)?,
+        };
+        let policy = match body.policy.as_deref() {
+            None | Some("retry") => LeasePolicy::Retry,
+            Some("fail") => LeasePolicy::Fail,
+            Some(other) => return Err(invalid(format!("policy {other:?}: `retry` or `fail`"))),
+        };
+        let payload = match &body.payload {
+            None => Vec::new(),
+            Some(value) => serde_json::to_vec(value).map_err(|e| invalid(e.to_string()))?,
+        };
+        let spec = TaskSpec {
+            id,
+            executor_key: body.executor_key,
+            kind: body.kind,
+            payload,
+            description: body.description,
+            output_file: body.output_file,
+            session_id: body.session_id,
+            notify_session: body.notify_session,
+        };
+        match &self.manager {
+            Some(manager) => Ok(manager
+                .submit(SubmitRequest {
+                    spec,
+                    ..SubmitRequest::default()
+                })
+                .await?),
+            None => Ok(self
+                .store
+                .create(CreateRequest {
+                    spec,
+                    policy: Some(policy),
+                    ..CreateRequest::default()
+                })
+                .await?),
+        }
+    }
+
+    /// Requests cancellation.
+    ///
+    /// # Errors
+    /// 404, 409 for a terminal task.
+    pub async fn cancel(&self, id: &str, body: CancelBody) -> Result<TaskState, ApiError> {
+        if let Some(manager) = &self.manager {
+            return Ok(manager.request_cancel(id, &body.reason).await?);
+        }
+        self.retrying(id, |_| {
+            Ok(Command::RequestCancel {
+                reason: body.reason.clone(),
+            })
+        })
+        .await
+    }
+
+    /// Gives input to a task waiting for it.
+    ///
+    /// # Errors
+    /// 400 for bad data, 404, 409 when the task is not waiting (or not at the expected
+    /// version).
+    pub async fn resume(&self, id: &str, body: ResumeBody) -> Result<TaskState, ApiError> {
+        let data = match (body.data, body.data_base64) {
+            (Some(text), None) => text.into_bytes(),
+            (None, Some(b64)) => STANDARD
+                .decode(b64)
+                .map_err(|e| invalid(format!("data_base64: {e}")))?,
+            (None, None) => Vec::new(),
+            (Some(_), Some(_)) => {
+                return Err(invalid("give `data` or `data_base64`, not both"));
+            }
+        };
+        let version = match body.expected_version {
+            Some(v) => v,
+            None => self.store.get(id).await?.version,
+        };
+        Ok(self
+            .store
+            .execute(
+                id,
+                version,
+                Command::Resume {
+                    data,
+                    context_snapshot: None,
+                },
+            )
+            .await?)
+    }
+
+    /// Releases a suspended task to pending.
+    ///
+    /// # Errors
+    /// 404, 409 when the task is not suspended.
+    pub async fn release(&self, id: &str, body: ReleaseBody) -> Result<TaskState, ApiError> {
+        let snapshot = body.context_snapshot.map(String::into_bytes);
+        self.retrying(id, |state| {
+            if state.status == Status::Suspended {
+                Ok(Command::ReleaseSuspension {
+                    context_snapshot: snapshot.clone(),
+                })
+            } else {
+                Err(StoreError::IllegalTransition {
+                    status: state.status,
+                    operation: "release_suspension",
+                }
+                .into())
+            }
+        })
+        .await
+    }
+
+    /// Executes the command `make` builds from the current state, retrying version conflicts.
+    async fn retrying(
+        &self,
+        id: &str,
+        make: impl Fn(&TaskState) -> Result<Command, ApiError>,
+    ) -> Result<TaskState, ApiError> {
+        let mut last = None;
+        for _ in 0..CAS_TRIES {
+            let current = self.store.get(id).await?;
+            let command = make(&current)?;
+            match self.store.execute(id, current.version, command).await {
+                Ok(state) => return Ok(state),
+                Err(e @ StoreError::VersionConflict { .. }) => last = Some(e),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(last.map_or_else(|| ApiError::internal("no attempt was made"), ApiError::from))
+    }
+}

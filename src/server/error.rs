@@ -1,0 +1,245 @@
+//! The API's error body and the server's startup errors.
+//!
+//! Every failure an endpoint reports is an [`ApiError`]: an HTTP status and
+//! `{"error": {"code": "...", "message": "..."}}`. A client's mistake (bad JSON, an unknown
+//! field, an oversized body, an unknown task, a bad cursor) is a 4xx; only a failure of the
+//! journal or the server itself is a 5xx.
+
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use dtask_engine::{RuntimeError, StoreError};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServerError {
+    /// A non-loopback listen address without a token: the API would be open to the network.
+    #[error(
+        "refusing to listen on {0} without a token: a non-loopback address needs --token \
+         (or DTASK_TOKEN); every request must then carry `Authorization: Bearer <token>`"
+    )]
+    TokenRequired(std::net::SocketAddr),
+    /// The token is empty or too short.
+    #[error("the token must be at least {min} characters long")]
+    WeakToken {
+        /// The minimum length.
+        min: usize,
+    },
+    /// The journal could not be opened or read.
+    #[error(transparent)]
+    Journal(#[from] dtask_journal::Error),
+    /// The task store could not be opened.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Binding or serving failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: &'static str,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+/// An error answered to a client: the HTTP status and the JSON body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// A stable machine-readable code (`not_found`, `invalid_json`, …).
+    pub code: &'static str,
+    /// For humans.
+    pub message: String,
+}
+
+/// The body of every error response.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ErrorBody {
+    /// The error.
+    pub error: ErrorDetail,
+}
+
+/// The code and message of an error response.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ErrorDetail {
+    /// A stable machine-readable code: `bad_request`, `invalid_json`, `unsupported_media_type`,
+    /// `payload_too_large`, `invalid_cursor`, `invalid_request`, `out_of_range`, `not_found`,
+    /// `conflict`, `read_only`, `unauthorized`, `busy`, `too_many_subscribers`, `unavailable`,
+    /// `journal_error`, `internal`.
+    pub code: String,
+    /// What went wrong, for humans.
+    pub message: String,
+}
+
+impl ApiError {
+    /// An error with `status`, `code` and `message`.
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// 400 `bad_request`.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+
+    /// 400 `invalid_cursor`.
+    pub fn invalid_cursor(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_cursor", message)
+    }
+
+    /// 400 `out_of_range`.
+    pub fn out_of_range(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "out_of_range", message)
+    }
+
+    /// 404 `not_found` for a task.
+    pub fn no_task(id: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no task {id:?} in the journal"),
+        )
+    }
+
+    /// 403 `read_only`: a control endpoint on a follower.
+    pub fn read_only() -> Self {
+        Self::new(
+            StatusCode::FORBIDDEN,
+            "read_only",
+            "this server follows a journal another process writes (--read-only): \
+             control endpoints are not available",
+        )
+    }
+
+    /// 500 `internal`.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", message)
+    }
+
+    /// The response body.
+    pub fn body(&self) -> ErrorBody {
+        ErrorBody {
+            error: ErrorDetail {
+                code: self.code.to_owned(),
+                message: self.message.clone(),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {}: {}",
+            self.status.as_u16(),
+            self.code,
+            self.message
+        )
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, axum::Json(self.body())).into_response()
+    }
+}
+
+impl From<dtask_journal::Error> for ApiError {
+    fn from(e: dtask_journal::Error) -> Self {
+        match e {
+            dtask_journal::Error::InvalidTaskId(id) => Self::bad_request(format!(
+                "{id:?} is not a valid task id (empty, or holds a NUL byte)"
+            )),
+            e => Self::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "journal_error",
+                e.to_string(),
+            ),
+        }
+    }
+}
+
+impl From<dtask_replay::AuditError> for ApiError {
+    fn from(e: dtask_replay::AuditError) -> Self {
+        Self::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "journal_error",
+            e.to_string(),
+        )
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        let message = e.to_string();
+        match e {
+            StoreError::Invalid { .. } | StoreError::InvalidExecutionResult(_) => {
+                Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+            }
+            StoreError::InvalidCursor(_) => Self::invalid_cursor(message),
+            StoreError::NotFound(_) => Self::new(StatusCode::NOT_FOUND, "not_found", message),
+            StoreError::AlreadyExists(_)
+            | StoreError::VersionConflict { .. }
+            | StoreError::LeaseLost(_)
+            | StoreError::IllegalTransition { .. }
+            | StoreError::AlreadyTerminal(_)
+            | StoreError::EventIdConflict(_)
+            | StoreError::NotificationUnavailable(_)
+            | StoreError::NotificationEventIdConflict(_) => {
+                Self::new(StatusCode::CONFLICT, "conflict", message)
+            }
+            StoreError::Closed => {
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+            }
+            StoreError::Journal(e) => e.into(),
+            _ => Self::new(StatusCode::INTERNAL_SERVER_ERROR, "journal_error", message),
+        }
+    }
+}
+
+impl From<RuntimeError> for ApiError {
+    fn from(e: RuntimeError) -> Self {
+        let message = e.to_string();
+        match e {
+            RuntimeError::Store(e) => e.into(),
+            RuntimeError::ExecutorUnavailable(_)
+            | RuntimeError::InvalidSpec(_)
+            | RuntimeError::InvalidKind(_) => {
+                Self::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+            }
+            RuntimeError::Closed => {
+                Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
+            }
+            RuntimeError::AlreadyExecuting(_) | RuntimeError::LeaseLost(_) => {
+                Self::new(StatusCode::CONFLICT, "conflict", message)
+            }
+            _ => Self::internal(message),
+        }
+    }
+}
+
+impl From<QueryRejection> for ApiError {
+    fn from(rejection: QueryRejection) -> Self {
+        Self::bad_request(rejection.body_text())
+    }
+}
+
+impl From<PathRejection> for ApiError {
+    fn from(rejection: PathRejection) -> Self {
+        Self::bad_request(rejection.body_text())
+    }
+}
+
+impl From<tokio::task::JoinError> for ApiError {
+    fn from(e: tokio::task::JoinError) -> Self {
+        Self::internal(format!("a blocking read did not finish: {e}"))
+    }
+}

@@ -1,0 +1,555 @@
+//! The JSON bodies of the API: what handlers answer and accept, with their OpenAPI schemas
+//! (derived by utoipa from these types, so the served document cannot drift from the code).
+
+use base64::engine::general_purpose::STANDARD;
+use base64::Engine;
+use dtask_journal::export::{ByteFields, EventJson};
+use dtask_journal::{Event, Record};
+use dtask_replay::TaskState;
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+/// The most bytes of a byte field shown as text in [`Bytes::text`].
+const TEXT_PREVIEW_BYTES: usize = 4096;
+
+/// A byte field (payload, checkpoint, data): its size, its text when it is UTF-8, and with
+/// `?bytes=true` its base64.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Bytes {
+    /// The length in bytes.
+    pub size: usize,
+    /// The bytes as text when they are valid UTF-8 (cut to 4096 bytes; see `truncated`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// Whether `text` was cut.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
+    /// The bytes, standard base64 (only with `?bytes=true`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub base64: Option<String>,
+}
+
+impl Bytes {
+    /// The view of `data`.
+    pub fn of(data: &[u8], with_base64: bool) -> Self {
+        let text = std::str::from_utf8(data).ok().map(|s| {
+            if s.len() <= TEXT_PREVIEW_BYTES {
+                s.to_owned()
+            } else {
+                let mut end = TEXT_PREVIEW_BYTES;
+                while !s.is_char_boundary(end) {
+                    end -= 1;
+                }
+                s[..end].to_owned()
+            }
+        });
+        let truncated = text.as_ref().is_some_and(|t| t.len() < data.len());
+        Self {
+            size: data.len(),
+            text,
+            truncated,
+            base64: with_base64.then(|| STANDARD.encode(data)),
+        }
+    }
+}
+
+/// One row of the task list.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TaskSummary {
+    /// The task id.
+    pub id: String,
+    /// The folded status (`null` when the stream does not fold at all).
+    pub status: Option<String>,
+    /// The executor key.
+    pub executor: String,
+    /// The payload's `tool_name`, when the payload is a JSON object with one.
+    pub tool: Option<String>,
+    /// The spec's kind tag.
+    pub kind: String,
+    /// The spec's description.
+    pub description: String,
+    /// Claims so far.
+    pub attempt: u64,
+    /// The CAS version (lifecycle events).
+    pub version: u64,
+    /// Records read intact.
+    pub records: u64,
+    /// Creation time, ms since the epoch.
+    pub created_at: u64,
+    /// Time of the last lifecycle event, ms since the epoch.
+    pub updated_at: u64,
+    /// What is wrong with the stream, when something is (run a verify).
+    pub problem: Option<String>,
+}
+
+/// A page of the task list.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TaskList {
+    /// The tasks, in id order.
+    pub tasks: Vec<TaskSummary>,
+    /// Pass as `cursor` for the next page; `null` when the listing is complete.
+    pub next_cursor: Option<String>,
+    /// How many task streams this page examined (filters may skip many).
+    pub scanned: u64,
+}
+
+/// Query of `GET /api/tasks`.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    /// Only these statuses, comma-separated (`pending,running,waiting_input,suspended,
+    /// completed,failed,canceled`).
+    pub status: Option<String>,
+    /// Only these executor keys, comma-separated.
+    pub executor: Option<String>,
+    /// Only these tools (the payload's `tool_name`), comma-separated.
+    pub tool: Option<String>,
+    /// Only tasks whose id, description or tool contains this text (case-insensitive).
+    pub q: Option<String>,
+    /// At most this many tasks (default 50, at most 1000).
+    pub limit: Option<usize>,
+    /// The `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+/// The folded state of a task.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TaskStateView {
+    /// The task id.
+    pub id: String,
+    /// The executor key.
+    pub executor_key: String,
+    /// The spec's kind tag.
+    pub kind: String,
+    /// The payload's `tool_name`, if any.
+    pub tool: Option<String>,
+    /// The spec's description.
+    pub description: String,
+    /// The transcript path.
+    pub output_file: String,
+    /// The notification session.
+    pub session_id: String,
+    /// Whether the session is notified.
+    pub notify_session: bool,
+    /// The payload.
+    pub payload: Bytes,
+    /// The lease-expiry policy (`retry` or `fail`).
+    pub policy: String,
+    /// The status.
+    pub status: String,
+    /// The CAS version.
+    pub version: u64,
+    /// Claims so far.
+    pub attempt: u64,
+    /// Records folded (the stream's next position).
+    pub records: u64,
+    /// Progress updates recorded.
+    pub updates: u64,
+    /// The latest checkpoint.
+    pub checkpoint: Bytes,
+    /// The result data (completed tasks).
+    pub result_data: Bytes,
+    /// The result error (failed and canceled tasks).
+    pub result_error: String,
+    /// The first transcript failure.
+    pub output_file_error: String,
+    /// Input given to a waiting task, for its next attempt.
+    pub pending_resume: Option<Bytes>,
+    /// The context snapshot.
+    pub context_snapshot: Bytes,
+    /// When cancellation was first requested (ms).
+    pub cancel_requested_at: Option<u64>,
+    /// The first cancel reason.
+    pub cancel_reason: String,
+    /// Creation time (ms).
+    pub created_at: u64,
+    /// Last lifecycle event (ms).
+    pub updated_at: u64,
+    /// When the task became terminal (ms).
+    pub done_at: Option<u64>,
+    /// The running attempt's lease deadline (ms).
+    pub lease_deadline: Option<u64>,
+}
+
+impl TaskStateView {
+    /// The view of `s`.
+    pub fn of(s: &TaskState, with_base64: bool) -> Self {
+        let b = |d: &[u8]| Bytes::of(d, with_base64);
+        Self {
+            id: s.spec.id.clone(),
+            executor_key: s.spec.executor_key.clone(),
+            kind: s.spec.kind.clone(),
+            tool: tool_name(&s.spec.payload),
+            description: s.spec.description.clone(),
+            output_file: s.spec.output_file.clone(),
+            session_id: s.spec.session_id.clone(),
+            notify_session: s.spec.notify_session,
+            payload: b(&s.spec.payload),
+            policy: s.policy.as_str().to_owned(),
+            status: s.status.as_str().to_owned(),
+            version: s.version,
+            attempt: s.attempt,
+            records: s.position,
+            updates: s.updates,
+            checkpoint: b(&s.checkpoint),
+            result_data: b(&s.result_data),
+            result_error: s.result_error.clone(),
+            output_file_error: s.output_file_error.clone(),
+            pending_resume: s.pending_resume.as_deref().map(b),
+            context_snapshot: b(&s.context_snapshot),
+            cancel_requested_at: s.cancel_requested_at.map(|t| t.0),
+            cancel_reason: s.cancel_reason.clone(),
+            created_at: s.created_at.0,
+            updated_at: s.updated_at.0,
+            done_at: s.done_at.map(|t| t.0),
+            lease_deadline: s.lease_deadline.map(|t| t.0),
+        }
+    }
+}
+
+/// A task: its folded state and what is wrong with its stream, if anything.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TaskDetail {
+    /// The task id.
+    pub task: String,
+    /// The state, folded up to the first damaged or illegal record (`null` if none folds).
+    pub state: Option<TaskStateView>,
+    /// Records read intact.
+    pub records: u64,
+    /// Problems of the stream, one line each (empty for a clean stream).
+    pub problems: Vec<String>,
+}
+
+/// Query of the endpoints that show byte fields.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct BytesQuery {
+    /// Include byte fields as base64, not only their size and text.
+    pub bytes: Option<bool>,
+}
+
+/// One record of a task's stream, as stored.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct RecordView {
+    /// The task.
+    pub task: String,
+    /// Position in the task's stream (0 is `created`).
+    pub position: u64,
+    /// Global commit sequence.
+    pub seq: u64,
+    /// The event type (`created`, `attempt_started`, `heartbeat`, …).
+    #[serde(rename = "type")]
+    pub event_type: String,
+    /// The event's time, ms since the epoch.
+    pub at: u64,
+    /// CRC-32 of the record, 8 hex digits.
+    pub crc: String,
+    /// The BLAKE3 chain digest, 64 hex digits.
+    pub digest: String,
+    /// The encoded record's size in bytes.
+    pub size: usize,
+    /// The event as in the export format (`docs/export-format.md`): `{"type": …, fields…}`;
+    /// byte fields are base64, or `{"redacted_len": N}` on the streams.
+    #[schema(value_type = Object)]
+    pub event: serde_json::Value,
+}
+
+impl RecordView {
+    /// The view of `record` of `task`; byte fields as `bytes` says.
+    ///
+    /// # Errors
+    /// When the event does not serialize (it always does).
+    pub fn of(task: &str, record: &Record, bytes: ByteFields) -> Result<Self, serde_json::Error> {
+        Ok(Self {
+            task: task.to_owned(),
+            position: record.position,
+            seq: record.seq,
+            event_type: record.event.event_type().as_str().to_owned(),
+            at: record.event.at().0,
+            crc: format!("{:08x}", record.crc),
+            digest: record.digest.to_hex(),
+            size: record.size,
+            event: event_json(&record.event, bytes)?,
+        })
+    }
+}
+
+/// The export-format JSON of `event`.
+fn event_json(event: &Event, bytes: ByteFields) -> Result<serde_json::Value, serde_json::Error> {
+    serde_json::to_value(EventJson::new(event, bytes))
+}
+
+/// A damaged record of a stream.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct DamagedRecord {
+    /// Its position.
+    pub position: u64,
+    /// What is wrong.
+    pub problem: String,
+}
+
+/// A page of a task's records.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct RecordPage {
+    /// The task.
+    pub task: String,
+    /// The records, in stream order.
+    pub records: Vec<RecordView>,
+    /// Damaged records met in the range.
+    pub damaged: Vec<DamagedRecord>,
+    /// The stream's length (records, intact or not).
+    pub length: u64,
+    /// Pass as `from` for the next page; `null` at the end.
+    pub next_from: Option<u64>,
+}
+
+/// Query of `GET /api/tasks/{id}/records`.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct RecordsQuery {
+    /// The first position (default 0).
+    pub from: Option<u64>,
+    /// At most this many records (default 500, at most 5000).
+    pub limit: Option<usize>,
+}
+
+/// Query of `GET /api/tasks/{id}/state`.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct StateQuery {
+    /// The last position folded (0 is `created`); default: the last record.
+    pub at: Option<u64>,
+    /// Include byte fields as base64.
+    pub bytes: Option<bool>,
+}
+
+/// The record a state-at-position view ends with.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct AtRecord {
+    /// Its position.
+    pub position: u64,
+    /// Its global sequence.
+    pub seq: u64,
+    /// Its time (ms).
+    pub time: u64,
+    /// Its event type.
+    #[serde(rename = "type")]
+    pub event_type: String,
+}
+
+/// A task as it was after a position (time travel).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct StateAt {
+    /// The task.
+    pub task: String,
+    /// The last record folded.
+    pub at: AtRecord,
+    /// The stream's last position.
+    pub last_position: u64,
+    /// The state after `at` (`null` if nothing folds).
+    pub state: Option<TaskStateView>,
+    /// Problems met up to `at`.
+    pub problems: Vec<String>,
+}
+
+/// Query of `GET /api/tasks/{id}/updates`.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct UpdatesQuery {
+    /// The `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+    /// At most this many updates (default 100, at most 1000).
+    pub limit: Option<usize>,
+    /// Include data as base64.
+    pub bytes: Option<bool>,
+}
+
+/// A progress update.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct UpdateView {
+    /// Its position in the task's stream.
+    pub position: u64,
+    /// Its global sequence.
+    pub seq: u64,
+    /// The attempt that emitted it.
+    pub attempt: u64,
+    /// The idempotency key.
+    pub event_id: String,
+    /// The kind tag.
+    pub kind: String,
+    /// The data.
+    pub data: Bytes,
+    /// Key/value metadata.
+    pub metadata: Vec<MetadataPair>,
+    /// When it was appended (ms).
+    pub at: u64,
+}
+
+/// One metadata entry of an update.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct MetadataPair {
+    /// The key.
+    pub key: String,
+    /// The value.
+    pub value: String,
+}
+
+/// A page of a task's progress updates.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct UpdatePage {
+    /// The task.
+    pub task: String,
+    /// The updates, oldest first.
+    pub updates: Vec<UpdateView>,
+    /// Pass as `cursor` for the next page; `null` when no more are stored now.
+    pub next_cursor: Option<String>,
+}
+
+/// `POST /api/tasks`: a task to create (pending, for an executor to claim).
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SubmitBody {
+    /// The task id; default `<kind or "task">_<UUID v7>`.
+    pub id: Option<String>,
+    /// The executor key that routes the task (required).
+    pub executor_key: String,
+    /// A free tag; also the prefix of a generated id (`[A-Za-z0-9_-]`, at most 64 bytes).
+    #[serde(default)]
+    pub kind: String,
+    /// The payload, any JSON value (stored as its JSON text). A JSON object with a
+    /// `tool_name` names the task's tool.
+    #[schema(value_type = Object)]
+    pub payload: Option<serde_json::Value>,
+    /// Human-readable description.
+    #[serde(default)]
+    pub description: String,
+    /// The session notifications are routed to.
+    #[serde(default)]
+    pub session_id: String,
+    /// Whether the session is notified.
+    #[serde(default)]
+    pub notify_session: bool,
+    /// Path of a derived transcript.
+    #[serde(default)]
+    pub output_file: String,
+    /// The lease-expiry policy, `retry` (default) or `fail`; with an embedded manager the
+    /// executor's policy is used instead.
+    pub policy: Option<String>,
+}
+
+/// `POST /api/tasks/{id}/cancel`.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CancelBody {
+    /// Why (the first reason wins).
+    #[serde(default)]
+    pub reason: String,
+}
+
+/// `POST /api/tasks/{id}/resume`: input for a task waiting for it.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResumeBody {
+    /// The input as text (UTF-8); give this or `data_base64`.
+    pub data: Option<String>,
+    /// The input as standard base64.
+    pub data_base64: Option<String>,
+    /// The version of the wait being answered (default: the task's current version).
+    pub expected_version: Option<u64>,
+}
+
+/// `POST /api/tasks/{id}/release`.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReleaseBody {
+    /// A replacement context snapshot as text (empty clears it); absent keeps it.
+    pub context_snapshot: Option<String>,
+}
+
+/// Query of `POST /api/verify`.
+#[derive(Debug, Clone, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub struct VerifyQuery {
+    /// Audit only this task (the global index checks are skipped then).
+    pub task: Option<String>,
+}
+
+/// One finding of an audit.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ProblemView {
+    /// The task concerned (empty for an index key that names no task).
+    pub task: String,
+    /// The record concerned, when there is one.
+    pub position: Option<u64>,
+    /// The kind of problem (as `dtask verify` names it).
+    pub kind: String,
+    /// The reason.
+    pub detail: String,
+}
+
+/// The audit's report (as `dtask verify --json`).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct VerifyReport {
+    /// `journal` or `task`.
+    pub scope: String,
+    /// Whether nothing is wrong.
+    pub clean: bool,
+    /// Tasks checked.
+    pub tasks: u64,
+    /// Records read intact.
+    pub records: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// The last global sequence.
+    pub last_seq: u64,
+    /// Entries of the `live` index (tasks not terminal).
+    pub live: u64,
+    /// Queued notifications (whole-journal audits only).
+    pub outbox: u64,
+    /// Every problem found.
+    pub problems: Vec<ProblemView>,
+    /// How long the audit took, in milliseconds.
+    pub elapsed_ms: u64,
+}
+
+/// Journal statistics kept by the server as it reads the journal's commits.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Stats {
+    /// `owner` (this server writes the journal) or `follower` (`--read-only`).
+    pub mode: String,
+    /// The journal's format version.
+    pub journal_format: u32,
+    /// The last global sequence the server has read.
+    pub last_seq: u64,
+    /// Whether the first count of the journal is done (the counts below are 0 until then).
+    pub counted: bool,
+    /// Tasks.
+    pub tasks: u64,
+    /// Records.
+    pub records: u64,
+    /// Bytes of the records.
+    pub bytes: u64,
+    /// Tasks whose stream does not fold cleanly (as last read).
+    pub tasks_with_problems: u64,
+    /// Tasks by status.
+    pub by_status: std::collections::BTreeMap<String, u64>,
+    /// Tasks by executor.
+    pub by_executor: std::collections::BTreeMap<String, u64>,
+    /// Records by event type.
+    pub by_type: std::collections::BTreeMap<String, u64>,
+    /// Open SSE streams.
+    pub subscribers: u64,
+}
+
+/// The payload's `tool_name`, when the payload is a JSON object with one (as `dtask tasks`
+/// reads it).
+pub fn tool_name(payload: &[u8]) -> Option<String> {
+    let value: serde_json::Value = serde_json::from_slice(payload).ok()?;
+    value.get("tool_name")?.as_str().map(str::to_owned)
+}

@@ -1,0 +1,77 @@
+//! The OpenAPI document, generated from the handlers' annotations and the body types. The
+//! committed copy, `docs/openapi.json`, is checked against it by a test (`DTASK_BLESS=1`
+//! rewrites it).
+
+use super::api;
+use super::error::{ErrorBody, ErrorDetail};
+use super::model;
+use utoipa::OpenApi;
+
+/// The API's description.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "dtask serve",
+        description = "The HTTP API of `dtask serve`: tasks folded from a dtask journal, their \
+                       records, time travel, control (owner mode), the audit, statistics and \
+                       live streams of committed records. See docs/server.md.",
+        license(name = "Apache-2.0")
+    ),
+    paths(
+        api::list_tasks,
+        api::get_task,
+        api::get_records,
+        api::get_state,
+        api::get_updates,
+        api::submit,
+        api::cancel,
+        api::resume,
+        api::release,
+        api::verify,
+        api::stats,
+        api::stream,
+        api::task_stream,
+        api::metrics,
+        api::openapi,
+    ),
+    components(schemas(
+        ErrorBody,
+        ErrorDetail,
+        model::Bytes,
+        model::TaskSummary,
+        model::TaskList,
+        model::TaskStateView,
+        model::TaskDetail,
+        model::RecordView,
+        model::DamagedRecord,
+        model::RecordPage,
+        model::AtRecord,
+        model::StateAt,
+        model::MetadataPair,
+        model::UpdateView,
+        model::UpdatePage,
+        model::SubmitBody,
+        model::CancelBody,
+        model::ResumeBody,
+        model::ReleaseBody,
+        model::ProblemView,
+        model::VerifyReport,
+        model::Stats,
+    )),
+    tags(
+        (name = "tasks", description = "Tasks folded from the journal, their records and updates"),
+        (name = "control", description = "Writes (owner mode only)"),
+        (name = "journal", description = "The audit, statistics, metrics, this document"),
+        (name = "streams", description = "Server-sent events of committed records"),
+    )
+)]
+pub struct ApiDoc;
+
+/// The document as pretty JSON, with a final newline.
+pub fn document() -> String {
+    let mut text = ApiDoc::openapi()
+        .to_pretty_json()
+        .unwrap_or_else(|e| format!("{{\"error\": {:?}}}", e.to_string()));
+    text.push('\n');
+    text
+}

@@ -1,0 +1,174 @@
+//! What the server keeps in memory about the journal: counts of tasks by status and executor
+//! and of records by type, made by one full count at start and kept up to date from the
+//! commits the pump reads (see [`super::sse`]), with the same fold ([`Task::apply`]) the
+//! engine uses. Nothing here is authoritative: every endpoint that shows a task folds it from
+//! the journal.
+
+use dtask_journal::{EventType, Journal, Record};
+use dtask_replay::{FoldView, Status, Task};
+use parking_lot::Mutex;
+use std::collections::{BTreeMap, HashMap};
+
+/// The counts.
+#[derive(Debug, Default)]
+struct Counts {
+    /// Whether the first count is done.
+    counted: bool,
+    /// The last sequence applied.
+    last_seq: u64,
+    /// Live tasks, folded (the statuses that still change).
+    live: HashMap<String, Task>,
+    /// Tasks that will not change status: terminal, or whose stream stopped folding.
+    settled: BTreeMap<Status, u64>,
+    /// Tasks by executor.
+    by_executor: BTreeMap<String, u64>,
+    /// Records by event type.
+    by_type: BTreeMap<EventType, u64>,
+    tasks: u64,
+    records: u64,
+    bytes: u64,
+    problems: u64,
+    /// Tasks the first count folded past the sequence it started at, with the last sequence
+    /// it folded: the pump skips their records up to it.
+    counted_past: HashMap<String, u64>,
+}
+
+/// A snapshot of the counts.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Snapshot {
+    /// Whether the first count is done.
+    pub counted: bool,
+    /// The last sequence applied.
+    pub last_seq: u64,
+    /// Tasks.
+    pub tasks: u64,
+    /// Records.
+    pub records: u64,
+    /// Bytes of the records.
+    pub bytes: u64,
+    /// Tasks whose stream does not fold cleanly.
+    pub problems: u64,
+    /// Tasks by status (every status present, 0 included).
+    pub by_status: BTreeMap<Status, u64>,
+    /// Tasks by executor.
+    pub by_executor: BTreeMap<String, u64>,
+    /// Records by event type.
+    pub by_type: BTreeMap<EventType, u64>,
+}
+
+/// The server's counts of the journal.
+#[derive(Debug, Default)]
+pub struct Projection {
+    counts: Mutex<Counts>,
+}
+
+impl Projection {
+    /// Counts the whole journal (once, at start), as `dtask stats` does: every task folded.
+    /// Returns the sequence the pump goes on from.
+    ///
+    /// # Errors
+    /// Journal errors other than damage.
+    pub fn count(&self, journal: &Journal) -> Result<u64, dtask_journal::Error> {
+        let start = journal.last_seq()?;
+        let mut c = Counts::default();
+        for id in journal.task_ids() {
+            let id = id?;
+            let mut max_seq = 0;
+            let view = FoldView::read(journal, &id, |r| {
+                *c.by_type.entry(r.event.event_type()).or_default() += 1;
+                max_seq = max_seq.max(r.seq);
+            })?;
+            c.tasks += 1;
+            c.records += view.records;
+            c.bytes += view.bytes;
+            if max_seq > start {
+                c.counted_past.insert(id.clone(), max_seq);
+            }
+            let executor = view
+                .task
+                .as_ref()
+                .map_or_else(|| "?".to_owned(), |t| t.state.spec.executor_key.clone());
+            *c.by_executor.entry(executor).or_default() += 1;
+            let problems = view.has_problems();
+            match view.task {
+                Some(task) if !problems && !task.state.is_terminal() => {
+                    c.live.insert(id, task);
+                }
+                Some(task) => {
+                    c.problems += u64::from(problems);
+                    *c.settled.entry(task.state.status).or_default() += 1;
+                }
+                None => c.problems += 1,
+            }
+        }
+        c.counted = true;
+        c.last_seq = start;
+        *self.counts.lock() = c;
+        Ok(start)
+    }
+
+    /// Applies a record read from the commits after the first count.
+    pub fn apply(&self, task: &str, record: &Record) {
+        let mut c = self.counts.lock();
+        c.last_seq = c.last_seq.max(record.seq);
+        if c.counted_past
+            .get(task)
+            .is_some_and(|seq| record.seq <= *seq)
+        {
+            return;
+        }
+        c.records += 1;
+        c.bytes += record.size as u64;
+        *c.by_type.entry(record.event.event_type()).or_default() += 1;
+        if let Some(folded) = c.live.get_mut(task) {
+            match folded.apply(&record.event) {
+                Ok(()) if folded.state.is_terminal() => {
+                    let status = folded.state.status;
+                    c.live.remove(task);
+                    *c.settled.entry(status).or_default() += 1;
+                }
+                Ok(()) => {}
+                Err(_) => {
+                    let status = folded.state.status;
+                    c.live.remove(task);
+                    c.problems += 1;
+                    *c.settled.entry(status).or_default() += 1;
+                }
+            }
+        } else if record.position == 0 {
+            c.tasks += 1;
+            if let Ok(folded) = Task::created(task, &record.event) {
+                *c.by_executor
+                    .entry(folded.state.spec.executor_key.clone())
+                    .or_default() += 1;
+                c.live.insert(task.to_owned(), folded);
+            } else {
+                c.problems += 1;
+                *c.by_executor.entry("?".to_owned()).or_default() += 1;
+            }
+        }
+    }
+
+    /// The counts now.
+    pub fn snapshot(&self) -> Snapshot {
+        let c = self.counts.lock();
+        let mut by_status: BTreeMap<Status, u64> = Status::ALL.iter().map(|s| (*s, 0)).collect();
+        for (status, n) in &c.settled {
+            *by_status.entry(*status).or_default() += n;
+        }
+        for task in c.live.values() {
+            *by_status.entry(task.state.status).or_default() += 1;
+        }
+        Snapshot {
+            counted: c.counted,
+            last_seq: c.last_seq,
+            tasks: c.tasks,
+            records: c.records,
+            bytes: c.bytes,
+            problems: c.problems,
+            by_status,
+            by_executor: c.by_executor.clone(),
+            by_type: c.by_type.clone(),
+        }
+    }
+}

@@ -1,0 +1,338 @@
+//! Committed records as server-sent events.
+//!
+//! One pump per server reads the journal's commits in order (polling: the journal has no
+//! commit notification to subscribe to), applies them to the [`Projection`] and broadcasts
+//! each as a pre-serialized event on a bounded channel. A subscriber first reads what it
+//! missed from the journal (from its `Last-Event-ID`, the global sequence), then follows the
+//! channel. A subscriber that falls behind the channel's buffer is switched back to reading
+//! the journal from its last event: it never misses a record, and never slows the pump or
+//! the writer. The number of open streams is bounded.
+
+use super::metrics::Metrics;
+use super::model::RecordView;
+use super::projection::Projection;
+use super::ApiError;
+use axum::response::sse::Event;
+use dtask_journal::export::ByteFields;
+use dtask_journal::{Committed, Journal, Record};
+use futures::stream::{self, Stream, StreamExt};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{broadcast, watch};
+
+/// Records read from the journal per step (pump and catch-up).
+const BATCH: usize = 512;
+
+/// A committed record, ready to send.
+#[derive(Debug)]
+pub struct Item {
+    /// The global sequence (the event id).
+    pub seq: u64,
+    /// The task.
+    pub task: String,
+    /// The JSON of its [`RecordView`] (byte fields redacted to their length).
+    pub json: String,
+}
+
+impl Item {
+    fn of(task: &str, record: &Record) -> Self {
+        let json = RecordView::of(task, record, ByteFields::Redacted)
+            .and_then(|v| serde_json::to_string(&v))
+            .unwrap_or_else(|e| format!("{{\"error\":{:?}}}", e.to_string()));
+        Self {
+            seq: record.seq,
+            task: task.to_owned(),
+            json,
+        }
+    }
+
+    fn event(&self) -> Event {
+        Event::default()
+            .id(self.seq.to_string())
+            .event("record")
+            .data(&self.json)
+    }
+}
+
+/// The broadcast side: the channel and the subscribers.
+#[derive(Debug)]
+pub struct Hub {
+    sender: broadcast::Sender<Arc<Item>>,
+    subscribers: Arc<AtomicU64>,
+    max_subscribers: u64,
+}
+
+impl Hub {
+    /// A hub whose channel keeps `buffer` events, allowing `max_subscribers` streams.
+    pub fn new(buffer: usize, max_subscribers: usize) -> Self {
+        let (sender, _) = broadcast::channel(buffer.max(16));
+        Self {
+            sender,
+            subscribers: Arc::new(AtomicU64::new(0)),
+            max_subscribers: max_subscribers as u64,
+        }
+    }
+
+    /// Open streams.
+    pub fn subscribers(&self) -> u64 {
+        self.subscribers.load(Ordering::Relaxed)
+    }
+
+    fn admit(&self) -> Result<Admitted, ApiError> {
+        let n = self.subscribers.fetch_add(1, Ordering::AcqRel);
+        let admitted = Admitted(Arc::clone(&self.subscribers));
+        if n >= self.max_subscribers {
+            drop(admitted);
+            return Err(ApiError::new(
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                "too_many_subscribers",
+                format!("{} streams are open already", self.max_subscribers),
+            ));
+        }
+        Ok(admitted)
+    }
+}
+
+/// A counted subscriber; uncounted when dropped.
+#[derive(Debug)]
+struct Admitted(Arc<AtomicU64>);
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// What the pump needs.
+pub struct Pump {
+    /// The journal read.
+    pub journal: Journal,
+    /// Whether the journal is a follower (caught up before each read).
+    pub follower: bool,
+    /// The counts to keep.
+    pub projection: Arc<Projection>,
+    /// Where to broadcast.
+    pub hub: Arc<Hub>,
+    /// The metrics.
+    pub metrics: Arc<Metrics>,
+    /// How long to wait when nothing new was read.
+    pub interval: Duration,
+}
+
+impl Pump {
+    /// Counts the journal, then reads its commits until `stop` turns true.
+    pub async fn run(self, mut stop: watch::Receiver<bool>) {
+        let journal = self.journal.clone();
+        let projection = Arc::clone(&self.projection);
+        let counted = tokio::task::spawn_blocking(move || projection.count(&journal)).await;
+        let mut next = match counted {
+            Ok(Ok(last)) => last + 1,
+            Ok(Err(e)) => {
+                tracing_error(&format!("counting the journal failed: {e}"));
+                1
+            }
+            Err(e) => {
+                tracing_error(&format!("counting the journal failed: {e}"));
+                1
+            }
+        };
+        loop {
+            if *stop.borrow() {
+                return;
+            }
+            let journal = self.journal.clone();
+            let follower = self.follower;
+            let read = tokio::task::spawn_blocking(move || -> Result<Vec<Committed>, String> {
+                if follower {
+                    journal.catch_up().map_err(|e| e.to_string())?;
+                }
+                journal
+                    .commits(next)
+                    .take(BATCH)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| e.to_string())
+            })
+            .await;
+            let batch = match read {
+                Ok(Ok(batch)) => batch,
+                Ok(Err(e)) => {
+                    self.metrics.pump_errors.inc();
+                    tracing_error(&format!("reading the journal's commits failed: {e}"));
+                    Vec::new()
+                }
+                Err(e) => {
+                    self.metrics.pump_errors.inc();
+                    tracing_error(&format!("reading the journal's commits failed: {e}"));
+                    Vec::new()
+                }
+            };
+            let full = batch.len() == BATCH;
+            for c in batch {
+                self.projection.apply(&c.task, &c.record);
+                next = c.record.seq + 1;
+                let item = Arc::new(Item::of(&c.task, &c.record));
+                // No receiver is not an error: nobody is listening.
+                let _ = self.hub.sender.send(item);
+            }
+            if !full {
+                tokio::select! {
+                    () = tokio::time::sleep(self.interval) => {}
+                    _ = stop.changed() => {}
+                }
+            }
+        }
+    }
+}
+
+/// Reports a failure of the background pump on standard error.
+fn tracing_error(message: &str) {
+    eprintln!("dtask serve: {message}");
+}
+
+/// Which records a stream carries.
+#[derive(Debug, Clone)]
+pub enum Scope {
+    /// Every record, in commit order.
+    Journal,
+    /// One task's records, in stream order.
+    Task(String),
+}
+
+enum Phase {
+    /// Reading what the subscriber missed from the journal.
+    Journal,
+    /// Following the broadcast channel.
+    Live,
+}
+
+struct Follow {
+    journal: Journal,
+    scope: Scope,
+    receiver: broadcast::Receiver<Arc<Item>>,
+    /// The last sequence sent.
+    after: u64,
+    /// For a task stream: the next position to read from the journal.
+    position: u64,
+    phase: Phase,
+    metrics: Arc<Metrics>,
+    _admitted: Admitted,
+}
+
+/// Opens a stream of `scope`'s records after sequence `after`, ending when `stop` turns true.
+///
+/// # Errors
+/// [`ApiError`] `too_many_subscribers` when the bound is reached.
+pub fn subscribe(
+    hub: &Hub,
+    journal: Journal,
+    scope: Scope,
+    after: u64,
+    metrics: Arc<Metrics>,
+    mut stop: watch::Receiver<bool>,
+) -> Result<impl Stream<Item = Result<Event, std::convert::Infallible>>, ApiError> {
+    let admitted = hub.admit()?;
+    // Subscribed before the journal is read: whatever the pump sends from now on is either
+    // read from the journal below or received.
+    let follow = Follow {
+        journal,
+        scope,
+        receiver: hub.sender.subscribe(),
+        after,
+        position: 0,
+        phase: Phase::Journal,
+        metrics,
+        _admitted: admitted,
+    };
+    let events = stream::unfold(follow, step)
+        .flat_map(stream::iter)
+        .map(|item| Ok(item.event()));
+    Ok(events.take_until(async move {
+        // An error means the server is gone: end as well.
+        let _ = stop.wait_for(|stopped| *stopped).await;
+    }))
+}
+
+/// The next events of a stream (`None` ends it).
+async fn step(mut f: Follow) -> Option<(Vec<Arc<Item>>, Follow)> {
+    loop {
+        match f.phase {
+            Phase::Journal => {
+                let (journal, scope, after, position) =
+                    (f.journal.clone(), f.scope.clone(), f.after, f.position);
+                let read = tokio::task::spawn_blocking(move || {
+                    read_after(&journal, &scope, after, position)
+                })
+                .await;
+                let Ok(Ok((items, position))) = read else {
+                    return None;
+                };
+                f.position = position;
+                if items.is_empty() {
+                    f.phase = Phase::Live;
+                    continue;
+                }
+                if let Some(last) = items.last() {
+                    f.after = last.seq;
+                }
+                return Some((items, f));
+            }
+            Phase::Live => match f.receiver.recv().await {
+                Ok(item) => {
+                    if item.seq <= f.after {
+                        continue;
+                    }
+                    if let Scope::Task(task) = &f.scope {
+                        if *task != item.task {
+                            continue;
+                        }
+                    }
+                    f.after = item.seq;
+                    return Some((vec![item], f));
+                }
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    f.metrics.stream_lagged.inc();
+                    f.receiver = f.receiver.resubscribe();
+                    f.phase = Phase::Journal;
+                }
+                Err(broadcast::error::RecvError::Closed) => return None,
+            },
+        }
+    }
+}
+
+/// Up to [`BATCH`] records of `scope` with a sequence above `after`, and (for a task) the
+/// position to read from next.
+fn read_after(
+    journal: &Journal,
+    scope: &Scope,
+    after: u64,
+    position: u64,
+) -> Result<(Vec<Arc<Item>>, u64), dtask_journal::Error> {
+    match scope {
+        Scope::Journal => {
+            let items = journal
+                .commits(after + 1)
+                .take(BATCH)
+                .map(|c| c.map(|c| Arc::new(Item::of(&c.task, &c.record))))
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok((items, position))
+        }
+        Scope::Task(task) => {
+            let mut items = Vec::new();
+            let mut next = position;
+            for record in journal.read_stream(task, position) {
+                // A damaged record is skipped here (the records endpoint and verify name it).
+                let Ok(record) = record else { continue };
+                next = record.position + 1;
+                if record.seq > after {
+                    items.push(Arc::new(Item::of(task, &record)));
+                    if items.len() == BATCH {
+                        break;
+                    }
+                }
+            }
+            Ok((items, next))
+        }
+    }
+}

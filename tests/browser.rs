@@ -1,0 +1,333 @@
+//! The web page of `dtask serve` in a real headless Chromium, driven over the W3C `WebDriver`
+//! protocol (`chromedriver`), against a real journal: the task list shows every task and
+//! updates live when a task is created, the status filter narrows it, a task's page shows its
+//! timeline, records and the state at a position, and the journal page runs the audit.
+//!
+//! Needs Debian's `chromium` and `chromium-driver` (`apt-get install chromium
+//! chromium-driver`); without them the test says so loudly and passes. `DTASK_SCREENSHOTS=1`
+//! saves the pages as `docs/server-*.png`.
+//!
+//! The `WebDriver` calls are made with the HTTP client the other tests use (a handful of JSON
+//! requests), not a `WebDriver` crate: fantoccini's dependencies would change the features of
+//! crates RocksDB's build uses and rebuild it.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
+
+use base64::Engine;
+use dtask::server::{Server, ServerConfig};
+use dtask_engine::{
+    Command as Cmd, CreateRequest, StoreConfig, SystemClock, TaskStore, UpdateRequest,
+};
+use dtask_journal::{Journal, JournalOptions, LeasePolicy, TaskSpec};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+fn program(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(name))
+            .find(|path| path.is_file())
+    })
+}
+
+fn create(id: &str, executor: &str, description: &str) -> CreateRequest {
+    CreateRequest {
+        spec: TaskSpec {
+            id: id.into(),
+            executor_key: executor.into(),
+            kind: "tool_call".into(),
+            payload: serde_json::to_vec(&json!({ "tool_name": executor })).unwrap(),
+            description: description.into(),
+            ..TaskSpec::default()
+        },
+        policy: Some(LeasePolicy::Retry),
+        ..CreateRequest::default()
+    }
+}
+
+/// Kills chromedriver when the test ends, however it ends.
+struct DriverProcess(std::process::Child);
+
+impl Drop for DriverProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A `WebDriver` session: the few commands the test needs.
+struct Browser {
+    http: reqwest::Client,
+    session: String,
+}
+
+impl Browser {
+    async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
+        let url = format!("{}{path}", self.session);
+        let mut request = self.http.request(method, url);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let reply: Value = request.send().await.unwrap().json().await.unwrap();
+        assert!(reply["value"].get("error").is_none(), "WebDriver: {reply}");
+        reply["value"].clone()
+    }
+
+    async fn goto(&self, url: &str) {
+        self.call(reqwest::Method::POST, "/url", Some(json!({ "url": url })))
+            .await;
+    }
+
+    async fn run(&self, script: &str) -> Value {
+        self.call(
+            reqwest::Method::POST,
+            "/execute/sync",
+            Some(json!({ "script": script, "args": [] })),
+        )
+        .await
+    }
+
+    /// Runs `script` until it returns `true` (bounded: a minute).
+    async fn until(&self, what: &str, script: &str) {
+        for _ in 0..1200 {
+            if self.run(script).await == json!(true) {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("the page never showed {what}");
+    }
+
+    async fn screenshot(&self, name: &str) {
+        if std::env::var_os("DTASK_SCREENSHOTS").is_none() {
+            return;
+        }
+        let png = self.call(reqwest::Method::GET, "/screenshot", None).await;
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(png.as_str().unwrap())
+            .unwrap();
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("docs")
+            .join(name);
+        std::fs::write(&path, png).unwrap();
+        eprintln!("saved {}", path.display());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_lists_tasks_live_and_shows_a_timeline_and_the_audit() {
+    let (Some(driver), Some(chromium)) = (program("chromedriver"), program("chromium")) else {
+        eprintln!(
+            "SKIPPED the_page_lists_tasks_live_and_shows_a_timeline_and_the_audit: chromium and \
+             chromedriver are not installed (apt-get install chromium chromium-driver)"
+        );
+        return;
+    };
+
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    let store = TaskStore::open(journal, SystemClock, StoreConfig::default()).unwrap();
+    store
+        .create(create("build-1", "shell", "make release"))
+        .await
+        .unwrap();
+    let s = store.execute("build-1", 1, Cmd::Start).await.unwrap();
+    for i in 0..3 {
+        let update = UpdateRequest {
+            attempt: s.attempt,
+            event_id: format!("line-{i}"),
+            kind: "stdout".into(),
+            data: format!("compiling part {i}").into_bytes(),
+            metadata: vec![],
+        };
+        store.append_update("build-1", update).await.unwrap();
+    }
+    store
+        .execute("build-1", s.version, Cmd::Heartbeat)
+        .await
+        .unwrap();
+    store
+        .create(create("ask-1", "approval", "deploy to production?"))
+        .await
+        .unwrap();
+    let a = store.execute("ask-1", 1, Cmd::Start).await.unwrap();
+    let wait = Cmd::WaitInput {
+        checkpoint: b"approve?".to_vec(),
+    };
+    store.execute("ask-1", a.version, wait).await.unwrap();
+    store
+        .create(create("fetch-1", "fetch", "download the dataset"))
+        .await
+        .unwrap();
+    let f = store.execute("fetch-1", 1, Cmd::Start).await.unwrap();
+    let done = Cmd::Complete {
+        data: b"42 files".to_vec(),
+    };
+    store.execute("fetch-1", f.version, done).await.unwrap();
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let config = ServerConfig::default().with_poll_interval(Duration::from_millis(20));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = Server::owner(store.clone(), None, config);
+    let server = tokio::spawn(server.serve(listener, async {
+        let _ = stopped.await;
+    }));
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let _driver = DriverProcess(
+        std::process::Command::new(driver)
+            .arg(format!("--port={port}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let profile = tempfile::tempdir().unwrap();
+    let capabilities = json!({ "capabilities": { "alwaysMatch": {
+        "browserName": "chrome",
+        "goog:chromeOptions": {
+            "binary": chromium,
+            "args": [
+                "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                "--disable-component-update", "--no-first-run", "--window-size=1280,800",
+                format!("--user-data-dir={}", profile.path().display()),
+            ],
+        },
+    }}});
+    let http = reqwest::Client::new();
+    let driver_url = format!("http://127.0.0.1:{port}");
+    let mut session = None;
+    for _ in 0..300 {
+        if let Ok(reply) = http
+            .post(format!("{driver_url}/session"))
+            .json(&capabilities)
+            .send()
+            .await
+        {
+            let reply: Value = reply.json().await.unwrap();
+            let id = reply["value"]["sessionId"].as_str().expect("a session");
+            session = Some(format!("{driver_url}/session/{id}"));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let browser = Browser {
+        http,
+        session: session.expect("chromedriver answers"),
+    };
+
+    // The task list, with every task.
+    browser.goto(&format!("{base}/")).await;
+    let has_row =
+        |id: &str| format!("return document.querySelector(\"tr[data-id='{id}']\") !== null");
+    for id in ["build-1", "ask-1", "fetch-1"] {
+        browser.until(id, &has_row(id)).await;
+    }
+    let ask = browser
+        .run("return document.querySelector(\"tr[data-id='ask-1']\").textContent")
+        .await;
+    let ask = ask.as_str().unwrap();
+    assert!(
+        ask.contains("waiting_input") && ask.contains("approval"),
+        "{ask}"
+    );
+
+    // Live: a task created now appears without a reload.
+    browser
+        .until(
+            "the live badge",
+            "return document.querySelector('.live.on') !== null",
+        )
+        .await;
+    store
+        .create(create("late-1", "shell", "created while the page is open"))
+        .await
+        .unwrap();
+    browser.until("late-1, live", &has_row("late-1")).await;
+    browser.screenshot("server-tasks.png").await;
+
+    // The status filter.
+    browser
+        .run(
+            "const s = document.getElementById('status-filter'); s.value = 'completed'; \
+             s.dispatchEvent(new Event('change')); return true",
+        )
+        .await;
+    browser
+        .until(
+            "only the completed task",
+            "const rows = document.querySelectorAll('#tasks tbody tr'); \
+             return rows.length === 1 && rows[0].dataset.id === 'fetch-1'",
+        )
+        .await;
+
+    // A task's page: timeline, records, the state at a position.
+    let records = store.get("build-1").await.unwrap().position;
+    browser.goto(&format!("{base}/#/task/build-1")).await;
+    browser
+        .until(
+            "every record",
+            &format!("return document.querySelectorAll('#records tbody tr').length === {records}"),
+        )
+        .await;
+    let timeline = browser
+        .run("return document.querySelector('.timeline').textContent")
+        .await;
+    let timeline = timeline.as_str().unwrap();
+    assert!(
+        timeline.contains("attempt 1 started · 1 heartbeat"),
+        "{timeline}"
+    );
+    assert!(
+        timeline.contains("update stdout #line-2 (attempt 1)"),
+        "{timeline}"
+    );
+    browser
+        .run(
+            "const s = document.getElementById('at'); s.value = '0'; \
+             s.dispatchEvent(new Event('input')); return true",
+        )
+        .await;
+    browser
+        .until(
+            "the state at position 0",
+            "return document.body.textContent.includes('after #0 created')",
+        )
+        .await;
+    browser.screenshot("server-task.png").await;
+
+    // The journal page runs the audit.
+    browser.goto(&format!("{base}/#/journal")).await;
+    browser
+        .until(
+            "the verify button",
+            "return document.getElementById('verify') !== null",
+        )
+        .await;
+    browser
+        .run("document.getElementById('verify').click(); return true")
+        .await;
+    browser
+        .until(
+            "the audit's verdict",
+            "return document.getElementById('verify-result') !== null",
+        )
+        .await;
+    let verdict = browser
+        .run("return document.getElementById('verify-result').textContent")
+        .await;
+    assert!(
+        verdict.as_str().unwrap().starts_with("clean: 4 tasks"),
+        "{verdict}"
+    );
+    browser.screenshot("server-journal.png").await;
+
+    browser.call(reqwest::Method::DELETE, "", None).await;
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
+}

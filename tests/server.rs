@@ -1,0 +1,1023 @@
+//! `dtask serve` over real HTTP on loopback, against real RocksDB journals in temporary
+//! directories: every endpoint's success and client errors, the control endpoints changing
+//! what the journal holds, the streams, metrics, the token, and the OpenAPI document against
+//! its committed copy (`DTASK_BLESS=1 cargo test -p dtask --test server` rewrites it).
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::too_many_lines,
+    clippy::similar_names
+)]
+
+use dtask::server::{Server, ServerConfig, ServerError};
+use dtask_engine::{
+    Command as Cmd, CreateRequest, StoreConfig, SystemClock, TaskStore, UpdateRequest,
+};
+use dtask_journal::{Event, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp};
+use dtask_replay::{FoldView, Status};
+use futures::StreamExt;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// A server running in this process on a loopback port.
+struct Running {
+    base: String,
+    http: reqwest::Client,
+    stop: Option<oneshot::Sender<()>>,
+    handle: JoinHandle<Result<(), ServerError>>,
+}
+
+impl Running {
+    async fn start(server: Server) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let handle = tokio::spawn(server.serve(listener, async move {
+            let _ = stopped.await;
+        }));
+        Self {
+            base,
+            http: reqwest::Client::new(),
+            stop: Some(stop),
+            handle,
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    async fn get(&self, path: &str) -> (StatusCode, Value) {
+        let response = self.http.get(self.url(path)).send().await.unwrap();
+        let status = response.status();
+        (status, response.json().await.unwrap())
+    }
+
+    async fn post(&self, path: &str, body: &Value) -> (StatusCode, Value) {
+        let response = self
+            .http
+            .post(self.url(path))
+            .json(body)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status();
+        (status, response.json().await.unwrap())
+    }
+
+    /// Stops the server and waits for it (a hang fails the test after a minute).
+    async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            stop.send(()).unwrap();
+        }
+        tokio::time::timeout(Duration::from_secs(60), self.handle)
+            .await
+            .expect("the server stops")
+            .unwrap()
+            .unwrap();
+    }
+
+    /// Waits until the server's counts have read up to `seq` (bounded).
+    async fn wait_seq(&self, seq: u64) -> Value {
+        for _ in 0..600 {
+            let (_, stats) = self.get("/api/stats").await;
+            if stats["counted"] == json!(true) && stats["last_seq"].as_u64().unwrap() >= seq {
+                return stats;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("the server never read up to sequence {seq}");
+    }
+}
+
+fn fast() -> ServerConfig {
+    ServerConfig::default().with_poll_interval(Duration::from_millis(10))
+}
+
+fn open_store(dir: &Path) -> TaskStore {
+    let journal = Journal::open(dir, JournalOptions::default()).unwrap();
+    TaskStore::open(journal, SystemClock, StoreConfig::default()).unwrap()
+}
+
+fn create(id: &str, executor: &str, payload: &Value) -> CreateRequest {
+    CreateRequest {
+        spec: TaskSpec {
+            id: id.into(),
+            executor_key: executor.into(),
+            kind: "tool_call".into(),
+            payload: serde_json::to_vec(payload).unwrap(),
+            description: format!("the {id} task"),
+            ..TaskSpec::default()
+        },
+        policy: Some(LeasePolicy::Retry),
+        ..CreateRequest::default()
+    }
+}
+
+/// The status folded from the journal at `dir`, opened read-only.
+fn status_in_journal(dir: &Path, task: &str) -> Status {
+    let journal = Journal::open_read_only(dir).unwrap();
+    let view = FoldView::read(&journal, task, |_| {}).unwrap();
+    view.task.unwrap().state.status
+}
+
+fn code(body: &Value) -> &str {
+    body["error"]["code"]
+        .as_str()
+        .unwrap_or_else(|| panic!("not an error body: {body}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owner_submits_and_cancels_and_every_read_shows_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Running::start(Server::owner(open_store(dir.path()), None, fast())).await;
+
+    let (status, created) = server
+        .post(
+            "/api/tasks",
+            &json!({
+                "id": "job-1", "executor_key": "shell", "kind": "tool_call",
+                "payload": {"tool_name": "shell", "command": "make test"},
+                "description": "run the tests"
+            }),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    assert_eq!(created["status"], "pending");
+    assert_eq!(created["tool"], "shell");
+    let (status, generated) = server
+        .post(
+            "/api/tasks",
+            &json!({"executor_key": "fetch", "kind": "dl"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{generated}");
+    assert!(
+        generated["id"].as_str().unwrap().starts_with("dl_"),
+        "{generated}"
+    );
+
+    let (status, list) = server.get("/api/tasks").await;
+    assert_eq!(status, StatusCode::OK);
+    let ids: Vec<&str> = list["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 2);
+    assert!(ids.contains(&"job-1"));
+    let (_, shells) = server.get("/api/tasks?tool=shell&status=pending").await;
+    assert_eq!(shells["tasks"].as_array().unwrap().len(), 1);
+    assert_eq!(shells["tasks"][0]["id"], "job-1");
+    let (_, searched) = server.get("/api/tasks?q=THE%20TESTS").await;
+    assert_eq!(searched["tasks"][0]["id"], "job-1");
+    let (_, none) = server.get("/api/tasks?executor=nobody").await;
+    assert_eq!(none["tasks"], json!([]));
+
+    let (status, task) = server.get("/api/tasks/job-1").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(task["state"]["status"], "pending");
+    assert_eq!(
+        task["state"]["payload"]["text"],
+        r#"{"command":"make test","tool_name":"shell"}"#
+    );
+    assert_eq!(task["problems"], json!([]));
+
+    let (status, cancel) = server
+        .post("/api/tasks/job-1/cancel", &json!({"reason": "not needed"}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{cancel}");
+    assert_eq!(cancel["status"], "canceled");
+
+    let (status, records) = server.get("/api/tasks/job-1/records").await;
+    assert_eq!(status, StatusCode::OK);
+    let types: Vec<&str> = records["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["type"].as_str().unwrap())
+        .collect();
+    // A pending task's cancel is direct: one record, and the task is canceled.
+    assert_eq!(types, ["created", "cancel_requested"]);
+    assert_eq!(records["records"][1]["event"]["direct"], true);
+    assert_eq!(records["records"][1]["event"]["reason"], "not needed");
+    let first = &records["records"][0];
+    assert_eq!(first["position"], 0);
+    assert_eq!(first["crc"].as_str().unwrap().len(), 8);
+    assert_eq!(first["digest"].as_str().unwrap().len(), 64);
+    assert_eq!(first["event"]["spec"]["id"], "job-1");
+    let (_, paged) = server.get("/api/tasks/job-1/records?from=1&limit=1").await;
+    assert_eq!(paged["records"].as_array().unwrap().len(), 1);
+    assert_eq!(paged["records"][0]["position"], 1);
+
+    let (status, at0) = server.get("/api/tasks/job-1/state?at=0").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(at0["at"]["type"], "created");
+    assert_eq!(at0["state"]["status"], "pending");
+    let (_, last) = server.get("/api/tasks/job-1/state").await;
+    assert_eq!(last["state"]["status"], "canceled");
+
+    server.stop().await;
+    // What the journal holds, read back by another open.
+    assert_eq!(status_in_journal(dir.path(), "job-1"), Status::Canceled);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resume_and_release_answer_waiting_and_suspended_tasks_and_updates_page() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_store(dir.path());
+    let payload = json!({"tool_name": "approval"});
+    store
+        .create(create("ask", "approval", &payload))
+        .await
+        .unwrap();
+    let s = store.execute("ask", 1, Cmd::Start).await.unwrap();
+    for i in 0..3 {
+        store
+            .append_update(
+                "ask",
+                UpdateRequest {
+                    attempt: s.attempt,
+                    event_id: format!("u{i}"),
+                    kind: "progress".into(),
+                    data: format!("step {i}").into_bytes(),
+                    metadata: vec![("n".into(), i.to_string())],
+                },
+            )
+            .await
+            .unwrap();
+    }
+    let s = store
+        .execute(
+            "ask",
+            s.version,
+            Cmd::WaitInput {
+                checkpoint: b"question".to_vec(),
+            },
+        )
+        .await
+        .unwrap();
+    store
+        .create(create("nap", "sleeper", &payload))
+        .await
+        .unwrap();
+    let n = store.execute("nap", 1, Cmd::Start).await.unwrap();
+    store
+        .execute(
+            "nap",
+            n.version,
+            Cmd::Suspend {
+                checkpoint: b"zz".to_vec(),
+            },
+        )
+        .await
+        .unwrap();
+    let server = Running::start(Server::owner(store, None, fast())).await;
+
+    let (status, page) = server.get("/api/tasks/ask/updates?limit=2").await;
+    assert_eq!(status, StatusCode::OK);
+    let updates = page["updates"].as_array().unwrap();
+    assert_eq!(updates.len(), 2);
+    assert_eq!(updates[0]["event_id"], "u0");
+    assert_eq!(updates[0]["data"]["text"], "step 0");
+    assert_eq!(updates[0]["metadata"][0], json!({"key": "n", "value": "0"}));
+    let cursor = page["next_cursor"].as_str().unwrap().to_owned();
+    let (_, rest) = server
+        .get(&format!("/api/tasks/ask/updates?cursor={cursor}"))
+        .await;
+    assert_eq!(rest["updates"].as_array().unwrap().len(), 1);
+    assert_eq!(rest["updates"][0]["event_id"], "u2");
+
+    let (status, resumed) = server
+        .post(
+            "/api/tasks/ask/resume",
+            &json!({"data": "yes", "expected_version": s.version}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{resumed}");
+    assert_eq!(resumed["status"], "pending");
+    assert_eq!(resumed["pending_resume"]["text"], "yes");
+    let (status, again) = server
+        .post("/api/tasks/ask/resume", &json!({"data": "twice"}))
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{again}");
+    assert_eq!(code(&again), "conflict");
+
+    let (status, released) = server.post("/api/tasks/nap/release", &json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{released}");
+    assert_eq!(released["status"], "pending");
+    // An empty body is an empty request.
+    let response = server
+        .http
+        .post(server.url("/api/tasks/nap/release"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::CONFLICT);
+
+    server.stop().await;
+    assert_eq!(status_in_journal(dir.path(), "ask"), Status::Pending);
+    assert_eq!(status_in_journal(dir.path(), "nap"), Status::Pending);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_mistakes_are_json_4xx_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_store(dir.path());
+    store
+        .create(create("t1", "shell", &json!({})))
+        .await
+        .unwrap();
+    let server = Running::start(Server::owner(store, None, fast().with_body_limit(4096))).await;
+    let raw = |path: &str| server.http.post(server.url(path));
+
+    // Bodies.
+    let r = raw("/api/tasks")
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(code(&r.json().await.unwrap()), "invalid_json");
+    let (status, body) = server
+        .post("/api/tasks", &json!({"executor_key": "x", "colour": "red"}))
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(code(&body), "invalid_json");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("unknown field"),
+        "{body}"
+    );
+    let (status, body) = server.post("/api/tasks", &json!({"id": "x"})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "a missing field: {body}");
+    let r = raw("/api/tasks")
+        .header("content-type", "text/plain")
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    assert_eq!(code(&r.json().await.unwrap()), "unsupported_media_type");
+    let big = json!({"executor_key": "x", "description": "d".repeat(10_000)});
+    let (status, body) = server.post("/api/tasks", &big).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
+    assert_eq!(code(&body), "payload_too_large");
+    let (status, body) = server
+        .post("/api/tasks", &json!({"executor_key": ""}))
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(code(&body), "invalid_request");
+    let (status, body) = server
+        .post("/api/tasks", &json!({"id": "t1", "executor_key": "shell"}))
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    let (status, body) = server
+        .post(
+            "/api/tasks",
+            &json!({"executor_key": "x", "policy": "sometimes"}),
+        )
+        .await;
+    assert_eq!(
+        (status, code(&body)),
+        (StatusCode::BAD_REQUEST, "invalid_request")
+    );
+    let (status, body) = server
+        .post(
+            "/api/tasks/t1/resume",
+            &json!({"data": "a", "data_base64": "YQ=="}),
+        )
+        .await;
+    assert_eq!(
+        (status, code(&body)),
+        (StatusCode::BAD_REQUEST, "invalid_request")
+    );
+
+    // Unknown tasks.
+    for path in [
+        "/api/tasks/nope",
+        "/api/tasks/nope/records",
+        "/api/tasks/nope/state",
+        "/api/tasks/nope/updates",
+        "/api/tasks/nope/stream",
+    ] {
+        let (status, body) = server.get(path).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{path}: {body}");
+        assert_eq!(code(&body), "not_found");
+    }
+    for path in [
+        "/api/tasks/nope/cancel",
+        "/api/tasks/nope/resume",
+        "/api/tasks/nope/release",
+    ] {
+        let (status, body) = server.post(path, &json!({})).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{path}: {body}");
+    }
+    let (status, body) = server.post("/api/verify?task=nope", &json!({})).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+
+    // Queries, cursors, positions.
+    for (path, expected) in [
+        ("/api/tasks?cursor=!!", "invalid_cursor"),
+        ("/api/tasks?cursor=eyJ2IjoxfQ", "invalid_cursor"),
+        ("/api/tasks/t1/updates?cursor=AAAA", "invalid_cursor"),
+        ("/api/tasks?status=sleeping", "bad_request"),
+        ("/api/tasks?colour=red", "bad_request"),
+        ("/api/tasks?limit=many", "bad_request"),
+        ("/api/tasks/t1/state?at=99", "out_of_range"),
+        ("/api/stream?from_seq=-1", "bad_request"),
+    ] {
+        let (status, body) = server.get(path).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}: {body}");
+        assert_eq!(code(&body), expected, "{path}");
+    }
+    let r = server
+        .http
+        .get(server.url("/api/stream"))
+        .header("last-event-id", "yesterday")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+
+    // Routes and methods.
+    let (status, body) = server.get("/api/nothing").await;
+    assert_eq!((status, code(&body)), (StatusCode::NOT_FOUND, "not_found"));
+    let r = server
+        .http
+        .delete(server.url("/api/tasks/t1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(code(&r.json().await.unwrap()), "method_not_allowed");
+
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_follower_sees_new_commits_and_refuses_control() {
+    let dir = tempfile::tempdir().unwrap();
+    let writer = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    let created = |id: &str| {
+        Event::created(
+            TaskSpec::new(id, "shell"),
+            LeasePolicy::Retry,
+            Timestamp(1_000),
+        )
+    };
+    writer.append_async("a", 0, &[created("a")]).await.unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let follower = Journal::open_follower(dir.path(), scratch.path()).unwrap();
+    let server = Running::start(Server::follower(follower, fast())).await;
+
+    let stats = server.wait_seq(1).await;
+    assert_eq!(stats["mode"], "follower");
+    let (status, task) = server.get("/api/tasks/a").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(task["state"]["status"], "pending");
+    for (path, body) in [
+        ("/api/tasks", json!({"executor_key": "shell"})),
+        ("/api/tasks/a/cancel", json!({})),
+        ("/api/tasks/a/resume", json!({})),
+        ("/api/tasks/a/release", json!({})),
+    ] {
+        let (status, body) = server.post(path, &body).await;
+        assert_eq!(
+            (status, code(&body)),
+            (StatusCode::FORBIDDEN, "read_only"),
+            "{path}"
+        );
+    }
+
+    // The writer goes on; the follower catches up.
+    writer.append_async("b", 0, &[created("b")]).await.unwrap();
+    let run = [
+        Event::AttemptStarted {
+            attempt: 1,
+            lease_deadline: Timestamp(31_000),
+            at: Timestamp(1_000),
+        },
+        Event::Completed {
+            data: b"ok".to_vec(),
+            at: Timestamp(2_000),
+        },
+    ];
+    writer.append_async("a", 1, &run).await.unwrap();
+    let stats = server.wait_seq(4).await;
+    assert_eq!(stats["tasks"], 2);
+    assert_eq!(stats["by_status"]["completed"], 1);
+    assert_eq!(stats["by_status"]["pending"], 1);
+    let (_, a) = server.get("/api/tasks/a").await;
+    assert_eq!(a["state"]["status"], "completed");
+    assert_eq!(a["state"]["result_data"]["text"], "ok");
+    assert_eq!(a["problems"], json!([]));
+    let (_, report) = server.post("/api/verify", &json!({})).await;
+    assert_eq!(report["clean"], true, "{report}");
+    assert_eq!(report["tasks"], 2);
+    server.stop().await;
+}
+
+/// Reads server-sent events from `response` until `n` records arrived; returns their ids and
+/// data.
+async fn read_events(response: reqwest::Response, n: usize) -> Vec<(u64, Value)> {
+    let mut body = response.bytes_stream();
+    let mut text = String::new();
+    let mut events = Vec::new();
+    while events.len() < n {
+        let chunk = tokio::time::timeout(Duration::from_secs(60), body.next())
+            .await
+            .expect("an event within a minute")
+            .expect("the stream goes on")
+            .unwrap();
+        text.push_str(std::str::from_utf8(&chunk).unwrap());
+        while let Some(end) = text.find("\n\n") {
+            let block: String = text.drain(..end + 2).collect();
+            let (mut id, mut data, mut kind) = (None, None, None);
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("id: ") {
+                    id = Some(v.parse::<u64>().unwrap());
+                } else if let Some(v) = line.strip_prefix("data: ") {
+                    data = Some(serde_json::from_str::<Value>(v).unwrap());
+                } else if let Some(v) = line.strip_prefix("event: ") {
+                    kind = Some(v.to_owned());
+                }
+            }
+            if let (Some(id), Some(data)) = (id, data) {
+                assert_eq!(kind.as_deref(), Some("record"));
+                events.push((id, data));
+            }
+        }
+    }
+    events
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stream_carries_commits_in_order_and_resumes_after_last_event_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_store(dir.path());
+    let server = Running::start(Server::owner(store.clone(), None, fast())).await;
+    let live = server
+        .http
+        .get(server.url("/api/stream?from_seq=1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(live.status(), StatusCode::OK);
+    assert!(live.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/event-stream"));
+    let only_b = server.http.get(server.url("/api/tasks/b/stream"));
+    for id in ["a", "b", "c"] {
+        store.create(create(id, "shell", &json!({}))).await.unwrap();
+    }
+    let only_b = only_b.send().await.unwrap();
+    store.execute("b", 1, Cmd::Start).await.unwrap();
+    store
+        .execute("a", 1, Cmd::RequestCancel { reason: "r".into() })
+        .await
+        .unwrap();
+
+    let events = read_events(live, 5).await;
+    let seqs: Vec<u64> = events.iter().map(|e| e.0).collect();
+    assert_eq!(seqs, [1, 2, 3, 4, 5], "every commit, in order");
+    for (seq, data) in &events {
+        assert_eq!(data["seq"].as_u64(), Some(*seq));
+    }
+    assert_eq!(events[0].1["task"], "a");
+    assert_eq!(events[0].1["type"], "created");
+    assert_eq!(events[3].1["type"], "attempt_started");
+
+    let b = read_events(only_b, 2).await;
+    assert!(b.iter().all(|(_, d)| d["task"] == "b"), "{b:?}");
+    assert_eq!(b[0].1["type"], "created");
+    assert_eq!(b[1].1["type"], "attempt_started");
+
+    let resumed = server
+        .http
+        .get(server.url("/api/stream"))
+        .header("last-event-id", "3")
+        .send()
+        .await
+        .unwrap();
+    let after = read_events(resumed, 2).await;
+    assert_eq!(after.iter().map(|e| e.0).collect::<Vec<_>>(), [4, 5]);
+
+    // A stream open at shutdown does not hold the server.
+    let _open = server
+        .http
+        .get(server.url("/api/stream"))
+        .send()
+        .await
+        .unwrap();
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_that_falls_behind_its_buffer_misses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_store(dir.path());
+    let config = fast().with_stream_buffer(16);
+    let server = Running::start(Server::owner(store.clone(), None, config)).await;
+    let slow = server
+        .http
+        .get(server.url("/api/stream?from_seq=1"))
+        .send()
+        .await
+        .unwrap();
+    let tasks = 400;
+    for i in 0..tasks {
+        store
+            .create(create(&format!("t{i:04}"), "shell", &json!({})))
+            .await
+            .unwrap();
+    }
+    let events = read_events(slow, tasks).await;
+    let seqs: Vec<u64> = events.iter().map(|e| e.0).collect();
+    assert_eq!(seqs, (1..=tasks as u64).collect::<Vec<_>>());
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_task_list_pages_with_a_cursor() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_store(dir.path());
+    for i in 0..7 {
+        let executor = if i % 2 == 0 { "even" } else { "odd" };
+        store
+            .create(create(&format!("t{i}"), executor, &json!({})))
+            .await
+            .unwrap();
+    }
+    let server = Running::start(Server::owner(store, None, fast())).await;
+    let mut seen = Vec::new();
+    let mut path = "/api/tasks?limit=3&executor=even".to_owned();
+    loop {
+        let (status, page) = server.get(&path).await;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        for t in page["tasks"].as_array().unwrap() {
+            assert_eq!(t["executor"], "even");
+            seen.push(t["id"].as_str().unwrap().to_owned());
+        }
+        match page["next_cursor"].as_str() {
+            Some(c) => path = format!("/api/tasks?limit=3&executor=even&cursor={c}"),
+            None => break,
+        }
+    }
+    assert_eq!(seen, ["t0", "t2", "t4", "t6"]);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_stats_and_metrics_describe_the_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_store(dir.path());
+    store
+        .create(create("a", "shell", &json!({})))
+        .await
+        .unwrap();
+    store
+        .create(create("b", "fetch", &json!({})))
+        .await
+        .unwrap();
+    store.execute("b", 1, Cmd::Start).await.unwrap();
+    let server = Running::start(Server::owner(store, None, fast())).await;
+
+    let (status, report) = server.post("/api/verify", &json!({})).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(report["clean"], true, "{report}");
+    assert_eq!(
+        (report["scope"].as_str(), report["tasks"].as_u64()),
+        (Some("journal"), Some(2))
+    );
+    let (_, one) = server.post("/api/verify?task=b", &json!({})).await;
+    assert_eq!(
+        (
+            one["scope"].as_str(),
+            one["tasks"].as_u64(),
+            one["records"].as_u64()
+        ),
+        (Some("task"), Some(1), Some(2))
+    );
+
+    let stats = server.wait_seq(3).await;
+    assert_eq!(stats["tasks"], 2);
+    assert_eq!(stats["records"], 3);
+    assert_eq!(stats["by_status"]["pending"], 1);
+    assert_eq!(stats["by_status"]["running"], 1);
+    assert_eq!(stats["by_executor"]["fetch"], 1);
+    assert_eq!(stats["by_type"]["created"], 2);
+
+    let (status, _) = server.get("/api/tasks/nope").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let response = server
+        .http
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(response.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("application/openmetrics-text"));
+    let text = response.text().await.unwrap();
+    for line in [
+        r#"dtask_http_requests_total{route="/api/tasks/{id}",method="GET",status="404"} 1"#,
+        r#"dtask_http_requests_total{route="/api/verify",method="POST",status="200"} 2"#,
+        r#"dtask_tasks{status="running"} 1"#,
+        r#"dtask_tasks{status="pending"} 1"#,
+        r#"dtask_tasks{status="completed"} 0"#,
+        r#"dtask_tasks_by_executor{executor="shell"} 1"#,
+        r#"dtask_journal_records_by_type{event_type="attempt_started"} 1"#,
+        "dtask_journal_last_sequence 3",
+        r#"dtask_verify_runs_total{result="clean"} 2"#,
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing {line:?} in\n{text}"
+        );
+    }
+    assert!(text.ends_with("# EOF\n"));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_web_page_and_its_assets_are_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Running::start(Server::owner(open_store(dir.path()), None, fast())).await;
+    let page = server.http.get(server.url("/")).send().await.unwrap();
+    assert_eq!(page.status(), StatusCode::OK);
+    assert!(page.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/html"));
+    assert!(page.headers().contains_key("content-security-policy"));
+    let html = page.text().await.unwrap();
+    assert!(html.contains(r#"<script src="/assets/app.js"></script>"#));
+    for (path, kind, needle) in [
+        ("/assets/app.js", "text/javascript", "new EventSource"),
+        ("/assets/style.css", "text/css", ".timeline"),
+    ] {
+        let r = server.http.get(server.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "{path}");
+        assert!(
+            r.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with(kind),
+            "{path}"
+        );
+        assert!(r.text().await.unwrap().contains(needle), "{path}");
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_is_required_off_loopback_and_checked_on_every_request() {
+    let off_loopback: std::net::SocketAddr = "0.0.0.0:7700".parse().unwrap();
+    assert!(matches!(
+        Server::check_listen(off_loopback, None),
+        Err(ServerError::TokenRequired(_))
+    ));
+    assert!(matches!(
+        Server::check_listen(off_loopback, Some("short")),
+        Err(ServerError::WeakToken { .. })
+    ));
+    assert!(Server::check_listen(off_loopback, Some("a-long-enough-token")).is_ok());
+    assert!(Server::check_listen("127.0.0.1:7700".parse().unwrap(), None).is_ok());
+    assert!(Server::check_listen("[::1]:7700".parse().unwrap(), None).is_ok());
+
+    // Serving on an unspecified address without a token refuses to start.
+    let dir = tempfile::tempdir().unwrap();
+    let listener = tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap();
+    let refused = Server::owner(open_store(dir.path()), None, fast())
+        .serve(listener, std::future::pending())
+        .await;
+    assert!(
+        matches!(refused, Err(ServerError::TokenRequired(_))),
+        "{refused:?}"
+    );
+
+    let token = "s3cret-token-for-tests";
+    let other = tempfile::tempdir().unwrap();
+    let server = Running::start(Server::owner(
+        open_store(other.path()),
+        None,
+        fast().with_token(token),
+    ))
+    .await;
+    for path in [
+        "/api/tasks",
+        "/metrics",
+        "/",
+        "/openapi.json",
+        "/api/stream",
+    ] {
+        let r = server.http.get(server.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::UNAUTHORIZED, "{path}");
+        let r = server
+            .http
+            .get(server.url(path))
+            .bearer_auth("s3cret-token-for-testz")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status(),
+            StatusCode::UNAUTHORIZED,
+            "{path} with a wrong token"
+        );
+    }
+    let (status, body) = {
+        let r = server
+            .http
+            .get(server.url("/api/tasks"))
+            .send()
+            .await
+            .unwrap();
+        (r.status(), r.json::<Value>().await.unwrap())
+    };
+    assert_eq!(
+        (status, code(&body)),
+        (StatusCode::UNAUTHORIZED, "unauthorized")
+    );
+    let r = server
+        .http
+        .get(server.url("/api/tasks"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let r = server
+        .http
+        .post(server.url("/api/tasks"))
+        .bearer_auth(token)
+        .json(&json!({"executor_key": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+    // The browser's way: the token once in the address, then a cookie.
+    let no_redirects = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let r = no_redirects
+        .get(server.url(&format!("/?token={token}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let cookie = r.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    assert_eq!(cookie, format!("dtask_token={token}"));
+    let r = server
+        .http
+        .get(server.url("/api/stats"))
+        .header("cookie", &cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let r = no_redirects
+        .get(server.url("/?token=wrong"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    server.stop().await;
+}
+
+fn committed_openapi() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/openapi.json")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_served_openapi_document_is_the_committed_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Running::start(Server::owner(open_store(dir.path()), None, fast())).await;
+    let r = server
+        .http
+        .get(server.url("/openapi.json"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let served = r.text().await.unwrap();
+    server.stop().await;
+    let document: Value = serde_json::from_str(&served).unwrap();
+    assert!(document["openapi"].as_str().unwrap().starts_with("3."));
+    for path in [
+        "/api/tasks",
+        "/api/tasks/{id}",
+        "/api/tasks/{id}/records",
+        "/api/tasks/{id}/state",
+        "/api/tasks/{id}/updates",
+        "/api/tasks/{id}/cancel",
+        "/api/tasks/{id}/resume",
+        "/api/tasks/{id}/release",
+        "/api/verify",
+        "/api/stats",
+        "/api/stream",
+        "/api/tasks/{id}/stream",
+        "/metrics",
+        "/openapi.json",
+    ] {
+        assert!(
+            document["paths"].get(path).is_some(),
+            "{path} is not in the document"
+        );
+    }
+    let committed = committed_openapi();
+    if std::env::var_os("DTASK_BLESS").is_some() {
+        std::fs::write(&committed, &served).unwrap();
+        return;
+    }
+    let on_disk = std::fs::read_to_string(&committed).unwrap_or_default();
+    assert!(
+        on_disk == served,
+        "docs/openapi.json differs from the served document: rerun with DTASK_BLESS=1 to \
+         rewrite it, and review the diff"
+    );
+}
+
+#[test]
+fn the_cli_refuses_a_non_loopback_address_without_a_token() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_dtask"))
+        .args(["serve", "--listen", "0.0.0.0:0", "--journal"])
+        .arg(dir.path())
+        .env_remove("DTASK_TOKEN")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("refusing to listen on 0.0.0.0:0 without a token"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("--token"), "{stderr}");
+}
+
+#[test]
+fn the_cli_serves_until_sigterm() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_dtask"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--journal"])
+        .arg(dir.path())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    stderr.read_line(&mut line).unwrap();
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_owned();
+    assert!(line.contains("owner"), "{line}");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let stats: Value = runtime.block_on(async {
+        reqwest::get(format!("http://{addr}/api/stats"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    });
+    assert_eq!(stats["mode"], "owner");
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
+    assert!(rest.contains("stopped"), "{rest}");
+    // The journal is free again: a writable open succeeds.
+    Journal::open(dir.path(), JournalOptions::default()).unwrap();
+}
