@@ -138,7 +138,7 @@ async fn the_page_lists_tasks_live_and_shows_a_timeline_and_the_audit() {
             event_id: format!("line-{i}"),
             kind: "stdout".into(),
             data: format!("compiling part {i}").into_bytes(),
-            metadata: vec![],
+            ..UpdateRequest::default()
         };
         store.append_update("build-1", update).await.unwrap();
     }

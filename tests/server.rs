@@ -247,6 +247,7 @@ async fn resume_and_release_answer_waiting_and_suspended_tasks_and_updates_page(
                     kind: "progress".into(),
                     data: format!("step {i}").into_bytes(),
                     metadata: vec![("n".into(), i.to_string())],
+                    ..UpdateRequest::default()
                 },
             )
             .await
@@ -1020,4 +1021,77 @@ fn the_cli_serves_until_sigterm() {
     assert!(rest.contains("stopped"), "{rest}");
     // The journal is free again: a writable open succeeds.
     Journal::open(dir.path(), JournalOptions::default()).unwrap();
+}
+
+/// `POST /api/tasks/{id}/inputs` puts an input into a running task's mailbox (the task keeps
+/// running), deduplicates by event id, wakes a task waiting for input, and refuses an ended
+/// task's sealed mailbox and bad bodies with JSON 4xx errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inputs_reach_a_running_task_and_are_deduplicated() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_store(dir.path());
+    let payload = json!({"tool_name": "agent"});
+    store
+        .create(create("run", "agent", &payload))
+        .await
+        .unwrap();
+    store.execute("run", 1, Cmd::Start).await.unwrap();
+    store
+        .create(create("done", "agent", &payload))
+        .await
+        .unwrap();
+    let d = store.execute("done", 1, Cmd::Start).await.unwrap();
+    store
+        .execute("done", d.version, Cmd::Complete { data: vec![] })
+        .await
+        .unwrap();
+    let server = Running::start(Server::owner(store.clone(), None, fast())).await;
+
+    let body = json!({"event_id": "m1", "kind": "user_message", "data": "use the replica"});
+    let (status, sent) = server.post("/api/tasks/run/inputs", &body).await;
+    assert_eq!(status, StatusCode::OK, "{sent}");
+    assert_eq!(
+        (sent["sequence"].as_u64(), sent["inserted"].as_bool()),
+        (Some(1), Some(true))
+    );
+    let (_, again) = server.post("/api/tasks/run/inputs", &body).await;
+    assert_eq!(again["inserted"], false);
+    let (_, task) = server.get("/api/tasks/run").await;
+    assert_eq!(task["state"]["status"], "running");
+    assert_eq!(task["state"]["inputs_received"], 1);
+    assert_eq!(
+        store.list_inputs("run", 0, 10).await.unwrap().inputs[0].data,
+        b"use the replica"
+    );
+
+    let (status, err) = server
+        .post(
+            "/api/tasks/run/inputs",
+            &json!({"event_id": "m1", "kind": "user_message", "data": "other"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{err}");
+    let (status, err) = server
+        .post(
+            "/api/tasks/done/inputs",
+            &json!({"event_id": "m", "kind": "k"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{err}");
+    assert!(err["error"]["message"].as_str().unwrap().contains("sealed"));
+    let (status, err) = server
+        .post(
+            "/api/tasks/run/inputs",
+            &json!({"event_id": "m2", "kind": "k", "delivery": "someday"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{err}");
+    let (status, _) = server
+        .post(
+            "/api/tasks/run/inputs",
+            &json!({"event_id": "m2", "kind": "k", "extra": 1}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    server.stop().await;
 }

@@ -3,9 +3,9 @@
 use super::error::ErrorBody;
 use super::extract::{ApiPath, ApiQuery, JsonBody, OptionalJsonBody};
 use super::model::{
-    BytesQuery, CancelBody, ListQuery, RecordPage, RecordsQuery, ReleaseBody, ResumeBody, StateAt,
-    StateQuery, Stats, SubmitBody, TaskDetail, TaskList, TaskStateView, UpdatePage, UpdatesQuery,
-    VerifyQuery, VerifyReport,
+    BytesQuery, CancelBody, InputBody, InputView, ListQuery, RecordPage, RecordsQuery, ReleaseBody,
+    ResumeBody, StateAt, StateQuery, Stats, SubmitBody, TaskDetail, TaskList, TaskStateView,
+    UpdatePage, UpdatesQuery, VerifyQuery, VerifyReport,
 };
 use super::sse::{self, Scope};
 use super::{read, ApiError, Shared};
@@ -194,6 +194,27 @@ pub async fn resume(
 ) -> Api<TaskStateView> {
     let state = owner(&shared)?.resume(&id, body).await?;
     Ok(Json(TaskStateView::of(&state, false)))
+}
+
+/// Sends an input to a task's mailbox (owner mode): at any time before the task ends; a task
+/// waiting for input wakes, a running one receives it.
+#[utoipa::path(
+    post, path = "/api/tasks/{id}/inputs", tag = "control", request_body = InputBody,
+    params(("id" = String, Path, description = "The task id")),
+    responses(
+        (status = 200, description = "The input's sequence, and whether this request recorded it", body = InputView),
+        (status = 400, description = "A bad body", body = ErrorBody),
+        (status = 403, description = "A read-only server", body = ErrorBody),
+        (status = 404, description = "No such task", body = ErrorBody),
+        (status = 409, description = "The task has ended, or the event id was used with other content", body = ErrorBody),
+    )
+)]
+pub async fn send_input(
+    State(shared): State<Arc<Shared>>,
+    ApiPath(id): ApiPath<String>,
+    JsonBody(body): JsonBody<InputBody>,
+) -> Api<InputView> {
+    Ok(Json(owner(&shared)?.send_input(&id, body).await?))
 }
 
 /// Releases a suspended task to pending (owner mode).

@@ -2,7 +2,7 @@
 //! engine's task store, or through an embedded [`Manager`] when the server was given one (so
 //! that executors are checked at submit, and a cancel reaches an attempt running in it).
 
-use super::model::{CancelBody, ReleaseBody, ResumeBody, SubmitBody};
+use super::model::{CancelBody, InputBody, InputView, ReleaseBody, ResumeBody, SubmitBody};
 use super::ApiError;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
@@ -141,6 +141,51 @@ impl Owner {
                 },
             )
             .await?)
+    }
+
+    /// Sends an input to the task's mailbox (any status before it ends; a task waiting for
+    /// input wakes).
+    ///
+    /// # Errors
+    /// 400 for a bad body, 404, 409 when the task has ended or the event id was used with
+    /// other content.
+    pub async fn send_input(&self, id: &str, body: InputBody) -> Result<InputView, ApiError> {
+        let data = match (body.data, body.data_base64) {
+            (Some(text), None) => text.into_bytes(),
+            (None, Some(b64)) => STANDARD
+                .decode(b64)
+                .map_err(|e| invalid(format!("data_base64: {e}")))?,
+            (None, None) => Vec::new(),
+            (Some(_), Some(_)) => {
+                return Err(invalid("give `data` or `data_base64`, not both"));
+            }
+        };
+        let delivery = match body.delivery.as_deref() {
+            None | Some("queued") => dtask_journal::Delivery::Queued,
+            Some("preempt") => dtask_journal::Delivery::Preempt,
+            Some(other) => {
+                return Err(invalid(format!(
+                    "delivery must be `queued` or `preempt`, not {other:?}"
+                )))
+            }
+        };
+        let (record, inserted) = self
+            .store
+            .send_input(
+                id,
+                dtask_engine::InputRequest {
+                    event_id: body.event_id,
+                    kind: body.kind,
+                    data,
+                    delivery,
+                },
+            )
+            .await?;
+        Ok(InputView {
+            sequence: record.sequence,
+            event_id: record.event_id,
+            inserted,
+        })
     }
 
     /// Releases a suspended task to pending.

@@ -193,7 +193,14 @@ impl From<StoreError> for ApiError {
             | StoreError::AlreadyTerminal(_)
             | StoreError::EventIdConflict(_)
             | StoreError::NotificationUnavailable(_)
-            | StoreError::NotificationEventIdConflict(_) => {
+            | StoreError::NotificationEventIdConflict(_)
+            | StoreError::MailboxSealed(_)
+            | StoreError::OwnershipLost { .. }
+            | StoreError::CursorConflict { .. }
+            | StoreError::InputConflict(_)
+            | StoreError::InputsPending(_)
+            | StoreError::EventClosed(_)
+            | StoreError::PartConflict { .. } => {
                 Self::new(StatusCode::CONFLICT, "conflict", message)
             }
             StoreError::Closed => {

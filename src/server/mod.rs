@@ -219,6 +219,7 @@ impl Server {
             .route("/api/tasks/{id}/stream", get(api::task_stream))
             .route("/api/tasks/{id}/cancel", post(api::cancel))
             .route("/api/tasks/{id}/resume", post(api::resume))
+            .route("/api/tasks/{id}/inputs", post(api::send_input))
             .route("/api/tasks/{id}/release", post(api::release))
             .route("/api/verify", post(api::verify))
             .route("/api/stats", get(api::stats))

@@ -170,6 +170,15 @@ pub struct TaskStateView {
     pub done_at: Option<u64>,
     /// The running attempt's lease deadline (ms).
     pub lease_deadline: Option<u64>,
+    /// When the task is visible to its parent or session: `deferred`, `on_create`,
+    /// `on_background`.
+    pub publication: String,
+    /// The parent task (empty for a root task).
+    pub parent_task_id: String,
+    /// The inputs sent to the task's mailbox (the newest sequence).
+    pub inputs_received: u64,
+    /// How far the task's attempts read them (the consumed cursor).
+    pub inputs_read: u64,
 }
 
 impl TaskStateView {
@@ -204,6 +213,10 @@ impl TaskStateView {
             updated_at: s.updated_at.0,
             done_at: s.done_at.map(|t| t.0),
             lease_deadline: s.lease_deadline.map(|t| t.0),
+            publication: s.publication.as_str().to_owned(),
+            parent_task_id: s.parent_task_id.clone(),
+            inputs_received: s.mailbox.latest,
+            inputs_read: s.mailbox.consumed,
         }
     }
 }
@@ -461,6 +474,35 @@ pub struct ResumeBody {
     pub data_base64: Option<String>,
     /// The version of the wait being answered (default: the task's current version).
     pub expected_version: Option<u64>,
+}
+
+/// `POST /api/tasks/{id}/inputs`: an input for the task's mailbox, at any time before it
+/// ends.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct InputBody {
+    /// The sender's idempotency key: the same key with the same content returns the input
+    /// already recorded.
+    pub event_id: String,
+    /// The input kind (for example `user_message`).
+    pub kind: String,
+    /// The input as text (UTF-8); give this or `data_base64`.
+    pub data: Option<String>,
+    /// The input as standard base64.
+    pub data_base64: Option<String>,
+    /// `queued` (default) or `preempt`.
+    pub delivery: Option<String>,
+}
+
+/// The answer of `POST /api/tasks/{id}/inputs`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct InputView {
+    /// The input's sequence in the mailbox (1, 2, 3, …).
+    pub sequence: u64,
+    /// The sender's idempotency key.
+    pub event_id: String,
+    /// Whether this request recorded it (`false`: it was recorded before).
+    pub inserted: bool,
 }
 
 /// `POST /api/tasks/{id}/release`.
