@@ -438,6 +438,24 @@ struct SpecJson<'a> {
     session_id: &'a str,
 }
 
+impl<'a> SpecJson<'a> {
+    fn of(spec: &'a TaskSpec, how: ByteFields) -> Self {
+        Self {
+            description: &spec.description,
+            executor_key: &spec.executor_key,
+            id: &spec.id,
+            kind: &spec.kind,
+            notify_session: spec.notify_session,
+            output_file: &spec.output_file,
+            payload: ByteField {
+                data: &spec.payload,
+                how,
+            },
+            session_id: &spec.session_id,
+        }
+    }
+}
+
 impl<'a> Serialize for EventJson<'a> {
     /// The fields of each event type in lexicographic order, `type` among them: the order
     /// `serde_json` writes an object's keys in, which the export has always used.
@@ -461,19 +479,7 @@ impl<'a> Serialize for EventJson<'a> {
                 o.serialize_field("checkpoint", &bytes(checkpoint))?;
                 o.serialize_field("context_snapshot", &bytes(context_snapshot))?;
                 o.serialize_field("policy", policy)?;
-                o.serialize_field(
-                    "spec",
-                    &SpecJson {
-                        description: &spec.description,
-                        executor_key: &spec.executor_key,
-                        id: &spec.id,
-                        kind: &spec.kind,
-                        notify_session: spec.notify_session,
-                        output_file: &spec.output_file,
-                        payload: bytes(&spec.payload),
-                        session_id: &spec.session_id,
-                    },
-                )?;
+                o.serialize_field("spec", &SpecJson::of(spec, self.bytes))?;
                 o.serialize_field("type", ty)?;
                 o.end()
             }
@@ -641,19 +647,7 @@ impl<'a> Serialize for EventJson<'a> {
                 o.serialize_field("policy", policy)?;
                 o.serialize_field("publication", publication)?;
                 o.serialize_field("root_session_id", root_session_id)?;
-                o.serialize_field(
-                    "spec",
-                    &SpecJson {
-                        description: &spec.description,
-                        executor_key: &spec.executor_key,
-                        id: &spec.id,
-                        kind: &spec.kind,
-                        notify_session: spec.notify_session,
-                        output_file: &spec.output_file,
-                        payload: bytes(&spec.payload),
-                        session_id: &spec.session_id,
-                    },
-                )?;
+                o.serialize_field("spec", &SpecJson::of(spec, self.bytes))?;
                 o.serialize_field("type", ty)?;
                 o.end()
             }

@@ -116,16 +116,7 @@ impl Owner {
     /// 400 for bad data, 404, 409 when the task is not waiting (or not at the expected
     /// version).
     pub async fn resume(&self, id: &str, body: ResumeBody) -> Result<TaskState, ApiError> {
-        let data = match (body.data, body.data_base64) {
-            (Some(text), None) => text.into_bytes(),
-            (None, Some(b64)) => STANDARD
-                .decode(b64)
-                .map_err(|e| invalid(format!("data_base64: {e}")))?,
-            (None, None) => Vec::new(),
-            (Some(_), Some(_)) => {
-                return Err(invalid("give `data` or `data_base64`, not both"));
-            }
-        };
+        let data = body_data(body.data, body.data_base64)?;
         let version = match body.expected_version {
             Some(v) => v,
             None => self.store.get(id).await?.version,
@@ -150,16 +141,7 @@ impl Owner {
     /// 400 for a bad body, 404, 409 when the task has ended or the event id was used with
     /// other content.
     pub async fn send_input(&self, id: &str, body: InputBody) -> Result<InputView, ApiError> {
-        let data = match (body.data, body.data_base64) {
-            (Some(text), None) => text.into_bytes(),
-            (None, Some(b64)) => STANDARD
-                .decode(b64)
-                .map_err(|e| invalid(format!("data_base64: {e}")))?,
-            (None, None) => Vec::new(),
-            (Some(_), Some(_)) => {
-                return Err(invalid("give `data` or `data_base64`, not both"));
-            }
-        };
+        let data = body_data(body.data, body.data_base64)?;
         let delivery = match body.delivery.as_deref() {
             None | Some("queued") => dtask_journal::Delivery::Queued,
             Some("preempt") => dtask_journal::Delivery::Preempt,
@@ -227,5 +209,18 @@ impl Owner {
             }
         }
         Err(last.map_or_else(|| ApiError::internal("no attempt was made"), ApiError::from))
+    }
+}
+
+/// A body's bytes, given as text (`data`) or as standard base64 (`data_base64`), not both;
+/// none is empty.
+fn body_data(text: Option<String>, base64: Option<String>) -> Result<Vec<u8>, ApiError> {
+    match (text, base64) {
+        (Some(text), None) => Ok(text.into_bytes()),
+        (None, Some(b64)) => STANDARD
+            .decode(b64)
+            .map_err(|e| invalid(format!("data_base64: {e}"))),
+        (None, None) => Ok(Vec::new()),
+        (Some(_), Some(_)) => Err(invalid("give `data` or `data_base64`, not both")),
     }
 }
