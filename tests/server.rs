@@ -1095,3 +1095,90 @@ async fn inputs_reach_a_running_task_and_are_deduplicated() {
     assert_eq!(status, StatusCode::BAD_REQUEST);
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_path_and_engine_metrics_count_what_happened() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = dtask_engine::ManualClock::new(1_000);
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    let store = TaskStore::open(
+        journal,
+        clock.clone(),
+        StoreConfig::default().with_lease_duration(Duration::from_secs(10)),
+    )
+    .unwrap();
+    // The server installs its observer: every append from here on is counted.
+    let server = Running::start(Server::owner(store.clone(), None, fast())).await;
+
+    store
+        .create(create("r", "shell", &json!({})))
+        .await
+        .unwrap(); // 1 append
+    let running = store.execute("r", 1, Cmd::Start).await.unwrap(); // 2
+    let marked = store
+        .execute(
+            "r",
+            running.version,
+            Cmd::CommitStart {
+                checkpoint: b"pid 42".to_vec(),
+            },
+        )
+        .await
+        .unwrap(); // 3
+    let update = UpdateRequest {
+        attempt: 1,
+        event_id: "e1".into(),
+        kind: "progress".into(),
+        data: b"half".to_vec(),
+        ..UpdateRequest::default()
+    };
+    let (_, new) = store.append_update("r", update.clone()).await.unwrap(); // 4
+    assert!(new);
+    let (_, new) = store.append_update("r", update).await.unwrap(); // answered, no append
+    assert!(!new);
+    // The lease runs out: the attempt expires (5), and the next one recovers the tool (6).
+    clock.advance(Duration::from_secs(11));
+    assert_eq!(store.sweep_expired().await.unwrap(), 1);
+    let state = store.get("r").await.unwrap();
+    assert_eq!(state.status, Status::Pending);
+    assert!(state.version > marked.version);
+    let again = store.execute("r", state.version, Cmd::Start).await.unwrap();
+    assert_eq!(again.attempt, 2);
+
+    let last = store.journal().last_seq().unwrap();
+    server.wait_seq(last).await;
+    let text = server
+        .http
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    // Every value asked for is a whole number (a histogram's sum prints as `6.0`).
+    let value = |name: &str| -> u64 {
+        text.lines()
+            .find_map(|l| {
+                let v = l.strip_prefix(name)?.strip_prefix(' ')?;
+                v.strip_suffix(".0").unwrap_or(v).parse().ok()
+            })
+            .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+    };
+    assert_eq!(value("dtask_journal_appends_total"), 6);
+    assert_eq!(value("dtask_journal_records_written_total"), last);
+    assert!(value("dtask_journal_bytes_written_total") > 0);
+    assert_eq!(value("dtask_journal_append_conflicts_total"), 0);
+    assert_eq!(value("dtask_journal_append_seconds_count"), 6);
+    assert_eq!(value("dtask_journal_batch_appends_sum"), 6);
+    assert!(value("dtask_journal_batches_total") >= 1);
+    assert!(value("dtask_journal_sync_seconds_count") >= 1);
+    assert_eq!(value("dtask_journal_sync_failures_total"), 0);
+    assert_eq!(value("dtask_attempts_started"), 2);
+    assert_eq!(value("dtask_attempts_recovered"), 1);
+    assert_eq!(value("dtask_leases_expired"), 1);
+    assert_eq!(value("dtask_updates_deduplicated_total"), 1);
+    assert_eq!(value("dtask_inputs_deduplicated_total"), 0);
+    assert_eq!(value("dtask_outbox_backlog"), 0);
+    server.stop().await;
+}

@@ -86,7 +86,7 @@ pub use runtime::{
 };
 pub use store::{
     AdvanceCursor, Change, Command, CreateRequest, ExecutionContext, InputPage, InputRecord,
-    InputRequest, NotFound, Notification, NotificationRequest, Result, StoreConfig, StoreError,
-    TaskPage, TaskStore, UpdatePage, UpdateRecord, UpdateRequest, MAX_INPUT_KIND_BYTES,
+    InputRequest, NotFound, Notification, NotificationRequest, Result, StoreConfig, StoreCounts,
+    StoreError, TaskPage, TaskStore, UpdatePage, UpdateRecord, UpdateRequest, MAX_INPUT_KIND_BYTES,
     RESERVED_KIND_PREFIXES,
 };

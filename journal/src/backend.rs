@@ -267,6 +267,45 @@ pub trait Backend: Send + Sync + 'static {
     fn has_legacy_heads(&self) -> bool {
         false
     }
+
+    /// Where the store is, for messages (a directory, or a database without credentials).
+    fn describe(&self) -> String {
+        "a custom backend".to_owned()
+    }
+
+    /// Whether other processes write this store too (a shared database). Then everything a
+    /// read sees is committed and durable (no watermark of this process's applies), the
+    /// writer takes the store's writer lock for each batch ([`Backend::lock_for_write`]),
+    /// and the open does not check the tail marker against the commit index (other writers
+    /// move both between two reads; `verify` checks them).
+    fn is_shared(&self) -> bool {
+        false
+    }
+
+    /// Begins a batch of a writer that shares the store with others: takes the store's writer
+    /// lock (held until [`Backend::write_locked`] commits the batch or
+    /// [`Backend::unlock_write`] gives it up) and returns the tail marker's bytes as stored
+    /// now, so that the writer builds on what the last writer, of any process, committed.
+    /// `None` for a store whose only writer is this process (the default): its tail in
+    /// memory is the truth. Only the journal's writer thread calls it.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] when the lock or the read failed (nothing is held then).
+    fn lock_for_write(&self) -> Result<Option<Option<Vec<u8>>>> {
+        Ok(None)
+    }
+
+    /// Writes `ops` under the writer lock [`Backend::lock_for_write`] took, atomically, and
+    /// gives the lock up. The default is [`Backend::write`] (buffered: the writer syncs).
+    ///
+    /// # Errors
+    /// As for [`Backend::write`]; the lock is given up either way.
+    fn write_locked(&self, ops: Vec<BatchOp>) -> Result<()> {
+        self.write(ops, Durability::Buffered)
+    }
+
+    /// Gives up the writer lock taken by [`Backend::lock_for_write`] without writing.
+    fn unlock_write(&self) {}
 }
 
 /// How a RocksDB journal is opened.
@@ -444,6 +483,10 @@ impl RocksBackend {
 }
 
 impl Backend for RocksBackend {
+    fn describe(&self) -> String {
+        self.db.path().display().to_string()
+    }
+
     fn write(&self, ops: Vec<BatchOp>, durability: Durability) -> Result<()> {
         if self.read_only {
             return Err(Error::ReadOnly);

@@ -185,6 +185,20 @@ pub enum Error {
         /// The newest version this build supports.
         supported: u32,
     },
+    /// A journal location that cannot be used (a malformed PostgreSQL URL).
+    #[error("invalid journal location: {0}")]
+    InvalidLocation(String),
+    /// The PostgreSQL database holds a journal schema newer than this build knows.
+    #[error(
+        "the journal's PostgreSQL schema is version {found}, newer than this build supports \
+         ({supported}): upgrade dtask"
+    )]
+    UnsupportedSchema {
+        /// The version found in the database.
+        found: u32,
+        /// The newest version this build supports.
+        supported: u32,
+    },
     /// The path holds a database that is not a dtask journal (no format version).
     #[error("not a dtask journal: {0}")]
     NotAJournal(String),

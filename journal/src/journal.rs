@@ -6,6 +6,7 @@ use crate::error::{CorruptionKind, Error, Limit, Result};
 use crate::event::Event;
 use crate::head::Head;
 use crate::keys::{self, Space};
+use crate::observe::WriteObserver;
 use crate::options::JournalOptions;
 use crate::record::{self, Digest, Record};
 use crate::tail::{Inconsistency, LiveSummary, Tail};
@@ -14,7 +15,8 @@ use std::path::Path;
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use tokio::sync::oneshot;
+use std::time::Instant;
+use tokio::sync::{oneshot, watch};
 
 /// The journal format version stored in the `meta` space and checked at open.
 ///
@@ -155,6 +157,65 @@ impl Journal {
         Self::checked_reader(backend)
     }
 
+    /// Opens (creating the schema if missing) the journal in the PostgreSQL database at `url`
+    /// (`postgres://user@host:port/db`, with `?schema=NAME` for a schema other than `dtask`)
+    /// for writing. Any number of processes may open one database so: the database decides
+    /// every append's expected position and orders their commits (see
+    /// [`crate::postgres`]). With [`crate::Durability::Buffered`] commits do not wait for the
+    /// database's log flush (`synchronous_commit = off`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidLocation`] for a malformed URL; [`Error::Storage`] naming host, port
+    /// and cause when the database cannot be reached; [`Error::UnsupportedSchema`] or
+    /// [`Error::UnsupportedFormat`] for a newer journal.
+    pub fn open_postgres(url: &str, options: JournalOptions) -> Result<Self> {
+        let location = crate::postgres::PgLocation::parse(url)?;
+        let seed = [version_stamp(), tail_put(&Tail::default())]
+            .into_iter()
+            .filter_map(|op| match op {
+                BatchOp::Put { key, value, .. } => Some((key, value)),
+                BatchOp::Delete { .. } => None,
+            })
+            .collect();
+        let backend = crate::postgres::PgBackend::open(location, false, options.durability, seed)?;
+        Self::with_backend(Arc::new(backend), options)
+    }
+
+    /// Opens the journal in the PostgreSQL database at `url` read-only: it sees what every
+    /// writer has committed, at each read.
+    ///
+    /// # Errors
+    /// As for [`Journal::open_postgres`]; [`Error::NotAJournal`] when the database holds no
+    /// journal.
+    pub fn open_postgres_read_only(url: &str) -> Result<Self> {
+        let location = crate::postgres::PgLocation::parse(url)?;
+        let backend =
+            crate::postgres::PgBackend::open(location, true, crate::Durability::Sync, Vec::new())?;
+        match stored_version(&backend)? {
+            Some(v) => check_version(v)?,
+            None => return Err(Error::NotAJournal("no format version".into())),
+        }
+        Self::with_backend(Arc::new(backend), JournalOptions::default())
+    }
+
+    /// Where the journal is, for messages: its directory, or the database's host, port,
+    /// database and schema (never a password).
+    #[must_use]
+    pub fn location(&self) -> String {
+        self.inner.backend.describe()
+    }
+
+    /// The sequence up to which this process's readers read: the durable watermark on an
+    /// embedded journal; everything on a shared database, where whatever a read sees is
+    /// committed.
+    fn visible(&self) -> u64 {
+        if self.inner.backend.is_shared() {
+            u64::MAX
+        } else {
+            self.inner.shared.durable()
+        }
+    }
+
     fn checked_reader(backend: RocksBackend) -> Result<Self> {
         match stored_version(&backend)? {
             Some(v) => check_version(v)?,
@@ -184,7 +245,13 @@ impl Journal {
             let tail = read_tail(backend.as_ref()).ok().flatten();
             (None, None, Arc::new(Shared::new(u64::MAX)), tail)
         } else {
-            let tail = checked_tail(backend.as_ref())?;
+            let tail = if backend.is_shared() {
+                // Other processes move the tail and the commit index between any two reads;
+                // the writer reads the tail under the writer lock at each batch instead.
+                read_tail(backend.as_ref())?.unwrap_or_default()
+            } else {
+                checked_tail(backend.as_ref())?
+            };
             let shared = Arc::new(Shared::new(tail.last_seq));
             let (tx, rx) = mpsc::channel();
             let writer = Writer::new(
@@ -322,12 +389,19 @@ impl Journal {
             events: encoded,
             linked: parts,
             reply,
+            submitted: self.inner.shared.observer().map(|_| Instant::now()),
         };
         let sender = self.inner.sender.lock().map_err(|_| Error::Closed)?;
         match sender.as_ref() {
             None if self.is_read_only() => Err(Error::ReadOnly),
             None => Err(Error::Closed),
-            Some(tx) => tx.send(job).map_err(|_| Error::Closed).map(|()| rx),
+            Some(tx) => {
+                self.inner.shared.queue();
+                tx.send(job).map(|()| rx).map_err(|_| {
+                    self.inner.shared.unqueue();
+                    Error::Closed
+                })
+            }
         }
     }
 
@@ -387,6 +461,21 @@ impl Journal {
         rx.await.map_err(|_| Error::Closed)?
     }
 
+    /// Installs `observer`, told of every batch written, every sync and every append's latency
+    /// from then on (see [`crate::observe`]); `false`, and nothing changed, when one is
+    /// installed already. A read-only journal has nothing to tell.
+    pub fn observe(&self, observer: Arc<dyn WriteObserver>) -> bool {
+        self.inner.shared.observe(observer)
+    }
+
+    /// A receiver of the durable watermark ([`Journal::durable_seq`]): it changes each time a
+    /// sync makes more records durable, so a reader of the commits (a server's stream, a
+    /// tail) can wait for new records instead of polling. It never changes on a read-only or
+    /// follower journal, whose records another process writes.
+    pub fn watch_durable(&self) -> watch::Receiver<u64> {
+        self.inner.shared.watch_durable()
+    }
+
     /// The head of `task`'s stream (read off its last record), or `None` for an unknown task.
     /// It includes records not yet durable, if any.
     ///
@@ -435,12 +524,7 @@ impl Journal {
     /// but not yet synced are not read.
     #[must_use]
     pub fn read_stream(&self, task: &str, from: u64) -> StreamReader<'_> {
-        StreamReader::new(
-            self.inner.backend.as_ref(),
-            task,
-            from,
-            self.inner.shared.durable(),
-        )
+        StreamReader::new(self.inner.backend.as_ref(), task, from, self.visible())
     }
 
     /// The durable watermark: the global sequence up to which every record is durable (per
@@ -473,9 +557,21 @@ impl Journal {
     /// task. A key that names no task comes as an [`Error::Corruption`], and the listing goes
     /// on after it.
     pub fn task_ids(&self) -> impl Iterator<Item = Result<String>> + '_ {
+        self.task_ids_from(None)
+    }
+
+    /// [`Journal::task_ids`] from the first id after `after` (every id when `None`): one seek,
+    /// whatever the number of ids before it — what a paginated listing resumes from.
+    pub fn task_ids_from(&self, after: Option<&str>) -> impl Iterator<Item = Result<String>> + '_ {
         let mut cursor = self.inner.backend.cursor(Space::Events);
-        cursor.seek(&[]);
         let mut done = false;
+        match after {
+            None => cursor.seek(&[]),
+            Some(after) => match crate::backend::prefix_end(&keys::task_prefix(after)) {
+                Some(next) => cursor.seek(&next),
+                None => done = true,
+            },
+        }
         std::iter::from_fn(move || {
             if done {
                 return None;
@@ -530,7 +626,7 @@ impl Journal {
     /// CRC- and position-checked; chains are checked by [`Journal::read_stream`].
     pub fn commits(&self, from_seq: u64) -> impl Iterator<Item = Result<Committed>> + '_ {
         let backend = self.inner.backend.as_ref();
-        let durable = self.inner.shared.durable();
+        let durable = self.visible();
         backend
             .scan(Space::Commits, Range::from(&keys::seq_key(from_seq)))
             .take_while(move |item| below(item, durable))
@@ -553,7 +649,7 @@ impl Journal {
         CommitBatches {
             cursor,
             size: size.max(1),
-            until: self.inner.shared.durable(),
+            until: self.visible(),
             done: false,
         }
     }
@@ -569,7 +665,7 @@ impl Journal {
     /// The queued, unacknowledged notifications in insertion order.
     pub fn outbox(&self) -> impl Iterator<Item = Result<Committed>> + '_ {
         let backend = self.inner.backend.as_ref();
-        let durable = self.inner.shared.durable();
+        let durable = self.visible();
         backend
             .scan(Space::Outbox, Range::default())
             .take_while(move |item| below(item, durable))
@@ -582,6 +678,26 @@ impl Journal {
                     record: read_unchained(backend, task, position)?,
                 })
             })
+    }
+
+    /// How many notifications are queued and unacknowledged (the outbox's backlog): its
+    /// index entries counted, no record read.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on I/O failure.
+    pub fn outbox_len(&self) -> Result<u64> {
+        let durable = self.visible();
+        let mut n = 0;
+        for item in self
+            .inner
+            .backend
+            .scan(Space::Outbox, Range::default())
+            .take_while(move |item| below(item, durable))
+        {
+            item?;
+            n += 1;
+        }
+        Ok(n)
     }
 
     /// The global sequence of the last committed record (0 for an empty journal).
@@ -642,7 +758,13 @@ impl Journal {
     /// # Errors
     /// [`Error::Inconsistent`] ([`Inconsistency::LiveTasks`]) when they differ: a `live`
     /// entry was lost or added, or a live task's last record was lost or added.
+    ///
+    /// On a shared database (PostgreSQL) the check is skipped: other processes move the
+    /// marker while the recovery reads; `verify` checks it.
     pub fn check_live(&self, found: &LiveSummary) -> Result<()> {
+        if self.inner.backend.is_shared() {
+            return Ok(());
+        }
         let Some(tail) = self.inner.opened_tail else {
             return Ok(());
         };

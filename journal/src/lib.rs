@@ -50,7 +50,9 @@ mod journal;
 // service builds on, so they stay out of the docs and may change in any release.
 #[doc(hidden)]
 pub mod keys;
+pub mod observe;
 mod options;
+pub mod postgres;
 #[doc(hidden)]
 pub mod record;
 mod tail;
@@ -73,6 +75,7 @@ pub use journal::{
     OLDEST_JOURNAL_FORMAT_VERSION,
 };
 pub use keys::Space;
+pub use observe::WriteObserver;
 pub use options::{Durability, JournalOptions};
 pub use record::{Digest, Record, RECORD_FORMAT_VERSION};
 pub use tail::{Inconsistency, LiveSummary, PairHash, Tail, TaskPairs};

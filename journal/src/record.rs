@@ -36,6 +36,13 @@ pub const HEADER_LEN: usize = 21;
 pub const TRAILER_LEN: usize = 36;
 const DIGEST_LEN: usize = 32;
 
+/// The global sequence a framed record carries (bytes 9..17), without checking the rest.
+#[must_use]
+pub fn seq_of(bytes: &[u8]) -> Option<u64> {
+    let seq: [u8; 8] = bytes.get(9..17)?.try_into().ok()?;
+    Some(u64::from_be_bytes(seq))
+}
+
 /// A 32-byte BLAKE3 chain digest.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Digest(pub [u8; DIGEST_LEN]);

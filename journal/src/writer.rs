@@ -36,14 +36,16 @@ use crate::backend::{Backend, BatchOp};
 use crate::error::{Error, Result, StorageError};
 use crate::head::Head;
 use crate::keys::{self, Space};
+use crate::observe::{BatchWritten, Synced, WriteObserver};
 use crate::options::Durability;
 use crate::record;
 use crate::tail::Tail;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver};
 use std::sync::{Arc, Mutex, OnceLock};
-use tokio::sync::oneshot;
+use std::time::{Duration, Instant};
+use tokio::sync::{oneshot, watch};
 
 /// What an event does to the journal's indexes besides being recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,6 +89,8 @@ pub(crate) struct AppendJob {
     /// mailbox).
     pub linked: Vec<LinkedPart>,
     pub reply: Reply,
+    /// When the job was submitted (only read when an observer is installed).
+    pub submitted: Option<Instant>,
 }
 
 /// One other stream's part of an [`AppendJob`].
@@ -111,6 +115,12 @@ pub(crate) struct Shared {
     in_flight: AtomicU64,
     /// Heads handed over before the writer's first batch ([`Shared::prime`]).
     primed: Mutex<Primed>,
+    /// The durable watermark again, for those who wait for it to move.
+    durable_tx: watch::Sender<u64>,
+    /// Jobs submitted and not yet taken by the writer.
+    queued: AtomicUsize,
+    /// Who is told what the write path does, once installed.
+    observer: OnceLock<Arc<dyn WriteObserver>>,
 }
 
 /// Heads read off the journal by someone else (recovery's fold) for the writer to use instead
@@ -171,7 +181,49 @@ impl Shared {
             stopped: OnceLock::new(),
             in_flight: AtomicU64::new(0),
             primed: Mutex::new(Primed::default()),
+            durable_tx: watch::Sender::new(durable),
+            queued: AtomicUsize::new(0),
+            observer: OnceLock::new(),
         }
+    }
+
+    /// Installs `observer`; `false` when one is installed already.
+    pub(crate) fn observe(&self, observer: Arc<dyn WriteObserver>) -> bool {
+        self.observer.set(observer).is_ok()
+    }
+
+    /// The observer, if one is installed.
+    pub(crate) fn observer(&self) -> Option<&dyn WriteObserver> {
+        self.observer.get().map(AsRef::as_ref)
+    }
+
+    /// Tells the observer of a batch whose every append was refused.
+    fn refused(&self, conflicts: usize, queued: usize) {
+        if let (Some(observer), true) = (self.observer(), conflicts > 0) {
+            observer.batch_written(&BatchWritten {
+                appends: 0,
+                conflicts,
+                records: 0,
+                bytes: 0,
+                queued,
+                write: Duration::ZERO,
+            });
+        }
+    }
+
+    /// A receiver of the durable watermark, which changes after each sync.
+    pub(crate) fn watch_durable(&self) -> watch::Receiver<u64> {
+        self.durable_tx.subscribe()
+    }
+
+    /// Counts a job handed to the writer.
+    pub(crate) fn queue(&self) {
+        self.queued.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Uncounts a job that never reached the writer.
+    pub(crate) fn unqueue(&self) {
+        self.queued.fetch_sub(1, Ordering::Relaxed);
     }
 
     /// Hands the writer `heads` (read off the journal) so that it need not read them itself;
@@ -247,7 +299,14 @@ impl Shared {
     }
 
     fn publish(&self, seq: u64) {
-        self.durable.fetch_max(seq, Ordering::AcqRel);
+        let before = self.durable.fetch_max(seq, Ordering::AcqRel);
+        if seq > before {
+            self.durable_tx.send_if_modified(|watermark| {
+                let moved = seq > *watermark;
+                *watermark = (*watermark).max(seq);
+                moved
+            });
+        }
     }
 
     fn stopped(&self) -> Option<Error> {
@@ -255,10 +314,17 @@ impl Shared {
     }
 }
 
+/// An accepted append waiting for its acknowledgement.
+struct Ack {
+    reply: Reply,
+    appended: Appended,
+    submitted: Option<Instant>,
+}
+
 /// A written batch waiting for its sync.
 struct Written {
     last_seq: u64,
-    acks: Vec<(Reply, Appended)>,
+    acks: Vec<Ack>,
 }
 
 pub(crate) struct Writer {
@@ -348,7 +414,9 @@ impl Writer {
                     Err(_) => break,
                 }
             }
-            if let Some(written) = self.commit(&mut batch) {
+            let taken = batch.len();
+            let queued = self.shared.queued.fetch_sub(taken, Ordering::Relaxed);
+            if let Some(written) = self.commit(&mut batch, queued.saturating_sub(taken)) {
                 let syncer = syncer.as_ref().map(|(tx, _)| tx);
                 carried = self.make_durable(written, syncer, jobs);
             }
@@ -370,12 +438,13 @@ impl Writer {
     ) -> Option<AppendJob> {
         let syncer = match (self.durability, syncer) {
             (Durability::Buffered, _) => {
-                settle(&self.shared, vec![written], Ok(()));
+                settle(&self.shared, vec![written], Ok(()), Duration::ZERO);
                 return None;
             }
             (Durability::Sync, None) => {
                 // No syncer could be started: sync here.
-                settle(&self.shared, vec![written], self.backend.sync());
+                let (result, took) = timed_sync(self.backend.as_ref());
+                settle(&self.shared, vec![written], result, took);
                 return None;
             }
             (Durability::Sync, Some(syncer)) => syncer,
@@ -384,7 +453,8 @@ impl Writer {
         if self.shared.in_flight.load(Ordering::Acquire) == 0 {
             waiting = jobs.try_recv().ok();
             if waiting.is_none() {
-                settle(&self.shared, vec![written], self.backend.sync());
+                let (result, took) = timed_sync(self.backend.as_ref());
+                settle(&self.shared, vec![written], result, took);
                 return None;
             }
         }
@@ -393,7 +463,7 @@ impl Writer {
             // The syncer is gone (it panicked): nothing more can be made durable.
             self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
             let why = Error::Stopped("the syncer thread ended".into());
-            settle(&self.shared, vec![written], Err(why));
+            settle(&self.shared, vec![written], Err(why), Duration::ZERO);
         }
         waiting
     }
@@ -512,13 +582,99 @@ impl Writer {
 
     /// Checks, frames and writes (without syncing) the jobs of `batch`; returns what was
     /// written, to be synced and acknowledged. Refused jobs are answered here.
-    fn commit(&mut self, batch: &mut Vec<AppendJob>) -> Option<Written> {
-        if let Some(why) = self.shared.stopped.get() {
-            for job in batch.drain(..) {
-                let _ = job.reply.send(Err(Error::Stopped(why.clone())));
+    /// Refuses every job of `batch` once the journal stopped; whether it did.
+    fn refuse_if_stopped(&self, batch: &mut Vec<AppendJob>) -> bool {
+        let Some(why) = self.shared.stopped.get() else {
+            return false;
+        };
+        for job in batch.drain(..) {
+            let _ = job.reply.send(Err(Error::Stopped(why.clone())));
+        }
+        true
+    }
+
+    /// On a store other processes write too, takes its writer lock and builds on the tail the
+    /// last writer committed: the heads of every task written since this writer's last batch
+    /// are forgotten (read again from the store when needed). Whether the lock is held.
+    fn lock_shared(&mut self) -> Result<bool> {
+        let Some(stored) = self.backend.lock_for_write()? else {
+            return Ok(false);
+        };
+        let stored = match stored.as_deref().map(Tail::decode) {
+            None => Tail::default(),
+            Some(Ok(tail)) => tail,
+            Some(Err(kind)) => {
+                self.backend.unlock_write();
+                return Err(crate::tail::Inconsistency::Marker(kind).into_error());
             }
+        };
+        if stored != self.tail {
+            if let Err(e) = self.forget_written_since(stored.last_seq) {
+                self.backend.unlock_write();
+                return Err(e);
+            }
+            self.tail = stored;
+            self.next_seq = stored.last_seq + 1;
+        }
+        Ok(true)
+    }
+
+    /// Forgets the cached heads of the tasks other writers appended to after this writer's
+    /// tail, up to `until`.
+    fn forget_written_since(&mut self, until: u64) -> Result<()> {
+        if until < self.tail.last_seq {
+            // The store went back (restored from a backup?): trust nothing cached.
+            self.heads.clear();
+            return Ok(());
+        }
+        let from = keys::seq_key(self.tail.last_seq + 1);
+        for item in self
+            .backend
+            .scan(Space::Commits, crate::backend::Range::from(&from))
+        {
+            let (key, value) = item?;
+            if keys::parse_seq_key(&key).is_ok_and(|seq| seq > until) {
+                break;
+            }
+            if let Ok((task, _)) = keys::parse_event_key(&value) {
+                self.heads.remove(task);
+                let _ = self.shared.take_primed(task);
+            }
+        }
+        Ok(())
+    }
+
+    fn commit(&mut self, batch: &mut Vec<AppendJob>, queued: usize) -> Option<Written> {
+        if self.refuse_if_stopped(batch) {
             return None;
         }
+        let locked = match self.lock_shared() {
+            Ok(locked) => locked,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot take the journal's writer lock");
+                let storage = match e {
+                    Error::Storage(storage) => storage,
+                    e => StorageError::new(e.to_string()),
+                };
+                for job in batch.drain(..) {
+                    let _ = job.reply.send(Err(Error::Storage(storage.clone())));
+                }
+                return None;
+            }
+        };
+        let written = self.commit_locked(batch, queued, locked);
+        if written.is_none() && locked {
+            self.backend.unlock_write();
+        }
+        written
+    }
+
+    fn commit_locked(
+        &mut self,
+        batch: &mut Vec<AppendJob>,
+        queued: usize,
+        locked: bool,
+    ) -> Option<Written> {
         if !self.compacting {
             // The first batch: from here on a head read elsewhere may be stale.
             self.shared.close_priming();
@@ -528,6 +684,7 @@ impl Writer {
         let mut overlay: HashMap<String, Head> = HashMap::new();
         let mut tail = self.tail;
         let mut accepted = Vec::with_capacity(batch.len());
+        let mut conflicts = 0;
         for job in batch.drain(..) {
             let AppendJob {
                 task,
@@ -535,6 +692,7 @@ impl Writer {
                 events,
                 linked,
                 reply,
+                submitted,
             } = job;
             let parts = std::iter::once((task, expected, events))
                 .chain(linked.into_iter().map(|p| (p.task, p.expected, p.events)));
@@ -546,14 +704,20 @@ impl Writer {
                         tail.live.advance(&task, &head, &after);
                         overlay.insert(task, after);
                     }
-                    accepted.push((reply, appended));
+                    accepted.push(Ack {
+                        reply,
+                        appended,
+                        submitted,
+                    });
                 }
                 Err(e) => {
+                    conflicts += usize::from(matches!(e, Error::Conflict { .. }));
                     let _ = reply.send(Err(e));
                 }
             }
         }
         if accepted.is_empty() {
+            self.shared.refused(conflicts, queued);
             return None;
         }
         tail.last_seq = seq - 1;
@@ -573,8 +737,25 @@ impl Writer {
             }
             self.compacting = true;
         }
+        let observed = self.shared.observer().map(|observer| {
+            let records = usize::try_from(seq - self.next_seq).unwrap_or(usize::MAX);
+            let batch = BatchWritten {
+                appends: accepted.len(),
+                conflicts,
+                records,
+                bytes: record_bytes(&ops),
+                queued,
+                write: Duration::ZERO,
+            };
+            (observer, batch, Instant::now())
+        });
         // The sync, if any, is the syncer's: this write only reaches the OS's buffers.
-        if let Err(e) = self.backend.write(ops, Durability::Buffered) {
+        let result = if locked {
+            self.backend.write_locked(ops)
+        } else {
+            self.backend.write(ops, Durability::Buffered)
+        };
+        if let Err(e) = result {
             tracing::error!(error = %e, appends = accepted.len(), "journal batch failed");
             let storage = match e {
                 Error::Storage(storage) => storage,
@@ -582,6 +763,10 @@ impl Writer {
             };
             fail(accepted, || Error::Storage(storage.clone()));
             return None;
+        }
+        if let Some((observer, mut batch, started)) = observed {
+            batch.write = started.elapsed();
+            observer.batch_written(&batch);
         }
         self.next_seq = seq;
         self.tail = tail;
@@ -597,10 +782,31 @@ impl Writer {
 }
 
 /// Fails every caller of `acks` with the error `error` makes.
-fn fail(acks: Vec<(Reply, Appended)>, error: impl Fn() -> Error) {
-    for (reply, _) in acks {
-        let _ = reply.send(Err(error()));
+fn fail(acks: Vec<Ack>, error: impl Fn() -> Error) {
+    for ack in acks {
+        let _ = ack.reply.send(Err(error()));
     }
+}
+
+/// The bytes of the records among `ops`.
+fn record_bytes(ops: &[BatchOp]) -> usize {
+    ops.iter()
+        .map(|op| match op {
+            BatchOp::Put {
+                space: Space::Events,
+                value,
+                ..
+            } => value.len(),
+            _ => 0,
+        })
+        .sum()
+}
+
+/// Syncs, timing it.
+fn timed_sync(backend: &dyn Backend) -> (Result<()>, Duration) {
+    let started = Instant::now();
+    let result = backend.sync();
+    (result, started.elapsed())
 }
 
 /// The syncer: syncs once for every batch written since the last sync, then acknowledges.
@@ -611,19 +817,26 @@ fn sync_loop(backend: &dyn Backend, shared: &Shared, written: &Receiver<Written>
         while let Ok(more) = written.try_recv() {
             pending.push(more);
         }
-        let result = match shared.stopped() {
-            Some(stopped) => Err(stopped),
-            None => backend.sync(),
+        let (result, took) = match shared.stopped() {
+            Some(stopped) => (Err(stopped), Duration::ZERO),
+            None => timed_sync(backend),
         };
         let batches = pending.len() as u64;
-        settle(shared, std::mem::take(&mut pending), result);
+        settle(shared, std::mem::take(&mut pending), result, took);
         shared.in_flight.fetch_sub(batches, Ordering::AcqRel);
     }
 }
 
 /// Publishes and acknowledges `batches` after their sync gave `result`; a failed sync stops
 /// the journal.
-fn settle(shared: &Shared, batches: Vec<Written>, result: Result<()>) {
+fn settle(shared: &Shared, batches: Vec<Written>, result: Result<()>, took: Duration) {
+    if let Some(observer) = shared.observer() {
+        observer.synced(&Synced {
+            batches: batches.len(),
+            sync: took,
+            ok: result.is_ok(),
+        });
+    }
     match result {
         Ok(()) => {
             if let Some(last) = batches.iter().map(|w| w.last_seq).max() {
@@ -636,9 +849,13 @@ fn settle(shared: &Shared, batches: Vec<Written>, result: Result<()>) {
                 }
                 return;
             }
+            let observer = shared.observer();
             for batch in batches {
-                for (reply, appended) in batch.acks {
-                    let _ = reply.send(Ok(appended));
+                for ack in batch.acks {
+                    if let (Some(observer), Some(submitted)) = (observer, ack.submitted) {
+                        observer.acknowledged(submitted.elapsed());
+                    }
+                    let _ = ack.reply.send(Ok(ack.appended));
                 }
             }
         }

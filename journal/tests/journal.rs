@@ -711,3 +711,95 @@ fn a_linked_append_is_all_or_nothing_across_streams() {
     assert_eq!(journal.read_stream("parent", 0).count(), 2);
     assert_eq!(journal.read_stream("child", 0).count(), 1);
 }
+
+/// Records what the write path tells it.
+#[derive(Debug, Default)]
+struct Recorder {
+    batches: std::sync::Mutex<Vec<dtask_journal::observe::BatchWritten>>,
+    syncs: std::sync::atomic::AtomicUsize,
+    acks: std::sync::atomic::AtomicUsize,
+}
+
+impl dtask_journal::WriteObserver for Recorder {
+    fn batch_written(&self, batch: &dtask_journal::observe::BatchWritten) {
+        self.batches.lock().unwrap().push(*batch);
+    }
+    fn synced(&self, sync: &dtask_journal::observe::Synced) {
+        assert!(sync.ok);
+        self.syncs
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+    fn acknowledged(&self, _latency: std::time::Duration) {
+        self.acks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[test]
+fn an_observer_is_told_every_batch_sync_and_acknowledgement() {
+    use std::sync::atomic::Ordering;
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    journal.append("before", 0, &[created("before")]).unwrap();
+    let recorder = Arc::new(Recorder::default());
+    assert!(journal.observe(recorder.clone()));
+    assert!(
+        !journal.observe(Arc::new(Recorder::default())),
+        "one observer"
+    );
+
+    journal.append("a", 0, &[created("a"), update(1)]).unwrap();
+    journal.append("a", 2, &[update(2)]).unwrap();
+    let stale = journal.append("a", 1, &[update(3)]);
+    assert!(matches!(stale, Err(Error::Conflict { .. })));
+
+    let batches = recorder.batches.lock().unwrap().clone();
+    // The stale append formed a batch of its own and wrote nothing: reported, not synced.
+    assert_eq!(batches.iter().map(|b| b.appends).sum::<usize>(), 2);
+    assert_eq!(batches.iter().map(|b| b.conflicts).sum::<usize>(), 1);
+    let written = batches.iter().filter(|b| b.appends > 0).count();
+    assert_eq!(batches.iter().map(|b| b.records).sum::<usize>(), 3);
+    let on_disk: usize = journal.read_stream("a", 0).map(|r| r.unwrap().size).sum();
+    assert_eq!(batches.iter().map(|b| b.bytes).sum::<usize>(), on_disk);
+    assert_eq!(recorder.acks.load(Ordering::Relaxed), 2);
+    assert_eq!(recorder.syncs.load(Ordering::Relaxed), written);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_durable_watermark_can_be_awaited() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    let mut watermark = journal.watch_durable();
+    assert_eq!(*watermark.borrow(), 0);
+    let waiter = tokio::spawn(async move {
+        let seq = *watermark.wait_for(|seq| *seq >= 2).await.unwrap();
+        seq
+    });
+    journal
+        .append_async("a", 0, &[created("a"), update(1)])
+        .await
+        .unwrap();
+    assert_eq!(waiter.await.unwrap(), 2);
+    assert_eq!(*journal.watch_durable().borrow(), journal.durable_seq());
+}
+
+#[test]
+fn task_ids_resume_after_any_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    for id in ["a", "ab", "b", "c"] {
+        journal.append(id, 0, &[created(id)]).unwrap();
+    }
+    let from = |after: Option<&str>| -> Vec<String> {
+        journal
+            .task_ids_from(after)
+            .collect::<Result<_, _>>()
+            .unwrap()
+    };
+    assert_eq!(from(None), ["a", "ab", "b", "c"]);
+    // After an id: not its prefix's neighbours ("ab" follows "a"), and an id that is not in
+    // the journal resumes at the next one.
+    assert_eq!(from(Some("a")), ["ab", "b", "c"]);
+    assert_eq!(from(Some("aa")), ["ab", "b", "c"]);
+    assert_eq!(from(Some("c")), Vec::<String>::new());
+    assert_eq!(from(Some("")), ["a", "ab", "b", "c"]);
+}

@@ -11,21 +11,24 @@
 //! same journal: one call answered in the foreground, one handed to a background task.
 
 use super::fmt::{self, Table};
+use super::location::At;
 use super::{fold_task, CliError, Global, Out, Result};
 use dtask_engine::{
     Command, CreateRequest, StoreConfig, StoreError, SystemClock, TaskStore, UpdateRequest,
 };
-use dtask_journal::{Journal, JournalOptions, LeasePolicy, TaskSpec};
+use dtask_journal::{JournalOptions, LeasePolicy, TaskSpec};
 use dtask_replay::TaskState;
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// Arguments of `dtask demo`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Where to create the journal (must not exist or be empty); kept afterwards. Default: a
-    /// temporary directory, deleted at exit.
+    /// Where to create the journal (must not exist or be empty): a directory, or a PostgreSQL
+    /// URL (`postgres://…`, a schema without a journal); kept afterwards. Default: a temporary
+    /// directory, deleted at exit.
+    #[arg(value_name = "DIR|URL")]
     dir: Option<PathBuf>,
 }
 
@@ -82,8 +85,8 @@ fn update(attempt: u64, event_id: &str, kind: &str, data: &str) -> UpdateRequest
     }
 }
 
-fn open(dir: &Path) -> Result<TaskStore> {
-    let journal = Journal::open(dir, JournalOptions::default())?;
+fn open(at: &At) -> Result<TaskStore> {
+    let journal = at.open_writer(JournalOptions::default())?;
     Ok(TaskStore::open(
         journal,
         SystemClock,
@@ -101,8 +104,8 @@ async fn claim(store: &TaskStore, id: &str) -> Result<TaskState> {
     clippy::too_many_lines,
     reason = "the workload reads best as one story"
 )]
-async fn workload(dir: &Path, log: &mut Log) -> Result<()> {
-    let mut store = open(dir)?;
+async fn workload(at: &At, log: &mut Log) -> Result<()> {
+    let mut store = open(at)?;
     let shell = |cmd: &str| json!({ "tool_name": "shell", "command": cmd });
     let fetch = |url: &str| json!({ "tool_name": "fetch", "url": url });
     let requests = [
@@ -248,7 +251,7 @@ async fn workload(dir: &Path, log: &mut Log) -> Result<()> {
         "  ** crash ** the task store and the journal are dropped mid-attempt (nothing is flushed \
          beyond what was acknowledged)",
     );
-    store = open(dir)?;
+    store = open(at)?;
     let after = store.get_task("fetch-1").await?;
     if after != before {
         return Err(CliError::Problems(
@@ -671,22 +674,18 @@ async fn managed_scene(store: &TaskStore, log: &mut Log) -> Result<()> {
 pub fn run(global: &Global, args: &Args) -> Result<()> {
     let started = std::time::Instant::now();
     let temp;
-    let dir = if let Some(dir) = &args.dir {
-        if dir.exists()
-            && std::fs::read_dir(dir)
-                .map_err(CliError::io(format!("reading {}", dir.display())))?
-                .next()
-                .is_some()
-        {
+    let at = if let Some(dir) = &args.dir {
+        let at = At::of(dir);
+        if !at.is_new()? {
             return Err(CliError::Usage(format!(
-                "{} is not empty: the demo needs a new directory",
-                dir.display()
+                "{} is not empty: the demo needs a new journal",
+                at.display()
             )));
         }
-        dir.clone()
+        at
     } else {
         temp = tempfile::tempdir().map_err(CliError::io("creating a temporary directory"))?;
-        temp.path().join("journal")
+        At::Dir(temp.path().join("journal"))
     };
     let mut log = Log {
         json: global.json,
@@ -696,8 +695,13 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
     log.say(
         "",
         format!(
-            "dtask demo: a sample workload on an embedded journal at {}{}\n",
-            dir.display(),
+            "dtask demo: a sample workload on {} journal at {}{}\n",
+            if at.dir().is_some() {
+                "an embedded"
+            } else {
+                "a shared"
+            },
+            at.display(),
             if args.dir.is_some() {
                 ""
             } else {
@@ -710,20 +714,20 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
         .enable_all()
         .build()
         .map_err(CliError::io("starting the runtime"))?;
-    runtime.block_on(workload(&dir, &mut log))?;
+    runtime.block_on(workload(&at, &mut log))?;
     drop(runtime);
-    report(global, args, &dir, &log, started)
+    report(global, args, &at, &log, started)
 }
 
 /// Prints the summary table and the audit of the demo's journal.
 fn report(
     global: &Global,
     args: &Args,
-    dir: &Path,
+    at: &At,
     log: &Log,
     started: std::time::Instant,
 ) -> Result<()> {
-    let journal = Journal::open_read_only(dir)?;
+    let journal = at.open_reader()?;
     let mut rows = Vec::new();
     for id in journal.task_ids() {
         let id = id?;
@@ -751,7 +755,7 @@ fn report(
             })
             .collect();
         out.json(&json!({
-            "journal": dir.display().to_string(),
+            "journal": at.display(),
             "kept": args.dir.is_some(),
             "steps": log.steps,
             "managed_tool": log.managed_tool,

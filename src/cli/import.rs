@@ -1,13 +1,17 @@
-//! `dtask import <file> --journal <new dir>`: rebuilds a fresh journal from a full export by
-//! appending its records in global order, and checks that every rebuilt record carries the
-//! exported digest and CRC (bit-exact).
+//! `dtask import <file> --journal <new dir or postgres://…>`: rebuilds a fresh journal from a
+//! full export by appending its records in global order, and checks that every rebuilt
+//! record carries the exported digest and CRC (bit-exact) — whichever backend the export
+//! came from.
 //!
 //! The import is all or nothing: the journal is built in a temporary directory beside the
-//! target and renamed into place only once every record, digest and the audit checked out; a
-//! failed import leaves the target as it was (absent, or an empty directory).
+//! target (or a staging schema of the target database) and renamed into place only once
+//! every record, digest and the audit checked out; a failed import leaves the target as it
+//! was (absent, or an empty directory or schema).
 
+use super::location::At;
 use super::{CliError, Global, Out, Result};
 use dtask_journal::export::{ExportError, Header, RecordLine, Scope};
+use dtask_journal::postgres::{admin, PgLocation};
 use dtask_journal::{
     Digest, Durability, Event, Journal, JournalOptions, JOURNAL_FORMAT_VERSION,
     OLDEST_JOURNAL_FORMAT_VERSION, RECORD_FORMAT_VERSION,
@@ -43,19 +47,14 @@ struct Batch {
 /// The most records appended at once.
 const MAX_BATCH: usize = 1024;
 
-fn check_target(dir: &Path) -> Result<()> {
-    if !dir.exists() {
+fn check_target(at: &At) -> Result<()> {
+    if at.is_new()? {
         return Ok(());
     }
-    let mut entries =
-        std::fs::read_dir(dir).map_err(CliError::io(format!("reading {}", dir.display())))?;
-    if entries.next().is_some() {
-        return Err(CliError::Usage(format!(
-            "{} is not empty: import only into a new journal",
-            dir.display()
-        )));
-    }
-    Ok(())
+    Err(CliError::Usage(format!(
+        "{} is not empty: import only into a new journal",
+        at.display()
+    )))
 }
 
 /// Reads the header line and checks that this build can import the export; returns the
@@ -219,7 +218,7 @@ fn rebuild(
 /// Builds the journal in `dir` from the record lines, checks the record count, makes it
 /// durable and audits it; returns the records and tasks.
 fn build(
-    dir: &Path,
+    at: &At,
     lines: impl Iterator<Item = std::io::Result<String>>,
     name: &str,
     announced: u64,
@@ -229,7 +228,7 @@ fn build(
         .with_max_value_bytes(usize::MAX)
         .with_max_record_bytes(usize::MAX);
     options.max_task_id_bytes = usize::MAX;
-    let journal = Journal::open(dir, options)?;
+    let journal = at.open_writer(options)?;
     let bar = super::progress(announced, "importing");
     let (records, tasks) = rebuild(&journal, lines, name, &bar)?;
     bar.finish_and_clear();
@@ -240,8 +239,10 @@ fn build(
             super::fmt::count(announced, "record")
         )));
     }
-    sync_dir(dir)?;
-    let rebuilt = Journal::open_read_only(dir)?;
+    if let Some(dir) = at.dir() {
+        sync_dir(dir)?;
+    }
+    let rebuilt = at.open_reader()?;
     let audit = dtask_replay::audit_journal(&rebuilt, &mut |_| {})?;
     if !audit.is_clean() {
         for p in &audit.problems {
@@ -255,9 +256,64 @@ fn build(
     Ok((records, tasks))
 }
 
+/// Builds the journal in a staging directory beside the target (same file system, so the
+/// rename is atomic; removed on any failure) and moves it in place.
+fn import_dir(
+    target: &Path,
+    lines: impl Iterator<Item = std::io::Result<String>>,
+    name: &str,
+    announced: u64,
+) -> Result<(u64, usize)> {
+    let parent = match target.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let staging = tempfile::Builder::new()
+        .prefix(".dtask-import-")
+        .tempdir_in(&parent)
+        .map_err(CliError::io(format!(
+            "creating a temporary directory in {}",
+            parent.display()
+        )))?;
+    let built = staging.path().join("journal");
+    let counts = build(&At::Dir(built.clone()), lines, name, announced)?;
+    std::fs::rename(&built, target).map_err(CliError::io(format!(
+        "moving the imported journal to {}",
+        target.display()
+    )))?;
+    std::fs::File::open(&parent)
+        .and_then(|f| f.sync_all())
+        .map_err(CliError::io(format!("syncing {}", parent.display())))?;
+    drop(staging);
+    Ok(counts)
+}
+
+/// Builds the journal in a staging schema of the target database and, once complete and
+/// audited, renames it to the target schema in one transaction (dropped on any failure).
+fn import_postgres(
+    url: &str,
+    lines: impl Iterator<Item = std::io::Result<String>>,
+    name: &str,
+    announced: u64,
+) -> Result<(u64, usize)> {
+    let location = PgLocation::parse(url)?;
+    let staging = format!(
+        "{}_import_{}",
+        location.schema().chars().take(40).collect::<String>(),
+        std::process::id()
+    );
+    let staged = At::Postgres(PgLocation::url_with_schema(url, &staging));
+    let built = build(&staged, lines, name, announced)
+        .and_then(|counts| Ok(admin::promote(&location, &staging).map(|()| counts)?));
+    if built.is_err() {
+        let _ = admin::drop_schema(&location, &staging);
+    }
+    built
+}
+
 /// Runs `dtask import`.
 pub fn run(global: &Global, args: &Args) -> Result<()> {
-    let target = global.journal_dir()?.to_path_buf();
+    let target = global.at()?;
     check_target(&target)?;
     let name = args.file.display().to_string();
     let reader: Box<dyn BufRead> = if args.file.as_os_str() == "-" {
@@ -273,34 +329,14 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
         .ok_or_else(|| CliError::Usage(format!("{name} is empty")))?
         .map_err(CliError::io(format!("reading {name}")))?;
     let announced = check_header(&header_line, &name)?;
-
-    // Built beside the target (same file system, so the rename is atomic); removed on any
-    // failure when `staging` drops.
-    let parent = match target.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
-        _ => PathBuf::from("."),
+    let (records, tasks) = match &target {
+        At::Dir(dir) => import_dir(dir, lines, &name, announced)?,
+        At::Postgres(url) => import_postgres(url, lines, &name, announced)?,
     };
-    let staging = tempfile::Builder::new()
-        .prefix(".dtask-import-")
-        .tempdir_in(&parent)
-        .map_err(CliError::io(format!(
-            "creating a temporary directory in {}",
-            parent.display()
-        )))?;
-    let built = staging.path().join("journal");
-    let (records, tasks) = build(&built, lines, &name, announced)?;
-    std::fs::rename(&built, &target).map_err(CliError::io(format!(
-        "moving the imported journal to {}",
-        target.display()
-    )))?;
-    std::fs::File::open(&parent)
-        .and_then(|f| f.sync_all())
-        .map_err(CliError::io(format!("syncing {}", parent.display())))?;
-    drop(staging);
     let mut out = Out::new();
     if global.json {
         out.json(&json!({
-            "journal": target.display().to_string(),
+            "journal": target.display(),
             "records": records,
             "tasks": tasks,
             "bit_exact": true,

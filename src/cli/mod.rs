@@ -7,6 +7,7 @@ mod events;
 mod export;
 mod fmt;
 mod import;
+mod location;
 mod replay;
 mod serve;
 mod show;
@@ -22,7 +23,7 @@ use dtask_journal::{Error as JournalError, Journal, Record};
 use dtask_replay::FoldView;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::{IsTerminal, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 /// Inspect, verify, export and import dtask journals; run the demo workload.
@@ -34,9 +35,10 @@ use std::process::ExitCode;
     long_about = None
 )]
 pub struct Cli {
-    /// The journal directory (the inspection commands open it read-only and never take the
-    /// writer's lock).
-    #[arg(long, global = true, env = "DTASK_JOURNAL", value_name = "DIR")]
+    /// The journal: a directory, or a PostgreSQL database (`postgres://user@host:port/db`,
+    /// `?schema=NAME` for a schema other than `dtask`). The inspection commands open it
+    /// read-only and never take the writer's lock.
+    #[arg(long, global = true, env = "DTASK_JOURNAL", value_name = "DIR|URL")]
     journal: Option<PathBuf>,
     /// Print one JSON document (JSON lines for streams) instead of tables.
     #[arg(long, global = true)]
@@ -153,31 +155,22 @@ pub struct Global {
 }
 
 impl Global {
-    /// The journal directory, required.
-    fn journal_dir(&self) -> Result<&Path> {
-        self.journal.as_deref().ok_or_else(|| {
-            CliError::Usage("no journal given: pass --journal <DIR> (or set DTASK_JOURNAL)".into())
-        })
-    }
-
-    /// The journal directory, required to exist.
-    fn existing_journal_dir(&self) -> Result<&Path> {
-        let dir = self.journal_dir()?;
-        if !dir.exists() {
-            return Err(CliError::Usage(format!("no journal at {}", dir.display())));
-        }
-        if !dir.is_dir() {
-            return Err(CliError::Usage(format!(
-                "no journal at {}: it is a file, a journal is a directory",
-                dir.display()
-            )));
-        }
-        Ok(dir)
+    /// Where the journal is, required.
+    fn at(&self) -> Result<location::At> {
+        self.journal
+            .as_deref()
+            .map(location::At::of)
+            .ok_or_else(|| {
+                CliError::Usage(
+                    "no journal given: pass --journal <DIR or postgres://…> (or set DTASK_JOURNAL)"
+                        .into(),
+                )
+            })
     }
 
     /// Opens the journal read-only (no lock: works while a process writes it).
     fn open(&self) -> Result<Journal> {
-        Ok(Journal::open_read_only(self.existing_journal_dir()?)?)
+        self.at()?.open_reader()
     }
 }
 

@@ -6,7 +6,7 @@
 use super::{CliError, Global, Result};
 use dtask::server::{Server, ServerConfig};
 use dtask_engine::{StoreConfig, SystemClock, TaskStore};
-use dtask_journal::{Journal, JournalOptions};
+use dtask_journal::JournalOptions;
 use std::net::SocketAddr;
 use std::time::Duration;
 use tokio::signal::unix::{signal, SignalKind};
@@ -29,7 +29,8 @@ pub struct Args {
         value_name = "TOKEN"
     )]
     token: Option<String>,
-    /// How often to look for new commits, in milliseconds.
+    /// With --read-only: how often to look for new commits, in milliseconds (an owner is told
+    /// of each commit).
     #[arg(long, default_value_t = 100, value_name = "MS")]
     poll: u64,
     /// The largest request body, in bytes.
@@ -62,18 +63,17 @@ async fn serve(global: &Global, args: &Args) -> Result<()> {
     }
     let mut scratch = None;
     let mut sweeper = None;
-    let (server, mode, dir) = if args.read_only {
-        let dir = global.existing_journal_dir()?;
+    let at = global.at()?;
+    let (server, mode) = if args.read_only {
         let tmp = tempfile::Builder::new()
             .prefix("dtask-serve-")
             .tempdir()
             .map_err(CliError::io("creating a scratch directory"))?;
-        let journal = Journal::open_follower(dir, tmp.path())?;
+        let journal = at.open_follower(tmp.path())?;
         scratch = Some(tmp);
-        (Server::follower(journal, config), "read-only", dir)
+        (Server::follower(journal, config), "read-only")
     } else {
-        let dir = global.journal_dir()?;
-        let journal = Journal::open(dir, JournalOptions::default())?;
+        let journal = at.open_writer(JournalOptions::default())?;
         let store = TaskStore::open(journal, SystemClock, StoreConfig::default())?;
         if let Some(repair) = store.repaired_live_index() {
             eprintln!(
@@ -81,7 +81,7 @@ async fn serve(global: &Global, args: &Args) -> Result<()> {
             );
         }
         sweeper = Some(store.spawn_sweeper(Duration::from_secs(1)));
-        (Server::owner(store, None, config), "owner", dir)
+        (Server::owner(store, None, config), "owner")
     };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -91,7 +91,7 @@ async fn serve(global: &Global, args: &Args) -> Result<()> {
         .map_err(CliError::io("reading the listen address"))?;
     eprintln!(
         "dtask serve: http://{addr}/ ({mode}, journal {}); stop with Ctrl-C",
-        dir.display()
+        at.display()
     );
     let outcome = server
         .serve(listener, async move {

@@ -8,7 +8,6 @@
 use super::codec::{self, Bytes};
 use super::{fmt, CliError, Global, Out, Result};
 use dtask_journal::{Committed, Journal};
-use std::path::Path;
 use std::time::{Duration, Instant};
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -89,7 +88,7 @@ fn drain(
 
 /// Runs `dtask tail`.
 pub fn run(global: &Global, args: &Args) -> Result<()> {
-    let dir = global.existing_journal_dir()?;
+    let at = global.at()?;
     let bytes = codec::bytes(args.no_payload);
     let mut out = Out::new();
     if !args.follow {
@@ -102,7 +101,7 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
         .enable_all()
         .build()
         .map_err(CliError::io("starting the runtime"))?;
-    runtime.block_on(follow(dir, args, &mut out, global, bytes))
+    runtime.block_on(follow(&at, args, &mut out, global, bytes))
 }
 
 /// The first sequence to print.
@@ -116,7 +115,7 @@ fn start(journal: &Journal, args: &Args) -> Result<u64> {
 /// `tail --follow`: polls the follower until a stop flag or a signal says to stop; the scratch
 /// directory goes with it.
 async fn follow(
-    dir: &Path,
+    at: &super::location::At,
     args: &Args,
     out: &mut Out,
     global: &Global,
@@ -132,7 +131,7 @@ async fn follow(
         .prefix("dtask-tail-")
         .tempdir()
         .map_err(CliError::io("creating a scratch directory"))?;
-    let journal = Journal::open_follower(dir, scratch.path())?;
+    let journal = at.open_follower(scratch.path())?;
     let interval = Duration::from_millis(args.interval.max(10));
     let mut next = start(&journal, args)?;
     let mut printed = 0;

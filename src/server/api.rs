@@ -2,6 +2,7 @@
 
 use super::error::ErrorBody;
 use super::extract::{ApiPath, ApiQuery, JsonBody, OptionalJsonBody};
+use super::metrics::Scrape;
 use super::model::{
     BytesQuery, CancelBody, InputBody, InputView, ListQuery, RecordPage, RecordsQuery, ReleaseBody,
     ResumeBody, StateAt, StateQuery, Stats, SubmitBody, TaskDetail, TaskList, TaskStateView,
@@ -421,9 +422,20 @@ fn no_buffering(mut response: Response) -> Response {
     responses((status = 200, description = "OpenMetrics text", content_type = "application/openmetrics-text", body = String))
 )]
 pub async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
+    let journal = shared.journal.clone();
+    // Counting the outbox's index reads the database: off the runtime's threads.
+    let outbox = tokio::task::spawn_blocking(move || journal.outbox_len().ok())
+        .await
+        .ok()
+        .flatten();
+    let scrape = Scrape {
+        subscribers: shared.hub.subscribers(),
+        store: shared.owner.as_ref().map(|owner| owner.store.counts()),
+        outbox,
+    };
     let text = shared
         .metrics
-        .render(&shared.projection.snapshot(), shared.hub.subscribers());
+        .render(&shared.projection.snapshot(), &scrape);
     (
         [(
             header::CONTENT_TYPE,

@@ -1,6 +1,9 @@
 //! Metrics in the Prometheus text format (`OpenMetrics`), from a registry owned by the server:
 //! HTTP requests by route, method and status (and their durations), tasks by status and
-//! executor, records by type, the journal's last sequence, the SSE streams.
+//! executor, records by type, attempts started, recovered and expired, the journal's last
+//! sequence, the SSE streams — and, when the server owns the journal, its write path (appends,
+//! records and bytes written, batch sizes, write, sync and append latencies, the writer's queue)
+//! through a [`WriteObserver`], and the store's deduplications and the outbox's backlog.
 //!
 //! The registry is the server's own (`prometheus-client`), not a process-global recorder, so
 //! two servers in one process (tests, or a service that embeds one) never mix their counts.
@@ -9,6 +12,10 @@ use super::projection::Snapshot;
 use axum::extract::{MatchedPath, Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
+use dtask_engine::StoreCounts;
+use dtask_journal::observe::{BatchWritten, Synced, WriteObserver};
+use dtask_journal::EventType;
+use parking_lot::Mutex;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -16,7 +23,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The labels of an HTTP request.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -64,6 +71,238 @@ pub struct ResultLabel {
     pub result: String,
 }
 
+/// The journal's write path, told by the journal's writer ([`WriteObserver`]).
+#[derive(Debug, Clone)]
+pub struct WriteMetrics {
+    appends: Counter,
+    conflicts: Counter,
+    records: Counter,
+    bytes: Counter,
+    batches: Counter,
+    batch_appends: Histogram,
+    queued: Gauge,
+    write: Histogram,
+    sync: Histogram,
+    sync_failures: Counter,
+    append: Histogram,
+}
+
+/// Latency buckets from 25 µs to ~0.4 s.
+fn latency() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_025, 2.0, 15))
+}
+
+impl WriteMetrics {
+    fn register(registry: &mut Registry) -> Self {
+        let metrics = Self {
+            appends: Counter::default(),
+            conflicts: Counter::default(),
+            records: Counter::default(),
+            bytes: Counter::default(),
+            batches: Counter::default(),
+            batch_appends: Histogram::new(exponential_buckets(1.0, 2.0, 12)),
+            queued: Gauge::default(),
+            write: latency(),
+            sync: latency(),
+            sync_failures: Counter::default(),
+            append: latency(),
+        };
+        let r = registry;
+        r.register(
+            "journal_appends",
+            "Appends written by this process (each one stream's records, or a linked set)",
+            metrics.appends.clone(),
+        );
+        r.register(
+            "journal_append_conflicts",
+            "Appends refused because their stream had moved past the expected position",
+            metrics.conflicts.clone(),
+        );
+        r.register(
+            "journal_records_written",
+            "Records written by this process",
+            metrics.records.clone(),
+        );
+        r.register(
+            "journal_bytes_written",
+            "Bytes of the records written by this process",
+            metrics.bytes.clone(),
+        );
+        r.register(
+            "journal_batches",
+            "Group-commit batches written",
+            metrics.batches.clone(),
+        );
+        r.register(
+            "journal_batch_appends",
+            "Appends per group-commit batch",
+            metrics.batch_appends.clone(),
+        );
+        r.register(
+            "journal_writer_queue",
+            "Appends queued behind the last batch the writer formed",
+            metrics.queued.clone(),
+        );
+        r.register(
+            "journal_write_seconds",
+            "Time to write a batch (to the OS's buffers, before its sync)",
+            metrics.write.clone(),
+        );
+        r.register(
+            "journal_sync_seconds",
+            "Time of one sync of the write-ahead log (fdatasync; it may cover several batches)",
+            metrics.sync.clone(),
+        );
+        r.register(
+            "journal_sync_failures",
+            "Syncs that failed (each stops the journal)",
+            metrics.sync_failures.clone(),
+        );
+        r.register(
+            "journal_append_seconds",
+            "Time from an append's submission to its acknowledgement as durable",
+            metrics.append.clone(),
+        );
+        metrics
+    }
+}
+
+/// A count as a gauge's value.
+fn int(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// Registers `metric` under `name` and returns it (metrics are handles: the registry keeps a
+/// clone).
+fn register<M>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M
+where
+    M: prometheus_client::registry::Metric + Clone,
+{
+    registry.register(name, help, metric.clone());
+    metric
+}
+
+impl WriteObserver for WriteMetrics {
+    fn batch_written(&self, batch: &BatchWritten) {
+        self.batches.inc();
+        self.appends.inc_by(batch.appends as u64);
+        self.conflicts.inc_by(batch.conflicts as u64);
+        self.records.inc_by(batch.records as u64);
+        self.bytes.inc_by(batch.bytes as u64);
+        self.batch_appends
+            .observe(f64::from(u32::try_from(batch.appends).unwrap_or(u32::MAX)));
+        self.queued.set(int(batch.queued));
+        self.write.observe(batch.write.as_secs_f64());
+    }
+
+    fn synced(&self, sync: &Synced) {
+        if sync.ok {
+            if sync.sync > Duration::ZERO {
+                self.sync.observe(sync.sync.as_secs_f64());
+            }
+        } else {
+            self.sync_failures.inc();
+        }
+    }
+
+    fn acknowledged(&self, latency: Duration) {
+        self.append.observe(latency.as_secs_f64());
+    }
+}
+
+/// What a scrape reads besides the projection's counts.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Scrape {
+    /// Open SSE streams.
+    pub subscribers: u64,
+    /// The store's counts, in owner mode.
+    pub store: Option<StoreCounts>,
+    /// The outbox's backlog, when it could be read.
+    pub outbox: Option<u64>,
+}
+
+/// Counters that mirror a count kept elsewhere (the store's): raised to it at each scrape.
+#[derive(Debug, Default)]
+struct Mirrored {
+    updates_deduplicated: Counter,
+    inputs_deduplicated: Counter,
+    version_conflicts: Counter,
+}
+
+impl Mirrored {
+    fn raise(counter: &Counter, to: u64) {
+        let now = counter.get();
+        if to > now {
+            counter.inc_by(to - now);
+        }
+    }
+}
+
+/// The journal's counts, set at each scrape.
+#[derive(Debug)]
+struct JournalGauges {
+    tasks: Gauge,
+    records: Gauge,
+    bytes: Gauge,
+    problems: Gauge,
+    last_seq: Gauge,
+    attempts_started: Gauge,
+    attempts_recovered: Gauge,
+    leases_expired: Gauge,
+    outbox: Gauge,
+}
+
+impl JournalGauges {
+    fn register(r: &mut Registry) -> Self {
+        let gauge =
+            |r: &mut Registry, name: &str, help: &str| register(r, name, help, Gauge::default());
+        let tasks = gauge(r, "journal_tasks", "Tasks in the journal");
+        let records = gauge(r, "journal_records", "Records in the journal");
+        let bytes = gauge(
+            r,
+            "journal_record_bytes",
+            "Bytes of the records in the journal",
+        );
+        let problems = gauge(
+            r,
+            "journal_tasks_with_problems",
+            "Tasks whose stream does not fold cleanly (run a verify)",
+        );
+        let last_seq = gauge(
+            r,
+            "journal_last_sequence",
+            "The last global sequence the server has read",
+        );
+        let attempts_started = gauge(r, "attempts_started", "Attempts started, in the journal");
+        let attempts_recovered = gauge(
+            r,
+            "attempts_recovered",
+            "Attempts that recovered a tool whose started marker was durable, in the journal",
+        );
+        let leases_expired = gauge(
+            r,
+            "leases_expired",
+            "Attempts whose lease expired, in the journal",
+        );
+        let outbox = gauge(
+            r,
+            "outbox_backlog",
+            "Notifications queued and not yet acknowledged",
+        );
+        Self {
+            tasks,
+            records,
+            bytes,
+            problems,
+            last_seq,
+            attempts_started,
+            attempts_recovered,
+            leases_expired,
+            outbox,
+        }
+    }
+}
+
 /// The server's metrics.
 #[derive(Debug)]
 pub struct Metrics {
@@ -73,11 +312,6 @@ pub struct Metrics {
     tasks: Family<StatusLabel, Gauge>,
     tasks_by_executor: Family<ExecutorLabel, Gauge>,
     records: Family<TypeValue, Gauge>,
-    journal_tasks: Gauge,
-    journal_records: Gauge,
-    journal_bytes: Gauge,
-    journal_problems: Gauge,
-    last_seq: Gauge,
     subscribers: Gauge,
     /// Streams that fell behind the broadcast buffer and went back to reading the journal.
     pub stream_lagged: Counter,
@@ -85,6 +319,10 @@ pub struct Metrics {
     pub pump_errors: Counter,
     /// Audits run, by result.
     pub verifies: Family<ResultLabel, Counter>,
+    journal: JournalGauges,
+    write: WriteMetrics,
+    /// The store's counts, raised at each scrape (one scrape at a time).
+    mirrored: Mutex<Mirrored>,
 }
 
 impl Default for Metrics {
@@ -97,88 +335,79 @@ impl Metrics {
     /// A registry with every metric registered, prefixed `dtask`.
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("dtask");
-        let requests = Family::<RequestLabels, Counter>::default();
-        registry.register(
+        let r = &mut registry;
+        let requests = register(
+            r,
             "http_requests",
             "HTTP requests answered, by route, method and status",
-            requests.clone(),
+            Family::<RequestLabels, Counter>::default(),
         );
-        let durations = Family::<RouteLabels, Histogram>::new_with_constructor(
-            (|| Histogram::new(exponential_buckets(0.000_25, 4.0, 9))) as fn() -> Histogram,
-        );
-        registry.register(
+        let durations = register(
+            r,
             "http_request_duration_seconds",
             "Time to answer an HTTP request (for streams: to open them), by route",
-            durations.clone(),
+            Family::<RouteLabels, Histogram>::new_with_constructor(
+                (|| Histogram::new(exponential_buckets(0.000_25, 4.0, 9))) as fn() -> Histogram,
+            ),
         );
-        let tasks = Family::<StatusLabel, Gauge>::default();
-        registry.register("tasks", "Tasks in the journal, by status", tasks.clone());
-        let tasks_by_executor = Family::<ExecutorLabel, Gauge>::default();
-        registry.register(
+        let tasks = register(
+            r,
+            "tasks",
+            "Tasks in the journal, by status",
+            Family::<StatusLabel, Gauge>::default(),
+        );
+        let tasks_by_executor = register(
+            r,
             "tasks_by_executor",
             "Tasks in the journal, by executor key",
-            tasks_by_executor.clone(),
+            Family::<ExecutorLabel, Gauge>::default(),
         );
-        let records = Family::<TypeValue, Gauge>::default();
-        registry.register(
+        let records = register(
+            r,
             "journal_records_by_type",
             "Records in the journal, by event type",
-            records.clone(),
+            Family::<TypeValue, Gauge>::default(),
         );
-        let journal_tasks = Gauge::default();
-        registry.register(
-            "journal_tasks",
-            "Tasks in the journal",
-            journal_tasks.clone(),
-        );
-        let journal_records = Gauge::default();
-        registry.register(
-            "journal_records",
-            "Records in the journal",
-            journal_records.clone(),
-        );
-        let journal_bytes = Gauge::default();
-        registry.register(
-            "journal_record_bytes",
-            "Bytes of the records in the journal",
-            journal_bytes.clone(),
-        );
-        let journal_problems = Gauge::default();
-        registry.register(
-            "journal_tasks_with_problems",
-            "Tasks whose stream does not fold cleanly (run a verify)",
-            journal_problems.clone(),
-        );
-        let last_seq = Gauge::default();
-        registry.register(
-            "journal_last_sequence",
-            "The last global sequence the server has read",
-            last_seq.clone(),
-        );
-        let subscribers = Gauge::default();
-        registry.register(
-            "sse_streams",
-            "Open server-sent event streams",
-            subscribers.clone(),
-        );
-        let stream_lagged = Counter::default();
-        registry.register(
+        let gauge =
+            |r: &mut Registry, name: &str, help: &str| register(r, name, help, Gauge::default());
+        let counter =
+            |r: &mut Registry, name: &str, help: &str| register(r, name, help, Counter::default());
+        let subscribers = gauge(r, "sse_streams", "Open server-sent event streams");
+        let stream_lagged = counter(
+            r,
             "sse_lagged",
             "Streams that fell behind the broadcast buffer and went back to reading the journal",
-            stream_lagged.clone(),
         );
-        let pump_errors = Counter::default();
-        registry.register(
+        let pump_errors = counter(
+            r,
             "pump_errors",
             "Failed reads of the journal's commits by the server",
-            pump_errors.clone(),
         );
-        let verifies = Family::<ResultLabel, Counter>::default();
-        registry.register(
+        let verifies = register(
+            r,
             "verify_runs",
             "Audits run through the API, by result",
-            verifies.clone(),
+            Family::<ResultLabel, Counter>::default(),
         );
+        let mirrored = Mirrored {
+            updates_deduplicated: counter(
+                r,
+                "updates_deduplicated",
+                "Progress updates answered from the journal (event id seen before) by this server's store",
+            ),
+            inputs_deduplicated: counter(
+                r,
+                "inputs_deduplicated",
+                "Inputs answered from the journal (event id seen before) by this server's store",
+            ),
+            version_conflicts: counter(
+                r,
+                "version_conflicts",
+                "Appends of this server's store that lost a race for their stream's position",
+            ),
+        };
+        let journal = JournalGauges::register(r);
+        let write = WriteMetrics::register(r);
         Self {
             registry,
             requests,
@@ -186,15 +415,13 @@ impl Metrics {
             tasks,
             tasks_by_executor,
             records,
-            journal_tasks,
-            journal_records,
-            journal_bytes,
-            journal_problems,
-            last_seq,
             subscribers,
             stream_lagged,
             pump_errors,
             verifies,
+            journal,
+            write,
+            mirrored: Mutex::new(mirrored),
         }
     }
 
@@ -214,9 +441,33 @@ impl Metrics {
             .observe(seconds);
     }
 
-    /// The text exposition, after setting the gauges from `snapshot`.
-    pub fn render(&self, snapshot: &Snapshot, subscribers: u64) -> String {
+    /// The observer to install on the journal the server owns ([`dtask_journal::Journal::observe`]).
+    pub fn write_observer(&self) -> Arc<dyn WriteObserver> {
+        Arc::new(self.write.clone())
+    }
+
+    /// The text exposition, after setting the gauges from `snapshot` and `scrape`.
+    pub fn render(&self, snapshot: &Snapshot, scrape: &Scrape) -> String {
         let int = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        let mirrored = self.mirrored.lock();
+        if let Some(store) = scrape.store {
+            Mirrored::raise(&mirrored.updates_deduplicated, store.updates_deduplicated);
+            Mirrored::raise(&mirrored.inputs_deduplicated, store.inputs_deduplicated);
+            Mirrored::raise(&mirrored.version_conflicts, store.version_conflicts);
+        }
+        if let Some(backlog) = scrape.outbox {
+            self.journal.outbox.set(int(backlog));
+        }
+        self.journal
+            .attempts_started
+            .set(int(snapshot.records_of(EventType::AttemptStarted)));
+        self.journal
+            .leases_expired
+            .set(int(snapshot.records_of(EventType::LeaseExpired)));
+        self.journal
+            .attempts_recovered
+            .set(int(snapshot.attempts_recovered));
+        let subscribers = scrape.subscribers;
         for (status, n) in &snapshot.by_status {
             self.tasks
                 .get_or_create(&StatusLabel {
@@ -238,15 +489,16 @@ impl Metrics {
                 })
                 .set(int(*n));
         }
-        self.journal_tasks.set(int(snapshot.tasks));
-        self.journal_records.set(int(snapshot.records));
-        self.journal_bytes.set(int(snapshot.bytes));
-        self.journal_problems.set(int(snapshot.problems));
-        self.last_seq.set(int(snapshot.last_seq));
+        self.journal.tasks.set(int(snapshot.tasks));
+        self.journal.records.set(int(snapshot.records));
+        self.journal.bytes.set(int(snapshot.bytes));
+        self.journal.problems.set(int(snapshot.problems));
+        self.journal.last_seq.set(int(snapshot.last_seq));
         self.subscribers.set(int(subscribers));
         let mut out = String::new();
         // Writing to a String does not fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        drop(mirrored);
         out
     }
 }

@@ -61,7 +61,9 @@ pub struct ServerConfig {
     pub token: Option<String>,
     /// The largest request body, in bytes. Default: 2 MiB (a task's payload may be 1 MiB).
     pub body_limit: usize,
-    /// How often the pump looks for new commits when it found none. Default: 100 ms.
+    /// How often a follower's pump looks for new commits when it found none (an owner's pump
+    /// is woken by the journal's durable watermark, and uses it only as a safety net).
+    /// Default: 100 ms.
     pub poll_interval: Duration,
     /// The most streams open at once. Default: 256.
     pub max_streams: usize,
@@ -168,14 +170,22 @@ impl Server {
 
     /// A server that owns the journal through `store` (and `manager`, when given: submits
     /// are then checked against its executors, and cancels reach its running attempts).
+    ///
+    /// The server installs its metrics' observer on the store's journal
+    /// ([`Journal::observe`]) unless another one is installed already.
     pub fn owner(store: TaskStore, manager: Option<Manager>, config: ServerConfig) -> Self {
         let journal = store.journal().clone();
-        Self::new(
+        let server = Self::new(
             journal,
             Some(control::Owner { store, manager }),
             false,
             config,
-        )
+        );
+        server
+            .shared
+            .journal
+            .observe(server.shared.metrics.write_observer());
+        server
     }
 
     /// A read-only server following `journal`, opened with [`Journal::open_follower`] (it is

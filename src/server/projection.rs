@@ -7,7 +7,7 @@
 use dtask_journal::{EventType, Journal, Record};
 use dtask_replay::{FoldView, Status, Task};
 use parking_lot::Mutex;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// The counts.
 #[derive(Debug, Default)]
@@ -24,6 +24,11 @@ struct Counts {
     by_executor: BTreeMap<String, u64>,
     /// Records by event type.
     by_type: BTreeMap<EventType, u64>,
+    /// Live tasks whose tool's started marker is durable: their next attempt recovers it.
+    marked: HashSet<String>,
+    /// Attempts started on a task whose started marker was durable (recovered, not
+    /// restarted).
+    recovered: u64,
     tasks: u64,
     records: u64,
     bytes: u64,
@@ -54,6 +59,26 @@ pub struct Snapshot {
     pub by_executor: BTreeMap<String, u64>,
     /// Records by event type.
     pub by_type: BTreeMap<EventType, u64>,
+    /// Attempts started on a task whose tool's started marker was already durable: the tool
+    /// was recovered, not started again.
+    pub attempts_recovered: u64,
+}
+
+impl Snapshot {
+    /// Records of one type.
+    pub fn records_of(&self, event_type: EventType) -> u64 {
+        self.by_type.get(&event_type).copied().unwrap_or(0)
+    }
+}
+
+/// Whether `record` starts an attempt on a task whose started marker is durable (`marked`),
+/// and whether the task is marked after it.
+fn recovery(marked: bool, event_type: EventType) -> (bool, bool) {
+    match event_type {
+        EventType::AttemptStarted => (marked, marked),
+        EventType::StartCommitted => (false, true),
+        _ => (false, marked),
+    }
 }
 
 /// The server's counts of the journal.
@@ -74,9 +99,14 @@ impl Projection {
         for id in journal.task_ids() {
             let id = id?;
             let mut max_seq = 0;
+            let mut marked = false;
             let view = FoldView::read(journal, &id, |r| {
-                *c.by_type.entry(r.event.event_type()).or_default() += 1;
+                let event_type = r.event.event_type();
+                *c.by_type.entry(event_type).or_default() += 1;
                 max_seq = max_seq.max(r.seq);
+                let (recovered, after) = recovery(marked, event_type);
+                c.recovered += u64::from(recovered);
+                marked = after;
             })?;
             c.tasks += 1;
             c.records += view.records;
@@ -92,6 +122,9 @@ impl Projection {
             let problems = view.has_problems();
             match view.task {
                 Some(task) if !problems && !task.state.is_terminal() => {
+                    if marked {
+                        c.marked.insert(id.clone());
+                    }
                     c.live.insert(id, task);
                 }
                 Some(task) => {
@@ -119,20 +152,24 @@ impl Projection {
         }
         c.records += 1;
         c.bytes += record.size as u64;
-        *c.by_type.entry(record.event.event_type()).or_default() += 1;
+        let event_type = record.event.event_type();
+        *c.by_type.entry(event_type).or_default() += 1;
         if let Some(folded) = c.live.get_mut(task) {
-            match folded.apply(&record.event) {
-                Ok(()) if folded.state.is_terminal() => {
-                    let status = folded.state.status;
-                    c.live.remove(task);
-                    *c.settled.entry(status).or_default() += 1;
-                }
-                Ok(()) => {}
-                Err(_) => {
-                    let status = folded.state.status;
-                    c.live.remove(task);
-                    c.problems += 1;
-                    *c.settled.entry(status).or_default() += 1;
+            let settled = match folded.apply(&record.event) {
+                Ok(()) if folded.state.is_terminal() => Some((folded.state.status, 0)),
+                Ok(()) => None,
+                Err(_) => Some((folded.state.status, 1)),
+            };
+            if let Some((status, problems)) = settled {
+                c.live.remove(task);
+                c.marked.remove(task);
+                c.problems += problems;
+                *c.settled.entry(status).or_default() += 1;
+            } else {
+                let (recovered, marked) = recovery(c.marked.contains(task), event_type);
+                c.recovered += u64::from(recovered);
+                if marked {
+                    c.marked.insert(task.to_owned());
                 }
             }
         } else if record.position == 0 {
@@ -169,6 +206,7 @@ impl Projection {
             by_status,
             by_executor: c.by_executor.clone(),
             by_type: c.by_type.clone(),
+            attempts_recovered: c.recovered,
         }
     }
 }

@@ -183,11 +183,8 @@ pub fn list_tasks(journal: &Journal, query: &ListQuery) -> Result<TaskList, ApiE
     let mut scanned = 0usize;
     let mut last: Option<String> = None;
     let mut exhausted = true;
-    for id in journal.task_ids() {
+    for id in journal.task_ids_from(after.as_deref()) {
         let id = id?;
-        if after.as_ref().is_some_and(|a| id <= *a) {
-            continue;
-        }
         if tasks.len() == limit || scanned == budget {
             exhausted = false;
             break;

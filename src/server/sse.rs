@@ -1,7 +1,8 @@
 //! Committed records as server-sent events.
 //!
-//! One pump per server reads the journal's commits in order (polling: the journal has no
-//! commit notification to subscribe to), applies them to the [`Projection`] and broadcasts
+//! One pump per server reads the journal's commits in order — woken by the journal's durable
+//! watermark ([`Journal::watch_durable`]) when this process writes it, polling a follower —
+//! applies them to the [`Projection`] and broadcasts
 //! each as a pre-serialized event on a bounded channel. A subscriber first reads what it
 //! missed from the journal (from its `Last-Event-ID`, the global sequence), then follows the
 //! channel. A subscriber that falls behind the channel's buffer is switched back to reading
@@ -137,12 +138,13 @@ impl Pump {
                 1
             }
         };
+        let follower = self.follower;
+        let mut durable_rx = self.journal.watch_durable();
         loop {
             if *stop.borrow() {
                 return;
             }
             let journal = self.journal.clone();
-            let follower = self.follower;
             let read = tokio::task::spawn_blocking(move || -> Result<Vec<Committed>, String> {
                 if follower {
                     journal.catch_up().map_err(|e| e.to_string())?;
@@ -176,9 +178,24 @@ impl Pump {
                 let _ = self.hub.sender.send(item);
             }
             if !full {
-                tokio::select! {
-                    () = tokio::time::sleep(self.interval) => {}
-                    _ = stop.changed() => {}
+                // The journal this process writes says when a sync made more records
+                // durable; one another process writes (a follower) is polled.
+                let ready = !follower && self.journal.durable_seq() >= next;
+                let moved = async {
+                    if follower {
+                        std::future::pending::<()>().await;
+                    }
+                    // An error: the journal is gone; the interval goes on.
+                    if durable_rx.wait_for(|seq| *seq >= next).await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                };
+                if !ready {
+                    tokio::select! {
+                        () = tokio::time::sleep(self.interval) => {}
+                        () = moved => {}
+                        _ = stop.changed() => {}
+                    }
                 }
             }
         }

@@ -111,6 +111,7 @@ impl TaskStore {
                     && original.data == request.data
                     && original.delivery == request.delivery;
                 if same {
+                    self.count_input_deduplicated();
                     Ok((original, false))
                 } else {
                     Err(StoreError::InputConflict(request.event_id))

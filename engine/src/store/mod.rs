@@ -34,8 +34,10 @@ use dtask_replay::{load_task, load_tasks_each, ReplayError, Status, Task, TaskSt
 use parking_lot::{Mutex, MutexGuard};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::ops::Bound;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use tokio::sync::watch;
+use tracing::Instrument;
 
 /// One page of a task listing.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -193,6 +195,31 @@ struct Inner {
     pending_epoch: watch::Sender<u64>,
     /// What the open repaired in the `live` index, if anything.
     repaired: Option<LiveRepair>,
+    /// What the store counts of what it did not append.
+    counters: Counters,
+}
+
+/// What a store did without appending, counted since it was opened (the journal holds the
+/// rest): see [`TaskStore::counts`].
+#[derive(Debug, Default)]
+struct Counters {
+    updates_deduplicated: AtomicU64,
+    inputs_deduplicated: AtomicU64,
+    version_conflicts: AtomicU64,
+}
+
+/// What a store did without appending anything, since it was opened: what its metrics need
+/// beside the journal's records.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StoreCounts {
+    /// Progress updates (and parts) answered from the journal: their event id was recorded
+    /// before, with the same bytes.
+    pub updates_deduplicated: u64,
+    /// Inputs answered from the journal: their event id was recorded before.
+    pub inputs_deduplicated: u64,
+    /// Appends that lost a race for a stream's position (the task was refolded).
+    pub version_conflicts: u64,
 }
 
 /// Derives the `live` index from the streams: folds every task of the journal and hands the
@@ -368,6 +395,7 @@ impl TaskStore {
                 journal,
                 clock,
                 config,
+                counters: Counters::default(),
                 index: Mutex::new(index),
                 outbox: Mutex::new(outbox::Leases::new()),
                 pending_epoch: watch::Sender::new(0),
@@ -443,7 +471,10 @@ impl TaskStore {
     async fn append(&self, id: &str, position: u64, events: &[Event]) -> Result<Appended> {
         match self.inner.journal.append_async(id, position, events).await {
             Ok(_) => {}
-            Err(dtask_journal::Error::Conflict { .. }) => return Ok(Appended::Conflict),
+            Err(dtask_journal::Error::Conflict { .. }) => {
+                self.count_conflict();
+                return Ok(Appended::Conflict);
+            }
             Err(e) => return Err(e.into()),
         }
         crate::failpoints::point!(crate::failpoints::STORE_AFTER_APPEND, |m| Err(
@@ -456,12 +487,54 @@ impl TaskStore {
     /// of an existing task ends here. A nested task's lifecycle notification goes into its
     /// parent's mailbox in the same atomic append.
     async fn commit(&self, slot: &Slot, task: &mut Task, events: &[Event]) -> Result<()> {
-        if task.state.is_nested() {
-            if let Some(notice) = decide::parent_notice(Some(&task.state), events) {
-                return self.commit_with_parent(slot, task, events, notice).await;
+        let span = tracing::debug_span!(
+            "commit",
+            task = %task.state.spec.id,
+            attempt = task.state.attempt,
+            position = task.state.position,
+            events = events.len(),
+        );
+        async {
+            if task.state.is_nested() {
+                if let Some(notice) = decide::parent_notice(Some(&task.state), events) {
+                    return self.commit_with_parent(slot, task, events, notice).await;
+                }
             }
+            self.commit_one(slot, task, events).await
         }
-        self.commit_one(slot, task, events).await
+        .instrument(span)
+        .await
+    }
+
+    /// What this store did without appending, since it was opened.
+    pub fn counts(&self) -> StoreCounts {
+        let c = &self.inner.counters;
+        StoreCounts {
+            updates_deduplicated: c.updates_deduplicated.load(Ordering::Relaxed),
+            inputs_deduplicated: c.inputs_deduplicated.load(Ordering::Relaxed),
+            version_conflicts: c.version_conflicts.load(Ordering::Relaxed),
+        }
+    }
+
+    fn count_conflict(&self) {
+        self.inner
+            .counters
+            .version_conflicts
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_update_deduplicated(&self) {
+        self.inner
+            .counters
+            .updates_deduplicated
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_input_deduplicated(&self) {
+        self.inner
+            .counters
+            .inputs_deduplicated
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     /// [`TaskStore::commit`] with a notice for the parent: the parent's slot is locked after
@@ -545,6 +618,7 @@ impl TaskStore {
         {
             Ok(_) => {}
             Err(dtask_journal::Error::Conflict { .. }) => {
+                self.count_conflict();
                 // Another writer advanced one of the streams: refold both, report a stale
                 // version.
                 let expected = task.state.version;

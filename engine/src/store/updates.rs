@@ -128,7 +128,10 @@ impl TaskStore {
                     && original.metadata == request.metadata
                     && (request.part_id.is_empty() || original.last == request.last);
                 match (same, request.part_id.is_empty()) {
-                    (true, _) => Ok((original, false)),
+                    (true, _) => {
+                        self.count_update_deduplicated();
+                        Ok((original, false))
+                    }
                     (false, true) => Err(StoreError::EventIdConflict(request.event_id)),
                     (false, false) => Err(StoreError::PartConflict {
                         event_id: request.event_id,

@@ -1,5 +1,9 @@
 //! Shared helpers of the store's integration tests: a real journal in a temporary directory,
 //! a manual clock, and reopening (drop everything, open again on the same directory).
+//!
+//! With `DTASK_TEST_BACKEND=postgres` (and `DTASK_TEST_PG_URL`) the journal is on
+//! PostgreSQL instead, in a schema of each store's own: `./dev test` runs the guarantee
+//! suite, the G3 scenarios, the races and the model both ways.
 
 #![allow(dead_code, clippy::unwrap_used, clippy::missing_panics_doc)]
 
@@ -20,9 +24,26 @@ pub const LEASE_MS: u64 = 30_000;
 /// The executor key of tasks created by the helpers.
 pub const KEY: &str = "exec";
 
-/// A store over a journal in its own temporary directory, with a manual clock.
+/// The PostgreSQL URL of a fresh schema when the tests run on PostgreSQL.
+fn postgres_location() -> Option<String> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    if std::env::var("DTASK_TEST_BACKEND").as_deref() != Ok("postgres") {
+        return None;
+    }
+    let base = std::env::var("DTASK_TEST_PG_URL")
+        .expect("DTASK_TEST_BACKEND=postgres needs DTASK_TEST_PG_URL (./dev test sets both)");
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let sep = if base.contains('?') { '&' } else { '?' };
+    Some(format!("{base}{sep}schema=e{}_{n}", std::process::id()))
+}
+
+/// A store over a journal in its own temporary directory (or PostgreSQL schema), with a
+/// manual clock.
 pub struct Env {
     pub dir: TempDir,
+    /// The PostgreSQL journal's URL, when the tests run on PostgreSQL.
+    pub postgres: Option<String>,
     pub clock: ManualClock,
     pub config: StoreConfig,
     pub durability: Durability,
@@ -38,10 +59,12 @@ impl Env {
     /// A fresh store with `config` and `durability`.
     pub fn with(config: StoreConfig, durability: Durability) -> Self {
         let dir = tempfile::tempdir().unwrap();
+        let postgres = postgres_location();
         let clock = ManualClock::new(T0);
-        let store = open(dir.path(), &clock, &config, durability);
+        let store = open_at(dir.path(), postgres.as_deref(), &clock, &config, durability);
         Self {
             dir,
+            postgres,
             clock,
             config,
             durability,
@@ -58,8 +81,9 @@ impl Env {
     /// same clock.
     pub fn reopen(&mut self) {
         drop(self.store.take());
-        self.store = Some(open(
+        self.store = Some(open_at(
             self.dir.path(),
+            self.postgres.as_deref(),
             &self.clock,
             &self.config,
             self.durability,
@@ -90,8 +114,22 @@ pub fn open(
     config: &StoreConfig,
     durability: Durability,
 ) -> TaskStore {
-    let journal =
-        Journal::open(dir, JournalOptions::default().with_durability(durability)).unwrap();
+    open_at(dir, None, clock, config, durability)
+}
+
+/// Opens a store on the PostgreSQL journal at `postgres`, or else on `dir`.
+pub fn open_at(
+    dir: &std::path::Path,
+    postgres: Option<&str>,
+    clock: &ManualClock,
+    config: &StoreConfig,
+    durability: Durability,
+) -> TaskStore {
+    let options = JournalOptions::default().with_durability(durability);
+    let journal = match postgres {
+        Some(url) => Journal::open_postgres(url, options).unwrap(),
+        None => Journal::open(dir, options).unwrap(),
+    };
     TaskStore::open(journal, clock.clone(), config.clone()).unwrap()
 }
 

@@ -1,0 +1,440 @@
+//! `dtask serve` under load, over real HTTP on loopback. Three parts, each printing its
+//! target's line (`met` / `not met`):
+//!
+//! 1. **list** — a journal of 100,000 tasks (half of them finished, 6 records each); a
+//!    follower server over it; pages of 50 tasks: the first page, a page from a cursor in the
+//!    middle, a page filtered by a status half the tasks have, and one filtered by a status
+//!    none has (the listing's scan budget is then spent). Target: each page's median
+//!    under 50 ms.
+//! 2. **stream** — an owner server; 100 subscribers of `/api/stream` and one that never reads;
+//!    a writer appending 10,000 records/s (100 every 10 ms, 20 appends of 5) for a few
+//!    seconds. Target: the writer holds its rate and every reading subscriber has every
+//!    record within a second of the writer's last append.
+//! 3. **metrics** — the journal append bench's closed loop (64 writers, synced appends) in
+//!    alternating rounds without a server and with an owner server whose observer counts
+//!    every batch, sync and append, scraped every 250 ms. Target: the server costs under
+//!    2 % of the appends per second (median of the per-round ratios).
+//!
+//! Run: `cargo bench --bench server` (`-- --part 2` for one part, `-- --tasks 20000` for a
+//! smaller list journal, `-- --secs 5` for longer stream and metrics runs, `-- --rounds 5` for
+//! more metrics rounds).
+#![allow(
+    clippy::unwrap_used,
+    clippy::cast_precision_loss,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    missing_docs
+)]
+
+use clap::Parser;
+use dtask::journal::{Event, Journal, JournalOptions, Timestamp};
+use dtask::server::{Server, ServerConfig};
+use dtask_engine::{StoreConfig, SystemClock, TaskStore};
+use futures::StreamExt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+mod common;
+
+#[derive(Parser)]
+struct Args {
+    /// Run one part only (1 list, 2 stream, 3 metrics).
+    #[arg(long)]
+    part: Option<u8>,
+    /// Tasks in the list journal.
+    #[arg(long, default_value_t = 100_000)]
+    tasks: usize,
+    /// Seconds of writing in the stream part and per column in the metrics part.
+    #[arg(long, default_value_t = 3.0)]
+    secs: f64,
+    /// Alternating rounds of the metrics part.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Accepted for `cargo bench`'s own flag.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+fn verdict(met: bool) -> &'static str {
+    if met {
+        "met"
+    } else {
+        "not met"
+    }
+}
+
+/// A server on a loopback port, on its own runtime thread; stopped when dropped.
+struct Serving {
+    base: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Serving {
+    fn start(make: impl FnOnce() -> Server + Send + 'static) -> Self {
+        let (addr_tx, addr_rx) = std::sync::mpsc::channel();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async move {
+                let server = make();
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                addr_tx.send(listener.local_addr().unwrap()).unwrap();
+                server
+                    .serve(listener, async move {
+                        let _ = stopped.await;
+                    })
+                    .await
+                    .unwrap();
+            });
+        });
+        let addr = addr_rx.recv().unwrap();
+        Self {
+            base: format!("http://{addr}"),
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn client_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+fn list_part(args: &Args) {
+    let dir = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+    common::build_journal(dir.path(), args.tasks, 6, common::Finished::Interleaved);
+    println!(
+        "list: a journal of {} tasks built in {:.1} s",
+        args.tasks,
+        started.elapsed().as_secs_f64()
+    );
+    let path = dir.path().to_owned();
+    let serving = Serving::start(move || {
+        Server::follower(
+            Journal::open_read_only(&path).unwrap(),
+            ServerConfig::default(),
+        )
+    });
+    // The cursor a page ending in the middle of the journal hands out.
+    let cursor = {
+        use base64::Engine as _;
+        let json = format!(r#"{{"v":1,"after":"task-{:07}"}}"#, args.tasks / 2);
+        Some(base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(json))
+    };
+    let mut pages = vec![
+        ("first page", "/api/tasks?limit=50".to_owned()),
+        (
+            "status=completed",
+            "/api/tasks?limit=50&status=completed".to_owned(),
+        ),
+        (
+            "status=failed (no match)",
+            "/api/tasks?limit=50&status=failed".to_owned(),
+        ),
+    ];
+    if let Some(cursor) = cursor {
+        pages.insert(
+            1,
+            (
+                "from the middle",
+                format!("/api/tasks?limit=50&cursor={cursor}"),
+            ),
+        );
+    }
+    let rt = client_runtime();
+    let http = reqwest::Client::new();
+    let mut all_met = true;
+    println!(
+        "{:<26} {:>9} {:>9} {:>8} {:>9}",
+        "page", "p50 ms", "max ms", "rows", "scanned"
+    );
+    for (name, path) in pages {
+        let url = format!("{}{path}", serving.base);
+        let mut times = Vec::new();
+        let mut rows = 0;
+        let mut scanned = 0;
+        for _ in 0..21 {
+            let t = Instant::now();
+            let page: serde_json::Value = rt
+                .block_on(async { http.get(&url).send().await?.json().await })
+                .unwrap();
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+            rows = page["tasks"].as_array().map_or(0, Vec::len);
+            scanned = page["scanned"].as_u64().unwrap_or(0);
+        }
+        let max = times.iter().copied().fold(0.0, f64::max);
+        let p50 = median(&mut times);
+        all_met &= p50 < 50.0;
+        println!("{name:<26} {p50:>9.2} {max:>9.2} {rows:>8} {scanned:>9}");
+    }
+    println!(
+        "target: a page of a {}-task journal in < 50 ms: {}",
+        args.tasks,
+        verdict(all_met)
+    );
+}
+
+fn update(i: u64) -> Event {
+    Event::UpdateAppended {
+        attempt: 1,
+        event_id: format!("e{i}"),
+        kind: "progress".into(),
+        data: vec![7; 100],
+        metadata: vec![],
+        at: Timestamp(i),
+    }
+}
+
+/// One subscriber of the commit stream: the highest sequence it has seen.
+async fn subscribe(http: reqwest::Client, url: String, seen: Arc<AtomicU64>) {
+    let Ok(response) = http.get(url).send().await else {
+        return;
+    };
+    let mut body = response.bytes_stream();
+    let mut carry = String::new();
+    while let Some(Ok(chunk)) = body.next().await {
+        carry.push_str(&String::from_utf8_lossy(&chunk));
+        let mut rest = carry.as_str();
+        while let Some(end) = rest.find('\n') {
+            if let Some(id) = rest[..end].strip_prefix("id:") {
+                if let Ok(seq) = id.trim().parse::<u64>() {
+                    seen.fetch_max(seq, Ordering::Relaxed);
+                }
+            }
+            rest = &rest[end + 1..];
+        }
+        carry = rest.to_owned();
+    }
+}
+
+fn stream_part(args: &Args) {
+    const SUBSCRIBERS: usize = 100;
+    const TICK_MS: u64 = 10;
+    const APPENDS_PER_TICK: u64 = 20;
+    const RECORDS_PER_APPEND: u64 = 5;
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    let writer_journal = journal.clone();
+    let serving = Serving::start(move || {
+        let store = TaskStore::open(journal, SystemClock, StoreConfig::default()).unwrap();
+        Server::owner(store, None, ServerConfig::default())
+    });
+    let clients = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let seen: Vec<Arc<AtomicU64>> = (0..SUBSCRIBERS).map(|_| Arc::default()).collect();
+    let url = format!("{}/api/stream", serving.base);
+    for s in &seen {
+        clients.spawn(subscribe(
+            reqwest::Client::new(),
+            url.clone(),
+            Arc::clone(s),
+        ));
+    }
+    // One subscriber that opens the stream and never reads it.
+    let stalled = clients.block_on(async {
+        reqwest::Client::new()
+            .get(url.clone())
+            .send()
+            .await
+            .unwrap()
+    });
+    std::thread::sleep(Duration::from_millis(300));
+
+    let writer = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let ticks = (args.secs * 1000.0 / TICK_MS as f64) as u64;
+    let started = Instant::now();
+    let written = writer.block_on(async {
+        let mut interval = tokio::time::interval(Duration::from_millis(TICK_MS));
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+        let mut positions = vec![0u64; APPENDS_PER_TICK as usize];
+        let mut n = 0;
+        let mut last = 0;
+        for _ in 0..ticks {
+            interval.tick().await;
+            let appends = positions.iter().enumerate().map(|(task, position)| {
+                let journal = writer_journal.clone();
+                let events: Vec<Event> = (0..RECORDS_PER_APPEND).map(|i| update(n + i)).collect();
+                let position = *position;
+                async move {
+                    journal
+                        .append_async(&format!("w{task:02}"), position, &events)
+                        .await
+                }
+            });
+            for (task, appended) in futures::future::join_all(appends)
+                .await
+                .into_iter()
+                .enumerate()
+            {
+                let appended = appended.unwrap();
+                positions[task] = appended.next_position;
+                last = last.max(appended.last_seq);
+            }
+            n += APPENDS_PER_TICK * RECORDS_PER_APPEND;
+        }
+        last
+    });
+    let writing = started.elapsed().as_secs_f64();
+    let rate = written as f64 / writing;
+    let caught_up = Instant::now();
+    while seen.iter().any(|s| s.load(Ordering::Relaxed) < written)
+        && caught_up.elapsed() < Duration::from_secs(10)
+    {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let lag = caught_up.elapsed().as_secs_f64();
+    let behind = seen
+        .iter()
+        .filter(|s| s.load(Ordering::Relaxed) < written)
+        .count();
+    drop(stalled);
+    println!(
+        "stream: {written} records in {writing:.2} s ({rate:.0} records/s) to {SUBSCRIBERS} \
+         subscribers and one that never reads"
+    );
+    println!(
+        "stream: every subscriber had every record {:.0} ms after the last append ({behind} behind)",
+        lag * 1e3
+    );
+    let met = rate >= 9_500.0 && behind == 0 && lag <= 1.0;
+    println!(
+        "target: {SUBSCRIBERS} subscribers keep up with 10k records/s: {}",
+        verdict(met)
+    );
+    drop(serving);
+    clients.shutdown_background();
+}
+
+/// Appends per second of 64 closed-loop writers on `journal`.
+fn append_loop(journal: &Journal, secs: f64) -> f64 {
+    let journal = journal.clone();
+    common::closed_loop(
+        64,
+        secs,
+        move |writer, stop, done| {
+            let journal = journal.clone();
+            async move {
+                let task = format!("w{writer:03}");
+                let mut position = journal.stream_len(&task).unwrap().unwrap_or(0);
+                let mut i = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    journal
+                        .append_async(&task, position, &[update(i)])
+                        .await
+                        .unwrap();
+                    position += 1;
+                    i += 1;
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        },
+        || {},
+    )
+}
+
+fn metrics_part(args: &Args) {
+    println!(
+        "metrics: 64 writers, synced appends, {} rounds of {:.1} s per column",
+        args.rounds, args.secs
+    );
+    println!(
+        "{:>5} {:>14} {:>14} {:>7}",
+        "round", "no server", "server", "ratio"
+    );
+    let mut ratios = Vec::new();
+    for round in 0..args.rounds {
+        let plain = {
+            let dir = tempfile::tempdir().unwrap();
+            let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+            append_loop(&journal, args.secs)
+        };
+        let served = {
+            let dir = tempfile::tempdir().unwrap();
+            let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+            let owned = journal.clone();
+            let serving = Serving::start(move || {
+                let store = TaskStore::open(owned, SystemClock, StoreConfig::default()).unwrap();
+                Server::owner(store, None, ServerConfig::default())
+            });
+            let stop = Arc::new(AtomicBool::new(false));
+            let scraper = {
+                let stop = Arc::clone(&stop);
+                let url = format!("{}/metrics", serving.base);
+                std::thread::spawn(move || {
+                    let rt = client_runtime();
+                    let http = reqwest::Client::new();
+                    let mut scrapes = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        let text = rt
+                            .block_on(async { http.get(&url).send().await?.text().await })
+                            .unwrap();
+                        assert!(text.contains("dtask_journal_append_seconds_count"));
+                        scrapes += 1;
+                        std::thread::sleep(Duration::from_millis(250));
+                    }
+                    scrapes
+                })
+            };
+            let rate = append_loop(&journal, args.secs);
+            stop.store(true, Ordering::Relaxed);
+            let count = scraper.join().unwrap();
+            assert!(count > 0, "the scraper never scraped");
+            drop(serving);
+            rate
+        };
+        let ratio = served / plain;
+        ratios.push(ratio);
+        println!("{round:>5} {plain:>14.0} {served:>14.0} {ratio:>7.3}");
+    }
+    let ratio = median(&mut ratios);
+    println!(
+        "target: a server with /metrics costs < 2 % of the appends (median ratio {ratio:.3}): {}",
+        verdict(ratio >= 0.98)
+    );
+}
+
+fn main() {
+    let args = Args::parse();
+    let runs = |part: u8| args.part.is_none_or(|p| p == part);
+    if runs(1) {
+        list_part(&args);
+    }
+    if runs(2) {
+        stream_part(&args);
+    }
+    if runs(3) {
+        metrics_part(&args);
+    }
+}

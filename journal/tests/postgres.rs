@@ -1,0 +1,342 @@
+//! The journal on a real PostgreSQL (`DTASK_TEST_PG_URL`, set by `./dev test` and CI): the
+//! same records and readers as on RocksDB, the database deciding every expected position, two
+//! journals ("nodes") on one database racing, commit order across them, the schema's version,
+//! and a clear error when the database cannot be reached. Each test has a schema of its own.
+//! Without the variable every test says loudly that it was skipped.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use dtask_journal::{
+    Durability, Error, Event, EventType, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp,
+};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
+
+/// A fresh schema's journal URL, or `None` (and a loud line) without a database.
+fn url(test: &str) -> Option<String> {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let Ok(base) = std::env::var("DTASK_TEST_PG_URL") else {
+        eprintln!("SKIPPED {test}: DTASK_TEST_PG_URL is not set (./dev test sets it)");
+        return None;
+    };
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let schema = format!("j{}_{n}_{}", std::process::id(), test.len());
+    let sep = if base.contains('?') { '&' } else { '?' };
+    Some(format!("{base}{sep}schema={schema}"))
+}
+
+fn open(url: &str) -> Journal {
+    Journal::open_postgres(url, JournalOptions::default()).unwrap()
+}
+
+fn created(task: &str) -> Event {
+    Event::created(TaskSpec::new(task, "x"), LeasePolicy::Retry, Timestamp(1))
+}
+
+fn update(i: u64) -> Event {
+    Event::UpdateAppended {
+        attempt: 1,
+        event_id: format!("e{i}"),
+        kind: "progress".into(),
+        data: i.to_be_bytes().to_vec(),
+        metadata: vec![],
+        at: Timestamp(i),
+    }
+}
+
+fn completed() -> Event {
+    Event::Completed {
+        data: b"ok".to_vec(),
+        at: Timestamp(9),
+    }
+}
+
+#[test]
+fn appends_reads_and_indexes_match_the_embedded_journal() {
+    let Some(url) = url("appends_reads") else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let rocks = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    let pg = open(&url);
+    for journal in [&rocks, &pg] {
+        journal.append("a", 0, &[created("a"), update(1)]).unwrap();
+        journal.append("b", 0, &[created("b")]).unwrap();
+        journal.append("a", 2, &[update(2), completed()]).unwrap();
+        let stale = journal.append("a", 1, &[update(3)]);
+        assert!(
+            matches!(
+                stale,
+                Err(Error::Conflict {
+                    expected: 1,
+                    actual: 4,
+                    ..
+                })
+            ),
+            "{stale:?}"
+        );
+        journal
+            .append(
+                "b",
+                1,
+                &[Event::NotificationEnqueued {
+                    id: "b:1:done".into(),
+                    event_id: "n1".into(),
+                    kind: "done".into(),
+                    data: vec![],
+                    version: 1,
+                    at: Timestamp(3),
+                }],
+            )
+            .unwrap();
+    }
+    // The same bytes, at the same keys, in the same order.
+    let records = |j: &Journal, task: &str| -> Vec<(u64, u64, Vec<u8>)> {
+        j.read_stream(task, 0)
+            .map(|r| {
+                let r = r.unwrap();
+                (r.position, r.seq, r.digest.0.to_vec())
+            })
+            .collect()
+    };
+    for task in ["a", "b"] {
+        assert_eq!(records(&rocks, task), records(&pg, task), "task {task}");
+    }
+    let ids = |j: &Journal| -> Vec<String> { j.task_ids().map(Result::unwrap).collect() };
+    assert_eq!(ids(&pg), ["a", "b"]);
+    assert_eq!(ids(&rocks), ids(&pg));
+    let live = |j: &Journal| -> Vec<String> { j.live_tasks().map(Result::unwrap).collect() };
+    assert_eq!(live(&pg), ["b"]);
+    let commits = |j: &Journal| -> Vec<(String, u64)> {
+        j.commits(1)
+            .map(|c| {
+                let c = c.unwrap();
+                (c.task, c.record.seq)
+            })
+            .collect()
+    };
+    assert_eq!(commits(&rocks), commits(&pg));
+    assert_eq!(pg.last_seq().unwrap(), 6);
+    assert_eq!(pg.outbox_len().unwrap(), 1);
+    let head = pg.head("a").unwrap().unwrap();
+    assert_eq!((head.next_position, head.terminal), (4, true));
+    assert_eq!(
+        pg.task_ids_from(Some("a"))
+            .map(Result::unwrap)
+            .collect::<Vec<_>>(),
+        ["b"]
+    );
+    assert_eq!(
+        pg.raw_record("b", 0).unwrap(),
+        rocks.raw_record("b", 0).unwrap()
+    );
+    assert!(pg.location().contains("schema"));
+    assert!(!pg.location().contains("password"));
+}
+
+#[test]
+fn a_reopened_journal_and_a_reader_see_everything() {
+    let Some(url) = url("reopen") else {
+        return;
+    };
+    {
+        let pg = open(&url);
+        for i in 0..50 {
+            let task = format!("t{i:02}");
+            pg.append(&task, 0, &[created(&task), update(i)]).unwrap();
+        }
+    }
+    let pg = open(&url);
+    assert_eq!(pg.task_ids().count(), 50);
+    pg.append("t00", 2, &[completed()]).unwrap();
+    assert_eq!(pg.last_seq().unwrap(), 101);
+    let reader = Journal::open_postgres_read_only(&url).unwrap();
+    assert!(reader.is_read_only());
+    assert_eq!(reader.live_tasks().count(), 49);
+    assert!(matches!(
+        reader.append("t01", 2, &[completed()]),
+        Err(Error::ReadOnly)
+    ));
+    // Pages of the scans: a stream longer than a first page reads whole and in order.
+    for i in 0..200 {
+        pg.append(
+            "long",
+            i,
+            &[if i == 0 { created("long") } else { update(i) }],
+        )
+        .unwrap();
+    }
+    let positions: Vec<u64> = reader
+        .read_stream("long", 0)
+        .map(|r| r.unwrap().position)
+        .collect();
+    assert_eq!(positions, (0..200).collect::<Vec<_>>());
+}
+
+#[test]
+fn two_nodes_racing_for_one_position_exactly_one_wins() {
+    let Some(url) = url("race") else {
+        return;
+    };
+    let nodes = [open(&url), open(&url)];
+    nodes[0].append("t", 0, &[created("t")]).unwrap();
+    for round in 1..=100u64 {
+        let barrier = Arc::new(Barrier::new(2));
+        let outcomes: Vec<_> = nodes
+            .iter()
+            .map(|node| {
+                let node = node.clone();
+                let barrier = Arc::clone(&barrier);
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    node.append("t", round, &[update(round)])
+                })
+            })
+            .collect::<Vec<_>>()
+            .into_iter()
+            .map(|h| h.join().unwrap())
+            .collect();
+        let won = outcomes.iter().filter(|o| o.is_ok()).count();
+        assert_eq!(won, 1, "round {round}: {outcomes:?}");
+        let lost = outcomes.iter().find(|o| o.is_err()).unwrap();
+        assert!(
+            matches!(lost, Err(Error::Conflict { expected, actual, .. }) if *expected == round && *actual == round + 1),
+            "round {round}: {lost:?}"
+        );
+    }
+    // Every record verifies (chain and CRC) and the stream has no gap.
+    let reader = Journal::open_postgres_read_only(&url).unwrap();
+    let positions: Vec<u64> = reader
+        .read_stream("t", 0)
+        .map(|r| r.unwrap().position)
+        .collect();
+    assert_eq!(positions, (0..=100).collect::<Vec<_>>());
+}
+
+#[test]
+fn sequences_across_nodes_are_dense_and_in_commit_order() {
+    let Some(url) = url("order") else {
+        return;
+    };
+    let nodes: Vec<Journal> = (0..3).map(|_| open(&url)).collect();
+    let threads: Vec<_> = nodes
+        .iter()
+        .enumerate()
+        .flat_map(|(n, node)| {
+            (0..4).map(move |w| {
+                let node = node.clone();
+                std::thread::spawn(move || {
+                    let task = format!("n{n}w{w}");
+                    node.append(&task, 0, &[created(&task)]).unwrap();
+                    for i in 1..40 {
+                        node.append(&task, i, &[update(i)]).unwrap();
+                    }
+                })
+            })
+        })
+        .collect();
+    // A reader following the commit order while they write never sees a gap.
+    let reader = Journal::open_postgres_read_only(&url).unwrap();
+    let mut next = 1;
+    while threads.iter().any(|t| !t.is_finished()) {
+        for c in reader.commits(next) {
+            let c = c.unwrap();
+            assert_eq!(c.record.seq, next, "a reader skipped a sequence");
+            next += 1;
+        }
+    }
+    for t in threads {
+        t.join().unwrap();
+    }
+    let all: Vec<u64> = reader.commits(1).map(|c| c.unwrap().record.seq).collect();
+    assert_eq!(all, (1..=3 * 4 * 40).collect::<Vec<_>>());
+    let types: usize = reader
+        .commits(1)
+        .filter(|c| c.as_ref().unwrap().record.event.event_type() == EventType::Created)
+        .count();
+    assert_eq!(types, 12);
+}
+
+#[test]
+fn a_newer_schema_is_refused_with_both_versions() {
+    let Some(url) = url("newer") else {
+        return;
+    };
+    drop(open(&url));
+    let schema = url.rsplit_once("schema=").unwrap().1.to_owned();
+    let base = url.split_once('?').unwrap().0.to_owned();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let (client, conn) = tokio_postgres::connect(&base, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        client
+            .batch_execute(&format!(
+                "INSERT INTO \"{schema}\".dtask_schema (version) VALUES (99)"
+            ))
+            .await
+            .unwrap();
+    });
+    let refused = Journal::open_postgres(&url, JournalOptions::default());
+    assert!(
+        matches!(
+            refused,
+            Err(Error::UnsupportedSchema {
+                found: 99,
+                supported: 1
+            })
+        ),
+        "{refused:?}"
+    );
+    assert!(Journal::open_postgres_read_only(&url).is_err());
+}
+
+#[test]
+fn an_unreachable_database_is_named_in_the_error() {
+    // Nothing listens on port 1 of loopback.
+    let refused = Journal::open_postgres(
+        "postgres://nobody@127.0.0.1:1/nothing",
+        JournalOptions::default(),
+    );
+    let message = refused.unwrap_err().to_string();
+    assert!(message.contains("127.0.0.1:1"), "{message}");
+    assert!(message.contains("cannot connect"), "{message}");
+    let malformed =
+        Journal::open_postgres("postgres://host:notaport/db", JournalOptions::default());
+    assert!(
+        matches!(malformed, Err(Error::InvalidLocation(_))),
+        "{malformed:?}"
+    );
+}
+
+#[test]
+fn buffered_durability_and_linked_appends_work_the_same() {
+    let Some(url) = url("linked") else {
+        return;
+    };
+    let pg = Journal::open_postgres(
+        &url,
+        JournalOptions::default().with_durability(Durability::Buffered),
+    )
+    .unwrap();
+    pg.append("p", 0, &[created("p")]).unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        pg.append_linked_async("c", 0, &[created("c")], &[("p", 1, &[update(1)])])
+            .await
+            .unwrap();
+        // A stale part fails the whole append: neither stream moves.
+        let stale = pg
+            .append_linked_async("c", 1, &[update(2)], &[("p", 1, &[update(3)])])
+            .await;
+        assert!(matches!(stale, Err(Error::Conflict { .. })), "{stale:?}");
+    });
+    assert_eq!(pg.stream_len("p").unwrap(), Some(2));
+    assert_eq!(pg.stream_len("c").unwrap(), Some(1));
+}
