@@ -1333,3 +1333,93 @@ fn g3_records_round_trip_and_show() {
         .assert()
         .success();
 }
+
+/// A fresh schema of the test database, or `None` (and a loud line) without one.
+fn pg_url(name: &str) -> Option<String> {
+    let Ok(base) = std::env::var("DTASK_TEST_PG_URL") else {
+        eprintln!("SKIPPED {name}: DTASK_TEST_PG_URL is not set (./dev test sets it)");
+        return None;
+    };
+    let sep = if base.contains('?') { '&' } else { '?' };
+    Some(format!(
+        "{base}{sep}schema=cli{}_{name}",
+        std::process::id()
+    ))
+}
+
+fn dtask_at(journal: &str) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dtask"));
+    cmd.env_remove("DTASK_JOURNAL")
+        .arg("--journal")
+        .arg(journal);
+    cmd
+}
+
+#[test]
+fn a_postgres_journal_runs_the_demo_and_moves_between_backends_bit_exact() {
+    let (Some(pg), Some(back)) = (pg_url("demo"), pg_url("back")) else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    Command::new(env!("CARGO_BIN_EXE_dtask"))
+        .env_remove("DTASK_JOURNAL")
+        .args(["demo", &pg])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("audit: clean (8 tasks"))
+        .stdout(predicate::str::contains("a shared journal at PostgreSQL"));
+    dtask_at(&pg)
+        .arg("verify")
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(": clean"));
+    dtask_at(&pg)
+        .arg("tasks")
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("agent-1/backup"));
+    let from_pg = tmp.path().join("pg.jsonl");
+    dtask_at(&pg)
+        .args(["export", "-o"])
+        .arg(&from_pg)
+        .assert()
+        .success();
+    // PostgreSQL -> RocksDB -> PostgreSQL: every export the same bytes.
+    let dir = tmp.path().join("journal");
+    dtask(&dir).arg("import").arg(&from_pg).assert().success();
+    let from_rocks = tmp.path().join("rocks.jsonl");
+    dtask(&dir)
+        .args(["export", "-o"])
+        .arg(&from_rocks)
+        .assert()
+        .success();
+    dtask_at(&back)
+        .arg("import")
+        .arg(&from_rocks)
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("every digest and CRC matches"));
+    let from_back = tmp.path().join("back.jsonl");
+    dtask_at(&back)
+        .args(["export", "-o"])
+        .arg(&from_back)
+        .assert()
+        .success();
+    let read = |p: &Path| std::fs::read(p).unwrap();
+    assert_eq!(read(&from_pg), read(&from_rocks));
+    assert_eq!(read(&from_pg), read(&from_back));
+    // Importing into a journal that holds records is refused, and changes nothing.
+    dtask_at(&back)
+        .arg("import")
+        .arg(&from_rocks)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("is not empty"));
+    dtask_at(&back).arg("verify").assert().success();
+    // An unreachable database is named, with the cause.
+    dtask_at("postgres://nobody@127.0.0.1:1/none")
+        .arg("tasks")
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("127.0.0.1:1"));
+}

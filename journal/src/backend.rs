@@ -306,6 +306,13 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Gives up the writer lock taken by [`Backend::lock_for_write`] without writing.
     fn unlock_write(&self) {}
+
+    /// For a shared store: a watermark of the last sequence any process committed, moved as
+    /// their commits are announced. `None` (the default) where this process is the only
+    /// writer and its own durable watermark says it all.
+    fn watch_commits(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
+    }
 }
 
 /// How a RocksDB journal is opened.

@@ -299,6 +299,14 @@ impl Journal {
         self.inner.backend.read_only()
     }
 
+    /// Whether other processes may write this journal too (a PostgreSQL journal): a reader's
+    /// view moves under it, and a store over it follows the commits
+    /// (`TaskStore::spawn_follower`).
+    #[must_use]
+    pub fn is_shared(&self) -> bool {
+        self.inner.backend.is_shared()
+    }
+
     fn prepare(&self, task: &str, events: &[Event]) -> Result<Vec<EncodedEvent>> {
         let opts = &self.inner.options;
         if !keys::is_valid_task_id(task) {
@@ -470,10 +478,15 @@ impl Journal {
 
     /// A receiver of the durable watermark ([`Journal::durable_seq`]): it changes each time a
     /// sync makes more records durable, so a reader of the commits (a server's stream, a
-    /// tail) can wait for new records instead of polling. It never changes on a read-only or
-    /// follower journal, whose records another process writes.
+    /// tail, another node's store) can wait for new records instead of polling. On a
+    /// PostgreSQL journal it is the last sequence committed by **any** process (announced
+    /// with `NOTIFY`, read again every second). It never changes on a read-only or follower
+    /// RocksDB journal, whose records another process writes.
     pub fn watch_durable(&self) -> watch::Receiver<u64> {
-        self.inner.shared.watch_durable()
+        self.inner
+            .backend
+            .watch_commits()
+            .unwrap_or_else(|| self.inner.shared.watch_durable())
     }
 
     /// The head of `task`'s stream (read off its last record), or `None` for an unknown task.

@@ -110,6 +110,18 @@ struct Inner {
     idle: Notify,
     ready: Notify,
     first_error: Mutex<Option<String>>,
+    /// The store's follower of a shared journal, stopped with the manager (held for its
+    /// drop).
+    _follower: Option<Follower>,
+}
+
+/// A background task aborted when dropped.
+struct Follower(tokio::task::JoinHandle<()>);
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Runs tasks of registered executors on a [`TaskStore`]. Cheap to clone.
@@ -153,9 +165,17 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 impl Manager {
     /// A manager over `store` routing to `registry`'s executors.
     #[must_use]
+    ///
+    /// On a shared journal (PostgreSQL) the manager also starts the store's follower
+    /// ([`TaskStore::spawn_follower`], when called inside a Tokio runtime), so that tasks
+    /// created by other processes reach this one's executors.
     pub fn new(store: TaskStore, registry: ExecutorRegistry, config: ManagerConfig) -> Self {
+        let follower = (store.journal().is_shared()
+            && tokio::runtime::Handle::try_current().is_ok())
+        .then(|| Follower(store.spawn_follower()));
         Self {
             inner: Arc::new(Inner {
+                _follower: follower,
                 store,
                 registry,
                 config,

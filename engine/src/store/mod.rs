@@ -11,6 +11,7 @@ mod config;
 mod cursor;
 pub(crate) mod decide;
 mod error;
+mod follow;
 mod mailbox;
 mod outbox;
 mod request;
@@ -197,6 +198,8 @@ struct Inner {
     repaired: Option<LiveRepair>,
     /// What the store counts of what it did not append.
     counters: Counters,
+    /// The last global sequence [`TaskStore::refresh`] has looked at.
+    seen: AtomicU64,
 }
 
 /// What a store did without appending, counted since it was opened (the journal holds the
@@ -390,12 +393,15 @@ impl TaskStore {
         repaired: Option<LiveRepair>,
     ) -> Self {
         tracing::debug!(live = index.slots.len(), "task store opened");
+        // Everything up to the journal's tail at its open is in what the recovery folded.
+        let journal_seen = journal.durable_seq();
         Self {
             inner: Arc::new(Inner {
                 journal,
                 clock,
                 config,
                 counters: Counters::default(),
+                seen: AtomicU64::new(journal_seen),
                 index: Mutex::new(index),
                 outbox: Mutex::new(outbox::Leases::new()),
                 pending_epoch: watch::Sender::new(0),

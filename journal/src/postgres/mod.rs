@@ -19,6 +19,7 @@
 
 pub mod admin;
 mod conn;
+mod listen;
 pub(crate) mod rows;
 pub mod schema;
 pub(crate) mod write;
@@ -155,6 +156,9 @@ pub struct PgBackend {
     /// Whether the writer's connection holds the writer lock (a batch is open).
     locked: AtomicBool,
     read_only: bool,
+    /// How connections are opened (for the listener, started on first use).
+    target: Target,
+    listener: std::sync::OnceLock<Option<listen::Listener>>,
 }
 
 impl std::fmt::Debug for PgBackend {
@@ -195,7 +199,7 @@ impl PgBackend {
         let writer = if read_only {
             None
         } else {
-            Some(Conn::open(target, "writer")?)
+            Some(Conn::open(target.clone(), "writer")?)
         };
         Ok(Self {
             location,
@@ -204,6 +208,8 @@ impl PgBackend {
             writer,
             locked: AtomicBool::new(false),
             read_only,
+            target,
+            listener: std::sync::OnceLock::new(),
         })
     }
 
@@ -256,6 +262,33 @@ impl PgBackend {
             })
         })?;
         rows.iter().map(|row| to_pair(space, row)).collect()
+    }
+}
+
+impl PgBackend {
+    /// The `NOTIFY` of a batch that moves the tail: other processes' listeners hear of it
+    /// when it commits.
+    fn notice(&self, ops: &[BatchOp]) -> Option<write::Statement> {
+        let last_seq = ops.iter().find_map(|op| match op {
+            BatchOp::Put {
+                space: Space::Meta,
+                key,
+                value,
+            } if key.as_slice() == crate::keys::META_TAIL => {
+                crate::tail::Tail::decode(value).ok().map(|t| t.last_seq)
+            }
+            _ => None,
+        })?;
+        Some((
+            "SELECT pg_notify($1, $2)",
+            vec![
+                (Box::new(listen::CHANNEL.to_owned()), Type::TEXT),
+                (
+                    Box::new(listen::payload(&self.location.schema, last_seq)),
+                    Type::TEXT,
+                ),
+            ],
+        ))
     }
 }
 
@@ -361,7 +394,9 @@ impl Backend for PgBackend {
         }
         // A write outside the writer's batches (the format stamp, a repair) takes the writer
         // lock too: no writer of another process runs beside it.
-        let statements = statements(ops)?;
+        let notice = self.notice(&ops);
+        let mut statements = statements(ops)?;
+        statements.extend(notice);
         self.reader().call(move |client| {
             Box::pin(async move {
                 client
@@ -375,7 +410,9 @@ impl Backend for PgBackend {
     fn write_locked(&self, ops: Vec<BatchOp>) -> Result<()> {
         let writer = self.writer.as_ref().ok_or(Error::ReadOnly)?;
         self.locked.store(false, Ordering::Release);
-        let statements = statements(ops)?;
+        let notice = self.notice(&ops);
+        let mut statements = statements(ops)?;
+        statements.extend(notice);
         writer.call(move |client| {
             Box::pin(async move { write_and_commit(&client, statements).await })
         })
@@ -470,6 +507,13 @@ impl Backend for PgBackend {
         })?;
         self.locked.store(true, Ordering::Release);
         Ok(Some(tail))
+    }
+
+    fn watch_commits(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.listener
+            .get_or_init(|| listen::start(self.target.clone()).ok())
+            .as_ref()
+            .map(|l| l.watermark.clone())
     }
 
     fn unlock_write(&self) {

@@ -1,0 +1,118 @@
+//! Following what other processes commit to a shared journal (PostgreSQL).
+//!
+//! A store's memory is a cache of the journal. On an embedded journal this process is the
+//! only writer, so the cache is always current. When several processes share one database,
+//! each store follows the global commit order: [`TaskStore::refresh`] reads the records
+//! committed since it last looked and brings its memory up to them — a task created
+//! elsewhere joins the pending index (so this process's workers can claim it), a task
+//! changed elsewhere is folded forward (so waiters wake and the lease index is right). Its
+//! own records come back too and are skipped (the task has folded them already).
+//!
+//! The cache is never trusted for a write: every append names the stream's expected
+//! position and the database refuses a stale one; the store then folds the task again from
+//! the journal and reports [`StoreError::VersionConflict`]. Following only makes a node's
+//! reads fresh and its claims find work sooner.
+
+use super::{Placement, Result, StoreError, TaskStore};
+use dtask_journal::{Committed, Record};
+use dtask_replay::{load_task, Status};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// Records read per refresh step.
+const STEP: usize = 4096;
+
+/// How often a follower looks without being woken.
+const POLL: Duration = Duration::from_secs(1);
+
+impl TaskStore {
+    /// Applies to this store's memory every record committed to the journal since the last
+    /// refresh, by any process; returns how many were read. A no-op in effect on an embedded
+    /// journal (every record read is this store's own).
+    ///
+    /// # Errors
+    /// [`StoreError::Journal`] when the journal cannot be read, [`StoreError::Replay`] when a
+    /// task changed elsewhere does not fold.
+    pub async fn refresh(&self) -> Result<usize> {
+        let mut read = 0;
+        loop {
+            let from = self.inner.seen.load(Ordering::Acquire) + 1;
+            let journal = self.journal().clone();
+            let commits = journal
+                .commits(from)
+                .take(STEP)
+                .collect::<std::result::Result<Vec<Committed>, _>>()?;
+            let n = commits.len();
+            for c in commits {
+                self.apply_committed(&c.task, &c.record).await?;
+                self.inner.seen.fetch_max(c.record.seq, Ordering::AcqRel);
+            }
+            read += n;
+            if n < STEP {
+                return Ok(read);
+            }
+        }
+    }
+
+    /// Brings the task of `record` up to it.
+    async fn apply_committed(&self, id: &str, record: &Record) -> Result<()> {
+        let held = self.index().slots.get(id).cloned();
+        let Some(slot) = held else {
+            if record.position == 0 {
+                // Created elsewhere: load it (with whatever followed) and index it.
+                let slot = match self.slot(id) {
+                    Ok(slot) => slot,
+                    Err(StoreError::NotFound(_)) => return Ok(()),
+                    Err(e) => return Err(e),
+                };
+                if slot.task.lock().await.state.status == Status::Pending {
+                    self.inner
+                        .pending_epoch
+                        .send_modify(|e| *e = e.wrapping_add(1));
+                }
+            }
+            // Otherwise a task this store does not hold: read on demand when asked for.
+            return Ok(());
+        };
+        let mut task = slot.task.lock().await;
+        let position = task.state.position;
+        if record.position < position {
+            return Ok(());
+        }
+        let before = Placement::of(&task.state);
+        if record.position > position || task.apply(&record.event).is_err() {
+            // A gap (records this store never saw) or a record that does not fold on the
+            // cached state: fold the task again from the journal.
+            *task = load_task(self.journal(), id)?.ok_or_else(|| StoreError::task_not_found(id))?;
+        }
+        self.publish_change(&slot, &task, &before);
+        Ok(())
+    }
+
+    /// Follows the journal in the background: [`TaskStore::refresh`] each time the journal
+    /// announces new commits ([`dtask_journal::Journal::watch_durable`]: on PostgreSQL, any
+    /// process's) and at least every second. What a store on a shared journal runs so that
+    /// its reads are fresh and its workers find tasks created elsewhere; the
+    /// [`crate::Manager`] starts one by itself on a shared journal.
+    pub fn spawn_follower(&self) -> tokio::task::JoinHandle<()> {
+        let store = self.clone();
+        tokio::spawn(async move {
+            let mut announced = store.journal().watch_durable();
+            loop {
+                match store.refresh().await {
+                    Ok(n) if n > 0 => tracing::trace!(records = n, "followed the journal"),
+                    Ok(_) => {}
+                    Err(error) => tracing::warn!(%error, "following the journal failed"),
+                }
+                tokio::select! {
+                    changed = announced.changed() => {
+                        if changed.is_err() {
+                            tokio::time::sleep(POLL).await;
+                        }
+                    }
+                    () = tokio::time::sleep(POLL) => {}
+                }
+            }
+        })
+    }
+}
