@@ -63,6 +63,7 @@ async fn serve(global: &Global, args: &Args) -> Result<()> {
     }
     let mut scratch = None;
     let mut sweeper = None;
+    let mut follower = None;
     let at = global.at()?;
     let (server, mode) = if args.read_only {
         let tmp = tempfile::Builder::new()
@@ -81,6 +82,10 @@ async fn serve(global: &Global, args: &Args) -> Result<()> {
             );
         }
         sweeper = Some(store.spawn_sweeper(Duration::from_secs(1)));
+        if store.journal().is_shared() {
+            // Other processes write this journal too: follow their commits.
+            follower = Some(store.spawn_follower());
+        }
         (Server::owner(store, None, config), "owner")
     };
     let listener = tokio::net::TcpListener::bind(args.listen)
@@ -101,8 +106,8 @@ async fn serve(global: &Global, args: &Args) -> Result<()> {
             }
         })
         .await;
-    if let Some(sweeper) = sweeper {
-        sweeper.abort();
+    for task in [sweeper, follower].into_iter().flatten() {
+        task.abort();
     }
     eprintln!("dtask serve: stopped");
     if let Some(scratch) = scratch {
