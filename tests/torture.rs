@@ -149,3 +149,46 @@ fn the_journal_flag_is_refused() {
     assert!(stderr.contains("--dir"), "{stderr}");
     assert!(output.stdout.is_empty());
 }
+
+#[test]
+fn three_nodes_on_one_postgres_journal_take_over_each_others_tasks() {
+    let Ok(base) = std::env::var("DTASK_TEST_PG_URL") else {
+        eprintln!("SKIPPED three_nodes_on_one_postgres_journal: DTASK_TEST_PG_URL is not set");
+        return;
+    };
+    let sep = if base.contains('?') { '&' } else { '?' };
+    let url = format!("{base}{sep}schema=torture{}", std::process::id());
+    let (code, summary, stderr) = torture(&[
+        "--seed",
+        "20261202",
+        "--kills",
+        "9",
+        "--postgres",
+        &url,
+        "--nodes",
+        "3",
+    ]);
+    assert_eq!(code, Some(0), "summary: {summary:#}\nstderr: {stderr}");
+    assert_eq!(summary["violations"], Value::Array(vec![]), "{summary:#}");
+    assert_eq!(summary["nodes"], 3);
+    assert!(summary["sigkills"].as_u64().unwrap() >= 9, "{summary:#}");
+    // Tasks of killed nodes were taken over: some took more than one attempt, and every
+    // side effect in the ledger happened once (the checker proves it; a duplicate is a
+    // violation above).
+    assert!(
+        summary["max_attempts"].as_u64().unwrap() >= 2,
+        "{summary:#}"
+    );
+    assert!(summary["side_effects"].as_u64().unwrap() > 0, "{summary:#}");
+    let by_status = summary["by_status"].as_object().unwrap();
+    for status in by_status.keys() {
+        assert!(
+            ["completed", "failed", "canceled"].contains(&status.as_str()),
+            "a task ended {status}: {summary:#}"
+        );
+    }
+    // A second run on the same schema is refused: it holds tasks.
+    let (code, _, stderr) = torture(&["--kills", "1", "--postgres", &url, "--nodes", "2"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("holds tasks already"), "{stderr}");
+}

@@ -36,6 +36,9 @@ pub enum BatchOp {
 /// A raw key-value pair read from a backend.
 pub type KeyValue = (Box<[u8]>, Box<[u8]>);
 
+/// A task's last record (key and bytes) and whether it is live; `None` without records.
+pub type LastRecord = Option<(KeyValue, bool)>;
+
 /// An iterator over raw pairs; a storage error ends it.
 pub type RawIter<'a> = Box<dyn Iterator<Item = Result<KeyValue>> + 'a>;
 
@@ -306,6 +309,15 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Gives up the writer lock taken by [`Backend::lock_for_write`] without writing.
     fn unlock_write(&self) {}
+
+    /// The last record (key and bytes) of each of `tasks`, and whether the task is in the
+    /// `live` index — what their heads are read off ([`crate::Head`]) — in one read, for a
+    /// store where each read is a round trip; `None` (the default) where reading them one by
+    /// one costs nothing more. An inner `None` is a task without records.
+    fn last_records(&self, tasks: &[String]) -> Option<Result<Vec<LastRecord>>> {
+        let _ = tasks;
+        None
+    }
 
     /// For a shared store: a watermark of the last sequence any process committed, moved as
     /// their commits are announced. `None` (the default) where this process is the only

@@ -66,6 +66,25 @@ impl Head {
     }
 }
 
+/// The heads of `tasks` (`None` for a task without records), read at once where the backend
+/// can ([`Backend::last_records`]), else one by one.
+///
+/// # Errors
+/// As for [`Head::read`].
+pub(crate) fn read_many(backend: &dyn Backend, tasks: &[String]) -> Result<Vec<Option<Head>>> {
+    let Some(found) = backend.last_records(tasks) else {
+        return tasks.iter().map(|task| Head::read(backend, task)).collect();
+    };
+    tasks
+        .iter()
+        .zip(found?)
+        .map(|(task, last)| match last {
+            None => Ok(None),
+            Some(((key, value), live)) => Head::of_last_record(task, &key, &value, !live).map(Some),
+        })
+        .collect()
+}
+
 /// The key and bytes of `task`'s last record (one reverse seek), `None` when it has none.
 ///
 /// # Errors

@@ -59,7 +59,9 @@ mod tail;
 mod writer;
 
 #[doc(hidden)]
-pub use backend::{prefix_end, Backend, BatchOp, Cursor, KeyValue, Range, RawIter, RocksBackend};
+pub use backend::{
+    prefix_end, Backend, BatchOp, Cursor, KeyValue, LastRecord, Range, RawIter, RocksBackend,
+};
 #[doc(hidden)]
 pub use bulk::{RawRecords, RawStream, Records, StreamScanner};
 pub use error::{CorruptionKind, Error, Limit, Result, StorageError};

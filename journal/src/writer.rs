@@ -644,6 +644,52 @@ impl Writer {
         Ok(())
     }
 
+    /// Reads, in one go, the heads of the batch's tasks this writer does not hold: on a
+    /// shared store each read is a round trip, made while the writer lock is held.
+    fn prefetch_heads(&mut self, batch: &[AppendJob]) -> Result<()> {
+        let mut missing: Vec<String> = batch
+            .iter()
+            .flat_map(|job| {
+                std::iter::once(job.task.as_str()).chain(job.linked.iter().map(|p| p.task.as_str()))
+            })
+            .filter(|task| !self.heads.contains_key(*task))
+            .map(str::to_owned)
+            .collect();
+        missing.sort_unstable();
+        missing.dedup();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let heads = crate::head::read_many(self.backend.as_ref(), &missing)?;
+        for (task, head) in missing.into_iter().zip(heads) {
+            let _ = self.shared.take_primed(&task);
+            self.heads.insert(task, head.unwrap_or_default());
+        }
+        Ok(())
+    }
+
+    /// Turns the backend's compactions on before the first write: recovery's reads are over
+    /// once the first append comes.
+    fn start_compactions(&mut self) {
+        if !self.compacting {
+            if let Err(e) = self.backend.start_compactions() {
+                tracing::warn!(error = %e, "cannot turn the journal's compactions on");
+            }
+            self.compacting = true;
+        }
+    }
+
+    /// [`Writer::prefetch_heads`], failing the batch when it fails; whether it went on.
+    fn prefetched(&mut self, batch: &mut Vec<AppendJob>) -> bool {
+        match self.prefetch_heads(batch) {
+            Ok(()) => true,
+            Err(e) => {
+                fail_jobs(batch, &e);
+                false
+            }
+        }
+    }
+
     fn commit(&mut self, batch: &mut Vec<AppendJob>, queued: usize) -> Option<Written> {
         if self.refuse_if_stopped(batch) {
             return None;
@@ -652,13 +698,7 @@ impl Writer {
             Ok(locked) => locked,
             Err(e) => {
                 tracing::error!(error = %e, "cannot take the journal's writer lock");
-                let storage = match e {
-                    Error::Storage(storage) => storage,
-                    e => StorageError::new(e.to_string()),
-                };
-                for job in batch.drain(..) {
-                    let _ = job.reply.send(Err(Error::Storage(storage.clone())));
-                }
+                fail_jobs(batch, &e);
                 return None;
             }
         };
@@ -678,6 +718,9 @@ impl Writer {
         if !self.compacting {
             // The first batch: from here on a head read elsewhere may be stale.
             self.shared.close_priming();
+        }
+        if locked && !self.prefetched(batch) {
+            return None;
         }
         let mut seq = self.next_seq;
         let mut ops = Vec::with_capacity(batch.len() * 4 + 1);
@@ -730,13 +773,7 @@ impl Writer {
             fail(accepted, || Error::storage(message.clone()));
             return None;
         }
-        if !self.compacting {
-            // Recovery's reads are over once the first append comes: compactions may start.
-            if let Err(e) = self.backend.start_compactions() {
-                tracing::warn!(error = %e, "cannot turn the journal's compactions on");
-            }
-            self.compacting = true;
-        }
+        self.start_compactions();
         let observed = self.shared.observer().map(|observer| {
             let records = usize::try_from(seq - self.next_seq).unwrap_or(usize::MAX);
             let batch = BatchWritten {
@@ -778,6 +815,17 @@ impl Writer {
             last_seq: seq - 1,
             acks: accepted,
         })
+    }
+}
+
+/// Fails every job of `batch` with a storage error naming `error`.
+fn fail_jobs(batch: &mut Vec<AppendJob>, error: &Error) {
+    let storage = match error {
+        Error::Storage(storage) => storage.clone(),
+        e => StorageError::new(e.to_string()),
+    };
+    for job in batch.drain(..) {
+        let _ = job.reply.send(Err(Error::Storage(storage.clone())));
     }
 }
 

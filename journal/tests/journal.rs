@@ -752,8 +752,20 @@ fn an_observer_is_told_every_batch_sync_and_acknowledgement() {
     let stale = journal.append("a", 1, &[update(3)]);
     assert!(matches!(stale, Err(Error::Conflict { .. })));
 
+    // The stale append formed a batch of its own and wrote nothing: reported (just after its
+    // caller was answered), not synced.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while recorder
+        .batches
+        .lock()
+        .unwrap()
+        .iter()
+        .all(|b| b.conflicts == 0)
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::yield_now();
+    }
     let batches = recorder.batches.lock().unwrap().clone();
-    // The stale append formed a batch of its own and wrote nothing: reported, not synced.
     assert_eq!(batches.iter().map(|b| b.appends).sum::<usize>(), 2);
     assert_eq!(batches.iter().map(|b| b.conflicts).sum::<usize>(), 1);
     let written = batches.iter().filter(|b| b.appends > 0).count();

@@ -24,7 +24,7 @@ pub(crate) mod rows;
 pub mod schema;
 pub(crate) mod write;
 
-use crate::backend::{Backend, BatchOp, KeyValue, Range, RawIter};
+use crate::backend::{Backend, BatchOp, KeyValue, LastRecord, Range, RawIter};
 use crate::error::{Error, Result};
 use crate::keys::Space;
 use crate::options::Durability;
@@ -507,6 +507,45 @@ impl Backend for PgBackend {
         })?;
         self.locked.store(true, Ordering::Release);
         Ok(Some(tail))
+    }
+
+    fn last_records(&self, tasks: &[String]) -> Option<Result<Vec<LastRecord>>> {
+        let names = tasks.to_vec();
+        let found = self.reader().call(move |client| {
+            Box::pin(async move {
+                client
+                    .query_typed(
+                        "SELECT t.task, r.position, r.record, l.task IS NOT NULL \
+                         FROM unnest($1::text[]) WITH ORDINALITY AS t(task, i) \
+                         LEFT JOIN LATERAL (SELECT position, record FROM dtask_records \
+                             WHERE task = t.task ORDER BY position DESC LIMIT 1) r ON true \
+                         LEFT JOIN dtask_live l ON l.task = t.task \
+                         ORDER BY t.i",
+                        &[(&names, Type::TEXT_ARRAY)],
+                    )
+                    .await
+            })
+        });
+        Some(found.and_then(|rows| {
+            rows.iter()
+                .map(|row| {
+                    let err = |e: tokio_postgres::Error| conn::storage(&e);
+                    let task: String = row.try_get(0).map_err(err)?;
+                    let position: Option<i64> = row.try_get(1).map_err(err)?;
+                    let record: Option<Vec<u8>> = row.try_get(2).map_err(err)?;
+                    let live: bool = row.try_get(3).map_err(err)?;
+                    Ok(position.zip(record).map(|(position, record)| {
+                        (
+                            (
+                                rows::event_key(&task, position).into_boxed_slice(),
+                                record.into_boxed_slice(),
+                            ),
+                            live,
+                        )
+                    }))
+                })
+                .collect()
+        }))
     }
 
     fn watch_commits(&self) -> Option<tokio::sync::watch::Receiver<u64>> {

@@ -10,7 +10,6 @@ use dtask_replay::{
     audit_journal, replay_task, FoldError, Replay, ReplayError, Status, Task, TaskFold,
 };
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::Path;
 
 /// The heads of every task at one moment: (records, last digest).
 pub type Heads = HashMap<String, (u64, Digest)>;
@@ -23,7 +22,16 @@ pub type Heads = HashMap<String, (u64, Digest)>;
 ///
 /// # Errors
 /// I/O errors reading the directory, and any other journal error.
-pub fn open_if_created(path: &Path) -> Result<Option<Journal>> {
+pub fn open_if_created(layout: &Layout) -> Result<Option<Journal>> {
+    if let Some(url) = layout.postgres() {
+        return match Journal::open_postgres_read_only(url) {
+            Ok(journal) => Ok(Some(journal)),
+            Err(JournalError::NotAJournal(_)) => Ok(None),
+            Err(e) => Err(e.into()),
+        };
+    }
+    let path = layout.journal();
+    let path = path.as_path();
     let empty = match std::fs::read_dir(path) {
         Ok(mut entries) => entries.next().is_none(),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
@@ -242,7 +250,7 @@ fn read_task(journal: &Journal, id: &str, findings: &mut Findings) -> Option<See
 /// Journal errors other than damage, and I/O errors reading the logs.
 pub fn check(layout: &Layout) -> Result<Findings> {
     let mut findings = Findings::default();
-    let Some(journal) = open_if_created(&layout.journal())? else {
+    let Some(journal) = open_if_created(layout)? else {
         // No journal: whatever the acknowledgement log names is missing.
         check_acks(layout, &HashMap::new(), &mut findings);
         check_ledger(layout, &HashMap::new(), &mut findings);

@@ -21,7 +21,6 @@ use dtask_engine::{
     ExecutorRegistry, Manager, ManagerConfig, StoreConfig, SystemClock, TaskStore, Worker,
     WorkerConfig,
 };
-use dtask_journal::{Journal, JournalOptions};
 use dtask_replay::Status;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -68,6 +67,9 @@ pub struct Args {
     /// The command of shell tasks (the side effect, which appends the token to the ledger).
     #[arg(long)]
     pub shell_command: String,
+    /// The journal's PostgreSQL URL, when it is not in DIR/journal.
+    #[arg(long)]
+    pub postgres: Option<String>,
 }
 
 /// The append-only acknowledgement log.
@@ -306,10 +308,10 @@ pub fn run(args: &Args) -> Result<()> {
 
 #[allow(clippy::too_many_lines, reason = "the workload reads best as one loop")]
 async fn workload(args: &Args) -> Result<i32> {
-    let layout = Layout::new(&args.dir);
+    let layout = Layout::new(&args.dir, args.postgres.as_deref());
     let acks = Arc::new(Acks::open(&layout.acks())?);
     let lease = Duration::from_millis(args.lease_ms.max(50));
-    let journal = Journal::open(layout.journal(), JournalOptions::default())?;
+    let journal = layout.open_writer()?;
     let store = TaskStore::open(
         journal,
         SystemClock,

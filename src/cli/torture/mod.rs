@@ -71,25 +71,54 @@ pub struct Args {
     /// How long the last child may take to bring every task to a terminal state, in seconds.
     #[arg(long, default_value_t = 120)]
     pub finish_timeout_secs: u64,
+    /// Put the journal on PostgreSQL (`postgres://…?schema=NAME`, a schema without tasks)
+    /// instead of DIR/journal.
+    #[arg(long, value_name = "URL")]
+    pub postgres: Option<String>,
+    /// How many engine processes run at once on the journal (more than one needs
+    /// `--postgres`): each is killed at random and replaced; their tasks are taken over by the
+    /// others once their leases expire.
+    #[arg(long, default_value_t = 1)]
+    pub nodes: u64,
 }
 
-/// The files of a torture directory.
+/// The files of a torture directory, and where its journal is.
 #[derive(Debug, Clone)]
 pub struct Layout {
     root: PathBuf,
+    postgres: Option<String>,
 }
 
 impl Layout {
-    /// The layout under `root`.
-    pub fn new(root: &Path) -> Self {
+    /// The layout under `root`, its journal in `root/journal` or, with `postgres`, in that
+    /// database.
+    pub fn new(root: &Path, postgres: Option<&str>) -> Self {
         Self {
             root: root.to_path_buf(),
+            postgres: postgres.map(str::to_owned),
         }
     }
 
-    /// The journal.
+    /// The journal's directory (when it is not on PostgreSQL).
     pub fn journal(&self) -> PathBuf {
         self.root.join("journal")
+    }
+
+    /// The journal's PostgreSQL URL, if it is there.
+    pub fn postgres(&self) -> Option<&str> {
+        self.postgres.as_deref()
+    }
+
+    /// Opens the journal for writing.
+    ///
+    /// # Errors
+    /// Journal errors.
+    pub fn open_writer(&self) -> Result<dtask_journal::Journal> {
+        let options = dtask_journal::JournalOptions::default();
+        Ok(match &self.postgres {
+            Some(url) => dtask_journal::Journal::open_postgres(url, options)?,
+            None => dtask_journal::Journal::open(self.journal(), options)?,
+        })
     }
 
     /// The shell tool's runs.
@@ -178,6 +207,19 @@ fn validate(args: &Args) -> Result<Option<(String, FailAction)>> {
             args.min_ms, args.max_ms
         )));
     }
+    if args.nodes == 0 || args.nodes > 16 {
+        return Err(CliError::Usage("--nodes must be 1 to 16".into()));
+    }
+    if args.nodes > 1 && args.postgres.is_none() {
+        return Err(CliError::Usage(
+            "--nodes above 1 needs --postgres: an embedded journal has one writer process".into(),
+        ));
+    }
+    if args.nodes > 1 && args.fail_point.is_some() {
+        return Err(CliError::Usage(
+            "--fail-point runs one node at a time: drop --nodes".into(),
+        ));
+    }
     if args.lease_ms < 50 {
         return Err(CliError::Usage("--lease-ms must be at least 50".into()));
     }
@@ -214,6 +256,9 @@ fn reproduce(args: &Args, seed: u64) -> String {
             " --fail-point {point} --fail-action {}",
             args.fail_action
         );
+    }
+    if let Some(url) = &args.postgres {
+        let _ = write!(command, " --postgres '{url}' --nodes {}", args.nodes);
     }
     if args.shell_command != DEFAULT_SHELL_COMMAND {
         let _ = write!(
@@ -253,6 +298,13 @@ fn spawn(
             &args.finish_timeout_secs.to_string(),
         ])
         .args(["--shell-command", &args.shell_command])
+        .args(
+            layout
+                .postgres()
+                .map(|url| ["--postgres", url])
+                .into_iter()
+                .flatten(),
+        )
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(log)
@@ -309,7 +361,7 @@ fn count_hits(path: &Path) -> u64 {
 /// Compares the journal's heads with the last snapshot, then replaces the snapshot. A journal
 /// that no child has created yet has no heads: nothing was acknowledged.
 fn check_heads(layout: &Layout, before: &mut check::Heads, tally: &mut Tally) -> Result<()> {
-    let Some(journal) = check::open_if_created(&layout.journal())? else {
+    let Some(journal) = check::open_if_created(layout)? else {
         tally.violations.extend(
             before
                 .keys()
@@ -433,7 +485,18 @@ fn crash_loop(
             count(tally.runs, "run")
         ));
     }
-    // The finish run: no fail point, no kill; everything must reach a terminal state.
+    finish(layout, args, seed, &mut tally, &mut heads)?;
+    Ok(tally)
+}
+
+/// The finish run: no fail point, no kill; everything must reach a terminal state.
+fn finish(
+    layout: &Layout,
+    args: &Args,
+    seed: u64,
+    tally: &mut Tally,
+    heads: &mut check::Heads,
+) -> Result<()> {
     let run = tally.runs + 1;
     let mut child = spawn(layout, args, run, Rng::derive(seed, run), None, None, true)?;
     let deadline = Instant::now() + Duration::from_secs(args.finish_timeout_secs + 30);
@@ -451,7 +514,79 @@ fn crash_loop(
                 .push("the finish run did not end in time".into());
         }
     }
-    check_heads(layout, &mut heads, &mut tally)?;
+    check_heads(layout, heads, tally)
+}
+
+/// The crash loop with `args.nodes` children at once on one shared journal: whenever one
+/// ends (killed at its random moment, or drained), another starts, until `args.kills`
+/// crashes; the last ones standing are killed too, then a finish run completes everything.
+fn crash_loop_nodes(layout: &Layout, args: &Args, seed: u64) -> Result<Tally> {
+    let mut rng = Rng::new(seed);
+    let mut tally = Tally::default();
+    let mut heads = check::Heads::new();
+    let nodes = usize::try_from(args.nodes).unwrap_or(1);
+    let mut running: Vec<Option<(Child, u64, Instant)>> = (0..nodes).map(|_| None).collect();
+    let max_runs = args.kills * 3 + 10;
+    loop {
+        let enough = tally.crashes() >= args.kills || tally.runs >= max_runs;
+        for slot in &mut running {
+            if slot.is_none() && !enough {
+                tally.runs += 1;
+                let run = tally.runs;
+                let delay = rng.range(args.min_ms, args.max_ms);
+                let child = spawn(layout, args, run, Rng::derive(seed, run), None, None, false)?;
+                *slot = Some((child, run, Instant::now() + Duration::from_millis(delay)));
+            }
+        }
+        if enough && running.iter().all(Option::is_none) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+        for slot in &mut running {
+            let Some((child, run, deadline)) = slot.as_mut() else {
+                continue;
+            };
+            let status = child
+                .try_wait()
+                .map_err(CliError::io("waiting for a child engine"))?;
+            let end = match status {
+                Some(status) => ending(status),
+                None if Instant::now() >= *deadline || enough => {
+                    let _ = child.kill();
+                    child
+                        .wait()
+                        .map_err(CliError::io("waiting for a child engine"))?;
+                    Ending::Killed
+                }
+                None => continue,
+            };
+            let run = *run;
+            match end {
+                Ending::Killed => tally.sigkills += 1,
+                Ending::Drained => tally.drains += 1,
+                Ending::Aborted => tally.aborts += 1,
+                Ending::Panicked => tally.panics += 1,
+                Ending::Failed(code) => tally.violations.push(format!(
+                    "child run {run} exited with {code:?} (see {})",
+                    layout.logs().join(format!("run-{run}.log")).display()
+                )),
+            }
+            *slot = None;
+            check_heads(layout, &mut heads, &mut tally)?;
+            eprintln!(
+                "torture: run {run} ({} nodes): {}; crashes {}/{}",
+                nodes,
+                if end == Ending::Killed {
+                    "SIGKILL"
+                } else {
+                    "ended"
+                },
+                tally.crashes(),
+                args.kills
+            );
+        }
+    }
+    finish(layout, args, seed, &mut tally, &mut heads)?;
     Ok(tally)
 }
 
@@ -498,8 +633,16 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
         temp = Some(dir);
         path
     };
-    let layout = Layout::new(&root);
+    let layout = Layout::new(&root, args.postgres.as_deref());
     layout.create()?;
+    if let Some(url) = &args.postgres {
+        if !super::location::At::Postgres(url.clone()).is_new()? {
+            return Err(CliError::Usage(format!(
+                "{} holds tasks already: the torture run needs a schema of its own",
+                super::location::At::Postgres(url.clone()).display()
+            )));
+        }
+    }
     eprintln!(
         "torture: seed {seed}, {}{}, in {}",
         count(args.kills, "crash"),
@@ -508,7 +651,11 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
             .unwrap_or_default(),
         root.display()
     );
-    let tally = crash_loop(&layout, args, seed, fail.as_ref())?;
+    let tally = if args.nodes > 1 {
+        crash_loop_nodes(&layout, args, seed)?
+    } else {
+        crash_loop(&layout, args, seed, fail.as_ref())?
+    };
     let findings = check::check(&layout)?;
     let mut violations = tally.violations.clone();
     violations.extend(findings.violations.iter().cloned());
@@ -548,6 +695,7 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
             "clean": clean,
             "wall_secs": (wall * 10.0).round() / 10.0,
             "dir": dir_shown,
+            "nodes": args.nodes,
             "reproduce": reproduce,
         }))?;
     } else {
