@@ -81,6 +81,9 @@ fn bad_arguments_are_usage_errors_and_run_nothing() {
         stderr.contains("unknown fail action \"explode\""),
         "{stderr}"
     );
+    let (code, _, stderr) = torture(&["--nodes", "3"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("--nodes above 1 needs --postgres"), "{stderr}");
 }
 
 #[test]

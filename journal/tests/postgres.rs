@@ -340,3 +340,86 @@ fn buffered_durability_and_linked_appends_work_the_same() {
     assert_eq!(pg.stream_len("p").unwrap(), Some(2));
     assert_eq!(pg.stream_len("c").unwrap(), Some(1));
 }
+
+/// Runs `sql` on the test database (outside any journal).
+fn admin(sql: &str) {
+    let base = std::env::var("DTASK_TEST_PG_URL").unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let (client, conn) = tokio_postgres::connect(&base, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        client.batch_execute(sql).await.unwrap();
+    });
+}
+
+#[test]
+fn connections_cut_under_load_fail_typed_and_lose_nothing_acknowledged() {
+    let Some(url) = url("cut") else {
+        return;
+    };
+    let schema = url.rsplit_once("schema=").unwrap().1.to_owned();
+    let journal = open(&url);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers: Vec<_> = (0..6)
+        .map(|w| {
+            let journal = journal.clone();
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                let task = format!("w{w}");
+                let mut acknowledged = Vec::new();
+                let mut failed = 0;
+                let mut i = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    // Where the stream really is: an append that failed may have committed.
+                    let Ok(position) = journal.stream_len(&task).map(Option::unwrap_or_default)
+                    else {
+                        failed += 1;
+                        continue;
+                    };
+                    let event = if position == 0 { created(&task) } else { update(i) };
+                    i += 1;
+                    match journal.append(&task, position, &[event]) {
+                        Ok(_) => acknowledged.push(position),
+                        Err(Error::Storage(_) | Error::Conflict { .. }) => failed += 1,
+                        Err(other) => panic!("an untyped failure: {other:?}"),
+                    }
+                }
+                (task, acknowledged, failed)
+            })
+        })
+        .collect();
+    // The server drops every connection of this journal, five times, as a restart would.
+    for _ in 0..5 {
+        std::thread::sleep(std::time::Duration::from_millis(150));
+        admin(&format!(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE application_name = 'dtask:{schema}'"
+        ));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let mut failures = 0;
+    let reader = Journal::open_postgres_read_only(&url).unwrap();
+    for writer in writers {
+        let (task, acknowledged, failed) = writer.join().unwrap();
+        failures += failed;
+        // Every acknowledged append is there, and the stream verifies (CRC and chain).
+        let positions: Vec<u64> = reader
+            .read_stream(&task, 0)
+            .map(|r| r.unwrap().position)
+            .collect();
+        assert!(!acknowledged.is_empty(), "{task} never appended");
+        for position in &acknowledged {
+            assert!(positions.contains(position), "{task}@{position} lost");
+        }
+    }
+    assert!(failures > 0, "no append saw a connection cut");
+    // The journal goes on after the cuts.
+    let len = journal.stream_len("w0").unwrap().unwrap();
+    journal.append("w0", len, &[update(999_999)]).unwrap();
+}

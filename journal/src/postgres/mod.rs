@@ -86,9 +86,14 @@ impl PgLocation {
         } else {
             format!("{base}?{}", kept.join("&"))
         };
-        let config: tokio_postgres::Config = url
+        let mut config: tokio_postgres::Config = url
             .parse()
             .map_err(|e| Error::InvalidLocation(format!("not a PostgreSQL URL: {e}")))?;
+        if config.get_application_name().is_none() {
+            // Names the journal's connections in `pg_stat_activity`.
+            let name: String = format!("dtask:{schema}").chars().take(63).collect();
+            config.application_name(name);
+        }
         let hosts: Vec<String> = config
             .get_hosts()
             .iter()
