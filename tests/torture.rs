@@ -83,7 +83,10 @@ fn bad_arguments_are_usage_errors_and_run_nothing() {
     );
     let (code, _, stderr) = torture(&["--nodes", "3"]);
     assert_eq!(code, Some(2), "{stderr}");
-    assert!(stderr.contains("--nodes above 1 needs --postgres"), "{stderr}");
+    assert!(
+        stderr.contains("--nodes above 1 needs --postgres"),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -381,7 +381,11 @@ fn connections_cut_under_load_fail_typed_and_lose_nothing_acknowledged() {
                         failed += 1;
                         continue;
                     };
-                    let event = if position == 0 { created(&task) } else { update(i) };
+                    let event = if position == 0 {
+                        created(&task)
+                    } else {
+                        update(i)
+                    };
                     i += 1;
                     match journal.append(&task, position, &[event]) {
                         Ok(_) => acknowledged.push(position),

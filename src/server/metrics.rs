@@ -71,7 +71,24 @@ pub struct ResultLabel {
     pub result: String,
 }
 
-/// The journal's write path, told by the journal's writer ([`WriteObserver`]).
+/// The journal's write path as Prometheus metrics: appends, conflicts, records and bytes
+/// written, batches and their sizes, the writer's queue, write, sync and append latencies.
+/// The server registers one in its registry and installs it on the journal it owns; a service
+/// with an HTTP stack of its own can do the same with its registry:
+///
+/// ```
+/// use prometheus_client::registry::Registry;
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let dir = tempfile::tempdir()?;
+/// let journal = dtask::journal::Journal::open(dir.path(), Default::default())?;
+/// let mut registry = Registry::with_prefix("dtask");
+/// let metrics = dtask::server::WriteMetrics::register(&mut registry);
+/// journal.observe(metrics.observer());
+/// let mut text = String::new();
+/// prometheus_client::encoding::text::encode(&mut text, &registry)?;
+/// assert!(text.contains("dtask_journal_append_seconds"));
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone)]
 pub struct WriteMetrics {
     appends: Counter,
@@ -93,7 +110,9 @@ fn latency() -> Histogram {
 }
 
 impl WriteMetrics {
-    fn register(registry: &mut Registry) -> Self {
+    /// Registers the write path's metrics in `registry` (names `journal_…`, under the
+    /// registry's prefix).
+    pub fn register(registry: &mut Registry) -> Self {
         let metrics = Self {
             appends: Counter::default(),
             conflicts: Counter::default(),
@@ -164,6 +183,13 @@ impl WriteMetrics {
             metrics.append.clone(),
         );
         metrics
+    }
+}
+
+impl WriteMetrics {
+    /// These metrics as the observer to install ([`dtask_journal::Journal::observe`]).
+    pub fn observer(&self) -> Arc<dyn WriteObserver> {
+        Arc::new(self.clone())
     }
 }
 
@@ -443,7 +469,7 @@ impl Metrics {
 
     /// The observer to install on the journal the server owns ([`dtask_journal::Journal::observe`]).
     pub fn write_observer(&self) -> Arc<dyn WriteObserver> {
-        Arc::new(self.write.clone())
+        self.write.observer()
     }
 
     /// The text exposition, after setting the gauges from `snapshot` and `scrape`.

@@ -40,6 +40,7 @@ mod sse;
 mod web;
 
 pub use error::{ApiError, ServerError};
+pub use metrics::WriteMetrics;
 
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};

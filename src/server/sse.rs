@@ -173,9 +173,12 @@ impl Pump {
             for c in batch {
                 self.projection.apply(&c.task, &c.record);
                 next = c.record.seq + 1;
-                let item = Arc::new(Item::of(&c.task, &c.record));
-                // No receiver is not an error: nobody is listening.
-                let _ = self.hub.sender.send(item);
+                // Serialized only for someone: with no stream open, nothing is made. (A stream
+                // opening meanwhile reads what it missed from the journal.)
+                if self.hub.sender.receiver_count() > 0 {
+                    let item = Arc::new(Item::of(&c.task, &c.record));
+                    let _ = self.hub.sender.send(item);
+                }
             }
             if !full {
                 // The journal this process writes says when a sync made more records
@@ -214,6 +217,16 @@ pub enum Scope {
     Journal,
     /// One task's records, in stream order.
     Task(String),
+}
+
+impl Scope {
+    /// Whether a record of `task` belongs to this stream.
+    fn carries(&self, task: &str) -> bool {
+        match self {
+            Self::Journal => true,
+            Self::Task(id) => id == task,
+        }
+    }
 }
 
 enum Phase {
@@ -296,16 +309,23 @@ async fn step(mut f: Follow) -> Option<(Vec<Arc<Item>>, Follow)> {
             }
             Phase::Live => match f.receiver.recv().await {
                 Ok(item) => {
-                    if item.seq <= f.after {
-                        continue;
-                    }
-                    if let Scope::Task(task) = &f.scope {
-                        if *task != item.task {
-                            continue;
+                    // Whatever else is already in the channel goes out with it: one write for
+                    // the lot, not one per record.
+                    let mut items = Vec::new();
+                    let mut next = Some(item);
+                    while let Some(item) = next.take() {
+                        if item.seq > f.after && f.scope.carries(&item.task) {
+                            f.after = item.seq;
+                            items.push(item);
+                        }
+                        if items.len() < BATCH {
+                            next = f.receiver.try_recv().ok();
                         }
                     }
-                    f.after = item.seq;
-                    return Some((vec![item], f));
+                    if items.is_empty() {
+                        continue;
+                    }
+                    return Some((items, f));
                 }
                 Err(broadcast::error::RecvError::Lagged(_)) => {
                     f.metrics.stream_lagged.inc();
