@@ -114,6 +114,24 @@ async fn caller(store: TaskStore, name: String, stop: Arc<AtomicBool>, steps: Ar
     }
 }
 
+/// Counts the writer's batches and their appends.
+#[derive(Debug, Default)]
+struct Batches {
+    batches: AtomicU64,
+    appends: AtomicU64,
+}
+
+impl dtask::journal::WriteObserver for Batches {
+    fn batch_written(&self, batch: &dtask::journal::observe::BatchWritten) {
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.appends
+            .fetch_add(batch.appends as u64, Ordering::Relaxed);
+    }
+}
+
+/// Every batch of every journal the bench opens, counted.
+static BATCHES: std::sync::OnceLock<Arc<Batches>> = std::sync::OnceLock::new();
+
 /// dtask's durable steps per second with `callers` callers over `nodes` stores.
 fn dtask(base: &str, schema: &str, nodes: usize, callers: usize, secs: f64) -> f64 {
     let url = schema_url(base, schema);
@@ -125,6 +143,8 @@ fn dtask(base: &str, schema: &str, nodes: usize, callers: usize, secs: f64) -> f
     let stores: Vec<TaskStore> = (0..nodes)
         .map(|_| {
             let journal = Journal::open_postgres(&url, JournalOptions::default()).unwrap();
+            let counter = Arc::clone(BATCHES.get_or_init(Arc::default));
+            journal.observe(counter);
             TaskStore::open(journal, SystemClock, StoreConfig::default()).unwrap()
         })
         .collect();
@@ -242,6 +262,11 @@ fn main() {
     let mut at_64 = Vec::new();
     for &callers in &rows {
         for round in 0..args.rounds {
+            let counter = Arc::clone(BATCHES.get_or_init(Arc::default));
+            let before = (
+                counter.batches.load(Ordering::Relaxed),
+                counter.appends.load(Ordering::Relaxed),
+            );
             let one = dtask(
                 &base,
                 &format!("b{stamp}_{callers}_{round}_a"),
@@ -249,6 +274,9 @@ fn main() {
                 callers,
                 args.secs,
             );
+            let batches = counter.batches.load(Ordering::Relaxed) - before.0;
+            let in_batches = counter.appends.load(Ordering::Relaxed) - before.1;
+            let per_batch = in_batches as f64 / batches.max(1) as f64;
             let single = baseline(&base, "dtask_bench_single", callers, false, args.secs);
             let two = dtask(
                 &base,
@@ -265,6 +293,7 @@ fn main() {
                 appends(one) / multi,
                 appends(two) / multi
             );
+            println!("    (1 node: {batches} batches of {per_batch:.1} appends on average)");
             if callers == 64 {
                 at_64.push((one, appends(one) / multi));
             }

@@ -307,6 +307,20 @@ pub trait Backend: Send + Sync + 'static {
         self.write(ops, Durability::Buffered)
     }
 
+    /// Writes `ops` on a shared store in one step that takes the writer lock, checks that the
+    /// stored tail marker is still `expected` (the one this writer wrote last) and commits:
+    /// what a writer that believes it committed the last batch does, in one round trip.
+    /// `Ok(false)`, with nothing written, when another writer committed in between or a record
+    /// of the batch is already there; the writer then takes the careful way
+    /// ([`Backend::lock_for_write`]). The default always answers `Ok(false)`.
+    ///
+    /// # Errors
+    /// As for [`Backend::write`].
+    fn write_expecting(&self, ops: Vec<BatchOp>, expected: &[u8]) -> Result<bool> {
+        let _ = (ops, expected);
+        Ok(false)
+    }
+
     /// Gives up the writer lock taken by [`Backend::lock_for_write`] without writing.
     fn unlock_write(&self) {}
 

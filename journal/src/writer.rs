@@ -321,6 +321,14 @@ struct Ack {
     submitted: Option<Instant>,
 }
 
+/// What the one-round-trip way made of a batch.
+enum Optimistic {
+    /// Not taken, or refused by the store: nothing written, the batch untouched.
+    Declined,
+    /// Done: written (or failed, its callers answered).
+    Done(Option<Written>),
+}
+
 /// A written batch waiting for its sync.
 struct Written {
     last_seq: u64,
@@ -338,6 +346,9 @@ pub(crate) struct Writer {
     compacting: bool,
     /// The tail marker as of the last batch written; every batch writes the next one.
     tail: Tail,
+    /// On a shared store: whether `tail` is the one this writer committed last (so that its
+    /// next batch may go in one round trip, checked against it).
+    tail_is_ours: bool,
 }
 
 /// Heads kept in memory before the cache is dropped and refilled from the tasks' last records
@@ -366,6 +377,7 @@ impl Writer {
             shared,
             compacting: false,
             tail,
+            tail_is_ours: false,
         }
     }
 
@@ -690,9 +702,120 @@ impl Writer {
         }
     }
 
+    /// On a shared store whose last batch this writer committed, with every head of the batch
+    /// known: stages the batch on what it knows and writes it in one round trip, checked by
+    /// the store against the tail it committed last. `None` when that cannot be done or the
+    /// check failed (nothing written, `batch` untouched): the careful way follows.
+    fn commit_optimistic(&mut self, batch: &mut Vec<AppendJob>, queued: usize) -> Optimistic {
+        use Optimistic::{Declined, Done};
+        if !self.tail_is_ours || !self.backend.is_shared() {
+            return Declined;
+        }
+        let mut seq = self.next_seq;
+        let mut ops = Vec::with_capacity(batch.len() * 4 + 1);
+        let mut overlay: HashMap<String, Head> = HashMap::new();
+        let mut tail = self.tail;
+        let mut appended = Vec::with_capacity(batch.len());
+        for job in batch.iter() {
+            let parts = std::iter::once((job.task.as_str(), job.expected, &job.events)).chain(
+                job.linked
+                    .iter()
+                    .map(|p| (p.task.as_str(), p.expected, &p.events)),
+            );
+            let mut first = None;
+            for (task, expected, events) in parts {
+                let head = match overlay.get(task).or_else(|| self.heads.get(task)) {
+                    Some(head) => *head,
+                    // A new task: if it is not, its first record is there already and the
+                    // store refuses the batch.
+                    None if expected == 0 => Head::default(),
+                    None => return Declined,
+                };
+                if head.next_position != expected {
+                    // A conflict, or a stale head: only the careful way can tell.
+                    return Declined;
+                }
+                let Ok((mut part_ops, after, done)) = Self::stage(task, events, head, seq) else {
+                    return Declined;
+                };
+                ops.append(&mut part_ops);
+                seq = done.last_seq + 1;
+                tail.live.advance(task, &head, &after);
+                overlay.insert(task.to_owned(), after);
+                first.get_or_insert(done);
+            }
+            let Some(first) = first else {
+                return Declined;
+            };
+            appended.push(first);
+        }
+        tail.last_seq = seq - 1;
+        ops.push(BatchOp::Put {
+            space: Space::Meta,
+            key: keys::META_TAIL.to_vec(),
+            value: tail.encode(),
+        });
+        if let Some(message) = crate::failpoints::hit(crate::failpoints::BEFORE_WRITE) {
+            fail_jobs(batch, &Error::storage(message));
+            return Done(None);
+        }
+        let observed = self.shared.observer().map(|observer| {
+            let batch = BatchWritten {
+                appends: appended.len(),
+                conflicts: 0,
+                records: usize::try_from(seq - self.next_seq).unwrap_or(usize::MAX),
+                bytes: record_bytes(&ops),
+                queued,
+                write: Duration::ZERO,
+            };
+            (observer, batch, Instant::now())
+        });
+        match self.backend.write_expecting(ops, &self.tail.encode()) {
+            Ok(true) => {}
+            Ok(false) => {
+                self.tail_is_ours = false;
+                return Declined;
+            }
+            Err(e) => {
+                // Perhaps committed, perhaps not: the next batch reads the tail again.
+                self.tail_is_ours = false;
+                tracing::error!(error = %e, appends = batch.len(), "journal batch failed");
+                fail_jobs(batch, &e);
+                return Done(None);
+            }
+        }
+        if let Some((observer, mut report, started)) = observed {
+            report.write = started.elapsed();
+            observer.batch_written(&report);
+        }
+        self.start_compactions();
+        let acks = batch
+            .drain(..)
+            .zip(appended)
+            .map(|(job, appended)| Ack {
+                reply: job.reply,
+                appended,
+                submitted: job.submitted,
+            })
+            .collect();
+        self.next_seq = seq;
+        self.tail = tail;
+        if self.heads.len() + overlay.len() > HEAD_CACHE_LIMIT {
+            self.heads.clear();
+        }
+        self.heads.extend(overlay);
+        Done(Some(Written {
+            last_seq: seq - 1,
+            acks,
+        }))
+    }
+
     fn commit(&mut self, batch: &mut Vec<AppendJob>, queued: usize) -> Option<Written> {
         if self.refuse_if_stopped(batch) {
             return None;
+        }
+        if let Optimistic::Done(written) = self.commit_optimistic(batch, queued) {
+            return written;
         }
         let locked = match self.lock_shared() {
             Ok(locked) => locked,
@@ -793,6 +916,7 @@ impl Writer {
             self.backend.write(ops, Durability::Buffered)
         };
         if let Err(e) = result {
+            self.tail_is_ours = false;
             tracing::error!(error = %e, appends = accepted.len(), "journal batch failed");
             let storage = match e {
                 Error::Storage(storage) => storage,
@@ -807,6 +931,7 @@ impl Writer {
         }
         self.next_seq = seq;
         self.tail = tail;
+        self.tail_is_ours = true;
         if self.heads.len() + overlay.len() > HEAD_CACHE_LIMIT {
             self.heads.clear();
         }

@@ -286,7 +286,7 @@ fn a_newer_schema_is_refused_with_both_versions() {
             refused,
             Err(Error::UnsupportedSchema {
                 found: 99,
-                supported: 1
+                supported: dtask_journal::postgres::SCHEMA_VERSION
             })
         ),
         "{refused:?}"
@@ -426,4 +426,28 @@ fn connections_cut_under_load_fail_typed_and_lose_nothing_acknowledged() {
     // The journal goes on after the cuts.
     let len = journal.stream_len("w0").unwrap().unwrap();
     journal.append("w0", len, &[update(999_999)]).unwrap();
+}
+
+#[test]
+fn an_older_schema_is_migrated_at_open_and_keeps_its_records() {
+    let Some(url) = url("older") else {
+        return;
+    };
+    let schema = url.rsplit_once("schema=").unwrap().1.to_owned();
+    {
+        let pg = open(&url);
+        pg.append("a", 0, &[created("a")]).unwrap();
+    }
+    // Back to schema version 1: as a journal made by the build before version 2 was.
+    admin(&format!(
+        "SET search_path TO \"{schema}\"; DROP FUNCTION dtask_expect_tail(bytea); \
+         DELETE FROM dtask_schema WHERE version = 2"
+    ));
+    let pg = open(&url);
+    for i in 1..20 {
+        pg.append("a", i, &[update(i)]).unwrap();
+    }
+    assert_eq!(pg.stream_len("a").unwrap(), Some(20));
+    let reader = Journal::open_postgres_read_only(&url).unwrap();
+    assert_eq!(reader.read_stream("a", 0).count(), 20);
 }

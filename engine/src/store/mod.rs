@@ -770,7 +770,11 @@ impl TaskStore {
         events: Vec<Event>,
         parent: Option<(&Slot, &mut Task, &[Event])>,
     ) -> Result<TaskState> {
-        if self.index().slots.contains_key(&id) || self.inner.journal.stream_len(&id)?.is_some() {
+        // On a shared journal the read is a round trip, and the append at position 0 below
+        // answers the same question (a conflict: the task exists).
+        if self.index().slots.contains_key(&id)
+            || (!self.inner.journal.is_shared() && self.inner.journal.stream_len(&id)?.is_some())
+        {
             return Err(StoreError::AlreadyExists(id));
         }
         // Folded before the append, so that a stream that would not fold is never written.

@@ -412,6 +412,17 @@ impl Backend for PgBackend {
         })
     }
 
+    fn write_expecting(&self, ops: Vec<BatchOp>, expected: &[u8]) -> Result<bool> {
+        let writer = self.writer.as_ref().ok_or(Error::ReadOnly)?;
+        let notice = self.notice(&ops);
+        let mut statements = statements(ops)?;
+        statements.extend(notice);
+        let expected = expected.to_vec();
+        writer.call(move |client| {
+            Box::pin(async move { write::write_expecting(&client, expected, statements).await })
+        })
+    }
+
     fn write_locked(&self, ops: Vec<BatchOp>) -> Result<()> {
         let writer = self.writer.as_ref().ok_or(Error::ReadOnly)?;
         self.locked.store(false, Ordering::Release);

@@ -8,13 +8,19 @@ use crate::error::{Error, Result};
 use std::fmt::Write as _;
 
 /// The migrations, in order: the schema version after migration `i` is `i + 1`.
-const MIGRATIONS: &[(&str, &str)] = &[(
-    "0001_journal.sql",
-    include_str!("../../migrations/postgres/0001_journal.sql"),
-)];
+const MIGRATIONS: &[(&str, &str)] = &[
+    (
+        "0001_journal.sql",
+        include_str!("../../migrations/postgres/0001_journal.sql"),
+    ),
+    (
+        "0002_expect_tail.sql",
+        include_str!("../../migrations/postgres/0002_expect_tail.sql"),
+    ),
+];
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// Creates the schema and applies every migration it lacks; returns the schema's version.
 ///

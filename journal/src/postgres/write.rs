@@ -213,3 +213,61 @@ pub(crate) async fn write_and_commit(
         }
     }
 }
+
+/// The SQLSTATE of `dtask_expect_tail`'s failure: another writer committed.
+const MOVED: &str = "DT001";
+
+/// The whole of a batch in one round trip: begin, the writer lock, the check that the tail is
+/// still `expected`, `statements`, commit. `Ok(false)` (rolled back, nothing written) when the
+/// check fails or a record of the batch exists already.
+pub(crate) async fn write_expecting(
+    client: &tokio_postgres::Client,
+    expected: Vec<u8>,
+    statements: Vec<Statement>,
+) -> std::result::Result<bool, tokio_postgres::Error> {
+    let typed: Vec<Vec<(&(dyn ToSql + Sync), Type)>> = statements
+        .iter()
+        .map(|(_, params)| {
+            params
+                .iter()
+                .map(|(p, t)| (p.as_ref() as &(dyn ToSql + Sync), t.clone()))
+                .collect()
+        })
+        .collect();
+    // Sent in this order when first polled, together: one round trip.
+    let opening =
+        client.batch_execute("BEGIN; SELECT id FROM dtask_writer WHERE id = 1 FOR UPDATE");
+    let check_params: [(&(dyn ToSql + Sync), Type); 1] = [(&expected, Type::BYTEA)];
+    let check = client.execute_typed("SELECT dtask_expect_tail($1)", &check_params);
+    let writes = futures_util::future::join_all(
+        statements
+            .iter()
+            .zip(&typed)
+            .map(|((sql, _), params)| client.execute_typed(sql, params)),
+    );
+    let commit = client.batch_execute("COMMIT");
+    let (begun, checked, written, committed) =
+        futures_util::future::join4(opening, check, writes, commit).await;
+    let first_error = begun
+        .err()
+        .or(checked.err())
+        .or_else(|| written.into_iter().find_map(std::result::Result::err));
+    match first_error {
+        None => committed.map(|()| true),
+        Some(e) => {
+            // The transaction is over (its COMMIT became a rollback), or, if the error came
+            // before it was sent, this ends it.
+            let _ = client.batch_execute("ROLLBACK").await;
+            let moved = e.as_db_error().is_some_and(|db| {
+                db.code().code() == MOVED
+                    || (db.code() == &tokio_postgres::error::SqlState::UNIQUE_VIOLATION
+                        && db.table() == Some("dtask_records"))
+            });
+            if moved {
+                Ok(false)
+            } else {
+                Err(e)
+            }
+        }
+    }
+}
