@@ -14,6 +14,8 @@
 //! * [`ChatModel`] and [`Agent`] loop model → tools → model up to a step
 //!   limit; [`ScriptedModel`] replays fixed replies for tests.
 //! * [`HttpPostTool`] POSTs to a URL with configured headers and timeout.
+//! * [`OpenAiChatModel`] is a [`ChatModel`] over any OpenAI-compatible chat completions
+//!   endpoint (OpenAI, vLLM, llama.cpp's server, Ollama): tools, streaming, retries.
 //!
 //! All failures are [`ToolError`].
 //!
@@ -71,6 +73,7 @@ mod info;
 mod message;
 mod model;
 mod node;
+mod openai;
 mod tool;
 
 pub use agent::{Agent, AgentRun, DEFAULT_MAX_STEPS};
@@ -82,6 +85,7 @@ pub use info::{parameters_schema, ToolInfo};
 pub use message::{AssistantMessage, FunctionCall, Message, ToolCall, ToolCallKind, ToolMessage};
 pub use model::{ChatModel, ModelRequest, ScriptedModel};
 pub use node::{ErrorPolicy, Execution, ToolsNode, ToolsNodeBuilder, UnknownToolHandler};
+pub use openai::{ModelError, OpenAiChatModel, OpenAiConfig, ToolChoice, Usage, DEFAULT_BASE_URL};
 pub use tool::{CollectedStream, StreamingTool, Tool, ToolOutputStream};
 
 /// The guide in `docs/tools.md`, compiled and run as doc tests.
