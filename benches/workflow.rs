@@ -1,0 +1,254 @@
+//! The peers' workload as a bench of the project (`../shared/reference/peers.md`): a task of
+//! N = 10 durable steps — a step is a progress update the executor appends and waits for,
+//! synced — run by C = 1, 16, 64 concurrent callers, each submitting a task and waiting for
+//! its outcome, then the next; and a 1-step task at C = 1. Through the whole engine: the
+//! `Manager`, a `Worker`, an executor, the store, the journal (`Durability::Sync`).
+//!
+//! It prints steps/s, tasks/s and the task latency p50/p99, and measures one fsync of the same
+//! disk in the same run (a 4 KiB append and `fdatasync`, p50), so that a step at C = 1 can be
+//! set beside it. Targets (each on its own line, `met` / `not met`): ≥ 60k durable steps/s at
+//! C = 64; at C = 1 a step costs ≤ 1.5× one fsync; a 1-step task at C = 1 has p50 ≤ 0.8 ms.
+//!
+//! Run: `cargo bench --bench workflow` (`-- --secs 5`, `-- --callers 64`, `-- --steps 10`).
+#![allow(
+    clippy::unwrap_used,
+    clippy::cast_precision_loss,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    missing_docs
+)]
+
+use clap::Parser;
+use dtask::engine::{
+    async_trait, AttemptContext, ExecutionError, ExecutionResult, Executor, ExecutorRegistry,
+    Manager, ManagerConfig, Progress, StoreConfig, SubmitRequest, SystemClock, TaskOutcome,
+    TaskStore, Worker, WorkerConfig,
+};
+use dtask::journal::{Journal, JournalOptions, LeasePolicy, TaskSpec};
+use dtask::replay::TaskState;
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+#[derive(Parser)]
+struct Args {
+    /// Seconds per row.
+    #[arg(long, default_value_t = 3.0)]
+    secs: f64,
+    /// One row only (callers).
+    #[arg(long)]
+    callers: Option<usize>,
+    /// Steps per task.
+    #[arg(long, default_value_t = 10)]
+    steps: u32,
+    /// Accepted for `cargo bench`'s own flag.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+fn verdict(met: bool) -> &'static str {
+    if met {
+        "met"
+    } else {
+        "not met"
+    }
+}
+
+/// Appends `payload` progress updates (the steps), each waited for, then completes.
+struct Steps;
+
+#[async_trait]
+impl Executor for Steps {
+    fn key(&self) -> &'static str {
+        "steps"
+    }
+
+    fn lease_policy(&self) -> LeasePolicy {
+        LeasePolicy::Retry
+    }
+
+    async fn execute(
+        &self,
+        attempt: AttemptContext,
+        task: TaskState,
+    ) -> Result<ExecutionResult, ExecutionError> {
+        let steps: u32 = std::str::from_utf8(&task.spec.payload)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(10);
+        for step in 0..steps {
+            attempt
+                .emit_progress(Progress {
+                    event_id: format!("step-{step}"),
+                    kind: "step".into(),
+                    data: b"step result".to_vec(),
+                    metadata: vec![],
+                })
+                .await
+                .map_err(|e| ExecutionError::failed(e.to_string()))?;
+        }
+        Ok(ExecutionResult::Completed(b"done".to_vec()))
+    }
+}
+
+/// One row: tasks of `steps` steps by `callers` callers for `secs`; the task latencies.
+fn row(callers: usize, steps: u32, secs: f64) -> (f64, Vec<Duration>) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    runtime.block_on(async {
+        let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+        let store = TaskStore::open(journal, SystemClock, StoreConfig::default()).unwrap();
+        let mut registry = ExecutorRegistry::new();
+        registry.register(Steps).unwrap();
+        let manager = Manager::new(store, registry, ManagerConfig::default());
+        let worker = Worker::new(
+            manager.clone(),
+            WorkerConfig::new(["steps"]).with_max_concurrent(callers.max(1) * 2),
+        )
+        .unwrap();
+        let (stop_worker, stopped) = tokio::sync::oneshot::channel::<()>();
+        let worker = tokio::spawn(worker.run(async {
+            let _ = stopped.await;
+        }));
+        let stop = Arc::new(AtomicBool::new(false));
+        let latencies = Arc::new(Mutex::new(Vec::new()));
+        let started = Instant::now();
+        let tasks: Vec<_> = (0..callers)
+            .map(|_| {
+                let manager = manager.clone();
+                let stop = Arc::clone(&stop);
+                let latencies = Arc::clone(&latencies);
+                tokio::spawn(async move {
+                    while !stop.load(Ordering::Relaxed) {
+                        let t = Instant::now();
+                        let id = manager.allocate_task_id("steps").unwrap();
+                        manager
+                            .submit(SubmitRequest {
+                                spec: TaskSpec {
+                                    id: id.clone(),
+                                    executor_key: "steps".into(),
+                                    payload: steps.to_string().into_bytes(),
+                                    ..TaskSpec::default()
+                                },
+                                ..SubmitRequest::default()
+                            })
+                            .await
+                            .unwrap();
+                        let outcome = manager.wait(&id).await.unwrap();
+                        assert!(matches!(outcome, TaskOutcome::Completed(_)));
+                        latencies.lock().unwrap().push(t.elapsed());
+                    }
+                })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+        stop.store(true, Ordering::Relaxed);
+        let elapsed = started.elapsed().as_secs_f64();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let _ = stop_worker.send(());
+        let _ = worker.await;
+        let latencies = std::mem::take(&mut *latencies.lock().unwrap());
+        (latencies.len() as f64 / elapsed, latencies)
+    })
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// One fsync of this disk: the median of a second of 4 KiB appends, each synced.
+fn fsync_p50() -> Duration {
+    let dir = tempfile::tempdir().unwrap();
+    let mut file = std::fs::File::create(dir.path().join("fsync")).unwrap();
+    let block = vec![7u8; 4096];
+    let mut times = Vec::new();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(1) {
+        let t = Instant::now();
+        file.write_all(&block).unwrap();
+        file.sync_data().unwrap();
+        times.push(t.elapsed());
+    }
+    times.sort();
+    percentile(&times, 0.5)
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn main() {
+    let args = Args::parse();
+    let fsync = fsync_p50();
+    println!(
+        "workflow: tasks of {} steps (progress updates the executor waits for, synced) through the \
+         manager, a worker and the store; {} s per row; one fsync here: {:.3} ms (p50)",
+        args.steps,
+        args.secs,
+        ms(fsync)
+    );
+    println!(
+        "{:>3} {:>6} {:>12} {:>10} {:>10} {:>10} {:>12}",
+        "C", "steps", "steps/s", "tasks/s", "p50 ms", "p99 ms", "ms per step"
+    );
+    let rows: Vec<usize> = args.callers.map_or_else(|| vec![1, 16, 64], |c| vec![c]);
+    let mut at_64 = None;
+    let mut step_at_1 = None;
+    for callers in rows {
+        let (tasks, mut latencies) = row(callers, args.steps, args.secs);
+        latencies.sort();
+        let (p50, p99) = (percentile(&latencies, 0.5), percentile(&latencies, 0.99));
+        let steps = tasks * f64::from(args.steps);
+        let per_step = ms(p50) / f64::from(args.steps);
+        println!(
+            "{callers:>3} {:>6} {steps:>12.0} {tasks:>10.0} {:>10.3} {:>10.3} {per_step:>12.3}",
+            args.steps,
+            ms(p50),
+            ms(p99)
+        );
+        if callers == 64 {
+            at_64 = Some(steps);
+        }
+        if callers == 1 {
+            step_at_1 = Some(per_step);
+        }
+    }
+    let (one_tasks, mut one) = row(1, 1, args.secs.min(2.0));
+    one.sort();
+    let one_p50 = percentile(&one, 0.5);
+    println!(
+        "  1      1 {:>12.0} {one_tasks:>10.0} {:>10.3} {:>10.3}",
+        one_tasks,
+        ms(one_p50),
+        ms(percentile(&one, 0.99))
+    );
+    if let Some(steps) = at_64 {
+        println!(
+            "target: ≥ 60k durable steps/s at C = 64 ({steps:.0}): {}",
+            verdict(steps >= 60_000.0)
+        );
+    }
+    if let Some(per_step) = step_at_1 {
+        println!(
+            "target: a step at C = 1 ≤ 1.5× one fsync ({per_step:.3} ms against {:.3} ms, {:.2}×): {}",
+            ms(fsync),
+            per_step / ms(fsync),
+            verdict(per_step <= 1.5 * ms(fsync))
+        );
+    }
+    println!(
+        "target: a 1-step task at C = 1, p50 ≤ 0.8 ms ({:.3} ms): {}",
+        ms(one_p50),
+        verdict(one_p50 <= Duration::from_micros(800))
+    );
+}
