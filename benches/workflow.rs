@@ -9,6 +9,9 @@
 //! set beside it. Targets (each on its own line, `met` / `not met`): ≥ 60k durable steps/s at
 //! C = 64; at C = 1 a step costs ≤ 1.5× one fsync; a 1-step task at C = 1 has p50 ≤ 0.8 ms.
 //!
+//! A second set of rows runs the same tasks through a managed tool (a plain background tool whose
+//! run emits the 10 updates), submitted with `ManagedTools::submit`.
+//!
 //! Run: `cargo bench --bench workflow` (`-- --secs 5`, `-- --callers 64`, `-- --steps 10`).
 #![allow(
     clippy::unwrap_used,
@@ -19,6 +22,11 @@
 )]
 
 use clap::Parser;
+use dtask::engine::managed::{
+    BackgroundTool, ManagedTools, Registration, Run, RunOutcome, StartRequest, StartResult,
+    ToolCall, ToolFailure, ToolRegistry, ToolRunError, Update, UpdateStream,
+};
+use dtask::engine::tool::ToolInfo;
 use dtask::engine::{
     async_trait, AttemptContext, ExecutionError, ExecutionResult, Executor, ExecutorRegistry,
     Manager, ManagerConfig, Progress, StoreConfig, SubmitRequest, SystemClock, TaskOutcome,
@@ -92,8 +100,77 @@ impl Executor for Steps {
     }
 }
 
+/// A plain managed tool whose run emits `{"steps": N}` updates (each journaled, synced, before
+/// the next is taken) and completes.
+#[derive(Debug)]
+struct StepsTool;
+
+#[derive(Debug)]
+struct StepsRun {
+    steps: u32,
+}
+
+#[async_trait]
+impl Run for StepsRun {
+    async fn wait(&self) -> Result<RunOutcome, ToolRunError> {
+        // The outcome comes at once; the updates are drained (and journaled) after it.
+        Ok(RunOutcome::Completed(b"done".to_vec()))
+    }
+
+    async fn stop(&self) -> Result<(), ToolRunError> {
+        Ok(())
+    }
+
+    fn updates(&self) -> Option<UpdateStream> {
+        let updates = (0..self.steps).map(|step| {
+            Ok::<_, ToolFailure>(Update {
+                event_id: format!("step-{step}"),
+                kind: "step".into(),
+                data: b"step result".to_vec(),
+                metadata: std::collections::BTreeMap::new(),
+            })
+        });
+        Some(Box::pin(futures::stream::iter(updates)))
+    }
+}
+
+fn steps_of(arguments: &str) -> Result<u32, ToolFailure> {
+    serde_json::from_str::<serde_json::Value>(arguments)
+        .ok()
+        .and_then(|v| v["steps"].as_u64())
+        .and_then(|n| u32::try_from(n).ok())
+        .ok_or_else(|| "\"steps\" must be a number".into())
+}
+
+#[async_trait]
+impl BackgroundTool for StepsTool {
+    fn validate_arguments(&self, arguments: &str) -> Result<(), ToolFailure> {
+        steps_of(arguments).map(drop)
+    }
+
+    async fn start(&self, request: StartRequest) -> Result<StartResult, ToolRunError> {
+        Ok(StartResult {
+            run: Arc::new(StepsRun {
+                steps: steps_of(&request.arguments)?,
+            }),
+            checkpoint: Vec::new(),
+        })
+    }
+}
+
+/// How the steps are run: an executor appending them, or a managed tool's run emitting them.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Through {
+    Executor,
+    ManagedTool,
+}
+
 /// One row: tasks of `steps` steps by `callers` callers for `secs`; the task latencies.
 fn row(callers: usize, steps: u32, secs: f64) -> (f64, Vec<Duration>) {
+    row_through(Through::Executor, callers, steps, secs)
+}
+
+fn row_through(through: Through, callers: usize, steps: u32, secs: f64) -> (f64, Vec<Duration>) {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -105,10 +182,24 @@ fn row(callers: usize, steps: u32, secs: f64) -> (f64, Vec<Duration>) {
         let store = TaskStore::open(journal, SystemClock, StoreConfig::default()).unwrap();
         let mut registry = ExecutorRegistry::new();
         registry.register(Steps).unwrap();
+        let mut tools = ToolRegistry::new();
+        tools
+            .register(Registration::new(
+                ToolInfo::without_parameters("steps", "emit steps"),
+                StepsTool,
+            ))
+            .unwrap();
+        let tools = Arc::new(ManagedTools::new(tools));
+        tools.register_executors(&mut registry).unwrap();
         let manager = Manager::new(store, registry, ManagerConfig::default());
         let worker = Worker::new(
             manager.clone(),
-            WorkerConfig::new(["steps"]).with_max_concurrent(callers.max(1) * 2),
+            WorkerConfig::new([
+                "steps",
+                dtask::engine::managed::PLAIN_EXECUTOR_KEY,
+                dtask::engine::managed::RECOVERABLE_EXECUTOR_KEY,
+            ])
+            .with_max_concurrent(callers.max(1) * 2),
         )
         .unwrap();
         let (stop_worker, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -121,24 +212,38 @@ fn row(callers: usize, steps: u32, secs: f64) -> (f64, Vec<Duration>) {
         let tasks: Vec<_> = (0..callers)
             .map(|_| {
                 let manager = manager.clone();
+                let tools = Arc::clone(&tools);
                 let stop = Arc::clone(&stop);
                 let latencies = Arc::clone(&latencies);
                 tokio::spawn(async move {
                     while !stop.load(Ordering::Relaxed) {
                         let t = Instant::now();
-                        let id = manager.allocate_task_id("steps").unwrap();
-                        manager
-                            .submit(SubmitRequest {
-                                spec: TaskSpec {
-                                    id: id.clone(),
-                                    executor_key: "steps".into(),
-                                    payload: steps.to_string().into_bytes(),
-                                    ..TaskSpec::default()
-                                },
-                                ..SubmitRequest::default()
-                            })
-                            .await
-                            .unwrap();
+                        let id = match through {
+                            Through::Executor => {
+                                let id = manager.allocate_task_id("steps").unwrap();
+                                manager
+                                    .submit(SubmitRequest {
+                                        spec: TaskSpec {
+                                            id: id.clone(),
+                                            executor_key: "steps".into(),
+                                            payload: steps.to_string().into_bytes(),
+                                            ..TaskSpec::default()
+                                        },
+                                        ..SubmitRequest::default()
+                                    })
+                                    .await
+                                    .unwrap();
+                                id
+                            }
+                            Through::ManagedTool => {
+                                let call = ToolCall {
+                                    tool_name: "steps".into(),
+                                    arguments: format!("{{\"steps\":{steps}}}"),
+                                    ..ToolCall::default()
+                                };
+                                tools.submit(&manager, call).await.unwrap().spec.id
+                            }
+                        };
                         let outcome = manager.wait(&id).await.unwrap();
                         assert!(matches!(outcome, TaskOutcome::Completed(_)));
                         latencies.lock().unwrap().push(t.elapsed());
@@ -223,6 +328,26 @@ fn main() {
             step_at_1 = Some(per_step);
         }
     }
+    let mut managed_64 = None;
+    for callers in [1, 64] {
+        if args.callers.is_some_and(|c| c != callers) {
+            continue;
+        }
+        let (tasks, mut latencies) =
+            row_through(Through::ManagedTool, callers, args.steps, args.secs);
+        latencies.sort();
+        let steps = tasks * f64::from(args.steps);
+        println!(
+            "{callers:>3} {:>6} {steps:>12.0} {tasks:>10.0} {:>10.3} {:>10.3} {:>12.3}  (managed tool)",
+            args.steps,
+            ms(percentile(&latencies, 0.5)),
+            ms(percentile(&latencies, 0.99)),
+            ms(percentile(&latencies, 0.5)) / f64::from(args.steps)
+        );
+        if callers == 64 {
+            managed_64 = Some(steps);
+        }
+    }
     let (one_tasks, mut one) = row(1, 1, args.secs.min(2.0));
     one.sort();
     let one_p50 = percentile(&one, 0.5);
@@ -237,6 +362,9 @@ fn main() {
             "target: ≥ 60k durable steps/s at C = 64 ({steps:.0}): {}",
             verdict(steps >= 60_000.0)
         );
+    }
+    if let Some(steps) = managed_64 {
+        println!("info: through a managed tool at C = 64: {steps:.0} durable steps/s");
     }
     if let Some(per_step) = step_at_1 {
         println!(
