@@ -798,16 +798,7 @@ impl Writer {
                 submitted: job.submitted,
             })
             .collect();
-        self.next_seq = seq;
-        self.tail = tail;
-        if self.heads.len() + overlay.len() > HEAD_CACHE_LIMIT {
-            self.heads.clear();
-        }
-        self.heads.extend(overlay);
-        Done(Some(Written {
-            last_seq: seq - 1,
-            acks,
-        }))
+        Done(Some(self.written(seq, tail, overlay, acks)))
     }
 
     fn commit(&mut self, batch: &mut Vec<AppendJob>, queued: usize) -> Option<Written> {
@@ -929,6 +920,18 @@ impl Writer {
             batch.write = started.elapsed();
             observer.batch_written(&batch);
         }
+        Some(self.written(seq, tail, overlay, accepted))
+    }
+
+    /// Moves the writer past a batch written up to sequence `seq - 1`, leaving `tail` and the
+    /// heads of `overlay`, and hands its acknowledgements on.
+    fn written(
+        &mut self,
+        seq: u64,
+        tail: Tail,
+        overlay: HashMap<String, Head>,
+        acks: Vec<Ack>,
+    ) -> Written {
         self.next_seq = seq;
         self.tail = tail;
         self.tail_is_ours = true;
@@ -936,10 +939,10 @@ impl Writer {
             self.heads.clear();
         }
         self.heads.extend(overlay);
-        Some(Written {
+        Written {
             last_seq: seq - 1,
-            acks: accepted,
-        })
+            acks,
+        }
     }
 }
 

@@ -32,7 +32,7 @@ use conn::{Conn, Target};
 use rows::{Bound, Shape};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::types::Type;
 use write::{statements, write_and_commit};
 
 pub use schema::SCHEMA_VERSION;
@@ -259,10 +259,7 @@ impl PgBackend {
         );
         let rows = self.reader().call(move |client| {
             Box::pin(async move {
-                let typed: Vec<(&(dyn ToSql + Sync), Type)> = params
-                    .iter()
-                    .map(|(p, t)| (p.as_ref() as &(dyn ToSql + Sync), t.clone()))
-                    .collect();
+                let typed = write::typed(&params);
                 client.query_typed(&sql, &typed).await
             })
         })?;

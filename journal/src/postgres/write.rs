@@ -14,6 +14,14 @@ pub(crate) type Params = Vec<(Box<dyn ToSql + Sync + Send>, Type)>;
 /// A statement and its parameters.
 pub(crate) type Statement = (&'static str, Params);
 
+/// `params` as `tokio-postgres` takes typed parameters.
+pub(crate) fn typed(params: &Params) -> Vec<(&(dyn ToSql + Sync), Type)> {
+    params
+        .iter()
+        .map(|(p, t)| (p.as_ref() as &(dyn ToSql + Sync), t.clone()))
+        .collect()
+}
+
 /// What a batch leaves behind, table by table: for each key only the batch's last op counts
 /// (a notification enqueued and acknowledged in one batch leaves nothing).
 #[derive(Default)]
@@ -184,15 +192,7 @@ pub(crate) async fn write_and_commit(
     let run = async {
         // Each statement is sent whole (parse, bind, execute) when first polled, in order,
         // and the commit after them: one round trip, and the commit cannot overtake them.
-        let typed: Vec<Vec<(&(dyn ToSql + Sync), Type)>> = statements
-            .iter()
-            .map(|(_, params)| {
-                params
-                    .iter()
-                    .map(|(p, t)| (p.as_ref() as &(dyn ToSql + Sync), t.clone()))
-                    .collect()
-            })
-            .collect();
+        let typed: Vec<_> = statements.iter().map(|(_, params)| typed(params)).collect();
         let pending = statements
             .iter()
             .zip(&typed)
@@ -225,15 +225,7 @@ pub(crate) async fn write_expecting(
     expected: Vec<u8>,
     statements: Vec<Statement>,
 ) -> std::result::Result<bool, tokio_postgres::Error> {
-    let typed: Vec<Vec<(&(dyn ToSql + Sync), Type)>> = statements
-        .iter()
-        .map(|(_, params)| {
-            params
-                .iter()
-                .map(|(p, t)| (p.as_ref() as &(dyn ToSql + Sync), t.clone()))
-                .collect()
-        })
-        .collect();
+    let typed: Vec<_> = statements.iter().map(|(_, params)| typed(params)).collect();
     // Sent in this order when first polled, together: one round trip.
     let opening =
         client.batch_execute("BEGIN; SELECT id FROM dtask_writer WHERE id = 1 FOR UPDATE");
