@@ -15,9 +15,14 @@
 //! | [`STORE_AFTER_APPEND`] | a command's events are acknowledged, before the in-memory task advances | the command fails; memory is behind the journal |
 //! | [`TOOL_START`] | inside the shell tool's start, after the command was spawned, before the started marker | the start fails |
 //! | [`BEFORE_COMMIT_START`] | a tool's start returned, before its started marker is committed | the attempt fails |
+//! | [`AFTER_COMMIT_START`] | a recoverable tool's started marker is durable; the run goes on | (ignored) |
 //! | [`AFTER_UPDATE_PERSISTED`] | an update is durable, before the output materializer runs | the attempt fails |
 //! | [`LEASE_EXPIRY`] | an expired lease is being resolved, before its events are written | the resolving call fails |
 //! | [`DRAIN`] | the manager is closing: drain controls sent, before waiting for the attempts | close fails |
+//! | [`AGENT_AFTER_TURN`] | a durable agent's model answer is journaled, before any of its tool calls | the attempt fails |
+//! | [`AGENT_AFTER_TOOL_CREATED`] | a tool call's child task is durable, before it runs | the attempt fails |
+//! | [`AGENT_AFTER_TOOL_ENDED`] | a tool call's task ended, before the agent journals its result | the attempt fails |
+//! | [`AGENT_AFTER_TOOL_RESULT`] | a tool call's result is journaled in the agent's stream | the attempt fails |
 
 pub use dtask_journal::failpoints::{
     parse, FailAction, FailPointError, FailPointSpec, ENABLED, ENV, HIT_PREFIX,
@@ -33,12 +38,23 @@ pub const STORE_AFTER_APPEND: &str = "store::after_append";
 pub const TOOL_START: &str = "managed::tool_start";
 /// A tool's start returned; its started marker is not committed yet.
 pub const BEFORE_COMMIT_START: &str = "managed::before_commit_start";
+/// A recoverable tool's started marker is durable; its run goes on.
+pub const AFTER_COMMIT_START: &str = "managed::after_commit_start";
 /// An update is durable; the output materializer has not run yet.
 pub const AFTER_UPDATE_PERSISTED: &str = "managed::after_update_persisted";
 /// An expired lease is being resolved; its events are not written yet.
 pub const LEASE_EXPIRY: &str = "store::lease_expiry";
 /// The manager is draining: drain controls are sent, the attempts not yet finished.
 pub const DRAIN: &str = "runtime::drain";
+
+/// A durable agent's model answer is journaled; none of its tool calls has a task yet.
+pub const AGENT_AFTER_TURN: &str = "agent::after_turn";
+/// A durable agent's tool call has its child task, durable and not yet run.
+pub const AGENT_AFTER_TOOL_CREATED: &str = "agent::after_tool_created";
+/// A durable agent's tool call ended; the agent has not journaled its result.
+pub const AGENT_AFTER_TOOL_ENDED: &str = "agent::after_tool_ended";
+/// A durable agent journaled a tool call's result.
+pub const AGENT_AFTER_TOOL_RESULT: &str = "agent::after_tool_result";
 
 /// Every fail point, in the order a task meets them.
 pub const POINTS: &[&str] = &[
@@ -47,9 +63,14 @@ pub const POINTS: &[&str] = &[
     STORE_AFTER_APPEND,
     TOOL_START,
     BEFORE_COMMIT_START,
+    AFTER_COMMIT_START,
     AFTER_UPDATE_PERSISTED,
     LEASE_EXPIRY,
     DRAIN,
+    AGENT_AFTER_TURN,
+    AGENT_AFTER_TOOL_CREATED,
+    AGENT_AFTER_TOOL_ENDED,
+    AGENT_AFTER_TOOL_RESULT,
 ];
 
 /// Arms the fail points of `specs` (process-wide), after checking every name.

@@ -3,7 +3,8 @@
 //! The live side of dtask: the durable [`TaskStore`] (commands → `decide` → one atomic journal
 //! append → the shared fold), with leases and fencing, progress updates deduplicated by event
 //! id, and the notification outbox; and the runtime on top: the [`Manager`], [`Executor`]s,
-//! the per-attempt [`AttemptContext`] and the polling [`Worker`].
+//! the per-attempt [`AttemptContext`] and the polling [`Worker`]. On the runtime sit the
+//! managed-tool layer ([`managed`]) and durable agents ([`agent`]).
 //!
 //! Every state change goes through the journal first; memory only ever holds what the fold of
 //! the durable events says.
@@ -64,6 +65,7 @@ macro_rules! message_error {
     };
 }
 
+pub mod agent;
 mod clock;
 pub mod failpoints;
 pub mod managed;

@@ -846,6 +846,7 @@ async fn s47_started_marker_without_checkpoint_recovers() {
             spec,
             initial_checkpoint: ManagedCheckpoint::started(vec![]).encode().unwrap(),
             context_snapshot: vec![],
+            parent: None,
         })
         .await
         .unwrap();

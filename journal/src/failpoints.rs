@@ -1,5 +1,5 @@
 //! Fail points: named places at durability boundaries where a test can make the process
-//! panic, fail the operation with an error, or abort on the spot.
+//! panic, fail the operation with an error, or end the process on the spot (abort, or SIGKILL).
 //!
 //! The points are compiled in only with the `failpoints` cargo feature (built on the `fail`
 //! crate); without it every point is an empty statement and [`arm`] refuses. The types
@@ -7,7 +7,7 @@
 //! without the feature can still parse and forward a configuration to a child process.
 //!
 //! A process is told which points to arm through the [`ENV`] variable, a `;`-separated list of
-//! `NAME=ACTION[@SKIP]`: `ACTION` is `panic`, `error` or `abort`, and the point fires once,
+//! `NAME=ACTION[@SKIP]`: `ACTION` is `panic`, `error`, `abort` or `kill`, and the point fires once,
 //! after letting `SKIP` hits (default 0) pass. Every firing is reported on standard error as a
 //! line starting with [`HIT_PREFIX`], before the action is taken.
 //!
@@ -47,6 +47,8 @@ pub enum FailAction {
     Error,
     /// Aborts the process at once (no unwinding, no destructors, no flush): a crash.
     Abort,
+    /// Sends the process SIGKILL, as `kill -9` does: the kernel ends it at once.
+    Kill,
 }
 
 impl FailAction {
@@ -57,6 +59,7 @@ impl FailAction {
             Self::Panic => "panic",
             Self::Error => "error",
             Self::Abort => "abort",
+            Self::Kill => "kill",
         }
     }
 }
@@ -75,6 +78,7 @@ impl FromStr for FailAction {
             "panic" => Ok(Self::Panic),
             "error" => Ok(Self::Error),
             "abort" => Ok(Self::Abort),
+            "kill" => Ok(Self::Kill),
             other => Err(FailPointError::UnknownAction(other.to_owned())),
         }
     }
@@ -148,8 +152,8 @@ pub enum FailPointError {
     /// An entry is not `NAME=ACTION[@SKIP]`.
     #[error("malformed fail point {0:?}: expected NAME=ACTION[@SKIP]")]
     Malformed(String),
-    /// The action is not `panic`, `error` or `abort`.
-    #[error("unknown fail action {0:?}: expected panic, error or abort")]
+    /// The action is not `panic`, `error`, `abort` or `kill`.
+    #[error("unknown fail action {0:?}: expected panic, error, abort or kill")]
     UnknownAction(String),
     /// No fail point has that name.
     #[error("unknown fail point {0:?}")]
@@ -210,15 +214,24 @@ mod imp {
             String::new()
         };
         match spec.action {
-            FailAction::Abort => {
+            FailAction::Abort | FailAction::Kill => {
                 let name = spec.name.clone();
                 let to_pass = spec.skip;
                 let seen = AtomicU64::new(0);
+                let kill = spec.action == FailAction::Kill;
                 fail::cfg_callback(spec.name.clone(), move || {
                     // Exactly one thread fires: another one reaching the point while the
-                    // first aborts waits for the end instead of reporting a second hit.
+                    // first ends the process waits for the end instead of reporting a
+                    // second hit.
                     let n = seen.fetch_add(1, Ordering::SeqCst);
                     if n == to_pass {
+                        if kill {
+                            eprintln!("{HIT_PREFIX} {name} (kill)");
+                            let _ = rustix::process::kill_process(
+                                rustix::process::getpid(),
+                                rustix::process::Signal::KILL,
+                            );
+                        }
                         eprintln!("{HIT_PREFIX} {name} (abort)");
                         std::process::abort();
                     }

@@ -1,5 +1,6 @@
 //! `dtask show <task>`: the folded state and a timeline built from the task's records.
 
+use super::conversation::Collector;
 use super::fmt::{self, Table};
 use super::{fold_task, require_task, CliError, Global, Out, Result};
 use base64::engine::general_purpose::STANDARD;
@@ -686,7 +687,11 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
     require_task(&journal, &args.task)?;
     let show = Show { bytes: args.bytes };
     let mut timeline = Timeline::default();
-    let folded = fold_task(&journal, &args.task, |r| timeline.add(r, show))?;
+    let mut agent = Collector::default();
+    let folded = fold_task(&journal, &args.task, |r| {
+        timeline.add(r, show);
+        agent.add(r);
+    })?;
     let task = folded.task.as_ref().ok_or_else(|| {
         CliError::Problems(format!(
             "task {:?} does not fold: {}",
@@ -695,16 +700,24 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
         ))
     })?;
     let problems = folded.problems();
+    let conversation = agent.conversation(&journal, &task.state)?;
     let mut out = Out::new();
     if global.json {
-        out.json(&json!({
+        let mut value = json!({
             "task": args.task,
             "state": state_json(&task.state, show),
             "timeline": timeline_json(&timeline),
             "problems": problems,
-        }))?;
+        });
+        if let Some(c) = &conversation {
+            value["conversation"] = c.json();
+        }
+        out.json(&value)?;
     } else {
         out.text(state_text(&task.state, show))?;
+        if let Some(c) = &conversation {
+            out.text(c.text())?;
+        }
         out.text(timeline_text(&timeline))?;
         if !problems.is_empty() {
             out.line("\nproblems (the state above is folded up to the first one)")?;

@@ -83,9 +83,9 @@ pub use function::{ArgumentDecoder, FunctionTool, OutputEncoder, StreamingFuncti
 pub use http::{HttpPostConfig, HttpPostTool, PostRequest, BODY_EXCERPT_CHARS};
 pub use info::{parameters_schema, ToolInfo};
 pub use message::{AssistantMessage, FunctionCall, Message, ToolCall, ToolCallKind, ToolMessage};
-pub use model::{ChatModel, ModelRequest, ScriptedModel};
+pub use model::{ChatModel, ModelReply, ModelRequest, ScriptedModel, Usage};
 pub use node::{ErrorPolicy, Execution, ToolsNode, ToolsNodeBuilder, UnknownToolHandler};
-pub use openai::{ModelError, OpenAiChatModel, OpenAiConfig, ToolChoice, Usage, DEFAULT_BASE_URL};
+pub use openai::{ModelError, OpenAiChatModel, OpenAiConfig, ToolChoice, DEFAULT_BASE_URL};
 pub use tool::{CollectedStream, StreamingTool, Tool, ToolOutputStream};
 
 /// The guide in `docs/tools.md`, compiled and run as doc tests.

@@ -7,6 +7,7 @@ use std::{
 };
 
 use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
 
 use crate::{
     error::ToolError,
@@ -18,8 +19,8 @@ use crate::{
 /// available tools, it answers with an assistant message, which may ask for
 /// tool calls.
 ///
-/// The trait is object safe (`Arc<dyn ChatModel>`). This crate ships no
-/// network-backed model; [`ScriptedModel`] replays fixed replies.
+/// The trait is object safe (`Arc<dyn ChatModel>`). [`crate::OpenAiChatModel`] speaks to
+/// any OpenAI-compatible endpoint; [`ScriptedModel`] replays fixed replies.
 #[async_trait]
 pub trait ChatModel: Send + Sync {
     /// Produces the next assistant message for `messages`, with `tools`
@@ -33,6 +34,59 @@ pub trait ChatModel: Send + Sync {
         messages: &[Message],
         tools: &[ToolInfo],
     ) -> Result<AssistantMessage, ToolError>;
+
+    /// Like [`ChatModel::generate`], with the token usage the model reported. The default
+    /// calls `generate` and reports no usage; models that know their usage override it.
+    ///
+    /// # Errors
+    ///
+    /// As for [`ChatModel::generate`].
+    async fn reply(
+        &self,
+        messages: &[Message],
+        tools: &[ToolInfo],
+    ) -> Result<ModelReply, ToolError> {
+        Ok(ModelReply {
+            message: self.generate(messages, tools).await?,
+            usage: None,
+        })
+    }
+}
+
+/// A model's answer and, when the model reported it, what it cost in tokens.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelReply {
+    /// The assistant message.
+    pub message: AssistantMessage,
+    /// The token usage, if reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+/// Token counts a model reported for one answer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Tokens of the prompt.
+    #[serde(default)]
+    pub prompt_tokens: u64,
+    /// Tokens of the answer.
+    #[serde(default)]
+    pub completion_tokens: u64,
+    /// Both.
+    #[serde(default)]
+    pub total_tokens: u64,
+}
+
+impl Usage {
+    /// The sum of two usages.
+    #[must_use]
+    pub fn plus(self, other: Self) -> Self {
+        Self {
+            prompt_tokens: self.prompt_tokens + other.prompt_tokens,
+            completion_tokens: self.completion_tokens + other.completion_tokens,
+            total_tokens: self.total_tokens + other.total_tokens,
+        }
+    }
 }
 
 /// What a [`ScriptedModel`] was asked, recorded for assertions.

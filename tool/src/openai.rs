@@ -13,10 +13,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::StreamExt;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::Value;
 
-use crate::{AssistantMessage, ChatModel, Message, ToolCall, ToolError, ToolInfo};
+use crate::{
+    AssistantMessage, ChatModel, Message, ModelReply, ToolCall, ToolError, ToolInfo, Usage,
+};
 
 /// The default endpoint base (`OPENAI_BASE_URL` overrides it).
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
@@ -221,20 +223,6 @@ pub enum ModelError {
     Malformed(String),
 }
 
-/// Token counts the server reported for one answer.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Usage {
-    /// Tokens of the prompt.
-    #[serde(default)]
-    pub prompt_tokens: u64,
-    /// Tokens of the answer.
-    #[serde(default)]
-    pub completion_tokens: u64,
-    /// Both.
-    #[serde(default)]
-    pub total_tokens: u64,
-}
-
 /// A chat model at an OpenAI-compatible endpoint.
 ///
 /// ```no_run
@@ -403,6 +391,18 @@ impl ChatModel for OpenAiChatModel {
             .await
             .map(|(answer, _)| answer)
             .map_err(ToolError::model)
+    }
+
+    async fn reply(
+        &self,
+        messages: &[Message],
+        tools: &[ToolInfo],
+    ) -> Result<ModelReply, ToolError> {
+        let (message, usage) = self
+            .generate_with_usage(messages, tools)
+            .await
+            .map_err(ToolError::model)?;
+        Ok(ModelReply { message, usage })
     }
 }
 

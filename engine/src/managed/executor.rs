@@ -328,6 +328,7 @@ impl ManagedExecutor {
                 }
                 return Err(fail(message));
             }
+            crate::failpoints::point!(crate::failpoints::AFTER_COMMIT_START);
         } else if !started.checkpoint.is_empty() {
             let _ = started.run.stop().await;
             return Err(fail("plain tool cannot return a checkpoint"));

@@ -79,7 +79,7 @@ impl ManagedTool {
             .submit(SubmitRequest {
                 spec: fg.spec.clone(),
                 initial_checkpoint: marker,
-                context_snapshot: Vec::new(),
+                ..SubmitRequest::default()
             })
             .await;
         match submitted {

@@ -140,6 +140,19 @@ impl ToolRegistry {
             .cloned()
     }
 
+    /// What the model is told about every registered tool, by name (a name registered in
+    /// both maps once, as [`ToolRegistry::resolve_any`] resolves it).
+    #[must_use]
+    pub fn infos(&self) -> Vec<ToolInfo> {
+        let mut names: Vec<&String> = self.recoverable.keys().chain(self.plain.keys()).collect();
+        names.sort();
+        names.dedup();
+        names
+            .into_iter()
+            .filter_map(|name| self.resolve_any(name).map(|r| r.info.clone()))
+            .collect()
+    }
+
     /// The registration of `name` under `executor_key`.
     #[must_use]
     pub fn resolve(&self, executor_key: &str, name: &str) -> Option<Arc<Registration>> {

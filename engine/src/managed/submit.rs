@@ -7,6 +7,7 @@ use super::executor::ManagedExecutor;
 use super::live::LiveTable;
 use super::registry::{Registration, ToolRegistry};
 use crate::runtime::{ExecutorRegistry, ExecutorRegistryError, Manager, SubmitRequest};
+use crate::store::ExecutionContext;
 use dtask_journal::TaskSpec;
 use dtask_replay::TaskState;
 use std::sync::Arc;
@@ -88,17 +89,50 @@ impl ManagedTools {
         manager: &Manager,
         call: ToolCall,
     ) -> Result<TaskState, ManagedError> {
+        self.submit_as(manager, call, None, None).await
+    }
+
+    /// Submits a tool call as the child task `id` of the running attempt `parent` (see
+    /// docs/semantics.md, "Nested tasks"): checked like [`ManagedTools::submit`], then
+    /// created in one atomic append with the parent's record of it. The id is the caller's,
+    /// so that a caller recovering from a crash finds the child it created before.
+    ///
+    /// # Errors
+    /// As for [`ManagedTools::submit`]; the store's `AlreadyExists` when `id` is taken, and
+    /// its authority errors (`LeaseLost`, `OwnershipLost`, `MailboxSealed`) when `parent` is
+    /// not the running attempt.
+    pub async fn submit_child(
+        &self,
+        manager: &Manager,
+        call: ToolCall,
+        id: String,
+        parent: ExecutionContext,
+    ) -> Result<TaskState, ManagedError> {
+        self.submit_as(manager, call, Some(id), Some(parent)).await
+    }
+
+    async fn submit_as(
+        &self,
+        manager: &Manager,
+        call: ToolCall,
+        id: Option<String>,
+        parent: Option<ExecutionContext>,
+    ) -> Result<TaskState, ManagedError> {
         let registration = self
             .registry
             .resolve_any(&call.tool_name)
             .ok_or_else(|| ManagedError::UnknownTool(call.tool_name.clone()))?;
         check_arguments(&registration, &call.arguments)?;
-        let id = manager.allocate_task_id(TASK_KIND)?;
+        let id = match id {
+            Some(id) => id,
+            None => manager.allocate_task_id(TASK_KIND)?,
+        };
         let output_file = reserve_output(&registration, &id).await?;
         let spec = build_spec(&registration, id, &call, output_file);
         Ok(manager
             .submit(SubmitRequest {
                 spec,
+                parent,
                 ..SubmitRequest::default()
             })
             .await?)

@@ -6,11 +6,12 @@
 //! poison error and the final commit writes nothing.
 
 use super::control::{Control, ControlSlot};
-use crate::store::{Command, StoreError, TaskStore, UpdateRecord, UpdateRequest};
+use super::manager::{Manager, ManagerInner};
+use crate::store::{Command, ExecutionContext, StoreError, TaskStore, UpdateRecord, UpdateRequest};
 use dtask_journal::MetadataEntry;
 use dtask_replay::{Status, TaskState};
 use parking_lot::Mutex;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::sync::Mutex as AsyncMutex;
 
@@ -32,6 +33,10 @@ struct Shared {
     store: TaskStore,
     task_id: String,
     attempt: u64,
+    /// The mailbox generation the attempt was claimed under.
+    generation: u64,
+    /// The manager running the attempt (weak: the manager holds its attempts).
+    manager: Weak<ManagerInner>,
     /// The version the attempt last observed; held across every versioned write.
     version: AsyncMutex<u64>,
     controls: ControlSlot,
@@ -50,12 +55,14 @@ pub struct AttemptContext {
 }
 
 impl AttemptContext {
-    pub(crate) fn new(store: TaskStore, claimed: &TaskState) -> Self {
+    pub(super) fn new(store: TaskStore, claimed: &TaskState, manager: Weak<ManagerInner>) -> Self {
         Self {
             shared: Arc::new(Shared {
                 store,
                 task_id: claimed.spec.id.clone(),
                 attempt: claimed.attempt,
+                generation: claimed.mailbox.generation,
+                manager,
                 version: AsyncMutex::new(claimed.version),
                 controls: ControlSlot::default(),
                 cancel: Mutex::new(None),
@@ -81,6 +88,25 @@ impl AttemptContext {
     #[must_use]
     pub fn store(&self) -> &TaskStore {
         &self.shared.store
+    }
+
+    /// The authority of this attempt to create child tasks
+    /// ([`CreateRequest::parent`](crate::CreateRequest::parent),
+    /// [`SubmitRequest::parent`](super::SubmitRequest::parent)).
+    #[must_use]
+    pub fn execution_context(&self) -> ExecutionContext {
+        ExecutionContext {
+            task_id: self.shared.task_id.clone(),
+            attempt: self.shared.attempt,
+            generation: self.shared.generation,
+        }
+    }
+
+    /// The manager running this attempt, for nested work (submitting, executing or
+    /// canceling child tasks); `None` once that manager is gone.
+    #[must_use]
+    pub fn manager(&self) -> Option<Manager> {
+        self.shared.manager.upgrade().map(Manager::from_inner)
     }
 
     /// The control channel of this attempt.

@@ -4,7 +4,7 @@ use super::attempt::AttemptContext;
 use super::control::Control;
 use super::error::RuntimeError;
 use super::executor::{ExecutionError, ExecutionResult, Executor, ExecutorRegistry};
-use crate::store::{Command, CreateRequest, StoreError, TaskStore};
+use crate::store::{Command, CreateRequest, ExecutionContext, StoreError, TaskStore};
 use dtask_journal::TaskSpec;
 use dtask_replay::{Status, TaskState};
 use parking_lot::Mutex;
@@ -78,6 +78,9 @@ pub struct SubmitRequest {
     pub initial_checkpoint: Vec<u8>,
     /// An opaque context snapshot restored before each attempt.
     pub context_snapshot: Vec<u8>,
+    /// The running attempt this task is a child of
+    /// ([`AttemptContext::execution_context`]); `None` for a root task.
+    pub parent: Option<ExecutionContext>,
 }
 
 /// What [`Manager::wait`] observed of a whole task: its terminal outcome, or its wait for
@@ -100,7 +103,8 @@ struct Active {
     supports_drain: bool,
 }
 
-struct Inner {
+/// What a [`Manager`] shares between its clones (and, weakly, with its attempts).
+pub(super) struct ManagerInner {
     store: TaskStore,
     registry: ExecutorRegistry,
     config: ManagerConfig,
@@ -127,7 +131,7 @@ impl Drop for Follower {
 /// Runs tasks of registered executors on a [`TaskStore`]. Cheap to clone.
 #[derive(Clone)]
 pub struct Manager {
-    inner: Arc<Inner>,
+    inner: Arc<ManagerInner>,
 }
 
 impl std::fmt::Debug for Manager {
@@ -174,7 +178,7 @@ impl Manager {
             && tokio::runtime::Handle::try_current().is_ok())
         .then(|| Follower(store.spawn_follower()));
         Self {
-            inner: Arc::new(Inner {
+            inner: Arc::new(ManagerInner {
                 _follower: follower,
                 store,
                 registry,
@@ -187,6 +191,10 @@ impl Manager {
                 first_error: Mutex::new(None),
             }),
         }
+    }
+
+    pub(super) fn from_inner(inner: Arc<ManagerInner>) -> Self {
+        Self { inner }
     }
 
     /// The store.
@@ -273,6 +281,7 @@ impl Manager {
                 policy: Some(executor.lease_policy()),
                 checkpoint: request.initial_checkpoint,
                 context_snapshot: request.context_snapshot,
+                parent: request.parent,
                 ..CreateRequest::default()
             })
             .await?;
@@ -536,7 +545,7 @@ impl Manager {
         let claimed = store.execute(id, task.version, Command::Start).await?;
         let span = tracing::info_span!("attempt", task = %id, attempt = claimed.attempt);
         async {
-            let attempt = AttemptContext::new(store.clone(), &claimed);
+            let attempt = AttemptContext::new(store.clone(), &claimed, Arc::downgrade(&self.inner));
             {
                 let mut active = self.inner.active.lock();
                 if let Some(entry) = active.get_mut(id) {

@@ -1,0 +1,316 @@
+//! The durable agent's persisted formats: the task payload, the journal entries of its run
+//! (one progress update each) and the result of a finished run. All are versioned JSON; the
+//! store treats them as opaque bytes.
+
+use super::error::AgentError;
+use crate::tool::{AssistantMessage, Message, Usage};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+
+/// The executor key of durable agent runs (lease policy retry, drain by yield).
+pub const AGENT_EXECUTOR_KEY: &str = "dtask.dev/agent";
+/// The task kind of durable agent runs.
+pub const AGENT_TASK_KIND: &str = "agent";
+/// The update kind of a journaled model answer ([`TurnEntry`]).
+pub const TURN_KIND: &str = "agent.turn";
+/// The update kind of a journaled tool-call result ([`ToolResultEntry`]).
+pub const TOOL_RESULT_KIND: &str = "agent.tool_result";
+/// The most model calls one run may be given.
+pub const MAX_AGENT_STEPS: u32 = 1_000;
+
+/// The one version of every format here.
+const VERSION: u32 = 1;
+
+/// What an agent run is asked: the opening conversation and its step limit.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentPayload {
+    /// The format version (1).
+    pub version: u32,
+    /// The conversation the run starts from (a system and a user message, typically).
+    pub messages: Vec<Message>,
+    /// The most model calls the run may make (1 to [`MAX_AGENT_STEPS`]).
+    pub max_steps: u32,
+}
+
+impl AgentPayload {
+    /// A payload of `messages` with `max_steps`, checked.
+    ///
+    /// # Errors
+    /// [`AgentError::EmptyConversation`], [`AgentError::InvalidMaxSteps`].
+    pub fn new(messages: Vec<Message>, max_steps: u32) -> Result<Self, AgentError> {
+        let payload = Self {
+            version: VERSION,
+            messages,
+            max_steps,
+        };
+        payload.check()?;
+        Ok(payload)
+    }
+
+    fn check(&self) -> Result<(), AgentError> {
+        if self.version != VERSION {
+            return Err(AgentError::UnsupportedVersion(self.version));
+        }
+        if self.messages.is_empty() {
+            return Err(AgentError::EmptyConversation);
+        }
+        if self.max_steps == 0 || self.max_steps > MAX_AGENT_STEPS {
+            return Err(AgentError::InvalidMaxSteps {
+                max_steps: self.max_steps,
+                max: MAX_AGENT_STEPS,
+            });
+        }
+        Ok(())
+    }
+
+    /// The JSON bytes.
+    #[must_use]
+    pub fn encode(&self) -> Vec<u8> {
+        encode(self)
+    }
+
+    /// Reads and checks a payload.
+    ///
+    /// # Errors
+    /// [`AgentError::InvalidPayload`], and the checks of [`AgentPayload::new`].
+    pub fn decode(bytes: &[u8]) -> Result<Self, AgentError> {
+        let payload: Self =
+            serde_json::from_slice(bytes).map_err(|e| AgentError::InvalidPayload(e.to_string()))?;
+        payload.check()?;
+        Ok(payload)
+    }
+}
+
+/// One model answer, journaled before any of its tool calls runs (update kind
+/// [`TURN_KIND`], event id `turn-<turn>`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TurnEntry {
+    /// The format version (1).
+    pub version: u32,
+    /// The turn's number: 1 for the first model call.
+    pub turn: u32,
+    /// What the model answered.
+    pub message: AssistantMessage,
+    /// What it cost, when the model said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+impl TurnEntry {
+    /// The entry of turn `turn`.
+    #[must_use]
+    pub fn new(turn: u32, message: AssistantMessage, usage: Option<Usage>) -> Self {
+        Self {
+            version: VERSION,
+            turn,
+            message,
+            usage,
+        }
+    }
+
+    /// The update's event id: `turn-<turn>`.
+    #[must_use]
+    pub fn event_id(&self) -> String {
+        format!("turn-{}", self.turn)
+    }
+}
+
+/// How a tool call ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum CallStatus {
+    /// Its task completed; the content is the tool's output.
+    Completed,
+    /// Its task failed; the content is `Error: <error>`.
+    Failed,
+    /// Its task was canceled; the content is `Canceled: <reason>`.
+    Canceled,
+    /// No task was created: the tool does not exist or refused the arguments; the content
+    /// is `Error: <why>`, so the model can correct itself.
+    Refused,
+}
+
+impl CallStatus {
+    /// The status as written (`completed`, `failed`, `canceled`, `refused`).
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Completed => "completed",
+            Self::Failed => "failed",
+            Self::Canceled => "canceled",
+            Self::Refused => "refused",
+        }
+    }
+}
+
+/// The result of one tool call, journaled once its task ended (update kind
+/// [`TOOL_RESULT_KIND`], event id `result-<turn>.<index>`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToolResultEntry {
+    /// The format version (1).
+    pub version: u32,
+    /// The turn whose answer asked for the call.
+    pub turn: u32,
+    /// The call's place among the turn's tool calls (0-based).
+    pub index: u32,
+    /// The model's id of the call.
+    pub tool_call_id: String,
+    /// The call's task (`None` when it was refused before one was created).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_id: Option<String>,
+    /// How it ended.
+    pub status: CallStatus,
+    /// What the model is told (the tool message's content).
+    pub content: String,
+}
+
+impl ToolResultEntry {
+    /// The update's event id: `result-<turn>.<index>`.
+    #[must_use]
+    pub fn event_id(&self) -> String {
+        format!("result-{}.{}", self.turn, self.index)
+    }
+}
+
+/// What a finished run completes with (the task's result data).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentAnswer {
+    /// The format version (1).
+    pub version: u32,
+    /// The final assistant message (without tool calls).
+    pub answer: AssistantMessage,
+    /// How many model calls the run made.
+    pub steps: u32,
+    /// The tokens of all its model calls, as far as the model reported them.
+    pub usage: Usage,
+}
+
+impl AgentAnswer {
+    /// The JSON bytes.
+    #[must_use]
+    pub fn encode(&self) -> Vec<u8> {
+        encode(self)
+    }
+
+    /// Reads a completed run's result data.
+    ///
+    /// # Errors
+    /// [`AgentError::InvalidEntry`] when the bytes are not an answer of version 1.
+    pub fn decode(bytes: &[u8]) -> Result<Self, AgentError> {
+        let answer: Self = decode_entry("answer", bytes)?;
+        Ok(answer)
+    }
+
+    pub(crate) fn new(answer: AssistantMessage, steps: u32, usage: Usage) -> Self {
+        Self {
+            version: VERSION,
+            answer,
+            steps,
+            usage,
+        }
+    }
+}
+
+/// The id of the child task of tool call `index` of turn `turn` of the run `agent`:
+/// `<agent>.t<turn>.c<index>`. Fixed by the call's place, so a later attempt finds the task
+/// an earlier one created.
+#[must_use]
+pub fn call_task_id(agent: &str, turn: u32, index: u32) -> String {
+    format!("{agent}.t{turn}.c{index}")
+}
+
+fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    // These types hold strings, numbers and messages only: serializing them cannot fail.
+    serde_json::to_vec(value).unwrap_or_default()
+}
+
+/// Decodes a journal entry of version 1.
+pub(crate) fn decode_entry<T: DeserializeOwned + Versioned>(
+    what: &'static str,
+    bytes: &[u8],
+) -> Result<T, AgentError> {
+    let entry: T = serde_json::from_slice(bytes).map_err(|e| AgentError::InvalidEntry {
+        what,
+        reason: e.to_string(),
+    })?;
+    if entry.version() != VERSION {
+        return Err(AgentError::InvalidEntry {
+            what,
+            reason: format!("unsupported version {}", entry.version()),
+        });
+    }
+    Ok(entry)
+}
+
+/// A format with a version field.
+pub(crate) trait Versioned {
+    fn version(&self) -> u32;
+}
+
+impl Versioned for TurnEntry {
+    fn version(&self) -> u32 {
+        self.version
+    }
+}
+
+impl Versioned for ToolResultEntry {
+    fn version(&self) -> u32 {
+        self.version
+    }
+}
+
+impl Versioned for AgentAnswer {
+    fn version(&self) -> u32 {
+        self.version
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tool::ToolCall;
+
+    #[test]
+    fn payloads_are_checked_both_ways() {
+        assert!(matches!(
+            AgentPayload::new(vec![], 3),
+            Err(AgentError::EmptyConversation)
+        ));
+        assert!(matches!(
+            AgentPayload::new(vec![Message::user("hi")], 0),
+            Err(AgentError::InvalidMaxSteps { .. })
+        ));
+        let payload = AgentPayload::new(vec![Message::user("hi")], 3).unwrap();
+        assert_eq!(AgentPayload::decode(&payload.encode()).unwrap(), payload);
+        let newer = br#"{"version":2,"messages":[{"role":"user","content":"hi"}],"max_steps":3}"#;
+        assert!(matches!(
+            AgentPayload::decode(newer),
+            Err(AgentError::UnsupportedVersion(2))
+        ));
+        assert!(matches!(
+            AgentPayload::decode(b"{"),
+            Err(AgentError::InvalidPayload(_))
+        ));
+    }
+
+    #[test]
+    fn entries_round_trip_and_refuse_other_versions() {
+        let turn = TurnEntry::new(
+            1,
+            AssistantMessage::with_tool_calls(vec![ToolCall::function("c", "add", "{}")]),
+            Some(Usage {
+                prompt_tokens: 3,
+                completion_tokens: 4,
+                total_tokens: 7,
+            }),
+        );
+        let bytes = encode(&turn);
+        assert_eq!(decode_entry::<TurnEntry>("turn", &bytes).unwrap(), turn);
+        assert_eq!(turn.event_id(), "turn-1");
+        let other = String::from_utf8(bytes)
+            .unwrap()
+            .replace("\"version\":1", "\"version\":9");
+        assert!(decode_entry::<TurnEntry>("turn", other.as_bytes()).is_err());
+        assert_eq!(call_task_id("agent_1", 2, 0), "agent_1.t2.c0");
+    }
+}

@@ -1,0 +1,388 @@
+//! The executor of agent runs: one attempt folds the run's journal and carries on from
+//! there — asks the model for the next turn, runs the turn's tool calls as child tasks, and
+//! journals each answer and each result before it goes on.
+
+use super::codec::{
+    call_task_id, AgentPayload, CallStatus, ToolResultEntry, TurnEntry, AGENT_EXECUTOR_KEY,
+    TOOL_RESULT_KIND, TURN_KIND,
+};
+use super::error::AgentError;
+use super::read_transcript;
+use super::transcript::{Next, Transcript};
+use crate::failpoints::point;
+use crate::managed::{ManagedError, ManagedTools, ToolCall as ManagedCall};
+use crate::runtime::{
+    AttemptContext, Control, ExecutionError, ExecutionResult, Executor, Manager, Progress,
+};
+use crate::store::{NotFound, StoreError};
+use crate::tool::{ChatModel, Execution, ToolInfo};
+use async_trait::async_trait;
+use dtask_journal::{LeasePolicy, TaskSpec};
+use dtask_replay::{Status, TaskState};
+use futures::stream::{FuturesUnordered, StreamExt};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Runs the attempts of agent runs (key [`AGENT_EXECUTOR_KEY`]).
+pub(crate) struct AgentExecutor {
+    pub(crate) model: Arc<dyn ChatModel>,
+    pub(crate) tools: ManagedTools,
+    pub(crate) infos: Vec<ToolInfo>,
+    pub(crate) poll_interval: Duration,
+    pub(crate) execution: Execution,
+}
+
+/// How the tool phase of a turn ended.
+enum Flow {
+    /// Every call has its result: ask the model again.
+    Continue,
+    /// A control ended the attempt with this result.
+    Stop(ExecutionResult),
+}
+
+fn failed(error: impl std::fmt::Display) -> ExecutionError {
+    ExecutionError::failed(error.to_string())
+}
+
+#[async_trait]
+impl Executor for AgentExecutor {
+    fn key(&self) -> &str {
+        AGENT_EXECUTOR_KEY
+    }
+
+    fn lease_policy(&self) -> LeasePolicy {
+        // Everything an attempt did is in the journal: a lost worker's run continues.
+        LeasePolicy::Retry
+    }
+
+    fn supports_drain(&self) -> bool {
+        true
+    }
+
+    fn validate_spec(&self, spec: &TaskSpec) -> Result<(), crate::runtime::ValidationError> {
+        AgentPayload::decode(&spec.payload)
+            .map(|_| ())
+            .map_err(|e| crate::runtime::ValidationError::new(e.to_string()))
+    }
+
+    async fn execute(
+        &self,
+        attempt: AttemptContext,
+        _task: TaskState,
+    ) -> Result<ExecutionResult, ExecutionError> {
+        let manager = attempt
+            .manager()
+            .ok_or_else(|| failed("the manager running the agent is gone"))?;
+        let mut transcript = read_transcript(attempt.store(), attempt.task_id())
+            .await
+            .map_err(failed)?;
+        loop {
+            if let Some(reason) = attempt.cancellation() {
+                return Ok(ExecutionResult::Canceled(reason));
+            }
+            match transcript.next() {
+                Next::Finish(answer) => return Ok(ExecutionResult::Completed(answer.encode())),
+                Next::StepLimit { max_steps } => {
+                    return Ok(ExecutionResult::Failed(format!(
+                        "step limit reached: the model still asked for tools after {max_steps} \
+                         model calls"
+                    )))
+                }
+                Next::CallModel { turn } => {
+                    if let Some(stop) = self.call_model(&attempt, &mut transcript, turn).await? {
+                        return Ok(stop);
+                    }
+                }
+                Next::RunTools { turn, pending } => {
+                    let flow = self
+                        .run_tools(&attempt, &manager, &mut transcript, turn, pending)
+                        .await?;
+                    if let Flow::Stop(result) = flow {
+                        return Ok(result);
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl AgentExecutor {
+    /// Asks the model for turn `turn` and journals its answer; a control that arrives first
+    /// ends the attempt (the answer, if it comes later, is not used: the next attempt asks
+    /// again).
+    async fn call_model(
+        &self,
+        attempt: &AttemptContext,
+        transcript: &mut Transcript,
+        turn: u32,
+    ) -> Result<Option<ExecutionResult>, ExecutionError> {
+        let messages = transcript.messages();
+        let reply = tokio::select! {
+            reply = self.model.reply(&messages, &self.infos) => reply,
+            control = attempt.next_control() => return Ok(Some(on_control(control))),
+        };
+        let reply = match reply {
+            Ok(reply) => reply,
+            Err(e) => {
+                return Ok(Some(ExecutionResult::Failed(format!(
+                    "the model failed: {e}"
+                ))))
+            }
+        };
+        let entry = TurnEntry::new(turn, reply.message, reply.usage);
+        journal(attempt, TURN_KIND, entry.event_id(), &entry).await?;
+        point!(crate::failpoints::AGENT_AFTER_TURN, |m| Err(failed(m)));
+        transcript.push_turn(entry).map_err(failed)?;
+        Ok(None)
+    }
+
+    /// Runs the calls `pending` of turn `turn` — each a child task of this run — all at once
+    /// or one after the other, and journals each result as its task ends.
+    async fn run_tools(
+        &self,
+        attempt: &AttemptContext,
+        manager: &Manager,
+        transcript: &mut Transcript,
+        turn: u32,
+        pending: Vec<u32>,
+    ) -> Result<Flow, ExecutionError> {
+        let batches: Vec<Vec<u32>> = if self.execution == Execution::Sequential {
+            pending.into_iter().map(|index| vec![index]).collect()
+        } else {
+            vec![pending]
+        };
+        for batch in batches {
+            let flow = self
+                .run_batch(attempt, manager, transcript, turn, batch)
+                .await?;
+            if let Flow::Stop(result) = flow {
+                return Ok(Flow::Stop(result));
+            }
+        }
+        Ok(Flow::Continue)
+    }
+
+    /// Runs the calls `batch` of turn `turn` at the same time: creates (or finds) each
+    /// call's task, then waits for them, journaling each result as its task ends.
+    async fn run_batch(
+        &self,
+        attempt: &AttemptContext,
+        manager: &Manager,
+        transcript: &mut Transcript,
+        turn: u32,
+        batch: Vec<u32>,
+    ) -> Result<Flow, ExecutionError> {
+        let calls = transcript
+            .turns()
+            .last()
+            .map(|t| t.calls.clone())
+            .unwrap_or_default();
+        let mut running = FuturesUnordered::new();
+        let mut children = Vec::new();
+        for index in batch {
+            let Some(call) = calls.get(index as usize) else {
+                continue;
+            };
+            match self.ensure_child(attempt, manager, turn, call).await? {
+                Err(refusal) => {
+                    let entry = ToolResultEntry {
+                        version: 1,
+                        turn,
+                        index,
+                        tool_call_id: call.call.id.clone(),
+                        task_id: None,
+                        status: CallStatus::Refused,
+                        content: format!("Error: {refusal}"),
+                    };
+                    self.record(attempt, transcript, entry).await?;
+                }
+                Ok(task_id) => {
+                    children.push(task_id.clone());
+                    running.push(watch(manager.clone(), task_id, index, self.poll_interval));
+                }
+            }
+        }
+        loop {
+            if running.is_empty() {
+                return Ok(Flow::Continue);
+            }
+            tokio::select! {
+                ended = running.next() => {
+                    let Some(ended) = ended else { continue };
+                    let (index, state) = ended.map_err(failed)?;
+                    point!(crate::failpoints::AGENT_AFTER_TOOL_ENDED, |m| Err(failed(m)));
+                    let Some(call) = calls.get(index as usize) else { continue };
+                    let (status, content) = match state.status {
+                        Status::Completed => (
+                            CallStatus::Completed,
+                            String::from_utf8_lossy(&state.result_data).into_owned(),
+                        ),
+                        Status::Canceled => {
+                            (CallStatus::Canceled, format!("Canceled: {}", state.result_error))
+                        }
+                        _ => (CallStatus::Failed, format!("Error: {}", state.result_error)),
+                    };
+                    let entry = ToolResultEntry {
+                        version: 1,
+                        turn,
+                        index,
+                        tool_call_id: call.call.id.clone(),
+                        task_id: Some(call.task_id.clone()),
+                        status,
+                        content,
+                    };
+                    self.record(attempt, transcript, entry).await?;
+                }
+                control = attempt.next_control() => {
+                    let result = on_control(control);
+                    if !matches!(result, ExecutionResult::Yield(_)) {
+                        // Stop and Timeout end the run: its tools stop with it. A drain
+                        // leaves them running; the next attempt waits for them.
+                        let reason = match &result {
+                            ExecutionResult::Canceled(r) | ExecutionResult::Failed(r) => r.clone(),
+                            _ => String::new(),
+                        };
+                        cancel_children(manager, &children, &reason).await;
+                    }
+                    return Ok(Flow::Stop(result));
+                }
+            }
+        }
+    }
+
+    /// Journals a call's result and adds it to the transcript.
+    async fn record(
+        &self,
+        attempt: &AttemptContext,
+        transcript: &mut Transcript,
+        entry: ToolResultEntry,
+    ) -> Result<(), ExecutionError> {
+        journal(attempt, TOOL_RESULT_KIND, entry.event_id(), &entry).await?;
+        point!(crate::failpoints::AGENT_AFTER_TOOL_RESULT, |m| Err(failed(
+            m
+        )));
+        transcript.push_result(entry).map_err(failed)
+    }
+
+    /// The call's child task: the one an earlier attempt created, or a new one. `Err` is a
+    /// refusal to hand the model (an unknown tool, arguments the tool refuses).
+    async fn ensure_child(
+        &self,
+        attempt: &AttemptContext,
+        manager: &Manager,
+        turn: u32,
+        call: &super::transcript::Call,
+    ) -> Result<Result<String, String>, ExecutionError> {
+        let id = call_task_id(attempt.task_id(), turn, call.index);
+        match attempt.store().get(&id).await {
+            Ok(_) => return Ok(Ok(id)),
+            Err(StoreError::NotFound(NotFound::Task(_))) => {}
+            Err(e) => return Err(failed(e)),
+        }
+        let submitted = self
+            .tools
+            .submit_child(
+                manager,
+                ManagedCall {
+                    tool_name: call.call.function.name.clone(),
+                    arguments: call.call.function.arguments.clone(),
+                    tool_call_id: Some(call.call.id.clone()),
+                    ..ManagedCall::default()
+                },
+                id.clone(),
+                attempt.execution_context(),
+            )
+            .await;
+        match submitted {
+            Ok(_)
+            | Err(ManagedError::Runtime(crate::runtime::RuntimeError::Store(
+                StoreError::AlreadyExists(_),
+            ))) => {}
+            Err(e @ (ManagedError::UnknownTool(_) | ManagedError::InvalidArguments(_))) => {
+                return Ok(Err(e.to_string()))
+            }
+            Err(e) => return Err(failed(format!("create the task of call {id}: {e}"))),
+        }
+        point!(crate::failpoints::AGENT_AFTER_TOOL_CREATED, |m| Err(
+            failed(m)
+        ));
+        Ok(Ok(id))
+    }
+}
+
+/// What a control makes of the attempt: Stop cancels, Timeout fails, Drain yields (the
+/// journal holds everything the next attempt needs).
+fn on_control(control: Control) -> ExecutionResult {
+    match control {
+        Control::Stop(reason) => ExecutionResult::Canceled(reason),
+        Control::Timeout(reason) => ExecutionResult::Failed(reason),
+        Control::Drain(_) => ExecutionResult::Yield(Vec::new()),
+    }
+}
+
+/// Appends one entry of the run, fenced by the attempt and deduplicated by its event id.
+async fn journal<T: serde::Serialize>(
+    attempt: &AttemptContext,
+    kind: &str,
+    event_id: String,
+    entry: &T,
+) -> Result<(), ExecutionError> {
+    let data = serde_json::to_vec(entry).map_err(failed)?;
+    attempt
+        .emit_progress(Progress {
+            event_id,
+            kind: kind.to_owned(),
+            data,
+            metadata: Vec::new(),
+        })
+        .await
+        .map_err(|e| failed(format!("journal {kind}: {e}")))?;
+    Ok(())
+}
+
+/// Waits until the call's task has ended, executing it here whenever it is pending (an
+/// attempt elsewhere may take it first: that race is benign). A task waiting for input
+/// waits for whoever answers it.
+async fn watch(
+    manager: Manager,
+    id: String,
+    index: u32,
+    poll: Duration,
+) -> Result<(u32, TaskState), AgentError> {
+    let store = manager.store().clone();
+    loop {
+        let state = store.get(&id).await?;
+        match state.status {
+            Status::Completed | Status::Failed | Status::Canceled => return Ok((index, state)),
+            Status::Pending => {
+                let manager = manager.clone();
+                let child = id.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = manager.execute(&child).await {
+                        if !e.is_benign() {
+                            tracing::warn!(task = %child, error = %e, "tool call attempt failed");
+                        }
+                    }
+                });
+            }
+            Status::Running | Status::WaitingInput | Status::Suspended => {}
+        }
+        // A change wakes the wait at once; the poll catches leases that run out and
+        // changes made by other processes.
+        let _ = tokio::time::timeout(poll, store.wait_for_task_version(&id, state.version)).await;
+    }
+}
+
+/// Asks every child that has not ended to stop.
+async fn cancel_children(manager: &Manager, children: &[String], reason: &str) {
+    let reason = if reason.is_empty() {
+        "the agent run ended"
+    } else {
+        reason
+    };
+    for id in children {
+        if let Err(e) = manager.request_cancel(id, reason).await {
+            tracing::warn!(task = %id, error = %e, "could not cancel a tool call");
+        }
+    }
+}

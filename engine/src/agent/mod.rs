@@ -1,0 +1,278 @@
+//! Durable agents: an agent's run (model → tools → model …) as a task whose journal is its
+//! transcript, so that a crash between two model turns loses nothing and repeats nothing.
+//!
+//! * A run is a task of executor [`AGENT_EXECUTOR_KEY`] (lease policy retry, drain by
+//!   yield). Its payload ([`AgentPayload`]) holds the opening conversation and the step
+//!   limit.
+//! * Each model answer is journaled as an update ([`TurnEntry`], event id `turn-<n>`)
+//!   **before** any of its tool calls runs. A later attempt folds the journal
+//!   ([`Transcript`]) and never sends a journaled turn to the model again.
+//! * Each tool call runs as a managed tool, in a **child task** of the run with an id fixed
+//!   by its place ([`call_task_id`]): a later attempt finds the task an earlier one created
+//!   instead of creating another, waits for it if it runs, and reads its result if it ended —
+//!   a completed call is never run again, and a running one is recovered as its tool's kind
+//!   says (recoverable tools recover, plain tools fail on a lost lease). Each result is
+//!   journaled ([`ToolResultEntry`], event id `result-<n>.<i>`) once its task ended.
+//! * The step limit, cancellation (a Stop ends the model call and cancels the running tool
+//!   calls), a drain (the attempt yields; its tool calls go on) and a tool waiting for input
+//!   (the run waits until someone answers the tool's task) behave as for any task.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use dtask_engine::agent::{AgentRequest, DurableAgent};
+//! use dtask_engine::managed::{ManagedTools, ToolRegistry};
+//! use dtask_engine::tool::{Message, OpenAiChatModel, OpenAiConfig};
+//! use dtask_engine::{ExecutorRegistry, Manager, ManagerConfig, TaskStore};
+//!
+//! # async fn run(store: TaskStore) -> Result<(), Box<dyn std::error::Error>> {
+//! let model = OpenAiChatModel::new(OpenAiConfig::from_env("gpt-4o-mini"))?;
+//! let agent = DurableAgent::new(Arc::new(model), ManagedTools::new(ToolRegistry::new()));
+//! let mut executors = ExecutorRegistry::new();
+//! agent.register_executors(&mut executors)?;
+//! let manager = Manager::new(store, executors, ManagerConfig::default());
+//! let run = agent
+//!     .submit(&manager, AgentRequest::new(vec![Message::user("Say hello.")]))
+//!     .await?;
+//! // A Worker for AGENT_EXECUTOR_KEY runs it (and runs it on after a crash).
+//! # let _ = run; Ok(()) }
+//! ```
+//!
+//! The guide is docs/tools.md, "Durable agents".
+
+mod codec;
+mod error;
+mod executor;
+mod transcript;
+
+pub use codec::{
+    call_task_id, AgentAnswer, AgentPayload, CallStatus, ToolResultEntry, TurnEntry,
+    AGENT_EXECUTOR_KEY, AGENT_TASK_KIND, MAX_AGENT_STEPS, TOOL_RESULT_KIND, TURN_KIND,
+};
+pub use error::AgentError;
+pub use transcript::{Call, Next, Transcript, Turn};
+
+use crate::managed::ManagedTools;
+use crate::runtime::{ExecutorRegistry, ExecutorRegistryError, Manager, SubmitRequest};
+use crate::store::{StoreError, TaskStore};
+use crate::tool::{ChatModel, Execution, Message, DEFAULT_MAX_STEPS};
+use dtask_journal::TaskSpec;
+use dtask_replay::TaskState;
+use executor::AgentExecutor;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How often a run re-reads a tool call's task it waits for, besides being woken by its
+/// changes (to notice leases that ran out and changes made by other processes).
+pub const DEFAULT_TOOL_POLL: Duration = Duration::from_secs(1);
+
+/// A chat model and the managed tools it may call, run as durable agent runs.
+#[derive(Clone)]
+pub struct DurableAgent {
+    model: Arc<dyn ChatModel>,
+    tools: ManagedTools,
+    max_steps: u32,
+    poll_interval: Duration,
+    execution: Execution,
+}
+
+impl std::fmt::Debug for DurableAgent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DurableAgent")
+            .field("tools", &self.tools)
+            .field("max_steps", &self.max_steps)
+            .field("poll_interval", &self.poll_interval)
+            .field("execution", &self.execution)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A request to start an agent run.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct AgentRequest {
+    /// The opening conversation (at least one message).
+    pub messages: Vec<Message>,
+    /// The run's step limit (default: the agent's).
+    pub max_steps: Option<u32>,
+    /// The run's task id (default: a new `agent_<uuid>`). With a fixed id, submitting again
+    /// after a crash is refused with `AlreadyExists` and the run goes on as it was.
+    pub task_id: Option<String>,
+    /// The task's description (default: the start of the last user message).
+    pub description: Option<String>,
+}
+
+impl AgentRequest {
+    /// A request to run from `messages`.
+    #[must_use]
+    pub fn new(messages: Vec<Message>) -> Self {
+        Self {
+            messages,
+            ..Self::default()
+        }
+    }
+
+    /// Sets the step limit.
+    #[must_use]
+    pub fn with_max_steps(mut self, max_steps: u32) -> Self {
+        self.max_steps = Some(max_steps);
+        self
+    }
+
+    /// Sets the task id.
+    #[must_use]
+    pub fn with_task_id(mut self, id: impl Into<String>) -> Self {
+        self.task_id = Some(id.into());
+        self
+    }
+}
+
+impl DurableAgent {
+    /// An agent of `model` over `tools`, with the default step limit (10 model calls).
+    #[must_use]
+    pub fn new(model: Arc<dyn ChatModel>, tools: ManagedTools) -> Self {
+        Self {
+            model,
+            tools,
+            max_steps: u32::try_from(DEFAULT_MAX_STEPS).unwrap_or(10),
+            poll_interval: DEFAULT_TOOL_POLL,
+            execution: Execution::Concurrent,
+        }
+    }
+
+    /// Sets how the tool calls of one answer run: all at once ([`Execution::Concurrent`],
+    /// the default) or one after the other in call order ([`Execution::Sequential`]).
+    #[must_use]
+    pub fn with_execution(mut self, execution: Execution) -> Self {
+        self.execution = execution;
+        self
+    }
+
+    /// Sets the default step limit of runs (clamped to 1 ..= [`MAX_AGENT_STEPS`]).
+    #[must_use]
+    pub fn with_max_steps(mut self, max_steps: u32) -> Self {
+        self.max_steps = max_steps.clamp(1, MAX_AGENT_STEPS);
+        self
+    }
+
+    /// Sets how often a run re-reads a tool call's task ([`DEFAULT_TOOL_POLL`]).
+    #[must_use]
+    pub fn with_poll_interval(mut self, every: Duration) -> Self {
+        self.poll_interval = every.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The managed tools.
+    #[must_use]
+    pub fn tools(&self) -> &ManagedTools {
+        &self.tools
+    }
+
+    /// Registers the agent's executor and its tools' two executors.
+    ///
+    /// # Errors
+    /// [`ExecutorRegistryError::Duplicate`] when one of the keys is registered already.
+    pub fn register_executors(
+        &self,
+        registry: &mut ExecutorRegistry,
+    ) -> Result<(), ExecutorRegistryError> {
+        registry.register(AgentExecutor {
+            model: Arc::clone(&self.model),
+            tools: self.tools.clone(),
+            infos: self.tools.registry().infos(),
+            poll_interval: self.poll_interval,
+            execution: self.execution,
+        })?;
+        self.tools.register_executors(registry)
+    }
+
+    /// Creates a run (pending, version 1); a worker of [`AGENT_EXECUTOR_KEY`] runs it.
+    ///
+    /// # Errors
+    /// [`AgentError::EmptyConversation`], [`AgentError::InvalidMaxSteps`] (nothing
+    /// created), the store's `AlreadyExists` for a taken id, and the runtime's errors.
+    pub async fn submit(
+        &self,
+        manager: &Manager,
+        request: AgentRequest,
+    ) -> Result<TaskState, AgentError> {
+        let payload = AgentPayload::new(
+            request.messages,
+            request.max_steps.unwrap_or(self.max_steps),
+        )?;
+        let id = match request.task_id {
+            Some(id) => id,
+            None => manager.allocate_task_id(AGENT_TASK_KIND)?,
+        };
+        let description = request
+            .description
+            .unwrap_or_else(|| describe(&payload.messages));
+        let spec = TaskSpec {
+            id,
+            executor_key: AGENT_EXECUTOR_KEY.to_owned(),
+            kind: AGENT_TASK_KIND.to_owned(),
+            payload: payload.encode(),
+            description,
+            ..TaskSpec::default()
+        };
+        Ok(manager
+            .submit(SubmitRequest {
+                spec,
+                ..SubmitRequest::default()
+            })
+            .await?)
+    }
+}
+
+/// A run's description: the start of its last user message.
+fn describe(messages: &[Message]) -> String {
+    let text = messages
+        .iter()
+        .rev()
+        .find(|m| matches!(m, Message::User { .. }))
+        .and_then(Message::content)
+        .unwrap_or("agent run");
+    let mut description: String = text.chars().take(80).collect();
+    if text.chars().count() > 80 {
+        description.push('…');
+    }
+    description
+}
+
+/// The transcript of run `id` as the store has it now.
+///
+/// # Errors
+/// [`AgentError::NotAnAgent`], the store's errors, and those of [`Transcript::fold`].
+pub async fn read_transcript(store: &TaskStore, id: &str) -> Result<Transcript, AgentError> {
+    let task = store.get(id).await?;
+    if task.spec.executor_key != AGENT_EXECUTOR_KEY {
+        return Err(AgentError::NotAnAgent {
+            task_id: id.to_owned(),
+            executor_key: task.spec.executor_key,
+        });
+    }
+    let payload = AgentPayload::decode(&task.spec.payload)?;
+    let mut transcript = Transcript::new(id, payload);
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = store.list_updates(id, cursor.as_deref(), 0, false).await?;
+        for update in &page.updates {
+            transcript.apply(&update.kind, &update.data)?;
+        }
+        match page.next_cursor {
+            Some(next) => cursor = Some(next),
+            None => return Ok(transcript),
+        }
+    }
+}
+
+/// Whether `e` says a run with that id exists already (a second submit after a crash).
+#[must_use]
+pub fn is_already_submitted(e: &AgentError) -> bool {
+    matches!(
+        e,
+        AgentError::Store(StoreError::AlreadyExists(_))
+            | AgentError::Runtime(crate::runtime::RuntimeError::Store(
+                StoreError::AlreadyExists(_)
+            ))
+    )
+}

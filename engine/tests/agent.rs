@@ -1,0 +1,432 @@
+//! Durable agents in one process, on a real journal: a run journals each model answer before
+//! its tool calls, runs each call as a child task, continues from the journal in a new
+//! attempt without asking the model or running a tool again, tells the model about unknown
+//! tools, stops at its step limit, is canceled with its model call and its tools, and waits
+//! for a person to answer a tool. The same run killed with SIGKILL at every step boundary is
+//! `agent_crash.rs`.
+#![allow(
+    clippy::unwrap_used,
+    clippy::missing_panics_doc,
+    clippy::too_many_lines
+)]
+
+mod common;
+#[path = "support/ledger.rs"]
+mod ledger;
+
+use async_trait::async_trait;
+use common::Env;
+use dtask_engine::agent::{
+    read_transcript, AgentAnswer, AgentRequest, CallStatus, DurableAgent, AGENT_EXECUTOR_KEY,
+};
+use dtask_engine::managed::tools::ApprovalTool;
+use dtask_engine::managed::{ManagedTools, Registration, ToolRegistry};
+use dtask_engine::tool::{
+    AssistantMessage, ChatModel, Message, ScriptedModel, ToolCall, ToolError, ToolInfo,
+};
+use dtask_engine::{Command, ExecutorRegistry, Manager, ManagerConfig, TaskOutcome, UpdateRequest};
+use dtask_replay::Status;
+use ledger::{read_ledger, LedgerTool};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+fn add(id: &str, a: i64, b: i64) -> ToolCall {
+    ToolCall::function(id, "add", format!(r#"{{"a":{a},"b":{b}}}"#))
+}
+
+fn tools(ledger: &Path) -> ManagedTools {
+    let mut registry = ToolRegistry::new();
+    registry.register(LedgerTool::registration(ledger)).unwrap();
+    registry
+        .register(Registration::new(
+            ToolInfo::new("approve", "Ask a person", ApprovalTool::parameters()),
+            ApprovalTool,
+        ))
+        .unwrap();
+    ManagedTools::new(registry)
+}
+
+fn manager(env: &Env, agent: &DurableAgent) -> Manager {
+    let mut executors = ExecutorRegistry::new();
+    agent.register_executors(&mut executors).unwrap();
+    Manager::new(
+        env.store().clone(),
+        executors,
+        ManagerConfig::default().with_heartbeat_interval(Duration::from_secs(3600)),
+    )
+}
+
+fn agent(model: Arc<dyn ChatModel>, ledger: &Path) -> DurableAgent {
+    DurableAgent::new(model, tools(ledger)).with_poll_interval(Duration::from_millis(20))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_journals_each_answer_and_runs_each_call_as_a_child_task() {
+    let env = Env::new();
+    let ledger = env.dir.path().join("ledger");
+    let model = Arc::new(ScriptedModel::new([
+        AssistantMessage::with_tool_calls(vec![add("c1", 2, 3), add("c2", 4, 5)]),
+        AssistantMessage::text("5 and 9"),
+    ]));
+    let agent = agent(model.clone(), &ledger);
+    let manager = manager(&env, &agent);
+    let run = agent
+        .submit(
+            &manager,
+            AgentRequest::new(vec![Message::user("2+3 and 4+5?")]).with_task_id("run-1"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(run.spec.executor_key, AGENT_EXECUTOR_KEY);
+    assert_eq!(run.spec.description, "2+3 and 4+5?");
+    let done = manager.execute("run-1").await.unwrap();
+    assert_eq!(done.status, Status::Completed, "{done:?}");
+    let answer = AgentAnswer::decode(&done.result_data).unwrap();
+    assert_eq!(answer.answer.content.as_deref(), Some("5 and 9"));
+    assert_eq!(answer.steps, 2);
+
+    // The model saw the tool results, in call order.
+    let requests = model.requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(requests[1].messages[2], Message::tool("c1", "5"));
+    assert_eq!(requests[1].messages[3], Message::tool("c2", "9"));
+    assert_eq!(requests[0].tool_names, ["add", "approve"]);
+
+    // Each call is a child task of the run, named by its place, run once.
+    for (index, sum) in [(0, "5"), (1, "9")] {
+        let child = env
+            .store()
+            .get(&format!("run-1.t1.c{index}"))
+            .await
+            .unwrap();
+        assert_eq!(child.parent_task_id, "run-1");
+        assert_eq!(child.status, Status::Completed);
+        assert_eq!(child.result_data, sum.as_bytes());
+    }
+    let mut lines = read_ledger(&ledger);
+    lines.sort();
+    assert_eq!(lines, ["run-1.t1.c0", "run-1.t1.c1"]);
+
+    // The journal holds the answer before the results, and the fold reads it back.
+    let page = env
+        .store()
+        .list_updates("run-1", None, 0, false)
+        .await
+        .unwrap();
+    let kinds: Vec<_> = page.updates.iter().map(|u| u.kind.as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "agent.turn",
+            "agent.tool_result",
+            "agent.tool_result",
+            "agent.turn"
+        ]
+    );
+    let transcript = read_transcript(env.store(), "run-1").await.unwrap();
+    assert_eq!(transcript.turns().len(), 2);
+    assert_eq!(
+        transcript.turns()[0].calls[1]
+            .result
+            .as_ref()
+            .unwrap()
+            .status,
+        CallStatus::Completed
+    );
+    assert_eq!(transcript.messages().len(), 5);
+
+    // A second submit of the same id is refused; nothing changes.
+    let again = agent
+        .submit(
+            &manager,
+            AgentRequest::new(vec![Message::user("again")]).with_task_id("run-1"),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        dtask_engine::agent::is_already_submitted(&again),
+        "{again:?}"
+    );
+}
+
+/// Attempt 1 journaled the model's answer and ran one of its two calls, then its process
+/// was lost; attempt 2 (after the lease ran out) asks the model only for the next turn and
+/// runs only the call that had not run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_attempt_continues_from_the_journal_without_repeating_anything() {
+    let env = Env::new();
+    let ledger = env.dir.path().join("ledger");
+    let first = AssistantMessage::with_tool_calls(vec![add("c1", 1, 1), add("c2", 2, 2)]);
+    // The model has only the final answer left: asking it for turn 1 again would fail.
+    let model = Arc::new(ScriptedModel::new([AssistantMessage::text("2 and 4")]));
+    let agent = agent(model.clone(), &ledger);
+    let manager = manager(&env, &agent);
+    agent
+        .submit(
+            &manager,
+            AgentRequest::new(vec![Message::user("1+1, 2+2?")]).with_task_id("run"),
+        )
+        .await
+        .unwrap();
+
+    // What attempt 1 left behind, written with the store's own commands.
+    let store = env.store();
+    let task = store.get("run").await.unwrap();
+    let running = store
+        .execute("run", task.version, Command::Start)
+        .await
+        .unwrap();
+    let turn = dtask_engine::agent::TurnEntry::new(1, first, None);
+    store
+        .append_update(
+            "run",
+            UpdateRequest {
+                attempt: running.attempt,
+                event_id: turn.event_id(),
+                kind: dtask_engine::agent::TURN_KIND.into(),
+                data: serde_json::to_vec(&turn).unwrap(),
+                ..UpdateRequest::default()
+            },
+        )
+        .await
+        .unwrap();
+    agent
+        .tools()
+        .submit_child(
+            &manager,
+            dtask_engine::managed::ToolCall {
+                tool_name: "add".into(),
+                arguments: r#"{"a":1,"b":1}"#.into(),
+                tool_call_id: Some("c1".into()),
+                ..Default::default()
+            },
+            "run.t1.c0".into(),
+            dtask_engine::ExecutionContext {
+                task_id: "run".into(),
+                attempt: running.attempt,
+                generation: running.mailbox.generation,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        manager.execute("run.t1.c0").await.unwrap().status,
+        Status::Completed
+    );
+    assert_eq!(read_ledger(&ledger), ["run.t1.c0"]);
+
+    // The lease runs out; attempt 2 carries on.
+    env.clock.advance(Duration::from_secs(31));
+    let done = manager.execute("run").await.unwrap();
+    assert_eq!(done.status, Status::Completed, "{done:?}");
+    assert_eq!(done.attempt, 2);
+    let requests = model.requests();
+    assert_eq!(requests.len(), 1, "turn 1 was asked again");
+    assert_eq!(
+        requests[0].messages[2..],
+        [Message::tool("c1", "2"), Message::tool("c2", "4")]
+    );
+    let mut lines = read_ledger(&ledger);
+    lines.sort();
+    assert_eq!(lines, ["run.t1.c0", "run.t1.c1"], "a call ran twice");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_tools_and_refused_arguments_are_told_to_the_model() {
+    let env = Env::new();
+    let ledger = env.dir.path().join("ledger");
+    let model = Arc::new(ScriptedModel::new([
+        AssistantMessage::with_tool_calls(vec![
+            ToolCall::function("c1", "nope", "{}"),
+            ToolCall::function("c2", "add", r#"{"a":"x"}"#),
+        ]),
+        AssistantMessage::text("sorry"),
+    ]));
+    let agent = agent(model.clone(), &ledger);
+    let manager = manager(&env, &agent);
+    agent
+        .submit(
+            &manager,
+            AgentRequest::new(vec![Message::user("?")]).with_task_id("r"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        manager.execute("r").await.unwrap().status,
+        Status::Completed
+    );
+    let told = &model.requests()[1].messages;
+    assert_eq!(
+        told[2].content(),
+        Some("Error: tool \"nope\" is not registered")
+    );
+    assert!(
+        told[3]
+            .content()
+            .unwrap()
+            .starts_with("Error: invalid arguments"),
+        "{told:?}"
+    );
+    let transcript = read_transcript(env.store(), "r").await.unwrap();
+    let calls = &transcript.turns()[0].calls;
+    assert!(calls
+        .iter()
+        .all(|c| c.result.as_ref().unwrap().status == CallStatus::Refused
+            && c.result.as_ref().unwrap().task_id.is_none()));
+    assert!(matches!(
+        env.store().get("r.t1.c0").await,
+        Err(dtask_engine::StoreError::NotFound(_))
+    ));
+    assert!(read_ledger(&ledger).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_step_limit_fails_the_run_after_its_last_tools_ran() {
+    let env = Env::new();
+    let ledger = env.dir.path().join("ledger");
+    let model = Arc::new(ScriptedModel::new([
+        AssistantMessage::with_tool_calls(vec![add("c1", 1, 2)]),
+        AssistantMessage::with_tool_calls(vec![add("c2", 3, 4)]),
+        AssistantMessage::text("never asked"),
+    ]));
+    let agent = agent(model.clone(), &ledger);
+    let manager = manager(&env, &agent);
+    agent
+        .submit(
+            &manager,
+            AgentRequest::new(vec![Message::user("?")])
+                .with_task_id("r")
+                .with_max_steps(2),
+        )
+        .await
+        .unwrap();
+    let done = manager.execute("r").await.unwrap();
+    assert_eq!(done.status, Status::Failed);
+    assert!(done.result_error.contains("step limit"), "{done:?}");
+    assert_eq!(model.requests().len(), 2);
+    assert_eq!(read_ledger(&ledger).len(), 2);
+}
+
+/// A model that never answers.
+struct Silent;
+
+#[async_trait]
+impl ChatModel for Silent {
+    async fn generate(
+        &self,
+        _messages: &[Message],
+        _tools: &[ToolInfo],
+    ) -> Result<AssistantMessage, ToolError> {
+        std::future::pending().await
+    }
+}
+
+/// Submits run `r` asking `question` and runs its attempt on a task of its own.
+async fn spawn_run(
+    agent: &DurableAgent,
+    manager: &Manager,
+    question: &str,
+) -> tokio::task::JoinHandle<Result<dtask_replay::TaskState, dtask_engine::RuntimeError>> {
+    agent
+        .submit(
+            manager,
+            AgentRequest::new(vec![Message::user(question)]).with_task_id("r"),
+        )
+        .await
+        .unwrap();
+    let manager = manager.clone();
+    tokio::spawn(async move { manager.execute("r").await })
+}
+
+async fn wait_for(
+    env: &Env,
+    id: &str,
+    what: impl Fn(&dtask_replay::TaskState) -> bool,
+) -> dtask_replay::TaskState {
+    loop {
+        if let Ok(state) = env.store().get(id).await {
+            if what(&state) {
+                return state;
+            }
+            let _ = tokio::time::timeout(
+                Duration::from_millis(50),
+                env.store().wait_for_task_version(id, state.version),
+            )
+            .await;
+        } else {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_stops_the_model_call() {
+    let env = Env::new();
+    let agent = agent(Arc::new(Silent), &env.dir.path().join("ledger"));
+    let manager = manager(&env, &agent);
+    let run = spawn_run(&agent, &manager, "?").await;
+    wait_for(&env, "r", |s| s.status == Status::Running).await;
+    manager.request_cancel("r", "enough").await.unwrap();
+    let done = run.await.unwrap().unwrap();
+    assert_eq!(done.status, Status::Canceled);
+    assert_eq!(done.result_error, "enough");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_stops_the_running_tool_calls() {
+    let env = Env::new();
+    let ledger = env.dir.path().join("ledger");
+    let model = Arc::new(ScriptedModel::new([AssistantMessage::with_tool_calls(
+        vec![ToolCall::function(
+            "c1",
+            "add",
+            r#"{"a":1,"b":1,"hold":true}"#,
+        )],
+    )]));
+    let agent = agent(model, &ledger);
+    let manager = manager(&env, &agent);
+    let run = spawn_run(&agent, &manager, "?").await;
+    wait_for(&env, "r.t1.c0", |s| {
+        s.status == Status::Running && !s.checkpoint.is_empty()
+    })
+    .await;
+    manager.request_cancel("r", "enough").await.unwrap();
+    let done = run.await.unwrap().unwrap();
+    assert_eq!(done.status, Status::Canceled);
+    let child = wait_for(&env, "r.t1.c0", |s| s.status.is_terminal()).await;
+    assert_eq!(child.status, Status::Canceled, "{child:?}");
+    assert_eq!(read_ledger(&ledger).len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_waiting_for_input_holds_the_run_until_a_person_answers() {
+    let env = Env::new();
+    let model = Arc::new(ScriptedModel::new([
+        AssistantMessage::with_tool_calls(vec![ToolCall::function(
+            "c1",
+            "approve",
+            r#"{"question":"Deploy?"}"#,
+        )]),
+        AssistantMessage::text("deployed"),
+    ]));
+    let agent = agent(model.clone(), &env.dir.path().join("ledger"));
+    let manager = manager(&env, &agent);
+    let run = spawn_run(&agent, &manager, "deploy").await;
+    let waiting = wait_for(&env, "r.t1.c0", |s| s.status == Status::WaitingInput).await;
+    assert_eq!(env.store().get("r").await.unwrap().status, Status::Running);
+    manager
+        .resume("r.t1.c0", waiting.version, b"\"yes\"".to_vec())
+        .await
+        .unwrap();
+    let done = run.await.unwrap().unwrap();
+    assert_eq!(done.status, Status::Completed, "{done:?}");
+    assert_eq!(
+        model.requests()[1].messages[2],
+        Message::tool("c1", r#"{"approved":true}"#)
+    );
+    assert!(matches!(
+        manager.wait("r").await.unwrap(),
+        TaskOutcome::Completed(_)
+    ));
+}
