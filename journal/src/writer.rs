@@ -480,12 +480,24 @@ impl Writer {
         waiting
     }
 
-    fn head(&self, overlay: &HashMap<String, Head>, task: &str) -> Result<Head> {
+    /// The head of `task`, to append at `expected`: cached, primed, or read off the journal.
+    /// An append at position 0 (a new task) first asks for the task's first record by its
+    /// key — a point lookup, far cheaper than the reverse seek that reads a head — and only
+    /// when that record exists reads the head, for the conflict.
+    fn head(&self, overlay: &HashMap<String, Head>, task: &str, expected: u64) -> Result<Head> {
         if let Some(head) = overlay.get(task).or_else(|| self.heads.get(task)) {
             return Ok(*head);
         }
         if let Some(head) = self.shared.take_primed(task) {
             return Ok(head);
+        }
+        if expected == 0
+            && self
+                .backend
+                .get(Space::Events, &keys::event_key(task, 0))?
+                .is_none()
+        {
+            return Ok(Head::default());
         }
         Ok(Head::read(self.backend.as_ref(), task)?.unwrap_or_default())
     }
@@ -573,7 +585,7 @@ impl Writer {
         for (task, expected, events) in parts {
             let head = match staged.iter().find(|(t, ..)| *t == task) {
                 Some((_, _, _, after)) => *after,
-                None => self.head(overlay, &task)?,
+                None => self.head(overlay, &task, expected)?,
             };
             if head.next_position != expected {
                 return Err(Error::Conflict {
