@@ -27,8 +27,12 @@ pub struct IdIndex {
 impl IdIndex {
     /// An empty index.
     #[must_use]
-    pub fn new() -> Self {
-        Self::default()
+    pub const fn new() -> Self {
+        Self {
+            bytes: Vec::new(),
+            entries: Vec::new(),
+            map: None,
+        }
     }
 
     /// The number of ids.

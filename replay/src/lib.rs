@@ -35,7 +35,7 @@ mod state;
 pub use audit::{
     audit_journal, audit_task, AuditError, AuditReport, Problem, ProblemKind, TaskReport,
 };
-pub use fold::{cancel_error, part_key, FoldError, Task};
+pub use fold::{cancel_error, part_key, FoldError, Task, TaskLayer};
 pub use ids::IdIndex;
 pub use replay::{
     load_task, load_task_at, load_tasks, load_tasks_each, load_tasks_with, replay_task, FoldView,

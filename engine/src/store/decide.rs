@@ -418,7 +418,7 @@ pub(crate) fn child_authority(
         });
     }
     fence(state, Some(context.attempt), now, false)?;
-    if parent.children.contains(child) {
+    if parent.layer().children.contains(child) {
         return Err(StoreError::AlreadyExists(child.to_owned()));
     }
     Ok(Event::ChildCreated {
@@ -673,7 +673,7 @@ pub(crate) fn input(
     request: InputRequest,
     now: Timestamp,
 ) -> Result<Keyed<InputRequest, Vec<Event>>> {
-    if let Some(&position) = task.input_ids.get(&request.event_id) {
+    if let Some(&position) = task.layer().input_ids.get(&request.event_id) {
         return Ok(Keyed::Repeat { position, request });
     }
     let state = &task.state;
@@ -1065,7 +1065,7 @@ pub(crate) fn update(
     if let Some(&position) = task.update_ids.get(&request.event_id) {
         return Ok(Keyed::Repeat { position, request });
     }
-    if task.part_events.contains_key(&request.event_id) {
+    if task.layer().part_events.contains_key(&request.event_id) {
         return Err(StoreError::EventIdConflict(request.event_id));
     }
     let UpdateRequest {
@@ -1091,12 +1091,13 @@ pub(crate) fn update(
 /// update's event id) is refused.
 fn part(task: &Task, request: UpdateRequest, now: Timestamp) -> Result<Keyed<UpdateRequest>> {
     if let Some(&position) = task
+        .layer()
         .parts
         .get(&part_key(&request.event_id, &request.part_id))
     {
         return Ok(Keyed::Repeat { position, request });
     }
-    if task.closed_events.contains_key(&request.event_id)
+    if task.layer().closed_events.contains_key(&request.event_id)
         || task.update_ids.contains_key(&request.event_id)
     {
         return Err(StoreError::EventClosed(request.event_id));

@@ -151,6 +151,7 @@ impl TaskStore {
             let task = slot.task.lock().await;
             let skip = usize::try_from(after).unwrap_or(usize::MAX);
             let positions: Vec<u64> = task
+                .layer()
                 .input_positions
                 .iter()
                 .skip(skip)
@@ -256,7 +257,7 @@ impl TaskStore {
                     if c.v != 1 || c.p != parent {
                         return Err(StoreError::InvalidCursor("cursor of another parent".into()));
                     }
-                    if !task.children.contains(&c.l) {
+                    if !task.layer().children.contains(&c.l) {
                         return Err(StoreError::InvalidCursor(format!(
                             "the cursor's last id {:?} names no child",
                             c.l
@@ -265,7 +266,8 @@ impl TaskStore {
                     Bound::Excluded(c.l)
                 }
             };
-            task.children
+            task.layer()
+                .children
                 .range::<String, _>((lower, Bound::Unbounded))
                 .take(limit + 1)
                 .cloned()
