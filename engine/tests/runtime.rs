@@ -666,3 +666,119 @@ async fn cancel_of_a_finished_task_returns_its_terminal_state() {
         .unwrap_err();
     assert!(matches!(err, StoreError::AlreadyTerminal(_)));
 }
+
+/// Counts acknowledged appends.
+#[derive(Debug, Default)]
+struct Appends(AtomicUsize);
+
+impl dtask_journal::observe::WriteObserver for Appends {
+    fn acknowledged(&self, _latency: Duration) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn spec(id: &str, key: &str) -> TaskSpec {
+    TaskSpec {
+        id: id.into(),
+        executor_key: key.into(),
+        ..TaskSpec::default()
+    }
+}
+
+#[tokio::test]
+async fn run_now_creates_the_task_claimed_in_one_append_and_runs_it_here() {
+    let env = env(vec![completes("exec")]);
+    let appends = Arc::new(Appends::default());
+    assert!(env.manager.store().journal().observe(appends.clone()));
+    let done = env
+        .manager
+        .run_now(SubmitRequest {
+            spec: spec("now", "exec"),
+            ..SubmitRequest::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(done.status, Status::Completed);
+    assert_eq!(done.attempt, 1);
+    assert_eq!(done.result_data, b"done");
+    // Creation and claim in one append, the completion in another: two, where submit and a
+    // claim and the completion take three.
+    assert_eq!(appends.0.load(Ordering::SeqCst), 2);
+    let submitted = submit(&env.manager, "exec").await;
+    env.manager.execute(&submitted).await.unwrap();
+    assert_eq!(appends.0.load(Ordering::SeqCst), 5);
+
+    // The same id again: refused, nothing written.
+    let again = env
+        .manager
+        .run_now(SubmitRequest {
+            spec: spec("now", "exec"),
+            ..SubmitRequest::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(again, RuntimeError::Store(StoreError::AlreadyExists(_))),
+        "{again:?}"
+    );
+    assert_eq!(appends.0.load(Ordering::SeqCst), 5);
+    // An unknown executor: nothing created.
+    let unknown = env
+        .manager
+        .run_now(SubmitRequest {
+            spec: spec("other", "nobody"),
+            ..SubmitRequest::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(unknown, RuntimeError::ExecutorUnavailable(_)));
+    assert!(env.manager.get("other").await.is_err());
+}
+
+/// A task created claimed whose process is lost is a task like any other: its lease runs
+/// out and the next attempt runs it; it was never pending, so no worker saw it before.
+#[tokio::test]
+async fn a_task_created_claimed_is_recovered_when_its_lease_runs_out() {
+    let env = env(vec![completes("exec")]);
+    let store = env.manager.store();
+    let claimed = store
+        .create_claimed(dtask_engine::CreateRequest {
+            spec: spec("lost", "exec"),
+            policy: Some(LeasePolicy::Retry),
+            ..dtask_engine::CreateRequest::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(claimed.status, Status::Running);
+    assert_eq!(claimed.attempt, 1);
+    assert!(store
+        .list_pending(&["exec".to_owned()], None, 10)
+        .await
+        .unwrap()
+        .tasks
+        .is_empty());
+    env.clock.advance(Duration::from_secs(31));
+    let done = env.manager.execute("lost").await.unwrap();
+    assert_eq!(done.status, Status::Completed);
+    assert_eq!(done.attempt, 2);
+    // A nested or deferred task cannot be created claimed.
+    let nested = store
+        .create_claimed(dtask_engine::CreateRequest {
+            spec: spec("child", "exec"),
+            parent: Some(dtask_engine::ExecutionContext {
+                task_id: "lost".into(),
+                attempt: 2,
+                generation: 1,
+            }),
+            ..dtask_engine::CreateRequest::default()
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        nested,
+        StoreError::Invalid {
+            field: "parent",
+            ..
+        }
+    ));
+}

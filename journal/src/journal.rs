@@ -529,6 +529,19 @@ impl Journal {
         Ok(Some(position + 1))
     }
 
+    /// Whether `task` has any record (written, durable or not): a point lookup of its first
+    /// record, cheaper than [`Journal::stream_len`]'s seek to its last.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on I/O failure.
+    pub fn contains_task(&self, task: &str) -> Result<bool> {
+        Ok(self
+            .inner
+            .backend
+            .get(Space::Events, &keys::event_key(task, 0))?
+            .is_some())
+    }
+
     /// Reads `task`'s stream from position `from`, verifying every record's CRC, position and
     /// hash chain. A damaged record yields an error naming its
     /// task and position; iteration then continues with the next record, so a reader can

@@ -505,23 +505,35 @@ impl Manager {
         if self.is_closed() {
             return Err(RuntimeError::Closed);
         }
-        {
-            let mut active = self.inner.active.lock();
-            if active.contains_key(id) {
-                return Err(RuntimeError::AlreadyExecuting(id.to_owned()));
-            }
-            active.insert(
-                id.to_owned(),
-                Active {
-                    attempt: None,
-                    supports_drain: false,
-                },
-            );
+        if !self.begin_active(id) {
+            return Err(RuntimeError::AlreadyExecuting(id.to_owned()));
         }
         let result = self.execute_registered(id).await;
+        self.end_active(id, &result);
+        result
+    }
+
+    /// Marks `id` as executing here; `false` when it already is.
+    fn begin_active(&self, id: &str) -> bool {
+        let mut active = self.inner.active.lock();
+        if active.contains_key(id) {
+            return false;
+        }
+        active.insert(
+            id.to_owned(),
+            Active {
+                attempt: None,
+                supports_drain: false,
+            },
+        );
+        true
+    }
+
+    /// Ends what [`Manager::begin_active`] began, keeping the first unexpected error.
+    fn end_active(&self, id: &str, result: &Result<TaskState, RuntimeError>) {
         self.inner.active.lock().remove(id);
         self.inner.idle.notify_waiters();
-        if let Err(e) = &result {
+        if let Err(e) = result {
             if !e.is_benign() && !matches!(e, RuntimeError::DrainCheckpointUnavailable) {
                 self.inner
                     .first_error
@@ -529,7 +541,6 @@ impl Manager {
                     .get_or_insert_with(|| e.to_string());
             }
         }
-        result
     }
 
     async fn execute_registered(&self, id: &str) -> Result<TaskState, RuntimeError> {
@@ -543,6 +554,66 @@ impl Manager {
             .validate_execution(&task)
             .map_err(RuntimeError::InvalidExecution)?;
         let claimed = store.execute(id, task.version, Command::Start).await?;
+        self.run_attempt(id, executor, claimed).await
+    }
+
+    /// Creates a task already claimed by this manager and runs its first attempt here, at
+    /// once: one synced append (creation and claim together) where `submit` and a worker's
+    /// claim take two, and no wait for a worker. For a caller that starts a task and waits
+    /// for it in the same process — how durable-execution services usually run a workflow.
+    /// The task is a task like any other: its lease policy is its executor's, and if this
+    /// process dies, its lease runs out and a worker takes attempt 2.
+    ///
+    /// # Errors
+    /// As for [`Manager::submit`] (nothing is created), and then as for
+    /// [`Manager::execute`]; [`StoreError::Invalid`] for a request with a `parent`.
+    pub async fn run_now(&self, request: SubmitRequest) -> Result<TaskState, RuntimeError> {
+        let id = request.spec.id.clone();
+        if id.is_empty() {
+            return Err(RuntimeError::Store(StoreError::Invalid {
+                field: "task id",
+                reason: "run_now requires a pre-allocated task id".into(),
+            }));
+        }
+        if self.is_closed() {
+            return Err(RuntimeError::Closed);
+        }
+        let executor = self.executor(&request.spec.executor_key)?;
+        executor
+            .validate_spec(&request.spec)
+            .map_err(RuntimeError::InvalidSpec)?;
+        if !self.begin_active(&id) {
+            return Err(RuntimeError::AlreadyExecuting(id));
+        }
+        let result = async {
+            let claimed = self
+                .inner
+                .store
+                .create_claimed(CreateRequest {
+                    spec: request.spec,
+                    policy: Some(executor.lease_policy()),
+                    checkpoint: request.initial_checkpoint,
+                    context_snapshot: request.context_snapshot,
+                    parent: request.parent,
+                    ..CreateRequest::default()
+                })
+                .await?;
+            self.run_attempt(&id, executor, claimed).await
+        }
+        .await;
+        self.end_active(&id, &result);
+        result
+    }
+
+    /// Runs the attempt `claimed` (just started) of `id` with `executor`: heartbeats, the
+    /// executor in its own task, the commit of its result.
+    async fn run_attempt(
+        &self,
+        id: &str,
+        executor: Arc<dyn Executor>,
+        claimed: TaskState,
+    ) -> Result<TaskState, RuntimeError> {
+        let store = &self.inner.store;
         let span = tracing::info_span!("attempt", task = %id, attempt = claimed.attempt);
         async {
             let attempt = AttemptContext::new(store.clone(), &claimed, Arc::downgrade(&self.inner));

@@ -762,6 +762,52 @@ impl TaskStore {
         .await
     }
 
+    /// Creates a root task and claims its first attempt in **one** atomic append (T1 then T2):
+    /// the task is never pending, so no worker takes it; its creator runs attempt 1 (see
+    /// `Manager::run_now`). One synced append fewer than `create` then `Start`.
+    ///
+    /// # Errors
+    /// As for [`TaskStore::create`]; [`StoreError::Invalid`] for a nested task (`parent`)
+    /// or a deferred one. Nothing is written on error.
+    pub async fn create_claimed(&self, request: CreateRequest) -> Result<TaskState> {
+        let config = &self.inner.config;
+        decide::validate_create(&request, config)?;
+        if request.parent.is_some() {
+            return Err(StoreError::Invalid {
+                field: "parent",
+                reason: "a task created claimed is a root task".into(),
+            });
+        }
+        if request.publication != dtask_journal::Publication::OnCreate {
+            return Err(StoreError::Invalid {
+                field: "publication",
+                reason: "a task created claimed is published on create".into(),
+            });
+        }
+        let now = self.now();
+        let (id, mut events) = decide::create(request, String::new(), now, config)?;
+        let created = Task::fold(&id, &events)
+            .map_err(|(position, error)| {
+                StoreError::Replay(ReplayError::Rejected {
+                    task: id.clone(),
+                    position,
+                    error,
+                })
+            })?
+            .ok_or_else(|| StoreError::task_not_found(&id))?;
+        match decide::decide(
+            &created.state,
+            created.state.version,
+            &Command::Start,
+            now,
+            config,
+        )? {
+            Decision::Write(start) => events.extend(start),
+            Decision::Unchanged => {}
+        }
+        self.create_stream(id, events, None).await
+    }
+
     /// Writes a new task's stream (with, for a nested task, its parent's events in the same
     /// append) and indexes it.
     async fn create_stream(
@@ -773,7 +819,7 @@ impl TaskStore {
         // On a shared journal the read is a round trip, and the append at position 0 below
         // answers the same question (a conflict: the task exists).
         if self.index().slots.contains_key(&id)
-            || (!self.inner.journal.is_shared() && self.inner.journal.stream_len(&id)?.is_some())
+            || (!self.inner.journal.is_shared() && self.inner.journal.contains_task(&id)?)
         {
             return Err(StoreError::AlreadyExists(id));
         }
