@@ -260,10 +260,22 @@ impl Manager {
     /// [`RuntimeError::Closed`] after close, [`RuntimeError::ExecutorUnavailable`],
     /// [`RuntimeError::InvalidSpec`], and the store's errors; nothing is created on error.
     pub async fn submit(&self, request: SubmitRequest) -> Result<TaskState, RuntimeError> {
+        let (create, _) = self.admit(request, "submit")?;
+        Ok(self.inner.store.create(create).await?)
+    }
+
+    /// Checks a request to start a task (a pre-allocated id, an open manager, an executor
+    /// that accepts the spec) and turns it into the store's request, with the executor's
+    /// lease policy.
+    fn admit(
+        &self,
+        request: SubmitRequest,
+        operation: &str,
+    ) -> Result<(CreateRequest, Arc<dyn Executor>), RuntimeError> {
         if request.spec.id.is_empty() {
             return Err(RuntimeError::Store(StoreError::Invalid {
                 field: "task id",
-                reason: "submit requires a pre-allocated task id".into(),
+                reason: format!("{operation} requires a pre-allocated task id"),
             }));
         }
         if self.is_closed() {
@@ -273,19 +285,15 @@ impl Manager {
         executor
             .validate_spec(&request.spec)
             .map_err(RuntimeError::InvalidSpec)?;
-        let state = self
-            .inner
-            .store
-            .create(CreateRequest {
-                spec: request.spec,
-                policy: Some(executor.lease_policy()),
-                checkpoint: request.initial_checkpoint,
-                context_snapshot: request.context_snapshot,
-                parent: request.parent,
-                ..CreateRequest::default()
-            })
-            .await?;
-        Ok(state)
+        let create = CreateRequest {
+            spec: request.spec,
+            policy: Some(executor.lease_policy()),
+            checkpoint: request.initial_checkpoint,
+            context_snapshot: request.context_snapshot,
+            parent: request.parent,
+            ..CreateRequest::default()
+        };
+        Ok((create, executor))
     }
 
     fn executor(&self, key: &str) -> Result<Arc<dyn Executor>, RuntimeError> {
@@ -568,36 +576,13 @@ impl Manager {
     /// As for [`Manager::submit`] (nothing is created), and then as for
     /// [`Manager::execute`]; [`StoreError::Invalid`] for a request with a `parent`.
     pub async fn run_now(&self, request: SubmitRequest) -> Result<TaskState, RuntimeError> {
-        let id = request.spec.id.clone();
-        if id.is_empty() {
-            return Err(RuntimeError::Store(StoreError::Invalid {
-                field: "task id",
-                reason: "run_now requires a pre-allocated task id".into(),
-            }));
-        }
-        if self.is_closed() {
-            return Err(RuntimeError::Closed);
-        }
-        let executor = self.executor(&request.spec.executor_key)?;
-        executor
-            .validate_spec(&request.spec)
-            .map_err(RuntimeError::InvalidSpec)?;
+        let (create, executor) = self.admit(request, "run_now")?;
+        let id = create.spec.id.clone();
         if !self.begin_active(&id) {
             return Err(RuntimeError::AlreadyExecuting(id));
         }
         let result = async {
-            let claimed = self
-                .inner
-                .store
-                .create_claimed(CreateRequest {
-                    spec: request.spec,
-                    policy: Some(executor.lease_policy()),
-                    checkpoint: request.initial_checkpoint,
-                    context_snapshot: request.context_snapshot,
-                    parent: request.parent,
-                    ..CreateRequest::default()
-                })
-                .await?;
+            let claimed = self.inner.store.create_claimed(create).await?;
             self.run_attempt(&id, executor, claimed).await
         }
         .await;
