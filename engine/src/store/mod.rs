@@ -786,15 +786,7 @@ impl TaskStore {
         }
         let now = self.now();
         let (id, mut events) = decide::create(request, String::new(), now, config)?;
-        let created = Task::fold(&id, &events)
-            .map_err(|(position, error)| {
-                StoreError::Replay(ReplayError::Rejected {
-                    task: id.clone(),
-                    position,
-                    error,
-                })
-            })?
-            .ok_or_else(|| StoreError::task_not_found(&id))?;
+        let created = fold_new(&id, &events)?;
         match decide::decide(
             &created.state,
             created.state.version,
@@ -824,15 +816,7 @@ impl TaskStore {
             return Err(StoreError::AlreadyExists(id));
         }
         // Folded before the append, so that a stream that would not fold is never written.
-        let task = Task::fold(&id, &events)
-            .map_err(|(position, error)| {
-                StoreError::Replay(ReplayError::Rejected {
-                    task: id.clone(),
-                    position,
-                    error,
-                })
-            })?
-            .ok_or_else(|| StoreError::task_not_found(&id))?;
+        let task = fold_new(&id, &events)?;
         match parent {
             None => {
                 if self.append(&id, 0, &events).await? == Appended::Conflict {
@@ -1135,4 +1119,18 @@ impl TaskStore {
     pub fn watch(&self, id: &str) -> Result<watch::Receiver<Change>> {
         Ok(self.slot(id)?.subscribe())
     }
+}
+
+/// Folds the events of a task about to be created (before anything is written, so that a
+/// stream that would not fold never is).
+fn fold_new(id: &str, events: &[Event]) -> Result<Task> {
+    Task::fold(id, events)
+        .map_err(|(position, error)| {
+            StoreError::Replay(ReplayError::Rejected {
+                task: id.to_owned(),
+                position,
+                error,
+            })
+        })?
+        .ok_or_else(|| StoreError::task_not_found(id))
 }
