@@ -8,7 +8,7 @@
 //! decode them. The checks are the very ones of `read_stream`, in the same order, with the
 //! same errors.
 
-use crate::backend::{prefix_end, Backend, Cursor};
+use crate::backend::{Backend, Cursor};
 use crate::error::{Error, Result};
 use crate::journal::{Checked, StreamCheck};
 use crate::keys::{self, Space};
@@ -60,7 +60,19 @@ impl<'a> Positioned<'a> {
             }
             _ => self.cursor.seek(target),
         }
-        self.at = Some(target.to_vec());
+        self.stand_at(target);
+    }
+
+    /// Records that the cursor stands at the first key at or after `key`, reusing the
+    /// buffer of the last such key (a scan over many tasks allocates nothing per task).
+    fn stand_at(&mut self, key: &[u8]) {
+        match &mut self.at {
+            Some(at) => {
+                at.clear();
+                at.extend_from_slice(key);
+            }
+            None => self.at = Some(key.to_vec()),
+        }
     }
 
     /// The storage error, if any; the position is forgotten after one.
@@ -77,6 +89,9 @@ impl<'a> Positioned<'a> {
 /// id order is fastest; any order is correct.
 pub struct StreamScanner<'a> {
     events: Positioned<'a>,
+    /// Scratch: the first key of the task being read, and the first key after its records.
+    lower: Vec<u8>,
+    upper: Vec<u8>,
     /// [`StreamScanner::read_next`] reached the end (or a storage error).
     exhausted: bool,
 }
@@ -91,6 +106,8 @@ impl<'a> StreamScanner<'a> {
     pub(crate) fn new(backend: &'a dyn Backend) -> Self {
         Self {
             events: Positioned::new(backend.cursor(Space::Events)),
+            lower: Vec::new(),
+            upper: Vec::new(),
             exhausted: false,
         }
     }
@@ -110,12 +127,13 @@ impl<'a> StreamScanner<'a> {
         stream.data.clear();
         stream.entries.clear();
         stream.error = None;
-        let lower = keys::event_key(task, 0);
-        let upper = prefix_end(&keys::task_prefix(task));
-        self.events.reach(&lower);
+        keys::event_key_into(task, 0, &mut self.lower);
+        // A task's records end before the task id followed by the byte after the separator.
+        keys::task_end_into(task, &mut self.upper);
+        self.events.reach(&self.lower);
         while let (Some(key), Some(value)) = (self.events.cursor.key(), self.events.cursor.value())
         {
-            if upper.as_deref().is_some_and(|upper| key >= upper) {
+            if key >= self.upper.as_slice() {
                 break;
             }
             let start = stream.data.len();
@@ -125,10 +143,7 @@ impl<'a> StreamScanner<'a> {
             stream.entries.push((start, split, stream.data.len()));
             self.events.cursor.next();
         }
-        match upper {
-            Some(upper) => self.events.at = Some(upper),
-            None => self.events.at = None,
-        }
+        self.events.stand_at(&self.upper);
         if let Err(e) = self.events.status() {
             stream.error = Some(e);
         }

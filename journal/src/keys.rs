@@ -123,6 +123,23 @@ pub fn event_key(task: &str, position: u64) -> Vec<u8> {
     key
 }
 
+/// [`event_key`] into `key`, replacing what it held (a loop over many tasks reuses one
+/// buffer).
+pub fn event_key_into(task: &str, position: u64, key: &mut Vec<u8>) {
+    key.clear();
+    key.extend_from_slice(task.as_bytes());
+    key.push(TASK_SEPARATOR);
+    key.extend_from_slice(&position.to_be_bytes());
+}
+
+/// The first key after every event key of `task` (task id ‖ 0x01: the separator is the
+/// smallest byte, so its successor never carries) into `key`, replacing what it held.
+pub fn task_end_into(task: &str, key: &mut Vec<u8>) {
+    key.clear();
+    key.extend_from_slice(task.as_bytes());
+    key.push(TASK_SEPARATOR + 1);
+}
+
 /// The common prefix of every event key of `task` (task id ‖ 0x00).
 #[must_use]
 pub fn task_prefix(task: &str) -> Vec<u8> {
@@ -249,6 +266,21 @@ mod tests {
             prop_assert_eq!(parse_event_key(&key).unwrap(), (a.as_str(), p));
             prop_assert!(key.starts_with(&task_prefix(&a)));
             prop_assert_eq!(position_in(&a, &key).unwrap(), p);
+        }
+
+        #[test]
+        fn a_task_end_bounds_exactly_its_event_keys(a in task_id(), pa in any::<u64>(), b in task_id(), pb in any::<u64>()) {
+            let (mut end, mut key) = (vec![9], vec![9]);
+            task_end_into(&a, &mut end);
+            prop_assert_eq!(Some(end.clone()), crate::backend::prefix_end(&task_prefix(&a)));
+            event_key_into(&a, pa, &mut key);
+            prop_assert_eq!(&key, &event_key(&a, pa));
+            prop_assert!(key < end);
+            // Another task's keys lie wholly before or wholly after `a`'s range.
+            let other = event_key(&b, pb);
+            if a != b {
+                prop_assert!(other < event_key(&a, 0) || other >= end);
+            }
         }
 
         #[test]

@@ -205,7 +205,20 @@ impl Task {
     /// [`FoldError::NotCreatedFirst`] for another event, [`FoldError::WrongTask`] when the
     /// spec names another task.
     pub fn created(id: &str, event: &Event) -> Result<Self, FoldError> {
-        let none = String::new();
+        match event {
+            Event::Created { .. } | Event::CreatedV2 { .. } => {
+                Self::from_created(id, event.clone())
+            }
+            _ => Err(FoldError::NotCreatedFirst(event.event_type())),
+        }
+    }
+
+    /// [`Task::created`] taking the event: its spec, checkpoint and context move into the
+    /// task instead of being copied (recovery decodes each record for the fold alone).
+    ///
+    /// # Errors
+    /// As [`Task::created`].
+    pub fn from_created(id: &str, event: Event) -> Result<Self, FoldError> {
         let (spec, policy, checkpoint, context_snapshot, publication, parent, root, at) =
             match event {
                 Event::Created {
@@ -220,8 +233,8 @@ impl Task {
                     checkpoint,
                     context_snapshot,
                     Publication::OnCreate,
-                    &none,
-                    &none,
+                    String::new(),
+                    String::new(),
                     at,
                 ),
                 Event::CreatedV2 {
@@ -238,43 +251,43 @@ impl Task {
                     policy,
                     checkpoint,
                     context_snapshot,
-                    *publication,
+                    publication,
                     parent_task_id,
                     root_session_id,
                     at,
                 ),
-                _ => return Err(FoldError::NotCreatedFirst(event.event_type())),
+                other => return Err(FoldError::NotCreatedFirst(other.event_type())),
             };
         if spec.id != id {
             return Err(FoldError::WrongTask {
                 expected: id.to_owned(),
-                found: spec.id.clone(),
+                found: spec.id,
             });
         }
         Ok(Self {
             state: TaskState {
-                spec: spec.clone(),
-                policy: *policy,
+                spec,
+                policy,
                 status: Status::Pending,
-                checkpoint: checkpoint.clone(),
+                checkpoint,
                 result_data: Vec::new(),
                 result_error: String::new(),
                 output_file_error: String::new(),
                 pending_resume: None,
-                context_snapshot: context_snapshot.clone(),
+                context_snapshot,
                 version: 1,
                 attempt: 0,
                 cancel_requested_at: None,
                 cancel_reason: String::new(),
-                created_at: *at,
-                updated_at: *at,
+                created_at: at,
+                updated_at: at,
                 done_at: None,
                 lease_deadline: None,
                 position: 1,
                 updates: 0,
                 publication,
-                parent_task_id: parent.clone(),
-                root_session_id: root.clone(),
+                parent_task_id: parent,
+                root_session_id: root,
                 mailbox: Mailbox::new(),
                 parent_notification_error: String::new(),
             },
@@ -730,7 +743,8 @@ impl Task {
             }
             Event::UpdateAppended { event_id, .. } => {
                 s.updates += 1;
-                self.update_ids.insert(event_id, position);
+                // `check` refused an id already recorded.
+                self.update_ids.insert_new(event_id, position);
             }
             Event::NotificationEnqueued { id, event_id, .. } => {
                 if !event_id.is_empty() {

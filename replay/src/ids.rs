@@ -103,6 +103,18 @@ impl IdIndex {
         }
         // A replaced id goes to the end, after the others.
         self.remove(id);
+        self.insert_new(id, position);
+    }
+
+    /// Records `id`, which the caller knows is not recorded (the fold checks every id before
+    /// it records it), at `position`: [`IdIndex::insert`] without the search for an earlier
+    /// entry to replace.
+    pub fn insert_new(&mut self, id: &str, position: u64) {
+        debug_assert!(!self.contains_key(id), "{id:?} is already recorded");
+        if let Some(map) = &mut self.map {
+            map.insert(id.into(), position);
+            return;
+        }
         match u32::try_from(self.bytes.len() + id.len()) {
             Ok(end) if self.entries.len() < INLINE_MAX => {
                 self.bytes.extend_from_slice(id.as_bytes());
@@ -173,7 +185,7 @@ mod tests {
 
     proptest! {
         #[test]
-        fn behaves_like_a_hash_map(ops in proptest::collection::vec((0u8..3, 0u8..80, any::<u64>()), 0..300)) {
+        fn behaves_like_a_hash_map(ops in proptest::collection::vec((0u8..4, 0u8..80, any::<u64>()), 0..300)) {
             let mut index = IdIndex::new();
             let mut model: HashMap<String, u64> = HashMap::new();
             for (op, id, position) in ops {
@@ -181,6 +193,11 @@ mod tests {
                 match op {
                     0 | 1 => {
                         index.insert(&id, position);
+                        model.insert(id, position);
+                    }
+                    // `insert_new` is for ids not recorded yet.
+                    3 if !model.contains_key(&id) => {
+                        index.insert_new(&id, position);
                         model.insert(id, position);
                     }
                     _ => prop_assert_eq!(index.remove(&id), model.remove(&id)),

@@ -24,6 +24,15 @@ pub trait Replay {
     /// Whatever the implementation finds wrong with the record; replay stops there.
     fn replay(&mut self, record: &Record) -> Result<(), Self::Error>;
 
+    /// [`Replay::replay`] taking the record, for a consumer that keeps parts of it (the
+    /// driver hands each record over this way). The default borrows it.
+    ///
+    /// # Errors
+    /// As [`Replay::replay`].
+    fn replay_owned(&mut self, record: Record) -> Result<(), Self::Error> {
+        self.replay(&record)
+    }
+
     /// A record at `position` is damaged (it does not verify, or is missing). Returns whether
     /// the replay goes on: a damage-tolerant replay notes the damage and returns `true`; the
     /// default, `false`, ends the replay with the damage as its error.
@@ -81,9 +90,13 @@ impl Replay for TaskFold<'_> {
     type Error = FoldError;
 
     fn replay(&mut self, record: &Record) -> Result<(), FoldError> {
+        self.replay_owned(record.clone())
+    }
+
+    fn replay_owned(&mut self, record: Record) -> Result<(), FoldError> {
         match self.task.as_mut() {
             None => {
-                self.task = Some(Task::created(self.id, &record.event)?);
+                self.task = Some(Task::from_created(self.id, record.event)?);
                 Ok(())
             }
             Some(task) => task.apply(&record.event),
@@ -123,11 +136,12 @@ pub(crate) fn replay_records<R: Replay>(
         if until.is_some_and(|end| record.position >= end) {
             break;
         }
+        let position = record.position;
         replay
-            .replay(&record)
+            .replay_owned(record)
             .map_err(|error| ReplayError::Rejected {
                 task: task.to_owned(),
-                position: record.position,
+                position,
                 error,
             })?;
     }
