@@ -339,6 +339,8 @@ struct Targets {
     file_bound: f64,
     /// The plain file's group commit against the raw synced puts.
     file_group_vs_put: f64,
+    /// dtask against the plain file's group commit: the closed-loop limit.
+    vs_file_group: f64,
 }
 
 impl Targets {
@@ -350,12 +352,21 @@ impl Targets {
             vs_sequential,
             file_bound,
             file_group_vs_put,
+            vs_file_group,
         } = self;
         println!(
-            "target at {writers} writers: >= 3x raw synced puts {} ({vs_put:.2}x), >= 0.8x raw synced batches {} ({vs_batch:.2}x; {} against ascending keys, {vs_sequential:.2}x)",
-            common::verdict(*vs_put >= 3.0),
-            common::verdict(*vs_batch >= 0.8),
-            common::verdict(*vs_sequential >= 0.8)
+            "target at {writers} writers: >= 0.9x the plain-file group commit {} ({vs_file_group:.2}x)",
+            common::verdict(*vs_file_group >= 0.9),
+        );
+        if *writers == 64 {
+            println!(
+                "target at {writers} writers: >= 3x raw synced puts {} ({vs_put:.2}x)",
+                common::verdict(*vs_put >= 3.0),
+            );
+        }
+        // The retired target (0.8x raw synced batches, an open-loop stream), for comparison.
+        println!(
+            "info at {writers} writers: {vs_batch:.2}x raw synced batches, {vs_sequential:.2}x against ascending keys",
         );
         println!(
             "closed-loop bound at {writers} writers: a plain file's group commit reaches {file_bound:.2}x its own synced batches{} and {file_group_vs_put:.2}x raw synced puts",
@@ -422,6 +433,7 @@ fn table(cells: &[usize], secs: f64, rounds: usize) {
                 vs_sequential: vs_sequential.median,
                 file_bound: file_bound.median,
                 file_group_vs_put: common::Spread::of_ratios(&cell.file_group, &cell.puts).median,
+                vs_file_group: vs_file_group.median,
             });
         }
     }
