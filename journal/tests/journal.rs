@@ -815,3 +815,79 @@ fn task_ids_resume_after_any_id() {
     assert_eq!(from(Some("c")), Vec::<String>::new());
     assert_eq!(from(Some("")), ["a", "ab", "b", "c"]);
 }
+
+/// The environment variable that makes this test binary a crashing writer (see
+/// [`two_crashes_before_a_flush_lose_no_acknowledged_record`]).
+const CRASH_CHILD: &str = "DTASK_JOURNAL_TEST_CRASH_CHILD";
+
+/// A writer's life that ends in a crash: opens the journal at `dir`, appends 100 updates to
+/// task "t" (each synced and acknowledged), and aborts with the journal open.
+fn crash_child(dir: &std::path::Path) -> ! {
+    let journal = Journal::open(dir, JournalOptions::default()).unwrap();
+    if journal.stream_len("t").unwrap().is_none() {
+        journal.append("t", 0, &[created("t")]).unwrap();
+    }
+    let start = journal.stream_len("t").unwrap().unwrap();
+    for i in start..start + 100 {
+        journal.append("t", i, &[update(i)]).unwrap();
+    }
+    std::process::abort();
+}
+
+/// Runs one crashing writer's life in a process of its own.
+fn crash_once(dir: &std::path::Path) {
+    let status = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "two_crashes_before_a_flush_lose_no_acknowledged_record",
+            "--exact",
+        ])
+        .env(CRASH_CHILD, dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(!status.success(), "the writer was to crash");
+}
+
+fn table_files(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter(|entry| {
+            entry
+                .as_ref()
+                .is_ok_and(|entry| entry.path().extension().is_some_and(|ext| ext == "sst"))
+        })
+        .count()
+}
+
+/// Two crashes in a row, the second before anything was flushed: a writer's open replays the
+/// log the first crash left into the memtables without writing a table file, and keeps that
+/// log, so the second crash loses none of the first life's records, nor of the second's.
+#[test]
+fn two_crashes_before_a_flush_lose_no_acknowledged_record() {
+    if let Some(dir) = std::env::var_os(CRASH_CHILD) {
+        crash_child(std::path::Path::new(&dir));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    crash_once(dir.path());
+    let tables = table_files(dir.path());
+    crash_once(dir.path());
+    assert_eq!(
+        table_files(dir.path()),
+        tables,
+        "the open after the first crash wrote its replayed log as a table file"
+    );
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    assert_eq!(journal.stream_len("t").unwrap(), Some(201));
+    let records: Vec<_> = journal
+        .read_stream("t", 0)
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(records.len(), 201);
+    for (i, record) in records.iter().enumerate().skip(1) {
+        match &record.event {
+            Event::UpdateAppended { event_id, .. } => assert_eq!(*event_id, format!("e{i}")),
+            other => panic!("position {i}: {other:?}"),
+        }
+    }
+}
