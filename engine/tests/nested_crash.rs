@@ -43,7 +43,8 @@ fn log(dir: &Path, file: &str, line: &str) {
         .append(true)
         .open(dir.join(file))
         .unwrap();
-    writeln!(f, "{line}").unwrap();
+    // One write per line, so that lines appended at once stay whole.
+    f.write_all(format!("{line}\n").as_bytes()).unwrap();
     f.sync_all().unwrap();
 }
 

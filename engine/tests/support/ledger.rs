@@ -105,7 +105,10 @@ impl BackgroundTool for LedgerTool {
             .append(true)
             .open(&self.ledger)
             .unwrap();
-        writeln!(file, "{}", request.task_id).unwrap();
+        // One write per line: calls running at once append whole lines (`writeln!` on a file
+        // writes the id and the newline in two calls, which interleave).
+        file.write_all(format!("{}\n", request.task_id).as_bytes())
+            .unwrap();
         file.sync_all().unwrap();
         Ok(StartResult {
             run: run(&a),
