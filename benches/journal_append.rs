@@ -51,8 +51,12 @@ fn update(i: u64) -> Event {
 /// `--max-batch N`: [`JournalOptions::max_batch_appends`] for dtask's columns.
 static MAX_BATCH: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
 
+/// `--no-inline`: [`JournalOptions::inline_lone_appends`] off for dtask's columns.
+static NO_INLINE: AtomicBool = AtomicBool::new(false);
+
 fn journal_options() -> JournalOptions {
-    let options = JournalOptions::default();
+    let options =
+        JournalOptions::default().with_inline_lone_appends(!NO_INLINE.load(Ordering::Relaxed));
     match MAX_BATCH.get() {
         Some(&appends) => options.with_max_batch_appends(appends),
         None => options,
@@ -272,6 +276,9 @@ struct Args {
     /// Cap dtask's batches at this many appends.
     #[arg(long, value_name = "APPENDS")]
     max_batch: Option<usize>,
+    /// Hand every append to the writer thread, even when the journal is idle.
+    #[arg(long)]
+    no_inline: bool,
     /// Syncs the plain file's group commit may run at once.
     #[arg(long, value_name = "SYNCERS")]
     file_syncers: Option<usize>,
@@ -289,6 +296,7 @@ fn main() {
     let args = Args::parse();
     let secs = args.secs;
     let rounds = args.rounds.max(1);
+    NO_INLINE.store(args.no_inline, Ordering::Relaxed);
     if let Some(appends) = args.max_batch {
         MAX_BATCH.set(appends).unwrap();
     }

@@ -53,6 +53,10 @@ struct Args {
     /// Steps per task.
     #[arg(long, default_value_t = 10)]
     steps: u32,
+    /// Hand every append to the journal's writer thread, even when the journal is idle
+    /// (`JournalOptions::inline_lone_appends` off).
+    #[arg(long)]
+    no_inline: bool,
     /// Accepted for `cargo bench`'s own flag.
     #[arg(long, hide = true)]
     bench: bool,
@@ -193,7 +197,7 @@ fn row_through(through: Through, callers: usize, steps: u32, secs: f64) -> (f64,
         .unwrap();
     let dir = tempfile::tempdir().unwrap();
     runtime.block_on(async {
-        let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+        let journal = Journal::open(dir.path(), journal_options()).unwrap();
         let store = TaskStore::open(journal, SystemClock, StoreConfig::default()).unwrap();
         let mut registry = ExecutorRegistry::new();
         registry.register(Steps).unwrap();
@@ -349,8 +353,18 @@ fn other_rows(args: &Args) -> (Option<f64>, Option<f64>) {
     (worker_64, managed_64)
 }
 
+/// `--no-inline`.
+static NO_INLINE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The journal's options as the flags set them.
+fn journal_options() -> JournalOptions {
+    JournalOptions::default()
+        .with_inline_lone_appends(!NO_INLINE.load(std::sync::atomic::Ordering::Relaxed))
+}
+
 fn main() {
     let args = Args::parse();
+    NO_INLINE.store(args.no_inline, std::sync::atomic::Ordering::Relaxed);
     let fsync = fsync_p50();
     println!(
         "workflow: tasks of {} steps (progress updates the executor waits for, synced) started with \

@@ -73,6 +73,9 @@ struct Inner {
     /// The durable watermark (and whether the journal stopped), shared with the writer.
     shared: Arc<Shared>,
     sender: Mutex<Option<Sender<AppendJob>>>,
+    /// The writer's state, for an append that finds the journal idle to write itself
+    /// ([`JournalOptions::inline_lone_appends`]); `None` for a reader.
+    inline: Option<Arc<Mutex<Writer>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -239,11 +242,11 @@ impl Journal {
             prepare_writable(backend.as_ref())?;
         }
         let format = stored_format(backend.as_ref())?;
-        let (sender, writer, shared, opened_tail) = if backend.read_only() {
+        let (sender, writer, inline, shared, opened_tail) = if backend.read_only() {
             // A reader sees everything in the database: its writer (if any) is another
             // process, whose durability this one cannot know.
             let tail = read_tail(backend.as_ref()).ok().flatten();
-            (None, None, Arc::new(Shared::new(u64::MAX)), tail)
+            (None, None, None, Arc::new(Shared::new(u64::MAX)), tail)
         } else {
             let tail = if backend.is_shared() {
                 // Other processes move the tail and the commit index between any two reads;
@@ -261,11 +264,11 @@ impl Journal {
                 tail,
                 Arc::clone(&shared),
             );
-            let handle = std::thread::Builder::new()
-                .name("dtask-journal-writer".into())
-                .spawn(move || writer.run(&rx))
+            let (writer, handle) = writer
+                .spawn(rx)
                 .map_err(|e| Error::Storage(crate::error::StorageError::caused_by(e)))?;
-            (Some(tx), Some(handle), shared, Some(tail))
+            let inline = (options.inline_lone_appends && !backend.is_shared()).then_some(writer);
+            (Some(tx), Some(handle), inline, shared, Some(tail))
         };
         Ok(Self {
             inner: Arc::new(Inner {
@@ -275,6 +278,7 @@ impl Journal {
                 opened_tail,
                 shared,
                 sender: Mutex::new(sender),
+                inline,
                 writer: Mutex::new(writer),
             }),
         })
@@ -371,12 +375,16 @@ impl Journal {
             .collect()
     }
 
+    /// Checks and encodes an append and hands it to the writer thread — or, when `may_block`
+    /// and the journal is idle, writes and syncs it on this thread
+    /// ([`JournalOptions::inline_lone_appends`]). The receiver gets the outcome.
     pub(crate) fn submit(
         &self,
         task: &str,
         expected_position: u64,
         events: &[Event],
         linked: &[(&str, u64, &[Event])],
+        may_block: bool,
     ) -> Result<oneshot::Receiver<Result<Appended>>> {
         let encoded = self.prepare(task, events)?;
         let mut parts = Vec::with_capacity(linked.len());
@@ -398,6 +406,13 @@ impl Journal {
             linked: parts,
             reply,
             submitted: self.inner.shared.observer().map(|_| Instant::now()),
+        };
+        let job = match (&self.inner.inline, may_block) {
+            (Some(writer), true) => match Writer::try_inline(writer, job) {
+                Ok(()) => return Ok(rx),
+                Err(job) => job,
+            },
+            _ => job,
         };
         let sender = self.inner.sender.lock().map_err(|_| Error::Closed)?;
         match sender.as_ref() {
@@ -429,7 +444,7 @@ impl Journal {
     /// Must not be called from inside an asynchronous runtime's worker (it blocks); use
     /// [`Journal::append_async`] there.
     pub fn append(&self, task: &str, expected_position: u64, events: &[Event]) -> Result<Appended> {
-        self.submit(task, expected_position, events, &[])?
+        self.submit(task, expected_position, events, &[], true)?
             .blocking_recv()
             .map_err(|_| Error::Closed)?
     }
@@ -445,7 +460,7 @@ impl Journal {
         expected_position: u64,
         events: &[Event],
     ) -> Result<Appended> {
-        let rx = self.submit(task, expected_position, events, &[])?;
+        let rx = self.submit(task, expected_position, events, &[], may_block_async())?;
         rx.await.map_err(|_| Error::Closed)?
     }
 
@@ -465,7 +480,7 @@ impl Journal {
         events: &[Event],
         linked: &[(&str, u64, &[Event])],
     ) -> Result<Appended> {
-        let rx = self.submit(task, expected_position, events, linked)?;
+        let rx = self.submit(task, expected_position, events, linked, may_block_async())?;
         rx.await.map_err(|_| Error::Closed)?
     }
 
@@ -905,6 +920,14 @@ impl Journal {
 
 /// Whether an entry keyed by a sequence (`commits`, `outbox`) is at or below the durable
 /// watermark; errors and malformed keys pass, to be reported by the caller.
+/// Whether an asynchronous caller's thread may block for one sync: only a worker of a
+/// multi-threaded tokio runtime, whose other workers can take over its queued tasks
+/// meanwhile — not a current-thread runtime, which would stall, nor an unknown executor.
+fn may_block_async() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|handle| handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
+}
+
 fn below(item: &Result<crate::backend::KeyValue>, durable: u64) -> bool {
     match item {
         Ok((key, _)) => keys::parse_seq_key(key).map_or(true, |seq| seq <= durable),

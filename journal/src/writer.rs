@@ -20,7 +20,13 @@
 //!    then publishes their sequences as durable and acknowledges their callers.
 //!
 //! A lone append — nothing being synced and nobody queued behind it — is synced by the writer
-//! itself: the hand-off to another thread would only add a wake-up to its latency.
+//! itself: the hand-off to another thread would only add a wake-up to its latency. And once
+//! the journal is idle (several lone batches in a row, nothing queued, nothing being synced),
+//! an append is written and synced by **its caller's thread** ([`Writer::try_inline`],
+//! [`crate::JournalOptions::inline_lone_appends`]): the writer's state sits behind a lock
+//! that the writer thread takes for each batch and an idle journal's caller takes instead,
+//! so one thread writes at a time and sequences stay in order, without the two wake-ups of
+//! the round trip through the writer thread.
 //!
 //! A sync that fails leaves the batches it covered in an unknown state (written, perhaps not
 //! on stable storage). The journal then **stops**: every caller of those batches, of batches
@@ -349,6 +355,10 @@ pub(crate) struct Writer {
     /// On a shared store: whether `tail` is the one this writer committed last (so that its
     /// next batch may go in one round trip, checked against it).
     tail_is_ours: bool,
+    /// How many batches in a row were one append made durable alone (capped; at
+    /// [`IDLE_STREAK`] before anything is written): at [`IDLE_STREAK`] the journal counts as
+    /// idle, and the next append may be written by its caller.
+    lone_streak: u32,
 }
 
 /// Heads kept in memory before the cache is dropped and refilled from the tasks' last records
@@ -356,6 +366,12 @@ pub(crate) struct Writer {
 /// to are read again, each once — a few thousand reverse seeks — so a small cache costs little,
 /// while one entry per task ever appended to would grow with the journal's history.
 const HEAD_CACHE_LIMIT: usize = 1 << 17;
+
+/// Lone batches in a row after which the journal counts as idle, so that an append may be
+/// written and synced by its caller ([`Writer::try_inline`]). More than one: with a few
+/// dozen callers a batch of one append happens now and then, and the caller that came next
+/// would block its runtime worker for a sync while the other callers need it.
+const IDLE_STREAK: u32 = 4;
 
 /// Primed heads taken at most (one per live task recovered; ~70 bytes each plus the id).
 const PRIMED_LIMIT: usize = 1 << 20;
@@ -378,24 +394,50 @@ impl Writer {
             compacting: false,
             tail,
             tail_is_ours: false,
+            lone_streak: IDLE_STREAK,
         }
     }
 
-    /// Runs until every sender is gone, then waits for the syncer to acknowledge everything
-    /// written.
+    /// Starts the writer thread, which runs until every sender of `jobs` is gone, then waits
+    /// for the syncer to acknowledge everything written; returns the writer's state (for
+    /// [`Writer::try_inline`]) and the thread.
     ///
     /// Batch formation: after the first job, everything already queued is taken (up to
     /// `max_batch`), and no more: the writer does not linger for late callers. With
     /// [`Durability::Sync`] a batch written while the syncer is busy simply joins the next
     /// sync, so writing early costs no sync; it lets the next sync start sooner and splits
     /// the callers into cohorts that alternate between being written and being synced.
-    pub(crate) fn run(mut self, jobs: &Receiver<AppendJob>) {
-        let syncer = match self.durability {
+    ///
+    /// The writer's state is behind a lock that this thread holds for each batch, so that a
+    /// caller that finds the journal idle may write its own append ([`Writer::try_inline`])
+    /// and this thread then waits for it.
+    pub(crate) fn spawn(
+        self,
+        jobs: Receiver<AppendJob>,
+    ) -> std::io::Result<(Arc<Mutex<Self>>, std::thread::JoinHandle<()>)> {
+        let (durability, max_batch) = (self.durability, self.max_batch);
+        let (backend, shared) = (Arc::clone(&self.backend), Arc::clone(&self.shared));
+        let writer = Arc::new(Mutex::new(self));
+        let state = Arc::clone(&writer);
+        let handle = std::thread::Builder::new()
+            .name("dtask-journal-writer".into())
+            .spawn(move || Self::run(&state, &jobs, durability, backend, &shared, max_batch))?;
+        Ok((writer, handle))
+    }
+
+    fn run(
+        writer: &Mutex<Self>,
+        jobs: &Receiver<AppendJob>,
+        durability: Durability,
+        backend: Arc<dyn Backend>,
+        shared: &Arc<Shared>,
+        max_batch: usize,
+    ) {
+        let syncer = match durability {
             Durability::Buffered => None,
             Durability::Sync => {
                 let (tx, rx) = mpsc::channel();
-                let backend = Arc::clone(&self.backend);
-                let shared = Arc::clone(&self.shared);
+                let shared = Arc::clone(shared);
                 match std::thread::Builder::new()
                     .name("dtask-journal-syncer".into())
                     .spawn(move || sync_loop(backend.as_ref(), &shared, &rx))
@@ -409,7 +451,7 @@ impl Writer {
                 }
             }
         };
-        let mut batch = Vec::with_capacity(self.max_batch);
+        let mut batch = Vec::with_capacity(max_batch);
         let mut carried = None;
         loop {
             let first = match carried.take() {
@@ -420,17 +462,27 @@ impl Writer {
                 },
             };
             batch.push(first);
-            while batch.len() < self.max_batch {
+            let Ok(mut writer) = writer.lock() else {
+                // A caller writing inline panicked mid-batch: what the writer knows may be
+                // wrong, so nothing more is written.
+                let _ = shared
+                    .stopped
+                    .set("a thread panicked while writing to the journal".into());
+                refuse_if_stopped(shared, &mut batch);
+                continue;
+            };
+            // Whatever queued up while an inline append held the lock joins this batch.
+            while batch.len() < max_batch {
                 match jobs.try_recv() {
                     Ok(job) => batch.push(job),
                     Err(_) => break,
                 }
             }
             let taken = batch.len();
-            let queued = self.shared.queued.fetch_sub(taken, Ordering::Relaxed);
-            if let Some(written) = self.commit(&mut batch, queued.saturating_sub(taken)) {
+            let queued = shared.queued.fetch_sub(taken, Ordering::Relaxed);
+            if let Some(written) = writer.commit(&mut batch, queued.saturating_sub(taken)) {
                 let syncer = syncer.as_ref().map(|(tx, _)| tx);
-                carried = self.make_durable(written, syncer, jobs);
+                carried = writer.make_durable(written, syncer, jobs);
             }
         }
         if let Some((tx, handle)) = syncer {
@@ -439,24 +491,61 @@ impl Writer {
         }
     }
 
+    /// Writes `job` and makes it durable on the calling thread, if the journal is idle: the
+    /// last [`IDLE_STREAK`] batches were each one append made durable alone, no job is
+    /// queued, no batch is being synced, and no other thread is writing. Gives the job back otherwise (it is then
+    /// queued for the writer thread).
+    ///
+    /// Ordering is kept: this holds the writer's lock, as the writer thread does for each
+    /// batch, and nothing written before is waiting for a sync.
+    pub(crate) fn try_inline(
+        writer: &Mutex<Self>,
+        job: AppendJob,
+    ) -> std::result::Result<(), AppendJob> {
+        let Ok(mut writer) = writer.try_lock() else {
+            return Err(job);
+        };
+        if writer.lone_streak < IDLE_STREAK
+            || writer.backend.is_shared()
+            || writer.shared.queued.load(Ordering::Relaxed) != 0
+            || writer.shared.in_flight.load(Ordering::Acquire) != 0
+        {
+            return Err(job);
+        }
+        let mut batch = vec![job];
+        if let Some(written) = writer.commit(&mut batch, 0) {
+            writer.make_durable_here(written);
+        }
+        Ok(())
+    }
+
+    /// Syncs (with [`Durability::Sync`]) and acknowledges `written` on this thread.
+    fn make_durable_here(&mut self, written: Written) {
+        self.lone_streak = if written.acks.len() == 1 {
+            self.lone_streak.saturating_add(1).min(IDLE_STREAK)
+        } else {
+            0
+        };
+        let (result, took) = match self.durability {
+            Durability::Buffered => (Ok(()), Duration::ZERO),
+            Durability::Sync => timed_sync(self.backend.as_ref()),
+        };
+        settle(&self.shared, vec![written], result, took);
+    }
+
     /// Gets `written` synced and acknowledged: at once with [`Durability::Buffered`]; here
     /// when nothing is being synced and no job waits (the job found waiting, if any, is
     /// returned, to start the next batch); else by the syncer.
     fn make_durable(
-        &self,
+        &mut self,
         written: Written,
         syncer: Option<&mpsc::Sender<Written>>,
         jobs: &Receiver<AppendJob>,
     ) -> Option<AppendJob> {
         let syncer = match (self.durability, syncer) {
-            (Durability::Buffered, _) => {
-                settle(&self.shared, vec![written], Ok(()), Duration::ZERO);
-                return None;
-            }
-            (Durability::Sync, None) => {
-                // No syncer could be started: sync here.
-                let (result, took) = timed_sync(self.backend.as_ref());
-                settle(&self.shared, vec![written], result, took);
+            // No syncer could be started, or none is needed: here.
+            (Durability::Buffered, _) | (Durability::Sync, None) => {
+                self.make_durable_here(written);
                 return None;
             }
             (Durability::Sync, Some(syncer)) => syncer,
@@ -465,11 +554,11 @@ impl Writer {
         if self.shared.in_flight.load(Ordering::Acquire) == 0 {
             waiting = jobs.try_recv().ok();
             if waiting.is_none() {
-                let (result, took) = timed_sync(self.backend.as_ref());
-                settle(&self.shared, vec![written], result, took);
+                self.make_durable_here(written);
                 return None;
             }
         }
+        self.lone_streak = 0;
         self.shared.in_flight.fetch_add(1, Ordering::AcqRel);
         if let Err(mpsc::SendError(written)) = syncer.send(written) {
             // The syncer is gone (it panicked): nothing more can be made durable.
@@ -602,19 +691,6 @@ impl Writer {
         }
         let appended = first.ok_or(Error::EmptyAppend)?;
         Ok((ops, staged, appended))
-    }
-
-    /// Checks, frames and writes (without syncing) the jobs of `batch`; returns what was
-    /// written, to be synced and acknowledged. Refused jobs are answered here.
-    /// Refuses every job of `batch` once the journal stopped; whether it did.
-    fn refuse_if_stopped(&self, batch: &mut Vec<AppendJob>) -> bool {
-        let Some(why) = self.shared.stopped.get() else {
-            return false;
-        };
-        for job in batch.drain(..) {
-            let _ = job.reply.send(Err(Error::Stopped(why.clone())));
-        }
-        true
     }
 
     /// On a store other processes write too, takes its writer lock and builds on the tail the
@@ -813,8 +889,10 @@ impl Writer {
         Done(Some(self.written(seq, tail, overlay, acks)))
     }
 
+    /// Checks, frames and writes (without syncing) the jobs of `batch`; returns what was
+    /// written, to be synced and acknowledged. Refused jobs are answered here.
     fn commit(&mut self, batch: &mut Vec<AppendJob>, queued: usize) -> Option<Written> {
-        if self.refuse_if_stopped(batch) {
+        if refuse_if_stopped(&self.shared, batch) {
             return None;
         }
         if let Optimistic::Done(written) = self.commit_optimistic(batch, queued) {
@@ -958,6 +1036,17 @@ impl Writer {
     }
 }
 
+/// Refuses every job of `batch` once the journal stopped; whether it did.
+fn refuse_if_stopped(shared: &Shared, batch: &mut Vec<AppendJob>) -> bool {
+    let Some(why) = shared.stopped.get() else {
+        return false;
+    };
+    for job in batch.drain(..) {
+        let _ = job.reply.send(Err(Error::Stopped(why.clone())));
+    }
+    true
+}
+
 /// Fails every job of `batch` with a storage error naming `error`.
 fn fail_jobs(batch: &mut Vec<AppendJob>, error: &Error) {
     let storage = match error {
@@ -1088,6 +1177,15 @@ mod tests {
     struct Faulty {
         inner: RocksBackend,
         gates: Mutex<VecDeque<Gate>>,
+        /// The name of the thread of each sync, in order.
+        synced_on: Mutex<Vec<String>>,
+    }
+
+    impl Faulty {
+        /// The threads of the syncs so far, forgotten.
+        fn take_synced_on(&self) -> Vec<String> {
+            std::mem::take(&mut *self.synced_on.lock().unwrap())
+        }
     }
 
     impl Backend for Faulty {
@@ -1095,6 +1193,8 @@ mod tests {
             self.inner.write(ops, durability)
         }
         fn sync(&self) -> Result<()> {
+            let thread = std::thread::current().name().unwrap_or_default().to_owned();
+            self.synced_on.lock().unwrap().push(thread);
             let gate = self.gates.lock().unwrap().pop_front();
             match gate {
                 None => self.inner.sync(),
@@ -1133,6 +1233,7 @@ mod tests {
         let backend = Arc::new(Faulty {
             inner: RocksBackend::open(dir, OpenMode::Primary).unwrap(),
             gates: Mutex::new(VecDeque::new()),
+            synced_on: Mutex::new(Vec::new()),
         });
         let journal =
             Journal::with_backend(Arc::clone(&backend) as Arc<dyn Backend>, options).unwrap();
@@ -1220,8 +1321,9 @@ mod tests {
     }
 
     /// Makes the syncer hold batch "b" while the writer goes on with batch "c": a lone append
-    /// "a" is synced by the writer itself (held, so that "b" and "c" queue up behind it), then
-    /// "b" (one append per batch) is handed to the syncer because "c" is waiting.
+    /// "a" on an idle journal is synced by its caller (held, so that "b" and "c" queue up
+    /// behind it), then "b" (one append per batch) is handed to the syncer because "c" is
+    /// waiting.
     fn pipeline(
         backend: &Faulty,
         journal: &Journal,
@@ -1234,11 +1336,14 @@ mod tests {
         let (b_entered, b_release) = hold(backend);
         let a = {
             let journal = journal.clone();
-            std::thread::spawn(move || journal.append("a", 0, &[update(0)]))
+            std::thread::Builder::new()
+                .name("caller-a".into())
+                .spawn(move || journal.append("a", 0, &[update(0)]))
+                .unwrap()
         };
         a_entered.recv().unwrap();
-        let b = journal.submit("b", 0, &[update(1)], &[]).unwrap();
-        let c = journal.submit("c", 0, &[update(2)], &[]).unwrap();
+        let b = journal.submit("b", 0, &[update(1)], &[], false).unwrap();
+        let c = journal.submit("c", 0, &[update(2)], &[], false).unwrap();
         a_release.send(true).unwrap();
         assert_eq!(a.join().unwrap().unwrap().last_seq, 1);
         // "b" is in the syncer's hands, held; the writer writes "c" meanwhile.
@@ -1267,6 +1372,103 @@ mod tests {
         assert_eq!(c.blocking_recv().unwrap().unwrap().last_seq, 3);
         assert_eq!(journal.durable_seq(), 3);
         assert_eq!(journal.read_stream("c", 0).count(), 1);
+    }
+
+    /// Appends `n` updates to `task` from a thread named `caller`, one after the other.
+    fn append_from_caller(journal: &Journal, task: &'static str, from: u64, n: u64) {
+        let journal = journal.clone();
+        std::thread::Builder::new()
+            .name("caller".into())
+            .spawn(move || {
+                for i in from..from + n {
+                    journal.append(task, i, &[update(i)]).unwrap();
+                }
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+    }
+
+    #[test]
+    fn a_lone_append_is_written_and_synced_by_its_caller() {
+        let dir = tempfile::tempdir().unwrap();
+        let (journal, backend) = faulty(dir.path());
+        append_from_caller(&journal, "t", 0, 3);
+        assert_eq!(backend.take_synced_on(), ["caller"; 3]);
+        assert_eq!(journal.durable_seq(), 3);
+        assert_eq!(journal.read_stream("t", 0).count(), 3);
+        // A conflict is refused on the caller's thread too, and nothing is written.
+        let conflict = journal.append("t", 1, &[update(9)]).unwrap_err();
+        assert!(matches!(conflict, Error::Conflict { actual: 3, .. }));
+        assert_eq!(journal.durable_seq(), 3);
+        drop(journal);
+
+        let dir = tempfile::tempdir().unwrap();
+        let options = JournalOptions::default().with_inline_lone_appends(false);
+        let (journal, backend) = faulty_with(dir.path(), options);
+        append_from_caller(&journal, "t", 0, 3);
+        assert_eq!(backend.take_synced_on(), ["dtask-journal-writer"; 3]);
+    }
+
+    #[test]
+    fn a_busy_journal_hands_appends_to_the_writer_until_it_is_idle_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = JournalOptions::default().with_max_batch_appends(1);
+        let (journal, backend) = faulty_with(dir.path(), options);
+        let (b, c, release) = pipeline(&backend, &journal);
+        release.send(true).unwrap();
+        b.blocking_recv().unwrap().unwrap();
+        c.blocking_recv().unwrap().unwrap();
+        // "a" found the journal idle; "b" and "c" went to the syncer (in one sync or two).
+        let synced_on = backend.take_synced_on();
+        assert_eq!(synced_on.first().map(String::as_str), Some("caller-a"));
+        assert!(
+            (2..=3).contains(&synced_on.len())
+                && synced_on[1..].iter().all(|t| t == "dtask-journal-syncer"),
+            "{synced_on:?}"
+        );
+        // A batch went to the syncer: the journal is busy until IDLE_STREAK lone batches.
+        // (Until its caller finds the writer's lock free: the writer thread may still hold
+        // it for an instant after acknowledging the last append it synced.)
+        let streak = super::IDLE_STREAK as usize;
+        append_from_caller(&journal, "d", 0, streak as u64 + 20);
+        let synced_on = backend.take_synced_on();
+        assert_eq!(synced_on.len(), streak + 20);
+        assert_eq!(
+            synced_on[..streak],
+            ["dtask-journal-writer"; super::IDLE_STREAK as usize]
+        );
+        assert_eq!(
+            synced_on.last().map(String::as_str),
+            Some("caller"),
+            "{synced_on:?}"
+        );
+        assert_eq!(journal.durable_seq(), 3 + streak as u64 + 20);
+    }
+
+    #[test]
+    fn an_async_caller_writes_inline_only_on_a_multi_threaded_runtime() {
+        let run = |runtime: tokio::runtime::Runtime| {
+            let dir = tempfile::tempdir().unwrap();
+            let (journal, backend) = faulty(dir.path());
+            let task = runtime.spawn(async move {
+                for i in 0..3 {
+                    journal.append_async("t", i, &[update(i)]).await.unwrap();
+                }
+            });
+            runtime.block_on(task).unwrap();
+            backend.take_synced_on()
+        };
+        let current = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        assert_eq!(run(current), ["dtask-journal-writer"; 3]);
+        let multi = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("worker")
+            .build()
+            .unwrap();
+        assert_eq!(run(multi), ["worker"; 3]);
     }
 
     #[test]
