@@ -431,7 +431,9 @@ impl Journal {
     /// Appends `events` to `task`'s stream at `expected_position` (the stream's current length)
     /// atomically, and returns once they are durable (per [`crate::Durability`]).
     ///
-    /// Appends of many callers are group-committed: one batch, one sync.
+    /// Appends of many callers are group-committed: one batch, one sync. An append that finds
+    /// the journal idle is written and synced on the calling thread
+    /// ([`JournalOptions::inline_lone_appends`]).
     ///
     /// # Errors
     /// [`Error::Conflict`] when the stream is not at `expected_position` (nothing written);
@@ -450,7 +452,9 @@ impl Journal {
     }
 
     /// [`Journal::append`] for asynchronous callers: awaits durability without blocking a
-    /// runtime thread.
+    /// runtime thread — except that, on a multi-threaded tokio runtime, an append that finds
+    /// the journal idle is written and synced on the caller's worker, blocking it for one
+    /// sync ([`JournalOptions::inline_lone_appends`], which turns this off).
     ///
     /// # Errors
     /// As for [`Journal::append`].
@@ -918,8 +922,6 @@ impl Journal {
     }
 }
 
-/// Whether an entry keyed by a sequence (`commits`, `outbox`) is at or below the durable
-/// watermark; errors and malformed keys pass, to be reported by the caller.
 /// Whether an asynchronous caller's thread may block for one sync: only a worker of a
 /// multi-threaded tokio runtime, whose other workers can take over its queued tasks
 /// meanwhile — not a current-thread runtime, which would stall, nor an unknown executor.
@@ -928,6 +930,8 @@ fn may_block_async() -> bool {
         .is_ok_and(|handle| handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
 }
 
+/// Whether an entry keyed by a sequence (`commits`, `outbox`) is at or below the durable
+/// watermark; errors and malformed keys pass, to be reported by the caller.
 fn below(item: &Result<crate::backend::KeyValue>, durable: u64) -> bool {
     match item {
         Ok((key, _)) => keys::parse_seq_key(key).map_or(true, |seq| seq <= durable),

@@ -493,8 +493,8 @@ impl Writer {
 
     /// Writes `job` and makes it durable on the calling thread, if the journal is idle: the
     /// last [`IDLE_STREAK`] batches were each one append made durable alone, no job is
-    /// queued, no batch is being synced, and no other thread is writing. Gives the job back otherwise (it is then
-    /// queued for the writer thread).
+    /// queued, no batch is being synced, and no other thread is writing. Gives the job back
+    /// otherwise (it is then queued for the writer thread).
     ///
     /// Ordering is kept: this holds the writer's lock, as the writer thread does for each
     /// batch, and nothing written before is waiting for a sync.

@@ -129,7 +129,7 @@ pub enum FoldError {
     NotDeferred(&'static str),
 }
 
-/// The key of a progress-event part in [`Task::parts`]: unambiguous for any two strings.
+/// The key of a progress-event part in [`TaskLayer::parts`]: unambiguous for any two strings.
 #[must_use]
 pub fn part_key(event_id: &str, part_id: &str) -> String {
     format!("{}:{event_id}{part_id}", event_id.len())

@@ -2,7 +2,7 @@
 //! processes on many machines share.
 //!
 //! [`PgBackend`] is a [`Backend`]: the journal's key spaces are tables whose primary keys keep
-//! the keys' order ([`rows`]), so every reader of the journal — streams, the commit order,
+//! the keys' order (module `rows`), so every reader of the journal — streams, the commit order,
 //! the live index, the outbox, the audit's bulk readers — works on it unchanged, and the
 //! framing, the BLAKE3 chain and the CRC are the embedded journal's. What differs is who
 //! decides: the database. Each batch of the group-commit writer is one transaction that
@@ -14,7 +14,7 @@
 //! in commit order, without gaps: a reader of the commit order that has seen sequence `n`
 //! has seen every record before it (see `docs/postgres.md`).
 //!
-//! Connections run on threads of their own ([`conn`]); the schema is created and migrated by
+//! Connections run on threads of their own (module `conn`); the schema is created and migrated by
 //! the first open ([`schema`]).
 
 pub mod admin;
