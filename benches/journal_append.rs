@@ -19,7 +19,8 @@
 //! one minute to the next for one run of each column to compare them.
 //!
 //! Run: `cargo bench --bench journal_append` (add `-- --secs 3` for longer columns, `-- --rounds 5`
-//! for more rounds, `-- --writers 64` for one row, `-- --ours` for dtask's tokio column alone,
+//! for more rounds, `-- --writers 64` for one row, `-- --ours` for dtask's tokio column alone (with
+//! `--breakdown`, what its write path did: batches, writes, syncs, latency),
 //! `-- --max-batch 8` to cap dtask's batches at 8 appends, `-- --file` for the two plain-file
 //! columns alone, `-- --file-syncers 2` to let the file group commit run two syncs at once,
 //! which RocksDB's log cannot, `-- --file-linger 150` to let its syncer wait up to 150 µs for
@@ -53,6 +54,67 @@ static MAX_BATCH: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
 
 /// `--no-inline`: [`JournalOptions::inline_lone_appends`] off for dtask's columns.
 static NO_INLINE: AtomicBool = AtomicBool::new(false);
+
+/// `--breakdown`: what the write path did in dtask's tokio column, told by an observer.
+static BREAKDOWN: AtomicBool = AtomicBool::new(false);
+
+/// Sums of what the write path told (`--breakdown`).
+#[derive(Debug, Default)]
+struct Breakdown {
+    batches: AtomicU64,
+    appends: AtomicU64,
+    write_nanos: AtomicU64,
+    syncs: AtomicU64,
+    sync_nanos: AtomicU64,
+    acks: AtomicU64,
+    ack_nanos: AtomicU64,
+}
+
+/// `d` in nanoseconds, saturating.
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl dtask::journal::WriteObserver for Breakdown {
+    fn batch_written(&self, batch: &dtask::journal::observe::BatchWritten) {
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.appends
+            .fetch_add(batch.appends as u64, Ordering::Relaxed);
+        self.write_nanos
+            .fetch_add(nanos(batch.write), Ordering::Relaxed);
+    }
+
+    fn synced(&self, sync: &dtask::journal::observe::Synced) {
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        self.sync_nanos
+            .fetch_add(nanos(sync.sync), Ordering::Relaxed);
+    }
+
+    fn acknowledged(&self, latency: Duration) {
+        self.acks.fetch_add(1, Ordering::Relaxed);
+        self.ack_nanos.fetch_add(nanos(latency), Ordering::Relaxed);
+    }
+}
+
+impl Breakdown {
+    /// One line: per second, batches and syncs; per batch, appends and the mean write; per
+    /// sync, the mean sync; per append, the mean latency.
+    fn print(&self, secs: f64) {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
+        let batches = get(&self.batches).max(1.0);
+        let syncs = get(&self.syncs).max(1.0);
+        let acks = get(&self.acks).max(1.0);
+        println!(
+            "         batches/s {:.0} | appends/batch {:.1} | write {:.1} us | syncs/s {:.0} | sync {:.1} us | ack {:.1} us",
+            batches / secs,
+            get(&self.appends) / batches,
+            get(&self.write_nanos) / batches / 1e3,
+            syncs / secs,
+            get(&self.sync_nanos) / syncs / 1e3,
+            get(&self.ack_nanos) / acks / 1e3,
+        );
+    }
+}
 
 fn journal_options() -> JournalOptions {
     let options =
@@ -110,6 +172,10 @@ fn dtask_appends(writers: usize, secs: f64) -> f64 {
 fn dtask_async_appends(writers: usize, secs: f64) -> f64 {
     let dir = tempfile::tempdir().unwrap();
     let journal = Journal::open(dir.path(), journal_options()).unwrap();
+    let breakdown = Arc::new(Breakdown::default());
+    if BREAKDOWN.load(Ordering::Relaxed) {
+        journal.observe(Arc::clone(&breakdown) as Arc<dyn dtask::journal::WriteObserver>);
+    }
     let rate = common::closed_loop(
         writers,
         secs,
@@ -130,6 +196,9 @@ fn dtask_async_appends(writers: usize, secs: f64) -> f64 {
         },
         || {},
     );
+    if BREAKDOWN.load(Ordering::Relaxed) {
+        breakdown.print(secs);
+    }
     drop(journal);
     drop(dir);
     rate
@@ -257,6 +326,7 @@ fn measure_cell(writers: usize, secs: f64, rounds: usize) -> Cell {
 
 /// Durable appends per second against raw RocksDB and a plain file (see the module docs).
 #[derive(Debug, Parser)]
+#[allow(clippy::struct_excessive_bools)] // one bool per command-line flag
 struct Args {
     /// Seconds per column.
     #[arg(long, default_value_t = 2.0)]
@@ -270,6 +340,10 @@ struct Args {
     /// Only dtask's tokio column, for profiling.
     #[arg(long)]
     ours: bool,
+    /// With `--ours`: what the write path did (batches, writes, syncs, latency), told by an
+    /// observer.
+    #[arg(long)]
+    breakdown: bool,
     /// Only the two plain-file columns, and their ratio per round.
     #[arg(long)]
     file: bool,
@@ -297,6 +371,7 @@ fn main() {
     let secs = args.secs;
     let rounds = args.rounds.max(1);
     NO_INLINE.store(args.no_inline, Ordering::Relaxed);
+    BREAKDOWN.store(args.breakdown, Ordering::Relaxed);
     if let Some(appends) = args.max_batch {
         MAX_BATCH.set(appends).unwrap();
     }
