@@ -234,6 +234,10 @@ impl AgentExecutor {
                     self.record(attempt, transcript, entry).await?;
                 }
                 control = attempt.next_control() => {
+                    // The watches go first: one of them may be queued on a child's slot
+                    // lock, and a queued lock that is handed to a future nobody polls is
+                    // never released — canceling that child below would wait for it forever.
+                    drop(running);
                     let result = on_control(control);
                     if !matches!(result, ExecutionResult::Yield(_)) {
                         // Stop and Timeout end the run: its tools stop with it. A drain
