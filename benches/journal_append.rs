@@ -58,64 +58,6 @@ static NO_INLINE: AtomicBool = AtomicBool::new(false);
 /// `--breakdown`: what the write path did in dtask's tokio column, told by an observer.
 static BREAKDOWN: AtomicBool = AtomicBool::new(false);
 
-/// Sums of what the write path told (`--breakdown`).
-#[derive(Debug, Default)]
-struct Breakdown {
-    batches: AtomicU64,
-    appends: AtomicU64,
-    write_nanos: AtomicU64,
-    syncs: AtomicU64,
-    sync_nanos: AtomicU64,
-    acks: AtomicU64,
-    ack_nanos: AtomicU64,
-}
-
-/// `d` in nanoseconds, saturating.
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
-
-impl dtask::journal::WriteObserver for Breakdown {
-    fn batch_written(&self, batch: &dtask::journal::observe::BatchWritten) {
-        self.batches.fetch_add(1, Ordering::Relaxed);
-        self.appends
-            .fetch_add(batch.appends as u64, Ordering::Relaxed);
-        self.write_nanos
-            .fetch_add(nanos(batch.write), Ordering::Relaxed);
-    }
-
-    fn synced(&self, sync: &dtask::journal::observe::Synced) {
-        self.syncs.fetch_add(1, Ordering::Relaxed);
-        self.sync_nanos
-            .fetch_add(nanos(sync.sync), Ordering::Relaxed);
-    }
-
-    fn acknowledged(&self, latency: Duration) {
-        self.acks.fetch_add(1, Ordering::Relaxed);
-        self.ack_nanos.fetch_add(nanos(latency), Ordering::Relaxed);
-    }
-}
-
-impl Breakdown {
-    /// One line: per second, batches and syncs; per batch, appends and the mean write; per
-    /// sync, the mean sync; per append, the mean latency.
-    fn print(&self, secs: f64) {
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
-        let batches = get(&self.batches).max(1.0);
-        let syncs = get(&self.syncs).max(1.0);
-        let acks = get(&self.acks).max(1.0);
-        println!(
-            "         batches/s {:.0} | appends/batch {:.1} | write {:.1} us | syncs/s {:.0} | sync {:.1} us | ack {:.1} us",
-            batches / secs,
-            get(&self.appends) / batches,
-            get(&self.write_nanos) / batches / 1e3,
-            syncs / secs,
-            get(&self.sync_nanos) / syncs / 1e3,
-            get(&self.ack_nanos) / acks / 1e3,
-        );
-    }
-}
-
 fn journal_options() -> JournalOptions {
     let options =
         JournalOptions::default().with_inline_lone_appends(!NO_INLINE.load(Ordering::Relaxed));
@@ -172,7 +114,7 @@ fn dtask_appends(writers: usize, secs: f64) -> f64 {
 fn dtask_async_appends(writers: usize, secs: f64) -> f64 {
     let dir = tempfile::tempdir().unwrap();
     let journal = Journal::open(dir.path(), journal_options()).unwrap();
-    let breakdown = Arc::new(Breakdown::default());
+    let breakdown = Arc::new(common::WriteBreakdown::default());
     if BREAKDOWN.load(Ordering::Relaxed) {
         journal.observe(Arc::clone(&breakdown) as Arc<dyn dtask::journal::WriteObserver>);
     }

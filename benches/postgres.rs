@@ -24,6 +24,8 @@
     missing_docs
 )]
 
+mod common;
+
 use clap::Parser;
 use dtask::journal::{Journal, JournalOptions, LeasePolicy, TaskSpec};
 use dtask_engine::{Command, CreateRequest, StoreConfig, SystemClock, TaskStore, UpdateRequest};
@@ -114,23 +116,8 @@ async fn caller(store: TaskStore, name: String, stop: Arc<AtomicBool>, steps: Ar
     }
 }
 
-/// Counts the writer's batches and their appends.
-#[derive(Debug, Default)]
-struct Batches {
-    batches: AtomicU64,
-    appends: AtomicU64,
-}
-
-impl dtask::journal::WriteObserver for Batches {
-    fn batch_written(&self, batch: &dtask::journal::observe::BatchWritten) {
-        self.batches.fetch_add(1, Ordering::Relaxed);
-        self.appends
-            .fetch_add(batch.appends as u64, Ordering::Relaxed);
-    }
-}
-
 /// Every batch of every journal the bench opens, counted.
-static BATCHES: std::sync::OnceLock<Arc<Batches>> = std::sync::OnceLock::new();
+static BATCHES: std::sync::OnceLock<Arc<common::WriteBreakdown>> = std::sync::OnceLock::new();
 
 /// dtask's durable steps per second with `callers` callers over `nodes` stores.
 fn dtask(base: &str, schema: &str, nodes: usize, callers: usize, secs: f64) -> f64 {
@@ -263,10 +250,7 @@ fn main() {
     for &callers in &rows {
         for round in 0..args.rounds {
             let counter = Arc::clone(BATCHES.get_or_init(Arc::default));
-            let before = (
-                counter.batches.load(Ordering::Relaxed),
-                counter.appends.load(Ordering::Relaxed),
-            );
+            let before = (counter.batches(), counter.appends());
             let one = dtask(
                 &base,
                 &format!("b{stamp}_{callers}_{round}_a"),
@@ -274,8 +258,8 @@ fn main() {
                 callers,
                 args.secs,
             );
-            let batches = counter.batches.load(Ordering::Relaxed) - before.0;
-            let in_batches = counter.appends.load(Ordering::Relaxed) - before.1;
+            let batches = counter.batches() - before.0;
+            let in_batches = counter.appends() - before.1;
             let per_batch = in_batches as f64 / batches.max(1) as f64;
             let single = baseline(&base, "dtask_bench_single", callers, false, args.secs);
             let two = dtask(

@@ -11,6 +11,76 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Sums of what a journal's write path told its observer: batches and their appends, write
+/// and sync times, acknowledgement latencies (`journal_append -- --breakdown`, the batch
+/// sizes of `postgres`).
+#[derive(Debug, Default)]
+pub struct WriteBreakdown {
+    batches: AtomicU64,
+    appends: AtomicU64,
+    write_nanos: AtomicU64,
+    syncs: AtomicU64,
+    sync_nanos: AtomicU64,
+    acks: AtomicU64,
+    ack_nanos: AtomicU64,
+}
+
+/// `d` in nanoseconds, saturating.
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl dtask::journal::WriteObserver for WriteBreakdown {
+    fn batch_written(&self, batch: &dtask::journal::observe::BatchWritten) {
+        self.batches.fetch_add(1, Ordering::Relaxed);
+        self.appends
+            .fetch_add(batch.appends as u64, Ordering::Relaxed);
+        self.write_nanos
+            .fetch_add(nanos(batch.write), Ordering::Relaxed);
+    }
+
+    fn synced(&self, sync: &dtask::journal::observe::Synced) {
+        self.syncs.fetch_add(1, Ordering::Relaxed);
+        self.sync_nanos
+            .fetch_add(nanos(sync.sync), Ordering::Relaxed);
+    }
+
+    fn acknowledged(&self, latency: Duration) {
+        self.acks.fetch_add(1, Ordering::Relaxed);
+        self.ack_nanos.fetch_add(nanos(latency), Ordering::Relaxed);
+    }
+}
+
+impl WriteBreakdown {
+    /// Batches written so far.
+    pub fn batches(&self) -> u64 {
+        self.batches.load(Ordering::Relaxed)
+    }
+
+    /// Appends in those batches.
+    pub fn appends(&self) -> u64 {
+        self.appends.load(Ordering::Relaxed)
+    }
+
+    /// One line over `secs`: per second, batches and syncs; per batch, appends and the mean
+    /// write; per sync, the mean sync; per append, the mean latency.
+    pub fn print(&self, secs: f64) {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
+        let batches = get(&self.batches).max(1.0);
+        let syncs = get(&self.syncs).max(1.0);
+        let acks = get(&self.acks).max(1.0);
+        println!(
+            "         batches/s {:.0} | appends/batch {:.1} | write {:.1} us | syncs/s {:.0} | sync {:.1} us | ack {:.1} us",
+            batches / secs,
+            get(&self.appends) / batches,
+            get(&self.write_nanos) / batches / 1e3,
+            syncs / secs,
+            get(&self.sync_nanos) / syncs / 1e3,
+            get(&self.ack_nanos) / acks / 1e3,
+        );
+    }
+}
+
 /// The stream of one sample task: created, claimed, started marker, updates, and (when
 /// `terminal`) completed — `events` records in all.
 pub fn task_events(id: &str, events: usize, terminal: bool) -> Vec<Event> {
