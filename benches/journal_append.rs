@@ -114,10 +114,11 @@ fn dtask_appends(writers: usize, secs: f64) -> f64 {
 fn dtask_async_appends(writers: usize, secs: f64) -> f64 {
     let dir = tempfile::tempdir().unwrap();
     let journal = Journal::open(dir.path(), journal_options()).unwrap();
-    let breakdown = Arc::new(common::WriteBreakdown::default());
-    if BREAKDOWN.load(Ordering::Relaxed) {
+    let breakdown = BREAKDOWN.load(Ordering::Relaxed).then(|| {
+        let breakdown = Arc::new(common::WriteBreakdown::default());
         journal.observe(Arc::clone(&breakdown) as Arc<dyn dtask::journal::WriteObserver>);
-    }
+        breakdown
+    });
     let rate = common::closed_loop(
         writers,
         secs,
@@ -138,7 +139,7 @@ fn dtask_async_appends(writers: usize, secs: f64) -> f64 {
         },
         || {},
     );
-    if BREAKDOWN.load(Ordering::Relaxed) {
+    if let Some(breakdown) = breakdown {
         breakdown.print(secs);
     }
     drop(journal);
