@@ -25,7 +25,10 @@
 //! columns alone, `-- --file-syncers 2` to let the file group commit run two syncs at once,
 //! which RocksDB's log cannot, `-- --file-linger 150` to let its syncer wait up to 150 µs for
 //! the writers it last woke, `-- --file-work 2000` to have its writing thread spend 2 µs of
-//! CPU per record, as a journal's writer does on framing, index and memtable).
+//! CPU per record, as a journal's writer does on framing, index and memtable; `-- --model` to
+//! run dtask beside the file group commit alone, with its batches applied to RocksDB before
+//! the sync, applied beside it, and with RocksDB's own log in place of the file: where dtask's
+//! time goes against the machine's limit, and what a log of the journal's own could gain).
 #![allow(clippy::unwrap_used, clippy::cast_precision_loss, missing_docs)]
 
 use clap::Parser;
@@ -220,12 +223,23 @@ static FILE_LINGER: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
 /// `--file-work NS`: CPU the plain file's writing thread spends per record.
 static FILE_WORK: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
 
+/// `--file-apply WHERE`: where the plain file's group commit also applies its batches to
+/// RocksDB.
+static FILE_APPLY: std::sync::OnceLock<file_log::Apply> = std::sync::OnceLock::new();
+
 /// The plain file's group commit as the flags set it.
 fn file_group_commit(writers: usize, secs: f64) -> f64 {
+    file_group_commit_applying(writers, secs, FILE_APPLY.get().copied().unwrap_or_default())
+}
+
+/// The plain file's group commit as the flags set it, its batches also applied to RocksDB as
+/// `apply` says (`--model`).
+fn file_group_commit_applying(writers: usize, secs: f64, apply: file_log::Apply) -> f64 {
     let shape = file_log::Shape {
         syncers: FILE_SYNCERS.get().copied().unwrap_or(1),
         linger: FILE_LINGER.get().copied().unwrap_or_default(),
         work_per_record: FILE_WORK.get().copied().unwrap_or_default(),
+        apply,
     };
     file_log::group_commit(writers, VALUE_BYTES, secs, shape)
 }
@@ -290,6 +304,10 @@ struct Args {
     /// Only the two plain-file columns, and their ratio per round.
     #[arg(long)]
     file: bool,
+    /// dtask beside the plain file's group commit with its batches applied to RocksDB before
+    /// the sync and beside it: what a log of the journal's own could gain.
+    #[arg(long)]
+    model: bool,
     /// Cap dtask's batches at this many appends.
     #[arg(long, value_name = "APPENDS")]
     max_batch: Option<usize>,
@@ -305,8 +323,24 @@ struct Args {
     /// Nanoseconds of CPU the plain file's writing thread spends per record.
     #[arg(long, value_name = "NANOS")]
     file_work: Option<u64>,
+    /// Where the plain file's group commit also writes each batch to RocksDB (its log off):
+    /// `before` the sync on the writing thread, `beside` it on a thread of its own, or `wal`:
+    /// RocksDB's own log in place of the file.
+    #[arg(long, value_name = "WHERE")]
+    file_apply: Option<FileApply>,
     #[command(flatten)]
     _cargo: common::CargoBench,
+}
+
+/// The values of `--file-apply`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum FileApply {
+    /// On the writing thread, before the sync.
+    Before,
+    /// On a thread of its own, beside the sync.
+    Beside,
+    /// RocksDB's own log in place of the file.
+    Wal,
 }
 
 fn main() {
@@ -327,6 +361,15 @@ fn main() {
     if let Some(nanos) = args.file_work {
         FILE_WORK.set(Duration::from_nanos(nanos)).unwrap();
     }
+    if let Some(apply) = args.file_apply {
+        FILE_APPLY
+            .set(match apply {
+                FileApply::Before => file_log::Apply::Before,
+                FileApply::Beside => file_log::Apply::Beside,
+                FileApply::Wal => file_log::Apply::Wal,
+            })
+            .unwrap();
+    }
     let cells = args
         .writers
         .map_or_else(|| vec![1usize, 16, 64, 256], |w| vec![w]);
@@ -344,15 +387,83 @@ fn main() {
         }
         return;
     }
+    if args.model {
+        for writers in cells {
+            model(writers, secs, rounds);
+        }
+        return;
+    }
     // `--ours`: only dtask's tokio column, for profiling.
     if args.ours {
         for writers in cells {
-            let ours = dtask_async_appends(writers, secs);
-            println!("{writers:>8} | {ours:>13.0}");
+            let (ours, cpu) = common::with_cpu(secs, || dtask_async_appends(writers, secs));
+            match cpu {
+                Some(cpu) => println!("{writers:>8} | {ours:>13.0} | CPU {cpu:.1} us per append"),
+                None => println!("{writers:>8} | {ours:>13.0}"),
+            }
         }
         return;
     }
     table(&cells, secs, rounds);
+}
+
+/// `--model`: dtask and four shapes of the plain file's group commit in alternating rounds —
+/// the file alone; its batches applied to RocksDB (its log off) on the writing thread before
+/// the sync, the order dtask's writer keeps; applied on a thread of their own beside the sync,
+/// as a log of the journal's own would; and RocksDB's own log in place of the file (written
+/// by the writing thread, synced by the syncer: dtask's write path without its framing,
+/// indexes and API) — with the medians of each round's ratios to the file alone.
+fn model(writers: usize, secs: f64, rounds: usize) {
+    use file_log::Apply;
+    println!(
+        "{writers} writers, {secs} s per column: dtask | file group | apply before the sync | apply beside it | RocksDB's log"
+    );
+    let mut columns: [Vec<f64>; 5] = Default::default();
+    let mut cpu: [Vec<f64>; 5] = Default::default();
+    for round in 0..rounds {
+        for column in 0..5 {
+            let i = (column + round) % 5;
+            let (rate, cpu_per_op) = common::with_cpu(secs, || match i {
+                0 => dtask_async_appends(writers, secs),
+                1 => file_group_commit(writers, secs),
+                2 => file_group_commit_applying(writers, secs, Apply::Before),
+                3 => file_group_commit_applying(writers, secs, Apply::Beside),
+                _ => file_group_commit_applying(writers, secs, Apply::Wal),
+            });
+            columns[i].push(rate);
+            cpu[i].extend(cpu_per_op);
+        }
+        let [ours, file, before, beside, wal] = columns.each_ref().map(|c| c[round]);
+        println!(
+            "  round {round}: {ours:>9.0} | {file:>9.0} | {before:>9.0} | {beside:>9.0} | {wal:>9.0}"
+        );
+    }
+    if cpu.iter().all(|c| !c.is_empty()) {
+        let [ours, file, before, beside, wal] =
+            cpu.each_ref().map(|c| common::Spread::of(c).median);
+        println!(
+            "  CPU us per record (process, all threads, medians): {ours:>5.1} | {file:>5.1} | {before:>5.1} | {beside:>5.1} | {wal:>5.1}"
+        );
+    }
+    let [ours, file, before, beside, wal] = &columns;
+    let median = |c: &[f64]| common::Spread::of(c).median;
+    println!(
+        "  medians: {:>9.0} | {:>9.0} | {:>9.0} | {:>9.0} | {:>9.0}",
+        median(ours),
+        median(file),
+        median(before),
+        median(beside),
+        median(wal),
+    );
+    println!(
+        "  against the file group: dtask {}, apply before {}, apply beside {}, RocksDB's log {}; beside against before {}; dtask against RocksDB's log {}",
+        common::Spread::of_ratios(ours, file).ratio(),
+        common::Spread::of_ratios(before, file).ratio(),
+        common::Spread::of_ratios(beside, file).ratio(),
+        common::Spread::of_ratios(wal, file).ratio(),
+        common::Spread::of_ratios(beside, before).ratio(),
+        common::Spread::of_ratios(ours, wal).ratio(),
+    );
 }
 
 /// The medians a cell of 64 writers or more is judged on.

@@ -9,9 +9,15 @@
 //! — no framing, no index, no memtable, nothing a journal adds. The ratio of the two is the
 //! share of an open-loop batch stream that so many closed-loop writers reach on this machine
 //! when writing costs next to nothing.
+//!
+//! [`Shape::apply`] models a journal's store behind that log: each batch's records also go
+//! into RocksDB (its own log off), either on the writing thread before the sync — the order
+//! dtask's writer keeps with RocksDB's log — or on a thread of its own beside the sync, as a
+//! journal with a log of its own would apply them. The two bound what that structural change
+//! could gain before it is built.
 
 use std::io::Write as _;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -31,7 +37,8 @@ pub fn batches(batch: usize, record_bytes: usize, secs: f64) -> f64 {
     records as f64 / start.elapsed().as_secs_f64()
 }
 
-/// What the group commit's writers, its writing thread and its syncing threads share.
+/// What the group commit's writers, its writing thread, its syncing threads and its applier
+/// share.
 #[derive(Default)]
 struct Log {
     state: Mutex<State>,
@@ -39,15 +46,68 @@ struct Log {
     queued: Condvar,
     /// Signalled when a batch has been written, and at the end.
     written: Condvar,
+    /// Signalled when a batch awaits its apply, and at the end.
+    to_apply: Condvar,
 }
 
 #[derive(Default)]
 struct State {
-    /// The acknowledgements of the records queued and not yet written.
-    queue: Vec<tokio::sync::oneshot::Sender<()>>,
-    /// The acknowledgements of the records written and not yet being synced.
-    written: Vec<tokio::sync::oneshot::Sender<()>>,
+    /// The records queued and not yet written.
+    queue: Vec<Queued>,
+    /// The batches written and not yet being synced.
+    written: Vec<Arc<Batch>>,
+    /// The batches written and not yet being applied ([`Apply::Beside`] only).
+    to_apply: Vec<Arc<Batch>>,
     stop: bool,
+}
+
+/// One writer's record, queued.
+struct Queued {
+    /// The writer (its records' task).
+    writer: usize,
+    /// The record's position in that writer's stream.
+    position: u64,
+    ack: tokio::sync::oneshot::Sender<()>,
+}
+
+/// A batch written to the file: its records, and their acknowledgements, sent once every
+/// stage still owed (the sync, and the apply when it runs beside the sync) is done.
+struct Batch {
+    /// Stages still owed.
+    left: AtomicU8,
+    /// The first record's sequence (the commit index's key).
+    first_seq: u64,
+    /// Each record's writer and position.
+    records: Vec<(usize, u64)>,
+    acks: Mutex<Vec<tokio::sync::oneshot::Sender<()>>>,
+}
+
+impl Batch {
+    /// One stage done; the last one acknowledges the batch's writers.
+    fn stage_done(&self) {
+        if self.left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            for ack in self.acks.lock().unwrap().drain(..) {
+                let _ = ack.send(());
+            }
+        }
+    }
+}
+
+/// Where [`group_commit`] also writes its records to RocksDB (see the module docs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Apply {
+    /// Nowhere: the plain file alone.
+    #[default]
+    None,
+    /// On the writing thread, after the file's `write` and before the batch is handed to the
+    /// sync: RocksDB's work on the loop's way, as in dtask's writer today.
+    Before,
+    /// On a thread of its own, beside the sync; a record is acknowledged once both are done.
+    Beside,
+    /// Instead of the file: the writing thread writes each batch to RocksDB with RocksDB's
+    /// own log on, unsynced, and the syncer syncs that log (`FlushWAL(true)`) — dtask's
+    /// write path without its framing, indexes and API.
+    Wal,
 }
 
 /// How [`group_commit`] runs.
@@ -64,6 +124,50 @@ pub struct Shape {
     /// standing for what a journal's writer adds on the way of each record: framing, index
     /// entries, memtable inserts. Zero: none.
     pub work_per_record: Duration,
+    /// Whether and where each batch's records also go into RocksDB: a put of the record under
+    /// its writer's task and position, and a commit-index put under its sequence, as a
+    /// journal's batch writes them, in one `WriteBatch` with RocksDB's log off.
+    pub apply: Apply,
+}
+
+/// The RocksDB a model's batches are applied to, and the ops of one apply.
+struct Store {
+    db: rocksdb::DB,
+    value: Vec<u8>,
+}
+
+impl Store {
+    fn open(dir: &std::path::Path, record_bytes: usize) -> Self {
+        let mut opts = rocksdb::Options::default();
+        opts.create_if_missing(true);
+        opts.create_missing_column_families(true);
+        opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
+        let db = rocksdb::DB::open_cf(&opts, dir, ["events", "commits"]).unwrap();
+        Self {
+            db,
+            value: vec![7u8; record_bytes],
+        }
+    }
+
+    /// Writes `batches`' records in one `WriteBatch`, unsynced, RocksDB's log on when `wal`.
+    fn apply(&self, batches: &[Arc<Batch>], wal: bool) {
+        let events = self.db.cf_handle("events").unwrap();
+        let commits = self.db.cf_handle("commits").unwrap();
+        let mut wb = rocksdb::WriteBatch::default();
+        let mut key = Vec::with_capacity(32);
+        for batch in batches {
+            for (i, &(writer, position)) in batch.records.iter().enumerate() {
+                key.clear();
+                write!(key, "task-{writer:04}").unwrap();
+                key.extend_from_slice(&position.to_be_bytes());
+                wb.put_cf(&events, &key, &self.value);
+                wb.put_cf(&commits, (batch.first_seq + i as u64).to_be_bytes(), &key);
+            }
+        }
+        let mut wo = rocksdb::WriteOptions::default();
+        wo.disable_wal(!wal);
+        self.db.write_opt(wb, &wo).unwrap();
+    }
 }
 
 /// Acknowledged records per second of `writers` closed-loop writers over a fresh plain file
@@ -75,27 +179,46 @@ pub struct Shape {
 pub fn group_commit(writers: usize, record_bytes: usize, secs: f64, shape: Shape) -> f64 {
     let dir = tempfile::tempdir().unwrap();
     let file = Arc::new(std::fs::File::create(dir.path().join("log")).unwrap());
+    let store = (shape.apply != Apply::None)
+        .then(|| Arc::new(Store::open(&dir.path().join("store"), record_bytes)));
     let log = Arc::new(Log::default());
     let writer = spawn_writer(
         Arc::clone(&log),
         Arc::clone(&file),
         record_bytes,
-        shape.work_per_record,
+        shape,
+        store
+            .clone()
+            .filter(|_| matches!(shape.apply, Apply::Before | Apply::Wal)),
     );
     let syncing: Vec<_> = (0..shape.syncers.max(1))
-        .map(|_| spawn_syncer(Arc::clone(&log), Arc::clone(&file), shape.linger))
+        .map(|_| {
+            let target = match &store {
+                Some(store) if shape.apply == Apply::Wal => SyncTarget::Wal(Arc::clone(store)),
+                _ => SyncTarget::File(Arc::clone(&file)),
+            };
+            spawn_syncer(Arc::clone(&log), target, shape.linger)
+        })
         .collect();
+    let applier = store
+        .filter(|_| shape.apply == Apply::Beside)
+        .map(|store| spawn_applier(Arc::clone(&log), store));
     let rate = super::closed_loop(
         writers,
         secs,
-        |_, stop, done| {
+        |writer, stop, done| {
             let log = Arc::clone(&log);
             async move {
+                let mut position = 0;
                 while !stop.load(Ordering::Relaxed) {
                     let (ack, acked) = tokio::sync::oneshot::channel();
                     let first = {
                         let mut state = log.state.lock().unwrap();
-                        state.queue.push(ack);
+                        state.queue.push(Queued {
+                            writer,
+                            position,
+                            ack,
+                        });
                         state.queue.len() == 1
                     };
                     if first {
@@ -104,99 +227,180 @@ pub fn group_commit(writers: usize, record_bytes: usize, secs: f64, shape: Shape
                     if acked.await.is_err() {
                         return;
                     }
+                    position += 1;
                     done.fetch_add(1, Ordering::Relaxed);
                 }
             }
         },
         || {
-            // Dropping the acknowledgements still queued or written ends their writers.
+            // Dropping the acknowledgements still queued, written or awaiting their apply
+            // ends their writers.
             let mut state = log.state.lock().unwrap();
             state.stop = true;
             state.queue.clear();
             state.written.clear();
+            state.to_apply.clear();
             drop(state);
             log.queued.notify_all();
             log.written.notify_all();
+            log.to_apply.notify_all();
         },
     );
     writer.join().unwrap();
     for syncer in syncing {
         syncer.join().unwrap();
     }
+    if let Some(applier) = applier {
+        applier.join().unwrap();
+    }
     rate
 }
 
 /// The writing thread: everything queued, in one `write` a batch, then `work_per_record` of
-/// CPU for each record in it.
+/// CPU for each record in it, then (with [`Apply::Before`]) the batch's apply to `store`.
 fn spawn_writer(
     log: Arc<Log>,
     file: Arc<std::fs::File>,
     record_bytes: usize,
-    work_per_record: Duration,
+    shape: Shape,
+    store: Option<Arc<Store>>,
 ) -> std::thread::JoinHandle<()> {
-    std::thread::spawn(move || {
-        let mut bytes = Vec::new();
-        loop {
+    std::thread::Builder::new()
+        .name("file-writer".into())
+        .spawn(move || {
+            let mut bytes = Vec::new();
+            let mut seq = 0;
+            let stages = if shape.apply == Apply::Beside { 2 } else { 1 };
+            loop {
+                let mut state = log.state.lock().unwrap();
+                while state.queue.is_empty() && !state.stop {
+                    state = log.queued.wait(state).unwrap();
+                }
+                if state.stop {
+                    return;
+                }
+                let queued = std::mem::take(&mut state.queue);
+                drop(state);
+                let mut records = Vec::with_capacity(queued.len());
+                let mut acks = Vec::with_capacity(queued.len());
+                for Queued {
+                    writer,
+                    position,
+                    ack,
+                } in queued
+                {
+                    records.push((writer, position));
+                    acks.push(ack);
+                }
+                let batch = Arc::new(Batch {
+                    left: AtomicU8::new(stages),
+                    first_seq: seq,
+                    records,
+                    acks: Mutex::new(acks),
+                });
+                seq += batch.records.len() as u64;
+                bytes.clear();
+                bytes.resize(record_bytes * batch.records.len(), 7);
+                (&*file).write_all(&bytes).unwrap();
+                let work =
+                    shape.work_per_record * u32::try_from(batch.records.len()).unwrap_or(u32::MAX);
+                let begun = Instant::now();
+                while begun.elapsed() < work {
+                    std::hint::spin_loop();
+                }
+                if let Some(store) = &store {
+                    store.apply(std::slice::from_ref(&batch), shape.apply == Apply::Wal);
+                }
+                let mut state = log.state.lock().unwrap();
+                if state.stop {
+                    return; // dropping the batch's acknowledgements ends its writers
+                }
+                if shape.apply == Apply::Beside {
+                    state.to_apply.push(Arc::clone(&batch));
+                    log.to_apply.notify_one();
+                }
+                state.written.push(batch);
+                drop(state);
+                log.written.notify_one();
+            }
+        })
+        .unwrap()
+}
+
+/// The applier ([`Apply::Beside`]): every batch written since its last apply, in one
+/// `WriteBatch` to `store`, while the syncer syncs them.
+fn spawn_applier(log: Arc<Log>, store: Arc<Store>) -> std::thread::JoinHandle<()> {
+    std::thread::Builder::new()
+        .name("file-applier".into())
+        .spawn(move || loop {
             let mut state = log.state.lock().unwrap();
-            while state.queue.is_empty() && !state.stop {
-                state = log.queued.wait(state).unwrap();
+            while state.to_apply.is_empty() && !state.stop {
+                state = log.to_apply.wait(state).unwrap();
             }
             if state.stop {
                 return;
             }
-            let batch = std::mem::take(&mut state.queue);
+            let batches = std::mem::take(&mut state.to_apply);
             drop(state);
-            bytes.clear();
-            bytes.resize(record_bytes * batch.len(), 7);
-            (&*file).write_all(&bytes).unwrap();
-            let work = work_per_record * u32::try_from(batch.len()).unwrap_or(u32::MAX);
-            let begun = Instant::now();
-            while begun.elapsed() < work {
-                std::hint::spin_loop();
+            store.apply(&batches, false);
+            for batch in &batches {
+                batch.stage_done();
             }
-            let mut state = log.state.lock().unwrap();
-            if state.stop {
-                return; // dropping the batch's acknowledgements ends its writers
-            }
-            state.written.extend(batch);
-            drop(state);
-            log.written.notify_one();
-        }
-    })
+        })
+        .unwrap()
 }
 
 /// A syncing thread: everything written since the last sync began, in one `fdatasync`, then
 /// its writers woken.
 fn spawn_syncer(
     log: Arc<Log>,
-    file: Arc<std::fs::File>,
+    target: SyncTarget,
     linger: Duration,
 ) -> std::thread::JoinHandle<()> {
-    std::thread::spawn(move || {
-        let mut woken = 0;
-        loop {
-            let mut state = log.state.lock().unwrap();
-            while state.written.is_empty() && !state.stop {
-                state = log.written.wait(state).unwrap();
-            }
-            let deadline = Instant::now() + linger;
-            while state.written.len() < woken && !state.stop {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    break;
+    std::thread::Builder::new()
+        .name("file-syncer".into())
+        .spawn(move || {
+            let mut woken = 0;
+            loop {
+                let mut state = log.state.lock().unwrap();
+                while state.written.is_empty() && !state.stop {
+                    state = log.written.wait(state).unwrap();
                 }
-                state = log.written.wait_timeout(state, left).unwrap().0;
+                let deadline = Instant::now() + linger;
+                while records(&state.written) < woken && !state.stop {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        break;
+                    }
+                    state = log.written.wait_timeout(state, left).unwrap().0;
+                }
+                if state.stop {
+                    return;
+                }
+                let batches = std::mem::take(&mut state.written);
+                drop(state);
+                woken = records(&batches);
+                match &target {
+                    SyncTarget::File(file) => file.sync_data().unwrap(),
+                    SyncTarget::Wal(store) => store.db.flush_wal(true).unwrap(),
+                }
+                for batch in &batches {
+                    batch.stage_done();
+                }
             }
-            if state.stop {
-                return;
-            }
-            let batch = std::mem::take(&mut state.written);
-            drop(state);
-            woken = batch.len();
-            file.sync_data().unwrap();
-            for ack in batch {
-                let _ = ack.send(());
-            }
-        }
-    })
+        })
+        .unwrap()
+}
+
+/// What a syncing thread syncs.
+enum SyncTarget {
+    /// The plain file.
+    File(Arc<std::fs::File>),
+    /// RocksDB's own log ([`Apply::Wal`]).
+    Wal(Arc<Store>),
+}
+
+/// How many records `batches` hold.
+fn records(batches: &[Arc<Batch>]) -> usize {
+    batches.iter().map(|batch| batch.records.len()).sum()
 }

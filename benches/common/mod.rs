@@ -276,3 +276,25 @@ pub fn verdict(met: bool) -> &'static str {
         "not met"
     }
 }
+
+/// The CPU time (user and system, all threads) this process has used so far, read from
+/// `/proc/self/stat` in clock ticks of 10 ms; `None` where there is no such file.
+pub fn process_cpu() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The fields after the command name, which ends with the last ')'.
+    let fields: Vec<&str> = stat.get(stat.rfind(')')? + 2..)?.split(' ').collect();
+    // utime and stime are the stat's 14th and 15th fields: the 12th and 13th after the name.
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 10))
+}
+
+/// Runs `column`, which returns operations per second over `secs`, and returns that rate with
+/// the process's CPU time per operation in microseconds (`None` where [`process_cpu`] is).
+pub fn with_cpu(secs: f64, column: impl FnOnce() -> f64) -> (f64, Option<f64>) {
+    let before = process_cpu();
+    let rate = column();
+    let cpu = process_cpu().zip(before).map(|(after, before)| {
+        after.saturating_sub(before).as_secs_f64() * 1e6 / (rate * secs).max(1.0)
+    });
+    (rate, cpu)
+}
