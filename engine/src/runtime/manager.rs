@@ -101,6 +101,9 @@ pub enum TaskOutcome {
 struct Active {
     attempt: Option<AttemptContext>,
     supports_drain: bool,
+    /// The attempt is committing its result: its outcome may be visible to waiters already,
+    /// and the entry goes away as soon as the commit returns.
+    ending: bool,
 }
 
 /// What a [`Manager`] shares between its clones (and, weakly, with its attempts).
@@ -513,7 +516,7 @@ impl Manager {
         if self.is_closed() {
             return Err(RuntimeError::Closed);
         }
-        if !self.begin_active(id) {
+        if !self.begin_active(id).await {
             return Err(RuntimeError::AlreadyExecuting(id.to_owned()));
         }
         let result = self.execute_registered(id).await;
@@ -522,19 +525,42 @@ impl Manager {
     }
 
     /// Marks `id` as executing here; `false` when it already is.
-    fn begin_active(&self, id: &str) -> bool {
-        let mut active = self.inner.active.lock();
-        if active.contains_key(id) {
-            return false;
+    ///
+    /// An execution of `id` that is committing its result is waited for, not refused: its
+    /// outcome may already be visible (a caller's `wait` returned it), and a caller that saw
+    /// it and executes the task again — after `resume`, say — must not be told that an
+    /// execution which has ended is still running. The wait lasts one commit.
+    async fn begin_active(&self, id: &str) -> bool {
+        loop {
+            // Made before the check, so that the entry's removal cannot slip between them.
+            let gone = self.inner.idle.notified();
+            {
+                let mut active = self.inner.active.lock();
+                match active.get(id) {
+                    None => {
+                        active.insert(
+                            id.to_owned(),
+                            Active {
+                                attempt: None,
+                                supports_drain: false,
+                                ending: false,
+                            },
+                        );
+                        return true;
+                    }
+                    Some(entry) if !entry.ending => return false,
+                    Some(_) => {}
+                }
+            }
+            gone.await;
         }
-        active.insert(
-            id.to_owned(),
-            Active {
-                attempt: None,
-                supports_drain: false,
-            },
-        );
-        true
+    }
+
+    /// Marks the execution of `id` as committing its result (see [`Manager::begin_active`]).
+    fn begin_ending(&self, id: &str) {
+        if let Some(entry) = self.inner.active.lock().get_mut(id) {
+            entry.ending = true;
+        }
     }
 
     /// Ends what [`Manager::begin_active`] began, keeping the first unexpected error.
@@ -578,7 +604,7 @@ impl Manager {
     pub async fn run_now(&self, request: SubmitRequest) -> Result<TaskState, RuntimeError> {
         let (create, executor) = self.admit(request, "run_now")?;
         let id = create.spec.id.clone();
-        if !self.begin_active(&id) {
+        if !self.begin_active(&id).await {
             return Err(RuntimeError::AlreadyExecuting(id));
         }
         let result = async {
@@ -646,6 +672,7 @@ impl Manager {
                 }
                 Err(_) => ExecutionResult::Failed("executor task was aborted".into()),
             };
+            self.begin_ending(id);
             commit(&attempt, result).await
         }
         .instrument(span)
@@ -784,5 +811,75 @@ async fn commit(
             }
         }
         Err(e) => Err(e.into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::ManualClock;
+    use crate::store::StoreConfig;
+    use dtask_journal::{Durability, Journal, JournalOptions};
+    use std::future::Future;
+    use std::task::{Context, Waker};
+
+    fn manager(dir: &std::path::Path) -> Manager {
+        let journal = Journal::open(
+            dir,
+            JournalOptions::default().with_durability(Durability::Buffered),
+        )
+        .unwrap();
+        let store =
+            TaskStore::open(journal, ManualClock::new(1_000), StoreConfig::default()).unwrap();
+        Manager::new(store, ExecutorRegistry::new(), ManagerConfig::default())
+    }
+
+    fn register(manager: &Manager, id: &str, ending: bool) {
+        manager.inner.active.lock().insert(
+            id.to_owned(),
+            Active {
+                attempt: None,
+                supports_drain: false,
+                ending,
+            },
+        );
+    }
+
+    #[tokio::test]
+    async fn an_execution_still_running_refuses_another() {
+        let dir = tempfile::tempdir().unwrap();
+        let manager = manager(dir.path());
+        register(&manager, "t", false);
+        let refused = manager.execute("t").await;
+        assert!(
+            matches!(&refused, Err(RuntimeError::AlreadyExecuting(id)) if id == "t"),
+            "{refused:?}"
+        );
+        assert!(manager.inner.active.lock().contains_key("t"), "left alone");
+    }
+
+    /// An execution committing its result (its outcome perhaps seen by a waiter already) is
+    /// waited for, and the next execution goes ahead once it has ended.
+    #[tokio::test]
+    async fn an_execution_committing_its_result_is_waited_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let manager = manager(dir.path());
+        register(&manager, "t", true);
+        let mut next = Box::pin(manager.execute("t"));
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(
+            next.as_mut().poll(&mut cx).is_pending(),
+            "waits, not refused"
+        );
+        // What `end_active` does when the commit has returned.
+        manager.inner.active.lock().remove("t");
+        manager.inner.idle.notify_waiters();
+        // The next execution went ahead: the store was asked for the task (there is none).
+        let result = next.await;
+        assert!(
+            matches!(&result, Err(RuntimeError::Store(StoreError::NotFound(_)))),
+            "{result:?}"
+        );
+        assert!(!manager.inner.active.lock().contains_key("t"), "ended");
     }
 }
