@@ -58,12 +58,21 @@ static MAX_BATCH: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
 /// `--no-inline`: [`JournalOptions::inline_lone_appends`] off for dtask's columns.
 static NO_INLINE: AtomicBool = AtomicBool::new(false);
 
+/// `--buffered`: dtask's columns with `Durability::Buffered` (no sync): CPU-bound, so that
+/// appends per second and CPU per append compare builds without the disk's noise.
+static BUFFERED: AtomicBool = AtomicBool::new(false);
+
 /// `--breakdown`: what the write path did in dtask's tokio column, told by an observer.
 static BREAKDOWN: AtomicBool = AtomicBool::new(false);
 
 fn journal_options() -> JournalOptions {
     let options =
         JournalOptions::default().with_inline_lone_appends(!NO_INLINE.load(Ordering::Relaxed));
+    let options = if BUFFERED.load(Ordering::Relaxed) {
+        options.with_durability(dtask::journal::Durability::Buffered)
+    } else {
+        options
+    };
     match MAX_BATCH.get() {
         Some(&appends) => options.with_max_batch_appends(appends),
         None => options,
@@ -314,6 +323,10 @@ struct Args {
     /// Hand every append to the writer thread, even when the journal is idle.
     #[arg(long)]
     no_inline: bool,
+    /// dtask's columns without syncs (`Durability::Buffered`): CPU-bound, for comparing the
+    /// CPU cost of two builds (not a durable figure).
+    #[arg(long)]
+    buffered: bool,
     /// Syncs the plain file's group commit may run at once.
     #[arg(long, value_name = "SYNCERS")]
     file_syncers: Option<usize>,
@@ -348,6 +361,7 @@ fn main() {
     let secs = args.secs;
     let rounds = args.rounds.max(1);
     NO_INLINE.store(args.no_inline, Ordering::Relaxed);
+    BUFFERED.store(args.buffered, Ordering::Relaxed);
     BREAKDOWN.store(args.breakdown, Ordering::Relaxed);
     if let Some(appends) = args.max_batch {
         MAX_BATCH.set(appends).unwrap();

@@ -587,10 +587,19 @@ impl Backend for RocksBackend {
             return Err(Error::ReadOnly);
         }
         let mut batch = rocksdb::WriteBatch::default();
+        // Each space's handle looked up once per batch, not once per op (a lookup by name).
+        let mut handles: [Option<&ColumnFamily>; Space::ALL.len()] = [None; Space::ALL.len()];
+        let mut cf = |space: Space| -> Result<&ColumnFamily> {
+            let slot = &mut handles[space as usize];
+            match *slot {
+                Some(handle) => Ok(handle),
+                None => Ok(*slot.insert(self.cf(space)?)),
+            }
+        };
         for op in ops {
             match op {
-                BatchOp::Put { space, key, value } => batch.put_cf(self.cf(space)?, key, value),
-                BatchOp::Delete { space, key } => batch.delete_cf(self.cf(space)?, key),
+                BatchOp::Put { space, key, value } => batch.put_cf(cf(space)?, key, value),
+                BatchOp::Delete { space, key } => batch.delete_cf(cf(space)?, key),
             }
         }
         let write_options = match durability {

@@ -344,12 +344,12 @@ impl Journal {
                         max: opts.max_value_bytes,
                     });
                 }
-                let payload = record::encode_payload(event).map_err(Error::Encode)?;
+                let payload = record::Unframed::encode(event).map_err(Error::Encode)?;
                 let max_record = opts.max_record_bytes.min(record::MAX_PAYLOAD_BYTES);
-                if payload.len() > max_record {
+                if payload.payload().len() > max_record {
                     return Err(Error::TooLarge {
                         limit: Limit::Record,
-                        size: payload.len(),
+                        size: payload.payload().len(),
                         max: max_record,
                     });
                 }

@@ -101,7 +101,99 @@ fn bincode_decode_config() -> impl bincode::config::Config {
 /// # Errors
 /// Returns the encoder's message if serialization fails (it does not for well-formed events).
 pub fn encode_payload(event: &Event) -> Result<Vec<u8>, String> {
-    bincode::serde::encode_to_vec(event, bincode_config()).map_err(|e| e.to_string())
+    let mut out = Vec::new();
+    encode_behind(event, 0, 0, &mut out)?;
+    Ok(out)
+}
+
+/// Encodes `event` into `out` (cleared) behind `front` zero bytes, with room for `back` more
+/// after it: its size is counted first, so the buffer is allocated once, to fit.
+fn encode_behind(
+    event: &Event,
+    front: usize,
+    back: usize,
+    out: &mut Vec<u8>,
+) -> Result<(), String> {
+    let mut size = bincode::enc::write::SizeWriter::default();
+    bincode::serde::encode_into_writer(event, &mut size, bincode_config())
+        .map_err(|e| e.to_string())?;
+    out.clear();
+    out.reserve_exact(front + size.bytes_written + back);
+    out.resize(front, 0);
+    bincode::serde::encode_into_writer(event, VecWriter(out), bincode_config())
+        .map_err(|e| e.to_string())
+}
+
+/// A bincode writer appending to a vector.
+struct VecWriter<'a>(&'a mut Vec<u8>);
+
+impl bincode::enc::write::Writer for VecWriter<'_> {
+    fn write(&mut self, bytes: &[u8]) -> Result<(), bincode::error::EncodeError> {
+        self.0.extend_from_slice(bytes);
+        Ok(())
+    }
+}
+
+/// An event's payload, encoded behind room for its record's header and with room for the
+/// trailer after it, so that [`Unframed::frame`] makes the record in place: one allocation
+/// per record, on the caller's thread, and no copy of the payload on the writer's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unframed(Vec<u8>);
+
+impl Unframed {
+    /// Encodes `event`.
+    ///
+    /// # Errors
+    /// Returns the encoder's message if serialization fails (it does not for well-formed
+    /// events).
+    pub fn encode(event: &Event) -> Result<Self, String> {
+        let mut out = Vec::new();
+        encode_behind(event, HEADER_LEN, TRAILER_LEN, &mut out)?;
+        Ok(Self(out))
+    }
+
+    /// An already encoded payload (copied).
+    #[must_use]
+    pub fn from_payload(payload: &[u8]) -> Self {
+        let mut out = Vec::with_capacity(HEADER_LEN + payload.len() + TRAILER_LEN);
+        out.resize(HEADER_LEN, 0);
+        out.extend_from_slice(payload);
+        Self(out)
+    }
+
+    /// The encoded payload.
+    #[must_use]
+    pub fn payload(&self) -> &[u8] {
+        self.0.get(HEADER_LEN..).unwrap_or_default()
+    }
+
+    /// Frames the payload as the record at `position` of `task`'s stream, with global
+    /// sequence `seq`, chained on `prev`; returns the record and its chain digest.
+    ///
+    /// # Errors
+    /// Returns the payload length if it does not fit the 32-bit length field.
+    pub fn frame(
+        self,
+        task: &str,
+        position: u64,
+        seq: u64,
+        prev: &Digest,
+    ) -> Result<(Vec<u8>, Digest), usize> {
+        let mut out = self.0;
+        let payload_len = out.len().saturating_sub(HEADER_LEN);
+        let len = u32::try_from(payload_len).map_err(|_| payload_len)?;
+        let mut header = [0u8; HEADER_LEN];
+        header[0] = RECORD_FORMAT_VERSION;
+        header[1..9].copy_from_slice(&position.to_be_bytes());
+        header[9..17].copy_from_slice(&seq.to_be_bytes());
+        header[17..].copy_from_slice(&len.to_le_bytes());
+        out[..HEADER_LEN].copy_from_slice(&header);
+        let digest = chain_digest(prev, task, &out);
+        out.extend_from_slice(&digest.0);
+        let crc = crc32fast::hash(&out);
+        out.extend_from_slice(&crc.to_le_bytes());
+        Ok((out, digest))
+    }
 }
 
 /// Decodes an event payload; trailing bytes are an error.
@@ -248,18 +340,7 @@ pub fn frame(
     payload: &[u8],
     prev: &Digest,
 ) -> Result<(Vec<u8>, Digest), usize> {
-    let len = u32::try_from(payload.len()).map_err(|_| payload.len())?;
-    let mut out = Vec::with_capacity(HEADER_LEN + payload.len() + TRAILER_LEN);
-    out.push(RECORD_FORMAT_VERSION);
-    out.extend_from_slice(&position.to_be_bytes());
-    out.extend_from_slice(&seq.to_be_bytes());
-    out.extend_from_slice(&len.to_le_bytes());
-    out.extend_from_slice(payload);
-    let digest = chain_digest(prev, task, &out);
-    out.extend_from_slice(&digest.0);
-    let crc = crc32fast::hash(&out);
-    out.extend_from_slice(&crc.to_le_bytes());
-    Ok((out, digest))
+    Unframed::from_payload(payload).frame(task, position, seq, prev)
 }
 
 /// The framing fields of a record whose CRC has been verified; the payload is not decoded yet.

@@ -69,9 +69,10 @@ pub(crate) enum IndexEffect {
 }
 
 /// One encoded event of a job.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct EncodedEvent {
-    pub payload: Vec<u8>,
+    /// The payload, behind room for its record's header (framed in place by the writer).
+    pub payload: record::Unframed,
     pub effect: IndexEffect,
 }
 
@@ -595,21 +596,17 @@ impl Writer {
     /// batch ops, the advanced head and the acknowledgement.
     fn stage(
         task: &str,
-        events: &[EncodedEvent],
+        events: Vec<EncodedEvent>,
         mut head: Head,
         mut seq: u64,
     ) -> Result<(Vec<BatchOp>, Head, Appended)> {
         let first_seq = seq;
         let mut ops = Vec::with_capacity(events.len() * 2 + 1);
         for event in events {
-            let (bytes, digest) = record::frame(
-                task,
-                head.next_position,
-                seq,
-                &event.payload,
-                &head.last_digest,
-            )
-            .map_err(|len| Error::Encode(format!("payload of {len} bytes")))?;
+            let (bytes, digest) = event
+                .payload
+                .frame(task, head.next_position, seq, &head.last_digest)
+                .map_err(|len| Error::Encode(format!("payload of {len} bytes")))?;
             let event_key = keys::event_key(task, head.next_position);
             match event.effect {
                 IndexEffect::None => {}
@@ -683,7 +680,7 @@ impl Writer {
                     actual: head.next_position,
                 });
             }
-            let (mut part_ops, after, appended) = Self::stage(&task, &events, head, seq)?;
+            let (mut part_ops, after, appended) = Self::stage(&task, events, head, seq)?;
             ops.append(&mut part_ops);
             seq = appended.last_seq + 1;
             first.get_or_insert(appended);
@@ -823,7 +820,9 @@ impl Writer {
                     // A conflict, or a stale head: only the careful way can tell.
                     return Declined;
                 }
-                let Ok((mut part_ops, after, done)) = Self::stage(task, events, head, seq) else {
+                // The batch stays untouched for the careful way if this one declines.
+                let Ok((mut part_ops, after, done)) = Self::stage(task, events.clone(), head, seq)
+                else {
                     return Declined;
                 };
                 ops.append(&mut part_ops);

@@ -23,6 +23,19 @@ proptest! {
         prop_assert_eq!(decoded.size, bytes.len());
     }
 
+    /// The writer's in-place framing makes the same bytes as framing a payload encoded on its
+    /// own, and the payload is bincode's encoding of the event (formats unchanged).
+    #[test]
+    fn framing_in_place_makes_the_same_record(event in event(), task in "[a-z]{1,8}", position in 0..=dtask_journal::keys::MAX_POSITION, seq in 1..=dtask_journal::keys::MAX_SEQUENCE, prev in any::<[u8; 32]>()) {
+        let prev = Digest(prev);
+        let payload = record::encode_payload(&event).unwrap();
+        prop_assert_eq!(&payload, &bincode::serde::encode_to_vec(&event, bincode::config::standard()).unwrap());
+        let unframed = record::Unframed::encode(&event).unwrap();
+        prop_assert_eq!(unframed.payload(), &payload[..]);
+        let in_place = unframed.frame(&task, position, seq, &prev).unwrap();
+        prop_assert_eq!(in_place, record::frame(&task, position, seq, &payload, &prev).unwrap());
+    }
+
     #[test]
     fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
         let _ = record::decode("t", 0, &Digest::GENESIS, &bytes);
