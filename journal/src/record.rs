@@ -187,6 +187,7 @@ impl Unframed {
         header[1..9].copy_from_slice(&position.to_be_bytes());
         header[9..17].copy_from_slice(&seq.to_be_bytes());
         header[17..].copy_from_slice(&len.to_le_bytes());
+        // Every constructor leaves the header's room in front of the payload.
         out[..HEADER_LEN].copy_from_slice(&header);
         let digest = chain_digest(prev, task, &out);
         out.extend_from_slice(&digest.0);
