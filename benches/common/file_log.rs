@@ -272,13 +272,10 @@ fn spawn_writer(
             let mut seq = 0;
             let stages = if shape.apply == Apply::Beside { 2 } else { 1 };
             loop {
-                let mut state = log.state.lock().unwrap();
-                while state.queue.is_empty() && !state.stop {
-                    state = log.queued.wait(state).unwrap();
-                }
-                if state.stop {
+                let Some(mut state) = wait_for(&log, &log.queued, |state| state.queue.is_empty())
+                else {
                     return;
-                }
+                };
                 let queued = std::mem::take(&mut state.queue);
                 drop(state);
                 let mut records = Vec::with_capacity(queued.len());
@@ -333,13 +330,10 @@ fn spawn_applier(log: Arc<Log>, store: Arc<Store>) -> std::thread::JoinHandle<()
     std::thread::Builder::new()
         .name("file-applier".into())
         .spawn(move || loop {
-            let mut state = log.state.lock().unwrap();
-            while state.to_apply.is_empty() && !state.stop {
-                state = log.to_apply.wait(state).unwrap();
-            }
-            if state.stop {
+            let Some(mut state) = wait_for(&log, &log.to_apply, |state| state.to_apply.is_empty())
+            else {
                 return;
-            }
+            };
             let batches = std::mem::take(&mut state.to_apply);
             drop(state);
             store.apply(&batches, false);
@@ -362,10 +356,11 @@ fn spawn_syncer(
         .spawn(move || {
             let mut woken = 0;
             loop {
-                let mut state = log.state.lock().unwrap();
-                while state.written.is_empty() && !state.stop {
-                    state = log.written.wait(state).unwrap();
-                }
+                let Some(mut state) =
+                    wait_for(&log, &log.written, |state| state.written.is_empty())
+                else {
+                    return;
+                };
                 let deadline = Instant::now() + linger;
                 while records(&state.written) < woken && !state.stop {
                     let left = deadline.saturating_duration_since(Instant::now());
@@ -398,6 +393,20 @@ enum SyncTarget {
     File(Arc<std::fs::File>),
     /// RocksDB's own log ([`Apply::Wal`]).
     Wal(Arc<Store>),
+}
+
+/// The shared state once `empty` says it has something to take, waiting on `signal`
+/// meanwhile; `None` once the run stops.
+fn wait_for<'a>(
+    log: &'a Log,
+    signal: &Condvar,
+    empty: impl Fn(&State) -> bool,
+) -> Option<std::sync::MutexGuard<'a, State>> {
+    let mut state = log.state.lock().unwrap();
+    while empty(&state) && !state.stop {
+        state = signal.wait(state).unwrap();
+    }
+    (!state.stop).then_some(state)
 }
 
 /// How many records `batches` hold.
