@@ -532,8 +532,6 @@ impl Manager {
     /// execution which has ended is still running. The wait lasts one commit.
     async fn begin_active(&self, id: &str) -> bool {
         loop {
-            // Made before the check, so that the entry's removal cannot slip between them.
-            let gone = self.inner.idle.notified();
             {
                 let mut active = self.inner.active.lock();
                 match active.get(id) {
@@ -552,7 +550,7 @@ impl Manager {
                     Some(_) => {}
                 }
             }
-            gone.await;
+            self.wait_attempt_done(id).await;
         }
     }
 
