@@ -574,8 +574,8 @@ impl Writer {
     /// An append at position 0 (a new task) first asks for the task's first record by its
     /// key — a point lookup, far cheaper than the reverse seek that reads a head — and only
     /// when that record exists reads the head, for the conflict.
-    fn head(&self, overlay: &HashMap<String, Head>, task: &str, expected: u64) -> Result<Head> {
-        if let Some(head) = overlay.get(task).or_else(|| self.heads.get(task)) {
+    fn head(&self, task: &str, expected: u64) -> Result<Head> {
+        if let Some(head) = self.heads.get(task) {
             return Ok(*head);
         }
         if let Some(head) = self.shared.take_primed(task) {
@@ -592,16 +592,18 @@ impl Writer {
         Ok(Head::read(self.backend.as_ref(), task)?.unwrap_or_default())
     }
 
-    /// Frames one job's records on top of `head` starting at sequence `seq`, returning the
-    /// batch ops, the advanced head and the acknowledgement.
+    /// Frames one job's records on top of `head` starting at sequence `seq` onto the end of
+    /// `ops`, returning the advanced head and the acknowledgement. On an error some of the
+    /// records may have been pushed: the caller truncates `ops`.
     fn stage(
         task: &str,
         events: Vec<EncodedEvent>,
         mut head: Head,
         mut seq: u64,
-    ) -> Result<(Vec<BatchOp>, Head, Appended)> {
+        ops: &mut Vec<BatchOp>,
+    ) -> Result<(Head, Appended)> {
         let first_seq = seq;
-        let mut ops = Vec::with_capacity(events.len() * 2 + 1);
+        ops.reserve(events.len() * 2);
         for event in events {
             let (bytes, digest) = event
                 .payload
@@ -652,26 +654,43 @@ impl Writer {
             first_seq,
             last_seq: seq - 1,
         };
-        Ok((ops, head, appended))
+        Ok((head, appended))
     }
 
-    /// Checks every part of one job against its stream's head and frames them all, or none:
-    /// the batch ops, each part's (task, head before, next sequence, head after), and the
-    /// first part's acknowledgement.
-    #[allow(clippy::type_complexity, reason = "a private step of `commit`")]
+    /// Checks every part of one job against its stream's head and frames them all onto the
+    /// end of `ops`, or none: fills `staged` with each part's (task, head before, next
+    /// sequence, head after) and returns the first part's acknowledgement. On an error `ops`
+    /// is as it was and `staged` is empty.
     fn stage_job(
         &self,
         parts: impl Iterator<Item = (String, u64, Vec<EncodedEvent>)>,
-        overlay: &HashMap<String, Head>,
+        seq: u64,
+        ops: &mut Vec<BatchOp>,
+        staged: &mut Vec<(String, Head, u64, Head)>,
+    ) -> Result<Appended> {
+        let before = ops.len();
+        staged.clear();
+        let result = self.stage_parts(parts, seq, ops, staged);
+        if result.is_err() {
+            ops.truncate(before);
+            staged.clear();
+        }
+        result
+    }
+
+    /// [`Writer::stage_job`] without the undoing of a failure.
+    fn stage_parts(
+        &self,
+        parts: impl Iterator<Item = (String, u64, Vec<EncodedEvent>)>,
         mut seq: u64,
-    ) -> Result<(Vec<BatchOp>, Vec<(String, Head, u64, Head)>, Appended)> {
-        let mut ops = Vec::new();
-        let mut staged: Vec<(String, Head, u64, Head)> = Vec::with_capacity(1);
+        ops: &mut Vec<BatchOp>,
+        staged: &mut Vec<(String, Head, u64, Head)>,
+    ) -> Result<Appended> {
         let mut first = None;
         for (task, expected, events) in parts {
             let head = match staged.iter().find(|(t, ..)| *t == task) {
                 Some((_, _, _, after)) => *after,
-                None => self.head(overlay, &task, expected)?,
+                None => self.head(&task, expected)?,
             };
             if head.next_position != expected {
                 return Err(Error::Conflict {
@@ -680,14 +699,12 @@ impl Writer {
                     actual: head.next_position,
                 });
             }
-            let (mut part_ops, after, appended) = Self::stage(&task, events, head, seq)?;
-            ops.append(&mut part_ops);
+            let (after, appended) = Self::stage(&task, events, head, seq, ops)?;
             seq = appended.last_seq + 1;
             first.get_or_insert(appended);
             staged.push((task, head, seq, after));
         }
-        let appended = first.ok_or(Error::EmptyAppend)?;
-        Ok((ops, staged, appended))
+        first.ok_or(Error::EmptyAppend)
     }
 
     /// On a store other processes write too, takes its writer lock and builds on the tail the
@@ -821,11 +838,10 @@ impl Writer {
                     return Declined;
                 }
                 // The batch stays untouched for the careful way if this one declines.
-                let Ok((mut part_ops, after, done)) = Self::stage(task, events.clone(), head, seq)
+                let Ok((after, done)) = Self::stage(task, events.clone(), head, seq, &mut ops)
                 else {
                     return Declined;
                 };
-                ops.append(&mut part_ops);
                 seq = done.last_seq + 1;
                 tail.live.advance(task, &head, &after);
                 overlay.insert(task.to_owned(), after);
@@ -885,7 +901,11 @@ impl Writer {
                 submitted: job.submitted,
             })
             .collect();
-        Done(Some(self.written(seq, tail, overlay, acks)))
+        if self.heads.len() + overlay.len() > HEAD_CACHE_LIMIT {
+            self.heads.clear();
+        }
+        self.heads.extend(overlay);
+        Done(Some(self.written(seq, tail, acks)))
     }
 
     /// Checks, frames and writes (without syncing) the jobs of `batch`; returns what was
@@ -922,15 +942,21 @@ impl Writer {
             // The first batch: from here on a head read elsewhere may be stale.
             self.shared.close_priming();
         }
+        // The batch's heads go straight into the cache (a failed batch empties it); made room
+        // for first, so that the heads prefetched next stay.
+        let parts = batch.iter().map(|job| 1 + job.linked.len()).sum::<usize>();
+        if self.heads.len() + parts > HEAD_CACHE_LIMIT {
+            self.heads.clear();
+        }
         if locked && !self.prefetched(batch) {
             return None;
         }
         let mut seq = self.next_seq;
         let mut ops = Vec::with_capacity(batch.len() * 4 + 1);
-        let mut overlay: HashMap<String, Head> = HashMap::new();
         let mut tail = self.tail;
         let mut accepted = Vec::with_capacity(batch.len());
         let mut conflicts = 0;
+        let mut staged = Vec::with_capacity(1);
         for job in batch.drain(..) {
             let AppendJob {
                 task,
@@ -942,13 +968,12 @@ impl Writer {
             } = job;
             let parts = std::iter::once((task, expected, events))
                 .chain(linked.into_iter().map(|p| (p.task, p.expected, p.events)));
-            match self.stage_job(parts, &overlay, seq) {
-                Ok((mut job_ops, staged, appended)) => {
-                    ops.append(&mut job_ops);
+            match self.stage_job(parts, seq, &mut ops, &mut staged) {
+                Ok(appended) => {
                     seq = staged.last().map_or(seq, |(_, _, after_seq, _)| *after_seq);
-                    for (task, head, _, after) in staged {
+                    for (task, head, _, after) in staged.drain(..) {
                         tail.live.advance(&task, &head, &after);
-                        overlay.insert(task, after);
+                        self.heads.insert(task, after);
                     }
                     accepted.push(Ack {
                         reply,
@@ -973,6 +998,7 @@ impl Writer {
             value: tail.encode(),
         });
         if let Some(message) = crate::failpoints::hit(crate::failpoints::BEFORE_WRITE) {
+            self.heads.clear();
             fail(accepted, || Error::storage(message.clone()));
             return None;
         }
@@ -996,6 +1022,8 @@ impl Writer {
             self.backend.write(ops, Durability::Buffered)
         };
         if let Err(e) = result {
+            // The cache holds the heads this batch would have made.
+            self.heads.clear();
             self.tail_is_ours = false;
             tracing::error!(error = %e, appends = accepted.len(), "journal batch failed");
             let storage = match e {
@@ -1009,25 +1037,15 @@ impl Writer {
             batch.write = started.elapsed();
             observer.batch_written(&batch);
         }
-        Some(self.written(seq, tail, overlay, accepted))
+        Some(self.written(seq, tail, accepted))
     }
 
-    /// Moves the writer past a batch written up to sequence `seq - 1`, leaving `tail` and the
-    /// heads of `overlay`, and hands its acknowledgements on.
-    fn written(
-        &mut self,
-        seq: u64,
-        tail: Tail,
-        overlay: HashMap<String, Head>,
-        acks: Vec<Ack>,
-    ) -> Written {
+    /// Moves the writer past a batch written up to sequence `seq - 1`, leaving `tail`, and
+    /// hands its acknowledgements on.
+    fn written(&mut self, seq: u64, tail: Tail, acks: Vec<Ack>) -> Written {
         self.next_seq = seq;
         self.tail = tail;
         self.tail_is_ours = true;
-        if self.heads.len() + overlay.len() > HEAD_CACHE_LIMIT {
-            self.heads.clear();
-        }
-        self.heads.extend(overlay);
         Written {
             last_seq: seq - 1,
             acks,
@@ -1161,6 +1179,7 @@ mod tests {
     use crate::keys::Space;
     use crate::{Durability, Error, Event, Journal, JournalOptions, Result, Timestamp};
     use std::collections::VecDeque;
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::mpsc::{self, Receiver, SyncSender};
     use std::sync::{Arc, Mutex};
 
@@ -1176,6 +1195,8 @@ mod tests {
     struct Faulty {
         inner: RocksBackend,
         gates: Mutex<VecDeque<Gate>>,
+        /// How many of the next writes fail.
+        failing_writes: AtomicUsize,
         /// The name of the thread of each sync, in order.
         synced_on: Mutex<Vec<String>>,
     }
@@ -1189,6 +1210,13 @@ mod tests {
 
     impl Backend for Faulty {
         fn write(&self, ops: Vec<BatchOp>, durability: Durability) -> Result<()> {
+            let fail = self
+                .failing_writes
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+            if fail {
+                return Err(Error::storage("injected: write failed"));
+            }
             self.inner.write(ops, durability)
         }
         fn sync(&self) -> Result<()> {
@@ -1232,6 +1260,7 @@ mod tests {
         let backend = Arc::new(Faulty {
             inner: RocksBackend::open(dir, OpenMode::Primary).unwrap(),
             gates: Mutex::new(VecDeque::new()),
+            failing_writes: AtomicUsize::new(0),
             synced_on: Mutex::new(Vec::new()),
         });
         let journal =
@@ -1520,6 +1549,29 @@ mod tests {
             assert_eq!(shared.take_primed(id), Some(head(n)), "{id}");
         }
         assert!(shared.primed.lock().unwrap().entries.is_empty(), "freed");
+    }
+
+    #[test]
+    fn a_failed_write_leaves_no_head_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let (journal, backend) = faulty(dir.path());
+        journal.append("t", 0, &[update(0)]).unwrap();
+        backend.failing_writes.store(1, Ordering::SeqCst);
+        let failed = journal.append("t", 1, &[update(1)]).unwrap_err();
+        assert!(matches!(failed, Error::Storage(_)), "{failed}");
+        // The writer forgot the head the failed batch would have made: the stream is still
+        // at 1, in the writer's eyes as on disk.
+        let conflict = journal.append("t", 2, &[update(2)]).unwrap_err();
+        assert!(
+            matches!(conflict, Error::Conflict { actual: 1, .. }),
+            "{conflict}"
+        );
+        assert_eq!(
+            journal.append("t", 1, &[update(1)]).unwrap().next_position,
+            2
+        );
+        let stream: Vec<_> = journal.read_stream("t", 0).collect::<Result<_>>().unwrap();
+        assert_eq!(stream.len(), 2);
     }
 
     #[test]
