@@ -901,9 +901,7 @@ impl Writer {
                 submitted: job.submitted,
             })
             .collect();
-        if self.heads.len() + overlay.len() > HEAD_CACHE_LIMIT {
-            self.heads.clear();
-        }
+        self.make_room_for_heads(overlay.len());
         self.heads.extend(overlay);
         Done(Some(self.written(seq, tail, acks)))
     }
@@ -942,12 +940,9 @@ impl Writer {
             // The first batch: from here on a head read elsewhere may be stale.
             self.shared.close_priming();
         }
-        // The batch's heads go straight into the cache (a failed batch empties it); made room
-        // for first, so that the heads prefetched next stay.
-        let parts = batch.iter().map(|job| 1 + job.linked.len()).sum::<usize>();
-        if self.heads.len() + parts > HEAD_CACHE_LIMIT {
-            self.heads.clear();
-        }
+        // The batch's heads go straight into the cache (a failed batch empties it). Room is
+        // made first, so that the heads prefetched next stay.
+        self.make_room_for_heads(batch.iter().map(|job| 1 + job.linked.len()).sum());
         if locked && !self.prefetched(batch) {
             return None;
         }
@@ -1038,6 +1033,13 @@ impl Writer {
             observer.batch_written(&batch);
         }
         Some(self.written(seq, tail, accepted))
+    }
+
+    /// Empties the head cache if `more` heads would take it past [`HEAD_CACHE_LIMIT`].
+    fn make_room_for_heads(&mut self, more: usize) {
+        if self.heads.len() + more > HEAD_CACHE_LIMIT {
+            self.heads.clear();
+        }
     }
 
     /// Moves the writer past a batch written up to sequence `seq - 1`, leaving `tail`, and
