@@ -10,7 +10,9 @@ use crate::observe::WriteObserver;
 use crate::options::JournalOptions;
 use crate::record::{self, Digest, Record};
 use crate::tail::{Inconsistency, LiveSummary, Tail};
-use crate::writer::{AppendJob, Appended, EncodedEvent, IndexEffect, LinkedPart, Shared, Writer};
+use crate::writer::{
+    AppendJob, Appended, EncodedEvent, EncodedEvents, IndexEffect, LinkedPart, Shared, Writer,
+};
 use std::path::Path;
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
@@ -311,7 +313,7 @@ impl Journal {
         self.inner.backend.is_shared()
     }
 
-    fn prepare(&self, task: &str, events: &[Event]) -> Result<Vec<EncodedEvent>> {
+    fn prepare(&self, task: &str, events: &[Event]) -> Result<EncodedEvents> {
         let opts = &self.inner.options;
         if !keys::is_valid_task_id(task) {
             return Err(Error::InvalidTaskId(task.to_owned()));
@@ -375,8 +377,8 @@ impl Journal {
             .collect()
     }
 
-    /// Checks and encodes an append and hands it to the writer thread — or, when `may_block`
-    /// and the journal is idle, writes and syncs it on this thread
+    /// Checks and encodes an append and hands it to the writer thread — or, when the journal
+    /// is idle and `may_block()` (asked only then), writes and syncs it on this thread
     /// ([`JournalOptions::inline_lone_appends`]). The receiver gets the outcome.
     pub(crate) fn submit(
         &self,
@@ -384,7 +386,7 @@ impl Journal {
         expected_position: u64,
         events: &[Event],
         linked: &[(&str, u64, &[Event])],
-        may_block: bool,
+        may_block: fn() -> bool,
     ) -> Result<oneshot::Receiver<Result<Appended>>> {
         let encoded = self.prepare(task, events)?;
         let mut parts = Vec::with_capacity(linked.len());
@@ -407,11 +409,15 @@ impl Journal {
             reply,
             submitted: self.inner.shared.observer().map(|_| Instant::now()),
         };
-        let job = match (&self.inner.inline, may_block) {
-            (Some(writer), true) => match Writer::try_inline(writer, job) {
-                Ok(()) => return Ok(rx),
-                Err(job) => job,
-            },
+        // A busy journal is seen without touching the writer's lock, which the writer
+        // thread holds while it writes a batch.
+        let job = match &self.inner.inline {
+            Some(writer) if !self.inner.shared.busy() => {
+                match Writer::try_inline(writer, job, may_block) {
+                    None => return Ok(rx),
+                    Some(job) => job,
+                }
+            }
             _ => job,
         };
         let sender = self.inner.sender.lock().map_err(|_| Error::Closed)?;
@@ -446,7 +452,7 @@ impl Journal {
     /// Must not be called from inside an asynchronous runtime's worker (it blocks); use
     /// [`Journal::append_async`] there.
     pub fn append(&self, task: &str, expected_position: u64, events: &[Event]) -> Result<Appended> {
-        self.submit(task, expected_position, events, &[], true)?
+        self.submit(task, expected_position, events, &[], || true)?
             .blocking_recv()
             .map_err(|_| Error::Closed)?
     }
@@ -464,7 +470,7 @@ impl Journal {
         expected_position: u64,
         events: &[Event],
     ) -> Result<Appended> {
-        let rx = self.submit(task, expected_position, events, &[], may_block_async())?;
+        let rx = self.submit(task, expected_position, events, &[], may_block_async)?;
         rx.await.map_err(|_| Error::Closed)?
     }
 
@@ -484,7 +490,7 @@ impl Journal {
         events: &[Event],
         linked: &[(&str, u64, &[Event])],
     ) -> Result<Appended> {
-        let rx = self.submit(task, expected_position, events, linked, may_block_async())?;
+        let rx = self.submit(task, expected_position, events, linked, may_block_async)?;
         rx.await.map_err(|_| Error::Closed)?
     }
 
@@ -925,6 +931,7 @@ impl Journal {
 /// Whether an asynchronous caller's thread may block for one sync: only a worker of a
 /// multi-threaded tokio runtime, whose other workers can take over its queued tasks
 /// meanwhile — not a current-thread runtime, which would stall, nor an unknown executor.
+/// Asked only when the journal is idle: it takes a reference to the runtime.
 fn may_block_async() -> bool {
     tokio::runtime::Handle::try_current()
         .is_ok_and(|handle| handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)

@@ -46,6 +46,7 @@ use crate::observe::{BatchWritten, Synced, WriteObserver};
 use crate::options::Durability;
 use crate::record;
 use crate::tail::Tail;
+use smallvec::SmallVec;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver};
@@ -67,6 +68,9 @@ pub(crate) enum IndexEffect {
     /// `NotificationAcked`: the outbox entry of that sequence goes away.
     Ack(u64),
 }
+
+/// A job's encoded events: most appends carry one, which then needs no allocation of its own.
+pub(crate) type EncodedEvents = SmallVec<[EncodedEvent; 1]>;
 
 /// One encoded event of a job.
 #[derive(Debug, Clone)]
@@ -90,7 +94,7 @@ pub struct Appended {
 pub(crate) struct AppendJob {
     pub task: String,
     pub expected: u64,
-    pub events: Vec<EncodedEvent>,
+    pub events: EncodedEvents,
     /// Appends to other streams that commit with this one or not at all (a nested task's
     /// creation with its parent's record of it, a child's notification into its parent's
     /// mailbox).
@@ -104,7 +108,7 @@ pub(crate) struct AppendJob {
 pub(crate) struct LinkedPart {
     pub task: String,
     pub expected: u64,
-    pub events: Vec<EncodedEvent>,
+    pub events: EncodedEvents,
 }
 
 /// Where an append's outcome goes.
@@ -202,6 +206,12 @@ impl Shared {
     /// The observer, if one is installed.
     pub(crate) fn observer(&self) -> Option<&dyn WriteObserver> {
         self.observer.get().map(AsRef::as_ref)
+    }
+
+    /// Whether a job is queued for the writer thread or a written batch waits for its sync:
+    /// an append that finds the journal busy goes to the writer thread.
+    pub(crate) fn busy(&self) -> bool {
+        self.queued.load(Ordering::Relaxed) != 0 || self.in_flight.load(Ordering::Acquire) != 0
     }
 
     /// Tells the observer of a batch whose every append was refused.
@@ -494,30 +504,31 @@ impl Writer {
 
     /// Writes `job` and makes it durable on the calling thread, if the journal is idle: the
     /// last [`IDLE_STREAK`] batches were each one append made durable alone, no job is
-    /// queued, no batch is being synced, and no other thread is writing. Gives the job back
-    /// otherwise (it is then queued for the writer thread).
+    /// queued, no batch is being synced, no other thread is writing, and `may_block()`
+    /// (asked last). Gives the job back otherwise (it is then queued for the writer thread).
     ///
     /// Ordering is kept: this holds the writer's lock, as the writer thread does for each
     /// batch, and nothing written before is waiting for a sync.
     pub(crate) fn try_inline(
         writer: &Mutex<Self>,
         job: AppendJob,
-    ) -> std::result::Result<(), AppendJob> {
+        may_block: fn() -> bool,
+    ) -> Option<AppendJob> {
         let Ok(mut writer) = writer.try_lock() else {
-            return Err(job);
+            return Some(job);
         };
         if writer.lone_streak < IDLE_STREAK
             || writer.backend.is_shared()
-            || writer.shared.queued.load(Ordering::Relaxed) != 0
-            || writer.shared.in_flight.load(Ordering::Acquire) != 0
+            || writer.shared.busy()
+            || !may_block()
         {
-            return Err(job);
+            return Some(job);
         }
         let mut batch = vec![job];
         if let Some(written) = writer.commit(&mut batch, 0) {
             writer.make_durable_here(written);
         }
-        Ok(())
+        None
     }
 
     /// Syncs (with [`Durability::Sync`]) and acknowledges `written` on this thread.
@@ -597,7 +608,7 @@ impl Writer {
     /// records may have been pushed: the caller truncates `ops`.
     fn stage(
         task: &str,
-        events: Vec<EncodedEvent>,
+        events: EncodedEvents,
         mut head: Head,
         mut seq: u64,
         ops: &mut Vec<BatchOp>,
@@ -663,7 +674,7 @@ impl Writer {
     /// is as it was and `staged` is empty.
     fn stage_job(
         &self,
-        parts: impl Iterator<Item = (String, u64, Vec<EncodedEvent>)>,
+        parts: impl Iterator<Item = (String, u64, EncodedEvents)>,
         seq: u64,
         ops: &mut Vec<BatchOp>,
         staged: &mut Vec<(String, Head, u64, Head)>,
@@ -681,7 +692,7 @@ impl Writer {
     /// [`Writer::stage_job`] without the undoing of a failure.
     fn stage_parts(
         &self,
-        parts: impl Iterator<Item = (String, u64, Vec<EncodedEvent>)>,
+        parts: impl Iterator<Item = (String, u64, EncodedEvents)>,
         mut seq: u64,
         ops: &mut Vec<BatchOp>,
         staged: &mut Vec<(String, Head, u64, Head)>,
@@ -1350,6 +1361,17 @@ mod tests {
         assert_eq!(journal.outbox().count(), 1);
     }
 
+    thread_local! {
+        /// How often this thread's appends asked [`may_not_block`].
+        static ASKED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
+    /// A caller that may not block for a sync, counting how often it is asked.
+    fn may_not_block() -> bool {
+        ASKED.with(|n| n.set(n.get() + 1));
+        false
+    }
+
     /// Makes the syncer hold batch "b" while the writer goes on with batch "c": a lone append
     /// "a" on an idle journal is synced by its caller (held, so that "b" and "c" queue up
     /// behind it), then "b" (one append per batch) is handed to the syncer because "c" is
@@ -1372,8 +1394,12 @@ mod tests {
                 .unwrap()
         };
         a_entered.recv().unwrap();
-        let b = journal.submit("b", 0, &[update(1)], &[], false).unwrap();
-        let c = journal.submit("c", 0, &[update(2)], &[], false).unwrap();
+        let b = journal
+            .submit("b", 0, &[update(1)], &[], may_not_block)
+            .unwrap();
+        let c = journal
+            .submit("c", 0, &[update(2)], &[], may_not_block)
+            .unwrap();
         a_release.send(true).unwrap();
         assert_eq!(a.join().unwrap().unwrap().last_seq, 1);
         // "b" is in the syncer's hands, held; the writer writes "c" meanwhile.
@@ -1446,6 +1472,11 @@ mod tests {
         let options = JournalOptions::default().with_max_batch_appends(1);
         let (journal, backend) = faulty_with(dir.path(), options);
         let (b, c, release) = pipeline(&backend, &journal);
+        assert_eq!(
+            ASKED.with(std::cell::Cell::get),
+            0,
+            "appends to a busy journal do not ask whether their caller may block"
+        );
         release.send(true).unwrap();
         b.blocking_recv().unwrap().unwrap();
         c.blocking_recv().unwrap().unwrap();
@@ -1474,6 +1505,16 @@ mod tests {
             "{synced_on:?}"
         );
         assert_eq!(journal.durable_seq(), 3 + streak as u64 + 20);
+        // Idle again: now a caller is asked, and one that may not block hands its append over.
+        let e = journal
+            .submit("e", 0, &[update(0)], &[], may_not_block)
+            .unwrap();
+        assert_eq!(
+            e.blocking_recv().unwrap().unwrap().last_seq,
+            4 + streak as u64 + 20
+        );
+        assert_eq!(ASKED.with(std::cell::Cell::get), 1);
+        assert_eq!(backend.take_synced_on(), ["dtask-journal-writer"]);
     }
 
     #[test]
