@@ -214,6 +214,11 @@ pub fn group_commit(writers: usize, record_bytes: usize, secs: f64, shape: Shape
                     let (ack, acked) = tokio::sync::oneshot::channel();
                     let first = {
                         let mut state = log.state.lock().unwrap();
+                        if state.stop {
+                            // Stopped between this writer's look at `stop` and here: the
+                            // writing thread may be gone, and nothing would end this ack.
+                            return;
+                        }
                         state.queue.push(Queued {
                             writer,
                             position,
