@@ -5,6 +5,7 @@
 
 use crate::error::{Error, Result};
 use crate::keys::{Space, LEGACY_HEADS};
+use crate::memtable_hint::events_memtable_options;
 use crate::options::Durability;
 use rocksdb::{
     ColumnFamily, ColumnFamilyDescriptor, Direction, IteratorMode, Options, ReadOptions,
@@ -499,15 +500,18 @@ impl RocksBackend {
             OpenMode::Primary => {
                 let mut opts = primary_db_options()?;
                 opts.set_allow_mmap_reads(mmap_reads);
-                let descriptors = names.map(|name| {
-                    let mut cf = db_options(true);
-                    if name == Space::Events.name() {
-                        cf.set_block_based_table_factory(&events_table_options());
-                    }
-                    // Until the first write: see `Backend::start_compactions`.
-                    cf.set_disable_auto_compactions(true);
-                    ColumnFamilyDescriptor::new(name, cf)
-                });
+                let descriptors = names
+                    .map(|name| {
+                        let mut cf = db_options(true);
+                        if name == Space::Events.name() {
+                            cf = cf.get_options_from_string(events_memtable_options())?;
+                            cf.set_block_based_table_factory(&events_table_options());
+                        }
+                        // Until the first write: see `Backend::start_compactions`.
+                        cf.set_disable_auto_compactions(true);
+                        Ok(ColumnFamilyDescriptor::new(name, cf))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
                 DB::open_cf_descriptors(&opts, path, descriptors).map_err(|e| {
                     if is_lock_error(&e) {
                         Error::InUse {
@@ -828,6 +832,54 @@ mod tests {
         assert_eq!(prefix_end(b"ab"), Some(b"ac".to_vec()));
         assert_eq!(prefix_end(&[1, 0xff]), Some(vec![2]));
         assert_eq!(prefix_end(&[0xff, 0xff]), None);
+    }
+
+    /// The `[CFOptions "<space>"]` section of the newest options file RocksDB wrote in `dir`.
+    fn options_section(dir: &Path, space: Space) -> String {
+        let newest = std::fs::read_dir(dir)
+            .expect("the journal directory")
+            .filter_map(|entry| {
+                entry
+                    .ok()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+            })
+            .filter(|name| name.starts_with("OPTIONS-"))
+            .max_by_key(|name| {
+                name.trim_start_matches("OPTIONS-")
+                    .parse::<u64>()
+                    .unwrap_or(0)
+            })
+            .expect("an options file");
+        let text = std::fs::read_to_string(dir.join(newest)).expect("the options file");
+        let header = format!("[CFOptions \"{}\"]", space.name());
+        let start = text.find(&header).expect("the space's section");
+        let rest = &text[start + header.len()..];
+        rest[..rest.find("\n[").unwrap_or(rest.len())].to_owned()
+    }
+
+    #[test]
+    fn only_the_events_space_keeps_an_insertion_hint_per_task() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let backend = RocksBackend::open(dir.path(), OpenMode::Primary).expect("open");
+        backend
+            .write(
+                vec![BatchOp::Put {
+                    space: Space::Events,
+                    key: crate::keys::event_key("a-task", 0),
+                    value: b"a record".to_vec(),
+                }],
+                Durability::Sync,
+            )
+            .expect("a write");
+        drop(backend);
+        let hint = "memtable_insert_with_hint_prefix_extractor=dtask.TaskPrefix";
+        assert!(options_section(dir.path(), Space::Events).contains(hint));
+        assert!(!options_section(dir.path(), Space::Commits).contains(hint));
+        // The options file RocksDB wrote names the extractor, and the journal opens again (the
+        // read-only open does not need it).
+        let backend = RocksBackend::open(dir.path(), OpenMode::ReadOnly).expect("read-only");
+        drop(backend);
+        RocksBackend::open(dir.path(), OpenMode::Primary).expect("reopen");
     }
 
     #[test]

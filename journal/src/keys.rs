@@ -65,6 +65,12 @@ pub const LEGACY_HEADS: &str = "heads";
 /// The separator between a task id and a position in an event key.
 pub const TASK_SEPARATOR: u8 = 0;
 
+/// How many bytes an event key's position takes (a u64, big-endian).
+pub const POSITION_BYTES: usize = std::mem::size_of::<u64>();
+
+/// How many bytes follow the task id in an event key: the separator and the position.
+pub const EVENT_KEY_SUFFIX: usize = 1 + POSITION_BYTES;
+
 /// The `meta` key holding the format version.
 pub const META_FORMAT_VERSION: &[u8] = b"format_version";
 
@@ -116,7 +122,7 @@ pub fn checked_seq(seq: u64) -> Result<u64, CorruptionKind> {
 /// The key of record `position` of `task`'s stream.
 #[must_use]
 pub fn event_key(task: &str, position: u64) -> Vec<u8> {
-    let mut key = Vec::with_capacity(task.len() + 9);
+    let mut key = Vec::with_capacity(task.len() + EVENT_KEY_SUFFIX);
     key.extend_from_slice(task.as_bytes());
     key.push(TASK_SEPARATOR);
     key.extend_from_slice(&position.to_be_bytes());
@@ -156,7 +162,7 @@ pub fn task_prefix(task: &str) -> Vec<u8> {
 pub fn parse_event_key(key: &[u8]) -> Result<(&str, u64), CorruptionKind> {
     let split = key
         .len()
-        .checked_sub(9)
+        .checked_sub(EVENT_KEY_SUFFIX)
         .ok_or_else(|| CorruptionKind::Key(format!("event key too short ({} bytes)", key.len())))?;
     let (task, rest) = key.split_at(split);
     let (sep, pos) = rest.split_at(1);

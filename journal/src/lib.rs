@@ -45,6 +45,7 @@ pub mod export;
 pub mod failpoints;
 mod head;
 mod journal;
+mod memtable_hint;
 // The storage internals below are public for dtask's own crates (the fold's bulk readers, the
 // audit) and for tests that damage a journal on purpose; they are not part of the API a
 // service builds on, so they stay out of the docs and may change in any release.
