@@ -138,7 +138,14 @@ struct Store {
 
 impl Store {
     fn open(dir: &std::path::Path, record_bytes: usize) -> Self {
-        let mut opts = rocksdb::Options::default();
+        // One memtable insertion hint per writer's task, as the journal keeps one per task:
+        // the model's event keys are the task's 9 bytes and a position, and its commit keys
+        // (8 bytes) lie outside the extractor's domain.
+        let mut opts = rocksdb::Options::default()
+            .get_options_from_string(
+                "memtable_insert_with_hint_prefix_extractor=rocksdb.FixedPrefix.9",
+            )
+            .unwrap();
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
         opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
