@@ -28,8 +28,9 @@ class TaskPrefix final : public rocksdb::SliceTransform {
   static const char* kClassName() { return "dtask.TaskPrefix"; }
   const char* Name() const override { return kClassName(); }
 
+  // RocksDB asks only for keys in the domain; any other key maps to itself.
   rocksdb::Slice Transform(const rocksdb::Slice& key) const override {
-    return rocksdb::Slice(key.data(), key.size() - tail_);
+    return InDomain(key) ? rocksdb::Slice(key.data(), key.size() - tail_) : key;
   }
 
   bool InDomain(const rocksdb::Slice& key) const override {
