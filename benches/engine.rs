@@ -19,6 +19,11 @@
 //!    twice (1,024 at a time): the first round is the catch-up of workers resuming every task
 //!    after a restart, the second the steady state.
 //!
+//! Targets of issue #26, each on a line of its own (`met` / `not met`): ≥ 15k lifecycles/s at
+//! 1,024 concurrent; a fold of ≥ 2M live events/s, open + fold of 1M events in under 0.5 s
+//! (without `--quick`), ≤ 2 KiB resident per live task. Part 1's earlier targets are retired: it prints its
+//! figures as `info`.
+//!
 //! Run: `cargo bench --bench engine` (`-- --quick` for a smaller recovery journal, `-- --part 3`
 //! for one part only, `-- --part 1 --tasks 1024` for one row of part 1, `-- --rounds 5` for more
 //! alternating rounds of part 1: three by default).
@@ -330,11 +335,20 @@ fn measure_recovery(label: &str, dir: &std::path::Path, tasks: usize, events_per
         fold.as_secs_f64(),
         live_events as f64 / elapsed.as_secs_f64(),
     );
+    // Issue #26: open + fold of 1M events in under 0.5 s, judged on a journal of that size
+    // (a smaller one's open is mostly fixed costs).
+    let open_fold = if tasks * events_per_task >= 1_000_000 {
+        format!(
+            "open + fold of 1M events < 0.5 s {} ({:.3} s)",
+            common::verdict(elapsed.as_secs_f64() < 0.5),
+            elapsed.as_secs_f64()
+        )
+    } else {
+        "open + fold < 0.5 s judged on 1M events only (without --quick)".to_owned()
+    };
     println!(
-        "target ({label}): fold >= 2M live events/s {} ({folded:.0}), open + fold < 2 s {} ({:.3} s), <= 2 KiB per live task {} ({per_task:.0} B)",
+        "target ({label}): fold >= 2M live events/s {} ({folded:.0}), {open_fold}, <= 2 KiB per live task {} ({per_task:.0} B)",
         common::verdict(folded >= 2_000_000.0),
-        common::verdict(elapsed.as_secs_f64() < 2.0),
-        elapsed.as_secs_f64(),
         common::verdict(per_task <= 2048.0)
     );
     open_check(label, store.journal(), live, elapsed);
@@ -573,10 +587,10 @@ fn transitions_table(
          writing costs next to nothing)"
     );
     for (tasks, rate, ratio, file_bound) in targets {
+        // The targets once set here (>= 100k transitions/s, >= 0.8x the raw synced batches)
+        // are retired (docs/performance.md): the figures are printed for comparison.
         println!(
-            "target at {tasks} tasks: >= 100k transitions/s {} ({rate:.0}), >= 0.8x the raw synced batches {} ({ratio:.2}x; closed-loop bound {file_bound:.2}x)",
-            common::verdict(rate >= 100_000.0),
-            common::verdict(ratio >= 0.8)
+            "info at {tasks} tasks: {rate:.0} transitions/s, {ratio:.2}x the raw synced batches (closed-loop bound {file_bound:.2}x)"
         );
     }
 }
@@ -591,8 +605,8 @@ fn lifecycles_table(runtime: &tokio::runtime::Runtime, secs: f64) {
         );
         if concurrency == 1024 {
             println!(
-                "target at 1024 concurrent: >= 10k lifecycles/s {} ({rate:.0})",
-                common::verdict(rate >= 10_000.0)
+                "target at 1024 concurrent: >= 15k lifecycles/s {} ({rate:.0})",
+                common::verdict(rate >= 15_000.0)
             );
         }
     }
