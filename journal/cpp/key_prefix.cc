@@ -2,11 +2,11 @@
 // options string can name it.
 //
 // The extractor maps a key to the key without its last `tail` bytes, for keys whose byte
-// before those is `separator` (which the prefix keeps); other keys are outside its domain. The journal names it as the
-// `events` space's memtable insertion hint extractor: every key of one task then shares one
-// hint, the position of the task's last insert, and the next record of the task is inserted
-// from there instead of from the top of the skip list. The key layout itself is the journal's
-// (`journal/src/keys.rs`), which passes the widths in.
+// before those is `separator` (which the prefix keeps); other keys are outside its domain.
+// The journal names it as the `events` space's memtable insertion hint extractor: every key
+// of one task then shares one hint, the position of the task's last insert, and the next
+// record of the task is inserted from there instead of from the top of the skip list. The
+// key layout itself is the journal's (`journal/src/keys.rs`), which passes the widths in.
 
 #include <cstddef>
 #include <memory>
@@ -56,8 +56,8 @@ extern "C" const char* dtask_register_task_prefix(std::size_t tail,
     rocksdb::ObjectLibrary::Default()->AddFactory<const rocksdb::SliceTransform>(
         TaskPrefix::kClassName(),
         [tail, separator](const std::string& /*uri*/,
-                            std::unique_ptr<const rocksdb::SliceTransform>* guard,
-                            std::string* /*errmsg*/) {
+                          std::unique_ptr<const rocksdb::SliceTransform>* guard,
+                          std::string* /*errmsg*/) {
           guard->reset(new TaskPrefix(tail, separator));
           return guard->get();
         });
