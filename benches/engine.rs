@@ -21,8 +21,8 @@
 //!
 //! Targets of issue #26, each on a line of its own (`met` / `not met`): ≥ 15k lifecycles/s at
 //! 1,024 concurrent; a fold of ≥ 2M live events/s, open + fold of 1M events in under 0.5 s
-//! (without `--quick`), ≤ 2 KiB resident per live task. Part 1's earlier targets are retired: it prints its
-//! figures as `info`.
+//! (without `--quick`), ≤ 2 KiB resident per live task. Part 1's earlier targets are retired:
+//! it prints its figures as `info`.
 //!
 //! Run: `cargo bench --bench engine` (`-- --quick` for a smaller recovery journal, `-- --part 3`
 //! for one part only, `-- --part 1 --tasks 1024` for one row of part 1, `-- --rounds 5` for more
