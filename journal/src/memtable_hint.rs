@@ -83,17 +83,26 @@ mod tests {
     }
 
     proptest! {
+        /// Any task id (UTF-8 without NUL, of any length) and any position.
         #[test]
-        fn every_event_key_of_a_task_has_the_task_prefix(task in "[a-z0-9_-]{0,40}", position in 0..=MAX_POSITION) {
+        fn every_event_key_of_a_task_has_the_task_prefix(
+            task in "[^\\x00]{0,40}",
+            position in 0..=MAX_POSITION,
+        ) {
             let key = event_key(&task, position);
             let prefix = task_prefix(&task);
             prop_assert_eq!(prefix_of(&key), Some(prefix.as_slice()));
         }
 
         #[test]
-        fn keys_of_other_shapes_are_outside_the_domain_or_a_prefix(bytes in proptest::collection::vec(any::<u8>(), 0..30)) {
+        fn keys_of_other_shapes_are_outside_the_domain_or_a_prefix(
+            bytes in proptest::collection::vec(any::<u8>(), 0..30),
+        ) {
             match prefix_of(&bytes) {
-                None => prop_assert!(bytes.len() < EVENT_KEY_SUFFIX || bytes[bytes.len() - EVENT_KEY_SUFFIX] != TASK_SEPARATOR),
+                None => prop_assert!(
+                    bytes.len() < EVENT_KEY_SUFFIX
+                        || bytes[bytes.len() - EVENT_KEY_SUFFIX] != TASK_SEPARATOR
+                ),
                 Some(prefix) => prop_assert_eq!(prefix.len(), bytes.len() - POSITION_BYTES),
             }
         }
