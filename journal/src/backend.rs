@@ -391,9 +391,6 @@ fn write_batch_bytes(ops: &[BatchOp]) -> usize {
 /// The most write-ahead log kept before the spaces holding the oldest log file are flushed.
 const MAX_TOTAL_WAL_BYTES: u64 = 64 << 20;
 
-/// How many flushed write-ahead log files are kept for reuse.
-const RECYCLED_LOG_FILES: usize = 4;
-
 fn db_options(create: bool) -> Options {
     let mut opts = Options::default();
     opts.create_if_missing(create);
@@ -413,10 +410,12 @@ fn db_options(create: bool) -> Options {
     // is four times the sum of the write buffers). Capping the log flushes them with the
     // large one instead, so recovery after a crash replays at most about this much.
     opts.set_max_total_wal_size(MAX_TOTAL_WAL_BYTES);
-    // Log files whose data is flushed are reused instead of deleted: writing into a file
-    // that already has its blocks lets `fdatasync` skip the file's metadata (size, extents),
-    // which makes a sync cheaper once the journal has run a while.
-    opts.set_recycle_log_file_num(RECYCLED_LOG_FILES);
+    // Log files whose data is flushed are deleted, not reused (RocksDB's default, said here
+    // because reuse was tried): a sync into a reused file is cheaper, but RocksDB's follower
+    // reads a reused file past the writer's end into the earlier log's records, and when
+    // one of those starts right there it reads it again and again and never returns
+    // (`a_follower_opens_while_its_writer_has_flushed_twice`).
+    opts.set_recycle_log_file_num(0);
     opts.increase_parallelism(2);
     opts.set_max_background_jobs(2);
     opts.set_write_buffer_size(64 << 20);
@@ -441,6 +440,22 @@ fn db_options(create: bool) -> Options {
 /// [`Error::Storage`] if RocksDB refuses the option string (it does not: the name is its own).
 fn primary_db_options() -> Result<Options> {
     Ok(db_options(true).get_options_from_string("avoid_flush_during_recovery=true")?)
+}
+
+/// The options of the space (column family) `name`: [`db_options`], and for `events` its
+/// memtable's insertion hint per task ([`events_memtable_options`]) and its table options. A
+/// writer's open and a follower's take the same.
+///
+/// # Errors
+/// [`Error::Storage`] if RocksDB refuses the options string (it does not: the extractor it
+/// names is registered first).
+fn space_options(name: &str, create: bool) -> Result<Options> {
+    let mut options = db_options(create);
+    if name == Space::Events.name() {
+        options = options.get_options_from_string(events_memtable_options())?;
+        options.set_block_based_table_factory(&events_table_options());
+    }
+    Ok(options)
 }
 
 /// The size of the `events` space's data blocks (uncompressed), against RocksDB's 4 KiB
@@ -502,11 +517,7 @@ impl RocksBackend {
                 opts.set_allow_mmap_reads(mmap_reads);
                 let descriptors = names
                     .map(|name| {
-                        let mut cf = db_options(true);
-                        if name == Space::Events.name() {
-                            cf = cf.get_options_from_string(events_memtable_options())?;
-                            cf.set_block_based_table_factory(&events_table_options());
-                        }
+                        let mut cf = space_options(name, true)?;
                         // Until the first write: see `Backend::start_compactions`.
                         cf.set_disable_auto_compactions(true);
                         Ok(ColumnFamilyDescriptor::new(name, cf))
@@ -528,7 +539,17 @@ impl RocksBackend {
             OpenMode::Secondary(secondary) => {
                 let mut opts = db_options(false);
                 opts.set_max_open_files(-1);
-                DB::open_cf_as_secondary(&opts, path, secondary, names)?
+                // A follower replays the writer's log into memtables of its own: the same
+                // per-space options as the writer's, the insertion hints among them.
+                let descriptors = names
+                    .map(|name| {
+                        Ok(ColumnFamilyDescriptor::new(
+                            name,
+                            space_options(name, false)?,
+                        ))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                DB::open_cf_descriptors_as_secondary(&opts, path, secondary, descriptors)?
             }
         };
         let mut sync = WriteOptions::default();
@@ -882,6 +903,64 @@ mod tests {
         RocksBackend::open(dir.path(), OpenMode::Primary).expect("reopen");
     }
 
+    /// Puts `count` records of `task` from position `from`, one write each: log records of
+    /// one size, so that a reused log file's earlier records start where a later one's end.
+    fn put_records(backend: &RocksBackend, task: &str, from: u64, count: u64) {
+        for position in from..from + count {
+            let op = BatchOp::Put {
+                space: Space::Events,
+                key: crate::keys::event_key(task, position),
+                value: vec![7; 200],
+            };
+            backend
+                .write(vec![op], Durability::Buffered)
+                .expect("a write");
+        }
+    }
+
+    /// A follower opened after its writer has flushed twice (a writer that reused flushed
+    /// log files would now write into the first log's file, whose tail holds the first log's
+    /// records) opens and sees every record. With log files reused, RocksDB's follower read
+    /// up to the writer's end, met an earlier record starting right there, read it again and
+    /// again and never returned.
+    #[test]
+    fn a_follower_opens_while_its_writer_has_flushed_twice() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let scratch = tempfile::tempdir().expect("a temporary directory");
+        let backend = RocksBackend::open(dir.path(), OpenMode::Primary).expect("open");
+        // The first log's file is reused for the third log, which holds fewer records: the
+        // rest of the file is the first log's.
+        put_records(&backend, "a", 0, 100);
+        backend.flush().expect("flush");
+        put_records(&backend, "a", 100, 100);
+        backend.flush().expect("flush");
+        put_records(&backend, "a", 200, 10);
+        let (done, opened) = std::sync::mpsc::channel();
+        let path = dir.path().to_path_buf();
+        std::thread::spawn(move || {
+            let follower =
+                RocksBackend::open(&path, OpenMode::Secondary(scratch.path())).map(|follower| {
+                    let mut cursor = follower.cursor(Space::Events);
+                    cursor.seek(&[]);
+                    let mut records = 0;
+                    while cursor.key().is_some() {
+                        records += 1;
+                        cursor.next();
+                    }
+                    records
+                });
+            let _ = done.send(follower.map_err(|e| e.to_string()));
+        });
+        // Not a measure of speed: a generous bound on an open that took milliseconds, so that
+        // the old endless loop fails this test instead of hanging the suite.
+        let records = opened
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("the follower's open returned")
+            .expect("the follower opened");
+        assert_eq!(records, 210);
+        drop(backend);
+    }
+
     #[test]
     fn a_write_batch_is_sized_for_all_its_ops_at_once() {
         let dir = tempfile::tempdir().expect("a temporary directory");
@@ -987,10 +1066,10 @@ mod tests {
             "{}",
             options.display()
         );
-        // The rest of the set-up is kept.
+        // The rest of the set-up is kept: log files are not reused.
         assert!(
             text.lines()
-                .any(|line| line.trim() == "recycle_log_file_num=4"),
+                .any(|line| line.trim() == "recycle_log_file_num=0"),
             "{text}"
         );
     }
