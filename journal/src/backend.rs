@@ -855,23 +855,28 @@ mod tests {
         assert_eq!(prefix_end(&[0xff, 0xff]), None);
     }
 
-    /// The `[CFOptions "<space>"]` section of the newest options file RocksDB wrote in `dir`.
-    fn options_section(dir: &Path, space: Space) -> String {
+    /// The text of the newest options file RocksDB wrote in `dir` (it writes one at every
+    /// open, numbered in order).
+    fn newest_options(dir: &Path) -> String {
         let newest = std::fs::read_dir(dir)
-            .expect("the journal directory")
+            .expect("the journal's directory")
             .filter_map(|entry| {
                 entry
                     .ok()
                     .map(|e| e.file_name().to_string_lossy().into_owned())
             })
-            .filter(|name| name.starts_with("OPTIONS-"))
-            .max_by_key(|name| {
-                name.trim_start_matches("OPTIONS-")
-                    .parse::<u64>()
-                    .unwrap_or(0)
+            .filter_map(|name| {
+                let number = name.strip_prefix("OPTIONS-")?.parse::<u64>().ok()?;
+                Some((number, name))
             })
+            .max()
             .expect("an options file");
-        let text = std::fs::read_to_string(dir.join(newest)).expect("the options file");
+        std::fs::read_to_string(dir.join(newest.1)).expect("the options file")
+    }
+
+    /// The `[CFOptions "<space>"]` section of [`newest_options`].
+    fn options_section(dir: &Path, space: Space) -> String {
+        let text = newest_options(dir);
         let header = format!("[CFOptions \"{}\"]", space.name());
         let start = text.find(&header).expect("the space's section");
         let rest = &text[start + header.len()..];
@@ -1049,22 +1054,11 @@ mod tests {
     fn a_writer_keeps_the_replayed_log_in_the_memtables() {
         let dir = tempfile::tempdir().expect("a temporary directory");
         drop(RocksBackend::open(dir.path(), OpenMode::Primary).expect("open"));
-        let options = std::fs::read_dir(dir.path())
-            .expect("the journal's directory")
-            .filter_map(|entry| entry.ok().map(|entry| entry.path()))
-            .filter(|path| {
-                path.file_name()
-                    .and_then(|name| name.to_str())
-                    .is_some_and(|name| name.starts_with("OPTIONS-"))
-            })
-            .max()
-            .expect("an options file");
-        let text = std::fs::read_to_string(&options).expect("the options file");
+        let text = newest_options(dir.path());
         assert!(
             text.lines()
                 .any(|line| line.trim() == "avoid_flush_during_recovery=true"),
-            "{}",
-            options.display()
+            "{text}"
         );
         // The rest of the set-up is kept: log files are not reused.
         assert!(
