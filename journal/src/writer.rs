@@ -444,6 +444,7 @@ impl Writer {
         shared: &Arc<Shared>,
         max_batch: usize,
     ) {
+        crate::backend::perf_counters_off();
         let syncer = match durability {
             Durability::Buffered => None,
             Durability::Sync => {
@@ -1118,6 +1119,7 @@ fn timed_sync(backend: &dyn Backend) -> (Result<()>, Duration) {
 
 /// The syncer: syncs once for every batch written since the last sync, then acknowledges.
 fn sync_loop(backend: &dyn Backend, shared: &Shared, written: &Receiver<Written>) {
+    crate::backend::perf_counters_off();
     let mut pending = Vec::new();
     while let Ok(first) = written.recv() {
         pending.push(first);
