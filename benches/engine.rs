@@ -253,7 +253,8 @@ fn rss_bytes() -> u64 {
 /// recovered state's, not what the allocator kept from the build).
 fn recovery(tasks: usize, events_per_task: usize) {
     let temp = tempfile::tempdir().unwrap();
-    // DTASK_BENCH_KEEP=<dir> builds the journal there once and keeps it (for profiling).
+    // DTASK_BENCH_KEEP=<dir> builds the journal there once and keeps it as built (for
+    // profiling: `--recover <copy of dir> TASKS EVENTS closed` times one recovery).
     let dir = std::env::var_os("DTASK_BENCH_KEEP")
         .map_or_else(|| temp.path().to_path_buf(), std::path::PathBuf::from);
     if !dir.join("CURRENT").exists() {
@@ -269,14 +270,28 @@ fn recovery(tasks: usize, events_per_task: usize) {
             .status()
             .unwrap()
     };
-    // A copy for the recovery with memory-mapped reads (each recovery appends to its journal
-    // afterwards).
-    let mapped = tempfile::tempdir().unwrap();
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        let path = entry.unwrap().path();
-        std::fs::copy(&path, mapped.path().join(path.file_name().unwrap())).unwrap();
-    }
-    assert!(child("--recover", &dir, Some("closed")).success());
+    // Each recovery appends to its journal afterwards: a kept journal is recovered from a
+    // copy (so it stays as built, to be profiled again), and so is the recovery with
+    // memory-mapped reads.
+    let copy_of = |dir: &std::path::Path| {
+        let copy = tempfile::tempdir().unwrap();
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            std::fs::copy(&path, copy.path().join(path.file_name().unwrap())).unwrap();
+        }
+        copy
+    };
+    let mapped = copy_of(&dir);
+    let closed = if std::env::var_os("DTASK_BENCH_KEEP").is_some() {
+        Some(copy_of(&dir))
+    } else {
+        None
+    };
+    let closed_dir = closed
+        .as_ref()
+        .map_or(dir.as_path(), tempfile::TempDir::path);
+    assert!(child("--recover", closed_dir, Some("closed")).success());
+    drop(closed);
     assert!(child("--recover", mapped.path(), Some("closed, mmap reads")).success());
     drop(mapped);
     // The same with the finished half first (as time-ordered ids lay it out): nothing lies

@@ -649,6 +649,20 @@ impl Journal {
         })
     }
 
+    /// How many live tasks the tail marker counted when this journal was opened: what a
+    /// recovery can size its tables by before it has listed them. `None` for a journal
+    /// without a marker (a reader of one whose writer never wrote one), or a shared
+    /// (PostgreSQL) journal, whose marker other processes move. A hint only: the open's
+    /// consistency check ([`Journal::check_live`]) is what holds the marker against the
+    /// tasks found.
+    #[must_use]
+    pub fn live_tasks_at_open(&self) -> Option<u64> {
+        if self.inner.backend.is_shared() {
+            return None;
+        }
+        self.inner.opened_tail.map(|tail| tail.live.tasks)
+    }
+
     /// Lists the tasks without a terminal event, in task-id order.
     pub fn live_tasks(&self) -> impl Iterator<Item = Result<String>> + '_ {
         self.inner

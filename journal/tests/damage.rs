@@ -485,6 +485,16 @@ fn the_tail_marker_follows_every_batch() {
     assert_eq!((tail.last_seq, tail.live.tasks), (6, 1));
     let b = journal.head("b").unwrap().unwrap();
     assert_eq!(tail.live, LiveSummary::of([("b", &b)]));
+    // What a recovery sizes its tables by: the count at the open, not since.
+    assert_eq!(journal.live_tasks_at_open(), Some(2));
+    drop(journal);
+    assert_eq!(open(dir.path()).unwrap().live_tasks_at_open(), Some(1));
+    assert_eq!(
+        Journal::open_read_only(dir.path())
+            .unwrap()
+            .live_tasks_at_open(),
+        Some(1)
+    );
 }
 
 #[test]

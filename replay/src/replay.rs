@@ -397,6 +397,72 @@ where
     fold_chunks(journal, threads, chunks, &build, consume)
 }
 
+/// [`load_tasks_each`] over tasks as they are listed: the calling thread takes `tasks` a
+/// chunk at a time (a few chunks ahead of the fold threads), so the fold begins with the
+/// first chunk instead of after the whole list, and a recovery's listing of its live tasks
+/// no longer precedes the fold. `expected` (how many tasks `tasks` is expected to yield)
+/// plans the threads and the chunk size as [`load_tasks_each`] plans them for that many; a
+/// wrong guess costs speed, never results. Each chunk's ids and result slots are made and
+/// freed on the calling thread.
+///
+/// ```
+/// use dtask_journal::{Event, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp};
+/// let dir = tempfile::tempdir()?;
+/// let journal = Journal::open(dir.path(), JournalOptions::default())?;
+/// for id in ["a", "b"] {
+///     let spec = TaskSpec { id: id.into(), executor_key: "x".into(), ..TaskSpec::default() };
+///     let created = Event::Created {
+///         spec, policy: LeasePolicy::Retry, checkpoint: vec![], context_snapshot: vec![], at: Timestamp(1),
+///     };
+///     journal.append(id, 0, &[created])?;
+/// }
+/// let listed = journal.live_tasks().map_while(Result::ok);
+/// let mut seen = Vec::new();
+/// dtask_replay::load_listed_tasks_each(
+///     &journal,
+///     listed,
+///     2,
+///     |_, task, head| (task.state.version, head.next_position),
+///     |ids, folded| {
+///         for (id, folded) in ids.iter_mut().zip(folded) {
+///             seen.push((std::mem::take(id), folded.take()));
+///         }
+///     },
+/// )?;
+/// assert_eq!(seen, [("a".to_owned(), Some((1, 1))), ("b".to_owned(), Some((1, 1)))]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+/// As for [`load_tasks_each`]; no more of `tasks` is taken after the failing chunk.
+pub fn load_listed_tasks_each<T, F, C>(
+    journal: &Journal,
+    tasks: impl Iterator<Item = String>,
+    expected: usize,
+    build: F,
+    mut consume: C,
+) -> Result<(), ReplayError>
+where
+    T: Send,
+    F: Fn(&str, Task, Head) -> T + Sync,
+    C: FnMut(&mut [String], &mut [Option<T>]),
+{
+    let (threads, chunk) = plan(expected);
+    let mut tasks = tasks.fuse();
+    let chunks = std::iter::from_fn(move || {
+        let mut ids = Vec::with_capacity(chunk);
+        ids.extend(tasks.by_ref().take(chunk));
+        if ids.is_empty() {
+            return None;
+        }
+        let slots: Vec<Option<T>> = std::iter::repeat_with(|| None).take(ids.len()).collect();
+        Some((ids, slots))
+    });
+    fold_chunks(journal, threads, chunks, &build, |mut ids, mut slots| {
+        consume(&mut ids, &mut slots);
+    })
+}
+
 /// How many threads fold `tasks` tasks, and how many tasks each takes at a time.
 fn plan(tasks: usize) -> (usize, usize) {
     let threads = parallel::threads_for(tasks, PARALLEL_MIN_TASKS);
@@ -409,18 +475,19 @@ fn plan(tasks: usize) -> (usize, usize) {
 /// not folded, nor handed over. The results go straight into the caller's slots, so that a
 /// chunk allocates nothing of its own (per-chunk buffers would be freed on another thread
 /// than the one that made them, leaving holes in its allocator arena).
-fn fold_chunks<'o, S, T, F, C>(
+fn fold_chunks<S, R, T, F, C>(
     journal: &Journal,
     threads: usize,
-    chunks: impl Iterator<Item = (S, &'o mut [Option<T>])>,
+    chunks: impl Iterator<Item = (S, R)>,
     build: &F,
     mut consume: C,
 ) -> Result<(), ReplayError>
 where
     S: std::ops::Deref<Target = [String]> + Send,
-    T: Send + 'o,
+    R: std::ops::DerefMut<Target = [Option<T>]> + Send,
+    T: Send,
     F: Fn(&str, Task, Head) -> T + Sync,
-    C: FnMut(S, &mut [Option<T>]),
+    C: FnMut(S, R),
 {
     // Chunks after this one are skipped: it failed.
     let failed_at = AtomicUsize::new(usize::MAX);
@@ -431,11 +498,11 @@ where
         4 * threads,
         chunks,
         || ChunkFolder::new(journal),
-        |folder, i, (ids, slots)| {
+        |folder, i, (ids, mut slots)| {
             let result = if i > failed_at.load(Ordering::Acquire) {
                 Ok(())
             } else {
-                folder.fold(&ids, slots, build)
+                folder.fold(&ids, &mut slots, build)
             };
             if result.is_err() {
                 failed_at.fetch_min(i, Ordering::AcqRel);
@@ -656,6 +723,82 @@ mod tests {
         let ids: Vec<&String> = seen.iter().map(|(id, _)| id).collect();
         assert_eq!(ids, expected.iter().collect::<Vec<_>>());
         assert!(seen.iter().all(|(id, built)| built.as_ref() == Some(id)));
+    }
+
+    /// Tasks folded as they are listed: whatever count the caller expected (too few, right,
+    /// too many), the same chunks are handed over in order with the same results; the list is
+    /// taken only as far as the fold needs it, and no further once a task does not fold.
+    #[test]
+    fn load_listed_tasks_each_folds_as_the_list_comes_and_stops_taking_it_at_a_failure() {
+        let (_dir, journal) = buffered_journal();
+        // More chunks than the fold keeps out at a time on two cores.
+        let ids = task_ids(16 * CHUNK_TASKS + 50);
+        for id in &ids {
+            journal.append(id, 0, &[created(id)]).unwrap();
+        }
+        for expected in [0, 10, ids.len(), 10 * ids.len()] {
+            let mut seen = Vec::new();
+            load_listed_tasks_each(
+                &journal,
+                ids.iter().cloned(),
+                expected,
+                |id, task, head| {
+                    assert_eq!(task.state.spec.id, id);
+                    (id.to_owned(), head.next_position)
+                },
+                |chunk, folded| {
+                    for (id, folded) in chunk.iter_mut().zip(folded) {
+                        assert_eq!(folded.take(), Some((id.clone(), 1)));
+                        seen.push(std::mem::take(id));
+                    }
+                },
+            )
+            .unwrap();
+            assert_eq!(seen, ids, "expected {expected}");
+        }
+
+        // A task that does not fold in the second chunk: the chunks before it are handed
+        // over, and the list is not taken to its end.
+        let broken = format!("{}-broken", ids[CHUNK_TASKS + 3]);
+        journal
+            .append(
+                &broken,
+                0,
+                &[Event::Heartbeat {
+                    lease_deadline: Timestamp(2),
+                    at: Timestamp(1),
+                }],
+            )
+            .unwrap();
+        let mut listed = ids.clone();
+        listed.insert(CHUNK_TASKS + 4, broken.clone());
+        let taken = std::cell::Cell::new(0);
+        let mut seen = Vec::new();
+        let error = load_listed_tasks_each(
+            &journal,
+            listed
+                .iter()
+                .inspect(|_| taken.set(taken.get() + 1))
+                .cloned(),
+            listed.len(),
+            |id, _, _| id.to_owned(),
+            |chunk, _| seen.extend(chunk.iter().cloned()),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&error, ReplayError::Rejected { task, .. } if *task == broken),
+            "{error}"
+        );
+        assert_eq!(seen, listed[..CHUNK_TASKS]);
+        let (threads, _) = plan(listed.len());
+        // The caller lists at most a few chunks ahead of the fold (none on one thread).
+        let ahead = if threads > 1 { 4 * threads } else { 0 };
+        assert!(
+            taken.get() <= (2 + ahead) * CHUNK_TASKS,
+            "{} of {} listed",
+            taken.get(),
+            listed.len()
+        );
     }
 
     /// A panic on a fold thread comes back as an error, not as a panic of the caller (on a

@@ -31,7 +31,9 @@ pub use updates::{UpdatePage, UpdateRecord};
 use crate::clock::Clock;
 use decide::{Decision, ParentNotice};
 use dtask_journal::{Event, Head, Journal, LiveRepair, LiveSummary, Timestamp};
-use dtask_replay::{load_task, load_tasks_each, ReplayError, Status, Task, TaskState};
+use dtask_replay::{
+    load_listed_tasks_each, load_task, load_tasks_each, ReplayError, Status, Task, TaskState,
+};
 use parking_lot::{Mutex, MutexGuard};
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::ops::Bound;
@@ -123,6 +125,11 @@ impl Placement {
         }
     }
 }
+
+/// The most live tasks a recovery sizes the index's table for from the tail marker's count
+/// before listing them (a journal with more grows it as it lists; a damaged marker cannot
+/// make the open reserve more).
+const MAX_SIZED_LIVE_TASKS: usize = 1 << 20;
 
 #[derive(Default)]
 struct Index {
@@ -333,24 +340,35 @@ impl TaskStore {
     /// marker: the index, or the inconsistency found.
     fn recover(journal: &Journal) -> Result<Result<Index, dtask_journal::Error>> {
         let mut index = Index::default();
-        let mut live = Vec::new();
         let mut unreadable = None;
-        for id in journal.live_tasks() {
-            match id {
-                Ok(id) => live.push(id),
-                Err(e) => {
-                    unreadable = Some(e);
-                    break;
+        let listed = journal
+            .live_tasks()
+            .map_while(|id| id.map_err(|e| unreadable = Some(e)).ok());
+        // With the count of live tasks the tail marker keeps, the live tasks are folded as
+        // they are listed, and the index's table is sized once from that count (grown chunk
+        // by chunk, it would leave the tables it outgrew in the allocator); without it, they
+        // are listed first and counted.
+        let (live, expected): (Box<dyn Iterator<Item = String>>, usize) =
+            match journal.live_tasks_at_open() {
+                Some(count) => (
+                    Box::new(listed),
+                    usize::try_from(count).unwrap_or(usize::MAX),
+                ),
+                None => {
+                    let live: Vec<String> = listed.collect();
+                    let count = live.len();
+                    (Box::new(live.into_iter()), count)
                 }
-            }
-        }
-        index.slots.reserve(live.len());
+            };
+        // A damaged marker could claim any count: the table is not sized beyond this.
+        index.slots.reserve(expected.min(MAX_SIZED_LIVE_TASKS));
         let mut summary = LiveSummary::default();
         // Each task's slot is built on the fold thread that folded it; the index entries of
         // each chunk of tasks are made here, while later chunks are being folded.
-        load_tasks_each(
+        load_listed_tasks_each(
             journal,
-            &mut live,
+            live,
+            expected,
             |_, task, head| {
                 let placement = Placement::of(&task.state);
                 let key = task.state.spec.executor_key.clone();
