@@ -26,7 +26,9 @@
 //!
 //! Run: `cargo bench --bench engine` (`-- --quick` for a smaller recovery journal, `-- --part 3`
 //! for one part only, `-- --part 1 --tasks 1024` for one row of part 1, `-- --rounds 5` for more
-//! alternating rounds of part 1: three by default).
+//! alternating rounds of part 1: three by default). For profiling: `DTASK_BENCH_KEEP=DIR` keeps
+//! the recovery journal as built in DIR, and `--recover COPY 100000 10 closed` times one
+//! recovery of a copy of it (`DTASK_BENCH_FOLD_ONLY=1`: the recovery alone, for `perf stat`).
 #![allow(
     clippy::unwrap_used,
     clippy::cast_precision_loss,
@@ -366,6 +368,11 @@ fn measure_recovery(label: &str, dir: &std::path::Path, tasks: usize, events_per
         common::verdict(folded >= 2_000_000.0),
         common::verdict(per_task <= 2048.0)
     );
+    // DTASK_BENCH_FOLD_ONLY=1: the recovery alone (to count its CPU time or instructions
+    // with `perf stat`).
+    if std::env::var_os("DTASK_BENCH_FOLD_ONLY").is_some() {
+        return;
+    }
     open_check(label, store.journal(), live, elapsed);
     catch_up(label, store.journal());
     drop(store);

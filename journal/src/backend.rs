@@ -392,8 +392,8 @@ fn write_batch_bytes(ops: &[BatchOp]) -> usize {
 /// per thread, every key an iterator steps over, every block it reads and every memtable
 /// insert, for whoever reads its `PerfContext` on that thread; nothing in dtask does. The
 /// journal's writer and syncer threads and each bulk reader ([`crate::StreamScanner`]: the
-/// recovery's fold threads, the audit's readers) turn them off: the fold took a median
-/// 2.8 % less time (eight alternating rounds) and the writer 1.2 % less CPU per append.
+/// recovery's fold threads, the audit's readers) turn them off: 1–2 % less CPU for the fold
+/// and the writer (alternating rounds; within the noise of a single round).
 /// A service that reads RocksDB's perf context on a thread that made a scanner turns them
 /// on again with its own call (`rocksdb::perf::set_perf_stats`).
 pub(crate) fn perf_counters_off() {
