@@ -349,16 +349,13 @@ impl TaskStore {
         // by chunk, it would leave the tables it outgrew in the allocator); without it, they
         // are listed first and counted.
         let (live, expected): (Box<dyn Iterator<Item = String>>, usize) =
-            match journal.live_tasks_at_open() {
-                Some(count) => (
-                    Box::new(listed),
-                    usize::try_from(count).unwrap_or(usize::MAX),
-                ),
-                None => {
-                    let live: Vec<String> = listed.collect();
-                    let count = live.len();
-                    (Box::new(live.into_iter()), count)
-                }
+            if let Some(count) = journal.live_tasks_at_open() {
+                let count = usize::try_from(count).unwrap_or(usize::MAX);
+                (Box::new(listed), count)
+            } else {
+                let live: Vec<String> = listed.collect();
+                let count = live.len();
+                (Box::new(live.into_iter()), count)
             };
         // A damaged marker could claim any count: the table is not sized beyond this.
         index.slots.reserve(expected.min(MAX_SIZED_LIVE_TASKS));
