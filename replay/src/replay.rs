@@ -472,9 +472,10 @@ fn plan(tasks: usize) -> (usize, usize) {
 /// Folds each task of `chunks` into the chunk's result slots on `threads` threads (the
 /// calling thread alone when 1), and hands each chunk with its results to `consume` on the
 /// calling thread, in chunk order. The first error, in chunk order, ends it: later chunks are
-/// not folded, nor handed over. The results go straight into the caller's slots, so that a
-/// chunk allocates nothing of its own (per-chunk buffers would be freed on another thread
-/// than the one that made them, leaving holes in its allocator arena).
+/// not folded, nor handed over. The results go straight into the slots each chunk carries,
+/// which the calling thread made (slices of the caller's, or a listed chunk's own) and
+/// frees: a buffer made on a fold thread and freed on another would leave holes in the
+/// fold thread's allocator arena.
 fn fold_chunks<S, R, T, F, C>(
     journal: &Journal,
     threads: usize,
