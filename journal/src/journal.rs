@@ -663,28 +663,47 @@ impl Journal {
         self.inner.opened_tail.map(|tail| tail.live.tasks)
     }
 
-    /// Lists the tasks without a terminal event, in task-id order.
+    /// Lists the tasks without a terminal event, in task-id order. An entry that names no
+    /// task, or carries bytes, comes as an [`Error::Corruption`], and the listing goes on
+    /// after it.
+    ///
+    /// One forward pass of a bulk cursor, the ids read off the cursor's own buffers: a
+    /// recovery lists every live task while its fold threads fold the ones listed, and a
+    /// scan that boxed each key and value took a tenth of a core from them.
     pub fn live_tasks(&self) -> impl Iterator<Item = Result<String>> + '_ {
-        self.inner
-            .backend
-            .scan(Space::Live, Range::default())
-            .map(|item| {
-                let (key, value) = item?;
-                let task = keys::parse_task_key(&key)
-                    .map_err(|kind| Error::malformed(Space::Live, &key, kind))?;
-                if !value.is_empty() {
-                    // The index keeps no value: bytes here were not written by a journal.
-                    return Err(Error::corruption(
-                        task,
-                        0,
-                        CorruptionKind::Key(format!(
-                            "the live entry carries {} bytes; the index keeps none",
-                            value.len()
-                        )),
-                    ));
-                }
-                Ok(task.to_owned())
-            })
+        let mut cursor = self.inner.backend.cursor(Space::Live);
+        let (mut started, mut done) = (false, false);
+        std::iter::from_fn(move || {
+            if done {
+                return None;
+            }
+            if started {
+                cursor.next();
+            } else {
+                cursor.seek(&[]);
+                started = true;
+            }
+            let Some(key) = cursor.key() else {
+                done = true;
+                return cursor.status().err().map(Err);
+            };
+            let task = match keys::parse_task_key(key) {
+                Ok(task) => task,
+                Err(kind) => return Some(Err(Error::malformed(Space::Live, key, kind))),
+            };
+            let carried = cursor.value().map_or(0, <[u8]>::len);
+            if carried != 0 {
+                // The index keeps no value: bytes here were not written by a journal.
+                return Some(Err(Error::corruption(
+                    task,
+                    0,
+                    CorruptionKind::Key(format!(
+                        "the live entry carries {carried} bytes; the index keeps none"
+                    )),
+                )));
+            }
+            Some(Ok(task.to_owned()))
+        })
     }
 
     /// Reads every record in global commit order, starting at sequence `from_seq`. Records are

@@ -543,3 +543,36 @@ fn a_versionless_database_with_data_is_not_a_journal() {
     ));
     assert!(matches!(open(dir.path()), Err(Error::NotAJournal(_))));
 }
+
+/// The `live` index listed with damage in it: an entry whose key names no task and one that
+/// carries bytes each come as an error in their place, the listing goes on after them, and
+/// it ends.
+#[test]
+fn the_live_listing_reports_damaged_entries_in_place_and_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    tamper(dir.path(), |db| {
+        // A NUL is not allowed in a task id; "c" sorts between "bystander" and "victim".
+        db.put_cf(cf(db, Space::Live), b"a\0b", b"").unwrap();
+        db.put_cf(cf(db, Space::Live), keys::task_key("c"), b"junk")
+            .unwrap();
+    });
+    let journal = Journal::open_read_only(dir.path()).unwrap();
+    let listed: Vec<_> = journal.live_tasks().collect();
+    assert_eq!(listed.len(), 4, "{listed:?}");
+    assert!(matches!(
+        &listed[0],
+        Err(Error::MalformedEntry { space: Space::Live, key, .. }) if key == b"a\0b"
+    ));
+    assert_eq!(listed[1].as_ref().unwrap(), "bystander");
+    assert!(
+        matches!(&listed[2], Err(Error::Corruption { task, .. }) if task == "c"),
+        "{:?}",
+        listed[2]
+    );
+    assert_eq!(listed[3].as_ref().unwrap(), "victim");
+    // Past its end the listing stays ended.
+    let mut listing = journal.live_tasks();
+    assert_eq!(listing.by_ref().count(), 4);
+    assert!(listing.next().is_none());
+}
