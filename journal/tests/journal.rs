@@ -149,6 +149,42 @@ fn racing_appends_at_one_position_exactly_one_wins() {
     }
 }
 
+/// After a reopen the records are in table files, where a task's first append looks for its
+/// first record through the `events` space's Bloom filters: every task there is refused a
+/// second creation — finished or not, the only one of its table file or not — and new ids
+/// that sort between them are created.
+#[test]
+fn a_task_in_the_table_files_is_not_created_twice_and_new_ones_between_them_are() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+        for t in 0..500u64 {
+            let task = format!("task-{:04}", 2 * t);
+            journal.append(&task, 0, &[created(&task)]).unwrap();
+            journal.append(&task, 1, &[update(t)]).unwrap();
+        }
+    }
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    for t in 0..500u64 {
+        let task = format!("task-{:04}", 2 * t);
+        let err = journal.append(&task, 0, &[created(&task)]).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                Error::Conflict {
+                    expected: 0,
+                    actual: 2,
+                    ..
+                }
+            ),
+            "{task}: {err:?}"
+        );
+        let new = format!("task-{:04}", 2 * t + 1);
+        journal.append(&new, 0, &[created(&new)]).unwrap();
+    }
+    assert_eq!(journal.task_ids().count(), 1_000);
+}
+
 #[test]
 fn a_stale_expected_position_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();
