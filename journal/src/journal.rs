@@ -663,9 +663,9 @@ impl Journal {
         self.inner.opened_tail.map(|tail| tail.live.tasks)
     }
 
-    /// Lists the tasks without a terminal event, in task-id order. An entry that names no
-    /// task, or carries bytes, comes as an [`Error::Corruption`], and the listing goes on
-    /// after it.
+    /// Lists the tasks without a terminal event, in task-id order. An entry whose key names
+    /// no task comes as an [`Error::MalformedEntry`], one that carries bytes as an
+    /// [`Error::Corruption`], and the listing goes on after either.
     ///
     /// One forward pass of a bulk cursor, the ids read off the cursor's own buffers: a
     /// recovery lists every live task while its fold threads fold the ones listed, and a
