@@ -470,8 +470,10 @@ impl Journal {
         expected_position: u64,
         events: &[Event],
     ) -> Result<Appended> {
-        let rx = self.submit(task, expected_position, events, &[], may_block_async)?;
-        rx.await.map_err(|_| Error::Closed)?
+        self.submit_async(task, expected_position, events, &[])
+            .await?
+            .await
+            .map_err(|_| Error::Closed)?
     }
 
     /// Appends `events` to `task`'s stream at `expected_position` and each of `linked` —
@@ -490,8 +492,40 @@ impl Journal {
         events: &[Event],
         linked: &[(&str, u64, &[Event])],
     ) -> Result<Appended> {
-        let rx = self.submit(task, expected_position, events, linked, may_block_async)?;
-        rx.await.map_err(|_| Error::Closed)?
+        self.submit_async(task, expected_position, events, linked)
+            .await?
+            .await
+            .map_err(|_| Error::Closed)?
+    }
+
+    /// [`Journal::submit`] for asynchronous callers. One that finds the journal idle (where
+    /// it could write inline) yields once first, counted as intending to ([`Shared::intend`]
+    /// in the writer's module): appends made together by one task — polled one after the
+    /// other on one thread — then see each other and go to the writer thread as one batch,
+    /// instead of each writing and syncing inline in turn. A lone append still writes
+    /// inline, one yield later.
+    async fn submit_async(
+        &self,
+        task: &str,
+        expected_position: u64,
+        events: &[Event],
+        linked: &[(&str, u64, &[Event])],
+    ) -> Result<oneshot::Receiver<Result<Appended>>> {
+        if self.inner.inline.is_none() || self.inner.shared.busy() || !may_block_async() {
+            return self.submit(task, expected_position, events, linked, may_block_async);
+        }
+        let intent = self.inner.shared.intend();
+        tokio::task::yield_now().await;
+        let may_block = if intent.alone() {
+            may_block_async
+        } else {
+            never
+        };
+        // The intent is counted until the job is submitted, so that those deciding after
+        // this one still see it.
+        let submitted = self.submit(task, expected_position, events, linked, may_block);
+        drop(intent);
+        submitted
     }
 
     /// Installs `observer`, told of every batch written, every sync and every append's latency
@@ -965,6 +999,11 @@ impl Journal {
 /// multi-threaded tokio runtime, whose other workers can take over its queued tasks
 /// meanwhile — not a current-thread runtime, which would stall, nor an unknown executor.
 /// Asked only when the journal is idle: it takes a reference to the runtime.
+/// Refuses to block: the job goes to the writer thread.
+fn never() -> bool {
+    false
+}
+
 fn may_block_async() -> bool {
     tokio::runtime::Handle::try_current()
         .is_ok_and(|handle| handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)

@@ -130,8 +130,28 @@ pub(crate) struct Shared {
     durable_tx: watch::Sender<u64>,
     /// Jobs submitted and not yet taken by the writer.
     queued: AtomicUsize,
+    /// Asynchronous appends that found the journal idle and yielded once before deciding
+    /// whether to write inline ([`Shared::intend`]).
+    intending: AtomicUsize,
     /// Who is told what the write path does, once installed.
     observer: OnceLock<Arc<dyn WriteObserver>>,
+}
+
+/// An asynchronous append's intent to write inline, counted while it lasts
+/// ([`Shared::intend`]).
+pub(crate) struct Intent<'a>(&'a AtomicUsize);
+
+impl Intent<'_> {
+    /// Whether no other append has an intent out: this one may write inline.
+    pub(crate) fn alone(&self) -> bool {
+        self.0.load(Ordering::Acquire) == 1
+    }
+}
+
+impl Drop for Intent<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// Heads read off the journal by someone else (recovery's fold) for the writer to use instead
@@ -194,6 +214,7 @@ impl Shared {
             primed: Mutex::new(Primed::default()),
             durable_tx: watch::Sender::new(durable),
             queued: AtomicUsize::new(0),
+            intending: AtomicUsize::new(0),
             observer: OnceLock::new(),
         }
     }
@@ -212,6 +233,18 @@ impl Shared {
     /// an append that finds the journal busy goes to the writer thread.
     pub(crate) fn busy(&self) -> bool {
         self.queued.load(Ordering::Relaxed) != 0 || self.in_flight.load(Ordering::Acquire) != 0
+    }
+
+    /// Counts an asynchronous append's intent to write inline until the [`Intent`] is
+    /// dropped. Appends made together by one task (`join_all` over several) are each polled
+    /// in turn on one thread: if the first wrote and synced inline at once, the next would
+    /// find the journal idle again and do the same — one sync each instead of one batch for
+    /// all. So an asynchronous append that finds the journal idle counts itself here and
+    /// yields once; when it runs again, it writes inline only if it is still the only one
+    /// counted ([`Intent::alone`]), and otherwise goes to the writer thread with the others.
+    pub(crate) fn intend(&self) -> Intent<'_> {
+        self.intending.fetch_add(1, Ordering::AcqRel);
+        Intent(&self.intending)
     }
 
     /// Tells the observer of a batch whose every append was refused.
@@ -1542,6 +1575,69 @@ mod tests {
             .build()
             .unwrap();
         assert_eq!(run(multi), ["worker"; 3]);
+    }
+
+    /// Appends made together by one task (`join_all`) are polled one after the other on one
+    /// worker: each must not write and sync inline in turn, but go to the writer thread as a
+    /// group; a lone append after them still writes inline.
+    #[test]
+    fn appends_made_together_by_one_task_are_group_committed_not_each_inline() {
+        const TOGETHER: u64 = 20;
+        let dir = tempfile::tempdir().unwrap();
+        let (journal, backend) = faulty(dir.path());
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("worker")
+            .build()
+            .unwrap();
+        // On a worker, as a service's tasks are (`block_on` runs on the calling thread).
+        let on_worker = |work: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>| {
+            runtime.block_on(runtime.spawn(work)).unwrap();
+        };
+        let lone = journal.clone();
+        on_worker(Box::pin(async move {
+            for i in 0..3 {
+                lone.append_async("t", i, &[update(i)]).await.unwrap();
+            }
+        }));
+        assert_eq!(
+            backend.take_synced_on(),
+            ["worker"; 3],
+            "lone appends inline"
+        );
+        let together = journal.clone();
+        on_worker(Box::pin(async move {
+            let appends = (0..TOGETHER).map(|i| {
+                let journal = together.clone();
+                async move {
+                    let task = format!("u{i:02}");
+                    journal.append_async(&task, 0, &[update(i)]).await
+                }
+            });
+            for appended in futures_util::future::join_all(appends).await {
+                appended.unwrap();
+            }
+        }));
+        let synced = backend.take_synced_on();
+        assert!(
+            synced.len() < 5,
+            "{} syncs for {TOGETHER} appends made together: {synced:?}",
+            synced.len()
+        );
+        assert!(synced.iter().all(|thread| thread != "worker"), "{synced:?}");
+        // Once the writer thread has synced them, the journal is idle again after its
+        // streak of lone batches; then a lone append is written inline again.
+        let lone = journal.clone();
+        on_worker(Box::pin(async move {
+            for i in 3..10 {
+                lone.append_async("t", i, &[update(i)]).await.unwrap();
+            }
+        }));
+        assert_eq!(
+            backend.take_synced_on().last().map(String::as_str),
+            Some("worker")
+        );
+        assert_eq!(journal.last_seq().unwrap(), 3 + TOGETHER + 7);
     }
 
     #[test]
