@@ -999,14 +999,14 @@ impl Journal {
 /// multi-threaded tokio runtime, whose other workers can take over its queued tasks
 /// meanwhile — not a current-thread runtime, which would stall, nor an unknown executor.
 /// Asked only when the journal is idle: it takes a reference to the runtime.
-/// Refuses to block: the job goes to the writer thread.
-fn never() -> bool {
-    false
-}
-
 fn may_block_async() -> bool {
     tokio::runtime::Handle::try_current()
         .is_ok_and(|handle| handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
+}
+
+/// Refuses to block: the job goes to the writer thread.
+fn never() -> bool {
+    false
 }
 
 /// Whether an entry keyed by a sequence (`commits`, `outbox`) is at or below the durable
