@@ -205,6 +205,9 @@ pub struct RawStream {
     entries: Vec<(usize, usize, usize)>,
     /// The storage error that cut the stream short.
     error: Option<Error>,
+    /// The check [`RawStream::fold_records`] walks with, kept between streams with its
+    /// buffers.
+    fold_check: Option<StreamCheck>,
 }
 
 impl Default for RawStream {
@@ -215,6 +218,7 @@ impl Default for RawStream {
             data: Vec::new(),
             entries: Vec::new(),
             error: None,
+            fold_check: None,
         }
     }
 }
@@ -253,8 +257,18 @@ impl RawStream {
     /// its `kind`, `data` and `metadata` (checked, not copied; see
     /// [`crate::record::decode_payload_lean`]). Recovery folds with these. (The stream's
     /// storage error is consumed by the walk.)
+    ///
+    /// Hand each record back with [`Records::recycle`] once it has been folded: the next
+    /// update then reuses its event id's buffer, and a stream of updates decodes without
+    /// allocating.
     pub fn fold_records(&mut self) -> Records<'_> {
-        let walk = Walk::new(&self.task, true);
+        let walk = match self.fold_check.take() {
+            Some(mut check) => {
+                check.restart(&self.task);
+                Walk::with_check(check)
+            }
+            None => Walk::new(&self.task, true),
+        };
         Records { stream: self, walk }
     }
 }
@@ -271,8 +285,13 @@ struct Walk {
 impl Walk {
     fn new(task: &str, lean: bool) -> Self {
         let check = StreamCheck::new(task.to_owned(), 0, Some(Digest::GENESIS));
+        Self::with_check(if lean { check.lean() } else { check })
+    }
+
+    /// A walk from the start of the stream `check` checks.
+    fn with_check(check: StreamCheck) -> Self {
         Self {
-            check: if lean { check.lean() } else { check },
+            check,
             next: 0,
             pending: None,
             done: false,
@@ -348,10 +367,30 @@ impl std::fmt::Debug for Records<'_> {
     }
 }
 
+impl Records<'_> {
+    /// Takes the buffers of a record these records yielded, once its event is no longer
+    /// needed (its update's event id is left empty): the next update is decoded into them
+    /// instead of new ones.
+    pub fn recycle(&mut self, record: &mut Record) {
+        self.walk.check.recycle(&mut record.event);
+    }
+}
+
 impl Iterator for Records<'_> {
     type Item = Result<Record>;
 
     fn next(&mut self) -> Option<Self::Item> {
         self.walk.next(self.stream)
+    }
+}
+
+impl Drop for Records<'_> {
+    /// Keeps the check (its buffers) in the stream for its next [`RawStream::fold_records`].
+    fn drop(&mut self) {
+        let check = std::mem::replace(
+            &mut self.walk.check,
+            StreamCheck::new(String::new(), 0, None),
+        );
+        self.stream.fold_check = Some(check);
     }
 }

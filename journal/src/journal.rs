@@ -1418,6 +1418,7 @@ pub struct Committed {
 /// The checks of one task's stream, fed its entries in key order: CRC, position, hash chain,
 /// gaps. Shared by [`StreamReader`] and the bulk reads of
 /// [`crate::StreamScanner`], so both report exactly the same problems.
+#[derive(Debug)]
 pub(crate) struct StreamCheck {
     task: String,
     /// The next position expected.
@@ -1426,6 +1427,8 @@ pub(crate) struct StreamCheck {
     prev: Option<Digest>,
     /// Decode with [`record::decode_payload_lean`] (for the state fold).
     lean: bool,
+    /// A lean decode's buffer for the next update's event id (see [`StreamCheck::recycle`]).
+    spare: String,
 }
 
 /// What one entry of a stream amounts to.
@@ -1448,6 +1451,7 @@ impl StreamCheck {
             expected: from,
             prev,
             lean: false,
+            spare: String::new(),
         }
     }
 
@@ -1455,6 +1459,26 @@ impl StreamCheck {
     pub(crate) fn lean(mut self) -> Self {
         self.lean = true;
         self
+    }
+
+    /// Checks `task`'s stream from position 0 again, keeping the buffers: the task id's and
+    /// the spare event id's (a bulk fold checks thousands of streams with one check).
+    pub(crate) fn restart(&mut self, task: &str) {
+        self.task.clear();
+        self.task.push_str(task);
+        self.expected = 0;
+        self.prev = Some(Digest::GENESIS);
+    }
+
+    /// Takes the buffer of an update's event id decoded here, once the event is no longer
+    /// needed: a lean decode writes the next update's event id into it instead of
+    /// allocating one.
+    pub(crate) fn recycle(&mut self, event: &mut Event) {
+        if let Event::UpdateAppended { event_id, .. } = event {
+            if self.lean && event_id.capacity() > self.spare.capacity() {
+                self.spare = std::mem::take(event_id);
+            }
+        }
     }
 
     fn err(&self, position: u64, kind: CorruptionKind) -> Error {
@@ -1509,7 +1533,7 @@ impl StreamCheck {
             }
         }
         if self.lean {
-            frame.into_lean_record()
+            frame.into_lean_record_reusing(&mut self.spare)
         } else {
             frame.into_record()
         }

@@ -632,6 +632,70 @@ fn mmap_reads_read_the_same_records() {
     assert_eq!(journal.read_stream(&tasks[7], 0).count(), 21);
 }
 
+/// A fold that hands each record back (`Records::recycle`) gets every later update decoded
+/// into the buffer of an earlier one: the records are still exactly the lean ones, whatever
+/// the ids' lengths, from one stream to the next with one `RawStream`.
+#[test]
+fn recycled_records_decode_the_next_updates_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    let id = |t: usize, i: usize| match (t + i) % 3 {
+        0 => format!("a-long-event-id-{t}-{i}-{}", "x".repeat(i)),
+        1 => format!("{i}"),
+        _ => String::new(),
+    };
+    let tasks: Vec<String> = (0..3).map(|t| format!("task-{t}")).collect();
+    for (t, task) in tasks.iter().enumerate() {
+        let updates = (0..12).map(|i| Event::UpdateAppended {
+            attempt: 1,
+            event_id: id(t, i),
+            kind: "progress".into(),
+            data: vec![7; i],
+            metadata: vec![("k".into(), "v".into())],
+            at: Timestamp(2),
+        });
+        let events: Vec<Event> = std::iter::once(created(task)).chain(updates).collect();
+        journal.append(task, 0, &events).unwrap();
+    }
+    let mut scanner = journal.stream_scanner();
+    let mut raw = dtask_journal::RawStream::default();
+    for task in &tasks {
+        let expected: Vec<_> = scanner
+            .read(task)
+            .into_records()
+            .map(Result::unwrap)
+            .collect();
+        scanner.read_into(task, &mut raw);
+        let mut records = raw.fold_records();
+        let mut seen = 0;
+        while let Some(record) = records.next() {
+            let mut record = record.unwrap();
+            let mut lean = expected[seen].clone();
+            if let Event::UpdateAppended {
+                kind,
+                data,
+                metadata,
+                ..
+            } = &mut lean.event
+            {
+                (kind.clear(), data.clear(), metadata.clear());
+            }
+            assert_eq!(record, lean, "{task} at {seen}");
+            records.recycle(&mut record);
+            if seen > 0 {
+                // The id's buffer was taken; what is left of the event is empty.
+                assert!(
+                    matches!(&record.event, Event::UpdateAppended { event_id, .. } if event_id.is_empty()),
+                    "{task} at {seen}: {:?}",
+                    record.event
+                );
+            }
+            seen += 1;
+        }
+        assert_eq!(seen, 13, "{task}");
+    }
+}
+
 /// The level-0 table files of the `events` space, read with RocksDB itself (read-only).
 fn events_level0_files(dir: &std::path::Path) -> u64 {
     let names = column_families(dir);

@@ -84,7 +84,7 @@ impl IdIndex {
             Some(map) => map.get(id),
             None => self
                 .inline_bytes()
-                .find(|(candidate, _)| *candidate == id.as_bytes())
+                .find(|(candidate, _)| same_id(candidate, id.as_bytes()))
                 .map(|(_, position)| position),
         }
     }
@@ -144,7 +144,7 @@ impl IdIndex {
         let mut start = 0usize;
         let mut found = None;
         for (i, (candidate, position)) in self.inline_bytes().enumerate() {
-            if candidate == id.as_bytes() {
+            if same_id(candidate, id.as_bytes()) {
                 found = Some((i, start, start + candidate.len(), *position));
                 break;
             }
@@ -177,6 +177,14 @@ impl PartialEq for IdIndex {
 }
 
 impl Eq for IdIndex {}
+
+/// Whether two ids are equal, looking at their last bytes before the rest: ids of one task
+/// tend to share a prefix and differ at the end (`step-1`, `step-2`, …), and a lookup among
+/// up to [`INLINE_MAX`] of them compares with each in turn.
+#[inline]
+fn same_id(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.last() == b.last() && a == b
+}
 
 #[cfg(test)]
 mod tests {

@@ -554,14 +554,31 @@ impl<'a> ChunkFolder<'a> {
             let mut fold = TaskFold::new(task);
             let mut head = Head::default();
             self.scanner.read_into(task, &mut self.raw);
-            let records = self.raw.fold_records().inspect(|record| {
-                if let Ok(record) = record {
-                    head.next_position = record.position + 1;
-                    head.last_seq = record.seq;
-                    head.last_digest = record.digest;
+            // `replay_records` with each record handed back to the stream once folded (a
+            // fold refuses damage, so the first error ends it).
+            let mut records = self.raw.fold_records();
+            while let Some(record) = records.next() {
+                let mut record = record?;
+                head.next_position = record.position + 1;
+                head.last_seq = record.seq;
+                head.last_digest = record.digest;
+                let rejected = |error| ReplayError::Rejected {
+                    task: task.clone(),
+                    position: record.position,
+                    error,
+                };
+                match fold.task.as_mut() {
+                    None => {
+                        let created = Task::from_created(task, record.event).map_err(rejected)?;
+                        fold.task = Some(created);
+                    }
+                    Some(folded) => {
+                        folded.apply(&record.event).map_err(rejected)?;
+                        records.recycle(&mut record);
+                    }
                 }
-            });
-            replay_records(task, records, None, &mut fold)?;
+            }
+            drop(records);
             *slot = fold.finish().map(|folded| {
                 head.terminal = folded.state.is_terminal();
                 build(task, folded, head)
