@@ -678,7 +678,9 @@ fn recycled_records_decode_the_next_updates_exactly() {
                 ..
             } = &mut lean.event
             {
-                (kind.clear(), data.clear(), metadata.clear());
+                kind.clear();
+                data.clear();
+                metadata.clear();
             }
             assert_eq!(record, lean, "{task} at {seen}");
             records.recycle(&mut record);

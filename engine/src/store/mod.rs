@@ -1256,7 +1256,8 @@ mod tests {
             proptest::prop_assert_eq!(&built.terminal, &placed.terminal);
             let mut ids: Vec<_> = built.slots.keys().collect();
             let mut expected: Vec<_> = placed.slots.keys().collect();
-            (ids.sort(), expected.sort());
+            ids.sort();
+            expected.sort();
             proptest::prop_assert_eq!(ids, expected);
         }
     }
