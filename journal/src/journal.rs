@@ -144,6 +144,10 @@ impl Journal {
     /// Opens the journal at `path` read-only: a consistent view as of the open, no lock taken,
     /// so it works while another process writes the journal.
     ///
+    /// One exception: an open made while the writer closes — its last flush under way — can
+    /// see that flush half done and fail with [`Error::NotAJournal`]. Open again once the
+    /// writer has closed; beside a live writer, [`Journal::open_follower`] keeps up instead.
+    ///
     /// # Errors
     /// As for [`Journal::open`]; appends on the result fail with [`Error::ReadOnly`].
     pub fn open_read_only(path: impl AsRef<Path>) -> Result<Self> {
