@@ -1034,12 +1034,35 @@ impl<'a> RecordJson<'a> {
         }
     }
 
-    /// Appends the line (with its `\n`) to `out`.
+    /// Appends the line (with its `\n`) to `out`: the bytes `serde_json` writes for this
+    /// value, then `\n`.
+    ///
+    /// The line's own keys and hex digits are written as they are, without the escape scan
+    /// `serde_json` gives every string (with the digest's hex, ~6 % of an export's CPU); the
+    /// event and the task id go through `serde_json`. A test holds the two ways together.
     ///
     /// # Errors
     /// [`ExportError::Write`] if serialization fails (it does not for a record).
     pub fn write_line(&self, out: &mut Vec<u8>) -> Result<(), ExportError> {
-        write_json_line(out, self)
+        let mut number = itoa::Buffer::new();
+        out.extend_from_slice(b"{\"crc\":\"");
+        for byte in self.crc.to_be_bytes() {
+            out.extend_from_slice(&b16(byte));
+        }
+        out.extend_from_slice(b"\",\"digest\":\"");
+        for byte in self.digest.0 {
+            out.extend_from_slice(&b16(byte));
+        }
+        out.extend_from_slice(b"\",\"event\":");
+        serde_json::to_writer(&mut *out, &self.event).map_err(ExportError::Write)?;
+        out.extend_from_slice(b",\"position\":");
+        out.extend_from_slice(number.format(self.position).as_bytes());
+        out.extend_from_slice(b",\"seq\":");
+        out.extend_from_slice(number.format(self.seq).as_bytes());
+        out.extend_from_slice(b",\"task\":");
+        serde_json::to_writer(&mut *out, self.task).map_err(ExportError::Write)?;
+        out.extend_from_slice(b"}\n");
+        Ok(())
     }
 }
 
