@@ -206,8 +206,8 @@ pub struct RawStream {
     /// The storage error that cut the stream short.
     error: Option<Error>,
     /// The check [`RawStream::fold_records`] walks with, kept between streams with its
-    /// buffers.
-    fold_check: Option<StreamCheck>,
+    /// buffers (boxed: a stream that is never folded carries a pointer, not a check).
+    fold_check: Option<Box<StreamCheck>>,
 }
 
 impl Default for RawStream {
@@ -262,14 +262,20 @@ impl RawStream {
     /// update then reuses its event id's buffer, and a stream of updates decodes without
     /// allocating.
     pub fn fold_records(&mut self) -> Records<'_> {
-        let walk = match self.fold_check.take() {
-            Some(mut check) => {
+        let (walk, slot) = match self.fold_check.take() {
+            Some(mut slot) => {
+                let mut check =
+                    std::mem::replace(&mut *slot, StreamCheck::new(String::new(), 0, None));
                 check.restart(&self.task);
-                Walk::with_check(check)
+                (Walk::with_check(check), Some(slot))
             }
-            None => Walk::new(&self.task, true),
+            None => (Walk::new(&self.task, true), None),
         };
-        Records { stream: self, walk }
+        Records {
+            stream: self,
+            walk,
+            slot,
+        }
     }
 }
 
@@ -357,6 +363,8 @@ impl Iterator for RawRecords {
 pub struct Records<'a> {
     stream: &'a mut RawStream,
     walk: Walk,
+    /// The box the walk's check goes back into (the stream's, once it has folded before).
+    slot: Option<Box<StreamCheck>>,
 }
 
 impl std::fmt::Debug for Records<'_> {
@@ -391,6 +399,12 @@ impl Drop for Records<'_> {
             &mut self.walk.check,
             StreamCheck::new(String::new(), 0, None),
         );
-        self.stream.fold_check = Some(check);
+        self.stream.fold_check = Some(match self.slot.take() {
+            Some(mut slot) => {
+                *slot = check;
+                slot
+            }
+            None => Box::new(check),
+        });
     }
 }
