@@ -94,12 +94,30 @@ impl Replay for TaskFold<'_> {
     }
 
     fn replay_owned(&mut self, record: Record) -> Result<(), FoldError> {
+        self.replay_then(record, |_| {})
+    }
+}
+
+impl TaskFold<'_> {
+    /// [`Replay::replay_owned`], then `read` with every record the fold only read (each one
+    /// after the first, whose event becomes the task): a bulk fold hands those back to
+    /// their stream to reuse their buffers.
+    #[inline]
+    fn replay_then(
+        &mut self,
+        mut record: Record,
+        read: impl FnOnce(&mut Record),
+    ) -> Result<(), FoldError> {
         match self.task.as_mut() {
             None => {
                 self.task = Some(Task::from_created(self.id, record.event)?);
                 Ok(())
             }
-            Some(task) => task.apply(&record.event),
+            Some(task) => {
+                task.apply(&record.event)?;
+                read(&mut record);
+                Ok(())
+            }
         }
     }
 }
@@ -558,25 +576,17 @@ impl<'a> ChunkFolder<'a> {
             // fold refuses damage, so the first error ends it).
             let mut records = self.raw.fold_records();
             while let Some(record) = records.next() {
-                let mut record = record?;
+                let record = record?;
                 head.next_position = record.position + 1;
                 head.last_seq = record.seq;
                 head.last_digest = record.digest;
-                let rejected = |error| ReplayError::Rejected {
-                    task: task.clone(),
-                    position: record.position,
-                    error,
-                };
-                match fold.task.as_mut() {
-                    None => {
-                        let created = Task::from_created(task, record.event).map_err(rejected)?;
-                        fold.task = Some(created);
-                    }
-                    Some(folded) => {
-                        folded.apply(&record.event).map_err(rejected)?;
-                        records.recycle(&mut record);
-                    }
-                }
+                let position = record.position;
+                fold.replay_then(record, |read| records.recycle(read))
+                    .map_err(|error| ReplayError::Rejected {
+                        task: task.clone(),
+                        position,
+                        error,
+                    })?;
             }
             drop(records);
             *slot = fold.finish().map(|folded| {
