@@ -7,14 +7,18 @@
 //!    beside it: a plain file's synced batches of as many records against the simplest
 //!    closed-loop group commit over that file (`common::file_log`);
 //! 2. full task lifecycles per second (create → claim → started marker → 5 updates → complete)
-//!    at 64 and 1,024 concurrent tasks, and p50 / p99 latency of one durable transition;
+//!    at 64 and 1,024 concurrent tasks, then again with finished streams kept apart;
 //! 3. recovery: a journal of 1M events over 100k tasks (half terminal, every other one), closed,
 //!    then timed open + fold until workers could claim; events folded per second and resident
 //!    memory per live task. Then a copy of that journal opened with memory-mapped reads
 //!    (`JournalOptions::mmap_reads`). Then a journal whose finished tasks are the older half
 //!    (as time-ordered ids lay them out: no finished task's records between live ones). Then
-//!    the first journal written by a process that aborts without closing it (a crash): its
-//!    open also replays the write-ahead log left behind. Each recovery runs in
+//!    the first journal built with finished streams kept apart
+//!    (`JournalOptions::keep_finished_apart`), and again with each stream written in two
+//!    halves and a restart between (the finished streams' first records are in table files
+//!    when they move). Then the first journal written by a process that aborts without
+//!    closing it (a crash), without and with finished streams kept apart: its open also
+//!    replays the write-ahead log left behind. Each recovery runs in
 //!    a process of its own, and is followed by one heartbeat appended to every live task,
 //!    twice (1,024 at a time): the first round is the catch-up of workers resuming every task
 //!    after a restart, the second the steady state; then by as many new tasks created (1,024
@@ -173,10 +177,21 @@ fn raw_batches(batch: usize, bytes: usize, secs: f64) -> f64 {
     records as f64 / start.elapsed().as_secs_f64()
 }
 
-/// Full lifecycles per second with `concurrency` tasks in flight.
-async fn lifecycles(concurrency: usize, secs: f64) -> f64 {
+/// Full lifecycles per second with `concurrency` tasks in flight (finished streams kept
+/// apart when `apart`).
+async fn lifecycles(concurrency: usize, secs: f64, apart: bool) -> f64 {
     let dir = tempfile::tempdir().unwrap();
-    let store = open_store(dir.path(), Durability::Sync);
+    let journal = Journal::open(
+        dir.path(),
+        JournalOptions::default().with_keep_finished_apart(apart),
+    )
+    .unwrap();
+    let store = TaskStore::open(
+        journal,
+        SystemClock,
+        StoreConfig::default().with_lease_duration(Duration::from_secs(3600)),
+    )
+    .unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicU64::new(0));
     let mut handles = Vec::new();
@@ -298,6 +313,22 @@ fn recovery(tasks: usize, events_per_task: usize) {
     drop(closed);
     assert!(child("--recover", mapped.path(), Some("closed, mmap reads")).success());
     drop(mapped);
+    // The same journal with finished streams kept apart (format 4's
+    // `JournalOptions::keep_finished_apart`): nothing but live streams in recovery's way.
+    let apart = tempfile::tempdir().unwrap();
+    common::build_journal_apart(
+        apart.path(),
+        tasks,
+        events_per_task,
+        common::Finished::Interleaved,
+    );
+    assert!(child(
+        "--recover",
+        apart.path(),
+        Some("closed, finished kept apart")
+    )
+    .success());
+    drop(apart);
     // The same with the finished half first (as time-ordered ids lay it out): nothing lies
     // between the live tasks.
     let oldest = tempfile::tempdir().unwrap();
@@ -313,12 +344,36 @@ fn recovery(tasks: usize, events_per_task: usize) {
         Some("closed, oldest half finished")
     )
     .success());
-    let crashed = tempfile::tempdir().unwrap();
-    assert!(
-        !child("--crash-build", crashed.path(), None).success(),
-        "the builder was to abort"
+    drop(oldest);
+    // Interleaved, each stream written in two halves with a restart between: the finished
+    // streams move out of the live records after their first records reached table files.
+    let later = tempfile::tempdir().unwrap();
+    common::build_journal_apart(
+        later.path(),
+        tasks,
+        events_per_task,
+        common::Finished::Later,
     );
-    assert!(child("--recover", crashed.path(), Some("crashed")).success());
+    assert!(child(
+        "--recover",
+        later.path(),
+        Some("closed, kept apart after a restart")
+    )
+    .success());
+    drop(later);
+    for (build, label) in [
+        (None, "crashed"),
+        (Some("apart"), "crashed, finished kept apart"),
+    ] {
+        let crashed = tempfile::tempdir().unwrap();
+        let status = child("--crash-build", crashed.path(), build);
+        // SIGABRT, not an error exit: the builder built, then aborted.
+        assert!(
+            std::os::unix::process::ExitStatusExt::signal(&status) == Some(6),
+            "the builder was to abort ({status})"
+        );
+        assert!(child("--recover", crashed.path(), Some(label)).success());
+    }
 }
 
 /// `--recover DIR TASKS EVENTS LABEL`: times the recovery of the journal at DIR.
@@ -503,10 +558,12 @@ fn new_tasks(label: &str, journal: &Journal, runtime: &tokio::runtime::Runtime, 
     );
 }
 
-/// `--crash-build DIR TASKS EVENTS`: builds the recovery journal and aborts with it open.
+/// `--crash-build DIR TASKS EVENTS [apart]`: builds the recovery journal (with finished
+/// streams kept apart after `apart`) and aborts with it open.
 fn crash_build(args: &[String]) -> ! {
     let number = |i: usize| args[i].parse::<usize>().unwrap();
-    let journal = common::fill_journal(std::path::Path::new(&args[0]), number(1), number(2));
+    let apart = args.get(3).is_some_and(|flag| flag == "apart");
+    let journal = common::fill_journal(std::path::Path::new(&args[0]), number(1), number(2), apart);
     // Keep the journal open: the abort must find it so.
     std::hint::black_box(&journal);
     std::process::abort();
@@ -531,8 +588,9 @@ struct Args {
     /// Child process: times the recovery of the journal at DIR.
     #[arg(long, hide = true, num_args = 4, value_names = ["DIR", "TASKS", "EVENTS", "LABEL"])]
     recover: Option<Vec<String>>,
-    /// Child process: builds the recovery journal at DIR and aborts with it open.
-    #[arg(long, hide = true, num_args = 3, value_names = ["DIR", "TASKS", "EVENTS"])]
+    /// Child process: builds the recovery journal at DIR (finished streams kept apart after
+    /// `apart`) and aborts with it open.
+    #[arg(long, hide = true, num_args = 3..=4, value_names = ["DIR", "TASKS", "EVENTS", "APART"])]
     crash_build: Option<Vec<String>>,
     #[command(flatten)]
     _cargo: common::CargoBench,
@@ -658,13 +716,14 @@ fn transitions_table(
 
 fn lifecycles_table(runtime: &tokio::runtime::Runtime, secs: f64) {
     println!("2. full lifecycles/s (create, claim, started marker, 5 updates, complete)");
-    for concurrency in [64usize, 1024] {
-        let rate = runtime.block_on(lifecycles(concurrency, secs));
+    for (concurrency, apart) in [(64usize, false), (1024, false), (64, true), (1024, true)] {
+        let rate = runtime.block_on(lifecycles(concurrency, secs, apart));
+        let kept = if apart { ", finished kept apart" } else { "" };
         println!(
-            "{concurrency:>8} concurrent: {rate:>10.0} lifecycles/s ({:.0} durable records/s)",
+            "{concurrency:>8} concurrent: {rate:>10.0} lifecycles/s ({:.0} durable records/s){kept}",
             rate * 10.0
         );
-        if concurrency == 1024 {
+        if concurrency == 1024 && !apart {
             println!(
                 "target at 1024 concurrent: >= 15k lifecycles/s {} ({rate:.0})",
                 common::verdict(rate >= 15_000.0)

@@ -57,6 +57,9 @@ struct Args {
     /// (`JournalOptions::inline_lone_appends` off).
     #[arg(long)]
     no_inline: bool,
+    /// Keep finished streams apart (`JournalOptions::keep_finished_apart`).
+    #[arg(long)]
+    keep_finished_apart: bool,
     /// Accepted for `cargo bench`'s own flag.
     #[arg(long, hide = true)]
     bench: bool,
@@ -356,15 +359,23 @@ fn other_rows(args: &Args) -> (Option<f64>, Option<f64>) {
 /// `--no-inline`.
 static NO_INLINE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
+/// `--keep-finished-apart`.
+static APART: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// The journal's options as the flags set them.
 fn journal_options() -> JournalOptions {
     JournalOptions::default()
         .with_inline_lone_appends(!NO_INLINE.load(std::sync::atomic::Ordering::Relaxed))
+        .with_keep_finished_apart(APART.load(std::sync::atomic::Ordering::Relaxed))
 }
 
 fn main() {
     let args = Args::parse();
     NO_INLINE.store(args.no_inline, std::sync::atomic::Ordering::Relaxed);
+    APART.store(
+        args.keep_finished_apart,
+        std::sync::atomic::Ordering::Relaxed,
+    );
     let fsync = fsync_p50();
     println!(
         "workflow: tasks of {} steps (progress updates the executor waits for, synced) started with \

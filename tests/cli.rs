@@ -65,7 +65,10 @@ fn fixture(dir: &Path) {
         .unwrap();
     runtime.block_on(async {
         let clock = ManualClock::new(T0);
-        let journal = Journal::open(dir, JournalOptions::default()).unwrap();
+        // Finished streams kept apart: the commands read both places (the golden export is
+        // the same bytes as before streams were kept apart).
+        let options = JournalOptions::default().with_keep_finished_apart(true);
+        let journal = Journal::open(dir, options).unwrap();
         let store = TaskStore::open(journal, clock.clone(), StoreConfig::default()).unwrap();
         let tick = || clock.advance(Duration::from_secs(1));
         let shell = br#"{"tool_name":"shell","command":"ls"}"#;
@@ -260,11 +263,26 @@ fn json(text: &str) -> serde_json::Value {
     serde_json::from_str(text).unwrap()
 }
 
+/// The column family holding `task`'s records: `events` while its stream has no terminal
+/// record, `finished` after.
+fn records_cf<'a>(db: &'a rocksdb::DB, task: &str) -> &'a rocksdb::ColumnFamily {
+    let events = db.cf_handle(Space::Events.name()).unwrap();
+    if db
+        .get_cf(events, keys::event_key(task, 0))
+        .unwrap()
+        .is_some()
+    {
+        events
+    } else {
+        db.cf_handle(keys::FINISHED_EVENTS).unwrap()
+    }
+}
+
 /// Flips one payload byte of `task`'s record at `position`.
 fn flip(dir: &Path, task: &str, position: u64) {
-    let cfs: Vec<_> = Space::ALL.iter().map(|s| s.name()).collect();
+    let cfs: Vec<_> = dtask_journal::keys::COLUMN_FAMILIES.to_vec();
     let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), dir, cfs).unwrap();
-    let cf = db.cf_handle(Space::Events.name()).unwrap();
+    let cf = records_cf(&db, task);
     let key = keys::event_key(task, position);
     let mut value = db.get_cf(cf, &key).unwrap().unwrap();
     value[23] ^= 0x01;
@@ -727,11 +745,19 @@ fn verify_names_the_damaged_task_and_position() {
         .success();
 }
 
-/// Applies `f` to the raw events column family of the journal in `dir`.
+/// Applies `f` to the raw column family holding task alpha's records (finished and kept
+/// apart: see [`records_cf`]) in the journal in `dir`.
 fn tamper(dir: &Path, f: impl FnOnce(&rocksdb::DB, &rocksdb::ColumnFamily)) {
-    let cfs: Vec<_> = Space::ALL.iter().map(|s| s.name()).collect();
+    let cfs: Vec<_> = dtask_journal::keys::COLUMN_FAMILIES.to_vec();
     let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), dir, cfs).unwrap();
-    let cf = db.cf_handle(Space::Events.name()).unwrap();
+    let cf = records_cf(&db, "alpha");
+    let events = db.cf_handle(Space::Events.name()).unwrap();
+    assert!(
+        db.get_cf(events, keys::event_key("alpha", 0))
+            .unwrap()
+            .is_none(),
+        "alpha's stream is finished, and kept apart"
+    );
     f(&db, cf);
 }
 

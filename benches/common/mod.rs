@@ -132,7 +132,13 @@ pub fn task_events(id: &str, events: usize, terminal: bool) -> Vec<Event> {
 /// Writes `tasks` sample tasks of `events_per_task` records (half of them terminal, laid out
 /// as `finished` says) into a new journal at `dir`, from four threads, and closes it.
 pub fn build_journal(dir: &Path, tasks: usize, events_per_task: usize, finished: Finished) {
-    fill_journal_with(dir, tasks, events_per_task, finished);
+    fill_journal_with(dir, tasks, events_per_task, finished, false);
+}
+
+/// [`build_journal`] with finished streams kept apart
+/// (`JournalOptions::keep_finished_apart`).
+pub fn build_journal_apart(dir: &Path, tasks: usize, events_per_task: usize, finished: Finished) {
+    fill_journal_with(dir, tasks, events_per_task, finished, true);
 }
 
 /// Which of the sample tasks are finished.
@@ -144,12 +150,18 @@ pub enum Finished {
     /// The first half (in id order): tasks finish about in the order they were created, and
     /// ids that grow with time (such as the `Manager`'s, `UUIDv7`) keep the live ones together.
     OldestHalf,
+    /// Every other task, as [`Finished::Interleaved`], but each stream written in two halves
+    /// with a restart between: the finished streams' first records are in the table files
+    /// when their terminal record moves them to the finished ones, which leaves a deletion
+    /// of each in the live records until a compaction drops it with its record.
+    Later,
 }
 
-/// [`build_journal`] without closing: the journal is returned open (dropping it closes it;
-/// aborting the process instead leaves what a crash leaves).
-pub fn fill_journal(dir: &Path, tasks: usize, events_per_task: usize) -> Journal {
-    fill_journal_with(dir, tasks, events_per_task, Finished::Interleaved)
+/// [`build_journal`] (or, `apart`, [`build_journal_apart`]) without closing: the journal is
+/// returned open (dropping it closes it; aborting the process instead leaves what a crash
+/// leaves).
+pub fn fill_journal(dir: &Path, tasks: usize, events_per_task: usize, apart: bool) -> Journal {
+    fill_journal_with(dir, tasks, events_per_task, Finished::Interleaved, apart)
 }
 
 fn fill_journal_with(
@@ -157,32 +169,56 @@ fn fill_journal_with(
     tasks: usize,
     events_per_task: usize,
     finished: Finished,
+    apart: bool,
 ) -> Journal {
-    let journal = Journal::open(
-        dir,
-        JournalOptions::default().with_durability(Durability::Buffered),
-    )
-    .expect("open the bench journal");
-    let threads: Vec<_> = (0..4)
-        .map(|part| {
-            let journal = journal.clone();
-            std::thread::spawn(move || {
-                for t in (part..tasks).step_by(4) {
-                    let id = format!("task-{t:07}");
-                    let terminal = match finished {
-                        Finished::Interleaved => t % 2 == 0,
-                        Finished::OldestHalf => t < tasks / 2,
-                    };
-                    let events = task_events(&id, events_per_task, terminal);
-                    journal.append(&id, 0, &events).expect("append");
-                }
+    let open = || {
+        Journal::open(
+            dir,
+            JournalOptions::default()
+                .with_durability(Durability::Buffered)
+                .with_keep_finished_apart(apart),
+        )
+        .expect("open the bench journal")
+    };
+    // Which part of each stream each pass writes: the whole stream, or its halves in two
+    // passes with a restart between.
+    let passes: &[(bool, bool)] = match finished {
+        Finished::Interleaved | Finished::OldestHalf => &[(true, true)],
+        Finished::Later => &[(true, false), (false, true)],
+    };
+    let mut journal = None;
+    for &(first_half, second_half) in passes {
+        drop(journal.take());
+        let opened = open();
+        let threads: Vec<_> = (0..4)
+            .map(|part| {
+                let journal = opened.clone();
+                std::thread::spawn(move || {
+                    for t in (part..tasks).step_by(4) {
+                        let id = format!("task-{t:07}");
+                        let terminal = match finished {
+                            Finished::Interleaved | Finished::Later => t % 2 == 0,
+                            Finished::OldestHalf => t < tasks / 2,
+                        };
+                        let events = task_events(&id, events_per_task, terminal);
+                        let half = events.len() / 2;
+                        let (from, to) = (
+                            if first_half { 0 } else { half },
+                            if second_half { events.len() } else { half },
+                        );
+                        journal
+                            .append(&id, from as u64, &events[from..to])
+                            .expect("append");
+                    }
+                })
             })
-        })
-        .collect();
-    for t in threads {
-        t.join().expect("builder thread");
+            .collect();
+        for t in threads {
+            t.join().expect("builder thread");
+        }
+        journal = Some(opened);
     }
-    journal
+    journal.expect("one pass at least")
 }
 
 /// Runs `writers` closed-loop writers as tokio tasks on a two-thread runtime (as the engine

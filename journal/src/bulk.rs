@@ -8,7 +8,7 @@
 //! decode them. The checks are the very ones of `read_stream`, in the same order, with the
 //! same errors.
 
-use crate::backend::{Backend, Cursor};
+use crate::backend::{Backend, Cursor, Source};
 use crate::error::{Error, Result};
 use crate::journal::{Checked, StreamCheck};
 use crate::keys::{self, Space};
@@ -90,7 +90,12 @@ impl<'a> Positioned<'a> {
 /// performance counters off on the calling thread (nothing in dtask reads them; counting
 /// every key stepped over cost a bulk read 1–2 % of its CPU).
 pub struct StreamScanner<'a> {
+    /// Every stream's records.
     events: Positioned<'a>,
+    /// The records of the streams without a terminal record, where the backend keeps them
+    /// apart ([`Backend::live_records_cursor`]): [`StreamScanner::read_into`] looks there
+    /// first, so that a recovery, which reads live tasks, steps over no finished stream.
+    live: Option<Positioned<'a>>,
     /// Scratch: the first key of the task being read, and the first key after its records.
     lower: Vec<u8>,
     upper: Vec<u8>,
@@ -107,7 +112,11 @@ impl std::fmt::Debug for StreamScanner<'_> {
 impl<'a> StreamScanner<'a> {
     pub(crate) fn new(backend: &'a dyn Backend) -> Self {
         crate::backend::perf_counters_off();
+        // The live cursor is made first: a stream moved to the finished ones after it was
+        // made is seen whole by it, and one moved before by the other (see `crate::merge`).
+        let live = backend.live_records_cursor().map(Positioned::new);
         Self {
+            live,
             events: Positioned::new(backend.cursor(Space::Events)),
             lower: Vec::new(),
             upper: Vec::new(),
@@ -123,33 +132,31 @@ impl<'a> StreamScanner<'a> {
     }
 
     /// [`StreamScanner::read`] into `stream`, reusing its buffers (what it held before is
-    /// replaced): a loop over many tasks allocates nothing per task for the raw bytes.
+    /// replaced): a loop over many tasks allocates nothing per task for the raw bytes. A
+    /// stream is looked for among the live ones first, where the backend keeps them apart,
+    /// and among all only when it is not there (a finished stream, or no stream).
     pub fn read_into(&mut self, task: &str, stream: &mut RawStream) {
+        self.begin(task, stream);
+        if let Some(live) = &mut self.live {
+            read_range(live, &self.lower, &self.upper, stream);
+            if !stream.entries.is_empty() || stream.error.is_some() {
+                return;
+            }
+        }
+        read_range(&mut self.events, &self.lower, &self.upper, stream);
+    }
+
+    /// Empties `stream` for `task`'s records and sets the range they lie in.
+    fn begin(&mut self, task: &str, stream: &mut RawStream) {
         stream.task.clear();
         stream.task.push_str(task);
         stream.data.clear();
         stream.entries.clear();
         stream.error = None;
+        stream.split = false;
         keys::event_key_into(task, 0, &mut self.lower);
         // A task's records end before the task id followed by the byte after the separator.
         keys::task_end_into(task, &mut self.upper);
-        self.events.reach(&self.lower);
-        while let (Some(key), Some(value)) = (self.events.cursor.key(), self.events.cursor.value())
-        {
-            if key >= self.upper.as_slice() {
-                break;
-            }
-            let start = stream.data.len();
-            stream.data.extend_from_slice(key);
-            let split = stream.data.len();
-            stream.data.extend_from_slice(value);
-            stream.entries.push((start, split, stream.data.len()));
-            self.events.cursor.next();
-        }
-        self.events.stand_at(&self.upper);
-        if let Err(e) = self.events.status() {
-            stream.error = Some(e);
-        }
     }
 
     /// Reads the stream of the first task at or after where the last read ended (the first
@@ -169,13 +176,15 @@ impl<'a> StreamScanner<'a> {
             stream.task.clear();
             stream.data.clear();
             stream.entries.clear();
+            stream.split = false;
             stream.error = self.events.status().err();
             return stream.error.is_some();
         };
         match keys::parse_event_key(key) {
             Ok((task, _)) => {
                 let task = task.to_owned();
-                self.read_into(&task, stream);
+                self.begin(&task, stream);
+                read_range(&mut self.events, &self.lower, &self.upper, stream);
                 // Past the last possible task (a storage error, or no key after it).
                 self.exhausted = self.events.at.is_none();
             }
@@ -185,11 +194,40 @@ impl<'a> StreamScanner<'a> {
                 stream.task = String::from_utf8_lossy(key).into_owned();
                 stream.data.clear();
                 stream.entries.clear();
+                stream.split = false;
                 stream.error = Some(Error::corruption(&stream.task, 0, kind));
                 self.events.reach(&after);
             }
         }
         true
+    }
+}
+
+/// Appends the entries of `cursor` from `lower` up to `upper` to `stream`, and a storage
+/// error, if one ends them.
+fn read_range(cursor: &mut Positioned<'_>, lower: &[u8], upper: &[u8], stream: &mut RawStream) {
+    cursor.reach(lower);
+    let (mut first, mut second) = (false, false);
+    while let (Some(key), Some(value)) = (cursor.cursor.key(), cursor.cursor.value()) {
+        if key >= upper {
+            break;
+        }
+        match cursor.cursor.source() {
+            Source::First => first = true,
+            Source::Second => second = true,
+            Source::Both => (first, second) = (true, true),
+        }
+        let start = stream.data.len();
+        stream.data.extend_from_slice(key);
+        let split = stream.data.len();
+        stream.data.extend_from_slice(value);
+        stream.entries.push((start, split, stream.data.len()));
+        cursor.cursor.next();
+    }
+    cursor.stand_at(upper);
+    stream.split = first && second;
+    if let Err(e) = cursor.status() {
+        stream.error = Some(e);
     }
 }
 
@@ -205,6 +243,8 @@ pub struct RawStream {
     entries: Vec<(usize, usize, usize)>,
     /// The storage error that cut the stream short.
     error: Option<Error>,
+    /// Its records were found in both places of a space kept in two ([`RawStream::is_split`]).
+    split: bool,
     /// The check [`RawStream::fold_records`] walks with, kept between streams with its
     /// buffers (boxed: a stream that is never folded carries a pointer, not a check).
     fold_check: Option<Box<StreamCheck>>,
@@ -218,6 +258,7 @@ impl Default for RawStream {
             data: Vec::new(),
             entries: Vec::new(),
             error: None,
+            split: false,
             fold_check: None,
         }
     }
@@ -240,6 +281,16 @@ impl RawStream {
     #[must_use]
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+
+    /// Whether its records were found in both column families of the `events` space of a
+    /// RocksDB journal of format 4 (or one key in both). After every batch a stream lies
+    /// wholly in one of them, so this is damage — or a bug — that reads do not see (they read
+    /// the two as one) but recovery could: it looks for a live stream in `events` alone.
+    /// The audit reports it.
+    #[must_use]
+    pub fn is_split(&self) -> bool {
+        self.split
     }
 
     /// The verified records, exactly as [`Journal::read_stream`](crate::Journal::read_stream)

@@ -23,10 +23,13 @@ use tokio::sync::{oneshot, watch};
 /// The journal format version stored in the `meta` space and checked at open.
 ///
 /// Format 2 is format 1 without the `heads` space (a head is read off the task's last record);
-/// format 3 adds the tail marker ([`Tail`]), rewritten by every batch. Records and every other
-/// key are the same in all three. An older journal is read as it is, and upgraded in place
-/// when opened for writing.
-pub const JOURNAL_FORMAT_VERSION: u32 = 3;
+/// format 3 adds the tail marker ([`Tail`]), rewritten by every batch; format 4 keeps, on
+/// RocksDB, the records of finished streams in a column family of their own
+/// ([`keys::FINISHED_EVENTS`]), out of the way of recovery's reads. Records and every other
+/// key are the same in all four. An older journal is read as it is, and upgraded in place
+/// when opened for writing (format 3 to 4 moves nothing: a finished stream of an older
+/// format moves when a record is next written to it).
+pub const JOURNAL_FORMAT_VERSION: u32 = 4;
 
 /// The first format with a tail marker.
 const TAIL_FORMAT_VERSION: u32 = 3;
@@ -134,8 +137,12 @@ impl Journal {
     /// the journal for writing, [`Error::Inconsistent`] when the commit index does not end
     /// where the tail marker says, [`Error::Storage`] when RocksDB fails otherwise.
     pub fn open(path: impl AsRef<Path>, options: JournalOptions) -> Result<Self> {
-        let mut backend =
-            RocksBackend::open_with(path.as_ref(), OpenMode::Primary, options.mmap_reads)?;
+        let mut backend = RocksBackend::open_tuned(
+            path.as_ref(),
+            OpenMode::Primary,
+            options.mmap_reads,
+            options.keep_finished_apart,
+        )?;
         prepare_writable(&backend)?;
         backend.drop_legacy_heads()?;
         Self::with_backend(Arc::new(backend), options)
@@ -183,7 +190,7 @@ impl Journal {
             .into_iter()
             .filter_map(|op| match op {
                 BatchOp::Put { key, value, .. } => Some((key, value)),
-                BatchOp::Delete { .. } => None,
+                BatchOp::Delete { .. } | BatchOp::Retire { .. } => None,
             })
             .collect();
         let backend = crate::postgres::PgBackend::open(location, false, options.durability, seed)?;
@@ -269,7 +276,8 @@ impl Journal {
                 options.max_batch_appends,
                 tail,
                 Arc::clone(&shared),
-            );
+            )
+            .keep_finished_apart(options.keep_finished_apart);
             let (writer, handle) = writer
                 .spawn(rx)
                 .map_err(|e| Error::Storage(crate::error::StorageError::caused_by(e)))?;
@@ -1043,13 +1051,25 @@ fn tail_put(tail: &Tail) -> BatchOp {
 /// Makes a writable backend a journal of this build's format: a new one (no version and no
 /// data — perhaps created by a process that died before it stamped the version) gets the
 /// version and an empty tail marker in one write; one of an older format is upgraded in place:
-/// the tail marker, summed up from the journal as it is, and the new version, in one write.
-/// The `heads` space of format 1 is dropped by [`Journal::open`] afterwards (a crash in
-/// between leaves a format-3 journal with a stale `heads`, which a format-1 build refuses and
-/// the next writable open drops).
+/// the tail marker, summed up from the journal as it is (formats 1 and 2), and the new version,
+/// in one write. The `heads` space of format 1 is dropped by [`Journal::open`] afterwards (a
+/// crash in between leaves a journal of this format with a stale `heads`, which a format-1
+/// build refuses and the next writable open drops).
 fn prepare_writable(backend: &dyn Backend) -> Result<()> {
     let from = match stored_version(backend)? {
-        Some(v) if v >= TAIL_FORMAT_VERSION => return check_version(v),
+        Some(v) if v >= TAIL_FORMAT_VERSION => {
+            check_version(v)?;
+            if v < JOURNAL_FORMAT_VERSION {
+                // Format 3 to 4: the writer's open made the `finished` column family.
+                backend.write(vec![version_stamp()], crate::Durability::Sync)?;
+                tracing::info!(
+                    from = v,
+                    to = JOURNAL_FORMAT_VERSION,
+                    "journal format upgraded"
+                );
+            }
+            return Ok(());
+        }
         Some(v) => {
             check_version(v)?;
             v

@@ -8,13 +8,25 @@
 //! | space     | key                                   | value                                        |
 //! |-----------|---------------------------------------|----------------------------------------------|
 //! | `events`  | task id ‖ 0x00 ‖ position (u64 BE)    | a framed record ([`crate::record`])          |
+//! | `finished`| as `events` (format 4, RocksDB)       | as `events`: streams kept apart (below)      |
 //! | `commits` | global sequence (u64 BE)              | the event key of the record committed then   |
 //! | `live`    | task id                               | empty: the task has no terminal event yet    |
 //! | `outbox`  | global sequence of the enqueue (u64 BE)| the event key of the `NotificationEnqueued` |
 //! | `meta`    | ASCII name (`format_version`)         | u32 BE                                       |
 //!
 //! `commits`, `live` and `outbox` are indexes written in the same atomic batch as the records
-//! they describe. A task's head is read off its last record ([`crate::Head`]). A name, once
+//! they describe.
+//!
+//! **Format 4 on, RocksDB:** the `events` space is kept in two column families. A stream
+//! without a terminal record lies in `events`. With finished streams kept apart
+//! ([`crate::JournalOptions::keep_finished_apart`]), the batch that writes a stream's terminal
+//! record moves the stream's earlier records to [`FINISHED_EVENTS`] and writes its own there
+//! ([`crate::backend::BatchOp::Retire`]), so that recovery, which reads the live streams, does
+//! not step over finished ones; a record written after the terminal one goes where its stream
+//! lies. Same keys, same values; every read of the `events` space sees both column families
+//! as one (`merge.rs`). A stream lies wholly in one of them after every batch (one left
+//! in `events` — of formats 1–3, or finished with the option off — moves whole when it is next
+//! written to with the option on). A task's head is read off its last record ([`crate::Head`]). A name, once
 //! used, is never reused for another layout: format 1 had a `heads` space
 //! ([`LEGACY_HEADS`]), dropped when a format-1 journal is opened for writing.
 
@@ -61,6 +73,22 @@ impl Space {
 /// The column family of format 1's task heads (task id → head), which format 2 derives from
 /// the last record instead. Never reused.
 pub const LEGACY_HEADS: &str = "heads";
+
+/// The column family of the `events` space that holds the streams with a terminal record
+/// (format 4 on, RocksDB only; see the module docs). Not a [`Space`]: a storage detail of the
+/// one logical space.
+pub const FINISHED_EVENTS: &str = "finished";
+
+/// Every column family of a RocksDB journal of this format: one per [`Space`], and
+/// [`FINISHED_EVENTS`] (RocksDB opens a database only with all of them named).
+pub const COLUMN_FAMILIES: [&str; 6] = [
+    Space::Events.name(),
+    Space::Commits.name(),
+    Space::Live.name(),
+    Space::Outbox.name(),
+    Space::Meta.name(),
+    FINISHED_EVENTS,
+];
 
 /// The separator between a task id and a position in an event key.
 pub const TASK_SEPARATOR: u8 = 0;

@@ -46,6 +46,7 @@ pub mod failpoints;
 mod head;
 mod journal;
 mod memtable_hint;
+mod merge;
 // The storage internals below are public for dtask's own crates (the fold's bulk readers, the
 // audit) and for tests that damage a journal on purpose; they are not part of the API a
 // service builds on, so they stay out of the docs and may change in any release.
@@ -62,6 +63,7 @@ mod writer;
 #[doc(hidden)]
 pub use backend::{
     prefix_end, Backend, BatchOp, Cursor, KeyValue, LastRecord, Range, RawIter, RocksBackend,
+    Source,
 };
 #[doc(hidden)]
 pub use bulk::{RawRecords, RawStream, Records, StreamScanner};

@@ -403,6 +403,8 @@ pub(crate) struct Writer {
     /// [`IDLE_STREAK`] before anything is written): at [`IDLE_STREAK`] the journal counts as
     /// idle, and the next append may be written by its caller.
     lone_streak: u32,
+    /// [`crate::JournalOptions::keep_finished_apart`].
+    finished_apart: bool,
 }
 
 /// Heads kept in memory before the cache is dropped and refilled from the tasks' last records
@@ -439,7 +441,15 @@ impl Writer {
             tail,
             tail_is_ours: false,
             lone_streak: IDLE_STREAK,
+            finished_apart: false,
         }
+    }
+
+    /// Sets whether a stream's terminal record moves it to the finished ones
+    /// ([`crate::JournalOptions::keep_finished_apart`]).
+    pub(crate) fn keep_finished_apart(mut self, on: bool) -> Self {
+        self.finished_apart = on;
+        self
     }
 
     /// Starts the writer thread, which runs until every sender of `jobs` is gone, then waits
@@ -646,8 +656,13 @@ impl Writer {
         mut head: Head,
         mut seq: u64,
         ops: &mut Vec<BatchOp>,
+        finished_apart: bool,
     ) -> Result<(Head, Appended)> {
         let first_seq = seq;
+        // How many of the stream's records may be stored already: none to look for when it
+        // is new (see `BatchOp::Retire`).
+        let stored = head.next_position;
+        let was_terminal = head.terminal;
         ops.reserve(events.len() * 2);
         for event in events {
             let (bytes, digest) = event
@@ -693,6 +708,17 @@ impl Writer {
             head.last_seq = seq;
             head.last_digest = digest;
             seq += 1;
+        }
+        if head.terminal && (finished_apart || was_terminal) {
+            // The stream has a terminal record: with finished streams kept apart, its
+            // records, those before and these, are stored with the finished ones; without,
+            // a record written after the terminal one goes where the stream lies (which the
+            // backend knows: see `BatchOp::Retire`).
+            ops.push(BatchOp::Retire {
+                task: task.to_owned(),
+                stored,
+                apart: finished_apart,
+            });
         }
         let appended = Appended {
             next_position: head.next_position,
@@ -744,7 +770,8 @@ impl Writer {
                     actual: head.next_position,
                 });
             }
-            let (after, appended) = Self::stage(&task, events, head, seq, ops)?;
+            let (after, appended) =
+                Self::stage(&task, events, head, seq, ops, self.finished_apart)?;
             seq = appended.last_seq + 1;
             first.get_or_insert(appended);
             staged.push((task, head, seq, after));
@@ -883,8 +910,14 @@ impl Writer {
                     return Declined;
                 }
                 // The batch stays untouched for the careful way if this one declines.
-                let Ok((after, done)) = Self::stage(task, events.clone(), head, seq, &mut ops)
-                else {
+                let Ok((after, done)) = Self::stage(
+                    task,
+                    events.clone(),
+                    head,
+                    seq,
+                    &mut ops,
+                    self.finished_apart,
+                ) else {
                     return Declined;
                 };
                 seq = done.last_seq + 1;

@@ -39,7 +39,7 @@ fn build(dir: &Path) {
 
 /// Opens the raw database and applies `f` to it.
 fn tamper(dir: &Path, f: impl FnOnce(&rocksdb::DB)) {
-    let cfs: Vec<_> = Space::ALL.iter().map(|s| s.name()).collect();
+    let cfs: Vec<_> = dtask_journal::keys::COLUMN_FAMILIES.to_vec();
     let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), dir, cfs).unwrap();
     f(&db);
 }
@@ -506,7 +506,7 @@ fn a_versionless_journal_without_records_opens_as_new_everywhere() {
         let mut opts = rocksdb::Options::default();
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
-        let cfs: Vec<_> = Space::ALL.iter().map(|s| s.name()).collect();
+        let cfs: Vec<_> = dtask_journal::keys::COLUMN_FAMILIES.to_vec();
         rocksdb::DB::open_cf(&opts, dir.path(), cfs).unwrap();
     }
     let reader = Journal::open_read_only(dir.path()).unwrap();
@@ -533,7 +533,7 @@ fn a_versionless_database_with_data_is_not_a_journal() {
         let mut opts = rocksdb::Options::default();
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
-        let cfs: Vec<_> = Space::ALL.iter().map(|s| s.name()).collect();
+        let cfs: Vec<_> = dtask_journal::keys::COLUMN_FAMILIES.to_vec();
         let db = rocksdb::DB::open_cf(&opts, dir.path(), cfs).unwrap();
         db.put_cf(cf(&db, Space::Live), b"t", b"").unwrap();
     }

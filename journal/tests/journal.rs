@@ -362,21 +362,21 @@ fn a_newer_format_version_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     drop(Journal::open(dir.path(), JournalOptions::default()).unwrap());
     {
-        let cfs: Vec<_> = Space::ALL.iter().map(|s| s.name()).collect();
+        let cfs: Vec<_> = dtask_journal::keys::COLUMN_FAMILIES.to_vec();
         let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), dir.path(), cfs).unwrap();
-        set_format_version(&db, 4);
+        set_format_version(&db, 5);
     }
     let err = Journal::open(dir.path(), JournalOptions::default()).unwrap_err();
     assert!(matches!(
         err,
         Error::UnsupportedFormat {
-            found: 4,
-            supported: 3
+            found: 5,
+            supported: 4
         }
     ));
     assert!(matches!(
         Journal::open_read_only(dir.path()),
-        Err(Error::UnsupportedFormat { found: 4, .. })
+        Err(Error::UnsupportedFormat { found: 5, .. })
     ));
 }
 
@@ -434,9 +434,8 @@ fn set_format_version(db: &rocksdb::DB, version: u32) {
 fn make_format_1(dir: &std::path::Path) {
     let mut opts = rocksdb::Options::default();
     opts.create_missing_column_families(true);
-    let cfs: Vec<_> = Space::ALL
-        .iter()
-        .map(|s| s.name())
+    let cfs: Vec<_> = dtask_journal::keys::COLUMN_FAMILIES
+        .into_iter()
         .chain([dtask_journal::keys::LEGACY_HEADS])
         .collect();
     let db = rocksdb::DB::open_cf(&opts, dir, cfs).unwrap();
@@ -480,10 +479,10 @@ fn a_format_1_journal_is_read_as_is_and_upgraded_when_opened_for_writing() {
 
     assert!(reader_tail(dir.path()).is_none());
 
-    // A writer upgrades it: version 3, no `heads`, a tail marker summed up from the journal,
+    // A writer upgrades it: version 4, no `heads`, a tail marker summed up from the journal,
     // appends go on where the stream ends.
     let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
-    assert_eq!(journal.format_version(), 3);
+    assert_eq!(journal.format_version(), 4);
     let tail = journal.read_tail().unwrap().unwrap();
     assert_eq!((tail.last_seq, tail.live.tasks), (3, 1));
     assert!(!column_families(dir.path()).contains(&"heads".to_owned()));
@@ -501,7 +500,7 @@ fn a_format_1_journal_is_read_as_is_and_upgraded_when_opened_for_writing() {
     let raw = rocksdb::DB::open_cf_for_read_only(
         &rocksdb::Options::default(),
         dir.path(),
-        Space::ALL.iter().map(|s| s.name()),
+        dtask_journal::keys::COLUMN_FAMILIES,
         false,
     )
     .unwrap();

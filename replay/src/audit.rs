@@ -1090,6 +1090,7 @@ mod pipeline {
     }
 
     fn outcome(stream: RawStream) -> Outcome {
+        let split = stream.is_split();
         let records = stream.into_records();
         let task = records.task().to_owned();
         let mut pairs = dtask_journal::TaskPairs::new(&task);
@@ -1106,7 +1107,19 @@ mod pipeline {
             }
         };
         match scan_records(&task, records, &mut on_record) {
-            Ok(scan) => Outcome::Task(scan, seqs, fingerprint),
+            Ok(mut scan) => {
+                if split {
+                    scan.report.problems.push(super::Problem::new(
+                        &task,
+                        None,
+                        super::ProblemKind::Layout,
+                        "the stream's records lie in both column families of the events \
+                         space (a stream lies wholly in one): recovery, which looks for a live \
+                         stream in `events` first, would read part of it",
+                    ));
+                }
+                Outcome::Task(scan, seqs, fingerprint)
+            }
             Err(e) => Outcome::Failed(e),
         }
     }

@@ -62,8 +62,13 @@ fn completed() -> Event {
     }
 }
 
+/// A journal whose finished streams are kept apart: the audit reads both places.
 fn journal(dir: &Path) -> Journal {
-    Journal::open(dir, JournalOptions::default()).unwrap()
+    Journal::open(
+        dir,
+        JournalOptions::default().with_keep_finished_apart(true),
+    )
+    .unwrap()
 }
 
 /// "done": created, started, update, completed + notification, ack (6 records, sequences 1..=3
@@ -101,7 +106,7 @@ fn audit(dir: &Path) -> AuditReport {
 
 /// Opens the raw database and applies `f` to it.
 fn tamper(dir: &Path, f: impl FnOnce(&rocksdb::DB)) {
-    let cfs: Vec<_> = Space::ALL.iter().map(|s| s.name()).collect();
+    let cfs: Vec<_> = dtask_journal::keys::COLUMN_FAMILIES.to_vec();
     let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), dir, cfs).unwrap();
     f(&db);
 }
@@ -110,12 +115,28 @@ fn cf(db: &rocksdb::DB, space: Space) -> &rocksdb::ColumnFamily {
     db.cf_handle(space.name()).unwrap()
 }
 
-/// Flips one bit inside the payload of `task`'s record at `position`.
+/// The column family holding `task`'s records: `events` while its stream has no terminal
+/// record, `finished` after (format 4).
+fn records_cf<'a>(db: &'a rocksdb::DB, task: &str) -> &'a rocksdb::ColumnFamily {
+    let events = cf(db, Space::Events);
+    if db
+        .get_cf(events, keys::event_key(task, 0))
+        .unwrap()
+        .is_some()
+    {
+        events
+    } else {
+        db.cf_handle(keys::FINISHED_EVENTS).unwrap()
+    }
+}
+
+/// Flips one bit inside the payload of `task`'s record at `position`, where it lies.
 fn flip(db: &rocksdb::DB, task: &str, position: u64) {
     let key = keys::event_key(task, position);
-    let mut value = db.get_cf(cf(db, Space::Events), &key).unwrap().unwrap();
+    let cf = records_cf(db, task);
+    let mut value = db.get_cf(cf, &key).unwrap().unwrap();
     value[25] ^= 0x40;
-    db.put_cf(cf(db, Space::Events), &key, value).unwrap();
+    db.put_cf(cf, &key, value).unwrap();
 }
 
 /// Builds the journal of [`build`], damages it with `f` and audits it.
@@ -849,4 +870,60 @@ fn illegal_g3_records_are_named() {
     .map(|(t, p)| (t.to_owned(), Some(p), ProblemKind::Illegal, true))
     .collect();
     assert_eq!(found, expected, "{:#?}", report.problems);
+}
+
+/// A finished stream kept apart (format 4) whose records lie in both column families — one
+/// moved back by hand, or one copied — is a layout problem; the same stream whole in either
+/// place is clean.
+#[test]
+fn a_stream_split_across_the_two_places_is_reported() {
+    fn finished(db: &rocksdb::DB) -> &rocksdb::ColumnFamily {
+        db.cf_handle(keys::FINISHED_EVENTS).unwrap()
+    }
+    // Whole in `finished`, as the writer left it: clean.
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    tamper(dir.path(), |db| {
+        let events = cf(db, Space::Events);
+        assert!(db
+            .get_cf(events, keys::event_key("done", 0))
+            .unwrap()
+            .is_none());
+        assert!(db
+            .get_cf(finished(db), keys::event_key("done", 0))
+            .unwrap()
+            .is_some());
+    });
+    assert!(audit(dir.path()).is_clean());
+    // Its last record moved back to `events`.
+    let report = audit_damaged(|db| {
+        let key = keys::event_key("done", 5);
+        let value = db.get_cf(finished(db), &key).unwrap().unwrap();
+        db.delete_cf(finished(db), &key).unwrap();
+        db.put_cf(cf(db, Space::Events), &key, value).unwrap();
+    });
+    assert_eq!(
+        kinds(&report),
+        [("done".into(), None, ProblemKind::Layout)],
+        "{report:?}"
+    );
+    // Its first record copied into `events` (reads see it once).
+    let report = audit_damaged(|db| {
+        let key = keys::event_key("done", 0);
+        let value = db.get_cf(finished(db), &key).unwrap().unwrap();
+        db.put_cf(cf(db, Space::Events), &key, value).unwrap();
+    });
+    assert_eq!(
+        kinds(&report),
+        [("done".into(), None, ProblemKind::Layout)],
+        "{report:?}"
+    );
+    // The live stream stays in `events` alone.
+    let report = audit_damaged(|db| {
+        assert!(db
+            .get_cf(finished(db), keys::event_key("running", 0))
+            .unwrap()
+            .is_none());
+    });
+    assert!(report.is_clean());
 }

@@ -131,7 +131,7 @@ fn write() -> impl Strategy<Value = Write> {
 
 /// Applies `writes`; returns whether any changed what the database held.
 fn apply(dir: &Path, writes: &[Write]) -> bool {
-    let cfs: Vec<_> = Space::ALL.iter().map(|s| s.name()).collect();
+    let cfs: Vec<_> = dtask_journal::keys::COLUMN_FAMILIES.to_vec();
     let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), dir, cfs).unwrap();
     let mut changed = false;
     for w in writes {

@@ -109,12 +109,15 @@ impl Layout {
         self.postgres.as_deref()
     }
 
-    /// Opens the journal for writing.
+    /// Opens the journal for writing, keeping finished streams apart or not
+    /// ([`dtask_journal::JournalOptions::keep_finished_apart`]; the child runs alternate, so
+    /// that kills land while streams move and streams stay whole across the switches).
     ///
     /// # Errors
     /// Journal errors.
-    pub fn open_writer(&self) -> Result<dtask_journal::Journal> {
-        let options = dtask_journal::JournalOptions::default();
+    pub fn open_writer(&self, keep_finished_apart: bool) -> Result<dtask_journal::Journal> {
+        let options =
+            dtask_journal::JournalOptions::default().with_keep_finished_apart(keep_finished_apart);
         Ok(match &self.postgres {
             Some(url) => dtask_journal::Journal::open_postgres(url, options)?,
             None => dtask_journal::Journal::open(self.journal(), options)?,

@@ -1,0 +1,330 @@
+//! Format 4 on RocksDB: with `JournalOptions::keep_finished_apart`, finished streams lie in a
+//! column family of their own, out of the way of recovery's reads, and every read sees the
+//! journal as before; without it they stay where they are; a stream lies wholly in one place
+//! whichever way the option was set when; a format-3 journal is read as it is and upgraded in
+//! place.
+#![allow(clippy::unwrap_used)]
+
+use dtask_journal::keys::{self, Space, COLUMN_FAMILIES, FINISHED_EVENTS};
+use dtask_journal::{Event, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp};
+use std::path::Path;
+
+/// Options with finished streams kept apart.
+fn apart() -> JournalOptions {
+    JournalOptions::default().with_keep_finished_apart(true)
+}
+
+/// No positions.
+const NONE: [u64; 0] = [];
+
+fn created(task: &str) -> Event {
+    Event::created(TaskSpec::new(task, "x"), LeasePolicy::Retry, Timestamp(1))
+}
+
+fn update(i: u64) -> Event {
+    Event::UpdateAppended {
+        attempt: 1,
+        event_id: format!("e{i}"),
+        kind: "progress".into(),
+        data: i.to_be_bytes().to_vec(),
+        metadata: vec![],
+        at: Timestamp(i),
+    }
+}
+
+fn completed() -> Event {
+    Event::Completed {
+        data: b"done".to_vec(),
+        at: Timestamp(9),
+    }
+}
+
+/// The positions of `task`'s records in the raw column family `name`.
+fn raw_positions(dir: &Path, name: &str, task: &str) -> Vec<u64> {
+    let existing = rocksdb::DB::list_cf(&rocksdb::Options::default(), dir).unwrap();
+    let db =
+        rocksdb::DB::open_cf_for_read_only(&rocksdb::Options::default(), dir, &existing, false)
+            .unwrap();
+    let Some(cf) = db.cf_handle(name) else {
+        return Vec::new();
+    };
+    let prefix = keys::task_prefix(task);
+    db.prefix_iterator_cf(cf, &prefix)
+        .map(Result::unwrap)
+        .take_while(|(key, _)| key.starts_with(&prefix))
+        .map(|(key, _)| keys::position_in(task, &key).unwrap())
+        .collect()
+}
+
+/// Everything a reader can see of the journal: each task's records and head, the commit
+/// order with the records it names, and the bulk reader's streams.
+fn everything(journal: &Journal) -> Vec<String> {
+    let mut seen = Vec::new();
+    for task in journal.task_ids() {
+        let task = task.unwrap();
+        let head = journal.head(&task).unwrap().unwrap();
+        seen.push(format!(
+            "{task}: next {} last {} terminal {}",
+            head.next_position, head.last_seq, head.terminal
+        ));
+        for record in journal.read_stream(&task, 0) {
+            let record = record.unwrap();
+            seen.push(format!("  {} {:?}", record.position, record.event));
+        }
+        let mut scanner = journal.stream_scanner();
+        let raw = scanner.read(&task);
+        let positions: Vec<u64> = raw.into_records().map(|r| r.unwrap().position).collect();
+        seen.push(format!("  bulk {positions:?}"));
+        seen.push(format!(
+            "  record 1 {:?}",
+            journal.raw_record(&task, 1).unwrap().map(|b| b.len())
+        ));
+    }
+    for committed in journal.commits(1) {
+        let committed = committed.unwrap();
+        seen.push(format!(
+            "commit {} {} {}",
+            committed.record.seq, committed.task, committed.record.position
+        ));
+    }
+    seen
+}
+
+/// A journal with a finished stream written in several batches ("done"), one finished in the
+/// batch that created it ("quick"), a live one ("live"), and a live one whose id has "done"
+/// as a prefix ("done-too").
+fn build(dir: &Path) -> Vec<String> {
+    let journal = Journal::open(dir, apart()).unwrap();
+    journal.append("done", 0, &[created("done")]).unwrap();
+    journal.append("live", 0, &[created("live")]).unwrap();
+    journal
+        .append("done-too", 0, &[created("done-too")])
+        .unwrap();
+    journal.append("done", 1, &[update(1)]).unwrap();
+    journal.append("live", 1, &[update(1)]).unwrap();
+    journal
+        .append("done", 2, &[update(2), completed()])
+        .unwrap();
+    journal
+        .append("quick", 0, &[created("quick"), update(1), completed()])
+        .unwrap();
+    everything(&journal)
+}
+
+#[test]
+fn a_finished_stream_is_stored_apart_and_read_as_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let before_close = build(dir.path());
+    // The finished streams left `events` whole; the live ones stayed.
+    assert_eq!(
+        raw_positions(dir.path(), FINISHED_EVENTS, "done"),
+        [0, 1, 2, 3]
+    );
+    assert_eq!(
+        raw_positions(dir.path(), FINISHED_EVENTS, "quick"),
+        [0, 1, 2]
+    );
+    assert_eq!(
+        raw_positions(dir.path(), Space::Events.name(), "done"),
+        NONE
+    );
+    assert_eq!(
+        raw_positions(dir.path(), Space::Events.name(), "quick"),
+        NONE
+    );
+    assert_eq!(
+        raw_positions(dir.path(), Space::Events.name(), "live"),
+        [0, 1]
+    );
+    assert_eq!(
+        raw_positions(dir.path(), Space::Events.name(), "done-too"),
+        [0]
+    );
+    assert_eq!(raw_positions(dir.path(), FINISHED_EVENTS, "live"), NONE);
+    // Every reader sees what the writer saw.
+    let reader = Journal::open_read_only(dir.path()).unwrap();
+    assert_eq!(everything(&reader), before_close);
+    drop(reader);
+    let scratch = tempfile::tempdir().unwrap();
+    let follower = Journal::open_follower(dir.path(), scratch.path()).unwrap();
+    assert_eq!(everything(&follower), before_close);
+    drop(follower);
+    // A record written after the terminal one goes where its stream is.
+    let journal = Journal::open(dir.path(), apart()).unwrap();
+    assert_eq!(everything(&journal), before_close);
+    journal.append("done", 4, &[update(4)]).unwrap();
+    assert_eq!(journal.head("done").unwrap().unwrap().next_position, 5);
+    drop(journal);
+    assert_eq!(
+        raw_positions(dir.path(), FINISHED_EVENTS, "done"),
+        [0, 1, 2, 3, 4]
+    );
+    assert_eq!(
+        raw_positions(dir.path(), Space::Events.name(), "done"),
+        NONE
+    );
+}
+
+#[test]
+fn a_new_task_is_refused_over_a_finished_one() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    let journal = Journal::open(dir.path(), apart()).unwrap();
+    // The writer's check that a task is new looks among the finished streams too.
+    assert!(matches!(
+        journal.append("quick", 0, &[created("quick")]),
+        Err(dtask_journal::Error::Conflict { actual: 3, .. })
+    ));
+    assert!(journal.contains_task("quick").unwrap());
+    assert_eq!(journal.stream_len("quick").unwrap(), Some(3));
+}
+
+/// Turns the journal in `dir` into what format 3 stored: every stream in `events`, no
+/// `finished` column family, version 3.
+fn make_format_3(dir: &Path) {
+    let mut db = rocksdb::DB::open_cf(&rocksdb::Options::default(), dir, COLUMN_FAMILIES).unwrap();
+    {
+        let events = db.cf_handle(Space::Events.name()).unwrap();
+        let finished = db.cf_handle(FINISHED_EVENTS).unwrap();
+        let moved: Vec<_> = db
+            .iterator_cf(finished, rocksdb::IteratorMode::Start)
+            .map(Result::unwrap)
+            .collect();
+        for (key, value) in moved {
+            db.put_cf(events, key, value).unwrap();
+        }
+        let meta = db.cf_handle(Space::Meta.name()).unwrap();
+        db.put_cf(meta, keys::META_FORMAT_VERSION, 3u32.to_be_bytes())
+            .unwrap();
+    }
+    db.drop_cf(FINISHED_EVENTS).unwrap();
+}
+
+#[test]
+fn a_format_3_journal_is_read_as_it_is_and_upgraded_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let built = build(dir.path());
+    make_format_3(dir.path());
+    let families = rocksdb::DB::list_cf(&rocksdb::Options::default(), dir.path()).unwrap();
+    assert!(!families.contains(&FINISHED_EVENTS.to_owned()));
+    // Readers read it as it is, and leave it so.
+    let reader = Journal::open_read_only(dir.path()).unwrap();
+    assert_eq!(reader.format_version(), 3);
+    assert_eq!(everything(&reader), built);
+    drop(reader);
+    let scratch = tempfile::tempdir().unwrap();
+    let follower = Journal::open_follower(dir.path(), scratch.path()).unwrap();
+    assert_eq!(everything(&follower), built);
+    drop(follower);
+    let families = rocksdb::DB::list_cf(&rocksdb::Options::default(), dir.path()).unwrap();
+    assert!(!families.contains(&FINISHED_EVENTS.to_owned()));
+    // A writer upgrades it in place: version 4, the column family made, nothing moved.
+    let journal = Journal::open(dir.path(), apart()).unwrap();
+    assert_eq!(journal.format_version(), 4);
+    assert_eq!(everything(&journal), built);
+    drop(journal);
+    assert_eq!(
+        raw_positions(dir.path(), Space::Events.name(), "done"),
+        [0, 1, 2, 3]
+    );
+    assert_eq!(raw_positions(dir.path(), FINISHED_EVENTS, "done"), NONE);
+    // A finished stream of the older format moves, whole, when a record is next written to it.
+    let journal = Journal::open(dir.path(), apart()).unwrap();
+    journal.append("done", 4, &[update(4)]).unwrap();
+    journal.append("live", 2, &[completed()]).unwrap();
+    drop(journal);
+    assert_eq!(
+        raw_positions(dir.path(), Space::Events.name(), "done"),
+        NONE
+    );
+    assert_eq!(
+        raw_positions(dir.path(), FINISHED_EVENTS, "done"),
+        [0, 1, 2, 3, 4]
+    );
+    assert_eq!(
+        raw_positions(dir.path(), FINISHED_EVENTS, "live"),
+        [0, 1, 2]
+    );
+    assert_eq!(
+        raw_positions(dir.path(), Space::Events.name(), "quick"),
+        [0, 1, 2]
+    );
+    let reader = Journal::open_read_only(dir.path()).unwrap();
+    let positions: Vec<u64> = reader
+        .read_stream("done", 0)
+        .map(|r| r.unwrap().position)
+        .collect();
+    assert_eq!(positions, [0, 1, 2, 3, 4]);
+}
+
+#[test]
+fn without_the_option_streams_stay_where_they_were_put_and_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    // Kept apart in a first run: "done" and "quick" are moved.
+    let built = build(dir.path());
+    let events = Space::Events.name();
+    // A second run without the option: a stream finished now stays in `events`, and records
+    // written after the terminal one go where their stream lies.
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    assert_eq!(everything(&journal), built);
+    journal.append("live", 2, &[completed()]).unwrap();
+    journal.append("live", 3, &[update(3)]).unwrap();
+    journal.append("done", 4, &[update(4)]).unwrap();
+    journal
+        .append("fresh", 0, &[created("fresh"), completed()])
+        .unwrap();
+    journal.append("fresh", 2, &[update(2)]).unwrap();
+    let seen = everything(&journal);
+    drop(journal);
+    assert_eq!(raw_positions(dir.path(), events, "live"), [0, 1, 2, 3]);
+    assert_eq!(raw_positions(dir.path(), FINISHED_EVENTS, "live"), NONE);
+    assert_eq!(
+        raw_positions(dir.path(), FINISHED_EVENTS, "done"),
+        [0, 1, 2, 3, 4]
+    );
+    assert_eq!(raw_positions(dir.path(), events, "done"), NONE);
+    assert_eq!(raw_positions(dir.path(), events, "fresh"), [0, 1, 2]);
+    assert_eq!(raw_positions(dir.path(), FINISHED_EVENTS, "fresh"), NONE);
+    // Reopened (the writer learns again that streams were moved) and kept apart once more:
+    // a stream left in `events` moves whole when next written to.
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    assert_eq!(everything(&journal), seen);
+    journal.append("done", 5, &[update(5)]).unwrap();
+    drop(journal);
+    assert_eq!(
+        raw_positions(dir.path(), FINISHED_EVENTS, "done"),
+        [0, 1, 2, 3, 4, 5]
+    );
+    let journal = Journal::open(dir.path(), apart()).unwrap();
+    journal.append("live", 4, &[update(4)]).unwrap();
+    drop(journal);
+    assert_eq!(raw_positions(dir.path(), events, "live"), NONE);
+    assert_eq!(
+        raw_positions(dir.path(), FINISHED_EVENTS, "live"),
+        [0, 1, 2, 3, 4]
+    );
+}
+
+/// A follower opened before any stream was moved reads a stream its writer moves later, once
+/// it catches up; so does a reader of the writer's own handle.
+#[test]
+fn a_follower_reads_a_stream_moved_after_it_opened() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(dir.path(), apart()).unwrap();
+    journal.append("t", 0, &[created("t"), update(1)]).unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    let follower = Journal::open_follower(dir.path(), scratch.path()).unwrap();
+    assert_eq!(follower.read_stream("t", 0).count(), 2);
+    journal.append("t", 2, &[completed()]).unwrap();
+    // Moved: gone from `events`, whole in `finished`, and the writer's reads see it.
+    let positions =
+        |j: &Journal| -> Vec<u64> { j.read_stream("t", 0).map(|r| r.unwrap().position).collect() };
+    assert_eq!(positions(&journal), [0, 1, 2]);
+    follower.catch_up().unwrap();
+    assert_eq!(positions(&follower), [0, 1, 2]);
+    assert!(follower.head("t").unwrap().unwrap().terminal);
+    assert_eq!(follower.stream_scanner().read("t").len(), 3);
+    drop(follower);
+    drop(journal);
+    assert_eq!(raw_positions(dir.path(), FINISHED_EVENTS, "t"), [0, 1, 2]);
+}
