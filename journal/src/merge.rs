@@ -151,6 +151,9 @@ mod tests {
     use proptest::prelude::*;
     use std::collections::BTreeMap;
 
+    /// What a column family holds.
+    type Map = BTreeMap<Vec<u8>, Vec<u8>>;
+
     /// A cursor over a sorted map (what a column family holds).
     struct MapCursor {
         entries: Vec<(Vec<u8>, Vec<u8>)>,
@@ -158,7 +161,7 @@ mod tests {
     }
 
     impl MapCursor {
-        fn new(map: &BTreeMap<Vec<u8>, Vec<u8>>) -> Self {
+        fn new(map: &Map) -> Self {
             Self {
                 entries: map.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
                 at: None,
@@ -186,7 +189,7 @@ mod tests {
         }
     }
 
-    fn iter(map: &BTreeMap<Vec<u8>, Vec<u8>>, reverse: bool) -> RawIter<'static> {
+    fn iter(map: &Map, reverse: bool) -> RawIter<'static> {
         let mut items: Vec<Result<KeyValue>> = map
             .iter()
             .map(|(k, v)| Ok((k.clone().into_boxed_slice(), v.clone().into_boxed_slice())))
@@ -198,7 +201,7 @@ mod tests {
     }
 
     /// Two maps that share some keys (a record seen before and after its move).
-    fn halves() -> impl Strategy<Value = (BTreeMap<Vec<u8>, Vec<u8>>, BTreeMap<Vec<u8>, Vec<u8>>)> {
+    fn halves() -> impl Strategy<Value = (Map, Map)> {
         let key = proptest::collection::vec(0u8..4, 0..4);
         proptest::collection::vec((key, any::<u8>(), 0u8..3), 0..24).prop_map(|entries| {
             let (mut first, mut second) = (BTreeMap::new(), BTreeMap::new());
@@ -216,10 +219,7 @@ mod tests {
     }
 
     /// The union of the two, the first's copy of a key in both.
-    fn union(
-        first: &BTreeMap<Vec<u8>, Vec<u8>>,
-        second: &BTreeMap<Vec<u8>, Vec<u8>>,
-    ) -> Vec<(Vec<u8>, Vec<u8>)> {
+    fn union(first: &Map, second: &Map) -> Vec<(Vec<u8>, Vec<u8>)> {
         let mut all = second.clone();
         all.extend(first.iter().map(|(k, v)| (k.clone(), v.clone())));
         all.into_iter().collect()
