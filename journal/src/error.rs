@@ -185,6 +185,19 @@ pub enum Error {
         /// The newest version this build supports.
         supported: u32,
     },
+    /// A follower's journal was upgraded to a newer format by its writer while the follower
+    /// had it open ([`crate::Journal::catch_up`]): what it reads may lie where the format it
+    /// opened does not look (format 4's finished streams). Open the follower again.
+    #[error(
+        "the journal was upgraded from format {opened} to {now} while this follower had it \
+         open: open it again"
+    )]
+    FormatChanged {
+        /// The format the follower opened.
+        opened: u32,
+        /// The format stored now.
+        now: u32,
+    },
     /// A journal location that cannot be used (a malformed PostgreSQL URL).
     #[error("invalid journal location: {0}")]
     InvalidLocation(String),

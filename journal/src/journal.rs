@@ -842,9 +842,21 @@ impl Journal {
     /// writer or a read-only journal.
     ///
     /// # Errors
-    /// [`Error::Storage`] when RocksDB cannot catch up.
+    /// [`Error::Storage`] when RocksDB cannot catch up; [`Error::FormatChanged`] when the
+    /// writer upgraded the journal's format since the follower opened it (a follower of an
+    /// older format asks, one point read per catch-up).
     pub fn catch_up(&self) -> Result<()> {
-        self.inner.backend.catch_up()
+        self.inner.backend.catch_up()?;
+        if self.inner.format < JOURNAL_FORMAT_VERSION {
+            let now = stored_format(self.inner.backend.as_ref())?;
+            if now != self.inner.format {
+                return Err(Error::FormatChanged {
+                    opened: self.inner.format,
+                    now,
+                });
+            }
+        }
+        Ok(())
     }
 
     /// A reader of many task streams in one forward pass over the journal (see

@@ -328,3 +328,27 @@ fn a_follower_reads_a_stream_moved_after_it_opened() {
     drop(journal);
     assert_eq!(raw_positions(dir.path(), FINISHED_EVENTS, "t"), [0, 1, 2]);
 }
+
+/// A follower of a format-3 journal whose writer upgrades it is told to open it again at its
+/// next catch-up, rather than reading on without the finished streams' column family.
+#[test]
+fn a_follower_is_told_when_its_writer_upgrades_the_format() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    make_format_3(dir.path());
+    let scratch = tempfile::tempdir().unwrap();
+    let follower = Journal::open_follower(dir.path(), scratch.path()).unwrap();
+    assert_eq!(follower.format_version(), 3);
+    follower.catch_up().unwrap();
+    let journal = Journal::open(dir.path(), apart()).unwrap();
+    journal.append("live", 2, &[completed()]).unwrap();
+    assert!(matches!(
+        follower.catch_up(),
+        Err(dtask_journal::Error::FormatChanged { opened: 3, now: 4 })
+    ));
+    drop(follower);
+    let scratch = tempfile::tempdir().unwrap();
+    let follower = Journal::open_follower(dir.path(), scratch.path()).unwrap();
+    follower.catch_up().unwrap();
+    assert_eq!(follower.read_stream("live", 0).count(), 3);
+}
