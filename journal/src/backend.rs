@@ -596,18 +596,14 @@ fn is_lock_error(e: &rocksdb::Error) -> bool {
 
 impl RocksBackend {
     pub(crate) fn open(path: &Path, mode: OpenMode<'_>) -> Result<Self> {
-        Self::open_with(path, mode, false)
+        Self::open_tuned(path, mode, false, false)
     }
 
     /// [`RocksBackend::open`], reading table files through memory maps when `mmap_reads`
-    /// (see [`crate::JournalOptions::mmap_reads`]).
-    pub(crate) fn open_with(path: &Path, mode: OpenMode<'_>, mmap_reads: bool) -> Result<Self> {
-        Self::open_tuned(path, mode, mmap_reads, false)
-    }
-
-    /// [`RocksBackend::open_with`]; `live_apart` when finished streams are kept apart
-    /// ([`crate::JournalOptions::keep_finished_apart`]): the live records are then stored
-    /// uncompressed and merged into one run at a clean close ([`RocksBackend::settle`]).
+    /// (see [`crate::JournalOptions::mmap_reads`]); `live_apart` when finished streams are
+    /// kept apart ([`crate::JournalOptions::keep_finished_apart`]): the live records are then
+    /// stored uncompressed and merged into one run at a clean close
+    /// ([`RocksBackend::settle`]).
     pub(crate) fn open_tuned(
         path: &Path,
         mode: OpenMode<'_>,

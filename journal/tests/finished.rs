@@ -5,9 +5,12 @@
 //! place.
 #![allow(clippy::unwrap_used)]
 
+mod strategies;
+
 use dtask_journal::keys::{self, Space, COLUMN_FAMILIES, FINISHED_EVENTS};
-use dtask_journal::{Event, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp};
+use dtask_journal::{Journal, JournalOptions};
 use std::path::Path;
+use strategies::{completed, created, update};
 
 /// Options with finished streams kept apart.
 fn apart() -> JournalOptions {
@@ -16,28 +19,6 @@ fn apart() -> JournalOptions {
 
 /// No positions.
 const NONE: [u64; 0] = [];
-
-fn created(task: &str) -> Event {
-    Event::created(TaskSpec::new(task, "x"), LeasePolicy::Retry, Timestamp(1))
-}
-
-fn update(i: u64) -> Event {
-    Event::UpdateAppended {
-        attempt: 1,
-        event_id: format!("e{i}"),
-        kind: "progress".into(),
-        data: i.to_be_bytes().to_vec(),
-        metadata: vec![],
-        at: Timestamp(i),
-    }
-}
-
-fn completed() -> Event {
-    Event::Completed {
-        data: b"done".to_vec(),
-        at: Timestamp(9),
-    }
-}
 
 /// The positions of `task`'s records in the raw column family `name`.
 fn raw_positions(dir: &Path, name: &str, task: &str) -> Vec<u64> {

@@ -2,27 +2,14 @@
 //! read-only and follower opens, the format version.
 #![allow(clippy::unwrap_used)]
 
+mod strategies;
+
 use dtask_journal::keys::Space;
 use dtask_journal::{
-    Durability, Error, Event, EventType, Journal, JournalOptions, LeasePolicy, Limit, TaskSpec,
-    Timestamp,
+    Durability, Error, Event, EventType, Journal, JournalOptions, Limit, Timestamp,
 };
 use std::sync::{Arc, Barrier};
-
-fn created(task: &str) -> Event {
-    Event::created(TaskSpec::new(task, "x"), LeasePolicy::Retry, Timestamp(1))
-}
-
-fn update(i: u64) -> Event {
-    Event::UpdateAppended {
-        attempt: 1,
-        event_id: format!("e{i}"),
-        kind: "progress".into(),
-        data: i.to_be_bytes().to_vec(),
-        metadata: vec![],
-        at: Timestamp(i),
-    }
-}
+use strategies::{created, update};
 
 #[test]
 fn many_writers_then_reopen_every_stream_complete_and_in_order() {

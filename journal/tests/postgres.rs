@@ -5,11 +5,12 @@
 //! Without the variable every test says loudly that it was skipped.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use dtask_journal::{
-    Durability, Error, Event, EventType, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp,
-};
+mod strategies;
+
+use dtask_journal::{Durability, Error, Event, EventType, Journal, JournalOptions, Timestamp};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
+use strategies::{completed, created, update};
 
 /// A fresh schema's journal URL, or `None` (and a loud line) without a database.
 fn url(test: &str) -> Option<String> {
@@ -26,28 +27,6 @@ fn url(test: &str) -> Option<String> {
 
 fn open(url: &str) -> Journal {
     Journal::open_postgres(url, JournalOptions::default()).unwrap()
-}
-
-fn created(task: &str) -> Event {
-    Event::created(TaskSpec::new(task, "x"), LeasePolicy::Retry, Timestamp(1))
-}
-
-fn update(i: u64) -> Event {
-    Event::UpdateAppended {
-        attempt: 1,
-        event_id: format!("e{i}"),
-        kind: "progress".into(),
-        data: i.to_be_bytes().to_vec(),
-        metadata: vec![],
-        at: Timestamp(i),
-    }
-}
-
-fn completed() -> Event {
-    Event::Completed {
-        data: b"ok".to_vec(),
-        at: Timestamp(9),
-    }
 }
 
 #[test]

@@ -1,8 +1,34 @@
-//! Proptest strategies for the journal's events, shared by the test files.
+//! Proptest strategies for the journal's events, and a few fixed events, shared by the test
+//! files.
 #![allow(dead_code, reason = "each test file uses a part of these strategies")]
 
 use dtask_journal::{Event, ExpiryResolution, LeasePolicy, TaskSpec, Timestamp};
 use proptest::prelude::*;
+
+/// A task's creation (executor key "x", retry policy, time 1).
+pub fn created(task: &str) -> Event {
+    Event::created(TaskSpec::new(task, "x"), LeasePolicy::Retry, Timestamp(1))
+}
+
+/// Progress update `i` (event id `e{i}`, time `i`).
+pub fn update(i: u64) -> Event {
+    Event::UpdateAppended {
+        attempt: 1,
+        event_id: format!("e{i}"),
+        kind: "progress".into(),
+        data: i.to_be_bytes().to_vec(),
+        metadata: vec![],
+        at: Timestamp(i),
+    }
+}
+
+/// A completion (time 9).
+pub fn completed() -> Event {
+    Event::Completed {
+        data: b"ok".to_vec(),
+        at: Timestamp(9),
+    }
+}
 
 /// Arbitrary bytes, up to 64.
 pub fn bytes() -> impl Strategy<Value = Vec<u8>> {
