@@ -57,9 +57,10 @@ struct Args {
     /// (`JournalOptions::inline_lone_appends` off).
     #[arg(long)]
     no_inline: bool,
-    /// Keep finished streams apart (`JournalOptions::keep_finished_apart`).
+    /// Leave finished streams among the live ones (`JournalOptions::keep_finished_apart`
+    /// off).
     #[arg(long)]
-    keep_finished_apart: bool,
+    finished_in_place: bool,
     /// Accepted for `cargo bench`'s own flag.
     #[arg(long, hide = true)]
     bench: bool,
@@ -359,8 +360,8 @@ fn other_rows(args: &Args) -> (Option<f64>, Option<f64>) {
 /// `--no-inline`.
 static NO_INLINE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// `--keep-finished-apart`.
-static APART: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// Not `--finished-in-place`.
+static APART: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 
 /// The journal's options as the flags set them.
 fn journal_options() -> JournalOptions {
@@ -373,7 +374,7 @@ fn main() {
     let args = Args::parse();
     NO_INLINE.store(args.no_inline, std::sync::atomic::Ordering::Relaxed);
     APART.store(
-        args.keep_finished_apart,
+        !args.finished_in_place,
         std::sync::atomic::Ordering::Relaxed,
     );
     let fsync = fsync_p50();

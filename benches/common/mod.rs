@@ -130,15 +130,21 @@ pub fn task_events(id: &str, events: usize, terminal: bool) -> Vec<Event> {
 }
 
 /// Writes `tasks` sample tasks of `events_per_task` records (half of them terminal, laid out
-/// as `finished` says) into a new journal at `dir`, from four threads, and closes it.
+/// as `finished` says) into a new journal at `dir`, from four threads, and closes it (the
+/// journal's default options: finished streams kept apart).
 pub fn build_journal(dir: &Path, tasks: usize, events_per_task: usize, finished: Finished) {
-    fill_journal_with(dir, tasks, events_per_task, finished, false);
+    fill_journal_with(dir, tasks, events_per_task, finished, true);
 }
 
-/// [`build_journal`] with finished streams kept apart
-/// (`JournalOptions::keep_finished_apart`).
-pub fn build_journal_apart(dir: &Path, tasks: usize, events_per_task: usize, finished: Finished) {
-    fill_journal_with(dir, tasks, events_per_task, finished, true);
+/// [`build_journal`] with finished streams left among the live ones
+/// (`JournalOptions::keep_finished_apart` off).
+pub fn build_journal_in_place(
+    dir: &Path,
+    tasks: usize,
+    events_per_task: usize,
+    finished: Finished,
+) {
+    fill_journal_with(dir, tasks, events_per_task, finished, false);
 }
 
 /// Which of the sample tasks are finished.
@@ -157,7 +163,7 @@ pub enum Finished {
     Later,
 }
 
-/// [`build_journal`] (or, `apart`, [`build_journal_apart`]) without closing: the journal is
+/// [`build_journal`] (or, not `apart`, [`build_journal_in_place`]) without closing: the journal is
 /// returned open (dropping it closes it; aborting the process instead leaves what a crash
 /// leaves).
 pub fn fill_journal(dir: &Path, tasks: usize, events_per_task: usize, apart: bool) -> Journal {

@@ -39,10 +39,12 @@ pub enum BatchOp {
     /// (RocksDB, [`crate::keys::FINISHED_EVENTS`]), when `apart`, moves the records of it
     /// stored so far there and stores there every record of it this batch puts in
     /// [`Space::Events`]; without `apart`, it stores them where the stream lies. Others ignore
-    /// it. The writer adds it to a batch that writes a record of such a stream: the terminal
-    /// one when finished streams are kept apart
-    /// ([`crate::JournalOptions::keep_finished_apart`]), any after it always; so after each
-    /// batch a stream lies wholly in one place.
+    /// it. The writer adds it to a batch that writes a record of such a stream — the terminal
+    /// one of a stream written whole in the batch when finished streams are kept apart
+    /// ([`crate::JournalOptions::keep_finished_apart`]), any after the terminal one always —
+    /// and, with them kept apart, makes a batch of these alone for the streams finished by a
+    /// later append, when the journal idles or closes; so after each batch a stream lies
+    /// wholly in one place.
     Retire {
         /// The task.
         task: String,
@@ -797,10 +799,14 @@ impl RocksBackend {
         task: &str,
         stored: u64,
         moving: bool,
+        cursor: Option<&mut rocksdb::DBRawIterator<'_>>,
         batch: &mut rocksdb::WriteBatch,
     ) -> Result<bool> {
         if moving {
-            self.move_stored(task, stored, batch)?;
+            match cursor {
+                Some(cursor) => self.move_stored_scanning(cursor, task, stored, batch)?,
+                None => self.move_stored(task, stored, batch)?,
+            }
             return Ok(true);
         }
         if stored == 0 || !self.finished_used.load(Ordering::Acquire) {
@@ -851,6 +857,46 @@ impl RocksBackend {
                 batch.single_delete_cf(events, key);
             }
         }
+        Ok(())
+    }
+
+    /// [`RocksBackend::move_stored`] for a bulk move ([`BULK_MOVE_STREAMS`] or more): the
+    /// stream's records read with `cursor`, one iterator on `events` that the batch's moves
+    /// share, in key order, so that each seek lands just past the last. It reads at most
+    /// `stored` records of the stream, never stepping past its last one onto the moved
+    /// pairs of earlier batches that may wait in the memtable; records this batch moves are
+    /// not seen by it (a cursor reads the column family as it was when made).
+    fn move_stored_scanning(
+        &self,
+        cursor: &mut rocksdb::DBRawIterator<'_>,
+        task: &str,
+        stored: u64,
+        batch: &mut rocksdb::WriteBatch,
+    ) -> Result<()> {
+        if stored == 0 {
+            return Ok(());
+        }
+        let events = self.cf(Space::Events)?;
+        let finished = self.finished_cf().ok_or_else(|| {
+            Error::NotAJournal(format!("column family {FINISHED_EVENTS} missing"))
+        })?;
+        let prefix = crate::keys::task_prefix(task);
+        cursor.seek(&prefix);
+        let mut read = 0;
+        while read < stored {
+            match (cursor.key(), cursor.value()) {
+                (Some(key), Some(value)) if key.starts_with(&prefix) => {
+                    batch.put_cf(finished, key, value);
+                    batch.single_delete_cf(events, key);
+                }
+                _ => break,
+            }
+            read += 1;
+            if read < stored {
+                cursor.next();
+            }
+        }
+        cursor.status()?;
         Ok(())
     }
 
@@ -935,6 +981,16 @@ impl Backend for RocksBackend {
         // first retirement naming it (which saw the fewest of its records written).
         let mut apart: Option<HashSet<Vec<u8>>> = None;
         let mut placed: Option<HashSet<Vec<u8>>> = None;
+        // A bulk move (the writer's moves that waited: many streams, in key order) reads
+        // the streams with one cursor; a few, by key.
+        let moves = ops
+            .iter()
+            .filter(|op| matches!(op, BatchOp::Retire { apart: true, .. }))
+            .count();
+        let mut cursor = (moves >= BULK_MOVE_STREAMS)
+            .then(|| self.cf(Space::Events))
+            .transpose()?
+            .map(|events| self.db.raw_iterator_cf(events));
         for op in &ops {
             if let BatchOp::Retire {
                 task,
@@ -946,7 +1002,7 @@ impl Backend for RocksBackend {
                 if placed
                     .get_or_insert_with(HashSet::new)
                     .insert(prefix.clone())
-                    && self.place_retired(task, *stored, *moving, &mut batch)?
+                    && self.place_retired(task, *stored, *moving, cursor.as_mut(), &mut batch)?
                 {
                     apart.get_or_insert_with(HashSet::new).insert(prefix);
                 }
@@ -1124,6 +1180,10 @@ impl Backend for RocksBackend {
         Ok(true)
     }
 }
+
+/// Streams moved in one batch from which the batch reads them with one cursor
+/// ([`RocksBackend::move_stored_scanning`]) rather than by key.
+const BULK_MOVE_STREAMS: usize = 8;
 
 /// The most live records (table files of the `events` column family) a clean close merges
 /// into one run when finished streams are kept apart ([`RocksBackend::merge_live_records`]).
@@ -1432,6 +1492,58 @@ mod tests {
             Some(4),
             "t-other's and u's records alone"
         );
+    }
+
+    /// A bulk move (the writer's moves that waited) reads the streams with one cursor and
+    /// moves each whole, in any order, past a stream moved before and beside a neighbour
+    /// whose id has a moved one's as its prefix.
+    #[test]
+    fn a_bulk_move_moves_each_stream_whole() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let backend = RocksBackend::open(dir.path(), OpenMode::Primary).expect("open");
+        let tasks: Vec<String> = (0..12).map(|i| format!("s{i:02}")).collect();
+        for task in &tasks {
+            put_records(&backend, task, 0, 3);
+        }
+        put_records(&backend, "s03-x", 0, 2);
+        let retire = |task: &str, stored: u64| BatchOp::Retire {
+            task: task.to_owned(),
+            stored,
+            apart: true,
+        };
+        // One moved before, by key (a batch of one move).
+        backend
+            .write(vec![retire("s05", 3)], Durability::Buffered)
+            .expect("a move");
+        // The rest in one batch, one of them out of key order, one more than once.
+        let mut ops: Vec<BatchOp> = vec![retire("s11", 3)];
+        ops.extend(tasks.iter().map(|task| retire(task, 3)));
+        ops.push(retire("s00", 3));
+        assert!(ops.len() > BULK_MOVE_STREAMS);
+        backend
+            .write(ops, Durability::Buffered)
+            .expect("the bulk move");
+        for task in &tasks {
+            assert_eq!(
+                raw_records(&backend, Space::Events.name(), task),
+                [],
+                "{task}"
+            );
+            let moved = raw_records(&backend, FINISHED_EVENTS, task);
+            assert_eq!(
+                moved.iter().map(|(p, _)| *p).collect::<Vec<_>>(),
+                [0, 1, 2],
+                "{task}"
+            );
+            assert!(moved.iter().all(|(_, value)| *value == vec![7; 200]));
+        }
+        assert_eq!(
+            raw_records(&backend, Space::Events.name(), "s03-x").len(),
+            2
+        );
+        assert_eq!(raw_records(&backend, FINISHED_EVENTS, "s03-x"), []);
+        let all = backend.scan(Space::Events, Range::default()).count();
+        assert_eq!(all, 12 * 3 + 2, "each record read once");
     }
 
     /// Kept apart, a clean close merges the live records' level-0 files into one run, left

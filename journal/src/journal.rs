@@ -81,6 +81,8 @@ struct Inner {
     /// The writer's state, for an append that finds the journal idle to write itself
     /// ([`JournalOptions::inline_lone_appends`]); `None` for a reader.
     inline: Option<Arc<Mutex<Writer>>>,
+    /// The writer's state, for [`Journal::move_finished_now`]; `None` for a reader.
+    state: Option<Arc<Mutex<Writer>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -255,11 +257,18 @@ impl Journal {
             prepare_writable(backend.as_ref())?;
         }
         let format = stored_format(backend.as_ref())?;
-        let (sender, writer, inline, shared, opened_tail) = if backend.read_only() {
+        let (sender, writer, inline, state, shared, opened_tail) = if backend.read_only() {
             // A reader sees everything in the database: its writer (if any) is another
             // process, whose durability this one cannot know.
             let tail = read_tail(backend.as_ref()).ok().flatten();
-            (None, None, None, Arc::new(Shared::new(u64::MAX)), tail)
+            (
+                None,
+                None,
+                None,
+                None,
+                Arc::new(Shared::new(u64::MAX)),
+                tail,
+            )
         } else {
             let tail = if backend.is_shared() {
                 // Other processes move the tail and the commit index between any two reads;
@@ -277,12 +286,21 @@ impl Journal {
                 tail,
                 Arc::clone(&shared),
             )
-            .keep_finished_apart(options.keep_finished_apart);
+            .keep_finished_apart(options.keep_finished_apart)
+            .close_budget(options.settle_on_close);
             let (writer, handle) = writer
                 .spawn(rx)
                 .map_err(|e| Error::Storage(crate::error::StorageError::caused_by(e)))?;
-            let inline = (options.inline_lone_appends && !backend.is_shared()).then_some(writer);
-            (Some(tx), Some(handle), inline, shared, Some(tail))
+            let inline =
+                (options.inline_lone_appends && !backend.is_shared()).then(|| Arc::clone(&writer));
+            (
+                Some(tx),
+                Some(handle),
+                inline,
+                Some(writer),
+                shared,
+                Some(tail),
+            )
         };
         Ok(Self {
             inner: Arc::new(Inner {
@@ -293,6 +311,7 @@ impl Journal {
                 shared,
                 sender: Mutex::new(sender),
                 inline,
+                state,
                 writer: Mutex::new(writer),
             }),
         })
@@ -538,6 +557,57 @@ impl Journal {
         let submitted = self.submit(task, expected_position, events, linked, may_block);
         drop(intent);
         submitted
+    }
+
+    /// Moves the finished streams whose move waits, now; returns how many moved.
+    ///
+    /// With [`JournalOptions::keep_finished_apart`], a stream finished by a record appended
+    /// after its first batch is not moved in the batch of its terminal record, on the busy
+    /// path, but later: once the journal has had no append for 20 ms, and at a clean close
+    /// (while 131,072 wait, a stream finished then is moved with its terminal record as
+    /// before). This makes the moves waiting now — before a backup or a restart of a journal
+    /// that never idles, or at a quiet moment a service knows of — on the calling thread,
+    /// holding the writer as a batch does. Zero for a reader, without the option, or on a
+    /// store shared with other processes.
+    ///
+    /// ```
+    /// use dtask_journal::{Event, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp};
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let dir = tempfile::tempdir()?;
+    /// let options = JournalOptions::default().with_keep_finished_apart(true);
+    /// let journal = Journal::open(dir.path(), options)?;
+    /// let created = Event::Created {
+    ///     spec: TaskSpec { id: "t1".into(), executor_key: "shell".into(), ..TaskSpec::default() },
+    ///     policy: LeasePolicy::Retry,
+    ///     checkpoint: vec![],
+    ///     context_snapshot: vec![],
+    ///     at: Timestamp(1_700_000_000_000),
+    /// };
+    /// journal.append("t1", 0, &[created])?;
+    /// let completed = Event::Completed { data: b"ok".to_vec(), at: Timestamp(1_700_000_000_001) };
+    /// journal.append("t1", 1, &[completed])?;
+    /// // Finished by its second append: its move waits for an idle moment, or for this
+    /// // (which finds nothing left if the journal idled first).
+    /// let moved = journal.move_finished_now()?;
+    /// assert!(moved <= 1);
+    /// assert_eq!(journal.read_stream("t1", 0).count(), 2);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Storage`] when the write failed: the moves still waiting are given up (those
+    /// streams stay with the live ones, read alike); [`Error::Stopped`] once a sync failed.
+    pub fn move_finished_now(&self) -> Result<usize> {
+        let Some(state) = &self.inner.state else {
+            return Ok(0);
+        };
+        if let Some(why) = self.inner.shared.stopped() {
+            return Err(why);
+        }
+        let mut writer = state
+            .lock()
+            .map_err(|_| Error::Stopped("a thread panicked while writing to the journal".into()))?;
+        writer.move_pending(usize::MAX)
     }
 
     /// Installs `observer`, told of every batch written, every sync and every append's latency

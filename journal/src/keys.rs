@@ -19,11 +19,11 @@
 //!
 //! **Format 4 on, RocksDB:** the `events` space is kept in two column families. A stream
 //! without a terminal record lies in `events`. With finished streams kept apart
-//! ([`crate::JournalOptions::keep_finished_apart`]), the batch that writes a stream's terminal
-//! record moves the stream's earlier records to [`FINISHED_EVENTS`] and writes its own there
-//! ([`crate::backend::BatchOp::Retire`]), so that recovery, which reads the live streams, does
-//! not step over finished ones; a record written after the terminal one goes where its stream
-//! lies. Same keys, same values; every read of the `events` space sees both column families
+//! ([`crate::JournalOptions::keep_finished_apart`], the default), finished streams are moved
+//! to [`FINISHED_EVENTS`] ([`crate::backend::BatchOp::Retire`]): one written whole in one
+//! batch as it is written, one finished by a later append when the journal idles or closes
+//! — so that recovery, which reads the live streams, does not step over finished ones; a
+//! record written after the terminal one goes where its stream lies. Same keys, same values; every read of the `events` space sees both column families
 //! as one (`merge.rs`). A stream lies wholly in one of them after every batch (one left
 //! in `events` — of formats 1–3, or finished with the option off — moves whole when it is next
 //! written to with the option on). A task's head is read off its last record ([`crate::Head`]). A name, once

@@ -87,22 +87,25 @@ pub struct JournalOptions {
     /// where no runtime worker may block for a sync; the writer thread then makes every
     /// write, as it does for every append that finds the journal busy.
     pub inline_lone_appends: bool,
-    /// Keep finished streams apart from the live ones (RocksDB; format 4). Default: off.
+    /// Keep finished streams apart from the live ones (RocksDB; format 4). Default: on.
     ///
-    /// With it on, the batch that writes a stream's terminal record moves the stream's
-    /// earlier records to a column family of finished streams
+    /// With it on, finished streams are moved to a column family of their own
     /// ([`crate::keys::FINISHED_EVENTS`]), so that recovery, which reads the live streams,
     /// no longer steps over finished ones lying between them: on the bench's 1M-event
-    /// journal (half the tasks finished, every other one) the fold took 0.78–0.87× the time.
-    /// The price is paid on the write path: each finished stream's records are read back
-    /// and written a second time by the writer thread, which made 0.64–0.90× the task
-    /// lifecycles per second and 0.72–0.89× the durable steps of the peers' workload at
-    /// C = 64 (docs/performance.md). With it on, the live records are also stored
-    /// uncompressed, and a clean close merges them into one run (up to 256 MiB), which
-    /// recovery reads fastest. On for services that restart often with many finished tasks
-    /// between live ones; off where write throughput matters more. Reads see the journal
-    /// alike either way, and it can be turned on or off between runs: a stream stays where
-    /// it was put until a record is next written to it.
+    /// journal (half the tasks finished, every other one) the fold took 0.78–0.87× the
+    /// time after a clean close. A stream written whole in one batch goes there as it is
+    /// written. A stream finished by a later append is moved later, off the busy path: once
+    /// the journal has had no append for 20 ms, at a clean close (for at most
+    /// [`JournalOptions::settle_on_close`]; about 20 µs a stream of ten records) or when
+    /// asked ([`crate::Journal::move_finished_now`]); its records are read back and written
+    /// a second time then. Appends run as fast as without the option (the lifecycle and
+    /// peers' workload benches, docs/performance.md). A stream whose move was still waiting
+    /// at a crash, or finished while 131,072 waited, stays with the live ones. With it on,
+    /// the live records are also stored uncompressed, and a clean close merges them into
+    /// one run (up to 256 MiB), which recovery reads fastest. Reads see the journal alike
+    /// either way, and it can be turned on or off between runs: a stream stays where it was
+    /// put until a record is next written to it. Off for a service that wants its close
+    /// short and its disk written once per record.
     pub keep_finished_apart: bool,
 }
 
@@ -118,7 +121,7 @@ impl Default for JournalOptions {
             mmap_reads: false,
             settle_on_close: Duration::from_secs(10),
             inline_lone_appends: true,
-            keep_finished_apart: false,
+            keep_finished_apart: true,
         }
     }
 }

@@ -47,9 +47,9 @@ use crate::options::Durability;
 use crate::record;
 use crate::tail::Tail;
 use smallvec::SmallVec;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::mpsc::{self, Receiver};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, watch};
@@ -359,7 +359,8 @@ impl Shared {
         }
     }
 
-    fn stopped(&self) -> Option<Error> {
+    /// Why the journal stopped, once a sync failed.
+    pub(crate) fn stopped(&self) -> Option<Error> {
         self.stopped.get().map(|why| Error::Stopped(why.clone()))
     }
 }
@@ -405,6 +406,15 @@ pub(crate) struct Writer {
     lone_streak: u32,
     /// [`crate::JournalOptions::keep_finished_apart`].
     finished_apart: bool,
+    /// How long a clean close may spend on the moves still waiting
+    /// ([`crate::JournalOptions::settle_on_close`]).
+    close_budget: Duration,
+    /// With finished streams kept apart: the streams finished in this run whose records
+    /// still lie with the live ones, with how many records each had then, in key order.
+    /// Moved when the journal is idle ([`Writer::next_job`]), when asked
+    /// ([`Writer::move_pending`]) and at a clean close; lost in a crash, which leaves those
+    /// streams where they are (read alike, recovered a little slower).
+    pending_moves: BTreeMap<String, u64>,
 }
 
 /// Heads kept in memory before the cache is dropped and refilled from the tasks' last records
@@ -418,6 +428,20 @@ const HEAD_CACHE_LIMIT: usize = 1 << 17;
 /// dozen callers a batch of one append happens now and then, and the caller that came next
 /// would block its runtime worker for a sync while the other callers need it.
 const IDLE_STREAK: u32 = 4;
+
+/// Streams whose move to the finished ones waits at most ([`Writer::pending_moves`]; ~80
+/// bytes each with a short id: ~10 MB). A stream finished while as many wait stays with the
+/// live ones (read alike), so that the busy path never pays for a move.
+const PENDING_MOVES_LIMIT: usize = 1 << 17;
+
+/// How long the writer waits without a job before it counts the journal as idle and moves
+/// finished streams ([`Writer::next_job`]). Long enough that a busy journal — appends
+/// coming every few milliseconds at most — never sees it.
+const IDLE_BEFORE_MOVING: Duration = Duration::from_millis(20);
+
+/// Streams moved per write when the journal is idle: a job that comes meanwhile waits for
+/// one such write (about a millisecond for streams of ten records).
+const MOVES_PER_WRITE: usize = 64;
 
 /// Primed heads taken at most (one per live task recovered; ~70 bytes each plus the id).
 const PRIMED_LIMIT: usize = 1 << 20;
@@ -442,6 +466,8 @@ impl Writer {
             tail_is_ours: false,
             lone_streak: IDLE_STREAK,
             finished_apart: false,
+            close_budget: Duration::ZERO,
+            pending_moves: BTreeMap::new(),
         }
     }
 
@@ -449,6 +475,13 @@ impl Writer {
     /// ([`crate::JournalOptions::keep_finished_apart`]).
     pub(crate) fn keep_finished_apart(mut self, on: bool) -> Self {
         self.finished_apart = on;
+        self
+    }
+
+    /// Sets how long a clean close may spend moving the finished streams still waiting
+    /// ([`crate::JournalOptions::settle_on_close`]).
+    pub(crate) fn close_budget(mut self, budget: Duration) -> Self {
+        self.close_budget = budget;
         self
     }
 
@@ -508,12 +541,15 @@ impl Writer {
         };
         let mut batch = Vec::with_capacity(max_batch);
         let mut carried = None;
+        let moves = writer
+            .lock()
+            .is_ok_and(|writer| writer.finished_apart && !writer.backend.is_shared());
         loop {
             let first = match carried.take() {
                 Some(job) => job,
-                None => match jobs.recv() {
-                    Ok(job) => job,
-                    Err(_) => break,
+                None => match Self::next_job(writer, jobs, shared, moves) {
+                    Some(job) => job,
+                    None => break,
                 },
             };
             batch.push(first);
@@ -540,10 +576,116 @@ impl Writer {
                 carried = writer.make_durable(written, syncer, jobs);
             }
         }
+        // A clean close: the moves still waiting are made now, for at most the close's
+        // budget (`JournalOptions::settle_on_close`), before the journal's last flush
+        // (RocksDB syncs a log before a flush of what it holds is installed).
+        if let Ok(mut writer) = writer.lock() {
+            let budget = writer.close_budget;
+            if let Err(error) = writer.move_pending_within(budget) {
+                tracing::warn!(%error, "moving finished streams at close failed");
+            }
+        }
         if let Some((tx, handle)) = syncer {
             drop(tx);
             let _ = handle.join();
         }
+    }
+
+    /// The next job, or `None` once every sender is gone. With finished streams kept apart
+    /// (`moves`), the wait is cut in spans of [`IDLE_BEFORE_MOVING`]: after a span in which
+    /// nothing was appended — not even by a caller writing its own append — the journal
+    /// counts as idle, and the streams waiting to be moved ([`Writer::pending_moves`]) are
+    /// moved, [`MOVES_PER_WRITE`] to a write, until a job comes or none is left.
+    fn next_job(
+        writer: &Mutex<Self>,
+        jobs: &Receiver<AppendJob>,
+        shared: &Shared,
+        moves: bool,
+    ) -> Option<AppendJob> {
+        if !moves {
+            return jobs.recv().ok();
+        }
+        loop {
+            let seen = shared.durable();
+            match jobs.recv_timeout(IDLE_BEFORE_MOVING) {
+                Ok(job) => return Some(job),
+                Err(RecvTimeoutError::Disconnected) => return None,
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+            while shared.durable() == seen {
+                match writer.lock() {
+                    Ok(mut writer) if !writer.pending_moves.is_empty() => {
+                        if let Err(error) = writer.move_pending(MOVES_PER_WRITE) {
+                            tracing::warn!(%error, "moving finished streams failed");
+                        }
+                    }
+                    _ => break,
+                }
+                match jobs.try_recv() {
+                    Ok(job) => return Some(job),
+                    Err(TryRecvError::Disconnected) => return None,
+                    Err(TryRecvError::Empty) => {}
+                }
+            }
+        }
+    }
+
+    /// Moves the finished streams waiting, [`MOVES_PER_WRITE`] to a write, until none is
+    /// left or `budget` is spent (those left stay where they are); how many moved.
+    ///
+    /// # Errors
+    /// As [`Writer::move_pending`].
+    fn move_pending_within(&mut self, budget: Duration) -> Result<usize> {
+        let started = Instant::now();
+        let mut moved = 0;
+        while !self.pending_moves.is_empty() && started.elapsed() < budget {
+            moved += self.move_pending(MOVES_PER_WRITE)?;
+        }
+        if !self.pending_moves.is_empty() {
+            tracing::info!(
+                left = self.pending_moves.len(),
+                ?budget,
+                "the journal closed with finished streams left among the live ones"
+            );
+        }
+        Ok(moved)
+    }
+
+    /// Moves up to `max` of the finished streams waiting, in key order, [`MOVES_PER_WRITE`]
+    /// to a write (not synced: a move lost in a crash leaves its stream where it was, read
+    /// alike); how many.
+    ///
+    /// # Errors
+    /// What the write returned when it failed: every move still waiting is given up then
+    /// (those streams stay where they are).
+    pub(crate) fn move_pending(&mut self, max: usize) -> Result<usize> {
+        if self.pending_moves.is_empty() || self.shared.stopped.get().is_some() {
+            return Ok(0);
+        }
+        let mut moved = 0;
+        while moved < max {
+            let mut ops = Vec::with_capacity(MOVES_PER_WRITE.min(max - moved));
+            while ops.len() < MOVES_PER_WRITE && moved + ops.len() < max {
+                let Some((task, stored)) = self.pending_moves.pop_first() else {
+                    break;
+                };
+                ops.push(BatchOp::Retire {
+                    task,
+                    stored,
+                    apart: true,
+                });
+            }
+            if ops.is_empty() {
+                break;
+            }
+            let count = ops.len();
+            if let Err(error) = self.backend.write(ops, Durability::Buffered) {
+                self.pending_moves.clear();
+                return Err(error);
+            }
+            moved += count;
+        }
+        Ok(moved)
     }
 
     /// Writes `job` and makes it durable on the calling thread, if the journal is idle: the
@@ -658,11 +800,11 @@ impl Writer {
         ops: &mut Vec<BatchOp>,
         finished_apart: bool,
     ) -> Result<(Head, Appended)> {
+        let before = head;
         let first_seq = seq;
         // How many of the stream's records may be stored already: none to look for when it
         // is new (see `BatchOp::Retire`).
         let stored = head.next_position;
-        let was_terminal = head.terminal;
         ops.reserve(events.len() * 2);
         for event in events {
             let (bytes, digest) = event
@@ -709,11 +851,13 @@ impl Writer {
             head.last_digest = digest;
             seq += 1;
         }
-        if head.terminal && (finished_apart || was_terminal) {
-            // The stream has a terminal record: with finished streams kept apart, its
-            // records, those before and these, are stored with the finished ones; without,
-            // a record written after the terminal one goes where the stream lies (which the
-            // backend knows: see `BatchOp::Retire`).
+        if head.terminal && (before.terminal || (finished_apart && stored == 0)) {
+            // The stream has a terminal record. A record written after the terminal one
+            // goes where the stream lies (which the backend knows: see `BatchOp::Retire`),
+            // and with finished streams kept apart moves the stream there whole. With them
+            // kept apart, a stream written whole in this batch goes with the finished ones
+            // as it is written (nothing to read back); the move of one with records stored
+            // before waits for an idle moment (`Writer::pending_moves`, `move_waits`).
             ops.push(BatchOp::Retire {
                 task: task.to_owned(),
                 stored,
@@ -1030,6 +1174,10 @@ impl Writer {
         let mut accepted = Vec::with_capacity(batch.len());
         let mut conflicts = 0;
         let mut staged = Vec::with_capacity(1);
+        // The streams this batch finishes, in order: each with its records' count when its
+        // move waits, `None` when the batch moves it.
+        let mut finished: Vec<(String, Option<u64>)> = Vec::new();
+        let defer = self.defers_moves();
         for job in batch.drain(..) {
             let AppendJob {
                 task,
@@ -1046,6 +1194,10 @@ impl Writer {
                     seq = staged.last().map_or(seq, |(_, _, after_seq, _)| *after_seq);
                     for (task, head, _, after) in staged.drain(..) {
                         tail.live.advance(&task, &head, &after);
+                        if self.finished_apart && after.terminal {
+                            let waits = move_waits(defer, &head, &after);
+                            finished.push((task.clone(), waits.then_some(after.next_position)));
+                        }
                         self.heads.insert(task, after);
                     }
                     accepted.push(Ack {
@@ -1110,7 +1262,29 @@ impl Writer {
             batch.write = started.elapsed();
             observer.batch_written(&batch);
         }
+        self.note_finished(finished);
         Some(self.written(seq, tail, accepted))
+    }
+
+    /// Notes the streams a written batch finished (in its order): each whose move waits
+    /// with its records' count, each the batch moved (`None`) no longer waiting.
+    fn note_finished(&mut self, finished: Vec<(String, Option<u64>)>) {
+        for (task, waits) in finished {
+            match waits {
+                Some(stored) => self.pending_moves.insert(task, stored),
+                None => self.pending_moves.remove(&task),
+            };
+        }
+    }
+
+    /// Whether a stream finished now joins those waiting to be moved
+    /// ([`Writer::pending_moves`]): with finished streams kept apart on this process's own
+    /// store (a shared one keeps no column families), while there is room — beyond, it
+    /// stays where it lies.
+    fn defers_moves(&self) -> bool {
+        self.finished_apart
+            && !self.backend.is_shared()
+            && self.pending_moves.len() < PENDING_MOVES_LIMIT
     }
 
     /// Empties the head cache if `more` heads would take it past [`HEAD_CACHE_LIMIT`].
@@ -1131,6 +1305,15 @@ impl Writer {
             acks,
         }
     }
+}
+
+/// Whether the move of a stream that a batch finishes (its head going from `before` to
+/// `after`) waits for an idle moment, when moves may (`defer`: [`Writer::defers_moves`]).
+/// Only a stream with records stored before the batch waits: one written whole in one batch
+/// goes with the finished streams as it is written, which costs nothing more
+/// ([`Writer::stage`]).
+fn move_waits(defer: bool, before: &Head, after: &Head) -> bool {
+    defer && after.terminal && !before.terminal && before.next_position > 0
 }
 
 /// Refuses every job of `batch` once the journal stopped; whether it did.
@@ -1280,6 +1463,8 @@ mod tests {
         failing_writes: AtomicUsize,
         /// The name of the thread of each sync, in order.
         synced_on: Mutex<Vec<String>>,
+        /// Each write, in order: whether it put records, and the streams it retired.
+        writes: Mutex<Vec<(bool, Vec<String>)>>,
     }
 
     impl Faulty {
@@ -1298,6 +1483,23 @@ mod tests {
             if fail {
                 return Err(Error::storage("injected: write failed"));
             }
+            let puts = ops.iter().any(|op| {
+                matches!(
+                    op,
+                    BatchOp::Put {
+                        space: Space::Events,
+                        ..
+                    }
+                )
+            });
+            let retired = ops
+                .iter()
+                .filter_map(|op| match op {
+                    BatchOp::Retire { task, .. } => Some(task.clone()),
+                    _ => None,
+                })
+                .collect();
+            self.writes.lock().unwrap().push((puts, retired));
             self.inner.write(ops, durability)
         }
         fn sync(&self) -> Result<()> {
@@ -1343,6 +1545,7 @@ mod tests {
             gates: Mutex::new(VecDeque::new()),
             failing_writes: AtomicUsize::new(0),
             synced_on: Mutex::new(Vec::new()),
+            writes: Mutex::new(Vec::new()),
         });
         let journal =
             Journal::with_backend(Arc::clone(&backend) as Arc<dyn Backend>, options).unwrap();
@@ -1511,6 +1714,75 @@ mod tests {
             .unwrap()
             .join()
             .unwrap();
+    }
+
+    fn completed(i: u64) -> Event {
+        Event::Completed {
+            data: b"ok".to_vec(),
+            at: Timestamp(i),
+        }
+    }
+
+    /// With finished streams kept apart, a stream finished by a later append is not moved in
+    /// the batch of its terminal record but by a write of its own (when the journal idles,
+    /// when asked, at a clean close), once; one created and finished in one batch is put with
+    /// the finished streams in that batch; a record written after a terminal one moves a
+    /// stream still waiting at once.
+    #[test]
+    fn a_stream_finished_later_is_moved_after_its_terminal_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = JournalOptions::default().with_keep_finished_apart(true);
+        let (journal, backend) = faulty_with(dir.path(), options);
+        journal.append("a", 0, &[update(0)]).unwrap();
+        journal.append("a", 1, &[update(1), completed(2)]).unwrap();
+        journal.append("q", 0, &[update(0), completed(1)]).unwrap();
+        journal.append("b", 0, &[update(0)]).unwrap();
+        journal.append("b", 1, &[completed(1)]).unwrap();
+        let writes = |backend: &Faulty| backend.writes.lock().unwrap().clone();
+        let appended = writes(&backend);
+        let retired_with_records: Vec<&String> = appended
+            .iter()
+            .filter(|(puts, _)| *puts)
+            .flat_map(|(_, retired)| retired)
+            .collect();
+        assert_eq!(
+            retired_with_records,
+            ["q"],
+            "only the one-batch stream moves at once"
+        );
+        journal.move_finished_now().unwrap();
+        let moves: Vec<Vec<String>> = writes(&backend)
+            .into_iter()
+            .filter(|(puts, retired)| !puts && !retired.is_empty())
+            .map(|(_, retired)| retired)
+            .collect();
+        assert_eq!(moves.concat(), ["a", "b"], "each moved once, in key order");
+        assert_eq!(journal.move_finished_now().unwrap(), 0);
+        // Moved: read as before (and the raw placement is the integration tests').
+        assert_eq!(journal.read_stream("a", 0).count(), 3);
+        assert_eq!(journal.read_stream("b", 0).count(), 2);
+        // A record after the terminal one of a stream still waiting moves it in its batch.
+        journal.append("c", 0, &[update(0)]).unwrap();
+        journal.append("c", 1, &[completed(1)]).unwrap();
+        journal.append("c", 2, &[update(2)]).unwrap();
+        assert_eq!(
+            writes(&backend).pop().unwrap(),
+            (true, vec!["c".to_owned()]),
+            "the batch itself places it (moved by the idle writer already, or now)"
+        );
+        assert_eq!(journal.move_finished_now().unwrap(), 0);
+        assert_eq!(journal.read_stream("c", 0).count(), 3);
+        // Without the option nothing waits.
+        drop(journal);
+        drop(backend);
+        let options = JournalOptions::default().with_keep_finished_apart(false);
+        let (journal, backend) = faulty_with(dir.path(), options);
+        journal.append("d", 0, &[update(0)]).unwrap();
+        journal.append("d", 1, &[completed(1)]).unwrap();
+        assert_eq!(journal.move_finished_now().unwrap(), 0);
+        assert!(writes(&backend)
+            .iter()
+            .all(|(_, retired)| retired.is_empty()));
     }
 
     #[test]

@@ -12,9 +12,14 @@ use dtask_journal::{Journal, JournalOptions};
 use std::path::Path;
 use strategies::{completed, created, update};
 
-/// Options with finished streams kept apart.
+/// Options with finished streams kept apart (the default, said here).
 fn apart() -> JournalOptions {
     JournalOptions::default().with_keep_finished_apart(true)
+}
+
+/// Options with finished streams left among the live ones.
+fn in_place() -> JournalOptions {
+    JournalOptions::default().with_keep_finished_apart(false)
 }
 
 /// No positions.
@@ -246,7 +251,7 @@ fn without_the_option_streams_stay_where_they_were_put_and_whole() {
     let events = Space::Events.name();
     // A second run without the option: a stream finished now stays in `events`, and records
     // written after the terminal one go where their stream lies.
-    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    let journal = Journal::open(dir.path(), in_place()).unwrap();
     assert_eq!(everything(&journal), built);
     journal.append("live", 2, &[completed()]).unwrap();
     journal.append("live", 3, &[update(3)]).unwrap();
@@ -268,7 +273,7 @@ fn without_the_option_streams_stay_where_they_were_put_and_whole() {
     assert_eq!(raw_positions(dir.path(), FINISHED_EVENTS, "fresh"), NONE);
     // Reopened (the writer learns again that streams were moved) and kept apart once more:
     // a stream left in `events` moves whole when next written to.
-    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    let journal = Journal::open(dir.path(), in_place()).unwrap();
     assert_eq!(everything(&journal), seen);
     journal.append("done", 5, &[update(5)]).unwrap();
     drop(journal);
@@ -297,6 +302,8 @@ fn a_follower_reads_a_stream_moved_after_it_opened() {
     let follower = Journal::open_follower(dir.path(), scratch.path()).unwrap();
     assert_eq!(follower.read_stream("t", 0).count(), 2);
     journal.append("t", 2, &[completed()]).unwrap();
+    // Its move waits for an idle moment: made now.
+    journal.move_finished_now().unwrap();
     // Moved: gone from `events`, whole in `finished`, and the writer's reads see it.
     let positions =
         |j: &Journal| -> Vec<u64> { j.read_stream("t", 0).map(|r| r.unwrap().position).collect() };
@@ -308,6 +315,29 @@ fn a_follower_reads_a_stream_moved_after_it_opened() {
     drop(follower);
     drop(journal);
     assert_eq!(raw_positions(dir.path(), FINISHED_EVENTS, "t"), [0, 1, 2]);
+}
+
+/// A stream finished by a later append moves once the journal has been idle a moment,
+/// while the writer stays open; nothing a reader sees changes meanwhile.
+#[test]
+fn a_stream_finished_later_moves_once_the_journal_is_idle() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(dir.path(), apart()).unwrap();
+    journal.append("t", 0, &[created("t"), update(1)]).unwrap();
+    journal.append("live", 0, &[created("live")]).unwrap();
+    journal.append("t", 2, &[completed()]).unwrap();
+    let seen = everything(&journal);
+    // The writer moves it after 20 ms without appends; waited for, up to a minute.
+    let events = Space::Events.name();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while raw_positions(dir.path(), FINISHED_EVENTS, "t") != [0, 1, 2] {
+        assert!(std::time::Instant::now() < deadline, "never moved");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(raw_positions(dir.path(), events, "t"), NONE);
+    assert_eq!(raw_positions(dir.path(), events, "live"), [0]);
+    assert_eq!(everything(&journal), seen);
+    assert_eq!(journal.move_finished_now().unwrap(), 0);
 }
 
 /// A follower of a format-3 journal whose writer upgrades it is told to open it again at its
