@@ -263,6 +263,14 @@ pub trait Backend: Send + Sync + 'static {
         None
     }
 
+    /// A bulk [`Cursor`] over the records not moved to the finished ones — every stream
+    /// without a terminal record, and the finished streams left among them — for a backend
+    /// that keeps finished streams apart; `None` (the default) elsewhere. The writer's sweep
+    /// reads it to find the finished streams to move.
+    fn unmoved_records_cursor(&self) -> Option<Box<dyn Cursor + '_>> {
+        None
+    }
+
     /// Catches a secondary instance up with its primary; a no-op elsewhere.
     ///
     /// # Errors
@@ -1106,6 +1114,11 @@ impl Backend for RocksBackend {
     fn live_records_cursor(&self) -> Option<Box<dyn Cursor + '_>> {
         // With nothing in `finished` every stream is in `events`: no shortcut.
         self.finished_in_use()?;
+        Some(self.raw_cursor(Space::Events, bulk_read_options()))
+    }
+
+    fn unmoved_records_cursor(&self) -> Option<Box<dyn Cursor + '_>> {
+        self.finished_cf()?;
         Some(self.raw_cursor(Space::Events, bulk_read_options()))
     }
 

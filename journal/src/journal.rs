@@ -561,14 +561,16 @@ impl Journal {
 
     /// Moves the finished streams whose move waits, now; returns how many moved.
     ///
-    /// With [`JournalOptions::keep_finished_apart`], a stream finished by a record appended
-    /// after its first batch is not moved in the batch of its terminal record, on the busy
-    /// path, but later: once the journal has had no append for 20 ms, and at a clean close
-    /// (while 131,072 wait, a stream finished then is moved with its terminal record as
-    /// before). This makes the moves waiting now — before a backup or a restart of a journal
-    /// that never idles, or at a quiet moment a service knows of — on the calling thread,
-    /// holding the writer as a batch does. Zero for a reader, without the option, or on a
-    /// store shared with other processes.
+    /// With [`JournalOptions::keep_finished_apart`] (the default), a stream finished by a
+    /// record appended after its first batch is not moved in the batch of its terminal
+    /// record, on the busy path, but later: once the journal has had no append for 20 ms,
+    /// and at a clean close. The first idle moments after an open also sweep the records
+    /// not moved for finished streams left among the live ones (by a crash, which loses the
+    /// moves waiting, by a run with the option off, or by an older format). This finishes
+    /// that sweep and makes every move waiting now — before a backup or a restart of a
+    /// journal that never idles, or at a quiet moment a service knows of — on the calling
+    /// thread, holding the writer as a batch does. Zero for a reader, without the option,
+    /// or on a store shared with other processes.
     ///
     /// ```
     /// use dtask_journal::{Event, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp};
@@ -607,7 +609,7 @@ impl Journal {
         let mut writer = state
             .lock()
             .map_err(|_| Error::Stopped("a thread panicked while writing to the journal".into()))?;
-        writer.move_pending(usize::MAX)
+        writer.move_all()
     }
 
     /// Installs `observer`, told of every batch written, every sync and every append's latency

@@ -415,6 +415,12 @@ pub(crate) struct Writer {
     /// ([`Writer::move_pending`]) and at a clean close; lost in a crash, which leaves those
     /// streams where they are (read alike, recovered a little slower).
     pending_moves: BTreeMap<String, u64>,
+    /// With finished streams kept apart: where the sweep of the records not moved goes on
+    /// from ([`Writer::sweep_some`]), `None` once it has reached their end. Each writable
+    /// open sweeps once, when the journal idles, to find the finished streams left among
+    /// the live ones — by a crash (whose moves waited in memory), with the option off, or in
+    /// an older format — and moves them.
+    sweep: Option<Vec<u8>>,
 }
 
 /// Heads kept in memory before the cache is dropped and refilled from the tasks' last records
@@ -443,6 +449,11 @@ const IDLE_BEFORE_MOVING: Duration = Duration::from_millis(20);
 /// one such write (about a millisecond for streams of ten records).
 const MOVES_PER_WRITE: usize = 64;
 
+/// Streams the idle writer's sweep examines at a time ([`Writer::sweep_some`]): a job that
+/// comes meanwhile waits for them (a live one is a lookup and a seek, a finished one a
+/// step per record).
+const SWEPT_STREAMS: usize = 256;
+
 /// Primed heads taken at most (one per live task recovered; ~70 bytes each plus the id).
 const PRIMED_LIMIT: usize = 1 << 20;
 
@@ -468,6 +479,7 @@ impl Writer {
             finished_apart: false,
             close_budget: Duration::ZERO,
             pending_moves: BTreeMap::new(),
+            sweep: None,
         }
     }
 
@@ -475,6 +487,7 @@ impl Writer {
     /// ([`crate::JournalOptions::keep_finished_apart`]).
     pub(crate) fn keep_finished_apart(mut self, on: bool) -> Self {
         self.finished_apart = on;
+        self.sweep = on.then(Vec::new);
         self
     }
 
@@ -619,6 +632,11 @@ impl Writer {
                             tracing::warn!(%error, "moving finished streams failed");
                         }
                     }
+                    Ok(mut writer) if writer.sweep.is_some() => {
+                        if let Err(error) = writer.sweep_some(SWEPT_STREAMS) {
+                            tracing::warn!(%error, "sweeping for finished streams failed");
+                        }
+                    }
                     _ => break,
                 }
                 match jobs.try_recv() {
@@ -628,6 +646,72 @@ impl Writer {
                 }
             }
         }
+    }
+
+    /// Goes on with the sweep of the records not moved to the finished ones
+    /// ([`Writer::sweep`]) over up to `streams` streams: each finished one (a stream with
+    /// records that is not live has a terminal record, as [`Head::read`] reads it) is noted
+    /// to be moved with its records' count; a live one is skipped with one seek. Stops early
+    /// when the list of moves waiting is full, and ends the sweep at the records' end.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] when a read failed, [`Error::Corruption`] on a damaged key: the
+    /// sweep ends (what it noted stays noted).
+    pub(crate) fn sweep_some(&mut self, streams: usize) -> Result<()> {
+        let Some(from) = self.sweep.take() else {
+            return Ok(());
+        };
+        let Some(mut cursor) = self.backend.unmoved_records_cursor() else {
+            return Ok(());
+        };
+        cursor.seek(&from);
+        // Where the sweep goes on from: past the last stream examined.
+        let mut next = from;
+        for _ in 0..streams {
+            if self.pending_moves.len() >= PENDING_MOVES_LIMIT {
+                self.sweep = Some(next);
+                return Ok(());
+            }
+            let Some(key) = cursor.key() else {
+                return cursor.status();
+            };
+            let (task, _) = keys::parse_event_key(key)
+                .map_err(|kind| Error::corruption(&String::from_utf8_lossy(key), 0, kind))?;
+            let task = task.to_owned();
+            keys::task_end_into(&task, &mut next);
+            if self
+                .backend
+                .get(Space::Live, &keys::task_key(&task))?
+                .is_some()
+            {
+                cursor.seek(&next);
+                continue;
+            }
+            let prefix = keys::task_prefix(&task);
+            let mut stored = 0;
+            while cursor.key().is_some_and(|key| key.starts_with(&prefix)) {
+                stored += 1;
+                cursor.next();
+            }
+            self.pending_moves.insert(task, stored);
+        }
+        cursor.status()?;
+        self.sweep = Some(next);
+        Ok(())
+    }
+
+    /// Finishes the sweep ([`Writer::sweep_some`]) and makes every move waiting; how many
+    /// streams moved.
+    ///
+    /// # Errors
+    /// As [`Writer::sweep_some`] and [`Writer::move_pending`].
+    pub(crate) fn move_all(&mut self) -> Result<usize> {
+        let mut moved = self.move_pending(usize::MAX)?;
+        while self.sweep.is_some() {
+            self.sweep_some(SWEPT_STREAMS)?;
+            moved += self.move_pending(usize::MAX)?;
+        }
+        Ok(moved)
     }
 
     /// Moves the finished streams waiting, [`MOVES_PER_WRITE`] to a write, until none is

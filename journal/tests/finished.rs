@@ -205,7 +205,7 @@ fn a_format_3_journal_is_read_as_it_is_and_upgraded_in_place() {
     let families = rocksdb::DB::list_cf(&rocksdb::Options::default(), dir.path()).unwrap();
     assert!(!families.contains(&FINISHED_EVENTS.to_owned()));
     // A writer upgrades it in place: version 4, the column family made, nothing moved.
-    let journal = Journal::open(dir.path(), apart()).unwrap();
+    let journal = Journal::open(dir.path(), in_place()).unwrap();
     assert_eq!(journal.format_version(), 4);
     assert_eq!(everything(&journal), built);
     drop(journal);
@@ -214,11 +214,10 @@ fn a_format_3_journal_is_read_as_it_is_and_upgraded_in_place() {
         [0, 1, 2, 3]
     );
     assert_eq!(raw_positions(dir.path(), FINISHED_EVENTS, "done"), NONE);
-    // A finished stream of the older format moves, whole, when a record is next written to it.
+    // With the option, a finished stream of the older format moves, whole, when a record is
+    // next written to it (in that batch); the others when the writer's sweep finds them.
     let journal = Journal::open(dir.path(), apart()).unwrap();
     journal.append("done", 4, &[update(4)]).unwrap();
-    journal.append("live", 2, &[completed()]).unwrap();
-    drop(journal);
     assert_eq!(
         raw_positions(dir.path(), Space::Events.name(), "done"),
         NONE
@@ -227,13 +226,24 @@ fn a_format_3_journal_is_read_as_it_is_and_upgraded_in_place() {
         raw_positions(dir.path(), FINISHED_EVENTS, "done"),
         [0, 1, 2, 3, 4]
     );
+    journal.append("live", 2, &[completed()]).unwrap();
+    journal.move_finished_now().unwrap();
+    drop(journal);
     assert_eq!(
         raw_positions(dir.path(), FINISHED_EVENTS, "live"),
         [0, 1, 2]
     );
     assert_eq!(
-        raw_positions(dir.path(), Space::Events.name(), "quick"),
+        raw_positions(dir.path(), FINISHED_EVENTS, "quick"),
         [0, 1, 2]
+    );
+    assert_eq!(
+        raw_positions(dir.path(), Space::Events.name(), "quick"),
+        NONE
+    );
+    assert_eq!(
+        raw_positions(dir.path(), Space::Events.name(), "done-too"),
+        [0]
     );
     let reader = Journal::open_read_only(dir.path()).unwrap();
     let positions: Vec<u64> = reader
@@ -241,6 +251,63 @@ fn a_format_3_journal_is_read_as_it_is_and_upgraded_in_place() {
         .map(|r| r.unwrap().position)
         .collect();
     assert_eq!(positions, [0, 1, 2, 3, 4]);
+}
+
+/// Writes, with finished streams left in place, two streams finished by a later append
+/// ("a", "b"), a live one ("c") and a live one whose id has "a" as its prefix ("a-x").
+fn build_in_place(dir: &Path) -> Vec<String> {
+    let journal = Journal::open(dir, in_place()).unwrap();
+    for task in ["a", "a-x", "b", "c"] {
+        journal.append(task, 0, &[created(task)]).unwrap();
+    }
+    journal.append("a", 1, &[update(1), completed()]).unwrap();
+    journal.append("b", 1, &[completed()]).unwrap();
+    everything(&journal)
+}
+
+/// The finished streams a writer finds among the live ones at its open — left there by a run
+/// with the option off, by an older format, or by a crash that lost the moves waiting — are
+/// moved by the sweep of its first idle moments, or at once when asked; live streams stay.
+#[test]
+fn finished_streams_left_among_the_live_ones_are_swept_out() {
+    let events = Space::Events.name();
+    let moved = |dir: &Path| {
+        raw_positions(dir, FINISHED_EVENTS, "a") == [0, 1, 2]
+            && raw_positions(dir, FINISHED_EVENTS, "b") == [0, 1]
+    };
+    let stayed = |dir: &Path| {
+        raw_positions(dir, events, "a").is_empty()
+            && raw_positions(dir, events, "b").is_empty()
+            && raw_positions(dir, events, "a-x") == [0]
+            && raw_positions(dir, events, "c") == [0]
+            && raw_positions(dir, FINISHED_EVENTS, "a-x").is_empty()
+            && raw_positions(dir, FINISHED_EVENTS, "c").is_empty()
+    };
+    // Asked.
+    let dir = tempfile::tempdir().unwrap();
+    let built = build_in_place(dir.path());
+    assert_eq!(raw_positions(dir.path(), events, "a"), [0, 1, 2]);
+    let journal = Journal::open(dir.path(), apart()).unwrap();
+    let swept = journal.move_finished_now().unwrap();
+    assert!(
+        swept <= 2,
+        "the idle sweep may have moved some first ({swept})"
+    );
+    assert!(moved(dir.path()) && stayed(dir.path()));
+    assert_eq!(everything(&journal), built);
+    assert_eq!(journal.move_finished_now().unwrap(), 0);
+    drop(journal);
+    // When the journal idles (waited for, up to a minute).
+    let dir = tempfile::tempdir().unwrap();
+    let built = build_in_place(dir.path());
+    let journal = Journal::open(dir.path(), apart()).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !moved(dir.path()) {
+        assert!(std::time::Instant::now() < deadline, "never swept");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(stayed(dir.path()));
+    assert_eq!(everything(&journal), built);
 }
 
 #[test]
