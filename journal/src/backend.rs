@@ -827,6 +827,18 @@ impl RocksBackend {
             .is_none())
     }
 
+    /// The two column families a move reads from and writes to: `events` and `finished`.
+    ///
+    /// # Errors
+    /// [`Error::NotAJournal`] when `finished` is missing (an open made it otherwise).
+    fn move_cfs(&self) -> Result<(&ColumnFamily, &ColumnFamily)> {
+        let events = self.cf(Space::Events)?;
+        let finished = self.finished_cf().ok_or_else(|| {
+            Error::NotAJournal(format!("column family {FINISHED_EVENTS} missing"))
+        })?;
+        Ok((events, finished))
+    }
+
     /// The records of `task` at positions below `stored` that lie in the `events` column
     /// family (its stream had no terminal record before this batch, or is of an older format),
     /// put into `finished` and single-deleted from `events` in `batch`.
@@ -843,10 +855,7 @@ impl RocksBackend {
         if stored == 0 {
             return Ok(());
         }
-        let events = self.cf(Space::Events)?;
-        let finished = self.finished_cf().ok_or_else(|| {
-            Error::NotAJournal(format!("column family {FINISHED_EVENTS} missing"))
-        })?;
+        let (events, finished) = self.move_cfs()?;
         let first = crate::keys::event_key(task, 0);
         let Some(value) = self.db.get_pinned_cf(events, &first)? else {
             return Ok(());
@@ -884,10 +893,7 @@ impl RocksBackend {
         if stored == 0 {
             return Ok(());
         }
-        let events = self.cf(Space::Events)?;
-        let finished = self.finished_cf().ok_or_else(|| {
-            Error::NotAJournal(format!("column family {FINISHED_EVENTS} missing"))
-        })?;
+        let (events, finished) = self.move_cfs()?;
         let prefix = crate::keys::task_prefix(task);
         cursor.seek(&prefix);
         let mut read = 0;
