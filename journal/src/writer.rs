@@ -412,8 +412,8 @@ pub(crate) struct Writer {
     /// With finished streams kept apart: the streams finished in this run whose records
     /// still lie with the live ones, with how many records each had then, in key order.
     /// Moved when the journal is idle ([`Writer::next_job`]), when asked
-    /// ([`Writer::move_pending`]) and at a clean close; lost in a crash, which leaves those
-    /// streams where they are (read alike, recovered a little slower).
+    /// ([`Writer::move_all`]) and at a clean close; lost in a crash, which leaves those
+    /// streams where they are (read alike) until the next open's sweep finds them.
     pending_moves: BTreeMap<String, u64>,
     /// With finished streams kept apart: where the sweep of the records not moved goes on
     /// from ([`Writer::sweep_some`]), `None` once it has reached their end. Each writable
@@ -743,7 +743,7 @@ impl Writer {
     /// What the write returned when it failed: every move still waiting is given up then
     /// (those streams stay where they are).
     pub(crate) fn move_pending(&mut self, max: usize) -> Result<usize> {
-        if self.pending_moves.is_empty() || self.shared.stopped.get().is_some() {
+        if self.pending_moves.is_empty() || self.shared.stopped().is_some() {
             return Ok(0);
         }
         let mut moved = 0;
