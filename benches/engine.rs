@@ -299,14 +299,6 @@ fn recovery(tasks: usize, events_per_task: usize) {
     // Each recovery appends to its journal afterwards: a kept journal is recovered from a
     // copy (so it stays as built, to be profiled again), and so is the recovery with
     // memory-mapped reads.
-    let copy_of = |dir: &std::path::Path| {
-        let copy = tempfile::tempdir().unwrap();
-        for entry in std::fs::read_dir(dir).unwrap() {
-            let path = entry.unwrap().path();
-            std::fs::copy(&path, copy.path().join(path.file_name().unwrap())).unwrap();
-        }
-        copy
-    };
     let mapped = copy_of(&dir);
     let closed = if std::env::var_os("DTASK_BENCH_KEEP").is_some() {
         Some(copy_of(&dir))
@@ -329,6 +321,7 @@ fn recovery(tasks: usize, events_per_task: usize) {
         events_per_task,
         common::Finished::Interleaved,
     );
+    let in_place_copy = copy_of(in_place.path());
     assert!(child(
         "--recover",
         in_place.path(),
@@ -336,6 +329,15 @@ fn recovery(tasks: usize, events_per_task: usize) {
     )
     .success());
     drop(in_place);
+    // The same without the idle sweep beside the fold (which moves those streams while the
+    // fold runs), then the sweep alone.
+    assert!(child(
+        "--recover",
+        in_place_copy.path(),
+        Some("closed, finished in place, sweep off")
+    )
+    .success());
+    drop(in_place_copy);
     // The same with the finished half first (as time-ordered ids lay it out): nothing lies
     // between the live tasks.
     let oldest = tempfile::tempdir().unwrap();
@@ -379,8 +381,22 @@ fn recovery(tasks: usize, events_per_task: usize) {
             std::os::unix::process::ExitStatusExt::signal(&status) == Some(6),
             "the builder was to abort ({status})"
         );
+        let copy = copy_of(crashed.path());
         assert!(child("--recover", crashed.path(), Some(label)).success());
+        let label = format!("{label}, sweep off");
+        assert!(child("--recover", copy.path(), Some(&label)).success());
     }
+}
+
+/// A copy of the journal at `dir` (closed, or as a crash left it) in a new temporary
+/// directory.
+fn copy_of(dir: &std::path::Path) -> tempfile::TempDir {
+    let copy = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, copy.path().join(path.file_name().unwrap())).unwrap();
+    }
+    copy
 }
 
 /// `--recover DIR TASKS EVENTS LABEL`: times the recovery of the journal at DIR.
@@ -399,7 +415,12 @@ fn measure_recovery(label: &str, dir: &std::path::Path, tasks: usize, events_per
     let live_events = live * events_per_task;
     let rss_before = rss_bytes();
     let start = Instant::now();
-    let options = JournalOptions::default().with_mmap_reads(label.contains("mmap reads"));
+    // "sweep off": opened as with finished streams kept in place (read alike), so that no
+    // idle sweep runs beside the fold; the sweep is then timed alone (`full_sweep`).
+    let sweep_off = label.contains("sweep off");
+    let options = JournalOptions::default()
+        .with_mmap_reads(label.contains("mmap reads"))
+        .with_keep_finished_apart(!sweep_off);
     let journal = Journal::open(dir, options).unwrap();
     let opened = start.elapsed();
     let store = TaskStore::open(journal, SystemClock, StoreConfig::default()).unwrap();
@@ -437,9 +458,36 @@ fn measure_recovery(label: &str, dir: &std::path::Path, tasks: usize, events_per
     if std::env::var_os("DTASK_BENCH_FOLD_ONLY").is_some() {
         return;
     }
+    if sweep_off {
+        drop(store);
+        full_sweep(label, dir, live);
+        return;
+    }
+    let start = Instant::now();
+    let moved = store.journal().move_finished_now().unwrap();
+    println!(
+        "sweep ({label}): what the idle writer had left of its sweep after open + fold: {moved} finished streams moved in {:.3} s",
+        start.elapsed().as_secs_f64()
+    );
     open_check(label, store.journal(), live, elapsed);
     catch_up(label, store.journal());
     drop(store);
+}
+
+/// The idle writer's sweep of a writable open, timed alone: the journal at `dir` (closed)
+/// opened with finished streams kept apart and swept at once with
+/// [`Journal::move_finished_now`] — every live stream skipped with a lookup and a seek, every
+/// finished one found among them moved.
+fn full_sweep(label: &str, dir: &std::path::Path, live: usize) {
+    let journal = Journal::open(dir, JournalOptions::default()).unwrap();
+    let start = Instant::now();
+    let moved = journal.move_finished_now().unwrap();
+    let spent = start.elapsed();
+    println!(
+        "full sweep ({label}): {moved} finished streams found among {live} live ones and moved in {:.3} s ({:.1} µs a stream walked)",
+        spent.as_secs_f64(),
+        spent.as_secs_f64() * 1e6 / (moved + live) as f64
+    );
 }
 
 /// What the open's consistency check adds to a recovery (see docs/journal-format.md): the

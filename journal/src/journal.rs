@@ -612,6 +612,14 @@ impl Journal {
         writer.move_all()
     }
 
+    /// Runs `f` on the writer's state (tests set its knobs: the moves' limit, the idle
+    /// mover); `None` on a reader.
+    #[cfg(test)]
+    pub(crate) fn with_writer<R>(&self, f: impl FnOnce(&mut Writer) -> R) -> Option<R> {
+        let mut writer = self.inner.state.as_ref()?.lock().ok()?;
+        Some(f(&mut writer))
+    }
+
     /// Installs `observer`, told of every batch written, every sync and every append's latency
     /// from then on (see [`crate::observe`]); `false`, and nothing changed, when one is
     /// installed already. A read-only journal has nothing to tell.

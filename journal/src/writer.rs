@@ -415,12 +415,30 @@ pub(crate) struct Writer {
     /// ([`Writer::move_all`]) and at a clean close; lost in a crash, which leaves those
     /// streams where they are (read alike) until the next open's sweep finds them.
     pending_moves: BTreeMap<String, u64>,
+    /// How many moves may wait in `pending_moves`: [`PENDING_MOVES_LIMIT`] (tests lower it).
+    /// A stream finished while as many wait stays with the live ones until a sweep.
+    pending_limit: usize,
+    /// Whether the writer thread makes the moves waiting when the journal idles
+    /// ([`Writer::next_job`]): always, but for tests that need to see the list as appends
+    /// left it.
+    idle_moves: IdleMoves,
     /// With finished streams kept apart: where the sweep of the records not moved goes on
     /// from ([`Writer::sweep_some`]), `None` once it has reached their end. Each writable
     /// open sweeps once, when the journal idles, to find the finished streams left among
     /// the live ones — by a crash (whose moves waited in memory), with the option off, or in
     /// an older format — and moves them.
     sweep: Option<Vec<u8>>,
+}
+
+/// Whether the writer thread moves finished streams when the journal idles
+/// ([`Writer::next_job`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum IdleMoves {
+    /// It does (always, outside tests).
+    Made,
+    /// It does not: the moves wait for a close or [`Writer::move_all`].
+    #[cfg_attr(not(test), allow(dead_code))]
+    Held,
 }
 
 /// Heads kept in memory before the cache is dropped and refilled from the tasks' last records
@@ -479,6 +497,8 @@ impl Writer {
             finished_apart: false,
             close_budget: Duration::ZERO,
             pending_moves: BTreeMap::new(),
+            pending_limit: PENDING_MOVES_LIMIT,
+            idle_moves: IdleMoves::Made,
             sweep: None,
         }
     }
@@ -627,6 +647,7 @@ impl Writer {
             }
             while shared.durable() == seen {
                 match writer.lock() {
+                    Ok(writer) if writer.idle_moves == IdleMoves::Held => break,
                     Ok(mut writer) if !writer.pending_moves.is_empty() => {
                         if let Err(error) = writer.move_pending(MOVES_PER_WRITE) {
                             tracing::warn!(%error, "moving finished streams failed");
@@ -668,7 +689,8 @@ impl Writer {
         // Where the sweep goes on from: past the last stream examined.
         let mut next = from;
         for _ in 0..streams {
-            if self.pending_moves.len() >= PENDING_MOVES_LIMIT {
+            // (Never stuck: an empty list takes one stream whatever the limit.)
+            if self.pending_moves.len() >= self.pending_limit.max(1) {
                 self.sweep = Some(next);
                 return Ok(());
             }
@@ -1368,7 +1390,7 @@ impl Writer {
     fn defers_moves(&self) -> bool {
         self.finished_apart
             && !self.backend.is_shared()
-            && self.pending_moves.len() < PENDING_MOVES_LIMIT
+            && self.pending_moves.len() < self.pending_limit
     }
 
     /// Empties the head cache if `more` heads would take it past [`HEAD_CACHE_LIMIT`].
@@ -1523,8 +1545,9 @@ fn settle(shared: &Shared, batches: Vec<Written>, result: Result<()>, took: Dura
 mod tests {
     //! The pipelined group commit on a real RocksDB, with a backend whose sync can be held
     //! back or made to fail (everything else goes to RocksDB untouched).
+    use super::IdleMoves;
     use crate::backend::{Backend, BatchOp, Cursor, OpenMode, Range, RawIter, RocksBackend};
-    use crate::keys::Space;
+    use crate::keys::{self, Space, FINISHED_EVENTS};
     use crate::{Durability, Error, Event, Journal, JournalOptions, Result, Timestamp};
     use std::collections::VecDeque;
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -1867,6 +1890,84 @@ mod tests {
         assert!(writes(&backend)
             .iter()
             .all(|(_, retired)| retired.is_empty()));
+    }
+
+    /// The positions of `task`'s records in the raw column family `name` of the journal at
+    /// `dir` (closed).
+    fn raw_positions(dir: &std::path::Path, name: &str, task: &str) -> Vec<u64> {
+        let options = rocksdb::Options::default();
+        let existing = rocksdb::DB::list_cf(&options, dir).unwrap();
+        let db = rocksdb::DB::open_cf_for_read_only(&options, dir, &existing, false).unwrap();
+        let cf = db.cf_handle(name).unwrap();
+        let prefix = keys::task_prefix(task);
+        db.prefix_iterator_cf(cf, &prefix)
+            .map(Result::unwrap)
+            .take_while(|(key, _)| key.starts_with(&prefix))
+            .map(|(key, _)| keys::position_in(task, &key).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn a_stream_finished_while_the_list_of_moves_is_full_stays_until_a_sweep() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = JournalOptions::default().with_keep_finished_apart(true);
+        let (journal, backend) = faulty_with(dir.path(), options.clone());
+        journal
+            .with_writer(|writer| {
+                writer.pending_limit = 1;
+                writer.idle_moves = IdleMoves::Held;
+            })
+            .unwrap();
+        for task in ["a", "b", "c"] {
+            journal.append(task, 0, &[update(0)]).unwrap();
+        }
+        for task in ["a", "b", "c"] {
+            journal.append(task, 1, &[completed(1)]).unwrap();
+        }
+        let waiting = journal
+            .with_writer(|writer| writer.pending_moves.keys().cloned().collect::<Vec<_>>())
+            .unwrap();
+        assert_eq!(
+            waiting,
+            ["a"],
+            "the list holds one; the others stay in place"
+        );
+        let writes = |backend: &Faulty| backend.writes.lock().unwrap().clone();
+        assert!(
+            writes(&backend)
+                .iter()
+                .all(|(_, retired)| retired.is_empty()),
+            "no terminal batch moved its stream: {:?}",
+            writes(&backend)
+        );
+        // A clean close makes the move waiting, and only it.
+        drop(journal);
+        let moves: Vec<Vec<String>> = writes(&backend)
+            .into_iter()
+            .filter(|(puts, retired)| !puts && !retired.is_empty())
+            .map(|(_, retired)| retired)
+            .collect();
+        assert_eq!(moves, [["a"]]);
+        drop(backend);
+        let live = Space::Events.name();
+        assert_eq!(raw_positions(dir.path(), FINISHED_EVENTS, "a"), [0, 1]);
+        for task in ["b", "c"] {
+            assert_eq!(raw_positions(dir.path(), live, task), [0, 1], "{task}");
+            assert!(raw_positions(dir.path(), FINISHED_EVENTS, task).is_empty());
+        }
+        // The next open's sweep finds them (asked for here rather than waited for).
+        let journal = Journal::open(dir.path(), options).unwrap();
+        journal.move_finished_now().unwrap();
+        assert_eq!(journal.read_stream("b", 0).count(), 2);
+        drop(journal);
+        for task in ["a", "b", "c"] {
+            assert_eq!(
+                raw_positions(dir.path(), FINISHED_EVENTS, task),
+                [0, 1],
+                "{task}"
+            );
+            assert!(raw_positions(dir.path(), live, task).is_empty(), "{task}");
+        }
     }
 
     #[test]
