@@ -564,7 +564,8 @@ impl Journal {
     /// With [`JournalOptions::keep_finished_apart`] (the default), a stream finished by a
     /// record appended after its first batch is not moved in the batch of its terminal
     /// record, on the busy path, but later: once the journal has had no append for 20 ms,
-    /// and at a clean close. The first idle moments after an open also sweep the records
+    /// and at a clean close. The first idle moments after an open's first write (not during
+    /// the recovery's fold, which reads what the sweep walks) also sweep the records
     /// not moved for finished streams left among the live ones (by a crash, which loses the
     /// moves waiting, by a run with the option off, or by an older format). This finishes
     /// that sweep and makes every move waiting now — before a backup or a restart of a

@@ -101,7 +101,8 @@ pub struct JournalOptions {
     /// a second time then. Appends run as fast as without the option (the lifecycle and
     /// peers' workload benches, docs/performance.md). A stream whose move was still waiting
     /// at a crash, or finished while 131,072 waited, stays with the live ones until the next
-    /// open's writer sweeps the records not moved, in its first idle moments. With it on,
+    /// open's writer sweeps the records not moved, in its first idle moments after the open's
+    /// first write (not beside the recovery's fold, which it would slow). With it on,
     /// the live records are also stored uncompressed, and a clean close merges them into
     /// one run (up to 256 MiB), which recovery reads fastest. Reads see the journal alike
     /// either way, and it can be turned on or off between runs: a stream stays where it was
