@@ -427,7 +427,8 @@ pub(crate) struct Writer {
     opened_seq: u64,
     /// With finished streams kept apart: where the sweep of the records not moved goes on
     /// from ([`Writer::sweep_some`]), `None` once it has reached their end. Each writable
-    /// open sweeps once, when the journal idles, to find the finished streams left among
+    /// open sweeps once, when the journal idles after its first write
+    /// ([`Writer::sweeps_now`]), to find the finished streams left among
     /// the live ones — by a crash (whose moves waited in memory), with the option off, or in
     /// an older format — and moves them.
     sweep: Option<Vec<u8>>,
