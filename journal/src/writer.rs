@@ -1560,8 +1560,10 @@ mod tests {
     //! The pipelined group commit on a real RocksDB, with a backend whose sync can be held
     //! back or made to fail (everything else goes to RocksDB untouched).
     use super::IdleMoves;
-    use crate::backend::{Backend, BatchOp, Cursor, OpenMode, Range, RawIter, RocksBackend};
-    use crate::keys::{self, Space, FINISHED_EVENTS};
+    use crate::backend::{
+        Backend, BatchOp, Cursor, OpenMode, Range, RawIter, RocksBackend, Source,
+    };
+    use crate::keys::{self, Space};
     use crate::{Durability, Error, Event, Journal, JournalOptions, Result, Timestamp};
     use std::collections::VecDeque;
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -1648,6 +1650,9 @@ mod tests {
         }
         fn cursor(&self, space: Space) -> Box<dyn Cursor + '_> {
             self.inner.cursor(space)
+        }
+        fn unmoved_records_cursor(&self) -> Option<Box<dyn Cursor + '_>> {
+            self.inner.unmoved_records_cursor()
         }
         fn read_only(&self) -> bool {
             false
@@ -1906,19 +1911,23 @@ mod tests {
             .all(|(_, retired)| retired.is_empty()));
     }
 
-    /// The positions of `task`'s records in the raw column family `name` of the journal at
-    /// `dir` (closed).
-    fn raw_positions(dir: &std::path::Path, name: &str, task: &str) -> Vec<u64> {
-        let options = rocksdb::Options::default();
-        let existing = rocksdb::DB::list_cf(&options, dir).unwrap();
-        let db = rocksdb::DB::open_cf_for_read_only(&options, dir, &existing, false).unwrap();
-        let cf = db.cf_handle(name).unwrap();
+    /// Where each of `task`'s records lies, as the backend's cursor over the `events` space
+    /// tells: `First` in the `events` column family, `Second` in `finished`.
+    fn placement(backend: &Faulty, task: &str) -> Vec<(u64, Source)> {
         let prefix = keys::task_prefix(task);
-        db.prefix_iterator_cf(cf, &prefix)
-            .map(Result::unwrap)
-            .take_while(|(key, _)| key.starts_with(&prefix))
-            .map(|(key, _)| keys::position_in(task, &key).unwrap())
-            .collect()
+        let mut cursor = backend.inner.cursor(Space::Events);
+        cursor.seek(&prefix);
+        let mut placed = Vec::new();
+        while let Some(position) = cursor
+            .key()
+            .filter(|key| key.starts_with(&prefix))
+            .map(|key| keys::position_in(task, key).unwrap())
+        {
+            placed.push((position, cursor.source()));
+            cursor.next();
+        }
+        cursor.status().unwrap();
+        placed
     }
 
     #[test]
@@ -1962,25 +1971,22 @@ mod tests {
             .map(|(_, retired)| retired)
             .collect();
         assert_eq!(moves, [["a"]]);
-        drop(backend);
-        let live = Space::Events.name();
-        assert_eq!(raw_positions(dir.path(), FINISHED_EVENTS, "a"), [0, 1]);
+        let (live, finished) = (Source::First, Source::Second);
+        assert_eq!(placement(&backend, "a"), [(0, finished), (1, finished)]);
         for task in ["b", "c"] {
-            assert_eq!(raw_positions(dir.path(), live, task), [0, 1], "{task}");
-            assert!(raw_positions(dir.path(), FINISHED_EVENTS, task).is_empty());
+            assert_eq!(placement(&backend, task), [(0, live), (1, live)], "{task}");
         }
+        drop(backend);
         // The next open's sweep finds them (asked for here rather than waited for).
-        let journal = Journal::open(dir.path(), options).unwrap();
+        let (journal, backend) = faulty_with(dir.path(), options);
         journal.move_finished_now().unwrap();
         assert_eq!(journal.read_stream("b", 0).count(), 2);
-        drop(journal);
         for task in ["a", "b", "c"] {
             assert_eq!(
-                raw_positions(dir.path(), FINISHED_EVENTS, task),
-                [0, 1],
+                placement(&backend, task),
+                [(0, finished), (1, finished)],
                 "{task}"
             );
-            assert!(raw_positions(dir.path(), live, task).is_empty(), "{task}");
         }
     }
 
