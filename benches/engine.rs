@@ -329,8 +329,7 @@ fn recovery(tasks: usize, events_per_task: usize) {
     )
     .success());
     drop(in_place);
-    // The same without the idle sweep beside the fold (which moves those streams while the
-    // fold runs), then the sweep alone.
+    // The same opened with the option off (read alike, no sweep), then the sweep timed alone.
     assert!(child(
         "--recover",
         in_place_copy.path(),
@@ -466,7 +465,7 @@ fn measure_recovery(label: &str, dir: &std::path::Path, tasks: usize, events_per
     let start = Instant::now();
     let moved = store.journal().move_finished_now().unwrap();
     println!(
-        "sweep ({label}): what the idle writer had left of its sweep after open + fold: {moved} finished streams moved in {:.3} s",
+        "sweep ({label}): the open's sweep, made at once after open + fold: {moved} finished streams moved in {:.3} s",
         start.elapsed().as_secs_f64()
     );
     open_check(label, store.journal(), live, elapsed);

@@ -1937,6 +1937,10 @@ mod tests {
         let (journal, backend) = faulty_with(dir.path(), options.clone());
         journal
             .with_writer(|writer| {
+                assert!(
+                    !writer.sweeps_now(),
+                    "no sweep before the open's first write"
+                );
                 writer.pending_limit = 1;
                 writer.idle_moves = IdleMoves::Held;
             })
@@ -1948,7 +1952,10 @@ mod tests {
             journal.append(task, 1, &[completed(1)]).unwrap();
         }
         let waiting = journal
-            .with_writer(|writer| writer.pending_moves.keys().cloned().collect::<Vec<_>>())
+            .with_writer(|writer| {
+                assert!(writer.sweeps_now(), "the open wrote: its sweep may run");
+                writer.pending_moves.keys().cloned().collect::<Vec<_>>()
+            })
             .unwrap();
         assert_eq!(
             waiting,
