@@ -1,11 +1,11 @@
-//! The peers' workload as a bench of the project (`../shared/reference/peers.md`): a task of
-//! N = 10 durable steps — a step is a progress update the executor appends and waits for,
-//! synced — run by C = 1, 16, 64 concurrent callers, each starting a task and waiting for its
-//! outcome, then the next; and a 1-step task at C = 1. Through the whole engine: the
-//! `Manager`, an executor, the store, the journal (`Durability::Sync`). The main rows start
-//! each task with `Manager::run_now` (created already claimed, run by the caller's manager at
-//! once: how a service runs a task it starts and waits for); the rows marked "submit +
-//! worker" submit it pending and let a `Worker` claim it (one synced append more).
+//! The peers' workload as a bench of the project (the workload Restate and DBOS publish their
+//! figures for): a task of N = 10 durable steps — a step is a progress update the executor appends
+//! and waits for, synced — run by C = 1, 16, 64 concurrent callers, each starting a task and
+//! waiting for its outcome, then the next; and a 1-step task at C = 1. Through the whole engine:
+//! the `Manager`, an executor, the store, the journal (`Durability::Sync`). The main rows start
+//! each task with `Manager::run_now` (created already claimed, run by the caller's manager at once:
+//! how a service runs a task it starts and waits for); the rows marked "submit + worker" submit it
+//! pending and let a `Worker` claim it (one synced append more).
 //!
 //! It prints steps/s, tasks/s and the task latency p50/p99, and measures one fsync of the same
 //! disk in the same run (a 4 KiB append and `fdatasync`, p50), so that a step at C = 1 can be
