@@ -413,9 +413,9 @@ pub(crate) enum OpenMode<'a> {
 /// The embedded RocksDB backend.
 pub struct RocksBackend {
     db: DB,
-    /// Whether the `finished` column family may hold records (it did at open or at a
-    /// follower's last catch-up, or a batch put some there since); reads of the `events`
-    /// space look there only then.
+    /// Whether the `finished` column family may hold records (it did at open, or a batch put
+    /// some there since; always for a follower of a journal that has it); reads of the
+    /// `events` space look there only then.
     finished_used: AtomicBool,
     /// Finished streams are kept apart by this writer (see [`RocksBackend::open_tuned`]).
     live_apart: bool,
@@ -701,7 +701,11 @@ impl RocksBackend {
             buffered,
             live_apart,
         };
-        let used = backend.finished_has_records()?;
+        // A follower reads both places whenever the journal has the `finished` column
+        // family: its catch-up makes a stream's move visible at once, before any flag could
+        // be set after it, and a read in between would find the stream nowhere.
+        let used = (backend.secondary && backend.finished_cf().is_some())
+            || backend.finished_has_records()?;
         backend.finished_used.store(used, Ordering::Release);
         Ok(backend)
     }
@@ -1130,11 +1134,10 @@ impl Backend for RocksBackend {
 
     fn catch_up(&self) -> Result<()> {
         if self.secondary {
+            // A follower of a format-4 journal reads both places from its open (see
+            // `open_tuned`); one of an older format has no `finished` column family, and
+            // its writer's upgrade is reported by the journal's catch-up.
             self.db.try_catch_up_with_primary()?;
-            // The writer may have moved a stream since: from now on read both places.
-            if !self.finished_used.load(Ordering::Acquire) && self.finished_has_records()? {
-                self.finished_used.store(true, Ordering::Release);
-            }
         }
         Ok(())
     }
@@ -1647,6 +1650,47 @@ mod tests {
             .expect("the follower opened");
         assert_eq!(records, 210);
         drop(backend);
+    }
+
+    /// A follower's catch-up makes a stream's move visible at once: a read right after it —
+    /// before anything else the follower does — finds the stream in its new place. (The
+    /// follower once looked in the `finished` column family only after a catch-up had found
+    /// records there, so a read between RocksDB's catch-up and that look found nothing.)
+    #[test]
+    fn a_follower_finds_a_stream_moved_since_its_open_right_after_the_catch_up() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let scratch = tempfile::tempdir().expect("a temporary directory");
+        let writer = RocksBackend::open(dir.path(), OpenMode::Primary).expect("open");
+        put_records(&writer, "a", 0, 3);
+        writer.sync().expect("a sync");
+        let follower =
+            RocksBackend::open(dir.path(), OpenMode::Secondary(scratch.path())).expect("open");
+        let key = crate::keys::event_key("a", 1);
+        assert!(follower.get(Space::Events, &key).expect("a read").is_some());
+        let retire = BatchOp::Retire {
+            task: "a".to_owned(),
+            stored: 3,
+            apart: true,
+        };
+        writer
+            .write(vec![retire], Durability::Sync)
+            .expect("the move");
+        assert_eq!(raw_records(&writer, Space::Events.name(), "a"), []);
+        // RocksDB's catch-up alone, as a reader on another thread may see it.
+        follower
+            .db
+            .try_catch_up_with_primary()
+            .expect("the catch-up");
+        let found = follower.get(Space::Events, &key).expect("a read");
+        assert_eq!(found.as_deref(), Some(&[7u8; 200][..]));
+        let mut cursor = follower.cursor(Space::Events);
+        cursor.seek(&[]);
+        let mut records = 0;
+        while cursor.key().is_some() {
+            records += 1;
+            cursor.next();
+        }
+        assert_eq!(records, 3);
     }
 
     #[test]
