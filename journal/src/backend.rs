@@ -1389,6 +1389,18 @@ mod tests {
         }
     }
 
+    /// How many keys a cursor over `space` of `backend` steps through.
+    fn records_in(backend: &RocksBackend, space: Space) -> usize {
+        let mut cursor = backend.cursor(space);
+        cursor.seek(&[]);
+        let mut records = 0;
+        while cursor.key().is_some() {
+            records += 1;
+            cursor.next();
+        }
+        records
+    }
+
     /// The keys of `task` in the raw column family `name`, with their values.
     fn raw_records(backend: &RocksBackend, name: &str, task: &str) -> Vec<(u64, Vec<u8>)> {
         let cf = backend.db.cf_handle(name).expect("the column family");
@@ -1629,17 +1641,8 @@ mod tests {
         let (done, opened) = std::sync::mpsc::channel();
         let path = dir.path().to_path_buf();
         std::thread::spawn(move || {
-            let follower =
-                RocksBackend::open(&path, OpenMode::Secondary(scratch.path())).map(|follower| {
-                    let mut cursor = follower.cursor(Space::Events);
-                    cursor.seek(&[]);
-                    let mut records = 0;
-                    while cursor.key().is_some() {
-                        records += 1;
-                        cursor.next();
-                    }
-                    records
-                });
+            let follower = RocksBackend::open(&path, OpenMode::Secondary(scratch.path()))
+                .map(|follower| records_in(&follower, Space::Events));
             let _ = done.send(follower.map_err(|e| e.to_string()));
         });
         // Not a measure of speed: a generous bound on an open that took milliseconds, so that
@@ -1683,14 +1686,7 @@ mod tests {
             .expect("the catch-up");
         let found = follower.get(Space::Events, &key).expect("a read");
         assert_eq!(found.as_deref(), Some(&[7u8; 200][..]));
-        let mut cursor = follower.cursor(Space::Events);
-        cursor.seek(&[]);
-        let mut records = 0;
-        while cursor.key().is_some() {
-            records += 1;
-            cursor.next();
-        }
-        assert_eq!(records, 3);
+        assert_eq!(records_in(&follower, Space::Events), 3);
     }
 
     #[test]
