@@ -19,7 +19,7 @@ use dtask_engine::{
 };
 use dtask_journal::{Journal, JournalOptions, LeasePolicy, TaskSpec};
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 fn program(name: &str) -> Option<PathBuf> {
@@ -106,7 +106,9 @@ impl Browser {
         let png = base64::engine::general_purpose::STANDARD
             .decode(png.as_str().unwrap())
             .unwrap();
-        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        // The package directory as the test runs (a binary may be reused from another checkout).
+        let path = std::env::var_os("CARGO_MANIFEST_DIR")
+            .map_or_else(|| PathBuf::from("."), PathBuf::from)
             .join("docs")
             .join(name);
         std::fs::write(&path, png).unwrap();
