@@ -20,7 +20,9 @@
 //!
 //! Run: `cargo bench --bench journal_append` (add `-- --secs 3` for longer columns, `-- --rounds 5`
 //! for more rounds, `-- --writers 64` for one row, `-- --ours` for dtask's tokio column alone (with
-//! `--breakdown`, what its write path did: batches, writes, syncs, latency),
+//! `--breakdown`, what its write path did: batches, writes, syncs, latency; `--ours` also
+//! prints the storage work the run left owed: memtables waiting for their flush, level-0 files,
+//! compaction bytes),
 //! `-- --max-batch 8` to cap dtask's batches at 8 appends, `-- --file` for the two plain-file
 //! columns alone, `-- --file-syncers 2` to let the file group commit run two syncs at once,
 //! which RocksDB's log cannot, `-- --file-linger 150` to let its syncer wait up to 150 µs for
@@ -64,6 +66,9 @@ static BUFFERED: AtomicBool = AtomicBool::new(false);
 
 /// `--breakdown`: what the write path did in dtask's tokio column, told by an observer.
 static BREAKDOWN: AtomicBool = AtomicBool::new(false);
+
+/// `--ours`: the storage work dtask's tokio column left owed at its end.
+static OWED: AtomicBool = AtomicBool::new(false);
 
 fn journal_options() -> JournalOptions {
     let options =
@@ -154,9 +159,40 @@ fn dtask_async_appends(writers: usize, secs: f64) -> f64 {
     if let Some(breakdown) = breakdown {
         breakdown.print(secs);
     }
+    if OWED.load(Ordering::Relaxed) {
+        print_owed(&journal);
+    }
     drop(journal);
     drop(dir);
     rate
+}
+
+/// What the run left for RocksDB's background threads: a short run's appends/s do not count
+/// the flushes and compactions it left owed, which a longer run pays for.
+fn print_owed(journal: &Journal) {
+    let Ok(Some(stats)) = journal.storage_stats() else {
+        return;
+    };
+    let mib = |bytes: u64| bytes as f64 / f64::from(1 << 20);
+    let (mut memtables, mut waiting, mut level0, mut owed) = (0, 0, 0, 0);
+    for space in &stats.spaces {
+        memtables += space.memtable_bytes;
+        waiting += space.immutable_memtables;
+        level0 += space.level0_files;
+        owed += space.pending_compaction_bytes;
+    }
+    println!(
+        "         owed at the end: memtables {:.0} MiB ({waiting} waiting for their flush) | level-0 files {level0} | compaction {:.0} MiB | write {}",
+        mib(memtables),
+        mib(owed),
+        if stats.write_stopped {
+            "stopped".to_owned()
+        } else if stats.delayed_write_rate > 0 {
+            format!("slowed to {:.0} MiB/s", mib(stats.delayed_write_rate))
+        } else {
+            "not held back".to_owned()
+        }
+    );
 }
 
 fn raw_db(dir: &std::path::Path) -> rocksdb::DB {
@@ -409,6 +445,7 @@ fn main() {
     }
     // `--ours`: only dtask's tokio column, for profiling.
     if args.ours {
+        OWED.store(true, Ordering::Relaxed);
         for writers in cells {
             let (ours, cpu) = common::with_cpu(secs, || dtask_async_appends(writers, secs));
             match cpu {

@@ -926,9 +926,34 @@ fn stats_counts_tasks_and_records() {
     assert_eq!(stats["by_type"]["notification_acked"]["records"], 3);
     assert_eq!(stats["records"], stats["last_seq"]);
     assert_eq!(stats["largest"].as_array().unwrap().len(), 5);
+    // The storage engine's figures: the journal was closed, so its records are in table
+    // files (the live streams in `events`, the finished ones in `finished`), none owed.
+    let storage = &stats["storage"];
+    let space = |name: &str| {
+        storage["spaces"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == name)
+            .unwrap_or_else(|| panic!("no {name} in {storage}"))
+            .clone()
+    };
+    assert!(
+        space("commits")["table_bytes"].as_u64().unwrap() > 0,
+        "{storage}"
+    );
+    let records_in_tables = space("events")["table_bytes"].as_u64().unwrap()
+        + space("finished")["table_bytes"].as_u64().unwrap();
+    assert!(records_in_tables > 0, "{storage}");
+    assert_eq!(storage["write_stopped"], false, "{storage}");
+    assert_eq!(storage["background_errors"], 0, "{storage}");
     let text = stdout(dtask(dir.path()).arg("stats"));
     assert!(
         text.contains("EVENT TYPE") && text.contains("LARGEST TASK"),
+        "{text}"
+    );
+    assert!(
+        text.contains("COMPACTION OWED") && text.contains("writes not held back"),
         "{text}"
     );
 }

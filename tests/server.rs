@@ -1202,5 +1202,14 @@ async fn write_path_and_engine_metrics_count_what_happened() {
     assert_eq!(value("dtask_updates_deduplicated_total"), 1);
     assert_eq!(value("dtask_inputs_deduplicated_total"), 0);
     assert_eq!(value("dtask_outbox_backlog"), 0);
+    // The storage engine's own state: the records wait in the `events` memtable (nothing
+    // flushed in so short a run), no write is held back.
+    assert!(value(r#"dtask_storage_memtable_bytes{space="events"}"#) > 0);
+    assert_eq!(value(r#"dtask_storage_table_bytes{space="events"}"#), 0);
+    assert_eq!(value(r#"dtask_storage_level0_files{space="commits"}"#), 0);
+    assert!(value(r#"dtask_storage_estimated_keys{space="commits"}"#) >= last);
+    assert_eq!(value("dtask_storage_write_stopped"), 0);
+    assert_eq!(value("dtask_storage_delayed_write_rate_bytes"), 0);
+    assert_eq!(value("dtask_storage_background_errors"), 0);
     server.stop().await;
 }

@@ -8,6 +8,7 @@ use crate::keys::{Space, FINISHED_EVENTS, LEGACY_HEADS};
 use crate::memtable_hint::events_memtable_options;
 use crate::merge::{Merged, MergedCursor};
 use crate::options::Durability;
+use crate::storage::{SpaceStats, StorageStats};
 use rocksdb::{
     ColumnFamily, ColumnFamilyDescriptor, Direction, IteratorMode, Options, ReadOptions,
     WriteOptions, DB,
@@ -396,6 +397,15 @@ pub trait Backend: Send + Sync + 'static {
     /// writer and its own durable watermark says it all.
     fn watch_commits(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
         None
+    }
+
+    /// The storage engine's own figures ([`StorageStats`]); `None` (the default) for a store
+    /// that reports none.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] when the store refuses to answer.
+    fn storage_stats(&self) -> Result<Option<StorageStats>> {
+        Ok(None)
     }
 }
 
@@ -976,6 +986,46 @@ impl RocksBackend {
 impl Backend for RocksBackend {
     fn describe(&self) -> String {
         self.db.path().display().to_string()
+    }
+
+    fn storage_stats(&self) -> Result<Option<StorageStats>> {
+        use rocksdb::properties as p;
+        let int = |name: &rocksdb::properties::PropName| -> Result<u64> {
+            Ok(self.db.property_int_value(name)?.unwrap_or(0))
+        };
+        let names = Space::ALL
+            .iter()
+            .map(|space| space.name())
+            .chain([FINISHED_EVENTS, LEGACY_HEADS]);
+        let mut spaces = Vec::new();
+        for name in names {
+            let Some(cf) = self.db.cf_handle(name) else {
+                continue;
+            };
+            let int = |property: &rocksdb::properties::PropName| -> Result<u64> {
+                Ok(self.db.property_int_value_cf(cf, property)?.unwrap_or(0))
+            };
+            spaces.push(SpaceStats {
+                name: name.to_owned(),
+                memtable_bytes: int(p::CUR_SIZE_ALL_MEM_TABLES)?,
+                immutable_memtables: int(p::NUM_IMMUTABLE_MEM_TABLE)?,
+                level0_files: self
+                    .db
+                    .property_int_value_cf(cf, p::num_files_at_level(0))?
+                    .unwrap_or(0),
+                table_bytes: int(p::LIVE_SST_FILES_SIZE)?,
+                pending_compaction_bytes: int(p::ESTIMATE_PENDING_COMPACTION_BYTES)?,
+                estimated_keys: int(p::ESTIMATE_NUM_KEYS)?,
+            });
+        }
+        Ok(Some(StorageStats {
+            spaces,
+            running_flushes: int(p::NUM_RUNNING_FLUSHES)?,
+            running_compactions: int(p::NUM_RUNNING_COMPACTIONS)?,
+            write_stopped: int(p::IS_WRITE_STOPPED)? != 0,
+            delayed_write_rate: int(p::ACTUAL_DELAYED_WRITE_RATE)?,
+            background_errors: int(p::BACKGROUND_ERRORS)?,
+        }))
     }
 
     fn write(&self, ops: Vec<BatchOp>, durability: Durability) -> Result<()> {

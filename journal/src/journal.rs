@@ -911,6 +911,18 @@ impl Journal {
         Ok(n)
     }
 
+    /// What the storage engine reports of itself now ([`crate::StorageStats`]): each column
+    /// family's memtables, table files and compaction work owed, and whether writes are being
+    /// slowed or stopped. `None` for a store that reports none (PostgreSQL). A writer, a
+    /// read-only journal and a follower all answer (the latter two with no background work of
+    /// their own: their memtables hold what they replayed from the log).
+    ///
+    /// # Errors
+    /// [`Error::Storage`] when the store refuses to answer.
+    pub fn storage_stats(&self) -> Result<Option<crate::StorageStats>> {
+        self.inner.backend.storage_stats()
+    }
+
     /// The global sequence of the last committed record (0 for an empty journal).
     ///
     /// # Errors

@@ -57,6 +57,7 @@ mod options;
 pub mod postgres;
 #[doc(hidden)]
 pub mod record;
+mod storage;
 mod tail;
 mod writer;
 
@@ -83,5 +84,6 @@ pub use keys::Space;
 pub use observe::WriteObserver;
 pub use options::{Durability, JournalOptions};
 pub use record::{Digest, Record, RECORD_FORMAT_VERSION};
+pub use storage::{SpaceStats, StorageStats};
 pub use tail::{Inconsistency, LiveSummary, PairHash, Tail, TaskPairs};
 pub use writer::Appended;

@@ -110,6 +110,9 @@ fn appends_reads_and_indexes_match_the_embedded_journal() {
     );
     assert!(pg.location().contains("schema"));
     assert!(!pg.location().contains("password"));
+    // RocksDB reports its memtables and table files; PostgreSQL keeps statistics of its own.
+    assert!(rocks.storage_stats().unwrap().is_some());
+    assert_eq!(pg.storage_stats().unwrap(), None);
 }
 
 #[test]

@@ -1,8 +1,10 @@
-//! `dtask stats`: tasks by status and executor, records by type, bytes, largest tasks.
+//! `dtask stats`: tasks by status and executor, records by type, bytes, largest tasks, and
+//! the storage engine's own figures (RocksDB: each column family's memtables, table files and
+//! compaction work owed).
 
 use super::fmt::{self, Table};
 use super::{fold_task, progress, Global, Out, Result};
-use dtask_journal::EventType;
+use dtask_journal::{EventType, StorageStats};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 
@@ -57,6 +59,7 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
     bar.finish_and_clear();
     sizes.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.2.cmp(&b.2)));
     sizes.truncate(args.top);
+    let storage = journal.storage_stats()?;
     let mut out = Out::new();
     if global.json {
         let types: BTreeMap<&str, Value> = by_type
@@ -83,6 +86,7 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
             "by_executor": by_executor,
             "by_type": types,
             "largest": largest,
+            "storage": storage,
         }))?;
         return out.flush();
     }
@@ -101,7 +105,53 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
         ))?;
     }
     tables(&mut out, &by_status, &by_executor, &by_type, &sizes)?;
+    if let Some(storage) = &storage {
+        storage_table(&mut out, storage)?;
+    }
     out.flush()
+}
+
+/// The storage engine's figures: a row per column family, then what runs and whether writes
+/// are held back.
+fn storage_table(out: &mut Out, storage: &StorageStats) -> Result<()> {
+    let mut t = Table::new(&[
+        "SPACE",
+        "MEMTABLES",
+        "LEVEL-0 FILES",
+        "TABLE FILES",
+        "COMPACTION OWED",
+        "KEYS (EST.)",
+    ]);
+    for space in &storage.spaces {
+        t.row(vec![
+            space.name.clone(),
+            fmt::size(space.memtable_bytes),
+            space.level0_files.to_string(),
+            fmt::size(space.table_bytes),
+            fmt::size(space.pending_compaction_bytes),
+            space.estimated_keys.to_string(),
+        ]);
+    }
+    out.text(format!("\n{}", t.render(2)))?;
+    let writes = if storage.write_stopped {
+        "stopped".to_owned()
+    } else if storage.delayed_write_rate > 0 {
+        format!("slowed to {}/s", fmt::size(storage.delayed_write_rate))
+    } else {
+        "not held back".to_owned()
+    };
+    out.line(format!(
+        "\n{} running, {} running; writes {writes}; {} background {}",
+        fmt::count(storage.running_flushes, "flush"),
+        fmt::count(storage.running_compactions, "compaction"),
+        storage.background_errors,
+        if storage.background_errors == 1 {
+            "error"
+        } else {
+            "errors"
+        },
+    ))?;
+    Ok(())
 }
 
 /// The text tables of `dtask stats`: tasks by status and executor, records by type, the

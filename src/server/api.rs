@@ -424,14 +424,19 @@ fn no_buffering(mut response: Response) -> Response {
 pub async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     let journal = shared.journal.clone();
     // Counting the outbox's index reads the database: off the runtime's threads.
-    let outbox = tokio::task::spawn_blocking(move || journal.outbox_len().ok())
-        .await
-        .ok()
-        .flatten();
+    let (outbox, storage) = tokio::task::spawn_blocking(move || {
+        (
+            journal.outbox_len().ok(),
+            journal.storage_stats().ok().flatten(),
+        )
+    })
+    .await
+    .unwrap_or_default();
     let scrape = Scrape {
         subscribers: shared.hub.subscribers(),
         store: shared.owner.as_ref().map(|owner| owner.store.counts()),
         outbox,
+        storage,
     };
     let text = shared
         .metrics

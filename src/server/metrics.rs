@@ -3,7 +3,9 @@
 //! executor, records by type, attempts started, recovered and expired, the journal's last
 //! sequence, the SSE streams — and, when the server owns the journal, its write path (appends,
 //! records and bytes written, batch sizes, write, sync and append latencies, the writer's queue)
-//! through a [`WriteObserver`], and the store's deduplications and the outbox's backlog.
+//! through a [`WriteObserver`], and the store's deduplications and the outbox's backlog — and
+//! the storage engine's own state (memtables, table files, compaction work owed, write stalls:
+//! [`StorageStats`]), read at each scrape.
 //!
 //! The registry is the server's own (`prometheus-client`), not a process-global recorder, so
 //! two servers in one process (tests, or a service that embeds one) never mix their counts.
@@ -14,7 +16,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 use dtask_engine::StoreCounts;
 use dtask_journal::observe::{BatchWritten, Synced, WriteObserver};
-use dtask_journal::EventType;
+use dtask_journal::{EventType, StorageStats};
 use parking_lot::Mutex;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -62,6 +64,13 @@ pub struct ExecutorLabel {
 pub struct TypeValue {
     /// The event type.
     pub event_type: String,
+}
+
+/// The label of a storage figure.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SpaceLabel {
+    /// The column family (`events`, `finished`, `commits`, `live`, `outbox`, `meta`).
+    pub space: String,
 }
 
 /// A label with one value.
@@ -237,7 +246,7 @@ impl WriteObserver for WriteMetrics {
 }
 
 /// What a scrape reads besides the projection's counts.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Scrape {
     /// Open SSE streams.
     pub subscribers: u64,
@@ -245,6 +254,111 @@ pub struct Scrape {
     pub store: Option<StoreCounts>,
     /// The outbox's backlog, when it could be read.
     pub outbox: Option<u64>,
+    /// The storage engine's state, when it reports one (RocksDB) and could be read.
+    pub storage: Option<StorageStats>,
+}
+
+/// The storage engine's state ([`StorageStats`]), set at each scrape.
+#[derive(Debug)]
+struct StorageGauges {
+    memtable_bytes: Family<SpaceLabel, Gauge>,
+    immutable_memtables: Family<SpaceLabel, Gauge>,
+    level0_files: Family<SpaceLabel, Gauge>,
+    table_bytes: Family<SpaceLabel, Gauge>,
+    pending_compaction_bytes: Family<SpaceLabel, Gauge>,
+    estimated_keys: Family<SpaceLabel, Gauge>,
+    running_flushes: Gauge,
+    running_compactions: Gauge,
+    write_stopped: Gauge,
+    delayed_write_rate: Gauge,
+    background_errors: Gauge,
+}
+
+impl StorageGauges {
+    fn register(r: &mut Registry) -> Self {
+        let family = |r: &mut Registry, name: &str, help: &str| {
+            register(r, name, help, Family::<SpaceLabel, Gauge>::default())
+        };
+        let gauge =
+            |r: &mut Registry, name: &str, help: &str| register(r, name, help, Gauge::default());
+        Self {
+            memtable_bytes: family(
+                r,
+                "storage_memtable_bytes",
+                "Bytes in the storage engine's memtables (active and waiting for their flush), by column family",
+            ),
+            immutable_memtables: family(
+                r,
+                "storage_immutable_memtables",
+                "Full memtables waiting for their flush, by column family",
+            ),
+            level0_files: family(
+                r,
+                "storage_level0_files",
+                "Table files at level 0 (RocksDB slows writes at 20 and stops them at 36), by column family",
+            ),
+            table_bytes: family(
+                r,
+                "storage_table_bytes",
+                "Bytes of the table files in use, by column family",
+            ),
+            pending_compaction_bytes: family(
+                r,
+                "storage_pending_compaction_bytes",
+                "Bytes the storage engine estimates its compactions must rewrite (work owed), by column family",
+            ),
+            estimated_keys: family(
+                r,
+                "storage_estimated_keys",
+                "Keys, by the storage engine's estimate, by column family",
+            ),
+            running_flushes: gauge(r, "storage_running_flushes", "Memtable flushes running"),
+            running_compactions: gauge(r, "storage_running_compactions", "Compactions running"),
+            write_stopped: gauge(
+                r,
+                "storage_write_stopped",
+                "1 while the storage engine stops writes until its background work catches up",
+            ),
+            delayed_write_rate: gauge(
+                r,
+                "storage_delayed_write_rate_bytes",
+                "The rate the storage engine slows writes to, bytes a second (0 when it does not)",
+            ),
+            background_errors: gauge(
+                r,
+                "storage_background_errors",
+                "Failed flushes or compactions since the journal was opened",
+            ),
+        }
+    }
+
+    fn set(&self, stats: &StorageStats) {
+        let int = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        for space in &stats.spaces {
+            let label = SpaceLabel {
+                space: space.name.clone(),
+            };
+            let figures = [
+                (&self.memtable_bytes, space.memtable_bytes),
+                (&self.immutable_memtables, space.immutable_memtables),
+                (&self.level0_files, space.level0_files),
+                (&self.table_bytes, space.table_bytes),
+                (
+                    &self.pending_compaction_bytes,
+                    space.pending_compaction_bytes,
+                ),
+                (&self.estimated_keys, space.estimated_keys),
+            ];
+            for (family, value) in figures {
+                family.get_or_create(&label).set(int(value));
+            }
+        }
+        self.running_flushes.set(int(stats.running_flushes));
+        self.running_compactions.set(int(stats.running_compactions));
+        self.write_stopped.set(i64::from(stats.write_stopped));
+        self.delayed_write_rate.set(int(stats.delayed_write_rate));
+        self.background_errors.set(int(stats.background_errors));
+    }
 }
 
 /// Counters that mirror a count kept elsewhere (the store's): raised to it at each scrape.
@@ -347,6 +461,7 @@ pub struct Metrics {
     pub verifies: Family<ResultLabel, Counter>,
     journal: JournalGauges,
     write: WriteMetrics,
+    storage: StorageGauges,
     /// The store's counts, raised at each scrape (one scrape at a time).
     mirrored: Mutex<Mirrored>,
 }
@@ -434,6 +549,7 @@ impl Metrics {
         };
         let journal = JournalGauges::register(r);
         let write = WriteMetrics::register(r);
+        let storage = StorageGauges::register(r);
         Self {
             registry,
             requests,
@@ -447,6 +563,7 @@ impl Metrics {
             verifies,
             journal,
             write,
+            storage,
             mirrored: Mutex::new(mirrored),
         }
     }
@@ -483,6 +600,9 @@ impl Metrics {
         }
         if let Some(backlog) = scrape.outbox {
             self.journal.outbox.set(int(backlog));
+        }
+        if let Some(storage) = &scrape.storage {
+            self.storage.set(storage);
         }
         self.journal
             .attempts_started
