@@ -1,7 +1,8 @@
 //! The web page of `dtask serve` in a real headless Chromium, driven over the W3C `WebDriver`
 //! protocol (`chromedriver`), against a real journal: the task list shows every task and
 //! updates live when a task is created, the status filter narrows it, a task's page shows its
-//! timeline, records and the state at a position, and the journal page runs the audit.
+//! timeline, records and the state at a position, and the journal page shows the storage
+//! engine's figures and runs the audit.
 //!
 //! Needs Debian's `chromium` and `chromium-driver` (`apt-get install chromium
 //! chromium-driver`); without them the test says so loudly and passes. `DTASK_SCREENSHOTS=1`
@@ -303,7 +304,7 @@ async fn the_page_lists_tasks_live_and_shows_a_timeline_and_the_audit() {
         .await;
     browser.screenshot("server-task.png").await;
 
-    // The journal page runs the audit.
+    // The journal page shows the storage engine's figures and runs the audit.
     browser.goto(&format!("{base}/#/journal")).await;
     browser
         .until(
@@ -311,6 +312,27 @@ async fn the_page_lists_tasks_live_and_shows_a_timeline_and_the_audit() {
             "return document.getElementById('verify') !== null",
         )
         .await;
+    browser
+        .until(
+            "the storage table",
+            "return document.getElementById('storage') !== null",
+        )
+        .await;
+    let storage = browser
+        .run("return document.getElementById('storage').textContent")
+        .await;
+    let storage = storage.as_str().unwrap();
+    assert!(
+        storage.contains("events") && storage.contains("COMPACTION OWED"),
+        "{storage}"
+    );
+    let writes = browser
+        .run("return document.getElementById('storage-writes').textContent")
+        .await;
+    assert!(
+        writes.as_str().unwrap().contains("writes not held back"),
+        "{writes}"
+    );
     browser
         .run("document.getElementById('verify').click(); return true")
         .await;

@@ -499,6 +499,9 @@ async fn a_read_only_follower_sees_new_commits_and_refuses_control() {
 
     let stats = server.wait_seq(1).await;
     assert_eq!(stats["mode"], "follower");
+    // A follower reports the storage too: the memtables it replayed the writer's log into.
+    let spaces = stats["storage"]["spaces"].as_array().unwrap();
+    assert!(spaces.iter().any(|s| s["name"] == "events"), "{stats}");
     let (status, task) = server.get("/api/tasks/a").await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(task["state"]["status"], "pending");
@@ -734,6 +737,11 @@ async fn verify_stats_and_metrics_describe_the_journal() {
     assert_eq!(stats["by_status"]["running"], 1);
     assert_eq!(stats["by_executor"]["fetch"], 1);
     assert_eq!(stats["by_type"]["created"], 2);
+    // The storage engine's figures: the records wait in a memtable (none flushed yet).
+    let spaces = stats["storage"]["spaces"].as_array().unwrap();
+    let events = spaces.iter().find(|s| s["name"] == "events").unwrap();
+    assert!(events["memtable_bytes"].as_u64().unwrap() > 0, "{stats}");
+    assert_eq!(stats["storage"]["write_stopped"], false, "{stats}");
 
     let (status, _) = server.get("/api/tasks/nope").await;
     assert_eq!(status, StatusCode::NOT_FOUND);

@@ -5,8 +5,8 @@ use super::extract::{ApiPath, ApiQuery, JsonBody, OptionalJsonBody};
 use super::metrics::Scrape;
 use super::model::{
     BytesQuery, CancelBody, InputBody, InputView, ListQuery, RecordPage, RecordsQuery, ReleaseBody,
-    ResumeBody, StateAt, StateQuery, Stats, SubmitBody, TaskDetail, TaskList, TaskStateView,
-    UpdatePage, UpdatesQuery, VerifyQuery, VerifyReport,
+    ResumeBody, StateAt, StateQuery, Stats, StorageView, SubmitBody, TaskDetail, TaskList,
+    TaskStateView, UpdatePage, UpdatesQuery, VerifyQuery, VerifyReport,
 };
 use super::sse::{self, Scope};
 use super::{read, ApiError, Shared};
@@ -278,6 +278,11 @@ pub async fn verify(
 )]
 pub async fn stats(State(shared): State<Arc<Shared>>) -> Json<Stats> {
     let s = shared.projection.snapshot();
+    let journal = shared.journal.clone();
+    let storage = tokio::task::spawn_blocking(move || journal.storage_stats().ok().flatten())
+        .await
+        .ok()
+        .flatten();
     Json(Stats {
         mode: if shared.owner.is_some() {
             "owner"
@@ -304,6 +309,7 @@ pub async fn stats(State(shared): State<Arc<Shared>>) -> Json<Stats> {
             .map(|(k, v)| (k.as_str().to_owned(), *v))
             .collect(),
         subscribers: shared.hub.subscribers(),
+        storage: storage.as_ref().map(StorageView::from),
     })
 }
 

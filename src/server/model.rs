@@ -587,6 +587,71 @@ pub struct Stats {
     pub by_type: std::collections::BTreeMap<String, u64>,
     /// Open SSE streams.
     pub subscribers: u64,
+    /// The storage engine's own figures (RocksDB journals; `null` for PostgreSQL): what the
+    /// appends left owed to its background threads.
+    pub storage: Option<StorageView>,
+}
+
+/// The storage engine's state at one moment (`Journal::storage_stats`; `dtask stats` prints
+/// the same).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct StorageView {
+    /// A row per column family.
+    pub spaces: Vec<SpaceView>,
+    /// Memtable flushes running.
+    pub running_flushes: u64,
+    /// Compactions running.
+    pub running_compactions: u64,
+    /// Whether writes are stopped until the background work catches up.
+    pub write_stopped: bool,
+    /// The rate writes are slowed to, bytes a second (0 when they are not).
+    pub delayed_write_rate: u64,
+    /// Failed flushes or compactions since the journal was opened.
+    pub background_errors: u64,
+}
+
+/// One column family's memtables and table files.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct SpaceView {
+    /// The column family (`events`, `finished`, `commits`, `live`, `outbox`, `meta`).
+    pub name: String,
+    /// Bytes in memtables (the active one and those waiting for their flush).
+    pub memtable_bytes: u64,
+    /// Full memtables waiting for their flush.
+    pub immutable_memtables: u64,
+    /// Table files at level 0.
+    pub level0_files: u64,
+    /// Bytes of the table files in use.
+    pub table_bytes: u64,
+    /// Bytes the storage engine estimates its compactions must rewrite (work owed).
+    pub pending_compaction_bytes: u64,
+    /// Keys, by the storage engine's estimate.
+    pub estimated_keys: u64,
+}
+
+impl From<&dtask_journal::StorageStats> for StorageView {
+    fn from(stats: &dtask_journal::StorageStats) -> Self {
+        Self {
+            spaces: stats
+                .spaces
+                .iter()
+                .map(|space| SpaceView {
+                    name: space.name.clone(),
+                    memtable_bytes: space.memtable_bytes,
+                    immutable_memtables: space.immutable_memtables,
+                    level0_files: space.level0_files,
+                    table_bytes: space.table_bytes,
+                    pending_compaction_bytes: space.pending_compaction_bytes,
+                    estimated_keys: space.estimated_keys,
+                })
+                .collect(),
+            running_flushes: stats.running_flushes,
+            running_compactions: stats.running_compactions,
+            write_stopped: stats.write_stopped,
+            delayed_write_rate: stats.delayed_write_rate,
+            background_errors: stats.background_errors,
+        }
+    }
 }
 
 /// The payload's `tool_name`, when the payload is a JSON object with one (as `dtask tasks`

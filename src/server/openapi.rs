@@ -60,6 +60,8 @@ use utoipa::OpenApi;
         model::ProblemView,
         model::VerifyReport,
         model::Stats,
+        model::StorageView,
+        model::SpaceView,
     )),
     tags(
         (name = "tasks", description = "Tasks folded from the journal, their records and updates"),

@@ -317,6 +317,19 @@ async function journalPage() {
   main.replaceChildren(h("h1", {}, "Journal"), statsBox, h("h2", {}, "Audit"), button, verifyBox);
   const table = (title, map) => h("table", {}, h("thead", {}, h("tr", {}, h("th", {}, title), h("th", { class: "num" }, "COUNT"))),
     h("tbody", {}, Object.entries(map).map(([k, v]) => h("tr", {}, h("td", {}, k), h("td", { class: "num" }, v)))));
+  const size = (n) => n < 1024 ? `${n} B` : n < 1 << 20 ? `${(n / 1024).toFixed(1)} KiB`
+    : n < 1 << 30 ? `${(n / (1 << 20)).toFixed(1)} MiB` : `${(n / (1 << 30)).toFixed(1)} GiB`;
+  // The storage engine's own figures (RocksDB; none on PostgreSQL): what it owes its
+  // background threads, and whether it holds writes back.
+  const storage = (st) => !st ? "" : h("div", { id: "storage" }, h("h2", {}, "Storage"),
+    h("table", {},
+      h("thead", {}, h("tr", {}, ["SPACE", "MEMTABLES", "WAITING FOR FLUSH", "LEVEL-0 FILES", "TABLE FILES", "COMPACTION OWED", "KEYS (EST.)"]
+        .map((c, i) => h("th", i ? { class: "num" } : {}, c)))),
+      h("tbody", {}, st.spaces.map((sp) => h("tr", {}, h("td", {}, sp.name),
+        [size(sp.memtable_bytes), sp.immutable_memtables, sp.level0_files, size(sp.table_bytes), size(sp.pending_compaction_bytes), sp.estimated_keys]
+          .map((v) => h("td", { class: "num" }, v)))))),
+    h("p", { id: "storage-writes", class: st.write_stopped || st.delayed_write_rate ? "problem" : "muted" },
+      `${st.running_flushes} flush(es) and ${st.running_compactions} compaction(s) running · writes ${st.write_stopped ? "stopped" : st.delayed_write_rate ? `slowed to ${size(st.delayed_write_rate)}/s` : "not held back"} · ${st.background_errors} background error(s)`));
   const refresh = async () => {
     const s = await api("/api/stats");
     statsBox.replaceChildren(
@@ -324,7 +337,8 @@ async function journalPage() {
         [["tasks", s.tasks], ["records", s.records], ["bytes", s.bytes], ["last sequence", s.last_seq],
           ["with problems", s.tasks_with_problems], ["streams", s.subscribers]].map(([k, v]) => h("div", { class: "card" }, h("b", {}, v), k))),
       h("p", { class: "muted" }, `${s.mode} · journal format ${s.journal_format}${s.counted ? "" : " · counting…"}`),
-      h("div", { class: "cards" }, table("STATUS", s.by_status), table("EXECUTOR", s.by_executor), table("EVENT TYPE", s.by_type)));
+      h("div", { class: "cards" }, table("STATUS", s.by_status), table("EXECUTOR", s.by_executor), table("EVENT TYPE", s.by_type)),
+      storage(s.storage));
   };
   button.addEventListener("click", async () => {
     button.disabled = true;
