@@ -124,6 +124,9 @@ pub(crate) struct Shared {
     stopped: OnceLock<String>,
     /// Batches handed to the syncer and not yet settled.
     in_flight: AtomicU64,
+    /// The appends of those batches: how many callers wait for a sync now
+    /// ([`LINGER_WHEN_WAITING`]).
+    in_flight_appends: AtomicU64,
     /// Heads handed over before the writer's first batch ([`Shared::prime`]).
     primed: Mutex<Primed>,
     /// The durable watermark again, for those who wait for it to move.
@@ -211,6 +214,7 @@ impl Shared {
             durable: AtomicU64::new(durable),
             stopped: OnceLock::new(),
             in_flight: AtomicU64::new(0),
+            in_flight_appends: AtomicU64::new(0),
             primed: Mutex::new(Primed::default()),
             durable_tx: watch::Sender::new(durable),
             queued: AtomicUsize::new(0),
@@ -471,6 +475,28 @@ const IDLE_BEFORE_MOVING: Duration = Duration::from_millis(20);
 /// one such write (about a millisecond for streams of ten records).
 const MOVES_PER_WRITE: usize = 64;
 
+/// While at least this many appends wait for a sync in flight, a batch of fewer than
+/// [`LINGER_BELOW`] appends waits [`LINGER`] for more before it is written.
+///
+/// So many callers waiting means the journal is CPU-bound: a sync covers one or two hundred
+/// appends, and the callers it wakes come back spread over a window longer than the writer
+/// takes to write what has come, so the writer wrote many small batches (about 20 appends a
+/// write at 256 writers against 75 for the plain file's model), each paying a write call, a
+/// tail marker and a wake-up. What is written during a sync waits for the next one anyway,
+/// and the wait (about 70 µs with the kernel's timer slack) is short beside a sync (~300 µs).
+/// Fewer callers — a few dozen, where each append's round trip is the bound — never wait.
+/// Measured (2026-12-04, alternating rounds; docs/performance-history.md, "A writer that
+/// lingers while a sync is in flight"): at 256 writers 1.01–1.40× the appends/s (`--ours`,
+/// 3 s, median 1.20×) and 0.46× against 0.43× the plain file's group commit in whole cells
+/// of the same minutes; 64 and 16 writers and the engine's lifecycles within the noise.
+const LINGER_WHEN_WAITING: u64 = 96;
+
+/// The batch size below which the writer lingers ([`LINGER_WHEN_WAITING`]).
+const LINGER_BELOW: usize = 32;
+
+/// How long the writer lingers for more appends ([`LINGER_WHEN_WAITING`]).
+const LINGER: Duration = Duration::from_micros(20);
+
 /// Streams the idle writer's sweep examines at a time ([`Writer::sweep_some`]): a job that
 /// comes meanwhile waits for them (a live one is a lookup and a seek, a finished one a
 /// step per record).
@@ -591,6 +617,11 @@ impl Writer {
                 },
             };
             batch.push(first);
+            if shared.queued.load(Ordering::Relaxed) < LINGER_BELOW
+                && shared.in_flight_appends.load(Ordering::Acquire) >= LINGER_WHEN_WAITING
+            {
+                std::thread::sleep(LINGER);
+            }
             let Ok(mut writer) = writer.lock() else {
                 // A caller writing inline panicked mid-batch: what the writer knows may be
                 // wrong, so nothing more is written.
@@ -877,10 +908,17 @@ impl Writer {
             }
         }
         self.lone_streak = 0;
+        let appends = written.acks.len() as u64;
         self.shared.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.shared
+            .in_flight_appends
+            .fetch_add(appends, Ordering::AcqRel);
         if let Err(mpsc::SendError(written)) = syncer.send(written) {
             // The syncer is gone (it panicked): nothing more can be made durable.
             self.shared.in_flight.fetch_sub(1, Ordering::AcqRel);
+            self.shared
+                .in_flight_appends
+                .fetch_sub(appends, Ordering::AcqRel);
             let why = Error::Stopped("the syncer thread ended".into());
             settle(&self.shared, vec![written], Err(why), Duration::ZERO);
         }
@@ -1500,6 +1538,11 @@ fn sync_loop(backend: &dyn Backend, shared: &Shared, written: &Receiver<Written>
             None => timed_sync(backend),
         };
         let batches = pending.len() as u64;
+        // No longer waiting for a sync (counted down before the callers hear of it).
+        let appends = pending.iter().map(|w| w.acks.len() as u64).sum();
+        shared
+            .in_flight_appends
+            .fetch_sub(appends, Ordering::AcqRel);
         settle(shared, std::mem::take(&mut pending), result, took);
         shared.in_flight.fetch_sub(batches, Ordering::AcqRel);
     }
@@ -1825,6 +1868,58 @@ mod tests {
         assert_eq!(c.blocking_recv().unwrap().unwrap().last_seq, 3);
         assert_eq!(journal.durable_seq(), 3);
         assert_eq!(journal.read_stream("c", 0).count(), 1);
+    }
+
+    /// The appends handed to the syncer are counted while they wait for their sync, and the
+    /// count is back to zero when their callers hear of it: the writer lingers for more
+    /// appends while many wait (`LINGER_WHEN_WAITING`), so a count left behind would make it
+    /// linger on every batch.
+    #[test]
+    fn the_appends_waiting_for_a_sync_are_counted_until_it_ends() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = JournalOptions::default().with_max_batch_appends(100);
+        let (journal, backend) = faulty_with(dir.path(), options);
+        let waiting = |journal: &Journal| {
+            journal
+                .with_writer(|w| w.shared.in_flight_appends.load(Ordering::Acquire))
+                .unwrap()
+        };
+        // A lone append syncs on its caller's thread, held, while 150 appends queue up.
+        let (a_entered, a_release) = hold(&backend);
+        let (b_entered, b_release) = hold(&backend);
+        let a = {
+            let journal = journal.clone();
+            std::thread::spawn(move || journal.append("a", 0, &[update(0)]))
+        };
+        a_entered.recv().unwrap();
+        let tasks: Vec<String> = (0..150).map(|i| format!("t{i}")).collect();
+        let acks: Vec<_> = tasks
+            .iter()
+            .map(|task| {
+                journal
+                    .submit(task, 0, &[update(1)], &[], may_not_block)
+                    .unwrap()
+            })
+            .collect();
+        a_release.send(true).unwrap();
+        a.join().unwrap().unwrap();
+        // Two batches (100 and 50 appends) go to the syncer, whose sync is held.
+        b_entered.recv().unwrap();
+        // (The second batch is handed over a moment after the first one's sync began; a
+        // deadline, so that a count never reached fails rather than hangs.)
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while waiting(&journal) < 150 && std::time::Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        assert_eq!(waiting(&journal), 150);
+        b_release.send(true).unwrap();
+        for ack in acks {
+            ack.blocking_recv().unwrap().unwrap();
+        }
+        assert_eq!(waiting(&journal), 0);
+        // And so it goes on: a lone append afterwards waits for nothing.
+        journal.append("a", 1, &[update(2)]).unwrap();
+        assert_eq!(waiting(&journal), 0);
     }
 
     /// Appends `n` updates to `task` from a thread named `caller`, one after the other.
