@@ -990,6 +990,7 @@ impl Backend for RocksBackend {
 
     fn storage_stats(&self) -> Result<Option<StorageStats>> {
         use rocksdb::properties as p;
+        // A figure of the whole database, then of each column family.
         let int = |name: &rocksdb::properties::PropName| -> Result<u64> {
             Ok(self.db.property_int_value(name)?.unwrap_or(0))
         };
@@ -1002,20 +1003,20 @@ impl Backend for RocksBackend {
             let Some(cf) = self.db.cf_handle(name) else {
                 continue;
             };
-            let int = |property: &rocksdb::properties::PropName| -> Result<u64> {
+            let of_space = |property: &rocksdb::properties::PropName| -> Result<u64> {
                 Ok(self.db.property_int_value_cf(cf, property)?.unwrap_or(0))
             };
             spaces.push(SpaceStats {
                 name: name.to_owned(),
-                memtable_bytes: int(p::CUR_SIZE_ALL_MEM_TABLES)?,
-                immutable_memtables: int(p::NUM_IMMUTABLE_MEM_TABLE)?,
+                memtable_bytes: of_space(p::CUR_SIZE_ALL_MEM_TABLES)?,
+                immutable_memtables: of_space(p::NUM_IMMUTABLE_MEM_TABLE)?,
                 level0_files: self
                     .db
                     .property_int_value_cf(cf, p::num_files_at_level(0))?
                     .unwrap_or(0),
-                table_bytes: int(p::LIVE_SST_FILES_SIZE)?,
-                pending_compaction_bytes: int(p::ESTIMATE_PENDING_COMPACTION_BYTES)?,
-                estimated_keys: int(p::ESTIMATE_NUM_KEYS)?,
+                table_bytes: of_space(p::LIVE_SST_FILES_SIZE)?,
+                pending_compaction_bytes: of_space(p::ESTIMATE_PENDING_COMPACTION_BYTES)?,
+                estimated_keys: of_space(p::ESTIMATE_NUM_KEYS)?,
             });
         }
         Ok(Some(StorageStats {

@@ -217,6 +217,16 @@ where
     metric
 }
 
+/// Registers a gauge under `name` and returns it.
+fn gauge(registry: &mut Registry, name: &str, help: &str) -> Gauge {
+    register(registry, name, help, Gauge::default())
+}
+
+/// Registers a counter under `name` and returns it.
+fn counter(registry: &mut Registry, name: &str, help: &str) -> Counter {
+    register(registry, name, help, Counter::default())
+}
+
 impl WriteObserver for WriteMetrics {
     fn batch_written(&self, batch: &BatchWritten) {
         self.batches.inc();
@@ -279,8 +289,6 @@ impl StorageGauges {
         let family = |r: &mut Registry, name: &str, help: &str| {
             register(r, name, help, Family::<SpaceLabel, Gauge>::default())
         };
-        let gauge =
-            |r: &mut Registry, name: &str, help: &str| register(r, name, help, Gauge::default());
         Self {
             memtable_bytes: family(
                 r,
@@ -394,8 +402,6 @@ struct JournalGauges {
 
 impl JournalGauges {
     fn register(r: &mut Registry) -> Self {
-        let gauge =
-            |r: &mut Registry, name: &str, help: &str| register(r, name, help, Gauge::default());
         let tasks = gauge(r, "journal_tasks", "Tasks in the journal");
         let records = gauge(r, "journal_records", "Records in the journal");
         let bytes = gauge(
@@ -509,10 +515,6 @@ impl Metrics {
             "Records in the journal, by event type",
             Family::<TypeValue, Gauge>::default(),
         );
-        let gauge =
-            |r: &mut Registry, name: &str, help: &str| register(r, name, help, Gauge::default());
-        let counter =
-            |r: &mut Registry, name: &str, help: &str| register(r, name, help, Counter::default());
         let subscribers = gauge(r, "sse_streams", "Open server-sent event streams");
         let stream_lagged = counter(
             r,
