@@ -47,7 +47,7 @@
 
 use dtask::engine::{Command, CreateRequest, StoreConfig, SystemClock, TaskStore, UpdateRequest};
 use dtask::journal::{
-    Durability, Event, Head, Journal, JournalOptions, LeasePolicy, LiveSummary, TaskSpec, Timestamp,
+    Durability, Event, Head, Journal, LeasePolicy, LiveSummary, TaskSpec, Timestamp,
 };
 mod common;
 use clap::Parser;
@@ -69,7 +69,7 @@ fn spec(id: &str) -> TaskSpec {
 
 fn open_store(dir: &std::path::Path, durability: Durability) -> TaskStore {
     let journal =
-        Journal::open(dir, JournalOptions::default().with_durability(durability)).unwrap();
+        Journal::open(dir, common::journal_options().with_durability(durability)).unwrap();
     TaskStore::open(
         journal,
         SystemClock,
@@ -160,6 +160,8 @@ fn raw_batches(batch: usize, bytes: usize, secs: f64) -> f64 {
     let dir = tempfile::tempdir().unwrap();
     let mut opts = rocksdb::Options::default();
     opts.create_if_missing(true);
+    // Table files as the journal writes them (`--no-direct-io` turns both off).
+    opts.set_use_direct_io_for_flush_and_compaction(common::direct_io());
     let db = rocksdb::DB::open(&opts, dir.path()).unwrap();
     let mut wo = rocksdb::WriteOptions::default();
     wo.set_sync(true);
@@ -188,7 +190,7 @@ async fn lifecycles(concurrency: usize, secs: f64, apart: bool) -> (f64, Duratio
     let dir = tempfile::tempdir().unwrap();
     let journal = Journal::open(
         dir.path(),
-        JournalOptions::default().with_keep_finished_apart(apart),
+        common::journal_options().with_keep_finished_apart(apart),
     )
     .unwrap();
     let store = TaskStore::open(
@@ -289,6 +291,7 @@ fn recovery(tasks: usize, events_per_task: usize) {
     let counts = [tasks.to_string(), events_per_task.to_string()];
     let child = |what: &str, dir: &std::path::Path, label: Option<&str>| {
         std::process::Command::new(std::env::current_exe().unwrap())
+            .args((!common::direct_io()).then_some("--no-direct-io"))
             .arg(what)
             .arg(dir)
             .args(&counts)
@@ -417,7 +420,7 @@ fn measure_recovery(label: &str, dir: &std::path::Path, tasks: usize, events_per
     // "sweep off": opened as with finished streams kept in place (read alike), so that no
     // idle sweep runs beside the fold; the sweep is then timed alone (`full_sweep`).
     let sweep_off = label.contains("sweep off");
-    let options = JournalOptions::default()
+    let options = common::journal_options()
         .with_mmap_reads(label.contains("mmap reads"))
         .with_keep_finished_apart(!sweep_off);
     let journal = Journal::open(dir, options).unwrap();
@@ -478,7 +481,7 @@ fn measure_recovery(label: &str, dir: &std::path::Path, tasks: usize, events_per
 /// [`Journal::move_finished_now`] — every live stream skipped with a lookup and a seek, every
 /// finished one found among them moved.
 fn full_sweep(label: &str, dir: &std::path::Path, live: usize) {
-    let journal = Journal::open(dir, JournalOptions::default()).unwrap();
+    let journal = Journal::open(dir, common::journal_options()).unwrap();
     let start = Instant::now();
     let moved = journal.move_finished_now().unwrap();
     let spent = start.elapsed();
@@ -647,11 +650,14 @@ struct Args {
     #[arg(long, hide = true, num_args = 3..=4, value_names = ["DIR", "TASKS", "EVENTS", "APART"])]
     crash_build: Option<Vec<String>>,
     #[command(flatten)]
+    journal: common::JournalFlags,
+    #[command(flatten)]
     _cargo: common::CargoBench,
 }
 
 fn main() {
     let args = Args::parse();
+    args.journal.apply();
     if let Some(child) = &args.crash_build {
         crash_build(child);
     }

@@ -72,7 +72,7 @@ static OWED: AtomicBool = AtomicBool::new(false);
 
 fn journal_options() -> JournalOptions {
     let options =
-        JournalOptions::default().with_inline_lone_appends(!NO_INLINE.load(Ordering::Relaxed));
+        common::journal_options().with_inline_lone_appends(!NO_INLINE.load(Ordering::Relaxed));
     let options = if BUFFERED.load(Ordering::Relaxed) {
         options.with_durability(dtask::journal::Durability::Buffered)
     } else {
@@ -199,6 +199,8 @@ fn raw_db(dir: &std::path::Path) -> rocksdb::DB {
     let mut opts = rocksdb::Options::default();
     opts.create_if_missing(true);
     opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
+    // Table files as the journal writes them (`--no-direct-io` turns both off).
+    opts.set_use_direct_io_for_flush_and_compaction(common::direct_io());
     rocksdb::DB::open(&opts, dir).unwrap()
 }
 
@@ -378,6 +380,8 @@ struct Args {
     #[arg(long, value_name = "WHERE")]
     file_apply: Option<FileApply>,
     #[command(flatten)]
+    journal: common::JournalFlags,
+    #[command(flatten)]
     _cargo: common::CargoBench,
 }
 
@@ -394,6 +398,7 @@ enum FileApply {
 
 fn main() {
     let args = Args::parse();
+    args.journal.apply();
     let secs = args.secs;
     let rounds = args.rounds.max(1);
     NO_INLINE.store(args.no_inline, Ordering::Relaxed);

@@ -43,6 +43,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 #[derive(Parser)]
+#[allow(clippy::struct_excessive_bools)] // one bool per command-line flag
 struct Args {
     /// Seconds per row.
     #[arg(long, default_value_t = 3.0)]
@@ -61,6 +62,10 @@ struct Args {
     /// off).
     #[arg(long)]
     finished_in_place: bool,
+    /// Write the journal's table files through the page cache
+    /// (`JournalOptions::direct_table_io` off), to compare with the default.
+    #[arg(long)]
+    no_direct_io: bool,
     /// Accepted for `cargo bench`'s own flag.
     #[arg(long, hide = true)]
     bench: bool,
@@ -363,16 +368,21 @@ static NO_INLINE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool:
 /// Not `--finished-in-place`.
 static APART: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 
+/// Not `--no-direct-io`.
+static DIRECT_IO: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
 /// The journal's options as the flags set them.
 fn journal_options() -> JournalOptions {
     JournalOptions::default()
         .with_inline_lone_appends(!NO_INLINE.load(std::sync::atomic::Ordering::Relaxed))
         .with_keep_finished_apart(APART.load(std::sync::atomic::Ordering::Relaxed))
+        .with_direct_table_io(DIRECT_IO.load(std::sync::atomic::Ordering::Relaxed))
 }
 
 fn main() {
     let args = Args::parse();
     NO_INLINE.store(args.no_inline, std::sync::atomic::Ordering::Relaxed);
+    DIRECT_IO.store(!args.no_direct_io, std::sync::atomic::Ordering::Relaxed);
     APART.store(
         !args.finished_in_place,
         std::sync::atomic::Ordering::Relaxed,

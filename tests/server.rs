@@ -502,6 +502,10 @@ async fn a_read_only_follower_sees_new_commits_and_refuses_control() {
     // A follower reports the storage too: the memtables it replayed the writer's log into.
     let spaces = stats["storage"]["spaces"].as_array().unwrap();
     assert!(spaces.iter().any(|s| s["name"] == "events"), "{stats}");
+    assert_eq!(
+        stats["storage"]["direct_table_io"], false,
+        "a follower writes no table files: {stats}"
+    );
     let (status, task) = server.get("/api/tasks/a").await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(task["state"]["status"], "pending");
@@ -742,6 +746,7 @@ async fn verify_stats_and_metrics_describe_the_journal() {
     let events = spaces.iter().find(|s| s["name"] == "events").unwrap();
     assert!(events["memtable_bytes"].as_u64().unwrap() > 0, "{stats}");
     assert_eq!(stats["storage"]["write_stopped"], false, "{stats}");
+    assert!(stats["storage"]["direct_table_io"].is_boolean(), "{stats}");
 
     let (status, _) = server.get("/api/tasks/nope").await;
     assert_eq!(status, StatusCode::NOT_FOUND);

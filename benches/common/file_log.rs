@@ -148,8 +148,46 @@ impl Store {
             .unwrap();
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
-        opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
-        let db = rocksdb::DB::open_cf(&opts, dir, ["events", "commits"]).unwrap();
+        // The journal's layout (`journal/src/backend.rs`: `db_options`, `space_options`,
+        // `events_table_options`), so that RocksDB's background work compares: recent levels
+        // uncompressed and the last LZ4 — the records' space uncompressed on every level, as
+        // the journal keeps it while finished streams are kept apart (the default) —, the
+        // write-ahead log capped at 64 MiB (which flushes the commit index with the records),
+        // two background jobs, 64 MiB memtables, and the records' table options. Until
+        // 2026-12-04 this model compressed every level with LZ4 and had RocksDB's default
+        // table options: its records (one byte repeated) flushed and compacted to next to
+        // nothing, and its background threads cost a third of the journal's per record.
+        opts.set_compression_type(rocksdb::DBCompressionType::None);
+        opts.set_bottommost_compression_type(rocksdb::DBCompressionType::Lz4);
+        opts.set_max_total_wal_size(64 << 20);
+        opts.increase_parallelism(2);
+        opts.set_max_background_jobs(2);
+        opts.set_write_buffer_size(64 << 20);
+        opts.set_use_direct_io_for_flush_and_compaction(super::direct_io());
+        let mut events = opts.clone();
+        events.set_bottommost_compression_type(rocksdb::DBCompressionType::None);
+        let mut table = rocksdb::BlockBasedOptions::default();
+        table.set_block_size(32 << 10);
+        table.set_bloom_filter(10.0, false);
+        table.set_partition_filters(true);
+        table.set_index_type(rocksdb::BlockBasedIndexType::TwoLevelIndexSearch);
+        table.set_cache_index_and_filter_blocks(true);
+        table.set_pin_top_level_index_and_filter(true);
+        if std::env::var_os("XX_DEFAULT_TABLE").is_none() {
+            events.set_block_based_table_factory(&table);
+        }
+        if std::env::var_os("XX_EVENTS_LZ4").is_some() {
+            events.set_bottommost_compression_type(rocksdb::DBCompressionType::Lz4);
+        }
+        let db = rocksdb::DB::open_cf_descriptors(
+            &opts,
+            dir,
+            [
+                rocksdb::ColumnFamilyDescriptor::new("events", events),
+                rocksdb::ColumnFamilyDescriptor::new("commits", opts.clone()),
+            ],
+        )
+        .unwrap();
         Self {
             db,
             value: vec![7u8; record_bytes],

@@ -180,7 +180,7 @@ fn fill_journal_with(
     let open = || {
         Journal::open(
             dir,
-            JournalOptions::default()
+            journal_options()
                 .with_durability(Durability::Buffered)
                 .with_keep_finished_apart(apart),
         )
@@ -308,6 +308,37 @@ pub struct CargoBench {
     /// Passed by `cargo bench`; ignored.
     #[arg(long = "bench", hide = true)]
     bench: bool,
+}
+
+/// `--no-direct-io`: the journal flag the journal and engine benches share. Flatten it into
+/// a bench's arguments and call [`JournalFlags::apply`]; [`journal_options`] then honours it.
+#[derive(Debug, clap::Args)]
+pub struct JournalFlags {
+    /// Write the journal's table files through the page cache
+    /// (`JournalOptions::direct_table_io` off), to compare with the default.
+    #[arg(long)]
+    no_direct_io: bool,
+}
+
+impl JournalFlags {
+    /// Makes the flags the process's.
+    pub fn apply(&self) {
+        DIRECT_IO.store(!self.no_direct_io, Ordering::Relaxed);
+    }
+}
+
+/// Not `--no-direct-io`.
+static DIRECT_IO: AtomicBool = AtomicBool::new(true);
+
+/// Whether the benches' journals write table files with direct I/O (not `--no-direct-io`):
+/// the plain file's models of the write path follow it too.
+pub fn direct_io() -> bool {
+    DIRECT_IO.load(Ordering::Relaxed)
+}
+
+/// The benches' journal options: the defaults, with [`JournalFlags`].
+pub fn journal_options() -> JournalOptions {
+    JournalOptions::default().with_direct_table_io(direct_io())
 }
 
 /// `met` or `not met`, for a target line.

@@ -427,8 +427,9 @@ pub struct RocksBackend {
     /// some there since; always for a follower of a journal that has it); reads of the
     /// `events` space look there only then.
     finished_used: AtomicBool,
-    /// Finished streams are kept apart by this writer (see [`RocksBackend::open_tuned`]).
-    live_apart: bool,
+    /// The settings in effect: those asked for, but [`Tuning::direct_table_io`] only where
+    /// the file system allowed it.
+    tuning: Tuning,
     read_only: bool,
     secondary: bool,
     sync: WriteOptions,
@@ -614,22 +615,79 @@ fn is_lock_error(e: &rocksdb::Error) -> bool {
         && (message.contains("While lock file") || message.contains("lock hold by current process"))
 }
 
+/// How a [`RocksBackend`] is opened beyond its mode: the RocksDB settings that
+/// [`crate::JournalOptions`] chooses.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Tuning {
+    /// Read table files through memory maps ([`crate::JournalOptions::mmap_reads`]).
+    pub mmap_reads: bool,
+    /// Finished streams are kept apart ([`crate::JournalOptions::keep_finished_apart`]): the
+    /// live records are then stored uncompressed and merged into one run at a clean close
+    /// ([`RocksBackend::settle`]).
+    pub live_apart: bool,
+    /// Flushes and compactions write and read table files with direct I/O where the file
+    /// system allows it ([`crate::JournalOptions::direct_table_io`]; a writer's open only).
+    pub direct_table_io: bool,
+}
+
+/// The name of the file a writer's open writes with direct I/O, then removes, to learn
+/// whether the journal's file system allows it ([`direct_io_allowed`]).
+pub(crate) const DIRECT_IO_PROBE: &str = "DIRECT_IO_PROBE";
+
+/// One block of the size and alignment direct I/O asks for (RocksDB writes table files in
+/// multiples of the file system's logical block, 4 KiB on the usual ones).
+#[repr(C, align(4096))]
+struct AlignedBlock([u8; 4096]);
+
+/// Whether the file system holding `dir` allows direct I/O: a block written to
+/// [`DIRECT_IO_PROBE`] opened with `O_DIRECT`, then the file removed. Some file systems
+/// refuse the flag at the open (tmpfs before Linux 6.6, some FUSE and network file
+/// systems), others the first write; RocksDB would then fail its first flush and stop the
+/// journal's writes, so a writer's open asks first. `false` on any failure, and on systems
+/// other than Linux (where the journal does not ask RocksDB for direct I/O).
+fn direct_io_allowed(dir: &Path) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        use std::io::Write as _;
+        use std::os::unix::fs::OpenOptionsExt as _;
+        if std::fs::create_dir_all(dir).is_err() {
+            return false;
+        }
+        let probe = dir.join(DIRECT_IO_PROBE);
+        let written = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&probe)
+            .and_then(|mut file| file.write_all(&Box::new(AlignedBlock([0; 4096])).0));
+        // Another open of the same directory probing at the same moment may have removed
+        // it first; what counts is that this one's block was written.
+        let removed = match std::fs::remove_file(&probe) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            other => other,
+        };
+        written.is_ok() && removed.is_ok()
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = dir;
+        false
+    }
+}
+
 impl RocksBackend {
     pub(crate) fn open(path: &Path, mode: OpenMode<'_>) -> Result<Self> {
-        Self::open_tuned(path, mode, false, false)
+        Self::open_tuned(path, mode, Tuning::default())
     }
 
-    /// [`RocksBackend::open`], reading table files through memory maps when `mmap_reads`
-    /// (see [`crate::JournalOptions::mmap_reads`]); `live_apart` when finished streams are
-    /// kept apart ([`crate::JournalOptions::keep_finished_apart`]): the live records are then
-    /// stored uncompressed and merged into one run at a clean close
-    /// ([`RocksBackend::settle`]).
-    pub(crate) fn open_tuned(
-        path: &Path,
-        mode: OpenMode<'_>,
-        mmap_reads: bool,
-        live_apart: bool,
-    ) -> Result<Self> {
+    /// [`RocksBackend::open`] with the settings `tuning` names.
+    pub(crate) fn open_tuned(path: &Path, mode: OpenMode<'_>, tuning: Tuning) -> Result<Self> {
+        let Tuning {
+            mmap_reads,
+            live_apart,
+            direct_table_io,
+        } = tuning;
         if !matches!(mode, OpenMode::Primary) && !path.join("CURRENT").exists() {
             return Err(Error::NotAJournal(format!(
                 "no database at {}",
@@ -652,10 +710,19 @@ impl RocksBackend {
             .map(|s| s.name())
             .chain(finished.then_some(FINISHED_EVENTS))
             .chain(legacy.then_some(LEGACY_HEADS));
+        let mut direct = false;
         let db = match mode {
             OpenMode::Primary => {
                 let mut opts = primary_db_options()?;
                 opts.set_allow_mmap_reads(mmap_reads);
+                direct = direct_table_io && direct_io_allowed(path);
+                opts.set_use_direct_io_for_flush_and_compaction(direct);
+                if direct_table_io && !direct {
+                    tracing::info!(
+                        path = %path.display(),
+                        "the journal's file system refuses direct I/O: table files are written through the page cache"
+                    );
+                }
                 let descriptors = names
                     .map(|name| {
                         let mut cf = space_options(name, true)?;
@@ -709,7 +776,10 @@ impl RocksBackend {
             secondary: matches!(mode, OpenMode::Secondary(_)),
             sync,
             buffered,
-            live_apart,
+            tuning: Tuning {
+                direct_table_io: direct,
+                ..tuning
+            },
         };
         // A follower reads both places whenever the journal has the `finished` column
         // family: its catch-up makes a stream's move visible at once, before any flag could
@@ -1026,6 +1096,7 @@ impl Backend for RocksBackend {
             write_stopped: int(p::IS_WRITE_STOPPED)? != 0,
             delayed_write_rate: int(p::ACTUAL_DELAYED_WRITE_RATE)?,
             background_errors: int(p::BACKGROUND_ERRORS)?,
+            direct_table_io: self.tuning.direct_table_io,
         }))
     }
 
@@ -1273,7 +1344,7 @@ impl RocksBackend {
     /// last level, otherwise LZ4-compressed), so merging it at close is cheap; above
     /// [`MERGE_LIVE_RECORDS_BYTES`] it is left to RocksDB.
     fn merge_live_records(&self) -> Result<()> {
-        if !self.live_apart || !self.finished_used.load(Ordering::Acquire) {
+        if !self.tuning.live_apart || !self.finished_used.load(Ordering::Acquire) {
             return Ok(());
         }
         let events = self.cf(Space::Events)?;
@@ -1637,8 +1708,15 @@ mod tests {
     fn a_clean_close_merges_the_live_records_kept_apart() {
         for apart in [true, false] {
             let dir = tempfile::tempdir().expect("a temporary directory");
-            let backend = RocksBackend::open_tuned(dir.path(), OpenMode::Primary, false, apart)
-                .expect("open");
+            let backend = RocksBackend::open_tuned(
+                dir.path(),
+                OpenMode::Primary,
+                Tuning {
+                    live_apart: apart,
+                    ..Tuning::default()
+                },
+            )
+            .expect("open");
             for (task, finished) in [("a", "b"), ("c", "d")] {
                 put_records(&backend, task, 0, 50);
                 put_records(&backend, finished, 0, 50);
@@ -1670,6 +1748,75 @@ mod tests {
             let all = backend.scan(Space::Events, Range::default()).count();
             assert_eq!(all, 200);
         }
+    }
+
+    /// A writer's open asks the file system whether it takes direct I/O, leaves no probe
+    /// file behind, and has its flushes and compactions use it only when asked and allowed;
+    /// table files written and compacted either way read back whole after a reopen.
+    #[test]
+    fn table_files_use_direct_io_only_when_asked_and_the_file_system_allows_it() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let allowed = direct_io_allowed(dir.path());
+        assert!(!dir.path().join(DIRECT_IO_PROBE).exists());
+        // The file systems a journal usually lives on all take direct I/O: a probe that
+        // never says yes would pass the rest of this test.
+        let file_system = rustix::fs::statfs(dir.path()).expect("statfs").f_type;
+        if cfg!(target_os = "linux") && [0xEF53, 0x5846_5342, 0x9123_683E].contains(&file_system) {
+            assert!(allowed, "ext4, XFS and Btrfs take direct I/O");
+        }
+        for asked in [true, false] {
+            let path = dir.path().join(format!("asked-{asked}"));
+            {
+                let tuning = Tuning {
+                    direct_table_io: asked,
+                    ..Tuning::default()
+                };
+                let backend =
+                    RocksBackend::open_tuned(&path, OpenMode::Primary, tuning).expect("open");
+                assert!(!path.join(DIRECT_IO_PROBE).exists(), "the probe is removed");
+                let stats = backend.storage_stats().expect("stats").expect("reported");
+                assert_eq!(stats.direct_table_io, asked && allowed, "asked: {asked}");
+                backend.start_compactions().expect("compactions on");
+                for round in 0..5 {
+                    put_records(&backend, &format!("t{round}"), 0, 300);
+                    backend.flush().expect("a flush");
+                }
+                let events = backend.cf(Space::Events).expect("events");
+                backend
+                    .db
+                    .compact_range_cf(events, None::<&[u8]>, None::<&[u8]>);
+                assert_eq!(backend.level0_files(Space::Events).expect("files"), 0);
+                let stats = backend.storage_stats().expect("stats").expect("reported");
+                assert_eq!(stats.background_errors, 0);
+            }
+            let reader = RocksBackend::open(&path, OpenMode::ReadOnly).expect("read-only");
+            assert!(
+                !reader
+                    .storage_stats()
+                    .expect("stats")
+                    .expect("reported")
+                    .direct_table_io
+            );
+            let records: Vec<_> = reader
+                .scan(Space::Events, Range::default())
+                .collect::<Result<_>>()
+                .expect("every record read");
+            assert_eq!(records.len(), 5 * 300);
+            assert!(records
+                .iter()
+                .all(|(_, value)| value.as_ref() == [7; 200].as_slice()));
+        }
+    }
+
+    /// The probe answers `false` where it cannot write its block — here, a directory that
+    /// cannot be made because a file stands in its way.
+    #[test]
+    fn the_direct_io_probe_answers_no_when_it_cannot_write() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let file = dir.path().join("a-file");
+        std::fs::write(&file, b"not a directory").expect("a file");
+        assert!(!direct_io_allowed(&file.join("journal")));
+        assert!(!file.join("journal").exists());
     }
 
     /// A follower opened after its writer has flushed twice (a writer that reused flushed

@@ -1,6 +1,6 @@
 //! The journal: open, append, read.
 
-use crate::backend::{Backend, BatchOp, OpenMode, Range, RocksBackend};
+use crate::backend::{Backend, BatchOp, OpenMode, Range, RocksBackend, Tuning};
 use crate::bulk::StreamScanner;
 use crate::error::{CorruptionKind, Error, Limit, Result};
 use crate::event::Event;
@@ -142,8 +142,11 @@ impl Journal {
         let mut backend = RocksBackend::open_tuned(
             path.as_ref(),
             OpenMode::Primary,
-            options.mmap_reads,
-            options.keep_finished_apart,
+            Tuning {
+                mmap_reads: options.mmap_reads,
+                live_apart: options.keep_finished_apart,
+                direct_table_io: options.direct_table_io,
+            },
         )?;
         prepare_writable(&backend)?;
         backend.drop_legacy_heads()?;

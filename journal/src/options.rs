@@ -26,6 +26,10 @@ pub enum Durability {
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
+#[allow(
+    clippy::struct_excessive_bools,
+    reason = "independent switches, each set by its own builder method"
+)]
 pub struct JournalOptions {
     /// When appends are acknowledged. Default: [`Durability::Sync`].
     pub durability: Durability,
@@ -109,6 +113,29 @@ pub struct JournalOptions {
     /// put until a record is next written to it. Off for a service that wants its close
     /// short and its disk written once per record.
     pub keep_finished_apart: bool,
+    /// Write and read table files — the memtables' flushes, the compactions — with direct
+    /// I/O, past the operating system's page cache, where the journal's file system allows
+    /// it. Default: on.
+    ///
+    /// A writer's open first writes one block with direct I/O to a probe file in the
+    /// journal's directory (removed at once); where the file system refuses (tmpfs before
+    /// Linux 6.6, some FUSE and network file systems) or on systems other than Linux, table
+    /// files go through the page cache as with the option off.
+    /// [`crate::StorageStats::direct_table_io`] says which the open chose. Only RocksDB's
+    /// background work changes: the write-ahead log, which every append waits for, is
+    /// written and synced as before, and reads of the journal (recovery, lookups) still go
+    /// through the page cache.
+    ///
+    /// Through the page cache, every byte a flush or a compaction writes is first copied
+    /// into newly allocated page-cache pages, on the same two cores as the appends; under a
+    /// sustained heavy load that copy was the largest part of the compactions' time, and
+    /// they fell behind (the level-0 files and the compaction bytes owed grew, and RocksDB
+    /// would have slowed the appends down). With direct I/O, 256 concurrent writers made
+    /// 1.03–1.32× the appends for about half the CPU time an append, and the background
+    /// work kept up (docs/performance.md has the measurements). The price: a table file
+    /// just written is not in the page cache, so its first reads go to the disk. Off for a
+    /// journal whose reads must find recent table files in memory, or to compare.
+    pub direct_table_io: bool,
 }
 
 impl Default for JournalOptions {
@@ -124,6 +151,7 @@ impl Default for JournalOptions {
             settle_on_close: Duration::from_secs(10),
             inline_lone_appends: true,
             keep_finished_apart: true,
+            direct_table_io: true,
         }
     }
 }
@@ -175,6 +203,13 @@ impl JournalOptions {
     #[must_use]
     pub fn with_keep_finished_apart(mut self, on: bool) -> Self {
         self.keep_finished_apart = on;
+        self
+    }
+
+    /// Sets [`JournalOptions::direct_table_io`].
+    #[must_use]
+    pub fn with_direct_table_io(mut self, on: bool) -> Self {
+        self.direct_table_io = on;
         self
     }
 

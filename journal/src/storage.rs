@@ -49,6 +49,10 @@ pub struct StorageStats {
     pub delayed_write_rate: u64,
     /// Background errors (failed flushes or compactions) since the journal was opened.
     pub background_errors: u64,
+    /// Whether flushes and compactions write table files with direct I/O, past the page
+    /// cache ([`crate::JournalOptions::direct_table_io`], and the file system allowed it at
+    /// the open); `false` for a read-only open or a follower, which write no table files.
+    pub direct_table_io: bool,
 }
 
 impl StorageStats {
@@ -132,6 +136,10 @@ mod tests {
             let events = followed.space("events").unwrap();
             assert!(events.memtable_bytes > 50 * 200, "{events:?}");
             assert_eq!(followed.running_flushes, 0);
+            assert!(
+                !followed.direct_table_io,
+                "a follower writes no table files"
+            );
         }
         let reader = Journal::open_read_only(dir.path()).unwrap();
         let stats = reader.storage_stats().unwrap().unwrap();
@@ -142,5 +150,6 @@ mod tests {
         assert!(events.level0_files <= 1, "{events:?}");
         assert!(stats.space("commits").unwrap().table_bytes > 0);
         assert_eq!(stats.running_compactions, 0);
+        assert!(!stats.direct_table_io, "a reader writes no table files");
     }
 }

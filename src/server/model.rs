@@ -608,6 +608,9 @@ pub struct StorageView {
     pub delayed_write_rate: u64,
     /// Failed flushes or compactions since the journal was opened.
     pub background_errors: u64,
+    /// Whether flushes and compactions write table files with direct I/O, past the page
+    /// cache (`false` on a follower, which writes none).
+    pub direct_table_io: bool,
 }
 
 /// One column family's memtables and table files.
@@ -650,6 +653,7 @@ impl From<&dtask_journal::StorageStats> for StorageView {
             write_stopped: stats.write_stopped,
             delayed_write_rate: stats.delayed_write_rate,
             background_errors: stats.background_errors,
+            direct_table_io: stats.direct_table_io,
         }
     }
 }

@@ -329,7 +329,7 @@ async function journalPage() {
         [size(sp.memtable_bytes), sp.immutable_memtables, sp.level0_files, size(sp.table_bytes), size(sp.pending_compaction_bytes), sp.estimated_keys]
           .map((v) => h("td", { class: "num" }, v)))))),
     h("p", { id: "storage-writes", class: st.write_stopped || st.delayed_write_rate ? "problem" : "muted" },
-      `${st.running_flushes} flush(es) and ${st.running_compactions} compaction(s) running · writes ${st.write_stopped ? "stopped" : st.delayed_write_rate ? `slowed to ${size(st.delayed_write_rate)}/s` : "not held back"} · ${st.background_errors} background error(s)`));
+      `${st.running_flushes} flush(es) and ${st.running_compactions} compaction(s) running · writes ${st.write_stopped ? "stopped" : st.delayed_write_rate ? `slowed to ${size(st.delayed_write_rate)}/s` : "not held back"} · ${st.background_errors} background error(s)${st.direct_table_io ? " · table files written with direct I/O" : ""}`));
   const refresh = async () => {
     const s = await api("/api/stats");
     statsBox.replaceChildren(
