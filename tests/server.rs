@@ -1224,5 +1224,12 @@ async fn write_path_and_engine_metrics_count_what_happened() {
     assert_eq!(value("dtask_storage_write_stopped"), 0);
     assert_eq!(value("dtask_storage_delayed_write_rate_bytes"), 0);
     assert_eq!(value("dtask_storage_background_errors"), 0);
+    let direct = store
+        .journal()
+        .storage_stats()
+        .unwrap()
+        .unwrap()
+        .direct_table_io;
+    assert_eq!(value("dtask_storage_direct_table_io"), u64::from(direct));
     server.stop().await;
 }

@@ -282,6 +282,7 @@ struct StorageGauges {
     write_stopped: Gauge,
     delayed_write_rate: Gauge,
     background_errors: Gauge,
+    direct_table_io: Gauge,
 }
 
 impl StorageGauges {
@@ -337,6 +338,11 @@ impl StorageGauges {
                 "storage_background_errors",
                 "Failed flushes or compactions since the journal was opened",
             ),
+            direct_table_io: gauge(
+                r,
+                "storage_direct_table_io",
+                "1 when flushes and compactions write table files with direct I/O, past the page cache",
+            ),
         }
     }
 
@@ -366,6 +372,7 @@ impl StorageGauges {
         self.write_stopped.set(i64::from(stats.write_stopped));
         self.delayed_write_rate.set(int(stats.delayed_write_rate));
         self.background_errors.set(int(stats.background_errors));
+        self.direct_table_io.set(i64::from(stats.direct_table_io));
     }
 }
 
