@@ -182,7 +182,7 @@ fn print_owed(journal: &Journal) {
         owed += space.pending_compaction_bytes;
     }
     println!(
-        "         owed at the end: memtables {:.0} MiB ({waiting} waiting for their flush) | level-0 files {level0} | compaction {:.0} MiB | write {}",
+        "         owed at the end: memtables {:.0} MiB ({waiting} waiting for their flush) | level-0 files {level0} | compaction {:.0} MiB | write {} | table files {}",
         mib(memtables),
         mib(owed),
         if stats.write_stopped {
@@ -191,6 +191,11 @@ fn print_owed(journal: &Journal) {
             format!("slowed to {:.0} MiB/s", mib(stats.delayed_write_rate))
         } else {
             "not held back".to_owned()
+        },
+        if stats.direct_table_io {
+            "written with direct I/O"
+        } else {
+            "through the page cache"
         }
     );
 }
