@@ -24,6 +24,7 @@
     missing_docs
 )]
 
+mod common;
 use clap::Parser;
 use dtask::engine::managed::{
     BackgroundTool, ManagedTools, Registration, Run, RunOutcome, StartRequest, StartResult,
@@ -42,8 +43,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// The peers' workload: tasks of N durable steps at C concurrent callers (see the module docs).
 #[derive(Parser)]
-#[allow(clippy::struct_excessive_bools)] // one bool per command-line flag
 struct Args {
     /// Seconds per row.
     #[arg(long, default_value_t = 3.0)]
@@ -62,21 +63,10 @@ struct Args {
     /// off).
     #[arg(long)]
     finished_in_place: bool,
-    /// Write the journal's table files through the page cache
-    /// (`JournalOptions::direct_table_io` off), to compare with the default.
-    #[arg(long)]
-    no_direct_io: bool,
-    /// Accepted for `cargo bench`'s own flag.
-    #[arg(long, hide = true)]
-    bench: bool,
-}
-
-fn verdict(met: bool) -> &'static str {
-    if met {
-        "met"
-    } else {
-        "not met"
-    }
+    #[command(flatten)]
+    journal: common::JournalFlags,
+    #[command(flatten)]
+    _cargo: common::CargoBench,
 }
 
 /// Appends `payload` progress updates (the steps), each waited for, then completes.
@@ -368,21 +358,17 @@ static NO_INLINE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool:
 /// Not `--finished-in-place`.
 static APART: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 
-/// Not `--no-direct-io`.
-static DIRECT_IO: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
-
 /// The journal's options as the flags set them.
 fn journal_options() -> JournalOptions {
-    JournalOptions::default()
+    common::journal_options()
         .with_inline_lone_appends(!NO_INLINE.load(std::sync::atomic::Ordering::Relaxed))
         .with_keep_finished_apart(APART.load(std::sync::atomic::Ordering::Relaxed))
-        .with_direct_table_io(DIRECT_IO.load(std::sync::atomic::Ordering::Relaxed))
 }
 
 fn main() {
     let args = Args::parse();
     NO_INLINE.store(args.no_inline, std::sync::atomic::Ordering::Relaxed);
-    DIRECT_IO.store(!args.no_direct_io, std::sync::atomic::Ordering::Relaxed);
+    args.journal.apply();
     APART.store(
         !args.finished_in_place,
         std::sync::atomic::Ordering::Relaxed,
@@ -443,7 +429,7 @@ fn main() {
     if let Some(steps) = at_64 {
         println!(
             "target: ≥ 60k durable steps/s at C = 64 ({steps:.0}): {}",
-            verdict(steps >= 60_000.0)
+            common::verdict(steps >= 60_000.0)
         );
     }
     if let Some(steps) = worker_64 {
@@ -457,12 +443,12 @@ fn main() {
             "target: a step at C = 1 ≤ 1.5× one fsync ({per_step:.3} ms against {:.3} ms, {:.2}×): {}",
             ms(fsync),
             per_step / ms(fsync),
-            verdict(per_step <= 1.5 * ms(fsync))
+            common::verdict(per_step <= 1.5 * ms(fsync))
         );
     }
     println!(
         "target: a 1-step task at C = 1, p50 ≤ 0.8 ms ({:.3} ms): {}",
         ms(one_p50),
-        verdict(one_p50 <= Duration::from_micros(800))
+        common::verdict(one_p50 <= Duration::from_micros(800))
     );
 }

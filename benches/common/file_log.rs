@@ -173,12 +173,7 @@ impl Store {
         table.set_index_type(rocksdb::BlockBasedIndexType::TwoLevelIndexSearch);
         table.set_cache_index_and_filter_blocks(true);
         table.set_pin_top_level_index_and_filter(true);
-        if std::env::var_os("XX_DEFAULT_TABLE").is_none() {
-            events.set_block_based_table_factory(&table);
-        }
-        if std::env::var_os("XX_EVENTS_LZ4").is_some() {
-            events.set_bottommost_compression_type(rocksdb::DBCompressionType::Lz4);
-        }
+        events.set_block_based_table_factory(&table);
         let db = rocksdb::DB::open_cf_descriptors(
             &opts,
             dir,
