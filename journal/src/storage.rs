@@ -89,7 +89,7 @@ pub struct SpaceStats {
 
 #[cfg(test)]
 mod tests {
-    use crate::{Event, Journal, JournalOptions, Timestamp};
+    use crate::{Event, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp};
 
     fn update(i: u64) -> Event {
         Event::UpdateAppended {
@@ -104,13 +104,27 @@ mod tests {
 
     /// A writer names every column family it has open; the records wait in the `events`
     /// memtable until the close's flush, and a read-only open then finds them in table files
-    /// (and its memtables empty: it replays no log after a clean close).
+    /// (and its memtables empty: it replays no log after a clean close). The task is created
+    /// first, so that it is live: the writer's idle sweep moves a stream that is not (it
+    /// takes it for a finished one) to the `finished` column family.
     #[test]
     fn a_writer_reports_its_memtables_and_a_later_reader_the_table_files_they_became() {
         let dir = tempfile::tempdir().unwrap();
         {
             let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
-            for i in 0..50 {
+            let created = Event::Created {
+                spec: TaskSpec {
+                    id: "job-1".into(),
+                    executor_key: "shell".into(),
+                    ..TaskSpec::default()
+                },
+                policy: LeasePolicy::Retry,
+                checkpoint: vec![],
+                context_snapshot: vec![],
+                at: Timestamp(0),
+            };
+            journal.append("job-1", 0, &[created]).unwrap();
+            for i in 1..=50 {
                 journal.append("job-1", i, &[update(i)]).unwrap();
             }
             let stats = journal.storage_stats().unwrap().unwrap();
