@@ -20,7 +20,8 @@
 //!
 //! Run: `cargo bench --bench journal_append` (add `-- --secs 3` for longer columns, `-- --rounds 5`
 //! for more rounds, `-- --writers 64` for one row, `-- --ours` for dtask's tokio column alone (with
-//! `--breakdown`, what its write path did: batches, writes, syncs, latency; `--ours` also
+//! `--breakdown`, what its write path did: batches, writes, syncs, appends per sync, latency —
+//! with `--model` or `--file` the same of each group commit beside it; `--ours` also
 //! prints the storage work the run left owed: memtables waiting for their flush, level-0 files,
 //! compaction bytes),
 //! `-- --max-batch 8` to cap dtask's batches at 8 appends, `-- --file` for the two plain-file
@@ -157,7 +158,7 @@ fn dtask_async_appends(writers: usize, secs: f64) -> f64 {
         || {},
     );
     if let Some(breakdown) = breakdown {
-        breakdown.print(secs);
+        breakdown.print(secs, writers);
     }
     if OWED.load(Ordering::Relaxed) {
         print_owed(&journal);
@@ -292,6 +293,7 @@ fn file_group_commit_applying(writers: usize, secs: f64, apply: file_log::Apply)
         linger: FILE_LINGER.get().copied().unwrap_or_default(),
         work_per_record: FILE_WORK.get().copied().unwrap_or_default(),
         apply,
+        breakdown: BREAKDOWN.load(Ordering::Relaxed),
     };
     file_log::group_commit(writers, VALUE_BYTES, secs, shape)
 }
@@ -349,8 +351,9 @@ struct Args {
     /// Only dtask's tokio column, for profiling.
     #[arg(long)]
     ours: bool,
-    /// With `--ours`: what the write path did (batches, writes, syncs, latency), told by an
-    /// observer.
+    /// With `--ours`: what the write path did (batches, writes, syncs, appends per sync,
+    /// latency), told by an observer; with `--model` or `--file`, the same of each group
+    /// commit (records per batch and per sync, syncs and their length) beside it.
     #[arg(long)]
     breakdown: bool,
     /// Only the two plain-file columns, and their ratio per round.

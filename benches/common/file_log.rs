@@ -17,7 +17,7 @@
 //! could gain before it is built.
 
 use std::io::Write as _;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -48,6 +48,50 @@ struct Log {
     written: Condvar,
     /// Signalled when a batch awaits its apply, and at the end.
     to_apply: Condvar,
+    /// What the writing and syncing threads did ([`Shape::breakdown`]).
+    counts: Counts,
+}
+
+/// What a group commit's threads did, counted for [`Shape::breakdown`].
+#[derive(Default)]
+struct Counts {
+    /// Batches written.
+    batches: AtomicU64,
+    /// Records in them.
+    records: AtomicU64,
+    /// Syncs.
+    syncs: AtomicU64,
+    /// Time spent in them.
+    sync_nanos: AtomicU64,
+    /// Records the syncs made durable.
+    synced: AtomicU64,
+    /// Records acknowledged.
+    acks: AtomicU64,
+    /// Their latencies from queued to acknowledged, summed.
+    ack_nanos: AtomicU64,
+}
+
+impl Counts {
+    /// One line over `secs` of `writers`, as dtask's `--breakdown` prints its own: per
+    /// second, batches and syncs; per batch, records; per sync, the mean sync and the records
+    /// it covered; per record, the mean latency and the way back (see
+    /// [`super::way_back_micros`]).
+    fn print(&self, apply: Apply, secs: f64, writers: usize) {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
+        let batches = get(&self.batches).max(1.0);
+        let syncs = get(&self.syncs).max(1.0);
+        let acks = get(&self.acks).max(1.0);
+        let ack = get(&self.ack_nanos) / acks / 1e3;
+        println!(
+            "         {apply:?}: batches/s {:.0} | records/batch {:.1} | syncs/s {:.0} | sync {:.1} us | records/sync {:.1} | ack {ack:.1} us | way back {:.1} us",
+            batches / secs,
+            get(&self.records) / batches,
+            syncs / secs,
+            get(&self.sync_nanos) / syncs / 1e3,
+            get(&self.synced) / syncs,
+            super::way_back_micros(writers, acks / secs, ack),
+        );
+    }
 }
 
 #[derive(Default)]
@@ -68,6 +112,8 @@ struct Queued {
     /// The record's position in that writer's stream.
     position: u64,
     ack: tokio::sync::oneshot::Sender<()>,
+    /// When it was queued.
+    at: Instant,
 }
 
 /// A batch written to the file: its records, and their acknowledgements, sent once every
@@ -79,14 +125,21 @@ struct Batch {
     first_seq: u64,
     /// Each record's writer and position.
     records: Vec<(usize, u64)>,
-    acks: Mutex<Vec<tokio::sync::oneshot::Sender<()>>>,
+    /// Each record's acknowledgement, with when it was queued.
+    acks: Mutex<Vec<(tokio::sync::oneshot::Sender<()>, Instant)>>,
 }
 
 impl Batch {
-    /// One stage done; the last one acknowledges the batch's writers.
-    fn stage_done(&self) {
+    /// One stage done; the last one acknowledges the batch's writers, counting each
+    /// record's latency into `counts`.
+    fn stage_done(&self, counts: &Counts) {
         if self.left.fetch_sub(1, Ordering::AcqRel) == 1 {
-            for ack in self.acks.lock().unwrap().drain(..) {
+            for (ack, at) in self.acks.lock().unwrap().drain(..) {
+                counts.acks.fetch_add(1, Ordering::Relaxed);
+                counts.ack_nanos.fetch_add(
+                    u64::try_from(at.elapsed().as_nanos()).unwrap_or(u64::MAX),
+                    Ordering::Relaxed,
+                );
                 let _ = ack.send(());
             }
         }
@@ -128,6 +181,9 @@ pub struct Shape {
     /// its writer's task and position, and a commit-index put under its sequence, as a
     /// journal's batch writes them, in one `WriteBatch` with RocksDB's log off.
     pub apply: Apply,
+    /// Print what the writing and syncing threads did, as dtask's `--breakdown` does: how
+    /// many records each batch and each sync covered, and how long a sync took.
+    pub breakdown: bool,
 }
 
 /// The RocksDB a model's batches are applied to, and the ops of one apply.
@@ -263,6 +319,7 @@ pub fn group_commit(writers: usize, record_bytes: usize, secs: f64, shape: Shape
                             writer,
                             position,
                             ack,
+                            at: Instant::now(),
                         });
                         state.queue.len() == 1
                     };
@@ -298,6 +355,9 @@ pub fn group_commit(writers: usize, record_bytes: usize, secs: f64, shape: Shape
     if let Some(applier) = applier {
         applier.join().unwrap();
     }
+    if shape.breakdown {
+        log.counts.print(shape.apply, secs, writers);
+    }
     rate
 }
 
@@ -329,10 +389,11 @@ fn spawn_writer(
                     writer,
                     position,
                     ack,
+                    at,
                 } in queued
                 {
                     records.push((writer, position));
-                    acks.push(ack);
+                    acks.push((ack, at));
                 }
                 let batch = Arc::new(Batch {
                     left: AtomicU8::new(stages),
@@ -341,6 +402,10 @@ fn spawn_writer(
                     acks: Mutex::new(acks),
                 });
                 seq += batch.records.len() as u64;
+                log.counts.batches.fetch_add(1, Ordering::Relaxed);
+                log.counts
+                    .records
+                    .fetch_add(batch.records.len() as u64, Ordering::Relaxed);
                 bytes.clear();
                 bytes.resize(record_bytes * batch.records.len(), 7);
                 (&*file).write_all(&bytes).unwrap();
@@ -383,7 +448,7 @@ fn spawn_applier(log: Arc<Log>, store: Arc<Store>) -> std::thread::JoinHandle<()
             drop(state);
             store.apply(&batches, false);
             for batch in &batches {
-                batch.stage_done();
+                batch.stage_done(&log.counts);
             }
         })
         .unwrap()
@@ -420,12 +485,20 @@ fn spawn_syncer(
                 let batches = std::mem::take(&mut state.written);
                 drop(state);
                 woken = records(&batches);
+                let began = Instant::now();
                 match &target {
                     SyncTarget::File(file) => file.sync_data().unwrap(),
                     SyncTarget::Wal(store) => store.db.flush_wal(true).unwrap(),
                 }
+                let counts = &log.counts;
+                counts.syncs.fetch_add(1, Ordering::Relaxed);
+                counts.sync_nanos.fetch_add(
+                    u64::try_from(began.elapsed().as_nanos()).unwrap_or(u64::MAX),
+                    Ordering::Relaxed,
+                );
+                counts.synced.fetch_add(woken as u64, Ordering::Relaxed);
                 for batch in &batches {
-                    batch.stage_done();
+                    batch.stage_done(&log.counts);
                 }
             }
         })

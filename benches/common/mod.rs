@@ -62,23 +62,34 @@ impl WriteBreakdown {
         self.appends.load(Ordering::Relaxed)
     }
 
-    /// One line over `secs`: per second, batches and syncs; per batch, appends and the mean
-    /// write; per sync, the mean sync; per append, the mean latency.
-    pub fn print(&self, secs: f64) {
+    /// One line over `secs` of `writers`: per second, batches and syncs; per batch, appends
+    /// and the mean write; per sync, the mean sync and the appends it acknowledged; per
+    /// append, the mean latency and the way back ([`way_back_micros`]).
+    pub fn print(&self, secs: f64, writers: usize) {
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed) as f64;
         let batches = get(&self.batches).max(1.0);
         let syncs = get(&self.syncs).max(1.0);
         let acks = get(&self.acks).max(1.0);
         println!(
-            "         batches/s {:.0} | appends/batch {:.1} | write {:.1} us | syncs/s {:.0} | sync {:.1} us | ack {:.1} us",
+            "         batches/s {:.0} | appends/batch {:.1} | write {:.1} us | syncs/s {:.0} | sync {:.1} us | appends/sync {:.1} | ack {:.1} us | way back {:.1} us",
             batches / secs,
             get(&self.appends) / batches,
             get(&self.write_nanos) / batches / 1e3,
             syncs / secs,
             get(&self.sync_nanos) / syncs / 1e3,
+            get(&self.acks) / syncs,
             get(&self.ack_nanos) / acks / 1e3,
+            way_back_micros(writers, acks / secs, get(&self.ack_nanos) / acks / 1e3),
         );
     }
+}
+
+/// The way back of a closed loop of `writers` at `rate` acknowledgements a second whose mean
+/// latency from submission to acknowledgement is `ack_micros`, in µs: each writer's cycle
+/// (`writers / rate`) less that latency — the time from one acknowledgement to the next
+/// submission, the caller's own work and its wake-up.
+pub fn way_back_micros(writers: usize, rate: f64, ack_micros: f64) -> f64 {
+    writers as f64 / rate.max(1.0) * 1e6 - ack_micros
 }
 
 /// The stream of one sample task: created, claimed, started marker, updates, and (when
