@@ -11,7 +11,8 @@ use crate::options::JournalOptions;
 use crate::record::{self, Digest, Record};
 use crate::tail::{Inconsistency, LiveSummary, Tail};
 use crate::writer::{
-    AppendJob, Appended, EncodedEvent, EncodedEvents, IndexEffect, LinkedPart, Shared, Writer,
+    AppendJob, Appended, EncodedEvent, EncodedEvents, IndexEffect, LinkedPart, Recipient, Shared,
+    Writer,
 };
 use std::path::Path;
 use std::sync::mpsc::{self, Sender};
@@ -413,7 +414,9 @@ impl Journal {
 
     /// Checks and encodes an append and hands it to the writer thread — or, when the journal
     /// is idle and `may_block()` (asked only then), writes and syncs it on this thread
-    /// ([`JournalOptions::inline_lone_appends`]). The receiver gets the outcome.
+    /// ([`JournalOptions::inline_lone_appends`]). The receiver gets the outcome, sent from a
+    /// task on `runtime` when one is named (the multi-threaded runtime the receiver is
+    /// awaited on: see `acknowledge` in the writer's module).
     pub(crate) fn submit(
         &self,
         task: &str,
@@ -421,6 +424,7 @@ impl Journal {
         events: &[Event],
         linked: &[(&str, u64, &[Event])],
         may_block: fn() -> bool,
+        runtime: Option<tokio::runtime::Handle>,
     ) -> Result<oneshot::Receiver<Result<Appended>>> {
         let encoded = self.prepare(task, events)?;
         let mut parts = Vec::with_capacity(linked.len());
@@ -440,8 +444,11 @@ impl Journal {
             expected: expected_position,
             events: encoded,
             linked: parts,
-            reply,
-            submitted: self.inner.shared.observer().map(|_| Instant::now()),
+            to: Recipient {
+                reply,
+                submitted: self.inner.shared.observer().map(|_| Instant::now()),
+                runtime,
+            },
         };
         // A busy journal is seen without touching the writer's lock, which the writer
         // thread holds while it writes a batch.
@@ -486,7 +493,7 @@ impl Journal {
     /// Must not be called from inside an asynchronous runtime's worker (it blocks); use
     /// [`Journal::append_async`] there.
     pub fn append(&self, task: &str, expected_position: u64, events: &[Event]) -> Result<Appended> {
-        self.submit(task, expected_position, events, &[], || true)?
+        self.submit(task, expected_position, events, &[], || true, None)?
             .blocking_recv()
             .map_err(|_| Error::Closed)?
     }
@@ -545,8 +552,16 @@ impl Journal {
         events: &[Event],
         linked: &[(&str, u64, &[Event])],
     ) -> Result<oneshot::Receiver<Result<Appended>>> {
-        if self.inner.inline.is_none() || self.inner.shared.busy() || !may_block_async() {
-            return self.submit(task, expected_position, events, linked, may_block_async);
+        let runtime = multi_threaded_runtime();
+        if self.inner.inline.is_none() || self.inner.shared.busy() || runtime.is_none() {
+            return self.submit(
+                task,
+                expected_position,
+                events,
+                linked,
+                may_block_async,
+                runtime,
+            );
         }
         let intent = self.inner.shared.intend();
         tokio::task::yield_now().await;
@@ -557,7 +572,7 @@ impl Journal {
         };
         // The intent is counted until the job is submitted, so that those deciding after
         // this one still see it.
-        let submitted = self.submit(task, expected_position, events, linked, may_block);
+        let submitted = self.submit(task, expected_position, events, linked, may_block, runtime);
         drop(intent);
         submitted
     }
@@ -1120,8 +1135,14 @@ impl Journal {
 /// meanwhile — not a current-thread runtime, which would stall, nor an unknown executor.
 /// Asked only when the journal is idle: it takes a reference to the runtime.
 fn may_block_async() -> bool {
+    multi_threaded_runtime().is_some()
+}
+
+/// The runtime of the calling thread, if it is a multi-threaded one.
+fn multi_threaded_runtime() -> Option<tokio::runtime::Handle> {
     tokio::runtime::Handle::try_current()
-        .is_ok_and(|handle| handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
+        .ok()
+        .filter(|handle| handle.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
 }
 
 /// Refuses to block: the job goes to the writer thread.
