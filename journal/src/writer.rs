@@ -1602,14 +1602,14 @@ fn settle(shared: &Shared, batches: Vec<Written>, result: Result<()>, took: Dura
     }
 }
 
-/// Sends every caller of `batches` its outcome, durable now. A caller awaiting it on a
+/// Sends every caller of `batches` its outcome, durable now. The callers awaiting it on a
 /// multi-threaded runtime other than this thread's (the syncer's, or a caller's that wrote
-/// inline on another runtime) is acknowledged from one task spawned on that runtime for all
-/// of its callers here: a wake-up sent from within a runtime puts the woken task in the
-/// worker's own queue, where one sent from outside takes the runtime's shared queue's lock
-/// and often a system call to unpark a worker (~0.85 µs a caller, on the syncer's way from
-/// one sync to the next). Blocking callers, and callers on this thread's runtime, are
-/// acknowledged here.
+/// inline on another runtime) are acknowledged from one task spawned on that runtime for all
+/// of them here: a wake-up sent from within a runtime puts the woken task in the worker's own
+/// queue, where one sent from outside takes the runtime's shared queue's lock and often a
+/// system call to unpark a worker (~0.85 µs a caller, on the syncer's way from one sync to
+/// the next). Blocking callers, callers on this thread's runtime, and a runtime's lone caller
+/// (whose wake-up the task would only precede) are acknowledged here.
 fn acknowledge(shared: &Shared, batches: Vec<Written>) {
     let observer = shared.observer.get();
     let here = Handle::try_current().ok().map(|handle| handle.id());
@@ -1628,7 +1628,14 @@ fn acknowledge(shared: &Shared, batches: Vec<Written>) {
             }
         }
     }
-    for (runtime, acks) in elsewhere {
+    for (runtime, mut acks) in elsewhere {
+        if acks.len() == 1 {
+            // One foreign wake-up either way: the caller's own, without a task between.
+            if let Some(ack) = acks.pop() {
+                ack.send(observer.map(AsRef::as_ref));
+            }
+            continue;
+        }
         let observer = observer.cloned();
         // On a runtime shut down meanwhile the task is dropped unrun, and with it the
         // replies: its callers, cancelled with it, hear nothing.
@@ -2263,15 +2270,16 @@ mod tests {
         }
     }
 
-    /// Callers awaiting on a multi-threaded runtime are acknowledged from within it — whoever
-    /// synced their batch (the syncer, or the writer when nothing else was in flight) —, and
-    /// blocking callers by the journal's own threads or inline, as before.
+    /// The callers of a sync awaiting on a multi-threaded runtime are acknowledged from within
+    /// it, by one task spawned there; blocking callers, and a runtime's lone caller, by the
+    /// thread that settled the sync.
     #[test]
     fn async_callers_are_acknowledged_from_their_runtime_and_blocking_ones_by_the_journal() {
-        const TASKS: u64 = 32;
-        const APPENDS: u64 = 20;
+        const ASYNC: usize = 40;
+        const BLOCKING: usize = 10;
         let dir = tempfile::tempdir().unwrap();
-        let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+        let options = JournalOptions::default().with_max_batch_appends(100);
+        let (journal, backend) = faulty_with(dir.path(), options);
         let threads = Arc::new(AckThreads::default());
         assert!(journal.observe(Arc::clone(&threads) as Arc<dyn crate::WriteObserver>));
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -2279,53 +2287,48 @@ mod tests {
             .thread_name("acked-here")
             .build()
             .unwrap();
-        let callers: Vec<_> = (0..TASKS)
-            .map(|t| {
-                let journal = journal.clone();
-                runtime.spawn(async move {
-                    let task = format!("t{t}");
-                    for i in 0..APPENDS {
-                        journal.append_async(&task, i, &[update(i)]).await.unwrap();
-                    }
-                })
+        // A lone append syncs on its caller's thread, held, holding the writer: what is
+        // submitted meanwhile is written as one batch, synced and settled together.
+        let (a_entered, a_release) = hold(&backend);
+        let a = {
+            let journal = journal.clone();
+            std::thread::spawn(move || journal.append("a", 0, &[update(0)]))
+        };
+        a_entered.recv().unwrap();
+        let replies: Vec<_> = (0..ASYNC + BLOCKING)
+            .map(|i| {
+                let on = (i < ASYNC).then(|| runtime.handle().clone());
+                journal
+                    .submit(&format!("t{i}"), 0, &[update(1)], &[], may_not_block, on)
+                    .unwrap()
             })
             .collect();
-        runtime.block_on(async {
-            for caller in callers {
-                caller.await.unwrap();
-            }
-        });
-        let async_threads = std::mem::take(&mut *threads.0.lock().unwrap());
-        assert_eq!(async_threads.len() as u64, TASKS * APPENDS);
-        assert!(
-            async_threads.iter().all(|name| name == "acked-here"),
-            "acknowledged elsewhere: {:?}",
-            async_threads
-                .iter()
-                .filter(|name| *name != "acked-here")
-                .collect::<std::collections::BTreeSet<_>>()
-        );
-        std::thread::scope(|scope| {
-            for t in 0..4 {
-                let journal = &journal;
-                scope.spawn(move || {
-                    let task = format!("b{t}");
-                    for i in 0..APPENDS {
-                        journal.append(&task, i, &[update(i)]).unwrap();
-                    }
-                });
-            }
-        });
-        let blocking_threads = std::mem::take(&mut *threads.0.lock().unwrap());
-        assert_eq!(blocking_threads.len() as u64, 4 * APPENDS);
-        assert!(!blocking_threads.iter().any(|name| name == "acked-here"));
-        drop(runtime);
-        for t in 0..TASKS {
-            assert_eq!(
-                journal.read_stream(&format!("t{t}"), 0).count() as u64,
-                APPENDS
-            );
+        a_release.send(true).unwrap();
+        a.join().unwrap().unwrap();
+        for reply in replies {
+            assert_eq!(reply.blocking_recv().unwrap().unwrap().next_position, 1);
         }
+        let names = std::mem::take(&mut *threads.0.lock().unwrap());
+        let here = names.iter().filter(|name| *name == "acked-here").count();
+        assert_eq!(
+            (here, names.len()),
+            (ASYNC, 1 + ASYNC + BLOCKING),
+            "{names:?}"
+        );
+        // A runtime's lone caller is woken directly (a task between would only add a hop).
+        let reply = journal
+            .submit(
+                "lone",
+                0,
+                &[update(1)],
+                &[],
+                may_not_block,
+                Some(runtime.handle().clone()),
+            )
+            .unwrap();
+        reply.blocking_recv().unwrap().unwrap();
+        let names = std::mem::take(&mut *threads.0.lock().unwrap());
+        assert_eq!(names, ["dtask-journal-writer"]);
     }
 
     /// A runtime shut down while its tasks' appends are in flight takes their
