@@ -1614,14 +1614,21 @@ fn acknowledge(shared: &Shared, batches: Vec<Written>) {
     let observer = shared.observer.get();
     let here = Handle::try_current().ok().map(|handle| handle.id());
     let mut elsewhere: Vec<(Handle, Vec<Ack>)> = Vec::new();
+    // Sized once: grown ack by ack, a runtime's list was reallocated a dozen times a sync.
+    let callers = batches.iter().map(|batch| batch.acks.len()).sum();
     for batch in batches {
         for mut ack in batch.acks {
             match ack.to.runtime.take() {
                 Some(runtime) if Some(runtime.id()) != here => {
                     let id = runtime.id();
-                    match elsewhere.iter_mut().find(|(handle, _)| handle.id() == id) {
-                        Some((_, acks)) => acks.push(ack),
-                        None => elsewhere.push((runtime, vec![ack])),
+                    if let Some((_, acks)) =
+                        elsewhere.iter_mut().find(|(handle, _)| handle.id() == id)
+                    {
+                        acks.push(ack);
+                    } else {
+                        let mut acks = Vec::with_capacity(callers);
+                        acks.push(ack);
+                        elsewhere.push((runtime, acks));
                     }
                 }
                 _ => ack.send(observer.map(AsRef::as_ref)),
