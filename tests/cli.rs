@@ -488,6 +488,40 @@ fn export_matches_its_golden_output_and_redacts() {
     assert_eq!(tasks.into_iter().collect::<Vec<_>>(), ["alpha", "gamma"]);
 }
 
+/// An export of an older build — the golden export of this test's journal as record format 1
+/// (BLAKE3 chain digests) wrote it — imports bit-exact: the rebuilt journal is created in the
+/// export's framing, and exports to the same record lines.
+#[test]
+fn an_export_of_record_format_1_imports_bit_exact() {
+    let old = std::fs::read_to_string(manifest_dir().join("tests/golden/export-record-v1.jsonl"))
+        .unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let file = work.path().join("old.jsonl");
+    std::fs::write(&file, &old).unwrap();
+    let target = work.path().join("rebuilt");
+    let text = stdout(dtask(&target).arg("import").arg(&file));
+    assert!(text.contains("every digest and CRC matches"), "{text}");
+    let journal = Journal::open_read_only(&target).unwrap();
+    assert_eq!(journal.record_format(), dtask_journal::RecordFormat::BLAKE3);
+    drop(journal);
+    let export = stdout(dtask(&target).arg("export"));
+    let header = json(export.lines().next().unwrap());
+    assert_eq!(header["record_format"], 1);
+    assert_eq!(
+        header["journal_format"],
+        dtask_journal::JOURNAL_FORMAT_VERSION
+    );
+    assert_eq!(
+        export.lines().skip(1).collect::<Vec<_>>(),
+        old.lines().skip(1).collect::<Vec<_>>()
+    );
+    dtask(&target).arg("verify").assert().success();
+    // The journal this test builds today is framed in record format 2: other digests.
+    let today = stdout(dtask(built().path()).arg("export"));
+    assert_eq!(json(today.lines().next().unwrap())["record_format"], 2);
+    assert_ne!(today.lines().nth(1), old.lines().nth(1));
+}
+
 #[test]
 fn export_import_round_trip_is_bit_exact() {
     let dir = built();
@@ -532,6 +566,18 @@ fn export_import_round_trip_is_bit_exact() {
     import_as_format(u64::from(dtask_journal::JOURNAL_FORMAT_VERSION) + 1)
         .code(2)
         .stderr(predicate::str::contains("journal formats"));
+    let mut lines: Vec<String> = original.lines().map(str::to_owned).collect();
+    let mut header = json(&lines[0]);
+    header["record_format"] = 3.into();
+    lines[0] = header.to_string();
+    let unknown = work.path().join("record3.jsonl");
+    std::fs::write(&unknown, lines.join("\n") + "\n").unwrap();
+    dtask(&work.path().join("r3"))
+        .arg("import")
+        .arg(&unknown)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("record formats 1..=2"));
 
     // A non-empty target is refused.
     dtask(&target)

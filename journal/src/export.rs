@@ -42,7 +42,7 @@
 use crate::event::{
     Delivery, Event, ExpiryResolution, LeasePolicy, Publication, TaskSpec, Timestamp,
 };
-use crate::record::{Digest, Record, RECORD_FORMAT_VERSION};
+use crate::record::{Digest, Record, RecordFormat, RECORD_FORMAT_VERSION};
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
 use serde::de::{self, IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -223,7 +223,8 @@ pub struct Header {
     pub dtask_export: u64,
     /// The journal format version of the source journal (its `meta` space).
     pub journal_format: u64,
-    /// The record framing version the digests and CRCs belong to ([`RECORD_FORMAT_VERSION`]).
+    /// The record framing version the digests and CRCs belong to (the source journal's
+    /// [`RecordFormat`]: 1 for BLAKE3 chain digests, 2 for SHA-256).
     pub record_format: u64,
     /// How many record lines follow.
     pub records: u64,
@@ -234,7 +235,8 @@ pub struct Header {
 }
 
 impl Header {
-    /// The header of an export of this build's version and record format.
+    /// The header of an export of this build's version, of records in the newest framing
+    /// ([`RECORD_FORMAT_VERSION`]; [`Header::with_record_format`] names another).
     #[must_use]
     pub fn new(journal_format: u64, scope: Scope, records: u64, bytes: ByteFields) -> Self {
         Self {
@@ -245,6 +247,14 @@ impl Header {
             redacted: bytes == ByteFields::Redacted,
             scope,
         }
+    }
+
+    /// The header with the records' framing set to `format` (the source journal's:
+    /// [`crate::Journal::record_format`]).
+    #[must_use]
+    pub fn with_record_format(mut self, format: RecordFormat) -> Self {
+        self.record_format = u64::from(format.version());
+        self
     }
 
     /// Reads the first line of an export (without its `\n`).
@@ -1314,9 +1324,11 @@ mod tests {
         let text = String::from_utf8(out).unwrap();
         assert_eq!(
             text,
-            "{\"dtask_export\":2,\"journal_format\":2,\"record_format\":1,\"records\":3,\"redacted\":true,\"scope\":[\"a\"]}\n"
+            "{\"dtask_export\":2,\"journal_format\":2,\"record_format\":2,\"records\":3,\"redacted\":true,\"scope\":[\"a\"]}\n"
         );
         assert_eq!(Header::read(text.trim_end()).unwrap(), header);
+        let older = header.clone().with_record_format(RecordFormat::BLAKE3);
+        assert_eq!(older.record_format, 1);
         // A version 1 header (before the G3 events) reads too.
         let v1 = text.replace("\"dtask_export\":2", "\"dtask_export\":1");
         assert_eq!(Header::read(v1.trim_end()).unwrap().dtask_export, 1);

@@ -8,7 +8,7 @@ use crate::head::Head;
 use crate::keys::{self, Space};
 use crate::observe::WriteObserver;
 use crate::options::JournalOptions;
-use crate::record::{self, Digest, Record};
+use crate::record::{self, Digest, Record, RecordFormat};
 use crate::tail::{Inconsistency, LiveSummary, Tail};
 use crate::writer::{
     AppendJob, Appended, EncodedEvent, EncodedEvents, IndexEffect, LinkedPart, Recipient, Shared,
@@ -26,11 +26,15 @@ use tokio::sync::{oneshot, watch};
 /// Format 2 is format 1 without the `heads` space (a head is read off the task's last record);
 /// format 3 adds the tail marker ([`Tail`]), rewritten by every batch; format 4 keeps, on
 /// RocksDB, the records of finished streams in a column family of their own
-/// ([`keys::FINISHED_EVENTS`]), out of the way of recovery's reads. Records and every other
-/// key are the same in all four. An older journal is read as it is, and upgraded in place
-/// when opened for writing (format 3 to 4 moves nothing: a finished stream of an older
-/// format moves when a record is next written to it).
-pub const JOURNAL_FORMAT_VERSION: u32 = 4;
+/// ([`keys::FINISHED_EVENTS`]), out of the way of recovery's reads; format 5 names its record
+/// framing in the `meta` space ([`keys::META_RECORD_FORMAT`]): a journal created as format 5
+/// writes [`RecordFormat::NEWEST`] (SHA-256 chain digests) unless told otherwise, one
+/// upgraded from an older format keeps [`RecordFormat::BLAKE3`], which all older journals
+/// wrote. Every other key is the same in all five. An older journal is read as it is, and
+/// upgraded in place when opened for writing (format 3 to 4 moves nothing: a finished stream
+/// of an older format moves when a record is next written to it; format 4 to 5 stores the
+/// record framing it already has).
+pub const JOURNAL_FORMAT_VERSION: u32 = 5;
 
 /// The first format with a tail marker.
 const TAIL_FORMAT_VERSION: u32 = 3;
@@ -73,6 +77,8 @@ struct Inner {
     options: JournalOptions,
     /// The journal format version stored in the journal (after any upgrade at open).
     format: u32,
+    /// The framing of the journal's records.
+    record_format: RecordFormat,
     /// The tail marker as read at open (a writable journal's, checked against its commit
     /// index), for [`Journal::check_live`].
     opened_tail: Option<Tail>,
@@ -149,7 +155,7 @@ impl Journal {
                 direct_table_io: options.direct_table_io,
             },
         )?;
-        prepare_writable(&backend)?;
+        prepare_writable(&backend, options.record_format)?;
         backend.drop_legacy_heads()?;
         Self::with_backend(Arc::new(backend), options)
     }
@@ -192,13 +198,17 @@ impl Journal {
     /// [`Error::UnsupportedFormat`] for a newer journal.
     pub fn open_postgres(url: &str, options: JournalOptions) -> Result<Self> {
         let location = crate::postgres::PgLocation::parse(url)?;
-        let seed = [version_stamp(), tail_put(&Tail::default())]
-            .into_iter()
-            .filter_map(|op| match op {
-                BatchOp::Put { key, value, .. } => Some((key, value)),
-                BatchOp::Delete { .. } | BatchOp::Retire { .. } => None,
-            })
-            .collect();
+        let seed = [
+            version_stamp(),
+            tail_put(&Tail::default()),
+            record_format_put(options.record_format),
+        ]
+        .into_iter()
+        .filter_map(|op| match op {
+            BatchOp::Put { key, value, .. } => Some((key, value)),
+            BatchOp::Delete { .. } | BatchOp::Retire { .. } => None,
+        })
+        .collect();
         let backend = crate::postgres::PgBackend::open(location, false, options.durability, seed)?;
         Self::with_backend(Arc::new(backend), options)
     }
@@ -258,9 +268,10 @@ impl Journal {
     /// writable journal's commit index does not end where its tail marker says.
     pub fn with_backend(backend: Arc<dyn Backend>, options: JournalOptions) -> Result<Self> {
         if !backend.read_only() {
-            prepare_writable(backend.as_ref())?;
+            prepare_writable(backend.as_ref(), options.record_format)?;
         }
         let format = stored_format(backend.as_ref())?;
+        let record_format = stored_record_format(backend.as_ref())?;
         let (sender, writer, inline, state, shared, opened_tail) = if backend.read_only() {
             // A reader sees everything in the database: its writer (if any) is another
             // process, whose durability this one cannot know.
@@ -291,6 +302,7 @@ impl Journal {
                 Arc::clone(&shared),
             )
             .keep_finished_apart(options.keep_finished_apart)
+            .record_format(record_format)
             .close_budget(options.settle_on_close);
             let (writer, handle) = writer
                 .spawn(rx)
@@ -311,6 +323,7 @@ impl Journal {
                 backend,
                 options,
                 format,
+                record_format,
                 opened_tail,
                 shared,
                 sender: Mutex::new(sender),
@@ -326,6 +339,13 @@ impl Journal {
     #[must_use]
     pub fn format_version(&self) -> u32 {
         self.inner.format
+    }
+
+    /// The framing the journal's records are written in, as its `meta` space names it
+    /// ([`RecordFormat::BLAKE3`] for a journal of a format before 5).
+    #[must_use]
+    pub fn record_format(&self) -> RecordFormat {
+        self.inner.record_format
     }
 
     /// The options the journal was opened with.
@@ -1168,6 +1188,15 @@ fn version_stamp() -> BatchOp {
     }
 }
 
+/// The batch op naming the journal's record framing.
+fn record_format_put(format: RecordFormat) -> BatchOp {
+    BatchOp::Put {
+        space: Space::Meta,
+        key: keys::META_RECORD_FORMAT.to_vec(),
+        value: vec![format.version()],
+    }
+}
+
 /// The batch op storing `tail`.
 fn tail_put(tail: &Tail) -> BatchOp {
     BatchOp::Put {
@@ -1179,18 +1208,21 @@ fn tail_put(tail: &Tail) -> BatchOp {
 
 /// Makes a writable backend a journal of this build's format: a new one (no version and no
 /// data — perhaps created by a process that died before it stamped the version) gets the
-/// version and an empty tail marker in one write; one of an older format is upgraded in place:
-/// the tail marker, summed up from the journal as it is (formats 1 and 2), and the new version,
-/// in one write. The `heads` space of format 1 is dropped by [`Journal::open`] afterwards (a
-/// crash in between leaves a journal of this format with a stale `heads`, which a format-1
-/// build refuses and the next writable open drops).
-fn prepare_writable(backend: &dyn Backend) -> Result<()> {
+/// version, an empty tail marker and the record framing `format` in one write; one of an older
+/// format is upgraded in place: the tail marker, summed up from the journal as it is (formats
+/// 1 and 2), the framing its records have (BLAKE3) and the new version, in one write. The
+/// `heads` space of format 1 is dropped by [`Journal::open`] afterwards (a crash in between
+/// leaves a journal of this format with a stale `heads`, which a format-1 build refuses and
+/// the next writable open drops).
+fn prepare_writable(backend: &dyn Backend, format: RecordFormat) -> Result<()> {
     let from = match stored_version(backend)? {
         Some(v) if v >= TAIL_FORMAT_VERSION => {
             check_version(v)?;
             if v < JOURNAL_FORMAT_VERSION {
-                // Format 3 to 4: the writer's open made the `finished` column family.
-                backend.write(vec![version_stamp()], crate::Durability::Sync)?;
+                // Format 3 to 4: the writer's open made the `finished` column family. Format 4
+                // to 5: the framing the records have is named.
+                let ops = vec![version_stamp(), record_format_put(RecordFormat::BLAKE3)];
+                backend.write(ops, crate::Durability::Sync)?;
                 tracing::info!(
                     from = v,
                     to = JOURNAL_FORMAT_VERSION,
@@ -1204,14 +1236,22 @@ fn prepare_writable(backend: &dyn Backend) -> Result<()> {
             v
         }
         None if is_empty(backend)? => {
-            let ops = vec![version_stamp(), tail_put(&Tail::default())];
+            let ops = vec![
+                version_stamp(),
+                tail_put(&Tail::default()),
+                record_format_put(format),
+            ];
             return backend.write(ops, crate::Durability::Sync);
         }
         None => return Err(Error::NotAJournal("no format version".into())),
     };
     let tail = summarize(backend)?;
     backend.write(
-        vec![tail_put(&tail), version_stamp()],
+        vec![
+            tail_put(&tail),
+            record_format_put(RecordFormat::BLAKE3),
+            version_stamp(),
+        ],
         crate::Durability::Sync,
     )?;
     tracing::info!(
@@ -1336,6 +1376,23 @@ fn stored_version(backend: &dyn Backend) -> Result<Option<u32>> {
         .try_into()
         .map_err(|_| Error::NotAJournal("malformed format version".into()))?;
     Ok(Some(u32::from_be_bytes(bytes)))
+}
+
+/// The record framing `backend` names: [`RecordFormat::BLAKE3`] when it names none (a journal
+/// of a format before 5, or an empty one).
+///
+/// # Errors
+/// [`Error::NotAJournal`] for a value that is not a framing this build reads (only a newer
+/// journal format could bring a new framing, and the format version says so first).
+fn stored_record_format(backend: &dyn Backend) -> Result<RecordFormat> {
+    let Some(bytes) = backend.get(Space::Meta, keys::META_RECORD_FORMAT)? else {
+        return Ok(RecordFormat::BLAKE3);
+    };
+    match bytes.as_slice() {
+        [version] => RecordFormat::from_version(*version)
+            .ok_or_else(|| Error::NotAJournal(format!("unknown record format version {version}"))),
+        _ => Err(Error::NotAJournal("malformed record format".into())),
+    }
 }
 
 fn check_version(found: u32) -> Result<()> {

@@ -105,8 +105,12 @@ pub const META_FORMAT_VERSION: &[u8] = b"format_version";
 /// The `meta` key holding the tail marker (format 3 on; see [`crate::Tail`]).
 pub const META_TAIL: &[u8] = b"tail";
 
+/// The `meta` key naming the journal's record framing (format 5 on: one byte, a
+/// [`crate::RecordFormat`] version; a journal without it writes format 1).
+pub const META_RECORD_FORMAT: &[u8] = b"record_format";
+
 /// Every key the `meta` space may hold; the audit reports any other.
-pub const META_KEYS: [&[u8]; 2] = [META_FORMAT_VERSION, META_TAIL];
+pub const META_KEYS: [&[u8]; 3] = [META_FORMAT_VERSION, META_TAIL, META_RECORD_FORMAT];
 
 /// The largest position or global sequence a journal holds (2^62). No journal comes near it
 /// (at a million records a second it takes 146,000 years); a larger number read from disk is

@@ -83,7 +83,9 @@ pub use journal::{
 pub use keys::Space;
 pub use observe::WriteObserver;
 pub use options::{Durability, JournalOptions};
-pub use record::{Digest, Record, RECORD_FORMAT_VERSION};
+pub use record::{
+    Digest, Record, RecordFormat, OLDEST_RECORD_FORMAT_VERSION, RECORD_FORMAT_VERSION,
+};
 pub use storage::{SpaceStats, StorageStats};
 pub use tail::{Inconsistency, LiveSummary, PairHash, Tail, TaskPairs};
 pub use writer::Appended;

@@ -1,5 +1,6 @@
 //! Journal configuration.
 
+use crate::record::RecordFormat;
 use std::time::Duration;
 
 /// When an append is acknowledged relative to stable storage.
@@ -137,6 +138,15 @@ pub struct JournalOptions {
     /// (recovery's fold right after a clean close measured ~0.83× as fast). Off for a
     /// journal whose reads must find recent table files in memory, or to compare.
     pub direct_table_io: bool,
+    /// The record framing of a journal this open creates: which hash makes its records'
+    /// chain digests (see [`RecordFormat`]). Default: [`RecordFormat::NEWEST`] (SHA-256).
+    ///
+    /// Only a new journal takes it: an existing one keeps the framing it was created with
+    /// (a journal of an older build, BLAKE3), since every record's digest chains on the one
+    /// before. `dtask import` sets it to the export's, so that the import is bit-exact. A
+    /// journal on a CPU without SHA extensions may choose [`RecordFormat::BLAKE3`], faster
+    /// there.
+    pub record_format: RecordFormat,
 }
 
 impl Default for JournalOptions {
@@ -153,6 +163,7 @@ impl Default for JournalOptions {
             inline_lone_appends: true,
             keep_finished_apart: true,
             direct_table_io: true,
+            record_format: RecordFormat::NEWEST,
         }
     }
 }
@@ -211,6 +222,13 @@ impl JournalOptions {
     #[must_use]
     pub fn with_direct_table_io(mut self, on: bool) -> Self {
         self.direct_table_io = on;
+        self
+    }
+
+    /// Sets [`JournalOptions::record_format`].
+    #[must_use]
+    pub fn with_record_format(mut self, format: RecordFormat) -> Self {
+        self.record_format = format;
         self
     }
 

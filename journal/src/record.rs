@@ -1,17 +1,21 @@
 //! Record framing: how one [`Event`] is stored as the value of an event key.
 //!
-//! # Byte layout (format version 1)
+//! # Byte layout (record format versions 1 and 2)
 //!
 //! ```text
 //! offset   size  field
-//! 0        1     format version (= 1)
+//! 0        1     record format version (1 or 2; see [`RecordFormat`])
 //! 1        8     position of the record in its task stream (u64, big-endian)
 //! 9        8     global commit sequence (u64, big-endian)
 //! 17       4     payload length N (u32, little-endian)
 //! 21       N     payload: the Event, bincode 2 (serde, standard config: varints, little-endian)
-//! 21+N     32    chain digest: BLAKE3(previous digest ‖ len(task id) as u32 LE ‖ task id ‖ bytes[0 .. 21+N])
+//! 21+N     32    chain digest: H(previous digest ‖ len(task id) as u32 LE ‖ task id ‖ bytes[0 .. 21+N])
 //! 53+N     4     CRC-32 (IEEE, crc32fast) of bytes [0 .. 53+N], little-endian
 //! ```
+//!
+//! H is BLAKE3 in record format 1 and SHA-256 in record format 2: the two differ in nothing
+//! else. A journal writes every record in the format it was created with (its `meta` space
+//! names it; see [`RecordFormat`]); a reader takes each record's from its first byte.
 //!
 //! The first record of a stream chains from [`Digest::GENESIS`] (32 zero bytes). The CRC catches
 //! a damaged record on its own; the chain digest commits to the task id, the position and every
@@ -23,12 +27,108 @@
 
 use crate::error::CorruptionKind;
 use crate::event::Event;
+use sha2::Digest as _;
 use std::fmt;
 
-/// The version of a record's framing (the byte in front of every record), which this build
-/// writes and reads. Not the journal's layout version: that is
-/// [`crate::JOURNAL_FORMAT_VERSION`].
-pub const RECORD_FORMAT_VERSION: u8 = 1;
+/// The newest version of a record's framing (the byte in front of every record), which the
+/// journals this build creates write ([`RecordFormat::NEWEST`]). Not the journal's layout
+/// version: that is [`crate::JOURNAL_FORMAT_VERSION`].
+pub const RECORD_FORMAT_VERSION: u8 = RecordFormat::NEWEST.version();
+
+/// The oldest record framing this build reads ([`RecordFormat::BLAKE3`]).
+pub const OLDEST_RECORD_FORMAT_VERSION: u8 = RecordFormat::BLAKE3.version();
+
+/// A record framing: the version byte in front of a record, and so the hash its chain digest
+/// is made with. The two framings differ in nothing else.
+///
+/// A journal is created with one ([`crate::JournalOptions::with_record_format`], by default
+/// [`RecordFormat::NEWEST`]), names it in its `meta` space and writes all its records so, for
+/// as long as it lives: a journal of an older build keeps BLAKE3 when it is upgraded, so that
+/// its chains, and exports of it, stay what they were.
+///
+/// ```
+/// use dtask_journal::record::RecordFormat;
+/// assert_eq!(RecordFormat::from_version(2), Some(RecordFormat::SHA256));
+/// assert_eq!(RecordFormat::NEWEST.hash_name(), "SHA-256");
+/// assert_eq!(RecordFormat::from_version(3), None);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RecordFormat(u8);
+
+impl RecordFormat {
+    /// Version 1: the chain digest is BLAKE3. Every journal created before journal format 5.
+    pub const BLAKE3: Self = Self(1);
+    /// Version 2: the chain digest is SHA-256, which a CPU with SHA extensions (x86-64's SHA-NI,
+    /// `ARMv8`'s SHA2) computes for a record's few hundred bytes in about half the time BLAKE3
+    /// takes: BLAKE3's speed is in hashing many blocks at once, and a record is a few.
+    pub const SHA256: Self = Self(2);
+    /// The framing of the journals this build creates.
+    pub const NEWEST: Self = Self::SHA256;
+
+    /// The framing of version `version`, if this build reads it.
+    #[must_use]
+    pub const fn from_version(version: u8) -> Option<Self> {
+        match version {
+            1 => Some(Self::BLAKE3),
+            2 => Some(Self::SHA256),
+            _ => None,
+        }
+    }
+
+    /// The version byte.
+    #[must_use]
+    pub const fn version(self) -> u8 {
+        self.0
+    }
+
+    /// The name of the chain digest's hash, for messages.
+    #[must_use]
+    pub const fn hash_name(self) -> &'static str {
+        match self.0 {
+            1 => "BLAKE3",
+            _ => "SHA-256",
+        }
+    }
+
+    /// The hash of `bytes` in this framing.
+    fn hash(self, bytes: &[u8]) -> Digest {
+        if self == Self::BLAKE3 {
+            Digest(*blake3::hash(bytes).as_bytes())
+        } else {
+            Digest(sha2::Sha256::digest(bytes).into())
+        }
+    }
+
+    /// The hash of the concatenation of `parts` in this framing.
+    fn hash_parts(self, parts: [&[u8]; 4]) -> Digest {
+        if self == Self::BLAKE3 {
+            let mut hasher = blake3::Hasher::new();
+            for part in parts {
+                hasher.update(part);
+            }
+            Digest(*hasher.finalize().as_bytes())
+        } else {
+            let mut hasher = sha2::Sha256::new();
+            for part in parts {
+                hasher.update(part);
+            }
+            Digest(hasher.finalize().into())
+        }
+    }
+}
+
+impl Default for RecordFormat {
+    /// [`RecordFormat::NEWEST`].
+    fn default() -> Self {
+        Self::NEWEST
+    }
+}
+
+impl fmt::Display for RecordFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({})", self.0, self.hash_name())
+    }
+}
 
 /// Bytes before the payload.
 pub const HEADER_LEN: usize = 21;
@@ -43,7 +143,7 @@ pub fn seq_of(bytes: &[u8]) -> Option<u64> {
     Some(u64::from_be_bytes(seq))
 }
 
-/// A 32-byte BLAKE3 chain digest.
+/// A 32-byte chain digest (BLAKE3 or SHA-256, by the record's [`RecordFormat`]).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Digest(pub [u8; DIGEST_LEN]);
 
@@ -65,8 +165,8 @@ impl Digest {
             .map(|hash| Self(*hash.as_bytes()))
     }
 
-    /// The digest as a BLAKE3 hash (whose hex form this digest's is).
-    /// The digest as blake3's hash value (whose `to_hex` formats on the stack).
+    /// The digest as blake3's hash value, whose `to_hex` formats on the stack (whatever hash
+    /// made the 32 bytes).
     pub(crate) fn as_hash(&self) -> blake3::Hash {
         blake3::Hash::from_bytes(self.0)
     }
@@ -168,7 +268,8 @@ impl Unframed {
     }
 
     /// Frames the payload as the record at `position` of `task`'s stream, with global
-    /// sequence `seq`, chained on `prev`; returns the record and its chain digest.
+    /// sequence `seq`, chained on `prev`, in [`RecordFormat::NEWEST`]; returns the record and
+    /// its chain digest.
     ///
     /// # Errors
     /// Returns the payload length if it does not fit the 32-bit length field.
@@ -179,17 +280,32 @@ impl Unframed {
         seq: u64,
         prev: &Digest,
     ) -> Result<(Vec<u8>, Digest), usize> {
+        self.frame_as(RecordFormat::NEWEST, task, position, seq, prev)
+    }
+
+    /// [`Unframed::frame`] in the framing `format`.
+    ///
+    /// # Errors
+    /// As for [`Unframed::frame`].
+    pub fn frame_as(
+        self,
+        format: RecordFormat,
+        task: &str,
+        position: u64,
+        seq: u64,
+        prev: &Digest,
+    ) -> Result<(Vec<u8>, Digest), usize> {
         let mut out = self.0;
         let payload_len = out.len().saturating_sub(HEADER_LEN);
         let len = u32::try_from(payload_len).map_err(|_| payload_len)?;
         let mut header = [0u8; HEADER_LEN];
-        header[0] = RECORD_FORMAT_VERSION;
+        header[0] = format.version();
         header[1..9].copy_from_slice(&position.to_be_bytes());
         header[9..17].copy_from_slice(&seq.to_be_bytes());
         header[17..].copy_from_slice(&len.to_le_bytes());
         // Every constructor leaves the header's room in front of the payload.
         out[..HEADER_LEN].copy_from_slice(&header);
-        let digest = chain_digest(prev, task, &out);
+        let digest = chain_digest(format, prev, task, &out);
         out.extend_from_slice(&digest.0);
         let crc = crc32fast::hash(&out);
         out.extend_from_slice(&crc.to_le_bytes());
@@ -320,25 +436,25 @@ mod lean {
     }
 }
 
-/// The chain digest: BLAKE3 of `prev ‖ task length (u32 LE) ‖ task ‖ framed`.
-fn chain_digest(prev: &Digest, task: &str, framed: &[u8]) -> Digest {
+/// The chain digest: the hash of `format` over `prev ‖ task length (u32 LE) ‖ task ‖ framed`.
+fn chain_digest(format: RecordFormat, prev: &Digest, task: &str, framed: &[u8]) -> Digest {
     let len = prev.0.len() + 4 + task.len() + framed.len();
     // Inputs that fit (most records) are hashed in one call from a stack buffer: that spares
     // the incremental hasher's set-up and buffering, a third of the cost of hashing a short
-    // record. The smaller buffer spares most records the zeroing of the larger one. The
-    // digest is the same either way.
+    // record with BLAKE3. The smaller buffer spares most records the zeroing of the larger
+    // one. The digest is the same either way.
     if len <= 256 {
-        return one_shot_digest::<256>(prev, task, framed);
+        return one_shot_digest::<256>(format, prev, task, framed);
     }
     if len <= 1024 {
-        return one_shot_digest::<1024>(prev, task, framed);
+        return one_shot_digest::<1024>(format, prev, task, framed);
     }
-    let mut hasher = blake3::Hasher::new();
-    hasher.update(&prev.0);
-    hasher.update(&task_len(task).to_le_bytes());
-    hasher.update(task.as_bytes());
-    hasher.update(framed);
-    Digest(*hasher.finalize().as_bytes())
+    format.hash_parts([
+        &prev.0,
+        &task_len(task).to_le_bytes(),
+        task.as_bytes(),
+        framed,
+    ])
 }
 
 /// The task length as the chain digest covers it.
@@ -347,7 +463,12 @@ fn task_len(task: &str) -> u32 {
 }
 
 /// [`chain_digest`] of an input that fits `N` bytes, hashed in one call from a stack buffer.
-fn one_shot_digest<const N: usize>(prev: &Digest, task: &str, framed: &[u8]) -> Digest {
+fn one_shot_digest<const N: usize>(
+    format: RecordFormat,
+    prev: &Digest,
+    task: &str,
+    framed: &[u8],
+) -> Digest {
     let len = prev.0.len() + 4 + task.len() + framed.len();
     let mut buf = [0u8; N];
     let (head, rest) = buf.split_at_mut(prev.0.len());
@@ -357,10 +478,11 @@ fn one_shot_digest<const N: usize>(prev: &Digest, task: &str, framed: &[u8]) -> 
     let (task_bytes, rest) = rest.split_at_mut(task.len());
     task_bytes.copy_from_slice(task.as_bytes());
     rest[..framed.len()].copy_from_slice(framed);
-    Digest(*blake3::hash(&buf[..len]).as_bytes())
+    format.hash(&buf[..len])
 }
 
-/// Frames an encoded payload as a record and returns it with its chain digest.
+/// Frames an encoded payload as a record in [`RecordFormat::NEWEST`] and returns it with its
+/// chain digest.
 ///
 /// # Errors
 /// Returns the payload length if it does not fit the 32-bit length field.
@@ -371,7 +493,22 @@ pub fn frame(
     payload: &[u8],
     prev: &Digest,
 ) -> Result<(Vec<u8>, Digest), usize> {
-    Unframed::from_payload(payload).frame(task, position, seq, prev)
+    frame_as(RecordFormat::NEWEST, task, position, seq, payload, prev)
+}
+
+/// [`frame`] in the framing `format`.
+///
+/// # Errors
+/// As for [`frame`].
+pub fn frame_as(
+    format: RecordFormat,
+    task: &str,
+    position: u64,
+    seq: u64,
+    payload: &[u8],
+    prev: &Digest,
+) -> Result<(Vec<u8>, Digest), usize> {
+    Unframed::from_payload(payload).frame_as(format, task, position, seq, prev)
 }
 
 /// The framing fields of a record whose CRC has been verified; the payload is not decoded yet.
@@ -387,6 +524,8 @@ pub struct Frame<'a> {
     pub digest: Digest,
     /// The stored CRC-32.
     pub crc: u32,
+    /// The record's framing (its first byte).
+    pub format: RecordFormat,
     /// The bytes the chain digest covers (header and payload).
     covered: &'a [u8],
 }
@@ -434,7 +573,7 @@ impl Frame<'_> {
     /// Checks that this record chains from `prev` for `task`.
     #[must_use]
     pub fn chains_from(&self, prev: &Digest, task: &str) -> bool {
-        chain_digest(prev, task, self.covered) == self.digest
+        chain_digest(self.format, prev, task, self.covered) == self.digest
     }
 }
 
@@ -475,9 +614,8 @@ pub fn parse(bytes: &[u8]) -> Result<Frame<'_>, CorruptionKind> {
         return Err(CorruptionKind::Checksum { stored, computed });
     }
     let version = bytes.first().copied().ok_or_else(truncated)?;
-    if version != RECORD_FORMAT_VERSION {
-        return Err(CorruptionKind::UnknownVersion(version));
-    }
+    let format =
+        RecordFormat::from_version(version).ok_or(CorruptionKind::UnknownVersion(version))?;
     let digest_at = crc_at - DIGEST_LEN;
     Ok(Frame {
         position: crate::keys::checked_position(u64::from_be_bytes(
@@ -487,6 +625,7 @@ pub fn parse(bytes: &[u8]) -> Result<Frame<'_>, CorruptionKind> {
         payload: bytes.get(HEADER_LEN..digest_at).ok_or_else(truncated)?,
         digest: Digest(array(bytes, digest_at).ok_or_else(truncated)?),
         crc: stored,
+        format,
         covered: bytes.get(..digest_at).ok_or_else(truncated)?,
     })
 }
@@ -562,8 +701,8 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// The one-shot digests of short inputs equal the incremental one, on both sides of
-        /// each one-shot size.
+        /// The one-shot digests of short inputs equal the incremental ones of the reference
+        /// hashers, on both sides of each one-shot size, in both framings.
         #[test]
         fn one_shot_and_incremental_digests_agree(
             prev in proptest::array::uniform32(proptest::prelude::any::<u8>()),
@@ -571,16 +710,55 @@ mod tests {
             framed in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..1200),
         ) {
             let prev = Digest(prev);
-            let mut hasher = blake3::Hasher::new();
-            hasher.update(&prev.0);
-            hasher.update(&u32::try_from(task.len()).unwrap().to_le_bytes());
-            hasher.update(task.as_bytes());
-            hasher.update(&framed);
+            let len = u32::try_from(task.len()).unwrap().to_le_bytes();
+            let mut blake = blake3::Hasher::new();
+            let mut sha = sha2::Sha256::new();
+            for part in [&prev.0[..], &len, task.as_bytes(), &framed] {
+                blake.update(part);
+                sha.update(part);
+            }
             proptest::prop_assert_eq!(
-                chain_digest(&prev, &task, &framed),
-                Digest(*hasher.finalize().as_bytes())
+                chain_digest(RecordFormat::BLAKE3, &prev, &task, &framed),
+                Digest(*blake.finalize().as_bytes())
+            );
+            proptest::prop_assert_eq!(
+                chain_digest(RecordFormat::SHA256, &prev, &task, &framed),
+                Digest(sha.finalize().into())
             );
         }
+    }
+
+    #[test]
+    fn each_framing_is_read_by_its_own_hash() {
+        let payload = encode_payload(&sample()).unwrap();
+        let (old, old_digest) =
+            frame_as(RecordFormat::BLAKE3, "t", 0, 1, &payload, &Digest::GENESIS).unwrap();
+        let (new, new_digest) = frame("t", 0, 1, &payload, &Digest::GENESIS).unwrap();
+        assert_eq!((old[0], new[0]), (1, 2));
+        assert_ne!(old_digest, new_digest);
+        assert_eq!(old.len(), new.len(), "the framings differ in the hash only");
+        for (bytes, digest) in [(&old, old_digest), (&new, new_digest)] {
+            let rec = decode("t", 0, &Digest::GENESIS, bytes).unwrap();
+            assert_eq!((rec.digest, rec.event.clone()), (digest, sample()));
+        }
+        // A record whose version byte is changed (and its CRC made again) no longer chains:
+        // the digest is checked with the hash its byte names.
+        let mut swapped = old.clone();
+        swapped[0] = 2;
+        let crc_at = swapped.len() - 4;
+        let crc = crc32fast::hash(&swapped[..crc_at]);
+        swapped[crc_at..].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(
+            decode("t", 0, &Digest::GENESIS, &swapped),
+            Err(CorruptionKind::Chain)
+        );
+        swapped[0] = 3;
+        let crc = crc32fast::hash(&swapped[..crc_at]);
+        swapped[crc_at..].copy_from_slice(&crc.to_le_bytes());
+        assert_eq!(
+            decode("t", 0, &Digest::GENESIS, &swapped),
+            Err(CorruptionKind::UnknownVersion(3))
+        );
     }
 
     #[test]

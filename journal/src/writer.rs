@@ -44,7 +44,7 @@ use crate::head::Head;
 use crate::keys::{self, Space};
 use crate::observe::{BatchWritten, Synced, WriteObserver};
 use crate::options::Durability;
-use crate::record;
+use crate::record::{self, RecordFormat};
 use crate::tail::Tail;
 use smallvec::SmallVec;
 use std::collections::{BTreeMap, HashMap};
@@ -429,6 +429,8 @@ pub(crate) struct Writer {
     lone_streak: u32,
     /// [`crate::JournalOptions::keep_finished_apart`].
     finished_apart: bool,
+    /// The framing of the journal's records (named in its `meta` space).
+    record_format: RecordFormat,
     /// How long a clean close may spend on the moves still waiting
     /// ([`crate::JournalOptions::settle_on_close`]).
     close_budget: Duration,
@@ -544,6 +546,7 @@ impl Writer {
             tail_is_ours: false,
             lone_streak: IDLE_STREAK,
             finished_apart: false,
+            record_format: RecordFormat::NEWEST,
             close_budget: Duration::ZERO,
             pending_moves: BTreeMap::new(),
             pending_limit: PENDING_MOVES_LIMIT,
@@ -558,6 +561,12 @@ impl Writer {
     pub(crate) fn keep_finished_apart(mut self, on: bool) -> Self {
         self.finished_apart = on;
         self.sweep = on.then(Vec::new);
+        self
+    }
+
+    /// Sets the framing the writer frames records in: the journal's own.
+    pub(crate) fn record_format(mut self, format: RecordFormat) -> Self {
+        self.record_format = format;
         self
     }
 
@@ -976,6 +985,7 @@ impl Writer {
         mut seq: u64,
         ops: &mut Vec<BatchOp>,
         finished_apart: bool,
+        format: RecordFormat,
     ) -> Result<(Head, Appended)> {
         let before = head;
         let first_seq = seq;
@@ -986,7 +996,7 @@ impl Writer {
         for event in events {
             let (bytes, digest) = event
                 .payload
-                .frame(task, head.next_position, seq, &head.last_digest)
+                .frame_as(format, task, head.next_position, seq, &head.last_digest)
                 .map_err(|len| Error::Encode(format!("payload of {len} bytes")))?;
             let event_key = keys::event_key(task, head.next_position);
             match event.effect {
@@ -1091,8 +1101,15 @@ impl Writer {
                     actual: head.next_position,
                 });
             }
-            let (after, appended) =
-                Self::stage(&task, events, head, seq, ops, self.finished_apart)?;
+            let (after, appended) = Self::stage(
+                &task,
+                events,
+                head,
+                seq,
+                ops,
+                self.finished_apart,
+                self.record_format,
+            )?;
             seq = appended.last_seq + 1;
             first.get_or_insert(appended);
             staged.push((task, head, seq, after));
@@ -1238,6 +1255,7 @@ impl Writer {
                     seq,
                     &mut ops,
                     self.finished_apart,
+                    self.record_format,
                 ) else {
                     return Declined;
                 };

@@ -8,7 +8,7 @@
 mod strategies;
 
 use dtask_journal::keys::{self, Space, COLUMN_FAMILIES, FINISHED_EVENTS};
-use dtask_journal::{Journal, JournalOptions};
+use dtask_journal::{Journal, JournalOptions, RecordFormat};
 use std::path::Path;
 use strategies::{completed, created, update};
 
@@ -80,7 +80,12 @@ fn everything(journal: &Journal) -> Vec<String> {
 /// batch that created it ("quick"), a live one ("live"), and a live one whose id has "done"
 /// as a prefix ("done-too").
 fn build(dir: &Path) -> Vec<String> {
-    let journal = Journal::open(dir, apart()).unwrap();
+    build_with(dir, apart())
+}
+
+/// [`build`] with `options`.
+fn build_with(dir: &Path, options: JournalOptions) -> Vec<String> {
+    let journal = Journal::open(dir, options).unwrap();
     journal.append("done", 0, &[created("done")]).unwrap();
     journal.append("live", 0, &[created("live")]).unwrap();
     journal
@@ -165,8 +170,8 @@ fn a_new_task_is_refused_over_a_finished_one() {
     assert_eq!(journal.stream_len("quick").unwrap(), Some(3));
 }
 
-/// Turns the journal in `dir` into what format 3 stored: every stream in `events`, no
-/// `finished` column family, version 3.
+/// Turns the journal in `dir` (built with [`as_format_3`]) into what format 3 stored: every
+/// stream in `events`, no `finished` column family, version 3, no record framing named.
 fn make_format_3(dir: &Path) {
     let mut db = rocksdb::DB::open_cf(&rocksdb::Options::default(), dir, COLUMN_FAMILIES).unwrap();
     {
@@ -182,14 +187,20 @@ fn make_format_3(dir: &Path) {
         let meta = db.cf_handle(Space::Meta.name()).unwrap();
         db.put_cf(meta, keys::META_FORMAT_VERSION, 3u32.to_be_bytes())
             .unwrap();
+        db.delete_cf(meta, keys::META_RECORD_FORMAT).unwrap();
     }
     db.drop_cf(FINISHED_EVENTS).unwrap();
+}
+
+/// The options of a journal to be made format 3: its records framed as format 3's were.
+fn as_format_3() -> JournalOptions {
+    apart().with_record_format(RecordFormat::BLAKE3)
 }
 
 #[test]
 fn a_format_3_journal_is_read_as_it_is_and_upgraded_in_place() {
     let dir = tempfile::tempdir().unwrap();
-    let built = build(dir.path());
+    let built = build_with(dir.path(), as_format_3());
     make_format_3(dir.path());
     let families = rocksdb::DB::list_cf(&rocksdb::Options::default(), dir.path()).unwrap();
     assert!(!families.contains(&FINISHED_EVENTS.to_owned()));
@@ -204,9 +215,11 @@ fn a_format_3_journal_is_read_as_it_is_and_upgraded_in_place() {
     drop(follower);
     let families = rocksdb::DB::list_cf(&rocksdb::Options::default(), dir.path()).unwrap();
     assert!(!families.contains(&FINISHED_EVENTS.to_owned()));
-    // A writer upgrades it in place: version 4, the column family made, nothing moved.
+    // A writer upgrades it in place: version 5, the column family made, the framing its
+    // records have named, nothing moved.
     let journal = Journal::open(dir.path(), in_place()).unwrap();
-    assert_eq!(journal.format_version(), 4);
+    assert_eq!(journal.format_version(), 5);
+    assert_eq!(journal.record_format(), RecordFormat::BLAKE3);
     assert_eq!(everything(&journal), built);
     drop(journal);
     assert_eq!(
@@ -413,7 +426,7 @@ fn a_stream_finished_later_moves_once_the_journal_is_idle() {
 #[test]
 fn a_follower_is_told_when_its_writer_upgrades_the_format() {
     let dir = tempfile::tempdir().unwrap();
-    build(dir.path());
+    build_with(dir.path(), as_format_3());
     make_format_3(dir.path());
     let scratch = tempfile::tempdir().unwrap();
     let follower = Journal::open_follower(dir.path(), scratch.path()).unwrap();
@@ -423,7 +436,7 @@ fn a_follower_is_told_when_its_writer_upgrades_the_format() {
     journal.append("live", 2, &[completed()]).unwrap();
     assert!(matches!(
         follower.catch_up(),
-        Err(dtask_journal::Error::FormatChanged { opened: 3, now: 4 })
+        Err(dtask_journal::Error::FormatChanged { opened: 3, now: 5 })
     ));
     drop(follower);
     let scratch = tempfile::tempdir().unwrap();

@@ -1,17 +1,19 @@
-//! Golden fixtures of record format v1 — one with an event of every type of event schema v1,
-//! one with an event of every type schema v2 added: the committed bytes must decode to the
-//! same events, and encoding those events must give the same bytes. A failure means the format drifted: bump
-//! `RECORD_FORMAT_VERSION`, add an upcast, and keep the old fixture. Regenerate (only with a version
-//! bump) with `DTASK_BLESS=1 cargo test -p dtask-journal --test golden`.
+//! Golden fixtures of record format v1 (BLAKE3 chain digests) — one with an event of every
+//! type of event schema v1, one with an event of every type schema v2 added — and of record
+//! format v2 (SHA-256), with every event of both: the committed bytes must decode to the same
+//! events, and encoding those events must give the same bytes. A failure means the format
+//! drifted: bump `RECORD_FORMAT_VERSION`, add an upcast, and keep the old fixture. Regenerate
+//! (only with a version bump) with `DTASK_BLESS=1 cargo test -p dtask-journal --test golden`.
 #![allow(clippy::unwrap_used)]
 
-use dtask_journal::record::{self, Digest};
+use dtask_journal::record::{self, Digest, RecordFormat};
 use dtask_journal::{
     Delivery, Event, ExpiryResolution, LeasePolicy, Publication, TaskSpec, Timestamp,
 };
 
 const FIXTURE: &str = "tests/fixtures/format-v1.hex";
 const FIXTURE_V2: &str = "tests/fixtures/schema-v2.hex";
+const FIXTURE_RECORD_V2: &str = "tests/fixtures/record-v2.hex";
 const TASK: &str = "golden-task";
 
 /// One event of every type, with fixed values.
@@ -212,13 +214,14 @@ fn events_v2() -> Vec<Event> {
     ]
 }
 
-fn encode(events: &[Event]) -> Vec<String> {
+fn encode(format: RecordFormat, events: &[Event]) -> Vec<String> {
     let mut prev = Digest::GENESIS;
     let mut lines = Vec::new();
     for (i, event) in events.iter().enumerate() {
         let position = i as u64;
         let payload = record::encode_payload(event).unwrap();
-        let (bytes, digest) = record::frame(TASK, position, position + 1, &payload, &prev).unwrap();
+        let (bytes, digest) =
+            record::frame_as(format, TASK, position, position + 1, &payload, &prev).unwrap();
         prev = digest;
         lines.push(hex(&bytes));
     }
@@ -242,16 +245,22 @@ fn unhex(s: &str) -> Vec<u8> {
 
 #[test]
 fn format_v1_fixture_decodes_and_reencodes_identically() {
-    check_fixture(FIXTURE, &events());
+    check_fixture(FIXTURE, RecordFormat::BLAKE3, &events());
 }
 
 #[test]
 fn schema_v2_fixture_decodes_and_reencodes_identically() {
-    check_fixture(FIXTURE_V2, &events_v2());
+    check_fixture(FIXTURE_V2, RecordFormat::BLAKE3, &events_v2());
 }
 
-fn check_fixture(fixture_path: &str, events: &[Event]) {
-    let lines = encode(events);
+#[test]
+fn record_v2_fixture_decodes_and_reencodes_identically() {
+    let all: Vec<Event> = events().into_iter().chain(events_v2()).collect();
+    check_fixture(FIXTURE_RECORD_V2, RecordFormat::SHA256, &all);
+}
+
+fn check_fixture(fixture_path: &str, format: RecordFormat, events: &[Event]) {
+    let lines = encode(format, events);
     let path = manifest_dir().join(fixture_path);
     if std::env::var_os("DTASK_BLESS").is_some() || !path.exists() {
         let mut text = lines.join("\n");
@@ -270,6 +279,7 @@ fn check_fixture(fixture_path: &str, events: &[Event]) {
             "record {i} decodes to the fixed event"
         );
         assert_eq!(rec.seq, i as u64 + 1);
+        assert_eq!(unhex(line)[0], format.version(), "record {i}'s framing");
         prev = rec.digest;
     }
     assert_eq!(

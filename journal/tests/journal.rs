@@ -6,7 +6,7 @@ mod strategies;
 
 use dtask_journal::keys::Space;
 use dtask_journal::{
-    Durability, Error, Event, EventType, Journal, JournalOptions, Limit, Timestamp,
+    Durability, Error, Event, EventType, Journal, JournalOptions, Limit, RecordFormat, Timestamp,
 };
 use std::sync::{Arc, Barrier};
 use strategies::{created, update};
@@ -351,19 +351,19 @@ fn a_newer_format_version_is_refused() {
     {
         let cfs: Vec<_> = dtask_journal::keys::COLUMN_FAMILIES.to_vec();
         let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), dir.path(), cfs).unwrap();
-        set_format_version(&db, 5);
+        set_format_version(&db, 6);
     }
     let err = Journal::open(dir.path(), JournalOptions::default()).unwrap_err();
     assert!(matches!(
         err,
         Error::UnsupportedFormat {
-            found: 5,
-            supported: 4
+            found: 6,
+            supported: 5
         }
     ));
     assert!(matches!(
         Journal::open_read_only(dir.path()),
-        Err(Error::UnsupportedFormat { found: 5, .. })
+        Err(Error::UnsupportedFormat { found: 6, .. })
     ));
 }
 
@@ -417,6 +417,130 @@ fn set_format_version(db: &rocksdb::DB, version: u32) {
     .unwrap();
 }
 
+/// The options of a journal framed as every journal before format 5 was.
+fn blake3() -> JournalOptions {
+    JournalOptions::default().with_record_format(RecordFormat::BLAKE3)
+}
+
+/// Rewrites a journal of this build made with [`blake3`] into what format 4 stored: version 4
+/// and no record framing in `meta`.
+fn make_format_4(dir: &std::path::Path) {
+    let db = rocksdb::DB::open_cf(
+        &rocksdb::Options::default(),
+        dir,
+        dtask_journal::keys::COLUMN_FAMILIES,
+    )
+    .unwrap();
+    set_format_version(&db, 4);
+    let meta = db.cf_handle(Space::Meta.name()).unwrap();
+    db.delete_cf(meta, dtask_journal::keys::META_RECORD_FORMAT)
+        .unwrap();
+}
+
+/// The version byte of every record in the `events` space, in key order.
+fn framings(dir: &std::path::Path) -> Vec<u8> {
+    let db = rocksdb::DB::open_cf_for_read_only(
+        &rocksdb::Options::default(),
+        dir,
+        dtask_journal::keys::COLUMN_FAMILIES,
+        false,
+    )
+    .unwrap();
+    let events = db.cf_handle(Space::Events.name()).unwrap();
+    db.iterator_cf(events, rocksdb::IteratorMode::Start)
+        .map(|item| item.unwrap().1[0])
+        .collect()
+}
+
+/// The record framing named in `meta`, if any.
+fn meta_framing(dir: &std::path::Path) -> Option<Vec<u8>> {
+    let db = rocksdb::DB::open_cf_for_read_only(
+        &rocksdb::Options::default(),
+        dir,
+        dtask_journal::keys::COLUMN_FAMILIES,
+        false,
+    )
+    .unwrap();
+    let meta = db.cf_handle(Space::Meta.name()).unwrap();
+    db.get_cf(meta, dtask_journal::keys::META_RECORD_FORMAT)
+        .unwrap()
+}
+
+#[test]
+fn a_new_journal_frames_its_records_in_sha256_and_an_upgraded_one_keeps_blake3() {
+    // A new journal names its framing and frames every record so; the option names the
+    // framing of a new journal only.
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+        assert_eq!(journal.format_version(), 5);
+        assert_eq!(journal.record_format(), RecordFormat::SHA256);
+        journal.append("t", 0, &[created("t")]).unwrap();
+    }
+    {
+        let journal = Journal::open(dir.path(), blake3()).unwrap();
+        assert_eq!(journal.record_format(), RecordFormat::SHA256);
+        journal.append("t", 1, &[update(1)]).unwrap();
+    }
+    assert_eq!(framings(dir.path()), [2, 2]);
+    assert_eq!(meta_framing(dir.path()), Some(vec![2]));
+
+    // A format-4 journal: BLAKE3 records, no framing named.
+    let old = tempfile::tempdir().unwrap();
+    {
+        let journal = Journal::open(old.path(), blake3()).unwrap();
+        assert_eq!(journal.record_format(), RecordFormat::BLAKE3);
+        journal.append("t", 0, &[created("t")]).unwrap();
+        journal.append("t", 1, &[update(1)]).unwrap();
+    }
+    make_format_4(old.path());
+    let reader = Journal::open_read_only(old.path()).unwrap();
+    assert_eq!(reader.format_version(), 4);
+    assert_eq!(reader.record_format(), RecordFormat::BLAKE3);
+    assert_eq!(reader.read_stream("t", 0).count(), 2);
+    drop(reader);
+    assert_eq!(meta_framing(old.path()), None);
+    // A writer upgrades it to format 5, names the framing its records have and goes on
+    // with it: the stream chains on across the upgrade.
+    let journal = Journal::open(old.path(), JournalOptions::default()).unwrap();
+    assert_eq!(journal.format_version(), 5);
+    assert_eq!(journal.record_format(), RecordFormat::BLAKE3);
+    journal.append("t", 2, &[update(2)]).unwrap();
+    let records: Vec<_> = journal.read_stream("t", 0).map(Result::unwrap).collect();
+    assert_eq!(records.len(), 3);
+    assert_eq!(
+        journal.head("t").unwrap().unwrap().last_digest,
+        records[2].digest
+    );
+    drop(journal);
+    assert_eq!(framings(old.path()), [1, 1, 1]);
+    assert_eq!(meta_framing(old.path()), Some(vec![1]));
+    let journal = Journal::open(old.path(), JournalOptions::default()).unwrap();
+    assert_eq!(journal.read_stream("t", 0).count(), 3);
+    drop(journal);
+
+    // A framing this build does not read, named in `meta`, is refused at open.
+    {
+        let db = rocksdb::DB::open_cf(
+            &rocksdb::Options::default(),
+            old.path(),
+            dtask_journal::keys::COLUMN_FAMILIES,
+        )
+        .unwrap();
+        let meta = db.cf_handle(Space::Meta.name()).unwrap();
+        db.put_cf(meta, dtask_journal::keys::META_RECORD_FORMAT, [9])
+            .unwrap();
+    }
+    assert!(matches!(
+        Journal::open_read_only(old.path()),
+        Err(Error::NotAJournal(why)) if why.contains("record format version 9")
+    ));
+    assert!(matches!(
+        Journal::open(old.path(), JournalOptions::default()),
+        Err(Error::NotAJournal(_))
+    ));
+}
+
 /// Rewrites a format-2 journal into what format 1 stored: version 1 and a `heads` space.
 fn make_format_1(dir: &std::path::Path) {
     let mut opts = rocksdb::Options::default();
@@ -427,11 +551,13 @@ fn make_format_1(dir: &std::path::Path) {
         .collect();
     let db = rocksdb::DB::open_cf(&opts, dir, cfs).unwrap();
     set_format_version(&db, 1);
-    db.delete_cf(
-        db.cf_handle(Space::Meta.name()).unwrap(),
+    for key in [
         dtask_journal::keys::META_TAIL,
-    )
-    .unwrap();
+        dtask_journal::keys::META_RECORD_FORMAT,
+    ] {
+        db.delete_cf(db.cf_handle(Space::Meta.name()).unwrap(), key)
+            .unwrap();
+    }
     // A stale head, as if format 1 had stopped counting: format 2 must not trust it.
     let heads = db.cf_handle(dtask_journal::keys::LEGACY_HEADS).unwrap();
     db.put_cf(heads, b"t", [0u8; 54]).unwrap();
@@ -449,7 +575,7 @@ fn column_families(dir: &std::path::Path) -> Vec<String> {
 fn a_format_1_journal_is_read_as_is_and_upgraded_when_opened_for_writing() {
     let dir = tempfile::tempdir().unwrap();
     {
-        let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+        let journal = Journal::open(dir.path(), blake3()).unwrap();
         journal.append("t", 0, &[created("t")]).unwrap();
         journal.append("t", 1, &[update(1), update(2)]).unwrap();
     }
@@ -466,10 +592,11 @@ fn a_format_1_journal_is_read_as_is_and_upgraded_when_opened_for_writing() {
 
     assert!(reader_tail(dir.path()).is_none());
 
-    // A writer upgrades it: version 4, no `heads`, a tail marker summed up from the journal,
-    // appends go on where the stream ends.
+    // A writer upgrades it: version 5, no `heads`, a tail marker summed up from the journal,
+    // the framing its records have named; appends go on where the stream ends.
     let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
-    assert_eq!(journal.format_version(), 4);
+    assert_eq!(journal.format_version(), 5);
+    assert_eq!(journal.record_format(), RecordFormat::BLAKE3);
     let tail = journal.read_tail().unwrap().unwrap();
     assert_eq!((tail.last_seq, tail.live.tasks), (3, 1));
     assert!(!column_families(dir.path()).contains(&"heads".to_owned()));

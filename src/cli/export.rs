@@ -118,7 +118,8 @@ fn write_header(
     records: u64,
     bytes: Bytes,
 ) -> Result<()> {
-    let header = Header::new(journal.format_version().into(), scope, records, bytes);
+    let header = Header::new(journal.format_version().into(), scope, records, bytes)
+        .with_record_format(journal.record_format());
     let mut line = Vec::new();
     header.write_line(&mut line).map_err(export_error)?;
     w.write_all(&line)

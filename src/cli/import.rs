@@ -13,8 +13,8 @@ use super::{CliError, Global, Out, Result};
 use dtask_journal::export::{ExportError, Header, RecordLine, Scope};
 use dtask_journal::postgres::{admin, PgLocation};
 use dtask_journal::{
-    Digest, Durability, Event, Journal, JournalOptions, JOURNAL_FORMAT_VERSION,
-    OLDEST_JOURNAL_FORMAT_VERSION, RECORD_FORMAT_VERSION,
+    Digest, Durability, Event, Journal, JournalOptions, RecordFormat, JOURNAL_FORMAT_VERSION,
+    OLDEST_JOURNAL_FORMAT_VERSION, OLDEST_RECORD_FORMAT_VERSION, RECORD_FORMAT_VERSION,
 };
 use serde_json::json;
 use std::collections::HashMap;
@@ -57,9 +57,19 @@ fn check_target(at: &At) -> Result<()> {
     )))
 }
 
-/// Reads the header line and checks that this build can import the export; returns the
-/// number of records it announces.
-fn check_header(line: &str, name: &str) -> Result<u64> {
+/// What an export's header announces.
+#[derive(Debug, Clone, Copy)]
+struct Announced {
+    /// How many record lines follow.
+    records: u64,
+    /// The framing of the records: the rebuilt journal is created with it, so that its
+    /// digests and CRCs are the exported ones.
+    format: RecordFormat,
+}
+
+/// Reads the header line and checks that this build can import the export; returns what it
+/// announces.
+fn check_header(line: &str, name: &str) -> Result<Announced> {
     let bad = |why: String| CliError::Usage(format!("not a dtask export: {why}"));
     let header = Header::read(line).map_err(|e| match e {
         ExportError::NotJson(e) => CliError::Usage(format!("{name}:1: not JSON: {e}")),
@@ -69,15 +79,17 @@ fn check_header(line: &str, name: &str) -> Result<u64> {
     // The journal formats differ in their indexes only, which an import rebuilds: an export
     // of any journal format this build reads can be imported.
     let readable = u64::from(OLDEST_JOURNAL_FORMAT_VERSION)..=u64::from(JOURNAL_FORMAT_VERSION);
-    if !readable.contains(&header.journal_format)
-        || header.record_format != u64::from(RECORD_FORMAT_VERSION)
-    {
+    let format = u8::try_from(header.record_format)
+        .ok()
+        .and_then(RecordFormat::from_version);
+    let Some(format) = format.filter(|_| readable.contains(&header.journal_format)) else {
         return Err(bad(format!(
             "journal/record format ({}, {}); this build reads journal formats \
-             {OLDEST_JOURNAL_FORMAT_VERSION}..={JOURNAL_FORMAT_VERSION}, record format {RECORD_FORMAT_VERSION}",
+             {OLDEST_JOURNAL_FORMAT_VERSION}..={JOURNAL_FORMAT_VERSION}, record formats \
+             {OLDEST_RECORD_FORMAT_VERSION}..={RECORD_FORMAT_VERSION}",
             header.journal_format, header.record_format
         )));
-    }
+    };
     if header.redacted {
         return Err(CliError::Usage(
             "the export is redacted (--no-payload): payloads are missing, it cannot be imported"
@@ -91,7 +103,10 @@ fn check_header(line: &str, name: &str) -> Result<u64> {
                 .into(),
         ));
     }
-    Ok(header.records)
+    Ok(Announced {
+        records: header.records,
+        format,
+    })
 }
 
 /// Reads one record line.
@@ -221,22 +236,23 @@ fn build(
     at: &At,
     lines: impl Iterator<Item = std::io::Result<String>>,
     name: &str,
-    announced: u64,
+    announced: Announced,
 ) -> Result<(u64, usize)> {
     let mut options = JournalOptions::default()
+        .with_record_format(announced.format)
         .with_durability(Durability::Buffered)
         .with_max_value_bytes(usize::MAX)
         .with_max_record_bytes(usize::MAX);
     options.max_task_id_bytes = usize::MAX;
     let journal = at.open_writer(options)?;
-    let bar = super::progress(announced, "importing");
+    let bar = super::progress(announced.records, "importing");
     let (records, tasks) = rebuild(&journal, lines, name, &bar)?;
     bar.finish_and_clear();
     drop(journal);
-    if records != announced {
+    if records != announced.records {
         return Err(CliError::Problems(format!(
             "the export announces {} but holds {records}: it is cut short; nothing was imported",
-            super::fmt::count(announced, "record")
+            super::fmt::count(announced.records, "record")
         )));
     }
     if let Some(dir) = at.dir() {
@@ -262,7 +278,7 @@ fn import_dir(
     target: &Path,
     lines: impl Iterator<Item = std::io::Result<String>>,
     name: &str,
-    announced: u64,
+    announced: Announced,
 ) -> Result<(u64, usize)> {
     let parent = match target.parent() {
         Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
@@ -294,7 +310,7 @@ fn import_postgres(
     url: &str,
     lines: impl Iterator<Item = std::io::Result<String>>,
     name: &str,
-    announced: u64,
+    announced: Announced,
 ) -> Result<(u64, usize)> {
     let location = PgLocation::parse(url)?;
     let staging = format!(

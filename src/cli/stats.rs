@@ -77,6 +77,7 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
             .collect();
         out.json(&json!({
             "journal_format": journal.format_version(),
+            "record_format": journal.record_format().version(),
             "tasks": tasks,
             "records": records,
             "bytes": bytes,
@@ -91,11 +92,13 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
         return out.flush();
     }
     out.line(format!(
-        "{}, {}, {} ({bytes} bytes), last sequence {last_seq}, journal format {}",
+        "{}, {}, {} ({bytes} bytes), last sequence {last_seq}, journal format {}, record \
+         format {}",
         fmt::count(tasks, "task"),
         fmt::count(records, "record"),
         fmt::size(bytes),
-        journal.format_version()
+        journal.format_version(),
+        journal.record_format()
     ))?;
     if damaged > 0 {
         out.line(format!(

@@ -336,7 +336,7 @@ async function journalPage() {
       h("div", { class: "cards" },
         [["tasks", s.tasks], ["records", s.records], ["bytes", s.bytes], ["last sequence", s.last_seq],
           ["with problems", s.tasks_with_problems], ["streams", s.subscribers]].map(([k, v]) => h("div", { class: "card" }, h("b", {}, v), k))),
-      h("p", { class: "muted" }, `${s.mode} · journal format ${s.journal_format}${s.counted ? "" : " · counting…"}`),
+      h("p", { class: "muted" }, `${s.mode} · journal format ${s.journal_format} · record format ${s.record_format}${s.counted ? "" : " · counting…"}`),
       h("div", { class: "cards" }, table("STATUS", s.by_status), table("EXECUTOR", s.by_executor), table("EVENT TYPE", s.by_type)),
       storage(s.storage));
   };
