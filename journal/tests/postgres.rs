@@ -7,7 +7,9 @@
 
 mod strategies;
 
-use dtask_journal::{Durability, Error, Event, EventType, Journal, JournalOptions, Timestamp};
+use dtask_journal::{
+    Durability, Error, Event, EventType, Journal, JournalOptions, RecordFormat, Timestamp,
+};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use strategies::{completed, created, update};
@@ -274,6 +276,47 @@ fn a_newer_schema_is_refused_with_both_versions() {
         "{refused:?}"
     );
     assert!(Journal::open_postgres_read_only(&url).is_err());
+}
+
+/// A new journal on PostgreSQL frames its records in SHA-256 and names it; one of journal
+/// format 4 (BLAKE3 records, no framing named) is upgraded to 5 at a writer's open, keeps
+/// BLAKE3, and its streams chain on across the upgrade — on any node.
+#[test]
+fn a_new_journal_chains_with_sha256_and_a_format_4_one_keeps_blake3() {
+    let Some(new) = url("record-format") else {
+        return;
+    };
+    let journal = open(&new);
+    assert_eq!(journal.format_version(), 5);
+    assert_eq!(journal.record_format(), RecordFormat::SHA256);
+    drop(journal);
+
+    let Some(old) = url("record-format-4") else {
+        return;
+    };
+    let blake3 = JournalOptions::default().with_record_format(RecordFormat::BLAKE3);
+    let journal = Journal::open_postgres(&old, blake3).unwrap();
+    assert_eq!(journal.record_format(), RecordFormat::BLAKE3);
+    journal.append("t", 0, &[created("t")]).unwrap();
+    drop(journal);
+    let schema = old.rsplit_once("schema=").unwrap().1.to_owned();
+    admin(&format!(
+        "DELETE FROM \"{schema}\".dtask_meta WHERE name = 'record_format'::bytea; \
+         UPDATE \"{schema}\".dtask_meta SET value = '\\x00000004'::bytea \
+         WHERE name = 'format_version'::bytea"
+    ));
+    let reader = Journal::open_postgres_read_only(&old).unwrap();
+    assert_eq!(reader.format_version(), 4);
+    assert_eq!(reader.record_format(), RecordFormat::BLAKE3);
+    drop(reader);
+    let (a, b) = (open(&old), open(&old));
+    assert_eq!(a.format_version(), 5);
+    assert_eq!(b.record_format(), RecordFormat::BLAKE3);
+    a.append("t", 1, &[update(1)]).unwrap();
+    b.append("t", 2, &[update(2)]).unwrap();
+    let records: Vec<_> = a.read_stream("t", 0).map(Result::unwrap).collect();
+    assert_eq!(records.len(), 3);
+    assert_eq!(b.head("t").unwrap().unwrap().last_digest, records[2].digest);
 }
 
 #[test]
