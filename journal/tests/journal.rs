@@ -437,15 +437,20 @@ fn make_format_4(dir: &std::path::Path) {
         .unwrap();
 }
 
-/// The version byte of every record in the `events` space, in key order.
-fn framings(dir: &std::path::Path) -> Vec<u8> {
-    let db = rocksdb::DB::open_cf_for_read_only(
+/// The journal in `dir`, opened read-only as a plain RocksDB database.
+fn raw(dir: &std::path::Path) -> rocksdb::DB {
+    rocksdb::DB::open_cf_for_read_only(
         &rocksdb::Options::default(),
         dir,
         dtask_journal::keys::COLUMN_FAMILIES,
         false,
     )
-    .unwrap();
+    .unwrap()
+}
+
+/// The version byte of every record in the `events` space, in key order.
+fn framings(dir: &std::path::Path) -> Vec<u8> {
+    let db = raw(dir);
     let events = db.cf_handle(Space::Events.name()).unwrap();
     db.iterator_cf(events, rocksdb::IteratorMode::Start)
         .map(|item| item.unwrap().1[0])
@@ -454,13 +459,7 @@ fn framings(dir: &std::path::Path) -> Vec<u8> {
 
 /// The record framing named in `meta`, if any.
 fn meta_framing(dir: &std::path::Path) -> Option<Vec<u8>> {
-    let db = rocksdb::DB::open_cf_for_read_only(
-        &rocksdb::Options::default(),
-        dir,
-        dtask_journal::keys::COLUMN_FAMILIES,
-        false,
-    )
-    .unwrap();
+    let db = raw(dir);
     let meta = db.cf_handle(Space::Meta.name()).unwrap();
     db.get_cf(meta, dtask_journal::keys::META_RECORD_FORMAT)
         .unwrap()
@@ -611,16 +610,10 @@ fn a_format_1_journal_is_read_as_is_and_upgraded_when_opened_for_writing() {
         .collect();
     assert_eq!(positions, vec![0, 1, 2, 3]);
     drop(journal);
-    let raw = rocksdb::DB::open_cf_for_read_only(
-        &rocksdb::Options::default(),
-        dir.path(),
-        dtask_journal::keys::COLUMN_FAMILIES,
-        false,
-    )
-    .unwrap();
-    let meta = raw.cf_handle(Space::Meta.name()).unwrap();
+    let db = raw(dir.path());
+    let meta = db.cf_handle(Space::Meta.name()).unwrap();
     assert_eq!(
-        raw.get_cf(meta, dtask_journal::keys::META_FORMAT_VERSION)
+        db.get_cf(meta, dtask_journal::keys::META_FORMAT_VERSION)
             .unwrap()
             .unwrap(),
         dtask_journal::JOURNAL_FORMAT_VERSION.to_be_bytes()
