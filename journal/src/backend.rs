@@ -17,6 +17,18 @@ use std::collections::HashSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+/// How many bytes an [`OpBytes`] holds in place: every commit-index key, and an event key (the
+/// task id, a separator and eight bytes of position) for a task id of up to 55 bytes — the
+/// engine's generated ids (`kind_` and 32 hex digits) for a kind of up to 22 bytes.
+pub const OP_INLINE_BYTES: usize = 64;
+
+/// The key or value of a [`BatchOp`]: up to [`OP_INLINE_BYTES`] held in place, longer ones
+/// on the heap. The writer puts two keys and an index value a record; held in place they cost
+/// no allocation of their own (three a record on the writer's thread when they were vectors),
+/// and a record's bytes, longer, move in from their vector without a copy
+/// (`OpBytes::from_vec`, or `.into()`).
+pub type OpBytes = smallvec::SmallVec<[u8; OP_INLINE_BYTES]>;
+
 /// One write of a batch.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BatchOp {
@@ -25,16 +37,16 @@ pub enum BatchOp {
         /// The space.
         space: Space,
         /// The key.
-        key: Vec<u8>,
+        key: OpBytes,
         /// The value.
-        value: Vec<u8>,
+        value: OpBytes,
     },
     /// Remove `key` from `space`.
     Delete {
         /// The space.
         space: Space,
         /// The key.
-        key: Vec<u8>,
+        key: OpBytes,
     },
     /// `task`'s stream has a terminal record. A backend that can keep finished streams apart
     /// (RocksDB, [`crate::keys::FINISHED_EVENTS`]), when `apart`, moves the records of it
@@ -1479,8 +1491,8 @@ mod tests {
             .write(
                 vec![BatchOp::Put {
                     space: Space::Events,
-                    key: crate::keys::event_key("a-task", 0),
-                    value: b"a record".to_vec(),
+                    key: crate::keys::event_key("a-task", 0).into(),
+                    value: b"a record".to_vec().into(),
                 }],
                 Durability::Sync,
             )
@@ -1502,8 +1514,8 @@ mod tests {
         for position in from..from + count {
             let op = BatchOp::Put {
                 space: Space::Events,
-                key: crate::keys::event_key(task, position),
-                value: vec![7; 200],
+                key: crate::keys::event_key(task, position).into(),
+                value: vec![7; 200].into(),
             };
             backend
                 .write(vec![op], Durability::Buffered)
@@ -1552,8 +1564,8 @@ mod tests {
         put_records(&backend, "u", 0, 1);
         let put = |task: &str, position: u64| BatchOp::Put {
             space: Space::Events,
-            key: crate::keys::event_key(task, position),
-            value: vec![8; 100],
+            key: crate::keys::event_key(task, position).into(),
+            value: vec![8; 100].into(),
         };
         let retire = |task: &str, stored: u64| BatchOp::Retire {
             task: task.to_owned(),
@@ -1896,13 +1908,13 @@ mod tests {
                 [
                     BatchOp::Put {
                         space: Space::Events,
-                        key: crate::keys::event_key("a-task", i),
+                        key: crate::keys::event_key("a-task", i).into(),
                         // Lengths on both sides of a varint's one-byte limit.
-                        value: vec![1; usize::try_from(i).unwrap_or(0) * 3],
+                        value: vec![1; usize::try_from(i).unwrap_or(0) * 3].into(),
                     },
                     BatchOp::Delete {
                         space: Space::Outbox,
-                        key: crate::keys::seq_key(i + 1).to_vec(),
+                        key: crate::keys::seq_key(i + 1).to_vec().into(),
                     },
                 ]
             })
@@ -1939,13 +1951,13 @@ mod tests {
                 [
                     BatchOp::Put {
                         space: Space::Events,
-                        key: crate::keys::event_key(&format!("task-{:05}", i / 10), i % 10),
-                        value: vec![u8::try_from(i % 251).unwrap_or(0); 200],
+                        key: crate::keys::event_key(&format!("task-{:05}", i / 10), i % 10).into(),
+                        value: vec![u8::try_from(i % 251).unwrap_or(0); 200].into(),
                     },
                     BatchOp::Put {
                         space: Space::Commits,
-                        key: crate::keys::seq_key(i + 1).to_vec(),
-                        value: vec![7; 20],
+                        key: crate::keys::seq_key(i + 1).to_vec().into(),
+                        value: vec![7; 20].into(),
                     },
                 ]
             })
@@ -1985,13 +1997,13 @@ mod tests {
             .flat_map(|task| (0..10).map(move |position| (2 * task, position)))
             .map(|(task, position)| BatchOp::Put {
                 space: Space::Events,
-                key: key(task, position),
-                value: vec![7; 200],
+                key: key(task, position).into(),
+                value: vec![7; 200].into(),
             })
             .chain((1..=100).map(|seq| BatchOp::Put {
                 space: Space::Commits,
-                key: crate::keys::seq_key(seq).to_vec(),
-                value: vec![7; 20],
+                key: crate::keys::seq_key(seq).to_vec().into(),
+                value: vec![7; 20].into(),
             }))
             .collect();
         backend.write(ops, Durability::Buffered).expect("write");

@@ -1,6 +1,6 @@
 //! The journal: open, append, read.
 
-use crate::backend::{Backend, BatchOp, OpenMode, Range, RocksBackend, Tuning};
+use crate::backend::{Backend, BatchOp, OpBytes, OpenMode, Range, RocksBackend, Tuning};
 use crate::bulk::StreamScanner;
 use crate::error::{CorruptionKind, Error, Limit, Result};
 use crate::event::Event;
@@ -205,7 +205,7 @@ impl Journal {
         ]
         .into_iter()
         .filter_map(|op| match op {
-            BatchOp::Put { key, value, .. } => Some((key, value)),
+            BatchOp::Put { key, value, .. } => Some((key.into_vec(), value.into_vec())),
             BatchOp::Delete { .. } | BatchOp::Retire { .. } => None,
         })
         .collect();
@@ -1087,8 +1087,8 @@ impl Journal {
                 repair.added.push(task.clone());
                 ops.push(BatchOp::Put {
                     space: Space::Live,
-                    key,
-                    value: Vec::new(),
+                    key: key.into(),
+                    value: OpBytes::new(),
                 });
             }
         }
@@ -1098,7 +1098,7 @@ impl Journal {
                 .push(String::from_utf8_lossy(&key).into_owned());
             ops.push(BatchOp::Delete {
                 space: Space::Live,
-                key,
+                key: key.into(),
             });
         }
         if !ops.is_empty() {
@@ -1183,8 +1183,8 @@ fn below(item: &Result<crate::backend::KeyValue>, durable: u64) -> bool {
 fn version_stamp() -> BatchOp {
     BatchOp::Put {
         space: Space::Meta,
-        key: keys::META_FORMAT_VERSION.to_vec(),
-        value: JOURNAL_FORMAT_VERSION.to_be_bytes().to_vec(),
+        key: keys::META_FORMAT_VERSION.into(),
+        value: OpBytes::from_slice(&JOURNAL_FORMAT_VERSION.to_be_bytes()),
     }
 }
 
@@ -1192,8 +1192,8 @@ fn version_stamp() -> BatchOp {
 fn record_format_put(format: RecordFormat) -> BatchOp {
     BatchOp::Put {
         space: Space::Meta,
-        key: keys::META_RECORD_FORMAT.to_vec(),
-        value: vec![format.version()],
+        key: keys::META_RECORD_FORMAT.into(),
+        value: OpBytes::from_slice(&[format.version()]),
     }
 }
 
@@ -1201,8 +1201,8 @@ fn record_format_put(format: RecordFormat) -> BatchOp {
 fn tail_put(tail: &Tail) -> BatchOp {
     BatchOp::Put {
         space: Space::Meta,
-        key: keys::META_TAIL.to_vec(),
-        value: tail.encode(),
+        key: keys::META_TAIL.into(),
+        value: tail.encode().into(),
     }
 }
 
@@ -1901,8 +1901,8 @@ mod storage_tests {
                     .write(
                         vec![crate::backend::BatchOp::Put {
                             space: Space::Events,
-                            key: keys::event_key("t", round),
-                            value: vec![1; 100],
+                            key: keys::event_key("t", round).into(),
+                            value: vec![1; 100].into(),
                         }],
                         crate::Durability::Buffered,
                     )

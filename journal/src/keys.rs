@@ -161,6 +161,17 @@ pub fn event_key(task: &str, position: u64) -> Vec<u8> {
     key
 }
 
+/// [`event_key`] as the key or value of a batch's op: held in place, with no allocation, for a
+/// task id of up to 55 bytes ([`crate::backend::OP_INLINE_BYTES`]; the writer makes two a
+/// record).
+pub(crate) fn event_op_key(task: &str, position: u64) -> crate::backend::OpBytes {
+    let mut key = crate::backend::OpBytes::with_capacity(task.len() + EVENT_KEY_SUFFIX);
+    key.extend_from_slice(task.as_bytes());
+    key.push(TASK_SEPARATOR);
+    key.extend_from_slice(&position.to_be_bytes());
+    key
+}
+
 /// [`event_key`] into `key`, replacing what it held (a loop over many tasks reuses one
 /// buffer).
 pub fn event_key_into(task: &str, position: u64, key: &mut Vec<u8>) {
@@ -242,6 +253,12 @@ pub fn position_in(task: &str, key: &[u8]) -> Result<u64, CorruptionKind> {
 #[must_use]
 pub fn task_key(task: &str) -> Vec<u8> {
     task.as_bytes().to_vec()
+}
+
+/// [`task_key`] as the key of a batch's op (held in place for a task id of up to
+/// [`crate::backend::OP_INLINE_BYTES`] bytes).
+pub(crate) fn task_op_key(task: &str) -> crate::backend::OpBytes {
+    crate::backend::OpBytes::from_slice(task.as_bytes())
 }
 
 /// Parses a `live` key.
@@ -347,6 +364,15 @@ mod tests {
         }
 
         #[test]
+        fn a_batch_op_key_is_the_key_it_stands_for(a in "[^\u{0}]{1,80}", p in any::<u64>()) {
+            // Held in place or not, the bytes are the layout's.
+            let key = event_op_key(&a, p);
+            prop_assert_eq!(key.to_vec(), event_key(&a, p));
+            prop_assert_eq!(key.spilled(), key.len() > crate::backend::OP_INLINE_BYTES);
+            prop_assert_eq!(task_op_key(&a).to_vec(), task_key(&a));
+        }
+
+        #[test]
         fn parsing_random_keys_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..40)) {
             let _ = parse_event_key(&bytes);
             let _ = parse_seq_key(&bytes);
@@ -373,6 +399,17 @@ mod tests {
             position_in("t", &event_key("t", MAX_POSITION)),
             Ok(MAX_POSITION)
         );
+    }
+
+    #[test]
+    fn the_engines_generated_ids_make_event_keys_held_in_place() {
+        // `kind_` and 32 hex digits (a UUID v7's simple form), for kinds of up to 22 bytes.
+        let hex = "0193a5f2c4e87b3d9a1f6e2c8b4d7a90";
+        for kind in ["task", "shell", "a-kind-of-22-bytes-xyz"] {
+            let id = format!("{kind}_{hex}");
+            assert!(!event_op_key(&id, u64::MAX).spilled(), "{id}");
+        }
+        assert!(event_op_key(&format!("a-kind-of-23-bytes-xyzw_{hex}"), 0).spilled());
     }
 
     #[test]

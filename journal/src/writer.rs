@@ -38,7 +38,7 @@
 //! readers stop at the durable watermark ([`Shared::durable`]), so nothing that a crash of the
 //! machine could take back is ever read, delivered or acted on here.
 
-use crate::backend::{Backend, BatchOp};
+use crate::backend::{Backend, BatchOp, OpBytes};
 use crate::error::{Error, Result, StorageError};
 use crate::head::Head;
 use crate::keys::{self, Space};
@@ -998,40 +998,43 @@ impl Writer {
                 .payload
                 .frame_as(format, task, head.next_position, seq, &head.last_digest)
                 .map_err(|len| Error::Encode(format!("payload of {len} bytes")))?;
-            let event_key = keys::event_key(task, head.next_position);
+            // Held in place (no allocation) for a task id of up to 55 bytes.
+            let event_key = keys::event_op_key(task, head.next_position);
+            let seq_key = OpBytes::from_slice(&keys::seq_key(seq));
             match event.effect {
                 IndexEffect::None => {}
                 IndexEffect::Created => ops.push(BatchOp::Put {
                     space: Space::Live,
-                    key: keys::task_key(task),
-                    value: Vec::new(),
+                    key: keys::task_op_key(task),
+                    value: OpBytes::new(),
                 }),
                 IndexEffect::Terminal => {
                     head.terminal = true;
                     ops.push(BatchOp::Delete {
                         space: Space::Live,
-                        key: keys::task_key(task),
+                        key: keys::task_op_key(task),
                     });
                 }
                 IndexEffect::Enqueue => ops.push(BatchOp::Put {
                     space: Space::Outbox,
-                    key: keys::seq_key(seq).to_vec(),
+                    key: seq_key.clone(),
                     value: event_key.clone(),
                 }),
                 IndexEffect::Ack(enqueued) => ops.push(BatchOp::Delete {
                     space: Space::Outbox,
-                    key: keys::seq_key(enqueued).to_vec(),
+                    key: OpBytes::from_slice(&keys::seq_key(enqueued)),
                 }),
             }
             ops.push(BatchOp::Put {
                 space: Space::Commits,
-                key: keys::seq_key(seq).to_vec(),
+                key: seq_key,
                 value: event_key.clone(),
             });
             ops.push(BatchOp::Put {
                 space: Space::Events,
                 key: event_key,
-                value: bytes,
+                // A record is longer than the bytes held in place: its vector moves in.
+                value: OpBytes::from_vec(bytes),
             });
             head.next_position += 1;
             head.last_seq = seq;
@@ -1272,8 +1275,8 @@ impl Writer {
         tail.last_seq = seq - 1;
         ops.push(BatchOp::Put {
             space: Space::Meta,
-            key: keys::META_TAIL.to_vec(),
-            value: tail.encode(),
+            key: keys::META_TAIL.into(),
+            value: tail.encode().into(),
         });
         if let Some(message) = crate::failpoints::hit(crate::failpoints::BEFORE_WRITE) {
             fail_jobs(batch, &Error::storage(message));
@@ -1408,8 +1411,8 @@ impl Writer {
         tail.last_seq = seq - 1;
         ops.push(BatchOp::Put {
             space: Space::Meta,
-            key: keys::META_TAIL.to_vec(),
-            value: tail.encode(),
+            key: keys::META_TAIL.into(),
+            value: tail.encode().into(),
         });
         if let Some(message) = crate::failpoints::hit(crate::failpoints::BEFORE_WRITE) {
             self.heads.clear();

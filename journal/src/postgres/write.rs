@@ -1,7 +1,7 @@
 //! A batch of the journal's ops as the SQL statements that write it, in one transaction.
 
 use super::rows;
-use crate::backend::BatchOp;
+use crate::backend::{BatchOp, OpBytes};
 use crate::error::{Error, Result};
 use crate::keys::Space;
 use std::collections::BTreeMap;
@@ -173,7 +173,7 @@ pub(crate) fn statements(ops: Vec<BatchOp>) -> Result<Vec<Statement>> {
             BatchOp::Retire { .. } => continue,
         };
         let tag = Space::ALL.iter().position(|s| *s == space).unwrap_or(0);
-        last.insert((tag, key), value);
+        last.insert((tag, key.into_vec()), value.map(OpBytes::into_vec));
     }
     let mut rows = Rows::default();
     for ((tag, key), value) in last {
