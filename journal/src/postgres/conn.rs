@@ -10,18 +10,69 @@
 //!
 //! A connection that broke (the server restarted, the network dropped) is opened again at
 //! the next job; the job that found it broken fails with [`Error::Storage`] naming the cause.
+//!
+//! The statements the writer sends with every batch are prepared once per connection
+//! ([`Session::statement`]): sent unnamed, each was parsed and planned anew by the server for
+//! every batch (prepared, one node makes 1.2–1.5× the durable steps: docs/performance.md).
 
 use crate::error::{Error, Result, StorageError};
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
+use tokio_postgres::types::Type;
 use tokio_postgres::{Client, Config, NoTls};
 
 /// What a job runs: given the client, a future of its answer.
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 
-type Job = Box<dyn FnOnce(std::result::Result<Arc<Client>, String>) -> BoxFuture<()> + Send>;
+type Job = Box<dyn FnOnce(std::result::Result<Arc<Session>, String>) -> BoxFuture<()> + Send>;
+
+/// An open connection: its client (which a session dereferences to) and the statements
+/// prepared on it. A connection opened again is a new session, with nothing prepared.
+pub(crate) struct Session {
+    client: Client,
+    /// The statements prepared so far, by their text.
+    prepared: Mutex<HashMap<&'static str, tokio_postgres::Statement>>,
+}
+
+impl std::ops::Deref for Session {
+    type Target = Client;
+
+    fn deref(&self) -> &Client {
+        &self.client
+    }
+}
+
+impl Session {
+    /// `sql` prepared on this connection with parameters of `types`: a round trip the first
+    /// time, none after. Await every statement a pipeline needs before sending any of it: a
+    /// preparation sent from inside the pipeline would let the statements after it overtake
+    /// the one it prepares.
+    ///
+    /// # Errors
+    /// The server's error when it cannot prepare `sql`.
+    pub(crate) async fn statement(
+        &self,
+        sql: &'static str,
+        types: &[Type],
+    ) -> std::result::Result<tokio_postgres::Statement, tokio_postgres::Error> {
+        let known = self
+            .prepared
+            .lock()
+            .ok()
+            .and_then(|prepared| prepared.get(sql).cloned());
+        if let Some(statement) = known {
+            return Ok(statement);
+        }
+        let statement = self.client.prepare_typed(sql, types).await?;
+        if let Ok(mut prepared) = self.prepared.lock() {
+            prepared.insert(sql, statement.clone());
+        }
+        Ok(statement)
+    }
+}
 
 /// How a connection is opened: the server's address and the session's settings.
 #[derive(Debug, Clone)]
@@ -99,7 +150,7 @@ impl Conn {
     pub(crate) fn call<T, F>(&self, work: F) -> Result<T>
     where
         T: Send + 'static,
-        F: FnOnce(Arc<Client>) -> BoxFuture<std::result::Result<T, tokio_postgres::Error>>
+        F: FnOnce(Arc<Session>) -> BoxFuture<std::result::Result<T, tokio_postgres::Error>>
             + Send
             + 'static,
     {
@@ -131,7 +182,7 @@ pub(crate) fn storage(e: &tokio_postgres::Error) -> Error {
 }
 
 /// Opens a connection and sets the session up.
-async fn connect(target: &Target) -> Result<Arc<Client>> {
+async fn connect(target: &Target) -> Result<Arc<Session>> {
     let (client, connection) = target.config.connect(NoTls).await.map_err(|e| {
         Error::Storage(StorageError::new(format!(
             "cannot connect to PostgreSQL at {}: {e}",
@@ -152,10 +203,116 @@ async fn connect(target: &Target) -> Result<Arc<Client>> {
         .batch_execute(&setup)
         .await
         .map_err(|e| storage(&e))?;
-    Ok(Arc::new(client))
+    Ok(Arc::new(Session {
+        client,
+        prepared: Mutex::new(HashMap::new()),
+    }))
 }
 
 /// `name` as a quoted SQL identifier.
 pub(crate) fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A connection to the test database (`DTASK_TEST_PG_URL`), or `None` when it is not set.
+    fn test_conn(test: &str) -> Option<Conn> {
+        let Ok(url) = std::env::var("DTASK_TEST_PG_URL") else {
+            eprintln!("SKIPPED {test}: DTASK_TEST_PG_URL is not set (./dev test sets it)");
+            return None;
+        };
+        let location = crate::postgres::PgLocation::parse(&url).unwrap();
+        let target = Target {
+            config: location.config.clone(),
+            schema: "public".to_owned(),
+            display: location.display.clone(),
+            synchronous: true,
+        };
+        Some(Conn::open(target, test).unwrap())
+    }
+
+    /// The statements prepared in the connection's session, and its backend's process id.
+    fn session_state(conn: &Conn) -> (i64, i32) {
+        conn.call(|client| {
+            Box::pin(async move {
+                // Unnamed, so as not to count itself.
+                let rows = client
+                    .query_typed(
+                        "SELECT (SELECT count(*) FROM pg_prepared_statements), pg_backend_pid()",
+                        &[],
+                    )
+                    .await?;
+                Ok((rows[0].get(0), rows[0].get(1)))
+            })
+        })
+        .unwrap()
+    }
+
+    fn run_statement(conn: &Conn, n: i64) -> i64 {
+        conn.call(move |client| {
+            Box::pin(async move {
+                let statement = client
+                    .statement("SELECT $1::int8 + 1", &[Type::INT8])
+                    .await?;
+                let row = client.query_one(&statement, &[&n]).await?;
+                Ok(row.get::<_, i64>(0))
+            })
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn a_statement_is_prepared_once_per_connection_and_again_on_a_new_one() {
+        let Some(conn) = test_conn("prepared-once") else {
+            return;
+        };
+        let (before, pid) = session_state(&conn);
+        for n in 0..5 {
+            assert_eq!(run_statement(&conn, n), n + 1);
+        }
+        let (after, same_pid) = session_state(&conn);
+        assert_eq!(same_pid, pid);
+        assert_eq!(after, before + 1, "prepared once for five runs");
+
+        // The server ends the session: the next job finds the connection broken and fails,
+        // the one after opens a new session, where the statement is prepared anew.
+        let killer = test_conn("prepared-killer").unwrap();
+        killer
+            .call(move |client| {
+                Box::pin(async move {
+                    client
+                        // Returns once the backend is gone (or after 10 s).
+                        .execute("SELECT pg_terminate_backend($1, 10000)", &[&pid])
+                        .await
+                })
+            })
+            .unwrap();
+        let mut reopened = None;
+        for _ in 0..3 {
+            let attempt = conn.call(move |client| {
+                Box::pin(async move {
+                    let statement = client
+                        .statement("SELECT $1::int8 + 1", &[Type::INT8])
+                        .await?;
+                    let row = client.query_one(&statement, &[&41_i64]).await?;
+                    Ok(row.get::<_, i64>(0))
+                })
+            });
+            if let Ok(answer) = attempt {
+                reopened = Some(answer);
+                break;
+            }
+        }
+        assert_eq!(
+            reopened,
+            Some(42),
+            "the new session prepared the statement anew"
+        );
+        let (fresh, new_pid) = session_state(&conn);
+        assert_ne!(new_pid, pid);
+        assert_eq!(fresh, 1, "only what the new session prepared");
+    }
 }

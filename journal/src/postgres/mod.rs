@@ -491,17 +491,21 @@ impl Backend for PgBackend {
         let tail = writer.call(|client| {
             Box::pin(async move {
                 let run = async {
-                    // Sent together; the tail is read once the lock is held.
+                    // Prepared first (once per connection), then sent together; the tail is
+                    // read once the lock is held.
+                    let lock = client
+                        .statement("SELECT id FROM dtask_writer WHERE id = 1 FOR UPDATE", &[])
+                        .await?;
+                    let read = client
+                        .statement(
+                            "SELECT value FROM dtask_meta WHERE name = $1",
+                            &[Type::BYTEA],
+                        )
+                        .await?;
                     let (begun, locked, tail) = futures_util::future::join3(
                         client.batch_execute("BEGIN"),
-                        client.query_typed(
-                            "SELECT id FROM dtask_writer WHERE id = 1 FOR UPDATE",
-                            &[],
-                        ),
-                        client.query_typed(
-                            "SELECT value FROM dtask_meta WHERE name = $1",
-                            &[(&crate::keys::META_TAIL, Type::BYTEA)],
-                        ),
+                        client.query(&lock, &[]),
+                        client.query(&read, &[&crate::keys::META_TAIL]),
                     )
                     .await;
                     begun?;
@@ -526,17 +530,18 @@ impl Backend for PgBackend {
         let names = tasks.to_vec();
         let found = self.reader().call(move |client| {
             Box::pin(async move {
-                client
-                    .query_typed(
+                let last = client
+                    .statement(
                         "SELECT t.task, r.position, r.record, l.task IS NOT NULL \
                          FROM unnest($1::text[]) WITH ORDINALITY AS t(task, i) \
                          LEFT JOIN LATERAL (SELECT position, record FROM dtask_records \
                              WHERE task = t.task ORDER BY position DESC LIMIT 1) r ON true \
                          LEFT JOIN dtask_live l ON l.task = t.task \
                          ORDER BY t.i",
-                        &[(&names, Type::TEXT_ARRAY)],
+                        &[Type::TEXT_ARRAY],
                     )
-                    .await
+                    .await?;
+                client.query(&last, &[&names]).await
             })
         });
         Some(found.and_then(|rows| {

@@ -1,5 +1,6 @@
 //! A batch of the journal's ops as the SQL statements that write it, in one transaction.
 
+use super::conn::Session;
 use super::rows;
 use crate::backend::{BatchOp, OpBytes};
 use crate::error::{Error, Result};
@@ -20,6 +21,27 @@ pub(crate) fn typed(params: &Params) -> Vec<(&(dyn ToSql + Sync), Type)> {
         .iter()
         .map(|(p, t)| (p.as_ref() as &(dyn ToSql + Sync), t.clone()))
         .collect()
+}
+
+/// `params` as a prepared statement takes them (its types are the statement's).
+fn values(params: &Params) -> Vec<&(dyn ToSql + Sync)> {
+    params
+        .iter()
+        .map(|(p, _)| p.as_ref() as &(dyn ToSql + Sync))
+        .collect()
+}
+
+/// Each of `statements` prepared on `session` (once per connection), in order.
+async fn prepare_all(
+    session: &Session,
+    statements: &[Statement],
+) -> std::result::Result<Vec<tokio_postgres::Statement>, tokio_postgres::Error> {
+    let mut prepared = Vec::with_capacity(statements.len());
+    for (sql, params) in statements {
+        let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
+        prepared.push(session.statement(sql, &types).await?);
+    }
+    Ok(prepared)
 }
 
 /// What a batch leaves behind, table by table: for each key only the batch's last op counts
@@ -188,17 +210,22 @@ type Last = BTreeMap<(usize, Vec<u8>), Option<Vec<u8>>>;
 /// Runs `statements` in the transaction open on `client` and commits; rolls back if any
 /// fails. The statements and the commit are pipelined: one round trip for the batch.
 pub(crate) async fn write_and_commit(
-    client: &tokio_postgres::Client,
+    client: &Session,
     statements: Vec<Statement>,
 ) -> std::result::Result<(), tokio_postgres::Error> {
     let run = async {
-        // Each statement is sent whole (parse, bind, execute) when first polled, in order,
-        // and the commit after them: one round trip, and the commit cannot overtake them.
-        let typed: Vec<_> = statements.iter().map(|(_, params)| typed(params)).collect();
-        let pending = statements
+        // Prepared first; then each statement is sent (bind, execute) when first polled, in
+        // order, and the commit after them: one round trip, and the commit cannot overtake
+        // them.
+        let prepared = prepare_all(client, &statements).await?;
+        let values: Vec<_> = statements
             .iter()
-            .zip(&typed)
-            .map(|((sql, _), params)| client.execute_typed(sql, params));
+            .map(|(_, params)| values(params))
+            .collect();
+        let pending = prepared
+            .iter()
+            .zip(&values)
+            .map(|(statement, params)| client.execute(statement, params));
         let (written, committed) = futures_util::future::join(
             futures_util::future::try_join_all(pending),
             client.batch_execute("COMMIT"),
@@ -223,21 +250,29 @@ const MOVED: &str = "DT001";
 /// still `expected`, `statements`, commit. `Ok(false)` (rolled back, nothing written) when the
 /// check fails or a record of the batch exists already.
 pub(crate) async fn write_expecting(
-    client: &tokio_postgres::Client,
+    client: &Session,
     expected: Vec<u8>,
     statements: Vec<Statement>,
 ) -> std::result::Result<bool, tokio_postgres::Error> {
-    let typed: Vec<_> = statements.iter().map(|(_, params)| typed(params)).collect();
+    // Prepared before anything is sent (once per connection: no round trip after).
+    let check = client
+        .statement("SELECT dtask_expect_tail($1)", &[Type::BYTEA])
+        .await?;
+    let prepared = prepare_all(client, &statements).await?;
+    let values: Vec<_> = statements
+        .iter()
+        .map(|(_, params)| values(params))
+        .collect();
     // Sent in this order when first polled, together: one round trip.
     let opening =
         client.batch_execute("BEGIN; SELECT id FROM dtask_writer WHERE id = 1 FOR UPDATE");
-    let check_params: [(&(dyn ToSql + Sync), Type); 1] = [(&expected, Type::BYTEA)];
-    let check = client.execute_typed("SELECT dtask_expect_tail($1)", &check_params);
+    let check_params: [&(dyn ToSql + Sync); 1] = [&expected];
+    let check = client.execute(&check, &check_params);
     let writes = futures_util::future::join_all(
-        statements
+        prepared
             .iter()
-            .zip(&typed)
-            .map(|((sql, _), params)| client.execute_typed(sql, params)),
+            .zip(&values)
+            .map(|(statement, params)| client.execute(statement, params)),
     );
     let commit = client.batch_execute("COMMIT");
     let (begun, checked, written, committed) =
