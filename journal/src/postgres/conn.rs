@@ -11,9 +11,11 @@
 //! A connection that broke (the server restarted, the network dropped) is opened again at
 //! the next job; the job that found it broken fails with [`Error::Storage`] naming the cause.
 //!
-//! The statements the writer sends with every batch are prepared once per connection
-//! ([`Session::statement`]): sent unnamed, each was parsed and planned anew by the server for
-//! every batch (prepared, one node makes 1.2–1.5× the durable steps: docs/performance.md).
+//! The writer's inserts, the lock and the tail's check and read are prepared once per
+//! connection ([`Session::statement`]): sent unnamed, each was parsed and planned anew by the
+//! server for every batch (prepared, one node makes 1.2–1.4× the durable steps:
+//! docs/performance.md). Statements that find rows by a parameter array stay unnamed
+//! (`write::Plan`).
 
 use crate::error::{Error, Result, StorageError};
 use std::collections::HashMap;

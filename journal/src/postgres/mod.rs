@@ -281,16 +281,17 @@ impl PgBackend {
             }
             _ => None,
         })?;
-        Some((
-            "SELECT pg_notify($1, $2)",
-            vec![
+        Some(write::Statement {
+            sql: "SELECT pg_notify($1, $2)",
+            params: vec![
                 (Box::new(listen::CHANNEL.to_owned()), Type::TEXT),
                 (
                     Box::new(listen::payload(&self.location.schema, last_seq)),
                     Type::TEXT,
                 ),
             ],
-        ))
+            plan: write::Plan::Cached,
+        })
     }
 }
 
@@ -530,18 +531,19 @@ impl Backend for PgBackend {
         let names = tasks.to_vec();
         let found = self.reader().call(move |client| {
             Box::pin(async move {
-                let last = client
-                    .statement(
+                // Planned each time: a plan cached while `dtask_live` was small would scan
+                // it whole once it has grown.
+                client
+                    .query_typed(
                         "SELECT t.task, r.position, r.record, l.task IS NOT NULL \
                          FROM unnest($1::text[]) WITH ORDINALITY AS t(task, i) \
                          LEFT JOIN LATERAL (SELECT position, record FROM dtask_records \
                              WHERE task = t.task ORDER BY position DESC LIMIT 1) r ON true \
                          LEFT JOIN dtask_live l ON l.task = t.task \
                          ORDER BY t.i",
-                        &[Type::TEXT_ARRAY],
+                        &[(&names, Type::TEXT_ARRAY)],
                     )
-                    .await?;
-                client.query(&last, &[&names]).await
+                    .await
             })
         });
         Some(found.and_then(|rows| {

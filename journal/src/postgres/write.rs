@@ -12,8 +12,27 @@ use tokio_postgres::types::{ToSql, Type};
 /// to be prepared).
 pub(crate) type Params = Vec<(Box<dyn ToSql + Sync + Send>, Type)>;
 
-/// A statement and its parameters.
-pub(crate) type Statement = (&'static str, Params);
+/// How a statement is sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Plan {
+    /// Prepared once per connection and bound for each batch: its plan does not depend on
+    /// how large a table has grown (an insert, an upsert, a function's call).
+    Cached,
+    /// Sent whole and unnamed, planned anew for each batch: it finds rows by a parameter
+    /// array, and a plan cached while a table was small would scan it whole once it has grown
+    /// (until the table's next `ANALYZE`).
+    EachTime,
+}
+
+/// A statement, its parameters and how it is sent.
+pub(crate) struct Statement {
+    /// Its text.
+    pub sql: &'static str,
+    /// Its parameters.
+    pub params: Params,
+    /// Prepared once, or planned each time.
+    pub plan: Plan,
+}
 
 /// `params` as `tokio-postgres` takes typed parameters.
 pub(crate) fn typed(params: &Params) -> Vec<(&(dyn ToSql + Sync), Type)> {
@@ -23,25 +42,50 @@ pub(crate) fn typed(params: &Params) -> Vec<(&(dyn ToSql + Sync), Type)> {
         .collect()
 }
 
-/// `params` as a prepared statement takes them (its types are the statement's).
-fn values(params: &Params) -> Vec<&(dyn ToSql + Sync)> {
-    params
-        .iter()
-        .map(|(p, _)| p.as_ref() as &(dyn ToSql + Sync))
-        .collect()
+/// A statement ready to be sent: nothing of it needs a round trip of its own any more.
+enum Ready<'a> {
+    /// Prepared on the connection, with its parameters' values.
+    Bound(tokio_postgres::Statement, Vec<&'a (dyn ToSql + Sync)>),
+    /// Sent whole (parse, bind, execute), with its typed parameters.
+    Whole(&'static str, Vec<(&'a (dyn ToSql + Sync), Type)>),
 }
 
-/// Each of `statements` prepared on `session` (once per connection), in order.
-async fn prepare_all(
+/// Each of `statements` made ready on `session`, in order: those of [`Plan::Cached`]
+/// prepared (once per connection). Awaited before any statement of a pipeline is sent (see
+/// [`Session::statement`]).
+async fn ready<'a>(
     session: &Session,
-    statements: &[Statement],
-) -> std::result::Result<Vec<tokio_postgres::Statement>, tokio_postgres::Error> {
-    let mut prepared = Vec::with_capacity(statements.len());
-    for (sql, params) in statements {
-        let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
-        prepared.push(session.statement(sql, &types).await?);
+    statements: &'a [Statement],
+) -> std::result::Result<Vec<Ready<'a>>, tokio_postgres::Error> {
+    let mut ready = Vec::with_capacity(statements.len());
+    for statement in statements {
+        ready.push(match statement.plan {
+            Plan::Cached => {
+                let types: Vec<Type> = statement.params.iter().map(|(_, t)| t.clone()).collect();
+                let prepared = session.statement(statement.sql, &types).await?;
+                let values = statement
+                    .params
+                    .iter()
+                    .map(|(p, _)| p.as_ref() as &(dyn ToSql + Sync))
+                    .collect();
+                Ready::Bound(prepared, values)
+            }
+            Plan::EachTime => Ready::Whole(statement.sql, typed(&statement.params)),
+        });
     }
-    Ok(prepared)
+    Ok(ready)
+}
+
+/// Sends `ready` on `session` when first polled; its rows' count.
+fn execute<'a>(
+    session: &'a Session,
+    ready: &'a Ready<'a>,
+) -> impl std::future::Future<Output = std::result::Result<u64, tokio_postgres::Error>> + 'a {
+    use futures_util::future::Either;
+    match ready {
+        Ready::Bound(statement, values) => Either::Left(session.execute(statement, values)),
+        Ready::Whole(sql, typed) => Either::Right(session.execute_typed(sql, typed)),
+    }
 }
 
 /// What a batch leaves behind, table by table: for each key only the batch's last op counts
@@ -102,9 +146,9 @@ impl Rows {
 
     fn into_statements(self) -> Vec<Statement> {
         let mut out: Vec<Statement> = Vec::new();
-        let mut push = |sql: &'static str, params: Params, any: bool| {
+        let mut push = |sql: &'static str, params: Params, plan: Plan, any: bool| {
             if any {
-                out.push((sql, params));
+                out.push(Statement { sql, params, plan });
             }
         };
         let (r, d) = (self.records, self.dropped_records);
@@ -115,6 +159,7 @@ impl Rows {
                 (Box::new(d.0.clone()), Type::TEXT_ARRAY),
                 (Box::new(d.1), Type::INT8_ARRAY),
             ],
+            Plan::EachTime,
             !d.0.is_empty(),
         );
         let any = !r.0.is_empty();
@@ -127,18 +172,21 @@ impl Rows {
                 (Box::new(r.2), Type::INT8_ARRAY),
                 (Box::new(r.3), Type::BYTEA_ARRAY),
             ],
+            Plan::Cached,
             any,
         );
         let any = !self.live.is_empty();
         push(
             "INSERT INTO dtask_live (task) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING",
             vec![(Box::new(self.live), Type::TEXT_ARRAY)],
+            Plan::Cached,
             any,
         );
         let any = !self.dead.is_empty();
         push(
             "DELETE FROM dtask_live WHERE task = ANY($1::text[])",
             vec![(Box::new(self.dead), Type::TEXT_ARRAY)],
+            Plan::EachTime,
             any,
         );
         let o = self.outbox;
@@ -152,12 +200,14 @@ impl Rows {
                 (Box::new(o.1), Type::TEXT_ARRAY),
                 (Box::new(o.2), Type::INT8_ARRAY),
             ],
+            Plan::Cached,
             any,
         );
         let any = !self.acked.is_empty();
         push(
             "DELETE FROM dtask_outbox WHERE seq = ANY($1::int8[])",
             vec![(Box::new(self.acked), Type::INT8_ARRAY)],
+            Plan::EachTime,
             any,
         );
         let m = self.meta;
@@ -169,12 +219,14 @@ impl Rows {
                 (Box::new(m.0), Type::BYTEA_ARRAY),
                 (Box::new(m.1), Type::BYTEA_ARRAY),
             ],
+            Plan::Cached,
             any,
         );
         let any = !self.meta_dropped.is_empty();
         push(
             "DELETE FROM dtask_meta WHERE name = ANY($1::bytea[])",
             vec![(Box::new(self.meta_dropped), Type::BYTEA_ARRAY)],
+            Plan::EachTime,
             any,
         );
         out
@@ -214,18 +266,10 @@ pub(crate) async fn write_and_commit(
     statements: Vec<Statement>,
 ) -> std::result::Result<(), tokio_postgres::Error> {
     let run = async {
-        // Prepared first; then each statement is sent (bind, execute) when first polled, in
-        // order, and the commit after them: one round trip, and the commit cannot overtake
-        // them.
-        let prepared = prepare_all(client, &statements).await?;
-        let values: Vec<_> = statements
-            .iter()
-            .map(|(_, params)| values(params))
-            .collect();
-        let pending = prepared
-            .iter()
-            .zip(&values)
-            .map(|(statement, params)| client.execute(statement, params));
+        // Made ready first; then each statement is sent when first polled, in order, and
+        // the commit after them: one round trip, and the commit cannot overtake them.
+        let ready = ready(client, &statements).await?;
+        let pending = ready.iter().map(|ready| execute(client, ready));
         let (written, committed) = futures_util::future::join(
             futures_util::future::try_join_all(pending),
             client.batch_execute("COMMIT"),
@@ -258,22 +302,13 @@ pub(crate) async fn write_expecting(
     let check = client
         .statement("SELECT dtask_expect_tail($1)", &[Type::BYTEA])
         .await?;
-    let prepared = prepare_all(client, &statements).await?;
-    let values: Vec<_> = statements
-        .iter()
-        .map(|(_, params)| values(params))
-        .collect();
+    let ready = ready(client, &statements).await?;
     // Sent in this order when first polled, together: one round trip.
     let opening =
         client.batch_execute("BEGIN; SELECT id FROM dtask_writer WHERE id = 1 FOR UPDATE");
     let check_params: [&(dyn ToSql + Sync); 1] = [&expected];
     let check = client.execute(&check, &check_params);
-    let writes = futures_util::future::join_all(
-        prepared
-            .iter()
-            .zip(&values)
-            .map(|(statement, params)| client.execute(statement, params)),
-    );
+    let writes = futures_util::future::join_all(ready.iter().map(|ready| execute(client, ready)));
     let commit = client.batch_execute("COMMIT");
     let (begun, checked, written, committed) =
         futures_util::future::join4(opening, check, writes, commit).await;
@@ -297,6 +332,53 @@ pub(crate) async fn write_expecting(
             } else {
                 Err(e)
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys;
+
+    #[test]
+    fn statements_that_find_rows_are_planned_each_time_and_the_others_prepared() {
+        let put = |space, key: Vec<u8>, value: Vec<u8>| BatchOp::Put {
+            space,
+            key: key.into(),
+            value: value.into(),
+        };
+        let delete = |space, key: Vec<u8>| BatchOp::Delete {
+            space,
+            key: key.into(),
+        };
+        let record = crate::record::frame("t", 0, 1, b"x", &crate::record::Digest::default())
+            .unwrap()
+            .0;
+        let ops = vec![
+            put(Space::Events, keys::event_key("t", 0), record),
+            delete(Space::Events, keys::event_key("u", 3)),
+            put(Space::Live, keys::task_key("t"), Vec::new()),
+            delete(Space::Live, keys::task_key("u")),
+            put(
+                Space::Outbox,
+                keys::seq_key(1).to_vec(),
+                keys::event_key("t", 0),
+            ),
+            delete(Space::Outbox, keys::seq_key(2).to_vec()),
+            put(Space::Meta, keys::META_TAIL.to_vec(), vec![1]),
+            delete(Space::Meta, b"old".to_vec()),
+        ];
+        let statements = statements(ops).unwrap();
+        assert_eq!(statements.len(), 8);
+        for statement in &statements {
+            let finds_rows = statement.sql.starts_with("DELETE");
+            let expected = if finds_rows {
+                Plan::EachTime
+            } else {
+                Plan::Cached
+            };
+            assert_eq!(statement.plan, expected, "{}", statement.sql);
         }
     }
 }
