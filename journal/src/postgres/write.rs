@@ -8,8 +8,8 @@ use crate::keys::Space;
 use std::collections::BTreeMap;
 use tokio_postgres::types::{ToSql, Type};
 
-/// The parameters of a statement, with their types (so that a statement needs no round trip
-/// to be prepared).
+/// The parameters of a statement, with their types: a statement sent whole needs no prepare's
+/// round trip, and one prepared once is prepared with them.
 pub(crate) type Params = Vec<(Box<dyn ToSql + Sync + Send>, Type)>;
 
 /// How a statement is sent.
