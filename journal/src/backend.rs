@@ -69,6 +69,21 @@ pub enum BatchOp {
     },
 }
 
+/// What a shared store's writer lock found ([`Backend::lock_for_write`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WriteLock {
+    /// The tail marker's bytes as stored (`None` before the first batch).
+    pub tail: Option<Vec<u8>>,
+    /// The tasks with a record of a sequence above the one asked about, listed in the same
+    /// round trip as the lock; `None` when the store did not list them (or found more than
+    /// [`WRITTEN_SINCE_MAX`]): the writer then reads the commit index.
+    pub written_since: Option<Vec<String>>,
+}
+
+/// The most tasks [`WriteLock::written_since`] lists; past it the writer reads the commit
+/// index instead.
+pub const WRITTEN_SINCE_MAX: usize = 4096;
+
 /// A raw key-value pair read from a backend.
 pub type KeyValue = (Box<[u8]>, Box<[u8]>);
 
@@ -358,14 +373,17 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Begins a batch of a writer that shares the store with others: takes the store's writer
     /// lock (held until [`Backend::write_locked`] commits the batch or
-    /// [`Backend::unlock_write`] gives it up) and returns the tail marker's bytes as stored
-    /// now, so that the writer builds on what the last writer, of any process, committed.
-    /// `None` for a store whose only writer is this process (the default): its tail in
-    /// memory is the truth. Only the journal's writer thread calls it.
+    /// [`Backend::unlock_write`] gives it up) and returns what it found
+    /// ([`WriteLock`]): the tail marker's bytes as stored now, so that the writer builds on
+    /// what the last writer, of any process, committed, and the tasks written after sequence
+    /// `since` (the last this writer knows of), whose heads it must forget. `None` for a
+    /// store whose only writer is this process (the default): its tail in memory is the
+    /// truth. Only the journal's writer thread calls it.
     ///
     /// # Errors
     /// [`Error::Storage`] when the lock or the read failed (nothing is held then).
-    fn lock_for_write(&self) -> Result<Option<Option<Vec<u8>>>> {
+    fn lock_for_write(&self, since: u64) -> Result<Option<WriteLock>> {
+        let _ = since;
         Ok(None)
     }
 

@@ -64,7 +64,7 @@ mod writer;
 #[doc(hidden)]
 pub use backend::{
     prefix_end, Backend, BatchOp, Cursor, KeyValue, LastRecord, Range, RawIter, RocksBackend,
-    Source,
+    Source, WriteLock, WRITTEN_SINCE_MAX,
 };
 #[doc(hidden)]
 pub use bulk::{RawRecords, RawStream, Records, StreamScanner};

@@ -1124,10 +1124,10 @@ impl Writer {
     /// last writer committed: the heads of every task written since this writer's last batch
     /// are forgotten (read again from the store when needed). Whether the lock is held.
     fn lock_shared(&mut self) -> Result<bool> {
-        let Some(stored) = self.backend.lock_for_write()? else {
+        let Some(locked) = self.backend.lock_for_write(self.tail.last_seq)? else {
             return Ok(false);
         };
-        let stored = match stored.as_deref().map(Tail::decode) {
+        let stored = match locked.tail.as_deref().map(Tail::decode) {
             None => Tail::default(),
             Some(Ok(tail)) => tail,
             Some(Err(kind)) => {
@@ -1136,7 +1136,7 @@ impl Writer {
             }
         };
         if stored != self.tail {
-            if let Err(e) = self.forget_written_since(stored.last_seq) {
+            if let Err(e) = self.forget_written_since(stored.last_seq, locked.written_since) {
                 self.backend.unlock_write();
                 return Err(e);
             }
@@ -1147,26 +1147,36 @@ impl Writer {
     }
 
     /// Forgets the cached heads of the tasks other writers appended to after this writer's
-    /// tail, up to `until`.
-    fn forget_written_since(&mut self, until: u64) -> Result<()> {
+    /// tail, up to `until`: those `listed` with the lock (every record above this writer's
+    /// tail is at most `until` while the lock is held), or else those the commit index names.
+    fn forget_written_since(&mut self, until: u64, listed: Option<Vec<String>>) -> Result<()> {
         if until < self.tail.last_seq {
             // The store went back (restored from a backup?): trust nothing cached.
             self.heads.clear();
             return Ok(());
         }
-        let from = keys::seq_key(self.tail.last_seq + 1);
-        for item in self
-            .backend
-            .scan(Space::Commits, crate::backend::Range::from(&from))
-        {
-            let (key, value) = item?;
-            if keys::parse_seq_key(&key).is_ok_and(|seq| seq > until) {
-                break;
+        let tasks = if let Some(tasks) = listed {
+            tasks
+        } else {
+            let from = keys::seq_key(self.tail.last_seq + 1);
+            let mut tasks = Vec::new();
+            for item in self
+                .backend
+                .scan(Space::Commits, crate::backend::Range::from(&from))
+            {
+                let (key, value) = item?;
+                if keys::parse_seq_key(&key).is_ok_and(|seq| seq > until) {
+                    break;
+                }
+                if let Ok((task, _)) = keys::parse_event_key(&value) {
+                    tasks.push(task.to_owned());
+                }
             }
-            if let Ok((task, _)) = keys::parse_event_key(&value) {
-                self.heads.remove(task);
-                let _ = self.shared.take_primed(task);
-            }
+            tasks
+        };
+        for task in &tasks {
+            self.heads.remove(task.as_str());
+            let _ = self.shared.take_primed(task);
         }
         Ok(())
     }

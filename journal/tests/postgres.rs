@@ -197,6 +197,49 @@ fn two_nodes_racing_for_one_position_exactly_one_wins() {
 }
 
 #[test]
+fn a_node_forgets_the_heads_another_node_moved_listed_with_the_lock_or_read_from_the_index() {
+    let Some(url) = url("forget") else {
+        return;
+    };
+    let (a, b) = (open(&url), open(&url));
+    // A holds the heads of both streams.
+    a.append("t0", 0, &[created("t0")]).unwrap();
+    a.append("t1", 0, &[created("t1")]).unwrap();
+    // B moves t0: A's next lock lists it, and A builds on B's record, not on its cached head
+    // (which would refuse position 2 as a conflict).
+    b.append("t0", 1, &[update(1)]).unwrap();
+    a.append("t0", 2, &[update(2)]).unwrap();
+    // B moves t1 and more streams than a lock lists: A reads the commit index instead.
+    b.append("t1", 1, &[update(1)]).unwrap();
+    let threads: Vec<_> = (0..16)
+        .map(|t| {
+            let b = b.clone();
+            std::thread::spawn(move || {
+                for i in (t..=dtask_journal::WRITTEN_SINCE_MAX).step_by(16) {
+                    let task = format!("many-{i}");
+                    b.append(&task, 0, &[created(&task)]).unwrap();
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    a.append("t1", 2, &[update(2)]).unwrap();
+    // And B, in turn, builds on A's records.
+    b.append("t0", 3, &[update(3)]).unwrap();
+    b.append("t1", 3, &[update(3)]).unwrap();
+    let reader = Journal::open_postgres_read_only(&url).unwrap();
+    for task in ["t0", "t1"] {
+        let positions: Vec<u64> = reader
+            .read_stream(task, 0)
+            .map(|r| r.unwrap().position)
+            .collect();
+        assert_eq!(positions, vec![0, 1, 2, 3], "{task}");
+    }
+}
+
+#[test]
 fn sequences_across_nodes_are_dense_and_in_commit_order() {
     let Some(url) = url("order") else {
         return;

@@ -7,7 +7,8 @@
 //! framing, the BLAKE3 chain and the CRC are the embedded journal's. What differs is who
 //! decides: the database. Each batch of the group-commit writer is one transaction that
 //! first locks the one row of `dtask_writer` ([`Backend::lock_for_write`]), reads the tail
-//! marker the last writer of any process committed, checks every append's expected position
+//! marker the last writer of any process committed and the tasks written since this
+//! writer's last batch (in the same round trip), checks every append's expected position
 //! against the heads as committed, and writes the records, the indexes and the new tail —
 //! then commits, which with `synchronous_commit` on returns once the database's write-ahead
 //! log is flushed. The lock is held until that commit, so the global sequences are handed out
@@ -24,7 +25,9 @@ pub(crate) mod rows;
 pub mod schema;
 pub(crate) mod write;
 
-use crate::backend::{Backend, BatchOp, KeyValue, LastRecord, Range, RawIter};
+use crate::backend::{
+    Backend, BatchOp, KeyValue, LastRecord, Range, RawIter, WriteLock, WRITTEN_SINCE_MAX,
+};
 use crate::error::{Error, Result};
 use crate::keys::Space;
 use crate::options::Durability;
@@ -487,13 +490,17 @@ impl Backend for PgBackend {
         format!("postgres {}", self.location.display)
     }
 
-    fn lock_for_write(&self) -> Result<Option<Option<Vec<u8>>>> {
+    fn lock_for_write(&self, since: u64) -> Result<Option<WriteLock>> {
         let writer = self.writer.as_ref().ok_or(Error::ReadOnly)?;
-        let tail = writer.call(|client| {
+        let since = i64::try_from(since).unwrap_or(i64::MAX);
+        // One more than listed, to tell a full list from a cut one.
+        let most = i64::try_from(WRITTEN_SINCE_MAX + 1).unwrap_or(i64::MAX);
+        let locked = writer.call(move |client| {
             Box::pin(async move {
                 let run = async {
-                    // Prepared first (once per connection), then sent together; the tail is
-                    // read once the lock is held.
+                    // Prepared first (once per connection), then sent together; the tail and
+                    // the tasks written since `since` are read once the lock is held. The
+                    // second read is planned each time (a range of a growing table).
                     let lock = client
                         .statement("SELECT id FROM dtask_writer WHERE id = 1 FOR UPDATE", &[])
                         .await?;
@@ -503,19 +510,35 @@ impl Backend for PgBackend {
                             &[Type::BYTEA],
                         )
                         .await?;
-                    let (begun, locked, tail) = futures_util::future::join3(
+                    let (begun, locked, tail, written) = futures_util::future::join4(
                         client.batch_execute("BEGIN"),
                         client.query(&lock, &[]),
                         client.query(&read, &[&crate::keys::META_TAIL]),
+                        client.query_typed(
+                            "SELECT DISTINCT task FROM dtask_records WHERE seq > $1 LIMIT $2",
+                            &[(&since, Type::INT8), (&most, Type::INT8)],
+                        ),
                     )
                     .await;
                     begun?;
                     locked?;
                     let tail = tail?;
-                    Ok::<_, tokio_postgres::Error>(tail.first().map(|row| row.get::<_, Vec<u8>>(0)))
+                    let written = written?;
+                    let tasks = (written.len() <= WRITTEN_SINCE_MAX)
+                        .then(|| {
+                            written
+                                .iter()
+                                .map(|row| row.try_get::<_, String>(0))
+                                .collect::<std::result::Result<Vec<_>, _>>()
+                        })
+                        .transpose()?;
+                    Ok::<_, tokio_postgres::Error>(WriteLock {
+                        tail: tail.first().map(|row| row.get::<_, Vec<u8>>(0)),
+                        written_since: tasks,
+                    })
                 };
                 match run.await {
-                    Ok(tail) => Ok(tail),
+                    Ok(locked) => Ok(locked),
                     Err(e) => {
                         let _ = client.batch_execute("ROLLBACK").await;
                         Err(e)
@@ -524,7 +547,7 @@ impl Backend for PgBackend {
             })
         })?;
         self.locked.store(true, Ordering::Release);
-        Ok(Some(tail))
+        Ok(Some(locked))
     }
 
     fn last_records(&self, tasks: &[String]) -> Option<Result<Vec<LastRecord>>> {
