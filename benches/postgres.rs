@@ -3,7 +3,7 @@
 //!
 //! A task of 10 durable steps (create, start, 10 progress updates, complete: 13 synced appends;
 //! a step is an update the caller waits for) run by C = 1, 16, 64 concurrent callers, each
-//! looping over new tasks — on one node (one `TaskStore`, its journal's five connections) and
+//! looping over new tasks — on one node (one `TaskStore`, its journal's six connections) and
 //! on two nodes (two stores, C/2 callers each, one database). Beside it, two baselines of the
 //! same durability (`synchronous_commit` on): **single-row** inserts, C connections each
 //! committing one row at a time, and **multi-row** inserts, one connection committing C rows

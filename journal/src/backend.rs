@@ -69,6 +69,18 @@ pub enum BatchOp {
     },
 }
 
+/// When a shared store's commit of a batch ([`Backend::write_expecting`],
+/// [`Backend::write_locked`]) is made durable, with [`Durability::Sync`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommitFlush {
+    /// By the next [`Backend::sync`]: the commit returns before the store's flush, so that
+    /// the writer goes on with the next batch while the syncer makes this one durable.
+    AtSync,
+    /// At the commit itself: a lone batch, which the writer would sync at once — one round
+    /// trip instead of two; the sync after it has nothing left to do.
+    AtCommit,
+}
+
 /// What a shared store's writer lock found ([`Backend::lock_for_write`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WriteLock {
@@ -256,6 +268,15 @@ pub trait Backend: Send + Sync + 'static {
     /// [`Error::Storage`] when the sync failed: what it covered may or may not be durable.
     fn sync(&self) -> Result<()>;
 
+    /// Whether a failed [`Backend::sync`] must stop the journal (the default): it must when
+    /// a sync tried again could report success for data already dropped, as a retried
+    /// `fsync` can. A store whose sync finds what it makes durable before it says so
+    /// (PostgreSQL's) fails the appends the sync covered — their outcome unknown, as after
+    /// a failed write — and the journal goes on.
+    fn sync_failure_is_final(&self) -> bool {
+        true
+    }
+
     /// Reads one key.
     ///
     /// # Errors
@@ -388,11 +409,13 @@ pub trait Backend: Send + Sync + 'static {
     }
 
     /// Writes `ops` under the writer lock [`Backend::lock_for_write`] took, atomically, and
-    /// gives the lock up. The default is [`Backend::write`] (buffered: the writer syncs).
+    /// gives the lock up; made durable as `flush` says. The default is [`Backend::write`]
+    /// (buffered: the writer syncs).
     ///
     /// # Errors
     /// As for [`Backend::write`]; the lock is given up either way.
-    fn write_locked(&self, ops: Vec<BatchOp>) -> Result<()> {
+    fn write_locked(&self, ops: Vec<BatchOp>, flush: CommitFlush) -> Result<()> {
+        let _ = flush;
         self.write(ops, Durability::Buffered)
     }
 
@@ -401,12 +424,18 @@ pub trait Backend: Send + Sync + 'static {
     /// what a writer that believes it committed the last batch does, in one round trip.
     /// `Ok(false)`, with nothing written, when another writer committed in between or a record
     /// of the batch is already there; the writer then takes the careful way
-    /// ([`Backend::lock_for_write`]). The default always answers `Ok(false)`.
+    /// ([`Backend::lock_for_write`]). Made durable as `flush` says. The default always
+    /// answers `Ok(false)`.
     ///
     /// # Errors
     /// As for [`Backend::write`].
-    fn write_expecting(&self, ops: Vec<BatchOp>, expected: &[u8]) -> Result<bool> {
-        let _ = (ops, expected);
+    fn write_expecting(
+        &self,
+        ops: Vec<BatchOp>,
+        expected: &[u8],
+        flush: CommitFlush,
+    ) -> Result<bool> {
+        let _ = (ops, expected, flush);
         Ok(false)
     }
 

@@ -63,8 +63,8 @@ mod writer;
 
 #[doc(hidden)]
 pub use backend::{
-    prefix_end, Backend, BatchOp, Cursor, KeyValue, LastRecord, Range, RawIter, RocksBackend,
-    Source, WriteLock, WRITTEN_SINCE_MAX,
+    prefix_end, Backend, BatchOp, CommitFlush, Cursor, KeyValue, LastRecord, Range, RawIter,
+    RocksBackend, Source, WriteLock, WRITTEN_SINCE_MAX,
 };
 #[doc(hidden)]
 pub use bulk::{RawRecords, RawStream, Records, StreamScanner};

@@ -907,7 +907,8 @@ impl Writer {
             Durability::Buffered => (Ok(()), Duration::ZERO),
             Durability::Sync => timed_sync(self.backend.as_ref()),
         };
-        settle(&self.shared, vec![written], result, took);
+        let final_failure = self.backend.sync_failure_is_final();
+        settle(&self.shared, vec![written], result, took, final_failure);
     }
 
     /// Gets `written` synced and acknowledged: at once with [`Durability::Buffered`]; here
@@ -948,7 +949,7 @@ impl Writer {
                 .in_flight_appends
                 .fetch_sub(appends, Ordering::AcqRel);
             let why = Error::Stopped("the syncer thread ended".into());
-            settle(&self.shared, vec![written], Err(why), Duration::ZERO);
+            settle(&self.shared, vec![written], Err(why), Duration::ZERO, true);
         }
         waiting
     }
@@ -1303,15 +1304,18 @@ impl Writer {
             };
             (observer, batch, Instant::now())
         });
-        match self.backend.write_expecting(ops, &self.tail.encode()) {
+        let flush = self.commit_flush(queued);
+        match self
+            .backend
+            .write_expecting(ops, &self.tail.encode(), flush)
+        {
             Ok(true) => {}
             Ok(false) => {
                 self.tail_is_ours = false;
                 return Declined;
             }
             Err(e) => {
-                // Perhaps committed, perhaps not: the next batch reads the tail again.
-                self.tail_is_ours = false;
+                self.forget_all();
                 tracing::error!(error = %e, appends = batch.len(), "journal batch failed");
                 fail_jobs(batch, &e);
                 return Done(None);
@@ -1347,6 +1351,7 @@ impl Writer {
         let locked = match self.lock_shared() {
             Ok(locked) => locked,
             Err(e) => {
+                self.forget_all();
                 tracing::error!(error = %e, "cannot take the journal's writer lock");
                 fail_jobs(batch, &e);
                 return None;
@@ -1444,7 +1449,7 @@ impl Writer {
         });
         // The sync, if any, is the syncer's: this write only reaches the OS's buffers.
         let result = if locked {
-            self.backend.write_locked(ops)
+            self.backend.write_locked(ops, self.commit_flush(queued))
         } else {
             self.backend.write(ops, Durability::Buffered)
         };
@@ -1466,6 +1471,30 @@ impl Writer {
         }
         self.note_finished(finished);
         Some(self.written(seq, tail, accepted))
+    }
+
+    /// After a failed write or lock on a shared store: the batch perhaps committed, perhaps
+    /// not, so the next batch reads the tail again, and every head. The failure may be a
+    /// restart of the database, which takes back what it acknowledged and had not flushed —
+    /// this writer's batches not yet synced, heads it read of other processes' — and others
+    /// may write past that point before this writer's next batch, where comparing tails would
+    /// not tell it.
+    fn forget_all(&mut self) {
+        self.tail_is_ours = false;
+        self.heads.clear();
+    }
+
+    /// When a shared store's commit of the batch being written is made durable: at the
+    /// commit, for a lone batch — nobody queued behind it (`queued`), nothing being synced —
+    /// which [`Writer::make_durable`] would sync at once on this thread anyway; else by the
+    /// syncer, so that the next batch is written during the flush.
+    fn commit_flush(&self, queued: usize) -> crate::backend::CommitFlush {
+        use crate::backend::CommitFlush::{AtCommit, AtSync};
+        if queued == 0 && self.shared.in_flight.load(Ordering::Acquire) == 0 {
+            AtCommit
+        } else {
+            AtSync
+        }
     }
 
     /// Notes the streams a written batch finished (in its order): each whose move waits
@@ -1587,14 +1616,29 @@ fn sync_loop(backend: &dyn Backend, shared: &Shared, written: &Receiver<Written>
         shared
             .in_flight_appends
             .fetch_sub(appends, Ordering::AcqRel);
-        settle(shared, std::mem::take(&mut pending), result, took);
+        let final_failure = backend.sync_failure_is_final();
+        settle(
+            shared,
+            std::mem::take(&mut pending),
+            result,
+            took,
+            final_failure,
+        );
         shared.in_flight.fetch_sub(batches, Ordering::AcqRel);
     }
 }
 
-/// Publishes and acknowledges `batches` after their sync gave `result`; a failed sync stops
-/// the journal.
-fn settle(shared: &Shared, batches: Vec<Written>, result: Result<()>, took: Duration) {
+/// Publishes and acknowledges `batches` after their sync gave `result`. A failed sync stops
+/// the journal when `final_failure` ([`Backend::sync_failure_is_final`]); else it fails the
+/// batches' appends with the sync's error (their outcome unknown, as after a failed write),
+/// and the journal goes on.
+fn settle(
+    shared: &Shared,
+    batches: Vec<Written>,
+    result: Result<()>,
+    took: Duration,
+    final_failure: bool,
+) {
     if let Some(observer) = shared.observer() {
         observer.synced(&Synced {
             batches: batches.len(),
@@ -1615,6 +1659,16 @@ fn settle(shared: &Shared, batches: Vec<Written>, result: Result<()>, took: Dura
                 return;
             }
             acknowledge(shared, batches);
+        }
+        Err(e) if !final_failure && !matches!(e, Error::Stopped(_)) => {
+            tracing::error!(error = %e, "journal sync failed: its appends' outcome is unknown");
+            let storage = match e {
+                Error::Storage(storage) => storage,
+                e => StorageError::new(e.to_string()),
+            };
+            for batch in batches {
+                fail(batch.acks, || Error::Storage(storage.clone()));
+            }
         }
         Err(e) => {
             let why = match e {

@@ -89,6 +89,20 @@ pub(crate) struct Target {
     pub synchronous: bool,
 }
 
+/// What a connection does with the call that finds it broken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Reopen {
+    /// Opens it again and runs the call on the new session: a reader's call, which depends
+    /// on nothing the old session held.
+    Quietly,
+    /// Opens it again but fails the call: the writer's. Its calls depend on the session
+    /// they were made on — the transaction a lock opened, and the commits that the server
+    /// acknowledged before flushing them, which a restart of the server may have taken
+    /// back — so the writer must hear of every new session, and builds on nothing it knew
+    /// before it (see `PgBackend`).
+    Loudly,
+}
+
 /// A connection's handle. Cheap to clone; the thread ends when every handle is gone.
 #[derive(Debug, Clone)]
 pub(crate) struct Conn {
@@ -96,11 +110,21 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    /// Starts the connection's thread and opens the connection.
+    /// Starts the connection's thread and opens the connection; a reader's (see
+    /// [`Conn::open_with`]).
     ///
     /// # Errors
     /// [`Error::Storage`] naming the server and the cause when it cannot be reached.
     pub(crate) fn open(target: Target, name: &str) -> Result<Self> {
+        Self::open_with(target, name, Reopen::Quietly)
+    }
+
+    /// Starts the connection's thread and opens the connection, to be opened again as
+    /// `reopen` says when a call finds it broken.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] naming the server and the cause when it cannot be reached.
+    pub(crate) fn open_with(target: Target, name: &str, reopen: Reopen) -> Result<Self> {
         let (jobs, mut queue) = mpsc::unbounded_channel::<Job>();
         let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
         std::thread::Builder::new()
@@ -133,6 +157,15 @@ impl Conn {
                         if client.as_ref().is_err() || client.as_ref().is_ok_and(|c| c.is_closed())
                         {
                             client = connect(&target).await.map_err(|e| e.to_string());
+                            if reopen == Reopen::Loudly && client.is_ok() {
+                                job(Err(format!(
+                                    "the connection to PostgreSQL at {} was lost and is open \
+                                     again; this call was not sent",
+                                    target.display
+                                )))
+                                .await;
+                                continue;
+                            }
                         }
                         job(client.clone()).await;
                     }
@@ -222,6 +255,10 @@ mod tests {
 
     /// A connection to the test database (`DTASK_TEST_PG_URL`), or `None` when it is not set.
     fn test_conn(test: &str) -> Option<Conn> {
+        test_conn_with(test, Reopen::Quietly)
+    }
+
+    fn test_conn_with(test: &str, reopen: Reopen) -> Option<Conn> {
         let Ok(url) = std::env::var("DTASK_TEST_PG_URL") else {
             eprintln!("SKIPPED {test}: DTASK_TEST_PG_URL is not set (./dev test sets it)");
             return None;
@@ -233,7 +270,7 @@ mod tests {
             display: location.display.clone(),
             synchronous: true,
         };
-        Some(Conn::open(target, test).unwrap())
+        Some(Conn::open_with(target, test, reopen).unwrap())
     }
 
     /// The statements prepared in the connection's session, and its backend's process id.
@@ -316,5 +353,48 @@ mod tests {
         let (fresh, new_pid) = session_state(&conn);
         assert_ne!(new_pid, pid);
         assert_eq!(fresh, 1, "only what the new session prepared");
+    }
+
+    fn terminate(pid: i32) {
+        test_conn("killer")
+            .unwrap()
+            .call(move |client| {
+                Box::pin(async move {
+                    // Returns once the backend is gone (or after 10 s).
+                    client
+                        .execute("SELECT pg_terminate_backend($1, 10000)", &[&pid])
+                        .await
+                })
+            })
+            .unwrap();
+    }
+
+    #[test]
+    fn a_writers_connection_fails_the_first_call_on_a_new_session() {
+        let Some(conn) = test_conn_with("loud", Reopen::Loudly) else {
+            return;
+        };
+        let (_, pid) = session_state(&conn);
+        terminate(pid);
+        // A call may first fail on the broken session; then one fails on the new session,
+        // unsent and saying so; the next is answered there.
+        let mut errors = Vec::new();
+        let answered = loop {
+            match conn.call(|client| {
+                Box::pin(async move {
+                    let row = client.query_one("SELECT pg_backend_pid()", &[]).await?;
+                    Ok(row.get::<_, i32>(0))
+                })
+            }) {
+                Ok(pid) => break pid,
+                Err(e) => errors.push(e.to_string()),
+            }
+            assert!(errors.len() < 3, "{errors:?}");
+        };
+        assert_ne!(answered, pid);
+        assert!(
+            errors.iter().any(|e| e.contains("this call was not sent")),
+            "{errors:?}"
+        );
     }
 }

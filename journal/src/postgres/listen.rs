@@ -1,8 +1,9 @@
-//! Wake-ups across processes: every append transaction sends `NOTIFY dtask_commits` with
-//! `<schema>:<last sequence>` (delivered when it commits); a listener connection of each
-//! process that wants them turns those into a watermark ([`tokio::sync::watch`]) of the last
-//! sequence committed by anyone. Notifications are a hint, not the truth: the listener also
-//! reads the last sequence when it (re)connects and every second, so a notification lost
+//! Wake-ups across processes: every batch is announced with `NOTIFY dtask_commits` and
+//! `<schema>:<last sequence>` once it is durable (by the writer's sync, or at a commit that
+//! waited for the flush); a listener connection of each process that wants them turns those
+//! into a watermark ([`tokio::sync::watch`]) of the last sequence made durable by anyone.
+//! Notifications are a hint, not the truth: the listener also reads the last sequence when it
+//! (re)connects and every second (making what it read durable first), so a notification lost
 //! with a connection delays a wake-up by at most that much and loses nothing.
 
 use super::conn::{quote_ident, Target};
@@ -63,6 +64,29 @@ fn raise(tx: &watch::Sender<u64>, seq: u64) {
     });
 }
 
+/// The last sequence committed, once it is durable: read in a transaction that writes a
+/// message to the write-ahead log and so waits at its commit for the log's flush, which
+/// covers every commit it saw (a writer's commit returns before the flush, and its sync
+/// announces it after: see `write::flush`).
+async fn durable_last_seq(
+    client: &tokio_postgres::Client,
+    last_seq: &str,
+) -> Result<u64, tokio_postgres::Error> {
+    let (begun, row, committed) = futures_util::future::join3(
+        client.batch_execute(
+            "BEGIN; SET LOCAL synchronous_commit TO on; \
+             SELECT pg_logical_emit_message(true, 'dtask', '')",
+        ),
+        client.query_one(last_seq, &[]),
+        client.batch_execute("COMMIT"),
+    )
+    .await;
+    begun?;
+    let row = row?;
+    committed?;
+    Ok(u64::try_from(row.get::<_, i64>(0)).unwrap_or(0))
+}
+
 /// Listens, reconnecting forever (until stopped from outside).
 async fn listen(target: &Target, tx: &watch::Sender<u64>) {
     let prefix = format!("{}:", target.schema);
@@ -93,8 +117,8 @@ async fn listen(target: &Target, tx: &watch::Sender<u64>) {
         {
             loop {
                 // What committed while no one was listening, and every POLL after.
-                match client.query_one(&last_seq, &[]).await {
-                    Ok(row) => raise(tx, u64::try_from(row.get::<_, i64>(0)).unwrap_or(0)),
+                match durable_last_seq(&client, &last_seq).await {
+                    Ok(seq) => raise(tx, seq),
                     Err(_) => break,
                 }
                 let deadline = tokio::time::sleep(POLL);

@@ -4,16 +4,21 @@
 //! [`PgBackend`] is a [`Backend`]: the journal's key spaces are tables whose primary keys keep
 //! the keys' order (module `rows`), so every reader of the journal — streams, the commit order,
 //! the live index, the outbox, the audit's bulk readers — works on it unchanged, and the
-//! framing, the BLAKE3 chain and the CRC are the embedded journal's. What differs is who
+//! framing, the chain digest and the CRC are the embedded journal's. What differs is who
 //! decides: the database. Each batch of the group-commit writer is one transaction that
 //! first locks the one row of `dtask_writer` ([`Backend::lock_for_write`]), reads the tail
 //! marker the last writer of any process committed and the tasks written since this
 //! writer's last batch (in the same round trip), checks every append's expected position
 //! against the heads as committed, and writes the records, the indexes and the new tail —
-//! then commits, which with `synchronous_commit` on returns once the database's write-ahead
-//! log is flushed. The lock is held until that commit, so the global sequences are handed out
+//! then commits. The lock is held until that commit, so the global sequences are handed out
 //! in commit order, without gaps: a reader of the commit order that has seen sequence `n`
 //! has seen every record before it (see `docs/postgres.md`).
+//!
+//! The writer's commits do not wait for the database's flush: [`PgBackend::sync`], on the
+//! syncer's connection, makes them durable after, finding the last record committed again
+//! first ([`write::flush`]), and only then are the appends acknowledged — the write and the
+//! sync of the embedded journal, as two stages (docs/ARCHITECTURE.md, "Why a PostgreSQL
+//! batch is flushed after its commit").
 //!
 //! Connections run on threads of their own (module `conn`); the schema is created and migrated by
 //! the first open ([`schema`]).
@@ -26,17 +31,19 @@ pub mod schema;
 pub(crate) mod write;
 
 use crate::backend::{
-    Backend, BatchOp, KeyValue, LastRecord, Range, RawIter, WriteLock, WRITTEN_SINCE_MAX,
+    Backend, BatchOp, CommitFlush, KeyValue, LastRecord, Range, RawIter, WriteLock,
+    WRITTEN_SINCE_MAX,
 };
 use crate::error::{Error, Result};
 use crate::keys::Space;
 use crate::options::Durability;
-use conn::{Conn, Target};
+use conn::{Conn, Reopen, Target};
 use rows::{Bound, Shape};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use tokio_postgres::types::Type;
-use write::{statements, write_and_commit};
+use write::{statements, write_and_commit, Flush};
 
 pub use schema::SCHEMA_VERSION;
 
@@ -159,10 +166,21 @@ pub struct PgBackend {
     location: PgLocation,
     readers: Vec<Conn>,
     next_reader: AtomicUsize,
-    /// The connection of the writer's locked batches (`None` read-only).
+    /// The connection of the writer's locked batches (`None` read-only). Its session does not
+    /// wait for the flush at commit ([`PgBackend::sync`] does).
     writer: Option<Conn>,
+    /// The connection of [`PgBackend::sync`] (`None` read-only).
+    syncer: Option<Conn>,
+    /// Whether an acknowledged append must be durable ([`Durability::Sync`]).
+    synchronous: bool,
+    /// The last record the writer committed and no sync has made durable yet.
+    unflushed: std::sync::Mutex<Option<Arc<Mark>>>,
     /// Whether the writer's connection holds the writer lock (a batch is open).
     locked: AtomicBool,
+    /// Whether a call of the writer's failed where the writer does not hear of it (the
+    /// rollback of [`Backend::unlock_write`]): its next call fails instead, so that the writer
+    /// hears of every failure of its connection (see [`Reopen::Loudly`]).
+    unheard: AtomicBool,
     read_only: bool,
     /// How connections are opened (for the listener, started on first use).
     target: Target,
@@ -204,17 +222,29 @@ impl PgBackend {
         for i in 1..READERS {
             readers.push(Conn::open(target.clone(), &format!("reader-{i}"))?);
         }
-        let writer = if read_only {
-            None
+        let (writer, syncer) = if read_only {
+            (None, None)
         } else {
-            Some(Conn::open(target.clone(), "writer")?)
+            // The writer's commits return without waiting for the flush; the syncer's wait.
+            let unflushed = Target {
+                synchronous: false,
+                ..target.clone()
+            };
+            (
+                Some(Conn::open_with(unflushed, "writer", Reopen::Loudly)?),
+                Some(Conn::open(target.clone(), "syncer")?),
+            )
         };
         Ok(Self {
             location,
             readers,
             next_reader: AtomicUsize::new(0),
             writer,
+            syncer,
+            synchronous: durability == Durability::Sync,
+            unflushed: std::sync::Mutex::new(None),
             locked: AtomicBool::new(false),
+            unheard: AtomicBool::new(false),
             read_only,
             target,
             listener: std::sync::OnceLock::new(),
@@ -270,7 +300,80 @@ impl PgBackend {
     }
 }
 
+/// How often [`PgBackend::sync`] sends its round trip before it gives up: a connection the
+/// server dropped fails one call and is open again for the next.
+const FLUSH_ATTEMPTS: usize = 3;
+
+/// The last record of a batch the writer committed without waiting for the flush: what the
+/// next sync finds again before it makes it durable.
+struct Mark {
+    task: String,
+    position: i64,
+    seq: u64,
+    record: Vec<u8>,
+}
+
+/// How a batch of the writer's commits.
+struct Commit {
+    /// Its last record, for the sync to find again (`None`: it waits for the flush at
+    /// commit, or nothing waits for a flush).
+    mark: Option<Arc<Mark>>,
+    /// Its `NOTIFY`, sent at commit when no sync sends it.
+    notice: Option<write::Statement>,
+    /// Whether its commit waits for the flush.
+    flush: Flush,
+}
+
 impl PgBackend {
+    /// How the batch of `ops` commits. With [`Durability::Sync`] a batch with records to be
+    /// made durable [`CommitFlush::AtSync`] does not wait for the flush: [`PgBackend::sync`]
+    /// makes it durable, finding its last record again, and announces it; any other waits at
+    /// commit. Otherwise every commit is as the session's, and announced at commit.
+    fn commit_of(&self, ops: &[BatchOp], flush: CommitFlush) -> Result<Commit> {
+        let mark = if self.synchronous && flush == CommitFlush::AtSync {
+            last_record(ops)?.map(Arc::new)
+        } else {
+            None
+        };
+        Ok(match mark {
+            Some(mark) => Commit {
+                mark: Some(mark),
+                notice: None,
+                flush: Flush::AsTheSession,
+            },
+            None => Commit {
+                mark: None,
+                notice: self.notice(ops),
+                flush: if self.synchronous {
+                    Flush::AtCommit
+                } else {
+                    Flush::AsTheSession
+                },
+            },
+        })
+    }
+
+    /// The writer's connection, failing once if a call of it failed unheard.
+    fn writer(&self) -> Result<&Conn> {
+        let writer = self.writer.as_ref().ok_or(Error::ReadOnly)?;
+        if self.unheard.swap(false, Ordering::AcqRel) {
+            return Err(Error::storage(
+                "the writer's connection to PostgreSQL failed; this call was not sent",
+            ));
+        }
+        Ok(writer)
+    }
+
+    /// Notes `mark` as the last record committed and not yet flushed.
+    fn note_unflushed(&self, mark: Option<Arc<Mark>>) {
+        if let Some(mark) = mark {
+            *self
+                .unflushed
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(mark);
+        }
+    }
+
     /// The `NOTIFY` of a batch that moves the tail: other processes' listeners hear of it
     /// when it commits.
     fn notice(&self, ops: &[BatchOp]) -> Option<write::Statement> {
@@ -296,6 +399,35 @@ impl PgBackend {
             plan: write::Plan::Cached,
         })
     }
+}
+
+/// The record of `ops` with the highest sequence, as a [`Mark`].
+fn last_record(ops: &[BatchOp]) -> Result<Option<Mark>> {
+    let mut last: Option<(u64, &[u8], &[u8])> = None;
+    for op in ops {
+        if let BatchOp::Put {
+            space: Space::Events,
+            key,
+            value,
+        } = op
+        {
+            let seq = crate::record::seq_of(value)
+                .ok_or_else(|| Error::storage("a record without a sequence"))?;
+            if last.is_none_or(|(most, _, _)| seq > most) {
+                last = Some((seq, key.as_slice(), value.as_slice()));
+            }
+        }
+    }
+    last.map(|(seq, key, record)| {
+        let (task, position) = rows::event_row(key)?;
+        Ok(Mark {
+            task,
+            position,
+            seq,
+            record: record.to_vec(),
+        })
+    })
+    .transpose()
 }
 
 fn order_by(shape: &Shape, reverse: bool) -> String {
@@ -408,36 +540,95 @@ impl Backend for PgBackend {
                 client
                     .batch_execute("BEGIN; SELECT id FROM dtask_writer WHERE id = 1 FOR UPDATE")
                     .await?;
-                write_and_commit(&client, statements).await
+                write_and_commit(&client, statements, Flush::AsTheSession).await
             })
         })
     }
 
-    fn write_expecting(&self, ops: Vec<BatchOp>, expected: &[u8]) -> Result<bool> {
-        let writer = self.writer.as_ref().ok_or(Error::ReadOnly)?;
-        let notice = self.notice(&ops);
+    fn write_expecting(
+        &self,
+        ops: Vec<BatchOp>,
+        expected: &[u8],
+        flush: CommitFlush,
+    ) -> Result<bool> {
+        let writer = self.writer()?;
+        let commit = self.commit_of(&ops, flush)?;
         let mut statements = statements(ops)?;
-        statements.extend(notice);
-        let expected = expected.to_vec();
-        writer.call(move |client| {
-            Box::pin(async move { write::write_expecting(&client, expected, statements).await })
-        })
+        statements.extend(commit.notice);
+        let (expected, flush) = (expected.to_vec(), commit.flush);
+        let written = writer.call(move |client| {
+            Box::pin(
+                async move { write::write_expecting(&client, expected, statements, flush).await },
+            )
+        })?;
+        if written {
+            self.note_unflushed(commit.mark);
+        }
+        Ok(written)
     }
 
-    fn write_locked(&self, ops: Vec<BatchOp>) -> Result<()> {
-        let writer = self.writer.as_ref().ok_or(Error::ReadOnly)?;
+    fn write_locked(&self, ops: Vec<BatchOp>, flush: CommitFlush) -> Result<()> {
+        let writer = self.writer()?;
         self.locked.store(false, Ordering::Release);
-        let notice = self.notice(&ops);
+        let commit = self.commit_of(&ops, flush)?;
         let mut statements = statements(ops)?;
-        statements.extend(notice);
+        statements.extend(commit.notice);
+        let flush = commit.flush;
         writer.call(move |client| {
-            Box::pin(async move { write_and_commit(&client, statements).await })
-        })
+            Box::pin(async move { write_and_commit(&client, statements, flush).await })
+        })?;
+        self.note_unflushed(commit.mark);
+        Ok(())
     }
 
+    /// Makes durable every batch the writer committed so far: their commits returned
+    /// without waiting for the database's flush, and this waits for it, after finding the
+    /// last record committed still there ([`write::flush`]); then announces them to other
+    /// processes. A failed round trip is tried again (on a connection opened again, if the
+    /// server dropped it): what it finds, it makes durable. A record not found means the
+    /// server lost what it had acknowledged and not flushed: an error, and the journal stops.
     fn sync(&self) -> Result<()> {
-        // A commit returned once the database had flushed it.
-        Ok(())
+        let Some(syncer) = &self.syncer else {
+            return Ok(());
+        };
+        let taken = self
+            .unflushed
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        let Some(mark) = taken else {
+            return Ok(());
+        };
+        let payload = listen::payload(&self.location.schema, mark.seq);
+        let mut failed = None;
+        for _ in 0..FLUSH_ATTEMPTS {
+            let (sent, payload) = (Arc::clone(&mark), payload.clone());
+            let found = syncer.call(move |client| {
+                Box::pin(async move {
+                    write::flush(&client, &sent.task, sent.position, &sent.record, &payload).await
+                })
+            });
+            match found {
+                Ok(true) => return Ok(()),
+                Ok(false) => {
+                    return Err(Error::storage(format!(
+                        "the record of {} at {} (sequence {}), committed and not yet flushed, \
+                         is gone from PostgreSQL at {}: the server lost what it had not \
+                         flushed",
+                        mark.task, mark.position, mark.seq, self.location.display
+                    )))
+                }
+                Err(e) => failed = Some(e),
+            }
+        }
+        Err(failed.unwrap_or_else(|| Error::storage("no flush was tried")))
+    }
+
+    fn sync_failure_is_final(&self) -> bool {
+        // A sync makes durable only what it finds, and the writer builds on nothing it
+        // knew before a new session of its connection (`Reopen::Loudly`), which a restart
+        // of the database that lost commits makes it open.
+        false
     }
 
     fn get(&self, space: Space, key: &[u8]) -> Result<Option<Vec<u8>>> {
@@ -491,7 +682,7 @@ impl Backend for PgBackend {
     }
 
     fn lock_for_write(&self, since: u64) -> Result<Option<WriteLock>> {
-        let writer = self.writer.as_ref().ok_or(Error::ReadOnly)?;
+        let writer = self.writer()?;
         let since = i64::try_from(since).unwrap_or(i64::MAX);
         // One more than listed, to tell a full list from a cut one.
         let most = i64::try_from(WRITTEN_SINCE_MAX + 1).unwrap_or(i64::MAX);
@@ -601,9 +792,162 @@ impl Backend for PgBackend {
     fn unlock_write(&self) {
         if self.locked.swap(false, Ordering::AcqRel) {
             if let Some(writer) = &self.writer {
-                let _ = writer
+                let rolled_back = writer
                     .call(|client| Box::pin(async move { client.batch_execute("ROLLBACK").await }));
+                if rolled_back.is_err() {
+                    self.unheard.store(true, Ordering::Release);
+                }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys;
+    use crate::tail::Tail;
+
+    /// A backend on a fresh schema of the test database (`DTASK_TEST_PG_URL`), or `None`.
+    fn backend(test: &str) -> Option<(PgBackend, String)> {
+        let Ok(base) = std::env::var("DTASK_TEST_PG_URL") else {
+            eprintln!("SKIPPED {test}: DTASK_TEST_PG_URL is not set (./dev test sets it)");
+            return None;
+        };
+        let schema = format!("u{}_{test}", std::process::id());
+        let url = PgLocation::url_with_schema(&base, &schema);
+        let seed = vec![(keys::META_TAIL.to_vec(), Tail::default().encode())];
+        let location = PgLocation::parse(&url).unwrap();
+        Some((
+            PgBackend::open(location, false, Durability::Sync, seed).unwrap(),
+            schema,
+        ))
+    }
+
+    /// The ops of a batch that writes task `t`'s record at `position` with sequence `seq`.
+    fn batch(position: u64, seq: u64) -> (Vec<BatchOp>, Vec<u8>) {
+        let (record, _) = crate::record::frame(
+            "t",
+            position,
+            seq,
+            b"payload",
+            &crate::record::Digest::default(),
+        )
+        .unwrap();
+        let tail = Tail {
+            last_seq: seq,
+            ..Tail::default()
+        };
+        let ops = vec![
+            BatchOp::Put {
+                space: Space::Events,
+                key: keys::event_key("t", position).into(),
+                value: record.into(),
+            },
+            BatchOp::Put {
+                space: Space::Meta,
+                key: keys::META_TAIL.into(),
+                value: tail.encode().into(),
+            },
+        ];
+        (ops, tail.encode())
+    }
+
+    /// Runs `sql` on a connection of its own.
+    fn admin(sql: &'static str, schema: String) {
+        let base = std::env::var("DTASK_TEST_PG_URL").unwrap();
+        let location = PgLocation::parse(&base).unwrap();
+        let target = Target {
+            config: location.config.clone(),
+            schema: "public".to_owned(),
+            display: location.display.clone(),
+            synchronous: true,
+        };
+        Conn::open(target, "admin")
+            .unwrap()
+            .call(move |client| {
+                Box::pin(async move { client.execute(sql, &[&format!("dtask:{schema}")]).await })
+            })
+            .unwrap();
+    }
+
+    #[test]
+    fn a_sync_refuses_a_batch_whose_record_the_server_no_longer_has() {
+        let Some((pg, _)) = backend("flushfinds") else {
+            return;
+        };
+        let (ops, first_tail) = batch(0, 1);
+        assert!(pg
+            .write_expecting(ops, &Tail::default().encode(), CommitFlush::AtSync)
+            .unwrap());
+        // Found again, made durable.
+        pg.sync().unwrap();
+        // Nothing left to flush: no round trip, no error.
+        pg.sync().unwrap();
+
+        // The next batch's record disappears before its sync, as a restart of a server that
+        // had not flushed it would make it: the sync finds it gone and says so.
+        let (ops, second_tail) = batch(1, 2);
+        assert!(pg
+            .write_expecting(ops, &first_tail, CommitFlush::AtSync)
+            .unwrap());
+        pg.write(
+            vec![BatchOp::Delete {
+                space: Space::Events,
+                key: keys::event_key("t", 1).into(),
+            }],
+            Durability::Sync,
+        )
+        .unwrap();
+        let refused = pg.sync().unwrap_err();
+        assert!(
+            matches!(&refused, Error::Storage(_)) && refused.to_string().contains("is gone"),
+            "{refused}"
+        );
+
+        // A batch flushed at its own commit leaves the sync nothing to find.
+        let (ops, _) = batch(1, 3);
+        assert!(pg
+            .write_expecting(ops, &second_tail, CommitFlush::AtCommit)
+            .unwrap());
+        pg.write(
+            vec![BatchOp::Delete {
+                space: Space::Events,
+                key: keys::event_key("t", 1).into(),
+            }],
+            Durability::Sync,
+        )
+        .unwrap();
+        pg.sync().unwrap();
+    }
+
+    #[test]
+    fn a_transaction_the_lock_opened_is_not_continued_on_a_new_connection() {
+        let Some((pg, schema)) = backend("lockcut") else {
+            return;
+        };
+        assert!(pg.lock_for_write(0).unwrap().is_some());
+        // The server ends the session that holds the lock (the only one in a transaction).
+        admin(
+            "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity \
+             WHERE application_name = $1 AND state = 'idle in transaction'",
+            schema,
+        );
+        // The batch is not sent on a new session, outside the lock and any transaction.
+        let (ops, _) = batch(0, 1);
+        assert!(pg.write_locked(ops, CommitFlush::AtSync).is_err());
+        assert_eq!(
+            pg.get(Space::Events, &keys::event_key("t", 0)).unwrap(),
+            None
+        );
+        // The writer goes on with its next batch, on the new session.
+        assert!(pg.lock_for_write(0).unwrap().is_some());
+        let (ops, _) = batch(0, 1);
+        pg.write_locked(ops, CommitFlush::AtSync).unwrap();
+        pg.sync().unwrap();
+        assert!(pg
+            .get(Space::Events, &keys::event_key("t", 0))
+            .unwrap()
+            .is_some());
     }
 }

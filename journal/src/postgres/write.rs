@@ -259,22 +259,46 @@ pub(crate) fn statements(ops: Vec<BatchOp>) -> Result<Vec<Statement>> {
 /// The last value (or deletion) of each (space, key) of a batch.
 type Last = BTreeMap<(usize, Vec<u8>), Option<Vec<u8>>>;
 
+/// Makes the transaction's commit wait for the write-ahead log's flush, on a session whose
+/// commits do not ([`Flush::AtCommit`]).
+const FLUSH_AT_COMMIT: &str = "SET LOCAL synchronous_commit TO on";
+
+/// Whether a commit waits for the database's flush.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Flush {
+    /// As the session does: the readers' sessions wait (with [`crate::Durability::Sync`]),
+    /// the writer's does not — its batches are made durable by a later [`flush`].
+    AsTheSession,
+    /// Waits, whatever the session does: a batch of the writer's with no record for a later
+    /// [`flush`] to find again.
+    AtCommit,
+}
+
 /// Runs `statements` in the transaction open on `client` and commits; rolls back if any
 /// fails. The statements and the commit are pipelined: one round trip for the batch.
 pub(crate) async fn write_and_commit(
     client: &Session,
     statements: Vec<Statement>,
+    flush: Flush,
 ) -> std::result::Result<(), tokio_postgres::Error> {
     let run = async {
         // Made ready first; then each statement is sent when first polled, in order, and
         // the commit after them: one round trip, and the commit cannot overtake them.
         let ready = ready(client, &statements).await?;
+        let setting = async {
+            match flush {
+                Flush::AtCommit => client.batch_execute(FLUSH_AT_COMMIT).await,
+                Flush::AsTheSession => Ok(()),
+            }
+        };
         let pending = ready.iter().map(|ready| execute(client, ready));
-        let (written, committed) = futures_util::future::join(
+        let (set, written, committed) = futures_util::future::join3(
+            setting,
             futures_util::future::try_join_all(pending),
             client.batch_execute("COMMIT"),
         )
         .await;
+        set?;
         written?;
         committed
     };
@@ -297,6 +321,7 @@ pub(crate) async fn write_expecting(
     client: &Session,
     expected: Vec<u8>,
     statements: Vec<Statement>,
+    flush: Flush,
 ) -> std::result::Result<bool, tokio_postgres::Error> {
     // Prepared before anything is sent (once per connection: no round trip after).
     let check = client
@@ -304,8 +329,13 @@ pub(crate) async fn write_expecting(
         .await?;
     let ready = ready(client, &statements).await?;
     // Sent in this order when first polled, together: one round trip.
-    let opening =
-        client.batch_execute("BEGIN; SELECT id FROM dtask_writer WHERE id = 1 FOR UPDATE");
+    let opening = client.batch_execute(match flush {
+        Flush::AsTheSession => "BEGIN; SELECT id FROM dtask_writer WHERE id = 1 FOR UPDATE",
+        Flush::AtCommit => {
+            "BEGIN; SET LOCAL synchronous_commit TO on; \
+             SELECT id FROM dtask_writer WHERE id = 1 FOR UPDATE"
+        }
+    });
     let check_params: [&(dyn ToSql + Sync); 1] = [&expected];
     let check = client.execute(&check, &check_params);
     let writes = futures_util::future::join_all(ready.iter().map(|ready| execute(client, ready)));
@@ -334,6 +364,56 @@ pub(crate) async fn write_expecting(
             }
         }
     }
+}
+
+/// Makes durable every commit the server acknowledged before this call, if the record
+/// `task`@`position` is still there as `record` (the last one a session that does not wait
+/// for the flush committed), and then announces sequence `payload` to other processes.
+/// `Ok(false)` when the record is gone or differs: the server lost what it had not flushed
+/// (it crashed and restarted), and nothing is announced.
+///
+/// Two statements in one round trip, each a transaction of its own, on a session that waits
+/// for the flush (the syncer's, with [`crate::Durability::Sync`]). The first, when it finds
+/// the record, writes a transactional message to the write-ahead log
+/// (`pg_logical_emit_message`, which any user may call): a transaction that wrote to the log
+/// waits at its commit for the log's flush up to its commit record — which covers every commit
+/// the server had written before, among them the record's, which this transaction saw. (A
+/// transaction id alone is not enough: a commit that wrote nothing else to the log does not
+/// wait for the flush, whatever `synchronous_commit` says.) The second sends the `NOTIFY`,
+/// once the first has committed: apart, because a transaction that notifies holds the
+/// database's notification lock until it ends, and the syncs of all processes would then
+/// wait for each other's flushes instead of sharing them.
+pub(crate) async fn flush(
+    client: &Session,
+    task: &str,
+    position: i64,
+    record: &[u8],
+    payload: &str,
+) -> std::result::Result<bool, tokio_postgres::Error> {
+    let find = client
+        .statement(
+            "SELECT pg_logical_emit_message(true, 'dtask', '') FROM dtask_records \
+             WHERE task = $1 AND position = $2 AND record = $3",
+            &[Type::TEXT, Type::INT8, Type::BYTEA],
+        )
+        .await?;
+    let announce = client
+        .statement(
+            "SELECT pg_notify($1, $2) FROM dtask_records \
+             WHERE task = $3 AND position = $4 AND record = $5",
+            &[Type::TEXT, Type::TEXT, Type::TEXT, Type::INT8, Type::BYTEA],
+        )
+        .await?;
+    let found: [&(dyn ToSql + Sync); 3] = [&task, &position, &record];
+    let announced: [&(dyn ToSql + Sync); 5] =
+        [&super::listen::CHANNEL, &payload, &task, &position, &record];
+    // Sent together when first polled, in this order.
+    let (found, _) = futures_util::future::join(
+        client.execute(&find, &found),
+        client.execute(&announce, &announced),
+    )
+    .await;
+    Ok(found? == 1)
 }
 
 #[cfg(test)]

@@ -1,0 +1,308 @@
+//! The PostgreSQL journal when the database itself crashes: a private cluster (the
+//! distribution's `initdb` and `pg_ctl`, from `DTASK_TEST_PG_BIN`, which `./dev test` sets) is
+//! stopped in `immediate` mode under load — its processes quit at once, with no checkpoint and
+//! no flush of the write-ahead log they hold in memory, as in a crash — and started again.
+//!
+//! The writer's commits return before the database's flush and its sync makes them durable
+//! afterwards, so a crash can take back commits the server had acknowledged: the journal must
+//! never have acknowledged one of them, and must not build on them once the database is back.
+//! Without the variable the test says loudly that it was skipped.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod strategies;
+
+use dtask_journal::{Error, Journal, JournalOptions};
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use strategies::{created, update};
+
+/// A private PostgreSQL cluster in a temporary directory, stopped when dropped.
+struct Cluster {
+    bin: PathBuf,
+    dir: tempfile::TempDir,
+    port: u16,
+    /// The user the server runs as: `postgres` when the tests run as root (the server
+    /// refuses root), else the tests' own.
+    user: String,
+    as_postgres: bool,
+}
+
+impl Cluster {
+    fn new(test: &str) -> Option<Self> {
+        let Ok(bin) = std::env::var("DTASK_TEST_PG_BIN") else {
+            eprintln!("SKIPPED {test}: DTASK_TEST_PG_BIN is not set (./dev test sets it)");
+            return None;
+        };
+        let uid = Command::new("id").arg("-u").output().unwrap();
+        let as_postgres = String::from_utf8_lossy(&uid.stdout).trim() == "0";
+        let user = if as_postgres {
+            "postgres".to_owned()
+        } else {
+            let name = Command::new("id").arg("-un").output().unwrap();
+            String::from_utf8_lossy(&name.stdout).trim().to_owned()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        if as_postgres {
+            let owned = Command::new("chown")
+                .arg("postgres")
+                .arg(dir.path())
+                .status()
+                .unwrap();
+            assert!(owned.success());
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let cluster = Self {
+            bin: PathBuf::from(bin),
+            dir,
+            port,
+            user,
+            as_postgres,
+        };
+        let data = cluster.data();
+        cluster.pg(
+            "initdb",
+            &[
+                "-D",
+                &data,
+                "-U",
+                &cluster.user,
+                "-A",
+                "trust",
+                "--no-sync",
+                "-E",
+                "UTF8",
+            ],
+        );
+        cluster.start();
+        Some(cluster)
+    }
+
+    fn data(&self) -> String {
+        self.dir.path().join("data").display().to_string()
+    }
+
+    /// Runs one of the cluster's programs, as the server's user; panics with its output if it
+    /// fails.
+    fn pg(&self, program: &str, args: &[&str]) {
+        let program = self.bin.join(program).display().to_string();
+        let output = if self.as_postgres {
+            let quoted: Vec<String> = std::iter::once(program.as_str())
+                .chain(args.iter().copied())
+                .map(|a| format!("'{}'", a.replace('\'', r"'\''")))
+                .collect();
+            Command::new("su")
+                .args(["postgres", "-s", "/bin/sh", "-c", &quoted.join(" ")])
+                .output()
+                .unwrap()
+        } else {
+            Command::new(&program).args(args).output().unwrap()
+        };
+        assert!(
+            output.status.success(),
+            "{program} {args:?}: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    fn start(&self) {
+        let data = self.data();
+        let log = self.dir.path().join("server.log").display().to_string();
+        let options = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=on",
+            self.port,
+            self.dir.path().display()
+        );
+        self.pg(
+            "pg_ctl",
+            &["-D", &data, "-l", &log, "-w", "-o", &options, "start"],
+        );
+    }
+
+    /// Stops the server at once: no checkpoint, no flush of what it holds in memory.
+    fn crash(&self) {
+        let data = self.data();
+        self.pg("pg_ctl", &["-D", &data, "-m", "immediate", "-w", "stop"]);
+    }
+
+    fn url(&self, schema: &str) -> String {
+        format!(
+            "postgres://{}@127.0.0.1:{}/postgres?schema={schema}",
+            self.user, self.port
+        )
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let data = self.data();
+        let program = self.bin.join("pg_ctl").display().to_string();
+        let args = ["-D", data.as_str(), "-m", "immediate", "stop"];
+        let _ = if self.as_postgres {
+            let line = format!("'{program}' '{}'", args.join("' '"));
+            Command::new("su")
+                .args(["postgres", "-s", "/bin/sh", "-c", &line])
+                .output()
+        } else {
+            Command::new(&program).args(args).output()
+        };
+    }
+}
+
+/// What one writer thread did.
+struct Writer {
+    task: String,
+    acknowledged: Vec<u64>,
+    failed: usize,
+    /// Appends whose sync found their batch gone: committed, then lost in the crash.
+    lost: usize,
+}
+
+fn write_until(journal: &Journal, task: String, stop: &AtomicBool, acks: &AtomicUsize) -> Writer {
+    let mut acknowledged = Vec::new();
+    let mut position = None;
+    let mut failed = 0;
+    let mut lost = 0;
+    while !stop.load(Ordering::Relaxed) {
+        // Where the stream really is, after a failure: an append that failed may have
+        // committed.
+        let at = match position {
+            Some(at) => at,
+            None => match journal.stream_len(&task) {
+                Ok(len) => len.unwrap_or_default(),
+                Err(Error::Storage(_)) => {
+                    // The database is down: try again shortly.
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                }
+                Err(other) => panic!("{task}: {other:?}"),
+            },
+        };
+        let event = if at == 0 { created(&task) } else { update(at) };
+        match journal.append(&task, at, &[event]) {
+            Ok(_) => {
+                acknowledged.push(at);
+                acks.fetch_add(1, Ordering::Relaxed);
+                position = Some(at + 1);
+            }
+            Err(e @ (Error::Storage(_) | Error::Conflict { .. })) => {
+                failed += 1;
+                lost += usize::from(e.to_string().contains("is gone"));
+                position = None;
+            }
+            Err(other) => panic!("{task}: {other:?}"),
+        }
+    }
+    Writer {
+        task,
+        acknowledged,
+        failed,
+        lost,
+    }
+}
+
+/// Waits until `done` holds, or panics after a minute (a hang).
+fn wait_for(what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !done() {
+        assert!(Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+fn check_everything_acknowledged_is_there(url: &str, writers: &[Writer]) {
+    let reader = Journal::open_postgres_read_only(url).unwrap();
+    for writer in writers {
+        // Read back whole: every record's CRC and chain checked.
+        let positions: Vec<u64> = reader
+            .read_stream(&writer.task, 0)
+            .map(|r| r.unwrap().position)
+            .collect();
+        assert_eq!(
+            positions,
+            (0..positions.len() as u64).collect::<Vec<_>>(),
+            "{}: a stream with a gap",
+            writer.task
+        );
+        for position in &writer.acknowledged {
+            assert!(
+                positions.contains(position),
+                "{}@{position} was acknowledged and is lost",
+                writer.task
+            );
+        }
+    }
+    // The commit order has no gap either.
+    let seqs: Vec<u64> = reader.commits(1).map(|c| c.unwrap().record.seq).collect();
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_database_crash_under_load_loses_nothing_acknowledged_and_the_journal_goes_on_on_what_it_kept()
+{
+    let Some(cluster) = Cluster::new("dbcrash") else {
+        return;
+    };
+    let url = cluster.url("crash");
+    let journal = Journal::open_postgres(&url, JournalOptions::default()).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let acks = Arc::new(AtomicUsize::new(0));
+    let threads: Vec<_> = (0..16)
+        .map(|w| {
+            let (journal, stop, acks) = (journal.clone(), Arc::clone(&stop), Arc::clone(&acks));
+            std::thread::spawn(move || write_until(&journal, format!("w{w}"), &stop, &acks))
+        })
+        .collect();
+    for round in 0..3 {
+        let before = acks.load(Ordering::Relaxed);
+        wait_for("appends acknowledged", || {
+            acks.load(Ordering::Relaxed) >= before + 300
+                || threads.iter().any(std::thread::JoinHandle::is_finished)
+        });
+        if threads.iter().any(std::thread::JoinHandle::is_finished) {
+            // A writer failed: its join below says why.
+            break;
+        }
+        cluster.crash();
+        cluster.start();
+        eprintln!("round {round}: the database crashed and started again");
+    }
+    // The journal goes on on what the database kept.
+    let before = acks.load(Ordering::Relaxed);
+    wait_for("appends acknowledged after the last crash", || {
+        acks.load(Ordering::Relaxed) >= before + 300
+            || threads.iter().any(std::thread::JoinHandle::is_finished)
+    });
+    stop.store(true, Ordering::Relaxed);
+    let writers: Vec<Writer> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let failed: usize = writers.iter().map(|w| w.failed).sum();
+    let lost: usize = writers.iter().map(|w| w.lost).sum();
+    eprintln!(
+        "{} appends acknowledged; {failed} failed with the database down, {lost} of them \
+         committed and lost in a crash before their flush",
+        acks.load(Ordering::Relaxed)
+    );
+    assert!(failed > 0, "no append saw a crash");
+    check_everything_acknowledged_is_there(&url, &writers);
+
+    // A journal opened anew finds every stream where the database has it and appends on.
+    drop(journal);
+    let again = Journal::open_postgres(&url, JournalOptions::default()).unwrap();
+    for writer in &writers {
+        let len = again.stream_len(&writer.task).unwrap().unwrap_or_default();
+        let event = if len == 0 {
+            created(&writer.task)
+        } else {
+            update(len)
+        };
+        again.append(&writer.task, len, &[event]).unwrap();
+    }
+    check_everything_acknowledged_is_there(&url, &writers);
+}
