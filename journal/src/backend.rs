@@ -90,6 +90,10 @@ pub struct WriteLock {
     /// round trip as the lock; `None` when the store did not list them (or found more than
     /// [`WRITTEN_SINCE_MAX`]): the writer then reads the commit index.
     pub written_since: Option<Vec<String>>,
+    /// The last records, as committed, of the tasks whose heads the writer lacks, read in
+    /// the same round trip as the lock; `None` when the store did not read them: the writer
+    /// then reads them itself.
+    pub heads: Option<Vec<(String, LastRecord)>>,
 }
 
 /// The most tasks [`WriteLock::written_since`] lists; past it the writer reads the commit
@@ -396,15 +400,16 @@ pub trait Backend: Send + Sync + 'static {
     /// lock (held until [`Backend::write_locked`] commits the batch or
     /// [`Backend::unlock_write`] gives it up) and returns what it found
     /// ([`WriteLock`]): the tail marker's bytes as stored now, so that the writer builds on
-    /// what the last writer, of any process, committed, and the tasks written after sequence
-    /// `since` (the last this writer knows of), whose heads it must forget. `None` for a
-    /// store whose only writer is this process (the default): its tail in memory is the
-    /// truth. Only the journal's writer thread calls it.
+    /// what the last writer, of any process, committed; the tasks written after sequence
+    /// `since` (the last this writer knows of), whose heads it must forget; and the heads of
+    /// the batch's tasks it `lacks` (a new task's, one it never wrote). `None` for a store
+    /// whose only writer is this process (the default): its tail in memory is the truth.
+    /// Only the journal's writer thread calls it.
     ///
     /// # Errors
     /// [`Error::Storage`] when the lock or the read failed (nothing is held then).
-    fn lock_for_write(&self, since: u64) -> Result<Option<WriteLock>> {
-        let _ = since;
+    fn lock_for_write(&self, since: u64, lacks: &[String]) -> Result<Option<WriteLock>> {
+        let _ = (since, lacks);
         Ok(None)
     }
 

@@ -78,11 +78,20 @@ pub(crate) fn read_many(backend: &dyn Backend, tasks: &[String]) -> Result<Vec<O
     tasks
         .iter()
         .zip(found?)
-        .map(|(task, last)| match last {
-            None => Ok(None),
-            Some(((key, value), live)) => Head::of_last_record(task, &key, &value, !live).map(Some),
-        })
+        .map(|(task, last)| of_last(task, last))
         .collect()
+}
+
+/// The head of `task` whose last record and liveness are `last` (`None` for a task without
+/// records), as [`Backend::last_records`] reads them.
+///
+/// # Errors
+/// [`Error::Corruption`] when the key or the record is damaged.
+pub(crate) fn of_last(task: &str, last: crate::backend::LastRecord) -> Result<Option<Head>> {
+    match last {
+        None => Ok(None),
+        Some(((key, value), live)) => Head::of_last_record(task, &key, &value, !live).map(Some),
+    }
 }
 
 /// The key and bytes of `task`'s last record (one reverse seek), `None` when it has none.

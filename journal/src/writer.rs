@@ -1123,9 +1123,15 @@ impl Writer {
 
     /// On a store other processes write too, takes its writer lock and builds on the tail the
     /// last writer committed: the heads of every task written since this writer's last batch
-    /// are forgotten (read again from the store when needed). Whether the lock is held.
-    fn lock_shared(&mut self) -> Result<bool> {
-        let Some(locked) = self.backend.lock_for_write(self.tail.last_seq)? else {
+    /// are forgotten, and those of `batch`'s tasks it lacked are the ones read with the lock
+    /// (where the store reads them; whatever is still lacking is read before the batch is
+    /// staged). Whether the lock is held.
+    fn lock_shared(&mut self, batch: &[AppendJob]) -> Result<bool> {
+        if !self.backend.is_shared() {
+            return Ok(false);
+        }
+        let lacking = self.lacking_heads(batch);
+        let Some(locked) = self.backend.lock_for_write(self.tail.last_seq, &lacking)? else {
             return Ok(false);
         };
         let stored = match locked.tail.as_deref().map(Tail::decode) {
@@ -1143,6 +1149,18 @@ impl Writer {
             }
             self.tail = stored;
             self.next_seq = stored.last_seq + 1;
+        }
+        for (task, last) in locked.heads.into_iter().flatten() {
+            match crate::head::of_last(&task, last) {
+                Ok(head) => {
+                    let _ = self.shared.take_primed(&task);
+                    self.heads.insert(task, head.unwrap_or_default());
+                }
+                Err(e) => {
+                    self.backend.unlock_write();
+                    return Err(e);
+                }
+            }
         }
         Ok(true)
     }
@@ -1182,10 +1200,10 @@ impl Writer {
         Ok(())
     }
 
-    /// Reads, in one go, the heads of the batch's tasks this writer does not hold: on a
-    /// shared store each read is a round trip, made while the writer lock is held.
-    fn prefetch_heads(&mut self, batch: &[AppendJob]) -> Result<()> {
-        let mut missing: Vec<String> = batch
+    /// The tasks of `batch` (and of its linked parts) whose heads this writer does not hold,
+    /// each once.
+    fn lacking_heads(&self, batch: &[AppendJob]) -> Vec<String> {
+        let mut lacking: Vec<String> = batch
             .iter()
             .flat_map(|job| {
                 std::iter::once(job.task.as_str()).chain(job.linked.iter().map(|p| p.task.as_str()))
@@ -1193,8 +1211,16 @@ impl Writer {
             .filter(|task| !self.heads.contains_key(*task))
             .map(str::to_owned)
             .collect();
-        missing.sort_unstable();
-        missing.dedup();
+        lacking.sort_unstable();
+        lacking.dedup();
+        lacking
+    }
+
+    /// Reads, in one go, the heads of the batch's tasks this writer does not hold (those the
+    /// lock did not read, or forgot since): on a shared store each read is a round trip,
+    /// made while the writer lock is held.
+    fn prefetch_heads(&mut self, batch: &[AppendJob]) -> Result<()> {
+        let missing = self.lacking_heads(batch);
         if missing.is_empty() {
             return Ok(());
         }
@@ -1348,7 +1374,10 @@ impl Writer {
         if let Optimistic::Done(written) = self.commit_optimistic(batch, queued) {
             return written;
         }
-        let locked = match self.lock_shared() {
+        // The batch's heads go straight into the cache (a failed batch empties it). Room is
+        // made first, so that the heads read with the lock, or prefetched, stay.
+        self.make_room_for_heads(batch.iter().map(|job| 1 + job.linked.len()).sum());
+        let locked = match self.lock_shared(batch) {
             Ok(locked) => locked,
             Err(e) => {
                 self.forget_all();
@@ -1374,9 +1403,6 @@ impl Writer {
             // The first batch: from here on a head read elsewhere may be stale.
             self.shared.close_priming();
         }
-        // The batch's heads go straight into the cache (a failed batch empties it). Room is
-        // made first, so that the heads prefetched next stay.
-        self.make_room_for_heads(batch.iter().map(|job| 1 + job.linked.len()).sum());
         if locked && !self.prefetched(batch) {
             return None;
         }

@@ -430,6 +430,36 @@ fn last_record(ops: &[BatchOp]) -> Result<Option<Mark>> {
     .transpose()
 }
 
+/// The heads' lookup: each task of `$1`, in order, with its last record and whether it is
+/// live. Planned each time (sent unnamed): a plan cached while `dtask_live` was small would
+/// scan it whole once it has grown.
+const HEADS: &str = "SELECT t.task, r.position, r.record, l.task IS NOT NULL \
+     FROM unnest($1::text[]) WITH ORDINALITY AS t(task, i) \
+     LEFT JOIN LATERAL (SELECT position, record FROM dtask_records \
+         WHERE task = t.task ORDER BY position DESC LIMIT 1) r ON true \
+     LEFT JOIN dtask_live l ON l.task = t.task \
+     ORDER BY t.i";
+
+/// A task and its last record as a row of the heads' lookup reads them: task, position and
+/// record (both null for a task without records), and whether the task is live.
+fn last_record_of(row: &tokio_postgres::Row) -> Result<(String, LastRecord)> {
+    let err = |e: tokio_postgres::Error| conn::storage(&e);
+    let task: String = row.try_get(0).map_err(err)?;
+    let position: Option<i64> = row.try_get(1).map_err(err)?;
+    let record: Option<Vec<u8>> = row.try_get(2).map_err(err)?;
+    let live: bool = row.try_get(3).map_err(err)?;
+    let last = position.zip(record).map(|(position, record)| {
+        (
+            (
+                rows::event_key(&task, position).into_boxed_slice(),
+                record.into_boxed_slice(),
+            ),
+            live,
+        )
+    });
+    Ok((task, last))
+}
+
 fn order_by(shape: &Shape, reverse: bool) -> String {
     let direction = if reverse { " DESC" } else { "" };
     shape
@@ -681,17 +711,19 @@ impl Backend for PgBackend {
         format!("postgres {}", self.location.display)
     }
 
-    fn lock_for_write(&self, since: u64) -> Result<Option<WriteLock>> {
+    fn lock_for_write(&self, since: u64, lacks: &[String]) -> Result<Option<WriteLock>> {
         let writer = self.writer()?;
         let since = i64::try_from(since).unwrap_or(i64::MAX);
         // One more than listed, to tell a full list from a cut one.
         let most = i64::try_from(WRITTEN_SINCE_MAX + 1).unwrap_or(i64::MAX);
-        let locked = writer.call(move |client| {
+        let lacking = lacks.to_vec();
+        let (locked, heads) = writer.call(move |client| {
             Box::pin(async move {
                 let run = async {
-                    // Prepared first (once per connection), then sent together; the tail and
-                    // the tasks written since `since` are read once the lock is held. The
-                    // second read is planned each time (a range of a growing table).
+                    // Prepared first (once per connection), then sent together; the tail, the
+                    // tasks written since `since` and the heads the writer needs are read once
+                    // the lock is held. The last two are planned each time (ranges and
+                    // lookups of growing tables).
                     let lock = client
                         .statement("SELECT id FROM dtask_writer WHERE id = 1 FOR UPDATE", &[])
                         .await?;
@@ -701,7 +733,7 @@ impl Backend for PgBackend {
                             &[Type::BYTEA],
                         )
                         .await?;
-                    let (begun, locked, tail, written) = futures_util::future::join4(
+                    let (begun, locked, tail, written, heads) = futures_util::future::join5(
                         client.batch_execute("BEGIN"),
                         client.query(&lock, &[]),
                         client.query(&read, &[&crate::keys::META_TAIL]),
@@ -709,12 +741,24 @@ impl Backend for PgBackend {
                             "SELECT DISTINCT task FROM dtask_records WHERE seq > $1 LIMIT $2",
                             &[(&since, Type::INT8), (&most, Type::INT8)],
                         ),
+                        // The heads of the batch's tasks the writer lacks (a held head
+                        // another writer moved is forgotten, by the list above, and read
+                        // before the batch is staged).
+                        async {
+                            if lacking.is_empty() {
+                                return Ok(Vec::new());
+                            }
+                            client
+                                .query_typed(HEADS, &[(&lacking, Type::TEXT_ARRAY)])
+                                .await
+                        },
                     )
                     .await;
                     begun?;
                     locked?;
                     let tail = tail?;
                     let written = written?;
+                    let heads = heads?;
                     let tasks = (written.len() <= WRITTEN_SINCE_MAX)
                         .then(|| {
                             written
@@ -723,10 +767,12 @@ impl Backend for PgBackend {
                                 .collect::<std::result::Result<Vec<_>, _>>()
                         })
                         .transpose()?;
-                    Ok::<_, tokio_postgres::Error>(WriteLock {
+                    let locked = WriteLock {
                         tail: tail.first().map(|row| row.get::<_, Vec<u8>>(0)),
                         written_since: tasks,
-                    })
+                        heads: None,
+                    };
+                    Ok::<_, tokio_postgres::Error>((locked, heads))
                 };
                 match run.await {
                     Ok(locked) => Ok(locked),
@@ -738,46 +784,31 @@ impl Backend for PgBackend {
             })
         })?;
         self.locked.store(true, Ordering::Release);
-        Ok(Some(locked))
+        let heads = heads.iter().map(last_record_of).collect::<Result<Vec<_>>>();
+        match heads {
+            Ok(heads) => Ok(Some(WriteLock {
+                heads: Some(heads),
+                ..locked
+            })),
+            Err(e) => {
+                self.unlock_write();
+                Err(e)
+            }
+        }
     }
 
     fn last_records(&self, tasks: &[String]) -> Option<Result<Vec<LastRecord>>> {
         let names = tasks.to_vec();
         let found = self.reader().call(move |client| {
             Box::pin(async move {
-                // Planned each time: a plan cached while `dtask_live` was small would scan
-                // it whole once it has grown.
                 client
-                    .query_typed(
-                        "SELECT t.task, r.position, r.record, l.task IS NOT NULL \
-                         FROM unnest($1::text[]) WITH ORDINALITY AS t(task, i) \
-                         LEFT JOIN LATERAL (SELECT position, record FROM dtask_records \
-                             WHERE task = t.task ORDER BY position DESC LIMIT 1) r ON true \
-                         LEFT JOIN dtask_live l ON l.task = t.task \
-                         ORDER BY t.i",
-                        &[(&names, Type::TEXT_ARRAY)],
-                    )
+                    .query_typed(HEADS, &[(&names, Type::TEXT_ARRAY)])
                     .await
             })
         });
         Some(found.and_then(|rows| {
             rows.iter()
-                .map(|row| {
-                    let err = |e: tokio_postgres::Error| conn::storage(&e);
-                    let task: String = row.try_get(0).map_err(err)?;
-                    let position: Option<i64> = row.try_get(1).map_err(err)?;
-                    let record: Option<Vec<u8>> = row.try_get(2).map_err(err)?;
-                    let live: bool = row.try_get(3).map_err(err)?;
-                    Ok(position.zip(record).map(|(position, record)| {
-                        (
-                            (
-                                rows::event_key(&task, position).into_boxed_slice(),
-                                record.into_boxed_slice(),
-                            ),
-                            live,
-                        )
-                    }))
-                })
+                .map(|row| last_record_of(row).map(|(_, last)| last))
                 .collect()
         }))
     }
@@ -826,8 +857,12 @@ mod tests {
 
     /// The ops of a batch that writes task `t`'s record at `position` with sequence `seq`.
     fn batch(position: u64, seq: u64) -> (Vec<BatchOp>, Vec<u8>) {
+        batch_of("t", position, seq)
+    }
+
+    fn batch_of(task: &str, position: u64, seq: u64) -> (Vec<BatchOp>, Vec<u8>) {
         let (record, _) = crate::record::frame(
-            "t",
+            task,
             position,
             seq,
             b"payload",
@@ -841,7 +876,7 @@ mod tests {
         let ops = vec![
             BatchOp::Put {
                 space: Space::Events,
-                key: keys::event_key("t", position).into(),
+                key: keys::event_key(task, position).into(),
                 value: record.into(),
             },
             BatchOp::Put {
@@ -926,7 +961,7 @@ mod tests {
         let Some((pg, schema)) = backend("lockcut") else {
             return;
         };
-        assert!(pg.lock_for_write(0).unwrap().is_some());
+        assert!(pg.lock_for_write(0, &[]).unwrap().is_some());
         // The server ends the session that holds the lock (the only one in a transaction).
         admin(
             "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity \
@@ -941,7 +976,7 @@ mod tests {
             None
         );
         // The writer goes on with its next batch, on the new session.
-        assert!(pg.lock_for_write(0).unwrap().is_some());
+        assert!(pg.lock_for_write(0, &[]).unwrap().is_some());
         let (ops, _) = batch(0, 1);
         pg.write_locked(ops, CommitFlush::AtSync).unwrap();
         pg.sync().unwrap();
@@ -949,5 +984,36 @@ mod tests {
             .get(Space::Events, &keys::event_key("t", 0))
             .unwrap()
             .is_some());
+    }
+
+    #[test]
+    fn the_lock_reads_the_heads_the_writer_lacks() {
+        let Some((pg, _)) = backend("lockheads") else {
+            return;
+        };
+        let (ops, _) = batch_of("t", 0, 1);
+        assert!(pg
+            .write_expecting(ops, &Tail::default().encode(), CommitFlush::AtCommit)
+            .unwrap());
+        let read = |lacking: &[&str]| {
+            let lacking: Vec<String> = lacking.iter().map(|t| (*t).to_owned()).collect();
+            let locked = pg.lock_for_write(1, &lacking).unwrap().unwrap();
+            pg.unlock_write();
+            locked
+                .heads
+                .unwrap()
+                .into_iter()
+                .map(|(task, last)| {
+                    let head = crate::head::of_last(&task, last).unwrap();
+                    (task, head.map(|h| (h.next_position, h.last_seq)))
+                })
+                .collect::<Vec<_>>()
+        };
+        // Each head asked for, in order, with or without records; none asked, none read.
+        assert_eq!(
+            read(&["new", "t"]),
+            vec![("new".to_owned(), None), ("t".to_owned(), Some((1, 1)))]
+        );
+        assert_eq!(read(&[]), vec![]);
     }
 }
