@@ -318,17 +318,7 @@ mod tests {
 
         // The server ends the session: the next job finds the connection broken and fails,
         // the one after opens a new session, where the statement is prepared anew.
-        let killer = test_conn("prepared-killer").unwrap();
-        killer
-            .call(move |client| {
-                Box::pin(async move {
-                    client
-                        // Returns once the backend is gone (or after 10 s).
-                        .execute("SELECT pg_terminate_backend($1, 10000)", &[&pid])
-                        .await
-                })
-            })
-            .unwrap();
+        terminate(pid);
         let mut reopened = None;
         for _ in 0..3 {
             let attempt = conn.call(move |client| {
@@ -355,6 +345,7 @@ mod tests {
         assert_eq!(fresh, 1, "only what the new session prepared");
     }
 
+    /// Has the server end the session of backend `pid`.
     fn terminate(pid: i32) {
         test_conn("killer")
             .unwrap()

@@ -888,6 +888,16 @@ mod tests {
         (ops, tail.encode())
     }
 
+    /// Deletes task `t`'s record at `position` behind the writer's back, as a restart of a
+    /// server that had not flushed it would lose it.
+    fn lose(pg: &PgBackend, position: u64) {
+        let gone = BatchOp::Delete {
+            space: Space::Events,
+            key: keys::event_key("t", position).into(),
+        };
+        pg.write(vec![gone], Durability::Sync).unwrap();
+    }
+
     /// Runs `sql` on a connection of its own.
     fn admin(sql: &'static str, schema: String) {
         let base = std::env::var("DTASK_TEST_PG_URL").unwrap();
@@ -926,14 +936,7 @@ mod tests {
         assert!(pg
             .write_expecting(ops, &first_tail, CommitFlush::AtSync)
             .unwrap());
-        pg.write(
-            vec![BatchOp::Delete {
-                space: Space::Events,
-                key: keys::event_key("t", 1).into(),
-            }],
-            Durability::Sync,
-        )
-        .unwrap();
+        lose(&pg, 1);
         let refused = pg.sync().unwrap_err();
         assert!(
             matches!(&refused, Error::Storage(_)) && refused.to_string().contains("is gone"),
@@ -945,14 +948,7 @@ mod tests {
         assert!(pg
             .write_expecting(ops, &second_tail, CommitFlush::AtCommit)
             .unwrap());
-        pg.write(
-            vec![BatchOp::Delete {
-                space: Space::Events,
-                key: keys::event_key("t", 1).into(),
-            }],
-            Durability::Sync,
-        )
-        .unwrap();
+        lose(&pg, 1);
         pg.sync().unwrap();
     }
 
