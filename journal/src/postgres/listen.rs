@@ -72,11 +72,13 @@ async fn durable_last_seq(
     client: &tokio_postgres::Client,
     last_seq: &str,
 ) -> Result<u64, tokio_postgres::Error> {
+    // Sent together when first polled, in this order: one round trip.
     let (begun, row, committed) = futures_util::future::join3(
-        client.batch_execute(
-            "BEGIN; SET LOCAL synchronous_commit TO on; \
-             SELECT pg_logical_emit_message(true, 'dtask', '')",
-        ),
+        client.batch_execute(concat!(
+            "BEGIN; ",
+            super::write::flush_at_commit!(),
+            "; SELECT pg_logical_emit_message(true, 'dtask', '')"
+        )),
         client.query_one(last_seq, &[]),
         client.batch_execute("COMMIT"),
     )

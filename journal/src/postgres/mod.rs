@@ -567,9 +567,7 @@ impl Backend for PgBackend {
         statements.extend(notice);
         self.reader().call(move |client| {
             Box::pin(async move {
-                client
-                    .batch_execute("BEGIN; SELECT id FROM dtask_writer WHERE id = 1 FOR UPDATE")
-                    .await?;
+                client.batch_execute(write::BEGIN_LOCKED).await?;
                 write_and_commit(&client, statements, Flush::AsTheSession).await
             })
         })
@@ -724,9 +722,7 @@ impl Backend for PgBackend {
                     // tasks written since `since` and the heads the writer needs are read once
                     // the lock is held. The last two are planned each time (ranges and
                     // lookups of growing tables).
-                    let lock = client
-                        .statement("SELECT id FROM dtask_writer WHERE id = 1 FOR UPDATE", &[])
-                        .await?;
+                    let lock = client.statement(write::WRITER_LOCK, &[]).await?;
                     let read = client
                         .statement(
                             "SELECT value FROM dtask_meta WHERE name = $1",
