@@ -508,7 +508,7 @@ fn an_older_schema_is_migrated_at_open_and_keeps_its_records() {
     }
     // Back to schema version 1: as a journal made by the build before version 2 was.
     admin(&format!(
-        "SET search_path TO \"{schema}\"; DROP FUNCTION dtask_expect_tail(bytea); \
+        "SET search_path TO \"{schema}\"; {BACK_TO_2} DROP FUNCTION dtask_expect_tail(bytea); \
          DELETE FROM dtask_schema WHERE version = 2"
     ));
     let pg = open(&url);
@@ -518,4 +518,151 @@ fn an_older_schema_is_migrated_at_open_and_keeps_its_records() {
     assert_eq!(pg.stream_len("a").unwrap(), Some(20));
     let reader = Journal::open_postgres_read_only(&url).unwrap();
     assert_eq!(reader.read_stream("a", 0).count(), 20);
+}
+
+/// Takes a schema of version 3 back to version 2 (run with the schema on the search path): the
+/// writer lock the row of `dtask_writer` again.
+const BACK_TO_2: &str = "DROP FUNCTION dtask_lock_writer(); \
+     CREATE TABLE dtask_writer (id integer PRIMARY KEY CHECK (id = 1)); \
+     INSERT INTO dtask_writer (id) VALUES (1); \
+     DELETE FROM dtask_schema WHERE version = 3;";
+
+/// A connection of the test's own to the test database, with `schema` on its search path, and
+/// a runtime to drive it.
+fn raw(schema: &str) -> (tokio::runtime::Runtime, tokio_postgres::Client) {
+    let base = std::env::var("DTASK_TEST_PG_URL").unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let client = runtime.block_on(async {
+        let (client, conn) = tokio_postgres::connect(&base, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        client
+            .batch_execute(&format!("SET search_path TO \"{schema}\""))
+            .await
+            .unwrap();
+        client
+    });
+    (runtime, client)
+}
+
+/// How a node of the build before schema version 3 began each batch.
+const OLD_LOCK: &str = "BEGIN; SELECT id FROM dtask_writer WHERE id = 1 FOR UPDATE";
+
+/// A node of the build before schema version 3 takes the writer lock as a row lock; the
+/// upgrade to version 3 (an open of this build) waits for its batch in flight, then drops the
+/// row's table, so that the earlier node's next batch fails instead of writing beside the
+/// upgraded nodes, which take an advisory lock the row lock does not exclude.
+#[test]
+fn an_upgrade_fences_off_the_nodes_of_the_earlier_version() {
+    let Some(url) = url("fence") else {
+        return;
+    };
+    let schema = url.rsplit_once("schema=").unwrap().1.to_owned();
+    drop(open(&url));
+    admin(&format!("SET search_path TO \"{schema}\"; {BACK_TO_2}"));
+    // The earlier node, in the middle of a batch: it holds the row lock.
+    let (runtime, old) = raw(&schema);
+    runtime.block_on(old.batch_execute(OLD_LOCK)).unwrap();
+    let old_pid: i32 = runtime
+        .block_on(old.query_one("SELECT pg_backend_pid()", &[]))
+        .unwrap()
+        .get(0);
+    let upgrading = std::thread::spawn({
+        let url = url.clone();
+        move || {
+            let journal = open(&url);
+            journal.append("after", 0, &[created("after")]).unwrap();
+            journal
+        }
+    });
+    // The upgrade waits on the earlier node's lock (seen from the server's side) …
+    let (watch_runtime, watch) = raw(&schema);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut waiting = false;
+    while !waiting && std::time::Instant::now() < deadline {
+        let row = watch_runtime
+            .block_on(watch.query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE wait_event_type = 'Lock' AND $1 = ANY(pg_blocking_pids(pid))",
+                &[&old_pid],
+            ))
+            .unwrap();
+        waiting = row.get::<_, i64>(0) == 1;
+        std::thread::yield_now();
+    }
+    assert!(
+        waiting,
+        "the upgrade did not wait for the earlier node's batch"
+    );
+    assert!(!upgrading.is_finished());
+    // … which commits; the upgrade goes on, and the upgraded node appends.
+    runtime.block_on(old.batch_execute("COMMIT")).unwrap();
+    let journal = upgrading.join().unwrap();
+    assert_eq!(journal.stream_len("after").unwrap(), Some(1));
+    // The earlier node's next batch fails: its lock is gone.
+    let fenced = runtime.block_on(old.batch_execute(OLD_LOCK)).unwrap_err();
+    assert_eq!(
+        fenced.code(),
+        Some(&tokio_postgres::error::SqlState::UNDEFINED_TABLE),
+        "{fenced}"
+    );
+    runtime.block_on(old.batch_execute("ROLLBACK")).unwrap();
+    // And an open of the earlier version would be refused: the schema says 3.
+    let version = watch_runtime
+        .block_on(watch.query_one("SELECT max(version) FROM dtask_schema", &[]))
+        .unwrap();
+    assert_eq!(
+        u32::try_from(version.get::<_, i32>(0)).unwrap(),
+        dtask_journal::postgres::SCHEMA_VERSION
+    );
+}
+
+/// The writer lock is held in the server's memory for the transaction, and is the journal's
+/// own: while one journal's is held, another journal's (another schema) is free, and its
+/// appends go on.
+#[test]
+fn the_writer_lock_is_each_journals_own() {
+    let (Some(one), Some(other)) = (url("lock-one"), url("lock-other")) else {
+        return;
+    };
+    let (one_journal, other_journal) = (open(&one), open(&other));
+    let schema = |url: &str| url.rsplit_once("schema=").unwrap().1.to_owned();
+    let (runtime, holder) = raw(&schema(&one));
+    runtime
+        .block_on(holder.batch_execute("BEGIN; SELECT dtask_lock_writer()"))
+        .unwrap();
+    // Held: another transaction of this journal cannot take it …
+    let (contender_runtime, contender) = raw(&schema(&one));
+    let refused =
+        contender_runtime
+            .block_on(contender.batch_execute(
+                "BEGIN; SET LOCAL lock_timeout TO '50ms'; SELECT dtask_lock_writer()",
+            ))
+            .unwrap_err();
+    assert_eq!(
+        refused.code(),
+        Some(&tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE),
+        "{refused}"
+    );
+    contender_runtime
+        .block_on(contender.batch_execute("ROLLBACK"))
+        .unwrap();
+    // … an advisory lock, not a row's …
+    let advisory = runtime
+        .block_on(holder.query_one(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+             AND pid = pg_backend_pid()",
+            &[],
+        ))
+        .unwrap();
+    assert_eq!(advisory.get::<_, i64>(0), 1);
+    // … and the other journal's writer is not held up by it.
+    other_journal.append("free", 0, &[created("free")]).unwrap();
+    runtime.block_on(holder.batch_execute("COMMIT")).unwrap();
+    one_journal.append("then", 0, &[created("then")]).unwrap();
+    assert_eq!(one_journal.stream_len("then").unwrap(), Some(1));
 }

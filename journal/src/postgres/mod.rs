@@ -6,7 +6,8 @@
 //! the live index, the outbox, the audit's bulk readers — works on it unchanged, and the
 //! framing, the chain digest and the CRC are the embedded journal's. What differs is who
 //! decides: the database. Each batch of the group-commit writer is one transaction that
-//! first locks the one row of `dtask_writer` ([`Backend::lock_for_write`]), reads the tail
+//! first takes the journal's writer lock, an advisory lock of the transaction
+//! ([`Backend::lock_for_write`]), reads the tail
 //! marker the last writer of any process committed and the tasks written since this
 //! writer's last batch (in the same round trip), checks every append's expected position
 //! against the heads as committed, and writes the records, the indexes and the new tail —

@@ -17,10 +17,14 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "0002_expect_tail.sql",
         include_str!("../../migrations/postgres/0002_expect_tail.sql"),
     ),
+    (
+        "0003_advisory_writer_lock.sql",
+        include_str!("../../migrations/postgres/0003_advisory_writer_lock.sql"),
+    ),
 ];
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// Creates the schema and applies every migration it lacks; returns the schema's version.
 ///

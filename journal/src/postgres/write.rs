@@ -259,12 +259,13 @@ pub(crate) fn statements(ops: Vec<BatchOp>) -> Result<Vec<Statement>> {
 /// The last value (or deletion) of each (space, key) of a batch.
 type Last = BTreeMap<(usize, Vec<u8>), Option<Vec<u8>>>;
 
-/// The writer lock's statement: the one row of `dtask_writer`, held until the transaction
-/// ends. A macro, so that `concat!` builds the statements that begin a batch with it into one
-/// message (sent as three, they cost a lone append ~7 % at one caller).
+/// The writer lock's statement: the journal's advisory lock (schema version 3, migration
+/// `0003_advisory_writer_lock.sql`), held until the transaction ends. A macro, so that
+/// `concat!` builds the statements that begin a batch with it into one message (sent as
+/// three, they cost a lone append ~7 % at one caller).
 macro_rules! writer_lock {
     () => {
-        "SELECT id FROM dtask_writer WHERE id = 1 FOR UPDATE"
+        "SELECT dtask_lock_writer()"
     };
 }
 
