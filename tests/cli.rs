@@ -967,6 +967,10 @@ fn stats_counts_tasks_and_records() {
     assert_eq!(stats["by_type"]["notification_acked"]["records"], 3);
     assert_eq!(stats["records"], stats["last_seq"]);
     assert_eq!(stats["largest"].as_array().unwrap().len(), 5);
+    assert!(
+        stats["postgres_schema"].is_null(),
+        "an embedded journal has no schema"
+    );
     // The storage engine's figures: the journal was closed, so its records are in table
     // files (the live streams in `events`, the finished ones in `finished`), none owed.
     let storage = &stats["storage"];
@@ -1470,6 +1474,21 @@ fn a_postgres_journal_runs_the_demo_and_moves_between_backends_bit_exact() {
         .assert()
         .success()
         .stdout(predicate::str::contains("agent-1/backup"));
+    // `stats` names the schema's version, which the demo's open migrated to this build's.
+    let stats = json(&stdout(dtask_at(&pg).args(["stats", "--json"])));
+    assert_eq!(
+        stats["postgres_schema"],
+        dtask_journal::postgres::SCHEMA_VERSION,
+        "{stats}"
+    );
+    dtask_at(&pg)
+        .arg("stats")
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(format!(
+            "PostgreSQL schema version {}",
+            dtask_journal::postgres::SCHEMA_VERSION
+        )));
     let from_pg = tmp.path().join("pg.jsonl");
     dtask_at(&pg)
         .args(["export", "-o"])

@@ -387,6 +387,13 @@ pub trait Backend: Send + Sync + 'static {
         "a custom backend".to_owned()
     }
 
+    /// The version of the store's own schema, where it has one (a database's tables:
+    /// [`crate::postgres::SCHEMA_VERSION`] once a writer's open migrated them); `None` (the
+    /// default) for a store without one.
+    fn schema_version(&self) -> Option<u32> {
+        None
+    }
+
     /// Whether other processes write this store too (a shared database). Then everything a
     /// read sees is committed and durable (no watermark of this process's applies), the
     /// writer takes the store's writer lock for each batch ([`Backend::lock_for_write`]),

@@ -341,6 +341,14 @@ impl Journal {
         self.inner.format
     }
 
+    /// The version of the database schema the journal lives in, for a journal on PostgreSQL
+    /// ([`crate::postgres::SCHEMA_VERSION`] once a writer's open migrated it; a reader's open
+    /// leaves an older one as it is); `None` for an embedded journal.
+    #[must_use]
+    pub fn schema_version(&self) -> Option<u32> {
+        self.inner.backend.schema_version()
+    }
+
     /// The framing the journal's records are written in, as its `meta` space names it
     /// ([`RecordFormat::BLAKE3`] for a journal of a format before 5).
     #[must_use]

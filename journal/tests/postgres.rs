@@ -511,7 +511,15 @@ fn an_older_schema_is_migrated_at_open_and_keeps_its_records() {
         "SET search_path TO \"{schema}\"; {BACK_TO_2} DROP FUNCTION dtask_expect_tail(bytea); \
          DELETE FROM dtask_schema WHERE version = 2"
     ));
+    // A reader leaves it as it is and says so; a writer migrates it.
+    let reader = Journal::open_postgres_read_only(&url).unwrap();
+    assert_eq!(reader.schema_version(), Some(1));
+    drop(reader);
     let pg = open(&url);
+    assert_eq!(
+        pg.schema_version(),
+        Some(dtask_journal::postgres::SCHEMA_VERSION)
+    );
     for i in 1..20 {
         pg.append("a", i, &[update(i)]).unwrap();
     }

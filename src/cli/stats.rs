@@ -78,6 +78,7 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
         out.json(&json!({
             "journal_format": journal.format_version(),
             "record_format": journal.record_format().version(),
+            "postgres_schema": journal.schema_version(),
             "tasks": tasks,
             "records": records,
             "bytes": bytes,
@@ -91,9 +92,13 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
         }))?;
         return out.flush();
     }
+    let schema = journal
+        .schema_version()
+        .map(|v| format!(", PostgreSQL schema version {v}"))
+        .unwrap_or_default();
     out.line(format!(
         "{}, {}, {} ({bytes} bytes), last sequence {last_seq}, journal format {}, record \
-         format {}",
+         format {}{schema}",
         fmt::count(tasks, "task"),
         fmt::count(records, "record"),
         fmt::size(bytes),

@@ -17,7 +17,7 @@
 //!
 //! The writer's commits do not wait for the database's flush: [`PgBackend::sync`], on the
 //! syncer's connection, makes them durable after, finding the last record committed again
-//! first ([`write::flush`]), and only then are the appends acknowledged — the write and the
+//! first (`write::flush`), and only then are the appends acknowledged — the write and the
 //! sync of the embedded journal, as two stages (docs/ARCHITECTURE.md, "Why a PostgreSQL
 //! batch is flushed after its commit").
 //!
@@ -183,6 +183,8 @@ pub struct PgBackend {
     /// hears of every failure of its connection (see [`Reopen::Loudly`]).
     unheard: AtomicBool,
     read_only: bool,
+    /// The schema's version as the open found it, or made it ([`schema::migrate`]).
+    schema_version: u32,
     /// How connections are opened (for the listener, started on first use).
     target: Target,
     listener: std::sync::OnceLock<Option<listen::Listener>>,
@@ -218,7 +220,7 @@ impl PgBackend {
             synchronous: durability == Durability::Sync,
         };
         let first = Conn::open(target.clone(), "reader-0")?;
-        schema::migrate(&first, &location.schema, read_only, seed)?;
+        let schema_version = schema::migrate(&first, &location.schema, read_only, seed)?;
         let mut readers = vec![first];
         for i in 1..READERS {
             readers.push(Conn::open(target.clone(), &format!("reader-{i}"))?);
@@ -247,6 +249,7 @@ impl PgBackend {
             locked: AtomicBool::new(false),
             unheard: AtomicBool::new(false),
             read_only,
+            schema_version,
             target,
             listener: std::sync::OnceLock::new(),
         })
@@ -612,7 +615,7 @@ impl Backend for PgBackend {
 
     /// Makes durable every batch the writer committed so far: their commits returned
     /// without waiting for the database's flush, and this waits for it, after finding the
-    /// last record committed still there ([`write::flush`]); then announces them to other
+    /// last record committed still there (`write::flush`); then announces them to other
     /// processes. A failed round trip is tried again (on a connection opened again, if the
     /// server dropped it): what it finds, it makes durable. A record not found means the
     /// server lost what it had acknowledged and not flushed: an error, and the journal stops.
@@ -708,6 +711,10 @@ impl Backend for PgBackend {
 
     fn describe(&self) -> String {
         format!("postgres {}", self.location.display)
+    }
+
+    fn schema_version(&self) -> Option<u32> {
+        Some(self.schema_version)
     }
 
     fn lock_for_write(&self, since: u64, lacks: &[String]) -> Result<Option<WriteLock>> {
