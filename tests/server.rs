@@ -541,6 +541,7 @@ async fn a_read_only_follower_sees_new_commits_and_refuses_control() {
     assert_eq!(stats["tasks"], 2);
     assert_eq!(stats["by_status"]["completed"], 1);
     assert_eq!(stats["by_status"]["pending"], 1);
+    assert!(stats["postgres_schema"].is_null(), "{stats}");
     let (_, a) = server.get("/api/tasks/a").await;
     assert_eq!(a["state"]["status"], "completed");
     assert_eq!(a["state"]["result_data"]["text"], "ok");

@@ -292,6 +292,7 @@ pub async fn stats(State(shared): State<Arc<Shared>>) -> Json<Stats> {
         .to_owned(),
         journal_format: shared.journal.format_version(),
         record_format: shared.journal.record_format().version(),
+        postgres_schema: shared.journal.schema_version(),
         last_seq: s.last_seq,
         counted: s.counted,
         tasks: s.tasks,

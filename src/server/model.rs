@@ -569,6 +569,9 @@ pub struct Stats {
     pub journal_format: u32,
     /// The framing of the journal's records: 1 (BLAKE3 chain digests) or 2 (SHA-256).
     pub record_format: u8,
+    /// The version of a PostgreSQL journal's database schema (`null` for an embedded
+    /// journal).
+    pub postgres_schema: Option<u32>,
     /// The last global sequence the server has read.
     pub last_seq: u64,
     /// Whether the first count of the journal is done (the counts below are 0 until then).
