@@ -6,20 +6,24 @@
 //! The writer's commits return before the database's flush and its sync makes them durable
 //! afterwards, so a crash can take back commits the server had acknowledged: the journal must
 //! never have acknowledged one of them, and must not build on them once the database is back.
+//! A restart by an operator (`fast`) keeps every commit: then no append whose batch the
+//! server committed may fail — its sync waits for the server to come back.
 //! Without the variable the test says loudly that it was skipped.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod strategies;
 
-use dtask_journal::{Error, Journal, JournalOptions};
+use dtask_journal::observe::{BatchWritten, WriteObserver};
+use dtask_journal::{Error, Event, Journal, JournalOptions, Timestamp};
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use strategies::{created, update};
 
 /// A private PostgreSQL cluster in a temporary directory, stopped when dropped.
+#[derive(Debug)]
 struct Cluster {
     bin: PathBuf,
     dir: tempfile::TempDir,
@@ -130,6 +134,14 @@ impl Cluster {
     fn crash(&self) {
         let data = self.data();
         self.pg("pg_ctl", &["-D", &data, "-m", "immediate", "-w", "stop"]);
+    }
+
+    /// Stops the server as an operator's restart does (`fast`): transactions in progress
+    /// are rolled back, and the whole write-ahead log is flushed — every commit the server
+    /// acknowledged is kept.
+    fn stop_fast(&self) {
+        let data = self.data();
+        self.pg("pg_ctl", &["-D", &data, "-m", "fast", "-w", "stop"]);
     }
 
     fn url(&self, schema: &str) -> String {
@@ -305,4 +317,168 @@ fn a_database_crash_under_load_loses_nothing_acknowledged_and_the_journal_goes_o
         again.append(&writer.task, len, &[event]).unwrap();
     }
     check_everything_acknowledged_is_there(&url, &writers);
+}
+
+/// Stops the database (`fast`) from within the writer, right after it committed a batch that
+/// its syncer is to flush (one written with appends queued behind it), and has it started
+/// again on another thread: that batch's sync then finds the server down.
+#[derive(Debug)]
+struct RestartAfterACommit {
+    cluster: Arc<Cluster>,
+    done: AtomicBool,
+    restarted: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl WriteObserver for RestartAfterACommit {
+    fn batch_written(&self, batch: &BatchWritten) {
+        if batch.appends == 0 || batch.queued == 0 || self.done.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.cluster.stop_fast();
+        let cluster = Arc::clone(&self.cluster);
+        *self.restarted.lock().unwrap() = Some(std::thread::spawn(move || cluster.start()));
+    }
+}
+
+/// An append with an id of its own (the attempt's), to tell afterwards which attempts the
+/// database kept.
+fn attempt(id: &str, at: u64) -> Event {
+    Event::UpdateAppended {
+        attempt: 1,
+        event_id: id.to_owned(),
+        kind: "progress".into(),
+        data: Vec::new(),
+        metadata: vec![],
+        at: Timestamp(at),
+    }
+}
+
+/// Appends to `task` until `stop`, each attempt with an id of its own; returns the task and
+/// the ids of the attempts acknowledged and of those that failed.
+fn attempt_until(
+    journal: &Journal,
+    task: String,
+    stop: &AtomicBool,
+    acks: &AtomicUsize,
+) -> (String, Vec<String>, Vec<String>) {
+    let (mut acknowledged, mut failed) = (Vec::new(), Vec::new());
+    let mut position = None;
+    let mut n = 0_u64;
+    while !stop.load(Ordering::Relaxed) {
+        let at = match position {
+            Some(at) => at,
+            None => match journal.stream_len(&task) {
+                Ok(len) => len.unwrap_or_default(),
+                Err(Error::Storage(_)) => {
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                }
+                Err(other) => panic!("{task}: {other:?}"),
+            },
+        };
+        n += 1;
+        // A creation has no id of its own: only the updates are told apart.
+        let id = (at > 0).then(|| format!("{task}-{n}"));
+        let event = match &id {
+            None => created(&task),
+            Some(id) => attempt(id, at),
+        };
+        match journal.append(&task, at, &[event]) {
+            Ok(_) => {
+                acknowledged.extend(id);
+                acks.fetch_add(1, Ordering::Relaxed);
+                position = Some(at + 1);
+            }
+            Err(e @ (Error::Storage(_) | Error::Conflict { .. })) => {
+                assert!(!e.to_string().contains("is gone"), "{task}: {e}");
+                failed.extend(id);
+                position = None;
+            }
+            Err(other) => panic!("{task}: {other:?}"),
+        }
+    }
+    (task, acknowledged, failed)
+}
+
+/// A restart of the database (an operator's: `fast`) keeps every commit the server
+/// acknowledged, so no append whose batch was committed may fail: the sync of a batch
+/// committed just before the stop waits for the server to come back, finds the batch, flushes
+/// it and acknowledges its appends. Every attempt that failed is absent from the journal, and
+/// every acknowledged one is there.
+#[test]
+fn a_restart_of_the_database_fails_no_append_whose_batch_it_kept() {
+    let Some(cluster) = Cluster::new("dbrestart") else {
+        return;
+    };
+    let cluster = Arc::new(cluster);
+    let url = cluster.url("restart");
+    let journal = Journal::open_postgres(&url, JournalOptions::default()).unwrap();
+    let restart = Arc::new(RestartAfterACommit {
+        cluster: Arc::clone(&cluster),
+        done: AtomicBool::new(false),
+        restarted: Mutex::new(None),
+    });
+    assert!(journal.observe(Arc::clone(&restart) as Arc<dyn WriteObserver>));
+    let stop = Arc::new(AtomicBool::new(false));
+    let acks = Arc::new(AtomicUsize::new(0));
+    let threads: Vec<_> = (0..8)
+        .map(|w| {
+            let (journal, stop, acks) = (journal.clone(), Arc::clone(&stop), Arc::clone(&acks));
+            std::thread::spawn(move || attempt_until(&journal, format!("r{w}"), &stop, &acks))
+        })
+        .collect();
+    wait_for("the database stopped after a commit", || {
+        restart.done.load(Ordering::Acquire)
+            || threads.iter().any(std::thread::JoinHandle::is_finished)
+    });
+    let restarted = loop {
+        if let Some(handle) = restart.restarted.lock().unwrap().take() {
+            break Some(handle);
+        }
+        if threads.iter().any(std::thread::JoinHandle::is_finished) {
+            break None;
+        }
+        std::thread::yield_now();
+    };
+    if let Some(restarted) = restarted {
+        restarted.join().unwrap();
+    }
+    let before = acks.load(Ordering::Relaxed);
+    wait_for("appends acknowledged after the restart", || {
+        acks.load(Ordering::Relaxed) >= before + 200
+            || threads.iter().any(std::thread::JoinHandle::is_finished)
+    });
+    stop.store(true, Ordering::Relaxed);
+    let outcomes: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let reader = Journal::open_postgres_read_only(&url).unwrap();
+    let mut failures = 0;
+    for (task, acknowledged, failed) in &outcomes {
+        let kept: std::collections::HashSet<String> = reader
+            .read_stream(task, 0)
+            .filter_map(|r| match r.unwrap().event {
+                Event::UpdateAppended { event_id, .. } => Some(event_id),
+                _ => None,
+            })
+            .collect();
+        for id in acknowledged {
+            assert!(kept.contains(id), "{id} was acknowledged and is lost");
+        }
+        for id in failed {
+            assert!(
+                !kept.contains(id),
+                "{id} failed, yet the database kept it: its batch was committed and its sync \
+                 gave up"
+            );
+        }
+        failures += failed.len();
+    }
+    eprintln!(
+        "{} appends acknowledged, {failures} failed while the database restarted, none of \
+         them kept",
+        acks.load(Ordering::Relaxed)
+    );
+    assert!(
+        restart.done.load(Ordering::Acquire),
+        "the database never restarted"
+    );
 }

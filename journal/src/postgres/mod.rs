@@ -304,9 +304,17 @@ impl PgBackend {
     }
 }
 
-/// How often [`PgBackend::sync`] sends its round trip before it gives up: a connection the
-/// server dropped fails one call and is open again for the next.
-const FLUSH_ATTEMPTS: usize = 3;
+/// How long [`PgBackend::sync`] tries its round trip again before it gives up: long enough
+/// to ride out a restart of the database (a connection the server dropped fails one call and
+/// is open again for the next; while the server is down, none opens). Its commits were
+/// acknowledged by the server, and a restart that flushed them (PostgreSQL's fast and smart
+/// shutdowns write the whole log) keeps them: they are found again, flushed and acknowledged,
+/// instead of failing appends whose records are there.
+const FLUSH_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The longest pause between two tries of [`PgBackend::sync`] (the first ones follow each
+/// other at once, then 10 ms, doubling up to this).
+const FLUSH_PAUSE_MAX: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// The last record of a batch the writer committed without waiting for the flush: what the
 /// next sync finds again before it makes it durable.
@@ -616,9 +624,11 @@ impl Backend for PgBackend {
     /// Makes durable every batch the writer committed so far: their commits returned
     /// without waiting for the database's flush, and this waits for it, after finding the
     /// last record committed still there (`write::flush`); then announces them to other
-    /// processes. A failed round trip is tried again (on a connection opened again, if the
-    /// server dropped it): what it finds, it makes durable. A record not found means the
-    /// server lost what it had acknowledged and not flushed: an error, and the journal stops.
+    /// processes. A failed round trip is tried again, for up to [`FLUSH_PATIENCE`] (on a
+    /// connection opened again, if the server dropped it; while the server restarts, with
+    /// pauses): what it finds, it makes durable. A record not found means the server lost
+    /// what it had acknowledged and not flushed: an error for the appends waiting (the
+    /// journal goes on: [`Backend::sync_failure_is_final`]).
     fn sync(&self) -> Result<()> {
         let Some(syncer) = &self.syncer else {
             return Ok(());
@@ -632,8 +642,19 @@ impl Backend for PgBackend {
             return Ok(());
         };
         let payload = listen::payload(&self.location.schema, mark.seq);
+        let deadline = std::time::Instant::now() + FLUSH_PATIENCE;
+        let mut pause = std::time::Duration::ZERO;
         let mut failed = None;
-        for _ in 0..FLUSH_ATTEMPTS {
+        loop {
+            if failed.is_some() {
+                if std::time::Instant::now() + pause > deadline {
+                    break;
+                }
+                std::thread::sleep(pause);
+                pause = (pause * 2)
+                    .max(std::time::Duration::from_millis(10))
+                    .min(FLUSH_PAUSE_MAX);
+            }
             let (sent, payload) = (Arc::clone(&mark), payload.clone());
             let found = syncer.call(move |client| {
                 Box::pin(async move {
@@ -653,7 +674,12 @@ impl Backend for PgBackend {
                 Err(e) => failed = Some(e),
             }
         }
-        Err(failed.unwrap_or_else(|| Error::storage("no flush was tried")))
+        let why = failed.map_or_else(|| "no flush was tried".to_owned(), |e| e.to_string());
+        Err(Error::storage(format!(
+            "cannot flush the journal's commits on PostgreSQL at {} (tried for {} s): {why}",
+            self.location.display,
+            FLUSH_PATIENCE.as_secs()
+        )))
     }
 
     fn sync_failure_is_final(&self) -> bool {
