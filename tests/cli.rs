@@ -1443,6 +1443,22 @@ fn pg_url(name: &str) -> Option<String> {
     ))
 }
 
+/// Runs `sql` on the test database, outside any journal.
+fn pg_admin(sql: &str) {
+    let base = std::env::var("DTASK_TEST_PG_URL").unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let (client, conn) = tokio_postgres::connect(&base, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        client.batch_execute(sql).await.unwrap();
+    });
+}
+
 fn dtask_at(journal: &str) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_dtask"));
     cmd.env_remove("DTASK_JOURNAL")
@@ -1489,6 +1505,37 @@ fn a_postgres_journal_runs_the_demo_and_moves_between_backends_bit_exact() {
             "PostgreSQL schema version {}",
             dtask_journal::postgres::SCHEMA_VERSION
         )));
+    // Up to date: `migrate --check` says so.
+    let checked = json(&stdout(
+        dtask_at(&pg).args(["--json", "migrate", "--check"]),
+    ));
+    assert_eq!(checked["pending"], false, "{checked}");
+    assert_eq!(
+        checked["postgres_schema"]["before"],
+        dtask_journal::postgres::SCHEMA_VERSION,
+        "{checked}"
+    );
+    // Back to schema version 2 (the writer lock a row lock): pending, then migrated.
+    let schema = pg.rsplit_once("schema=").unwrap().1;
+    pg_admin(&format!(
+        "SET search_path TO \"{schema}\"; DROP FUNCTION dtask_lock_writer(); \
+         CREATE TABLE dtask_writer (id integer PRIMARY KEY CHECK (id = 1)); \
+         INSERT INTO dtask_writer (id) VALUES (1); DELETE FROM dtask_schema WHERE version = 3"
+    ));
+    dtask_at(&pg)
+        .args(["migrate", "--check"])
+        .assert()
+        .code(1)
+        .stdout(predicate::str::contains("PostgreSQL schema version 2"));
+    dtask_at(&pg)
+        .arg("migrate")
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(format!(
+            "PostgreSQL schema version 2 to journal format {}, PostgreSQL schema version {}",
+            dtask_journal::JOURNAL_FORMAT_VERSION,
+            dtask_journal::postgres::SCHEMA_VERSION
+        )));
     let from_pg = tmp.path().join("pg.jsonl");
     dtask_at(&pg)
         .args(["export", "-o"])
@@ -1533,4 +1580,82 @@ fn a_postgres_journal_runs_the_demo_and_moves_between_backends_bit_exact() {
         .assert()
         .code(2)
         .stderr(predicate::str::contains("127.0.0.1:1"));
+}
+
+/// Turns the journal in `dir` (created with BLAKE3 records) into what journal format 4 stored:
+/// version 4, no record framing named.
+fn make_format_4(dir: &Path) {
+    let cfs: Vec<_> = dtask_journal::keys::COLUMN_FAMILIES.to_vec();
+    let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), dir, cfs).unwrap();
+    let meta = db.cf_handle(Space::Meta.name()).unwrap();
+    db.put_cf(meta, keys::META_FORMAT_VERSION, 4u32.to_be_bytes())
+        .unwrap();
+    db.delete_cf(meta, keys::META_RECORD_FORMAT).unwrap();
+}
+
+/// Standard output of `cmd`, which must exit with `code`.
+fn stdout_of(cmd: &mut Command, code: i32) -> String {
+    let output = cmd.output().unwrap();
+    assert_eq!(
+        output.status.code(),
+        Some(code),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8(output.stdout).unwrap()
+}
+
+#[test]
+fn migrate_checks_and_brings_an_older_journal_up_to_this_builds_format() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("journal");
+    {
+        let options =
+            JournalOptions::default().with_record_format(dtask_journal::RecordFormat::BLAKE3);
+        let journal = Journal::open(&dir, options).unwrap();
+        let spec = TaskSpec::new("old", "x");
+        let created = Event::created(spec, LeasePolicy::Retry, Timestamp(1));
+        journal.append("old", 0, &[created]).unwrap();
+    }
+    make_format_4(&dir);
+    // Checked: pending, exit 1, nothing changed.
+    dtask(&dir)
+        .args(["migrate", "--check"])
+        .assert()
+        .code(1)
+        .stdout(predicate::str::contains("journal format 4"))
+        .stdout(predicate::str::contains("`dtask migrate` brings it there"));
+    let checked = json(&stdout_of(
+        dtask(&dir).args(["--json", "migrate", "--check"]),
+        1,
+    ));
+    assert_eq!(checked["pending"], true, "{checked}");
+    assert_eq!(checked["migrated"], false, "{checked}");
+    assert_eq!(checked["journal_format"]["after"], 4, "{checked}");
+    assert!(checked["postgres_schema"].is_null(), "{checked}");
+    // Migrated: the format is this build's, the records' framing is kept.
+    dtask(&dir)
+        .arg("migrate")
+        .assert()
+        .success()
+        .stdout(predicate::str::contains(format!(
+            "migrated from journal format 4 to journal format {}",
+            dtask_journal::JOURNAL_FORMAT_VERSION
+        )));
+    let journal = Journal::open_read_only(&dir).unwrap();
+    assert_eq!(
+        journal.format_version(),
+        dtask_journal::JOURNAL_FORMAT_VERSION
+    );
+    assert_eq!(journal.record_format(), dtask_journal::RecordFormat::BLAKE3);
+    assert_eq!(journal.read_stream("old", 0).count(), 1);
+    drop(journal);
+    dtask(&dir)
+        .args(["migrate", "--check"])
+        .assert()
+        .success()
+        .stdout(predicate::str::contains("up to date"));
+    let again = json(&stdout(dtask(&dir).args(["--json", "migrate"])));
+    assert_eq!(again["migrated"], false, "{again}");
+    assert_eq!(again["pending"], false, "{again}");
 }

@@ -9,6 +9,7 @@ mod export;
 mod fmt;
 mod import;
 mod location;
+mod migrate;
 mod replay;
 mod serve;
 mod show;
@@ -69,6 +70,9 @@ enum Command {
     Replay(replay::Args),
     /// Tasks by status and executor, records by type, bytes, largest tasks.
     Stats(stats::Args),
+    /// Bring the journal's format (and a PostgreSQL journal's schema) up to this build's;
+    /// `--check` only says whether anything is pending (exit 1 when it is).
+    Migrate(migrate::Args),
     /// Print the last records in global order, or follow a live journal.
     Tail(tail::Args),
     /// Run a sample workload on an embedded journal and show what happened.
@@ -196,6 +200,7 @@ pub fn run() -> ExitCode {
         Command::Verify(args) => verify::run(&global, &args),
         Command::Replay(args) => replay::run(&global, &args),
         Command::Stats(args) => stats::run(&global, &args),
+        Command::Migrate(args) => migrate::run(&global, &args),
         Command::Tail(args) => tail::run(&global, &args),
         Command::Demo(args) => demo::run(&global, &args),
         Command::Serve(args) => serve::run(&global, &args),
