@@ -662,7 +662,16 @@ impl Backend for PgBackend {
                 })
             });
             match found {
-                Ok(true) => return Ok(()),
+                Ok(true) => {
+                    if let Some(e) = failed {
+                        tracing::info!(
+                            failed = %e,
+                            "the journal's flush on PostgreSQL at {} went through after it failed",
+                            self.location.display
+                        );
+                    }
+                    return Ok(());
+                }
                 Ok(false) => {
                     return Err(Error::storage(format!(
                         "the record of {} at {} (sequence {}), committed and not yet flushed, \
@@ -671,7 +680,18 @@ impl Backend for PgBackend {
                         mark.task, mark.position, mark.seq, self.location.display
                     )))
                 }
-                Err(e) => failed = Some(e),
+                Err(e) => {
+                    if failed.is_none() {
+                        tracing::warn!(
+                            error = %e,
+                            "the journal's flush on PostgreSQL at {} failed; trying again for up \
+                             to {} s",
+                            self.location.display,
+                            FLUSH_PATIENCE.as_secs()
+                        );
+                    }
+                    failed = Some(e);
+                }
             }
         }
         let why = failed.map_or_else(|| "no flush was tried".to_owned(), |e| e.to_string());
