@@ -171,17 +171,43 @@ impl Drop for Cluster {
 /// What one writer thread did.
 struct Writer {
     task: String,
+    /// The positions acknowledged.
     acknowledged: Vec<u64>,
+    /// The ids of the updates acknowledged, and of those that failed (each attempt has an
+    /// id of its own; a creation has none).
+    acknowledged_ids: Vec<String>,
+    failed_ids: Vec<String>,
     failed: usize,
     /// Appends whose sync found their batch gone: committed, then lost in the crash.
     lost: usize,
 }
 
+/// An update whose id is the attempt's own, to tell afterwards which attempts the database
+/// kept.
+fn attempt(id: &str, at: u64) -> Event {
+    Event::UpdateAppended {
+        attempt: 1,
+        event_id: id.to_owned(),
+        kind: "progress".into(),
+        data: Vec::new(),
+        metadata: vec![],
+        at: Timestamp(at),
+    }
+}
+
+/// Appends to `task` until `stop`, each attempt with an id of its own.
 fn write_until(journal: &Journal, task: String, stop: &AtomicBool, acks: &AtomicUsize) -> Writer {
-    let mut acknowledged = Vec::new();
+    let mut writer = Writer {
+        task,
+        acknowledged: Vec::new(),
+        acknowledged_ids: Vec::new(),
+        failed_ids: Vec::new(),
+        failed: 0,
+        lost: 0,
+    };
+    let task = writer.task.clone();
     let mut position = None;
-    let mut failed = 0;
-    let mut lost = 0;
+    let mut n = 0_u64;
     while !stop.load(Ordering::Relaxed) {
         // Where the stream really is, after a failure: an append that failed may have
         // committed.
@@ -197,27 +223,29 @@ fn write_until(journal: &Journal, task: String, stop: &AtomicBool, acks: &Atomic
                 Err(other) => panic!("{task}: {other:?}"),
             },
         };
-        let event = if at == 0 { created(&task) } else { update(at) };
+        n += 1;
+        let id = (at > 0).then(|| format!("{task}-{n}"));
+        let event = match &id {
+            None => created(&task),
+            Some(id) => attempt(id, at),
+        };
         match journal.append(&task, at, &[event]) {
             Ok(_) => {
-                acknowledged.push(at);
+                writer.acknowledged.push(at);
+                writer.acknowledged_ids.extend(id);
                 acks.fetch_add(1, Ordering::Relaxed);
                 position = Some(at + 1);
             }
             Err(e @ (Error::Storage(_) | Error::Conflict { .. })) => {
-                failed += 1;
-                lost += usize::from(e.to_string().contains("is gone"));
+                writer.failed += 1;
+                writer.failed_ids.extend(id);
+                writer.lost += usize::from(e.to_string().contains("is gone"));
                 position = None;
             }
             Err(other) => panic!("{task}: {other:?}"),
         }
     }
-    Writer {
-        task,
-        acknowledged,
-        failed,
-        lost,
-    }
+    writer
 }
 
 /// Waits until `done` holds, or panics after a minute (a hang).
@@ -340,66 +368,6 @@ impl WriteObserver for RestartAfterACommit {
     }
 }
 
-/// An append with an id of its own (the attempt's), to tell afterwards which attempts the
-/// database kept.
-fn attempt(id: &str, at: u64) -> Event {
-    Event::UpdateAppended {
-        attempt: 1,
-        event_id: id.to_owned(),
-        kind: "progress".into(),
-        data: Vec::new(),
-        metadata: vec![],
-        at: Timestamp(at),
-    }
-}
-
-/// Appends to `task` until `stop`, each attempt with an id of its own; returns the task and
-/// the ids of the attempts acknowledged and of those that failed.
-fn attempt_until(
-    journal: &Journal,
-    task: String,
-    stop: &AtomicBool,
-    acks: &AtomicUsize,
-) -> (String, Vec<String>, Vec<String>) {
-    let (mut acknowledged, mut failed) = (Vec::new(), Vec::new());
-    let mut position = None;
-    let mut n = 0_u64;
-    while !stop.load(Ordering::Relaxed) {
-        let at = match position {
-            Some(at) => at,
-            None => match journal.stream_len(&task) {
-                Ok(len) => len.unwrap_or_default(),
-                Err(Error::Storage(_)) => {
-                    std::thread::sleep(Duration::from_millis(20));
-                    continue;
-                }
-                Err(other) => panic!("{task}: {other:?}"),
-            },
-        };
-        n += 1;
-        // A creation has no id of its own: only the updates are told apart.
-        let id = (at > 0).then(|| format!("{task}-{n}"));
-        let event = match &id {
-            None => created(&task),
-            Some(id) => attempt(id, at),
-        };
-        match journal.append(&task, at, &[event]) {
-            Ok(_) => {
-                acknowledged.extend(id);
-                acks.fetch_add(1, Ordering::Relaxed);
-                position = Some(at + 1);
-            }
-            Err(e @ (Error::Storage(_) | Error::Conflict { .. })) => {
-                assert!(!e.to_string().contains("is gone"), "{task}: {e}");
-                failed.extend(id);
-                position = None;
-            }
-            Err(other) => panic!("{task}: {other:?}"),
-        }
-    }
-    (task, acknowledged, failed)
-}
-
 /// A restart of the database (an operator's: `fast`) keeps every commit the server
 /// acknowledged, so no append whose batch was committed may fail: the sync of a batch
 /// committed just before the stop waits for the server to come back, finds the batch, flushes
@@ -424,7 +392,7 @@ fn a_restart_of_the_database_fails_no_append_whose_batch_it_kept() {
     let threads: Vec<_> = (0..8)
         .map(|w| {
             let (journal, stop, acks) = (journal.clone(), Arc::clone(&stop), Arc::clone(&acks));
-            std::thread::spawn(move || attempt_until(&journal, format!("r{w}"), &stop, &acks))
+            std::thread::spawn(move || write_until(&journal, format!("r{w}"), &stop, &acks))
         })
         .collect();
     wait_for("the database stopped after a commit", || {
@@ -449,28 +417,29 @@ fn a_restart_of_the_database_fails_no_append_whose_batch_it_kept() {
             || threads.iter().any(std::thread::JoinHandle::is_finished)
     });
     stop.store(true, Ordering::Relaxed);
-    let outcomes: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let writers: Vec<Writer> = threads.into_iter().map(|t| t.join().unwrap()).collect();
     let reader = Journal::open_postgres_read_only(&url).unwrap();
     let mut failures = 0;
-    for (task, acknowledged, failed) in &outcomes {
+    for writer in &writers {
+        assert_eq!(writer.lost, 0, "{}: a restart lost a commit", writer.task);
         let kept: std::collections::HashSet<String> = reader
-            .read_stream(task, 0)
+            .read_stream(&writer.task, 0)
             .filter_map(|r| match r.unwrap().event {
                 Event::UpdateAppended { event_id, .. } => Some(event_id),
                 _ => None,
             })
             .collect();
-        for id in acknowledged {
+        for id in &writer.acknowledged_ids {
             assert!(kept.contains(id), "{id} was acknowledged and is lost");
         }
-        for id in failed {
+        for id in &writer.failed_ids {
             assert!(
                 !kept.contains(id),
                 "{id} failed, yet the database kept it: its batch was committed and its sync \
                  gave up"
             );
         }
-        failures += failed.len();
+        failures += writer.failed;
     }
     eprintln!(
         "{} appends acknowledged, {failures} failed while the database restarted, none of \
