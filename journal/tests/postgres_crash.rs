@@ -248,6 +248,29 @@ fn write_until(journal: &Journal, task: String, stop: &AtomicBool, acks: &Atomic
     writer
 }
 
+/// Starts `n` writer threads ([`write_until`]) on tasks `{prefix}0`, `{prefix}1`, …; returns
+/// the flag that stops them, the count of their acknowledgements, and the threads.
+fn start_writers(
+    journal: &Journal,
+    n: usize,
+    prefix: &str,
+) -> (
+    Arc<AtomicBool>,
+    Arc<AtomicUsize>,
+    Vec<std::thread::JoinHandle<Writer>>,
+) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let acks = Arc::new(AtomicUsize::new(0));
+    let threads = (0..n)
+        .map(|w| {
+            let (journal, stop, acks) = (journal.clone(), Arc::clone(&stop), Arc::clone(&acks));
+            let task = format!("{prefix}{w}");
+            std::thread::spawn(move || write_until(&journal, task, &stop, &acks))
+        })
+        .collect();
+    (stop, acks, threads)
+}
+
 /// Waits until `done` holds, or panics after a minute (a hang).
 fn wait_for(what: &str, done: impl Fn() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -292,14 +315,7 @@ fn a_database_crash_under_load_loses_nothing_acknowledged_and_the_journal_goes_o
     };
     let url = cluster.url("crash");
     let journal = Journal::open_postgres(&url, JournalOptions::default()).unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let acks = Arc::new(AtomicUsize::new(0));
-    let threads: Vec<_> = (0..16)
-        .map(|w| {
-            let (journal, stop, acks) = (journal.clone(), Arc::clone(&stop), Arc::clone(&acks));
-            std::thread::spawn(move || write_until(&journal, format!("w{w}"), &stop, &acks))
-        })
-        .collect();
+    let (stop, acks, threads) = start_writers(&journal, 16, "w");
     for round in 0..3 {
         let before = acks.load(Ordering::Relaxed);
         wait_for("appends acknowledged", || {
@@ -387,14 +403,7 @@ fn a_restart_of_the_database_fails_no_append_whose_batch_it_kept() {
         restarted: Mutex::new(None),
     });
     assert!(journal.observe(Arc::clone(&restart) as Arc<dyn WriteObserver>));
-    let stop = Arc::new(AtomicBool::new(false));
-    let acks = Arc::new(AtomicUsize::new(0));
-    let threads: Vec<_> = (0..8)
-        .map(|w| {
-            let (journal, stop, acks) = (journal.clone(), Arc::clone(&stop), Arc::clone(&acks));
-            std::thread::spawn(move || write_until(&journal, format!("r{w}"), &stop, &acks))
-        })
-        .collect();
+    let (stop, acks, threads) = start_writers(&journal, 8, "r");
     wait_for("the database stopped after a commit", || {
         restart.done.load(Ordering::Acquire)
             || threads.iter().any(std::thread::JoinHandle::is_finished)
