@@ -214,7 +214,12 @@ impl Journal {
     }
 
     /// Opens the journal in the PostgreSQL database at `url` read-only: it sees what every
-    /// writer has committed, at each read.
+    /// writer has committed, at each read — once the database has made it durable. A writer's
+    /// commit returns before the database's flush (its sync follows), so a read that finds
+    /// commits not yet flushed waits for the flush before it returns (one more statement in
+    /// its round trip, and a flush only then): nothing this reader shows can be taken back by
+    /// a crash of the database. On a hot standby nothing waits (a standby holds only what its
+    /// primary flushed).
     ///
     /// # Errors
     /// As for [`Journal::open_postgres`]; [`Error::NotAJournal`] when the database holds no
@@ -239,7 +244,7 @@ impl Journal {
 
     /// The sequence up to which this process's readers read: the durable watermark on an
     /// embedded journal; everything on a shared database, where whatever a read sees is
-    /// committed.
+    /// committed (and, read-only, durable: [`Journal::open_postgres_read_only`]).
     fn visible(&self) -> u64 {
         if self.inner.backend.is_shared() {
             u64::MAX

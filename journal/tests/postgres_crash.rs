@@ -11,162 +11,16 @@
 //! Without the variable the test says loudly that it was skipped.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod cluster;
 mod strategies;
 
+use cluster::Cluster;
 use dtask_journal::observe::{BatchWritten, WriteObserver};
-use dtask_journal::{Error, Event, Journal, JournalOptions, Timestamp};
-use std::path::PathBuf;
-use std::process::Command;
+use dtask_journal::{Durability, Error, Event, Journal, JournalOptions, Timestamp};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use strategies::{created, update};
-
-/// A private PostgreSQL cluster in a temporary directory, stopped when dropped.
-#[derive(Debug)]
-struct Cluster {
-    bin: PathBuf,
-    dir: tempfile::TempDir,
-    port: u16,
-    /// The user the server runs as: `postgres` when the tests run as root (the server
-    /// refuses root), else the tests' own.
-    user: String,
-    as_postgres: bool,
-}
-
-impl Cluster {
-    fn new(test: &str) -> Option<Self> {
-        let Ok(bin) = std::env::var("DTASK_TEST_PG_BIN") else {
-            eprintln!("SKIPPED {test}: DTASK_TEST_PG_BIN is not set (./dev test sets it)");
-            return None;
-        };
-        let uid = Command::new("id").arg("-u").output().unwrap();
-        let as_postgres = String::from_utf8_lossy(&uid.stdout).trim() == "0";
-        let user = if as_postgres {
-            "postgres".to_owned()
-        } else {
-            let name = Command::new("id").arg("-un").output().unwrap();
-            String::from_utf8_lossy(&name.stdout).trim().to_owned()
-        };
-        let dir = tempfile::tempdir().unwrap();
-        if as_postgres {
-            let owned = Command::new("chown")
-                .arg("postgres")
-                .arg(dir.path())
-                .status()
-                .unwrap();
-            assert!(owned.success());
-        }
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let cluster = Self {
-            bin: PathBuf::from(bin),
-            dir,
-            port,
-            user,
-            as_postgres,
-        };
-        let data = cluster.data();
-        cluster.pg(
-            "initdb",
-            &[
-                "-D",
-                &data,
-                "-U",
-                &cluster.user,
-                "-A",
-                "trust",
-                "--no-sync",
-                "-E",
-                "UTF8",
-            ],
-        );
-        cluster.start();
-        Some(cluster)
-    }
-
-    fn data(&self) -> String {
-        self.dir.path().join("data").display().to_string()
-    }
-
-    /// Runs one of the cluster's programs, as the server's user; panics with its output if it
-    /// fails.
-    fn pg(&self, program: &str, args: &[&str]) {
-        let program = self.bin.join(program).display().to_string();
-        let output = if self.as_postgres {
-            let quoted: Vec<String> = std::iter::once(program.as_str())
-                .chain(args.iter().copied())
-                .map(|a| format!("'{}'", a.replace('\'', r"'\''")))
-                .collect();
-            Command::new("su")
-                .args(["postgres", "-s", "/bin/sh", "-c", &quoted.join(" ")])
-                .output()
-                .unwrap()
-        } else {
-            Command::new(&program).args(args).output().unwrap()
-        };
-        assert!(
-            output.status.success(),
-            "{program} {args:?}: {}{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
-    }
-
-    fn start(&self) {
-        let data = self.data();
-        let log = self.dir.path().join("server.log").display().to_string();
-        let options = format!(
-            "-p {} -k {} -c listen_addresses=127.0.0.1 -c fsync=on",
-            self.port,
-            self.dir.path().display()
-        );
-        self.pg(
-            "pg_ctl",
-            &["-D", &data, "-l", &log, "-w", "-o", &options, "start"],
-        );
-    }
-
-    /// Stops the server at once: no checkpoint, no flush of what it holds in memory.
-    fn crash(&self) {
-        let data = self.data();
-        self.pg("pg_ctl", &["-D", &data, "-m", "immediate", "-w", "stop"]);
-    }
-
-    /// Stops the server as an operator's restart does (`fast`): transactions in progress
-    /// are rolled back, and the whole write-ahead log is flushed — every commit the server
-    /// acknowledged is kept.
-    fn stop_fast(&self) {
-        let data = self.data();
-        self.pg("pg_ctl", &["-D", &data, "-m", "fast", "-w", "stop"]);
-    }
-
-    fn url(&self, schema: &str) -> String {
-        format!(
-            "postgres://{}@127.0.0.1:{}/postgres?schema={schema}",
-            self.user, self.port
-        )
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let data = self.data();
-        let program = self.bin.join("pg_ctl").display().to_string();
-        let args = ["-D", data.as_str(), "-m", "immediate", "stop"];
-        let _ = if self.as_postgres {
-            let line = format!("'{program}' '{}'", args.join("' '"));
-            Command::new("su")
-                .args(["postgres", "-s", "/bin/sh", "-c", &line])
-                .output()
-        } else {
-            Command::new(&program).args(args).output()
-        };
-    }
-}
 
 /// What one writer thread did.
 struct Writer {
@@ -459,4 +313,40 @@ fn a_restart_of_the_database_fails_no_append_whose_batch_it_kept() {
         restart.done.load(Ordering::Acquire),
         "the database never restarted"
     );
+}
+
+/// A read-only reader (what `dtask serve --read-only`, `tail` and `export` open) shows only
+/// what the database has made durable: every record it read is still there after a crash of
+/// the database. The records are written by a journal of `Durability::Buffered`, whose
+/// commits never wait for the log's flush (a synced writer's commits are the same until its
+/// sync), and the server is told to leave its log unflushed for as long as it may
+/// (`wal_writer_delay` of 10 s, no pages written by its background writer, no autovacuum):
+/// only the reader's read can have made them durable before the crash.
+#[test]
+fn a_read_only_reader_sees_no_record_that_a_crash_of_the_database_takes_back() {
+    let Some(cluster) = Cluster::with_settings(
+        "dbreadcrash",
+        "-c wal_writer_delay=10000 -c bgwriter_lru_maxpages=0 -c autovacuum=off",
+    ) else {
+        return;
+    };
+    let url = cluster.url("readcrash");
+    let options = JournalOptions::default().with_durability(Durability::Buffered);
+    let journal = Journal::open_postgres(&url, options).unwrap();
+    journal.append("t", 0, &[created("t")]).unwrap();
+    let reader = Journal::open_postgres_read_only(&url).unwrap();
+    journal.append("t", 1, &[attempt("t-1", 1)]).unwrap();
+    let seen: Vec<u64> = reader
+        .read_stream("t", 0)
+        .map(|r| r.unwrap().position)
+        .collect();
+    assert_eq!(seen, vec![0, 1], "the reader reads what was committed");
+    cluster.crash();
+    cluster.start();
+    let after = Journal::open_postgres_read_only(&url).unwrap();
+    let kept: Vec<u64> = after
+        .read_stream("t", 0)
+        .map(|r| r.unwrap().position)
+        .collect();
+    assert_eq!(kept, seen, "the reader saw records the crash took back");
 }

@@ -21,15 +21,7 @@ pub fn with_schema(location: &PgLocation, schema: &str) -> PgLocation {
 /// [`Error::InvalidLocation`] when the target holds records; [`Error::Storage`] when the
 /// database fails (nothing moved then).
 pub fn promote(location: &PgLocation, staging: &str) -> Result<()> {
-    let conn = Conn::open(
-        Target {
-            config: location.config.clone(),
-            schema: "public".to_owned(),
-            display: location.display.clone(),
-            synchronous: true,
-        },
-        "admin",
-    )?;
+    let conn = Conn::open(Target::admin(location), "admin")?;
     let target = location.schema.clone();
     let staging = staging.to_owned();
     let held = conn.call(move |client| {
@@ -92,15 +84,7 @@ pub fn promote(location: &PgLocation, staging: &str) -> Result<()> {
 /// # Errors
 /// [`Error::Storage`] when the database fails.
 pub fn drop_schema(location: &PgLocation, schema: &str) -> Result<()> {
-    let conn = Conn::open(
-        Target {
-            config: location.config.clone(),
-            schema: "public".to_owned(),
-            display: location.display.clone(),
-            synchronous: true,
-        },
-        "admin",
-    )?;
+    let conn = Conn::open(Target::admin(location), "admin")?;
     let sql = format!("DROP SCHEMA IF EXISTS {} CASCADE", quote_ident(schema));
     conn.call(move |client| Box::pin(async move { client.batch_execute(&sql).await }))
 }

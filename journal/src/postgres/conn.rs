@@ -17,14 +17,19 @@
 //! docs/performance.md). Statements that find rows by a parameter array stay unnamed
 //! (`write::Plan`).
 
+use super::tls::Tls;
+use super::PgLocation;
 use crate::error::{Error, Result, StorageError};
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
+use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::types::Type;
-use tokio_postgres::{Client, Config, NoTls};
+use tokio_postgres::Socket;
+use tokio_postgres::{Client, Config};
+use tokio_postgres_rustls::MakeRustlsConnect;
 
 /// What a job runs: given the client, a future of its answer.
 pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -87,6 +92,47 @@ pub(crate) struct Target {
     pub display: String,
     /// Whether commits wait for the write-ahead log's flush (`synchronous_commit`).
     pub synchronous: bool,
+    /// How connections are secured (module `tls`).
+    pub tls: Tls,
+}
+
+impl Target {
+    /// The connections of the journal at `location`, whose commits wait for the flush if
+    /// `synchronous`.
+    pub(crate) fn of(location: &PgLocation, synchronous: bool) -> Self {
+        Self {
+            config: location.config.clone(),
+            schema: location.schema.clone(),
+            display: location.display.clone(),
+            synchronous,
+            tls: location.tls.clone(),
+        }
+    }
+
+    /// An administrator's connection to the database of `location`, outside the journal's
+    /// schema.
+    pub(crate) fn admin(location: &PgLocation) -> Self {
+        Self {
+            schema: "public".to_owned(),
+            ..Self::of(location, true)
+        }
+    }
+
+    /// Opens a connection (not yet set up: see `connect`); its driver is the second half.
+    pub(crate) async fn connect(
+        &self,
+    ) -> std::result::Result<
+        (
+            Client,
+            tokio_postgres::Connection<
+                Socket,
+                <MakeRustlsConnect as MakeTlsConnect<Socket>>::Stream,
+            >,
+        ),
+        tokio_postgres::Error,
+    > {
+        self.config.connect(self.tls.connector()).await
+    }
 }
 
 /// What a connection does with the call that finds it broken.
@@ -209,19 +255,32 @@ impl Conn {
 
 /// A database error as the journal's storage error, with the server's message.
 pub(crate) fn storage(e: &tokio_postgres::Error) -> Error {
-    let message = match e.as_db_error() {
-        Some(db) => format!("{}: {} ({})", db.severity(), db.message(), db.code().code()),
-        None => e.to_string(),
-    };
-    Error::Storage(StorageError::new(format!("postgres: {message}")))
+    Error::Storage(StorageError::new(format!("postgres: {}", describe(e))))
+}
+
+/// What went wrong, whole: the server's message and code, or the client's error with the
+/// causes under it (a TLS handshake's failure names the certificate's fault only there).
+fn describe(e: &tokio_postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        return format!("{}: {} ({})", db.severity(), db.message(), db.code().code());
+    }
+    let mut message = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(inner) = cause {
+        message.push_str(": ");
+        message.push_str(&inner.to_string());
+        cause = inner.source();
+    }
+    message
 }
 
 /// Opens a connection and sets the session up.
 async fn connect(target: &Target) -> Result<Arc<Session>> {
-    let (client, connection) = target.config.connect(NoTls).await.map_err(|e| {
+    let (client, connection) = target.connect().await.map_err(|e| {
         Error::Storage(StorageError::new(format!(
-            "cannot connect to PostgreSQL at {}: {e}",
-            target.display
+            "cannot connect to PostgreSQL at {}: {}",
+            target.display,
+            describe(&e)
         )))
     })?;
     tokio::spawn(async move {
@@ -264,12 +323,7 @@ mod tests {
             return None;
         };
         let location = crate::postgres::PgLocation::parse(&url).unwrap();
-        let target = Target {
-            config: location.config.clone(),
-            schema: "public".to_owned(),
-            display: location.display.clone(),
-            synchronous: true,
-        };
+        let target = Target::admin(&location);
         Some(Conn::open_with(target, test, reopen).unwrap())
     }
 

@@ -10,7 +10,7 @@ use super::conn::{quote_ident, Target};
 use futures_util::StreamExt;
 use std::time::Duration;
 use tokio::sync::{oneshot, watch};
-use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_postgres::{AsyncMessage, Client};
 
 /// The channel every journal's writers notify.
 pub(crate) const CHANNEL: &str = "dtask_commits";
@@ -64,29 +64,15 @@ fn raise(tx: &watch::Sender<u64>, seq: u64) {
     });
 }
 
-/// The last sequence committed, once it is durable: read in a transaction that writes a
-/// message to the write-ahead log and so waits at its commit for the log's flush, which
-/// covers every commit it saw (a writer's commit returns before the flush, and its sync
-/// announces it after: see `write::flush`).
-async fn durable_last_seq(
-    client: &tokio_postgres::Client,
-    last_seq: &str,
-) -> Result<u64, tokio_postgres::Error> {
-    // Sent together when first polled, in this order: one round trip.
-    let (begun, row, committed) = futures_util::future::join3(
-        client.batch_execute(concat!(
-            "BEGIN; ",
-            super::write::flush_at_commit!(),
-            "; SELECT pg_logical_emit_message(true, 'dtask', '')"
-        )),
-        client.query_one(last_seq, &[]),
-        client.batch_execute("COMMIT"),
-    )
-    .await;
-    begun?;
-    let row = row?;
-    committed?;
-    Ok(u64::try_from(row.get::<_, i64>(0)).unwrap_or(0))
+/// The last sequence committed, once it is durable (see module `durable`; a writer's commit
+/// returns before the flush, and its sync announces it after: see `write::flush`).
+async fn durable_last_seq(client: &Client, last_seq: &str) -> Result<u64, tokio_postgres::Error> {
+    let row = super::durable::read(client, client.query_typed(last_seq, &[])).await?;
+    Ok(row
+        .first()
+        .and_then(|row| row.try_get::<_, i64>(0).ok())
+        .and_then(|seq| u64::try_from(seq).ok())
+        .unwrap_or(0))
 }
 
 /// Listens, reconnecting forever (until stopped from outside).
@@ -97,7 +83,7 @@ async fn listen(target: &Target, tx: &watch::Sender<u64>) {
         quote_ident(&target.schema)
     );
     loop {
-        let Ok((client, mut connection)) = target.config.connect(NoTls).await else {
+        let Ok((client, mut connection)) = target.connect().await else {
             tokio::time::sleep(POLL).await;
             continue;
         };

@@ -26,9 +26,11 @@
 
 pub mod admin;
 mod conn;
+mod durable;
 mod listen;
 pub(crate) mod rows;
 pub mod schema;
+mod tls;
 pub(crate) mod write;
 
 use crate::backend::{
@@ -62,6 +64,7 @@ pub struct PgLocation {
     config: tokio_postgres::Config,
     schema: String,
     display: String,
+    tls: tls::Tls,
 }
 
 impl PgLocation {
@@ -73,20 +76,34 @@ impl PgLocation {
 
     /// Parses a PostgreSQL URL. Besides libpq's parameters it takes `schema=NAME` (default
     /// `dtask`): the schema the journal's tables are in, so that several journals share a
-    /// database.
+    /// database. TLS is used as `sslmode` asks (`require`, `verify-ca`, `verify-full`), the
+    /// server's certificate checked against the roots of `sslrootcert=PATH` or the Mozilla
+    /// roots built in, with a client certificate from `sslcert=PATH` and `sslkey=PATH`; without
+    /// `sslmode`, or with `disable`, `allow` or `prefer`, connections do not use TLS (see
+    /// docs/postgres.md, "TLS").
     ///
     /// # Errors
-    /// [`Error::InvalidLocation`] for a malformed URL.
+    /// [`Error::InvalidLocation`] for a malformed URL, an unknown `sslmode`, or a certificate
+    /// or key file that cannot be read.
     pub fn parse(url: &str) -> Result<Self> {
         let (base, query) = url.split_once('?').unwrap_or((url, ""));
         let mut schema = "dtask".to_owned();
         let mut kept = Vec::new();
+        let mut tls_parameters = Vec::new();
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             match pair.split_once('=') {
-                Some(("schema", name)) => name.clone_into(&mut schema),
+                Some(("schema", name)) => decoded(name)?.clone_into(&mut schema),
+                Some((name, value)) if tls::PARAMETERS.contains(&name) => {
+                    tls_parameters.push((name, decoded(value)?));
+                }
                 _ => kept.push(pair),
             }
         }
+        let tls_parameters: Vec<(&str, &str)> = tls_parameters
+            .iter()
+            .map(|(name, value)| (*name, value.as_str()))
+            .collect();
+        let tls = tls::Tls::from_parameters(&tls_parameters)?;
         if schema.is_empty() || schema.len() > 63 {
             return Err(Error::InvalidLocation(format!(
                 "the schema name must be 1 to 63 bytes: {schema:?}"
@@ -100,6 +117,11 @@ impl PgLocation {
         let mut config: tokio_postgres::Config = url
             .parse()
             .map_err(|e| Error::InvalidLocation(format!("not a PostgreSQL URL: {e}")))?;
+        config.ssl_mode(if tls.required {
+            tokio_postgres::config::SslMode::Require
+        } else {
+            tokio_postgres::config::SslMode::Disable
+        });
         if config.get_application_name().is_none() {
             // Names the journal's connections in `pg_stat_activity`.
             let name: String = format!("dtask:{schema}").chars().take(63).collect();
@@ -132,7 +154,14 @@ impl PgLocation {
             config,
             schema,
             display,
+            tls,
         })
+    }
+
+    /// Whether connections use TLS (the URL's `sslmode` asks for it).
+    #[must_use]
+    pub fn uses_tls(&self) -> bool {
+        self.tls.required
     }
 
     /// Host, port, database and schema, without credentials.
@@ -162,6 +191,14 @@ impl PgLocation {
     }
 }
 
+/// A URL parameter's value, percent-decoded.
+fn decoded(value: &str) -> Result<String> {
+    percent_encoding::percent_decode_str(value)
+        .decode_utf8()
+        .map(std::borrow::Cow::into_owned)
+        .map_err(|e| Error::InvalidLocation(format!("a parameter that is not UTF-8: {e}")))
+}
+
 /// The PostgreSQL backend.
 pub struct PgBackend {
     location: PgLocation,
@@ -182,6 +219,8 @@ pub struct PgBackend {
     /// rollback of [`Backend::unlock_write`]): its next call fails instead, so that the writer
     /// hears of every failure of its connection (see [`Reopen::Loudly`]).
     unheard: AtomicBool,
+    /// Opened read-only: its reads return only rows the database has made durable
+    /// (module `durable`).
     read_only: bool,
     /// The schema's version as the open found it, or made it ([`schema::migrate`]).
     schema_version: u32,
@@ -213,12 +252,7 @@ impl PgBackend {
         durability: Durability,
         seed: Vec<(Vec<u8>, Vec<u8>)>,
     ) -> Result<Self> {
-        let target = Target {
-            config: location.config.clone(),
-            schema: location.schema.clone(),
-            display: location.display.clone(),
-            synchronous: durability == Durability::Sync,
-        };
+        let target = Target::of(&location, durability == Durability::Sync);
         let first = Conn::open(target.clone(), "reader-0")?;
         let schema_version = schema::migrate(&first, &location.schema, read_only, seed)?;
         let mut readers = vec![first];
@@ -294,10 +328,16 @@ impl PgBackend {
             if conditions.is_empty() { "" } else { " WHERE " },
             conditions.join(" AND "),
         );
+        let durable = self.read_only;
         let rows = self.reader().call(move |client| {
             Box::pin(async move {
                 let typed = write::typed(&params);
-                client.query_typed(&sql, &typed).await
+                let read = client.query_typed(&sql, &typed);
+                if durable {
+                    durable::read(&client, read).await
+                } else {
+                    read.await
+                }
             })
         })?;
         rows.iter().map(|row| to_pair(space, row)).collect()
@@ -849,11 +889,19 @@ impl Backend for PgBackend {
 
     fn last_records(&self, tasks: &[String]) -> Option<Result<Vec<LastRecord>>> {
         let names = tasks.to_vec();
+        let durable = self.read_only;
         let found = self.reader().call(move |client| {
             Box::pin(async move {
-                client
-                    .query_typed(HEADS, &[(&names, Type::TEXT_ARRAY)])
-                    .await
+                let parameters = [(
+                    &names as &(dyn tokio_postgres::types::ToSql + Sync),
+                    Type::TEXT_ARRAY,
+                )];
+                let read = client.query_typed(HEADS, &parameters);
+                if durable {
+                    durable::read(&client, read).await
+                } else {
+                    read.await
+                }
             })
         });
         Some(found.and_then(|rows| {
@@ -952,12 +1000,7 @@ mod tests {
     fn admin(sql: &'static str, schema: String) {
         let base = std::env::var("DTASK_TEST_PG_URL").unwrap();
         let location = PgLocation::parse(&base).unwrap();
-        let target = Target {
-            config: location.config.clone(),
-            schema: "public".to_owned(),
-            display: location.display.clone(),
-            synchronous: true,
-        };
+        let target = Target::admin(&location);
         Conn::open(target, "admin")
             .unwrap()
             .call(move |client| {
