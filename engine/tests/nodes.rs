@@ -198,3 +198,92 @@ async fn input_against_completion_across_nodes_exactly_one_wins() {
     }
     clean(&url);
 }
+
+/// Two nodes whose clocks disagree, B's running 3 s ahead of A's, on a fresh schema; each
+/// with an expiry grace of `grace_ms`. Returns them with their clocks.
+fn skewed_nodes(
+    test: &str,
+    grace_ms: u64,
+) -> Option<(TaskStore, ManualClock, TaskStore, ManualClock, String)> {
+    let Ok(base) = std::env::var("DTASK_TEST_PG_URL") else {
+        eprintln!("SKIPPED {test}: DTASK_TEST_PG_URL is not set (./dev test sets it)");
+        return None;
+    };
+    let sep = if base.contains('?') { '&' } else { '?' };
+    let url = format!("{base}{sep}schema=n{}_{test}", std::process::id());
+    let config =
+        StoreConfig::default().with_expiry_grace(std::time::Duration::from_millis(grace_ms));
+    let open = |clock: &ManualClock| {
+        let journal = Journal::open_postgres(&url, JournalOptions::default()).unwrap();
+        TaskStore::open(journal, clock.clone(), config.clone()).unwrap()
+    };
+    let (a_clock, b_clock) = (ManualClock::new(T0), ManualClock::new(T0 + 3_000));
+    Some((open(&a_clock), a_clock, open(&b_clock), b_clock, url))
+}
+
+/// A lease's deadline is written from the clock of the node that claimed it. Without a
+/// grace, a node whose clock runs 3 s ahead writes the lease down as expired while its
+/// holder, by its own clock, still has a second of it: the holder's heartbeat is then
+/// refused. With a grace of 5 s (more than the skew) that node expires nothing until the
+/// holder has stopped: the heartbeat renews the lease, and the renewed lease is expired only
+/// once it has run out by the holder's clock and the grace has passed by the other's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expiry_grace_keeps_a_node_whose_clock_runs_ahead_from_expiring_a_live_lease() {
+    let second = std::time::Duration::from_secs(1);
+    let lease = std::time::Duration::from_millis(LEASE_MS);
+    // A's clock one second short of the deadline, B's two seconds past it.
+    let almost = std::time::Duration::from_millis(LEASE_MS - 1_000);
+    // No grace: expired early.
+    let Some((a, a_clock, b, b_clock, url)) = skewed_nodes("skew0", 0) else {
+        return;
+    };
+    let claimed = running(&a, "t", LeasePolicy::Retry).await;
+    a_clock.advance(almost);
+    b_clock.advance(almost);
+    b.refresh().await.unwrap();
+    assert_eq!(b.sweep_expired().await.unwrap(), 1, "B expires it early");
+    a.refresh().await.unwrap();
+    let beat = a.execute("t", claimed.version, Command::Heartbeat).await;
+    assert!(beat.is_err(), "A's lease was taken from it early: {beat:?}");
+    assert_eq!(a.get("t").await.unwrap().status, Status::Pending);
+    clean(&url);
+
+    // A grace of 5 s: nothing expired while A holds the lease by its own clock.
+    let Some((a, a_clock, b, b_clock, url)) = skewed_nodes("skew5", 5_000) else {
+        return;
+    };
+    let claimed = running(&a, "t", LeasePolicy::Retry).await;
+    a_clock.advance(almost);
+    b_clock.advance(almost);
+    b.refresh().await.unwrap();
+    assert_eq!(b.sweep_expired().await.unwrap(), 0, "within the grace");
+    let renewed = a
+        .execute("t", claimed.version, Command::Heartbeat)
+        .await
+        .unwrap();
+    assert_eq!(renewed.status, Status::Running);
+    // The renewed lease runs out by A's clock: A stops (its heartbeat is refused), and B
+    // waits out the grace before it writes the expiry down.
+    a_clock.advance(lease);
+    b_clock.advance(lease);
+    let late = a.execute("t", renewed.version, Command::Heartbeat).await;
+    assert!(
+        matches!(late, Err(StoreError::LeaseLost(_))),
+        "the holder stops at its deadline: {late:?}"
+    );
+    b.refresh().await.unwrap();
+    assert_eq!(
+        b.sweep_expired().await.unwrap(),
+        0,
+        "B is 3 s past it: within the grace"
+    );
+    b_clock.advance(2 * second);
+    assert_eq!(
+        b.sweep_expired().await.unwrap(),
+        1,
+        "5 s past it by B's clock"
+    );
+    a.refresh().await.unwrap();
+    assert_eq!(a.get("t").await.unwrap().status, Status::Pending);
+    clean(&url);
+}

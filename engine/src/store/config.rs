@@ -1,5 +1,6 @@
 //! Store limits and timing.
 
+use dtask_journal::Timestamp;
 use std::time::Duration;
 
 /// Limits and timing of a [`crate::TaskStore`]. Defaults follow the reference store.
@@ -26,6 +27,15 @@ pub struct StoreConfig {
     pub max_notification_kind_bytes: usize,
     /// How many terminal tasks stay folded in memory. Default: 4096.
     pub terminal_cache: usize,
+    /// How long past an attempt's lease deadline this store waits before it writes the lease
+    /// down as expired: a margin for the skew between the clocks of nodes that share a
+    /// journal. A deadline is written from the clock of the node that claimed or renewed the
+    /// lease, and the holder stops at it by its own clock (its heartbeats and outcomes are
+    /// refused from then on, `LeaseLost`); with a grace at least as large as the skew between
+    /// any two nodes' clocks, no node expires a lease before its holder has stopped. Default:
+    /// 0 (one process has one clock); on a shared (PostgreSQL) journal, set it to the skew
+    /// your clock synchronisation bounds (docs/postgres.md, "Leases and clocks").
+    pub expiry_grace: Duration,
 }
 
 impl Default for StoreConfig {
@@ -40,6 +50,7 @@ impl Default for StoreConfig {
             max_notification_bytes: 256 << 10,
             max_notification_kind_bytes: 64,
             terminal_cache: 4096,
+            expiry_grace: Duration::ZERO,
         }
     }
 }
@@ -56,6 +67,13 @@ impl StoreConfig {
     #[must_use]
     pub fn with_max_value_bytes(mut self, bytes: usize) -> Self {
         self.max_value_bytes = bytes;
+        self
+    }
+
+    /// Sets [`StoreConfig::expiry_grace`].
+    #[must_use]
+    pub fn with_expiry_grace(mut self, grace: Duration) -> Self {
+        self.expiry_grace = grace;
         self
     }
 
@@ -81,5 +99,12 @@ impl StoreConfig {
 
     pub(crate) fn lease_millis(&self) -> u64 {
         u64::try_from(self.lease_duration.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// The latest deadline of a lease this store writes down as expired at `now`: `now` less
+    /// the [`StoreConfig::expiry_grace`].
+    pub(crate) fn expired_by(&self, now: Timestamp) -> Timestamp {
+        let grace = u64::try_from(self.expiry_grace.as_millis()).unwrap_or(u64::MAX);
+        Timestamp(now.0.saturating_sub(grace))
     }
 }

@@ -429,9 +429,14 @@ pub(crate) fn child_authority(
     })
 }
 
-/// The lease-expiry event due at `now`, if the running attempt's lease has run out.
-pub(crate) fn expiry(state: &TaskState, now: Timestamp) -> Option<Vec<Event>> {
-    if !state.lease_expired_at(now) {
+/// The lease-expiry event due at `now`, if the running attempt's lease had run out by
+/// `expired_by` (`now` less the store's expiry grace: `StoreConfig::expiry_grace`).
+pub(crate) fn expiry(
+    state: &TaskState,
+    expired_by: Timestamp,
+    now: Timestamp,
+) -> Option<Vec<Event>> {
+    if !state.lease_expired_at(expired_by) {
         return None;
     }
     let deadline = state.lease_deadline?;

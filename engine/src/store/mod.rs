@@ -797,7 +797,8 @@ impl TaskStore {
 
     /// Writes down an expired lease of the locked task, if one is due.
     async fn resolve_expiry(&self, slot: &Slot, task: &mut Task, now: Timestamp) -> Result<()> {
-        if let Some(events) = decide::expiry(&task.state, now) {
+        let expired_by = self.inner.config.expired_by(now);
+        if let Some(events) = decide::expiry(&task.state, expired_by, now) {
             crate::failpoints::point!(crate::failpoints::LEASE_EXPIRY, |m| Err(
                 crate::failpoints::injected(m)
             ));
@@ -1015,17 +1016,18 @@ impl TaskStore {
     /// The first journal error.
     pub async fn sweep_expired(&self) -> Result<usize> {
         let now = self.now();
+        let expired_by = self.inner.config.expired_by(now);
         let due: Vec<String> = self
             .index()
             .leases
-            .range(..(now.plus_millis(1), String::new()))
+            .range(..(expired_by.plus_millis(1), String::new()))
             .map(|(_, id)| id.clone())
             .collect();
         let mut resolved = 0;
         for id in due {
             let slot = self.slot(&id)?;
             let mut task = slot.task.lock().await;
-            if decide::expiry(&task.state, now).is_some() {
+            if decide::expiry(&task.state, expired_by, now).is_some() {
                 self.resolve_expiry(&slot, &mut task, now).await?;
                 resolved += 1;
             }
