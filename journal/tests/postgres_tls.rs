@@ -148,6 +148,11 @@ fn each_sslmode_checks_the_servers_certificate_as_it_says_and_encrypts_every_con
         &format!("sslmode=verify-full&sslrootcert={ca}"),
     );
     let journal = use_journal(&full);
+    assert!(
+        journal.location().ends_with(", TLS)"),
+        "{}",
+        journal.location()
+    );
     let (encrypted, plain) = connections(&cluster, "full");
     assert!(
         encrypted >= 6,

@@ -137,7 +137,7 @@ impl PgLocation {
             .collect();
         let ports: Vec<String> = config.get_ports().iter().map(u16::to_string).collect();
         let display = format!(
-            "{}:{} (database {}, schema {schema})",
+            "{}:{} (database {}, schema {schema}{})",
             if hosts.is_empty() {
                 "localhost".to_owned()
             } else {
@@ -149,6 +149,7 @@ impl PgLocation {
                 ports.join(",")
             },
             config.get_dbname().unwrap_or("postgres"),
+            if tls.required { ", TLS" } else { "" },
         );
         Ok(Self {
             config,
@@ -158,13 +159,8 @@ impl PgLocation {
         })
     }
 
-    /// Whether connections use TLS (the URL's `sslmode` asks for it).
-    #[must_use]
-    pub fn uses_tls(&self) -> bool {
-        self.tls.required
-    }
-
-    /// Host, port, database and schema, without credentials.
+    /// Host, port, database and schema, without credentials (and ", TLS" when connections
+    /// use it).
     #[must_use]
     pub fn display(&self) -> &str {
         &self.display
