@@ -215,11 +215,11 @@ impl Journal {
 
     /// Opens the journal in the PostgreSQL database at `url` read-only: it sees what every
     /// writer has committed, at each read — once the database has made it durable. A writer's
-    /// commit returns before the database's flush (its sync follows), so a read that finds
-    /// commits not yet flushed waits for the flush before it returns (one more statement in
-    /// its round trip, and a flush only then): nothing this reader shows can be taken back by
-    /// a crash of the database. On a hot standby nothing waits (a standby holds only what its
-    /// primary flushed).
+    /// commit returns before the database's flush (its sync follows), so a read that returns
+    /// rows newer than the reader knows durable looks at the database's log (one more round
+    /// trip) and waits for its flush when commits are not yet flushed: nothing this reader
+    /// shows can be taken back by a crash of the database. On a hot standby nothing waits (a
+    /// standby holds only what its primary flushed).
     ///
     /// # Errors
     /// As for [`Journal::open_postgres`]; [`Error::NotAJournal`] when the database holds no

@@ -4,59 +4,82 @@
 //! afterwards (`write::flush`), so a row another session reads may, for a moment, be only in
 //! the server's memory: a crash of the database would take it back. A reader that shows what
 //! it reads to the outside — a read-only open: `dtask serve --read-only`, `tail`, `export`,
-//! an audit — must never show such a row. So each of its reads is followed, in the same
-//! round trip, by a look at the write-ahead log ([`FLUSHED`]: is all of it that is written
-//! flushed?), and when it is not, by a transaction whose commit waits for the flush
-//! ([`FLUSH`]) before the rows are returned.
+//! an audit — must never show such a row.
 //!
-//! Why that covers every row the read saw: a commit becomes visible to other sessions only
-//! after its commit record is in the log, so the log's insert position, read after the read's
-//! snapshot was taken, is past every commit the read saw; and a transaction that wrote to the
-//! log waits at its commit for the flush up to its own commit record, which comes later still.
-//! On a hot standby the look says yes at once: a standby is sent only what its primary has
-//! flushed.
+//! Such a reader keeps the last sequence it knows durable. A read whose rows all have a
+//! sequence at or below it is returned as it is: sequences are committed in order, and the
+//! write-ahead log is flushed in order. Any other read (a newer row, or a page of a space
+//! without sequences, where an absent row may be a deletion not yet flushed) is followed by
+//! [`last_seq`]: the last sequence committed, read together with a look at the log
+//! ([`FLUSHED`]: is all of it that is written flushed?) and, when the look says no, a
+//! transaction whose commit waits for the flush ([`FLUSH`]). That sequence is then durable,
+//! and so is every row the read saw: a commit becomes visible to other sessions only after
+//! its commit record is in the log, so the log's insert position, read after the read's
+//! snapshot was taken, is past every commit the read saw, and a transaction that wrote to
+//! the log waits at its commit for the flush up to its own commit record, later still. On a
+//! hot standby the look says yes at once: a standby is sent only what its primary flushed.
 //!
-//! The cost is one more statement in the read's round trip, and a flush only when the log
-//! holds commits not yet flushed (on a busy database, most reads): the read then waits about
-//! as long as one sync of a writer. The engine's own reads (a writable open) do not do this:
-//! whatever a node writes because of a row it read is committed after that row and is made
-//! durable by the same flush that makes its own write durable, and its acknowledgements wait
-//! for that flush.
+//! So on an idle or caught-up database a reader pays one round trip when it first meets
+//! rows newer than it knows, and no flush; on a busy one the reads that reach the newest
+//! rows (a follower's tail, a running task's stream) wait for a flush, about as long as one
+//! sync of a writer. The listener's once-a-second read of the last sequence (`listen`) is
+//! [`last_seq`] too.
+//!
+//! The engine's own reads (a writable open) do none of this: whatever a node writes because
+//! of a row it read is committed after that row and made durable by the same flush as its own
+//! write, and its acknowledgements wait for that flush.
 
 use tokio_postgres::{Client, Error};
 
 /// Whether the write-ahead log is flushed as far as it is written: one row, one boolean.
 /// (`CASE` rather than `OR`: the log's positions cannot be read on a standby at all.)
-pub(crate) const FLUSHED: &str = "SELECT CASE WHEN pg_is_in_recovery() THEN true \
+const FLUSHED: &str = "SELECT CASE WHEN pg_is_in_recovery() THEN true \
      ELSE pg_current_wal_flush_lsn() >= pg_current_wal_insert_lsn() END";
 
 /// A transaction whose commit waits for the log's flush up to its commit record: it writes a
 /// transactional message to the log (`pg_logical_emit_message`, which any user may call; a
 /// transaction that wrote nothing to the log would not wait, whatever `synchronous_commit`
 /// says).
-pub(crate) const FLUSH: &str = concat!(
+const FLUSH: &str = concat!(
     "BEGIN; ",
     super::write::flush_at_commit!(),
     "; SELECT pg_logical_emit_message(true, 'dtask', ''); COMMIT"
 );
 
 /// Runs `read` (a statement sent whole when first polled: `query_typed`, or a prepared
-/// statement's `query`) and returns its result once every row it can have seen is durable.
+/// statement's `query`) with the look at the log ([`FLUSHED`]) in the same round trip.
+/// Returns its result and whether the log was flushed as far as written then: if it was, every
+/// row `read` saw is durable; if not, [`FLUSH`] makes them so.
 ///
 /// # Errors
-/// The server's error for the read, the look at the log, or the flush.
-pub(crate) async fn read<T>(
+/// The server's error for the read or the look.
+async fn read<T>(
     client: &Client,
     read: impl std::future::Future<Output = Result<T, Error>>,
-) -> Result<T, Error> {
+) -> Result<(T, bool), Error> {
     // Sent in this order when first polled, together: one round trip.
     let (value, flushed) = futures_util::future::join(read, client.query_typed(FLUSHED, &[])).await;
     let value = value?;
     let flushed = flushed?
         .first()
         .is_some_and(|row| row.try_get::<_, bool>(0).unwrap_or(false));
+    Ok((value, flushed))
+}
+
+/// The last sequence committed, once it is durable: read by `sql` (one row, one `bigint`:
+/// `coalesce(max(seq), 0)` of the journal's records) with the look at the log, and flushed
+/// when the look says so — which covers every commit made before this call.
+///
+/// # Errors
+/// The server's error.
+pub(crate) async fn last_seq(client: &Client, sql: &str) -> Result<u64, Error> {
+    let (row, flushed) = read(client, client.query_typed(sql, &[])).await?;
     if !flushed {
         client.batch_execute(FLUSH).await?;
     }
-    Ok(value)
+    Ok(row
+        .first()
+        .and_then(|row| row.try_get::<_, i64>(0).ok())
+        .and_then(|seq| u64::try_from(seq).ok())
+        .unwrap_or(0))
 }

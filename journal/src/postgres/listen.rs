@@ -1,16 +1,19 @@
 //! Wake-ups across processes: every batch is announced with `NOTIFY dtask_commits` and
 //! `<schema>:<last sequence>` once it is durable (by the writer's sync, or at a commit that
-//! waited for the flush); a listener connection of each process that wants them turns those
-//! into a watermark ([`tokio::sync::watch`]) of the last sequence made durable by anyone.
-//! Notifications are a hint, not the truth: the listener also reads the last sequence when it
-//! (re)connects and every second (making what it read durable first), so a notification lost
-//! with a connection delays a wake-up by at most that much and loses nothing.
+//! waited for the flush; a writer of `Durability::Buffered` announces at commit, durable or
+//! not); a listener connection of each process that wants them turns those into a watermark
+//! ([`tokio::sync::watch`]) of the last sequence announced by anyone. It wakes readers up and
+//! bounds nothing: a read-only open makes what it shows durable by itself (module
+//! `durable`). Notifications are a hint, not the truth: the listener also reads the last
+//! sequence when it (re)connects and every second (making what it read durable first), so a
+//! notification lost with a connection delays a wake-up by at most that much and loses
+//! nothing.
 
 use super::conn::{quote_ident, Target};
 use futures_util::StreamExt;
 use std::time::Duration;
 use tokio::sync::{oneshot, watch};
-use tokio_postgres::{AsyncMessage, Client};
+use tokio_postgres::AsyncMessage;
 
 /// The channel every journal's writers notify.
 pub(crate) const CHANNEL: &str = "dtask_commits";
@@ -64,17 +67,6 @@ fn raise(tx: &watch::Sender<u64>, seq: u64) {
     });
 }
 
-/// The last sequence committed, once it is durable (see module `durable`; a writer's commit
-/// returns before the flush, and its sync announces it after: see `write::flush`).
-async fn durable_last_seq(client: &Client, last_seq: &str) -> Result<u64, tokio_postgres::Error> {
-    let row = super::durable::read(client, client.query_typed(last_seq, &[])).await?;
-    Ok(row
-        .first()
-        .and_then(|row| row.try_get::<_, i64>(0).ok())
-        .and_then(|seq| u64::try_from(seq).ok())
-        .unwrap_or(0))
-}
-
 /// Listens, reconnecting forever (until stopped from outside).
 async fn listen(target: &Target, tx: &watch::Sender<u64>) {
     let prefix = format!("{}:", target.schema);
@@ -105,7 +97,7 @@ async fn listen(target: &Target, tx: &watch::Sender<u64>) {
         {
             loop {
                 // What committed while no one was listening, and every POLL after.
-                match durable_last_seq(&client, &last_seq).await {
+                match super::durable::last_seq(&client, &last_seq).await {
                     Ok(seq) => raise(tx, seq),
                     Err(_) => break,
                 }

@@ -218,6 +218,8 @@ pub struct PgBackend {
     /// Opened read-only: its reads return only rows the database has made durable
     /// (module `durable`).
     read_only: bool,
+    /// Read-only: the last sequence its reads know durable (module `durable`).
+    durable_seq: std::sync::atomic::AtomicU64,
     /// The schema's version as the open found it, or made it ([`schema::migrate`]).
     schema_version: u32,
     /// How connections are opened (for the listener, started on first use).
@@ -279,6 +281,7 @@ impl PgBackend {
             locked: AtomicBool::new(false),
             unheard: AtomicBool::new(false),
             read_only,
+            durable_seq: std::sync::atomic::AtomicU64::new(0),
             schema_version,
             target,
             listener: std::sync::OnceLock::new(),
@@ -324,21 +327,60 @@ impl PgBackend {
             if conditions.is_empty() { "" } else { " WHERE " },
             conditions.join(" AND "),
         );
-        let durable = self.read_only;
         let rows = self.reader().call(move |client| {
             Box::pin(async move {
                 let typed = write::typed(&params);
-                let read = client.query_typed(&sql, &typed);
-                if durable {
-                    durable::read(&client, read).await
-                } else {
-                    read.await
-                }
+                client.query_typed(&sql, &typed).await
             })
         })?;
-        rows.iter().map(|row| to_pair(space, row)).collect()
+        let pairs = rows
+            .iter()
+            .map(|row| to_pair(space, row))
+            .collect::<Result<Vec<_>>>()?;
+        if self.read_only && !self.known_durable(Self::seqs(space, &pairs)) {
+            self.make_reads_durable()?;
+        }
+        Ok(pairs)
+    }
+
+    /// The sequences of `pairs`, a page of `space`; `None` for a space without them, whose
+    /// pages a read-only open never takes as known durable (an absent row there may be a
+    /// deletion not yet flushed). An absent record or commit only ends a stream or the commit
+    /// order early.
+    fn seqs(space: Space, pairs: &[KeyValue]) -> Option<impl Iterator<Item = Option<u64>> + '_> {
+        let of_record = matches!(space, Space::Events);
+        match space {
+            Space::Events | Space::Commits => Some(pairs.iter().map(move |(key, value)| {
+                if of_record {
+                    crate::record::seq_of(value)
+                } else {
+                    crate::keys::parse_seq_key(key).ok()
+                }
+            })),
+            Space::Outbox | Space::Live | Space::Meta => None,
+        }
+    }
+
+    /// Whether every one of `seqs` is at or below the last sequence this reader knows durable
+    /// (module `durable`).
+    fn known_durable(&self, seqs: Option<impl Iterator<Item = Option<u64>>>) -> bool {
+        let known = self.durable_seq.load(Ordering::Acquire);
+        seqs.is_some_and(|mut seqs| seqs.all(|seq| seq.is_some_and(|seq| seq <= known)))
+    }
+
+    /// Makes durable every commit a read made before this call saw, and learns the last
+    /// sequence committed, now durable (module `durable`).
+    fn make_reads_durable(&self) -> Result<()> {
+        let seq = self
+            .reader()
+            .call(|client| Box::pin(async move { durable::last_seq(&client, LAST_SEQ).await }))?;
+        self.durable_seq.fetch_max(seq, Ordering::AcqRel);
+        Ok(())
     }
 }
+
+/// The last sequence committed (on a reader's session, whose search path is the journal's).
+const LAST_SEQ: &str = "SELECT coalesce(max(seq), 0) FROM dtask_records";
 
 /// How long [`PgBackend::sync`] tries its round trip again before it gives up: long enough
 /// to ride out a restart of the database (a connection the server dropped fails one call and
@@ -885,26 +927,29 @@ impl Backend for PgBackend {
 
     fn last_records(&self, tasks: &[String]) -> Option<Result<Vec<LastRecord>>> {
         let names = tasks.to_vec();
-        let durable = self.read_only;
-        let found = self.reader().call(move |client| {
-            Box::pin(async move {
-                let parameters = [(
-                    &names as &(dyn tokio_postgres::types::ToSql + Sync),
-                    Type::TEXT_ARRAY,
-                )];
-                let read = client.query_typed(HEADS, &parameters);
-                if durable {
-                    durable::read(&client, read).await
-                } else {
-                    read.await
-                }
-            })
-        });
-        Some(found.and_then(|rows| {
-            rows.iter()
+        let heads = || -> Result<Vec<LastRecord>> {
+            let rows = self.reader().call(move |client| {
+                Box::pin(async move {
+                    client
+                        .query_typed(HEADS, &[(&names, Type::TEXT_ARRAY)])
+                        .await
+                })
+            })?;
+            let heads = rows
+                .iter()
                 .map(|row| last_record_of(row).map(|(_, last)| last))
-                .collect()
-        }))
+                .collect::<Result<Vec<_>>>()?;
+            // A head is the last record as committed: durable if the records are.
+            let records = heads
+                .iter()
+                .flatten()
+                .map(|((_, record), _)| crate::record::seq_of(record));
+            if self.read_only && !self.known_durable(Some(records)) {
+                self.make_reads_durable()?;
+            }
+            Ok(heads)
+        };
+        Some(heads())
     }
 
     fn watch_commits(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
