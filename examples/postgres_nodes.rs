@@ -42,7 +42,10 @@ async fn main() {
         .execute(&id, created.version, Command::Start)
         .await
         .unwrap();
-    println!("node A: {id} is {:?} (attempt {})", running.status, running.attempt);
+    println!(
+        "node A: {id} is {:?} (attempt {})",
+        running.status, running.attempt
+    );
 
     // Node B follows the journal: it sees what A committed.
     b.refresh().await.unwrap();
@@ -67,6 +70,10 @@ async fn main() {
     let audit = dtask::replay::audit_journal(&auditor, &mut |_| {}).unwrap();
     println!(
         "auditor: {records} durable records of {id}; the journal audits {}",
-        if audit.is_clean() { "clean" } else { "with problems" }
+        if audit.is_clean() {
+            "clean"
+        } else {
+            "with problems"
+        }
     );
 }

@@ -46,40 +46,31 @@ const FLUSH: &str = concat!(
     "; SELECT pg_logical_emit_message(true, 'dtask', ''); COMMIT"
 );
 
-/// Runs `read` (a statement sent whole when first polled: `query_typed`, or a prepared
-/// statement's `query`) with the look at the log ([`FLUSHED`]) in the same round trip.
-/// Returns its result and whether the log was flushed as far as written then: if it was, every
-/// row `read` saw is durable; if not, [`FLUSH`] makes them so.
-///
-/// # Errors
-/// The server's error for the read or the look.
-async fn read<T>(
-    client: &Client,
-    read: impl std::future::Future<Output = Result<T, Error>>,
-) -> Result<(T, bool), Error> {
-    // Sent in this order when first polled, together: one round trip.
-    let (value, flushed) = futures_util::future::join(read, client.query_typed(FLUSHED, &[])).await;
-    let value = value?;
-    let flushed = flushed?
-        .first()
-        .is_some_and(|row| row.try_get::<_, bool>(0).unwrap_or(false));
-    Ok((value, flushed))
-}
-
 /// The last sequence committed, once it is durable: read by `sql` (one row, one `bigint`:
-/// `coalesce(max(seq), 0)` of the journal's records) with the look at the log, and flushed
-/// when the look says so — which covers every commit made before this call.
+/// `coalesce(max(seq), 0)` of the journal's records) with the look at the log ([`FLUSHED`])
+/// in the same round trip, and flushed ([`FLUSH`]) when the look says so — which covers every
+/// commit made before this call.
 ///
 /// # Errors
 /// The server's error.
 pub(crate) async fn last_seq(client: &Client, sql: &str) -> Result<u64, Error> {
-    let (row, flushed) = read(client, client.query_typed(sql, &[])).await?;
-    if !flushed {
-        client.batch_execute(FLUSH).await?;
-    }
-    Ok(row
+    // The read, then the look (after the read's snapshot): sent together when first polled,
+    // in this order, both whole (`query_typed`).
+    let (row, flushed) = futures_util::future::join(
+        client.query_typed(sql, &[]),
+        client.query_typed(FLUSHED, &[]),
+    )
+    .await;
+    let seq = row?
         .first()
         .and_then(|row| row.try_get::<_, i64>(0).ok())
         .and_then(|seq| u64::try_from(seq).ok())
-        .unwrap_or(0))
+        .unwrap_or(0);
+    let flushed = flushed?
+        .first()
+        .is_some_and(|row| row.try_get::<_, bool>(0).unwrap_or(false));
+    if !flushed {
+        client.batch_execute(FLUSH).await?;
+    }
+    Ok(seq)
 }
