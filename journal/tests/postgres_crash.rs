@@ -125,6 +125,24 @@ fn start_writers(
     (stop, acks, threads)
 }
 
+/// Lets the writers `threads` make `more` acknowledgements from now (`what`), or stop on
+/// their own, then stops them and returns what each did.
+fn stop_after(
+    what: &str,
+    more: usize,
+    acks: &AtomicUsize,
+    stop: &AtomicBool,
+    threads: Vec<std::thread::JoinHandle<Writer>>,
+) -> Vec<Writer> {
+    let before = acks.load(Ordering::Relaxed);
+    wait_for(what, || {
+        acks.load(Ordering::Relaxed) >= before + more
+            || threads.iter().any(std::thread::JoinHandle::is_finished)
+    });
+    stop.store(true, Ordering::Relaxed);
+    threads.into_iter().map(|t| t.join().unwrap()).collect()
+}
+
 /// Waits until `done` holds, or panics after a minute (a hang).
 fn wait_for(what: &str, done: impl Fn() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -185,13 +203,13 @@ fn a_database_crash_under_load_loses_nothing_acknowledged_and_the_journal_goes_o
         eprintln!("round {round}: the database crashed and started again");
     }
     // The journal goes on on what the database kept.
-    let before = acks.load(Ordering::Relaxed);
-    wait_for("appends acknowledged after the last crash", || {
-        acks.load(Ordering::Relaxed) >= before + 300
-            || threads.iter().any(std::thread::JoinHandle::is_finished)
-    });
-    stop.store(true, Ordering::Relaxed);
-    let writers: Vec<Writer> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let writers = stop_after(
+        "appends acknowledged after the last crash",
+        300,
+        &acks,
+        &stop,
+        threads,
+    );
     let failed: usize = writers.iter().map(|w| w.failed).sum();
     let lost: usize = writers.iter().map(|w| w.lost).sum();
     eprintln!(
@@ -274,13 +292,13 @@ fn a_restart_of_the_database_fails_no_append_whose_batch_it_kept() {
     if let Some(restarted) = restarted {
         restarted.join().unwrap();
     }
-    let before = acks.load(Ordering::Relaxed);
-    wait_for("appends acknowledged after the restart", || {
-        acks.load(Ordering::Relaxed) >= before + 200
-            || threads.iter().any(std::thread::JoinHandle::is_finished)
-    });
-    stop.store(true, Ordering::Relaxed);
-    let writers: Vec<Writer> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let writers = stop_after(
+        "appends acknowledged after the restart",
+        200,
+        &acks,
+        &stop,
+        threads,
+    );
     let reader = Journal::open_postgres_read_only(&url).unwrap();
     let mut failures = 0;
     for writer in &writers {

@@ -74,34 +74,40 @@ fn url(cluster: &Cluster, user: &str, host: &str, schema: &str, parameters: &str
     )
 }
 
-/// How many connections of the journal in `schema` (its application name) use TLS, and how
-/// many do not, as the server sees them.
-fn connections(cluster: &Cluster, schema: &str) -> (i64, i64) {
+/// A connection of the server's superuser, without TLS, and the runtime that drives it.
+fn admin(cluster: &Cluster) -> (tokio::runtime::Runtime, tokio_postgres::Client) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    runtime.block_on(async {
-        let admin = format!(
-            "postgres://{}@127.0.0.1:{}/postgres",
-            cluster.user(),
-            cluster.port
-        );
-        let (client, conn) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)
+    let url = format!(
+        "postgres://{}@127.0.0.1:{}/postgres",
+        cluster.user(),
+        cluster.port
+    );
+    let client = runtime.block_on(async {
+        let (client, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
             .await
             .unwrap();
         tokio::spawn(conn);
-        let row = client
-            .query_one(
-                "SELECT count(*) FILTER (WHERE s.ssl), count(*) FILTER (WHERE NOT s.ssl) \
-                 FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) \
-                 WHERE a.application_name = $1",
-                &[&format!("dtask:{schema}")],
-            )
-            .await
-            .unwrap();
-        (row.get(0), row.get(1))
-    })
+        client
+    });
+    (runtime, client)
+}
+
+/// How many connections of the journal in `schema` (its application name) use TLS, and how
+/// many do not, as the server sees them.
+fn connections(cluster: &Cluster, schema: &str) -> (i64, i64) {
+    let (runtime, client) = admin(cluster);
+    let row = runtime
+        .block_on(client.query_one(
+            "SELECT count(*) FILTER (WHERE s.ssl), count(*) FILTER (WHERE NOT s.ssl) \
+             FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) \
+             WHERE a.application_name = $1",
+            &[&format!("dtask:{schema}")],
+        ))
+        .unwrap();
+    (row.get(0), row.get(1))
 }
 
 /// Opens a journal at `url`, appends to it and reads it back.
@@ -222,27 +228,12 @@ fn a_client_certificate_lets_the_journal_in_where_the_server_asks_for_one() {
         return;
     };
     // The user, allowed to make the journal's schema.
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
+    let (runtime, client) = admin(&cluster);
+    runtime
+        .block_on(client.batch_execute(
+            "CREATE ROLE certified LOGIN; GRANT CREATE ON DATABASE postgres TO certified",
+        ))
         .unwrap();
-    runtime.block_on(async {
-        let admin = format!(
-            "postgres://{}@127.0.0.1:{}/postgres",
-            cluster.user(),
-            cluster.port
-        );
-        let (client, conn) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        client
-            .batch_execute(
-                "CREATE ROLE certified LOGIN; GRANT CREATE ON DATABASE postgres TO certified",
-            )
-            .await
-            .unwrap();
-    });
     let (cert, key) = authority.issue("certified", &[]);
     let cert = cluster.give("client.crt", &cert);
     let key = cluster.give("client.key", &key);
