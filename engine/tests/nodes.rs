@@ -16,14 +16,20 @@ use dtask_replay::Status;
 
 const RUNS: usize = 100;
 
-/// Two stores on a fresh schema, or `None` (and a loud line) without a database.
-fn nodes(test: &str) -> Option<(TaskStore, TaskStore, String)> {
+/// The URL of a fresh schema of the test database for `test`, or `None` (and a loud line)
+/// without a database.
+fn schema_url(test: &str) -> Option<String> {
     let Ok(base) = std::env::var("DTASK_TEST_PG_URL") else {
         eprintln!("SKIPPED {test}: DTASK_TEST_PG_URL is not set (./dev test sets it)");
         return None;
     };
     let sep = if base.contains('?') { '&' } else { '?' };
-    let url = format!("{base}{sep}schema=n{}_{test}", std::process::id());
+    Some(format!("{base}{sep}schema=n{}_{test}", std::process::id()))
+}
+
+/// Two stores on a fresh schema, or `None` (and a loud line) without a database.
+fn nodes(test: &str) -> Option<(TaskStore, TaskStore, String)> {
+    let url = schema_url(test)?;
     let clock = ManualClock::new(T0);
     let open = || {
         let journal = Journal::open_postgres(&url, JournalOptions::default()).unwrap();
@@ -205,12 +211,7 @@ fn skewed_nodes(
     test: &str,
     grace_ms: u64,
 ) -> Option<(TaskStore, ManualClock, TaskStore, ManualClock, String)> {
-    let Ok(base) = std::env::var("DTASK_TEST_PG_URL") else {
-        eprintln!("SKIPPED {test}: DTASK_TEST_PG_URL is not set (./dev test sets it)");
-        return None;
-    };
-    let sep = if base.contains('?') { '&' } else { '?' };
-    let url = format!("{base}{sep}schema=n{}_{test}", std::process::id());
+    let url = schema_url(test)?;
     let config =
         StoreConfig::default().with_expiry_grace(std::time::Duration::from_millis(grace_ms));
     let open = |clock: &ManualClock| {
