@@ -5,6 +5,8 @@
 //! rewrites them.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
+mod pg;
+
 use assert_cmd::Command;
 use dtask_engine::{
     Command as Cmd, CreateRequest, ManualClock, StoreConfig, TaskStore, UpdateRequest,
@@ -1432,15 +1434,7 @@ fn g3_records_round_trip_and_show() {
 
 /// A fresh schema of the test database, or `None` (and a loud line) without one.
 fn pg_url(name: &str) -> Option<String> {
-    let Ok(base) = std::env::var("DTASK_TEST_PG_URL") else {
-        eprintln!("SKIPPED {name}: DTASK_TEST_PG_URL is not set (./dev test sets it)");
-        return None;
-    };
-    let sep = if base.contains('?') { '&' } else { '?' };
-    Some(format!(
-        "{base}{sep}schema=cli{}_{name}",
-        std::process::id()
-    ))
+    pg::pg_url("cli", name)
 }
 
 /// Runs `sql` on the test database, outside any journal.

@@ -9,6 +9,8 @@
     clippy::similar_names
 )]
 
+mod pg;
+
 use dtask::server::{Server, ServerConfig, ServerError};
 use dtask_engine::{
     Command as Cmd, CreateRequest, StoreConfig, SystemClock, TaskStore, UpdateRequest,
@@ -549,6 +551,65 @@ async fn a_read_only_follower_sees_new_commits_and_refuses_control() {
     let (_, report) = server.post("/api/verify", &json!({})).await;
     assert_eq!(report["clean"], true, "{report}");
     assert_eq!(report["tasks"], 2);
+    server.stop().await;
+}
+
+/// An owner on a PostgreSQL journal reads through its store's durable view: its own submit
+/// reads back at once, and another node's commits reach its list and its stream (woken by the
+/// database's announcements).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_on_postgres_shows_its_own_and_another_nodes_commits() {
+    let Some(url) = pg::pg_url("server", "owner") else {
+        return;
+    };
+    let open = || {
+        let journal = Journal::open_postgres(&url, JournalOptions::default()).unwrap();
+        TaskStore::open(journal, SystemClock, StoreConfig::default()).unwrap()
+    };
+    let (mine, theirs) = (open(), open());
+    // The default poll interval: the stream must not wait for it.
+    let config = ServerConfig::default().with_poll_interval(Duration::from_secs(3600));
+    let server = Running::start(Server::owner(mine, None, config)).await;
+    let live = server
+        .http
+        .get(server.url("/api/stream?from_seq=1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(live.status(), StatusCode::OK);
+
+    let (status, created) = server
+        .post(
+            "/api/tasks",
+            &json!({"id": "mine", "executor_key": "shell", "kind": "tool_call"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let (status, task) = server.get("/api/tasks/mine").await;
+    assert_eq!(status, StatusCode::OK, "{task}");
+    assert_eq!(task["state"]["status"], "pending");
+
+    theirs
+        .create(create("theirs", "fetch", &json!({})))
+        .await
+        .unwrap();
+    let events = read_events(live, 2).await;
+    let tasks: Vec<(u64, &str)> = events
+        .iter()
+        .map(|(seq, data)| (*seq, data["task"].as_str().unwrap()))
+        .collect();
+    assert_eq!(tasks, [(1, "mine"), (2, "theirs")]);
+    let (_, list) = server.get("/api/tasks").await;
+    let ids: Vec<&str> = list["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["mine", "theirs"]);
+    let (_, stats) = server.get("/api/stats").await;
+    assert_eq!(stats["mode"], "owner");
+    assert!(stats["postgres_schema"].as_u64().is_some(), "{stats}");
     server.stop().await;
 }
 

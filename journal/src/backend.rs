@@ -16,6 +16,7 @@ use rocksdb::{
 use std::collections::HashSet;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// How many bytes an [`OpBytes`] holds in place: every commit-index key, and an event key (the
 /// task id, a separator and eight bytes of position) for a task id of up to 55 bytes — the
@@ -467,6 +468,15 @@ pub trait Backend: Send + Sync + 'static {
     /// their commits are announced. `None` (the default) where this process is the only
     /// writer and its own durable watermark says it all.
     fn watch_commits(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
+    }
+
+    /// For a writable open of a shared store whose reads may see commits not yet durable: a
+    /// read-only store over the same connections whose reads return only what the store has
+    /// made durable (what [`crate::Journal::durable_view`] reads). `None` (the default)
+    /// where this store's reads are bounded already: an embedded store's readers stop at the
+    /// durable watermark, and a read-only open checks its reads itself.
+    fn durable_reader(&self) -> Option<Arc<dyn Backend>> {
         None
     }
 

@@ -373,6 +373,52 @@ impl Journal {
         self.inner.backend.read_only()
     }
 
+    /// A handle that reads this journal and shows only durable records: what a service
+    /// shows to the outside (an HTTP API, a stream of commits, an audit) reads through it,
+    /// so that nothing it shows can be taken back by a crash.
+    ///
+    /// On an embedded journal, or one opened read-only, it is this handle: the readers of a
+    /// writable embedded journal stop at the durable watermark ([`Journal::durable_seq`]), and
+    /// a read-only PostgreSQL open checks its reads itself
+    /// ([`Journal::open_postgres_read_only`]). A writable open of a PostgreSQL journal reads
+    /// whatever is committed — its engine's reads need no more: whatever it writes because of
+    /// a row it read commits after that row and is made durable by the same flush — and other
+    /// nodes' commits, and its own, are visible there a moment before the database flushes
+    /// them. Its view is read-only, over the same connections, and checks its reads as a
+    /// read-only open does; the rows this node's own syncs made durable cost it nothing more.
+    /// Appends through such a view are refused ([`Error::ReadOnly`]).
+    ///
+    /// ```
+    /// use dtask_journal::{Journal, JournalOptions};
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let dir = tempfile::tempdir()?;
+    /// let journal = Journal::open(dir.path(), JournalOptions::default())?;
+    /// let view = journal.durable_view();
+    /// // Embedded: the same journal, whose readers stop at the durable watermark.
+    /// assert!(!view.is_read_only());
+    /// # Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn durable_view(&self) -> Self {
+        let Some(backend) = self.inner.backend.durable_reader() else {
+            return self.clone();
+        };
+        Self {
+            inner: Arc::new(Inner {
+                backend,
+                options: self.inner.options.clone(),
+                format: self.inner.format,
+                record_format: self.inner.record_format,
+                opened_tail: None,
+                shared: Arc::new(Shared::new(u64::MAX)),
+                sender: Mutex::new(None),
+                inline: None,
+                state: None,
+                writer: Mutex::new(None),
+            }),
+        }
+    }
+
     /// Whether other processes may write this journal too (a PostgreSQL journal): a reader's
     /// view moves under it, and a store over it follows the commits
     /// (`TaskStore::spawn_follower`).

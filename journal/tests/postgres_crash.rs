@@ -335,15 +335,37 @@ fn a_restart_of_the_database_fails_no_append_whose_batch_it_kept() {
 
 /// A read-only reader (what `dtask serve --read-only`, `tail` and `export` open) shows only
 /// what the database has made durable: every record it read is still there after a crash of
-/// the database. The records are written by a journal of `Durability::Buffered`, whose
-/// commits never wait for the log's flush (a synced writer's commits are the same until its
-/// sync), and the server is told to leave its log unflushed for as long as it may
-/// (`wal_writer_delay` of 10 s, no pages written by its background writer, no autovacuum):
-/// only the reader's read can have made them durable before the crash.
+/// the database.
 #[test]
 fn a_read_only_reader_sees_no_record_that_a_crash_of_the_database_takes_back() {
+    reads_survive_a_crash("dbreadcrash", |url| {
+        let reader = Journal::open_postgres_read_only(url).unwrap();
+        (reader.clone(), reader)
+    });
+}
+
+/// The durable view of another node's writable open (what an owner's `dtask serve` reads
+/// through) shows only what the database has made durable, as a read-only open does; the
+/// node's own reads see the commits at once.
+#[test]
+fn a_nodes_durable_view_sees_no_record_that_a_crash_of_the_database_takes_back() {
+    reads_survive_a_crash("dbviewcrash", |url| {
+        let node = Journal::open_postgres(url, JournalOptions::default()).unwrap();
+        let view = node.durable_view();
+        assert!(view.is_read_only() && !node.is_read_only());
+        (node, view)
+    });
+}
+
+/// Records written by a journal of `Durability::Buffered`, whose commits never wait for the
+/// log's flush (a synced writer's commits are the same until its sync), are read through
+/// the reader `open` returns (with whatever must live as long as it), on a server told to
+/// leave its log unflushed for as long as it may (`wal_writer_delay` of 10 s, no pages
+/// written by its background writer, no autovacuum): only the reader's read can have made
+/// them durable before the crash, after which a fresh open must find every record read.
+fn reads_survive_a_crash(name: &str, open: impl Fn(&str) -> (Journal, Journal)) {
     let Some(cluster) = Cluster::with_settings(
-        "dbreadcrash",
+        name,
         "-c wal_writer_delay=10000 -c bgwriter_lru_maxpages=0 -c autovacuum=off",
     ) else {
         return;
@@ -352,7 +374,7 @@ fn a_read_only_reader_sees_no_record_that_a_crash_of_the_database_takes_back() {
     let options = JournalOptions::default().with_durability(Durability::Buffered);
     let journal = Journal::open_postgres(&url, options).unwrap();
     journal.append("t", 0, &[created("t")]).unwrap();
-    let reader = Journal::open_postgres_read_only(&url).unwrap();
+    let (_kept_open, reader) = open(&url);
     journal.append("t", 1, &[attempt("t-1", 1)]).unwrap();
     let seen: Vec<u64> = reader
         .read_stream("t", 0)

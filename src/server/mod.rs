@@ -118,7 +118,7 @@ impl ServerConfig {
 /// What every handler shares.
 #[derive(Debug)]
 pub(crate) struct Shared {
-    /// The journal read (the store's, in owner mode).
+    /// The journal read (in owner mode the store's journal's durable view).
     pub journal: Journal,
     /// The writer, in owner mode.
     pub owner: Option<control::Owner>,
@@ -172,20 +172,23 @@ impl Server {
     /// A server that owns the journal through `store` (and `manager`, when given: submits
     /// are then checked against its executors, and cancels reach its running attempts).
     ///
+    /// Its reads, streams and counts go through the store's journal's durable view
+    /// ([`Journal::durable_view`]): on an embedded journal the journal itself, on a shared
+    /// PostgreSQL journal a read-only view that shows only what the database has flushed, so
+    /// that nothing the server shows can be taken back by a crash of the database.
+    ///
     /// The server installs its metrics' observer on the store's journal
     /// ([`Journal::observe`]) unless another one is installed already.
     pub fn owner(store: TaskStore, manager: Option<Manager>, config: ServerConfig) -> Self {
-        let journal = store.journal().clone();
+        let journal = store.journal().durable_view();
+        let writer = store.journal().clone();
         let server = Self::new(
             journal,
             Some(control::Owner { store, manager }),
             false,
             config,
         );
-        server
-            .shared
-            .journal
-            .observe(server.shared.metrics.write_observer());
+        writer.observe(server.shared.metrics.write_observer());
         server
     }
 

@@ -1,7 +1,8 @@
 //! Committed records as server-sent events.
 //!
 //! One pump per server reads the journal's commits in order — woken by the journal's durable
-//! watermark ([`Journal::watch_durable`]) when this process writes it, polling a follower —
+//! watermark ([`Journal::watch_durable`]) when this process writes it or the database
+//! announces commits (PostgreSQL), polling a follower of an embedded journal —
 //! applies them to the [`Projection`] and broadcasts
 //! each as a pre-serialized event on a bounded channel. A subscriber first reads what it
 //! missed from the journal (from its `Last-Event-ID`, the global sequence), then follows the
@@ -139,6 +140,7 @@ impl Pump {
             }
         };
         let follower = self.follower;
+        let shared = self.journal.is_shared();
         let mut durable_rx = self.journal.watch_durable();
         loop {
             if *stop.borrow() {
@@ -181,11 +183,13 @@ impl Pump {
                 }
             }
             if !full {
-                // The journal this process writes says when a sync made more records
-                // durable; one another process writes (a follower) is polled.
-                let ready = !follower && self.journal.durable_seq() >= next;
+                // The embedded journal this process writes says when a sync made more
+                // records durable; a shared one when any process committed more (announced
+                // by the database); a follower of an embedded journal another process
+                // writes is polled.
+                let ready = !follower && !shared && self.journal.durable_seq() >= next;
                 let moved = async {
-                    if follower {
+                    if follower && !shared {
                         std::future::pending::<()>().await;
                     }
                     // An error: the journal is gone; the interval goes on.

@@ -215,16 +215,17 @@ pub struct PgBackend {
     /// rollback of [`Backend::unlock_write`]): its next call fails instead, so that the writer
     /// hears of every failure of its connection (see [`Reopen::Loudly`]).
     unheard: AtomicBool,
-    /// Opened read-only: its reads return only rows the database has made durable
-    /// (module `durable`).
+    /// Opened read-only, or the durable reader of a writable open ([`PgBackend::twin`]): its
+    /// reads return only rows the database has made durable (module `durable`).
     read_only: bool,
-    /// Read-only: the last sequence its reads know durable (module `durable`).
-    durable_seq: std::sync::atomic::AtomicU64,
+    /// The last sequence known durable: what a read-only open's reads check against (module
+    /// `durable`); shared by a writable open with its twin, whose syncs move it.
+    durable_seq: Arc<std::sync::atomic::AtomicU64>,
     /// The schema's version as the open found it, or made it ([`schema::migrate`]).
     schema_version: u32,
     /// How connections are opened (for the listener, started on first use).
     target: Target,
-    listener: std::sync::OnceLock<Option<listen::Listener>>,
+    listener: Arc<std::sync::OnceLock<Option<listen::Listener>>>,
 }
 
 impl std::fmt::Debug for PgBackend {
@@ -281,11 +282,34 @@ impl PgBackend {
             locked: AtomicBool::new(false),
             unheard: AtomicBool::new(false),
             read_only,
-            durable_seq: std::sync::atomic::AtomicU64::new(0),
+            durable_seq: Arc::default(),
             schema_version,
             target,
-            listener: std::sync::OnceLock::new(),
+            listener: Arc::default(),
         })
+    }
+
+    /// The durable reader of this writable open ([`Backend::durable_reader`]): read-only,
+    /// over the same reader connections and listener, its reads checked as a read-only
+    /// open's (module `durable`). It shares the last sequence known durable with this open,
+    /// whose syncs move it: the rows this node made durable cost its reads nothing more.
+    fn twin(&self) -> Self {
+        Self {
+            location: self.location.clone(),
+            readers: self.readers.clone(),
+            next_reader: AtomicUsize::new(0),
+            writer: None,
+            syncer: None,
+            synchronous: self.synchronous,
+            unflushed: std::sync::Mutex::new(None),
+            locked: AtomicBool::new(false),
+            unheard: AtomicBool::new(false),
+            read_only: true,
+            durable_seq: Arc::clone(&self.durable_seq),
+            schema_version: self.schema_version,
+            target: self.target.clone(),
+            listener: Arc::clone(&self.listener),
+        }
     }
 
     /// Where the journal is.
@@ -741,6 +765,9 @@ impl Backend for PgBackend {
             });
             match found {
                 Ok(true) => {
+                    // Every commit up to the mark's is flushed with it (sequences are
+                    // committed in order).
+                    self.durable_seq.fetch_max(mark.seq, Ordering::AcqRel);
                     if let Some(e) = failed {
                         tracing::info!(
                             failed = %e,
@@ -952,6 +979,10 @@ impl Backend for PgBackend {
         Some(heads())
     }
 
+    fn durable_reader(&self) -> Option<Arc<dyn Backend>> {
+        (!self.read_only).then(|| Arc::new(self.twin()) as Arc<dyn Backend>)
+    }
+
     fn watch_commits(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
         self.listener
             .get_or_init(|| listen::start(self.target.clone()).ok())
@@ -1084,6 +1115,40 @@ mod tests {
             .unwrap());
         lose(&pg, 1);
         pg.sync().unwrap();
+    }
+
+    #[test]
+    fn the_durable_reader_learns_from_the_writers_syncs_and_reads_only() {
+        let Some((pg, _)) = backend("twin") else {
+            return;
+        };
+        let twin = pg.durable_reader().expect("a writable open has one");
+        assert!(twin.read_only() && twin.is_shared());
+        assert!(twin.durable_reader().is_none());
+        let (ops, first_tail) = batch(0, 1);
+        assert!(pg
+            .write_expecting(ops, &Tail::default().encode(), CommitFlush::AtSync)
+            .unwrap());
+        // Committed, not yet synced: the twin knows nothing durable; its read of the record
+        // makes it durable and learns so (module `durable`).
+        assert_eq!(pg.durable_seq.load(Ordering::Acquire), 0);
+        assert!(twin
+            .get(Space::Events, &keys::event_key("t", 0))
+            .unwrap()
+            .is_some());
+        assert_eq!(pg.durable_seq.load(Ordering::Acquire), 1);
+        // The writer's sync tells the twin what it made durable.
+        let (ops, _) = batch(1, 2);
+        assert!(pg
+            .write_expecting(ops, &first_tail, CommitFlush::AtSync)
+            .unwrap());
+        pg.sync().unwrap();
+        assert_eq!(pg.durable_seq.load(Ordering::Acquire), 2);
+        let (ops, _) = batch(2, 3);
+        assert!(matches!(
+            twin.write(ops, Durability::Sync),
+            Err(Error::ReadOnly)
+        ));
     }
 
     #[test]
