@@ -71,6 +71,13 @@ impl Running {
         (status, response.json().await.unwrap())
     }
 
+    /// Opens the event stream at `path`, answered 200.
+    async fn stream(&self, path: &str) -> reqwest::Response {
+        let response = self.http.get(self.url(path)).send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        response
+    }
+
     /// Stops the server and waits for it (a hang fails the test after a minute).
     async fn stop(mut self) {
         if let Some(stop) = self.stop.take() {
@@ -567,16 +574,10 @@ async fn an_owner_on_postgres_shows_its_own_and_another_nodes_commits() {
         TaskStore::open(journal, SystemClock, StoreConfig::default()).unwrap()
     };
     let (mine, theirs) = (open(), open());
-    // The default poll interval: the stream must not wait for it.
+    // An hour between polls: the stream is woken by the database's announcements.
     let config = ServerConfig::default().with_poll_interval(Duration::from_secs(3600));
     let server = Running::start(Server::owner(mine, None, config)).await;
-    let live = server
-        .http
-        .get(server.url("/api/stream?from_seq=1"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(live.status(), StatusCode::OK);
+    let live = server.stream("/api/stream?from_seq=1").await;
 
     let (status, created) = server
         .post(
@@ -652,13 +653,7 @@ async fn the_stream_carries_commits_in_order_and_resumes_after_last_event_id() {
     let dir = tempfile::tempdir().unwrap();
     let store = open_store(dir.path());
     let server = Running::start(Server::owner(store.clone(), None, fast())).await;
-    let live = server
-        .http
-        .get(server.url("/api/stream?from_seq=1"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(live.status(), StatusCode::OK);
+    let live = server.stream("/api/stream?from_seq=1").await;
     assert!(live.headers()["content-type"]
         .to_str()
         .unwrap()
