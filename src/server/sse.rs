@@ -189,11 +189,18 @@ impl Pump {
                 // writes is polled.
                 let ready = !follower && !shared && self.journal.durable_seq() >= next;
                 let moved = async {
-                    if follower && !shared {
-                        std::future::pending::<()>().await;
-                    }
                     // An error: the journal is gone; the interval goes on.
-                    if durable_rx.wait_for(|seq| *seq >= next).await.is_err() {
+                    let woken = if shared {
+                        // Each announcement wakes the pump once: an announced batch can be
+                        // gone after a crash of the database, and waiting for the announced
+                        // sequence to be reached would then never wait again.
+                        durable_rx.changed().await.is_ok()
+                    } else if follower {
+                        false
+                    } else {
+                        durable_rx.wait_for(|seq| *seq >= next).await.is_ok()
+                    };
+                    if !woken {
                         std::future::pending::<()>().await;
                     }
                 };
