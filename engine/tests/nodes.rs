@@ -171,6 +171,12 @@ async fn one_update_sent_to_two_nodes_is_recorded_once() {
             })
             .count();
         assert_eq!(updates, 1, "run {run}");
+        // Each node lists it once, read through its durable view, whichever node wrote it.
+        for node in [&a, &b] {
+            let page = node.list_updates(&id, None, 0, false).await.unwrap();
+            let listed: Vec<&[u8]> = page.updates.iter().map(|u| u.data.as_slice()).collect();
+            assert_eq!(listed, [b"half".as_slice()], "run {run}");
+        }
     }
     clean(&url);
 }

@@ -267,6 +267,10 @@ impl IndexBuilder {
 
 struct Inner {
     journal: Journal,
+    /// The journal's durable view ([`Journal::durable_view`]): what the store reads for
+    /// what its callers show (a task's updates), so that they show nothing a crash can take
+    /// back.
+    durable: Journal,
     clock: Arc<dyn Clock>,
     config: StoreConfig,
     index: Mutex<Index>,
@@ -481,6 +485,7 @@ impl TaskStore {
         let journal_seen = journal.durable_seq();
         Self {
             inner: Arc::new(Inner {
+                durable: journal.durable_view(),
                 journal,
                 clock,
                 config,
@@ -505,6 +510,11 @@ impl TaskStore {
     #[must_use]
     pub fn journal(&self) -> &Journal {
         &self.inner.journal
+    }
+
+    /// The journal's durable view, for the reads of what the store's callers show.
+    pub(crate) fn durable_journal(&self) -> &Journal {
+        &self.inner.durable
     }
 
     /// The store's configuration.

@@ -169,6 +169,9 @@ impl TaskStore {
 
     /// Lists a task's updates a page at a time, oldest first (or newest first). The first page
     /// fixes the traversal's snapshot: updates appended later are not seen by its cursors.
+    /// They are read through the journal's durable view ([`dtask_journal::Journal::durable_view`]): what a
+    /// caller shows of them (the managed tools' progress, an agent's transcript) is nothing a
+    /// crash can take back, on a shared journal too.
     ///
     /// # Errors
     /// [`StoreError::NotFound`] for an unknown task, [`StoreError::InvalidCursor`] for a
@@ -227,7 +230,7 @@ impl TaskStore {
         limit: usize,
     ) -> Result<(Vec<UpdateRecord>, Option<u64>)> {
         let mut out = Vec::new();
-        for record in self.journal().read_stream(id, from) {
+        for record in self.durable_journal().read_stream(id, from) {
             let record = record?;
             if record.position >= end {
                 break;
@@ -256,7 +259,7 @@ impl TaskStore {
         while end > 0 {
             let start = end.saturating_sub(CHUNK);
             let mut chunk = Vec::new();
-            for record in self.journal().read_stream(id, start) {
+            for record in self.durable_journal().read_stream(id, start) {
                 let record = record?;
                 if record.position >= end {
                     break;
