@@ -353,6 +353,10 @@ fn a_nodes_durable_view_sees_no_record_that_a_crash_of_the_database_takes_back()
         let node = Journal::open_postgres(url, JournalOptions::default()).unwrap();
         let view = node.durable_view();
         assert!(view.is_read_only() && !node.is_read_only());
+        assert!(matches!(
+            view.append("v", 0, &[created("v")]),
+            Err(Error::ReadOnly)
+        ));
         (node, view)
     });
 }
