@@ -267,8 +267,8 @@ impl PgBackend {
                 ..target.clone()
             };
             (
-                Some(Conn::open_with(unflushed, "writer", Reopen::Loudly)?),
-                Some(Conn::open(target.clone(), "syncer")?),
+                Some(Conn::open_here(unflushed, "writer", Reopen::Loudly)?),
+                Some(Conn::open_here(target.clone(), "syncer", Reopen::Quietly)?),
             )
         };
         Ok(Self {
