@@ -169,9 +169,10 @@ impl TaskStore {
 
     /// Lists a task's updates a page at a time, oldest first (or newest first). The first page
     /// fixes the traversal's snapshot: updates appended later are not seen by its cursors.
-    /// They are read through the journal's durable view ([`dtask_journal::Journal::durable_view`]): what a
-    /// caller shows of them (the managed tools' progress, an agent's transcript) is nothing a
-    /// crash can take back, on a shared journal too.
+    /// They are read through the journal's durable view
+    /// ([`dtask_journal::Journal::durable_view`]): what a caller shows of them (the managed
+    /// tools' progress, an agent's transcript) is nothing a crash can take back, on a shared
+    /// journal too.
     ///
     /// # Errors
     /// [`StoreError::NotFound`] for an unknown task, [`StoreError::InvalidCursor`] for a

@@ -445,20 +445,25 @@ pub(crate) fn quote_ident(name: &str) -> String {
 mod tests {
     use super::*;
 
-    /// A connection to the test database (`DTASK_TEST_PG_URL`), or `None` when it is not set.
-    fn test_conn(test: &str) -> Option<Conn> {
-        Some(test_conns(test, Reopen::Quietly)?.remove(0))
-    }
-
-    /// Two connections to the test database, one on a thread of its own and one driven here
-    /// ([`Conn::open_here`]), or `None` when it is not set.
-    fn test_conns(test: &str, reopen: Reopen) -> Option<Vec<Conn>> {
+    /// How to reach the test database (`DTASK_TEST_PG_URL`), or `None` when it is not set.
+    fn test_target(test: &str) -> Option<Target> {
         let Ok(url) = std::env::var("DTASK_TEST_PG_URL") else {
             eprintln!("SKIPPED {test}: DTASK_TEST_PG_URL is not set (./dev test sets it)");
             return None;
         };
         let location = crate::postgres::PgLocation::parse(&url).unwrap();
-        let target = Target::admin(&location);
+        Some(Target::admin(&location))
+    }
+
+    /// A connection to the test database on a thread of its own.
+    fn test_conn(test: &str) -> Option<Conn> {
+        Some(Conn::open(test_target(test)?, test).unwrap())
+    }
+
+    /// Two connections to the test database, one on a thread of its own and one driven here
+    /// ([`Conn::open_here`]).
+    fn test_conns(test: &str, reopen: Reopen) -> Option<Vec<Conn>> {
+        let target = test_target(test)?;
         Some(vec![
             Conn::open_with(target.clone(), test, reopen).unwrap(),
             Conn::open_here(target, test, reopen).unwrap(),
