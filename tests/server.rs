@@ -15,7 +15,10 @@ use dtask::server::{Server, ServerConfig, ServerError};
 use dtask_engine::{
     Command as Cmd, CreateRequest, StoreConfig, SystemClock, TaskStore, UpdateRequest,
 };
-use dtask_journal::{Event, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp};
+use dtask_journal::observe::BatchWritten;
+use dtask_journal::{
+    Event, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp, WriteObserver,
+};
 use dtask_replay::{FoldView, Status};
 use futures::StreamExt;
 use reqwest::StatusCode;
@@ -558,6 +561,66 @@ async fn a_read_only_follower_sees_new_commits_and_refuses_control() {
     let (_, report) = server.post("/api/verify", &json!({})).await;
     assert_eq!(report["clean"], true, "{report}");
     assert_eq!(report["tasks"], 2);
+    server.stop().await;
+}
+
+/// Holds the next batch written, once armed, after its write and before its sync: its
+/// records are in the journal and not yet durable until the test lets it go.
+#[derive(Debug)]
+struct HoldNextBatch {
+    armed: std::sync::atomic::AtomicBool,
+    held: std::sync::Mutex<std::sync::mpsc::SyncSender<()>>,
+    release: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl WriteObserver for HoldNextBatch {
+    fn batch_written(&self, _: &BatchWritten) {
+        if self.armed.swap(false, std::sync::atomic::Ordering::AcqRel) {
+            self.held.lock().unwrap().send(()).unwrap();
+            self.release.lock().unwrap().recv().unwrap();
+        }
+    }
+}
+
+/// An embedded owner shows no task before its first record is durable: while the batch that
+/// creates it is written and not yet synced, the task is neither listed nor found; once
+/// synced, it is both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_shows_no_task_before_its_first_record_is_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = JournalOptions::default().with_inline_lone_appends(false);
+    let journal = Journal::open(dir.path(), options).unwrap();
+    let (held_tx, held) = std::sync::mpsc::sync_channel(1);
+    let (release, release_rx) = std::sync::mpsc::sync_channel(1);
+    let gate = std::sync::Arc::new(HoldNextBatch {
+        armed: std::sync::atomic::AtomicBool::new(false),
+        held: std::sync::Mutex::new(held_tx),
+        release: std::sync::Mutex::new(release_rx),
+    });
+    assert!(journal.observe(gate.clone()));
+    let store = TaskStore::open(journal, SystemClock, StoreConfig::default()).unwrap();
+    let server = Running::start(Server::owner(store.clone(), None, fast())).await;
+
+    gate.armed.store(true, std::sync::atomic::Ordering::Release);
+    let creating = tokio::spawn({
+        let store = store.clone();
+        async move { store.create(create("early", "shell", &json!({}))).await }
+    });
+    tokio::task::spawn_blocking(move || held.recv().unwrap())
+        .await
+        .unwrap();
+    let (_, list) = server.get("/api/tasks").await;
+    assert_eq!(list["tasks"], json!([]), "{list}");
+    let (status, task) = server.get("/api/tasks/early").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{task}");
+
+    release.send(()).unwrap();
+    creating.await.unwrap().unwrap();
+    let (_, list) = server.get("/api/tasks").await;
+    assert_eq!(list["tasks"][0]["id"], "early", "{list}");
+    assert_eq!(list["tasks"][0]["status"], "pending", "{list}");
+    let (status, _) = server.get("/api/tasks/early").await;
+    assert_eq!(status, StatusCode::OK);
     server.stop().await;
 }
 

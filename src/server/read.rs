@@ -192,6 +192,11 @@ pub fn list_tasks(journal: &Journal, query: &ListQuery) -> Result<TaskList, ApiE
         scanned += 1;
         let view = FoldView::read(journal, &id, |_| {})?;
         last = Some(id.clone());
+        if !view.exists() {
+            // Written and not yet durable (an embedded journal's readers stop at its durable
+            // watermark): not a task to show yet.
+            continue;
+        }
         let row = summary(id, &view);
         if filters.keep(&row) {
             tasks.push(row);
@@ -220,6 +225,10 @@ fn require(journal: &Journal, id: &str) -> Result<u64, ApiError> {
 pub fn task(journal: &Journal, id: &str, with_base64: bool) -> Result<TaskDetail, ApiError> {
     require(journal, id)?;
     let view = FoldView::read(journal, id, |_| {})?;
+    if !view.exists() {
+        // Written and not yet durable, as in the list.
+        return Err(ApiError::no_task(id));
+    }
     Ok(TaskDetail {
         task: id.to_owned(),
         state: view
