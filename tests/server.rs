@@ -582,9 +582,9 @@ impl WriteObserver for HoldNextBatch {
     }
 }
 
-/// An embedded owner shows no task before its first record is durable: while the batch that
-/// creates it is written and not yet synced, the task is neither listed nor found; once
-/// synced, it is both.
+/// An embedded owner shows no record before it is durable: while the batch that creates a
+/// task is written and not yet synced, the task is neither listed nor found, once synced it
+/// is both; and while a later record of it waits for its sync, no page counts it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_owner_shows_no_task_before_its_first_record_is_durable() {
     let dir = tempfile::tempdir().unwrap();
@@ -606,9 +606,12 @@ async fn an_owner_shows_no_task_before_its_first_record_is_durable() {
         let store = store.clone();
         async move { store.create(create("early", "shell", &json!({}))).await }
     });
-    tokio::task::spawn_blocking(move || held.recv().unwrap())
-        .await
-        .unwrap();
+    let held = tokio::task::spawn_blocking(move || {
+        held.recv().unwrap();
+        held
+    })
+    .await
+    .unwrap();
     let (_, list) = server.get("/api/tasks").await;
     assert_eq!(list["tasks"], json!([]), "{list}");
     let (status, task) = server.get("/api/tasks/early").await;
@@ -621,6 +624,47 @@ async fn an_owner_shows_no_task_before_its_first_record_is_durable() {
     assert_eq!(list["tasks"][0]["status"], "pending", "{list}");
     let (status, _) = server.get("/api/tasks/early").await;
     assert_eq!(status, StatusCode::OK);
+
+    // A progress update written and not yet durable: no page counts it, and the updates'
+    // cursor does not pass it (a reader going on from there gets it once it is durable).
+    let started = store.execute("early", 1, Cmd::Start).await.unwrap();
+    let (_, page) = server.get("/api/tasks/early/updates").await;
+    let cursor = page["next_cursor"].as_str().unwrap().to_owned();
+    gate.armed.store(true, std::sync::atomic::Ordering::Release);
+    let updating = tokio::spawn({
+        let store = store.clone();
+        let update = UpdateRequest {
+            attempt: started.attempt,
+            event_id: "held".into(),
+            kind: "progress".into(),
+            data: b"half".to_vec(),
+            ..UpdateRequest::default()
+        };
+        async move { store.append_update("early", update).await }
+    });
+    tokio::task::spawn_blocking(move || held.recv().unwrap())
+        .await
+        .unwrap();
+    let (_, records) = server.get("/api/tasks/early/records").await;
+    let length = records["length"].as_u64().unwrap();
+    assert_eq!(records["records"].as_array().unwrap().len() as u64, length);
+    assert_eq!(records["next_from"], json!(null), "{records}");
+    let (_, state) = server.get("/api/tasks/early/state").await;
+    assert_eq!(state["last_position"].as_u64(), Some(length - 1), "{state}");
+    let (_, page) = server
+        .get(&format!("/api/tasks/early/updates?cursor={cursor}"))
+        .await;
+    assert_eq!(page["updates"], json!([]), "{page}");
+    let cursor = page["next_cursor"].as_str().unwrap().to_owned();
+
+    release.send(()).unwrap();
+    updating.await.unwrap().unwrap();
+    let (_, records) = server.get("/api/tasks/early/records").await;
+    assert_eq!(records["length"].as_u64(), Some(length + 1), "{records}");
+    let (_, page) = server
+        .get(&format!("/api/tasks/early/updates?cursor={cursor}"))
+        .await;
+    assert_eq!(page["updates"][0]["event_id"], "held", "{page}");
     server.stop().await;
 }
 

@@ -99,11 +99,34 @@ pub(crate) fn of_last(task: &str, last: crate::backend::LastRecord) -> Result<Op
 /// # Errors
 /// [`Error::Storage`] on I/O failure.
 pub(crate) fn last_record(backend: &dyn Backend, task: &str) -> Result<Option<KeyValue>> {
+    last_record_upto(backend, task, u64::MAX)
+}
+
+/// The key and bytes of `task`'s last record whose global sequence is at most `visible`, as
+/// a reader that stops at the durable watermark sees the stream. A record that does not parse
+/// counts whatever its sequence: damage is shown, not stepped over. `None` when the task has
+/// no such record.
+///
+/// # Errors
+/// [`Error::Storage`] on I/O failure.
+pub(crate) fn last_record_upto(
+    backend: &dyn Backend,
+    task: &str,
+    visible: u64,
+) -> Result<Option<KeyValue>> {
     let prefix = keys::task_prefix(task);
     let range = Range {
         lower: prefix.clone(),
         upper: prefix_end(&prefix),
         reverse: true,
     };
-    backend.scan(Space::Events, range).next().transpose()
+    for item in backend.scan(Space::Events, range) {
+        let (key, value) = item?;
+        let written_after =
+            visible != u64::MAX && record::parse(&value).is_ok_and(|frame| frame.seq > visible);
+        if !written_after {
+            return Ok(Some((key, value)));
+        }
+    }
+    Ok(None)
 }

@@ -764,13 +764,17 @@ impl Journal {
     /// The number of records of `task`'s stream (one past the position of its last key), or
     /// `None` for an unknown task. Unlike [`Journal::head`] it reads only the last key, so a
     /// damaged last record still counts: what inspection tools need to know a task exists and
-    /// how far its stream goes.
+    /// how far its stream goes. It counts what [`Journal::read_stream`] reads: on a journal
+    /// open for writing, records written and not yet durable are not counted (a task all of
+    /// whose records are still being synced is unknown until the sync).
     ///
     /// # Errors
     /// [`Error::Corruption`] when the last key is not one of the task's, [`Error::Storage`] on
     /// I/O failure.
     pub fn stream_len(&self, task: &str) -> Result<Option<u64>> {
-        let Some((key, _)) = crate::head::last_record(self.inner.backend.as_ref(), task)? else {
+        let last =
+            crate::head::last_record_upto(self.inner.backend.as_ref(), task, self.visible())?;
+        let Some((key, _)) = last else {
             return Ok(None);
         };
         let position =

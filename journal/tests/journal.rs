@@ -984,6 +984,42 @@ fn an_observer_is_told_every_batch_sync_and_acknowledgement() {
     assert_eq!(recorder.syncs.load(Ordering::Relaxed), written);
 }
 
+/// Reads a stream as its readers see it after each batch is written and before its sync.
+#[derive(Debug, Default)]
+struct ReadBeforeSync {
+    journal: std::sync::Mutex<Option<Journal>>,
+    seen: std::sync::Mutex<Vec<(Option<u64>, usize)>>,
+}
+
+impl dtask_journal::WriteObserver for ReadBeforeSync {
+    fn batch_written(&self, _: &dtask_journal::observe::BatchWritten) {
+        if let Some(journal) = self.journal.lock().unwrap().as_ref() {
+            let len = journal.stream_len("t").unwrap();
+            let read = journal.read_stream("t", 0).count();
+            self.seen.lock().unwrap().push((len, read));
+        }
+    }
+}
+
+#[test]
+fn a_streams_length_counts_only_what_its_readers_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = JournalOptions::default().with_inline_lone_appends(false);
+    let journal = Journal::open(dir.path(), options).unwrap();
+    let reader = Arc::new(ReadBeforeSync::default());
+    *reader.journal.lock().unwrap() = Some(journal.clone());
+    assert!(journal.observe(reader.clone()));
+
+    journal.append("t", 0, &[created("t")]).unwrap();
+    journal.append("t", 1, &[update(1), update(2)]).unwrap();
+    assert_eq!(journal.stream_len("t").unwrap(), Some(3));
+    // Between each batch's write and its sync the written records are neither read nor
+    // counted: a task whose first record waits for its sync is unknown.
+    let seen = reader.seen.lock().unwrap().clone();
+    assert_eq!(seen, [(None, 0), (Some(1), 1)]);
+    reader.journal.lock().unwrap().take();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_durable_watermark_can_be_awaited() {
     let dir = tempfile::tempdir().unwrap();

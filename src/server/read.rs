@@ -213,7 +213,9 @@ pub fn list_tasks(journal: &Journal, query: &ListQuery) -> Result<TaskList, ApiE
     })
 }
 
-/// Whether the journal knows `id`; its stream length.
+/// Whether the journal knows `id`; its stream length as its readers see it (on an embedded
+/// owner, up to the durable watermark: a page's `length` and cursors never count a record
+/// its reads cannot show yet).
 fn require(journal: &Journal, id: &str) -> Result<u64, ApiError> {
     journal.stream_len(id)?.ok_or_else(|| ApiError::no_task(id))
 }
@@ -223,12 +225,9 @@ fn require(journal: &Journal, id: &str) -> Result<u64, ApiError> {
 /// # Errors
 /// 404 for an unknown task; journal errors.
 pub fn task(journal: &Journal, id: &str, with_base64: bool) -> Result<TaskDetail, ApiError> {
+    // A task all of whose records are written and not yet durable is unknown, as in the list.
     require(journal, id)?;
     let view = FoldView::read(journal, id, |_| {})?;
-    if !view.exists() {
-        // Written and not yet durable, as in the list.
-        return Err(ApiError::no_task(id));
-    }
     Ok(TaskDetail {
         task: id.to_owned(),
         state: view
