@@ -582,6 +582,34 @@ impl WriteObserver for HoldNextBatch {
     }
 }
 
+/// Waits until the gate holds the batch `op` writes; fails at once if `op` ends without one
+/// (an operation whose batch is held cannot end: its append waits for the sync).
+async fn until_held<T>(
+    mut held: std::sync::mpsc::Receiver<()>,
+    op: &JoinHandle<T>,
+) -> std::sync::mpsc::Receiver<()> {
+    use std::sync::mpsc::RecvTimeoutError;
+    loop {
+        let (back, got) = tokio::task::spawn_blocking(move || {
+            let got = held.recv_timeout(Duration::from_millis(50));
+            (held, got)
+        })
+        .await
+        .unwrap();
+        held = back;
+        match got {
+            Ok(()) => return held,
+            Err(RecvTimeoutError::Timeout) => {
+                assert!(
+                    !op.is_finished(),
+                    "the operation ended without a held batch"
+                );
+            }
+            Err(RecvTimeoutError::Disconnected) => panic!("the gate is gone"),
+        }
+    }
+}
+
 /// An embedded owner shows no record before it is durable: while the batch that creates a
 /// task is written and not yet synced, the task is neither listed nor found, once synced it
 /// is both; and while a later record of it waits for its sync, no page counts it.
@@ -606,12 +634,7 @@ async fn an_owner_shows_no_task_before_its_first_record_is_durable() {
         let store = store.clone();
         async move { store.create(create("early", "shell", &json!({}))).await }
     });
-    let held = tokio::task::spawn_blocking(move || {
-        held.recv().unwrap();
-        held
-    })
-    .await
-    .unwrap();
+    let held = until_held(held, &creating).await;
     let (_, list) = server.get("/api/tasks").await;
     assert_eq!(list["tasks"], json!([]), "{list}");
     let (status, task) = server.get("/api/tasks/early").await;
@@ -642,9 +665,7 @@ async fn an_owner_shows_no_task_before_its_first_record_is_durable() {
         };
         async move { store.append_update("early", update).await }
     });
-    tokio::task::spawn_blocking(move || held.recv().unwrap())
-        .await
-        .unwrap();
+    until_held(held, &updating).await;
     let (_, records) = server.get("/api/tasks/early/records").await;
     let length = records["length"].as_u64().unwrap();
     assert_eq!(records["records"].as_array().unwrap().len() as u64, length);
