@@ -438,13 +438,13 @@ mod lean {
 
 /// The chain digest: the hash of `format` over `prev ‖ task length (u32 LE) ‖ task ‖ framed`.
 fn chain_digest(format: RecordFormat, prev: &Digest, task: &str, framed: &[u8]) -> Digest {
-    let len = prev.0.len() + 4 + task.len() + framed.len();
     // With BLAKE3, inputs that fit (most records) are hashed in one call from a stack buffer:
     // that spares the incremental hasher's set-up and buffering, a third of the cost of
     // hashing a short record. The smaller buffer spares most records the zeroing of the
     // larger one. SHA-256's incremental hasher buffers only what does not fill a block, so it
     // hashes the parts where they are. The digest is the same either way.
     if format == RecordFormat::BLAKE3 {
+        let len = prev.0.len() + 4 + task.len() + framed.len();
         if len <= 256 {
             return one_shot_digest::<256>(format, prev, task, framed);
         }
