@@ -582,6 +582,31 @@ impl WriteObserver for HoldNextBatch {
     }
 }
 
+/// A store on a new journal at `dir` whose batches all go through the writer thread, with a
+/// [`HoldNextBatch`] gate on it (disarmed): the gate, the receiver told when it holds a batch,
+/// and the sender that lets the batch go.
+fn gated_store(
+    dir: &Path,
+) -> (
+    TaskStore,
+    std::sync::Arc<HoldNextBatch>,
+    std::sync::mpsc::Receiver<()>,
+    std::sync::mpsc::SyncSender<()>,
+) {
+    let options = JournalOptions::default().with_inline_lone_appends(false);
+    let journal = Journal::open(dir, options).unwrap();
+    let (held_tx, held) = std::sync::mpsc::sync_channel(1);
+    let (release, release_rx) = std::sync::mpsc::sync_channel(1);
+    let gate = std::sync::Arc::new(HoldNextBatch {
+        armed: std::sync::atomic::AtomicBool::new(false),
+        held: std::sync::Mutex::new(held_tx),
+        release: std::sync::Mutex::new(release_rx),
+    });
+    assert!(journal.observe(gate.clone()));
+    let store = TaskStore::open(journal, SystemClock, StoreConfig::default()).unwrap();
+    (store, gate, held, release)
+}
+
 /// Waits until the gate holds the batch `op` writes; fails at once if `op` ends without one
 /// (an operation whose batch is held cannot end: its append waits for the sync).
 async fn until_held<T>(
@@ -616,17 +641,7 @@ async fn until_held<T>(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_owner_shows_no_task_before_its_first_record_is_durable() {
     let dir = tempfile::tempdir().unwrap();
-    let options = JournalOptions::default().with_inline_lone_appends(false);
-    let journal = Journal::open(dir.path(), options).unwrap();
-    let (held_tx, held) = std::sync::mpsc::sync_channel(1);
-    let (release, release_rx) = std::sync::mpsc::sync_channel(1);
-    let gate = std::sync::Arc::new(HoldNextBatch {
-        armed: std::sync::atomic::AtomicBool::new(false),
-        held: std::sync::Mutex::new(held_tx),
-        release: std::sync::Mutex::new(release_rx),
-    });
-    assert!(journal.observe(gate.clone()));
-    let store = TaskStore::open(journal, SystemClock, StoreConfig::default()).unwrap();
+    let (store, gate, held, release) = gated_store(dir.path());
     let server = Running::start(Server::owner(store.clone(), None, fast())).await;
 
     gate.armed.store(true, std::sync::atomic::Ordering::Release);
@@ -686,6 +701,45 @@ async fn an_owner_shows_no_task_before_its_first_record_is_durable() {
         .get(&format!("/api/tasks/early/updates?cursor={cursor}"))
         .await;
     assert_eq!(page["updates"][0]["event_id"], "held", "{page}");
+    server.stop().await;
+}
+
+/// An owner's counts and its stream "from now on" start from what is durable: a task whose
+/// first record waits for its sync when the server counts the journal, and when a subscriber
+/// asks for what comes next, is counted once (not as a problem) and streamed once durable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_counts_and_streams_a_record_that_waited_for_its_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    let (store, gate, held, release) = gated_store(dir.path());
+    store
+        .create(create("first", "shell", &json!({})))
+        .await
+        .unwrap();
+    gate.armed.store(true, std::sync::atomic::Ordering::Release);
+    let creating = tokio::spawn({
+        let store = store.clone();
+        async move { store.create(create("held", "fetch", &json!({}))).await }
+    });
+    let _held = until_held(held, &creating).await;
+
+    // The first count runs while the second task's record is written and not yet durable.
+    let server = Running::start(Server::owner(store.clone(), None, fast())).await;
+    let stats = server.wait_seq(1).await;
+    assert_eq!(stats["last_seq"], 1, "{stats}");
+    assert_eq!(stats["tasks"], 1, "{stats}");
+    assert_eq!(stats["tasks_with_problems"], 0, "{stats}");
+    let live = server.stream("/api/stream").await;
+
+    release.send(()).unwrap();
+    creating.await.unwrap().unwrap();
+    let events = read_events(live, 1).await;
+    assert_eq!(events[0].0, 2);
+    assert_eq!(events[0].1["task"], "held", "{:?}", events[0]);
+    let stats = server.wait_seq(2).await;
+    assert_eq!(stats["tasks"], 2, "{stats}");
+    assert_eq!(stats["tasks_with_problems"], 0, "{stats}");
+    assert_eq!(stats["by_status"]["pending"], 2, "{stats}");
+    assert_eq!(stats["records"], 2, "{stats}");
     server.stop().await;
 }
 

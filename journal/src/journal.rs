@@ -1024,12 +1024,15 @@ impl Journal {
         self.inner.backend.storage_stats()
     }
 
-    /// The global sequence of the last committed record (0 for an empty journal).
+    /// The global sequence of the last committed record (0 for an empty journal), as this
+    /// journal's readers see it: on a journal open for writing, records written and not yet
+    /// durable are not counted ([`Journal::durable_seq`]), so that a reader going on after
+    /// it with [`Journal::commits`] misses no record.
     ///
     /// # Errors
     /// [`Error::Storage`] on I/O failure.
     pub fn last_seq(&self) -> Result<u64> {
-        last_seq(self.inner.backend.as_ref())
+        last_seq(self.inner.backend.as_ref(), self.visible())
     }
 
     /// Catches a follower up with its writer (see [`Journal::open_follower`]); a no-op for a
@@ -1469,11 +1472,17 @@ fn check_version(found: u32) -> Result<()> {
     }
 }
 
-fn last_seq(backend: &dyn Backend) -> Result<u64> {
-    match backend
-        .scan(Space::Commits, Range::default().reversed())
-        .next()
-    {
+/// The sequence of the last commit-index entry at or below `visible` (`u64::MAX`: every
+/// entry).
+fn last_seq(backend: &dyn Backend, visible: u64) -> Result<u64> {
+    let range = Range {
+        upper: visible
+            .checked_add(1)
+            .map(|above| keys::seq_key(above).to_vec()),
+        ..Range::default()
+    }
+    .reversed();
+    match backend.scan(Space::Commits, range).next() {
         None => Ok(0),
         Some(item) => {
             let (key, _) = item?;

@@ -984,11 +984,12 @@ fn an_observer_is_told_every_batch_sync_and_acknowledgement() {
     assert_eq!(recorder.syncs.load(Ordering::Relaxed), written);
 }
 
-/// Reads a stream as its readers see it after each batch is written and before its sync.
+/// Reads a stream and the last sequence as the journal's readers see them after each batch
+/// is written and before its sync.
 #[derive(Debug, Default)]
 struct ReadBeforeSync {
     journal: std::sync::Mutex<Option<Journal>>,
-    seen: std::sync::Mutex<Vec<(Option<u64>, usize)>>,
+    seen: std::sync::Mutex<Vec<(Option<u64>, usize, u64)>>,
 }
 
 impl dtask_journal::WriteObserver for ReadBeforeSync {
@@ -996,13 +997,14 @@ impl dtask_journal::WriteObserver for ReadBeforeSync {
         if let Some(journal) = self.journal.lock().unwrap().as_ref() {
             let len = journal.stream_len("t").unwrap();
             let read = journal.read_stream("t", 0).count();
-            self.seen.lock().unwrap().push((len, read));
+            let last = journal.last_seq().unwrap();
+            self.seen.lock().unwrap().push((len, read, last));
         }
     }
 }
 
 #[test]
-fn a_streams_length_counts_only_what_its_readers_read() {
+fn a_streams_length_and_the_last_sequence_count_only_what_its_readers_read() {
     let dir = tempfile::tempdir().unwrap();
     let options = JournalOptions::default().with_inline_lone_appends(false);
     let journal = Journal::open(dir.path(), options).unwrap();
@@ -1013,10 +1015,12 @@ fn a_streams_length_counts_only_what_its_readers_read() {
     journal.append("t", 0, &[created("t")]).unwrap();
     journal.append("t", 1, &[update(1), update(2)]).unwrap();
     assert_eq!(journal.stream_len("t").unwrap(), Some(3));
+    assert_eq!(journal.last_seq().unwrap(), 3);
     // Between each batch's write and its sync the written records are neither read nor
-    // counted: a task whose first record waits for its sync is unknown.
+    // counted: a task whose first record waits for its sync is unknown, and a reader of the
+    // commits going on after the last sequence misses nothing.
     let seen = reader.seen.lock().unwrap().clone();
-    assert_eq!(seen, [(None, 0), (Some(1), 1)]);
+    assert_eq!(seen, [(None, 0, 0), (Some(1), 1, 1)]);
     reader.journal.lock().unwrap().take();
 }
 
