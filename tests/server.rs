@@ -1472,3 +1472,52 @@ async fn write_path_and_engine_metrics_count_what_happened() {
     assert_eq!(value("dtask_storage_direct_table_io"), u64::from(direct));
     server.stop().await;
 }
+
+/// An owner's audit reads a view of the journal that does not move: run while eight callers
+/// create tasks as fast as they can, every report is clean (read without the frozen view,
+/// the passes over the streams and the indexes saw different moments and reported commit
+/// entries, live entries and a tail marker that did not match).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owners_audit_while_tasks_are_created_finds_nothing_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_store(dir.path());
+    let server = Running::start(Server::owner(store.clone(), None, fast())).await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writers: Vec<_> = (0..8)
+        .map(|w| {
+            let (store, stop) = (store.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut i = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let id = format!("w{w}-{i}");
+                    store
+                        .create(create(&id, "shell", &json!({})))
+                        .await
+                        .unwrap();
+                    i += 1;
+                }
+            })
+        })
+        .collect();
+    // Audits until ten of them were overtaken by appends (bounded).
+    let (mut overtaken, mut audits) = (0, 0);
+    while overtaken < 10 && audits < 2_000 {
+        let (status, report) = server.post("/api/verify", &json!({})).await;
+        assert_eq!(status, StatusCode::OK, "{report}");
+        assert_eq!(report["clean"], json!(true), "{report}");
+        audits += 1;
+        let audited = report["last_seq"].as_u64().unwrap();
+        if audited > 0 && store.journal().last_seq().unwrap() > audited {
+            overtaken += 1;
+        }
+    }
+    assert_eq!(
+        overtaken, 10,
+        "the appends never overtook an audit in {audits}"
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    server.stop().await;
+}

@@ -336,6 +336,25 @@ pub trait Backend: Send + Sync + 'static {
     /// Whether writes are refused (read-only or secondary).
     fn read_only(&self) -> bool;
 
+    /// Whether this is a secondary instance, whose view moves only when it catches up
+    /// ([`Backend::catch_up`]). `false` by default.
+    fn is_secondary(&self) -> bool {
+        false
+    }
+
+    /// Writes a consistent copy of the store as it stands now, every write that returned
+    /// before the call in it, into a new temporary directory beside the store's files (so
+    /// that the copy can link them rather than copy them), then makes every write in the copy
+    /// durable in the store itself ([`Backend::sync`]). `None` (the default) for a store that
+    /// makes no such copy: one whose view does not move under its readers (a read-only open)
+    /// or that keeps its data elsewhere.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] when the copy or the sync failed (the store is unchanged).
+    fn frozen_copy(&self) -> Result<Option<tempfile::TempDir>> {
+        Ok(None)
+    }
+
     /// Turns on automatic compactions. A writable journal opens with them off, so that the
     /// reads of recovery have the machine to themselves (a compaction due at open — level-0
     /// files left by the last run — would otherwise take a core from the fold); the writer
@@ -709,6 +728,33 @@ pub(crate) struct Tuning {
     /// Flushes and compactions write and read table files with direct I/O where the file
     /// system allows it ([`crate::JournalOptions::direct_table_io`]; a writer's open only).
     pub direct_table_io: bool,
+}
+
+/// How the temporary directories of frozen copies ([`Backend::frozen_copy`]) start; a
+/// writer's open removes those a crash left behind ([`remove_frozen_copies`]).
+pub(crate) const FROZEN_COPY_PREFIX: &str = ".frozen-copy-";
+
+/// The name of the copy inside its temporary directory.
+pub(crate) const FROZEN_COPY_NAME: &str = "journal";
+
+/// Removes the frozen copies ([`Backend::frozen_copy`]) a process that crashed while it held
+/// them left in the journal's directory: their links to table files the journal has since
+/// deleted would keep those files' space taken.
+pub(crate) fn remove_frozen_copies(path: &Path) {
+    let Ok(entries) = std::fs::read_dir(path) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let left = entry
+            .file_name()
+            .to_str()
+            .is_some_and(|name| name.starts_with(FROZEN_COPY_PREFIX));
+        if left {
+            if let Err(error) = std::fs::remove_dir_all(entry.path()) {
+                tracing::warn!(%error, path = %entry.path().display(), "removing a frozen copy left by a crash failed");
+            }
+        }
+    }
 }
 
 /// The name of the file a writer's open writes with direct I/O, then removes, to learn
@@ -1347,6 +1393,27 @@ impl Backend for RocksBackend {
 
     fn read_only(&self) -> bool {
         self.read_only
+    }
+
+    fn is_secondary(&self) -> bool {
+        self.secondary
+    }
+
+    fn frozen_copy(&self) -> Result<Option<tempfile::TempDir>> {
+        if self.read_only {
+            return Ok(None);
+        }
+        let dir = tempfile::Builder::new()
+            .prefix(FROZEN_COPY_PREFIX)
+            .tempdir_in(self.db.path())
+            .map_err(|e| Error::storage(format!("a directory for a frozen copy: {e}")))?;
+        // Without a flush (the log files are copied as they stand, a batch cut short at the
+        // end of the last one dropped when the copy is opened): a copy costs links to the
+        // table files and a copy of the log, and leaves the store's memtables alone.
+        rocksdb::checkpoint::Checkpoint::new(&self.db)?
+            .create_checkpoint_with_log_size(dir.path().join(FROZEN_COPY_NAME), u64::MAX)?;
+        self.sync()?;
+        Ok(Some(dir))
     }
 
     fn foreign_keys(&self, max: usize) -> Result<Vec<Vec<u8>>> {

@@ -15,6 +15,7 @@ use crate::writer::{
     Writer,
 };
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -91,6 +92,9 @@ struct Inner {
     /// The writer's state, for [`Journal::move_finished_now`]; `None` for a reader.
     state: Option<Arc<Mutex<Writer>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
+    /// How many [`Frozen`] views of a follower hold its view still: [`Journal::catch_up`]
+    /// does nothing until they are gone.
+    frozen: AtomicUsize,
 }
 
 impl Drop for Inner {
@@ -155,6 +159,8 @@ impl Journal {
                 direct_table_io: options.direct_table_io,
             },
         )?;
+        // The lock is this open's: no other process holds a frozen copy of this journal.
+        crate::backend::remove_frozen_copies(path.as_ref());
         prepare_writable(&backend, options.record_format)?;
         backend.drop_legacy_heads()?;
         Self::with_backend(Arc::new(backend), options)
@@ -335,6 +341,7 @@ impl Journal {
                 inline,
                 state,
                 writer: Mutex::new(writer),
+                frozen: AtomicUsize::new(0),
             }),
         })
     }
@@ -415,6 +422,7 @@ impl Journal {
                 inline: None,
                 state: None,
                 writer: Mutex::new(None),
+                frozen: AtomicUsize::new(0),
             }),
         }
     }
@@ -1042,7 +1050,13 @@ impl Journal {
     /// [`Error::Storage`] when RocksDB cannot catch up; [`Error::FormatChanged`] when the
     /// writer upgraded the journal's format since the follower opened it (a follower of an
     /// older format asks, one point read per catch-up).
+    ///
+    /// While a [`Frozen`] view of this follower is held, it does nothing: the view stays as
+    /// it was when the frozen view was made.
     pub fn catch_up(&self) -> Result<()> {
+        if self.inner.frozen.load(Ordering::Acquire) > 0 {
+            return Ok(());
+        }
         self.inner.backend.catch_up()?;
         if self.inner.format < JOURNAL_FORMAT_VERSION {
             let now = stored_format(self.inner.backend.as_ref())?;
@@ -1054,6 +1068,60 @@ impl Journal {
             }
         }
         Ok(())
+    }
+
+    /// A view of this journal that does not move while it is held: what a reader that makes
+    /// several passes over the journal — an audit, over the streams and then the indexes —
+    /// reads while the journal is written, so that every pass sees the same moment.
+    ///
+    /// - A journal open for writing (embedded): a read-only copy of it as it stands now,
+    ///   every record written before the call in it and made durable before this returns
+    ///   (one sync). The copy links the journal's table files and copies its log, in a
+    ///   temporary directory inside the journal's, removed when the view is dropped (or, after
+    ///   a crash, at the journal's next open for writing).
+    /// - A follower ([`Journal::open_follower`]): the follower itself, whose
+    ///   [`Journal::catch_up`] does nothing while the view is held.
+    /// - A journal opened read-only, whose view never moves: itself.
+    /// - A PostgreSQL journal: itself — its view moves as other nodes commit, so a reader of
+    ///   several passes can see them at different moments.
+    ///
+    /// ```
+    /// use dtask_journal::{Event, Journal, JournalOptions, Timestamp};
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let dir = tempfile::tempdir()?;
+    /// let journal = Journal::open(dir.path(), JournalOptions::default())?;
+    /// let frozen = journal.frozen()?;
+    /// journal.append("t", 0, &[Event::Heartbeat { lease_deadline: Timestamp(1), at: Timestamp(0) }])?;
+    /// // The view stands where it was made.
+    /// assert_eq!(frozen.journal().last_seq()?, 0);
+    /// assert_eq!(journal.last_seq()?, 1);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Storage`] when the copy, its sync or its open failed.
+    pub fn frozen(&self) -> Result<Frozen> {
+        let backend = self.inner.backend.as_ref();
+        if backend.is_secondary() {
+            self.inner.frozen.fetch_add(1, Ordering::AcqRel);
+            return Ok(Frozen {
+                journal: self.clone(),
+                holds_follower: true,
+                _copy: None,
+            });
+        }
+        match backend.frozen_copy()? {
+            Some(dir) => Ok(Frozen {
+                journal: Self::open_read_only(dir.path().join(crate::backend::FROZEN_COPY_NAME))?,
+                holds_follower: false,
+                _copy: Some(dir),
+            }),
+            None => Ok(Frozen {
+                journal: self.clone(),
+                holds_follower: false,
+                _copy: None,
+            }),
+        }
     }
 
     /// A reader of many task streams in one forward pass over the journal (see
@@ -1469,6 +1537,33 @@ fn check_version(found: u32) -> Result<()> {
             found,
             supported: JOURNAL_FORMAT_VERSION,
         })
+    }
+}
+
+/// A view of a journal that does not move while it is held ([`Journal::frozen`]).
+#[derive(Debug)]
+pub struct Frozen {
+    /// The view (dropped before the copy it reads is removed).
+    journal: Journal,
+    /// Whether this view holds a follower still.
+    holds_follower: bool,
+    /// The temporary directory of the copy, if the view is one.
+    _copy: Option<tempfile::TempDir>,
+}
+
+impl Frozen {
+    /// The journal as it stood when the view was made.
+    #[must_use]
+    pub fn journal(&self) -> &Journal {
+        &self.journal
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        if self.holds_follower {
+            self.journal.inner.frozen.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }
 

@@ -434,12 +434,16 @@ pub fn updates(
     })
 }
 
-/// Runs the audit of the whole journal, or of one task.
+/// Runs the audit of the whole journal, or of one task, on a view of the journal that does
+/// not move while the audit reads it ([`Journal::frozen`]): its passes over the streams and
+/// the indexes see the same moment, whatever is appended meanwhile.
 ///
 /// # Errors
 /// 404 for an unknown task; an audit that could not run to its end.
 pub fn verify(journal: &Journal, task: Option<&str>) -> Result<VerifyReport, ApiError> {
     let started = std::time::Instant::now();
+    let frozen = journal.frozen()?;
+    let journal = frozen.journal();
     let (scope, report) = match task {
         None => ("journal", audit_journal(journal, &mut |_| {})?),
         Some(id) => {
