@@ -355,6 +355,16 @@ pub trait Backend: Send + Sync + 'static {
         Ok(None)
     }
 
+    /// A read-only backend over a snapshot of the store as it stands now, every write in it
+    /// durable: the frozen view of a store that reads snapshots itself (PostgreSQL's). `None`
+    /// (the default) for the others ([`Backend::frozen_copy`]).
+    ///
+    /// # Errors
+    /// [`Error::Storage`] when the snapshot cannot be taken.
+    fn frozen_view(&self) -> Result<Option<Arc<dyn Backend>>> {
+        Ok(None)
+    }
+
     /// Turns on automatic compactions. A writable journal opens with them off, so that the
     /// reads of recovery have the machine to themselves (a compaction due at open — level-0
     /// files left by the last run — would otherwise take a core from the fold); the writer

@@ -1081,9 +1081,11 @@ impl Journal {
     ///   a crash, at the journal's next open for writing).
     /// - A follower ([`Journal::open_follower`]): the follower itself, whose
     ///   [`Journal::catch_up`] does nothing while the view is held.
-    /// - A journal opened read-only, whose view never moves: itself.
-    /// - A PostgreSQL journal: itself — its view moves as other nodes commit, so a reader of
-    ///   several passes can see them at different moments.
+    /// - A PostgreSQL journal: a read-only view over one connection of its own, in a
+    ///   `REPEATABLE READ` transaction whose snapshot every read of the view reads, its rows
+    ///   made durable before this returns; should the connection break, every later read of
+    ///   the view fails.
+    /// - A journal opened read-only (embedded), whose view never moves: itself.
     ///
     /// ```
     /// use dtask_journal::{Event, Journal, JournalOptions, Timestamp};
@@ -1107,6 +1109,13 @@ impl Journal {
             return Ok(Frozen {
                 journal: self.clone(),
                 holds_follower: true,
+                _copy: None,
+            });
+        }
+        if let Some(view) = backend.frozen_view()? {
+            return Ok(Frozen {
+                journal: Self::with_backend(view, self.inner.options.clone())?,
+                holds_follower: false,
                 _copy: None,
             });
         }

@@ -674,3 +674,37 @@ fn the_writer_lock_is_each_journals_own() {
     one_journal.append("then", 0, &[created("then")]).unwrap();
     assert_eq!(one_journal.stream_len("then").unwrap(), Some(1));
 }
+
+/// A frozen view of a PostgreSQL journal — of a writable open, of its durable view, of
+/// another node's — reads one snapshot: appends committed after it are in no pass of it,
+/// while the journal itself sees them.
+#[test]
+fn a_frozen_view_reads_one_snapshot() {
+    let Some(url) = url("frozen_view") else {
+        return;
+    };
+    let journal = open(&url);
+    let other = open(&url);
+    journal.append("t", 0, &[created("t")]).unwrap();
+    let views = [
+        journal.frozen().unwrap(),
+        journal.durable_view().frozen().unwrap(),
+        other.frozen().unwrap(),
+    ];
+    journal.append("t", 1, &[update(1), completed()]).unwrap();
+    other.append("u", 0, &[created("u")]).unwrap();
+    for frozen in &views {
+        let view = frozen.journal();
+        assert!(view.is_read_only());
+        assert_eq!(view.last_seq().unwrap(), 1);
+        assert_eq!(view.stream_len("t").unwrap(), Some(1));
+        assert_eq!(view.read_stream("t", 0).count(), 1);
+        assert_eq!(view.stream_len("u").unwrap(), None);
+        let live: Vec<String> = view.live_tasks().map(Result::unwrap).collect();
+        assert_eq!(live, ["t"]);
+        assert_eq!(view.read_tail().unwrap().unwrap().last_seq, 1);
+    }
+    assert_eq!(journal.last_seq().unwrap(), 4);
+    let live: Vec<String> = journal.live_tasks().map(Result::unwrap).collect();
+    assert_eq!(live, ["u"]);
+}

@@ -44,11 +44,15 @@ fn line(p: &Problem) -> String {
 
 /// Runs `dtask verify`.
 pub fn run(global: &Global, args: &Args) -> Result<()> {
-    let journal = global.open()?;
+    let opened = global.open()?;
+    // One view for every pass of the audit: on PostgreSQL a snapshot of the database, which
+    // other nodes may be writing (an embedded journal opened read-only does not move).
+    let frozen = opened.frozen()?;
+    let journal = frozen.journal();
     let started = std::time::Instant::now();
     let report = if args.tasks.is_empty() {
         let bar = progress(journal.last_seq()?, "verifying");
-        let report = audit_journal(&journal, &mut |p| bar.set_position(p.records))?;
+        let report = audit_journal(journal, &mut |p| bar.set_position(p.records))?;
         bar.finish_and_clear();
         report
     } else {
@@ -57,7 +61,7 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
             ..AuditReport::default()
         };
         for task in &args.tasks {
-            let t = audit_task(&journal, task)?;
+            let t = audit_task(journal, task)?;
             if !t.exists {
                 return Err(CliError::Usage(format!("no task {task:?} in the journal")));
             }

@@ -154,6 +154,10 @@ pub(crate) enum Reopen {
     /// back — so the writer must hear of every new session, and builds on nothing it knew
     /// before it (see `PgBackend`).
     Loudly,
+    /// Never opens it again: every call after it broke fails. A session whose calls depend on
+    /// a transaction it holds for its whole life — a frozen view's snapshot
+    /// (`Backend::frozen_view`), which a new session would not have.
+    Never,
 }
 
 /// A connection's handle. Cheap to clone; the connection (and its thread, if it has one)
@@ -197,6 +201,14 @@ impl Drop for Here {
             runtime.shutdown_background();
         }
     }
+}
+
+/// Why a call on a connection that is not opened again fails ([`Reopen::Never`]).
+fn lost(target: &Target) -> String {
+    format!(
+        "the connection to PostgreSQL at {} was lost, and with it the snapshot it read",
+        target.display
+    )
 }
 
 /// Why a call on a connection opened again is not sent ([`Reopen::Loudly`]).
@@ -254,6 +266,10 @@ impl Conn {
                     while let Some(job) = queue.recv().await {
                         if client.as_ref().is_err() || client.as_ref().is_ok_and(|c| c.is_closed())
                         {
+                            if reopen == Reopen::Never {
+                                job(Err(lost(&target))).await;
+                                continue;
+                            }
                             client = connect(&target).await.map_err(|e| e.to_string());
                             if reopen == Reopen::Loudly && client.is_ok() {
                                 job(Err(reopened(&target))).await;
@@ -373,6 +389,9 @@ impl Here {
             tokio::task::yield_now().await;
             tokio::task::yield_now().await;
             if client.as_ref().is_err() || client.as_ref().is_ok_and(|c| c.is_closed()) {
+                if *reopen == Reopen::Never {
+                    return Err(Error::storage(lost(target)));
+                }
                 *client = connect(target).await.map_err(|e| e.to_string());
                 if *reopen == Reopen::Loudly && client.is_ok() {
                     return Err(Error::storage(reopened(target)));

@@ -221,6 +221,9 @@ pub struct PgBackend {
     /// The last sequence known durable: what a read-only open's reads check against (module
     /// `durable`); shared by a writable open with its twin, whose syncs move it.
     durable_seq: Arc<std::sync::atomic::AtomicU64>,
+    /// A frozen view ([`Backend::frozen_view`]): its one reader reads one snapshot, whose
+    /// rows were all made durable when it was taken.
+    frozen: bool,
     /// The schema's version as the open found it, or made it ([`schema::migrate`]).
     schema_version: u32,
     /// How connections are opened (for the listener, started on first use).
@@ -283,6 +286,7 @@ impl PgBackend {
             unheard: AtomicBool::new(false),
             read_only,
             durable_seq: Arc::default(),
+            frozen: false,
             schema_version,
             target,
             listener: Arc::default(),
@@ -306,10 +310,51 @@ impl PgBackend {
             unheard: AtomicBool::new(false),
             read_only: true,
             durable_seq: Arc::clone(&self.durable_seq),
+            frozen: false,
             schema_version: self.schema_version,
             target: self.target.clone(),
             listener: Arc::clone(&self.listener),
         }
+    }
+
+    /// A read-only view of the journal as it stands now: one connection of its own in a
+    /// `REPEATABLE READ READ ONLY` transaction, whose snapshot every read of the view reads;
+    /// the rows in it made durable before this returns. The connection is never opened again:
+    /// once it breaks, every read fails.
+    fn frozen(&self) -> Result<Self> {
+        let conn = Conn::open_with(self.target.clone(), "frozen", Reopen::Never)?;
+        conn.call(|client| {
+            Box::pin(async move {
+                // The snapshot is taken by the transaction's first statement.
+                client
+                    .batch_execute(
+                        "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SELECT 1 FROM dtask_schema LIMIT 1",
+                    )
+                    .await
+            })
+        })?;
+        // Every commit the snapshot sees was made before this: made durable now, on another
+        // session (module `durable`).
+        let seq = self
+            .reader()
+            .call(|client| Box::pin(async move { durable::last_seq(&client, LAST_SEQ).await }))?;
+        Ok(Self {
+            location: self.location.clone(),
+            readers: vec![conn],
+            next_reader: AtomicUsize::new(0),
+            writer: None,
+            syncer: None,
+            synchronous: self.synchronous,
+            unflushed: std::sync::Mutex::new(None),
+            locked: AtomicBool::new(false),
+            unheard: AtomicBool::new(false),
+            read_only: true,
+            durable_seq: Arc::new(std::sync::atomic::AtomicU64::new(seq)),
+            frozen: true,
+            schema_version: self.schema_version,
+            target: self.target.clone(),
+            listener: Arc::default(),
+        })
     }
 
     /// Where the journal is.
@@ -395,6 +440,10 @@ impl PgBackend {
     /// Makes durable every commit a read made before this call saw, and learns the last
     /// sequence committed, now durable (module `durable`).
     fn make_reads_durable(&self) -> Result<()> {
+        if self.frozen {
+            // Made durable when its snapshot was taken ([`PgBackend::frozen`]).
+            return Ok(());
+        }
         let seq = self
             .reader()
             .call(|client| Box::pin(async move { durable::last_seq(&client, LAST_SEQ).await }))?;
@@ -977,6 +1026,10 @@ impl Backend for PgBackend {
             Ok(heads)
         };
         Some(heads())
+    }
+
+    fn frozen_view(&self) -> Result<Option<Arc<dyn Backend>>> {
+        Ok(Some(Arc::new(self.frozen()?)))
     }
 
     fn durable_reader(&self) -> Option<Arc<dyn Backend>> {
