@@ -339,21 +339,10 @@ impl PgBackend {
             .reader()
             .call(|client| Box::pin(async move { durable::last_seq(&client, LAST_SEQ).await }))?;
         Ok(Self {
-            location: self.location.clone(),
             readers: vec![conn],
-            next_reader: AtomicUsize::new(0),
-            writer: None,
-            syncer: None,
-            synchronous: self.synchronous,
-            unflushed: std::sync::Mutex::new(None),
-            locked: AtomicBool::new(false),
-            unheard: AtomicBool::new(false),
-            read_only: true,
             durable_seq: Arc::new(std::sync::atomic::AtomicU64::new(seq)),
             frozen: true,
-            schema_version: self.schema_version,
-            target: self.target.clone(),
-            listener: Arc::default(),
+            ..self.twin()
         })
     }
 
