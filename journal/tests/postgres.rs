@@ -677,7 +677,7 @@ fn the_writer_lock_is_each_journals_own() {
 
 /// A frozen view of a PostgreSQL journal — of a writable open, of its durable view, of
 /// another node's — reads one snapshot: appends committed after it are in no pass of it,
-/// while the journal itself sees them.
+/// while the journal itself sees them; a frozen view of it is itself.
 #[test]
 fn a_frozen_view_reads_one_snapshot() {
     let Some(url) = url("frozen_view") else {
@@ -704,6 +704,9 @@ fn a_frozen_view_reads_one_snapshot() {
         assert_eq!(live, ["t"]);
         assert_eq!(view.read_tail().unwrap().unwrap().last_seq, 1);
     }
+    // A frozen view of a frozen view reads the same snapshot.
+    let again = views[0].journal().frozen().unwrap();
+    assert_eq!(again.journal().last_seq().unwrap(), 1);
     assert_eq!(journal.last_seq().unwrap(), 4);
     let live: Vec<String> = journal.live_tasks().map(Result::unwrap).collect();
     assert_eq!(live, ["u"]);

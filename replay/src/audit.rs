@@ -539,6 +539,10 @@ fn check_outbox<'a>(
 /// Audits one task: its records, its legality, and its entries in the `live` and
 /// `outbox` indexes. An unknown task gives a report with `exists == false`.
 ///
+/// The task's stream and the indexes are read one after the other: audit a journal that is
+/// being written (or followed) through its [`Journal::frozen`] view, as `dtask verify` and the
+/// server do, or appends made meanwhile show as mismatches.
+///
 /// # Errors
 /// [`AuditError::Journal`] when the journal cannot be read; damage is reported in the
 /// result, never as an error.
@@ -566,7 +570,9 @@ pub fn audit_task(journal: &Journal, task: &str) -> Result<TaskReport, AuditErro
 }
 
 /// Audits the whole journal: every task (see [`audit_task`]), then the `live`, `commits` and
-/// `outbox` indexes against the streams. `progress` is called after each task.
+/// `outbox` indexes against the streams. `progress` is called after each task. Its passes
+/// read the journal one after the other: audit a journal that is being written (or
+/// followed) through its [`Journal::frozen`] view.
 ///
 /// The journal is read in a few forward passes — the streams and the `live`
 /// index in task order, the `commits` index in sequence order — never all held at once: a

@@ -1018,6 +1018,10 @@ impl Backend for PgBackend {
     }
 
     fn frozen_view(&self) -> Result<Option<Arc<dyn Backend>>> {
+        if self.frozen {
+            // Already one snapshot: a view of it is itself.
+            return Ok(None);
+        }
         Ok(Some(Arc::new(self.frozen()?)))
     }
 
