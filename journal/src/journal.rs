@@ -15,7 +15,6 @@ use crate::writer::{
     Writer,
 };
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -93,8 +92,18 @@ struct Inner {
     state: Option<Arc<Mutex<Writer>>>,
     writer: Mutex<Option<JoinHandle<()>>>,
     /// How many [`Frozen`] views of a follower hold its view still: [`Journal::catch_up`]
-    /// does nothing until they are gone.
-    frozen: AtomicUsize,
+    /// does nothing until they are gone. Held by a catch-up while it runs, so that a view
+    /// is made between two catch-ups, never during one.
+    frozen: Mutex<usize>,
+}
+
+impl Inner {
+    /// The count of frozen views of a follower ([`Inner::frozen`]), locked.
+    fn frozen_views(&self) -> std::sync::MutexGuard<'_, usize> {
+        self.frozen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
 
 impl Drop for Inner {
@@ -341,7 +350,7 @@ impl Journal {
                 inline,
                 state,
                 writer: Mutex::new(writer),
-                frozen: AtomicUsize::new(0),
+                frozen: Mutex::new(0),
             }),
         })
     }
@@ -422,7 +431,7 @@ impl Journal {
                 inline: None,
                 state: None,
                 writer: Mutex::new(None),
-                frozen: AtomicUsize::new(0),
+                frozen: Mutex::new(0),
             }),
         }
     }
@@ -1054,10 +1063,12 @@ impl Journal {
     /// While a [`Frozen`] view of this follower is held, it does nothing: the view stays as
     /// it was when the frozen view was made.
     pub fn catch_up(&self) -> Result<()> {
-        if self.inner.frozen.load(Ordering::Acquire) > 0 {
+        let frozen = self.inner.frozen_views();
+        if *frozen > 0 {
             return Ok(());
         }
         self.inner.backend.catch_up()?;
+        drop(frozen);
         if self.inner.format < JOURNAL_FORMAT_VERSION {
             let now = stored_format(self.inner.backend.as_ref())?;
             if now != self.inner.format {
@@ -1105,7 +1116,7 @@ impl Journal {
     pub fn frozen(&self) -> Result<Frozen> {
         let backend = self.inner.backend.as_ref();
         if backend.is_secondary() {
-            self.inner.frozen.fetch_add(1, Ordering::AcqRel);
+            *self.inner.frozen_views() += 1;
             return Ok(Frozen {
                 journal: self.clone(),
                 holds_follower: true,
@@ -1571,7 +1582,7 @@ impl Frozen {
 impl Drop for Frozen {
     fn drop(&mut self) {
         if self.holds_follower {
-            self.journal.inner.frozen.fetch_sub(1, Ordering::AcqRel);
+            *self.journal.inner.frozen_views() -= 1;
         }
     }
 }
