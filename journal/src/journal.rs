@@ -851,7 +851,10 @@ impl Journal {
 
     /// Lists the id of every task with at least one record, in task-id order: one seek per
     /// task. A key that names no task comes as an [`Error::Corruption`], and the listing goes
-    /// on after it.
+    /// on after it. On a journal open for writing it lists, too, a task whose records are all
+    /// written and not yet durable, which [`Journal::read_stream`] does not read yet: a
+    /// reader that shows tasks steps over one whose stream reads empty (as the server's list
+    /// and counts do).
     pub fn task_ids(&self) -> impl Iterator<Item = Result<String>> + '_ {
         self.task_ids_from(None)
     }
