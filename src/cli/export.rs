@@ -249,13 +249,18 @@ fn write_in_order(
 
 /// Runs `dtask export`.
 pub fn run(global: &Global, args: &Args) -> Result<()> {
-    let journal = global.open()?;
+    let opened = global.open()?;
+    // The header's counts and the lines after it read the same moment: on PostgreSQL a
+    // snapshot of the database, which other nodes may be writing (an embedded journal opened
+    // read-only does not move).
+    let frozen = opened.frozen()?;
+    let journal = frozen.journal();
     let bytes = codec::bytes(args.no_payload);
     let written = if let Some(path) = &args.output {
         let file = std::fs::File::create(path)
             .map_err(CliError::io(format!("creating {}", path.display())))?;
         let mut w = std::io::BufWriter::new(file);
-        let n = write_export(&journal, &args.tasks, bytes, &mut w)?;
+        let n = write_export(journal, &args.tasks, bytes, &mut w)?;
         let file = w.into_inner().map_err(|e| CliError::Io {
             context: format!("writing {}", path.display()),
             source: e.into_error(),
@@ -269,7 +274,7 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
         n
     } else {
         let mut w = std::io::BufWriter::new(std::io::stdout().lock());
-        write_export(&journal, &args.tasks, bytes, &mut w)?
+        write_export(journal, &args.tasks, bytes, &mut w)?
     };
     if let Some(path) = &args.output {
         if global.json {
