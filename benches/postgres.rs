@@ -12,10 +12,12 @@
 //!
 //! Targets (printed `met` / `not met`): at C = 64, dtask's durable appends per second ≥ 0.8×
 //! the multi-row ceiling's rows per second, and ≥ 2,500 durable steps/s (10× DBOS on
-//! PostgreSQL on this machine class, which peers.md measured at ~250).
+//! PostgreSQL on this machine class, measured at ~250: docs/performance.md, "The peers'
+//! workload").
 //!
 //! Run: `DTASK_TEST_PG_URL=postgres://… cargo bench --bench postgres` (`./dev postgres` starts
-//! a private database and prints its URL; `-- --secs 5`, `-- --rounds 3`, `-- --callers 64`).
+//! a private database and prints its URL; `-- --secs 5`, `-- --rounds 3`, `-- --callers 64`,
+//! `-- --breakdown` for a line of the one-node cell's write path).
 #![allow(
     clippy::unwrap_used,
     clippy::cast_precision_loss,
@@ -44,6 +46,10 @@ struct Args {
     /// One row only.
     #[arg(long)]
     callers: Option<usize>,
+    /// After each one-node cell, a line of its write path: batches and flushes per second,
+    /// appends per batch and per flush, the mean commit and flush, each append's latency.
+    #[arg(long)]
+    breakdown: bool,
     /// Accepted for `cargo bench`'s own flag.
     #[arg(long, hide = true)]
     bench: bool,
@@ -116,11 +122,16 @@ async fn caller(store: TaskStore, name: String, stop: Arc<AtomicBool>, steps: Ar
     }
 }
 
-/// Every batch of every journal the bench opens, counted.
-static BATCHES: std::sync::OnceLock<Arc<common::WriteBreakdown>> = std::sync::OnceLock::new();
-
-/// dtask's durable steps per second with `callers` callers over `nodes` stores.
-fn dtask(base: &str, schema: &str, nodes: usize, callers: usize, secs: f64) -> f64 {
+/// dtask's durable steps per second with `callers` callers over `nodes` stores, every
+/// journal's write path told to `counter`.
+fn dtask(
+    base: &str,
+    schema: &str,
+    nodes: usize,
+    callers: usize,
+    secs: f64,
+    counter: &Arc<common::WriteBreakdown>,
+) -> f64 {
     let url = schema_url(base, schema);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -130,8 +141,7 @@ fn dtask(base: &str, schema: &str, nodes: usize, callers: usize, secs: f64) -> f
     let stores: Vec<TaskStore> = (0..nodes)
         .map(|_| {
             let journal = Journal::open_postgres(&url, JournalOptions::default()).unwrap();
-            let counter = Arc::clone(BATCHES.get_or_init(Arc::default));
-            journal.observe(counter);
+            journal.observe(Arc::clone(counter) as Arc<dyn dtask::journal::WriteObserver>);
             TaskStore::open(journal, SystemClock, StoreConfig::default()).unwrap()
         })
         .collect();
@@ -249,18 +259,17 @@ fn main() {
     let mut at_64 = Vec::new();
     for &callers in &rows {
         for round in 0..args.rounds {
-            let counter = Arc::clone(BATCHES.get_or_init(Arc::default));
-            let before = (counter.batches(), counter.appends());
+            let counter = Arc::new(common::WriteBreakdown::default());
             let one = dtask(
                 &base,
                 &format!("b{stamp}_{callers}_{round}_a"),
                 1,
                 callers,
                 args.secs,
+                &counter,
             );
-            let batches = counter.batches() - before.0;
-            let in_batches = counter.appends() - before.1;
-            let per_batch = in_batches as f64 / batches.max(1) as f64;
+            let batches = counter.batches();
+            let per_batch = counter.appends() as f64 / batches.max(1) as f64;
             let single = baseline(&base, "dtask_bench_single", callers, false, args.secs);
             let two = dtask(
                 &base,
@@ -268,6 +277,7 @@ fn main() {
                 2,
                 callers.max(2),
                 args.secs,
+                &Arc::default(),
             );
             let multi = baseline(&base, "dtask_bench_multi", callers, true, args.secs);
             // Appends per step: 13 appends carry 10 steps.
@@ -278,6 +288,9 @@ fn main() {
                 appends(two) / multi
             );
             println!("    (1 node: {batches} batches of {per_batch:.1} appends on average)");
+            if args.breakdown {
+                counter.print(args.secs, callers);
+            }
             if callers == 64 {
                 at_64.push((one, appends(one) / multi));
             }
