@@ -1,0 +1,192 @@
+//! The workspace's examples run as a user runs them, and say what their docs say they do.
+//!
+//! `cargo test` builds every example of the workspace beside the tests (into the target
+//! directory's `examples/`); these tests run those executables in processes of their own, in
+//! temporary directories, and check their output. An example that no longer runs fails here,
+//! not in a user's hands.
+#![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
+
+mod pg;
+
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long an example may run before it counts as hung (a guard, not a measure: each takes
+/// a few seconds).
+const HANG: Duration = Duration::from_secs(300);
+
+/// The executable of example `name`, built by `cargo test` beside this test's own.
+fn example(name: &str) -> PathBuf {
+    let mut dir = std::env::current_exe().unwrap();
+    dir.pop(); // the test executable
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let path = dir
+        .join("examples")
+        .join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        path.exists(),
+        "{} is missing: `cargo test` builds the examples (`cargo build --examples` does too)",
+        path.display()
+    );
+    path
+}
+
+/// Runs example `name` with `args` in a fresh directory; its standard output, after
+/// checking that it exited with success.
+fn run(name: &str, args: &[&str]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(example(name))
+        .args(args)
+        .current_dir(dir.path())
+        // The agent example talks to a real model when this is set: the scripted one here.
+        .env_remove("OPENAI_BASE_URL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > HANG {
+            let _ = child.kill();
+            panic!("example {name} did not finish");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let output = child.wait_with_output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "example {name} failed ({}):\n{stdout}\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().collect();
+    assert!(
+        left.is_empty() || name == "durable_agent",
+        "example {name} left files in its working directory: {left:?}"
+    );
+    stdout
+}
+
+/// Asserts that `output` of example `name` has every line of `expected` (each a part of a
+/// line), in that order.
+fn has_in_order(name: &str, output: &str, expected: &[&str]) {
+    let mut lines = output.lines();
+    for part in expected {
+        assert!(
+            lines.any(|line| line.contains(part)),
+            "example {name}: no line with {part:?} (in this order) in:\n{output}"
+        );
+    }
+}
+
+#[test]
+fn the_runtime_quickstart_completes_one_task_answers_one_and_cancels_one() {
+    let out = run("runtime_quickstart", &[]);
+    has_in_order(
+        "runtime_quickstart",
+        &out,
+        &[
+            "completed: \"hello\"",
+            "waiting for input (\"approve?\")",
+            "completed: \"approved\"",
+            "canceled: user gave up",
+        ],
+    );
+}
+
+#[test]
+fn the_managed_tool_example_hands_a_slow_call_to_the_background_and_resumes_an_approval() {
+    let out = run("managed_tool", &[]);
+    has_in_order(
+        "managed_tool",
+        &out,
+        &[
+            "\"type\":\"launch_result\"",
+            "completed: \"done\"",
+            "interrupted, asks {\"question\":\"Deploy to production?\"}",
+            "\"type\":\"foreground_result\"",
+        ],
+    );
+}
+
+#[test]
+fn the_durable_agent_finishes_its_run_and_a_second_start_carries_on_from_the_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    let at = dir.path().join("run");
+    let at = at.to_str().unwrap();
+    let first = run("durable_agent", &[at]);
+    has_in_order(
+        "durable_agent",
+        &first,
+        &["and together 149", "done in 3 model calls"],
+    );
+    // The same directory again: the run is found in the journal, and ends as it ended.
+    let second = run("durable_agent", &[at]);
+    has_in_order(
+        "durable_agent",
+        &second,
+        &[
+            "found in the journal, carrying on",
+            "and together 149",
+            "done in 3 model calls",
+        ],
+    );
+}
+
+#[test]
+fn the_audit_example_audits_a_journal_being_written_and_replays_a_task() {
+    let out = run("audit", &[]);
+    has_in_order(
+        "audit",
+        &out,
+        &[
+            "audit 1:",
+            "audit 2:",
+            "audit 3:",
+            "created",
+            "pending -> running",
+            "running -> completed",
+            "the replay ends where the engine is: completed",
+            "report-0 after 3 records: running",
+        ],
+    );
+    assert_eq!(out.matches(": clean").count(), 3, "{out}");
+}
+
+#[test]
+fn the_tool_layers_agent_loop_calls_its_typed_tools() {
+    let out = run("agent_loop", &[]);
+    has_in_order(
+        "agent_loop",
+        &out,
+        &[
+            "get_weather({\"city\":\"Paris\"})",
+            "to_fahrenheit({\"celsius\":18.0})",
+            "assistant: Paris is warmer",
+            "(3 steps)",
+        ],
+    );
+}
+
+#[test]
+fn the_postgres_nodes_example_runs_a_task_across_two_nodes() {
+    let Some(url) = pg::pg_url("examples", "nodes") else {
+        return;
+    };
+    let out = run("postgres_nodes", &[&url]);
+    has_in_order(
+        "postgres_nodes",
+        &out,
+        &[
+            "node A: ",
+            "node B: ",
+            "is Completed",
+            "the journal audits clean",
+        ],
+    );
+}
