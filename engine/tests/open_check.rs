@@ -146,3 +146,70 @@ async fn a_commit_index_that_lost_its_tail_is_refused() {
         "{refused:?}"
     );
 }
+
+/// The environment variable that makes this test binary a writer that crashes (see
+/// [`the_open_releases_the_log_its_journal_replayed`]).
+const CRASH_CHILD: &str = "DTASK_OPEN_CHECK_CRASH_CHILD";
+
+/// Once its fold is over, a store's open starts the flush of the log the journal's open
+/// replayed after a crash, so that it does not stay in memory until the first appends; the
+/// store reads its tasks as before.
+#[test]
+fn the_open_releases_the_log_its_journal_replayed() {
+    if let Some(dir) = std::env::var_os(CRASH_CHILD) {
+        // The child: 50 tasks created, each synced, and a crash with the journal open.
+        let journal = Journal::open(Path::new(&dir), JournalOptions::default()).unwrap();
+        for i in 0..50 {
+            let id = format!("t{i}");
+            let created = dtask_journal::Event::Created {
+                spec: spec(&id),
+                policy: Retry,
+                checkpoint: vec![],
+                context_snapshot: vec![],
+                at: dtask_journal::Timestamp(T0),
+            };
+            journal.append(&id, 0, &[created]).unwrap();
+        }
+        std::process::abort();
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let crashed = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["the_open_releases_the_log_its_journal_replayed", "--exact"])
+        .env(CRASH_CHILD, dir.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(!crashed.success(), "the writer was to crash");
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    let in_memory = |journal: &Journal| -> (u64, bool) {
+        let stats = journal.storage_stats().unwrap().unwrap();
+        (stats.memtable_bytes(), stats.flushing())
+    };
+    let (held, _) = in_memory(&journal);
+    let store = TaskStore::open(
+        journal.clone(),
+        dtask_engine::ManualClock::new(T0),
+        StoreConfig::default(),
+    )
+    .unwrap();
+    // RocksDB's own threads do the flush: wait for it (a guard, not a measure).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let (bytes, flushing) = in_memory(&journal);
+        if !flushing && bytes < held / 2 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the store's open left {bytes} of {held} bytes in memory"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let task = runtime.block_on(store.get("t7")).unwrap();
+    assert_eq!(task.status, Status::Pending);
+}

@@ -384,6 +384,16 @@ pub trait Backend: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Starts [`Backend::flush`] in the background and returns at once: what the in-memory
+    /// tables hold is written to table files by the store's own threads, and their memory
+    /// (and the log files they kept) is released when that is done. A no-op by default.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] when the store refuses to start it.
+    fn flush_in_background(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// Runs the compactions the store has due and waits for them, for at most `timeout`
     /// (which must not be zero): what a clean close does so that the next open reads a
     /// settled journal. Returns whether everything due was done within `timeout`; a no-op
@@ -627,12 +637,12 @@ fn db_options(create: bool) -> Options {
 /// By default RocksDB flushes what it replayed before the open returns: after a crash with a
 /// full log, tens of megabytes written as level-0 files while recovery waits (on the bench
 /// journal, a third of the journal's open). Here the replayed records stay in the memtables
-/// and their log files are kept until those flush in the ordinary way, after the first
-/// appends; a crash before that replays the same files again. Open after a crash 0.19–0.24 s
-/// → 0.12–0.18 s, open + fold 0.48–0.55 s → 0.39–0.51 s (six alternating rounds); the first
-/// appends after it pay the deferred flush (the first heartbeat to every live task 326–350k →
-/// 291–302k appends/s). (The Rust binding has no setter for this option; RocksDB's options
-/// string sets it.)
+/// and their log files are kept until those flush — in the background once the recovery's
+/// reads are over ([`crate::Journal::release_replayed_log`]), or else in the ordinary way
+/// after the first appends; a crash before that replays the same files again. Open after a
+/// crash 0.19–0.24 s → 0.12–0.18 s, open + fold 0.48–0.55 s → 0.39–0.51 s (six alternating
+/// rounds). (The Rust binding has no setter for this option; RocksDB's options string sets
+/// it.)
 ///
 /// # Errors
 /// [`Error::Storage`] if RocksDB refuses the option string (it does not: the name is its own).
@@ -1457,6 +1467,17 @@ impl Backend for RocksBackend {
         for cf in self.column_families()? {
             self.db.flush_cf(cf)?;
         }
+        Ok(())
+    }
+
+    fn flush_in_background(&self) -> Result<()> {
+        if self.read_only {
+            return Ok(());
+        }
+        // RocksDB skips a column family whose memtables are empty.
+        let mut options = rocksdb::FlushOptions::default();
+        options.set_wait(false);
+        self.db.flush_cfs_opt(&self.column_families()?, &options)?;
         Ok(())
     }
 

@@ -1032,6 +1032,37 @@ impl Journal {
         Ok(n)
     }
 
+    /// Tells the journal that its recovery has read what it needed, so that the memory the
+    /// open's replay of the write-ahead log holds can go. Returns at once.
+    ///
+    /// After a crash, an embedded journal's open replays the log the crash left into its
+    /// in-memory tables and leaves it there (writing it out first would make the open
+    /// slower, with the recovery waiting): up to the log's 64 MiB cap. This starts writing
+    /// those tables out to table files in the background; their memory and the log files are
+    /// released when that is done (without it, only once the first appends fill the
+    /// tables). `dtask_engine`'s `TaskStore::open` calls it once its recovery's fold is
+    /// over; a service that recovers from the journal by itself calls it when it has read
+    /// what it needed. Nothing read changes, and every record stays durable throughout.
+    ///
+    /// A no-op on a read-only journal, a follower, a PostgreSQL journal, and a journal with
+    /// nothing in memory (after a clean close, the open replays nothing).
+    ///
+    /// ```
+    /// # use dtask_journal::{Journal, JournalOptions};
+    /// # let dir = tempfile::tempdir()?;
+    /// let journal = Journal::open(dir.path(), JournalOptions::default())?;
+    /// // … recovery: the live tasks folded …
+    /// journal.release_replayed_log()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::Storage`] when the store refuses to start the flush (a journal whose
+    /// background work already failed).
+    pub fn release_replayed_log(&self) -> Result<()> {
+        self.inner.backend.flush_in_background()
+    }
+
     /// What the storage engine reports of itself now ([`crate::StorageStats`]): each column
     /// family's memtables, table files and compaction work owed, and whether writes are being
     /// slowed or stopped. `None` for a store that reports none (PostgreSQL). A writer, a

@@ -61,6 +61,24 @@ impl StorageStats {
     pub fn space(&self, name: &str) -> Option<&SpaceStats> {
         self.spaces.iter().find(|space| space.name == name)
     }
+
+    /// Bytes held in the memtables of every column family.
+    #[must_use]
+    pub fn memtable_bytes(&self) -> u64 {
+        self.spaces.iter().map(|space| space.memtable_bytes).sum()
+    }
+
+    /// Whether memtables are being flushed to table files or wait for it: a flush running,
+    /// or a full memtable waiting in some column family (what a caller of
+    /// [`crate::Journal::release_replayed_log`] waits out to see the memory released).
+    #[must_use]
+    pub fn flushing(&self) -> bool {
+        self.running_flushes > 0
+            || self
+                .spaces
+                .iter()
+                .any(|space| space.immutable_memtables > 0)
+    }
 }
 
 /// One column family's memtables and table files.

@@ -368,7 +368,9 @@ impl std::fmt::Debug for TaskStore {
 }
 
 impl TaskStore {
-    /// Opens a store over `journal`, folding every live task into memory.
+    /// Opens a store over `journal`, folding every live task into memory. Once the fold is
+    /// over, it lets the journal release what its open replayed from the write-ahead log
+    /// after a crash ([`Journal::release_replayed_log`]).
     ///
     /// The open checks the journal before building on it: the live tasks it folded, with
     /// their heads, must sum up to the journal's tail marker ([`Journal::check_live`]). When
@@ -481,6 +483,11 @@ impl TaskStore {
         repaired: Option<LiveRepair>,
     ) -> Self {
         tracing::debug!(live = index.slots.len(), "task store opened");
+        // The fold is over: what the journal's open replayed from its log after a crash need
+        // not stay in memory until the first appends.
+        if let Err(error) = journal.release_replayed_log() {
+            tracing::warn!(%error, "cannot start the flush of the journal's replayed log");
+        }
         // Everything up to the journal's tail at its open is in what the recovery folded.
         let journal_seen = journal.durable_seq();
         Self {
