@@ -711,3 +711,64 @@ fn a_frozen_view_reads_one_snapshot() {
     let live: Vec<String> = journal.live_tasks().map(Result::unwrap).collect();
     assert_eq!(live, ["u"]);
 }
+
+/// A database on the same machine is reached over its Unix socket too: a URL whose host is
+/// the socket's directory, percent-encoded (docs/postgres.md). Every connection of the journal
+/// goes over the socket (the server sees no client address for them).
+#[test]
+fn a_unix_socket_url_reaches_the_journal() {
+    let Some(tcp_url) = url("unix_socket") else {
+        return;
+    };
+    let schema = dtask_journal::postgres::PgLocation::parse(&tcp_url)
+        .unwrap()
+        .schema()
+        .to_owned();
+    let (runtime, client) = raw("public");
+    let (directory, port, user, database) = runtime.block_on(async {
+        let row = client
+            .query_one(
+                "SELECT split_part(current_setting('unix_socket_directories'), ',', 1), \
+                 current_setting('port'), current_user::text, current_database()::text",
+                &[],
+            )
+            .await
+            .unwrap();
+        (
+            row.get::<_, String>(0).trim().to_owned(),
+            row.get::<_, String>(1),
+            row.get::<_, String>(2),
+            row.get::<_, String>(3),
+        )
+    });
+    if directory.is_empty() || !std::path::Path::new(&directory).exists() {
+        eprintln!("SKIPPED a_unix_socket_url_reaches_the_journal: the database's socket is not on this machine");
+        return;
+    }
+    let host =
+        percent_encoding::utf8_percent_encode(&directory, percent_encoding::NON_ALPHANUMERIC);
+    let socket_url = format!("postgres://{user}@{host}:{port}/{database}?schema={schema}");
+    let journal = open(&socket_url);
+    journal.append("t", 0, &[created("t")]).unwrap();
+    journal.append("t", 1, &[update(1)]).unwrap();
+    assert_eq!(journal.read_stream("t", 0).count(), 2);
+    let reader = Journal::open_postgres_read_only(&socket_url).unwrap();
+    assert_eq!(reader.read_stream("t", 0).count(), 2);
+    let (over_socket, over_tcp): (i64, i64) = runtime.block_on(async {
+        let row = client
+            .query_one(
+                "SELECT count(*) FILTER (WHERE client_addr IS NULL), \
+                 count(*) FILTER (WHERE client_addr IS NOT NULL) \
+                 FROM pg_stat_activity WHERE application_name = $1",
+                &[&format!("dtask:{schema}")],
+            )
+            .await
+            .unwrap();
+        (row.get(0), row.get(1))
+    });
+    assert!(
+        over_socket > 0,
+        "no connection of the journal over the socket"
+    );
+    assert_eq!(over_tcp, 0, "a connection of the journal over TCP");
+}
