@@ -3,7 +3,8 @@
 //! `cargo test` builds every example of the workspace beside the tests (into the target
 //! directory's `examples/`); these tests run those executables in processes of their own, in
 //! temporary directories, and check their output. An example that no longer runs fails here,
-//! not in a user's hands.
+//! not in a user's hands. (`cargo test --test examples` alone builds this file only: after a
+//! change, run `cargo build --examples` first, or the whole suite.)
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 mod pg;
