@@ -1474,7 +1474,12 @@ impl Backend for RocksBackend {
         if self.read_only {
             return Ok(());
         }
-        // RocksDB skips a column family whose memtables are empty.
+        // RocksDB skips a column family whose memtables are empty. The call returns once the
+        // flushes are scheduled, except that RocksDB first waits while one more memtable or
+        // level-0 file would stall writes (`allow_write_stall` stays off: the binding has no
+        // setter). Before the writer's first write compactions are off, so only the memtable
+        // count counts, and a second full memtable waits for a flush already running, which
+        // ends: the wait is bounded.
         let mut options = rocksdb::FlushOptions::default();
         options.set_wait(false);
         self.db.flush_cfs_opt(&self.column_families()?, &options)?;
