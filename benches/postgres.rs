@@ -17,7 +17,7 @@
 //!
 //! Run: `DTASK_TEST_PG_URL=postgres://… cargo bench --bench postgres` (`./dev postgres` starts
 //! a private database and prints its URL; `-- --secs 5`, `-- --rounds 3`, `-- --callers 64`,
-//! `-- --breakdown` for a line of the one-node cell's write path).
+//! `-- --breakdown` for a line of the write path of one node and of two).
 #![allow(
     clippy::unwrap_used,
     clippy::cast_precision_loss,
@@ -46,8 +46,9 @@ struct Args {
     /// One row only.
     #[arg(long)]
     callers: Option<usize>,
-    /// After each one-node cell, a line of its write path: batches and flushes per second,
-    /// appends per batch and per flush, the mean commit and flush, each append's latency.
+    /// After each cell, a line of the write path of one node and of two (both nodes'
+    /// batches together): batches and flushes per second, appends per batch and per flush,
+    /// the mean commit and flush, each append's latency.
     #[arg(long)]
     breakdown: bool,
     /// Accepted for `cargo bench`'s own flag.
@@ -271,13 +272,14 @@ fn main() {
             let batches = counter.batches();
             let per_batch = counter.appends() as f64 / batches.max(1) as f64;
             let single = baseline(&base, "dtask_bench_single", callers, false, args.secs);
+            let both = Arc::new(common::WriteBreakdown::default());
             let two = dtask(
                 &base,
                 &format!("b{stamp}_{callers}_{round}_b"),
                 2,
                 callers.max(2),
                 args.secs,
-                &Arc::default(),
+                &both,
             );
             let multi = baseline(&base, "dtask_bench_multi", callers, true, args.secs);
             // Appends per step: 13 appends carry 10 steps.
@@ -289,7 +291,10 @@ fn main() {
             );
             println!("    (1 node: {batches} batches of {per_batch:.1} appends on average)");
             if args.breakdown {
+                println!("    1 node:");
                 counter.print(args.secs, callers);
+                println!("    2 nodes, both nodes' batches together:");
+                both.print(args.secs, callers.max(2));
             }
             if callers == 64 {
                 at_64.push((one, appends(one) / multi));
