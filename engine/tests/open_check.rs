@@ -213,3 +213,43 @@ fn the_open_releases_the_log_its_journal_replayed() {
     let task = runtime.block_on(store.get("t7")).unwrap();
     assert_eq!(task.status, Status::Pending);
 }
+
+/// A store opens over a journal that was appended to since its open (a service that wrote
+/// before it recovered its tasks): the check holds the live tasks against the marker the
+/// last batch wrote, not the one read at the open, and the store goes on from there.
+#[test]
+fn a_store_opens_over_a_journal_appended_to_since_its_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    for i in 0..50 {
+        let id = format!("t{i}");
+        let created = dtask_journal::Event::Created {
+            spec: spec(&id),
+            policy: Retry,
+            checkpoint: vec![],
+            context_snapshot: vec![],
+            at: dtask_journal::Timestamp(T0),
+        };
+        journal.append(&id, 0, &[created]).unwrap();
+    }
+    let store = TaskStore::open(
+        journal,
+        dtask_engine::ManualClock::new(T0),
+        StoreConfig::default(),
+    )
+    .unwrap();
+    assert!(store.repaired_live_index().is_none());
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let task = store.get("t7").await.unwrap();
+        assert_eq!(task.status, Status::Pending);
+        let running = store
+            .execute("t7", task.version, Command::Start)
+            .await
+            .unwrap();
+        assert_eq!(running.status, Status::Running);
+    });
+}

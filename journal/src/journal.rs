@@ -1212,9 +1212,9 @@ impl Journal {
     }
 
     /// Checks the live tasks a recovery found — every task of the `live` index with records,
-    /// summed up with their heads ([`LiveSummary::add`]) — against the tail marker read when
-    /// the journal was opened. Call it before the first append: the marker moves with every
-    /// batch.
+    /// summed up with their heads ([`LiveSummary::add`]) — against the tail marker: the one
+    /// read when the journal was opened or, when it was appended to since, the one its last
+    /// batch wrote. Call it with no append in flight: the marker moves with every batch.
     ///
     /// # Errors
     /// [`Error::Inconsistent`] ([`Inconsistency::LiveTasks`]) when they differ: a `live`
@@ -1226,8 +1226,15 @@ impl Journal {
         if self.inner.backend.is_shared() {
             return Ok(());
         }
-        let Some(tail) = self.inner.opened_tail else {
+        let Some(opened) = self.inner.opened_tail else {
             return Ok(());
+        };
+        // Appended to since the open (a service that wrote before it recovered its tasks):
+        // the marker as the last batch left it, which the streams read now agree with.
+        let tail = if self.durable_seq() > opened.last_seq {
+            self.read_tail()?.unwrap_or(opened)
+        } else {
+            opened
         };
         if tail.live == *found {
             return Ok(());

@@ -372,6 +372,9 @@ impl TaskStore {
     /// over, it lets the journal release what its open replayed from the write-ahead log
     /// after a crash ([`Journal::release_replayed_log`]).
     ///
+    /// The journal may have been appended to since it was opened, but no append may be in
+    /// flight while the store opens (the store folds the tasks as they are then).
+    ///
     /// The open checks the journal before building on it: the live tasks it folded, with
     /// their heads, must sum up to the journal's tail marker ([`Journal::check_live`]). When
     /// they do not, every stream is folded to find out why: if the streams agree with the
