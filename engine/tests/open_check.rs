@@ -147,6 +147,22 @@ async fn a_commit_index_that_lost_its_tail_is_refused() {
     );
 }
 
+/// Tasks `t0` … `t49` created straight through `journal` (each append synced), as a
+/// service that writes before it opens its store does.
+fn create_through_the_journal(journal: &Journal) {
+    for i in 0..50 {
+        let id = format!("t{i}");
+        let created = dtask_journal::Event::Created {
+            spec: spec(&id),
+            policy: Retry,
+            checkpoint: vec![],
+            context_snapshot: vec![],
+            at: dtask_journal::Timestamp(T0),
+        };
+        journal.append(&id, 0, &[created]).unwrap();
+    }
+}
+
 /// The environment variable that makes this test binary a writer that crashes (see
 /// [`the_open_releases_the_log_its_journal_replayed`]).
 const CRASH_CHILD: &str = "DTASK_OPEN_CHECK_CRASH_CHILD";
@@ -159,17 +175,7 @@ fn the_open_releases_the_log_its_journal_replayed() {
     if let Some(dir) = std::env::var_os(CRASH_CHILD) {
         // The child: 50 tasks created, each synced, and a crash with the journal open.
         let journal = Journal::open(Path::new(&dir), JournalOptions::default()).unwrap();
-        for i in 0..50 {
-            let id = format!("t{i}");
-            let created = dtask_journal::Event::Created {
-                spec: spec(&id),
-                policy: Retry,
-                checkpoint: vec![],
-                context_snapshot: vec![],
-                at: dtask_journal::Timestamp(T0),
-            };
-            journal.append(&id, 0, &[created]).unwrap();
-        }
+        create_through_the_journal(&journal);
         std::process::abort();
     }
     let dir = tempfile::tempdir().unwrap();
@@ -221,17 +227,7 @@ fn the_open_releases_the_log_its_journal_replayed() {
 fn a_store_opens_over_a_journal_appended_to_since_its_open() {
     let dir = tempfile::tempdir().unwrap();
     let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
-    for i in 0..50 {
-        let id = format!("t{i}");
-        let created = dtask_journal::Event::Created {
-            spec: spec(&id),
-            policy: Retry,
-            checkpoint: vec![],
-            context_snapshot: vec![],
-            at: dtask_journal::Timestamp(T0),
-        };
-        journal.append(&id, 0, &[created]).unwrap();
-    }
+    create_through_the_journal(&journal);
     let store = TaskStore::open(
         journal,
         dtask_engine::ManualClock::new(T0),
