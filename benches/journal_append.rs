@@ -22,7 +22,9 @@
 //! for more rounds, `-- --writers 64` for one row, `-- --ours` for dtask's tokio column alone (with
 //! `--breakdown`, what its write path did: batches, writes, syncs, appends per sync, latency —
 //! with `--model` or `--file` the same of each group commit beside it; `--ours` also
-//! prints the storage work the run left owed: memtables waiting for their flush, level-0 files,
+//! prints each thread's CPU time per append up to the stop, by role — the journal's writer
+//! and syncer, the callers (the runtime's workers), RocksDB's flushes and compactions — and
+//! the storage work the run left owed: memtables waiting for their flush, level-0 files,
 //! compaction bytes),
 //! `-- --max-batch 8` to cap dtask's batches at 8 appends, `-- --file` for the two plain-file
 //! columns alone, `-- --file-syncers 2` to let the file group commit run two syncs at once,
@@ -137,11 +139,18 @@ fn dtask_async_appends(writers: usize, secs: f64) -> f64 {
         journal.observe(Arc::clone(&breakdown) as Arc<dyn dtask::journal::WriteObserver>);
         breakdown
     });
+    // `--ours`: each thread's CPU time from here to the stop (the journal's and RocksDB's
+    // threads are running; the runtime's are born in the loop and count from zero).
+    let owed = OWED.load(Ordering::Relaxed);
+    let threads_before = owed.then(common::thread_cpu);
+    let threads_after = std::sync::Mutex::new(None);
+    let appended = Arc::new(AtomicU64::new(0));
     let rate = common::closed_loop(
         writers,
         secs,
         |t, stop, done| {
             let journal = journal.clone();
+            let appended = Arc::clone(&appended);
             async move {
                 let task = format!("task-{t:04}");
                 let mut position = 0;
@@ -152,11 +161,25 @@ fn dtask_async_appends(writers: usize, secs: f64) -> f64 {
                         .unwrap();
                     position += 1;
                     done.fetch_add(1, Ordering::Relaxed);
+                    appended.fetch_add(1, Ordering::Relaxed);
                 }
             }
         },
-        || {},
+        || {
+            if owed {
+                *threads_after.lock().unwrap() =
+                    Some((common::thread_cpu(), appended.load(Ordering::Relaxed)));
+            }
+        },
     );
+    if let (Some(before), Some((after, appends))) =
+        (threads_before, threads_after.into_inner().unwrap())
+    {
+        println!(
+            "         CPU us per append by thread: {}",
+            common::cpu_by_role(&before, &after, appends as f64)
+        );
+    }
     if let Some(breakdown) = breakdown {
         breakdown.print(secs, writers);
     }

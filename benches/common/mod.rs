@@ -372,6 +372,79 @@ pub fn process_cpu() -> Option<Duration> {
     Some(Duration::from_millis(ticks * 10))
 }
 
+/// The CPU time (user and system) each living thread of this process has used so far, by
+/// thread id, with the thread's name: `/proc/self/task/*/stat`, in clock ticks of 10 ms.
+/// Empty where there is no such directory.
+pub fn thread_cpu() -> std::collections::HashMap<u32, (String, Duration)> {
+    let mut threads = std::collections::HashMap::new();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return threads;
+    };
+    for task in tasks.flatten() {
+        let Some(tid) = task
+            .file_name()
+            .to_str()
+            .and_then(|t| t.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue; // the thread ended meanwhile
+        };
+        // "tid (name) state …": the name may hold spaces and parentheses; it ends with the
+        // last ')'. utime and stime are the 12th and 13th fields after it.
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let name = stat[open + 1..close].to_owned();
+        let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+        let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok());
+        if let (Some(user), Some(system)) = (ticks(11), ticks(12)) {
+            threads.insert(tid, (name, Duration::from_millis((user + system) * 10)));
+        }
+    }
+    threads
+}
+
+/// The CPU time the threads used between two [`thread_cpu`] snapshots, summed by the role
+/// their names give them (a thread born after `before` counts from zero; one that ended
+/// before `after` is not counted), in µs per operation over `ops` operations: the journal's
+/// writer and syncer, the runtime's workers (the callers), RocksDB's flushes (its `high`
+/// pool) and compactions (`low`), and the rest.
+pub fn cpu_by_role(
+    before: &std::collections::HashMap<u32, (String, Duration)>,
+    after: &std::collections::HashMap<u32, (String, Duration)>,
+    ops: f64,
+) -> String {
+    const ROLES: [(&str, &str); 5] = [
+        ("dtask-journal-w", "writer"),
+        ("dtask-journal-s", "syncer"),
+        ("tokio-rt-worker", "callers"),
+        ("rocksdb:high", "flushes"),
+        ("rocksdb:low", "compactions"),
+    ];
+    let mut sums = [Duration::ZERO; ROLES.len() + 1];
+    for (tid, (name, used)) in after {
+        let earlier = before
+            .get(tid)
+            .filter(|(was, _)| was == name)
+            .map_or(Duration::ZERO, |(_, used)| *used);
+        let role = ROLES
+            .iter()
+            .position(|(prefix, _)| name.starts_with(prefix))
+            .unwrap_or(ROLES.len());
+        sums[role] += used.saturating_sub(earlier);
+    }
+    let per_op = |d: Duration| d.as_secs_f64() * 1e6 / ops.max(1.0);
+    let mut line: Vec<String> = ROLES
+        .iter()
+        .zip(sums)
+        .map(|((_, role), used)| format!("{role} {:.2}", per_op(used)))
+        .collect();
+    line.push(format!("other {:.2}", per_op(sums[ROLES.len()])));
+    line.join(" | ")
+}
+
 /// Runs `column`, which returns operations per second over `secs`, and returns that rate with
 /// the process's CPU time per operation in microseconds (`None` where [`process_cpu`] is).
 pub fn with_cpu(secs: f64, column: impl FnOnce() -> f64) -> (f64, Option<f64>) {
