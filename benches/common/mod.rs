@@ -362,48 +362,42 @@ pub fn verdict(met: bool) -> &'static str {
 }
 
 /// The CPU time (user and system, all threads) this process has used so far, read from
-/// `/proc/self/stat` in clock ticks of 10 ms; `None` where there is no such file.
+/// `/proc/self/stat`; `None` where there is no such file.
 pub fn process_cpu() -> Option<Duration> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // The fields after the command name, which ends with the last ')'.
-    let fields: Vec<&str> = stat.get(stat.rfind(')')? + 2..)?.split(' ').collect();
-    // utime and stime are the stat's 14th and 15th fields: the 12th and 13th after the name.
-    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    Some(Duration::from_millis(ticks * 10))
+    stat_cpu(Path::new("/proc/self/stat")).map(|(_, used)| used)
 }
 
-/// The CPU time (user and system) each living thread of this process has used so far, by
-/// thread id, with the thread's name: `/proc/self/task/*/stat`, in clock ticks of 10 ms.
-/// Empty where there is no such directory.
-pub fn thread_cpu() -> std::collections::HashMap<u32, (String, Duration)> {
-    let mut threads = std::collections::HashMap::new();
+/// Each living thread of this process by thread id: its name and the CPU time (user and
+/// system) it has used so far, read from `/proc/self/task/*/stat`. Empty where there is no
+/// such directory.
+pub type ThreadCpu = std::collections::HashMap<u32, (String, Duration)>;
+
+/// A [`ThreadCpu`] snapshot of this process's threads.
+pub fn thread_cpu() -> ThreadCpu {
     let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
-        return threads;
+        return ThreadCpu::new();
     };
-    for task in tasks.flatten() {
-        let Some(tid) = task
-            .file_name()
-            .to_str()
-            .and_then(|t| t.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
-            continue; // the thread ended meanwhile
-        };
-        // "tid (name) state …": the name may hold spaces and parentheses; it ends with the
-        // last ')'. utime and stime are the 12th and 13th fields after it.
-        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
-            continue;
-        };
-        let name = stat[open + 1..close].to_owned();
-        let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
-        let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok());
-        if let (Some(user), Some(system)) = (ticks(11), ticks(12)) {
-            threads.insert(tid, (name, Duration::from_millis((user + system) * 10)));
-        }
-    }
-    threads
+    tasks
+        .flatten()
+        .filter_map(|task| {
+            let tid = task.file_name().to_str()?.parse::<u32>().ok()?;
+            // `None` too for a thread that ended meanwhile.
+            Some((tid, stat_cpu(&task.path().join("stat"))?))
+        })
+        .collect()
+}
+
+/// The name and the CPU time (user and system) of a `/proc` `stat` file — "pid (name) state
+/// …", in clock ticks of 10 ms — of a process or of one of its threads.
+fn stat_cpu(path: &Path) -> Option<(String, Duration)> {
+    let stat = std::fs::read_to_string(path).ok()?;
+    // The name may hold spaces and parentheses: it ends with the last ')'.
+    let (open, close) = (stat.find('(')?, stat.rfind(')')?);
+    let fields: Vec<&str> = stat.get(close + 1..)?.split_whitespace().collect();
+    // utime and stime are the stat's 14th and 15th fields: the 12th and 13th after the name.
+    let ticks = |i: usize| fields.get(i)?.parse::<u64>().ok();
+    let used = Duration::from_millis((ticks(11)? + ticks(12)?) * 10);
+    Some((stat.get(open + 1..close)?.to_owned(), used))
 }
 
 /// The CPU time the threads used between two [`thread_cpu`] snapshots, summed by the role
@@ -411,11 +405,7 @@ pub fn thread_cpu() -> std::collections::HashMap<u32, (String, Duration)> {
 /// before `after` is not counted), in µs per operation over `ops` operations: the journal's
 /// writer and syncer, the runtime's workers (the callers), RocksDB's flushes (its `high`
 /// pool) and compactions (`low`), and the rest.
-pub fn cpu_by_role(
-    before: &std::collections::HashMap<u32, (String, Duration)>,
-    after: &std::collections::HashMap<u32, (String, Duration)>,
-    ops: f64,
-) -> String {
+pub fn cpu_by_role(before: &ThreadCpu, after: &ThreadCpu, ops: f64) -> String {
     const ROLES: [(&str, &str); 5] = [
         ("dtask-journal-w", "writer"),
         ("dtask-journal-s", "syncer"),
