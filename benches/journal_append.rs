@@ -21,11 +21,11 @@
 //! Run: `cargo bench --bench journal_append` (add `-- --secs 3` for longer columns, `-- --rounds 5`
 //! for more rounds, `-- --writers 64` for one row, `-- --ours` for dtask's tokio column alone (with
 //! `--breakdown`, what its write path did: batches, writes, syncs, appends per sync, latency —
-//! with `--model` or `--file` the same of each group commit beside it; `--ours` also
-//! prints each thread's CPU time per append up to the stop, by role — the journal's writer
-//! and syncer, the callers (the runtime's workers), RocksDB's flushes and compactions — and
-//! the storage work the run left owed: memtables waiting for their flush, level-0 files,
-//! compaction bytes),
+//! with `--model` or `--file` the same of each group commit beside it; `--ours` and
+//! `--breakdown` also print each thread's CPU time per append up to the stop, by role — the
+//! writing thread, the syncer, a model's applier, the callers (the runtime's workers),
+//! RocksDB's flushes and compactions —, and `--ours` the storage work the run left owed:
+//! memtables waiting for their flush, level-0 files, compaction bytes),
 //! `-- --max-batch 8` to cap dtask's batches at 8 appends, `-- --file` for the two plain-file
 //! columns alone, `-- --file-syncers 2` to let the file group commit run two syncs at once,
 //! which RocksDB's log cannot, `-- --file-linger 150` to let its syncer wait up to 150 µs for
@@ -139,10 +139,11 @@ fn dtask_async_appends(writers: usize, secs: f64) -> f64 {
         journal.observe(Arc::clone(&breakdown) as Arc<dyn dtask::journal::WriteObserver>);
         breakdown
     });
-    // `--ours`: each thread's CPU time from here to the stop (the journal's and RocksDB's
-    // threads are running; the runtime's are born in the loop and count from zero).
-    let owed = OWED.load(Ordering::Relaxed);
-    let threads_before = owed.then(common::thread_cpu);
+    // `--ours` or `--breakdown`: each thread's CPU time from here to the stop (the journal's
+    // and RocksDB's threads are running; the runtime's are born in the loop and count from
+    // zero).
+    let by_thread = OWED.load(Ordering::Relaxed) || BREAKDOWN.load(Ordering::Relaxed);
+    let threads_before = by_thread.then(common::thread_cpu);
     let threads_after = std::sync::Mutex::new(None);
     let appended = Arc::new(AtomicU64::new(0));
     let rate = common::closed_loop(
@@ -166,12 +167,15 @@ fn dtask_async_appends(writers: usize, secs: f64) -> f64 {
             }
         },
         || {
-            if owed {
+            if by_thread {
                 *threads_after.lock().unwrap() =
                     Some((common::thread_cpu(), appended.load(Ordering::Relaxed)));
             }
         },
     );
+    if let Some(breakdown) = breakdown {
+        breakdown.print(secs, writers);
+    }
     if let (Some(before), Some((after, appends))) =
         (threads_before, threads_after.into_inner().unwrap())
     {
@@ -179,9 +183,6 @@ fn dtask_async_appends(writers: usize, secs: f64) -> f64 {
             "         CPU us per append by thread: {}",
             common::cpu_by_role(&before, &after, appends as f64)
         );
-    }
-    if let Some(breakdown) = breakdown {
-        breakdown.print(secs, writers);
     }
     if OWED.load(Ordering::Relaxed) {
         print_owed(&journal);

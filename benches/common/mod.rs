@@ -402,36 +402,49 @@ fn stat_cpu(path: &Path) -> Option<(String, Duration)> {
 
 /// The CPU time the threads used between two [`thread_cpu`] snapshots, summed by the role
 /// their names give them (a thread born after `before` counts from zero; one that ended
-/// before `after` is not counted), in µs per operation over `ops` operations: the journal's
-/// writer and syncer, the runtime's workers (the callers), RocksDB's flushes (its `high`
-/// pool) and compactions (`low`), and the rest.
+/// before `after` is not counted), in µs per operation over `ops` operations, each role that
+/// used any: the writing thread (the journal's writer, or the plain file's group commit's),
+/// the syncer, the model's applier, the callers (the runtime's workers), RocksDB's flushes
+/// (its `high` pool) and compactions (`low`), and the rest.
 pub fn cpu_by_role(before: &ThreadCpu, after: &ThreadCpu, ops: f64) -> String {
-    const ROLES: [(&str, &str); 5] = [
-        ("dtask-journal-w", "writer"),
-        ("dtask-journal-s", "syncer"),
-        ("tokio-rt-worker", "callers"),
-        ("rocksdb:high", "flushes"),
-        ("rocksdb:low", "compactions"),
+    const ROLES: [&str; 7] = [
+        "writer",
+        "syncer",
+        "applier",
+        "callers",
+        "flushes",
+        "compactions",
+        "other",
     ];
-    let mut sums = [Duration::ZERO; ROLES.len() + 1];
+    const NAMES: [(&str, usize); 8] = [
+        ("dtask-journal-w", 0),
+        ("file-writer", 0),
+        ("dtask-journal-s", 1),
+        ("file-syncer", 1),
+        ("file-applier", 2),
+        ("tokio-rt-worker", 3),
+        ("rocksdb:high", 4),
+        ("rocksdb:low", 5),
+    ];
+    let mut sums = [Duration::ZERO; ROLES.len()];
     for (tid, (name, used)) in after {
         let earlier = before
             .get(tid)
             .filter(|(was, _)| was == name)
             .map_or(Duration::ZERO, |(_, used)| *used);
-        let role = ROLES
+        let role = NAMES
             .iter()
-            .position(|(prefix, _)| name.starts_with(prefix))
-            .unwrap_or(ROLES.len());
+            .find(|(prefix, _)| name.starts_with(prefix))
+            .map_or(ROLES.len() - 1, |(_, role)| *role);
         sums[role] += used.saturating_sub(earlier);
     }
     let per_op = |d: Duration| d.as_secs_f64() * 1e6 / ops.max(1.0);
-    let mut line: Vec<String> = ROLES
+    let line: Vec<String> = ROLES
         .iter()
         .zip(sums)
-        .map(|((_, role), used)| format!("{role} {:.2}", per_op(used)))
+        .filter(|(_, used)| !used.is_zero())
+        .map(|(role, used)| format!("{role} {:.2}", per_op(used)))
         .collect();
-    line.push(format!("other {:.2}", per_op(sums[ROLES.len()])));
     line.join(" | ")
 }
 
