@@ -142,16 +142,14 @@ fn dtask_async_appends(writers: usize, secs: f64) -> f64 {
     // `--ours` or `--breakdown`: each thread's CPU time from here to the stop (the journal's
     // and RocksDB's threads are running; the runtime's are born in the loop and count from
     // zero).
-    let by_thread = OWED.load(Ordering::Relaxed) || BREAKDOWN.load(Ordering::Relaxed);
-    let threads_before = by_thread.then(common::thread_cpu);
-    let threads_after = std::sync::Mutex::new(None);
-    let appended = Arc::new(AtomicU64::new(0));
+    let threads = common::ThreadTimes::start(
+        OWED.load(Ordering::Relaxed) || BREAKDOWN.load(Ordering::Relaxed),
+    );
     let rate = common::closed_loop(
         writers,
         secs,
         |t, stop, done| {
             let journal = journal.clone();
-            let appended = Arc::clone(&appended);
             async move {
                 let task = format!("task-{t:04}");
                 let mut position = 0;
@@ -162,27 +160,16 @@ fn dtask_async_appends(writers: usize, secs: f64) -> f64 {
                         .unwrap();
                     position += 1;
                     done.fetch_add(1, Ordering::Relaxed);
-                    appended.fetch_add(1, Ordering::Relaxed);
                 }
             }
         },
-        || {
-            if by_thread {
-                *threads_after.lock().unwrap() =
-                    Some((common::thread_cpu(), appended.load(Ordering::Relaxed)));
-            }
-        },
+        || threads.stop(),
     );
     if let Some(breakdown) = breakdown {
         breakdown.print(secs, writers);
     }
-    if let (Some(before), Some((after, appends))) =
-        (threads_before, threads_after.into_inner().unwrap())
-    {
-        println!(
-            "         CPU us per append by thread: {}",
-            common::cpu_by_role(&before, &after, appends as f64)
-        );
+    if let Some(line) = threads.line(rate * secs) {
+        println!("         CPU us per append by thread: {line}");
     }
     if OWED.load(Ordering::Relaxed) {
         print_owed(&journal);

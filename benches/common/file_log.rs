@@ -300,8 +300,7 @@ pub fn group_commit(writers: usize, record_bytes: usize, secs: f64, shape: Shape
         .filter(|_| shape.apply == Apply::Beside)
         .map(|store| spawn_applier(Arc::clone(&log), store));
     // With the breakdown, each thread's CPU time from here to the stop.
-    let threads_before = shape.breakdown.then(super::thread_cpu);
-    let threads_after = std::sync::Mutex::new(None);
+    let threads = super::ThreadTimes::start(shape.breakdown);
     let rate = super::closed_loop(
         writers,
         secs,
@@ -338,10 +337,7 @@ pub fn group_commit(writers: usize, record_bytes: usize, secs: f64, shape: Shape
             }
         },
         || {
-            if shape.breakdown {
-                *threads_after.lock().unwrap() =
-                    Some((super::thread_cpu(), log.counts.acks.load(Ordering::Relaxed)));
-            }
+            threads.stop();
             // Dropping the acknowledgements still queued, written or awaiting their apply
             // ends their writers.
             let mut state = log.state.lock().unwrap();
@@ -364,13 +360,10 @@ pub fn group_commit(writers: usize, record_bytes: usize, secs: f64, shape: Shape
     }
     if shape.breakdown {
         log.counts.print(shape.apply, secs, writers);
-        if let (Some(before), Some((after, acks))) =
-            (threads_before, threads_after.into_inner().unwrap())
-        {
+        if let Some(line) = threads.line(rate * secs) {
             println!(
-                "         {:?}: CPU us per record by thread: {}",
-                shape.apply,
-                super::cpu_by_role(&before, &after, acks as f64)
+                "         {:?}: CPU us per record by thread: {line}",
+                shape.apply
             );
         }
     }

@@ -448,6 +448,37 @@ pub fn cpu_by_role(before: &ThreadCpu, after: &ThreadCpu, ops: f64) -> String {
     line.join(" | ")
 }
 
+/// Each thread's CPU time over one closed loop: a [`thread_cpu`] snapshot when made, another
+/// at [`ThreadTimes::stop`] (call it from the loop's `on_stop`, while its threads are still
+/// alive), and the CPU per operation by role between them ([`cpu_by_role`]).
+pub struct ThreadTimes {
+    before: Option<ThreadCpu>,
+    after: std::sync::Mutex<Option<ThreadCpu>>,
+}
+
+impl ThreadTimes {
+    /// Takes the first snapshot when `on` (otherwise [`ThreadTimes::line`] gives `None`).
+    pub fn start(on: bool) -> Self {
+        Self {
+            before: on.then(thread_cpu),
+            after: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Takes the second snapshot (once the first was taken).
+    pub fn stop(&self) {
+        if self.before.is_some() {
+            *self.after.lock().unwrap() = Some(thread_cpu());
+        }
+    }
+
+    /// The CPU per operation by role between the snapshots, over `ops` operations.
+    pub fn line(self, ops: f64) -> Option<String> {
+        let after = self.after.into_inner().unwrap()?;
+        Some(cpu_by_role(&self.before?, &after, ops))
+    }
+}
+
 /// Runs `column`, which returns operations per second over `secs`, and returns that rate with
 /// the process's CPU time per operation in microseconds (`None` where [`process_cpu`] is).
 pub fn with_cpu(secs: f64, column: impl FnOnce() -> f64) -> (f64, Option<f64>) {
