@@ -1509,10 +1509,12 @@ fn a_postgres_journal_runs_the_demo_and_moves_between_backends_bit_exact() {
         dtask_journal::postgres::SCHEMA_VERSION,
         "{checked}"
     );
-    // Back to schema version 2 (the writer lock a row lock): pending, then migrated.
+    // Back to schema version 2 (batches as pipelined statements, the writer lock a row
+    // lock): pending, then migrated.
     let schema = pg.rsplit_once("schema=").unwrap().1;
     pg_admin(&format!(
-        "SET search_path TO \"{schema}\"; DROP FUNCTION dtask_lock_writer(); \
+        "SET search_path TO \"{schema}\"; DROP FUNCTION dtask_write_batch; \
+         DELETE FROM dtask_schema WHERE version = 4; DROP FUNCTION dtask_lock_writer(); \
          CREATE TABLE dtask_writer (id integer PRIMARY KEY CHECK (id = 1)); \
          INSERT INTO dtask_writer (id) VALUES (1); DELETE FROM dtask_schema WHERE version = 3"
     ));

@@ -528,9 +528,12 @@ fn an_older_schema_is_migrated_at_open_and_keeps_its_records() {
     assert_eq!(reader.read_stream("a", 0).count(), 20);
 }
 
-/// Takes a schema of version 3 back to version 2 (run with the schema on the search path): the
-/// writer lock the row of `dtask_writer` again.
-const BACK_TO_2: &str = "DROP FUNCTION dtask_lock_writer(); \
+/// Takes a schema of version 4 back to version 2 (run with the schema on the search path):
+/// batches written as pipelined statements again (version 3), and the writer lock the row of
+/// `dtask_writer` again.
+const BACK_TO_2: &str = "DROP FUNCTION dtask_write_batch; \
+     DELETE FROM dtask_schema WHERE version = 4; \
+     DROP FUNCTION dtask_lock_writer(); \
      CREATE TABLE dtask_writer (id integer PRIMARY KEY CHECK (id = 1)); \
      INSERT INTO dtask_writer (id) VALUES (1); \
      DELETE FROM dtask_schema WHERE version = 3;";
@@ -627,6 +630,57 @@ fn an_upgrade_fences_off_the_nodes_of_the_earlier_version() {
         u32::try_from(version.get::<_, i32>(0)).unwrap(),
         dtask_journal::postgres::SCHEMA_VERSION
     );
+}
+
+/// A node of the build before schema version 4 writes its batches as pipelined statements
+/// under the same advisory lock that `dtask_write_batch` takes: while such a node holds it in
+/// the middle of a batch, an upgraded node's append waits for it, and goes on after its commit.
+#[test]
+fn the_batch_call_waits_for_the_writer_lock_an_earlier_node_holds() {
+    let Some(url) = url("call-lock") else {
+        return;
+    };
+    let schema = url.rsplit_once("schema=").unwrap().1.to_owned();
+    let journal = open(&url);
+    journal.append("a", 0, &[created("a")]).unwrap();
+    // The earlier node, in the middle of a batch: it holds the lock.
+    let (runtime, old) = raw(&schema);
+    runtime
+        .block_on(old.batch_execute("BEGIN; SELECT dtask_lock_writer()"))
+        .unwrap();
+    let old_pid: i32 = runtime
+        .block_on(old.query_one("SELECT pg_backend_pid()", &[]))
+        .unwrap()
+        .get(0);
+    let appending = std::thread::spawn({
+        let journal = journal.clone();
+        move || journal.append("a", 1, &[update(1)]).map(|_| ())
+    });
+    let (watch_runtime, watch) = raw(&schema);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut waiting = false;
+    while !waiting && std::time::Instant::now() < deadline {
+        let row = watch_runtime
+            .block_on(watch.query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE wait_event_type = 'Lock' AND $1 = ANY(pg_blocking_pids(pid))",
+                &[&old_pid],
+            ))
+            .unwrap();
+        waiting = row.get::<_, i64>(0) == 1;
+        std::thread::yield_now();
+    }
+    assert!(
+        waiting,
+        "the append did not wait for the earlier node's lock"
+    );
+    assert!(!appending.is_finished());
+    assert_eq!(journal.stream_len("a").unwrap(), Some(1));
+    runtime.block_on(old.batch_execute("COMMIT")).unwrap();
+    appending.join().unwrap().unwrap();
+    assert_eq!(journal.stream_len("a").unwrap(), Some(2));
+    let reader = Journal::open_postgres_read_only(&url).unwrap();
+    assert_eq!(reader.read_stream("a", 0).count(), 2);
 }
 
 /// The writer lock is held in the server's memory for the transaction, and is the journal's

@@ -18,11 +18,10 @@
 //! the hand-off to a connection thread and back — two thread wake-ups less on the way of
 //! every batch and every flush.
 //!
-//! The writer's inserts, the lock and the tail's check and read are prepared once per
-//! connection ([`Session::statement`]): sent unnamed, each was parsed and planned anew by the
-//! server for every batch (prepared, one node makes 1.2–1.4× the durable steps:
-//! docs/performance.md). Statements that find rows by a parameter array stay unnamed
-//! (`write::Plan`).
+//! The writer's call (`dtask_write_batch`), the lock and the tail's read are prepared once
+//! per connection ([`Session::statement`]): sent unnamed, each was parsed and planned anew by
+//! the server for every batch (prepared, one node makes 1.2–1.4× the durable steps:
+//! docs/performance.md). Statements that find rows by a parameter array stay unnamed.
 
 use super::tls::Tls;
 use super::PgLocation;

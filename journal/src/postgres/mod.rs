@@ -10,8 +10,8 @@
 //! ([`Backend::lock_for_write`]), reads the tail
 //! marker the last writer of any process committed and the tasks written since this
 //! writer's last batch (in the same round trip), checks every append's expected position
-//! against the heads as committed, and writes the records, the indexes and the new tail —
-//! then commits. The lock is held until that commit, so the global sequences are handed out
+//! against the heads as committed, and writes the records, the indexes and the new tail (one
+//! call of the function `dtask_write_batch`, module `write`) — then commits. The lock is held until that commit, so the global sequences are handed out
 //! in commit order, without gaps: a reader of the commit order that has seen sequence `n`
 //! has seen every record before it (see `docs/postgres.md`).
 //!
@@ -46,7 +46,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use tokio_postgres::types::Type;
-use write::{statements, write_and_commit, Flush};
+use write::{write_and_commit, Flush};
 
 pub use schema::SCHEMA_VERSION;
 
@@ -470,8 +470,8 @@ struct Commit {
     /// Its last record, for the sync to find again (`None`: it waits for the flush at
     /// commit, or nothing waits for a flush).
     mark: Option<Arc<Mark>>,
-    /// Its `NOTIFY`, sent at commit when no sync sends it.
-    notice: Option<write::Statement>,
+    /// Its `NOTIFY`'s payload, sent at commit when no sync sends it.
+    notice: Option<String>,
     /// Whether its commit waits for the flush.
     flush: Flush,
 }
@@ -526,9 +526,9 @@ impl PgBackend {
         }
     }
 
-    /// The `NOTIFY` of a batch that moves the tail: other processes' listeners hear of it
-    /// when it commits.
-    fn notice(&self, ops: &[BatchOp]) -> Option<write::Statement> {
+    /// The payload of the `NOTIFY` of a batch that moves the tail (other processes' listeners
+    /// hear of it when it commits): `None` for a batch that does not.
+    fn notice(&self, ops: &[BatchOp]) -> Option<String> {
         let last_seq = ops.iter().find_map(|op| match op {
             BatchOp::Put {
                 space: Space::Meta,
@@ -539,17 +539,7 @@ impl PgBackend {
             }
             _ => None,
         })?;
-        Some(write::Statement {
-            sql: "SELECT pg_notify($1, $2)",
-            params: vec![
-                (Box::new(listen::CHANNEL.to_owned()), Type::TEXT),
-                (
-                    Box::new(listen::payload(&self.location.schema, last_seq)),
-                    Type::TEXT,
-                ),
-            ],
-            plan: write::Plan::Cached,
-        })
+        Some(listen::payload(&self.location.schema, last_seq))
     }
 }
 
@@ -715,14 +705,9 @@ impl Backend for PgBackend {
         // A write outside the writer's batches (the format stamp, a repair) takes the writer
         // lock too: no writer of another process runs beside it.
         let notice = self.notice(&ops);
-        let mut statements = statements(ops)?;
-        statements.extend(notice);
-        self.reader().call(move |client| {
-            Box::pin(async move {
-                client.batch_execute(write::BEGIN_LOCKED).await?;
-                write_and_commit(&client, statements, Flush::AsTheSession).await
-            })
-        })
+        let params = write::batch_call(ops, None, Flush::AsTheSession, notice)?;
+        self.reader()
+            .call(move |client| Box::pin(async move { write::call(&client, &params).await }))
     }
 
     fn write_expecting(
@@ -733,13 +718,9 @@ impl Backend for PgBackend {
     ) -> Result<bool> {
         let writer = self.writer()?;
         let commit = self.commit_of(&ops, flush)?;
-        let mut statements = statements(ops)?;
-        statements.extend(commit.notice);
-        let (expected, flush) = (expected.to_vec(), commit.flush);
+        let params = write::batch_call(ops, Some(expected.to_vec()), commit.flush, commit.notice)?;
         let written = writer.call(move |client| {
-            Box::pin(
-                async move { write::write_expecting(&client, expected, statements, flush).await },
-            )
+            Box::pin(async move { write::write_expecting(&client, params).await })
         })?;
         if written {
             self.note_unflushed(commit.mark);
@@ -751,12 +732,9 @@ impl Backend for PgBackend {
         let writer = self.writer()?;
         self.locked.store(false, Ordering::Release);
         let commit = self.commit_of(&ops, flush)?;
-        let mut statements = statements(ops)?;
-        statements.extend(commit.notice);
-        let flush = commit.flush;
-        writer.call(move |client| {
-            Box::pin(async move { write_and_commit(&client, statements, flush).await })
-        })?;
+        let params = write::batch_call(ops, None, commit.flush, commit.notice)?;
+        writer
+            .call(move |client| Box::pin(async move { write_and_commit(&client, params).await }))?;
         self.note_unflushed(commit.mark);
         Ok(())
     }

@@ -21,10 +21,14 @@ const MIGRATIONS: &[(&str, &str)] = &[
         "0003_advisory_writer_lock.sql",
         include_str!("../../migrations/postgres/0003_advisory_writer_lock.sql"),
     ),
+    (
+        "0004_write_batch.sql",
+        include_str!("../../migrations/postgres/0004_write_batch.sql"),
+    ),
 ];
 
 /// The schema version this build writes and reads.
-pub const SCHEMA_VERSION: u32 = 3;
+pub const SCHEMA_VERSION: u32 = 4;
 
 /// Creates the schema and applies every migration it lacks; returns the schema's version.
 ///

@@ -1,4 +1,6 @@
-//! A batch of the journal's ops as the SQL statements that write it, in one transaction.
+//! A batch of the journal's ops as one call of `dtask_write_batch` (schema version 4,
+//! migration `0004_write_batch.sql`): the rows table by table as arrays, written in one
+//! statement — one reply from the server, whatever the batch touches.
 
 use super::conn::Session;
 use super::rows;
@@ -12,80 +14,12 @@ use tokio_postgres::types::{ToSql, Type};
 /// round trip, and one prepared once is prepared with them.
 pub(crate) type Params = Vec<(Box<dyn ToSql + Sync + Send>, Type)>;
 
-/// How a statement is sent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Plan {
-    /// Prepared once per connection and bound for each batch: its plan does not depend on
-    /// how large a table has grown (an insert, an upsert, a function's call).
-    Cached,
-    /// Sent whole and unnamed, planned anew for each batch: it finds rows by a parameter
-    /// array, and a plan cached while a table was small would scan it whole once it has grown
-    /// (until the table's next `ANALYZE`).
-    EachTime,
-}
-
-/// A statement, its parameters and how it is sent.
-pub(crate) struct Statement {
-    /// Its text.
-    pub sql: &'static str,
-    /// Its parameters.
-    pub params: Params,
-    /// Prepared once, or planned each time.
-    pub plan: Plan,
-}
-
 /// `params` as `tokio-postgres` takes typed parameters.
 pub(crate) fn typed(params: &Params) -> Vec<(&(dyn ToSql + Sync), Type)> {
     params
         .iter()
         .map(|(p, t)| (p.as_ref() as &(dyn ToSql + Sync), t.clone()))
         .collect()
-}
-
-/// A statement ready to be sent: nothing of it needs a round trip of its own any more.
-enum Ready<'a> {
-    /// Prepared on the connection, with its parameters' values.
-    Bound(tokio_postgres::Statement, Vec<&'a (dyn ToSql + Sync)>),
-    /// Sent whole (parse, bind, execute), with its typed parameters.
-    Whole(&'static str, Vec<(&'a (dyn ToSql + Sync), Type)>),
-}
-
-/// Each of `statements` made ready on `session`, in order: those of [`Plan::Cached`]
-/// prepared (once per connection). Awaited before any statement of a pipeline is sent (see
-/// [`Session::statement`]).
-async fn ready<'a>(
-    session: &Session,
-    statements: &'a [Statement],
-) -> std::result::Result<Vec<Ready<'a>>, tokio_postgres::Error> {
-    let mut ready = Vec::with_capacity(statements.len());
-    for statement in statements {
-        ready.push(match statement.plan {
-            Plan::Cached => {
-                let types: Vec<Type> = statement.params.iter().map(|(_, t)| t.clone()).collect();
-                let prepared = session.statement(statement.sql, &types).await?;
-                let values = statement
-                    .params
-                    .iter()
-                    .map(|(p, _)| p.as_ref() as &(dyn ToSql + Sync))
-                    .collect();
-                Ready::Bound(prepared, values)
-            }
-            Plan::EachTime => Ready::Whole(statement.sql, typed(&statement.params)),
-        });
-    }
-    Ok(ready)
-}
-
-/// Sends `ready` on `session` when first polled; its rows' count.
-fn execute<'a>(
-    session: &'a Session,
-    ready: &'a Ready<'a>,
-) -> impl std::future::Future<Output = std::result::Result<u64, tokio_postgres::Error>> + 'a {
-    use futures_util::future::Either;
-    match ready {
-        Ready::Bound(statement, values) => Either::Left(session.execute(statement, values)),
-        Ready::Whole(sql, typed) => Either::Right(session.execute_typed(sql, typed)),
-    }
 }
 
 /// What a batch leaves behind, table by table: for each key only the batch's last op counts
@@ -143,164 +77,87 @@ impl Rows {
         }
         Ok(())
     }
-
-    fn into_statements(self) -> Vec<Statement> {
-        let mut out: Vec<Statement> = Vec::new();
-        let mut push = |sql: &'static str, params: Params, plan: Plan, any: bool| {
-            if any {
-                out.push(Statement { sql, params, plan });
-            }
-        };
-        let (r, d) = (self.records, self.dropped_records);
-        push(
-            "DELETE FROM dtask_records WHERE (task, position) IN \
-             (SELECT * FROM unnest($1::text[], $2::int8[]))",
-            vec![
-                (Box::new(d.0.clone()), Type::TEXT_ARRAY),
-                (Box::new(d.1), Type::INT8_ARRAY),
-            ],
-            Plan::EachTime,
-            !d.0.is_empty(),
-        );
-        let any = !r.0.is_empty();
-        push(
-            "INSERT INTO dtask_records (task, position, seq, record) \
-             SELECT * FROM unnest($1::text[], $2::int8[], $3::int8[], $4::bytea[])",
-            vec![
-                (Box::new(r.0), Type::TEXT_ARRAY),
-                (Box::new(r.1), Type::INT8_ARRAY),
-                (Box::new(r.2), Type::INT8_ARRAY),
-                (Box::new(r.3), Type::BYTEA_ARRAY),
-            ],
-            Plan::Cached,
-            any,
-        );
-        let any = !self.live.is_empty();
-        push(
-            "INSERT INTO dtask_live (task) SELECT unnest($1::text[]) ON CONFLICT DO NOTHING",
-            vec![(Box::new(self.live), Type::TEXT_ARRAY)],
-            Plan::Cached,
-            any,
-        );
-        let any = !self.dead.is_empty();
-        push(
-            "DELETE FROM dtask_live WHERE task = ANY($1::text[])",
-            vec![(Box::new(self.dead), Type::TEXT_ARRAY)],
-            Plan::EachTime,
-            any,
-        );
-        let o = self.outbox;
-        let any = !o.0.is_empty();
-        push(
-            "INSERT INTO dtask_outbox (seq, task, position) \
-             SELECT * FROM unnest($1::int8[], $2::text[], $3::int8[]) \
-             ON CONFLICT (seq) DO UPDATE SET task = excluded.task, position = excluded.position",
-            vec![
-                (Box::new(o.0), Type::INT8_ARRAY),
-                (Box::new(o.1), Type::TEXT_ARRAY),
-                (Box::new(o.2), Type::INT8_ARRAY),
-            ],
-            Plan::Cached,
-            any,
-        );
-        let any = !self.acked.is_empty();
-        push(
-            "DELETE FROM dtask_outbox WHERE seq = ANY($1::int8[])",
-            vec![(Box::new(self.acked), Type::INT8_ARRAY)],
-            Plan::EachTime,
-            any,
-        );
-        let m = self.meta;
-        let any = !m.0.is_empty();
-        push(
-            "INSERT INTO dtask_meta (name, value) SELECT * FROM unnest($1::bytea[], $2::bytea[]) \
-             ON CONFLICT (name) DO UPDATE SET value = excluded.value",
-            vec![
-                (Box::new(m.0), Type::BYTEA_ARRAY),
-                (Box::new(m.1), Type::BYTEA_ARRAY),
-            ],
-            Plan::Cached,
-            any,
-        );
-        let any = !self.meta_dropped.is_empty();
-        push(
-            "DELETE FROM dtask_meta WHERE name = ANY($1::bytea[])",
-            vec![(Box::new(self.meta_dropped), Type::BYTEA_ARRAY)],
-            Plan::EachTime,
-            any,
-        );
-        out
-    }
 }
 
-/// The statements that write a batch's ops.
+/// The arguments of `dtask_write_batch` that write a batch's ops: the tail `expected` (`None`:
+/// no check, for a writer that read the tail with the lock held, or a write outside the
+/// writer's batches), whether the commit waits for the flush, the rows table by table, and
+/// the `NOTIFY`'s payload, if any.
 ///
 /// # Errors
 /// [`Error::Storage`] for an op whose key or value does not fit its table.
-pub(crate) fn statements(ops: Vec<BatchOp>) -> Result<Vec<Statement>> {
-    let mut last: Last = BTreeMap::new();
-    for op in ops {
-        let (space, key, value) = match op {
-            BatchOp::Put { space, key, value } => (space, key, Some(value)),
-            BatchOp::Delete { space, key } => (space, key, None),
-            // Its rows are read by index: a finished stream stays where it is.
-            BatchOp::Retire { .. } => continue,
-        };
-        let tag = Space::ALL.iter().position(|s| *s == space).unwrap_or(0);
-        last.insert((tag, key.into_vec()), value.map(OpBytes::into_vec));
+pub(crate) fn batch_call(
+    ops: Vec<BatchOp>,
+    expected: Option<Vec<u8>>,
+    flush: Flush,
+    notice: Option<String>,
+) -> Result<Params> {
+    let rows = Rows::of(ops)?;
+    let (r, d, o, m) = (rows.records, rows.dropped_records, rows.outbox, rows.meta);
+    Ok(vec![
+        (Box::new(expected), Type::BYTEA),
+        (Box::new(flush == Flush::AtCommit), Type::BOOL),
+        (Box::new(r.0), Type::TEXT_ARRAY),
+        (Box::new(r.1), Type::INT8_ARRAY),
+        (Box::new(r.2), Type::INT8_ARRAY),
+        (Box::new(r.3), Type::BYTEA_ARRAY),
+        (Box::new(d.0), Type::TEXT_ARRAY),
+        (Box::new(d.1), Type::INT8_ARRAY),
+        (Box::new(rows.live), Type::TEXT_ARRAY),
+        (Box::new(rows.dead), Type::TEXT_ARRAY),
+        (Box::new(o.0), Type::INT8_ARRAY),
+        (Box::new(o.1), Type::TEXT_ARRAY),
+        (Box::new(o.2), Type::INT8_ARRAY),
+        (Box::new(rows.acked), Type::INT8_ARRAY),
+        (Box::new(m.0), Type::BYTEA_ARRAY),
+        (Box::new(m.1), Type::BYTEA_ARRAY),
+        (Box::new(rows.meta_dropped), Type::BYTEA_ARRAY),
+        (Box::new(notice), Type::TEXT),
+    ])
+}
+
+/// The call of `dtask_write_batch`, with the arguments [`batch_call`] makes.
+const WRITE_BATCH: &str = "SELECT dtask_write_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, \
+                           $11, $12, $13, $14, $15, $16, $17, $18)";
+
+impl Rows {
+    /// The rows `ops` leave behind.
+    fn of(ops: Vec<BatchOp>) -> Result<Self> {
+        let mut last: Last = BTreeMap::new();
+        for op in ops {
+            let (space, key, value) = match op {
+                BatchOp::Put { space, key, value } => (space, key, Some(value)),
+                BatchOp::Delete { space, key } => (space, key, None),
+                // Its rows are read by index: a finished stream stays where it is.
+                BatchOp::Retire { .. } => continue,
+            };
+            let tag = Space::ALL.iter().position(|s| *s == space).unwrap_or(0);
+            last.insert((tag, key.into_vec()), value.map(OpBytes::into_vec));
+        }
+        let mut rows = Rows::default();
+        for ((tag, key), value) in last {
+            rows.add(Space::ALL[tag], key, value)?;
+        }
+        Ok(rows)
     }
-    let mut rows = Rows::default();
-    for ((tag, key), value) in last {
-        rows.add(Space::ALL[tag], key, value)?;
-    }
-    Ok(rows.into_statements())
 }
 
 /// The last value (or deletion) of each (space, key) of a batch.
 type Last = BTreeMap<(usize, Vec<u8>), Option<Vec<u8>>>;
 
 /// The writer lock's statement: the journal's advisory lock (schema version 3, migration
-/// `0003_advisory_writer_lock.sql`), held until the transaction ends. A macro, so that
-/// `concat!` builds the statements that begin a batch with it into one message (sent as
-/// three, they cost a lone append ~7 % at one caller).
-macro_rules! writer_lock {
-    () => {
-        "SELECT dtask_lock_writer()"
-    };
-}
+/// `0003_advisory_writer_lock.sql`), held until the transaction ends.
+pub(crate) const WRITER_LOCK: &str = "SELECT dtask_lock_writer()";
 
 /// The statement that makes the transaction's commit wait for the write-ahead log's flush,
-/// on a session whose commits do not ([`Flush::AtCommit`]). A macro, as `writer_lock!`.
+/// on a session whose commits do not. A macro, so that `concat!` builds it into the message
+/// of a transaction's other statements.
 macro_rules! flush_at_commit {
     () => {
         "SET LOCAL synchronous_commit TO on"
     };
 }
 pub(crate) use flush_at_commit;
-
-/// The writer lock (see `writer_lock!`).
-pub(crate) const WRITER_LOCK: &str = writer_lock!();
-
-/// See `flush_at_commit!`.
-const FLUSH_AT_COMMIT: &str = flush_at_commit!();
-
-/// Begins a transaction and takes the writer lock.
-pub(crate) const BEGIN_LOCKED: &str = concat!("BEGIN; ", writer_lock!());
-
-/// Begins a transaction whose commit waits for the flush, and takes the writer lock.
-const BEGIN_LOCKED_FLUSHING: &str = concat!("BEGIN; ", flush_at_commit!(), "; ", writer_lock!());
-
-/// Sends [`FLUSH_AT_COMMIT`] when first polled if `flush` asks for it (a transaction must be
-/// open): poll it with the transaction's other statements, in order, to keep one round trip.
-async fn set_flush(
-    client: &Session,
-    flush: Flush,
-) -> std::result::Result<(), tokio_postgres::Error> {
-    match flush {
-        Flush::AtCommit => client.batch_execute(FLUSH_AT_COMMIT).await,
-        Flush::AsTheSession => Ok(()),
-    }
-}
 
 /// Whether a commit waits for the database's flush.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -313,25 +170,36 @@ pub(crate) enum Flush {
     AtCommit,
 }
 
-/// Runs `statements` in the transaction open on `client` and commits; rolls back if any
-/// fails. The statements and the commit are pipelined: one round trip for the batch.
+/// Calls `dtask_write_batch` with `params` (see [`batch_call`]): prepared once per
+/// connection, then one message and one reply a batch. Outside a transaction the call is one
+/// of its own (the lock, the writes, the commit); inside one, it writes and holds the lock.
+pub(crate) async fn call(
+    client: &Session,
+    params: &Params,
+) -> std::result::Result<(), tokio_postgres::Error> {
+    let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
+    let statement = client.statement(WRITE_BATCH, &types).await?;
+    let values: Vec<&(dyn ToSql + Sync)> = params
+        .iter()
+        .map(|(p, _)| p.as_ref() as &(dyn ToSql + Sync))
+        .collect();
+    client.execute(&statement, &values).await.map(|_| ())
+}
+
+/// Writes a batch in the transaction open on `client` (which holds the writer lock) and
+/// commits; rolls back if the write fails. The call and the commit are pipelined: one round
+/// trip.
 pub(crate) async fn write_and_commit(
     client: &Session,
-    statements: Vec<Statement>,
-    flush: Flush,
+    params: Params,
 ) -> std::result::Result<(), tokio_postgres::Error> {
     let run = async {
-        // Made ready first; then each statement is sent when first polled, in order, and
-        // the commit after them: one round trip, and the commit cannot overtake them.
-        let ready = ready(client, &statements).await?;
-        let pending = ready.iter().map(|ready| execute(client, ready));
-        let (set, written, committed) = futures_util::future::join3(
-            set_flush(client, flush),
-            futures_util::future::try_join_all(pending),
-            client.batch_execute("COMMIT"),
-        )
-        .await;
-        set?;
+        // Prepared before anything is sent (once per connection), so that the call is sent
+        // when first polled, and the commit behind it.
+        let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
+        client.statement(WRITE_BATCH, &types).await?;
+        let (written, committed) =
+            futures_util::future::join(call(client, &params), client.batch_execute("COMMIT")).await;
         written?;
         committed
     };
@@ -347,41 +215,19 @@ pub(crate) async fn write_and_commit(
 /// The SQLSTATE of `dtask_expect_tail`'s failure: another writer committed.
 const MOVED: &str = "DT001";
 
-/// The whole of a batch in one round trip: begin, the writer lock, the check that the tail is
-/// still `expected`, `statements`, commit. `Ok(false)` (rolled back, nothing written) when the
-/// check fails or a record of the batch exists already.
+/// The whole of a batch in one round trip, outside any transaction: the call of
+/// `dtask_write_batch` with `params` made with the tail expected (see [`batch_call`]) is its
+/// own transaction — the writer lock, the check that the tail is still the one expected, the
+/// writes, the commit. `Ok(false)` (rolled back, nothing written) when the check fails or a
+/// record of the batch exists already.
 pub(crate) async fn write_expecting(
     client: &Session,
-    expected: Vec<u8>,
-    statements: Vec<Statement>,
-    flush: Flush,
+    params: Params,
 ) -> std::result::Result<bool, tokio_postgres::Error> {
-    // Prepared before anything is sent (once per connection: no round trip after).
-    let check = client
-        .statement("SELECT dtask_expect_tail($1)", &[Type::BYTEA])
-        .await?;
-    let ready = ready(client, &statements).await?;
-    // Sent in this order when first polled, together: one round trip.
-    let opening = client.batch_execute(match flush {
-        Flush::AsTheSession => BEGIN_LOCKED,
-        Flush::AtCommit => BEGIN_LOCKED_FLUSHING,
-    });
-    let check_params: [&(dyn ToSql + Sync); 1] = [&expected];
-    let check = client.execute(&check, &check_params);
-    let writes = futures_util::future::join_all(ready.iter().map(|ready| execute(client, ready)));
-    let commit = client.batch_execute("COMMIT");
-    let (begun, checked, written, committed) =
-        futures_util::future::join4(opening, check, writes, commit).await;
-    let first_error = begun
-        .err()
-        .or(checked.err())
-        .or_else(|| written.into_iter().find_map(std::result::Result::err));
-    match first_error {
-        None => committed.map(|()| true),
-        Some(e) => {
-            // The transaction is over (its COMMIT became a rollback), or, if the error came
-            // before it was sent, this ends it.
-            let _ = client.batch_execute("ROLLBACK").await;
+    match call(client, &params).await {
+        Ok(()) => Ok(true),
+        Err(e) => {
+            // The call's transaction ended with it: nothing to roll back.
             let moved = e.as_db_error().is_some_and(|db| {
                 db.code().code() == MOVED
                     || (db.code() == &tokio_postgres::error::SqlState::UNIQUE_VIOLATION
@@ -451,44 +297,86 @@ mod tests {
     use super::*;
     use crate::keys;
 
-    #[test]
-    fn statements_that_find_rows_are_planned_each_time_and_the_others_prepared() {
-        let put = |space, key: Vec<u8>, value: Vec<u8>| BatchOp::Put {
+    fn put(space: Space, key: Vec<u8>, value: Vec<u8>) -> BatchOp {
+        BatchOp::Put {
             space,
             key: key.into(),
             value: value.into(),
-        };
-        let delete = |space, key: Vec<u8>| BatchOp::Delete {
+        }
+    }
+
+    fn delete(space: Space, key: Vec<u8>) -> BatchOp {
+        BatchOp::Delete {
             space,
             key: key.into(),
-        };
-        let record = crate::record::frame("t", 0, 1, b"x", &crate::record::Digest::default())
+        }
+    }
+
+    /// The SQL type of each parameter of `dtask_write_batch`, as its migration declares them.
+    fn declared() -> Vec<String> {
+        let sql = include_str!("../../migrations/postgres/0004_write_batch.sql");
+        let start = sql.find("CREATE FUNCTION dtask_write_batch(").unwrap();
+        let list = &sql[start..];
+        let list = &list[list.find('(').unwrap() + 1..list.find(") RETURNS").unwrap()];
+        list.split(',')
+            .map(|param| param.split_whitespace().nth(1).unwrap().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn the_call_passes_every_parameter_the_function_declares_with_its_type() {
+        let params = batch_call(Vec::new(), None, Flush::AsTheSession, None).unwrap();
+        let declared = declared();
+        assert_eq!(declared.len(), 18);
+        assert_eq!(params.len(), declared.len());
+        assert_eq!(WRITE_BATCH.matches('$').count(), declared.len());
+        for (i, ((_, ty), sql)) in params.iter().zip(&declared).enumerate() {
+            let expected = match sql.as_str() {
+                "bytea" => Type::BYTEA,
+                "boolean" => Type::BOOL,
+                "text" => Type::TEXT,
+                "text[]" => Type::TEXT_ARRAY,
+                "int8[]" => Type::INT8_ARRAY,
+                "bytea[]" => Type::BYTEA_ARRAY,
+                other => panic!("parameter {} of an unexpected type {other}", i + 1),
+            };
+            assert_eq!(ty, &expected, "parameter {}", i + 1);
+        }
+    }
+
+    #[test]
+    fn each_key_of_a_batch_leaves_its_last_op_in_its_table() {
+        let record = crate::record::frame("t", 0, 7, b"x", &crate::record::Digest::default())
             .unwrap()
             .0;
         let ops = vec![
-            put(Space::Events, keys::event_key("t", 0), record),
+            put(Space::Events, keys::event_key("t", 0), record.clone()),
             delete(Space::Events, keys::event_key("u", 3)),
             put(Space::Live, keys::task_key("t"), Vec::new()),
             delete(Space::Live, keys::task_key("u")),
+            // Enqueued and acknowledged in one batch: only the deletion is left.
             put(
                 Space::Outbox,
                 keys::seq_key(1).to_vec(),
                 keys::event_key("t", 0),
             ),
+            delete(Space::Outbox, keys::seq_key(1).to_vec()),
             delete(Space::Outbox, keys::seq_key(2).to_vec()),
             put(Space::Meta, keys::META_TAIL.to_vec(), vec![1]),
+            put(Space::Meta, keys::META_TAIL.to_vec(), vec![2]),
             delete(Space::Meta, b"old".to_vec()),
         ];
-        let statements = statements(ops).unwrap();
-        assert_eq!(statements.len(), 8);
-        for statement in &statements {
-            let finds_rows = statement.sql.starts_with("DELETE");
-            let expected = if finds_rows {
-                Plan::EachTime
-            } else {
-                Plan::Cached
-            };
-            assert_eq!(statement.plan, expected, "{}", statement.sql);
-        }
+        let rows = Rows::of(ops).unwrap();
+        assert_eq!(rows.records.0, ["t"]);
+        assert_eq!(rows.records.1, [0]);
+        assert_eq!(rows.records.2, [7]);
+        assert_eq!(rows.records.3, [record]);
+        assert_eq!(rows.dropped_records, (vec!["u".to_owned()], vec![3]));
+        assert_eq!(rows.live, ["t"]);
+        assert_eq!(rows.dead, ["u"]);
+        assert!(rows.outbox.0.is_empty());
+        assert_eq!(rows.acked, [1, 2]);
+        assert_eq!(rows.meta, (vec![keys::META_TAIL.to_vec()], vec![vec![2]]));
+        assert_eq!(rows.meta_dropped, [b"old".to_vec()]);
     }
 }
