@@ -330,6 +330,12 @@ mod tests {
         assert_eq!(declared.len(), 18);
         assert_eq!(params.len(), declared.len());
         assert_eq!(WRITE_BATCH.matches('$').count(), declared.len());
+        // The notice goes where the listeners listen.
+        let sql = include_str!("../../migrations/postgres/0004_write_batch.sql");
+        assert!(sql.contains(&format!(
+            "pg_notify('{}', notice)",
+            super::super::listen::CHANNEL
+        )));
         for (i, ((_, ty), sql)) in params.iter().zip(&declared).enumerate() {
             let expected = match sql.as_str() {
                 "bytea" => Type::BYTEA,
