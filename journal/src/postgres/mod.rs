@@ -716,6 +716,9 @@ impl Backend for PgBackend {
         expected: &[u8],
         flush: CommitFlush,
     ) -> Result<bool> {
+        // The call is a transaction of its own only outside one: a locked batch left open
+        // (its write never sent) ends here, rather than holding this call uncommitted.
+        self.unlock_write();
         let writer = self.writer()?;
         let commit = self.commit_of(&ops, flush)?;
         let params = write::batch_call(ops, Some(expected.to_vec()), commit.flush, commit.notice)?;
@@ -1139,6 +1142,34 @@ mod tests {
             .unwrap());
         lose(&pg, 1);
         pg.sync().unwrap();
+    }
+
+    /// A one-round-trip batch is its own transaction: one sent while a locked batch was left
+    /// open (its write never sent) ends that one first instead of running inside it,
+    /// uncommitted, with the lock held.
+    #[test]
+    fn a_batch_call_after_a_lock_left_open_commits_and_frees_the_lock() {
+        let Some((pg, _)) = backend("leftopen") else {
+            return;
+        };
+        let (ops, first_tail) = batch(0, 1);
+        assert!(pg
+            .write_expecting(ops, &Tail::default().encode(), CommitFlush::AtCommit)
+            .unwrap());
+        assert!(pg.lock_for_write(1, &[]).unwrap().is_some());
+        let (ops, _) = batch(1, 2);
+        assert!(pg
+            .write_expecting(ops, &first_tail, CommitFlush::AtCommit)
+            .unwrap());
+        // Committed: another session sees it.
+        let twin = pg.durable_reader().expect("a writable open has one");
+        assert!(twin
+            .get(Space::Events, &keys::event_key("t", 1))
+            .unwrap()
+            .is_some());
+        // And the lock is free: the writer takes it again, and gives it up.
+        assert!(pg.lock_for_write(2, &[]).unwrap().is_some());
+        pg.unlock_write();
     }
 
     #[test]
