@@ -560,6 +560,26 @@ fn raw(schema: &str) -> (tokio::runtime::Runtime, tokio_postgres::Client) {
     (runtime, client)
 }
 
+/// Whether a session comes to wait for a lock the server process `pid` holds (asked of the
+/// server over `watch` until it does, for up to a minute).
+fn blocked_by(runtime: &tokio::runtime::Runtime, watch: &tokio_postgres::Client, pid: i32) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while std::time::Instant::now() < deadline {
+        let row = runtime
+            .block_on(watch.query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE wait_event_type = 'Lock' AND $1 = ANY(pg_blocking_pids(pid))",
+                &[&pid],
+            ))
+            .unwrap();
+        if row.get::<_, i64>(0) == 1 {
+            return true;
+        }
+        std::thread::yield_now();
+    }
+    false
+}
+
 /// How a node of the build before schema version 3 began each batch.
 const OLD_LOCK: &str = "BEGIN; SELECT id FROM dtask_writer WHERE id = 1 FOR UPDATE";
 
@@ -592,21 +612,8 @@ fn an_upgrade_fences_off_the_nodes_of_the_earlier_version() {
     });
     // The upgrade waits on the earlier node's lock (seen from the server's side) …
     let (watch_runtime, watch) = raw(&schema);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    let mut waiting = false;
-    while !waiting && std::time::Instant::now() < deadline {
-        let row = watch_runtime
-            .block_on(watch.query_one(
-                "SELECT count(*) FROM pg_stat_activity \
-                 WHERE wait_event_type = 'Lock' AND $1 = ANY(pg_blocking_pids(pid))",
-                &[&old_pid],
-            ))
-            .unwrap();
-        waiting = row.get::<_, i64>(0) == 1;
-        std::thread::yield_now();
-    }
     assert!(
-        waiting,
+        blocked_by(&watch_runtime, &watch, old_pid),
         "the upgrade did not wait for the earlier node's batch"
     );
     assert!(!upgrading.is_finished());
@@ -657,21 +664,8 @@ fn the_batch_call_waits_for_the_writer_lock_an_earlier_node_holds() {
         move || journal.append("a", 1, &[update(1)]).map(|_| ())
     });
     let (watch_runtime, watch) = raw(&schema);
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    let mut waiting = false;
-    while !waiting && std::time::Instant::now() < deadline {
-        let row = watch_runtime
-            .block_on(watch.query_one(
-                "SELECT count(*) FROM pg_stat_activity \
-                 WHERE wait_event_type = 'Lock' AND $1 = ANY(pg_blocking_pids(pid))",
-                &[&old_pid],
-            ))
-            .unwrap();
-        waiting = row.get::<_, i64>(0) == 1;
-        std::thread::yield_now();
-    }
     assert!(
-        waiting,
+        blocked_by(&watch_runtime, &watch, old_pid),
         "the append did not wait for the earlier node's lock"
     );
     assert!(!appending.is_finished());
