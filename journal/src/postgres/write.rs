@@ -23,7 +23,8 @@ pub(crate) fn typed(params: &Params) -> Vec<(&(dyn ToSql + Sync), Type)> {
 }
 
 /// What a batch leaves behind, table by table: for each key only the batch's last op counts
-/// (a notification enqueued and acknowledged in one batch leaves nothing).
+/// (a notification enqueued and acknowledged in one batch leaves only its deletion, of a row
+/// that never was).
 #[derive(Default)]
 struct Rows {
     records: (Vec<String>, Vec<i64>, Vec<i64>, Vec<Vec<u8>>),
@@ -41,6 +42,27 @@ fn task(key: &[u8]) -> Result<String> {
 }
 
 impl Rows {
+    /// The rows `ops` leave behind.
+    fn of(ops: Vec<BatchOp>) -> Result<Self> {
+        let mut last: Last = BTreeMap::new();
+        for op in ops {
+            let (space, key, value) = match op {
+                BatchOp::Put { space, key, value } => (space, key, Some(value)),
+                BatchOp::Delete { space, key } => (space, key, None),
+                // Its rows are read by index: a finished stream stays where it is.
+                BatchOp::Retire { .. } => continue,
+            };
+            let tag = Space::ALL.iter().position(|s| *s == space).unwrap_or(0);
+            last.insert((tag, key.into_vec()), value.map(OpBytes::into_vec));
+        }
+        let mut rows = Rows::default();
+        for ((tag, key), value) in last {
+            rows.add(Space::ALL[tag], key, value)?;
+        }
+        Ok(rows)
+    }
+
+    /// Adds the last op of `key` in `space`: its value, or its deletion (`None`).
     fn add(&mut self, space: Space, key: Vec<u8>, value: Option<Vec<u8>>) -> Result<()> {
         match (space, value) {
             (Space::Events, Some(record)) => {
@@ -119,28 +141,6 @@ pub(crate) fn batch_call(
 /// The call of `dtask_write_batch`, with the arguments [`batch_call`] makes.
 const WRITE_BATCH: &str = "SELECT dtask_write_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, \
                            $11, $12, $13, $14, $15, $16, $17, $18)";
-
-impl Rows {
-    /// The rows `ops` leave behind.
-    fn of(ops: Vec<BatchOp>) -> Result<Self> {
-        let mut last: Last = BTreeMap::new();
-        for op in ops {
-            let (space, key, value) = match op {
-                BatchOp::Put { space, key, value } => (space, key, Some(value)),
-                BatchOp::Delete { space, key } => (space, key, None),
-                // Its rows are read by index: a finished stream stays where it is.
-                BatchOp::Retire { .. } => continue,
-            };
-            let tag = Space::ALL.iter().position(|s| *s == space).unwrap_or(0);
-            last.insert((tag, key.into_vec()), value.map(OpBytes::into_vec));
-        }
-        let mut rows = Rows::default();
-        for ((tag, key), value) in last {
-            rows.add(Space::ALL[tag], key, value)?;
-        }
-        Ok(rows)
-    }
-}
 
 /// The last value (or deletion) of each (space, key) of a batch.
 type Last = BTreeMap<(usize, Vec<u8>), Option<Vec<u8>>>;
