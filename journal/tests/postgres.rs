@@ -677,6 +677,43 @@ fn the_batch_call_waits_for_the_writer_lock_an_earlier_node_holds() {
     assert_eq!(reader.read_stream("a", 0).count(), 2);
 }
 
+/// `dtask_write_batch`'s `sync_at_commit` turns `synchronous_commit` on for the rest of the
+/// transaction that called it — its commit waits for the flush — on a session whose commits do
+/// not (the writer's); without it the session's setting stands.
+#[test]
+fn the_batch_call_makes_its_commit_wait_for_the_flush_when_asked() {
+    let Some(url) = url("call-flush") else {
+        return;
+    };
+    let schema = url.rsplit_once("schema=").unwrap().1.to_owned();
+    drop(open(&url));
+    let (runtime, client) = raw(&schema);
+    let setting = |sync_at_commit: bool| -> String {
+        runtime.block_on(async {
+            client
+                .batch_execute("BEGIN; SET LOCAL synchronous_commit TO off")
+                .await
+                .unwrap();
+            client
+                .execute(
+                    "SELECT dtask_write_batch(NULL, $1, '{}', '{}', '{}', '{}', '{}', '{}', \
+                     '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', '{}', NULL)",
+                    &[&sync_at_commit],
+                )
+                .await
+                .unwrap();
+            let row = client
+                .query_one("SHOW synchronous_commit", &[])
+                .await
+                .unwrap();
+            client.batch_execute("ROLLBACK").await.unwrap();
+            row.get(0)
+        })
+    };
+    assert_eq!(setting(true), "on");
+    assert_eq!(setting(false), "off");
+}
+
 /// The writer lock is held in the server's memory for the transaction, and is the journal's
 /// own: while one journal's is held, another journal's (another schema) is free, and its
 /// appends go on.
