@@ -11,9 +11,10 @@
 //! marker the last writer of any process committed and the tasks written since this
 //! writer's last batch (in the same round trip), checks every append's expected position
 //! against the heads as committed, and writes the records, the indexes and the new tail (one
-//! call of the function `dtask_write_batch`, module `write`) — then commits. The lock is held until that commit, so the global sequences are handed out
-//! in commit order, without gaps: a reader of the commit order that has seen sequence `n`
-//! has seen every record before it (see `docs/postgres.md`).
+//! call of the function `dtask_write_batch`, module `write`) — then commits. The lock is
+//! held until that commit, so the global sequences are handed out in commit order, without
+//! gaps: a reader of the commit order that has seen sequence `n` has seen every record
+//! before it (see `docs/postgres.md`).
 //!
 //! The writer's commits do not wait for the database's flush: [`PgBackend::sync`], on the
 //! syncer's connection, makes them durable after, finding the last record committed again

@@ -177,13 +177,31 @@ pub(crate) async fn call(
     client: &Session,
     params: &Params,
 ) -> std::result::Result<(), tokio_postgres::Error> {
+    let statement = prepared(client, params).await?;
+    send(client, &statement, params).await
+}
+
+/// `dtask_write_batch`'s call prepared on `client` for `params`' types (once per connection:
+/// no round trip after the first).
+async fn prepared(
+    client: &Session,
+    params: &Params,
+) -> std::result::Result<tokio_postgres::Statement, tokio_postgres::Error> {
     let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
-    let statement = client.statement(WRITE_BATCH, &types).await?;
+    client.statement(WRITE_BATCH, &types).await
+}
+
+/// Sends the prepared call with `params` when first polled.
+async fn send(
+    client: &Session,
+    statement: &tokio_postgres::Statement,
+    params: &Params,
+) -> std::result::Result<(), tokio_postgres::Error> {
     let values: Vec<&(dyn ToSql + Sync)> = params
         .iter()
         .map(|(p, _)| p.as_ref() as &(dyn ToSql + Sync))
         .collect();
-    client.execute(&statement, &values).await.map(|_| ())
+    client.execute(statement, &values).await.map(|_| ())
 }
 
 /// Writes a batch in the transaction open on `client` (which holds the writer lock) and
@@ -194,12 +212,14 @@ pub(crate) async fn write_and_commit(
     params: Params,
 ) -> std::result::Result<(), tokio_postgres::Error> {
     let run = async {
-        // Prepared before anything is sent (once per connection), so that the call is sent
-        // when first polled, and the commit behind it.
-        let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
-        client.statement(WRITE_BATCH, &types).await?;
-        let (written, committed) =
-            futures_util::future::join(call(client, &params), client.batch_execute("COMMIT")).await;
+        // Prepared before anything is sent, so that the call goes out when first polled and
+        // the commit behind it.
+        let statement = prepared(client, &params).await?;
+        let (written, committed) = futures_util::future::join(
+            send(client, &statement, &params),
+            client.batch_execute("COMMIT"),
+        )
+        .await;
         written?;
         committed
     };
@@ -312,11 +332,15 @@ mod tests {
         }
     }
 
+    /// The migration that creates `dtask_write_batch`.
+    const MIGRATION: &str = include_str!("../../migrations/postgres/0004_write_batch.sql");
+
     /// The SQL type of each parameter of `dtask_write_batch`, as its migration declares them.
     fn declared() -> Vec<String> {
-        let sql = include_str!("../../migrations/postgres/0004_write_batch.sql");
-        let start = sql.find("CREATE FUNCTION dtask_write_batch(").unwrap();
-        let list = &sql[start..];
+        let start = MIGRATION
+            .find("CREATE FUNCTION dtask_write_batch(")
+            .unwrap();
+        let list = &MIGRATION[start..];
         let list = &list[list.find('(').unwrap() + 1..list.find(") RETURNS").unwrap()];
         list.split(',')
             .map(|param| param.split_whitespace().nth(1).unwrap().to_owned())
@@ -331,8 +355,7 @@ mod tests {
         assert_eq!(params.len(), declared.len());
         assert_eq!(WRITE_BATCH.matches('$').count(), declared.len());
         // The notice goes where the listeners listen.
-        let sql = include_str!("../../migrations/postgres/0004_write_batch.sql");
-        assert!(sql.contains(&format!(
+        assert!(MIGRATION.contains(&format!(
             "pg_notify('{}', notice)",
             super::super::listen::CHANNEL
         )));
