@@ -184,10 +184,13 @@ fn baseline(base: &str, table: &str, callers: usize, multi: bool, secs: f64) -> 
     );
     let insert =
         format!("INSERT INTO {table} (task, data) SELECT * FROM unnest($1::text[], $2::bytea[])");
-    let data: Vec<Vec<u8>> = vec![vec![7u8; 120]; batch];
+    // Every commit of a worker sends the same rows, made once.
+    let data: Param = Arc::new(vec![vec![7u8; 120]; batch]);
+    let tasks: Vec<Param> = (0..workers)
+        .map(|w| Arc::new((0..batch).map(|i| format!("w{w}-{i}")).collect::<Vec<_>>()) as Param)
+        .collect();
     inserts(base, &create, &insert, workers, secs, move |w, _| {
-        let tasks: Vec<String> = (0..batch).map(|i| format!("w{w}-{i}")).collect();
-        (batch as u64, vec![Box::new(tasks), Box::new(data.clone())])
+        (batch as u64, vec![Arc::clone(&tasks[w]), Arc::clone(&data)])
     })
 }
 
@@ -207,27 +210,33 @@ fn journal_rows(base: &str, schema: &str, callers: usize, secs: f64) -> f64 {
         "INSERT INTO {table} (task, position, seq, record) \
          SELECT * FROM unnest($1::text[], $2::int8[], $3::int8[], $4::bytea[])"
     );
-    let tasks: Vec<String> = (0..callers).map(|i| format!("{table}-c{i}-0")).collect();
-    let records: Vec<Vec<u8>> = vec![vec![7u8; 92]; callers];
+    let tasks: Param = Arc::new(
+        (0..callers)
+            .map(|i| format!("{table}-c{i}-0"))
+            .collect::<Vec<_>>(),
+    );
+    let records: Param = Arc::new(vec![vec![7u8; 92]; callers]);
     let c = i64::try_from(callers).unwrap();
     inserts(base, &create, &insert, 1, secs, move |_, k| {
         let k = k.cast_signed();
-        let positions = vec![k; callers];
-        let sequences: Vec<i64> = (0..c).map(|i| k * c + i + 1).collect();
+        let positions: Param = Arc::new(vec![k; callers]);
+        let sequences: Param = Arc::new((0..c).map(|i| k * c + i + 1).collect::<Vec<_>>());
         (
             callers as u64,
             vec![
-                Box::new(tasks.clone()),
-                Box::new(positions),
-                Box::new(sequences),
-                Box::new(records.clone()),
+                Arc::clone(&tasks),
+                positions,
+                sequences,
+                Arc::clone(&records),
             ],
         )
     })
 }
 
+/// A parameter of a baseline's insert, shared by the commits that send the same value.
+type Param = Arc<dyn tokio_postgres::types::ToSql + Sync + Send>;
 /// A commit's parameters.
-type Params = Vec<Box<dyn tokio_postgres::types::ToSql + Sync + Send>>;
+type Params = Vec<Param>;
 
 /// Rows per second of `workers` connections committing `insert` in a loop
 /// (`synchronous_commit` on) for `secs`, once `create` has set up its table; `params(w, k)`
