@@ -706,9 +706,25 @@ fn main() {
             if callers == 64 {
                 at_64.push(round_of);
             }
+            drop_round(&base, &format!("b{stamp}_{callers}_{round}"));
         }
     }
     print_targets(&at_64);
+}
+
+/// Drops what a round made: its journals' schemas (`{prefix}_a`, `_b`, `_j`) and the
+/// baselines' tables, so that runs leave nothing behind in the database.
+fn drop_round(base: &str, prefix: &str) {
+    on_connection(base, false, |client| async move {
+        client
+            .batch_execute(&format!(
+                "DROP SCHEMA IF EXISTS \"{prefix}_a\", \"{prefix}_b\", \"{prefix}_j\" CASCADE; \
+                 DROP TABLE IF EXISTS dtask_bench_single, dtask_bench_multi, dtask_bench_rows, \
+                 dtask_bench_group"
+            ))
+            .await
+            .unwrap();
+    });
 }
 
 /// One round's figures at C = 64, for the target lines.
