@@ -37,7 +37,7 @@
 #![allow(clippy::unwrap_used, clippy::cast_precision_loss, missing_docs)]
 
 use clap::Parser;
-use dtask::journal::{Event, Journal, JournalOptions, Timestamp};
+use dtask::journal::{Event, Journal, JournalOptions};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -46,15 +46,9 @@ use common::file_log;
 
 const VALUE_BYTES: usize = 200;
 
+/// A writer's `i`-th record: a progress update of [`VALUE_BYTES`] or so.
 fn update(i: u64) -> Event {
-    Event::UpdateAppended {
-        attempt: 1,
-        event_id: format!("e{i}"),
-        kind: "progress".into(),
-        data: vec![7; VALUE_BYTES - 40],
-        metadata: vec![],
-        at: Timestamp(i),
-    }
+    common::update(i, VALUE_BYTES - 40)
 }
 
 /// `--max-batch N`: [`JournalOptions::max_batch_appends`] for dtask's columns.
@@ -145,26 +139,7 @@ fn dtask_async_appends(writers: usize, secs: f64) -> f64 {
     let threads = common::ThreadTimes::start(
         OWED.load(Ordering::Relaxed) || BREAKDOWN.load(Ordering::Relaxed),
     );
-    let rate = common::closed_loop(
-        writers,
-        secs,
-        |t, stop, done| {
-            let journal = journal.clone();
-            async move {
-                let task = format!("task-{t:04}");
-                let mut position = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    journal
-                        .append_async(&task, position, &[update(position)])
-                        .await
-                        .unwrap();
-                    position += 1;
-                    done.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        },
-        || threads.stop(),
-    );
+    let rate = common::append_loop(&journal, writers, secs, VALUE_BYTES - 40, || threads.stop());
     if let Some(breakdown) = breakdown {
         breakdown.print(secs, writers);
     }

@@ -40,7 +40,7 @@
 mod common;
 
 use clap::Parser;
-use dtask::journal::{Event, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp};
+use dtask::journal::{Journal, JournalOptions, LeasePolicy, TaskSpec};
 use dtask_engine::{Command, CreateRequest, StoreConfig, SystemClock, TaskStore, UpdateRequest};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -243,9 +243,9 @@ fn journal_rows(base: &str, schema: &str, callers: usize, secs: f64) -> f64 {
 }
 
 /// The journal's own durable appends per second on PostgreSQL, without the engine: `callers`
-/// closed-loop writers (tokio tasks on a two-thread runtime), each appending one progress
-/// update (a record of ~92 bytes, as the workload's) to a task of its own and waiting for it
-/// before the next — the journal bench's dtask column, on this database. Against
+/// closed-loop writers ([`common::append_loop`]), each appending one progress update (12
+/// bytes of data: a record of ~92 bytes, as the workload's) to a task of its own and
+/// waiting for it before the next — the journal bench's dtask column, on this database. Against
 /// [`group_commit`], what the journal's write path costs beyond a closed loop's limit.
 fn journal_appends(
     base: &str,
@@ -257,34 +257,7 @@ fn journal_appends(
     let journal =
         Journal::open_postgres(&schema_url(base, schema), JournalOptions::default()).unwrap();
     journal.observe(Arc::clone(counter) as Arc<dyn dtask::journal::WriteObserver>);
-    common::closed_loop(
-        callers,
-        secs,
-        |caller, stop, done| {
-            let journal = journal.clone();
-            async move {
-                let task = format!("{caller:04}");
-                let mut position = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    let update = Event::UpdateAppended {
-                        attempt: 1,
-                        event_id: format!("e{position}"),
-                        kind: "step".into(),
-                        data: vec![7; 16],
-                        metadata: vec![],
-                        at: Timestamp(position),
-                    };
-                    journal
-                        .append_async(&task, position, &[update])
-                        .await
-                        .unwrap();
-                    position += 1;
-                    done.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-        },
-        || {},
-    )
+    common::append_loop(&journal, callers, secs, 12, || {})
 }
 
 /// The closed-loop group commit of the journal's rows: `callers` writers (tokio tasks on a

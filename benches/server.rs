@@ -29,7 +29,7 @@
 )]
 
 use clap::Parser;
-use dtask::journal::{Event, Journal, JournalOptions, Timestamp};
+use dtask::journal::{Event, Journal, JournalOptions};
 use dtask::server::{Server, ServerConfig};
 use dtask_engine::{StoreConfig, SystemClock, TaskStore};
 use futures::StreamExt;
@@ -201,15 +201,9 @@ fn list_part(args: &Args) {
     );
 }
 
+/// A writer's `i`-th record: a progress update with 100 bytes of data.
 fn update(i: u64) -> Event {
-    Event::UpdateAppended {
-        attempt: 1,
-        event_id: format!("e{i}"),
-        kind: "progress".into(),
-        data: vec![7; 100],
-        metadata: vec![],
-        at: Timestamp(i),
-    }
+    common::update(i, 100)
 }
 
 /// One subscriber of the commit stream: the highest sequence it has seen. It reads the raw

@@ -238,6 +238,50 @@ fn fill_journal_with(
     journal.expect("one pass at least")
 }
 
+/// The `i`-th progress update of a bench's writer, with `data_bytes` bytes of data.
+pub fn update(i: u64, data_bytes: usize) -> Event {
+    Event::UpdateAppended {
+        attempt: 1,
+        event_id: format!("e{i}"),
+        kind: "progress".into(),
+        data: vec![7; data_bytes],
+        metadata: vec![],
+        at: Timestamp(i),
+    }
+}
+
+/// The journal's durable appends per second of `writers` closed-loop writers (see
+/// [`closed_loop`]), each appending one [`update`] of `data_bytes` to a task of its own and
+/// awaiting it before the next. `on_stop` as for [`closed_loop`].
+pub fn append_loop(
+    journal: &Journal,
+    writers: usize,
+    secs: f64,
+    data_bytes: usize,
+    on_stop: impl FnOnce(),
+) -> f64 {
+    closed_loop(
+        writers,
+        secs,
+        |writer, stop, done| {
+            let journal = journal.clone();
+            async move {
+                let task = format!("task-{writer:04}");
+                let mut position = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    journal
+                        .append_async(&task, position, &[update(position, data_bytes)])
+                        .await
+                        .unwrap();
+                    position += 1;
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        },
+        on_stop,
+    )
+}
+
 /// Runs `writers` closed-loop writers as tokio tasks on a two-thread runtime (as the engine
 /// runs on the two cores) for `secs`. Each is `work(writer, stop, done)`: a loop that adds
 /// what it completes to `done` until `stop` is set. `on_stop` runs once `stop` is set and
