@@ -379,6 +379,37 @@ impl Shared {
     }
 }
 
+/// When a shared store's commit of a batch of `appends` appends is made durable, with
+/// `queued` jobs behind it, after a batch of `last` appends, while a flush is in flight
+/// (`syncing`) or not.
+///
+/// At the commit itself ([`CommitFlush::AtCommit`], one round trip) for a lone caller: a
+/// batch of one append after another such, nobody queued behind it and nothing being
+/// synced, which [`Writer::make_durable`] would sync at once on the writer's thread anyway.
+/// Else by a sync after the commit ([`CommitFlush::AtSync`]): the syncer's if anybody comes
+/// meanwhile, so that the next batch is written during the flush. A batch that finds the
+/// pipeline drained after a larger one is such: the callers of the batches before come back
+/// while it is written, and a commit that waited for the flush would hold them back (at
+/// 64 closed-loop writers on PostgreSQL, a third of the batches found the pipeline drained;
+/// leaving their flush to a sync made the journal's appends ~1.17× and the workload's
+/// ~1.05×: docs/performance-history.md).
+///
+/// [`CommitFlush::AtCommit`]: crate::backend::CommitFlush::AtCommit
+/// [`CommitFlush::AtSync`]: crate::backend::CommitFlush::AtSync
+fn commit_flush(
+    queued: usize,
+    appends: usize,
+    last: usize,
+    syncing: bool,
+) -> crate::backend::CommitFlush {
+    use crate::backend::CommitFlush::{AtCommit, AtSync};
+    if appends <= 1 && last <= 1 && queued == 0 && !syncing {
+        AtCommit
+    } else {
+        AtSync
+    }
+}
+
 /// An accepted append waiting for its acknowledgement.
 struct Ack {
     to: Recipient,
@@ -427,6 +458,9 @@ pub(crate) struct Writer {
     /// [`IDLE_STREAK`] before anything is written): at [`IDLE_STREAK`] the journal counts as
     /// idle, and the next append may be written by its caller.
     lone_streak: u32,
+    /// On a shared store: how many appends the last batch committed held (see
+    /// [`commit_flush`]).
+    last_appends: usize,
     /// [`crate::JournalOptions::keep_finished_apart`].
     finished_apart: bool,
     /// The framing of the journal's records (named in its `meta` space).
@@ -545,6 +579,7 @@ impl Writer {
             tail,
             tail_is_ours: false,
             lone_streak: IDLE_STREAK,
+            last_appends: 0,
             finished_apart: false,
             record_format: RecordFormat::NEWEST,
             close_budget: Duration::ZERO,
@@ -1324,6 +1359,7 @@ impl Writer {
             fail_jobs(batch, &Error::storage(message));
             return Done(None);
         }
+        let flush = self.commit_flush(queued, appended.len());
         let observed = self.shared.observer().map(|observer| {
             let batch = BatchWritten {
                 appends: appended.len(),
@@ -1335,7 +1371,6 @@ impl Writer {
             };
             (observer, batch, Instant::now())
         });
-        let flush = self.commit_flush(queued);
         match self
             .backend
             .write_expecting(ops, &self.tail.encode(), flush)
@@ -1466,6 +1501,11 @@ impl Writer {
             return None;
         }
         self.start_compactions();
+        let flush = if locked {
+            self.commit_flush(queued, accepted.len())
+        } else {
+            crate::backend::CommitFlush::AtSync
+        };
         let observed = self.shared.observer().map(|observer| {
             let records = usize::try_from(seq - self.next_seq).unwrap_or(usize::MAX);
             let batch = BatchWritten {
@@ -1480,7 +1520,7 @@ impl Writer {
         });
         // The sync, if any, is the syncer's: this write only reaches the OS's buffers.
         let result = if locked {
-            self.backend.write_locked(ops, self.commit_flush(queued))
+            self.backend.write_locked(ops, flush)
         } else {
             self.backend.write(ops, Durability::Buffered)
         };
@@ -1515,17 +1555,13 @@ impl Writer {
         self.heads.clear();
     }
 
-    /// When a shared store's commit of the batch being written is made durable: at the
-    /// commit, for a lone batch — nobody queued behind it (`queued`), nothing being synced —
-    /// which [`Writer::make_durable`] would sync at once on this thread anyway; else by the
-    /// syncer, so that the next batch is written during the flush.
-    fn commit_flush(&self, queued: usize) -> crate::backend::CommitFlush {
-        use crate::backend::CommitFlush::{AtCommit, AtSync};
-        if queued == 0 && self.shared.in_flight.load(Ordering::Acquire) == 0 {
-            AtCommit
-        } else {
-            AtSync
-        }
+    /// When a shared store's commit of the batch being written, of `appends` appends with
+    /// `queued` jobs behind it, is made durable ([`commit_flush`]); notes the batch's size
+    /// for the next one's choice.
+    fn commit_flush(&mut self, queued: usize, appends: usize) -> crate::backend::CommitFlush {
+        let last = std::mem::replace(&mut self.last_appends, appends);
+        let syncing = self.shared.in_flight.load(Ordering::Acquire) != 0;
+        commit_flush(queued, appends, last, syncing)
     }
 
     /// Notes the streams a written batch finished (in its order): each whose move waits
@@ -2292,6 +2328,27 @@ mod tests {
         let (journal, backend) = faulty_with(dir.path(), options);
         append_from_caller(&journal, "t", 0, 3);
         assert_eq!(backend.take_synced_on(), ["dtask-journal-writer"; 3]);
+    }
+
+    #[test]
+    fn only_a_lone_caller_has_its_shared_commit_wait_for_the_flush() {
+        use crate::backend::CommitFlush::{AtCommit, AtSync};
+        // One caller after another: one round trip each.
+        assert_eq!(super::commit_flush(0, 1, 1, false), AtCommit);
+        assert_eq!(
+            super::commit_flush(0, 1, 0, false),
+            AtCommit,
+            "the first batch"
+        );
+        // Anybody behind it, a flush in flight or a batch of several: the flush is a sync's,
+        // so that the next batch may be written meanwhile.
+        assert_eq!(super::commit_flush(1, 1, 1, false), AtSync);
+        assert_eq!(super::commit_flush(0, 1, 1, true), AtSync);
+        assert_eq!(super::commit_flush(0, 2, 1, false), AtSync);
+        // A batch that finds the pipeline drained after a larger one: its callers' peers
+        // come back while it is written.
+        assert_eq!(super::commit_flush(0, 1, 27, false), AtSync);
+        assert_eq!(super::commit_flush(0, 27, 27, false), AtSync);
     }
 
     #[test]
