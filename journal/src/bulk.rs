@@ -20,6 +20,8 @@ const SKIP_LIMIT: usize = 16;
 /// A cursor with what is known of its position.
 pub(crate) struct Positioned<'a> {
     cursor: Box<dyn Cursor + 'a>,
+    /// How many entries [`Positioned::reach`] steps over before it seeks instead.
+    skip_limit: usize,
     /// The cursor stands at the first key at or after this one; `None` before the first seek
     /// and after an error.
     at: Option<Vec<u8>>,
@@ -28,7 +30,17 @@ pub(crate) struct Positioned<'a> {
 impl<'a> Positioned<'a> {
     /// A cursor not positioned yet.
     pub(crate) fn new(cursor: Box<dyn Cursor + 'a>) -> Self {
-        Self { cursor, at: None }
+        Self::with_skip_limit(cursor, SKIP_LIMIT)
+    }
+
+    /// A cursor not positioned yet, that steps over up to `skip_limit` entries before it
+    /// seeks (none: it always seeks).
+    pub(crate) fn with_skip_limit(cursor: Box<dyn Cursor + 'a>, skip_limit: usize) -> Self {
+        Self {
+            cursor,
+            skip_limit,
+            at: None,
+        }
     }
 
     /// The current key.
@@ -50,7 +62,7 @@ impl<'a> Positioned<'a> {
                     if key >= target {
                         break;
                     }
-                    if steps == SKIP_LIMIT {
+                    if steps == self.skip_limit {
                         self.cursor.seek(target);
                         break;
                     }

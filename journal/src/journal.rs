@@ -635,6 +635,49 @@ impl Journal {
             .map_err(|_| Error::Closed)?
     }
 
+    /// [`Journal::append_linked_async`] in two steps: this submits the append (`linked` may
+    /// be empty) and returns its [`PendingAppend`], which resolves to the outcome. Once
+    /// submitted, an append is written whatever becomes of its caller: dropping the pending
+    /// append forgets the outcome, not the append. A caller that keeps state derived from
+    /// the journal and may be dropped mid-call (a future under `timeout` or `select!`) keeps
+    /// the pending append when it is, to learn the outcome before it trusts that state again.
+    ///
+    /// ```
+    /// use dtask_journal::{Event, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp};
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let dir = tempfile::tempdir()?;
+    /// let journal = Journal::open(dir.path(), JournalOptions::default())?;
+    /// let created = Event::Created {
+    ///     spec: TaskSpec { id: "t1".into(), executor_key: "shell".into(), ..TaskSpec::default() },
+    ///     policy: LeasePolicy::Retry,
+    ///     checkpoint: vec![],
+    ///     context_snapshot: vec![],
+    ///     at: Timestamp(1_700_000_000_000),
+    /// };
+    /// let pending = journal.submit_linked_async("t1", 0, &[created], &[]).await?;
+    /// // Submitted: written even if `pending` were dropped now.
+    /// let appended = pending.await?;
+    /// assert_eq!(appended.next_position, 1);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// Those of [`Journal::append_linked_async`] found before the append is submitted (bad
+    /// input, a closed or read-only journal); the rest come from the pending append.
+    pub async fn submit_linked_async(
+        &self,
+        task: &str,
+        expected_position: u64,
+        events: &[Event],
+        linked: &[(&str, u64, &[Event])],
+    ) -> Result<PendingAppend> {
+        let reply = self
+            .submit_async(task, expected_position, events, linked)
+            .await?;
+        Ok(PendingAppend { reply })
+    }
+
     /// [`Journal::submit`] for asynchronous callers. One that finds the journal idle (where
     /// it could write inline) yields once first, counted as intending to ([`Shared::intend`]
     /// in the writer's module): appends made together by one task — polled one after the
@@ -861,13 +904,21 @@ impl Journal {
 
     /// [`Journal::task_ids`] from the first id after `after` (every id when `None`): one seek,
     /// whatever the number of ids before it — what a paginated listing resumes from.
+    ///
+    /// On a shared store (PostgreSQL) the cursor steps from one task to the next over up to
+    /// a first page of records rather than seeking past them: a seek there is a query, a
+    /// step reads the page already fetched (listing 16k tasks of ~10 records took a fourth of
+    /// the time). On RocksDB, where a seek is cheaper than ten steps, it seeks.
     pub fn task_ids_from(&self, after: Option<&str>) -> impl Iterator<Item = Result<String>> + '_ {
-        let mut cursor = self.inner.backend.cursor(Space::Events);
+        let backend = &self.inner.backend;
+        let skip_limit = if backend.is_shared() { 64 } else { 0 };
+        let mut cursor =
+            crate::bulk::Positioned::with_skip_limit(backend.cursor(Space::Events), skip_limit);
         let mut done = false;
         match after {
-            None => cursor.seek(&[]),
+            None => cursor.reach(&[]),
             Some(after) => match crate::backend::prefix_end(&keys::task_prefix(after)) {
-                Some(next) => cursor.seek(&next),
+                Some(next) => cursor.reach(&next),
                 None => done = true,
             },
         }
@@ -885,12 +936,12 @@ impl Journal {
                     let problem = Error::corruption(&String::from_utf8_lossy(key), 0, kind);
                     let mut after = key.to_vec();
                     after.push(0);
-                    cursor.seek(&after);
+                    cursor.reach(&after);
                     return Some(Err(problem));
                 }
             };
             match crate::backend::prefix_end(&keys::task_prefix(&task)) {
-                Some(next) => cursor.seek(&next),
+                Some(next) => cursor.reach(&next),
                 None => done = true,
             }
             Some(Ok(task))
@@ -2057,6 +2108,27 @@ impl Iterator for StreamReader<'_> {
                 Some(Err(missing))
             }
         }
+    }
+}
+
+/// An append submitted to the journal's writer ([`Journal::submit_linked_async`]): a future
+/// of its outcome. The append does not depend on it: dropped, only the outcome is lost.
+#[derive(Debug)]
+#[must_use = "the append is written either way; its outcome is only known by awaiting this"]
+pub struct PendingAppend {
+    reply: oneshot::Receiver<Result<Appended>>,
+}
+
+impl std::future::Future for PendingAppend {
+    type Output = Result<Appended>;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        std::pin::Pin::new(&mut self.reply)
+            .poll(cx)
+            .map(|reply| reply.map_err(|_| Error::Closed)?)
     }
 }
 

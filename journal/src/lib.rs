@@ -77,7 +77,7 @@ pub use head::Head;
 #[doc(hidden)]
 pub use journal::{CommitBatches, RawCommits, RecordFetcher};
 pub use journal::{
-    Committed, Frozen, Journal, LiveRepair, StreamReader, JOURNAL_FORMAT_VERSION,
+    Committed, Frozen, Journal, LiveRepair, PendingAppend, StreamReader, JOURNAL_FORMAT_VERSION,
     OLDEST_JOURNAL_FORMAT_VERSION,
 };
 pub use keys::Space;

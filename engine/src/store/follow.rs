@@ -65,7 +65,7 @@ impl TaskStore {
                     Err(StoreError::NotFound(_)) => return Ok(()),
                     Err(e) => return Err(e),
                 };
-                if slot.task.lock().await.state.status == Status::Pending {
+                if self.lock(&slot).await?.state.status == Status::Pending {
                     self.inner
                         .pending_epoch
                         .send_modify(|e| *e = e.wrapping_add(1));
@@ -74,7 +74,7 @@ impl TaskStore {
             // Otherwise a task this store does not hold: read on demand when asked for.
             return Ok(());
         };
-        let mut task = slot.task.lock().await;
+        let mut task = self.lock(&slot).await?;
         let position = task.state.position;
         if record.position < position {
             return Ok(());

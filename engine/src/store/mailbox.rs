@@ -101,7 +101,7 @@ impl TaskStore {
     pub async fn send_input(&self, id: &str, request: InputRequest) -> Result<(InputRecord, bool)> {
         decide::validate_input(id, &request, self.config())?;
         let slot = self.slot(id)?;
-        let mut task = slot.task.lock().await;
+        let mut task = self.lock(&slot).await?;
         let now = self.now();
         self.resolve_expiry(&slot, &mut task, now).await?;
         match decide::input(&task, request, now)? {
@@ -148,7 +148,7 @@ impl TaskStore {
     pub async fn list_inputs(&self, id: &str, after: u64, limit: i64) -> Result<InputPage> {
         let slot = self.slot(id)?;
         let (state, positions) = {
-            let task = slot.task.lock().await;
+            let task = self.lock(&slot).await?;
             let skip = usize::try_from(after).unwrap_or(usize::MAX);
             let positions: Vec<u64> = task
                 .layer()
@@ -177,7 +177,7 @@ impl TaskStore {
         let mut changes = slot.subscribe();
         loop {
             {
-                let task = slot.task.lock().await;
+                let task = self.lock(&slot).await?;
                 if task.state.mailbox.latest > after || task.state.mailbox_sealed() {
                     break;
                 }
@@ -205,7 +205,7 @@ impl TaskStore {
             ));
         }
         let slot = self.slot(id)?;
-        let mut task = slot.task.lock().await;
+        let mut task = self.lock(&slot).await?;
         let now = self.now();
         self.resolve_expiry(&slot, &mut task, now).await?;
         if let Decision::Write(events) = decide::advance_cursor(&task.state, &request, now)? {
@@ -226,7 +226,7 @@ impl TaskStore {
             return Err(StoreError::invalid("expected version", "must be positive"));
         }
         let slot = self.slot(id)?;
-        let mut task = slot.task.lock().await;
+        let mut task = self.lock(&slot).await?;
         let now = self.now();
         self.resolve_expiry(&slot, &mut task, now).await?;
         if let Decision::Write(events) = decide::publish(&task.state, expected_version, now)? {
@@ -249,7 +249,7 @@ impl TaskStore {
         let slot = self.slot(parent)?;
         let limit = self.config().page(limit);
         let ids: Vec<String> = {
-            let task = slot.task.lock().await;
+            let task = self.lock(&slot).await?;
             let lower = match cursor {
                 None => Bound::Unbounded,
                 Some(c) => {

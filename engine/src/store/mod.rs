@@ -15,6 +15,7 @@ mod follow;
 mod mailbox;
 mod outbox;
 mod request;
+mod unsettled;
 mod updates;
 
 pub use config::StoreConfig;
@@ -75,6 +76,9 @@ struct Slot {
     /// tasks never have one, and a watch channel is ~400 bytes (a quarter of a recovered
     /// task's memory before it was made lazy).
     changes: OnceLock<watch::Sender<Change>>,
+    /// Whether `task` may be behind the journal: a write's caller was dropped with its
+    /// append in flight ([`unsettled`]); [`TaskStore::lock`] settles it.
+    unsettled: unsettled::Unsettled,
 }
 
 impl Slot {
@@ -87,6 +91,7 @@ impl Slot {
             task: tokio::sync::Mutex::new(task),
             latest: Mutex::new(change),
             changes: OnceLock::new(),
+            unsettled: unsettled::Unsettled::default(),
         })
     }
 
@@ -575,16 +580,72 @@ impl TaskStore {
         Ok(slot)
     }
 
-    /// Appends `events` at the end of `id`'s stream, `position` records long: the one
-    /// durable step of every write. A conflict (another writer advanced the stream, or — at
-    /// position 0 — the task exists) is handed back for the caller to interpret.
-    async fn append(&self, id: &str, position: u64, events: &[Event]) -> Result<Appended> {
-        match self.inner.journal.append_async(id, position, events).await {
+    /// Locks `slot`'s task — after settling what a write dropped mid-flight left behind
+    /// ([`unsettled`]): the append's outcome awaited, the task refolded from the journal.
+    /// Every decision on a task is made under this lock.
+    ///
+    /// # Errors
+    /// The journal's, when the task cannot be refolded.
+    async fn lock<'a>(&self, slot: &'a Slot) -> Result<tokio::sync::MutexGuard<'a, Task>> {
+        let mut task = slot.task.lock().await;
+        if let Some(signal) = slot.unsettled.signal() {
+            unsettled::settled(signal).await;
+            let id = task.state.spec.id.clone();
+            let before = Placement::of(&task.state);
+            *task = load_task(&self.inner.journal, &id)?
+                .ok_or_else(|| StoreError::task_not_found(&id))?;
+            self.publish_change(slot, &task, &before);
+            slot.unsettled.clear();
+        }
+        Ok(task)
+    }
+
+    /// Appends `events` at the end of `id`'s stream, `position` records long — and each of
+    /// `linked` to its own stream, in the same atomic append: the one durable step of every
+    /// write. `slots` (at most two: a task's own and a linked one's) hold the tasks the
+    /// append advances, which a caller dropped before the outcome leaves unsettled
+    /// ([`unsettled`]).
+    async fn submit(
+        &self,
+        slots: &[&Slot],
+        id: &str,
+        position: u64,
+        events: &[Event],
+        linked: &[(&str, u64, &[Event])],
+    ) -> dtask_journal::Result<dtask_journal::Appended> {
+        let pending = self
+            .inner
+            .journal
+            .submit_linked_async(id, position, events, linked)
+            .await?;
+        debug_assert!(slots.len() <= 2, "a task's own slot and a linked one's");
+        let markers = [
+            slots.first().map(|s| &s.unsettled),
+            slots.get(1).map(|s| &s.unsettled),
+        ];
+        let outcome = unsettled::InFlight::new(markers, pending).outcome().await;
+        if matches!(outcome, Err(dtask_journal::Error::Conflict { .. })) {
+            self.count_conflict();
+        }
+        outcome
+    }
+
+    /// [`TaskStore::submit`] of one stream. A conflict (another writer advanced the stream,
+    /// or — at position 0 — the task exists) is handed back for the caller to interpret.
+    async fn append(
+        &self,
+        slot: Option<&Slot>,
+        id: &str,
+        position: u64,
+        events: &[Event],
+    ) -> Result<Appended> {
+        let slots: &[&Slot] = match &slot {
+            Some(slot) => std::slice::from_ref(slot),
+            None => &[],
+        };
+        match self.submit(slots, id, position, events, &[]).await {
             Ok(_) => {}
-            Err(dtask_journal::Error::Conflict { .. }) => {
-                self.count_conflict();
-                return Ok(Appended::Conflict);
-            }
+            Err(dtask_journal::Error::Conflict { .. }) => return Ok(Appended::Conflict),
             Err(e) => return Err(e.into()),
         }
         crate::failpoints::point!(crate::failpoints::STORE_AFTER_APPEND, |m| Err(
@@ -665,7 +726,7 @@ impl TaskStore {
             Err(e) => return Err(e),
         };
         let mut parent = match &parent_slot {
-            Some(parent) => Some(parent.task.lock().await),
+            Some(parent) => Some(self.lock(parent).await?),
             None => None,
         };
         let delivery = match parent.as_deref() {
@@ -721,14 +782,17 @@ impl TaskStore {
         let other_before = Placement::of(&other.state);
         let parts = [(other_id.as_str(), other.state.position, other_events)];
         match self
-            .inner
-            .journal
-            .append_linked_async(&id, task.state.position, events, &parts)
+            .submit(
+                &[slot, other_slot],
+                &id,
+                task.state.position,
+                events,
+                &parts,
+            )
             .await
         {
             Ok(_) => {}
             Err(dtask_journal::Error::Conflict { .. }) => {
-                self.count_conflict();
                 // Another writer advanced one of the streams: refold both, report a stale
                 // version.
                 let expected = task.state.version;
@@ -774,7 +838,11 @@ impl TaskStore {
     async fn commit_one(&self, slot: &Slot, task: &mut Task, events: &[Event]) -> Result<()> {
         let id = task.state.spec.id.clone();
         let before = Placement::of(&task.state);
-        if self.append(&id, task.state.position, events).await? == Appended::Conflict {
+        if self
+            .append(Some(slot), &id, task.state.position, events)
+            .await?
+            == Appended::Conflict
+        {
             // Another writer advanced the stream (only possible if a task was folded twice
             // concurrently). Refold and report a stale version.
             let fresh = load_task(&self.inner.journal, &id)?
@@ -850,7 +918,7 @@ impl TaskStore {
             }
             other => other?,
         };
-        let mut parent = parent_slot.task.lock().await;
+        let mut parent = self.lock(&parent_slot).await?;
         let now = self.now();
         self.resolve_expiry(&parent_slot, &mut parent, now).await?;
         let root = decide::inherited_root(&parent.state);
@@ -924,7 +992,7 @@ impl TaskStore {
         let task = fold_new(&id, &events)?;
         match parent {
             None => {
-                if self.append(&id, 0, &events).await? == Appended::Conflict {
+                if self.append(None, &id, 0, &events).await? == Appended::Conflict {
                     return Err(StoreError::AlreadyExists(id));
                 }
             }
@@ -935,12 +1003,7 @@ impl TaskStore {
                     parent.state.position,
                     parent_events,
                 )];
-                match self
-                    .inner
-                    .journal
-                    .append_linked_async(&id, 0, &events, &parts)
-                    .await
-                {
+                match self.submit(&[parent_slot], &id, 0, &events, &parts).await {
                     Ok(_) => {}
                     Err(dtask_journal::Error::Conflict { task, .. }) if task == id => {
                         return Err(StoreError::AlreadyExists(id));
@@ -984,7 +1047,7 @@ impl TaskStore {
     /// [`StoreError::NotFound`] for an unknown task.
     pub async fn get(&self, id: &str) -> Result<TaskState> {
         let slot = self.slot(id)?;
-        let mut task = slot.task.lock().await;
+        let mut task = self.lock(&slot).await?;
         self.resolve_expiry(&slot, &mut task, self.now()).await?;
         Ok(task.state.clone())
     }
@@ -995,7 +1058,7 @@ impl TaskStore {
     /// As for [`TaskStore::get`].
     pub async fn get_task(&self, id: &str) -> Result<Task> {
         let slot = self.slot(id)?;
-        let mut task = slot.task.lock().await;
+        let mut task = self.lock(&slot).await?;
         self.resolve_expiry(&slot, &mut task, self.now()).await?;
         Ok(task.clone())
     }
@@ -1015,7 +1078,7 @@ impl TaskStore {
         decide::validate_task_id(id, config)?;
         decide::validate(&command, config)?;
         let slot = self.slot(id)?;
-        let mut task = slot.task.lock().await;
+        let mut task = self.lock(&slot).await?;
         let now = self.now();
         self.resolve_expiry(&slot, &mut task, now).await?;
         match decide::decide(&task.state, expected_version, &command, now, config)? {
@@ -1046,7 +1109,7 @@ impl TaskStore {
         let mut resolved = 0;
         for id in due {
             let slot = self.slot(&id)?;
-            let mut task = slot.task.lock().await;
+            let mut task = self.lock(&slot).await?;
             if decide::expiry(&task.state, expired_by, now).is_some() {
                 self.resolve_expiry(&slot, &mut task, now).await?;
                 resolved += 1;
@@ -1143,7 +1206,7 @@ impl TaskStore {
         let mut more = false;
         for id in ids {
             let Ok(slot) = self.slot(&id) else { continue };
-            let task = slot.task.lock().await;
+            let task = self.lock(&slot).await?;
             if task.state.status != status {
                 continue;
             }
@@ -1205,7 +1268,7 @@ impl TaskStore {
         let mut changes = slot.subscribe();
         loop {
             {
-                let mut task = slot.task.lock().await;
+                let mut task = self.lock(&slot).await?;
                 self.resolve_expiry(&slot, &mut task, self.now()).await?;
                 if task.state.version > after_version {
                     return Ok(task.state.clone());

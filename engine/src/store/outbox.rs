@@ -90,7 +90,7 @@ impl TaskStore {
     ) -> Result<()> {
         decide::validate_notification(id, attempt, &request, self.config())?;
         let slot = self.slot(id)?;
-        let mut task = slot.task.lock().await;
+        let mut task = self.lock(&slot).await?;
         let now = self.now();
         self.resolve_expiry(&slot, &mut task, now).await?;
         match decide::notification(&task, attempt, request, now)? {
@@ -221,7 +221,7 @@ impl TaskStore {
             return Err(StoreError::LeaseLost("the receipt's lease has expired"));
         }
         let slot = self.slot(&lease.task)?;
-        let mut task = slot.task.lock().await;
+        let mut task = self.lock(&slot).await?;
         if let Decision::Write(events) = decide::ack(&task, &lease.id, seq, now)? {
             self.commit(&slot, &mut task, &events).await?;
         }

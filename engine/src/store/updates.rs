@@ -116,7 +116,7 @@ impl TaskStore {
         decide::validate_task_id(id, config)?;
         decide::validate_update(&request, config)?;
         let slot = self.slot(id)?;
-        let mut task = slot.task.lock().await;
+        let mut task = self.lock(&slot).await?;
         let now = self.now();
         self.resolve_expiry(&slot, &mut task, now).await?;
         let position = task.state.position;
@@ -185,7 +185,7 @@ impl TaskStore {
         newest_first: bool,
     ) -> Result<UpdatePage> {
         let slot = self.slot(id)?;
-        let length = slot.task.lock().await.state.position;
+        let length = self.lock(&slot).await?.state.position;
         let (snapshot, start) = match cursor {
             None => (length, if newest_first { length } else { 0 }),
             Some(c) => {

@@ -21,7 +21,10 @@
 //! The writer's call (`dtask_write_batch`), the lock and the tail's read are prepared once
 //! per connection ([`Session::statement`]): sent unnamed, each was parsed and planned anew by
 //! the server for every batch (prepared, one node makes 1.2–1.4× the durable steps:
-//! docs/performance.md). Statements that find rows by a parameter array stay unnamed.
+//! docs/performance.md). So are the readers' pages, once per shape of page (the space, which
+//! bounds, the order, the page's size: a few dozen texts at most), parsed once and planned
+//! at each execution for its parameters ([`Target::custom_plans`]). Statements that find
+//! rows by a parameter array stay unnamed.
 
 use super::tls::Tls;
 use super::PgLocation;
@@ -47,7 +50,7 @@ type Job = Box<dyn FnOnce(std::result::Result<Arc<Session>, String>) -> BoxFutur
 pub(crate) struct Session {
     client: Client,
     /// The statements prepared so far, by their text.
-    prepared: Mutex<HashMap<&'static str, tokio_postgres::Statement>>,
+    prepared: Mutex<HashMap<String, tokio_postgres::Statement>>,
 }
 
 impl std::ops::Deref for Session {
@@ -68,7 +71,7 @@ impl Session {
     /// The server's error when it cannot prepare `sql`.
     pub(crate) async fn statement(
         &self,
-        sql: &'static str,
+        sql: &str,
         types: &[Type],
     ) -> std::result::Result<tokio_postgres::Statement, tokio_postgres::Error> {
         let known = self
@@ -81,7 +84,7 @@ impl Session {
         }
         let statement = self.client.prepare_typed(sql, types).await?;
         if let Ok(mut prepared) = self.prepared.lock() {
-            prepared.insert(sql, statement.clone());
+            prepared.insert(sql.to_owned(), statement.clone());
         }
         Ok(statement)
     }
@@ -98,6 +101,12 @@ pub(crate) struct Target {
     pub display: String,
     /// Whether commits wait for the write-ahead log's flush (`synchronous_commit`).
     pub synchronous: bool,
+    /// Whether the session plans each execution of a prepared statement for its parameters
+    /// (`plan_cache_mode = force_custom_plan`): the readers', whose pages are prepared once
+    /// and used as the tables grow. A generic plan made while a table was small (a scan of it
+    /// whole and a sort) would stay in the session's cache; parsed once, planned each time,
+    /// a page costs what an unprepared one did less its parsing.
+    pub custom_plans: bool,
     /// How connections are secured (module `tls`).
     pub tls: Tls,
 }
@@ -111,6 +120,7 @@ impl Target {
             schema: location.schema.clone(),
             display: location.display.clone(),
             synchronous,
+            custom_plans: false,
             tls: location.tls.clone(),
         }
     }
@@ -440,9 +450,14 @@ async fn connect(target: &Target) -> Result<Arc<Session>> {
         }
     });
     let setup = format!(
-        "SET search_path TO {}; SET synchronous_commit TO {}; SET statement_timeout TO 0",
+        "SET search_path TO {}; SET synchronous_commit TO {}; SET statement_timeout TO 0{}",
         quote_ident(&target.schema),
-        if target.synchronous { "on" } else { "off" }
+        if target.synchronous { "on" } else { "off" },
+        if target.custom_plans {
+            "; SET plan_cache_mode TO force_custom_plan"
+        } else {
+            ""
+        }
     );
     client
         .batch_execute(&setup)

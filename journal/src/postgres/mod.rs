@@ -256,11 +256,15 @@ impl PgBackend {
         seed: Vec<(Vec<u8>, Vec<u8>)>,
     ) -> Result<Self> {
         let target = Target::of(&location, durability == Durability::Sync);
-        let first = Conn::open(target.clone(), "reader-0")?;
+        let reading = Target {
+            custom_plans: true,
+            ..target.clone()
+        };
+        let first = Conn::open(reading.clone(), "reader-0")?;
         let schema_version = schema::migrate(&first, &location.schema, read_only, seed)?;
         let mut readers = vec![first];
         for i in 1..READERS {
-            readers.push(Conn::open(target.clone(), &format!("reader-{i}"))?);
+            readers.push(Conn::open(reading.clone(), &format!("reader-{i}"))?);
         }
         let (writer, syncer) = if read_only {
             (None, None)
@@ -323,7 +327,11 @@ impl PgBackend {
     /// the rows in it made durable before this returns. The connection is never opened again:
     /// once it breaks, every read fails.
     fn frozen(&self) -> Result<Self> {
-        let conn = Conn::open_with(self.target.clone(), "frozen", Reopen::Never)?;
+        let reading = Target {
+            custom_plans: true,
+            ..self.target.clone()
+        };
+        let conn = Conn::open_with(reading, "frozen", Reopen::Never)?;
         conn.call(|client| {
             Box::pin(async move {
                 // The snapshot is taken by the transaction's first statement.
@@ -386,10 +394,13 @@ impl PgBackend {
             if conditions.is_empty() { "" } else { " WHERE " },
             conditions.join(" AND "),
         );
+        // Prepared once per connection and text (a few dozen shapes at most: the space, which
+        // bounds, the order, the page's size): a page after the first is not parsed again,
+        // and is planned for its parameters (the readers' sessions force custom plans).
         let rows = self.reader().call(move |client| {
             Box::pin(async move {
-                let typed = write::typed(&params);
-                client.query_typed(&sql, &typed).await
+                let statement = client.statement(&sql, &write::types(&params)).await?;
+                client.query(&statement, &write::values(&params)).await
             })
         })?;
         let pairs = rows
@@ -1205,6 +1216,71 @@ mod tests {
             twin.write(ops, Durability::Sync),
             Err(Error::ReadOnly)
         ));
+    }
+
+    /// The statements prepared in `conn`'s session.
+    fn prepared_in(conn: &Conn) -> i64 {
+        conn.call(|client| {
+            Box::pin(async move {
+                // Unnamed, so as not to count itself.
+                let rows = client
+                    .query_typed("SELECT count(*) FROM pg_prepared_statements", &[])
+                    .await?;
+                Ok(rows[0].get::<_, i64>(0))
+            })
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn a_page_of_one_shape_is_prepared_once_per_reader() {
+        let Some((pg, _)) = backend("pages") else {
+            return;
+        };
+        let mut tail = Tail::default().encode();
+        for position in 0..3 {
+            let (ops, next) = batch(position, position + 1);
+            assert!(pg
+                .write_expecting(ops, &tail, CommitFlush::AtCommit)
+                .unwrap());
+            tail = next;
+        }
+        let prepared = || pg.readers.iter().map(prepared_in).sum::<i64>();
+        let before = prepared();
+        // Every reader serves gets of one record (one shape of page), twice over.
+        let rounds = 2 * pg.readers.len();
+        for _ in 0..rounds {
+            for position in 0..3 {
+                let found = pg
+                    .get(Space::Events, &keys::event_key("t", position))
+                    .unwrap();
+                assert!(found.is_some(), "record {position}");
+            }
+            assert!(pg
+                .get(Space::Events, &keys::event_key("t", 3))
+                .unwrap()
+                .is_none());
+        }
+        let readers = i64::try_from(pg.readers.len()).unwrap();
+        assert_eq!(prepared() - before, readers, "one statement a reader");
+        // A scan's pages are of other shapes (an upper bound, larger pages), prepared once
+        // more each, and read the same rows again.
+        for _ in 0..rounds {
+            let stream: Vec<_> = pg
+                .scan(Space::Events, Range::prefix(&keys::task_prefix("t")))
+                .collect::<Result<_>>()
+                .unwrap();
+            assert_eq!(stream.len(), 3);
+        }
+        let after_scans = prepared();
+        for _ in 0..rounds {
+            assert_eq!(
+                pg.scan(Space::Events, Range::prefix(&keys::task_prefix("t")))
+                    .count(),
+                3
+            );
+        }
+        assert_eq!(prepared(), after_scans, "no page prepared twice");
     }
 
     #[test]

@@ -14,11 +14,16 @@ use tokio_postgres::types::{ToSql, Type};
 /// round trip, and one prepared once is prepared with them.
 pub(crate) type Params = Vec<(Box<dyn ToSql + Sync + Send>, Type)>;
 
-/// `params` as `tokio-postgres` takes typed parameters.
-pub(crate) fn typed(params: &Params) -> Vec<(&(dyn ToSql + Sync), Type)> {
+/// The types of `params`, to prepare a statement with.
+pub(crate) fn types(params: &Params) -> Vec<Type> {
+    params.iter().map(|(_, t)| t.clone()).collect()
+}
+
+/// The values of `params`, as a prepared statement takes them.
+pub(crate) fn values(params: &Params) -> Vec<&(dyn ToSql + Sync)> {
     params
         .iter()
-        .map(|(p, t)| (p.as_ref() as &(dyn ToSql + Sync), t.clone()))
+        .map(|(p, _)| p.as_ref() as &(dyn ToSql + Sync))
         .collect()
 }
 
@@ -187,8 +192,7 @@ async fn prepared(
     client: &Session,
     params: &Params,
 ) -> std::result::Result<tokio_postgres::Statement, tokio_postgres::Error> {
-    let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
-    client.statement(WRITE_BATCH, &types).await
+    client.statement(WRITE_BATCH, &types(params)).await
 }
 
 /// Sends the prepared call with `params` when first polled.
@@ -197,11 +201,7 @@ async fn send(
     statement: &tokio_postgres::Statement,
     params: &Params,
 ) -> std::result::Result<(), tokio_postgres::Error> {
-    let values: Vec<&(dyn ToSql + Sync)> = params
-        .iter()
-        .map(|(p, _)| p.as_ref() as &(dyn ToSql + Sync))
-        .collect();
-    client.execute(statement, &values).await.map(|_| ())
+    client.execute(statement, &values(params)).await.map(|_| ())
 }
 
 /// Writes a batch in the transaction open on `client` (which holds the writer lock) and
