@@ -12,7 +12,6 @@ use dtask_engine::{Command, CreateRequest, ExecutionContext, StoreConfig, TaskSt
 use dtask_journal::{Durability, Journal, JournalOptions, LeasePolicy::Retry};
 use dtask_replay::{load_task, Status};
 use std::future::Future;
-use std::pin::Pin;
 use std::task::Poll;
 use std::time::Duration;
 
@@ -29,9 +28,19 @@ fn store(dir: &std::path::Path, clock: &dtask_engine::ManualClock) -> TaskStore 
     TaskStore::open(journal, clock.clone(), config).unwrap()
 }
 
-/// Polls `future` once; whether it finished.
-async fn poll_once<F: Future + Unpin>(future: &mut F) -> bool {
-    std::future::poll_fn(|cx| Poll::Ready(Pin::new(&mut *future).poll(cx).is_ready())).await
+/// Polls `future` up to three times — enough for its append to be submitted — then drops
+/// it; whether it was dropped unfinished (its append in flight, as a sync takes far longer
+/// than three polls).
+async fn drop_midway<F: Future>(future: F) -> bool {
+    let mut future = Box::pin(future);
+    for _ in 0..3 {
+        let finished =
+            std::future::poll_fn(|cx| Poll::Ready(future.as_mut().poll(cx).is_ready())).await;
+        if finished {
+            return false;
+        }
+    }
+    true
 }
 
 /// Waits until the journal's durable sequence reaches `seq`.
@@ -55,16 +64,7 @@ async fn a_wait_dropped_while_its_expiry_is_appended_leaves_the_task_current() {
         clock.advance(Duration::from_millis(LEASE_MS + 1));
         // The wait finds the lease expired and appends the expiry; dropped before the
         // append is acknowledged.
-        let mut wait = Box::pin(store.wait_for_task_version(&id, started.version));
-        let mut finished = false;
-        for _ in 0..3 {
-            finished = poll_once(&mut wait).await;
-            if finished {
-                break;
-            }
-        }
-        drop(wait);
-        if !finished {
+        if drop_midway(store.wait_for_task_version(&id, started.version)).await {
             exercised += 1;
         }
         // The dropped append lands all the same.
@@ -124,20 +124,12 @@ async fn a_childs_completion_dropped_in_flight_leaves_its_parent_current() {
         let before = store.journal().durable_seq();
         // The child's completion goes into its parent's mailbox in the same append; the
         // call is dropped before that append is acknowledged.
-        let mut complete = Box::pin(store.execute(
+        let complete = store.execute(
             &child,
             started.version,
             Command::Complete { data: cp("done") },
-        ));
-        let mut finished = false;
-        for _ in 0..3 {
-            finished = poll_once(&mut complete).await;
-            if finished {
-                break;
-            }
-        }
-        drop(complete);
-        if !finished {
+        );
+        if drop_midway(complete).await {
             exercised += 1;
         }
         durable(store.journal(), before + 1).await;
