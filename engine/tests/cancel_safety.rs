@@ -8,7 +8,7 @@
 mod common;
 
 use common::*;
-use dtask_engine::{Command, CreateRequest, ExecutionContext, StoreConfig, TaskStore};
+use dtask_engine::{Command, StoreConfig, TaskStore};
 use dtask_journal::{Durability, Journal, JournalOptions, LeasePolicy::Retry};
 use dtask_replay::{load_task, Status};
 use std::future::Future;
@@ -106,20 +106,10 @@ async fn a_childs_completion_dropped_in_flight_leaves_its_parent_current() {
     for i in 0..10 {
         let (parent, child) = (format!("p{i}"), format!("c{i}"));
         running(&store, &parent, Retry).await;
-        let request = CreateRequest {
-            spec: dtask_journal::TaskSpec {
-                notify_session: true,
-                ..spec(&child)
-            },
-            policy: Some(Retry),
-            parent: Some(ExecutionContext {
-                task_id: parent.clone(),
-                attempt: 1,
-                generation: 1,
-            }),
-            ..CreateRequest::default()
-        };
-        store.create(request).await.unwrap();
+        store
+            .create(child_request(&child, &parent, 1, true))
+            .await
+            .unwrap();
         let started = ok(&store, &child, Command::Start).await;
         let before = store.journal().durable_seq();
         // The child's completion goes into its parent's mailbox in the same append; the

@@ -10,8 +10,8 @@ mod common;
 
 use common::*;
 use dtask_engine::{
-    AdvanceCursor, Command, CreateRequest, ExecutionContext, InputRequest, NotFound, StoreError,
-    TaskStore, UpdateRequest,
+    AdvanceCursor, Command, CreateRequest, InputRequest, NotFound, StoreError, TaskStore,
+    UpdateRequest,
 };
 use dtask_journal::{Delivery, Event, LeasePolicy, Publication};
 use dtask_replay::Status;
@@ -88,23 +88,6 @@ fn part(attempt: u64, event_id: &str, part_id: &str, last: bool, data: &str) -> 
         part_id: part_id.to_owned(),
         last,
         ..UpdateRequest::default()
-    }
-}
-
-/// A child of `parent`'s running attempt.
-fn child_request(id: &str, parent: &str, attempt: u64, notify: bool) -> CreateRequest {
-    CreateRequest {
-        spec: dtask_journal::TaskSpec {
-            notify_session: notify,
-            ..spec(id)
-        },
-        policy: Some(Retry),
-        parent: Some(ExecutionContext {
-            task_id: parent.to_owned(),
-            attempt,
-            generation: 1,
-        }),
-        ..CreateRequest::default()
     }
 }
 

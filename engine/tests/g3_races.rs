@@ -6,8 +6,8 @@
 mod common;
 
 use common::*;
-use dtask_engine::{Command, CreateRequest, ExecutionContext, InputRequest, StoreError};
-use dtask_journal::{Delivery, LeasePolicy::Retry, TaskSpec};
+use dtask_engine::{Command, InputRequest, StoreError};
+use dtask_journal::{Delivery, LeasePolicy::Retry};
 use dtask_replay::{load_task, Status};
 
 const REPS: usize = 100;
@@ -110,19 +110,7 @@ async fn parent_cancel_races_child_completion() {
         let child = format!("p{i}/c");
         running(&store, &parent, Retry).await;
         store
-            .create(CreateRequest {
-                spec: TaskSpec {
-                    notify_session: true,
-                    ..spec(&child)
-                },
-                policy: Some(Retry),
-                parent: Some(ExecutionContext {
-                    task_id: parent.clone(),
-                    attempt: 1,
-                    generation: 1,
-                }),
-                ..CreateRequest::default()
-            })
+            .create(child_request(&child, &parent, 1, true))
             .await
             .unwrap();
         let c = ok(&store, &child, Command::Start).await;

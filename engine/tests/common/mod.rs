@@ -163,6 +163,23 @@ pub fn request(spec: TaskSpec, policy: LeasePolicy) -> CreateRequest {
     }
 }
 
+/// A child of `parent`'s running attempt.
+pub fn child_request(id: &str, parent: &str, attempt: u64, notify: bool) -> CreateRequest {
+    CreateRequest {
+        spec: TaskSpec {
+            notify_session: notify,
+            ..spec(id)
+        },
+        policy: Some(LeasePolicy::Retry),
+        parent: Some(dtask_engine::ExecutionContext {
+            task_id: parent.to_owned(),
+            attempt,
+            generation: 1,
+        }),
+        ..CreateRequest::default()
+    }
+}
+
 /// Creates a plain task.
 pub async fn create(store: &TaskStore, id: &str, policy: LeasePolicy) -> TaskState {
     store.create(request(spec(id), policy)).await.unwrap()
