@@ -590,14 +590,21 @@ impl TaskStore {
         let mut task = slot.task.lock().await;
         if let Some(signal) = slot.unsettled.signal() {
             unsettled::settled(signal).await;
-            let id = task.state.spec.id.clone();
-            let before = Placement::of(&task.state);
-            *task = load_task(&self.inner.journal, &id)?
-                .ok_or_else(|| StoreError::task_not_found(&id))?;
-            self.publish_change(slot, &task, &before);
+            self.refold(slot, &mut task)?;
             slot.unsettled.clear();
         }
         Ok(task)
+    }
+
+    /// Folds the locked `task` of `slot` again from its journal, where it may be ahead of
+    /// it: a conflict (another writer advanced the stream), or a write dropped mid-flight.
+    fn refold(&self, slot: &Slot, task: &mut Task) -> Result<()> {
+        let id = task.state.spec.id.clone();
+        let before = Placement::of(&task.state);
+        *task =
+            load_task(&self.inner.journal, &id)?.ok_or_else(|| StoreError::task_not_found(&id))?;
+        self.publish_change(slot, task, &before);
+        Ok(())
     }
 
     /// Appends `events` at the end of `id`'s stream, `position` records long — and each of
@@ -796,14 +803,8 @@ impl TaskStore {
                 // Another writer advanced one of the streams: refold both, report a stale
                 // version.
                 let expected = task.state.version;
-                for (slot, task, before, id) in [
-                    (slot, &mut *task, &before, &id),
-                    (other_slot, &mut *other, &other_before, &other_id),
-                ] {
-                    *task = load_task(&self.inner.journal, id)?
-                        .ok_or_else(|| StoreError::task_not_found(id))?;
-                    self.publish_change(slot, task, before);
-                }
+                self.refold(slot, task)?;
+                self.refold(other_slot, other)?;
                 return Err(StoreError::VersionConflict {
                     expected,
                     actual: task.state.version,
@@ -845,11 +846,8 @@ impl TaskStore {
         {
             // Another writer advanced the stream (only possible if a task was folded twice
             // concurrently). Refold and report a stale version.
-            let fresh = load_task(&self.inner.journal, &id)?
-                .ok_or_else(|| StoreError::task_not_found(&id))?;
             let expected = task.state.version;
-            *task = fresh;
-            self.publish_change(slot, task, &before);
+            self.refold(slot, task)?;
             return Err(StoreError::VersionConflict {
                 expected,
                 actual: task.state.version,
@@ -1010,10 +1008,7 @@ impl TaskStore {
                     }
                     Err(dtask_journal::Error::Conflict { .. }) => {
                         let expected = parent.state.version;
-                        let parent_id = parent.state.spec.id.clone();
-                        *parent = load_task(&self.inner.journal, &parent_id)?
-                            .ok_or_else(|| StoreError::task_not_found(&parent_id))?;
-                        self.publish_change(parent_slot, parent, &before);
+                        self.refold(parent_slot, parent)?;
                         return Err(StoreError::VersionConflict {
                             expected,
                             actual: parent.state.version,
