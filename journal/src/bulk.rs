@@ -113,6 +113,11 @@ pub struct StreamScanner<'a> {
     upper: Vec<u8>,
     /// [`StreamScanner::read_next`] reached the end (or a storage error).
     exhausted: bool,
+    /// Each stream read ends before its first record of a higher global sequence: the
+    /// readers' horizon of the journal ([`Journal::visible_stream_scanner`]), or `u64::MAX`.
+    ///
+    /// [`Journal::visible_stream_scanner`]: crate::Journal::visible_stream_scanner
+    visible: u64,
 }
 
 impl std::fmt::Debug for StreamScanner<'_> {
@@ -122,7 +127,7 @@ impl std::fmt::Debug for StreamScanner<'_> {
 }
 
 impl<'a> StreamScanner<'a> {
-    pub(crate) fn new(backend: &'a dyn Backend) -> Self {
+    pub(crate) fn new(backend: &'a dyn Backend, visible: u64) -> Self {
         crate::backend::perf_counters_off();
         // The live cursor is made first: a stream moved to the finished ones after it was
         // made is seen whole by it, and one moved before by the other (see `crate::merge`).
@@ -133,6 +138,7 @@ impl<'a> StreamScanner<'a> {
             lower: Vec::new(),
             upper: Vec::new(),
             exhausted: false,
+            visible,
         }
     }
 
@@ -166,9 +172,19 @@ impl<'a> StreamScanner<'a> {
         stream.entries.clear();
         stream.error = None;
         stream.split = false;
+        stream.visible = self.visible;
         keys::event_key_into(task, 0, &mut self.lower);
         // A task's records end before the task id followed by the byte after the separator.
         keys::task_end_into(task, &mut self.upper);
+    }
+
+    /// Makes [`StreamScanner::read_next`] go on from the first task after `task` (whether or
+    /// not `task` has records): where a listing resumes after the last task of its previous
+    /// page. One seek.
+    pub fn skip_past(&mut self, task: &str) {
+        keys::task_end_into(task, &mut self.upper);
+        self.events.reach(&self.upper);
+        self.exhausted = false;
     }
 
     /// Reads the stream of the first task at or after where the last read ended (the first
@@ -257,6 +273,9 @@ pub struct RawStream {
     error: Option<Error>,
     /// Its records were found in both places of a space kept in two ([`RawStream::is_split`]).
     split: bool,
+    /// The walk ends before the first record of a higher global sequence (the scanner's
+    /// horizon).
+    visible: u64,
     /// The check [`RawStream::fold_records`] walks with, kept between streams with its
     /// buffers (boxed: a stream that is never folded carries a pointer, not a check).
     fold_check: Option<Box<StreamCheck>>,
@@ -271,6 +290,7 @@ impl Default for RawStream {
             entries: Vec::new(),
             error: None,
             split: false,
+            visible: u64::MAX,
             fold_check: None,
         }
     }
@@ -293,6 +313,18 @@ impl RawStream {
     #[must_use]
     pub fn is_empty(&self) -> bool {
         self.entries.is_empty()
+    }
+
+    /// Takes the error that stands in for the stream when it has no entries: a key that
+    /// names no task ([`StreamScanner::read_next`] reports one as a stream of its own, with a
+    /// [`crate::CorruptionKind::Key`] error), or a storage error before its first record.
+    /// `None` for a stream with entries, whose error (if any) its walk reports after them.
+    pub fn take_error_of_empty(&mut self) -> Option<Error> {
+        if self.entries.is_empty() {
+            self.error.take()
+        } else {
+            None
+        }
     }
 
     /// Whether its records were found in both column families of the `events` space of a
@@ -373,7 +405,8 @@ impl Walk {
         }
         if let Some((position, entry)) = self.pending.take() {
             let (_, split, end) = stream.entries[entry];
-            return Some(self.check.decode(position, &stream.data[split..end]));
+            let result = self.check.decode(position, &stream.data[split..end]);
+            return self.unless_past(result, stream.visible);
         }
         let Some(&(start, split, end)) = stream.entries.get(self.next) else {
             self.done = true;
@@ -383,11 +416,23 @@ impl Walk {
         self.next += 1;
         let data = &stream.data;
         match self.check.entry(&data[start..split], &data[split..end]) {
-            Checked::One(result) => Some(result),
+            Checked::One(result) => self.unless_past(result, stream.visible),
             Checked::Gap(missing, position) => {
                 self.pending = Some((position, entry));
                 Some(Err(missing))
             }
+        }
+    }
+
+    /// `result`, unless it is a record past the `visible` horizon: the stream ends before it,
+    /// as [`Journal::read_stream`](crate::Journal::read_stream)'s does.
+    fn unless_past(&mut self, result: Result<Record>, visible: u64) -> Option<Result<Record>> {
+        match result {
+            Ok(record) if record.seq > visible => {
+                self.done = true;
+                None
+            }
+            result => Some(result),
         }
     }
 }

@@ -1231,10 +1231,21 @@ impl Journal {
 
     /// A reader of many task streams in one forward pass over the journal (see
     /// [`StreamScanner`]): the bulk counterpart of [`Journal::read_stream`], for recovery and
-    /// audits.
+    /// audits. It reads every record stored, durable or not yet (an audit holds the streams
+    /// against the heads, which count both); [`Journal::visible_stream_scanner`] reads what
+    /// `read_stream` reads.
     #[must_use]
     pub fn stream_scanner(&self) -> StreamScanner<'_> {
-        StreamScanner::new(self.inner.backend.as_ref())
+        StreamScanner::new(self.inner.backend.as_ref(), u64::MAX)
+    }
+
+    /// A [`Journal::stream_scanner`] whose streams end where [`Journal::read_stream`]'s do:
+    /// of a journal open for writing, before the first record above the durable watermark
+    /// ([`Journal::durable_seq`]), which this process's readers do not see yet. For listings
+    /// and counts that fold every task as a reader shows it.
+    #[must_use]
+    pub fn visible_stream_scanner(&self) -> StreamScanner<'_> {
+        StreamScanner::new(self.inner.backend.as_ref(), self.visible())
     }
 
     /// Visits the entries of the `commits` index in key order, for index checks that need no

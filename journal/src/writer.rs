@@ -1995,6 +1995,10 @@ mod tests {
         assert_eq!(journal.durable_seq(), before);
         let stream: Vec<_> = journal.read_stream("t", 0).collect::<Result<_>>().unwrap();
         assert_eq!(stream.len(), 1, "the unsynced records are not read");
+        // Nor by a scanner of what readers see; a plain scanner (the audit's) reads them.
+        let visible = journal.visible_stream_scanner().read("t").into_records();
+        assert_eq!(visible.map(|r| r.unwrap().seq).collect::<Vec<_>>(), [1]);
+        assert_eq!(journal.stream_scanner().read("t").into_records().count(), 3);
         assert_eq!(journal.commits(0).count(), 1);
         assert_eq!(
             journal
@@ -2014,6 +2018,8 @@ mod tests {
         assert_eq!(appended.next_position, 3);
         assert_eq!(journal.durable_seq(), 3);
         assert_eq!(journal.read_stream("t", 0).count(), 3);
+        let mut scanner = journal.visible_stream_scanner();
+        assert_eq!(scanner.read("t").into_records().count(), 3);
         assert_eq!(journal.commits(0).count(), 3);
         assert_eq!(journal.outbox().count(), 1);
     }

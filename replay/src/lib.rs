@@ -39,6 +39,6 @@ pub use fold::{cancel_error, part_key, FoldError, Task, TaskLayer};
 pub use ids::IdIndex;
 pub use replay::{
     load_listed_tasks_each, load_task, load_task_at, load_tasks, load_tasks_each, load_tasks_with,
-    replay_task, FoldView, Replay, ReplayError, TaskFold,
+    replay_task, FoldView, FoldViews, Replay, ReplayError, TaskFold,
 };
 pub use state::{Fenced, Mailbox, Status, TaskState, DEFAULT_CANCEL_REASON, LEASE_EXPIRED_ERROR};

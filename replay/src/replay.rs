@@ -231,6 +231,16 @@ impl FoldView {
     pub fn read(
         journal: &Journal,
         task: &str,
+        on_record: impl FnMut(&Record),
+    ) -> Result<Self, dtask_journal::Error> {
+        Self::fold(task, journal.read_stream(task, 0), on_record)
+    }
+
+    /// Folds `records`, `task`'s stream being read, handing every intact record to
+    /// `on_record`: the one body of [`FoldView::read`] and [`FoldViews`].
+    fn fold(
+        task: &str,
+        records: impl Iterator<Item = dtask_journal::Result<Record>>,
         mut on_record: impl FnMut(&Record),
     ) -> Result<Self, dtask_journal::Error> {
         struct Observed<'a, F> {
@@ -251,7 +261,7 @@ impl FoldView {
             view: Self::new(task),
             on_record: &mut on_record,
         };
-        tolerant(replay_task(journal, task, None, &mut observed))?;
+        tolerant(replay_records(task, records, None, &mut observed))?;
         Ok(observed.view)
     }
 
@@ -265,6 +275,12 @@ impl FoldView {
     #[must_use]
     pub fn has_problems(&self) -> bool {
         !self.is_folding()
+    }
+
+    /// The stream's task.
+    #[must_use]
+    pub fn id(&self) -> &str {
+        &self.id
     }
 
     /// Whether the stream has any record, intact or damaged.
@@ -309,6 +325,87 @@ impl Replay for FoldView {
     fn damaged(&mut self, position: u64, kind: &CorruptionKind) -> bool {
         self.damage.push((position, kind.clone()));
         true
+    }
+}
+
+/// Every task's [`FoldView`], in task-id order, read in one forward pass over the journal: what
+/// listings and counts of the whole journal fold (`dtask tasks`, `dtask stats`, the server's
+/// counts). Each view is the one [`FoldView::read`] makes of the task, damage and all, but the
+/// streams come from one [`StreamScanner`] pass (on PostgreSQL, pages of records rather than
+/// queries per task). A key that names no task is an error, as [`Journal::task_ids`] reports
+/// it, and the listing goes on after it.
+///
+/// ```
+/// use dtask_journal::{Event, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp};
+/// use dtask_replay::{FoldViews, Status};
+/// let dir = tempfile::tempdir()?;
+/// let journal = Journal::open(dir.path(), JournalOptions::default())?;
+/// for id in ["a", "b", "c"] {
+///     let spec = TaskSpec { id: id.into(), executor_key: "x".into(), ..TaskSpec::default() };
+///     journal.append(id, 0, &[Event::Created {
+///         spec, policy: LeasePolicy::Retry, checkpoint: vec![], context_snapshot: vec![],
+///         at: Timestamp(1),
+///     }])?;
+/// }
+/// let mut views = FoldViews::new(&journal, Some("a"));
+/// let mut seen = Vec::new();
+/// while let Some(view) = views.next_with(|_| {}) {
+///     let view = view?;
+///     seen.push((view.id().to_owned(), view.task.map(|t| t.state.status)));
+/// }
+/// assert_eq!(seen, [("b".into(), Some(Status::Pending)), ("c".into(), Some(Status::Pending))]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub struct FoldViews<'a> {
+    scanner: StreamScanner<'a>,
+}
+
+impl std::fmt::Debug for FoldViews<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FoldViews").finish_non_exhaustive()
+    }
+}
+
+impl<'a> FoldViews<'a> {
+    /// The views of every task after `after` (every task when `None`), as this process's
+    /// readers see them ([`Journal::visible_stream_scanner`]: of a journal open for writing,
+    /// up to its durable watermark — a task all of whose records are above it comes as a view
+    /// that does not [exist](FoldView::exists)).
+    #[must_use]
+    pub fn new(journal: &'a Journal, after: Option<&str>) -> Self {
+        let mut scanner = journal.visible_stream_scanner();
+        if let Some(after) = after {
+            scanner.skip_past(after);
+        }
+        Self { scanner }
+    }
+
+    /// The next task's view, each of its intact records handed to `on_record` first; `None`
+    /// after the last task.
+    ///
+    /// # Errors
+    /// A key that names no task (the next call goes on after it); a storage error.
+    pub fn next_with(
+        &mut self,
+        on_record: impl FnMut(&Record),
+    ) -> Option<Result<FoldView, dtask_journal::Error>> {
+        let mut raw = RawStream::default();
+        if !self.scanner.read_next(&mut raw) {
+            return None;
+        }
+        if let Some(error) = raw.take_error_of_empty() {
+            return Some(Err(error));
+        }
+        let task = raw.task().to_owned();
+        Some(FoldView::fold(&task, raw.into_records(), on_record))
+    }
+}
+
+impl Iterator for FoldViews<'_> {
+    type Item = Result<FoldView, dtask_journal::Error>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.next_with(|_| {})
     }
 }
 

@@ -1,6 +1,7 @@
 //! The audit on real journals: clean ones, damaged ones (bytes flipped and index entries
 //! removed with raw RocksDB) and illegal ones (events no correct engine writes, appended
-//! through the raw journal API).
+//! through the raw journal API); and the whole-journal fold of listings ([`FoldViews`]) on
+//! the same damage.
 #![allow(clippy::unwrap_used)]
 
 use dtask_journal::keys::{self, Space};
@@ -8,6 +9,7 @@ use dtask_journal::{
     Event, ExpiryResolution, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp,
 };
 use dtask_replay::audit::{audit_journal, audit_task, AuditReport, ProblemKind};
+use dtask_replay::{FoldView, FoldViews};
 use std::path::Path;
 
 fn created(task: &str, policy: LeasePolicy) -> Event {
@@ -920,4 +922,78 @@ fn a_stream_split_across_the_two_places_is_reported() {
             .is_none());
     });
     assert!(report.is_clean());
+}
+
+/// A view as the listings show it: id, records, bytes, problems, status and version.
+type Shown = (String, u64, u64, Vec<String>, Option<String>, Option<u64>);
+
+fn shown(view: &FoldView) -> Shown {
+    (
+        view.id().to_owned(),
+        view.records,
+        view.bytes,
+        view.problems(),
+        view.task
+            .as_ref()
+            .map(|t| t.state.status.as_str().to_owned()),
+        view.task.as_ref().map(|t| t.state.version),
+    )
+}
+
+/// What listing ids and reading each task gives (the listings before [`FoldViews`]): a key
+/// that names no task comes as its error.
+fn listed_one_by_one(journal: &Journal, after: Option<&str>) -> Vec<Result<Shown, String>> {
+    journal
+        .task_ids_from(after)
+        .map(|id| match id {
+            Ok(id) => Ok(shown(&FoldView::read(journal, &id, |_| {}).unwrap())),
+            Err(e) => Err(e.to_string()),
+        })
+        .collect()
+}
+
+#[test]
+fn the_views_of_one_pass_are_those_of_reading_each_task() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    {
+        // An illegal record: a second completion of "done".
+        let j = journal(dir.path());
+        j.append("done", 6, &[completed()]).unwrap();
+    }
+    tamper(dir.path(), |db| {
+        flip(db, "running", 2);
+        // Before "done", too short to hold a separator and a position.
+        db.put_cf(cf(db, Space::Events), b"c", b"junk").unwrap();
+    });
+    let j = Journal::open_read_only(dir.path()).unwrap();
+    for after in [None, Some("b"), Some("c"), Some("done"), Some("running")] {
+        let mut records = 0;
+        let mut views = FoldViews::new(&j, after);
+        let mut all = Vec::new();
+        while let Some(view) = views.next_with(|_| records += 1) {
+            all.push(view.map(|v| shown(&v)).map_err(|e| e.to_string()));
+        }
+        let expected = listed_one_by_one(&j, after);
+        assert_eq!(all, expected, "after {after:?}");
+        let counted: u64 = expected.iter().flatten().map(|s| s.1).sum();
+        assert_eq!(
+            records, counted,
+            "every intact record handed over, after {after:?}"
+        );
+    }
+    // The damage is there to be seen, not lost in the pass.
+    let all: Vec<_> = FoldViews::new(&j, None).collect();
+    assert_eq!(all.len(), 3);
+    assert!(all[0]
+        .as_ref()
+        .is_err_and(|e| e.to_string().contains("\"c\"")));
+    let done = all[1].as_ref().unwrap();
+    assert_eq!((done.id(), done.records), ("done", 7));
+    assert!(done.illegal.is_some());
+    let running = all[2].as_ref().unwrap();
+    assert_eq!(
+        (running.id(), running.records, running.damage.len()),
+        ("running", 3, 1)
+    );
 }

@@ -12,7 +12,7 @@
 
 use super::fmt::{self, Table};
 use super::location::At;
-use super::{fold_task, CliError, Global, Out, Result};
+use super::{CliError, Global, Out, Result};
 use dtask_engine::{
     Command, CreateRequest, StoreConfig, StoreError, SystemClock, TaskStore, UpdateRequest,
 };
@@ -729,9 +729,8 @@ fn report(
 ) -> Result<()> {
     let journal = at.open_reader()?;
     let mut rows = Vec::new();
-    for id in journal.task_ids() {
-        let id = id?;
-        let folded = fold_task(&journal, &id, |_| {})?;
+    for folded in dtask_replay::FoldViews::new(&journal, None) {
+        let folded = folded?;
         if let Some(task) = folded.task {
             rows.push((task.state, folded.records));
         }

@@ -3,8 +3,9 @@
 //! compaction work owed).
 
 use super::fmt::{self, Table};
-use super::{fold_task, progress, Global, Out, Result};
+use super::{progress, Global, Out, Result};
 use dtask_journal::{EventType, StorageStats};
+use dtask_replay::FoldViews;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 
@@ -32,13 +33,14 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
     let mut by_type: BTreeMap<EventType, Counts> = BTreeMap::new();
     let mut sizes: Vec<(u64, u64, String)> = Vec::new();
     let (mut tasks, mut records, mut bytes, mut damaged) = (0u64, 0u64, 0u64, 0u64);
-    for id in journal.task_ids() {
-        let id = id?;
-        let folded = fold_task(&journal, &id, |r| {
-            let c = by_type.entry(r.event.event_type()).or_default();
-            c.records += 1;
-            c.bytes += r.size as u64;
-        })?;
+    let mut views = FoldViews::new(&journal, None);
+    while let Some(folded) = views.next_with(|r| {
+        let c = by_type.entry(r.event.event_type()).or_default();
+        c.records += 1;
+        c.bytes += r.size as u64;
+    }) {
+        let folded = folded?;
+        let id = folded.id().to_owned();
         bar.inc(folded.records);
         tasks += 1;
         records += folded.records;

@@ -2,9 +2,9 @@
 //! its stream.
 
 use super::fmt::{self, Table};
-use super::{fold_task, progress, CliError, Global, Out, Result};
+use super::{progress, CliError, Global, Out, Result};
 use dtask_journal::Timestamp;
-use dtask_replay::Status;
+use dtask_replay::{FoldViews, Status};
 use serde_json::{json, Value};
 
 /// How tasks are sorted.
@@ -100,13 +100,13 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
     let journal = global.open()?;
     let bar = progress(journal.last_seq()?, "folding tasks");
     let mut rows = Vec::new();
-    for id in journal.task_ids() {
-        let id = id?;
-        if args.sort == Sort::Id && args.after.as_ref().is_some_and(|a| id <= *a) {
-            continue;
-        }
-        let folded = fold_task(&journal, &id, |_| {})?;
+    // Sorted by id, the listing starts after `--after`; sorted by creation, every task is
+    // folded and the page found after sorting.
+    let after = args.after.as_deref().filter(|_| args.sort == Sort::Id);
+    for folded in FoldViews::new(&journal, after) {
+        let folded = folded?;
         bar.inc(folded.records);
+        let id = folded.id().to_owned();
         let problem = folded.has_problems().then(|| folded.problems().join("; "));
         let row = match &folded.task {
             Some(task) => {

@@ -5,7 +5,7 @@
 //! the journal.
 
 use dtask_journal::{EventType, Journal, Record};
-use dtask_replay::{FoldView, Status, Task};
+use dtask_replay::{FoldViews, Status, Task};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -96,18 +96,22 @@ impl Projection {
     pub fn count(&self, journal: &Journal) -> Result<u64, dtask_journal::Error> {
         let start = journal.last_seq()?;
         let mut c = Counts::default();
-        for id in journal.task_ids() {
-            let id = id?;
+        let mut views = FoldViews::new(journal, None);
+        loop {
             let mut max_seq = 0;
             let mut marked = false;
-            let view = FoldView::read(journal, &id, |r| {
+            let Some(view) = views.next_with(|r| {
                 let event_type = r.event.event_type();
                 *c.by_type.entry(event_type).or_default() += 1;
                 max_seq = max_seq.max(r.seq);
                 let (recovered, after) = recovery(marked, event_type);
                 c.recovered += u64::from(recovered);
                 marked = after;
-            })?;
+            }) else {
+                break;
+            };
+            let view = view?;
+            let id = view.id().to_owned();
             if !view.exists() {
                 // Written and not yet durable (an embedded journal's readers stop at its
                 // durable watermark, and so does `start`): the pump counts it from its first

@@ -13,7 +13,7 @@ use base64::Engine;
 use dtask_journal::export::ByteFields;
 use dtask_journal::{Error as JournalError, Event, Journal};
 use dtask_replay::audit::{audit_journal, audit_task, AuditReport};
-use dtask_replay::{replay_task, FoldView, Status};
+use dtask_replay::{replay_task, FoldView, FoldViews, Status};
 use serde::{Deserialize, Serialize};
 
 /// The default page of the task list.
@@ -156,8 +156,8 @@ fn summary(id: String, view: &FoldView) -> TaskSummary {
     }
 }
 
-/// A page of the task list: task ids are walked in order from the cursor and only the tasks
-/// examined are folded, until the page is full or a scan budget (20 tasks per task asked,
+/// A page of the task list: tasks are folded in id order from the cursor, in one forward
+/// pass ([`FoldViews`]), until the page is full or a scan budget (20 tasks per task asked,
 /// at least 2000) is spent; the cursor then resumes after the last task examined.
 ///
 /// # Errors
@@ -183,14 +183,14 @@ pub fn list_tasks(journal: &Journal, query: &ListQuery) -> Result<TaskList, ApiE
     let mut scanned = 0usize;
     let mut last: Option<String> = None;
     let mut exhausted = true;
-    for id in journal.task_ids_from(after.as_deref()) {
-        let id = id?;
+    for view in FoldViews::new(journal, after.as_deref()) {
+        let view = view?;
         if tasks.len() == limit || scanned == budget {
             exhausted = false;
             break;
         }
         scanned += 1;
-        let view = FoldView::read(journal, &id, |_| {})?;
+        let id = view.id().to_owned();
         last = Some(id.clone());
         if !view.exists() {
             // Written and not yet durable (an embedded journal's readers stop at its durable

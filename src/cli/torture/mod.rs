@@ -342,6 +342,30 @@ fn wait_until(child: &mut Child, deadline: Instant) -> Result<Option<ExitStatus>
     }
 }
 
+/// How long [`wait_until_up`] waits for a child engine's open before the run's time starts
+/// anyway.
+const UP_PATIENCE: Duration = Duration::from_secs(60);
+
+/// Waits until child engine `run` says in its `log` that it is up (its store open, its
+/// workload about to start), or has exited: its exit status then.
+fn wait_until_up(child: &mut Child, log: &Path, run: u64) -> Result<Option<ExitStatus>> {
+    let up = format!("torture-child: run {run} up");
+    let give_up = Instant::now() + UP_PATIENCE;
+    loop {
+        if let Some(status) = child
+            .try_wait()
+            .map_err(CliError::io("waiting for a child engine"))?
+        {
+            return Ok(Some(status));
+        }
+        let said = std::fs::read_to_string(log).unwrap_or_default();
+        if said.lines().any(|line| line == up) || Instant::now() >= give_up {
+            return Ok(None);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 fn ending(status: ExitStatus) -> Ending {
     const SIGABRT: i32 = 6;
     const PANIC_EXIT: i32 = 101;
@@ -418,7 +442,7 @@ fn crash_loop(
             action: *action,
             skip: rng.range(0, max_skip(name)),
         });
-        let started = Instant::now();
+        let mut started = Instant::now();
         let mut child = spawn(
             layout,
             args,
@@ -428,6 +452,13 @@ fn crash_loop(
             spec.as_ref(),
             false,
         )?;
+        let log = layout.logs().join(format!("run-{run}.log"));
+        // With a fail point, a run's time counts from when its engine is up: the point is
+        // in the workload, and on a loaded machine the open alone could take a short run's
+        // whole time (a kill during the open is what runs without a fail point are for).
+        if fail.is_some() && wait_until_up(&mut child, &log, run)?.is_none() {
+            started = Instant::now();
+        }
         // A drain may take a few leases to settle: give it that long before killing. With a
         // fail point, every other run lives a few leases longer, so that what the run before
         // left behind (expiring leases, pending recoveries) reaches the point.
@@ -448,7 +479,6 @@ fn crash_loop(
             Ending::Killed
         };
         let elapsed = started.elapsed().as_millis();
-        let log = layout.logs().join(format!("run-{run}.log"));
         let hits = count_hits(&log);
         tally.hits += hits;
         match end {
