@@ -396,6 +396,33 @@ fn tasks_lists_filters_sorts_and_pages() {
 }
 
 #[test]
+fn a_page_by_id_folds_nothing_after_it() {
+    let dir = built();
+    // A key that names no task, after every task: a listing that reaches it fails.
+    let cfs: Vec<_> = dtask_journal::keys::COLUMN_FAMILIES.to_vec();
+    {
+        let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), dir.path(), cfs).unwrap();
+        let events = db.cf_handle(Space::Events.name()).unwrap();
+        db.put_cf(events, b"zz", b"junk").unwrap();
+    }
+    let page = json(&stdout(
+        dtask(dir.path()).args(["tasks", "--json", "--limit", "2"]),
+    ));
+    assert_eq!(listed_ids(&page), ["alpha", "beta"]);
+    assert_eq!(page["next_after"], "beta");
+    // The last page reaches the key, as every listing of the whole journal does.
+    dtask(dir.path())
+        .args(["tasks", "--limit", "2", "--after", "delta"])
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("malformed key"));
+    dtask(dir.path())
+        .args(["tasks", "--limit", "0"])
+        .assert()
+        .code(1);
+}
+
+#[test]
 fn show_matches_its_golden_output() {
     let dir = built();
     golden(

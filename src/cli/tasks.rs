@@ -139,6 +139,11 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
         };
         if args.keep(&row) {
             rows.push(row);
+            // Sorted by id, the page is full with one row past it (which says there is more):
+            // nothing after it is folded.
+            if args.sort == Sort::Id && args.limit > 0 && rows.len() > args.limit {
+                break;
+            }
         }
     }
     bar.finish_and_clear();
