@@ -309,6 +309,17 @@ pub trait Backend: Send + Sync + 'static {
         self.cursor(space)
     }
 
+    /// The records whose global sequences lie in `first..=last`, as `(event key, record)`
+    /// pairs in sequence order, in one read — for a backend that stores each record's
+    /// sequence beside it, where the records of a stretch of the commit order are one range
+    /// (PostgreSQL); `None` (the default) where they are found by the keys the `commits`
+    /// index names ([`crate::RecordFetcher`] then seeks them with a cursor). A read-only
+    /// open returns only durable records, as its other reads do.
+    fn records_by_seq(&self, first: u64, last: u64) -> Option<Result<Vec<KeyValue>>> {
+        let _ = (first, last);
+        None
+    }
+
     /// A bulk [`Cursor`] over the records of the streams without a terminal record alone —
     /// what recovery reads — for a backend that keeps finished streams apart
     /// ([`BatchOp::Retire`]); `None` (the default) where [`Backend::cursor`] of

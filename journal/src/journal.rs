@@ -1,6 +1,6 @@
 //! The journal: open, append, read.
 
-use crate::backend::{Backend, BatchOp, OpBytes, OpenMode, Range, RocksBackend, Tuning};
+use crate::backend::{Backend, BatchOp, KeyValue, OpBytes, OpenMode, Range, RocksBackend, Tuning};
 use crate::bulk::StreamScanner;
 use crate::error::{CorruptionKind, Error, Limit, Result};
 use crate::event::Event;
@@ -1041,6 +1041,7 @@ impl Journal {
     #[must_use]
     pub fn record_fetcher(&self) -> RecordFetcher<'_> {
         RecordFetcher {
+            backend: self.inner.backend.as_ref(),
             events: crate::bulk::Positioned::new(self.inner.backend.lookup_cursor(Space::Events)),
         }
     }
@@ -1786,12 +1787,55 @@ impl RawCommits {
 
     /// The entries' records, checked and decoded, as [`Journal::commits`] yields them. The
     /// records are fetched in key order with the fetcher's cursor, which steps from one to the
-    /// next when they are near (as records committed together usually are).
+    /// next when they are near (as records committed together usually are) — or, where the
+    /// backend stores each record's sequence beside it (PostgreSQL), in one read of the
+    /// batch's range of sequences.
     pub fn into_committed(
         self,
         fetcher: &mut RecordFetcher<'_>,
     ) -> impl Iterator<Item = Result<Committed>> {
-        let events = &mut fetcher.events;
+        let in_range = self
+            .seq_range()
+            .and_then(|(first, last)| fetcher.backend.records_by_seq(first, last));
+        let resolved = match in_range {
+            Some(records) => self.resolve_in_range(records),
+            None => self.resolve_by_key(&mut fetcher.events),
+        };
+        resolved.into_iter().chain(self.failed.map(Err))
+    }
+
+    /// The sequences of the first and the last entry (`None` for an empty batch, or one whose
+    /// first or last key is malformed: the entries are then resolved by key, and each
+    /// malformed one reported).
+    fn seq_range(&self) -> Option<(u64, u64)> {
+        let last = self.entries.len().checked_sub(1)?;
+        let first = keys::parse_seq_key(self.entry(0).0).ok()?;
+        let last = keys::parse_seq_key(self.entry(last).0).ok()?;
+        (first <= last).then_some((first, last))
+    }
+
+    /// Resolves every entry from `records`, the records of the batch's range of sequences,
+    /// by the event key each entry names: an entry whose record is not among them names a
+    /// missing record. A failed read fails the batch.
+    fn resolve_in_range(&self, records: Result<Vec<KeyValue>>) -> Vec<Result<Committed>> {
+        let records = match records {
+            Ok(records) => records,
+            Err(e) => return vec![Err(e)],
+        };
+        let by_key: std::collections::HashMap<&[u8], &[u8]> = records
+            .iter()
+            .map(|(key, value)| (&**key, &**value))
+            .collect();
+        (0..self.entries.len())
+            .map(|i| {
+                let (key, event_key) = self.entry(i);
+                resolve(key, event_key, Ok(by_key.get(event_key).copied()))
+            })
+            .collect()
+    }
+
+    /// Resolves every entry by its event key with `events`, in key order.
+    fn resolve_by_key(&self, events: &mut crate::bulk::Positioned<'_>) -> Vec<Result<Committed>> {
         let mut order: Vec<usize> = (0..self.entries.len()).collect();
         order.sort_unstable_by(|&a, &b| self.entry(a).1.cmp(self.entry(b).1));
         let mut resolved: Vec<Option<Result<Committed>>> =
@@ -1808,13 +1852,14 @@ impl RawCommits {
             };
             resolved[i] = Some(resolve(key, event_key, found));
         }
-        resolved.into_iter().flatten().chain(self.failed.map(Err))
+        resolved.into_iter().flatten().collect()
     }
 }
 
 /// A cursor over the records for [`RawCommits::into_committed`]; one per thread, reused from
 /// batch to batch. See [`Journal::record_fetcher`].
 pub struct RecordFetcher<'a> {
+    backend: &'a dyn Backend,
     events: crate::bulk::Positioned<'a>,
 }
 

@@ -96,6 +96,20 @@ fn appends_reads_and_indexes_match_the_embedded_journal() {
             .collect()
     };
     assert_eq!(commits(&rocks), commits(&pg));
+    // Batches of the commit order resolved by a fetcher (export's path): by key on RocksDB,
+    // by a range of sequences on PostgreSQL; the same records.
+    let batched = |j: &Journal| -> Vec<(String, u64, u64)> {
+        let mut fetcher = j.record_fetcher();
+        j.commit_batches(1, 4)
+            .flat_map(|batch| batch.into_committed(&mut fetcher).collect::<Vec<_>>())
+            .map(|c| {
+                let c = c.unwrap();
+                (c.task, c.record.position, c.record.seq)
+            })
+            .collect()
+    };
+    assert_eq!(batched(&pg).len(), 6);
+    assert_eq!(batched(&rocks), batched(&pg));
     assert_eq!(pg.last_seq().unwrap(), 6);
     assert_eq!(pg.outbox_len().unwrap(), 1);
     let head = pg.head("a").unwrap().unwrap();

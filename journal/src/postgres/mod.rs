@@ -57,6 +57,9 @@ const READERS: usize = 4;
 /// Rows read per query of a scan: the first page is small (most scans read a stream or a
 /// head), later ones grow to this.
 const MAX_PAGE: i64 = 4096;
+/// The records of a range of sequences, in sequence order ([`Backend::records_by_seq`]).
+const RECORDS_BY_SEQ: &str =
+    "SELECT task, position, record FROM dtask_records WHERE seq BETWEEN $1 AND $2 ORDER BY seq";
 const FIRST_PAGE: i64 = 64;
 
 /// A PostgreSQL location: the connection string and the schema the journal lives in.
@@ -408,6 +411,29 @@ impl PgBackend {
             .map(|row| to_pair(space, row))
             .collect::<Result<Vec<_>>>()?;
         if self.read_only && !self.known_durable(Self::seqs(space, &pairs)) {
+            self.make_reads_durable()?;
+        }
+        Ok(pairs)
+    }
+
+    /// The records of sequences `first..=last` in sequence order, in one query: see
+    /// [`Backend::records_by_seq`].
+    fn records_in_seq_range(&self, first: u64, last: u64) -> Result<Vec<KeyValue>> {
+        let first = i64::try_from(first).unwrap_or(i64::MAX);
+        let last = i64::try_from(last).unwrap_or(i64::MAX);
+        let rows = self.reader().call(move |client| {
+            Box::pin(async move {
+                let statement = client
+                    .statement(RECORDS_BY_SEQ, &[Type::INT8, Type::INT8])
+                    .await?;
+                client.query(&statement, &[&first, &last]).await
+            })
+        })?;
+        let pairs = rows
+            .iter()
+            .map(|row| to_pair(Space::Events, row))
+            .collect::<Result<Vec<_>>>()?;
+        if self.read_only && !self.known_durable(Self::seqs(Space::Events, &pairs)) {
             self.make_reads_durable()?;
         }
         Ok(pairs)
@@ -887,6 +913,10 @@ impl Backend for PgBackend {
         self.read_only
     }
 
+    fn records_by_seq(&self, first: u64, last: u64) -> Option<Result<Vec<KeyValue>>> {
+        Some(self.records_in_seq_range(first, last))
+    }
+
     fn is_shared(&self) -> bool {
         true
     }
@@ -1230,6 +1260,38 @@ mod tests {
             })
         })
         .unwrap()
+    }
+
+    #[test]
+    fn a_range_of_sequences_reads_its_records_in_commit_order() {
+        let Some((pg, _)) = backend("by_seq") else {
+            return;
+        };
+        let mut tail = Tail::default().encode();
+        for (task, position, seq) in [("b", 0, 1), ("a", 0, 2), ("b", 1, 3), ("a", 1, 4)] {
+            let (ops, next) = batch_of(task, position, seq);
+            assert!(pg
+                .write_expecting(ops, &tail, CommitFlush::AtCommit)
+                .unwrap());
+            tail = next;
+        }
+        let read = |first, last| -> Vec<(Vec<u8>, Option<u64>)> {
+            pg.records_by_seq(first, last)
+                .unwrap()
+                .unwrap()
+                .into_iter()
+                .map(|(key, value)| (key.to_vec(), crate::record::seq_of(&value)))
+                .collect()
+        };
+        assert_eq!(
+            read(2, 3),
+            [
+                (keys::event_key("a", 0), Some(2)),
+                (keys::event_key("b", 1), Some(3))
+            ]
+        );
+        assert_eq!(read(1, 4).len(), 4);
+        assert!(read(5, 9).is_empty());
     }
 
     #[test]
