@@ -328,6 +328,16 @@ fn spawn(
 
 /// Waits for `child` until `deadline`; `None` when it is still running then.
 fn wait_until(child: &mut Child, deadline: Instant) -> Result<Option<ExitStatus>> {
+    wait_for(child, deadline, || false)
+}
+
+/// Waits until `child` exits (its status), or until `deadline` passes or `done` says so
+/// (`None`).
+fn wait_for(
+    child: &mut Child,
+    deadline: Instant,
+    mut done: impl FnMut() -> bool,
+) -> Result<Option<ExitStatus>> {
     loop {
         if let Some(status) = child
             .try_wait()
@@ -335,7 +345,7 @@ fn wait_until(child: &mut Child, deadline: Instant) -> Result<Option<ExitStatus>
         {
             return Ok(Some(status));
         }
-        if Instant::now() >= deadline {
+        if Instant::now() >= deadline || done() {
             return Ok(None);
         }
         std::thread::sleep(Duration::from_millis(5));
@@ -350,20 +360,9 @@ const UP_PATIENCE: Duration = Duration::from_secs(60);
 /// workload about to start), or has exited: its exit status then.
 fn wait_until_up(child: &mut Child, log: &Path, run: u64) -> Result<Option<ExitStatus>> {
     let up = format!("torture-child: run {run} up");
-    let give_up = Instant::now() + UP_PATIENCE;
-    loop {
-        if let Some(status) = child
-            .try_wait()
-            .map_err(CliError::io("waiting for a child engine"))?
-        {
-            return Ok(Some(status));
-        }
-        let said = std::fs::read_to_string(log).unwrap_or_default();
-        if said.lines().any(|line| line == up) || Instant::now() >= give_up {
-            return Ok(None);
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_for(child, Instant::now() + UP_PATIENCE, || {
+        std::fs::read_to_string(log).is_ok_and(|said| said.lines().any(|line| line == up))
+    })
 }
 
 fn ending(status: ExitStatus) -> Ending {
