@@ -376,13 +376,16 @@ pub trait Backend: Send + Sync + 'static {
         Ok(None)
     }
 
-    /// Turns on automatic compactions. A writable journal opens with them off, so that the
-    /// reads of recovery have the machine to themselves (a compaction due at open — level-0
-    /// files left by the last run — would otherwise take a core from the fold); the writer
-    /// calls this before its first write. Idempotent; a no-op by default.
+    /// Starts turning on automatic compactions, and returns without waiting for it. A
+    /// writable open of an existing journal leaves them off, so that the reads of recovery
+    /// have the machine to themselves (a compaction due at open — level-0 files left by the
+    /// last run — would otherwise take a core from the fold); the writer calls this before
+    /// its first write, which does not wait (RocksDB rewrites and re-reads its options file
+    /// for each column family whose options change: ~10 ms each). [`Backend::settle`] waits
+    /// for it. Idempotent; a no-op by default.
     ///
     /// # Errors
-    /// [`Error::Storage`] on failure.
+    /// [`Error::Storage`] when it cannot be started.
     fn start_compactions(&self) -> Result<()> {
         Ok(())
     }
@@ -553,7 +556,14 @@ pub(crate) enum OpenMode<'a> {
 
 /// The embedded RocksDB backend.
 pub struct RocksBackend {
-    db: DB,
+    /// Shared with the thread that turns compactions on ([`Compactions::Starting`]), which
+    /// the backend's drop joins before the database closes.
+    db: Arc<DB>,
+    /// Whether automatic compactions are on: see [`Backend::start_compactions`].
+    compactions: std::sync::Mutex<Compactions>,
+    /// What the thread turning compactions on waits for before it does (for tests).
+    #[cfg(test)]
+    compactions_gate: std::sync::Mutex<Option<std::sync::mpsc::Receiver<()>>>,
     /// Whether the `finished` column family may hold records (it did at open, or a batch put
     /// some there since; always for a follower of a journal that has it); reads of the
     /// `events` space look there only then.
@@ -573,6 +583,39 @@ impl std::fmt::Debug for RocksBackend {
             .field("path", &self.db.path())
             .field("read_only", &self.read_only)
             .finish_non_exhaustive()
+    }
+}
+
+/// Where a writable journal's automatic compactions stand ([`Backend::start_compactions`]).
+enum Compactions {
+    /// Off: as a writable open of an existing journal leaves them.
+    Off,
+    /// Being turned on by a thread of their own; its outcome when joined.
+    Starting(std::thread::JoinHandle<Result<()>>),
+    /// On (and always so for a new journal and a read-only open).
+    On,
+}
+
+/// Turns automatic compactions on in each of `spaces` (column family names) of `db`.
+fn compactions_on(db: &DB, spaces: &[&str]) -> Result<()> {
+    for name in spaces {
+        let cf = db
+            .cf_handle(name)
+            .ok_or_else(|| Error::NotAJournal(format!("column family {name} missing")))?;
+        db.set_options_cf(cf, &[("disable_auto_compactions", "false")])?;
+    }
+    Ok(())
+}
+
+impl Drop for RocksBackend {
+    /// Joins the thread turning compactions on, if one runs: it holds the database, which
+    /// must close with the backend (a reopen follows a close at once).
+    fn drop(&mut self) {
+        if let Compactions::Starting(handle) =
+            std::mem::replace(&mut *self.compactions_state(), Compactions::On)
+        {
+            let _ = handle.join();
+        }
     }
 }
 
@@ -839,13 +882,51 @@ impl RocksBackend {
         Self::open_tuned(path, mode, Tuning::default())
     }
 
+    /// Opens the database at `path` for writing, with the column families `names` (a `new`
+    /// one with automatic compactions on, an existing one with them off); the database and
+    /// whether its table files are written with direct I/O.
+    fn open_primary<'a>(
+        path: &Path,
+        names: impl Iterator<Item = &'a str>,
+        tuning: Tuning,
+        new: bool,
+    ) -> Result<(DB, bool)> {
+        let mut opts = primary_db_options()?;
+        opts.set_allow_mmap_reads(tuning.mmap_reads);
+        let direct = tuning.direct_table_io && direct_io_allowed(path);
+        opts.set_use_direct_io_for_flush_and_compaction(direct);
+        if tuning.direct_table_io && !direct {
+            tracing::info!(
+                path = %path.display(),
+                "the journal's file system refuses direct I/O: table files are written through the page cache"
+            );
+        }
+        let descriptors = names
+            .map(|name| {
+                let mut cf = space_options(name, true)?;
+                if tuning.live_apart && name == Space::Events.name() {
+                    cf.set_bottommost_compression_type(rocksdb::DBCompressionType::None);
+                }
+                // Until the first write (see `Backend::start_compactions`), unless the
+                // journal is new: then nothing is there to compact.
+                cf.set_disable_auto_compactions(!new);
+                Ok(ColumnFamilyDescriptor::new(name, cf))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let db = DB::open_cf_descriptors(&opts, path, descriptors).map_err(|e| {
+            if is_lock_error(&e) {
+                Error::InUse {
+                    path: path.to_path_buf(),
+                }
+            } else {
+                e.into()
+            }
+        })?;
+        Ok((db, direct))
+    }
+
     /// [`RocksBackend::open`] with the settings `tuning` names.
     pub(crate) fn open_tuned(path: &Path, mode: OpenMode<'_>, tuning: Tuning) -> Result<Self> {
-        let Tuning {
-            mmap_reads,
-            live_apart,
-            direct_table_io,
-        } = tuning;
         if !matches!(mode, OpenMode::Primary) && !path.join("CURRENT").exists() {
             return Err(Error::NotAJournal(format!(
                 "no database at {}",
@@ -871,36 +952,9 @@ impl RocksBackend {
         let mut direct = false;
         let db = match mode {
             OpenMode::Primary => {
-                let mut opts = primary_db_options()?;
-                opts.set_allow_mmap_reads(mmap_reads);
-                direct = direct_table_io && direct_io_allowed(path);
-                opts.set_use_direct_io_for_flush_and_compaction(direct);
-                if direct_table_io && !direct {
-                    tracing::info!(
-                        path = %path.display(),
-                        "the journal's file system refuses direct I/O: table files are written through the page cache"
-                    );
-                }
-                let descriptors = names
-                    .map(|name| {
-                        let mut cf = space_options(name, true)?;
-                        if live_apart && name == Space::Events.name() {
-                            cf.set_bottommost_compression_type(rocksdb::DBCompressionType::None);
-                        }
-                        // Until the first write: see `Backend::start_compactions`.
-                        cf.set_disable_auto_compactions(true);
-                        Ok(ColumnFamilyDescriptor::new(name, cf))
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                DB::open_cf_descriptors(&opts, path, descriptors).map_err(|e| {
-                    if is_lock_error(&e) {
-                        Error::InUse {
-                            path: path.to_path_buf(),
-                        }
-                    } else {
-                        e.into()
-                    }
-                })?
+                let (db, direct_io) = Self::open_primary(path, names, tuning, existing.is_empty())?;
+                direct = direct_io;
+                db
             }
             OpenMode::ReadOnly => {
                 DB::open_cf_for_read_only(&db_options(false), path, names, false)?
@@ -927,9 +981,17 @@ impl RocksBackend {
         sync.set_sync(true);
         let mut buffered = WriteOptions::default();
         buffered.set_sync(false);
+        let compactions = if matches!(mode, OpenMode::Primary) && !existing.is_empty() {
+            Compactions::Off
+        } else {
+            Compactions::On
+        };
         let backend = Self {
             finished_used: AtomicBool::new(false),
-            db,
+            db: Arc::new(db),
+            compactions: std::sync::Mutex::new(compactions),
+            #[cfg(test)]
+            compactions_gate: std::sync::Mutex::new(None),
             read_only: !matches!(mode, OpenMode::Primary),
             secondary: matches!(mode, OpenMode::Secondary(_)),
             sync,
@@ -997,9 +1059,13 @@ impl RocksBackend {
         )
     }
 
-    /// Waits until no compaction is due or running (for tests).
+    /// Waits until no compaction is due or running (for tests), once compactions are on if
+    /// they are being turned on.
     #[cfg(test)]
     pub(crate) fn wait_for_compactions(&self) -> Result<()> {
+        if matches!(*self.compactions_state(), Compactions::Starting(_)) {
+            self.compactions_started()?;
+        }
         Ok(self
             .db
             .wait_for_compact(&rocksdb::WaitForCompactOptions::default())?)
@@ -1030,6 +1096,43 @@ impl RocksBackend {
     }
 
     /// Every column family the journal has: one per space, and `finished`.
+    /// [`RocksBackend::compactions`], locked.
+    fn compactions_state(&self) -> std::sync::MutexGuard<'_, Compactions> {
+        self.compactions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Waits until automatic compactions are on: for the thread turning them on, or turns
+    /// them on here if they were off.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] when they could not be turned on (they count as off, to be tried
+    /// again).
+    fn compactions_started(&self) -> Result<()> {
+        let mut state = self.compactions_state();
+        let outcome = match std::mem::replace(&mut *state, Compactions::On) {
+            Compactions::On => Ok(()),
+            Compactions::Off => compactions_on(&self.db, &self.space_names()),
+            Compactions::Starting(handle) => handle.join().unwrap_or_else(|_| {
+                Err(Error::storage("the thread turning compactions on panicked"))
+            }),
+        };
+        if outcome.is_err() {
+            *state = Compactions::Off;
+        }
+        outcome
+    }
+
+    /// The names of the column families a writer writes: every space, and `finished`.
+    fn space_names(&self) -> Vec<&'static str> {
+        let mut all: Vec<&'static str> = Space::ALL.iter().map(|space| space.name()).collect();
+        if self.finished_cf().is_some() {
+            all.push(FINISHED_EVENTS);
+        }
+        all
+    }
+
     fn column_families(&self) -> Result<Vec<&ColumnFamily>> {
         let mut all = Space::ALL
             .iter()
@@ -1205,7 +1308,10 @@ impl RocksBackend {
     /// Drops format 1's `heads` space, if the database still has it.
     pub(crate) fn drop_legacy_heads(&mut self) -> Result<()> {
         if self.db.cf_handle(LEGACY_HEADS).is_some() {
-            self.db.drop_cf(LEGACY_HEADS)?;
+            // Called at open, before any thread shares the database.
+            Arc::get_mut(&mut self.db)
+                .ok_or_else(|| Error::storage("the database is shared: cannot drop a space"))?
+                .drop_cf(LEGACY_HEADS)?;
         }
         Ok(())
     }
@@ -1461,13 +1567,38 @@ impl Backend for RocksBackend {
     }
 
     fn start_compactions(&self) -> Result<()> {
-        if self.read_only {
+        let mut state = self.compactions_state();
+        if !matches!(*state, Compactions::Off) {
             return Ok(());
         }
-        for cf in self.column_families()? {
-            self.db
-                .set_options_cf(cf, &[("disable_auto_compactions", "false")])?;
-        }
+        let db = Arc::clone(&self.db);
+        let spaces = self.space_names();
+        #[cfg(test)]
+        let gate = self
+            .compactions_gate
+            .lock()
+            .ok()
+            .and_then(|mut gate| gate.take());
+        let started = std::thread::Builder::new()
+            .name("dtask-compactions-on".into())
+            .spawn(move || {
+                #[cfg(test)]
+                if let Some(gate) = gate {
+                    let _ = gate.recv();
+                }
+                let outcome = compactions_on(&db, &spaces);
+                if let Err(error) = &outcome {
+                    tracing::warn!(%error, "cannot turn the journal's compactions on");
+                }
+                outcome
+            });
+        *state = if let Ok(handle) = started {
+            Compactions::Starting(handle)
+        } else {
+            // No thread to spare: turned on here.
+            compactions_on(&self.db, &self.space_names())?;
+            Compactions::On
+        };
         Ok(())
     }
 
@@ -1502,7 +1633,7 @@ impl Backend for RocksBackend {
             return Ok(true);
         }
         // A journal that was opened and not appended to still has its compactions off.
-        self.start_compactions()?;
+        self.compactions_started()?;
         let mut options = rocksdb::WaitForCompactOptions::default();
         // RocksDB reads a zero timeout as "no limit": wait at least a microsecond.
         options.set_timeout(
@@ -2234,6 +2365,81 @@ mod tests {
                 .any(|line| line.trim() == "recycle_log_file_num=0"),
             "{text}"
         );
+    }
+
+    /// How many times RocksDB changed column families' options since the journal's last
+    /// open (its info log, begun anew at each open, records each change).
+    fn options_changes(dir: &Path) -> usize {
+        std::fs::read_to_string(dir.join("LOG"))
+            .expect("RocksDB's info log")
+            .lines()
+            .filter(|line| line.contains("SetOptions() on"))
+            .count()
+    }
+
+    /// How many column families the newest options file has with automatic compactions off.
+    fn compactions_off(dir: &Path) -> usize {
+        newest_options(dir)
+            .lines()
+            .filter(|line| line.trim() == "disable_auto_compactions=true")
+            .count()
+    }
+
+    #[test]
+    fn compactions_are_turned_on_beside_the_first_write_and_once() {
+        use crate::{Event, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp};
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let created = Event::Created {
+            spec: TaskSpec {
+                id: "t".into(),
+                executor_key: "shell".into(),
+                ..TaskSpec::default()
+            },
+            policy: LeasePolicy::Retry,
+            checkpoint: vec![],
+            context_snapshot: vec![],
+            at: Timestamp(1),
+        };
+        // A new journal opens with its compactions on: nothing to turn on, then or later.
+        {
+            let journal = Journal::open(dir.path(), JournalOptions::default()).expect("open");
+            assert_eq!(compactions_off(dir.path()), 0);
+            journal.append("t", 0, &[created]).expect("append");
+        }
+        assert_eq!(
+            options_changes(dir.path()),
+            0,
+            "a new journal changes no options"
+        );
+        assert_eq!(compactions_off(dir.path()), 0);
+
+        // An existing one opens with them off in every space a writer writes ...
+        let backend = RocksBackend::open(dir.path(), OpenMode::Primary).expect("reopen");
+        let spaces = backend.space_names().len();
+        assert_eq!(compactions_off(dir.path()), spaces);
+        let (release, gate) = std::sync::mpsc::channel();
+        *backend.compactions_gate.lock().expect("the gate") = Some(gate);
+        let backend = Arc::new(backend);
+        let journal = Journal::with_backend(
+            Arc::clone(&backend) as Arc<dyn Backend>,
+            JournalOptions::default(),
+        )
+        .expect("a journal over it");
+        // ... and its first write does not wait for them to be turned on: the thread that
+        // turns them on is held at its gate while the append is made durable.
+        let heartbeat = Event::Heartbeat {
+            lease_deadline: Timestamp(3),
+            at: Timestamp(2),
+        };
+        let appended = journal.append("t", 1, &[heartbeat]).expect("append");
+        assert_eq!(appended.next_position, 2);
+        assert_eq!(options_changes(dir.path()), 0, "not turned on yet");
+        release.send(()).expect("the thread waits at its gate");
+        // The close waits for them, and turns nothing on a second time.
+        drop(journal);
+        assert_eq!(options_changes(dir.path()), spaces, "once per space");
+        assert_eq!(compactions_off(dir.path()), 0);
+        drop(backend);
     }
 
     #[test]

@@ -1272,8 +1272,9 @@ impl Writer {
         Ok(())
     }
 
-    /// Turns the backend's compactions on before the first write: recovery's reads are over
-    /// once the first append comes.
+    /// Starts turning the backend's compactions on before the first write (the write does
+    /// not wait for it: see [`Backend::start_compactions`]): recovery's reads are over once
+    /// the first append comes.
     fn start_compactions(&mut self) {
         if !self.compacting {
             if let Err(e) = self.backend.start_compactions() {
