@@ -346,13 +346,31 @@ impl Conn {
             + Send
             + 'static,
     {
+        self.submit(work)?.wait()
+    }
+
+    /// Sends `work` to the connection and returns at once, with its answer to wait for: the
+    /// caller works on while the server does (a connection driven on the caller's thread
+    /// runs it now). Work sent to one connection runs in the order sent; an answer dropped
+    /// unread is dropped when it comes.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] when the connection's thread has ended; the work's own failure
+    /// comes from [`Answer::wait`].
+    pub(crate) fn submit<T, F>(&self, work: F) -> Result<Answer<T>>
+    where
+        T: Send + 'static,
+        F: FnOnce(Arc<Session>) -> BoxFuture<std::result::Result<T, tokio_postgres::Error>>
+            + Send
+            + 'static,
+    {
         let jobs = match &self.how {
             Driven::Apart(jobs) => jobs,
             Driven::Here(here) => {
                 let mut here = here
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
-                return here.call(work);
+                return Ok(Answer(Coming::Ready(here.call(work))));
             }
         };
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
@@ -367,8 +385,33 @@ impl Conn {
         });
         jobs.send(job)
             .map_err(|_| Error::storage("the database connection's thread ended"))?;
-        rx.recv()
-            .map_err(|_| Error::storage("the database connection's thread ended"))?
+        Ok(Answer(Coming::Sent(rx)))
+    }
+}
+
+/// The answer to work sent to a connection ([`Conn::submit`]).
+pub(crate) struct Answer<T>(Coming<T>);
+
+/// Where an [`Answer`] is.
+enum Coming<T> {
+    /// On its way from the connection's thread.
+    Sent(std::sync::mpsc::Receiver<Result<T>>),
+    /// Here already: the connection ran the work on the caller's thread.
+    Ready(Result<T>),
+}
+
+impl<T> Answer<T> {
+    /// Waits for the answer.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] when the connection is down or the work failed.
+    pub(crate) fn wait(self) -> Result<T> {
+        match self.0 {
+            Coming::Sent(answer) => answer
+                .recv()
+                .map_err(|_| Error::storage("the database connection's thread ended"))?,
+            Coming::Ready(answer) => answer,
+        }
     }
 }
 

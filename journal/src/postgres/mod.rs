@@ -378,6 +378,20 @@ impl PgBackend {
         reverse: bool,
         limit: i64,
     ) -> Result<Vec<KeyValue>> {
+        let asked = self.ask_page(space, lower, upper, reverse, limit)?;
+        self.take_page(space, asked)
+    }
+
+    /// [`PgBackend::page`], asked for: the query sent to a reader, its rows to take with
+    /// [`PgBackend::take_page`].
+    fn ask_page(
+        &self,
+        space: Space,
+        lower: Option<&Bound>,
+        upper: Option<&Bound>,
+        reverse: bool,
+        limit: i64,
+    ) -> Result<conn::Answer<Vec<tokio_postgres::Row>>> {
         let shape = rows::shape(space);
         let mut params: write::Params = Vec::new();
         let mut conditions = Vec::new();
@@ -400,16 +414,23 @@ impl PgBackend {
         // Prepared once per connection and text (a few dozen shapes at most: the space, which
         // bounds, the order, the page's size): a page after the first is not parsed again,
         // and is planned for its parameters (the readers' sessions force custom plans).
-        let rows = self.reader().call(move |client| {
+        self.reader().submit(move |client| {
             Box::pin(async move {
                 let statement = client.statement(&sql, &write::types(&params)).await?;
                 client.query(&statement, &write::values(&params)).await
             })
-        })?;
-        let pairs = rows
-            .iter()
-            .map(|row| to_pair(space, row))
-            .collect::<Result<Vec<_>>>()?;
+        })
+    }
+
+    /// The page [`PgBackend::ask_page`] asked for, once its rows come. The rows become pairs
+    /// on the calling thread: a frozen view's one connection serves several readers at once
+    /// (the audit's), each converting its own pages.
+    fn take_page(
+        &self,
+        space: Space,
+        asked: conn::Answer<Vec<tokio_postgres::Row>>,
+    ) -> Result<Vec<KeyValue>> {
+        let pairs = to_pairs(space, &asked.wait()?)?;
         if self.read_only && !self.known_durable(Self::seqs(space, &pairs)) {
             self.make_reads_durable()?;
         }
@@ -429,10 +450,7 @@ impl PgBackend {
                 client.query(&statement, &[&first, &last]).await
             })
         })?;
-        let pairs = rows
-            .iter()
-            .map(|row| to_pair(Space::Events, row))
-            .collect::<Result<Vec<_>>>()?;
+        let pairs = to_pairs(Space::Events, &rows)?;
         if self.read_only && !self.known_durable(Self::seqs(Space::Events, &pairs)) {
             self.make_reads_durable()?;
         }
@@ -651,41 +669,49 @@ fn order_by(shape: &Shape, reverse: bool) -> String {
         .join(", ")
 }
 
-/// A row read as the key-value pair of its space.
+/// Rows of `space` read as its key-value pairs ([`to_pair`]).
+fn to_pairs(space: Space, rows: &[tokio_postgres::Row]) -> Result<Vec<KeyValue>> {
+    rows.iter().map(|row| to_pair(space, row)).collect()
+}
+
+/// A row read as the key-value pair of its space. The columns are read in place from the
+/// row's bytes: each pair is two allocations, its key and its value (exactly sized).
 fn to_pair(space: Space, row: &tokio_postgres::Row) -> Result<KeyValue> {
     let get_err = |e: tokio_postgres::Error| conn::storage(&e);
     Ok(match space {
         Space::Events => {
-            let task: String = row.try_get(0).map_err(get_err)?;
+            let task: &str = row.try_get(0).map_err(get_err)?;
             let position: i64 = row.try_get(1).map_err(get_err)?;
-            let record: Vec<u8> = row.try_get(2).map_err(get_err)?;
+            let record: &[u8] = row.try_get(2).map_err(get_err)?;
             (
-                rows::event_key(&task, position).into_boxed_slice(),
-                record.into_boxed_slice(),
+                rows::event_key(task, position).into_boxed_slice(),
+                Box::from(record),
             )
         }
         Space::Commits | Space::Outbox => {
             let seq: i64 = row.try_get(0).map_err(get_err)?;
-            let task: String = row.try_get(1).map_err(get_err)?;
+            let task: &str = row.try_get(1).map_err(get_err)?;
             let position: i64 = row.try_get(2).map_err(get_err)?;
             (
                 rows::seq_key(seq).into_boxed_slice(),
-                rows::event_key(&task, position).into_boxed_slice(),
+                rows::event_key(task, position).into_boxed_slice(),
             )
         }
         Space::Live => {
-            let task: String = row.try_get(0).map_err(get_err)?;
-            (task.into_bytes().into_boxed_slice(), Box::default())
+            let task: &str = row.try_get(0).map_err(get_err)?;
+            (Box::from(task.as_bytes()), Box::default())
         }
         Space::Meta => {
-            let name: Vec<u8> = row.try_get(0).map_err(get_err)?;
-            let value: Vec<u8> = row.try_get(1).map_err(get_err)?;
-            (name.into_boxed_slice(), value.into_boxed_slice())
+            let name: &[u8] = row.try_get(0).map_err(get_err)?;
+            let value: &[u8] = row.try_get(1).map_err(get_err)?;
+            (Box::from(name), Box::from(value))
         }
     })
 }
 
-/// A scan: pages read as the iterator goes.
+/// A scan: pages read as the iterator goes. Once its pages are full-sized (a long scan),
+/// each next page is asked for as soon as the one before comes, and read by the server
+/// while the caller works through that one.
 struct Scan<'a> {
     backend: &'a PgBackend,
     space: Space,
@@ -695,6 +721,49 @@ struct Scan<'a> {
     buffer: VecDeque<KeyValue>,
     limit: i64,
     done: bool,
+    /// The next page, asked for already, and the limit it was asked with.
+    ahead: Option<(conn::Answer<Vec<tokio_postgres::Row>>, i64)>,
+}
+
+impl Scan<'_> {
+    /// The next page: the one asked for ahead, or asked for now.
+    fn next_page(&mut self) -> Result<(Vec<KeyValue>, i64)> {
+        let (asked, limit) = match self.ahead.take() {
+            Some(ahead) => ahead,
+            None => (
+                self.backend.ask_page(
+                    self.space,
+                    self.lower.as_ref(),
+                    self.upper.as_ref(),
+                    self.reverse,
+                    self.limit,
+                )?,
+                self.limit,
+            ),
+        };
+        Ok((self.backend.take_page(self.space, asked)?, limit))
+    }
+
+    /// Asks for the page after the one just taken, if the scan goes on with full pages. A
+    /// failure to ask is left to the next page's own asking, which reports it.
+    fn ask_ahead(&mut self) {
+        if self.done || self.limit < MAX_PAGE {
+            return;
+        }
+        #[cfg(test)]
+        tests::ASKED_AHEAD.fetch_add(1, Ordering::Relaxed);
+        self.ahead = self
+            .backend
+            .ask_page(
+                self.space,
+                self.lower.as_ref(),
+                self.upper.as_ref(),
+                self.reverse,
+                self.limit,
+            )
+            .ok()
+            .map(|asked| (asked, self.limit));
+    }
 }
 
 impl Iterator for Scan<'_> {
@@ -702,21 +771,15 @@ impl Iterator for Scan<'_> {
 
     fn next(&mut self) -> Option<Self::Item> {
         if self.buffer.is_empty() && !self.done {
-            let page = match self.backend.page(
-                self.space,
-                self.lower.as_ref(),
-                self.upper.as_ref(),
-                self.reverse,
-                self.limit,
-            ) {
+            let (page, limit) = match self.next_page() {
                 Ok(page) => page,
                 Err(e) => {
                     self.done = true;
                     return Some(Err(e));
                 }
             };
-            self.done = i64::try_from(page.len()).unwrap_or(i64::MAX) < self.limit;
-            self.limit = (self.limit * 4).min(MAX_PAGE);
+            self.done = i64::try_from(page.len()).unwrap_or(i64::MAX) < limit;
+            self.limit = (limit * 4).min(MAX_PAGE);
             if let Some((last, _)) = page.last() {
                 let next = if self.reverse {
                     rows::upper(self.space, last).map(|b| self.upper = Some(b))
@@ -728,6 +791,7 @@ impl Iterator for Scan<'_> {
                     return Some(Err(e));
                 }
             }
+            self.ask_ahead();
             self.buffer.extend(page);
         }
         self.buffer.pop_front().map(Ok)
@@ -905,6 +969,7 @@ impl Backend for PgBackend {
                 buffer: VecDeque::new(),
                 limit: FIRST_PAGE,
                 done: false,
+                ahead: None,
             }),
         }
     }
@@ -1292,6 +1357,95 @@ mod tests {
         );
         assert_eq!(read(1, 4).len(), 4);
         assert!(read(5, 9).is_empty());
+    }
+
+    /// How many pages scans asked for ahead ([`Scan::ask_ahead`]), in this process.
+    pub(super) static ASKED_AHEAD: AtomicUsize = AtomicUsize::new(0);
+
+    #[test]
+    fn a_long_scan_reads_its_pages_ahead_and_misses_nothing() {
+        let Some((pg, _)) = backend("scan_ahead") else {
+            return;
+        };
+        // 6,000 records of three tasks in one batch: a scan's pages grow to full size (64,
+        // 256, 1,024 rows, then 4,096, each asked for while the one before is used).
+        let mut ops = Vec::new();
+        let mut expected = Vec::new();
+        let mut seq = 0;
+        for task in ["a", "b", "c"] {
+            for position in 0..2_000 {
+                seq += 1;
+                let (record, _) = crate::record::frame(
+                    task,
+                    position,
+                    seq,
+                    b"payload",
+                    &crate::record::Digest::default(),
+                )
+                .unwrap();
+                let key = keys::event_key(task, position);
+                expected.push((key.clone(), record.clone()));
+                ops.push(BatchOp::Put {
+                    space: Space::Events,
+                    key: key.into(),
+                    value: record.into(),
+                });
+            }
+        }
+        let tail = Tail {
+            last_seq: seq,
+            ..Tail::default()
+        };
+        ops.push(BatchOp::Put {
+            space: Space::Meta,
+            key: keys::META_TAIL.into(),
+            value: tail.encode().into(),
+        });
+        assert!(pg
+            .write_expecting(ops, &Tail::default().encode(), CommitFlush::AtCommit)
+            .unwrap());
+        let read = |range: Range| -> Vec<(Vec<u8>, Vec<u8>)> {
+            pg.scan(Space::Events, range)
+                .map(|pair| {
+                    let (key, value) = pair.unwrap();
+                    (key.to_vec(), value.to_vec())
+                })
+                .collect()
+        };
+        let asked_before = ASKED_AHEAD.load(Ordering::Relaxed);
+        assert_eq!(read(Range::default()), expected);
+        assert!(
+            ASKED_AHEAD.load(Ordering::Relaxed) > asked_before,
+            "a page was asked for ahead"
+        );
+        let mut backwards = expected.clone();
+        backwards.reverse();
+        let reverse = Range {
+            reverse: true,
+            ..Range::default()
+        };
+        assert_eq!(read(reverse), backwards);
+        // From a bound, to a bound.
+        let (from, to) = (&expected[1_500].0, &expected[5_800].0);
+        let range = Range {
+            lower: from.clone(),
+            upper: Some(to.clone()),
+            reverse: false,
+        };
+        assert_eq!(read(range), &expected[1_500..5_800]);
+        // A scan dropped with a page asked ahead (after its 1,024-row page) leaves the
+        // readers in order: the reads after it find what they ask for.
+        for _ in 0..READERS {
+            let mut scan = pg.scan(Space::Events, Range::default());
+            assert_eq!(scan.by_ref().take(400).count(), 400);
+            drop(scan);
+            let (key, value) = &expected[2_007];
+            assert_eq!(
+                pg.get(Space::Events, key).unwrap().as_deref(),
+                Some(&value[..])
+            );
+        }
+        assert_eq!(read(Range::from(&expected[5_990].0)), &expected[5_990..]);
     }
 
     #[test]
