@@ -658,6 +658,93 @@ fn import_fails_loudly_when_a_digest_differs() {
         .stderr(predicate::str::contains(format!("task {task:?}")));
 }
 
+/// A journal of `tasks` tasks whose streams of `per_task` records were written one record
+/// at a time in turn (the commit order interleaves them: an import appends one record a
+/// batch), in a new directory.
+fn interleaved(tasks: usize, per_task: usize) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    let at = Timestamp(1_764_000_000_000);
+    let stream = |id: &str| {
+        let mut events = vec![
+            Event::Created {
+                spec: TaskSpec {
+                    id: id.into(),
+                    executor_key: "shell".into(),
+                    ..TaskSpec::default()
+                },
+                policy: LeasePolicy::Retry,
+                checkpoint: vec![],
+                context_snapshot: vec![],
+                at,
+            },
+            Event::AttemptStarted {
+                attempt: 1,
+                lease_deadline: Timestamp(u64::MAX / 2),
+                at,
+            },
+        ];
+        for u in 2..per_task {
+            events.push(Event::UpdateAppended {
+                attempt: 1,
+                event_id: format!("u{u}"),
+                kind: "progress".into(),
+                data: format!("step {u}").into_bytes(),
+                metadata: vec![],
+                at,
+            });
+        }
+        events
+    };
+    let streams: Vec<(String, Vec<Event>)> = (0..tasks)
+        .map(|t| {
+            let id = format!("t{t:04}");
+            let events = stream(&id);
+            (id, events)
+        })
+        .collect();
+    for position in 0..per_task {
+        for (id, events) in &streams {
+            journal
+                .append(id, position as u64, &events[position..=position])
+                .unwrap();
+        }
+    }
+    drop(journal);
+    dir
+}
+
+#[test]
+fn an_import_of_many_windows_of_interleaved_tasks_is_bit_exact() {
+    // 9,000 records, one a batch: the import's appends are in flight a window (4,096
+    // records) at a time, the same task's several times in one window.
+    let dir = interleaved(300, 30);
+    let export = stdout(dtask(dir.path()).arg("export"));
+    let work = tempfile::tempdir().unwrap();
+    let file = work.path().join("x.jsonl");
+    std::fs::write(&file, &export).unwrap();
+    let copy = work.path().join("copy");
+    dtask(&copy).arg("import").arg(&file).assert().success();
+    assert_eq!(stdout(dtask(&copy).arg("export")), export);
+    // A record of the third window whose event was changed (its exported digest kept).
+    let mut lines: Vec<String> = export.lines().map(str::to_owned).collect();
+    let mut line = json(&lines[8_500]);
+    line["event"]["data"] = "c3RlcCB4".into();
+    lines[8_500] = line.to_string();
+    let edited = work.path().join("edited.jsonl");
+    std::fs::write(&edited, lines.join("\n") + "\n").unwrap();
+    let task = line["task"].as_str().unwrap().to_owned();
+    let target = work.path().join("edited");
+    dtask(&target)
+        .arg("import")
+        .arg(&edited)
+        .assert()
+        .code(1)
+        .stderr(predicate::str::contains("not bit-exact"))
+        .stderr(predicate::str::contains(format!("task {task:?}")));
+    assert!(!target.exists(), "a failed import leaves nothing");
+}
+
 #[test]
 fn a_failed_import_leaves_nothing_behind() {
     let dir = built();

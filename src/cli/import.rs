@@ -13,8 +13,9 @@ use super::{CliError, Global, Out, Result};
 use dtask_journal::export::{ExportError, Header, RecordLine, Scope};
 use dtask_journal::postgres::{admin, PgLocation};
 use dtask_journal::{
-    Digest, Durability, Event, Journal, JournalOptions, RecordFormat, JOURNAL_FORMAT_VERSION,
-    OLDEST_JOURNAL_FORMAT_VERSION, OLDEST_RECORD_FORMAT_VERSION, RECORD_FORMAT_VERSION,
+    Digest, Durability, Event, Journal, JournalOptions, PendingAppend, RecordFormat,
+    JOURNAL_FORMAT_VERSION, OLDEST_JOURNAL_FORMAT_VERSION, OLDEST_RECORD_FORMAT_VERSION,
+    RECORD_FORMAT_VERSION,
 };
 use serde_json::json;
 use std::collections::HashMap;
@@ -46,6 +47,9 @@ struct Batch {
 
 /// The most records appended at once.
 const MAX_BATCH: usize = 1024;
+
+/// Records whose appends are in flight at once, before they are waited for and read back.
+const WINDOW: usize = 4096;
 
 fn check_target(at: &At) -> Result<()> {
     if at.is_new()? {
@@ -128,37 +132,118 @@ fn parse_line(line: &str) -> Result<(String, Expected, Event), ExportError> {
     Ok((task, expected, event))
 }
 
-/// Appends a batch and compares what was written with the export.
-fn flush(journal: &Journal, batch: &mut Option<Batch>) -> Result<()> {
-    let Some(batch) = batch.take() else {
-        return Ok(());
-    };
-    let Some(first) = batch.expected.first() else {
-        return Ok(());
-    };
-    let appended = journal.append(&batch.task, first.position, &batch.events)?;
-    if appended.first_seq != first.seq {
-        return Err(CliError::Problems(format!(
-            "task {:?} position {}: rebuilt at sequence {}, exported at {}",
-            batch.task, first.position, appended.first_seq, first.seq
-        )));
+/// The appends of an import. Each batch is submitted without waiting for it, so that the
+/// journal's writer takes many in one write (one round trip each on PostgreSQL); once a
+/// window of [`WINDOW`] records is in flight, the appends are waited for in order and the
+/// window's records read back in one pass of the commit order and compared with the export.
+/// The writer takes appends in the order they come, so the sequences are the exported ones.
+struct Appender<'j> {
+    journal: &'j Journal,
+    /// Runs the submissions and the waits (on this thread).
+    runtime: tokio::runtime::Runtime,
+    /// The submitted batches (their records' expectations) and their outcomes to come.
+    window: Vec<(PendingAppend, String, Vec<Expected>)>,
+    /// Records in `window`.
+    records: usize,
+}
+
+impl<'j> Appender<'j> {
+    fn new(journal: &'j Journal) -> Result<Self> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .map_err(CliError::io("starting the import's runtime"))?;
+        Ok(Self {
+            journal,
+            runtime,
+            window: Vec::new(),
+            records: 0,
+        })
     }
-    let rebuilt = journal.read_stream(&batch.task, first.position);
-    for (want, got) in batch.expected.iter().zip(rebuilt) {
-        let got = got?;
-        if got.position != want.position
-            || got.seq != want.seq
-            || got.digest != want.digest
-            || got.crc != want.crc
-        {
-            return Err(CliError::Problems(format!(
-                "the import is not bit-exact: task {:?} position {} sequence {}: rebuilt digest \
-                 {} crc {:08x}, exported digest {} crc {:08x}",
-                batch.task, want.position, want.seq, got.digest, got.crc, want.digest, want.crc
-            )));
+
+    /// Submits `batch`; settles the window once it is full.
+    fn append(&mut self, batch: Option<Batch>) -> Result<()> {
+        let Some(batch) = batch else {
+            return Ok(());
+        };
+        let Some(first) = batch.expected.first() else {
+            return Ok(());
+        };
+        let pending = self.runtime.block_on(self.journal.submit_linked_async(
+            &batch.task,
+            first.position,
+            &batch.events,
+            &[],
+        ))?;
+        self.records += batch.expected.len();
+        self.window.push((pending, batch.task, batch.expected));
+        if self.records >= WINDOW {
+            self.settle()?;
         }
+        Ok(())
     }
-    Ok(())
+
+    /// Waits for every append in flight, then reads their records back in commit order and
+    /// compares each with the export.
+    fn settle(&mut self) -> Result<()> {
+        let window = std::mem::take(&mut self.window);
+        let records = std::mem::take(&mut self.records);
+        let mut batches = Vec::with_capacity(window.len());
+        for (pending, task, expected) in window {
+            let appended = self.runtime.block_on(pending)?;
+            if let Some(first) = expected.first() {
+                if appended.first_seq != first.seq {
+                    return Err(CliError::Problems(format!(
+                        "task {task:?} position {}: rebuilt at sequence {}, exported at {}",
+                        first.position, appended.first_seq, first.seq
+                    )));
+                }
+            }
+            batches.push((task, expected));
+        }
+        let Some(first_seq) = batches
+            .first()
+            .and_then(|(_, expected)| expected.first())
+            .map(|first| first.seq)
+        else {
+            return Ok(());
+        };
+        let mut fetcher = self.journal.record_fetcher();
+        let mut rebuilt = self
+            .journal
+            .commit_batches(first_seq, records)
+            .next()
+            .into_iter()
+            .flat_map(|batch| batch.into_committed(&mut fetcher).collect::<Vec<_>>());
+        for (task, expected) in &batches {
+            for want in expected {
+                let got = rebuilt.next().ok_or_else(|| {
+                    CliError::Problems(format!(
+                        "task {task:?} position {}: the rebuilt record of sequence {} is \
+                         missing",
+                        want.position, want.seq
+                    ))
+                })??;
+                if got.task != *task
+                    || got.record.position != want.position
+                    || got.record.seq != want.seq
+                    || got.record.digest != want.digest
+                    || got.record.crc != want.crc
+                {
+                    return Err(CliError::Problems(format!(
+                        "the import is not bit-exact: task {task:?} position {} sequence {}: \
+                         rebuilt digest {} crc {:08x}, exported digest {} crc {:08x}",
+                        want.position,
+                        want.seq,
+                        got.record.digest,
+                        got.record.crc,
+                        want.digest,
+                        want.crc
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Makes every file of `dir` (and the directory) durable.
@@ -185,6 +270,7 @@ fn rebuild(
     bar: &indicatif::ProgressBar,
 ) -> Result<(u64, usize)> {
     let mut next_position: HashMap<String, u64> = HashMap::new();
+    let mut appender = Appender::new(journal)?;
     let mut batch: Option<Batch> = None;
     let mut records = 0u64;
     for (index, line) in lines.enumerate() {
@@ -215,7 +301,7 @@ fn rebuild(
             .as_ref()
             .is_some_and(|b| b.task == task && b.events.len() < MAX_BATCH);
         if !joins {
-            flush(journal, &mut batch)?;
+            appender.append(batch.take())?;
         }
         let b = batch.get_or_insert_with(|| Batch {
             task,
@@ -226,7 +312,8 @@ fn rebuild(
         b.expected.push(expected);
         bar.inc(1);
     }
-    flush(journal, &mut batch)?;
+    appender.append(batch)?;
+    appender.settle()?;
     Ok((records, next_position.len()))
 }
 
