@@ -1164,7 +1164,8 @@ mod tests {
         batch_of("t", position, seq)
     }
 
-    fn batch_of(task: &str, position: u64, seq: u64) -> (Vec<BatchOp>, Vec<u8>) {
+    /// Task `task`'s record at `position` with sequence `seq`.
+    fn record_of(task: &str, position: u64, seq: u64) -> Vec<u8> {
         let (record, _) = crate::record::frame(
             task,
             position,
@@ -1173,6 +1174,11 @@ mod tests {
             &crate::record::Digest::default(),
         )
         .unwrap();
+        record
+    }
+
+    fn batch_of(task: &str, position: u64, seq: u64) -> (Vec<BatchOp>, Vec<u8>) {
+        let record = record_of(task, position, seq);
         let tail = Tail {
             last_seq: seq,
             ..Tail::default()
@@ -1375,14 +1381,7 @@ mod tests {
         for task in ["a", "b", "c"] {
             for position in 0..2_000 {
                 seq += 1;
-                let (record, _) = crate::record::frame(
-                    task,
-                    position,
-                    seq,
-                    b"payload",
-                    &crate::record::Digest::default(),
-                )
-                .unwrap();
+                let record = record_of(task, position, seq);
                 let key = keys::event_key(task, position);
                 expected.push((key.clone(), record.clone()));
                 ops.push(BatchOp::Put {
