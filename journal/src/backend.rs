@@ -599,12 +599,18 @@ enum Compactions {
 /// Turns automatic compactions on in each of `spaces` (column family names) of `db`.
 fn compactions_on(db: &DB, spaces: &[&str]) -> Result<()> {
     for name in spaces {
-        let cf = db
-            .cf_handle(name)
-            .ok_or_else(|| Error::NotAJournal(format!("column family {name} missing")))?;
-        db.set_options_cf(cf, &[("disable_auto_compactions", "false")])?;
+        db.set_options_cf(
+            cf_named(db, name)?,
+            &[("disable_auto_compactions", "false")],
+        )?;
     }
     Ok(())
+}
+
+/// The column family `name` of `db`.
+fn cf_named<'a>(db: &'a DB, name: &str) -> Result<&'a ColumnFamily> {
+    db.cf_handle(name)
+        .ok_or_else(|| Error::NotAJournal(format!("column family {name} missing")))
 }
 
 impl Drop for RocksBackend {
@@ -1072,9 +1078,7 @@ impl RocksBackend {
     }
 
     fn cf(&self, space: Space) -> Result<&ColumnFamily> {
-        self.db
-            .cf_handle(space.name())
-            .ok_or_else(|| Error::NotAJournal(format!("column family {} missing", space.name())))
+        cf_named(&self.db, space.name())
     }
 
     /// The column family of finished streams' records; `None` in a journal of formats 1–3
@@ -1095,7 +1099,6 @@ impl RocksBackend {
         }
     }
 
-    /// Every column family the journal has: one per space, and `finished`.
     /// [`RocksBackend::compactions`], locked.
     fn compactions_state(&self) -> std::sync::MutexGuard<'_, Compactions> {
         self.compactions
@@ -1124,7 +1127,7 @@ impl RocksBackend {
         outcome
     }
 
-    /// The names of the column families a writer writes: every space, and `finished`.
+    /// The names of every column family the journal has: one per space, and `finished`.
     fn space_names(&self) -> Vec<&'static str> {
         let mut all: Vec<&'static str> = Space::ALL.iter().map(|space| space.name()).collect();
         if self.finished_cf().is_some() {
@@ -1133,13 +1136,12 @@ impl RocksBackend {
         all
     }
 
+    /// Every column family the journal has ([`RocksBackend::space_names`]).
     fn column_families(&self) -> Result<Vec<&ColumnFamily>> {
-        let mut all = Space::ALL
-            .iter()
-            .map(|space| self.cf(*space))
-            .collect::<Result<Vec<_>>>()?;
-        all.extend(self.finished_cf());
-        Ok(all)
+        self.space_names()
+            .into_iter()
+            .map(|name| cf_named(&self.db, name))
+            .collect()
     }
 
     /// Where the records of retired `task` that a batch writes go: `true` for `finished`.

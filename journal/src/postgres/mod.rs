@@ -369,20 +369,8 @@ impl PgBackend {
         &self.readers[i]
     }
 
-    /// One page of a space: rows within the bounds, in key order (or reverse).
-    fn page(
-        &self,
-        space: Space,
-        lower: Option<&Bound>,
-        upper: Option<&Bound>,
-        reverse: bool,
-        limit: i64,
-    ) -> Result<Vec<KeyValue>> {
-        let asked = self.ask_page(space, lower, upper, reverse, limit)?;
-        self.take_page(space, asked)
-    }
-
-    /// [`PgBackend::page`], asked for: the query sent to a reader, its rows to take with
+    /// Asks for one page of a space — rows within the bounds, in key order (or reverse) —
+    /// and returns at once: the query sent to a reader, its rows to take with
     /// [`PgBackend::take_page`].
     fn ask_page(
         &self,
@@ -937,7 +925,8 @@ impl Backend for PgBackend {
 
     fn get(&self, space: Space, key: &[u8]) -> Result<Option<Vec<u8>>> {
         let lower = rows::lower(space, key)?;
-        let page = self.page(space, Some(&lower), None, false, 1)?;
+        let asked = self.ask_page(space, Some(&lower), None, false, 1)?;
+        let page = self.take_page(space, asked)?;
         Ok(page
             .into_iter()
             .next()
