@@ -1164,8 +1164,8 @@ impl RecordLine {
 
 /// A record line read the quick way: its event left as its JSON text, then read straight
 /// into the event — where [`RawLine`] reads it into a map of JSON values first (to take out
-/// its `type`) and then again into the event, tracking the path for its errors: ~15
-/// allocations a line fewer. Any failure gives way to [`RawLine`].
+/// its `type`) and then again into the event, tracking the path for its errors. Any failure
+/// gives way to [`RawLine`].
 #[serde_as]
 #[derive(Deserialize)]
 struct QuickLine<'a> {
@@ -1266,12 +1266,12 @@ impl<'de> de::VariantAccess<'de> for VariantFields<'de> {
 
     fn struct_variant<V: Visitor<'de>>(
         self,
-        fields: &'static [&'static str],
+        _fields: &'static [&'static str],
         visitor: V,
     ) -> Result<V::Value, Self::Error> {
+        // As a map: an event written as an array is not read the quick way.
         let mut de = serde_json::Deserializer::from_str(self.0);
         let value = de.deserialize_map(WithoutType(visitor))?;
-        let _ = fields;
         de.end()?;
         Ok(value)
     }
