@@ -1017,7 +1017,8 @@ impl Journal {
                 let (key, value) = item?;
                 // The entry's value is the key of the record it names.
                 let record = backend.get(Space::Events, &value)?;
-                resolve(&key, &value, Ok(record.as_deref()))
+                let (task, frame) = resolve(&key, &value, Ok(record.as_deref()))?;
+                committed(task, frame)
             })
     }
 
@@ -1719,6 +1720,13 @@ fn read_unchained(backend: &dyn Backend, task: &str, position: u64) -> Result<Re
 
 /// Checks a record's CRC and position (not its chain) and decodes it.
 fn unchained(bytes: &[u8], task: &str, position: u64) -> Result<Record> {
+    located(bytes, task, position)?
+        .into_record()
+        .map_err(|kind| Error::corruption(task, position, kind))
+}
+
+/// Checks a record's CRC and position (not its chain); its payload is left undecoded.
+fn located<'b>(bytes: &'b [u8], task: &str, position: u64) -> Result<record::Frame<'b>> {
     let frame = record::parse(bytes).map_err(|kind| Error::corruption(task, position, kind))?;
     if frame.position != position {
         return Err(Error::corruption(
@@ -1729,9 +1737,7 @@ fn unchained(bytes: &[u8], task: &str, position: u64) -> Result<Record> {
             },
         ));
     }
-    frame
-        .into_record()
-        .map_err(|kind| Error::corruption(task, position, kind))
+    Ok(frame)
 }
 
 /// Batches of the global commit order; see [`Journal::commit_batches`].
@@ -1794,12 +1800,43 @@ impl RawCommits {
         self,
         fetcher: &mut RecordFetcher<'_>,
     ) -> impl Iterator<Item = Result<Committed>> {
+        self.resolve_with(fetcher, committed)
+    }
+
+    /// The entries' records checked as by [`RawCommits::into_committed`] (CRC, position,
+    /// sequence) but not decoded: where each sits and how it is sealed, what a comparison
+    /// of two journals record by record needs (`dtask import` reads its records back so).
+    pub fn into_sealed(
+        self,
+        fetcher: &mut RecordFetcher<'_>,
+    ) -> impl Iterator<Item = Result<Sealed>> {
+        self.resolve_with(fetcher, |task, frame| {
+            Ok(Sealed {
+                task: task.to_owned(),
+                position: frame.position,
+                seq: frame.seq,
+                digest: frame.digest,
+                crc: frame.crc,
+            })
+        })
+    }
+
+    /// Resolves every entry to its record's frame, checked, and makes of it what `make` does.
+    fn resolve_with<T>(
+        self,
+        fetcher: &mut RecordFetcher<'_>,
+        make: impl Fn(&str, record::Frame<'_>) -> Result<T>,
+    ) -> impl Iterator<Item = Result<T>> {
+        let make = |key: &[u8], event_key: &[u8], record: Result<Option<&[u8]>>| {
+            let (task, frame) = resolve(key, event_key, record)?;
+            make(task, frame)
+        };
         let in_range = self
             .seq_range()
             .and_then(|(first, last)| fetcher.backend.records_by_seq(first, last));
         let resolved = match in_range {
-            Some(records) => self.resolve_in_range(records),
-            None => self.resolve_by_key(&mut fetcher.events),
+            Some(records) => self.resolve_in_range(records, make),
+            None => self.resolve_by_key(&mut fetcher.events, make),
         };
         resolved.into_iter().chain(self.failed.map(Err))
     }
@@ -1817,7 +1854,11 @@ impl RawCommits {
     /// Resolves every entry from `records`, the records of the batch's range of sequences,
     /// by the event key each entry names: an entry whose record is not among them names a
     /// missing record. A failed read fails the batch.
-    fn resolve_in_range(&self, records: Result<Vec<KeyValue>>) -> Vec<Result<Committed>> {
+    fn resolve_in_range<T>(
+        &self,
+        records: Result<Vec<KeyValue>>,
+        make: impl Fn(&[u8], &[u8], Result<Option<&[u8]>>) -> Result<T>,
+    ) -> Vec<Result<T>> {
         let records = match records {
             Ok(records) => records,
             Err(e) => return vec![Err(e)],
@@ -1829,17 +1870,20 @@ impl RawCommits {
         (0..self.entries.len())
             .map(|i| {
                 let (key, event_key) = self.entry(i);
-                resolve(key, event_key, Ok(by_key.get(event_key).copied()))
+                make(key, event_key, Ok(by_key.get(event_key).copied()))
             })
             .collect()
     }
 
     /// Resolves every entry by its event key with `events`, in key order.
-    fn resolve_by_key(&self, events: &mut crate::bulk::Positioned<'_>) -> Vec<Result<Committed>> {
+    fn resolve_by_key<T>(
+        &self,
+        events: &mut crate::bulk::Positioned<'_>,
+        make: impl Fn(&[u8], &[u8], Result<Option<&[u8]>>) -> Result<T>,
+    ) -> Vec<Result<T>> {
         let mut order: Vec<usize> = (0..self.entries.len()).collect();
         order.sort_unstable_by(|&a, &b| self.entry(a).1.cmp(self.entry(b).1));
-        let mut resolved: Vec<Option<Result<Committed>>> =
-            self.entries.iter().map(|_| None).collect();
+        let mut resolved: Vec<Option<Result<T>>> = self.entries.iter().map(|_| None).collect();
         for &i in &order {
             let (key, event_key) = self.entry(i);
             events.reach(event_key);
@@ -1850,7 +1894,7 @@ impl RawCommits {
                     .filter(|found| *found == event_key)
                     .and_then(|_| events.value())),
             };
-            resolved[i] = Some(resolve(key, event_key, found));
+            resolved[i] = Some(make(key, event_key, found));
         }
         resolved.into_iter().flatten().collect()
     }
@@ -1869,29 +1913,42 @@ impl std::fmt::Debug for RecordFetcher<'_> {
     }
 }
 
-/// Checks one `commits` entry against the record it names (`record`: the bytes found).
-fn resolve(key: &[u8], event_key: &[u8], record: Result<Option<&[u8]>>) -> Result<Committed> {
+/// The record of `task` in `frame`, decoded.
+fn committed(task: &str, frame: record::Frame<'_>) -> Result<Committed> {
+    let position = frame.position;
+    Ok(Committed {
+        task: task.to_owned(),
+        record: frame
+            .into_record()
+            .map_err(|kind| Error::corruption(task, position, kind))?,
+    })
+}
+
+/// Checks one `commits` entry against the record it names (`record`: the bytes found);
+/// returns the record's task and frame.
+fn resolve<'b>(
+    key: &[u8],
+    event_key: &'b [u8],
+    record: Result<Option<&'b [u8]>>,
+) -> Result<(&'b str, record::Frame<'b>)> {
     let seq =
         keys::parse_seq_key(key).map_err(|kind| Error::malformed(Space::Commits, key, kind))?;
     let (task, position) = keys::parse_event_key(event_key)
         .map_err(|kind| Error::malformed(Space::Commits, key, kind))?;
     let bytes =
         record?.ok_or_else(|| Error::corruption(task, position, CorruptionKind::Missing))?;
-    let record = unchained(bytes, task, position)?;
-    if record.seq != seq {
+    let frame = located(bytes, task, position)?;
+    if frame.seq != seq {
         return Err(Error::corruption(
             task,
             position,
             CorruptionKind::Key(format!(
                 "commit index says sequence {seq}, record says {}",
-                record.seq
+                frame.seq
             )),
         ));
     }
-    Ok(Committed {
-        task: task.to_owned(),
-        record,
-    })
+    Ok((task, frame))
 }
 
 impl Iterator for CommitBatches<'_> {
@@ -1949,6 +2006,22 @@ impl LiveRepair {
     pub fn is_empty(&self) -> bool {
         self.added.is_empty() && self.removed.is_empty()
     }
+}
+
+/// Where a committed record sits and how it is sealed, its event not decoded: what
+/// [`RawCommits::into_sealed`] yields.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sealed {
+    /// The task.
+    pub task: String,
+    /// Its position in the task's stream.
+    pub position: u64,
+    /// Its global commit sequence.
+    pub seq: u64,
+    /// Its chain digest.
+    pub digest: Digest,
+    /// Its CRC-32.
+    pub crc: u32,
 }
 
 /// A record with the task it belongs to (from the global commit order or the outbox).

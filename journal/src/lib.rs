@@ -75,7 +75,7 @@ pub use event::{
 };
 pub use head::Head;
 #[doc(hidden)]
-pub use journal::{CommitBatches, RawCommits, RecordFetcher};
+pub use journal::{CommitBatches, RawCommits, RecordFetcher, Sealed};
 pub use journal::{
     Committed, Frozen, Journal, LiveRepair, PendingAppend, StreamReader, JOURNAL_FORMAT_VERSION,
     OLDEST_JOURNAL_FORMAT_VERSION,

@@ -132,23 +132,36 @@ fn parse_line(line: &str) -> Result<(String, Expected, Event), ExportError> {
     Ok((task, expected, event))
 }
 
+/// A submitted batch: its outcome to come, its task and its records as exported.
+struct Submitted {
+    pending: PendingAppend,
+    task: String,
+    expected: Vec<Expected>,
+}
+
 /// The appends of an import. Each batch is submitted without waiting for it, so that the
 /// journal's writer takes many in one write (one round trip each on PostgreSQL); once a
-/// window of [`WINDOW`] records is in flight, the appends are waited for in order and the
-/// window's records read back in one pass of the commit order and compared with the export.
-/// The writer takes appends in the order they come, so the sequences are the exported ones.
+/// window of [`WINDOW`] records is in flight, it is handed to the check (a thread of its
+/// own: [`check_windows`]), which waits for it and reads it back while the next window's
+/// lines are read and submitted. The writer takes appends in the order they come, so the
+/// sequences are the exported ones.
 struct Appender<'j> {
     journal: &'j Journal,
-    /// Runs the submissions and the waits (on this thread).
+    /// Runs the submissions (on this thread).
     runtime: tokio::runtime::Runtime,
-    /// The submitted batches (their records' expectations) and their outcomes to come.
-    window: Vec<(PendingAppend, String, Vec<Expected>)>,
+    /// The submitted batches not yet handed to the check.
+    window: Vec<Submitted>,
     /// Records in `window`.
     records: usize,
+    /// Where full windows go; at most one waits there while the check works on another.
+    to_check: std::sync::mpsc::SyncSender<Vec<Submitted>>,
 }
 
 impl<'j> Appender<'j> {
-    fn new(journal: &'j Journal) -> Result<Self> {
+    fn new(
+        journal: &'j Journal,
+        to_check: std::sync::mpsc::SyncSender<Vec<Submitted>>,
+    ) -> Result<Self> {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .map_err(CliError::io("starting the import's runtime"))?;
@@ -157,10 +170,11 @@ impl<'j> Appender<'j> {
             runtime,
             window: Vec::new(),
             records: 0,
+            to_check,
         })
     }
 
-    /// Submits `batch`; settles the window once it is full.
+    /// Submits `batch`; hands the window to the check once it is full.
     fn append(&mut self, batch: Option<Batch>) -> Result<()> {
         let Some(batch) = batch else {
             return Ok(());
@@ -175,75 +189,113 @@ impl<'j> Appender<'j> {
             &[],
         ))?;
         self.records += batch.expected.len();
-        self.window.push((pending, batch.task, batch.expected));
+        self.window.push(Submitted {
+            pending,
+            task: batch.task,
+            expected: batch.expected,
+        });
         if self.records >= WINDOW {
-            self.settle()?;
+            self.hand_over()?;
         }
         Ok(())
     }
 
-    /// Waits for every append in flight, then reads their records back in commit order and
-    /// compares each with the export.
-    fn settle(&mut self) -> Result<()> {
+    /// Hands the window to the check.
+    fn hand_over(&mut self) -> Result<()> {
+        self.records = 0;
         let window = std::mem::take(&mut self.window);
-        let records = std::mem::take(&mut self.records);
-        let mut batches = Vec::with_capacity(window.len());
-        for (pending, task, expected) in window {
-            let appended = self.runtime.block_on(pending)?;
-            if let Some(first) = expected.first() {
-                if appended.first_seq != first.seq {
-                    return Err(CliError::Problems(format!(
-                        "task {task:?} position {}: rebuilt at sequence {}, exported at {}",
-                        first.position, appended.first_seq, first.seq
-                    )));
-                }
-            }
-            batches.push((task, expected));
-        }
-        let Some(first_seq) = batches
-            .first()
-            .and_then(|(_, expected)| expected.first())
-            .map(|first| first.seq)
-        else {
+        if window.is_empty() {
             return Ok(());
-        };
-        let mut fetcher = self.journal.record_fetcher();
-        let mut rebuilt = self
-            .journal
-            .commit_batches(first_seq, records)
-            .next()
-            .into_iter()
-            .flat_map(|batch| batch.into_committed(&mut fetcher).collect::<Vec<_>>());
-        for (task, expected) in &batches {
-            for want in expected {
-                let got = rebuilt.next().ok_or_else(|| {
-                    CliError::Problems(format!(
-                        "task {task:?} position {}: the rebuilt record of sequence {} is \
-                         missing",
-                        want.position, want.seq
-                    ))
-                })??;
-                if got.task != *task
-                    || got.record.position != want.position
-                    || got.record.seq != want.seq
-                    || got.record.digest != want.digest
-                    || got.record.crc != want.crc
-                {
-                    return Err(CliError::Problems(format!(
-                        "the import is not bit-exact: task {task:?} position {} sequence {}: \
-                         rebuilt digest {} crc {:08x}, exported digest {} crc {:08x}",
-                        want.position,
-                        want.seq,
-                        got.record.digest,
-                        got.record.crc,
-                        want.digest,
-                        want.crc
-                    )));
-                }
+        }
+        self.to_check
+            .send(window)
+            .map_err(|_| CliError::Problems(CHECK_STOPPED.into()))
+    }
+}
+
+/// What a hand-over to a check that stopped says (the check's own error is reported instead).
+const CHECK_STOPPED: &str = "the check of the rebuilt records stopped";
+
+/// The check of an import, on a thread of its own: waits for each window's appends in order
+/// (each batch's first sequence checked), then reads the window's records back in one pass
+/// of the commit order (CRC, position and sequence checked; events not decoded: the audit
+/// that ends the import decodes every record) and compares each with the export.
+fn check_windows(
+    journal: &Journal,
+    windows: &std::sync::mpsc::Receiver<Vec<Submitted>>,
+) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .map_err(CliError::io("starting the import's check"))?;
+    for window in windows {
+        check_window(journal, &runtime, window)?;
+    }
+    Ok(())
+}
+
+/// Waits for one window's appends and compares its records, read back, with the export.
+fn check_window(
+    journal: &Journal,
+    runtime: &tokio::runtime::Runtime,
+    window: Vec<Submitted>,
+) -> Result<()> {
+    let mut records = 0;
+    let mut batches = Vec::with_capacity(window.len());
+    for Submitted {
+        pending,
+        task,
+        expected,
+    } in window
+    {
+        let appended = runtime.block_on(pending)?;
+        if let Some(first) = expected.first() {
+            if appended.first_seq != first.seq {
+                return Err(CliError::Problems(format!(
+                    "task {task:?} position {}: rebuilt at sequence {}, exported at {}",
+                    first.position, appended.first_seq, first.seq
+                )));
             }
         }
-        Ok(())
+        records += expected.len();
+        batches.push((task, expected));
     }
+    let Some(first_seq) = batches
+        .first()
+        .and_then(|(_, expected)| expected.first())
+        .map(|first| first.seq)
+    else {
+        return Ok(());
+    };
+    // A fetcher reads what was written before it was made: one a window.
+    let mut fetcher = journal.record_fetcher();
+    let mut rebuilt = journal
+        .commit_batches(first_seq, records)
+        .next()
+        .into_iter()
+        .flat_map(|batch| batch.into_sealed(&mut fetcher).collect::<Vec<_>>());
+    for (task, expected) in &batches {
+        for want in expected {
+            let got = rebuilt.next().ok_or_else(|| {
+                CliError::Problems(format!(
+                    "task {task:?} position {}: the rebuilt record of sequence {} is missing",
+                    want.position, want.seq
+                ))
+            })??;
+            if got.task != *task
+                || got.position != want.position
+                || got.seq != want.seq
+                || got.digest != want.digest
+                || got.crc != want.crc
+            {
+                return Err(CliError::Problems(format!(
+                    "the import is not bit-exact: task {task:?} position {} sequence {}: \
+                     rebuilt digest {} crc {:08x}, exported digest {} crc {:08x}",
+                    want.position, want.seq, got.digest, got.crc, want.digest, want.crc
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Makes every file of `dir` (and the directory) durable.
@@ -262,20 +314,61 @@ fn sync_dir(dir: &Path) -> Result<()> {
         .map_err(io(dir))
 }
 
-/// Appends every record line of the export to `journal`; returns the records and tasks.
+/// Reads the next line of `reader` into `line` (its line ending left out); false at the end.
+fn next_line(reader: &mut dyn BufRead, line: &mut String) -> std::io::Result<bool> {
+    line.clear();
+    if reader.read_line(line)? == 0 {
+        return Ok(false);
+    }
+    if line.ends_with('\n') {
+        line.pop();
+        if line.ends_with('\r') {
+            line.pop();
+        }
+    }
+    Ok(true)
+}
+
+/// Appends every record line of the export to `journal`, the check of what was written
+/// running beside it; returns the records and tasks.
 fn rebuild(
     journal: &Journal,
-    lines: impl Iterator<Item = std::io::Result<String>>,
+    reader: &mut dyn BufRead,
     name: &str,
     bar: &indicatif::ProgressBar,
 ) -> Result<(u64, usize)> {
+    std::thread::scope(|scope| {
+        let (to_check, windows) = std::sync::mpsc::sync_channel(1);
+        let check = std::thread::Builder::new()
+            .name("dtask-import-check".into())
+            .spawn_scoped(scope, move || check_windows(journal, &windows))
+            .map_err(CliError::io("starting the import's check"))?;
+        let appended = append_all(journal, reader, name, bar, to_check);
+        let checked = check
+            .join()
+            .unwrap_or_else(|_| Err(CliError::Problems("the import's check failed".into())));
+        // The check's error concerns records of lines before any the appends failed on.
+        checked.and(appended)
+    })
+}
+
+/// Reads the record lines and submits them in batches, handing each full window to the
+/// check through `to_check`; returns the records and tasks.
+fn append_all(
+    journal: &Journal,
+    reader: &mut dyn BufRead,
+    name: &str,
+    bar: &indicatif::ProgressBar,
+    to_check: std::sync::mpsc::SyncSender<Vec<Submitted>>,
+) -> Result<(u64, usize)> {
     let mut next_position: HashMap<String, u64> = HashMap::new();
-    let mut appender = Appender::new(journal)?;
+    let mut appender = Appender::new(journal, to_check)?;
     let mut batch: Option<Batch> = None;
     let mut records = 0u64;
-    for (index, line) in lines.enumerate() {
-        let line_no = index + 2;
-        let line = line.map_err(CliError::io(format!("reading {name}")))?;
+    let mut line = String::new();
+    let mut line_no = 1;
+    while next_line(reader, &mut line).map_err(|e| CliError::io(format!("reading {name}"))(e))? {
+        line_no += 1;
         if line.trim().is_empty() {
             continue;
         }
@@ -288,19 +381,27 @@ fn rebuild(
                 records + 1
             )));
         }
-        let position = next_position.entry(task.clone()).or_insert(0);
-        if expected.position != *position {
+        let at = next_position.get(task.as_str()).copied().unwrap_or(0);
+        if expected.position != at {
             return Err(bad(format!(
-                "task {task:?} position {} where {} was expected",
-                expected.position, position
+                "task {task:?} position {} where {at} was expected",
+                expected.position
             )));
         }
-        *position += 1;
+        match next_position.get_mut(task.as_str()) {
+            Some(position) => *position += 1,
+            None => {
+                next_position.insert(task.clone(), 1);
+            }
+        }
         records += 1;
         let joins = batch
             .as_ref()
             .is_some_and(|b| b.task == task && b.events.len() < MAX_BATCH);
         if !joins {
+            if let Some(done) = &batch {
+                bar.inc(done.expected.len() as u64);
+            }
             appender.append(batch.take())?;
         }
         let b = batch.get_or_insert_with(|| Batch {
@@ -310,10 +411,9 @@ fn rebuild(
         });
         b.events.push(event);
         b.expected.push(expected);
-        bar.inc(1);
     }
     appender.append(batch)?;
-    appender.settle()?;
+    appender.hand_over()?;
     Ok((records, next_position.len()))
 }
 
@@ -321,7 +421,7 @@ fn rebuild(
 /// durable and audits it; returns the records and tasks.
 fn build(
     at: &At,
-    lines: impl Iterator<Item = std::io::Result<String>>,
+    reader: &mut dyn BufRead,
     name: &str,
     announced: Announced,
 ) -> Result<(u64, usize)> {
@@ -333,7 +433,7 @@ fn build(
     options.max_task_id_bytes = usize::MAX;
     let journal = at.open_writer(options)?;
     let bar = super::progress(announced.records, "importing");
-    let (records, tasks) = rebuild(&journal, lines, name, &bar)?;
+    let (records, tasks) = rebuild(&journal, reader, name, &bar)?;
     bar.finish_and_clear();
     drop(journal);
     if records != announced.records {
@@ -363,7 +463,7 @@ fn build(
 /// rename is atomic; removed on any failure) and moves it in place.
 fn import_dir(
     target: &Path,
-    lines: impl Iterator<Item = std::io::Result<String>>,
+    reader: &mut dyn BufRead,
     name: &str,
     announced: Announced,
 ) -> Result<(u64, usize)> {
@@ -379,7 +479,7 @@ fn import_dir(
             parent.display()
         )))?;
     let built = staging.path().join("journal");
-    let counts = build(&At::Dir(built.clone()), lines, name, announced)?;
+    let counts = build(&At::Dir(built.clone()), reader, name, announced)?;
     std::fs::rename(&built, target).map_err(CliError::io(format!(
         "moving the imported journal to {}",
         target.display()
@@ -395,7 +495,7 @@ fn import_dir(
 /// audited, renames it to the target schema in one transaction (dropped on any failure).
 fn import_postgres(
     url: &str,
-    lines: impl Iterator<Item = std::io::Result<String>>,
+    reader: &mut dyn BufRead,
     name: &str,
     announced: Announced,
 ) -> Result<(u64, usize)> {
@@ -406,7 +506,7 @@ fn import_postgres(
         std::process::id()
     );
     let staged = At::Postgres(PgLocation::url_with_schema(url, &staging));
-    let built = build(&staged, lines, name, announced)
+    let built = build(&staged, reader, name, announced)
         .and_then(|counts| Ok(admin::promote(&location, &staging).map(|()| counts)?));
     if built.is_err() {
         let _ = admin::drop_schema(&location, &staging);
@@ -419,22 +519,21 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
     let target = global.at()?;
     check_target(&target)?;
     let name = args.file.display().to_string();
-    let reader: Box<dyn BufRead> = if args.file.as_os_str() == "-" {
+    let mut reader: Box<dyn BufRead> = if args.file.as_os_str() == "-" {
         Box::new(std::io::stdin().lock())
     } else {
         let file =
             std::fs::File::open(&args.file).map_err(CliError::io(format!("opening {name}")))?;
-        Box::new(std::io::BufReader::new(file))
+        Box::new(std::io::BufReader::with_capacity(1 << 16, file))
     };
-    let mut lines = reader.lines();
-    let header_line = lines
-        .next()
-        .ok_or_else(|| CliError::Usage(format!("{name} is empty")))?
-        .map_err(CliError::io(format!("reading {name}")))?;
+    let mut header_line = String::new();
+    if !next_line(&mut reader, &mut header_line).map_err(CliError::io(format!("reading {name}")))? {
+        return Err(CliError::Usage(format!("{name} is empty")));
+    }
     let announced = check_header(&header_line, &name)?;
     let (records, tasks) = match &target {
-        At::Dir(dir) => import_dir(dir, lines, &name, announced)?,
-        At::Postgres(url) => import_postgres(url, lines, &name, announced)?,
+        At::Dir(dir) => import_dir(dir, &mut reader, &name, announced)?,
+        At::Postgres(url) => import_postgres(url, &mut reader, &name, announced)?,
     };
     let mut out = Out::new();
     if global.json {
