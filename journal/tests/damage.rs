@@ -7,7 +7,7 @@
 use dtask_journal::keys::{self, Space};
 use dtask_journal::{
     Committed, CorruptionKind, Error, Event, Inconsistency, Journal, JournalOptions, LeasePolicy,
-    LiveSummary, Sealed, TaskSpec, Timestamp,
+    LiveSummary, RawCommits, RecordFetcher, Sealed, TaskSpec, Timestamp,
 };
 use std::path::Path;
 
@@ -140,19 +140,17 @@ fn commit_reads_agree(journal: &Journal) {
     };
     let one_by_one: Vec<String> = journal.commits(1).map(sealed_of).collect();
     assert!(!one_by_one.is_empty());
-    let mut fetcher = journal.record_fetcher();
-    let batched: Vec<String> = journal
-        .commit_batches(1, 3)
-        .flat_map(|batch| batch.into_committed(&mut fetcher).collect::<Vec<_>>())
-        .map(sealed_of)
-        .collect();
-    assert_eq!(batched, one_by_one);
-    let mut fetcher = journal.record_fetcher();
-    let sealed: Vec<String> = journal
-        .commit_batches(1, 3)
-        .flat_map(|batch| batch.into_sealed(&mut fetcher).collect::<Vec<_>>())
-        .map(shown)
-        .collect();
+    // Each batch resolved by `resolve`, with one fetcher for the whole read.
+    let batched = |resolve: &dyn Fn(RawCommits, &mut RecordFetcher) -> Vec<String>| {
+        let mut fetcher = journal.record_fetcher();
+        journal
+            .commit_batches(1, 3)
+            .flat_map(|batch| resolve(batch, &mut fetcher))
+            .collect::<Vec<_>>()
+    };
+    let decoded = batched(&|batch, fetcher| batch.into_committed(fetcher).map(sealed_of).collect());
+    assert_eq!(decoded, one_by_one);
+    let sealed = batched(&|batch, fetcher| batch.into_sealed(fetcher).map(shown).collect());
     assert_eq!(sealed, one_by_one);
 }
 
