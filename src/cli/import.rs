@@ -174,14 +174,15 @@ impl<'j> Appender<'j> {
         })
     }
 
-    /// Submits `batch`; hands the window to the check once it is full.
-    fn append(&mut self, batch: Option<Batch>) -> Result<()> {
+    /// Submits `batch` (counted on `bar`); hands the window to the check once it is full.
+    fn append(&mut self, batch: Option<Batch>, bar: &indicatif::ProgressBar) -> Result<()> {
         let Some(batch) = batch else {
             return Ok(());
         };
         let Some(first) = batch.expected.first() else {
             return Ok(());
         };
+        bar.inc(batch.expected.len() as u64);
         let pending = self.runtime.block_on(self.journal.submit_linked_async(
             &batch.task,
             first.position,
@@ -399,10 +400,7 @@ fn append_all(
             .as_ref()
             .is_some_and(|b| b.task == task && b.events.len() < MAX_BATCH);
         if !joins {
-            if let Some(done) = &batch {
-                bar.inc(done.expected.len() as u64);
-            }
-            appender.append(batch.take())?;
+            appender.append(batch.take(), bar)?;
         }
         let b = batch.get_or_insert_with(|| Batch {
             task,
@@ -412,7 +410,7 @@ fn append_all(
         b.events.push(event);
         b.expected.push(expected);
     }
-    appender.append(batch)?;
+    appender.append(batch, bar)?;
     appender.hand_over()?;
     Ok((records, next_position.len()))
 }
