@@ -1191,60 +1191,95 @@ impl RecordLine {
         }
         parse::<RawLine>(line)?.into_line()
     }
+
+    /// The line, if [`RecordLine::read`] reads it the quick way (its event read in the same
+    /// pass as the line); `None` for a line it reads the careful way. For tests that hold
+    /// the export's writer to lines the quick way reads.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn read_quickly(line: &str) -> Option<Self> {
+        QuickLine::read(line)
+    }
 }
 
-/// A record line read the quick way: its event left as its JSON text, then read straight
-/// into the event — where [`RawLine`] reads it into a map of JSON values first (to take out
-/// its `type`) and then again into the event, tracking the path for its errors. Any failure
-/// gives way to [`RawLine`].
+/// A record line read the quick way: its event read in the same pass as the line, straight
+/// into the variant the line's text seems to name ([`guess_event_type`]), which the reading
+/// checks — where [`RawLine`] reads the event into a map of JSON values first (to take out
+/// its `type`) and then again into the event, tracking the path for its errors. Any failure,
+/// a wrong guess among them, gives way to [`RawLine`].
 #[serde_as]
 #[derive(Deserialize)]
-struct QuickLine<'a> {
+struct QuickLine {
     #[serde_as(as = "CrcHex")]
     crc: u32,
     #[serde_as(as = "DigestHex")]
     digest: Digest,
-    #[serde(borrow)]
-    event: &'a serde_json::value::RawValue,
+    #[serde(deserialize_with = "guessed_event")]
+    event: Event,
     position: u64,
     seq: u64,
     task: String,
 }
 
-/// An event object's `type` (its other fields skipped).
-#[derive(Deserialize)]
-struct EventType<'a> {
-    #[serde(rename = "type")]
-    ty: &'a str,
+thread_local! {
+    /// The variant [`QuickLine::read`] reads its line's event as (a derived reader takes no
+    /// state of its own).
+    static GUESSED_TYPE: std::cell::Cell<&'static str> = const { std::cell::Cell::new("") };
 }
 
-impl QuickLine<'_> {
+/// Reads an event as the variant [`GUESSED_TYPE`] names, checking its `type`.
+fn guessed_event<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Event, D::Error> {
+    EventDef::deserialize(Tagged {
+        ty: GUESSED_TYPE.with(std::cell::Cell::get),
+        fields: deserializer,
+    })
+}
+
+/// The `type` of a record line's event as the export writes the line: the event is followed
+/// by `,"position":`, and its keys come in order, its nested objects (`spec`, `metadata`)
+/// before its `type`, so the last `"type":"` before that is the event's. A guess, which
+/// spares reading the event once to find its `type` before reading it as that variant: the
+/// reading checks it against the one `type` it meets ([`SkipType`]).
+fn guess_event_type(line: &str) -> Option<&'static str> {
+    // Both are near the end: a step back at a time costs less than a string search's set-up.
+    let last = |text: &[u8], what: &[u8]| text.windows(what.len()).rposition(|at| at == what);
+    let bytes = line.as_bytes();
+    let event = bytes.get(..last(bytes, b"},\"position\":")?)?;
+    let name = event.get(last(event, b"\"type\":\"")? + 8..)?;
+    let name = name.get(..name.iter().position(|&b| b == b'"')?)?;
+    let name = std::str::from_utf8(name).ok()?;
+    let ty = crate::event::EventType::deserialize(de::value::BorrowedStrDeserializer::<
+        de::value::Error,
+    >::new(name));
+    ty.ok().map(crate::event::EventType::as_str)
+}
+
+impl QuickLine {
     /// The line, if it reads the quick way.
     fn read(line: &str) -> Option<RecordLine> {
-        let quick: QuickLine<'_> = serde_json::from_str(line).ok()?;
-        let object = quick.event.get();
-        let EventType { ty } = serde_json::from_str(object).ok()?;
-        let event = EventDef::deserialize(TaggedObject { ty, object }).ok()?;
+        let ty = guess_event_type(line)?;
+        GUESSED_TYPE.with(|guessed| guessed.set(ty));
+        let quick: QuickLine = serde_json::from_str(line).ok()?;
         Some(RecordLine {
             task: quick.task,
             position: quick.position,
             seq: quick.seq,
             digest: quick.digest,
             crc: quick.crc,
-            event,
+            event: quick.event,
         })
     }
 }
 
-/// An event object (its JSON text) as the externally tagged enum [`EventDef`] reads: the
-/// variant its `type` names, with the object's other fields.
-struct TaggedObject<'a> {
-    ty: &'a str,
-    object: &'a str,
+/// An event object as the externally tagged enum [`EventDef`] reads: the variant `ty`, with
+/// the object's fields (read from `fields`) other than its `type`, which must be `ty`.
+struct Tagged<'t, D> {
+    ty: &'t str,
+    fields: D,
 }
 
-impl<'de> Deserializer<'de> for TaggedObject<'de> {
-    type Error = serde_json::Error;
+impl<'de, D: Deserializer<'de>> Deserializer<'de> for Tagged<'_, D> {
+    type Error = D::Error;
 
     fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
         visitor.visit_enum(self)
@@ -1257,24 +1292,21 @@ impl<'de> Deserializer<'de> for TaggedObject<'de> {
     }
 }
 
-impl<'de> de::EnumAccess<'de> for TaggedObject<'de> {
-    type Error = serde_json::Error;
-    type Variant = VariantFields<'de>;
+impl<'t, 'de, D: Deserializer<'de>> de::EnumAccess<'de> for Tagged<'t, D> {
+    type Error = D::Error;
+    type Variant = Tagged<'t, D>;
 
     fn variant_seed<V: de::DeserializeSeed<'de>>(
         self,
         seed: V,
     ) -> Result<(V::Value, Self::Variant), Self::Error> {
-        let variant = seed.deserialize(de::value::BorrowedStrDeserializer::new(self.ty))?;
-        Ok((variant, VariantFields(self.object)))
+        let variant = seed.deserialize(de::value::StrDeserializer::new(self.ty))?;
+        Ok((variant, self))
     }
 }
 
-/// The fields of a [`TaggedObject`]'s variant: its object, `type` left out.
-struct VariantFields<'a>(&'a str);
-
-impl<'de> de::VariantAccess<'de> for VariantFields<'de> {
-    type Error = serde_json::Error;
+impl<'de, D: Deserializer<'de>> de::VariantAccess<'de> for Tagged<'_, D> {
+    type Error = D::Error;
 
     fn unit_variant(self) -> Result<(), Self::Error> {
         Err(de::Error::custom("every event has fields"))
@@ -1301,55 +1333,75 @@ impl<'de> de::VariantAccess<'de> for VariantFields<'de> {
         visitor: V,
     ) -> Result<V::Value, Self::Error> {
         // As a map: an event written as an array is not read the quick way.
-        let mut de = serde_json::Deserializer::from_str(self.0);
-        let value = de.deserialize_map(WithoutType(visitor))?;
-        de.end()?;
-        Ok(value)
+        self.fields.deserialize_map(WithoutType {
+            visitor,
+            ty: self.ty,
+        })
     }
 }
 
-/// A visitor of a struct's fields that is never shown the key `type`.
-struct WithoutType<V>(V);
+/// A visitor of a struct's fields that is never shown the key `type` (which must be `ty`).
+struct WithoutType<'t, V> {
+    visitor: V,
+    ty: &'t str,
+}
 
-impl<'de, V: Visitor<'de>> Visitor<'de> for WithoutType<V> {
+impl<'de, V: Visitor<'de>> Visitor<'de> for WithoutType<'_, V> {
     type Value = V::Value;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.expecting(f)
+        self.visitor.expecting(f)
     }
 
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<V::Value, A::Error> {
-        self.0.visit_map(SkipType(map))
+        self.visitor.visit_map(SkipType {
+            map,
+            ty: self.ty,
+            seen: false,
+        })
     }
 }
 
-/// A map whose key `type` (and its value) is skipped.
-struct SkipType<A>(A);
+/// A map whose key `type` (and its value) is skipped — once, and only if its value is `ty`:
+/// a map without it, with it twice or with another value fails.
+struct SkipType<'t, A> {
+    map: A,
+    ty: &'t str,
+    seen: bool,
+}
 
-impl<'de, A: MapAccess<'de>> MapAccess<'de> for SkipType<A> {
+impl<'de, A: MapAccess<'de>> MapAccess<'de> for SkipType<'_, A> {
     type Error = A::Error;
 
     fn next_key_seed<K: de::DeserializeSeed<'de>>(
         &mut self,
         seed: K,
     ) -> Result<Option<K::Value>, A::Error> {
-        while let Some(key) = self.0.next_key::<&'de str>()? {
+        while let Some(key) = self.map.next_key::<&'de str>()? {
             if key == "type" {
-                self.0.next_value::<IgnoredAny>()?;
+                let ty = self.map.next_value::<&'de str>()?;
+                if self.seen || ty != self.ty {
+                    return Err(de::Error::custom("not the one `type` expected"));
+                }
+                self.seen = true;
                 continue;
             }
             return seed
                 .deserialize(de::value::BorrowedStrDeserializer::new(key))
                 .map(Some);
         }
-        Ok(None)
+        if self.seen {
+            Ok(None)
+        } else {
+            Err(de::Error::missing_field("type"))
+        }
     }
 
     fn next_value_seed<V: de::DeserializeSeed<'de>>(
         &mut self,
         seed: V,
     ) -> Result<V::Value, A::Error> {
-        self.0.next_value_seed(seed)
+        self.map.next_value_seed(seed)
     }
 }
 
@@ -1496,6 +1548,33 @@ mod tests {
         value["event"] = serde_json::json!(["cancel_requested"]);
         assert!(QuickLine::read(&value.to_string()).is_none());
         assert!(RecordLine::read(&value.to_string()).is_err());
+        // The event's last `"type":"` is a guess the reading checks: a `type` first is read
+        // the quick way all the same; a `type` twice, none, or a guess led astray by a
+        // nested object after the event's own `type` go the careful way.
+        let own = ",\"type\":\"cancel_requested\"}";
+        assert!(text.contains(own), "{text}");
+        let first = text
+            .replace(own, "}")
+            .replace("\"event\":{", "\"event\":{\"type\":\"cancel_requested\",");
+        assert_eq!(QuickLine::read(&first).unwrap(), careful(&text).unwrap());
+        let two = text.replace("\"event\":{", "\"event\":{\"type\":\"completed\",");
+        assert_eq!(guess_event_type(&two), Some("cancel_requested"));
+        assert!(QuickLine::read(&two).is_none());
+        assert_eq!(RecordLine::read(&two).unwrap().event, cancel());
+        let untyped = text.replace(own, "}");
+        assert_eq!(guess_event_type(&untyped), None);
+        assert!(RecordLine::read(&untyped).is_err());
+        let astray = text.replace(
+            own,
+            ",\"type\":\"cancel_requested\",\"zz\":{\"type\":\"completed\"}}",
+        );
+        assert_eq!(guess_event_type(&astray), Some("completed"));
+        assert!(QuickLine::read(&astray).is_none());
+        assert!(
+            error(&astray).contains("unknown field `zz`"),
+            "{}",
+            error(&astray)
+        );
     }
 
     #[test]
