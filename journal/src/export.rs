@@ -40,12 +40,12 @@
 //! ```
 
 use crate::event::{
-    Delivery, Event, ExpiryResolution, LeasePolicy, Publication, TaskSpec, Timestamp,
+    Delivery, Event, EventType, ExpiryResolution, LeasePolicy, Publication, TaskSpec, Timestamp,
 };
 use crate::record::{Digest, Record, RecordFormat, RECORD_FORMAT_VERSION};
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine as _;
-use serde::de::{self, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, IgnoredAny, IntoDeserializer as _, MapAccess, SeqAccess, Visitor};
 use serde::ser::SerializeStruct;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
@@ -1247,11 +1247,9 @@ fn guess_event_type(line: &str) -> Option<&'static str> {
     let event = bytes.get(..last(bytes, b"},\"position\":")?)?;
     let name = event.get(last(event, b"\"type\":\"")? + 8..)?;
     let name = name.get(..name.iter().position(|&b| b == b'"')?)?;
-    let name = std::str::from_utf8(name).ok()?;
-    let ty = crate::event::EventType::deserialize(de::value::BorrowedStrDeserializer::<
-        de::value::Error,
-    >::new(name));
-    ty.ok().map(crate::event::EventType::as_str)
+    let name: Result<EventType, de::value::Error> =
+        EventType::deserialize(std::str::from_utf8(name).ok()?.into_deserializer());
+    name.ok().map(EventType::as_str)
 }
 
 impl QuickLine {
