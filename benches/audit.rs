@@ -1,5 +1,5 @@
-//! `dtask verify` and `dtask export` on a journal of 1M events (100k tasks of 10 events, half of
-//! them terminal): events per second, wall clock of the real binary.
+//! `dtask verify`, `dtask export` and `dtask import` on a journal of 1M events (100k tasks of 10
+//! events, half of them terminal): events per second, wall clock of the real binary.
 //!
 //! Run: `cargo bench --bench audit` (`-- --events 200000` for a smaller journal).
 #![allow(clippy::unwrap_used, clippy::cast_precision_loss, missing_docs)]
@@ -10,7 +10,7 @@ use clap::Parser;
 use std::process::Command;
 use std::time::Instant;
 
-/// `dtask verify` and `dtask export` on a journal of 1M events.
+/// `dtask verify`, `dtask export` and `dtask import` on a journal of 1M events.
 #[derive(Debug, Parser)]
 struct Args {
     /// Events in the journal (10 per task).
@@ -52,5 +52,21 @@ fn main() {
         tasks * 10,
         "export",
         &["--journal", j, "export", "-o", "/dev/null"],
+    );
+    // The import of the journal's export into a new journal (the export written first,
+    // untimed): its appends, the read-back of every record and the closing audit.
+    let exported = dir.path().join("export.jsonl");
+    let exported = exported.to_str().unwrap();
+    let status = Command::new(env!("CARGO_BIN_EXE_dtask"))
+        .args(["--journal", j, "export", "-o", exported])
+        .status()
+        .unwrap();
+    assert!(status.success(), "the export for the import failed");
+    let imported = dir.path().join("imported");
+    let imported = imported.to_str().unwrap();
+    timed(
+        tasks * 10,
+        "import",
+        &["--journal", imported, "import", exported],
     );
 }
