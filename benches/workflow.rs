@@ -267,7 +267,7 @@ fn row_through(through: Through, callers: usize, steps: u32, secs: f64) -> (f64,
                                     arguments: format!("{{\"steps\":{steps}}}"),
                                     ..ToolCall::default()
                                 };
-                                tools.submit(&manager, call).await.unwrap().spec.id
+                                tools.submit(&manager, call).await.unwrap().spec.id.clone()
                             }
                         };
                         let outcome = manager.wait(&id).await.unwrap();

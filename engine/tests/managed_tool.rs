@@ -190,6 +190,57 @@ async fn s21_stream_background_replayed_update_is_stored_once_and_materialized_t
     assert!(appended.iter().all(|(_, e, d)| e == "e1" && d == b"one"));
 }
 
+// A streaming caller is shown each first emission as the tool gave it (event id, kind, bytes,
+// metadata), and the store keeps the same update.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shown_update_is_the_tools_own() {
+    let given = Update {
+        kind: "progress".into(),
+        metadata: [("b", "2"), ("a", "1")]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect(),
+        ..update("e1", b"one")
+    };
+    let probe =
+        Probe::new(Script::complete(b"{}").with_updates(vec![given.clone(), given.clone()]));
+    let env = env(&probe);
+    let items =
+        collect(managed(&env, background()).call_stream("{}", &CallOptions::default())).await;
+    let shown = items[0].as_ref().unwrap().envelope.as_update().unwrap();
+    assert_eq!(
+        (
+            shown.event_id.as_str(),
+            shown.kind.as_str(),
+            &shown.metadata
+        ),
+        ("e1", "progress", &given.metadata)
+    );
+    assert_eq!(
+        base64::engine::general_purpose::STANDARD
+            .decode(&shown.data)
+            .unwrap(),
+        b"one"
+    );
+    let id = launched_id(items[1].as_ref().unwrap());
+    terminal(&env.manager, &id).await;
+    let stored = env.store.list_updates(&id, None, 100, false).await.unwrap();
+    let stored: Vec<_> = stored
+        .updates
+        .iter()
+        .map(|u| {
+            (
+                u.event_id.as_str(),
+                u.kind.as_str(),
+                u.data.as_slice(),
+                &u.metadata,
+            )
+        })
+        .collect();
+    let metadata: Vec<_> = given.metadata.clone().into_iter().collect();
+    assert_eq!(stored, [("e1", "progress", b"one".as_slice(), &metadata)]);
+}
+
 // 22: the same event id with other bytes fails the task.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s22_conflicting_event_id_fails_the_background_task() {
@@ -336,10 +387,10 @@ async fn s34_read_input_request_is_a_copy_and_refuses_foreign_tasks() {
     request.id = "mutated".into();
     assert_eq!(read_input_request(&task).unwrap().id, "approval");
     let mut foreign = (*task).clone();
-    foreign.spec.executor_key = "other".into();
+    std::sync::Arc::make_mut(&mut foreign.spec).executor_key = "other".into();
     assert!(read_input_request(&foreign).is_err());
     let mut kind = (*task).clone();
-    kind.spec.kind = "other".into();
+    std::sync::Arc::make_mut(&mut kind.spec).kind = "other".into();
     assert!(read_input_request(&kind).is_err());
 }
 
@@ -1733,7 +1784,7 @@ async fn a_workers_max_concurrent_bounds_concurrent_managed_attempts() {
             arguments: "{}".into(),
             ..ToolCall::default()
         };
-        ids.push(tools.submit(&manager, call).await.unwrap().spec.id);
+        ids.push(tools.submit(&manager, call).await.unwrap().spec.id.clone());
     }
     let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
     let worker = dtask_engine::Worker::new(
@@ -1867,7 +1918,7 @@ async fn a_running_background_tool_receives_inputs() {
         arguments: "{}".into(),
         ..ToolCall::default()
     };
-    let id = tools.submit(&manager, call).await.unwrap().spec.id;
+    let id = tools.submit(&manager, call).await.unwrap().spec.id.clone();
     let run = {
         let (manager, id) = (manager.clone(), id.clone());
         tokio::spawn(async move { manager.execute(&id).await })

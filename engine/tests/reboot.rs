@@ -169,7 +169,8 @@ async fn step(store: &TaskStore, env: &Env, ids: &mut Vec<&'static str>, op: &Op
             },
         ));
     }
-    let names = |p: dtask_engine::TaskPage| p.tasks.into_iter().map(|t| t.spec.id).collect();
+    let names =
+        |p: dtask_engine::TaskPage| p.tasks.into_iter().map(|t| t.spec.id.clone()).collect();
     Observation {
         outcome,
         tasks,

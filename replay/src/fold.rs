@@ -13,6 +13,7 @@ use crate::state::{
 use dtask_journal::{Event, EventType, ExpiryResolution, Publication};
 use std::collections::BTreeSet;
 use std::fmt;
+use std::sync::Arc;
 
 /// Why an event cannot follow the state it was applied to.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -266,7 +267,7 @@ impl Task {
         }
         Ok(Self {
             state: TaskState {
-                spec,
+                spec: Arc::new(spec),
                 policy,
                 status: Status::Pending,
                 checkpoint,

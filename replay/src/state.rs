@@ -3,6 +3,7 @@
 use dtask_journal::{ExpiryResolution, LeasePolicy, Publication, TaskSpec, Timestamp};
 use serde::{Deserialize, Serialize};
 use std::fmt;
+use std::sync::Arc;
 
 /// The result error of a task canceled without a reason.
 pub const DEFAULT_CANCEL_REASON: &str = "task was canceled";
@@ -78,8 +79,9 @@ impl fmt::Display for Status {
 /// The snapshot of one task (the reference's task record), derived only by folding its events.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TaskState {
-    /// The immutable spec.
-    pub spec: TaskSpec,
+    /// The immutable spec, shared by every snapshot of the task (a snapshot's copy does not
+    /// copy it).
+    pub spec: Arc<TaskSpec>,
     /// What a lease expiry does.
     pub policy: LeasePolicy,
     /// The current status.

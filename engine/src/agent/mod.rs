@@ -247,7 +247,7 @@ pub async fn read_transcript(store: &TaskStore, id: &str) -> Result<Transcript, 
     if task.spec.executor_key != AGENT_EXECUTOR_KEY {
         return Err(AgentError::NotAnAgent {
             task_id: id.to_owned(),
-            executor_key: task.spec.executor_key,
+            executor_key: task.spec.executor_key.clone(),
         });
     }
     let payload = AgentPayload::decode(&task.spec.payload)?;

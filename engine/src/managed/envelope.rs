@@ -373,7 +373,8 @@ mod tests {
                 kind: TASK_KIND.into(),
                 description: description.into(),
                 ..TaskSpec::default()
-            },
+            }
+            .into(),
             policy: LeasePolicy::Retry,
             status,
             checkpoint: Vec::new(),
@@ -539,7 +540,8 @@ mod tests {
             "invalid response envelope: a waiting result needs an input request"
         );
         let mut plain = waiting.clone();
-        plain.spec.executor_key = crate::managed::codec::PLAIN_EXECUTOR_KEY.into();
+        std::sync::Arc::make_mut(&mut plain.spec).executor_key =
+            crate::managed::codec::PLAIN_EXECUTOR_KEY.into();
         assert!(ResponseEvent::launch_result(&plain).is_err());
     }
 

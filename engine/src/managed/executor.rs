@@ -398,27 +398,35 @@ impl UpdateSink for JournalSink<'_> {
     type Error = ExecutionError;
 
     async fn accept(&mut self, update: Update) -> Result<(), ExecutionError> {
-        let caller_id = update.event_id.clone();
+        let Update {
+            event_id,
+            kind,
+            data,
+            metadata,
+        } = update;
+        let caller_id = self.feed.is_on().then(|| event_id.clone());
         let (record, first) = self
             .attempt
             .emit_progress(Progress {
-                event_id: update.event_id.clone(),
-                kind: update.kind.clone(),
-                data: update.data.clone(),
-                metadata: update.metadata.clone().into_iter().collect(),
+                event_id,
+                kind,
+                data,
+                metadata: metadata.into_iter().collect(),
             })
             .await
             .map_err(|e: StoreError| fail(format!("persist update: {e}")))?;
         crate::failpoints::point!(crate::failpoints::AFTER_UPDATE_PERSISTED, |m| Err(fail(m)));
         if first {
-            // A live caller sees first emissions only, with the persisted (maybe generated) id.
-            let shown = Update {
+            // A live caller sees first emissions only, with the persisted (maybe generated)
+            // id; a first emission's record holds the update's own kind, bytes and metadata.
+            self.live.offer(&record.task_id, || Update {
                 event_id: record.event_id.clone(),
-                ..update
-            };
-            self.live.offer(&record.task_id, &shown);
+                kind: record.kind.clone(),
+                data: record.data.clone(),
+                metadata: record.metadata.iter().cloned().collect(),
+            });
         }
-        if self.feed.is_on() {
+        if let Some(caller_id) = caller_id {
             if let Err(e) = self.feed.append(&caller_id, &record.data).await {
                 self.feed.stop();
                 self.attempt

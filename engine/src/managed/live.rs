@@ -107,12 +107,12 @@ impl LiveTable {
         added
     }
 
-    /// Offers a first emission to the task's live projection, if any (never blocks: a full
-    /// or closed projection misses it).
-    pub(crate) fn offer(&self, task_id: &str, update: &Update) {
+    /// Offers a first emission, built by `make` only if the task has a live projection, to
+    /// that projection (never blocks: a full or closed projection misses it).
+    pub(crate) fn offer(&self, task_id: &str, make: impl FnOnce() -> Update) {
         let sender = self.lock().get(task_id).and_then(|e| e.projection.clone());
         if let Some(sender) = sender {
-            let _ = sender.try_send(update.clone());
+            let _ = sender.try_send(make());
         }
     }
 

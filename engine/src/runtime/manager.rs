@@ -650,7 +650,7 @@ impl Manager {
             let run = {
                 let attempt = attempt.clone();
                 let executor = Arc::clone(&executor);
-                let snapshot = claimed.clone();
+                let snapshot = claimed;
                 tokio::spawn(async move { executor.execute(attempt, snapshot).await })
             };
             let outcome = run.await;

@@ -821,9 +821,9 @@ impl TaskStore {
 
     /// Folds appended `events` into `task`.
     fn apply_all(task: &mut Task, events: &[Event]) -> Result<()> {
-        let id = task.state.spec.id.clone();
         for event in events {
             task.apply(event).map_err(|error| {
+                let id = &task.state.spec.id;
                 tracing::error!(task = %id, %error, "a decided event does not fold");
                 StoreError::Replay(ReplayError::Rejected {
                     task: id.clone(),
@@ -837,10 +837,9 @@ impl TaskStore {
 
     /// [`TaskStore::commit`] of one stream.
     async fn commit_one(&self, slot: &Slot, task: &mut Task, events: &[Event]) -> Result<()> {
-        let id = task.state.spec.id.clone();
         let before = Placement::of(&task.state);
         if self
-            .append(Some(slot), &id, task.state.position, events)
+            .append(Some(slot), &task.state.spec.id, task.state.position, events)
             .await?
             == Appended::Conflict
         {

@@ -181,7 +181,7 @@ impl TaskStore {
             else {
                 continue;
             };
-            let session_id = self.get(&item.task).await?.spec.session_id;
+            let session_id = self.get(&item.task).await?.spec.session_id.clone();
             out.push(Notification {
                 id,
                 task_id: item.task,

@@ -39,6 +39,22 @@ impl UpdateRecord {
     #[must_use]
     pub fn from_record(task_id: &str, record: &Record) -> Option<Self> {
         match &record.event {
+            Event::UpdateAppended { .. } | Event::PartAppended { .. } => {
+                Self::from_event(task_id, record.position, record.event.clone())
+            }
+            _ => None,
+        }
+    }
+
+    /// The update in `record`, if it is one, its fields moved out of the record.
+    fn from_owned(task_id: &str, record: Record) -> Option<Self> {
+        Self::from_event(task_id, record.position, record.event)
+    }
+
+    /// The update `event` holds (if it is one), at `position` of `task_id`'s stream, its
+    /// fields moved rather than copied.
+    fn from_event(task_id: &str, position: u64, event: Event) -> Option<Self> {
+        match event {
             Event::UpdateAppended {
                 attempt,
                 event_id,
@@ -48,15 +64,15 @@ impl UpdateRecord {
                 at,
             } => Some(Self {
                 task_id: task_id.to_owned(),
-                attempt: *attempt,
-                event_id: event_id.clone(),
-                kind: kind.clone(),
-                data: data.clone(),
-                metadata: metadata.clone(),
+                attempt,
+                event_id,
+                kind,
+                data,
+                metadata,
                 part_id: String::new(),
                 last: true,
-                position: record.position,
-                created_at: *at,
+                position,
+                created_at: at,
             }),
             Event::PartAppended {
                 attempt,
@@ -69,15 +85,15 @@ impl UpdateRecord {
                 at,
             } => Some(Self {
                 task_id: task_id.to_owned(),
-                attempt: *attempt,
-                event_id: event_id.clone(),
-                kind: kind.clone(),
-                data: data.clone(),
-                metadata: metadata.clone(),
-                part_id: part_id.clone(),
-                last: *last,
-                position: record.position,
-                created_at: *at,
+                attempt,
+                event_id,
+                kind,
+                data,
+                metadata,
+                part_id,
+                last,
+                position,
+                created_at: at,
             }),
             _ => None,
         }
@@ -142,15 +158,7 @@ impl TaskStore {
             Keyed::New(event) => {
                 self.commit(&slot, &mut task, std::slice::from_ref(&event))
                     .await?;
-                let record = Record {
-                    position,
-                    seq: 0,
-                    event,
-                    digest: dtask_journal::Digest::GENESIS,
-                    crc: 0,
-                    size: 0,
-                };
-                UpdateRecord::from_record(id, &record)
+                UpdateRecord::from_event(id, position, event)
                     .map(|u| (u, true))
                     .ok_or_else(|| StoreError::update_not_found(id, position))
             }
@@ -163,7 +171,7 @@ impl TaskStore {
             .read_stream(id, position)
             .next()
             .ok_or_else(|| StoreError::update_not_found(id, position))??;
-        UpdateRecord::from_record(id, &record)
+        UpdateRecord::from_owned(id, record)
             .ok_or_else(|| StoreError::update_not_found(id, position))
     }
 
@@ -236,9 +244,10 @@ impl TaskStore {
             if record.position >= end {
                 break;
             }
-            if let Some(update) = UpdateRecord::from_record(id, &record) {
+            let position = record.position;
+            if let Some(update) = UpdateRecord::from_owned(id, record) {
                 if out.len() == limit {
-                    return Ok((out, Some(record.position)));
+                    return Ok((out, Some(position)));
                 }
                 out.push(update);
             }
@@ -265,7 +274,7 @@ impl TaskStore {
                 if record.position >= end {
                     break;
                 }
-                if let Some(update) = UpdateRecord::from_record(id, &record) {
+                if let Some(update) = UpdateRecord::from_owned(id, record) {
                     chunk.push(update);
                 }
             }

@@ -54,7 +54,7 @@ async fn g003_returned_snapshot_is_a_copy() {
     let mut t = store.create(req.clone()).await.unwrap();
     // The request was moved into the store; mutate our copy of it and the returned snapshot.
     req.spec.payload.clear();
-    t.spec.payload = b"mutated".to_vec();
+    std::sync::Arc::make_mut(&mut t.spec).payload = b"mutated".to_vec();
     t.checkpoint.push(b'!');
     t.status = Status::Completed;
     let again = store.get("a").await.unwrap();
@@ -124,7 +124,7 @@ async fn g005_spec_and_policy_never_change() {
         seen.push(ok(store, "a", command).await);
     }
     for t in seen {
-        assert_eq!(t.spec, s);
+        assert_eq!(*t.spec, s);
         assert_eq!(t.policy, Retry);
     }
 }

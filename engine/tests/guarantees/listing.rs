@@ -13,7 +13,7 @@ async fn g068_list_ascending_and_filtered() {
     other.executor_key = "other".into();
     store.create(request(other, Retry)).await.unwrap();
     let ids = |page: dtask_engine::TaskPage| -> Vec<String> {
-        page.tasks.into_iter().map(|t| t.spec.id).collect()
+        page.tasks.into_iter().map(|t| t.spec.id.clone()).collect()
     };
     assert_eq!(
         ids(store.list_pending(&keys(), None, 0).await.unwrap()),

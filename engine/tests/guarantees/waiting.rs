@@ -86,7 +86,7 @@ async fn g054_waiting_and_suspended_not_listed_pending() {
         .unwrap()
         .tasks
         .into_iter()
-        .map(|t| t.spec.id)
+        .map(|t| t.spec.id.clone())
         .collect();
     assert_eq!(ids, ["p"]);
 }
