@@ -204,20 +204,27 @@ impl AttemptContext {
 
     /// Runs a versioned command at the attempt's version, adopting the new version.
     pub(crate) async fn versioned(&self, command: Command) -> Result<TaskState, StoreError> {
+        self.versioned_then(command, TaskState::clone).await
+    }
+
+    /// [`AttemptContext::versioned`], handing the new snapshot to `then` rather than copying
+    /// it out.
+    async fn versioned_then<R>(
+        &self,
+        command: Command,
+        then: impl FnOnce(&TaskState) -> R,
+    ) -> Result<R, StoreError> {
         self.check_poison()?;
         let mut version = self.shared.version.lock().await;
-        let result = self
+        let (new_version, out) = self
             .shared
             .store
-            .execute(&self.shared.task_id, *version, command)
-            .await;
-        match result {
-            Ok(state) => {
-                *version = state.version;
-                Ok(state)
-            }
-            Err(e) => Err(e),
-        }
+            .execute_then(&self.shared.task_id, *version, command, |state| {
+                (state.version, then(state))
+            })
+            .await?;
+        *version = new_version;
+        Ok(out)
     }
 
     /// Writes the started marker (transition T4 of docs/semantics.md): the tool's side effect
@@ -229,7 +236,6 @@ impl AttemptContext {
     pub async fn commit_start(&self, checkpoint: Vec<u8>) -> Result<(), StoreError> {
         self.versioned_or_poison(Command::CommitStart { checkpoint })
             .await
-            .map(drop)
     }
 
     /// The inputs of the task's mailbox after sequence `after`, with the mailbox's counters
@@ -274,7 +280,6 @@ impl AttemptContext {
             checkpoint,
         })
         .await
-        .map(drop)
     }
 
     /// Records the task's first transcript (output file) failure (transition T5 of
@@ -285,11 +290,12 @@ impl AttemptContext {
     pub async fn report_transcript_failure(&self, error: String) -> Result<(), StoreError> {
         self.versioned_or_poison(Command::ReportTranscriptFailure { error })
             .await
-            .map(drop)
     }
 
-    async fn versioned_or_poison(&self, command: Command) -> Result<TaskState, StoreError> {
-        match self.versioned(command).await {
+    /// Runs a versioned command whose new snapshot the attempt does not need; a lost lease or
+    /// a stale version reconciles the attempt with the store.
+    async fn versioned_or_poison(&self, command: Command) -> Result<(), StoreError> {
+        match self.versioned_then(command, |_| ()).await {
             Err(e @ (StoreError::LeaseLost(_) | StoreError::VersionConflict { .. })) => {
                 let seen = *self.shared.version.lock().await;
                 self.reconcile(seen).await;
@@ -341,8 +347,8 @@ impl AttemptContext {
                 return;
             }
             let seen = *self.shared.version.lock().await;
-            match self.versioned(Command::Heartbeat).await {
-                Ok(_) => {}
+            match self.versioned_then(Command::Heartbeat, |_| ()).await {
+                Ok(()) => {}
                 Err(StoreError::VersionConflict { .. }) => {
                     if self.still_ours().await {
                         // An earlier heartbeat committed but its answer was lost.

@@ -1068,6 +1068,19 @@ impl TaskStore {
         expected_version: u64,
         command: Command,
     ) -> Result<TaskState> {
+        self.execute_then(id, expected_version, command, TaskState::clone)
+            .await
+    }
+
+    /// [`TaskStore::execute`], handing the task's new snapshot to `then` under the task's
+    /// lock instead of copying it out: for callers that need only part of it (its version).
+    pub(crate) async fn execute_then<R>(
+        &self,
+        id: &str,
+        expected_version: u64,
+        command: Command,
+        then: impl FnOnce(&TaskState) -> R,
+    ) -> Result<R> {
         let config = &self.inner.config;
         decide::validate_task_id(id, config)?;
         decide::validate(&command, config)?;
@@ -1084,7 +1097,7 @@ impl TaskStore {
                 }
             }
         }
-        Ok(task.state.clone())
+        Ok(then(&task.state))
     }
 
     /// Resolves every lease that has expired by now; returns how many were written down.
