@@ -751,6 +751,11 @@ async fn a_task_created_claimed_is_recovered_when_its_lease_runs_out() {
         .unwrap();
     assert_eq!(claimed.status, Status::Running);
     assert_eq!(claimed.attempt, 1);
+    // The snapshot is the fold of what was written: the same as a replay of the stream.
+    let replayed = dtask_replay::load_task(store.journal(), "lost")
+        .unwrap()
+        .unwrap();
+    assert_eq!(replayed.state, claimed);
     assert!(store
         .list_pending(&["exec".to_owned()], None, 10)
         .await

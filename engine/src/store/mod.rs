@@ -956,18 +956,22 @@ impl TaskStore {
         }
         let now = self.now();
         let (id, mut events) = decide::create(request, String::new(), now, config)?;
-        let created = fold_new(&id, &events)?;
+        let mut task = fold_new(&id, &events)?;
         match decide::decide(
-            &created.state,
-            created.state.version,
+            &task.state,
+            task.state.version,
             &Command::Start,
             now,
             config,
         )? {
-            Decision::Write(start) => events.extend(start),
+            Decision::Write(start) => {
+                // Folded on from the creation, as a fold of the whole stream would.
+                Self::apply_all(&mut task, &start)?;
+                events.extend(start);
+            }
             Decision::Unchanged => {}
         }
-        self.create_stream(id, events, None).await
+        self.create_folded(id, events, task, None).await
     }
 
     /// Writes a new task's stream (with, for a nested task, its parent's events in the same
@@ -978,6 +982,19 @@ impl TaskStore {
         events: Vec<Event>,
         parent: Option<(&Slot, &mut Task, &[Event])>,
     ) -> Result<TaskState> {
+        // Folded before the append, so that a stream that would not fold is never written.
+        let task = fold_new(&id, &events)?;
+        self.create_folded(id, events, task, parent).await
+    }
+
+    /// [`TaskStore::create_stream`] of a stream already folded into `task`.
+    async fn create_folded(
+        &self,
+        id: String,
+        events: Vec<Event>,
+        task: Task,
+        parent: Option<(&Slot, &mut Task, &[Event])>,
+    ) -> Result<TaskState> {
         // On a shared journal the read is a round trip, and the append at position 0 below
         // answers the same question (a conflict: the task exists).
         if self.index().slots.contains_key(&id)
@@ -985,8 +1002,6 @@ impl TaskStore {
         {
             return Err(StoreError::AlreadyExists(id));
         }
-        // Folded before the append, so that a stream that would not fold is never written.
-        let task = fold_new(&id, &events)?;
         match parent {
             None => {
                 if self.append(None, &id, 0, &events).await? == Appended::Conflict {
