@@ -575,6 +575,10 @@ pub struct RocksBackend {
     secondary: bool,
     sync: WriteOptions,
     buffered: WriteOptions,
+    /// The options of every point lookup ([`Backend::get`]), made once: the driver's
+    /// `get_cf` makes a set of its own for each call (an allocation in RocksDB a lookup;
+    /// every new task is looked up twice, by its creator and by the writer).
+    point_reads: rocksdb::ReadOptions,
 }
 
 impl std::fmt::Debug for RocksBackend {
@@ -1002,6 +1006,7 @@ impl RocksBackend {
             secondary: matches!(mode, OpenMode::Secondary(_)),
             sync,
             buffered,
+            point_reads: rocksdb::ReadOptions::default(),
             tuning: Tuning {
                 direct_table_io: direct,
                 ..tuning
@@ -1475,11 +1480,15 @@ impl Backend for RocksBackend {
     }
 
     fn get(&self, space: Space, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        let found = self.db.get_cf(self.cf(space)?, key)?;
+        let found = self
+            .db
+            .get_cf_opt(self.cf(space)?, key, &self.point_reads)?;
         // `events` before `finished`: a record moved between the two reads is found in the
         // second (records only ever move that way).
         match (found, space, self.finished_in_use()) {
-            (None, Space::Events, Some(finished)) => Ok(self.db.get_cf(finished, key)?),
+            (None, Space::Events, Some(finished)) => {
+                Ok(self.db.get_cf_opt(finished, key, &self.point_reads)?)
+            }
             (found, ..) => Ok(found),
         }
     }

@@ -11,8 +11,8 @@ use crate::options::JournalOptions;
 use crate::record::{self, Digest, Record, RecordFormat};
 use crate::tail::{Inconsistency, LiveSummary, Tail};
 use crate::writer::{
-    AppendJob, Appended, EncodedEvent, EncodedEvents, IndexEffect, LinkedPart, Recipient, Shared,
-    Writer,
+    AppendJob, Appended, EncodedEvent, EncodedEvents, IndexEffect, JobTask, LinkedPart, Recipient,
+    Shared, Writer,
 };
 use std::path::Path;
 use std::sync::mpsc::{self, Sender};
@@ -529,14 +529,14 @@ impl Journal {
                 return Err(Error::DuplicateStream((*other).to_owned()));
             }
             parts.push(LinkedPart {
-                task: (*other).to_owned(),
+                task: JobTask::new(other),
                 expected: *expected,
                 events: self.prepare(other, events)?,
             });
         }
         let (reply, rx) = oneshot::channel();
         let job = AppendJob {
-            task: task.to_owned(),
+            task: JobTask::new(task),
             expected: expected_position,
             events: encoded,
             linked: parts,

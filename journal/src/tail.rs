@@ -241,13 +241,22 @@ impl Tail {
     /// The stored form.
     #[must_use]
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(TAIL_LEN);
-        out.push(TAIL_VERSION);
-        out.extend_from_slice(&self.last_seq.to_be_bytes());
-        out.extend_from_slice(&self.live.tasks.to_be_bytes());
-        out.extend_from_slice(&self.live.digest.to_bytes());
-        let crc = crc32fast::hash(&out);
-        out.extend_from_slice(&crc.to_le_bytes());
+        self.encoded().to_vec()
+    }
+
+    /// [`Tail::encode`] on the stack: the writer puts one a batch, held in place in its
+    /// [`crate::backend::OpBytes`].
+    pub(crate) fn encoded(&self) -> [u8; TAIL_LEN] {
+        let mut out = [0; TAIL_LEN];
+        let (version, rest) = out.split_at_mut(1);
+        version[0] = TAIL_VERSION;
+        let (last_seq, rest) = rest.split_at_mut(8);
+        last_seq.copy_from_slice(&self.last_seq.to_be_bytes());
+        let (tasks, rest) = rest.split_at_mut(8);
+        tasks.copy_from_slice(&self.live.tasks.to_be_bytes());
+        rest[..16].copy_from_slice(&self.live.digest.to_bytes());
+        let crc = crc32fast::hash(&out[..TAIL_LEN - 4]);
+        out[TAIL_LEN - 4..].copy_from_slice(&crc.to_le_bytes());
         out
     }
 

@@ -93,7 +93,7 @@ pub struct Appended {
 }
 
 pub(crate) struct AppendJob {
-    pub task: String,
+    pub task: JobTask,
     pub expected: u64,
     pub events: EncodedEvents,
     /// Appends to other streams that commit with this one or not at all (a nested task's
@@ -116,9 +116,49 @@ pub(crate) struct Recipient {
 
 /// One other stream's part of an [`AppendJob`].
 pub(crate) struct LinkedPart {
-    pub task: String,
+    pub task: JobTask,
     pub expected: u64,
     pub events: EncodedEvents,
+}
+
+/// The longest task id a job holds in place ([`JobTask::Inline`]): the engine's generated
+/// ids (`kind_` and 32 hex digits) for a kind of up to 23 bytes.
+const JOB_TASK_INLINE: usize = 56;
+
+/// A task id as a job carries it: held in place when it fits [`JOB_TASK_INLINE`] bytes, so
+/// that submitting an append allocates nothing for it and the writer thread frees nothing
+/// (an allocation on each caller's thread and a free on the writer's, an append); the
+/// writer's head cache takes a copy of its own only for a task it does not hold yet.
+#[derive(Debug)]
+pub(crate) enum JobTask {
+    /// Up to [`JOB_TASK_INLINE`] bytes, in place.
+    Inline(arrayvec::ArrayString<JOB_TASK_INLINE>),
+    /// A longer id.
+    Owned(String),
+}
+
+impl JobTask {
+    /// `task`, in place when it fits.
+    pub(crate) fn new(task: &str) -> Self {
+        arrayvec::ArrayString::from(task)
+            .map_or_else(|_| Self::Owned(task.to_owned()), Self::Inline)
+    }
+
+    /// The id.
+    pub(crate) fn as_str(&self) -> &str {
+        match self {
+            Self::Inline(task) => task.as_str(),
+            Self::Owned(task) => task.as_str(),
+        }
+    }
+
+    /// The id as a `String` of its own.
+    pub(crate) fn into_string(self) -> String {
+        match self {
+            Self::Inline(task) => task.as_str().to_owned(),
+            Self::Owned(task) => task,
+        }
+    }
 }
 
 /// Where an append's outcome goes.
@@ -491,6 +531,11 @@ pub(crate) struct Writer {
     /// the live ones — by a crash (whose moves waited in memory), with the option off, or in
     /// an older format — and moves them.
     sweep: Option<Vec<u8>>,
+    /// Room kept between batches: the parts of the job being staged
+    /// ([`Writer::stage_job`]), and the one-job batch of an append written by its caller
+    /// ([`Writer::try_inline`]). Both are empty between uses.
+    staged: Vec<(JobTask, Head, u64, Head)>,
+    lone: Vec<AppendJob>,
 }
 
 /// Whether the writer thread moves finished streams when the journal idles
@@ -588,6 +633,8 @@ impl Writer {
             idle_moves: IdleMoves::Made,
             opened_seq: tail.last_seq + 1,
             sweep: None,
+            staged: Vec::new(),
+            lone: Vec::new(),
         }
     }
 
@@ -929,10 +976,14 @@ impl Writer {
         {
             return Some(job);
         }
-        let mut batch = vec![job];
+        let mut batch = std::mem::take(&mut writer.lone);
+        batch.push(job);
         if let Some(written) = writer.commit(&mut batch, 0) {
             writer.make_durable_here(written);
         }
+        // Every job of a batch is answered, and taken out of it, by its commit.
+        batch.clear();
+        writer.lone = batch;
         None
     }
 
@@ -1109,10 +1160,10 @@ impl Writer {
     /// is as it was and `staged` is empty.
     fn stage_job(
         &self,
-        parts: impl Iterator<Item = (String, u64, EncodedEvents)>,
+        parts: impl Iterator<Item = (JobTask, u64, EncodedEvents)>,
         seq: u64,
         ops: &mut Vec<BatchOp>,
-        staged: &mut Vec<(String, Head, u64, Head)>,
+        staged: &mut Vec<(JobTask, Head, u64, Head)>,
     ) -> Result<Appended> {
         let before = ops.len();
         staged.clear();
@@ -1127,26 +1178,26 @@ impl Writer {
     /// [`Writer::stage_job`] without the undoing of a failure.
     fn stage_parts(
         &self,
-        parts: impl Iterator<Item = (String, u64, EncodedEvents)>,
+        parts: impl Iterator<Item = (JobTask, u64, EncodedEvents)>,
         mut seq: u64,
         ops: &mut Vec<BatchOp>,
-        staged: &mut Vec<(String, Head, u64, Head)>,
+        staged: &mut Vec<(JobTask, Head, u64, Head)>,
     ) -> Result<Appended> {
         let mut first = None;
         for (task, expected, events) in parts {
-            let head = match staged.iter().find(|(t, ..)| *t == task) {
+            let head = match staged.iter().find(|(t, ..)| t.as_str() == task.as_str()) {
                 Some((_, _, _, after)) => *after,
-                None => self.head(&task, expected)?,
+                None => self.head(task.as_str(), expected)?,
             };
             if head.next_position != expected {
                 return Err(Error::Conflict {
-                    task,
+                    task: task.into_string(),
                     expected,
                     actual: head.next_position,
                 });
             }
             let (after, appended) = Self::stage(
-                &task,
+                task.as_str(),
                 events,
                 head,
                 seq,
@@ -1306,7 +1357,7 @@ impl Writer {
         }
         let mut seq = self.next_seq;
         let mut ops = Vec::with_capacity(batch.len() * 4 + 1);
-        let mut overlay: HashMap<String, Head> = HashMap::new();
+        let mut overlay: HashMap<&str, Head> = HashMap::new();
         let mut tail = self.tail;
         let mut appended = Vec::with_capacity(batch.len());
         for job in batch.iter() {
@@ -1342,7 +1393,7 @@ impl Writer {
                 };
                 seq = done.last_seq + 1;
                 tail.live.advance(task, &head, &after);
-                overlay.insert(task.to_owned(), after);
+                overlay.insert(task, after);
                 first.get_or_insert(done);
             }
             let Some(first) = first else {
@@ -1354,7 +1405,7 @@ impl Writer {
         ops.push(BatchOp::Put {
             space: Space::Meta,
             key: keys::META_TAIL.into(),
-            value: tail.encode().into(),
+            value: OpBytes::from_slice(&tail.encoded()),
         });
         if let Some(message) = crate::failpoints::hit(crate::failpoints::BEFORE_WRITE) {
             fail_jobs(batch, &Error::storage(message));
@@ -1374,7 +1425,7 @@ impl Writer {
         });
         match self
             .backend
-            .write_expecting(ops, &self.tail.encode(), flush)
+            .write_expecting(ops, &self.tail.encoded(), flush)
         {
             Ok(true) => {}
             Ok(false) => {
@@ -1393,6 +1444,7 @@ impl Writer {
             observer.batch_written(&report);
         }
         self.start_compactions();
+        self.cache_heads(overlay);
         let acks = batch
             .drain(..)
             .zip(appended)
@@ -1401,8 +1453,6 @@ impl Writer {
                 appended,
             })
             .collect();
-        self.make_room_for_heads(overlay.len());
-        self.heads.extend(overlay);
         Done(Some(self.written(seq, tail, acks)))
     }
 
@@ -1452,7 +1502,7 @@ impl Writer {
         let mut tail = self.tail;
         let mut accepted = Vec::with_capacity(batch.len());
         let mut conflicts = 0;
-        let mut staged = Vec::with_capacity(1);
+        let mut staged = std::mem::take(&mut self.staged);
         // The streams this batch finishes, in order: each with its records' count when its
         // move waits, `None` when the batch moves it.
         let mut finished: Vec<(String, Option<u64>)> = Vec::new();
@@ -1470,14 +1520,7 @@ impl Writer {
             match self.stage_job(parts, seq, &mut ops, &mut staged) {
                 Ok(appended) => {
                     seq = staged.last().map_or(seq, |(_, _, after_seq, _)| *after_seq);
-                    for (task, head, _, after) in staged.drain(..) {
-                        tail.live.advance(&task, &head, &after);
-                        if self.finished_apart && after.terminal {
-                            let waits = move_waits(defer, &head, &after);
-                            finished.push((task.clone(), waits.then_some(after.next_position)));
-                        }
-                        self.heads.insert(task, after);
-                    }
+                    self.accept_staged(&mut staged, &mut tail, &mut finished, defer);
                     accepted.push(Ack { to, appended });
                 }
                 Err(e) => {
@@ -1486,6 +1529,8 @@ impl Writer {
                 }
             }
         }
+        // Drained by each job's staging, or emptied by its failure.
+        self.staged = staged;
         if accepted.is_empty() {
             self.shared.refused(conflicts, queued);
             return None;
@@ -1494,7 +1539,7 @@ impl Writer {
         ops.push(BatchOp::Put {
             space: Space::Meta,
             key: keys::META_TAIL.into(),
-            value: tail.encode().into(),
+            value: OpBytes::from_slice(&tail.encoded()),
         });
         if let Some(message) = crate::failpoints::hit(crate::failpoints::BEFORE_WRITE) {
             self.heads.clear();
@@ -1584,6 +1629,54 @@ impl Writer {
         self.finished_apart
             && !self.backend.is_shared()
             && self.pending_moves.len() < self.pending_limit
+    }
+
+    /// Takes the parts of a job staged in `staged` into the batch being written: each
+    /// stream's head advances in `tail`'s summary of the live tasks and in the cache, and a
+    /// stream finished (with finished streams kept apart) is noted in `finished`, with its
+    /// records' count when its move waits (`defer`: [`Writer::defers_moves`]).
+    fn accept_staged(
+        &mut self,
+        staged: &mut Vec<(JobTask, Head, u64, Head)>,
+        tail: &mut Tail,
+        finished: &mut Vec<(String, Option<u64>)>,
+        defer: bool,
+    ) {
+        for (task, head, _, after) in staged.drain(..) {
+            tail.live.advance(task.as_str(), &head, &after);
+            if self.finished_apart && after.terminal {
+                let waits = move_waits(defer, &head, &after);
+                finished.push((
+                    task.as_str().to_owned(),
+                    waits.then_some(after.next_position),
+                ));
+            }
+            self.set_head(task, after);
+        }
+    }
+
+    /// Caches the heads a batch made (room made first): a task's id is copied only for a
+    /// task not cached yet.
+    fn cache_heads(&mut self, heads: HashMap<&str, Head>) {
+        self.make_room_for_heads(heads.len());
+        for (task, head) in heads {
+            match self.heads.get_mut(task) {
+                Some(cached) => *cached = head,
+                None => {
+                    self.heads.insert(task.to_owned(), head);
+                }
+            }
+        }
+    }
+
+    /// Caches `task`'s head: its id is copied only for a task not cached yet.
+    fn set_head(&mut self, task: JobTask, head: Head) {
+        match self.heads.get_mut(task.as_str()) {
+            Some(cached) => *cached = head,
+            None => {
+                self.heads.insert(task.into_string(), head);
+            }
+        }
     }
 
     /// Empties the head cache if `more` heads would take it past [`HEAD_CACHE_LIMIT`].

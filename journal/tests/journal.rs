@@ -172,6 +172,62 @@ fn a_task_in_the_table_files_is_not_created_twice_and_new_ones_between_them_are(
     assert_eq!(journal.task_ids().count(), 1_000);
 }
 
+/// Task ids of every length a job may carry — held in place by the append up to 56 bytes,
+/// on the heap beyond — are written, cached and refused alike: appends from many writers at
+/// once (one batch) and one after the other, a conflict naming the whole id, and the
+/// streams read back complete after a reopen.
+#[test]
+fn task_ids_short_and_long_append_and_conflict_alike() {
+    let ids: Vec<String> = [1, 55, 56, 57, 64, 200, 1_000]
+        .iter()
+        .map(|len| format!("{len:04}").repeat(len / 4 + 1)[..*len].to_owned())
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+        let barrier = Arc::new(Barrier::new(ids.len()));
+        let handles: Vec<_> = ids
+            .iter()
+            .cloned()
+            .map(|task| {
+                let journal = journal.clone();
+                let barrier = Arc::clone(&barrier);
+                std::thread::spawn(move || {
+                    barrier.wait();
+                    journal.append(&task, 0, &[created(&task)]).unwrap();
+                    for i in 1..4 {
+                        journal.append(&task, i, &[update(i)]).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for handle in handles {
+            handle.join().unwrap();
+        }
+        for task in &ids {
+            match journal.append(task, 2, &[update(9)]).unwrap_err() {
+                Error::Conflict {
+                    task: named,
+                    expected: 2,
+                    actual: 4,
+                } => assert_eq!(&named, task),
+                other => panic!("{} bytes: {other:?}", task.len()),
+            }
+        }
+    }
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    for task in &ids {
+        let records: Vec<_> = journal
+            .read_stream(task, 0)
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(records.len(), 4, "{} bytes", task.len());
+        assert_eq!(records[0].event, created(task));
+        assert_eq!(journal.head(task).unwrap().unwrap().next_position, 4);
+    }
+    assert_eq!(journal.last_seq().unwrap(), 4 * ids.len() as u64);
+}
+
 #[test]
 fn a_stale_expected_position_writes_nothing() {
     let dir = tempfile::tempdir().unwrap();

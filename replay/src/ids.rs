@@ -5,6 +5,9 @@ use std::collections::HashMap;
 /// Ids held inline (back to back in one buffer) before the index becomes a hash map.
 const INLINE_MAX: usize = 32;
 
+/// How many ids of the first one's length an index makes room for at its first insert.
+const FIRST_ROOM: usize = 4;
+
 /// A map from event ids (update, notification and outbox ids) to the position of the record
 /// that recorded them.
 ///
@@ -117,6 +120,12 @@ impl IdIndex {
         }
         match u32::try_from(self.bytes.len() + id.len()) {
             Ok(end) if self.entries.len() < INLINE_MAX => {
+                if self.entries.is_empty() {
+                    // Room for the first ids at once: growing from one id's bytes took a
+                    // reallocation at each of the second, third and fifth.
+                    self.bytes.reserve(FIRST_ROOM * id.len());
+                    self.entries.reserve(FIRST_ROOM);
+                }
                 self.bytes.extend_from_slice(id.as_bytes());
                 self.entries.push((end, position));
             }
