@@ -1651,30 +1651,24 @@ impl Writer {
                     waits.then_some(after.next_position),
                 ));
             }
-            self.set_head(task, after);
+            self.cache_head(task.as_str(), after);
         }
     }
 
-    /// Caches the heads a batch made (room made first): a task's id is copied only for a
-    /// task not cached yet.
+    /// Caches the heads a batch made (room made first).
     fn cache_heads(&mut self, heads: HashMap<&str, Head>) {
         self.make_room_for_heads(heads.len());
         for (task, head) in heads {
-            match self.heads.get_mut(task) {
-                Some(cached) => *cached = head,
-                None => {
-                    self.heads.insert(task.to_owned(), head);
-                }
-            }
+            self.cache_head(task, head);
         }
     }
 
     /// Caches `task`'s head: its id is copied only for a task not cached yet.
-    fn set_head(&mut self, task: JobTask, head: Head) {
-        match self.heads.get_mut(task.as_str()) {
+    fn cache_head(&mut self, task: &str, head: Head) {
+        match self.heads.get_mut(task) {
             Some(cached) => *cached = head,
             None => {
-                self.heads.insert(task.into_string(), head);
+                self.heads.insert(task.to_owned(), head);
             }
         }
     }
