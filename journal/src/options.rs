@@ -74,8 +74,8 @@ pub struct JournalOptions {
     /// once there are four; it abandons a compaction under way when the database closes).
     /// Closing without waiting hands that compaction to the next run, which starts it at its
     /// first append: in the first seconds after the restart, beside the workers resuming
-    /// every task, whose appends then run markedly slower (docs/performance.md has the
-    /// figures). Waiting makes a planned restart (a
+    /// every task, whose appends then run markedly slower (docs/performance-history.md has
+    /// the figures). Waiting makes a planned restart (a
     /// deploy, an upgrade) start from a settled journal; a crash, which has no clean close,
     /// recovers as before. The wait is bounded: what is not done by then stays due.
     pub settle_on_close: Duration,
@@ -133,7 +133,7 @@ pub struct JournalOptions {
     /// they fell behind (the level-0 files and the compaction bytes owed grew, and RocksDB
     /// would have slowed the appends down). With direct I/O, 256 concurrent writers made
     /// 1.06–1.38× the appends over 20 s for 0.55–0.67× the CPU time an append, and the
-    /// background work kept up (docs/performance.md has the measurements). The price: a
+    /// background work kept up (docs/tuning.md has the measurements). The price: a
     /// table file just written is not in the page cache, so its first reads go to the disk
     /// (recovery's fold right after a clean close measured ~0.83× as fast). Off for a
     /// journal whose reads must find recent table files in memory, or to compare.

@@ -21,10 +21,10 @@
 //! The writer's call (`dtask_write_batch`), the lock and the tail's read are prepared once
 //! per connection ([`Session::statement`]): sent unnamed, each was parsed and planned anew by
 //! the server for every batch (prepared, one node makes 1.2–1.4× the durable steps:
-//! docs/performance.md). So are the readers' pages, once per shape of page (the space, which
-//! bounds, the order, the page's size: a few dozen texts at most), parsed once and planned
-//! at each execution for its parameters ([`Target::custom_plans`]). Statements that find
-//! rows by a parameter array stay unnamed.
+//! docs/performance-history.md). So are the readers' pages, once per shape of page (the
+//! space, which bounds, the order, the page's size: a few dozen texts at most), parsed once
+//! and planned at each execution for its parameters ([`Target::custom_plans`]). Statements
+//! that find rows by a parameter array stay unnamed.
 
 use super::tls::Tls;
 use super::PgLocation;
