@@ -848,10 +848,11 @@ impl Journal {
     /// # Errors
     /// [`Error::Storage`] on I/O failure.
     pub fn contains_task(&self, task: &str) -> Result<bool> {
+        // The key held in place (no allocation for an id of up to 55 bytes).
         Ok(self
             .inner
             .backend
-            .get(Space::Events, &keys::event_key(task, 0))?
+            .get(Space::Events, &keys::event_op_key(task, 0))?
             .is_some())
     }
 

@@ -161,12 +161,13 @@ pub fn event_key(task: &str, position: u64) -> Vec<u8> {
     key
 }
 
-/// [`event_key`] as the key or value of a batch's op: held in place, with no allocation, for a
-/// task id of up to 55 bytes ([`crate::backend::OP_INLINE_BYTES`]; the writer makes two a
-/// record). The layout is written out here as in [`event_key`] (and pinned equal to it by
-/// `tests::a_batch_op_key_is_the_key_it_stands_for`): built through one helper generic over
-/// the buffer, it took 210–282 instructions a call on the writer's path against 159
-/// (callgrind).
+/// [`event_key`] as the key or value of a batch's op, or the key of a point lookup (a new
+/// task's first record, looked up by its creator and by the writer): held in place, with no
+/// allocation, for a task id of up to 55 bytes ([`crate::backend::OP_INLINE_BYTES`]; the
+/// writer makes two a record). The layout is written out here as in [`event_key`] (and
+/// pinned equal to it by `tests::a_batch_op_key_is_the_key_it_stands_for`): built through one
+/// helper generic over the buffer, it took 210–282 instructions a call on the writer's path
+/// against 159 (callgrind).
 pub(crate) fn event_op_key(task: &str, position: u64) -> crate::backend::OpBytes {
     let mut key = crate::backend::OpBytes::with_capacity(task.len() + EVENT_KEY_SUFFIX);
     key.extend_from_slice(task.as_bytes());

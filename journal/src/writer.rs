@@ -1059,7 +1059,7 @@ impl Writer {
         if expected == 0
             && self
                 .backend
-                .get(Space::Events, &keys::event_key(task, 0))?
+                .get(Space::Events, &keys::event_op_key(task, 0))?
                 .is_none()
         {
             return Ok(Head::default());

@@ -139,7 +139,8 @@ fn racing_appends_at_one_position_exactly_one_wins() {
 /// After a reopen the records are in table files, where a task's first append looks for its
 /// first record through the `events` space's Bloom filters: every task there is refused a
 /// second creation — finished or not, the only one of its table file or not — and new ids
-/// that sort between them are created.
+/// that sort between them are created; `contains_task` tells the two apart, in the table
+/// files and in the memtable.
 #[test]
 fn a_task_in_the_table_files_is_not_created_twice_and_new_ones_between_them_are() {
     let dir = tempfile::tempdir().unwrap();
@@ -154,6 +155,10 @@ fn a_task_in_the_table_files_is_not_created_twice_and_new_ones_between_them_are(
     let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
     for t in 0..500u64 {
         let task = format!("task-{:04}", 2 * t);
+        let new = format!("task-{:04}", 2 * t + 1);
+        // Found in a table file whose blocks may not be cached yet, and absent between.
+        assert!(journal.contains_task(&task).unwrap(), "{task}");
+        assert!(!journal.contains_task(&new).unwrap(), "{new}");
         let err = journal.append(&task, 0, &[created(&task)]).unwrap_err();
         assert!(
             matches!(
@@ -166,8 +171,9 @@ fn a_task_in_the_table_files_is_not_created_twice_and_new_ones_between_them_are(
             ),
             "{task}: {err:?}"
         );
-        let new = format!("task-{:04}", 2 * t + 1);
         journal.append(&new, 0, &[created(&new)]).unwrap();
+        // Found in the memtable now.
+        assert!(journal.contains_task(&new).unwrap(), "{new}");
     }
     assert_eq!(journal.task_ids().count(), 1_000);
 }
