@@ -1156,27 +1156,33 @@ impl TaskStore {
         })
     }
 
-    fn list(
+    /// The ids of a page of `status` tasks of `executor_keys`, the page's size and the keys
+    /// sorted and deduplicated (borrowed: a worker lists at every look for work, and only a
+    /// page with more after it needs them owned, in its cursor).
+    fn list<'k>(
         &self,
         status: Status,
-        executor_keys: &[String],
+        executor_keys: &'k [String],
         cursor: Option<&str>,
         limit: i64,
-    ) -> Result<(Vec<String>, usize, Vec<String>)> {
+    ) -> Result<(Vec<String>, usize, Vec<&'k str>)> {
         if executor_keys.is_empty() || executor_keys.iter().any(String::is_empty) {
             return Err(StoreError::invalid(
                 "executor keys",
                 "must be non-empty, each key non-empty",
             ));
         }
-        let mut keys = executor_keys.to_vec();
-        keys.sort();
+        let mut keys: Vec<&str> = executor_keys.iter().map(String::as_str).collect();
+        keys.sort_unstable();
         keys.dedup();
         let after = match cursor {
             None => None,
             Some(c) => {
                 let c: cursor::ListCursor = cursor::decode(c)?;
-                if c.v != 1 || c.s != status.as_str() || c.k != keys {
+                if c.v != 1
+                    || c.s != status.as_str()
+                    || !c.k.iter().map(String::as_str).eq(keys.iter().copied())
+                {
                     return Err(StoreError::InvalidCursor(
                         "cursor does not match the status or executor keys".into(),
                     ));
@@ -1195,7 +1201,7 @@ impl TaskStore {
         let lower = after.as_ref().map_or(Bound::Unbounded, Bound::Excluded);
         let ids = set
             .range::<String, _>((lower, Bound::Unbounded))
-            .filter(|(_, key)| keys.binary_search(key).is_ok())
+            .filter(|(_, key)| keys.binary_search(&key.as_str()).is_ok())
             .map(|(id, _)| id.clone())
             .take(limit + 1)
             .collect();
@@ -1242,7 +1248,7 @@ impl TaskStore {
             (true, Some(last)) => Some(cursor::encode(&cursor::ListCursor {
                 v: 1,
                 s: status.as_str().to_owned(),
-                k: keys,
+                k: keys.into_iter().map(str::to_owned).collect(),
                 l: last.spec.id.clone(),
             })),
             _ => None,
