@@ -861,34 +861,6 @@ async fn list_cursor_naming_no_task_is_invalid() {
     );
 }
 
-/// A list cursor belongs to a set of executor keys, not to their order or repetitions: the
-/// same keys in another order, or repeated, go on from it; another set is refused.
-#[tokio::test]
-async fn list_cursor_follows_its_key_set_in_any_order() {
-    let env = Env::new();
-    let s = env.store();
-    for id in ["a", "b", "c"] {
-        create(s, id, Retry).await;
-    }
-    let other = "another-executor".to_owned();
-    let mine = keys().remove(0);
-    let page = s
-        .list_pending(&[other.clone(), mine.clone(), other.clone()], None, 1)
-        .await
-        .unwrap();
-    assert_eq!(page.tasks[0].spec.id, "a");
-    let cursor = page.next_cursor.unwrap();
-    let next = s
-        .list_pending(&[mine.clone(), other.clone()], Some(&cursor), 1)
-        .await
-        .unwrap();
-    assert_eq!(next.tasks[0].spec.id, "b");
-    assert_err!(
-        s.list_pending(&[mine], Some(&cursor), 1).await,
-        StoreError::InvalidCursor(_)
-    );
-}
-
 /// Terminal transitions keep the checkpoint (see docs/semantics.md): it stays readable for
 /// inspection and no write can use it.
 #[tokio::test]

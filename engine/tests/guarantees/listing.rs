@@ -111,11 +111,27 @@ async fn g071_list_cursor_of_another_listing() {
             .await,
         StoreError::InvalidCursor { .. }
     );
-    // Key order and duplicates do not matter.
+    // Key order and duplicates do not matter, neither in the listing that made the cursor
+    // nor in the one that goes on from it.
     assert!(store
         .list_pending(&[KEY.into(), KEY.into()], Some(&cursor), 1)
         .await
         .is_ok());
+    let unsorted = store
+        .list_pending(&["x".into(), KEY.into(), "x".into()], None, 1)
+        .await
+        .unwrap()
+        .next_cursor
+        .unwrap();
+    let next = store
+        .list_pending(&[KEY.into(), "x".into()], Some(&unsorted), 1)
+        .await
+        .unwrap();
+    assert_eq!(next.tasks[0].spec.id, "b");
+    assert_err!(
+        store.list_pending(&keys(), Some(&unsorted), 1).await,
+        StoreError::InvalidCursor { .. }
+    );
 }
 
 #[tokio::test]
