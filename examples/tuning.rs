@@ -23,7 +23,8 @@ fn created(id: &str) -> Event {
             id: id.into(),
             executor_key: "example".into(),
             ..TaskSpec::default()
-        },
+        }
+        .into(),
         policy: LeasePolicy::Retry,
         checkpoint: vec![],
         context_snapshot: vec![],

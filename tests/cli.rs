@@ -672,7 +672,8 @@ fn interleaved(tasks: usize, per_task: usize) -> tempfile::TempDir {
                     id: id.into(),
                     executor_key: "shell".into(),
                     ..TaskSpec::default()
-                },
+                }
+                .into(),
                 policy: LeasePolicy::Retry,
                 checkpoint: vec![],
                 context_snapshot: vec![],
@@ -1430,7 +1431,8 @@ fn large_journal() {
                     payload: br#"{"tool_name":"shell","command":"make"}"#.to_vec(),
                     session_id: "s".into(),
                     ..TaskSpec::default()
-                },
+                }
+                .into(),
                 policy: LeasePolicy::Retry,
                 checkpoint: vec![],
                 context_snapshot: vec![],

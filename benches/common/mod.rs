@@ -104,7 +104,8 @@ pub fn task_events(id: &str, events: usize, terminal: bool) -> Vec<Event> {
                 kind: "background_tool".into(),
                 payload: br#"{"version":1,"tool_name":"shell","arguments":"{}"}"#.to_vec(),
                 ..TaskSpec::default()
-            },
+            }
+            .into(),
             policy: LeasePolicy::Retry,
             checkpoint: vec![],
             context_snapshot: vec![],

@@ -153,7 +153,7 @@ fn create_through_the_journal(journal: &Journal) {
     for i in 0..50 {
         let id = format!("t{i}");
         let created = dtask_journal::Event::Created {
-            spec: spec(&id),
+            spec: spec(&id).into(),
             policy: Retry,
             checkpoint: vec![],
             context_snapshot: vec![],

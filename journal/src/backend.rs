@@ -2405,7 +2405,8 @@ mod tests {
                 id: "t".into(),
                 executor_key: "shell".into(),
                 ..TaskSpec::default()
-            },
+            }
+            .into(),
             policy: LeasePolicy::Retry,
             checkpoint: vec![],
             context_snapshot: vec![],

@@ -19,6 +19,7 @@
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
+use std::sync::Arc;
 
 /// The event schema this build writes: 2 (v1 plus the mailbox, nested tasks, publication and
 /// multi-part progress events). Every v1 record is a v2 record.
@@ -181,6 +182,12 @@ impl ExpiryResolution {
 /// One key/value entry of an update's metadata.
 pub type MetadataEntry = (String, String);
 
+/// Decodes a creation event's spec straight into its shared allocation: serde's own
+/// decoding of an `Arc` goes through a `Box` first, two allocations where this takes one.
+fn shared_spec<'de, D: serde::Deserializer<'de>>(decoder: D) -> Result<Arc<TaskSpec>, D::Error> {
+    TaskSpec::deserialize(decoder).map(Arc::new)
+}
+
 /// One record of a task stream.
 ///
 /// Variants up to and including `Canceled` are lifecycle events (each raises the version by
@@ -190,8 +197,10 @@ pub type MetadataEntry = (String, String);
 pub enum Event {
     /// T1: the task was created, pending, version 1, attempt 0.
     Created {
-        /// The immutable spec.
-        spec: TaskSpec,
+        /// The immutable spec, shared with the state a fold of the event makes (the
+        /// encoding is the spec's own).
+        #[serde(deserialize_with = "shared_spec")]
+        spec: Arc<TaskSpec>,
         /// What a lease expiry does to this task.
         policy: LeasePolicy,
         /// The initial checkpoint (empty for none).
@@ -370,8 +379,10 @@ pub enum Event {
     /// under a parent. (A root task published on create is written as `Created`, the v1
     /// bytes.)
     CreatedV2 {
-        /// The immutable spec.
-        spec: TaskSpec,
+        /// The immutable spec, shared with the state a fold of the event makes (the
+        /// encoding is the spec's own).
+        #[serde(deserialize_with = "shared_spec")]
+        spec: Arc<TaskSpec>,
         /// What a lease expiry does to this task.
         policy: LeasePolicy,
         /// The initial checkpoint (empty for none).
@@ -634,9 +645,9 @@ impl Event {
     /// assert_eq!(created.event_type().as_str(), "created");
     /// ```
     #[must_use]
-    pub fn created(spec: TaskSpec, policy: LeasePolicy, at: Timestamp) -> Self {
+    pub fn created(spec: impl Into<Arc<TaskSpec>>, policy: LeasePolicy, at: Timestamp) -> Self {
         Self::Created {
-            spec,
+            spec: spec.into(),
             policy,
             checkpoint: Vec::new(),
             context_snapshot: Vec::new(),
@@ -646,7 +657,7 @@ impl Event {
 
     /// The spec of a creation event (`Created`, `CreatedV2`), `None` for any other.
     #[must_use]
-    pub const fn spec(&self) -> Option<&TaskSpec> {
+    pub fn spec(&self) -> Option<&TaskSpec> {
         match self {
             Self::Created { spec, .. } | Self::CreatedV2 { spec, .. } => Some(spec),
             _ => None,

@@ -51,6 +51,7 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::{Map, Value};
 use serde_with::{serde_as, DeserializeAs, Same, SerializeAs};
 use std::fmt::{self, Write as _};
+use std::sync::Arc;
 
 /// The export schema version this build writes: the header's `dtask_export`.
 ///
@@ -833,8 +834,8 @@ impl<'a> Serialize for EventJson<'a> {
 )]
 enum EventDef {
     Created {
-        #[serde(with = "SpecDef")]
-        spec: TaskSpec,
+        #[serde(deserialize_with = "shared_spec")]
+        spec: Arc<TaskSpec>,
         policy: LeasePolicy,
         #[serde_as(as = "StrictBase64")]
         checkpoint: Vec<u8>,
@@ -936,8 +937,8 @@ enum EventDef {
         at: Timestamp,
     },
     CreatedV2 {
-        #[serde(with = "SpecDef")]
-        spec: TaskSpec,
+        #[serde(deserialize_with = "shared_spec")]
+        spec: Arc<TaskSpec>,
         policy: LeasePolicy,
         #[serde_as(as = "StrictBase64")]
         checkpoint: Vec<u8>,
@@ -1023,6 +1024,11 @@ struct SpecDef {
     output_file: String,
     session_id: String,
     notify_session: bool,
+}
+
+/// Reads a creation event's spec ([`SpecDef`]) into its shared allocation.
+fn shared_spec<'de, D: Deserializer<'de>>(decoder: D) -> Result<Arc<TaskSpec>, D::Error> {
+    SpecDef::deserialize(decoder).map(Arc::new)
 }
 
 /// [`EventDef`] as a type of its own, for the path-tracking reader.
@@ -1502,7 +1508,8 @@ mod tests {
                 payload: b"{\"type\":\"x\"}".to_vec(),
                 description: "a \"type\": \"completed\" inside".into(),
                 ..TaskSpec::default()
-            },
+            }
+            .into(),
             policy: LeasePolicy::Retry,
             checkpoint: vec![0, 1, 2],
             context_snapshot: vec![],
@@ -1635,7 +1642,8 @@ mod tests {
                 id: "t".into(),
                 payload: b"ok".to_vec(),
                 ..TaskSpec::default()
-            },
+            }
+            .into(),
             policy: LeasePolicy::Fail,
             checkpoint: vec![1],
             context_snapshot: vec![],

@@ -53,7 +53,7 @@ pub const OLDEST_JOURNAL_FORMAT_VERSION: u32 = 1;
 /// let dir = tempfile::tempdir()?;
 /// let journal = Journal::open(dir.path(), JournalOptions::default())?;
 /// let created = Event::Created {
-///     spec: TaskSpec { id: "t1".into(), executor_key: "shell".into(), ..TaskSpec::default() },
+///     spec: TaskSpec { id: "t1".into(), executor_key: "shell".into(), ..TaskSpec::default() }.into(),
 ///     policy: LeasePolicy::Retry,
 ///     checkpoint: vec![],
 ///     context_snapshot: vec![],
@@ -649,7 +649,7 @@ impl Journal {
     /// let dir = tempfile::tempdir()?;
     /// let journal = Journal::open(dir.path(), JournalOptions::default())?;
     /// let created = Event::Created {
-    ///     spec: TaskSpec { id: "t1".into(), executor_key: "shell".into(), ..TaskSpec::default() },
+    ///     spec: TaskSpec { id: "t1".into(), executor_key: "shell".into(), ..TaskSpec::default() }.into(),
     ///     policy: LeasePolicy::Retry,
     ///     checkpoint: vec![],
     ///     context_snapshot: vec![],
@@ -737,7 +737,7 @@ impl Journal {
     /// let options = JournalOptions::default().with_keep_finished_apart(true);
     /// let journal = Journal::open(dir.path(), options)?;
     /// let created = Event::Created {
-    ///     spec: TaskSpec { id: "t1".into(), executor_key: "shell".into(), ..TaskSpec::default() },
+    ///     spec: TaskSpec { id: "t1".into(), executor_key: "shell".into(), ..TaskSpec::default() }.into(),
     ///     policy: LeasePolicy::Retry,
     ///     checkpoint: vec![],
     ///     context_snapshot: vec![],

@@ -22,10 +22,7 @@
 //! let dir = tempfile::tempdir().expect("tempdir");
 //! let journal = Journal::open(dir.path(), JournalOptions::default())?;
 //! let spec = TaskSpec { id: "job-1".into(), executor_key: "shell".into(), ..TaskSpec::default() };
-//! journal.append("job-1", 0, &[Event::Created {
-//!     spec, policy: LeasePolicy::Retry, checkpoint: vec![], context_snapshot: vec![],
-//!     at: Timestamp(1),
-//! }])?;
+//! journal.append("job-1", 0, &[Event::created(spec, LeasePolicy::Retry, Timestamp(1))])?;
 //! journal.append("job-1", 1, &[Event::Completed { data: b"ok".to_vec(), at: Timestamp(2) }])?;
 //! let types: Vec<_> = journal
 //!     .read_stream("job-1", 0)

@@ -135,7 +135,8 @@ mod tests {
                     id: "job-1".into(),
                     executor_key: "shell".into(),
                     ..TaskSpec::default()
-                },
+                }
+                .into(),
                 policy: LeasePolicy::Retry,
                 checkpoint: vec![],
                 context_snapshot: vec![],

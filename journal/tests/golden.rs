@@ -31,7 +31,8 @@ fn events() -> Vec<Event> {
                 output_file: "/tmp/out.txt".into(),
                 session_id: "session-1".into(),
                 notify_session: true,
-            },
+            }
+            .into(),
             policy: LeasePolicy::Retry,
             checkpoint: vec![1, 2, 3],
             context_snapshot: vec![9],
@@ -156,7 +157,8 @@ fn events_v2() -> Vec<Event> {
                 output_file: String::new(),
                 session_id: String::new(),
                 notify_session: true,
-            },
+            }
+            .into(),
             policy: LeasePolicy::Retry,
             checkpoint: vec![],
             context_snapshot: vec![7],

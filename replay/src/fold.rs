@@ -13,7 +13,6 @@ use crate::state::{
 use dtask_journal::{Event, EventType, ExpiryResolution, Publication};
 use std::collections::BTreeSet;
 use std::fmt;
-use std::sync::Arc;
 
 /// Why an event cannot follow the state it was applied to.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -200,7 +199,8 @@ impl Task {
     }
 
     /// Starts a fold of task `id`'s stream from its first record, which must be `Created`
-    /// and name `id`.
+    /// and name `id`. The task shares the event's spec (an `Arc`); its checkpoint and
+    /// context are copied.
     ///
     /// # Errors
     /// [`FoldError::NotCreatedFirst`] for another event, [`FoldError::WrongTask`] when the
@@ -215,7 +215,8 @@ impl Task {
     }
 
     /// [`Task::created`] taking the event: its spec, checkpoint and context move into the
-    /// task instead of being copied (recovery decodes each record for the fold alone).
+    /// task instead of being shared or copied (recovery decodes each record for the fold
+    /// alone).
     ///
     /// # Errors
     /// As [`Task::created`].
@@ -262,12 +263,13 @@ impl Task {
         if spec.id != id {
             return Err(FoldError::WrongTask {
                 expected: id.to_owned(),
-                found: spec.id,
+                found: spec.id.clone(),
             });
         }
         Ok(Self {
             state: TaskState {
-                spec: Arc::new(spec),
+                // Shared with the event: a fold of a stream the caller holds copies no spec.
+                spec,
                 policy,
                 status: Status::Pending,
                 checkpoint,

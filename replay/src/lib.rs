@@ -15,7 +15,7 @@
 //!
 //! let spec = TaskSpec { id: "t".into(), executor_key: "x".into(), ..TaskSpec::default() };
 //! let events = [
-//!     Event::Created { spec, policy: LeasePolicy::Retry, checkpoint: vec![], context_snapshot: vec![], at: Timestamp(1) },
+//!     Event::Created { spec: spec.into(), policy: LeasePolicy::Retry, checkpoint: vec![], context_snapshot: vec![], at: Timestamp(1) },
 //!     Event::AttemptStarted { attempt: 1, lease_deadline: Timestamp(30_001), at: Timestamp(1) },
 //!     Event::Completed { data: b"done".to_vec(), at: Timestamp(2) },
 //! ];

@@ -191,7 +191,7 @@ pub(crate) fn tolerant(
 /// let journal = Journal::open(dir.path(), JournalOptions::default())?;
 /// let spec = TaskSpec { id: "t".into(), executor_key: "x".into(), ..TaskSpec::default() };
 /// journal.append("t", 0, &[Event::Created {
-///     spec, policy: LeasePolicy::Retry, checkpoint: vec![], context_snapshot: vec![], at: Timestamp(1),
+///     spec: spec.into(), policy: LeasePolicy::Retry, checkpoint: vec![], context_snapshot: vec![], at: Timestamp(1),
 /// }])?;
 /// let view = FoldView::read(&journal, "t", |_| {})?;
 /// assert_eq!(view.task.as_ref().map(|t| t.state.status), Some(Status::Pending));
@@ -343,7 +343,7 @@ impl Replay for FoldView {
 /// for id in ["a", "b", "c"] {
 ///     let spec = TaskSpec { id: id.into(), executor_key: "x".into(), ..TaskSpec::default() };
 ///     journal.append(id, 0, &[Event::Created {
-///         spec, policy: LeasePolicy::Retry, checkpoint: vec![], context_snapshot: vec![],
+///         spec: spec.into(), policy: LeasePolicy::Retry, checkpoint: vec![], context_snapshot: vec![],
 ///         at: Timestamp(1),
 ///     }])?;
 /// }
@@ -473,7 +473,7 @@ where
 /// for id in ["a", "b"] {
 ///     let spec = TaskSpec { id: id.into(), executor_key: "x".into(), ..TaskSpec::default() };
 ///     let created = Event::Created {
-///         spec, policy: LeasePolicy::Retry, checkpoint: vec![], context_snapshot: vec![], at: Timestamp(1),
+///         spec: spec.into(), policy: LeasePolicy::Retry, checkpoint: vec![], context_snapshot: vec![], at: Timestamp(1),
 ///     };
 ///     journal.append(id, 0, &[created])?;
 /// }
@@ -527,7 +527,7 @@ where
 /// for id in ["a", "b"] {
 ///     let spec = TaskSpec { id: id.into(), executor_key: "x".into(), ..TaskSpec::default() };
 ///     let created = Event::Created {
-///         spec, policy: LeasePolicy::Retry, checkpoint: vec![], context_snapshot: vec![], at: Timestamp(1),
+///         spec: spec.into(), policy: LeasePolicy::Retry, checkpoint: vec![], context_snapshot: vec![], at: Timestamp(1),
 ///     };
 ///     journal.append(id, 0, &[created])?;
 /// }
@@ -721,7 +721,8 @@ mod tests {
                 id: id.to_owned(),
                 executor_key: "x".into(),
                 ..TaskSpec::default()
-            },
+            }
+            .into(),
             policy: LeasePolicy::Retry,
             checkpoint: vec![1, 2],
             context_snapshot: vec![],

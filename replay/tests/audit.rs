@@ -19,7 +19,8 @@ fn created(task: &str, policy: LeasePolicy) -> Event {
             executor_key: "x".into(),
             session_id: "s".into(),
             ..TaskSpec::default()
-        },
+        }
+        .into(),
         policy,
         checkpoint: vec![],
         context_snapshot: vec![],

@@ -366,7 +366,7 @@ pub(crate) fn create(
         if publication == Publication::OnCreate && parent.is_none() && root_session_id.is_empty() {
             // A plain root task: the v1 record.
             Event::Created {
-                spec,
+                spec: spec.into(),
                 policy,
                 checkpoint,
                 context_snapshot,
@@ -374,7 +374,7 @@ pub(crate) fn create(
             }
         } else {
             Event::CreatedV2 {
-                spec,
+                spec: spec.into(),
                 policy,
                 checkpoint,
                 context_snapshot,

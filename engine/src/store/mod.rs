@@ -995,11 +995,12 @@ impl TaskStore {
         task: Task,
         parent: Option<(&Slot, &mut Task, &[Event])>,
     ) -> Result<TaskState> {
-        // On a shared journal the read is a round trip, and the append at position 0 below
-        // answers the same question (a conflict: the task exists).
-        if self.index().slots.contains_key(&id)
-            || (!self.inner.journal.is_shared() && self.inner.journal.contains_task(&id)?)
-        {
+        // A task in the index exists. Whether one outside it does (finished and evicted, or
+        // written by another node) is the journal's to tell: the append at position 0 below
+        // is refused with a conflict when the task has a record, checked where every append
+        // is checked — by the writer, or on a shared journal by its writer lock — so the
+        // store does not look it up first.
+        if self.index().slots.contains_key(&id) {
             return Err(StoreError::AlreadyExists(id));
         }
         match parent {

@@ -80,7 +80,7 @@ pub fn event() -> impl Strategy<Value = Event> {
         (spec(), policy, bytes(), bytes(), ts()).prop_map(
             |(spec, policy, checkpoint, context_snapshot, at)| {
                 Event::Created {
-                    spec,
+                    spec: spec.into(),
                     policy,
                     checkpoint,
                     context_snapshot,
