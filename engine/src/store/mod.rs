@@ -31,12 +31,14 @@ pub use updates::{UpdatePage, UpdateRecord};
 
 use crate::clock::Clock;
 use decide::{Decision, ParentNotice};
-use dtask_journal::{Event, Head, Journal, LiveRepair, LiveSummary, Timestamp};
+use dtask_journal::{Event, Head, Journal, LiveRepair, LiveSummary, TaskSpec, Timestamp};
 use dtask_replay::{
     load_listed_tasks_each, load_task, load_tasks_each, ReplayError, Status, Task, TaskState,
 };
 use parking_lot::{Mutex, MutexGuard};
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::borrow::Borrow;
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::hash::{Hash, Hasher};
 use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -136,25 +138,87 @@ impl Placement {
 /// make the open reserve more).
 const MAX_SIZED_LIVE_TASKS: usize = 1 << 20;
 
+/// A task as the in-memory indexes key it: its spec, shared with its folded state, and
+/// ordered, compared and hashed by the task id alone (as the id itself would be, so that a
+/// lookup by `&str` finds it). An index entry is a pointer to what the task holds anyway,
+/// not a copy of its id and executor key.
+#[derive(Clone)]
+struct TaskKey(Arc<TaskSpec>);
+
+impl TaskKey {
+    /// The key of the task whose state this is.
+    fn of(state: &TaskState) -> Self {
+        Self(Arc::clone(&state.spec))
+    }
+
+    fn id(&self) -> &str {
+        &self.0.id
+    }
+
+    fn executor_key(&self) -> &str {
+        &self.0.executor_key
+    }
+}
+
+impl PartialEq for TaskKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.id() == other.id()
+    }
+}
+
+impl Eq for TaskKey {}
+
+impl PartialOrd for TaskKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for TaskKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.id().cmp(other.id())
+    }
+}
+
+impl Hash for TaskKey {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.id().hash(state);
+    }
+}
+
+impl Borrow<str> for TaskKey {
+    fn borrow(&self) -> &str {
+        self.id()
+    }
+}
+
+impl std::fmt::Debug for TaskKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("TaskKey").field(&self.id()).finish()
+    }
+}
+
 #[derive(Default)]
 struct Index {
-    slots: HashMap<String, Arc<Slot>>,
-    pending: BTreeMap<String, String>,
-    suspended: BTreeMap<String, String>,
-    leases: BTreeSet<(Timestamp, String)>,
-    terminal: VecDeque<String>,
+    slots: HashMap<TaskKey, Arc<Slot>>,
+    /// Pending tasks by id (each with its executor key, in its spec).
+    pending: BTreeSet<TaskKey>,
+    /// Suspended tasks by id.
+    suspended: BTreeSet<TaskKey>,
+    leases: BTreeSet<(Timestamp, TaskKey)>,
+    terminal: VecDeque<TaskKey>,
 }
 
 /// An entry of the in-memory indexes, as a task's placement makes it.
 enum Entry {
-    /// In `pending`: the task id and its executor key.
-    Pending(String, String),
-    /// In `suspended`: the task id and its executor key.
-    Suspended(String, String),
-    /// In `terminal` (the eviction queue): the task id.
-    Terminal(String),
-    /// In `leases`: the lease deadline and the task id.
-    Lease(Timestamp, String),
+    /// In `pending`.
+    Pending(TaskKey),
+    /// In `suspended`.
+    Suspended(TaskKey),
+    /// In `terminal` (the eviction queue).
+    Terminal(TaskKey),
+    /// In `leases`: the lease deadline and the task.
+    Lease(Timestamp, TaskKey),
 }
 
 impl Entry {
@@ -162,52 +226,51 @@ impl Entry {
     /// index). The rules of placement, written once for the live index and a recovery's
     /// bulk build.
     fn each(
-        id: &str,
-        key: &str,
+        task: &TaskKey,
         before: Option<&Placement>,
         after: &Placement,
         mut add: impl FnMut(Self),
     ) {
         match after.status {
-            Status::Pending => add(Self::Pending(id.to_owned(), key.to_owned())),
-            Status::Suspended => add(Self::Suspended(id.to_owned(), key.to_owned())),
+            Status::Pending => add(Self::Pending(task.clone())),
+            Status::Suspended => add(Self::Suspended(task.clone())),
             s if s.is_terminal() && before.is_none_or(|b| !b.status.is_terminal()) => {
-                add(Self::Terminal(id.to_owned()));
+                add(Self::Terminal(task.clone()));
             }
             _ => {}
         }
         if let Some(lease) = after.lease {
-            add(Self::Lease(lease, id.to_owned()));
+            add(Self::Lease(lease, task.clone()));
         }
     }
 }
 
 impl Index {
-    fn place(&mut self, id: &str, key: &str, before: Option<&Placement>, after: &Placement) {
+    fn place(&mut self, task: &TaskKey, before: Option<&Placement>, after: &Placement) {
         if let Some(before) = before {
             match before.status {
                 Status::Pending => {
-                    self.pending.remove(id);
+                    self.pending.remove(task.id());
                 }
                 Status::Suspended => {
-                    self.suspended.remove(id);
+                    self.suspended.remove(task.id());
                 }
                 _ => {}
             }
             if let Some(lease) = before.lease {
-                self.leases.remove(&(lease, id.to_owned()));
+                self.leases.remove(&(lease, task.clone()));
             }
         }
-        Entry::each(id, key, before, after, |entry| match entry {
-            Entry::Pending(id, key) => {
-                self.pending.insert(id, key);
+        Entry::each(task, before, after, |entry| match entry {
+            Entry::Pending(task) => {
+                self.pending.insert(task);
             }
-            Entry::Suspended(id, key) => {
-                self.suspended.insert(id, key);
+            Entry::Suspended(task) => {
+                self.suspended.insert(task);
             }
-            Entry::Terminal(id) => self.terminal.push_back(id),
-            Entry::Lease(lease, id) => {
-                self.leases.insert((lease, id));
+            Entry::Terminal(task) => self.terminal.push_back(task),
+            Entry::Lease(lease, task) => {
+                self.leases.insert((lease, task));
             }
         });
     }
@@ -215,17 +278,17 @@ impl Index {
     fn evict(&mut self, cap: usize) {
         let mut busy = Vec::new();
         while self.terminal.len() > cap {
-            let Some(id) = self.terminal.pop_front() else {
+            let Some(task) = self.terminal.pop_front() else {
                 break;
             };
-            if let Some(slot) = self.slots.get(&id) {
+            if let Some(slot) = self.slots.get(task.id()) {
                 let idle = Arc::strong_count(slot) == 1
                     && slot.task.try_lock().is_ok_and(|t| t.state.is_terminal());
                 if idle {
-                    self.slots.remove(&id);
+                    self.slots.remove(task.id());
                 } else {
                     // In use: keep it queued so a later eviction gets it.
-                    busy.push(id);
+                    busy.push(task);
                 }
             }
         }
@@ -239,23 +302,23 @@ impl Index {
 /// thread that also lists the live tasks.
 #[derive(Default)]
 struct IndexBuilder {
-    slots: HashMap<String, Arc<Slot>>,
-    pending: Vec<(String, String)>,
-    suspended: Vec<(String, String)>,
-    leases: Vec<(Timestamp, String)>,
-    terminal: VecDeque<String>,
+    slots: HashMap<TaskKey, Arc<Slot>>,
+    pending: Vec<TaskKey>,
+    suspended: Vec<TaskKey>,
+    leases: Vec<(Timestamp, TaskKey)>,
+    terminal: VecDeque<TaskKey>,
 }
 
 impl IndexBuilder {
     /// Adds a task new to the index, placed at `placement`.
-    fn add(&mut self, id: String, key: &str, placement: &Placement, slot: Arc<Slot>) {
-        Entry::each(&id, key, None, placement, |entry| match entry {
-            Entry::Pending(id, key) => self.pending.push((id, key)),
-            Entry::Suspended(id, key) => self.suspended.push((id, key)),
-            Entry::Terminal(id) => self.terminal.push_back(id),
-            Entry::Lease(lease, id) => self.leases.push((lease, id)),
+    fn add(&mut self, task: TaskKey, placement: &Placement, slot: Arc<Slot>) {
+        Entry::each(&task, None, placement, |entry| match entry {
+            Entry::Pending(task) => self.pending.push(task),
+            Entry::Suspended(task) => self.suspended.push(task),
+            Entry::Terminal(task) => self.terminal.push_back(task),
+            Entry::Lease(lease, task) => self.leases.push((lease, task)),
         });
-        self.slots.insert(id, slot);
+        self.slots.insert(task, slot);
     }
 
     /// The index (each id is added once, so no entry is lost to a duplicate key).
@@ -453,7 +516,7 @@ impl TaskStore {
             expected,
             |_, task, head| {
                 let placement = Placement::of(&task.state);
-                let key = task.state.spec.executor_key.clone();
+                let key = TaskKey::of(&task.state);
                 (Slot::new(task), key, placement, head)
             },
             |ids, built| {
@@ -464,12 +527,12 @@ impl TaskStore {
                         .zip(built.iter())
                         .filter_map(|(id, built)| built.as_ref().map(|b| (id.as_str(), b.3))),
                 );
-                for (id, built) in ids.iter_mut().zip(built) {
+                for (id, built) in ids.iter().zip(built) {
                     let Some((slot, key, placement, head)) = built.take() else {
                         continue;
                     };
                     summary.add(id, &head);
-                    index.add(std::mem::take(id), &key, &placement, slot);
+                    index.add(key, &placement, slot);
                 }
             },
         )?;
@@ -572,10 +635,10 @@ impl TaskStore {
         }
         // Usually a terminal task; but a task read between its creation's append and its
         // indexing is live, so it is placed by its state like any other.
-        let key = task.state.spec.executor_key.clone();
-        index.place(id, &key, None, &Placement::of(&task.state));
+        let key = TaskKey::of(&task.state);
+        index.place(&key, None, &Placement::of(&task.state));
         let slot = Slot::new(task);
-        index.slots.insert(id.to_owned(), Arc::clone(&slot));
+        index.slots.insert(key, Arc::clone(&slot));
         index.evict(self.inner.config.terminal_cache);
         Ok(slot)
     }
@@ -861,12 +924,7 @@ impl TaskStore {
         let after = Placement::of(&task.state);
         if after != *before {
             let mut index = self.index();
-            index.place(
-                &task.state.spec.id,
-                &task.state.spec.executor_key,
-                Some(before),
-                &after,
-            );
+            index.place(&TaskKey::of(&task.state), Some(before), &after);
             index.evict(self.inner.config.terminal_cache);
         }
         slot.publish(Change {
@@ -1000,7 +1058,7 @@ impl TaskStore {
         // is refused with a conflict when the task has a record, checked where every append
         // is checked — by the writer, or on a shared journal by its writer lock — so the
         // store does not look it up first.
-        if self.index().slots.contains_key(&id) {
+        if self.index().slots.contains_key(id.as_str()) {
             return Err(StoreError::AlreadyExists(id));
         }
         match parent {
@@ -1040,9 +1098,10 @@ impl TaskStore {
             let mut index = self.index();
             // A reader may have folded the new task from the journal already (and even run a
             // command on it): its slot is then the authoritative one and stays.
-            if !index.slots.contains_key(&id) {
-                index.place(&id, &state.spec.executor_key, None, &Placement::of(&state));
-                index.slots.insert(id, Slot::new(task));
+            if !index.slots.contains_key(id.as_str()) {
+                let key = TaskKey::of(&state);
+                index.place(&key, None, &Placement::of(&state));
+                index.slots.insert(key, Slot::new(task));
             }
         }
         self.inner
@@ -1126,8 +1185,9 @@ impl TaskStore {
         let due: Vec<String> = self
             .index()
             .leases
-            .range(..(expired_by.plus_millis(1), String::new()))
-            .map(|(_, id)| id.clone())
+            .iter()
+            .take_while(|(lease, _)| *lease <= expired_by)
+            .map(|(_, task)| task.id().to_owned())
             .collect();
         let mut resolved = 0;
         for id in due {
@@ -1199,11 +1259,11 @@ impl TaskStore {
         } else {
             &index.suspended
         };
-        let lower = after.as_ref().map_or(Bound::Unbounded, Bound::Excluded);
+        let lower = after.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
         let ids = set
-            .range::<String, _>((lower, Bound::Unbounded))
-            .filter(|(_, key)| keys.binary_search(&key.as_str()).is_ok())
-            .map(|(id, _)| id.clone())
+            .range::<str, _>((lower, Bound::Unbounded))
+            .filter(|task| keys.binary_search(&task.executor_key()).is_ok())
+            .map(|task| task.id().to_owned())
             .take(limit + 1)
             .collect();
         Ok((ids, limit, keys))
@@ -1359,9 +1419,10 @@ mod tests {
                 let spec = TaskSpec::new(id.clone(), key.clone());
                 let created = Event::created(spec, LeasePolicy::Retry, Timestamp(1));
                 let task = fold_new(&id, &[created]).unwrap();
-                placed.place(&id, &key, None, &placement);
-                placed.slots.insert(id.clone(), Slot::new(task.clone()));
-                built.add(id, &key, &placement, Slot::new(task));
+                let task_key = TaskKey::of(&task.state);
+                placed.place(&task_key, None, &placement);
+                placed.slots.insert(task_key.clone(), Slot::new(task.clone()));
+                built.add(task_key, &placement, Slot::new(task));
             }
             let built = built.build();
             proptest::prop_assert_eq!(&built.pending, &placed.pending);
