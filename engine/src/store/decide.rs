@@ -791,7 +791,7 @@ pub(crate) fn publish(
 pub(crate) fn decide(
     state: &TaskState,
     expected_version: u64,
-    command: &Command,
+    command: Command,
     now: Timestamp,
     config: &StoreConfig,
 ) -> Result<Decision> {
@@ -800,13 +800,14 @@ pub(crate) fn decide(
         return request_cancel(state, expected_version, reason, now, lease);
     }
     cas(state, expected_version)?;
+    let operation = command.name();
     let require = |status: Status| {
         if state.status == status {
             Ok(())
         } else {
             Err(StoreError::IllegalTransition {
                 status: state.status,
-                operation: command.name(),
+                operation,
             })
         }
     };
@@ -825,15 +826,15 @@ pub(crate) fn decide(
         } => {
             require(Status::WaitingInput)?;
             Event::InputProvided {
-                data: data.clone(),
-                context_snapshot: context_snapshot.clone(),
+                data,
+                context_snapshot,
                 at: now,
             }
         }
         Command::ReleaseSuspension { context_snapshot } => {
             require(Status::Suspended)?;
             Event::Released {
-                context_snapshot: context_snapshot.clone(),
+                context_snapshot,
                 at: now,
             }
         }
@@ -846,7 +847,7 @@ pub(crate) fn decide(
 fn request_cancel(
     state: &TaskState,
     expected_version: u64,
-    reason: &str,
+    reason: String,
     now: Timestamp,
     lease: Timestamp,
 ) -> Result<Decision> {
@@ -860,7 +861,7 @@ fn request_cancel(
     let direct = state.cancel_is_direct();
     let running = state.status == Status::Running;
     let event = Event::CancelRequested {
-        reason: reason.to_owned(),
+        reason,
         lease_deadline: running.then_some(lease),
         direct,
         at: now,
@@ -873,7 +874,7 @@ fn request_cancel(
 #[allow(clippy::too_many_lines, reason = "one arm per command reads best")]
 fn decide_active(
     state: &TaskState,
-    command: &Command,
+    command: Command,
     now: Timestamp,
     lease: Timestamp,
 ) -> Result<Decision> {
@@ -882,6 +883,7 @@ fn decide_active(
         Command::ReportTranscriptFailure { .. } | Command::AckCancel { .. }
     );
     fence(state, None, now, allow_cancel)?;
+    let operation = command.name();
     let at = now;
     let (event, notify) = match command {
         Command::Heartbeat => (
@@ -895,54 +897,32 @@ fn decide_active(
             if !state.checkpoint.is_empty() {
                 return Err(StoreError::IllegalTransition {
                     status: state.status,
-                    operation: command.name(),
+                    operation,
                 });
             }
-            let checkpoint = checkpoint.clone();
             (Event::StartCommitted { checkpoint, at }, None)
         }
         Command::ReportTranscriptFailure { error } => {
             if !state.output_file_error.is_empty() {
                 return Ok(Decision::Unchanged);
             }
-            let error = error.clone();
             (Event::TranscriptFailed { error, at }, None)
         }
-        Command::AckCancel { reason } => {
-            let reason = reason.clone();
-            (Event::Canceled { reason, at }, Some("canceled"))
-        }
-        Command::Complete { data } => {
-            let data = data.clone();
-            (Event::Completed { data, at }, Some("completed"))
-        }
-        Command::Fail { error } => {
-            let error = error.clone();
-            (Event::Failed { error, at }, Some("failed"))
-        }
-        Command::WaitInput { checkpoint } => {
-            let checkpoint = checkpoint.clone();
-            (
-                Event::WaitingInput { checkpoint, at },
-                Some("waiting_input"),
-            )
-        }
-        Command::Suspend { checkpoint } => {
-            let checkpoint = checkpoint.clone();
-            (Event::Suspended { checkpoint, at }, None)
-        }
-        Command::Yield { checkpoint } => {
-            let checkpoint = checkpoint.clone();
-            (Event::Yielded { checkpoint, at }, None)
-        }
+        Command::AckCancel { reason } => (Event::Canceled { reason, at }, Some("canceled")),
+        Command::Complete { data } => (Event::Completed { data, at }, Some("completed")),
+        Command::Fail { error } => (Event::Failed { error, at }, Some("failed")),
+        Command::WaitInput { checkpoint } => (
+            Event::WaitingInput { checkpoint, at },
+            Some("waiting_input"),
+        ),
+        Command::Suspend { checkpoint } => (Event::Suspended { checkpoint, at }, None),
+        Command::Yield { checkpoint } => (Event::Yielded { checkpoint, at }, None),
         Command::CommitInput {
             expected_cursor,
             cursor,
             checkpoint,
         } => {
-            check_cursor(state, *expected_cursor, *cursor)?;
-            let checkpoint = checkpoint.clone();
-            let cursor = *cursor;
+            check_cursor(state, expected_cursor, cursor)?;
             (
                 Event::InputCommitted {
                     cursor,
@@ -953,14 +933,12 @@ fn decide_active(
             )
         }
         Command::CompleteIfNoInputs { cursor, data } => {
-            return if_no_inputs(state, *cursor, true, Vec::new(), now, || {
-                let data = data.clone();
+            return if_no_inputs(state, cursor, true, Vec::new(), now, |_| {
                 (Event::Completed { data, at }, Some("completed"))
             })
         }
         Command::WaitInputIfNoInputs { cursor, checkpoint } => {
-            return if_no_inputs(state, *cursor, false, checkpoint.clone(), now, || {
-                let checkpoint = checkpoint.clone();
+            return if_no_inputs(state, cursor, false, checkpoint, now, |checkpoint| {
                 (
                     Event::WaitingInput { checkpoint, at },
                     Some("waiting_input"),
@@ -968,8 +946,7 @@ fn decide_active(
             })
         }
         Command::SuspendIfNoInputs { cursor, checkpoint } => {
-            return if_no_inputs(state, *cursor, true, checkpoint.clone(), now, || {
-                let checkpoint = checkpoint.clone();
+            return if_no_inputs(state, cursor, true, checkpoint, now, |checkpoint| {
                 (Event::Suspended { checkpoint, at }, None)
             })
         }
@@ -979,7 +956,7 @@ fn decide_active(
         | Command::RequestCancel { .. } => {
             return Err(StoreError::IllegalTransition {
                 status: state.status,
-                operation: command.name(),
+                operation,
             })
         }
     };
@@ -988,15 +965,16 @@ fn decide_active(
 
 /// The `*IfNoInputs` transitions of the active attempt: the cursor must equal the consumed one
 /// (`exact`) or lie between it and the newest input; with input newer than `cursor` the
-/// task goes back to pending with the cursor consumed (and `fallback_checkpoint`, when
-/// non-empty), else the cursor is consumed and `transition` is written.
+/// task goes back to pending with the cursor consumed (and `checkpoint`, when non-empty),
+/// else the cursor is consumed and `transition` is written (handed `checkpoint`: one of
+/// the two ways takes it, so it is never copied).
 fn if_no_inputs(
     state: &TaskState,
     cursor: u64,
     exact: bool,
-    fallback_checkpoint: Vec<u8>,
+    checkpoint: Vec<u8>,
     now: Timestamp,
-    transition: impl FnOnce() -> (Event, Option<&'static str>),
+    transition: impl FnOnce(Vec<u8>) -> (Event, Option<&'static str>),
 ) -> Result<Decision> {
     let mailbox = state.mailbox;
     if (exact && cursor != mailbox.consumed) || cursor < mailbox.consumed {
@@ -1014,7 +992,7 @@ fn if_no_inputs(
     if mailbox.latest > cursor {
         return Ok(Decision::Write(vec![Event::InputsPending {
             cursor,
-            checkpoint: fallback_checkpoint,
+            checkpoint,
             at: now,
         }]));
     }
@@ -1026,7 +1004,7 @@ fn if_no_inputs(
             at: now,
         });
     }
-    let (event, notify) = transition();
+    let (event, notify) = transition(checkpoint);
     events.push(event);
     Ok(write_all(state, events, notify, now))
 }

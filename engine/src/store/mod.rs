@@ -1015,13 +1015,7 @@ impl TaskStore {
         let now = self.now();
         let (id, mut events) = decide::create(request, String::new(), now, config)?;
         let mut task = fold_new(&id, &events)?;
-        match decide::decide(
-            &task.state,
-            task.state.version,
-            &Command::Start,
-            now,
-            config,
-        )? {
+        match decide::decide(&task.state, task.state.version, Command::Start, now, config)? {
             Decision::Write(start) => {
                 // Folded on from the creation, as a fold of the whole stream would.
                 Self::apply_all(&mut task, &start)?;
@@ -1163,7 +1157,7 @@ impl TaskStore {
         let mut task = self.lock(&slot).await?;
         let now = self.now();
         self.resolve_expiry(&slot, &mut task, now).await?;
-        match decide::decide(&task.state, expected_version, &command, now, config)? {
+        match decide::decide(&task.state, expected_version, command, now, config)? {
             Decision::Unchanged => {}
             Decision::Write(events) => {
                 self.commit(&slot, &mut task, &events).await?;
