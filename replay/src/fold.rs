@@ -799,6 +799,7 @@ impl fmt::Display for Task {
 mod tests {
     use super::*;
     use dtask_journal::{Delivery, LeasePolicy, TaskSpec, Timestamp};
+    use std::sync::Arc;
 
     #[test]
     fn the_task_layer_is_allocated_only_when_a_task_first_uses_it() {
@@ -818,5 +819,20 @@ mod tests {
         assert!(task.layer.is_some());
         assert_eq!(task.layer().input_ids.get("m1"), Some(&1));
         assert_eq!(task.layer().input_positions, [1]);
+    }
+
+    #[test]
+    fn a_fold_of_a_creation_shares_its_spec() {
+        let spec = Arc::new(TaskSpec::new("t", "exec"));
+        let created = Event::created(Arc::clone(&spec), LeasePolicy::Retry, Timestamp(1));
+        // Folded from the event a caller holds (the store's way before an append): the
+        // state's spec is the event's, not a copy.
+        let shared = Task::created("t", &created).unwrap();
+        assert!(Arc::ptr_eq(&shared.state.spec, &spec));
+        drop(shared);
+        // Taken by value (recovery's way): the spec moves in, the event's count with it.
+        let owned = Task::from_created("t", created).unwrap();
+        assert!(Arc::ptr_eq(&owned.state.spec, &spec));
+        assert_eq!(Arc::strong_count(&spec), 2);
     }
 }

@@ -1393,6 +1393,44 @@ mod tests {
     use super::*;
     use dtask_journal::{LeasePolicy, TaskSpec};
 
+    /// Every entry of the index is the task's own spec (a pointer, not a copy), found by
+    /// the task id; a placement moves it from one index to the next.
+    #[test]
+    fn index_entries_point_at_the_tasks_spec() {
+        let created = Event::created(TaskSpec::new("a", "key"), LeasePolicy::Retry, Timestamp(1));
+        let task = fold_new("a", &[created]).unwrap();
+        let spec = &task.state.spec;
+        let pending = Placement {
+            status: Status::Pending,
+            lease: None,
+        };
+        let mut index = Index::default();
+        index.place(&TaskKey::of(&task.state), None, &pending);
+        index
+            .slots
+            .insert(TaskKey::of(&task.state), Slot::new(task.clone()));
+        let entry = index.pending.first().unwrap();
+        assert!(Arc::ptr_eq(&entry.0, spec));
+        assert_eq!((entry.id(), entry.executor_key()), ("a", "key"));
+        assert!(index.slots.contains_key("a") && index.pending.contains("a"));
+        let running = Placement {
+            status: Status::Running,
+            lease: Some(Timestamp(5)),
+        };
+        index.place(&TaskKey::of(&task.state), Some(&pending), &running);
+        assert!(index.pending.is_empty());
+        let (lease, entry) = index.leases.first().unwrap();
+        assert_eq!(*lease, Timestamp(5));
+        assert!(Arc::ptr_eq(&entry.0, spec));
+        let done = Placement {
+            status: Status::Completed,
+            lease: None,
+        };
+        index.place(&TaskKey::of(&task.state), Some(&running), &done);
+        assert!(index.leases.is_empty());
+        assert!(Arc::ptr_eq(&index.terminal[0].0, spec));
+    }
+
     proptest::proptest! {
         /// A recovery's bulk-built index holds exactly the entries that placing each task
         /// one by one makes, whatever the order the tasks come in and their placements.
