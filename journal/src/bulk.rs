@@ -10,9 +10,9 @@
 
 use crate::backend::{Backend, Cursor, Source};
 use crate::error::{Error, Result};
-use crate::journal::{Checked, StreamCheck};
 use crate::keys::{self, Space};
 use crate::record::{Digest, Record};
+use crate::stream::{Checked, StreamCheck};
 
 /// How many entries a cursor steps over before it seeks instead.
 const SKIP_LIMIT: usize = 16;

@@ -1,14 +1,23 @@
 //! The journal: open, append, read.
 
-use crate::backend::{Backend, BatchOp, KeyValue, OpBytes, OpenMode, Range, RocksBackend, Tuning};
+use crate::backend::{Backend, BatchOp, OpBytes, OpenMode, Range, RocksBackend, Tuning};
 use crate::bulk::StreamScanner;
+use crate::commits::{
+    below, committed, last_seq, resolve, CommitBatches, Committed, RecordFetcher,
+};
 use crate::error::{CorruptionKind, Error, Limit, Result};
 use crate::event::Event;
+use crate::format::{
+    check_version, checked_tail, is_empty, prepare_writable, read_tail, record_format_put,
+    stored_format, stored_record_format, stored_version, tail_put, version_stamp,
+    JOURNAL_FORMAT_VERSION,
+};
 use crate::head::Head;
 use crate::keys::{self, Space};
 use crate::observe::WriteObserver;
 use crate::options::JournalOptions;
-use crate::record::{self, Digest, Record, RecordFormat};
+use crate::record::{self, RecordFormat};
+use crate::stream::{read_unchained, StreamReader};
 use crate::tail::{Inconsistency, LiveSummary, Tail};
 use crate::writer::{
     AppendJob, Appended, EncodedEvent, EncodedEvents, IndexEffect, JobTask, LinkedPart, Recipient,
@@ -20,27 +29,6 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 use tokio::sync::{oneshot, watch};
-
-/// The journal format version stored in the `meta` space and checked at open.
-///
-/// Format 2 is format 1 without the `heads` space (a head is read off the task's last record);
-/// format 3 adds the tail marker ([`Tail`]), rewritten by every batch; format 4 keeps, on
-/// RocksDB, the records of finished streams in a column family of their own
-/// ([`keys::FINISHED_EVENTS`]), out of the way of recovery's reads; format 5 names its record
-/// framing in the `meta` space ([`keys::META_RECORD_FORMAT`]): a journal created as format 5
-/// writes [`RecordFormat::NEWEST`] (SHA-256 chain digests) unless told otherwise, one
-/// upgraded from an older format keeps [`RecordFormat::BLAKE3`], which all older journals
-/// wrote. Every other key is the same in all five. An older journal is read as it is, and
-/// upgraded in place when opened for writing (format 3 to 4 moves nothing: a finished stream
-/// of an older format moves when a record is next written to it; format 4 to 5 stores the
-/// record framing it already has).
-pub const JOURNAL_FORMAT_VERSION: u32 = 5;
-
-/// The first format with a tail marker.
-const TAIL_FORMAT_VERSION: u32 = 3;
-
-/// The oldest journal format this build reads.
-pub const OLDEST_JOURNAL_FORMAT_VERSION: u32 = 1;
 
 /// An append-only journal of task streams on an embedded RocksDB.
 ///
@@ -150,7 +138,7 @@ impl std::fmt::Debug for Journal {
 
 impl Journal {
     /// Opens (creating if missing) the journal at `path` for writing. A journal of an older
-    /// format ([`OLDEST_JOURNAL_FORMAT_VERSION`] or later) is upgraded in place. The open checks
+    /// format ([`OLDEST_JOURNAL_FORMAT_VERSION`](crate::OLDEST_JOURNAL_FORMAT_VERSION) or later) is upgraded in place. The open checks
     /// the journal's end against its tail marker before anything is written (see [`Tail`]).
     ///
     /// # Errors
@@ -1024,28 +1012,23 @@ impl Journal {
     }
 
     /// [`Journal::commits`] from `from_seq` in batches of up to `size` entries of the commit
-    /// index. A batch is resolved to its records by [`RawCommits::into_committed`] (possibly
+    /// index. A batch is resolved to its records by [`RawCommits::into_committed`](crate::RawCommits::into_committed) (possibly
     /// on another thread), which fetches them in key order instead of one lookup per entry;
     /// the items are exactly those of [`Journal::commits`].
     #[must_use]
     pub fn commit_batches(&self, from_seq: u64, size: usize) -> CommitBatches<'_> {
         let mut cursor = self.inner.backend.cursor(Space::Commits);
         cursor.seek(&keys::seq_key(from_seq));
-        CommitBatches {
-            cursor,
-            size: size.max(1),
-            until: self.visible(),
-            done: false,
-        }
+        CommitBatches::new(cursor, size, self.visible())
     }
 
-    /// A fetcher of records for [`RawCommits::into_committed`].
+    /// A fetcher of records for [`RawCommits::into_committed`](crate::RawCommits::into_committed).
     #[must_use]
     pub fn record_fetcher(&self) -> RecordFetcher<'_> {
-        RecordFetcher {
-            backend: self.inner.backend.as_ref(),
-            events: crate::bulk::Positioned::new(self.inner.backend.lookup_cursor(Space::Events)),
-        }
+        RecordFetcher::new(
+            self.inner.backend.as_ref(),
+            crate::bulk::Positioned::new(self.inner.backend.lookup_cursor(Space::Events)),
+        )
     }
 
     /// The queued, unacknowledged notifications in insertion order.
@@ -1430,242 +1413,6 @@ fn never() -> bool {
     false
 }
 
-/// Whether an entry keyed by a sequence (`commits`, `outbox`) is at or below the durable
-/// watermark; errors and malformed keys pass, to be reported by the caller.
-fn below(item: &Result<crate::backend::KeyValue>, durable: u64) -> bool {
-    match item {
-        Ok((key, _)) => keys::parse_seq_key(key).map_or(true, |seq| seq <= durable),
-        Err(_) => true,
-    }
-}
-
-/// The batch op storing this build's format version.
-fn version_stamp() -> BatchOp {
-    BatchOp::Put {
-        space: Space::Meta,
-        key: keys::META_FORMAT_VERSION.into(),
-        value: OpBytes::from_slice(&JOURNAL_FORMAT_VERSION.to_be_bytes()),
-    }
-}
-
-/// The batch op naming the journal's record framing.
-fn record_format_put(format: RecordFormat) -> BatchOp {
-    BatchOp::Put {
-        space: Space::Meta,
-        key: keys::META_RECORD_FORMAT.into(),
-        value: OpBytes::from_slice(&[format.version()]),
-    }
-}
-
-/// The batch op storing `tail`.
-fn tail_put(tail: &Tail) -> BatchOp {
-    BatchOp::Put {
-        space: Space::Meta,
-        key: keys::META_TAIL.into(),
-        value: tail.encode().into(),
-    }
-}
-
-/// Makes a writable backend a journal of this build's format: a new one (no version and no
-/// data — perhaps created by a process that died before it stamped the version) gets the
-/// version, an empty tail marker and the record framing `format` in one write; one of an older
-/// format is upgraded in place: the tail marker, summed up from the journal as it is (formats
-/// 1 and 2), the framing its records have (BLAKE3) and the new version, in one write. The
-/// `heads` space of format 1 is dropped by [`Journal::open`] afterwards (a crash in between
-/// leaves a journal of this format with a stale `heads`, which a format-1 build refuses and
-/// the next writable open drops).
-fn prepare_writable(backend: &dyn Backend, format: RecordFormat) -> Result<()> {
-    let from = match stored_version(backend)? {
-        Some(v) if v >= TAIL_FORMAT_VERSION => {
-            check_version(v)?;
-            if v < JOURNAL_FORMAT_VERSION {
-                // Format 3 to 4: the writer's open made the `finished` column family. Format 4
-                // to 5: the framing the records have is named.
-                let ops = vec![version_stamp(), record_format_put(RecordFormat::BLAKE3)];
-                backend.write(ops, crate::Durability::Sync)?;
-                tracing::info!(
-                    from = v,
-                    to = JOURNAL_FORMAT_VERSION,
-                    "journal format upgraded"
-                );
-            }
-            return Ok(());
-        }
-        Some(v) => {
-            check_version(v)?;
-            v
-        }
-        None if is_empty(backend)? => {
-            let ops = vec![
-                version_stamp(),
-                tail_put(&Tail::default()),
-                record_format_put(format),
-            ];
-            return backend.write(ops, crate::Durability::Sync);
-        }
-        None => return Err(Error::NotAJournal("no format version".into())),
-    };
-    let tail = summarize(backend)?;
-    backend.write(
-        vec![
-            tail_put(&tail),
-            record_format_put(RecordFormat::BLAKE3),
-            version_stamp(),
-        ],
-        crate::Durability::Sync,
-    )?;
-    tracing::info!(
-        from,
-        to = JOURNAL_FORMAT_VERSION,
-        live = tail.live.tasks,
-        "journal format upgraded"
-    );
-    Ok(())
-}
-
-/// Whether the backend holds no journal data at all.
-fn is_empty(backend: &dyn Backend) -> Result<bool> {
-    for space in Space::ALL {
-        if let Some(item) = backend.scan(space, Range::default()).next() {
-            item?;
-            return Ok(false);
-        }
-    }
-    Ok(true)
-}
-
-/// The tail marker of the journal as it is: its last commit entry (checked against the
-/// record it names) and the heads of the tasks of its `live` index (one reverse seek each).
-fn summarize(backend: &dyn Backend) -> Result<Tail> {
-    let last_seq = checked_commit_tail(backend)?;
-    let mut live = LiveSummary::default();
-    for item in backend.scan(Space::Live, Range::default()) {
-        let (key, _) = item?;
-        let task =
-            keys::parse_task_key(&key).map_err(|kind| Error::malformed(Space::Live, &key, kind))?;
-        if let Some(head) = Head::read(backend, task)? {
-            live.add(task, &head);
-        }
-    }
-    Ok(Tail { last_seq, live })
-}
-
-/// The stored tail marker, `None` when there is none.
-fn read_tail(backend: &dyn Backend) -> Result<Option<Tail>> {
-    backend
-        .get(Space::Meta, keys::META_TAIL)?
-        .map(|bytes| {
-            Tail::decode(&bytes)
-                .map_err(|kind| Error::malformed(Space::Meta, keys::META_TAIL, kind))
-        })
-        .transpose()
-}
-
-/// The tail marker of a writable journal, checked against its commit index: the marker's last
-/// sequence is the last entry's, and that entry names a record carrying it.
-fn checked_tail(backend: &dyn Backend) -> Result<Tail> {
-    let tail = match backend.get(Space::Meta, keys::META_TAIL)? {
-        Some(bytes) => {
-            Tail::decode(&bytes).map_err(|kind| Inconsistency::Marker(kind).into_error())?
-        }
-        None => return Err(Inconsistency::Marker(CorruptionKind::Missing).into_error()),
-    };
-    let index = checked_commit_tail(backend)?;
-    if index != tail.last_seq {
-        return Err(Inconsistency::CommitTail {
-            index,
-            marker: tail.last_seq,
-        }
-        .into_error());
-    }
-    Ok(tail)
-}
-
-/// The last sequence of the commit index (0 when empty), checked: a well-formed entry that
-/// names a record carrying its sequence.
-fn checked_commit_tail(backend: &dyn Backend) -> Result<u64> {
-    let Some(item) = backend
-        .scan(Space::Commits, Range::default().reversed())
-        .next()
-    else {
-        return Ok(0);
-    };
-    let (key, value) = item?;
-    let target =
-        |seq: u64, detail: String| Inconsistency::CommitTarget { seq, detail }.into_error();
-    let seq =
-        keys::parse_seq_key(&key).map_err(|kind| target(0, format!("is malformed: {kind}")))?;
-    let (task, position) = keys::parse_event_key(&value)
-        .map_err(|kind| target(seq, format!("is malformed: {kind}")))?;
-    let Some(bytes) = backend.get(Space::Events, &value)? else {
-        return Err(target(
-            seq,
-            format!("names task {task:?} position {position}, which has no record"),
-        ));
-    };
-    match record::parse(&bytes) {
-        Ok(frame) if frame.seq == seq && frame.position == position => Ok(seq),
-        Ok(frame) => Err(target(
-            seq,
-            format!(
-                "names task {task:?} position {position}, whose record carries sequence {} at \
-                 position {}",
-                frame.seq, frame.position
-            ),
-        )),
-        Err(kind) => Err(target(
-            seq,
-            format!("names task {task:?} position {position}, whose record is damaged: {kind}"),
-        )),
-    }
-}
-
-/// The format version stored in `backend` (this build's for an empty one, which the next
-/// write stamps).
-fn stored_format(backend: &dyn Backend) -> Result<u32> {
-    Ok(stored_version(backend)?.unwrap_or(JOURNAL_FORMAT_VERSION))
-}
-
-/// The format version stored in `backend`, if any.
-fn stored_version(backend: &dyn Backend) -> Result<Option<u32>> {
-    let Some(bytes) = backend.get(Space::Meta, keys::META_FORMAT_VERSION)? else {
-        return Ok(None);
-    };
-    let bytes: [u8; 4] = bytes
-        .as_slice()
-        .try_into()
-        .map_err(|_| Error::NotAJournal("malformed format version".into()))?;
-    Ok(Some(u32::from_be_bytes(bytes)))
-}
-
-/// The record framing `backend` names: [`RecordFormat::BLAKE3`] when it names none (a journal
-/// of a format before 5, or an empty one).
-///
-/// # Errors
-/// [`Error::NotAJournal`] for a value that is not a framing this build reads (only a newer
-/// journal format could bring a new framing, and the format version says so first).
-fn stored_record_format(backend: &dyn Backend) -> Result<RecordFormat> {
-    let Some(bytes) = backend.get(Space::Meta, keys::META_RECORD_FORMAT)? else {
-        return Ok(RecordFormat::BLAKE3);
-    };
-    match bytes.as_slice() {
-        [version] => RecordFormat::from_version(*version)
-            .ok_or_else(|| Error::NotAJournal(format!("unknown record format version {version}"))),
-        _ => Err(Error::NotAJournal("malformed record format".into())),
-    }
-}
-
-fn check_version(found: u32) -> Result<()> {
-    if (OLDEST_JOURNAL_FORMAT_VERSION..=JOURNAL_FORMAT_VERSION).contains(&found) {
-        Ok(())
-    } else {
-        Err(Error::UnsupportedFormat {
-            found,
-            supported: JOURNAL_FORMAT_VERSION,
-        })
-    }
-}
-
 /// A view of a journal that does not move while it is held ([`Journal::frozen`]).
 #[derive(Debug)]
 pub struct Frozen {
@@ -1693,305 +1440,6 @@ impl Drop for Frozen {
     }
 }
 
-/// The sequence of the last commit-index entry at or below `visible` (`u64::MAX`: every
-/// entry).
-fn last_seq(backend: &dyn Backend, visible: u64) -> Result<u64> {
-    let range = Range {
-        upper: visible
-            .checked_add(1)
-            .map(|above| keys::seq_key(above).to_vec()),
-        ..Range::default()
-    }
-    .reversed();
-    match backend.scan(Space::Commits, range).next() {
-        None => Ok(0),
-        Some(item) => {
-            let (key, _) = item?;
-            keys::parse_seq_key(&key).map_err(|kind| Error::malformed(Space::Commits, &key, kind))
-        }
-    }
-}
-
-fn read_unchained(backend: &dyn Backend, task: &str, position: u64) -> Result<Record> {
-    let bytes = backend
-        .get(Space::Events, &keys::event_key(task, position))?
-        .ok_or_else(|| Error::corruption(task, position, CorruptionKind::Missing))?;
-    unchained(&bytes, task, position)
-}
-
-/// Checks a record's CRC and position (not its chain) and decodes it.
-fn unchained(bytes: &[u8], task: &str, position: u64) -> Result<Record> {
-    located(bytes, task, position)?
-        .into_record()
-        .map_err(|kind| Error::corruption(task, position, kind))
-}
-
-/// Checks a record's CRC and position (not its chain); its payload is left undecoded.
-fn located<'b>(bytes: &'b [u8], task: &str, position: u64) -> Result<record::Frame<'b>> {
-    let frame = record::parse(bytes).map_err(|kind| Error::corruption(task, position, kind))?;
-    if frame.position != position {
-        return Err(Error::corruption(
-            task,
-            position,
-            CorruptionKind::Misplaced {
-                found: frame.position,
-            },
-        ));
-    }
-    Ok(frame)
-}
-
-/// Batches of the global commit order; see [`Journal::commit_batches`].
-pub struct CommitBatches<'a> {
-    cursor: Box<dyn crate::backend::Cursor + 'a>,
-    size: usize,
-    /// The durable watermark: entries above it are not read.
-    until: u64,
-    done: bool,
-}
-
-impl std::fmt::Debug for CommitBatches<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CommitBatches")
-            .field("size", &self.size)
-            .finish_non_exhaustive()
-    }
-}
-
-/// A batch of consecutive `commits` entries, not yet resolved to records; see
-/// [`Journal::commit_batches`]. It can be sent to another thread and resolved there with
-/// [`RawCommits::into_committed`].
-#[derive(Debug)]
-pub struct RawCommits {
-    /// Sequence keys and event keys, back to back.
-    data: Vec<u8>,
-    /// Per entry, in sequence order: where its sequence key ends (= where its event key
-    /// starts) and where its event key ends in `data`.
-    entries: Vec<(usize, usize)>,
-    /// The error that ended the index after these entries.
-    failed: Option<Error>,
-}
-
-impl RawCommits {
-    /// The number of entries.
-    #[must_use]
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    /// Whether the batch is empty.
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-
-    /// Entry `i`: (sequence key, event key).
-    fn entry(&self, i: usize) -> (&[u8], &[u8]) {
-        let start = if i == 0 { 0 } else { self.entries[i - 1].1 };
-        let (split, end) = self.entries[i];
-        (&self.data[start..split], &self.data[split..end])
-    }
-
-    /// The entries' records, checked and decoded, as [`Journal::commits`] yields them. The
-    /// records are fetched in key order with the fetcher's cursor, which steps from one to the
-    /// next when they are near (as records committed together usually are) — or, where the
-    /// backend stores each record's sequence beside it (PostgreSQL), in one read of the
-    /// batch's range of sequences.
-    pub fn into_committed(
-        self,
-        fetcher: &mut RecordFetcher<'_>,
-    ) -> impl Iterator<Item = Result<Committed>> {
-        self.resolve_with(fetcher, committed)
-    }
-
-    /// The entries' records checked as by [`RawCommits::into_committed`] (CRC, position,
-    /// sequence) but not decoded: where each sits and how it is sealed, what a comparison
-    /// of two journals record by record needs (`dtask import` reads its records back so).
-    pub fn into_sealed(
-        self,
-        fetcher: &mut RecordFetcher<'_>,
-    ) -> impl Iterator<Item = Result<Sealed>> {
-        self.resolve_with(fetcher, |task, frame| {
-            Ok(Sealed {
-                task: task.to_owned(),
-                position: frame.position,
-                seq: frame.seq,
-                digest: frame.digest,
-                crc: frame.crc,
-            })
-        })
-    }
-
-    /// Resolves every entry to its record's frame, checked, and makes of it what `make` does.
-    fn resolve_with<T>(
-        self,
-        fetcher: &mut RecordFetcher<'_>,
-        make: impl Fn(&str, record::Frame<'_>) -> Result<T>,
-    ) -> impl Iterator<Item = Result<T>> {
-        let make = |key: &[u8], event_key: &[u8], record: Result<Option<&[u8]>>| {
-            let (task, frame) = resolve(key, event_key, record)?;
-            make(task, frame)
-        };
-        let in_range = self
-            .seq_range()
-            .and_then(|(first, last)| fetcher.backend.records_by_seq(first, last));
-        let resolved = match in_range {
-            Some(records) => self.resolve_in_range(records, make),
-            None => self.resolve_by_key(&mut fetcher.events, make),
-        };
-        resolved.into_iter().chain(self.failed.map(Err))
-    }
-
-    /// The sequences of the first and the last entry (`None` for an empty batch, or one whose
-    /// first or last key is malformed: the entries are then resolved by key, and each
-    /// malformed one reported).
-    fn seq_range(&self) -> Option<(u64, u64)> {
-        let last = self.entries.len().checked_sub(1)?;
-        let first = keys::parse_seq_key(self.entry(0).0).ok()?;
-        let last = keys::parse_seq_key(self.entry(last).0).ok()?;
-        (first <= last).then_some((first, last))
-    }
-
-    /// Resolves every entry from `records`, the records of the batch's range of sequences,
-    /// by the event key each entry names: an entry whose record is not among them names a
-    /// missing record. A failed read fails the batch.
-    fn resolve_in_range<T>(
-        &self,
-        records: Result<Vec<KeyValue>>,
-        make: impl Fn(&[u8], &[u8], Result<Option<&[u8]>>) -> Result<T>,
-    ) -> Vec<Result<T>> {
-        let records = match records {
-            Ok(records) => records,
-            Err(e) => return vec![Err(e)],
-        };
-        let by_key: std::collections::HashMap<&[u8], &[u8]> = records
-            .iter()
-            .map(|(key, value)| (&**key, &**value))
-            .collect();
-        (0..self.entries.len())
-            .map(|i| {
-                let (key, event_key) = self.entry(i);
-                make(key, event_key, Ok(by_key.get(event_key).copied()))
-            })
-            .collect()
-    }
-
-    /// Resolves every entry by its event key with `events`, in key order.
-    fn resolve_by_key<T>(
-        &self,
-        events: &mut crate::bulk::Positioned<'_>,
-        make: impl Fn(&[u8], &[u8], Result<Option<&[u8]>>) -> Result<T>,
-    ) -> Vec<Result<T>> {
-        let mut order: Vec<usize> = (0..self.entries.len()).collect();
-        order.sort_unstable_by(|&a, &b| self.entry(a).1.cmp(self.entry(b).1));
-        let mut resolved: Vec<Option<Result<T>>> = self.entries.iter().map(|_| None).collect();
-        for &i in &order {
-            let (key, event_key) = self.entry(i);
-            events.reach(event_key);
-            let found = match events.status() {
-                Err(e) => Err(e),
-                Ok(()) => Ok(events
-                    .key()
-                    .filter(|found| *found == event_key)
-                    .and_then(|_| events.value())),
-            };
-            resolved[i] = Some(make(key, event_key, found));
-        }
-        resolved.into_iter().flatten().collect()
-    }
-}
-
-/// A cursor over the records for [`RawCommits::into_committed`]; one per thread, reused from
-/// batch to batch. See [`Journal::record_fetcher`].
-pub struct RecordFetcher<'a> {
-    backend: &'a dyn Backend,
-    events: crate::bulk::Positioned<'a>,
-}
-
-impl std::fmt::Debug for RecordFetcher<'_> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RecordFetcher").finish_non_exhaustive()
-    }
-}
-
-/// The record of `task` in `frame`, decoded.
-fn committed(task: &str, frame: record::Frame<'_>) -> Result<Committed> {
-    let position = frame.position;
-    Ok(Committed {
-        task: task.to_owned(),
-        record: frame
-            .into_record()
-            .map_err(|kind| Error::corruption(task, position, kind))?,
-    })
-}
-
-/// Checks one `commits` entry against the record it names (`record`: the bytes found);
-/// returns the record's task and frame.
-fn resolve<'b>(
-    key: &[u8],
-    event_key: &'b [u8],
-    record: Result<Option<&'b [u8]>>,
-) -> Result<(&'b str, record::Frame<'b>)> {
-    let seq =
-        keys::parse_seq_key(key).map_err(|kind| Error::malformed(Space::Commits, key, kind))?;
-    let (task, position) = keys::parse_event_key(event_key)
-        .map_err(|kind| Error::malformed(Space::Commits, key, kind))?;
-    let bytes =
-        record?.ok_or_else(|| Error::corruption(task, position, CorruptionKind::Missing))?;
-    let frame = located(bytes, task, position)?;
-    if frame.seq != seq {
-        return Err(Error::corruption(
-            task,
-            position,
-            CorruptionKind::Key(format!(
-                "commit index says sequence {seq}, record says {}",
-                frame.seq
-            )),
-        ));
-    }
-    Ok((task, frame))
-}
-
-impl Iterator for CommitBatches<'_> {
-    type Item = RawCommits;
-
-    fn next(&mut self) -> Option<RawCommits> {
-        if self.done {
-            return None;
-        }
-        let mut entries = Vec::with_capacity(self.size);
-        let mut data = Vec::with_capacity(self.size * 40);
-        while entries.len() < self.size {
-            let (Some(key), Some(value)) = (self.cursor.key(), self.cursor.value()) else {
-                self.done = true;
-                break;
-            };
-            if keys::parse_seq_key(key).is_ok_and(|seq| seq > self.until) {
-                self.done = true;
-                break;
-            }
-            data.extend_from_slice(key);
-            let split = data.len();
-            data.extend_from_slice(value);
-            entries.push((split, data.len()));
-            self.cursor.next();
-        }
-        let failed = if self.done {
-            self.cursor.status().err()
-        } else {
-            None
-        };
-        if entries.is_empty() && failed.is_none() {
-            return None;
-        }
-        Some(RawCommits {
-            data,
-            entries,
-            failed,
-        })
-    }
-}
-
 /// What [`Journal::repair_live_index`] changed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LiveRepair {
@@ -2006,238 +1454,6 @@ impl LiveRepair {
     #[must_use]
     pub fn is_empty(&self) -> bool {
         self.added.is_empty() && self.removed.is_empty()
-    }
-}
-
-/// Where a committed record sits and how it is sealed, its event not decoded: what
-/// [`RawCommits::into_sealed`] yields.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Sealed {
-    /// The task.
-    pub task: String,
-    /// Its position in the task's stream.
-    pub position: u64,
-    /// Its global commit sequence.
-    pub seq: u64,
-    /// Its chain digest.
-    pub digest: Digest,
-    /// Its CRC-32.
-    pub crc: u32,
-}
-
-/// A record with the task it belongs to (from the global commit order or the outbox).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Committed {
-    /// The task.
-    pub task: String,
-    /// The record.
-    pub record: Record,
-}
-
-/// The checks of one task's stream, fed its entries in key order: CRC, position, hash chain,
-/// gaps. Shared by [`StreamReader`] and the bulk reads of
-/// [`crate::StreamScanner`], so both report exactly the same problems.
-#[derive(Debug)]
-pub(crate) struct StreamCheck {
-    task: String,
-    /// The next position expected.
-    expected: u64,
-    /// The digest the next record must chain from; `None` after damage (chain unknown).
-    prev: Option<Digest>,
-    /// Decode with [`record::decode_payload_lean`] (for the state fold).
-    lean: bool,
-    /// A lean decode's buffer for the next update's event id (see [`StreamCheck::recycle`]).
-    spare: String,
-}
-
-/// What one entry of a stream amounts to.
-#[allow(
-    clippy::large_enum_variant,
-    reason = "a transient return value, never stored"
-)]
-pub(crate) enum Checked {
-    /// The record (or its damage).
-    One(Result<Record>),
-    /// A gap before the record: the first missing position, then the record.
-    Gap(Error, u64),
-}
-
-impl StreamCheck {
-    /// Checks `task`'s stream from `from`, whose previous record's digest is `prev`.
-    pub(crate) fn new(task: String, from: u64, prev: Option<Digest>) -> Self {
-        Self {
-            task,
-            expected: from,
-            prev,
-            lean: false,
-            spare: String::new(),
-        }
-    }
-
-    /// Decodes update events lean ([`record::decode_payload_lean`]).
-    pub(crate) fn lean(mut self) -> Self {
-        self.lean = true;
-        self
-    }
-
-    /// Checks `task`'s stream from position 0 again, keeping the buffers: the task id's and
-    /// the spare event id's (a bulk fold checks thousands of streams with one check).
-    pub(crate) fn restart(&mut self, task: &str) {
-        self.task.clear();
-        self.task.push_str(task);
-        self.expected = 0;
-        self.prev = Some(Digest::GENESIS);
-    }
-
-    /// Takes the buffer of an update's event id decoded here, once the event is no longer
-    /// needed: a lean decode writes the next update's event id into it instead of
-    /// allocating one.
-    pub(crate) fn recycle(&mut self, event: &mut Event) {
-        if let Event::UpdateAppended { event_id, .. } = event {
-            if self.lean && event_id.capacity() > self.spare.capacity() {
-                self.spare = std::mem::take(event_id);
-            }
-        }
-    }
-
-    fn err(&self, position: u64, kind: CorruptionKind) -> Error {
-        Error::corruption(&self.task, position, kind)
-    }
-
-    /// Checks one entry found in the task's key range. On [`Checked::Gap`], the record comes
-    /// from [`StreamCheck::decode`] at the position returned.
-    pub(crate) fn entry(&mut self, key: &[u8], value: &[u8]) -> Checked {
-        let position = match keys::position_in(&self.task, key) {
-            Ok(position) => position,
-            Err(kind) => {
-                self.prev = None;
-                return Checked::One(Err(self.err(self.expected, kind)));
-            }
-        };
-        if position > self.expected {
-            // A gap: report the first missing position, then the record after the gap.
-            let missing = self.expected;
-            self.prev = None;
-            self.expected = position;
-            return Checked::Gap(self.err(missing, CorruptionKind::Missing), position);
-        }
-        Checked::One(self.decode(position, value))
-    }
-
-    /// Verifies and decodes the record at `position`.
-    pub(crate) fn decode(&mut self, position: u64, bytes: &[u8]) -> Result<Record> {
-        self.expected = position + 1;
-        let frame = match record::parse(bytes) {
-            Ok(frame) => frame,
-            Err(kind) => {
-                self.prev = None;
-                return Err(self.err(position, kind));
-            }
-        };
-        let prev = self.prev.replace(frame.digest);
-        if frame.position != position {
-            // The record belongs elsewhere: its digest says nothing about this position, so
-            // the next record's chain cannot be checked either.
-            self.prev = None;
-            return Err(self.err(
-                position,
-                CorruptionKind::Misplaced {
-                    found: frame.position,
-                },
-            ));
-        }
-        if let Some(prev) = prev {
-            if !frame.chains_from(&prev, &self.task) {
-                return Err(self.err(position, CorruptionKind::Chain));
-            }
-        }
-        if self.lean {
-            frame.into_lean_record_reusing(&mut self.spare)
-        } else {
-            frame.into_record()
-        }
-        .map_err(|kind| self.err(position, kind))
-    }
-}
-
-/// Iterator over one task's records; see [`Journal::read_stream`].
-pub struct StreamReader<'a> {
-    raw: Option<crate::backend::RawIter<'a>>,
-    check: StreamCheck,
-    /// A gap found before this record was reported; the record itself comes next.
-    pending: Option<(u64, Box<[u8]>)>,
-    /// The durable watermark: the stream ends before a record above it.
-    durable: u64,
-    done: bool,
-}
-
-impl<'a> StreamReader<'a> {
-    fn new(backend: &'a dyn Backend, task: &str, from: u64, durable: u64) -> Self {
-        let prev = if from == 0 {
-            Some(Digest::GENESIS)
-        } else {
-            backend
-                .get(Space::Events, &keys::event_key(task, from - 1))
-                .ok()
-                .flatten()
-                .and_then(|bytes| record::parse(&bytes).ok().map(|frame| frame.digest))
-        };
-        let range = Range {
-            lower: keys::event_key(task, from),
-            upper: crate::backend::prefix_end(&keys::task_prefix(task)),
-            reverse: false,
-        };
-        Self {
-            raw: Some(backend.scan(Space::Events, range)),
-            check: StreamCheck::new(task.to_owned(), from, prev),
-            pending: None,
-            durable,
-            done: false,
-        }
-    }
-}
-
-impl Iterator for StreamReader<'_> {
-    type Item = Result<Record>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        if self.done {
-            return None;
-        }
-        if let Some((position, bytes)) = self.pending.take() {
-            return match self.check.decode(position, &bytes) {
-                Ok(record) if record.seq > self.durable => {
-                    self.done = true;
-                    None
-                }
-                result => Some(result),
-            };
-        }
-        let item = match self.raw.as_mut().and_then(Iterator::next) {
-            None => {
-                self.raw = None;
-                self.done = true;
-                return None;
-            }
-            Some(Err(e)) => {
-                self.done = true;
-                return Some(Err(e));
-            }
-            Some(Ok(item)) => item,
-        };
-        let (key, value) = item;
-        match self.check.entry(&key, &value) {
-            Checked::One(Ok(record)) if record.seq > self.durable => {
-                // Written, not yet durable: the stream ends here for this process's readers.
-                self.done = true;
-                None
-            }
-            Checked::One(result) => Some(result),
-            Checked::Gap(missing, position) => {
-                self.pending = Some((position, value));
-                Some(Err(missing))
-            }
-        }
     }
 }
 
@@ -2270,6 +1486,7 @@ mod storage_tests {
     //! reused: see `backend::db_options`).
     use super::*;
     use crate::event::Timestamp;
+    use crate::record::Record;
 
     const TASKS: usize = 8;
 

@@ -36,10 +36,12 @@ mod backend;
 mod bulk;
 #[cfg(test)]
 mod byte_fields;
+mod commits;
 mod error;
 mod event;
 pub mod export;
 pub mod failpoints;
+mod format;
 mod head;
 mod journal;
 mod memtable_hint;
@@ -55,6 +57,7 @@ pub mod postgres;
 #[doc(hidden)]
 pub mod record;
 mod storage;
+mod stream;
 mod tail;
 mod writer;
 
@@ -65,18 +68,17 @@ pub use backend::{
 };
 #[doc(hidden)]
 pub use bulk::{RawRecords, RawStream, Records, StreamScanner};
+pub use commits::Committed;
+#[doc(hidden)]
+pub use commits::{CommitBatches, RawCommits, RecordFetcher, Sealed};
 pub use error::{CorruptionKind, Error, Limit, Result, StorageError};
 pub use event::{
     Delivery, Event, EventType, ExpiryResolution, LeasePolicy, MetadataEntry, Publication,
     TaskSpec, Timestamp, EVENT_SCHEMA_VERSION,
 };
+pub use format::{JOURNAL_FORMAT_VERSION, OLDEST_JOURNAL_FORMAT_VERSION};
 pub use head::Head;
-#[doc(hidden)]
-pub use journal::{CommitBatches, RawCommits, RecordFetcher, Sealed};
-pub use journal::{
-    Committed, Frozen, Journal, LiveRepair, PendingAppend, StreamReader, JOURNAL_FORMAT_VERSION,
-    OLDEST_JOURNAL_FORMAT_VERSION,
-};
+pub use journal::{Frozen, Journal, LiveRepair, PendingAppend};
 pub use keys::Space;
 pub use observe::WriteObserver;
 pub use options::{Durability, JournalOptions};
@@ -84,5 +86,6 @@ pub use record::{
     Digest, Record, RecordFormat, OLDEST_RECORD_FORMAT_VERSION, RECORD_FORMAT_VERSION,
 };
 pub use storage::{SpaceStats, StorageStats};
+pub use stream::StreamReader;
 pub use tail::{Inconsistency, LiveSummary, PairHash, Tail, TaskPairs};
 pub use writer::Appended;
