@@ -1,5 +1,5 @@
 //! The global commit order read back: batches of the `commits` index
-//! ([`Journal::commit_batches`](crate::Journal::commit_batches)(crate::Journal::commit_batches)) resolved to the records they
+//! ([`Journal::commit_batches`](crate::Journal::commit_batches)) resolved to the records they
 //! name, each checked against its entry, and the readers' durable watermark over entries keyed
 //! by sequence.
 
