@@ -38,22 +38,32 @@
 //! readers stop at the durable watermark ([`Shared::durable`]), so nothing that a crash of the
 //! machine could take back is ever read, delivered or acted on here.
 
+mod moves;
+mod shared;
+mod sync;
+
+use moves::{
+    move_waits, IdleMoves, IDLE_BEFORE_MOVING, MOVES_PER_WRITE, PENDING_MOVES_LIMIT, SWEPT_STREAMS,
+};
+pub(crate) use shared::Shared;
+use sync::{fail, settle, sync_loop, timed_sync, Ack, Written};
+
 use crate::backend::{Backend, BatchOp, OpBytes};
 use crate::error::{Error, Result, StorageError};
 use crate::head::Head;
 use crate::keys::{self, Space};
-use crate::observe::{BatchWritten, Synced, WriteObserver};
+use crate::observe::BatchWritten;
 use crate::options::Durability;
 use crate::record::{self, RecordFormat};
 use crate::tail::Tail;
 use smallvec::SmallVec;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::runtime::Handle;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::oneshot;
 
 /// What an event does to the journal's indexes besides being recorded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,7 +120,7 @@ pub(crate) struct Recipient {
     /// When the job was submitted (only read when an observer is installed).
     pub submitted: Option<Instant>,
     /// The multi-threaded runtime whose task awaits the outcome, if any: a durable outcome
-    /// is sent from a task spawned there ([`acknowledge`]).
+    /// is sent from a task spawned there ([`acknowledge`](sync::acknowledge)).
     pub runtime: Option<Handle>,
 }
 
@@ -164,261 +174,6 @@ impl JobTask {
 /// Where an append's outcome goes.
 type Reply = oneshot::Sender<Result<Appended>>;
 
-/// What the writer, the syncer and the journal's readers share.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    /// The sequence up to which every record is durable (per the journal's [`Durability`]):
-    /// readers of this process stop there.
-    durable: AtomicU64,
-    /// Why the journal stopped, once a sync failed.
-    stopped: OnceLock<String>,
-    /// Batches handed to the syncer and not yet settled.
-    in_flight: AtomicU64,
-    /// The appends of those batches: how many callers wait for a sync now
-    /// ([`LINGER_WHEN_WAITING`]).
-    in_flight_appends: AtomicU64,
-    /// Heads handed over before the writer's first batch ([`Shared::prime`]).
-    primed: Mutex<Primed>,
-    /// The durable watermark again, for those who wait for it to move.
-    durable_tx: watch::Sender<u64>,
-    /// Jobs submitted and not yet taken by the writer.
-    queued: AtomicUsize,
-    /// Asynchronous appends that found the journal idle and yielded once before deciding
-    /// whether to write inline ([`Shared::intend`]).
-    intending: AtomicUsize,
-    /// Who is told what the write path does, once installed.
-    observer: OnceLock<Arc<dyn WriteObserver>>,
-}
-
-/// An asynchronous append's intent to write inline, counted while it lasts
-/// ([`Shared::intend`]).
-pub(crate) struct Intent<'a>(&'a AtomicUsize);
-
-impl Intent<'_> {
-    /// Whether no other append has an intent out: this one may write inline.
-    pub(crate) fn alone(&self) -> bool {
-        self.0.load(Ordering::Acquire) == 1
-    }
-}
-
-impl Drop for Intent<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-/// Heads read off the journal by someone else (recovery's fold) for the writer to use instead
-/// of reading them again, each at most once. Kept compact — the ids back to back in one
-/// string, the entries sorted by id — since it holds one entry per live task until each
-/// task's first append (~70 bytes plus the id, against ~150 in a map of strings).
-#[derive(Debug, Default)]
-struct Primed {
-    /// Every id, back to back.
-    ids: String,
-    /// (start, end) of the id in `ids`, and the head; sorted by id. A taken head is marked
-    /// with `next_position == u64::MAX`.
-    entries: Vec<(u32, u32, Head)>,
-    /// Entries not taken yet; at 0 the buffers are freed.
-    remaining: usize,
-    /// The writer began its first batch: heads read before it may be stale from now on.
-    closed: bool,
-}
-
-impl Primed {
-    fn id(&self, entry: &(u32, u32, Head)) -> &str {
-        self.ids
-            .get(entry.0 as usize..entry.1 as usize)
-            .unwrap_or_default()
-    }
-
-    fn take(&mut self, task: &str) -> Option<Head> {
-        let at = self
-            .entries
-            .binary_search_by(|entry| self.id(entry).cmp(task))
-            .ok()?;
-        let head = &mut self.entries.get_mut(at)?.2;
-        if head.next_position == u64::MAX {
-            return None;
-        }
-        let taken = std::mem::replace(
-            head,
-            Head {
-                next_position: u64::MAX,
-                ..Head::default()
-            },
-        );
-        self.remaining = self.remaining.saturating_sub(1);
-        if self.remaining == 0 {
-            // Every head was taken: give the memory back.
-            self.ids = String::new();
-            self.entries = Vec::new();
-        }
-        Some(taken)
-    }
-}
-
-impl Shared {
-    /// A journal whose records up to `durable` are all durable.
-    pub(crate) fn new(durable: u64) -> Self {
-        Self {
-            durable: AtomicU64::new(durable),
-            stopped: OnceLock::new(),
-            in_flight: AtomicU64::new(0),
-            in_flight_appends: AtomicU64::new(0),
-            primed: Mutex::new(Primed::default()),
-            durable_tx: watch::Sender::new(durable),
-            queued: AtomicUsize::new(0),
-            intending: AtomicUsize::new(0),
-            observer: OnceLock::new(),
-        }
-    }
-
-    /// Installs `observer`; `false` when one is installed already.
-    pub(crate) fn observe(&self, observer: Arc<dyn WriteObserver>) -> bool {
-        self.observer.set(observer).is_ok()
-    }
-
-    /// The observer, if one is installed.
-    pub(crate) fn observer(&self) -> Option<&dyn WriteObserver> {
-        self.observer.get().map(AsRef::as_ref)
-    }
-
-    /// Whether a job is queued for the writer thread or a written batch waits for its sync:
-    /// an append that finds the journal busy goes to the writer thread.
-    pub(crate) fn busy(&self) -> bool {
-        self.queued.load(Ordering::Relaxed) != 0 || self.in_flight.load(Ordering::Acquire) != 0
-    }
-
-    /// Counts an asynchronous append's intent to write inline until the [`Intent`] is
-    /// dropped. Appends made together by one task (`join_all` over several) are each polled
-    /// in turn on one thread: if the first wrote and synced inline at once, the next would
-    /// find the journal idle again and do the same — one sync each instead of one batch for
-    /// all. So an asynchronous append that finds the journal idle counts itself here and
-    /// yields once; when it runs again, it writes inline only if it is still the only one
-    /// counted ([`Intent::alone`]), and otherwise goes to the writer thread with the others.
-    pub(crate) fn intend(&self) -> Intent<'_> {
-        self.intending.fetch_add(1, Ordering::AcqRel);
-        Intent(&self.intending)
-    }
-
-    /// Tells the observer of a batch whose every append was refused.
-    fn refused(&self, conflicts: usize, queued: usize) {
-        if let (Some(observer), true) = (self.observer(), conflicts > 0) {
-            observer.batch_written(&BatchWritten {
-                appends: 0,
-                conflicts,
-                records: 0,
-                bytes: 0,
-                queued,
-                write: Duration::ZERO,
-            });
-        }
-    }
-
-    /// A receiver of the durable watermark, which changes after each sync.
-    pub(crate) fn watch_durable(&self) -> watch::Receiver<u64> {
-        self.durable_tx.subscribe()
-    }
-
-    /// Counts a job handed to the writer.
-    pub(crate) fn queue(&self) {
-        self.queued.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// Uncounts a job that never reached the writer.
-    pub(crate) fn unqueue(&self) {
-        self.queued.fetch_sub(1, Ordering::Relaxed);
-    }
-
-    /// Hands the writer `heads` (read off the journal) so that it need not read them itself;
-    /// `false`, and nothing taken, once the writer has begun its first batch: a head read
-    /// before an append may be stale after it, and before the first append none is. The writer
-    /// takes each head at most once, at the first append to its task, and trusts it (the
-    /// caller must have read it from this journal after it was opened).
-    pub(crate) fn prime<'a>(&self, heads: impl IntoIterator<Item = (&'a str, Head)>) -> bool {
-        let Ok(mut primed) = self.primed.lock() else {
-            return false;
-        };
-        if primed.closed {
-            return false;
-        }
-        let primed = &mut *primed;
-        let before = primed.entries.len();
-        for (task, head) in heads {
-            let start = primed.ids.len();
-            let end = start + task.len();
-            let (Ok(start), Ok(end)) = (u32::try_from(start), u32::try_from(end)) else {
-                break;
-            };
-            if primed.entries.len() >= PRIMED_LIMIT || head.next_position == u64::MAX {
-                break;
-            }
-            primed.ids.push_str(task);
-            primed.entries.push((start, end, head));
-        }
-        // Recovery hands them over in id order already, chunk after chunk: what was there is
-        // sorted, and stays so when the new ones follow it in order. Any other order is sorted
-        // here (the first of equal ids kept).
-        let ids = &primed.ids;
-        let id = |entry: &(u32, u32, Head)| ids.get(entry.0 as usize..entry.1 as usize);
-        let added = primed.entries.len() - before;
-        let joined = primed
-            .entries
-            .get(before.saturating_sub(1)..)
-            .unwrap_or_default();
-        if joined.is_sorted_by(|a, b| id(a) < id(b)) {
-            primed.remaining += added;
-        } else {
-            primed.entries.sort_by(|a, b| id(a).cmp(&id(b)));
-            primed.entries.dedup_by(|a, b| id(a) == id(b));
-            primed.remaining = primed
-                .entries
-                .iter()
-                .filter(|entry| entry.2.next_position != u64::MAX)
-                .count();
-        }
-        true
-    }
-
-    /// Closes priming (the writer's first batch begins).
-    fn close_priming(&self) {
-        if let Ok(mut primed) = self.primed.lock() {
-            primed.closed = true;
-        }
-    }
-
-    /// Takes `task`'s primed head, if any.
-    fn take_primed(&self, task: &str) -> Option<Head> {
-        let mut primed = self.primed.lock().ok()?;
-        if primed.entries.is_empty() {
-            return None;
-        }
-        primed.take(task)
-    }
-
-    /// The durable watermark: every record of a sequence up to it is durable, none after it
-    /// is acknowledged.
-    pub(crate) fn durable(&self) -> u64 {
-        self.durable.load(Ordering::Acquire)
-    }
-
-    fn publish(&self, seq: u64) {
-        let before = self.durable.fetch_max(seq, Ordering::AcqRel);
-        if seq > before {
-            self.durable_tx.send_if_modified(|watermark| {
-                let moved = seq > *watermark;
-                *watermark = (*watermark).max(seq);
-                moved
-            });
-        }
-    }
-
-    /// Why the journal stopped, once a sync failed.
-    pub(crate) fn stopped(&self) -> Option<Error> {
-        self.stopped.get().map(|why| Error::Stopped(why.clone()))
-    }
-}
-
 /// When a shared store's commit of a batch of `appends` appends is made durable, with
 /// `queued` jobs behind it, after a batch of `last` appends, while a flush is in flight
 /// (`syncing`) or not.
@@ -450,34 +205,12 @@ fn commit_flush(
     }
 }
 
-/// An accepted append waiting for its acknowledgement.
-struct Ack {
-    to: Recipient,
-    appended: Appended,
-}
-
-impl Ack {
-    /// Sends the caller its outcome, telling `observer` how long it waited.
-    fn send(self, observer: Option<&dyn WriteObserver>) {
-        if let (Some(observer), Some(submitted)) = (observer, self.to.submitted) {
-            observer.acknowledged(submitted.elapsed());
-        }
-        let _ = self.to.reply.send(Ok(self.appended));
-    }
-}
-
 /// What the one-round-trip way made of a batch.
 enum Optimistic {
     /// Not taken, or refused by the store: nothing written, the batch untouched.
     Declined,
     /// Done: written (or failed, its callers answered).
     Done(Option<Written>),
-}
-
-/// A written batch waiting for its sync.
-struct Written {
-    last_seq: u64,
-    acks: Vec<Ack>,
 }
 
 pub(crate) struct Writer {
@@ -538,17 +271,6 @@ pub(crate) struct Writer {
     lone: Vec<AppendJob>,
 }
 
-/// Whether the writer thread moves finished streams when the journal idles
-/// ([`Writer::next_job`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum IdleMoves {
-    /// It does (always, outside tests).
-    Made,
-    /// It does not: the moves wait for a close or [`Writer::move_all`].
-    #[cfg_attr(not(test), allow(dead_code))]
-    Held,
-}
-
 /// Heads kept in memory before the cache is dropped and refilled from the tasks' last records
 /// (~130 bytes each: 128k heads are ~17 MB). After a drop only the tasks still being appended
 /// to are read again, each once — a few thousand reverse seeks — so a small cache costs little,
@@ -560,20 +282,6 @@ const HEAD_CACHE_LIMIT: usize = 1 << 17;
 /// dozen callers a batch of one append happens now and then, and the caller that came next
 /// would block its runtime worker for a sync while the other callers need it.
 const IDLE_STREAK: u32 = 4;
-
-/// Streams whose move to the finished ones waits at most ([`Writer::pending_moves`]; ~80
-/// bytes each with a short id: ~10 MB). A stream finished while as many wait stays with the
-/// live ones (read alike), so that the busy path never pays for a move.
-const PENDING_MOVES_LIMIT: usize = 1 << 17;
-
-/// How long the writer waits without a job before it counts the journal as idle and moves
-/// finished streams ([`Writer::next_job`]). Long enough that a busy journal — appends
-/// coming every few milliseconds at most — never sees it.
-const IDLE_BEFORE_MOVING: Duration = Duration::from_millis(20);
-
-/// Streams moved per write when the journal is idle: a job that comes meanwhile waits for
-/// one such write (about a millisecond for streams of ten records).
-const MOVES_PER_WRITE: usize = 64;
 
 /// While at least this many appends wait for a sync in flight, a batch of fewer than
 /// [`LINGER_BELOW`] appends waits [`LINGER`] for more before it is written.
@@ -596,11 +304,6 @@ const LINGER_BELOW: usize = 32;
 
 /// How long the writer lingers for more appends ([`LINGER_WHEN_WAITING`]).
 const LINGER: Duration = Duration::from_micros(20);
-
-/// Streams the idle writer's sweep examines at a time ([`Writer::sweep_some`]): a job that
-/// comes meanwhile waits for them (a live one is a lookup and a seek, a finished one a
-/// step per record).
-const SWEPT_STREAMS: usize = 256;
 
 /// Primed heads taken at most (one per live task recovered; ~70 bytes each plus the id).
 const PRIMED_LIMIT: usize = 1 << 20;
@@ -818,140 +521,6 @@ impl Writer {
                 }
             }
         }
-    }
-
-    /// Whether the idle writer goes on with the sweep ([`Writer::sweep_some`]): while there
-    /// is one, once this open has written a batch. Not before: an open is followed by the
-    /// recovery's fold, which reads, on both cores, what the sweep would walk — beside it
-    /// the sweep took the fold 1.4–2× as long (and its moves' memtables stayed resident);
-    /// the appends that follow a recovery start it.
-    fn sweeps_now(&self) -> bool {
-        self.sweep.is_some() && self.next_seq > self.opened_seq
-    }
-
-    /// Goes on with the sweep of the records not moved to the finished ones
-    /// ([`Writer::sweep`]) over up to `streams` streams: each finished one (a stream with
-    /// records that is not live has a terminal record, as [`Head::read`] reads it) is noted
-    /// to be moved with its records' count; a live one is skipped with one seek. Stops early
-    /// when the list of moves waiting is full, and ends the sweep at the records' end.
-    ///
-    /// # Errors
-    /// [`Error::Storage`] when a read failed, [`Error::Corruption`] on a damaged key: the
-    /// sweep ends (what it noted stays noted).
-    pub(crate) fn sweep_some(&mut self, streams: usize) -> Result<()> {
-        let Some(from) = self.sweep.take() else {
-            return Ok(());
-        };
-        let Some(mut cursor) = self.backend.unmoved_records_cursor() else {
-            return Ok(());
-        };
-        cursor.seek(&from);
-        // Where the sweep goes on from: past the last stream examined.
-        let mut next = from;
-        for _ in 0..streams {
-            // (Never stuck: an empty list takes one stream whatever the limit.)
-            if self.pending_moves.len() >= self.pending_limit.max(1) {
-                self.sweep = Some(next);
-                return Ok(());
-            }
-            let Some(key) = cursor.key() else {
-                return cursor.status();
-            };
-            let (task, _) = keys::parse_event_key(key)
-                .map_err(|kind| Error::corruption(&String::from_utf8_lossy(key), 0, kind))?;
-            let task = task.to_owned();
-            keys::task_end_into(&task, &mut next);
-            if self
-                .backend
-                .get(Space::Live, &keys::task_key(&task))?
-                .is_some()
-            {
-                cursor.seek(&next);
-                continue;
-            }
-            let prefix = keys::task_prefix(&task);
-            let mut stored = 0;
-            while cursor.key().is_some_and(|key| key.starts_with(&prefix)) {
-                stored += 1;
-                cursor.next();
-            }
-            self.pending_moves.insert(task, stored);
-        }
-        cursor.status()?;
-        self.sweep = Some(next);
-        Ok(())
-    }
-
-    /// Finishes the sweep ([`Writer::sweep_some`]) and makes every move waiting; how many
-    /// streams moved.
-    ///
-    /// # Errors
-    /// As [`Writer::sweep_some`] and [`Writer::move_pending`].
-    pub(crate) fn move_all(&mut self) -> Result<usize> {
-        let mut moved = self.move_pending(usize::MAX)?;
-        while self.sweep.is_some() {
-            self.sweep_some(SWEPT_STREAMS)?;
-            moved += self.move_pending(usize::MAX)?;
-        }
-        Ok(moved)
-    }
-
-    /// Moves the finished streams waiting, [`MOVES_PER_WRITE`] to a write, until none is
-    /// left or `budget` is spent (those left stay where they are); how many moved.
-    ///
-    /// # Errors
-    /// As [`Writer::move_pending`].
-    fn move_pending_within(&mut self, budget: Duration) -> Result<usize> {
-        let started = Instant::now();
-        let mut moved = 0;
-        while !self.pending_moves.is_empty() && started.elapsed() < budget {
-            moved += self.move_pending(MOVES_PER_WRITE)?;
-        }
-        if !self.pending_moves.is_empty() {
-            tracing::info!(
-                left = self.pending_moves.len(),
-                ?budget,
-                "the journal closed with finished streams left among the live ones"
-            );
-        }
-        Ok(moved)
-    }
-
-    /// Moves up to `max` of the finished streams waiting, in key order, [`MOVES_PER_WRITE`]
-    /// to a write (not synced: a move lost in a crash leaves its stream where it was, read
-    /// alike); how many.
-    ///
-    /// # Errors
-    /// What the write returned when it failed: every move still waiting is given up then
-    /// (those streams stay where they are).
-    pub(crate) fn move_pending(&mut self, max: usize) -> Result<usize> {
-        if self.pending_moves.is_empty() || self.shared.stopped().is_some() {
-            return Ok(0);
-        }
-        let mut moved = 0;
-        while moved < max {
-            let mut ops = Vec::with_capacity(MOVES_PER_WRITE.min(max - moved));
-            while ops.len() < MOVES_PER_WRITE && moved + ops.len() < max {
-                let Some((task, stored)) = self.pending_moves.pop_first() else {
-                    break;
-                };
-                ops.push(BatchOp::Retire {
-                    task,
-                    stored,
-                    apart: true,
-                });
-            }
-            if ops.is_empty() {
-                break;
-            }
-            let count = ops.len();
-            if let Err(error) = self.backend.write(ops, Durability::Buffered) {
-                self.pending_moves.clear();
-                return Err(error);
-            }
-            moved += count;
-        }
-        Ok(moved)
     }
 
     /// Writes `job` and makes it durable on the calling thread, if the journal is idle: the
@@ -1610,27 +1179,6 @@ impl Writer {
         commit_flush(queued, appends, last, syncing)
     }
 
-    /// Notes the streams a written batch finished (in its order): each whose move waits
-    /// with its records' count, each the batch moved (`None`) no longer waiting.
-    fn note_finished(&mut self, finished: Vec<(String, Option<u64>)>) {
-        for (task, waits) in finished {
-            match waits {
-                Some(stored) => self.pending_moves.insert(task, stored),
-                None => self.pending_moves.remove(&task),
-            };
-        }
-    }
-
-    /// Whether a stream finished now joins those waiting to be moved
-    /// ([`Writer::pending_moves`]): with finished streams kept apart on this process's own
-    /// store (a shared one keeps no column families), while there is room — beyond, it
-    /// stays where it lies.
-    fn defers_moves(&self) -> bool {
-        self.finished_apart
-            && !self.backend.is_shared()
-            && self.pending_moves.len() < self.pending_limit
-    }
-
     /// Takes the parts of a job staged in `staged` into the batch being written: each
     /// stream's head advances in `tail`'s summary of the live tasks and in the cache, and a
     /// stream finished (with finished streams kept apart) is noted in `finished`, with its
@@ -1693,15 +1241,6 @@ impl Writer {
     }
 }
 
-/// Whether the move of a stream that a batch finishes (its head going from `before` to
-/// `after`) waits for an idle moment, when moves may (`defer`: [`Writer::defers_moves`]).
-/// Only a stream with records stored before the batch waits: one written whole in one batch
-/// goes with the finished streams as it is written, which costs nothing more
-/// ([`Writer::stage`]).
-fn move_waits(defer: bool, before: &Head, after: &Head) -> bool {
-    defer && after.terminal && !before.terminal && before.next_position > 0
-}
-
 /// Refuses every job of `batch` once the journal stopped; whether it did.
 fn refuse_if_stopped(shared: &Shared, batch: &mut Vec<AppendJob>) -> bool {
     let Some(why) = shared.stopped.get() else {
@@ -1724,13 +1263,6 @@ fn fail_jobs(batch: &mut Vec<AppendJob>, error: &Error) {
     }
 }
 
-/// Fails every caller of `acks` with the error `error` makes.
-fn fail(acks: Vec<Ack>, error: impl Fn() -> Error) {
-    for ack in acks {
-        let _ = ack.to.reply.send(Err(error()));
-    }
-}
-
 /// The bytes of the records among `ops`.
 fn record_bytes(ops: &[BatchOp]) -> usize {
     ops.iter()
@@ -1743,155 +1275,6 @@ fn record_bytes(ops: &[BatchOp]) -> usize {
             _ => 0,
         })
         .sum()
-}
-
-/// Syncs, timing it.
-fn timed_sync(backend: &dyn Backend) -> (Result<()>, Duration) {
-    let started = Instant::now();
-    let result = backend.sync();
-    (result, started.elapsed())
-}
-
-/// The syncer: syncs once for every batch written since the last sync, then acknowledges.
-fn sync_loop(backend: &dyn Backend, shared: &Shared, written: &Receiver<Written>) {
-    crate::backend::perf_counters_off();
-    let mut pending = Vec::new();
-    while let Ok(first) = written.recv() {
-        pending.push(first);
-        while let Ok(more) = written.try_recv() {
-            pending.push(more);
-        }
-        let (result, took) = match shared.stopped() {
-            Some(stopped) => (Err(stopped), Duration::ZERO),
-            None => timed_sync(backend),
-        };
-        let batches = pending.len() as u64;
-        // No longer waiting for a sync (counted down before the callers hear of it).
-        let appends = pending.iter().map(|w| w.acks.len() as u64).sum();
-        shared
-            .in_flight_appends
-            .fetch_sub(appends, Ordering::AcqRel);
-        let final_failure = backend.sync_failure_is_final();
-        settle(
-            shared,
-            std::mem::take(&mut pending),
-            result,
-            took,
-            final_failure,
-        );
-        shared.in_flight.fetch_sub(batches, Ordering::AcqRel);
-    }
-}
-
-/// Publishes and acknowledges `batches` after their sync gave `result`. A failed sync stops
-/// the journal when `final_failure` ([`Backend::sync_failure_is_final`]); else it fails the
-/// batches' appends with the sync's error (their outcome unknown, as after a failed write),
-/// and the journal goes on.
-fn settle(
-    shared: &Shared,
-    batches: Vec<Written>,
-    result: Result<()>,
-    took: Duration,
-    final_failure: bool,
-) {
-    if let Some(observer) = shared.observer() {
-        observer.synced(&Synced {
-            batches: batches.len(),
-            sync: took,
-            ok: result.is_ok(),
-        });
-    }
-    match result {
-        Ok(()) => {
-            if let Some(last) = batches.iter().map(|w| w.last_seq).max() {
-                shared.publish(last);
-            }
-            if let Some(message) = crate::failpoints::hit(crate::failpoints::AFTER_WRITE) {
-                // Durable, but the callers hear of a failure: an ambiguous outcome.
-                for batch in batches {
-                    fail(batch.acks, || Error::storage(message.clone()));
-                }
-                return;
-            }
-            acknowledge(shared, batches);
-        }
-        Err(e) if !final_failure && !matches!(e, Error::Stopped(_)) => {
-            tracing::error!(error = %e, "journal sync failed: its appends' outcome is unknown");
-            let storage = match e {
-                Error::Storage(storage) => storage,
-                e => StorageError::new(e.to_string()),
-            };
-            for batch in batches {
-                fail(batch.acks, || Error::Storage(storage.clone()));
-            }
-        }
-        Err(e) => {
-            let why = match e {
-                Error::Stopped(why) => why,
-                other => {
-                    tracing::error!(error = %other, "journal sync failed: the journal stops");
-                    format!("a sync failed: {other}")
-                }
-            };
-            let _ = shared.stopped.set(why);
-            let why = shared.stopped.get().cloned().unwrap_or_default();
-            for batch in batches {
-                fail(batch.acks, || Error::Stopped(why.clone()));
-            }
-        }
-    }
-}
-
-/// Sends every caller of `batches` its outcome, durable now. The callers awaiting it on a
-/// multi-threaded runtime other than this thread's (the syncer's, or a caller's that wrote
-/// inline on another runtime) are acknowledged from one task spawned on that runtime for all
-/// of them here: a wake-up sent from within a runtime puts the woken task in the worker's own
-/// queue, where one sent from outside takes the runtime's shared queue's lock and often a
-/// system call to unpark a worker (~0.85 µs a caller, on the syncer's way from one sync to
-/// the next). Blocking callers, callers on this thread's runtime, and a runtime's lone caller
-/// (whose wake-up the task would only precede) are acknowledged here.
-fn acknowledge(shared: &Shared, batches: Vec<Written>) {
-    let observer = shared.observer.get();
-    let here = Handle::try_current().ok().map(|handle| handle.id());
-    let mut elsewhere: Vec<(Handle, Vec<Ack>)> = Vec::new();
-    // Sized once: grown ack by ack, a runtime's list was reallocated a dozen times a sync.
-    let callers = batches.iter().map(|batch| batch.acks.len()).sum();
-    for batch in batches {
-        for mut ack in batch.acks {
-            match ack.to.runtime.take() {
-                Some(runtime) if Some(runtime.id()) != here => {
-                    let id = runtime.id();
-                    if let Some((_, acks)) =
-                        elsewhere.iter_mut().find(|(handle, _)| handle.id() == id)
-                    {
-                        acks.push(ack);
-                    } else {
-                        let mut acks = Vec::with_capacity(callers);
-                        acks.push(ack);
-                        elsewhere.push((runtime, acks));
-                    }
-                }
-                _ => ack.send(observer.map(AsRef::as_ref)),
-            }
-        }
-    }
-    for (runtime, mut acks) in elsewhere {
-        if acks.len() == 1 {
-            // One foreign wake-up either way: the caller's own, without a task between.
-            if let Some(ack) = acks.pop() {
-                ack.send(observer.map(AsRef::as_ref));
-            }
-            continue;
-        }
-        let observer = observer.cloned();
-        // On a runtime shut down meanwhile the task is dropped unrun, and with it the
-        // replies: its callers, cancelled with it, hear nothing.
-        drop(runtime.spawn(async move {
-            for ack in acks {
-                ack.send(observer.as_deref());
-            }
-        }));
-    }
 }
 
 #[cfg(test)]
@@ -2720,58 +2103,6 @@ mod tests {
             "{synced:?}"
         );
         assert_eq!(journal.last_seq().unwrap(), 3 + TOGETHER);
-    }
-
-    #[test]
-    fn primed_heads_are_found_in_any_order_and_taken_once() {
-        use super::{Head, Shared};
-        let head = |n: u64| Head {
-            next_position: n,
-            last_seq: n * 10,
-            ..Head::default()
-        };
-        let shared = Shared::new(0);
-        assert!(shared.prime([("b", head(2)), ("a", head(1)), ("c\u{1}", head(3))]));
-        assert!(shared.prime([("ab", head(4))]));
-        assert_eq!(shared.take_primed("a"), Some(head(1)));
-        assert_eq!(shared.take_primed("a"), None, "taken once");
-        assert_eq!(shared.take_primed("ab"), Some(head(4)));
-        assert_eq!(shared.take_primed("c\u{1}"), Some(head(3)));
-        assert_eq!(shared.take_primed("zz"), None);
-        shared.close_priming();
-        assert!(!shared.prime([("d", head(5))]), "closed");
-        assert_eq!(
-            shared.take_primed("b"),
-            Some(head(2)),
-            "still taken after closing"
-        );
-        assert_eq!(shared.take_primed("d"), None);
-        let primed = shared.primed.lock().unwrap();
-        assert_eq!(primed.remaining, 0);
-        assert!(
-            primed.entries.is_empty() && primed.ids.is_empty(),
-            "freed once all taken"
-        );
-    }
-
-    #[test]
-    fn primed_heads_handed_over_chunk_after_chunk_stay_sorted() {
-        use super::{Head, Shared};
-        let head = |n: u64| Head {
-            next_position: n,
-            ..Head::default()
-        };
-        let shared = Shared::new(0);
-        // In order, chunk after chunk (recovery's way): appended as they come.
-        assert!(shared.prime([("a", head(1)), ("b", head(2))]));
-        assert!(shared.prime([("c", head(3)), ("d", head(4))]));
-        // Out of order, and one id again: sorted, the first head of an id kept.
-        assert!(shared.prime([("bb", head(5)), ("a", head(6))]));
-        assert_eq!(shared.primed.lock().unwrap().remaining, 5);
-        for (id, n) in [("d", 4), ("a", 1), ("bb", 5), ("c", 3), ("b", 2)] {
-            assert_eq!(shared.take_primed(id), Some(head(n)), "{id}");
-        }
-        assert!(shared.primed.lock().unwrap().entries.is_empty(), "freed");
     }
 
     #[test]
