@@ -129,7 +129,8 @@ fn write_batch_bytes(ops: &[BatchOp]) -> usize {
 /// recovery's fold threads, the audit's readers) turn them off: 1–2 % less CPU for the fold
 /// and the writer (alternating rounds; within the noise of a single round).
 /// A service that reads RocksDB's perf context on a thread that made a scanner turns them
-/// on again with its own call (`rocksdb::perf::set_perf_stats`).
+/// on again with its own call (`rocksdb::perf::set_perf_stats`). (This workspace compiles
+/// the counters out of RocksDB altogether, `NPERF_CONTEXT`: docs/tuning.md.)
 pub(crate) fn perf_counters_off() {
     rocksdb::perf::set_perf_stats(rocksdb::perf::PerfStatsLevel::Disable);
 }
