@@ -48,12 +48,13 @@ pub(crate) fn record_format_put(format: RecordFormat) -> BatchOp {
     }
 }
 
-/// The batch op storing `tail`.
+/// The batch op storing `tail`: an open's, and every batch's of the writer (the marker held
+/// in place in the op, no allocation).
 pub(crate) fn tail_put(tail: &Tail) -> BatchOp {
     BatchOp::Put {
         space: Space::Meta,
         key: keys::META_TAIL.into(),
-        value: tail.encode().into(),
+        value: OpBytes::from_slice(&tail.encoded()),
     }
 }
 

@@ -971,11 +971,7 @@ impl Writer {
             appended.push(first);
         }
         tail.last_seq = seq - 1;
-        ops.push(BatchOp::Put {
-            space: Space::Meta,
-            key: keys::META_TAIL.into(),
-            value: OpBytes::from_slice(&tail.encoded()),
-        });
+        ops.push(crate::format::tail_put(&tail));
         if let Some(message) = crate::failpoints::hit(crate::failpoints::BEFORE_WRITE) {
             fail_jobs(batch, &Error::storage(message));
             return Done(None);
@@ -1105,11 +1101,7 @@ impl Writer {
             return None;
         }
         tail.last_seq = seq - 1;
-        ops.push(BatchOp::Put {
-            space: Space::Meta,
-            key: keys::META_TAIL.into(),
-            value: OpBytes::from_slice(&tail.encoded()),
-        });
+        ops.push(crate::format::tail_put(&tail));
         if let Some(message) = crate::failpoints::hit(crate::failpoints::BEFORE_WRITE) {
             self.heads.clear();
             fail(accepted, || Error::storage(message.clone()));
