@@ -2082,11 +2082,14 @@ mod tests {
                 appended.unwrap();
             }
         }));
-        // Without the intent: 20 syncs, every one on the worker. (Bounds with room for a
-        // loaded machine, where the writer thread may take the jobs in several batches.)
+        // Without the intent: 20 syncs, every one on the worker. With it, every append but
+        // perhaps the last to decide goes to the writer thread; how many batches that makes
+        // depends on how the worker's submissions interleave with the writer (a loaded machine
+        // spread them over 13 batches once), so the test asserts only that the appends were
+        // not each synced apart.
         let synced = backend.take_synced_on();
         assert!(
-            synced.len() <= usize::try_from(TOGETHER / 2).unwrap(),
+            synced.len() < usize::try_from(TOGETHER).unwrap(),
             "{} syncs for {TOGETHER} appends made together: {synced:?}",
             synced.len()
         );
