@@ -29,6 +29,8 @@ pub mod admin;
 mod conn;
 mod durable;
 mod listen;
+mod location;
+mod read;
 pub(crate) mod rows;
 pub mod schema;
 mod tls;
@@ -42,162 +44,18 @@ use crate::error::{Error, Result};
 use crate::keys::Space;
 use crate::options::Durability;
 use conn::{Conn, Reopen, Target};
-use rows::{Bound, Shape};
-use std::collections::VecDeque;
+use read::{Scan, LAST_SEQ};
+use rows::Bound;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use tokio_postgres::types::Type;
 use write::{write_and_commit, Flush};
 
+pub use location::PgLocation;
 pub use schema::SCHEMA_VERSION;
 
 /// Reader connections per open journal.
 const READERS: usize = 4;
-
-/// Rows read per query of a scan: the first page is small (most scans read a stream or a
-/// head), later ones grow to this.
-const MAX_PAGE: i64 = 4096;
-/// The records of a range of sequences, in sequence order ([`Backend::records_by_seq`]).
-const RECORDS_BY_SEQ: &str =
-    "SELECT task, position, record FROM dtask_records WHERE seq BETWEEN $1 AND $2 ORDER BY seq";
-const FIRST_PAGE: i64 = 64;
-
-/// A PostgreSQL location: the connection string and the schema the journal lives in.
-#[derive(Debug, Clone)]
-pub struct PgLocation {
-    config: tokio_postgres::Config,
-    schema: String,
-    display: String,
-    tls: tls::Tls,
-}
-
-impl PgLocation {
-    /// Whether `location` names a PostgreSQL database (`postgres://…` or `postgresql://…`).
-    #[must_use]
-    pub fn is_postgres(location: &str) -> bool {
-        location.starts_with("postgres://") || location.starts_with("postgresql://")
-    }
-
-    /// Parses a PostgreSQL URL. Besides libpq's parameters it takes `schema=NAME` (default
-    /// `dtask`): the schema the journal's tables are in, so that several journals share a
-    /// database. TLS is used as `sslmode` asks (`require`, `verify-ca`, `verify-full`), the
-    /// server's certificate checked against the roots of `sslrootcert=PATH` or the Mozilla
-    /// roots built in, with a client certificate from `sslcert=PATH` and `sslkey=PATH`; without
-    /// `sslmode`, or with `disable`, `allow` or `prefer`, connections do not use TLS (see
-    /// docs/postgres.md, "TLS").
-    ///
-    /// # Errors
-    /// [`Error::InvalidLocation`] for a malformed URL, an unknown `sslmode`, or a certificate
-    /// or key file that cannot be read.
-    pub fn parse(url: &str) -> Result<Self> {
-        let (base, query) = url.split_once('?').unwrap_or((url, ""));
-        let mut schema = "dtask".to_owned();
-        let mut kept = Vec::new();
-        let mut tls_parameters = Vec::new();
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            match pair.split_once('=') {
-                Some(("schema", name)) => decoded(name)?.clone_into(&mut schema),
-                Some((name, value)) if tls::PARAMETERS.contains(&name) => {
-                    tls_parameters.push((name, decoded(value)?));
-                }
-                _ => kept.push(pair),
-            }
-        }
-        let tls_parameters: Vec<(&str, &str)> = tls_parameters
-            .iter()
-            .map(|(name, value)| (*name, value.as_str()))
-            .collect();
-        let tls = tls::Tls::from_parameters(&tls_parameters)?;
-        if schema.is_empty() || schema.len() > 63 {
-            return Err(Error::InvalidLocation(format!(
-                "the schema name must be 1 to 63 bytes: {schema:?}"
-            )));
-        }
-        let url = if kept.is_empty() {
-            base.to_owned()
-        } else {
-            format!("{base}?{}", kept.join("&"))
-        };
-        let mut config: tokio_postgres::Config = url
-            .parse()
-            .map_err(|e| Error::InvalidLocation(format!("not a PostgreSQL URL: {e}")))?;
-        config.ssl_mode(if tls.required {
-            tokio_postgres::config::SslMode::Require
-        } else {
-            tokio_postgres::config::SslMode::Disable
-        });
-        if config.get_application_name().is_none() {
-            // Names the journal's connections in `pg_stat_activity`.
-            let name: String = format!("dtask:{schema}").chars().take(63).collect();
-            config.application_name(name);
-        }
-        let hosts: Vec<String> = config
-            .get_hosts()
-            .iter()
-            .map(|h| match h {
-                tokio_postgres::config::Host::Tcp(name) => name.clone(),
-                tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
-            })
-            .collect();
-        let ports: Vec<String> = config.get_ports().iter().map(u16::to_string).collect();
-        let display = format!(
-            "{}:{} (database {}, schema {schema}{})",
-            if hosts.is_empty() {
-                "localhost".to_owned()
-            } else {
-                hosts.join(",")
-            },
-            if ports.is_empty() {
-                "5432".to_owned()
-            } else {
-                ports.join(",")
-            },
-            config.get_dbname().unwrap_or("postgres"),
-            if tls.required { ", TLS" } else { "" },
-        );
-        Ok(Self {
-            config,
-            schema,
-            display,
-            tls,
-        })
-    }
-
-    /// Host, port, database and schema, without credentials (and ", TLS" when connections
-    /// use it).
-    #[must_use]
-    pub fn display(&self) -> &str {
-        &self.display
-    }
-
-    /// The schema the journal's tables are in.
-    #[must_use]
-    pub fn schema(&self) -> &str {
-        &self.schema
-    }
-
-    /// The URL of this location with schema `schema` (for tools that stage a journal
-    /// beside another).
-    #[must_use]
-    pub fn url_with_schema(url: &str, schema: &str) -> String {
-        let (base, query) = url.split_once('?').unwrap_or((url, ""));
-        let mut kept: Vec<&str> = query
-            .split('&')
-            .filter(|p| !p.is_empty() && !p.starts_with("schema="))
-            .collect();
-        let pair = format!("schema={schema}");
-        kept.push(&pair);
-        format!("{base}?{}", kept.join("&"))
-    }
-}
-
-/// A URL parameter's value, percent-decoded.
-fn decoded(value: &str) -> Result<String> {
-    percent_encoding::percent_decode_str(value)
-        .decode_utf8()
-        .map(std::borrow::Cow::into_owned)
-        .map_err(|e| Error::InvalidLocation(format!("a parameter that is not UTF-8: {e}")))
-}
 
 /// The PostgreSQL backend.
 pub struct PgBackend {
@@ -363,130 +221,7 @@ impl PgBackend {
     pub fn location(&self) -> &PgLocation {
         &self.location
     }
-
-    fn reader(&self) -> &Conn {
-        let i = self.next_reader.fetch_add(1, Ordering::Relaxed) % self.readers.len();
-        &self.readers[i]
-    }
-
-    /// Asks for one page of a space — rows within the bounds, in key order (or reverse) —
-    /// and returns at once: the query sent to a reader, its rows to take with
-    /// [`PgBackend::take_page`].
-    fn ask_page(
-        &self,
-        space: Space,
-        lower: Option<&Bound>,
-        upper: Option<&Bound>,
-        reverse: bool,
-        limit: i64,
-    ) -> Result<conn::Answer<Vec<tokio_postgres::Row>>> {
-        let shape = rows::shape(space);
-        let mut params: write::Params = Vec::new();
-        let mut conditions = Vec::new();
-        if let Some(bound) = lower {
-            let n = params.len() + 1;
-            conditions.push(rows::compare(&shape, bound, true, n, &mut params));
-        }
-        if let Some(bound) = upper {
-            let n = params.len() + 1;
-            conditions.push(rows::compare(&shape, bound, false, n, &mut params));
-        }
-        let order = order_by(&shape, reverse);
-        let sql = format!(
-            "SELECT {} FROM {}{}{} ORDER BY {order} LIMIT {limit}",
-            shape.select,
-            shape.table,
-            if conditions.is_empty() { "" } else { " WHERE " },
-            conditions.join(" AND "),
-        );
-        // Prepared once per connection and text (a few dozen shapes at most: the space, which
-        // bounds, the order, the page's size): a page after the first is not parsed again,
-        // and is planned for its parameters (the readers' sessions force custom plans).
-        self.reader().submit(move |client| {
-            Box::pin(async move {
-                let statement = client.statement(&sql, &write::types(&params)).await?;
-                client.query(&statement, &write::values(&params)).await
-            })
-        })
-    }
-
-    /// The page [`PgBackend::ask_page`] asked for, once its rows come. The rows become pairs
-    /// on the calling thread: a frozen view's one connection serves several readers at once
-    /// (the audit's), each converting its own pages.
-    fn take_page(
-        &self,
-        space: Space,
-        asked: conn::Answer<Vec<tokio_postgres::Row>>,
-    ) -> Result<Vec<KeyValue>> {
-        let pairs = to_pairs(space, &asked.wait()?)?;
-        if self.read_only && !self.known_durable(Self::seqs(space, &pairs)) {
-            self.make_reads_durable()?;
-        }
-        Ok(pairs)
-    }
-
-    /// The records of sequences `first..=last` in sequence order, in one query: see
-    /// [`Backend::records_by_seq`].
-    fn records_in_seq_range(&self, first: u64, last: u64) -> Result<Vec<KeyValue>> {
-        let first = i64::try_from(first).unwrap_or(i64::MAX);
-        let last = i64::try_from(last).unwrap_or(i64::MAX);
-        let rows = self.reader().call(move |client| {
-            Box::pin(async move {
-                let statement = client
-                    .statement(RECORDS_BY_SEQ, &[Type::INT8, Type::INT8])
-                    .await?;
-                client.query(&statement, &[&first, &last]).await
-            })
-        })?;
-        let pairs = to_pairs(Space::Events, &rows)?;
-        if self.read_only && !self.known_durable(Self::seqs(Space::Events, &pairs)) {
-            self.make_reads_durable()?;
-        }
-        Ok(pairs)
-    }
-
-    /// The sequences of `pairs`, a page of `space`; `None` for a space without them, whose
-    /// pages a read-only open never takes as known durable (an absent row there may be a
-    /// deletion not yet flushed). An absent record or commit only ends a stream or the commit
-    /// order early.
-    fn seqs(space: Space, pairs: &[KeyValue]) -> Option<impl Iterator<Item = Option<u64>> + '_> {
-        let of_record = matches!(space, Space::Events);
-        match space {
-            Space::Events | Space::Commits => Some(pairs.iter().map(move |(key, value)| {
-                if of_record {
-                    crate::record::seq_of(value)
-                } else {
-                    crate::keys::parse_seq_key(key).ok()
-                }
-            })),
-            Space::Outbox | Space::Live | Space::Meta => None,
-        }
-    }
-
-    /// Whether every one of `seqs` is at or below the last sequence this reader knows durable
-    /// (module `durable`).
-    fn known_durable(&self, seqs: Option<impl Iterator<Item = Option<u64>>>) -> bool {
-        let known = self.durable_seq.load(Ordering::Acquire);
-        seqs.is_some_and(|mut seqs| seqs.all(|seq| seq.is_some_and(|seq| seq <= known)))
-    }
-
-    /// Makes durable every commit a read made before this call saw, and learns the last
-    /// sequence committed, now durable (module `durable`).
-    fn make_reads_durable(&self) -> Result<()> {
-        if self.frozen {
-            // Made durable when its snapshot was taken ([`PgBackend::frozen`]).
-            return Ok(());
-        }
-        let seq = self
-            .reader()
-            .call(|client| Box::pin(async move { durable::last_seq(&client, LAST_SEQ).await }))?;
-        self.durable_seq.fetch_max(seq, Ordering::AcqRel);
-        Ok(())
-    }
 }
-
-/// The last sequence committed (on a reader's session, whose search path is the journal's).
-const LAST_SEQ: &str = "SELECT coalesce(max(seq), 0) FROM dtask_records";
 
 /// How long [`PgBackend::sync`] tries its round trip again before it gives up: long enough
 /// to ride out a restart of the database (a connection the server dropped fails one call and
@@ -644,146 +379,6 @@ fn last_record_of(row: &tokio_postgres::Row) -> Result<(String, LastRecord)> {
         )
     });
     Ok((task, last))
-}
-
-fn order_by(shape: &Shape, reverse: bool) -> String {
-    let direction = if reverse { " DESC" } else { "" };
-    shape
-        .key
-        .trim_matches(|c| c == '(' || c == ')')
-        .split(", ")
-        .map(|column| format!("{column}{direction}"))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// Rows of `space` read as its key-value pairs ([`to_pair`]).
-fn to_pairs(space: Space, rows: &[tokio_postgres::Row]) -> Result<Vec<KeyValue>> {
-    rows.iter().map(|row| to_pair(space, row)).collect()
-}
-
-/// A row read as the key-value pair of its space. The columns are read in place from the
-/// row's bytes: each pair is two allocations, its key and its value (exactly sized).
-fn to_pair(space: Space, row: &tokio_postgres::Row) -> Result<KeyValue> {
-    let get_err = |e: tokio_postgres::Error| conn::storage(&e);
-    Ok(match space {
-        Space::Events => {
-            let task: &str = row.try_get(0).map_err(get_err)?;
-            let position: i64 = row.try_get(1).map_err(get_err)?;
-            let record: &[u8] = row.try_get(2).map_err(get_err)?;
-            (
-                rows::event_key(task, position).into_boxed_slice(),
-                Box::from(record),
-            )
-        }
-        Space::Commits | Space::Outbox => {
-            let seq: i64 = row.try_get(0).map_err(get_err)?;
-            let task: &str = row.try_get(1).map_err(get_err)?;
-            let position: i64 = row.try_get(2).map_err(get_err)?;
-            (
-                rows::seq_key(seq).into_boxed_slice(),
-                rows::event_key(task, position).into_boxed_slice(),
-            )
-        }
-        Space::Live => {
-            let task: &str = row.try_get(0).map_err(get_err)?;
-            (Box::from(task.as_bytes()), Box::default())
-        }
-        Space::Meta => {
-            let name: &[u8] = row.try_get(0).map_err(get_err)?;
-            let value: &[u8] = row.try_get(1).map_err(get_err)?;
-            (Box::from(name), Box::from(value))
-        }
-    })
-}
-
-/// A scan: pages read as the iterator goes. Once its pages are full-sized (a long scan),
-/// each next page is asked for as soon as the one before comes, and read by the server
-/// while the caller works through that one.
-struct Scan<'a> {
-    backend: &'a PgBackend,
-    space: Space,
-    lower: Option<Bound>,
-    upper: Option<Bound>,
-    reverse: bool,
-    buffer: VecDeque<KeyValue>,
-    limit: i64,
-    done: bool,
-    /// The next page, asked for already, and the limit it was asked with.
-    ahead: Option<(conn::Answer<Vec<tokio_postgres::Row>>, i64)>,
-}
-
-impl Scan<'_> {
-    /// The next page: the one asked for ahead, or asked for now.
-    fn next_page(&mut self) -> Result<(Vec<KeyValue>, i64)> {
-        let (asked, limit) = match self.ahead.take() {
-            Some(ahead) => ahead,
-            None => (
-                self.backend.ask_page(
-                    self.space,
-                    self.lower.as_ref(),
-                    self.upper.as_ref(),
-                    self.reverse,
-                    self.limit,
-                )?,
-                self.limit,
-            ),
-        };
-        Ok((self.backend.take_page(self.space, asked)?, limit))
-    }
-
-    /// Asks for the page after the one just taken, if the scan goes on with full pages. A
-    /// failure to ask is left to the next page's own asking, which reports it.
-    fn ask_ahead(&mut self) {
-        if self.done || self.limit < MAX_PAGE {
-            return;
-        }
-        #[cfg(test)]
-        tests::ASKED_AHEAD.fetch_add(1, Ordering::Relaxed);
-        self.ahead = self
-            .backend
-            .ask_page(
-                self.space,
-                self.lower.as_ref(),
-                self.upper.as_ref(),
-                self.reverse,
-                self.limit,
-            )
-            .ok()
-            .map(|asked| (asked, self.limit));
-    }
-}
-
-impl Iterator for Scan<'_> {
-    type Item = Result<KeyValue>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        if self.buffer.is_empty() && !self.done {
-            let (page, limit) = match self.next_page() {
-                Ok(page) => page,
-                Err(e) => {
-                    self.done = true;
-                    return Some(Err(e));
-                }
-            };
-            self.done = i64::try_from(page.len()).unwrap_or(i64::MAX) < limit;
-            self.limit = (limit * 4).min(MAX_PAGE);
-            if let Some((last, _)) = page.last() {
-                let next = if self.reverse {
-                    rows::upper(self.space, last).map(|b| self.upper = Some(b))
-                } else {
-                    rows::after(self.space, last).map(|b| self.lower = Some(b))
-                };
-                if let Err(e) = next {
-                    self.done = true;
-                    return Some(Err(e));
-                }
-            }
-            self.ask_ahead();
-            self.buffer.extend(page);
-        }
-        self.buffer.pop_front().map(Ok)
-    }
 }
 
 impl Backend for PgBackend {
@@ -949,17 +544,7 @@ impl Backend for PgBackend {
         })();
         match bounds {
             Err(e) => Box::new(std::iter::once(Err(e))),
-            Ok((lower, upper)) => Box::new(Scan {
-                backend: self,
-                space,
-                lower,
-                upper,
-                reverse: range.reverse,
-                buffer: VecDeque::new(),
-                limit: FIRST_PAGE,
-                done: false,
-                ahead: None,
-            }),
+            Ok((lower, upper)) => Box::new(Scan::new(self, space, lower, upper, range.reverse)),
         }
     }
 

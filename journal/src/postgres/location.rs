@@ -1,0 +1,142 @@
+//! Where a journal on PostgreSQL is: a connection URL, parsed, with the schema its tables
+//! are in and how its connections use TLS.
+
+use super::tls;
+use crate::error::{Error, Result};
+
+/// A PostgreSQL location: the connection string and the schema the journal lives in.
+#[derive(Debug, Clone)]
+pub struct PgLocation {
+    pub(super) config: tokio_postgres::Config,
+    pub(super) schema: String,
+    pub(super) display: String,
+    pub(super) tls: tls::Tls,
+}
+
+impl PgLocation {
+    /// Whether `location` names a PostgreSQL database (`postgres://…` or `postgresql://…`).
+    #[must_use]
+    pub fn is_postgres(location: &str) -> bool {
+        location.starts_with("postgres://") || location.starts_with("postgresql://")
+    }
+
+    /// Parses a PostgreSQL URL. Besides libpq's parameters it takes `schema=NAME` (default
+    /// `dtask`): the schema the journal's tables are in, so that several journals share a
+    /// database. TLS is used as `sslmode` asks (`require`, `verify-ca`, `verify-full`), the
+    /// server's certificate checked against the roots of `sslrootcert=PATH` or the Mozilla
+    /// roots built in, with a client certificate from `sslcert=PATH` and `sslkey=PATH`; without
+    /// `sslmode`, or with `disable`, `allow` or `prefer`, connections do not use TLS (see
+    /// docs/postgres.md, "TLS").
+    ///
+    /// # Errors
+    /// [`Error::InvalidLocation`] for a malformed URL, an unknown `sslmode`, or a certificate
+    /// or key file that cannot be read.
+    pub fn parse(url: &str) -> Result<Self> {
+        let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        let mut schema = "dtask".to_owned();
+        let mut kept = Vec::new();
+        let mut tls_parameters = Vec::new();
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            match pair.split_once('=') {
+                Some(("schema", name)) => decoded(name)?.clone_into(&mut schema),
+                Some((name, value)) if tls::PARAMETERS.contains(&name) => {
+                    tls_parameters.push((name, decoded(value)?));
+                }
+                _ => kept.push(pair),
+            }
+        }
+        let tls_parameters: Vec<(&str, &str)> = tls_parameters
+            .iter()
+            .map(|(name, value)| (*name, value.as_str()))
+            .collect();
+        let tls = tls::Tls::from_parameters(&tls_parameters)?;
+        if schema.is_empty() || schema.len() > 63 {
+            return Err(Error::InvalidLocation(format!(
+                "the schema name must be 1 to 63 bytes: {schema:?}"
+            )));
+        }
+        let url = if kept.is_empty() {
+            base.to_owned()
+        } else {
+            format!("{base}?{}", kept.join("&"))
+        };
+        let mut config: tokio_postgres::Config = url
+            .parse()
+            .map_err(|e| Error::InvalidLocation(format!("not a PostgreSQL URL: {e}")))?;
+        config.ssl_mode(if tls.required {
+            tokio_postgres::config::SslMode::Require
+        } else {
+            tokio_postgres::config::SslMode::Disable
+        });
+        if config.get_application_name().is_none() {
+            // Names the journal's connections in `pg_stat_activity`.
+            let name: String = format!("dtask:{schema}").chars().take(63).collect();
+            config.application_name(name);
+        }
+        let hosts: Vec<String> = config
+            .get_hosts()
+            .iter()
+            .map(|h| match h {
+                tokio_postgres::config::Host::Tcp(name) => name.clone(),
+                tokio_postgres::config::Host::Unix(path) => path.display().to_string(),
+            })
+            .collect();
+        let ports: Vec<String> = config.get_ports().iter().map(u16::to_string).collect();
+        let display = format!(
+            "{}:{} (database {}, schema {schema}{})",
+            if hosts.is_empty() {
+                "localhost".to_owned()
+            } else {
+                hosts.join(",")
+            },
+            if ports.is_empty() {
+                "5432".to_owned()
+            } else {
+                ports.join(",")
+            },
+            config.get_dbname().unwrap_or("postgres"),
+            if tls.required { ", TLS" } else { "" },
+        );
+        Ok(Self {
+            config,
+            schema,
+            display,
+            tls,
+        })
+    }
+
+    /// Host, port, database and schema, without credentials (and ", TLS" when connections
+    /// use it).
+    #[must_use]
+    pub fn display(&self) -> &str {
+        &self.display
+    }
+
+    /// The schema the journal's tables are in.
+    #[must_use]
+    pub fn schema(&self) -> &str {
+        &self.schema
+    }
+
+    /// The URL of this location with schema `schema` (for tools that stage a journal
+    /// beside another).
+    #[must_use]
+    pub fn url_with_schema(url: &str, schema: &str) -> String {
+        let (base, query) = url.split_once('?').unwrap_or((url, ""));
+        let mut kept: Vec<&str> = query
+            .split('&')
+            .filter(|p| !p.is_empty() && !p.starts_with("schema="))
+            .collect();
+        let pair = format!("schema={schema}");
+        kept.push(&pair);
+        format!("{base}?{}", kept.join("&"))
+    }
+}
+
+/// A URL parameter's value, percent-decoded.
+fn decoded(value: &str) -> Result<String> {
+    percent_encoding::percent_decode_str(value)
+        .decode_utf8()
+        .map(std::borrow::Cow::into_owned)
+        .map_err(|e| Error::InvalidLocation(format!("a parameter that is not UTF-8: {e}")))
+}
