@@ -238,7 +238,9 @@ pub enum Error {
     /// durable; appends refused before the failure are not affected.
     #[error("the journal stopped after a failed sync and must be reopened: {0}")]
     Stopped(String),
-    /// The storage backend failed (I/O, RocksDB). The append, if any, was not written.
+    /// The storage backend failed (I/O, RocksDB, PostgreSQL). The append, if any, was not
+    /// written; [`StorageError::kind`] tells a full disk ([`Error::is_no_space`]) from the
+    /// rest.
     #[error("storage error: {0}")]
     Storage(StorageError),
     /// An event could not be encoded.
@@ -246,13 +248,40 @@ pub enum Error {
     Encode(String),
 }
 
-/// A failure of the storage backend: what failed, and the backend's own error when there is
-/// one ([`std::error::Error::source`]).
+/// A failure of the storage backend: what failed, what kind of failure it is
+/// ([`StorageError::kind`]), and the backend's own error when there is one
+/// ([`std::error::Error::source`]).
 #[derive(Debug, Clone)]
 pub struct StorageError {
     message: String,
+    kind: StorageErrorKind,
     source: Option<Arc<dyn std::error::Error + Send + Sync>>,
 }
+
+/// What kind of failure a [`StorageError`] is: what an operator does about it differs.
+///
+/// ```
+/// use dtask_journal::{StorageError, StorageErrorKind};
+/// let full = StorageError::no_space("No space left on device");
+/// assert_eq!(full.kind(), StorageErrorKind::NoSpace);
+/// assert_eq!(StorageError::new("I/O error").kind(), StorageErrorKind::Other);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StorageErrorKind {
+    /// The disk is full: RocksDB's `No space left on device`, or PostgreSQL's `disk_full`
+    /// (SQLSTATE 53100). The append that met it was not written and took no sequence; the
+    /// journal writes again by itself once there is room (on RocksDB, free space of at least
+    /// one memtable, checked every few seconds), and reads go on meanwhile. See
+    /// `docs/semantics.md`, "When the disk fills".
+    NoSpace,
+    /// Any other failure of the storage.
+    Other,
+}
+
+/// How RocksDB's status for a full disk begins (its `IOError` with the `kNoSpace` subcode,
+/// whether the write met `ENOSPC` itself or the database refuses writes since one did).
+const ROCKSDB_NO_SPACE: &str = "IO error: No space left on device";
 
 impl StorageError {
     /// A failure described by `message` alone.
@@ -260,7 +289,17 @@ impl StorageError {
     pub fn new(message: impl Into<String>) -> Self {
         Self {
             message: message.into(),
+            kind: StorageErrorKind::Other,
             source: None,
+        }
+    }
+
+    /// A full disk, described by `message` ([`StorageErrorKind::NoSpace`]).
+    #[must_use]
+    pub fn no_space(message: impl Into<String>) -> Self {
+        Self {
+            kind: StorageErrorKind::NoSpace,
+            ..Self::new(message)
         }
     }
 
@@ -269,7 +308,22 @@ impl StorageError {
     pub fn caused_by(source: impl std::error::Error + Send + Sync + 'static) -> Self {
         Self {
             message: source.to_string(),
+            kind: StorageErrorKind::Other,
             source: Some(Arc::new(source)),
+        }
+    }
+
+    /// A failure RocksDB reported, of the kind its status names.
+    fn of_rocksdb(e: rocksdb::Error) -> Self {
+        let no_space =
+            e.kind() == rocksdb::ErrorKind::IOError && e.as_ref().starts_with(ROCKSDB_NO_SPACE);
+        Self {
+            kind: if no_space {
+                StorageErrorKind::NoSpace
+            } else {
+                StorageErrorKind::Other
+            },
+            ..Self::caused_by(e)
         }
     }
 
@@ -277,6 +331,12 @@ impl StorageError {
     #[must_use]
     pub fn message(&self) -> &str {
         &self.message
+    }
+
+    /// What kind of failure this is.
+    #[must_use]
+    pub const fn kind(&self) -> StorageErrorKind {
+        self.kind
     }
 }
 
@@ -323,6 +383,13 @@ impl Error {
         }
     }
 
+    /// Whether the storage is full ([`StorageErrorKind::NoSpace`]): nothing was written, and
+    /// the same append can be made again once there is room.
+    #[must_use]
+    pub const fn is_no_space(&self) -> bool {
+        matches!(self, Self::Storage(e) if matches!(e.kind, StorageErrorKind::NoSpace))
+    }
+
     /// Whether this is damage (a corrupt record or a malformed entry) rather than a failure to
     /// read: a damage-tolerant reader reports it and goes on.
     #[must_use]
@@ -343,7 +410,7 @@ impl Error {
 
 impl From<rocksdb::Error> for Error {
     fn from(e: rocksdb::Error) -> Self {
-        Self::Storage(StorageError::caused_by(e))
+        Self::Storage(StorageError::of_rocksdb(e))
     }
 }
 

@@ -71,7 +71,7 @@ pub use bulk::{RawRecords, RawStream, Records, StreamScanner};
 pub use commits::Committed;
 #[doc(hidden)]
 pub use commits::{CommitBatches, RawCommits, RecordFetcher, Sealed};
-pub use error::{CorruptionKind, Error, Limit, Result, StorageError};
+pub use error::{CorruptionKind, Error, Limit, Result, StorageError, StorageErrorKind};
 pub use event::{
     Delivery, Event, EventType, ExpiryResolution, LeasePolicy, MetadataEntry, Publication,
     TaskSpec, Timestamp, EVENT_SCHEMA_VERSION,

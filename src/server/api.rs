@@ -144,6 +144,7 @@ fn owner(shared: &Shared) -> Result<&super::control::Owner, ApiError> {
         (status = 201, description = "The task, created pending", body = TaskStateView),
         (status = 400, description = "Bad JSON, an unknown field, an invalid spec", body = ErrorBody),
         (status = 403, description = "A read-only server", body = ErrorBody),
+        (status = 507, description = "The journal's disk is full: nothing was written; the same request can be made again once there is room", body = ErrorBody),
         (status = 409, description = "The id is taken", body = ErrorBody),
         (status = 413, description = "The body is over the limit", body = ErrorBody),
         (status = 415, description = "Not `application/json`", body = ErrorBody),
@@ -164,6 +165,7 @@ pub async fn submit(
     responses(
         (status = 200, description = "The task after the request", body = TaskStateView),
         (status = 403, description = "A read-only server", body = ErrorBody),
+        (status = 507, description = "The journal's disk is full: nothing was written; the same request can be made again once there is room", body = ErrorBody),
         (status = 404, description = "No such task", body = ErrorBody),
         (status = 409, description = "The task is terminal", body = ErrorBody),
     )
@@ -184,6 +186,7 @@ pub async fn cancel(
     responses(
         (status = 200, description = "The task, pending again with the input", body = TaskStateView),
         (status = 403, description = "A read-only server", body = ErrorBody),
+        (status = 507, description = "The journal's disk is full: nothing was written; the same request can be made again once there is room", body = ErrorBody),
         (status = 404, description = "No such task", body = ErrorBody),
         (status = 409, description = "Not waiting for input, or not at the expected version", body = ErrorBody),
     )
@@ -206,6 +209,7 @@ pub async fn resume(
         (status = 200, description = "The input's sequence, and whether this request recorded it", body = InputView),
         (status = 400, description = "A bad body", body = ErrorBody),
         (status = 403, description = "A read-only server", body = ErrorBody),
+        (status = 507, description = "The journal's disk is full: nothing was written; the same request can be made again once there is room", body = ErrorBody),
         (status = 404, description = "No such task", body = ErrorBody),
         (status = 409, description = "The task has ended, or the event id was used with other content", body = ErrorBody),
     )
@@ -225,6 +229,7 @@ pub async fn send_input(
     responses(
         (status = 200, description = "The task, pending again", body = TaskStateView),
         (status = 403, description = "A read-only server", body = ErrorBody),
+        (status = 507, description = "The journal's disk is full: nothing was written; the same request can be made again once there is room", body = ErrorBody),
         (status = 404, description = "No such task", body = ErrorBody),
         (status = 409, description = "Not suspended", body = ErrorBody),
     )

@@ -68,7 +68,7 @@ pub struct ErrorDetail {
     /// A stable machine-readable code: `bad_request`, `invalid_json`, `unsupported_media_type`,
     /// `payload_too_large`, `invalid_cursor`, `invalid_request`, `out_of_range`, `not_found`,
     /// `conflict`, `read_only`, `unauthorized`, `busy`, `too_many_subscribers`, `unavailable`,
-    /// `journal_error`, `internal`.
+    /// `disk_full`, `journal_error`, `internal`.
     pub code: String,
     /// What went wrong, for humans.
     pub message: String,
@@ -158,6 +158,9 @@ impl From<dtask_journal::Error> for ApiError {
             dtask_journal::Error::InvalidTaskId(id) => Self::bad_request(format!(
                 "{id:?} is not a valid task id (empty, or holds a NUL byte)"
             )),
+            e if e.is_no_space() => {
+                Self::new(StatusCode::INSUFFICIENT_STORAGE, "disk_full", e.to_string())
+            }
             e => Self::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "journal_error",
@@ -248,5 +251,36 @@ impl From<PathRejection> for ApiError {
 impl From<tokio::task::JoinError> for ApiError {
     fn from(e: tokio::task::JoinError) -> Self {
         Self::internal(format!("a blocking read did not finish: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use dtask_journal::StorageError;
+
+    /// A full disk is 507 `disk_full` however it reaches the server (from the journal, or
+    /// through the store or the runtime); any other storage failure stays a 500.
+    #[test]
+    fn a_full_disk_is_507_and_other_storage_failures_500() {
+        let full = || dtask_journal::Error::Storage(StorageError::no_space("No space left"));
+        for error in [
+            ApiError::from(full()),
+            ApiError::from(StoreError::Journal(full())),
+            ApiError::from(RuntimeError::Store(StoreError::Journal(full()))),
+        ] {
+            assert_eq!(
+                (error.status, error.code),
+                (StatusCode::INSUFFICIENT_STORAGE, "disk_full")
+            );
+            assert!(error.message.contains("No space left"), "{}", error.message);
+        }
+        let other = ApiError::from(dtask_journal::Error::storage("I/O error"));
+        assert_eq!(
+            (other.status, other.code),
+            (StatusCode::INTERNAL_SERVER_ERROR, "journal_error")
+        );
     }
 }

@@ -459,7 +459,14 @@ impl Here {
 
 /// A database error as the journal's storage error, with the server's message.
 pub(crate) fn storage(e: &tokio_postgres::Error) -> Error {
-    Error::Storage(StorageError::new(format!("postgres: {}", describe(e))))
+    let message = format!("postgres: {}", describe(e));
+    Error::Storage(
+        if e.code() == Some(&tokio_postgres::error::SqlState::DISK_FULL) {
+            StorageError::no_space(message)
+        } else {
+            StorageError::new(message)
+        },
+    )
 }
 
 /// What went wrong, whole: the server's message and code, or the client's error with the

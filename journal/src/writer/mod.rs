@@ -269,6 +269,40 @@ pub(crate) struct Writer {
     /// ([`Writer::try_inline`]). Both are empty between uses.
     staged: Vec<(JobTask, Head, u64, Head)>,
     lone: Vec<AppendJob>,
+    /// What the log has been told of failed batches.
+    failures: FailureLog,
+}
+
+/// The log's account of failed batches: each failure, but a full disk once until a batch is
+/// written again — a full disk fails every batch until the store writes again, and the
+/// callers' retries would flood the log.
+#[derive(Debug, Default)]
+struct FailureLog {
+    /// Whether the last batch failed for a full disk (and the log was told).
+    disk_full: bool,
+}
+
+impl FailureLog {
+    /// Tells the log that a batch of `appends` failed with `error`.
+    fn failed(&mut self, error: &Error, appends: usize) {
+        if !error.is_no_space() {
+            tracing::error!(%error, appends, "journal batch failed");
+        } else if !std::mem::replace(&mut self.disk_full, true) {
+            tracing::error!(
+                %error,
+                appends,
+                "the journal's disk is full: appends fail, and none of them is written, \
+                 until there is room again"
+            );
+        }
+    }
+
+    /// Tells the log that a batch was written.
+    fn written(&mut self) {
+        if std::mem::take(&mut self.disk_full) {
+            tracing::info!("the journal writes again: its disk has room");
+        }
+    }
 }
 
 /// Heads kept in memory before the cache is dropped and refilled from the tasks' last records
@@ -338,6 +372,7 @@ impl Writer {
             sweep: None,
             staged: Vec::new(),
             lone: Vec::new(),
+            failures: FailureLog::default(),
         }
     }
 
@@ -999,11 +1034,12 @@ impl Writer {
             }
             Err(e) => {
                 self.forget_all();
-                tracing::error!(error = %e, appends = batch.len(), "journal batch failed");
+                self.failures.failed(&e, batch.len());
                 fail_jobs(batch, &e);
                 return Done(None);
             }
         }
+        self.failures.written();
         if let Some((observer, mut report, started)) = observed {
             report.write = started.elapsed();
             observer.batch_written(&report);
@@ -1135,7 +1171,7 @@ impl Writer {
             // The cache holds the heads this batch would have made.
             self.heads.clear();
             self.tail_is_ours = false;
-            tracing::error!(error = %e, appends = accepted.len(), "journal batch failed");
+            self.failures.failed(&e, accepted.len());
             let storage = match e {
                 Error::Storage(storage) => storage,
                 e => StorageError::new(e.to_string()),
@@ -1143,6 +1179,7 @@ impl Writer {
             fail(accepted, || Error::Storage(storage.clone()));
             return None;
         }
+        self.failures.written();
         if let Some((observer, mut batch, started)) = observed {
             batch.write = started.elapsed();
             observer.batch_written(&batch);
