@@ -2,7 +2,8 @@
 //! with a no-space storage error and leave nothing behind (no record, no sequence, no index
 //! entry); once space is freed the journal writes again by itself, each task going on at
 //! the position where it stopped; closed and opened again, it holds every acknowledged
-//! append and audits clean.
+//! append and audits clean. The same through the task store: a command refused for a full
+//! disk changed nothing, and the same command, made again once there is room, is recorded.
 //!
 //! The tmpfs is mounted in a mount namespace of the test's own (`unshare`): no privilege is
 //! needed where unprivileged user namespaces are allowed (root's plain mount namespace is
@@ -10,24 +11,32 @@
 //! SKIPPED — unless `DTASK_REQUIRE_TMPFS` is set, as CI sets it, which makes that a failure.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use dtask::engine::{
+    Command, CreateRequest, ManualClock, StoreConfig, StoreError, TaskStore, UpdateRequest,
+};
 use dtask::journal::{Event, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp};
+use dtask::Status;
 use std::io::Write as _;
 use std::path::Path;
-use std::process::Command;
+use std::process::Command as Process;
 use std::time::{Duration, Instant};
 
 /// The environment variable that makes the test binary the child, naming its mount point.
 const CHILD: &str = "DTASK_DISK_FULL_CHILD";
 
-/// This test's name, which the child runs alone.
-const NAME: &str = "a_full_disk_fails_appends_cleanly_and_the_journal_writes_again_with_room";
+/// The tmpfs's size: the journal (its write-ahead log preallocated, ~70 MiB) and the
+/// ballast, and after the ballast is gone more than RocksDB asks to be free before it writes
+/// again (its largest memtable, 64 MiB).
+const TMPFS: &str = "size=256m";
 
-/// The tmpfs's size: the journal and its ballast, and after the ballast is gone more than
-/// RocksDB asks to be free before it writes again (its largest memtable, 64 MiB).
-const TMPFS: &str = "size=160m";
-
-/// What the ballast leaves free before the journal opens: the journal fills it.
+/// What the ballast leaves free once the journal is open (and the tasks set up): the
+/// writers fill it. The journal opens with room: on a tmpfs, RocksDB's preallocation of a
+/// file takes all the free space for a moment, and a write beside it would meet a full disk
+/// before the test means it to.
 const SLACK: u64 = 6 << 20;
+
+/// The bytes of each update: large, so that the disk fills after a few hundred.
+const UPDATE_BYTES: usize = 64 << 10;
 
 /// Writers, each appending to a task of its own.
 const WRITERS: usize = 8;
@@ -44,22 +53,39 @@ const RESUME_WITHIN: Duration = Duration::from_secs(120);
 
 #[test]
 fn a_full_disk_fails_appends_cleanly_and_the_journal_writes_again_with_room() {
-    if let Some(dir) = std::env::var_os(CHILD) {
-        child(Path::new(&dir));
-        return;
+    match std::env::var_os(CHILD) {
+        Some(dir) => journal_child(Path::new(&dir)),
+        None => {
+            in_tmpfs("a_full_disk_fails_appends_cleanly_and_the_journal_writes_again_with_room");
+        }
     }
+}
+
+#[test]
+fn a_full_disk_fails_store_commands_cleanly_and_the_same_command_succeeds_with_room() {
+    match std::env::var_os(CHILD) {
+        Some(dir) => store_child(Path::new(&dir)),
+        None => in_tmpfs(
+            "a_full_disk_fails_store_commands_cleanly_and_the_same_command_succeeds_with_room",
+        ),
+    }
+}
+
+/// Runs the test `name` of this binary alone, as a child in a mount namespace of its own
+/// with a tmpfs mounted on a fresh directory (named to it in [`CHILD`]).
+fn in_tmpfs(name: &str) {
     let mount = tempfile::tempdir().unwrap();
     let exe = std::env::current_exe().unwrap();
     let script = format!(
         "mount -t tmpfs -o {TMPFS} dtask-disk-full \"$0\" || exit 77; \
-         exec \"$1\" --exact {NAME} --nocapture --test-threads 1"
+         exec \"$1\" --exact {name} --nocapture --test-threads 1"
     );
     let mut refused = Vec::new();
     for namespace in [
         &["--user", "--map-root-user", "--mount"][..],
         &["--mount"][..],
     ] {
-        let output = Command::new("unshare")
+        let output = Process::new("unshare")
             .args(namespace)
             .args(["sh", "-c", &script])
             .arg(mount.path())
@@ -95,7 +121,7 @@ fn a_full_disk_fails_appends_cleanly_and_the_journal_writes_again_with_room() {
         std::env::var_os("DTASK_REQUIRE_TMPFS").is_none(),
         "no tmpfs could be mounted: {why}"
     );
-    eprintln!("SKIPPED {NAME}: no tmpfs could be mounted ({why})");
+    eprintln!("SKIPPED {name}: no tmpfs could be mounted ({why})");
 }
 
 fn created(id: &str) -> Event {
@@ -103,7 +129,7 @@ fn created(id: &str) -> Event {
 }
 
 /// The event at `position` of a writer's task: its creation, an attempt, then updates of
-/// 2 KiB (a legal stream, so that the audit at the end checks every record).
+/// [`UPDATE_BYTES`] (a legal stream, so that the audit at the end checks every record).
 fn event(id: &str, position: u64) -> Event {
     match position {
         0 => created(id),
@@ -116,7 +142,7 @@ fn event(id: &str, position: u64) -> Event {
             attempt: 1,
             event_id: format!("step-{n}"),
             kind: "progress".into(),
-            data: vec![0x5a; 2048],
+            data: vec![0x5a; UPDATE_BYTES],
             metadata: vec![],
             at: Timestamp(n),
         },
@@ -142,10 +168,8 @@ fn ballast(path: &Path, slack: u64) {
     file.sync_all().unwrap();
 }
 
-/// The test proper, on the tmpfs mounted at `dir`.
-fn child(dir: &Path) {
-    let ballast_path = dir.join("ballast");
-    ballast(&ballast_path, SLACK);
+/// The journal's test, on the tmpfs mounted at `dir`.
+fn journal_child(dir: &Path) {
     let path = dir.join("journal");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -153,6 +177,8 @@ fn child(dir: &Path) {
         .build()
         .unwrap();
     let journal = Journal::open(&path, JournalOptions::default()).unwrap();
+    let ballast_path = dir.join("ballast");
+    ballast(&ballast_path, SLACK);
 
     // Every writer appends until the disk is full; each failure must say so.
     let stopped: Vec<u64> = runtime.block_on(async {
@@ -241,4 +267,137 @@ fn child(dir: &Path) {
     let audit = dtask::replay::audit_journal(&journal, &mut |_| {}).unwrap();
     assert!(audit.is_clean(), "{:?}", audit.problems);
     assert_eq!(audit.records, total);
+}
+
+/// The progress update `n` of a running attempt.
+fn update(n: u64) -> UpdateRequest {
+    UpdateRequest {
+        attempt: 1,
+        event_id: format!("step-{n}"),
+        kind: "progress".into(),
+        data: vec![0x5a; UPDATE_BYTES],
+        ..UpdateRequest::default()
+    }
+}
+
+/// The task store's test, on the tmpfs mounted at `dir`.
+fn store_child(dir: &Path) {
+    let path = dir.join("journal");
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let open = || {
+        let journal = Journal::open(&path, JournalOptions::default()).unwrap();
+        TaskStore::open(journal, ManualClock::new(1_000), StoreConfig::default()).unwrap()
+    };
+    let store = open();
+    let ids: Vec<String> = (0..WRITERS).map(|w| format!("task-{w}")).collect();
+    runtime.block_on(start(&store, &ids));
+    let ballast_path = dir.join("ballast");
+    ballast(&ballast_path, SLACK);
+    let stopped = runtime.block_on(fill_with_updates(&store, &ids));
+    println!("disk full after updates {stopped:?}");
+    runtime.block_on(async {
+        for (id, &n) in ids.iter().zip(&stopped) {
+            assert_eq!(store.get(id).await.unwrap().updates, n, "{id}'s updates");
+        }
+    });
+
+    // Room again: the update refused is made again and recorded (not taken for a repeat of
+    // one written before), then the task completes.
+    std::fs::remove_file(&ballast_path).unwrap();
+    let freed = Instant::now();
+    runtime.block_on(async {
+        for (id, &n) in ids.iter().zip(&stopped) {
+            let recorded = loop {
+                match store.append_update(id, update(n)).await {
+                    Ok((_, recorded)) => break recorded,
+                    Err(StoreError::Journal(e)) if e.is_no_space() => {
+                        assert!(
+                            freed.elapsed() < RESUME_WITHIN,
+                            "the store did not write again within {RESUME_WITHIN:?} of the \
+                             space being freed: {e}"
+                        );
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    Err(e) => panic!("{id}, update {n} again: {e}"),
+                }
+            };
+            assert!(
+                recorded,
+                "{id}: update {n} was taken for one recorded before"
+            );
+            let state = store.get(id).await.unwrap();
+            store
+                .execute(
+                    id,
+                    state.version,
+                    Command::Complete {
+                        data: b"done".to_vec(),
+                    },
+                )
+                .await
+                .unwrap();
+        }
+    });
+    drop(store);
+
+    // Opened again: each task completed with exactly its acknowledged updates; the audit is
+    // clean.
+    let store = open();
+    runtime.block_on(async {
+        for (id, &n) in ids.iter().zip(&stopped) {
+            let state = store.get(id).await.unwrap();
+            assert_eq!(
+                (state.status, state.updates),
+                (Status::Completed, n + 1),
+                "{id}"
+            );
+        }
+    });
+    let audit = dtask::replay::audit_journal(store.journal(), &mut |_| {}).unwrap();
+    assert!(audit.is_clean(), "{:?}", audit.problems);
+}
+
+/// Creates and starts each of `ids`' tasks.
+async fn start(store: &TaskStore, ids: &[String]) {
+    for id in ids {
+        let created = store
+            .create(CreateRequest {
+                spec: TaskSpec::new(id.as_str(), "disk"),
+                policy: Some(LeasePolicy::Retry),
+                ..CreateRequest::default()
+            })
+            .await
+            .unwrap();
+        store
+            .execute(id, created.version, Command::Start)
+            .await
+            .unwrap();
+    }
+}
+
+/// Appends progress updates to the running tasks `ids`, all at once, until the disk is
+/// full: each refusal must say so. Returns how many updates each task took.
+async fn fill_with_updates(store: &TaskStore, ids: &[String]) -> Vec<u64> {
+    let writers = ids.iter().cloned().map(|id| {
+        let store = store.clone();
+        tokio::spawn(async move {
+            for n in 0..MAX_APPENDS {
+                match store.append_update(&id, update(n)).await {
+                    Ok(_) => {}
+                    Err(StoreError::Journal(e)) if e.is_no_space() => return n,
+                    Err(e) => panic!("{id}, update {n}: {e}"),
+                }
+            }
+            panic!("{id}: the disk never filled in {MAX_APPENDS} updates");
+        })
+    });
+    futures::future::join_all(writers)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect()
 }
