@@ -16,6 +16,7 @@ use dtask::engine::{
 };
 use dtask::journal::{Event, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp};
 use dtask::Status;
+use prometheus_client::registry::Registry;
 use std::io::Write as _;
 use std::path::Path;
 use std::process::Command as Process;
@@ -149,6 +150,15 @@ fn event(id: &str, position: u64) -> Event {
     }
 }
 
+/// The value of the metric `name` (without labels) as `registry` exposes it.
+fn metric(registry: &Registry, name: &str) -> u64 {
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, registry).unwrap();
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in:\n{text}"))
+}
+
 /// Fills the file system of `dir` with a ballast file, then gives back all but `slack`
 /// bytes of it.
 fn ballast(path: &Path, slack: u64) {
@@ -177,6 +187,9 @@ fn journal_child(dir: &Path) {
         .build()
         .unwrap();
     let journal = Journal::open(&path, JournalOptions::default()).unwrap();
+    let mut registry = Registry::with_prefix("dtask");
+    let metrics = dtask::server::WriteMetrics::register(&mut registry);
+    journal.observe(metrics.observer());
     let ballast_path = dir.join("ballast");
     ballast(&ballast_path, SLACK);
 
@@ -217,6 +230,8 @@ fn journal_child(dir: &Path) {
         assert_eq!(read, len, "task-{w}'s stream");
     }
     assert_eq!(journal.last_seq().unwrap(), acknowledged);
+    assert_eq!(metric(&registry, "dtask_journal_disk_full"), 1);
+    assert!(metric(&registry, "dtask_journal_batch_failures_total") >= 1);
 
     // Room again: the journal writes again by itself, each task at the position where it
     // stopped (its failed append left nothing there to conflict with).
@@ -251,6 +266,7 @@ fn journal_child(dir: &Path) {
         "writing again {:?} after the space was freed",
         freed.elapsed()
     );
+    assert_eq!(metric(&registry, "dtask_journal_disk_full"), 0);
     drop(journal);
 
     // Opened again (the tail marker, the indexes and the streams agree, or the open would

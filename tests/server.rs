@@ -1448,6 +1448,8 @@ async fn write_path_and_engine_metrics_count_what_happened() {
     assert!(value("dtask_journal_batches_total") >= 1);
     assert!(value("dtask_journal_sync_seconds_count") >= 1);
     assert_eq!(value("dtask_journal_sync_failures_total"), 0);
+    assert_eq!(value("dtask_journal_batch_failures_total"), 0);
+    assert_eq!(value("dtask_journal_disk_full"), 0);
     assert_eq!(value("dtask_attempts_started"), 2);
     assert_eq!(value("dtask_attempts_recovered"), 1);
     assert_eq!(value("dtask_leases_expired"), 1);

@@ -43,11 +43,27 @@ pub struct Synced {
     pub ok: bool,
 }
 
+/// A batch whose write failed: each of its appends failed with the write's error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct BatchFailed {
+    /// Appends of the batch.
+    pub appends: usize,
+    /// Whether the write failed for a full disk ([`crate::Error::is_no_space`]): nothing of
+    /// the batch was written, and the journal writes again once there is room.
+    pub no_space: bool,
+}
+
 /// Receives what the write path does. Every method has an empty default.
 pub trait WriteObserver: Send + Sync + fmt::Debug {
     /// A batch was written.
     fn batch_written(&self, batch: &BatchWritten) {
         let _ = batch;
+    }
+
+    /// A batch's write failed.
+    fn batch_failed(&self, failed: &BatchFailed) {
+        let _ = failed;
     }
 
     /// The write-ahead log was synced (or, with buffered durability, the batch was

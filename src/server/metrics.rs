@@ -15,7 +15,7 @@ use axum::extract::{MatchedPath, Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
 use dtask_engine::StoreCounts;
-use dtask_journal::observe::{BatchWritten, Synced, WriteObserver};
+use dtask_journal::observe::{BatchFailed, BatchWritten, Synced, WriteObserver};
 use dtask_journal::{EventType, StorageStats};
 use parking_lot::Mutex;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -110,6 +110,8 @@ pub struct WriteMetrics {
     write: Histogram,
     sync: Histogram,
     sync_failures: Counter,
+    batch_failures: Counter,
+    disk_full: Gauge,
     append: Histogram,
 }
 
@@ -133,6 +135,8 @@ impl WriteMetrics {
             write: latency(),
             sync: latency(),
             sync_failures: Counter::default(),
+            batch_failures: Counter::default(),
+            disk_full: Gauge::default(),
             append: latency(),
         };
         let r = registry;
@@ -187,6 +191,16 @@ impl WriteMetrics {
             metrics.sync_failures.clone(),
         );
         r.register(
+            "journal_batch_failures",
+            "Batches whose write failed (each of their appends failed)",
+            metrics.batch_failures.clone(),
+        );
+        r.register(
+            "journal_disk_full",
+            "1 while the journal's writes fail for a full disk; 0 once a batch is written",
+            metrics.disk_full.clone(),
+        );
+        r.register(
             "journal_append_seconds",
             "Time from an append's submission to its acknowledgement as durable",
             metrics.append.clone(),
@@ -238,6 +252,16 @@ impl WriteObserver for WriteMetrics {
             .observe(f64::from(u32::try_from(batch.appends).unwrap_or(u32::MAX)));
         self.queued.set(int(batch.queued));
         self.write.observe(batch.write.as_secs_f64());
+        if batch.appends > 0 {
+            self.disk_full.set(0);
+        }
+    }
+
+    fn batch_failed(&self, failed: &BatchFailed) {
+        self.batch_failures.inc();
+        if failed.no_space {
+            self.disk_full.set(1);
+        }
     }
 
     fn synced(&self, sync: &Synced) {

@@ -52,7 +52,7 @@ use crate::backend::{Backend, BatchOp, OpBytes};
 use crate::error::{Error, Result, StorageError};
 use crate::head::Head;
 use crate::keys::{self, Space};
-use crate::observe::BatchWritten;
+use crate::observe::{BatchFailed, BatchWritten};
 use crate::options::Durability;
 use crate::record::{self, RecordFormat};
 use crate::tail::Tail;
@@ -273,9 +273,9 @@ pub(crate) struct Writer {
     failures: FailureLog,
 }
 
-/// The log's account of failed batches: each failure, but a full disk once until a batch is
-/// written again — a full disk fails every batch until the store writes again, and the
-/// callers' retries would flood the log.
+/// The account of failed batches: each one to the observer, if any; each to the log, but a
+/// full disk once until a batch is written again — a full disk fails every batch until the
+/// store writes again, and the callers' retries would flood the log.
 #[derive(Debug, Default)]
 struct FailureLog {
     /// Whether the last batch failed for a full disk (and the log was told).
@@ -283,8 +283,14 @@ struct FailureLog {
 }
 
 impl FailureLog {
-    /// Tells the log that a batch of `appends` failed with `error`.
-    fn failed(&mut self, error: &Error, appends: usize) {
+    /// Tells the observer and the log that a batch of `appends` failed with `error`.
+    fn failed(&mut self, shared: &Shared, error: &Error, appends: usize) {
+        if let Some(observer) = shared.observer() {
+            observer.batch_failed(&BatchFailed {
+                appends,
+                no_space: error.is_no_space(),
+            });
+        }
         if !error.is_no_space() {
             tracing::error!(%error, appends, "journal batch failed");
         } else if !std::mem::replace(&mut self.disk_full, true) {
@@ -1034,7 +1040,7 @@ impl Writer {
             }
             Err(e) => {
                 self.forget_all();
-                self.failures.failed(&e, batch.len());
+                self.failures.failed(&self.shared, &e, batch.len());
                 fail_jobs(batch, &e);
                 return Done(None);
             }
@@ -1171,7 +1177,7 @@ impl Writer {
             // The cache holds the heads this batch would have made.
             self.heads.clear();
             self.tail_is_ours = false;
-            self.failures.failed(&e, accepted.len());
+            self.failures.failed(&self.shared, &e, accepted.len());
             let storage = match e {
                 Error::Storage(storage) => storage,
                 e => StorageError::new(e.to_string()),
