@@ -273,7 +273,7 @@ pub enum StorageErrorKind {
     /// (SQLSTATE 53100). The append that met it was not written and took no sequence; the
     /// journal writes again by itself once there is room (on RocksDB, free space of at least
     /// one memtable, checked every few seconds), and reads go on meanwhile. See
-    /// `docs/semantics.md`, "When the disk fills".
+    /// `docs/ARCHITECTURE.md`, "A full disk".
     NoSpace,
     /// Any other failure of the storage.
     Other,

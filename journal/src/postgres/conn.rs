@@ -583,6 +583,34 @@ mod tests {
         .unwrap()
     }
 
+    /// PostgreSQL's `disk_full` (SQLSTATE 53100), as the server raises it, is a storage
+    /// error of kind `NoSpace`; another server error is a storage error of another kind.
+    #[test]
+    fn the_servers_disk_full_is_a_no_space_storage_error() {
+        let Some(conn) = test_conn("disk-full") else {
+            return;
+        };
+        let raise = |code: &'static str| {
+            conn.call(move |client| {
+                Box::pin(async move {
+                    let raise = format!(
+                        "DO $$ BEGIN RAISE EXCEPTION 'raised' USING ERRCODE = '{code}'; END $$"
+                    );
+                    client.batch_execute(&raise).await
+                })
+            })
+            .unwrap_err()
+        };
+        let full = raise("disk_full");
+        assert!(full.is_no_space(), "{full}");
+        assert!(full.to_string().contains("53100"), "{full}");
+        let other = raise("io_error");
+        assert!(
+            matches!(&other, Error::Storage(e) if !other.is_no_space() && e.message().contains("58030")),
+            "{other}"
+        );
+    }
+
     #[test]
     fn a_statement_is_prepared_once_per_connection_and_again_on_a_new_one() {
         let Some(conns) = test_conns("prepared-once", Reopen::Quietly) else {
