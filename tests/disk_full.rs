@@ -4,6 +4,8 @@
 //! the position where it stopped; closed and opened again, it holds every acknowledged
 //! append and audits clean. The same through the task store: a command refused for a full
 //! disk changed nothing, and the same command, made again once there is room, is recorded.
+//! And through the runtime: a tool's outcome refused for a full disk waits for room, and is
+//! recorded once there is, the tool run once.
 //!
 //! The tmpfs is mounted in a mount namespace of the test's own (`unshare`): no privilege is
 //! needed where unprivileged user namespaces are allowed (root's plain mount namespace is
@@ -11,6 +13,10 @@
 //! SKIPPED — unless `DTASK_REQUIRE_TMPFS` is set, as CI sets it, which makes that a failure.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use dtask::engine::{
+    async_trait, AttemptContext, ExecutionError, ExecutionResult, Executor, ExecutorRegistry,
+    Manager, ManagerConfig, SubmitRequest,
+};
 use dtask::engine::{
     Command, CreateRequest, ManualClock, StoreConfig, StoreError, TaskStore, UpdateRequest,
 };
@@ -20,7 +26,10 @@ use prometheus_client::registry::Registry;
 use std::io::Write as _;
 use std::path::Path;
 use std::process::Command as Process;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::sync::Notify;
 
 /// The environment variable that makes the test binary the child, naming its mount point.
 const CHILD: &str = "DTASK_DISK_FULL_CHILD";
@@ -59,6 +68,16 @@ fn a_full_disk_fails_appends_cleanly_and_the_journal_writes_again_with_room() {
         None => {
             in_tmpfs("a_full_disk_fails_appends_cleanly_and_the_journal_writes_again_with_room");
         }
+    }
+}
+
+#[test]
+fn an_outcome_refused_for_a_full_disk_is_recorded_once_there_is_room_the_tool_run_once() {
+    match std::env::var_os(CHILD) {
+        Some(dir) => runtime_child(Path::new(&dir)),
+        None => in_tmpfs(
+            "an_outcome_refused_for_a_full_disk_is_recorded_once_there_is_room_the_tool_run_once",
+        ),
     }
 }
 
@@ -416,4 +435,124 @@ async fn fill_with_updates(store: &TaskStore, ids: &[String]) -> Vec<u64> {
         .into_iter()
         .map(Result::unwrap)
         .collect()
+}
+
+/// A tool that counts its runs and returns its outcome when told to.
+struct Held {
+    runs: Arc<AtomicUsize>,
+    started: Arc<Notify>,
+    release: Arc<Notify>,
+}
+
+#[async_trait]
+impl Executor for Held {
+    fn key(&self) -> &'static str {
+        "held"
+    }
+
+    fn lease_policy(&self) -> LeasePolicy {
+        LeasePolicy::Retry
+    }
+
+    async fn execute(
+        &self,
+        _attempt: AttemptContext,
+        _task: dtask::TaskState,
+    ) -> Result<ExecutionResult, ExecutionError> {
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        self.started.notify_one();
+        self.release.notified().await;
+        Ok(ExecutionResult::Completed(b"done".to_vec()))
+    }
+}
+
+/// The runtime's test, on the tmpfs mounted at `dir`: a tool runs; meanwhile another task's
+/// appends fill the disk; the tool returns, its outcome is refused for the full disk (the
+/// metrics count the failed batch) and waits; the space is freed, and the outcome is
+/// recorded — the task completed, the tool run once.
+fn runtime_child(dir: &Path) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let journal = Journal::open(dir.join("journal"), JournalOptions::default()).unwrap();
+    let mut registry = Registry::with_prefix("dtask");
+    let metrics = dtask::server::WriteMetrics::register(&mut registry);
+    journal.observe(metrics.observer());
+    let store = TaskStore::open(
+        journal.clone(),
+        ManualClock::new(1_000),
+        StoreConfig::default(),
+    )
+    .unwrap();
+    let (runs, started, release) = (
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(Notify::new()),
+        Arc::new(Notify::new()),
+    );
+    let mut executors = ExecutorRegistry::new();
+    executors
+        .register(Held {
+            runs: Arc::clone(&runs),
+            started: Arc::clone(&started),
+            release: Arc::clone(&release),
+        })
+        .unwrap();
+    let manager = Manager::new(store, executors, ManagerConfig::default());
+    let ballast_path = dir.join("ballast");
+    let state = runtime.block_on(async {
+        let id = manager.allocate_task_id("held").unwrap();
+        manager
+            .submit(SubmitRequest {
+                spec: TaskSpec::new(id.as_str(), "held"),
+                ..SubmitRequest::default()
+            })
+            .await
+            .unwrap();
+        let execution = {
+            let (manager, id) = (manager.clone(), id.clone());
+            tokio::spawn(async move { manager.execute(&id).await })
+        };
+        started.notified().await;
+
+        // The disk fills under another task's appends while the tool runs.
+        ballast(&ballast_path, SLACK);
+        let mut position = 0;
+        loop {
+            match journal
+                .append_async("filler", position, &[event("filler", position)])
+                .await
+            {
+                Ok(_) => position += 1,
+                Err(e) if e.is_no_space() => break,
+                Err(e) => panic!("filler at {position}: {e}"),
+            }
+            assert!(position < MAX_APPENDS, "the disk never filled");
+        }
+        let failed = metric(&registry, "dtask_journal_batch_failures_total");
+
+        // The tool returns; its outcome is refused (a batch fails) and waits.
+        release.notify_one();
+        let refused = Instant::now();
+        while metric(&registry, "dtask_journal_batch_failures_total") == failed {
+            assert!(
+                refused.elapsed() < RESUME_WITHIN,
+                "the outcome was never tried"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            !execution.is_finished(),
+            "the execution gave up on a full disk"
+        );
+
+        std::fs::remove_file(&ballast_path).unwrap();
+        execution.await.unwrap().unwrap()
+    });
+    assert_eq!(state.status, Status::Completed);
+    assert_eq!(state.result_data, b"done");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the tool ran once");
+    let audit = dtask::replay::audit_journal(&journal, &mut |_| {}).unwrap();
+    assert!(audit.is_clean(), "{:?}", audit.problems);
 }

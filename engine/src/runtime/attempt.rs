@@ -15,6 +15,13 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::sync::Mutex as AsyncMutex;
 
+/// The first pause before an outcome refused for a full disk is committed again
+/// ([`AttemptContext::versioned_waiting_for_room`]).
+const ROOM_PAUSE_FIRST: Duration = Duration::from_millis(50);
+
+/// The longest pause between two tries of an outcome refused for a full disk.
+const ROOM_PAUSE_MAX: Duration = Duration::from_secs(1);
+
 /// A progress update emitted by an attempt.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Progress {
@@ -205,6 +212,38 @@ impl AttemptContext {
     /// Runs a versioned command at the attempt's version, adopting the new version.
     pub(crate) async fn versioned(&self, command: Command) -> Result<TaskState, StoreError> {
         self.versioned_then(command, TaskState::clone).await
+    }
+
+    /// [`AttemptContext::versioned`], waiting out a full disk: while the journal refuses the
+    /// command for lack of room ([`dtask_journal::Error::is_no_space`], nothing written) and
+    /// this attempt is still the task's running one with a live lease, the same command is
+    /// made again after a pause (doubling, up to a second). An outcome the tool has produced
+    /// is so not lost to a full disk that clears within the lease — lost, the task would be
+    /// run again when its lease expired, its side effects with it. Each try takes a copy of
+    /// the command (the store moves a command's bytes into its event, and a refused event is
+    /// gone): one copy of the outcome a commit.
+    pub(crate) async fn versioned_waiting_for_room(
+        &self,
+        command: Command,
+    ) -> Result<TaskState, StoreError> {
+        let mut pause = ROOM_PAUSE_FIRST;
+        let mut warned = false;
+        loop {
+            match self.versioned(command.clone()).await {
+                Err(StoreError::Journal(e)) if e.is_no_space() && self.still_ours().await => {
+                    if !std::mem::replace(&mut warned, true) {
+                        tracing::warn!(
+                            task = %self.shared.task_id,
+                            error = %e,
+                            "the journal's disk is full: the attempt's outcome waits for room"
+                        );
+                    }
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(ROOM_PAUSE_MAX);
+                }
+                other => return other,
+            }
+        }
     }
 
     /// [`AttemptContext::versioned`], handing the new snapshot to `then` rather than copying

@@ -762,8 +762,9 @@ impl Manager {
 
 /// Commits an executor result through the attempt runtime (docs/runtime.md, "One attempt",
 /// step 7): an accepted cancellation replaces the result; an invalid result poisons the runtime
-/// and commits nothing; a version conflict is reconciled (cancel intent → commit as canceled,
-/// else lease lost).
+/// and commits nothing; a full disk is waited out while the lease lives
+/// ([`AttemptContext::versioned_waiting_for_room`]); a version conflict is reconciled (cancel
+/// intent → commit as canceled, else lease lost).
 async fn commit(
     attempt: &AttemptContext,
     result: ExecutionResult,
@@ -797,7 +798,7 @@ async fn commit(
             ExecutionResult::Yield(checkpoint) => Command::Yield { checkpoint },
         },
     };
-    match attempt.versioned(command).await {
+    match attempt.versioned_waiting_for_room(command).await {
         Ok(state) => Ok(state),
         Err(StoreError::VersionConflict { .. } | StoreError::LeaseLost(_)) => {
             if attempt.accept_cancellation().await {
