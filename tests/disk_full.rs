@@ -5,7 +5,8 @@
 //! append and audits clean. The same through the task store: a command refused for a full
 //! disk changed nothing, and the same command, made again once there is room, is recorded.
 //! And through the runtime: a tool's outcome refused for a full disk waits for room, and is
-//! recorded once there is, the tool run once.
+//! recorded once there is, the tool run once. And `dtask import`: an import the disk cannot
+//! hold fails and leaves nothing behind; with room, the same import succeeds, bit-exact.
 //!
 //! The tmpfs is mounted in a mount namespace of the test's own (`unshare`): no privilege is
 //! needed where unprivileged user namespaces are allowed (root's plain mount namespace is
@@ -23,6 +24,7 @@ use dtask::engine::{
 use dtask::journal::{Event, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp};
 use dtask::Status;
 use prometheus_client::registry::Registry;
+use std::future::Future;
 use std::io::Write as _;
 use std::path::Path;
 use std::process::Command as Process;
@@ -78,6 +80,16 @@ fn an_outcome_refused_for_a_full_disk_is_recorded_once_there_is_room_the_tool_ru
         None => in_tmpfs(
             "an_outcome_refused_for_a_full_disk_is_recorded_once_there_is_room_the_tool_run_once",
         ),
+    }
+}
+
+#[test]
+fn an_import_that_fills_the_disk_fails_leaving_nothing_and_succeeds_with_room() {
+    match std::env::var_os(CHILD) {
+        Some(dir) => import_child(Path::new(&dir)),
+        None => {
+            in_tmpfs("an_import_that_fills_the_disk_fails_leaving_nothing_and_succeeds_with_room");
+        }
     }
 }
 
@@ -200,45 +212,29 @@ fn ballast(path: &Path, slack: u64) {
 /// The journal's test, on the tmpfs mounted at `dir`.
 fn journal_child(dir: &Path) {
     let path = dir.join("journal");
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = runtime();
     let journal = Journal::open(&path, JournalOptions::default()).unwrap();
-    let mut registry = Registry::with_prefix("dtask");
-    let metrics = dtask::server::WriteMetrics::register(&mut registry);
-    journal.observe(metrics.observer());
+    let registry = observed(&journal);
     let ballast_path = dir.join("ballast");
     ballast(&ballast_path, SLACK);
 
     // Every writer appends until the disk is full; each failure must say so.
-    let stopped: Vec<u64> = runtime.block_on(async {
-        let writers = (0..WRITERS).map(|w| {
-            let journal = journal.clone();
-            tokio::spawn(async move {
-                let id = format!("task-{w}");
-                for position in 0..MAX_APPENDS {
-                    match journal
-                        .append_async(&id, position, &[event(&id, position)])
-                        .await
-                    {
-                        Ok(_) => {}
-                        Err(e) => {
-                            assert!(e.is_no_space(), "{id} at {position}: {e}");
-                            return position;
-                        }
-                    }
+    let ids: Vec<String> = (0..WRITERS).map(|w| format!("task-{w}")).collect();
+    let stopped = runtime.block_on(until_full(&ids, |id, position| {
+        let journal = journal.clone();
+        async move {
+            match journal
+                .append_async(&id, position, &[event(&id, position)])
+                .await
+            {
+                Ok(_) => true,
+                Err(e) => {
+                    assert!(e.is_no_space(), "{id} at {position}: {e}");
+                    false
                 }
-                panic!("{id}: the disk never filled in {MAX_APPENDS} appends");
-            })
-        });
-        futures::future::join_all(writers)
-            .await
-            .into_iter()
-            .map(Result::unwrap)
-            .collect()
-    });
+            }
+        }
+    }));
     let acknowledged: u64 = stopped.iter().sum();
     println!("disk full after {acknowledged} acknowledged appends: {stopped:?}");
 
@@ -318,11 +314,7 @@ fn update(n: u64) -> UpdateRequest {
 /// The task store's test, on the tmpfs mounted at `dir`.
 fn store_child(dir: &Path) {
     let path = dir.join("journal");
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = runtime();
     let open = || {
         let journal = Journal::open(&path, JournalOptions::default()).unwrap();
         TaskStore::open(journal, ManualClock::new(1_000), StoreConfig::default()).unwrap()
@@ -417,24 +409,55 @@ async fn start(store: &TaskStore, ids: &[String]) {
 /// Appends progress updates to the running tasks `ids`, all at once, until the disk is
 /// full: each refusal must say so. Returns how many updates each task took.
 async fn fill_with_updates(store: &TaskStore, ids: &[String]) -> Vec<u64> {
-    let writers = ids.iter().cloned().map(|id| {
+    until_full(ids, |id, n| {
         let store = store.clone();
-        tokio::spawn(async move {
-            for n in 0..MAX_APPENDS {
-                match store.append_update(&id, update(n)).await {
-                    Ok(_) => {}
-                    Err(StoreError::Journal(e)) if e.is_no_space() => return n,
-                    Err(e) => panic!("{id}, update {n}: {e}"),
-                }
+        async move {
+            match store.append_update(&id, update(n)).await {
+                Ok(_) => true,
+                Err(StoreError::Journal(e)) if e.is_no_space() => false,
+                Err(e) => panic!("{id}, update {n}: {e}"),
             }
-            panic!("{id}: the disk never filled in {MAX_APPENDS} updates");
-        })
+        }
+    })
+    .await
+}
+
+/// One writer a task of `ids`, all at once, each making `write(id, n)` for n = 0, 1, …
+/// until one is refused for a full disk (`false`; `write` panics at any other failure).
+/// Returns how many writes each made.
+async fn until_full<W, F>(ids: &[String], write: W) -> Vec<u64>
+where
+    W: Fn(String, u64) -> F,
+    F: Future<Output = bool> + Send + 'static,
+{
+    let write = &write;
+    let writers = ids.iter().map(|id| async move {
+        for n in 0..MAX_APPENDS {
+            // Each write on the runtime's workers, as a service's would be.
+            if !tokio::spawn(write(id.clone(), n)).await.unwrap() {
+                return n;
+            }
+        }
+        panic!("{id}: the disk never filled in {MAX_APPENDS} writes");
     });
-    futures::future::join_all(writers)
-        .await
-        .into_iter()
-        .map(Result::unwrap)
-        .collect()
+    futures::future::join_all(writers).await
+}
+
+/// A runtime of two worker threads.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// The write path's metrics of `journal`, in a registry of their own.
+fn observed(journal: &Journal) -> Registry {
+    let mut registry = Registry::with_prefix("dtask");
+    let metrics = dtask::server::WriteMetrics::register(&mut registry);
+    journal.observe(metrics.observer());
+    registry
 }
 
 /// A tool that counts its runs and returns its outcome when told to.
@@ -471,15 +494,9 @@ impl Executor for Held {
 /// metrics count the failed batch) and waits; the space is freed, and the outcome is
 /// recorded — the task completed, the tool run once.
 fn runtime_child(dir: &Path) {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = runtime();
     let journal = Journal::open(dir.join("journal"), JournalOptions::default()).unwrap();
-    let mut registry = Registry::with_prefix("dtask");
-    let metrics = dtask::server::WriteMetrics::register(&mut registry);
-    journal.observe(metrics.observer());
+    let registry = observed(&journal);
     let store = TaskStore::open(
         journal.clone(),
         ManualClock::new(1_000),
@@ -555,4 +572,73 @@ fn runtime_child(dir: &Path) {
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the tool ran once");
     let audit = dtask::replay::audit_journal(&journal, &mut |_| {}).unwrap();
     assert!(audit.is_clean(), "{:?}", audit.problems);
+}
+
+/// The names in `dir`, sorted.
+fn entries(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// `dtask --journal JOURNAL ARGS…`.
+fn dtask(journal: &Path, args: &[&std::ffi::OsStr]) -> std::process::Output {
+    Process::new(env!("CARGO_BIN_EXE_dtask"))
+        .arg("--journal")
+        .arg(journal)
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// The import's test, on the tmpfs mounted at `dir`: an export of ~20 MiB (made beside the
+/// tmpfs) imported where a few MiB are free fails for the full disk and leaves nothing;
+/// once there is room, the same import succeeds and exports back to the same file.
+fn import_child(dir: &Path) {
+    let source = tempfile::tempdir().unwrap();
+    {
+        let journal = Journal::open(source.path(), JournalOptions::default()).unwrap();
+        for position in 0..320 {
+            journal
+                .append("big", position, &[event("big", position)])
+                .unwrap();
+        }
+    }
+    let work = tempfile::tempdir().unwrap();
+    let file = work.path().join("export.jsonl");
+    let exported = dtask(
+        source.path(),
+        &["export".as_ref(), "--output".as_ref(), file.as_os_str()],
+    );
+    assert!(exported.status.success(), "{exported:?}");
+
+    let ballast_path = dir.join("ballast");
+    ballast(&ballast_path, SLACK);
+    let target = dir.join("copy");
+    let refused = dtask(&target, &["import".as_ref(), file.as_os_str()]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "the import fit: {stderr}");
+    assert!(stderr.contains("No space left on device"), "{stderr}");
+    assert_eq!(
+        entries(dir),
+        ["ballast"],
+        "the failed import left something"
+    );
+
+    std::fs::remove_file(&ballast_path).unwrap();
+    let imported = dtask(&target, &["import".as_ref(), file.as_os_str()]);
+    assert!(imported.status.success(), "{imported:?}");
+    let again = work.path().join("again.jsonl");
+    let exported = dtask(
+        &target,
+        &["export".as_ref(), "--output".as_ref(), again.as_os_str()],
+    );
+    assert!(exported.status.success(), "{exported:?}");
+    assert!(
+        std::fs::read(&file).unwrap() == std::fs::read(&again).unwrap(),
+        "the import is not bit-exact"
+    );
 }
