@@ -3,7 +3,8 @@
 //! entry); once space is freed the journal writes again by itself, each task going on at
 //! the position where it stopped; closed and opened again, it holds every acknowledged
 //! append and audits clean. The same through the task store: a command refused for a full
-//! disk changed nothing, and the same command, made again once there is room, is recorded.
+//! disk changed nothing, and the same command, made again once there is room, is recorded;
+//! the store's server (`dtask serve`) is not ready (`disk_full`) meanwhile, alive all along.
 //! And through the runtime: a tool's outcome refused for a full disk waits for room, and is
 //! recorded once there is, the tool run once. And `dtask import`: an import the disk cannot
 //! hold fails and leaves nothing behind; with room, the same import succeeds, bit-exact.
@@ -22,8 +23,10 @@ use dtask::engine::{
     Command, CreateRequest, ManualClock, StoreConfig, StoreError, TaskStore, UpdateRequest,
 };
 use dtask::journal::{Event, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp};
+use dtask::server::{Server, ServerConfig, ServerError};
 use dtask::Status;
 use prometheus_client::registry::Registry;
+use serde_json::{json, Value};
 use std::future::Future;
 use std::io::Write as _;
 use std::path::Path;
@@ -247,6 +250,12 @@ fn journal_child(dir: &Path) {
     assert_eq!(journal.last_seq().unwrap(), acknowledged);
     assert_eq!(metric(&registry, "dtask_journal_disk_full"), 1);
     assert!(metric(&registry, "dtask_journal_batch_failures_total") >= 1);
+    assert!(journal.is_disk_full());
+    assert_eq!(
+        journal.stopped(),
+        None,
+        "a full disk does not stop the journal"
+    );
 
     // Room again: the journal writes again by itself, each task at the position where it
     // stopped (its failed append left nothing there to conflict with).
@@ -282,6 +291,7 @@ fn journal_child(dir: &Path) {
         freed.elapsed()
     );
     assert_eq!(metric(&registry, "dtask_journal_disk_full"), 0);
+    assert!(!journal.is_disk_full());
     drop(journal);
 
     // Opened again (the tail marker, the indexes and the streams agree, or the open would
@@ -316,16 +326,37 @@ fn store_child(dir: &Path) {
     let path = dir.join("journal");
     let runtime = runtime();
     let open = || {
-        let journal = Journal::open(&path, JournalOptions::default()).unwrap();
+        // The server's last handles on the journal may be dropped a moment after it stops.
+        let mut tries = 0;
+        let journal = loop {
+            match Journal::open(&path, JournalOptions::default()) {
+                Ok(journal) => break journal,
+                Err(dtask::journal::Error::InUse { .. }) if tries < 1_000 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => panic!("the journal does not open: {e}"),
+            }
+        };
         TaskStore::open(journal, ManualClock::new(1_000), StoreConfig::default()).unwrap()
     };
     let store = open();
+    // The store served, for its readiness (on loopback).
+    let (base, stop_server, serving) = runtime.block_on(serve(&store));
+    assert_eq!(runtime.block_on(readiness(&base, true)), json!([]));
     let ids: Vec<String> = (0..WRITERS).map(|w| format!("task-{w}")).collect();
     runtime.block_on(start(&store, &ids));
     let ballast_path = dir.join("ballast");
     ballast(&ballast_path, SLACK);
     let stopped = runtime.block_on(fill_with_updates(&store, &ids));
     println!("disk full after updates {stopped:?}");
+    // Not ready while the disk is full; alive all the same (a restart would not help).
+    assert_eq!(
+        runtime.block_on(readiness(&base, false)),
+        json!(["disk_full"])
+    );
+    let (live, _) = runtime.block_on(get(&base, "/healthz"));
+    assert_eq!(live, 200);
     runtime.block_on(async {
         for (id, &n) in ids.iter().zip(&stopped) {
             assert_eq!(store.get(id).await.unwrap().updates, n, "{id}'s updates");
@@ -369,6 +400,10 @@ fn store_child(dir: &Path) {
                 .unwrap();
         }
     });
+    // Ready again once a batch is written.
+    assert_eq!(runtime.block_on(readiness(&base, true)), json!([]));
+    stop_server.send(()).unwrap();
+    runtime.block_on(serving).unwrap().unwrap();
     drop(store);
 
     // Opened again: each task completed with exactly its acknowledged updates; the audit is
@@ -386,6 +421,46 @@ fn store_child(dir: &Path) {
     });
     let audit = dtask::replay::audit_journal(store.journal(), &mut |_| {}).unwrap();
     assert!(audit.is_clean(), "{:?}", audit.problems);
+}
+
+/// Serves `store` on a loopback port: its address, the sender that stops it, and the server.
+async fn serve(
+    store: &TaskStore,
+) -> (
+    String,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), ServerError>>,
+) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let owner = Server::owner(store.clone(), None, ServerConfig::default());
+    let serving = tokio::spawn(owner.serve(listener, async move {
+        let _ = stopped.await;
+    }));
+    (base, stop, serving)
+}
+
+/// The status and body of `GET path` on the server at `base`.
+async fn get(base: &str, path: &str) -> (u16, Value) {
+    let response = reqwest::get(format!("{base}{path}")).await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap())
+}
+
+/// The reasons `/readyz` gives once it answers as `ready` says (200 or 503): the server
+/// counts the journal at start. (The bound guards against a hang; it is no measure.)
+async fn readiness(base: &str, ready: bool) -> Value {
+    let want = if ready { 200 } else { 503 };
+    let mut last = (0, Value::Null);
+    for _ in 0..1_000 {
+        last = get(base, "/readyz").await;
+        if last.0 == want {
+            return last.1["reasons"].clone();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("/readyz never answered {want}: the last answer {last:?}");
 }
 
 /// Creates and starts each of `ids`' tasks.

@@ -3,7 +3,8 @@
 //! restarted each time, and after a last run that lets everything finish the invariant
 //! checker must find nothing: no acknowledged event missing, every task terminal, each shell
 //! side effect at most once, no event id twice in a task, attempts only growing, `verify`
-//! clean. Two more tests make a point panic and fail with an error instead.
+//! clean. More tests make a point panic or fail with an error instead; one fails a sync
+//! under `dtask serve` (in this process) and checks its liveness.
 #![cfg(feature = "failpoints")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -122,4 +123,107 @@ fn error_after_a_batch_is_written_before_callers_are_acknowledged() {
 #[test]
 fn error_before_the_started_marker_is_committed() {
     crash_at("managed::before_commit_start", "error", 23);
+}
+
+#[test]
+fn error_at_a_failed_sync_stops_the_journal_and_the_next_run_recovers() {
+    crash_at("journal::sync", "error", 24);
+}
+
+/// A failed sync stops the journal (a failed `fsync` cannot be tried again): the server's
+/// liveness fails with `journal_stopped`, its readiness names it, every write is refused 503
+/// `journal_stopped` — and the journal, reopened, holds every task acknowledged before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_sync_fails_the_servers_liveness_until_the_journal_is_reopened() {
+    use dtask::engine::{failpoints, StoreConfig, SystemClock, TaskStore};
+    use dtask::journal::{Journal, JournalOptions};
+    use dtask::server::{Server, ServerConfig};
+    use serde_json::json;
+
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    let store = TaskStore::open(journal, SystemClock, StoreConfig::default()).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = Server::owner(store, None, ServerConfig::default());
+    let serving = tokio::spawn(server.serve(listener, async move {
+        let _ = stopped.await;
+    }));
+    let http = reqwest::Client::new();
+    let get = |path: &str| {
+        let request = http.get(format!("{base}{path}"));
+        async move {
+            let response = request.send().await.unwrap();
+            let status = response.status().as_u16();
+            (status, response.json::<Value>().await.unwrap())
+        }
+    };
+    let submit = |id: &str| {
+        let request = http.post(format!("{base}/api/tasks")).json(&json!({
+            "id": id, "executor_key": "shell", "kind": "tool_call", "payload": {}
+        }));
+        async move {
+            let response = request.send().await.unwrap();
+            let status = response.status().as_u16();
+            (status, response.json::<Value>().await.unwrap())
+        }
+    };
+
+    assert_eq!(submit("before").await.0, 201);
+    assert_eq!(
+        get("/healthz").await,
+        (200, json!({"status": "ok", "reasons": []}))
+    );
+
+    failpoints::configure(&failpoints::parse("journal::sync=error").unwrap()).unwrap();
+    let (status, body) = submit("during").await;
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (503, &json!("journal_stopped")),
+        "{body}"
+    );
+    assert_eq!(
+        get("/healthz").await,
+        (
+            503,
+            json!({"status": "unavailable", "reasons": ["journal_stopped"]})
+        )
+    );
+    let (status, ready) = get("/readyz").await;
+    assert_eq!(status, 503);
+    assert!(
+        ready["reasons"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("journal_stopped")),
+        "{ready}"
+    );
+    // The point fired once; the journal stays stopped all the same.
+    let (status, body) = submit("after").await;
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (503, &json!("journal_stopped"))
+    );
+    failpoints::disarm_all();
+
+    stop.send(()).unwrap();
+    serving.await.unwrap().unwrap();
+    // Reopened (once the server's last handle is gone): the task acknowledged before the
+    // failed sync is there; the one refused after it is not.
+    let mut tries = 0;
+    let journal = loop {
+        match Journal::open(dir.path(), JournalOptions::default()) {
+            Ok(journal) => break journal,
+            Err(dtask::journal::Error::InUse { .. }) if tries < 1_000 => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(e) => panic!("the journal does not open: {e}"),
+        }
+    };
+    assert!(journal.contains_task("before").unwrap());
+    assert!(!journal.contains_task("after").unwrap());
+    let audit = dtask::replay::audit_journal(&journal, &mut |_| {}).unwrap();
+    assert!(audit.is_clean(), "{:?}", audit.problems);
 }

@@ -1052,6 +1052,67 @@ async fn the_web_page_and_its_assets_are_served() {
     server.stop().await;
 }
 
+/// `/healthz` and `/readyz` answer without the token (and tell only the names of states);
+/// readiness waits for the server's first count of the journal — a router served without
+/// its pump never counts, and is never ready — and a served one becomes ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn liveness_and_readiness_answer_without_the_token_and_readiness_waits_for_the_count() {
+    let token = "s3cret-token-for-tests";
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_store(dir.path());
+    let server = Server::owner(store.clone(), None, fast().with_token(token));
+
+    // The routes alone, without the pump that counts the journal.
+    let server_routes = server.router();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let routes = tokio::spawn(async move { axum::serve(listener, server_routes).await });
+    let http = reqwest::Client::new();
+    let get = |path: &str| {
+        let request = http.get(format!("{base}{path}"));
+        async move {
+            let response = request.send().await.unwrap();
+            (response.status(), response.json::<Value>().await.unwrap())
+        }
+    };
+    assert_eq!(
+        get("/healthz").await,
+        (StatusCode::OK, json!({"status": "ok", "reasons": []}))
+    );
+    assert_eq!(
+        get("/readyz").await,
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"status": "unavailable", "reasons": ["counting"]})
+        )
+    );
+    let (status, body) = get("/api/stats").await;
+    assert_eq!(
+        (status, code(&body)),
+        (StatusCode::UNAUTHORIZED, "unauthorized")
+    );
+    routes.abort();
+
+    // Served: the pump counts, and the server is ready.
+    let running = Running::start(server).await;
+    let mut answer = (StatusCode::SERVICE_UNAVAILABLE, Value::Null);
+    // Bounded: a guard against a hang, no measure.
+    for _ in 0..1_000 {
+        answer = running.get("/readyz").await;
+        if answer.0 == StatusCode::OK {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        answer,
+        (StatusCode::OK, json!({"status": "ok", "reasons": []}))
+    );
+    assert_eq!(running.get("/healthz").await.0, StatusCode::OK);
+    running.stop().await;
+    drop(store);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_is_required_off_loopback_and_checked_on_every_request() {
     let off_loopback: std::net::SocketAddr = "0.0.0.0:7700".parse().unwrap();

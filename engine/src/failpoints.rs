@@ -12,6 +12,7 @@
 //! | --- | --- | --- |
 //! | [`JOURNAL_BEFORE_WRITE`] | the journal writer formed a batch, before writing it | the batch fails, nothing written |
 //! | [`JOURNAL_AFTER_WRITE`] | the batch is durable, before its callers are acknowledged | callers see a failure of a durable write |
+//! | [`JOURNAL_SYNC`] | the journal is about to sync the batches it wrote | the sync fails: an embedded journal stops (reopen it), a PostgreSQL one fails the appends it covered |
 //! | [`STORE_AFTER_APPEND`] | a command's events are acknowledged, before the in-memory task advances | the command fails; memory is behind the journal |
 //! | [`TOOL_START`] | inside the shell tool's start, after the command was spawned, before the started marker | the start fails |
 //! | [`BEFORE_COMMIT_START`] | a tool's start returned, before its started marker is committed | the attempt fails |
@@ -32,6 +33,8 @@ pub use dtask_journal::failpoints::{
 pub const JOURNAL_BEFORE_WRITE: &str = dtask_journal::failpoints::BEFORE_WRITE;
 /// The journal wrote a batch durably; its callers are not acknowledged yet.
 pub const JOURNAL_AFTER_WRITE: &str = dtask_journal::failpoints::AFTER_WRITE;
+/// The journal is about to sync the batches it wrote.
+pub const JOURNAL_SYNC: &str = dtask_journal::failpoints::SYNC;
 /// The store's append was acknowledged; the in-memory task has not advanced yet.
 pub const STORE_AFTER_APPEND: &str = "store::after_append";
 /// Inside a tool's start: the external side effect began; no started marker yet.
@@ -59,6 +62,7 @@ pub const AGENT_AFTER_TOOL_RESULT: &str = "agent::after_tool_result";
 /// Every fail point, in the order a task meets them.
 pub const POINTS: &[&str] = &[
     JOURNAL_BEFORE_WRITE,
+    JOURNAL_SYNC,
     JOURNAL_AFTER_WRITE,
     STORE_AFTER_APPEND,
     TOOL_START,

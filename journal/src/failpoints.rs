@@ -15,7 +15,11 @@
 //! - [`BEFORE_WRITE`]: the writer formed a batch and is about to write it (error: the batch
 //!   fails, nothing is written);
 //! - [`AFTER_WRITE`]: the batch is durable, its callers are not yet acknowledged (error: the
-//!   callers are told the write failed although it is durable: an ambiguous outcome).
+//!   callers are told the write failed although it is durable: an ambiguous outcome);
+//! - [`SYNC`]: a sync of the written batches is about to start (error: the sync fails, as an
+//!   `fsync` that reports an I/O error: an embedded journal stops and must be reopened, see
+//!   [`crate::Journal::stopped`]; a PostgreSQL journal fails the appends it covered and goes
+//!   on).
 
 use std::fmt;
 use std::str::FromStr;
@@ -35,8 +39,11 @@ pub const BEFORE_WRITE: &str = "journal::before_write";
 /// The journal writer wrote a batch durably and has not acknowledged its callers yet.
 pub const AFTER_WRITE: &str = "journal::after_write";
 
+/// The journal writer is about to sync the batches it wrote.
+pub const SYNC: &str = "journal::sync";
+
 /// The journal's fail points.
-pub const POINTS: &[&str] = &[BEFORE_WRITE, AFTER_WRITE];
+pub const POINTS: &[&str] = &[BEFORE_WRITE, AFTER_WRITE, SYNC];
 
 /// What a fail point does when it fires.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -866,6 +866,30 @@ impl Journal {
         self.inner.shared.durable()
     }
 
+    /// Whether the journal's disk is full: the last batch its writer tried failed for want
+    /// of room ([`Error::is_no_space`]) and none has been written since. Nothing of a refused
+    /// batch is written; appends succeed again once there is room (a RocksDB journal resumes
+    /// by itself). `false` on a reader. A service's readiness check (`dtask serve`'s
+    /// `/readyz`) fails on it.
+    #[must_use]
+    pub fn is_disk_full(&self) -> bool {
+        self.inner.shared.disk_full()
+    }
+
+    /// Why the journal stopped taking appends, once a sync failed ([`Error::Stopped`]): what
+    /// it covered may or may not be on stable storage, and only reopening the journal (a
+    /// restart of the process) reads what really reached the disk. `None` while the journal
+    /// writes, and always on a reader. A service's liveness check (`dtask serve`'s
+    /// `/healthz`) fails on it.
+    #[must_use]
+    pub fn stopped(&self) -> Option<String> {
+        match self.inner.shared.stopped() {
+            Some(Error::Stopped(why)) => Some(why),
+            Some(other) => Some(other.to_string()),
+            None => None,
+        }
+    }
+
     /// Lists every task with its head, in task-id order. A task whose last record is damaged
     /// comes as an [`Error::Corruption`] naming it, and the listing goes on.
     pub fn tasks(&self) -> impl Iterator<Item = Result<(String, Head)>> + '_ {

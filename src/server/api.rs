@@ -145,6 +145,7 @@ fn owner(shared: &Shared) -> Result<&super::control::Owner, ApiError> {
         (status = 400, description = "Bad JSON, an unknown field, an invalid spec", body = ErrorBody),
         (status = 403, description = "A read-only server", body = ErrorBody),
         (status = 507, description = "The journal's disk is full: nothing was written; the same request can be made again once there is room", body = ErrorBody),
+        (status = 503, description = "`journal_stopped`: the journal stopped after a failed sync and refuses every write until the process restarts (see `/healthz`)", body = ErrorBody),
         (status = 409, description = "The id is taken", body = ErrorBody),
         (status = 413, description = "The body is over the limit", body = ErrorBody),
         (status = 415, description = "Not `application/json`", body = ErrorBody),
@@ -166,6 +167,7 @@ pub async fn submit(
         (status = 200, description = "The task after the request", body = TaskStateView),
         (status = 403, description = "A read-only server", body = ErrorBody),
         (status = 507, description = "The journal's disk is full: nothing was written; the same request can be made again once there is room", body = ErrorBody),
+        (status = 503, description = "`journal_stopped`: the journal stopped after a failed sync and refuses every write until the process restarts (see `/healthz`)", body = ErrorBody),
         (status = 404, description = "No such task", body = ErrorBody),
         (status = 409, description = "The task is terminal", body = ErrorBody),
     )
@@ -187,6 +189,7 @@ pub async fn cancel(
         (status = 200, description = "The task, pending again with the input", body = TaskStateView),
         (status = 403, description = "A read-only server", body = ErrorBody),
         (status = 507, description = "The journal's disk is full: nothing was written; the same request can be made again once there is room", body = ErrorBody),
+        (status = 503, description = "`journal_stopped`: the journal stopped after a failed sync and refuses every write until the process restarts (see `/healthz`)", body = ErrorBody),
         (status = 404, description = "No such task", body = ErrorBody),
         (status = 409, description = "Not waiting for input, or not at the expected version", body = ErrorBody),
     )
@@ -210,6 +213,7 @@ pub async fn resume(
         (status = 400, description = "A bad body", body = ErrorBody),
         (status = 403, description = "A read-only server", body = ErrorBody),
         (status = 507, description = "The journal's disk is full: nothing was written; the same request can be made again once there is room", body = ErrorBody),
+        (status = 503, description = "`journal_stopped`: the journal stopped after a failed sync and refuses every write until the process restarts (see `/healthz`)", body = ErrorBody),
         (status = 404, description = "No such task", body = ErrorBody),
         (status = 409, description = "The task has ended, or the event id was used with other content", body = ErrorBody),
     )
@@ -230,6 +234,7 @@ pub async fn send_input(
         (status = 200, description = "The task, pending again", body = TaskStateView),
         (status = 403, description = "A read-only server", body = ErrorBody),
         (status = 507, description = "The journal's disk is full: nothing was written; the same request can be made again once there is room", body = ErrorBody),
+        (status = 503, description = "`journal_stopped`: the journal stopped after a failed sync and refuses every write until the process restarts (see `/healthz`)", body = ErrorBody),
         (status = 404, description = "No such task", body = ErrorBody),
         (status = 409, description = "Not suspended", body = ErrorBody),
     )

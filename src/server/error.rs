@@ -161,6 +161,11 @@ impl From<dtask_journal::Error> for ApiError {
             e if e.is_no_space() => {
                 Self::new(StatusCode::INSUFFICIENT_STORAGE, "disk_full", e.to_string())
             }
+            e @ dtask_journal::Error::Stopped(_) => Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "journal_stopped",
+                e.to_string(),
+            ),
             e => Self::new(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "journal_error",
@@ -261,10 +266,11 @@ mod tests {
     use super::*;
     use dtask_journal::StorageError;
 
-    /// A full disk is 507 `disk_full` however it reaches the server (from the journal, or
-    /// through the store or the runtime); any other storage failure stays a 500.
+    /// A full disk is 507 `disk_full` and a stopped journal 503 `journal_stopped` however
+    /// they reach the server (from the journal, or through the store or the runtime); any
+    /// other storage failure stays a 500.
     #[test]
-    fn a_full_disk_is_507_and_other_storage_failures_500() {
+    fn a_full_disk_is_507_a_stopped_journal_503_and_other_storage_failures_500() {
         let full = || dtask_journal::Error::Storage(StorageError::no_space("No space left"));
         for error in [
             ApiError::from(full()),
@@ -276,6 +282,17 @@ mod tests {
                 (StatusCode::INSUFFICIENT_STORAGE, "disk_full")
             );
             assert!(error.message.contains("No space left"), "{}", error.message);
+        }
+        let stopped = || dtask_journal::Error::Stopped("a sync failed: EIO".into());
+        for error in [
+            ApiError::from(stopped()),
+            ApiError::from(StoreError::Journal(stopped())),
+            ApiError::from(RuntimeError::Store(StoreError::Journal(stopped()))),
+        ] {
+            assert_eq!(
+                (error.status, error.code),
+                (StatusCode::SERVICE_UNAVAILABLE, "journal_stopped")
+            );
         }
         let other = ApiError::from(dtask_journal::Error::storage("I/O error"));
         assert_eq!(

@@ -11,7 +11,7 @@
 //! Modules, one concern each: `api` (handlers), [`model`] (bodies and their schemas), `read`
 //! (journal reads), `control` (writes), `extract` (request parsing), [`error`] (error
 //! bodies), `sse` (the commit pump and the streams), `projection` (counts), `metrics`, `auth`
-//! (the token), [`openapi`] and `web` (the page). The endpoints are described in
+//! (the token), `health` (liveness and readiness), [`openapi`] and `web` (the page). The endpoints are described in
 //! `docs/server.md`.
 //!
 //! ```no_run
@@ -31,6 +31,7 @@ mod auth;
 mod control;
 pub mod error;
 mod extract;
+mod health;
 mod metrics;
 pub mod model;
 pub mod openapi;
@@ -49,6 +50,7 @@ use dtask_engine::{Manager, TaskStore};
 use dtask_journal::Journal;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -134,6 +136,8 @@ pub(crate) struct Shared {
     pub stop: watch::Receiver<bool>,
     /// One audit at a time.
     pub verify_gate: Semaphore,
+    /// Whether the pump's last read of the journal's commits failed.
+    pub read_failing: Arc<AtomicBool>,
 }
 
 /// The HTTP server over a journal.
@@ -161,6 +165,7 @@ impl Server {
             metrics: Arc::new(metrics::Metrics::new()),
             stop: stopped,
             verify_gate: Semaphore::new(1),
+            read_failing: Arc::default(),
         });
         Self {
             shared,
@@ -240,6 +245,8 @@ impl Server {
             .route("/api/stream", get(api::stream))
             .route("/metrics", get(api::metrics))
             .route("/openapi.json", get(api::openapi))
+            .route("/healthz", get(health::live))
+            .route("/readyz", get(health::ready))
             .fallback(api::not_found)
             .method_not_allowed_fallback(method_not_allowed)
             .with_state(Arc::clone(&self.shared))
@@ -273,6 +280,7 @@ impl Server {
             projection: Arc::clone(&self.shared.projection),
             hub: Arc::clone(&self.shared.hub),
             metrics: Arc::clone(&self.shared.metrics),
+            read_failing: Arc::clone(&self.shared.read_failing),
             interval: self.config.poll_interval,
         };
         let pump = tokio::spawn(pump.run(self.stop.subscribe()));

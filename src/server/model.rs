@@ -669,3 +669,43 @@ pub fn tool_name(payload: &[u8]) -> Option<String> {
     let value: serde_json::Value = serde_json::from_slice(payload).ok()?;
     value.get("tool_name")?.as_str().map(str::to_owned)
 }
+
+/// The answer of `GET /healthz` and `GET /readyz`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Health {
+    /// `ok` (HTTP 200) or `unavailable` (HTTP 503).
+    pub status: HealthStatus,
+    /// Why not `ok`, in a fixed order; empty when `ok`.
+    pub reasons: Vec<HealthReason>,
+}
+
+/// Whether a health check passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum HealthStatus {
+    /// The check passed.
+    Ok,
+    /// The check failed: see the reasons.
+    Unavailable,
+}
+
+/// Why a health check failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum HealthReason {
+    /// The journal stopped after a failed sync: every append is refused until the process
+    /// reopens it (liveness and readiness).
+    JournalStopped,
+    /// The journal's disk is full: appends fail, and nothing of them is written, until there
+    /// is room again; the journal then writes again by itself (readiness).
+    DiskFull,
+    /// The server's first count of the journal is not done: its counts, statistics and
+    /// streams would miss records (readiness).
+    Counting,
+    /// The server's last read of the journal's commits failed: a PostgreSQL journal's
+    /// database out of reach, a follower that cannot catch up (readiness).
+    JournalUnreadable,
+    /// The server is shutting down (readiness).
+    Stopping,
+}

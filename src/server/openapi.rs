@@ -2,9 +2,9 @@
 //! committed copy, `docs/openapi.json`, is checked against it by a test (`DTASK_BLESS=1`
 //! rewrites it).
 
-use super::api;
 use super::error::{ErrorBody, ErrorDetail};
 use super::model;
+use super::{api, health};
 use utoipa::OpenApi;
 
 /// The API's description.
@@ -34,6 +34,8 @@ use utoipa::OpenApi;
         api::task_stream,
         api::metrics,
         api::openapi,
+        health::live,
+        health::ready,
     ),
     components(schemas(
         ErrorBody,
@@ -62,12 +64,16 @@ use utoipa::OpenApi;
         model::Stats,
         model::StorageView,
         model::SpaceView,
+        model::Health,
+        model::HealthStatus,
+        model::HealthReason,
     )),
     tags(
         (name = "tasks", description = "Tasks folded from the journal, their records and updates"),
         (name = "control", description = "Writes (owner mode only)"),
         (name = "journal", description = "The audit, statistics, metrics, this document"),
         (name = "streams", description = "Server-sent events of committed records"),
+        (name = "health", description = "Liveness and readiness (no token needed)"),
     )
 )]
 pub struct ApiDoc;

@@ -88,6 +88,11 @@ pub struct Projection {
 }
 
 impl Projection {
+    /// Whether the first count is done.
+    pub fn is_counted(&self) -> bool {
+        self.counts.lock().counted
+    }
+
     /// Counts the whole journal (once, at start), as `dtask stats` does: every task folded.
     /// Returns the sequence the pump goes on from.
     ///

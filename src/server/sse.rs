@@ -18,7 +18,7 @@ use axum::response::sse::Event;
 use dtask_journal::export::ByteFields;
 use dtask_journal::{Committed, Journal, Record};
 use futures::stream::{self, Stream, StreamExt};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{broadcast, watch};
@@ -118,25 +118,34 @@ pub struct Pump {
     pub hub: Arc<Hub>,
     /// The metrics.
     pub metrics: Arc<Metrics>,
+    /// Set while reads of the commits fail (readiness).
+    pub read_failing: Arc<AtomicBool>,
     /// How long to wait when nothing new was read.
     pub interval: Duration,
 }
 
 impl Pump {
-    /// Counts the journal, then reads its commits until `stop` turns true.
+    /// Counts the journal (again each interval while the count fails: the server is not
+    /// ready until it is done), then reads its commits until `stop` turns true.
     pub async fn run(self, mut stop: watch::Receiver<bool>) {
-        let journal = self.journal.clone();
-        let projection = Arc::clone(&self.projection);
-        let counted = tokio::task::spawn_blocking(move || projection.count(&journal)).await;
-        let mut next = match counted {
-            Ok(Ok(last)) => last + 1,
-            Ok(Err(e)) => {
-                tracing_error(&format!("counting the journal failed: {e}"));
-                1
+        let mut next = loop {
+            let journal = self.journal.clone();
+            let projection = Arc::clone(&self.projection);
+            let counted = tokio::task::spawn_blocking(move || projection.count(&journal)).await;
+            let failure = match counted {
+                Ok(Ok(last)) => break last + 1,
+                Ok(Err(e)) => e.to_string(),
+                Err(e) => e.to_string(),
+            };
+            self.metrics.pump_errors.inc();
+            self.read_failing.store(true, Ordering::Relaxed);
+            tracing_error(&format!("counting the journal failed: {failure}"));
+            tokio::select! {
+                () = tokio::time::sleep(self.interval) => {}
+                _ = stop.changed() => {}
             }
-            Err(e) => {
-                tracing_error(&format!("counting the journal failed: {e}"));
-                1
+            if *stop.borrow() {
+                return;
             }
         };
         let follower = self.follower;
@@ -158,6 +167,8 @@ impl Pump {
                     .map_err(|e| e.to_string())
             })
             .await;
+            self.read_failing
+                .store(!matches!(read, Ok(Ok(_))), Ordering::Relaxed);
             let batch = match read {
                 Ok(Ok(batch)) => batch,
                 Ok(Err(e)) => {

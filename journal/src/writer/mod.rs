@@ -294,6 +294,7 @@ impl FailureLog {
         if !error.is_no_space() {
             tracing::error!(%error, appends, "journal batch failed");
         } else if !std::mem::replace(&mut self.disk_full, true) {
+            shared.disk_full.store(true, Ordering::Relaxed);
             tracing::error!(
                 %error,
                 appends,
@@ -304,8 +305,9 @@ impl FailureLog {
     }
 
     /// Tells the log that a batch was written.
-    fn written(&mut self) {
+    fn written(&mut self, shared: &Shared) {
         if std::mem::take(&mut self.disk_full) {
+            shared.disk_full.store(false, Ordering::Relaxed);
             tracing::info!("the journal writes again: its disk has room");
         }
     }
@@ -1045,7 +1047,7 @@ impl Writer {
                 return Done(None);
             }
         }
-        self.failures.written();
+        self.failures.written(&self.shared);
         if let Some((observer, mut report, started)) = observed {
             report.write = started.elapsed();
             observer.batch_written(&report);
@@ -1185,7 +1187,7 @@ impl Writer {
             fail(accepted, || Error::Storage(storage.clone()));
             return None;
         }
-        self.failures.written();
+        self.failures.written(&self.shared);
         if let Some((observer, mut batch, started)) = observed {
             batch.write = started.elapsed();
             observer.batch_written(&batch);

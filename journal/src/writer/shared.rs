@@ -6,7 +6,7 @@ use super::PRIMED_LIMIT;
 use crate::error::Error;
 use crate::head::Head;
 use crate::observe::{BatchWritten, WriteObserver};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -19,6 +19,9 @@ pub(crate) struct Shared {
     pub(super) durable: AtomicU64,
     /// Why the journal stopped, once a sync failed.
     pub(super) stopped: OnceLock<String>,
+    /// Whether the last batch the writer tried failed for a full disk (until one is
+    /// written).
+    pub(super) disk_full: AtomicBool,
     /// Batches handed to the syncer and not yet settled.
     pub(super) in_flight: AtomicU64,
     /// The appends of those batches: how many callers wait for a sync now
@@ -110,6 +113,7 @@ impl Shared {
         Self {
             durable: AtomicU64::new(durable),
             stopped: OnceLock::new(),
+            disk_full: AtomicBool::new(false),
             in_flight: AtomicU64::new(0),
             in_flight_appends: AtomicU64::new(0),
             primed: Mutex::new(Primed::default()),
@@ -258,6 +262,11 @@ impl Shared {
                 moved
             });
         }
+    }
+
+    /// Whether the last batch the writer tried failed for a full disk.
+    pub(crate) fn disk_full(&self) -> bool {
+        self.disk_full.load(Ordering::Relaxed)
     }
 
     /// Why the journal stopped, once a sync failed.

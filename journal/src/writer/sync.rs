@@ -43,7 +43,10 @@ pub(super) fn fail(acks: Vec<Ack>, error: impl Fn() -> Error) {
 /// Syncs, timing it.
 pub(super) fn timed_sync(backend: &dyn Backend) -> (Result<()>, Duration) {
     let started = Instant::now();
-    let result = backend.sync();
+    let result = match crate::failpoints::hit(crate::failpoints::SYNC) {
+        Some(message) => Err(Error::storage(message)),
+        None => backend.sync(),
+    };
     (result, started.elapsed())
 }
 

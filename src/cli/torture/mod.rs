@@ -195,6 +195,7 @@ impl Tally {
 fn max_skip(point: &str) -> u64 {
     match point {
         failpoints::JOURNAL_BEFORE_WRITE
+        | failpoints::JOURNAL_SYNC
         | failpoints::JOURNAL_AFTER_WRITE
         | failpoints::STORE_AFTER_APPEND => 12,
         failpoints::AFTER_UPDATE_PERSISTED => 6,

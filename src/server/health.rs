@@ -1,0 +1,100 @@
+//! Liveness and readiness, for an orchestrator's probes and a load balancer's checks.
+//!
+//! - `GET /healthz` (**liveness**) fails only when nothing but a restart of the process can
+//!   help: the journal's writer **stopped** after a failed sync ([`Journal::stopped`]); what
+//!   that sync covered is known only once the journal is reopened.
+//! - `GET /readyz` (**readiness**) fails while the server cannot do its whole job, each cause
+//!   named in `reasons`: the journal stopped; its disk is full ([`Journal::is_disk_full`]:
+//!   appends fail until there is room, and the server answers them 507); the first count of
+//!   the journal is not done (counts, statistics and streams would miss records); the last
+//!   read of the journal's commits failed (a PostgreSQL journal's database out of reach, a
+//!   follower that cannot catch up); the server is stopping.
+//!
+//! Both answer without the token — they tell only the names of those states — and read
+//! nothing but flags the writer and the pump keep, so a probe costs no journal read.
+//!
+//! [`Journal::stopped`]: dtask_journal::Journal::stopped
+//! [`Journal::is_disk_full`]: dtask_journal::Journal::is_disk_full
+
+use super::model::{Health, HealthReason, HealthStatus};
+use super::Shared;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+/// The paths that answer without the token.
+pub(crate) const OPEN_PATHS: [&str; 2] = ["/healthz", "/readyz"];
+
+/// Whether the journal this server writes has stopped (an owner's store's journal; a
+/// follower writes nothing).
+fn stopped(shared: &Shared) -> bool {
+    shared
+        .owner
+        .as_ref()
+        .is_some_and(|owner| owner.store.journal().stopped().is_some())
+}
+
+/// Why the server is not ready, in a fixed order (empty: ready).
+pub(crate) fn not_ready(shared: &Shared) -> Vec<HealthReason> {
+    let mut reasons = Vec::new();
+    if stopped(shared) {
+        reasons.push(HealthReason::JournalStopped);
+    }
+    if shared
+        .owner
+        .as_ref()
+        .is_some_and(|owner| owner.store.journal().is_disk_full())
+    {
+        reasons.push(HealthReason::DiskFull);
+    }
+    if !shared.projection.is_counted() {
+        reasons.push(HealthReason::Counting);
+    }
+    if shared.read_failing.load(Ordering::Relaxed) {
+        reasons.push(HealthReason::JournalUnreadable);
+    }
+    if *shared.stop.borrow() {
+        reasons.push(HealthReason::Stopping);
+    }
+    reasons
+}
+
+fn answer(reasons: Vec<HealthReason>) -> Response {
+    let (code, status) = if reasons.is_empty() {
+        (StatusCode::OK, HealthStatus::Ok)
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, HealthStatus::Unavailable)
+    };
+    (code, Json(Health { status, reasons })).into_response()
+}
+
+/// Liveness: 503 once the journal stopped (restart the process), else 200.
+#[utoipa::path(
+    get, path = "/healthz", tag = "health",
+    responses(
+        (status = 200, description = "Alive", body = Health),
+        (status = 503, description = "The journal stopped after a failed sync: restart the process", body = Health),
+    )
+)]
+pub async fn live(State(shared): State<Arc<Shared>>) -> Response {
+    answer(if stopped(&shared) {
+        vec![HealthReason::JournalStopped]
+    } else {
+        Vec::new()
+    })
+}
+
+/// Readiness: 200 when the server can do its whole job, else 503 with the reasons.
+#[utoipa::path(
+    get, path = "/readyz", tag = "health",
+    responses(
+        (status = 200, description = "Ready", body = Health),
+        (status = 503, description = "Not ready; `reasons` says why", body = Health),
+    )
+)]
+pub async fn ready(State(shared): State<Arc<Shared>>) -> Response {
+    answer(not_ready(&shared))
+}
