@@ -304,7 +304,8 @@ async fn the_page_lists_tasks_live_and_shows_a_timeline_and_the_audit() {
         .await;
     browser.screenshot("server-task.png").await;
 
-    // The journal page shows the storage engine's figures and runs the audit.
+    // The journal page shows the server's readiness and the storage engine's figures, and
+    // runs the audit.
     browser.goto(&format!("{base}/#/journal")).await;
     browser
         .until(
@@ -326,6 +327,10 @@ async fn the_page_lists_tasks_live_and_shows_a_timeline_and_the_audit() {
         storage.contains("events") && storage.contains("COMPACTION OWED"),
         "{storage}"
     );
+    let ready = browser
+        .run("return document.getElementById('health').textContent")
+        .await;
+    assert_eq!(ready.as_str(), Some("ready"), "{ready}");
     let writes = browser
         .run("return document.getElementById('storage-writes').textContent")
         .await;

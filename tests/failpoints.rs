@@ -130,11 +130,38 @@ fn error_at_a_failed_sync_stops_the_journal_and_the_next_run_recovers() {
     crash_at("journal::sync", "error", 24);
 }
 
-/// A failed sync stops the journal (a failed `fsync` cannot be tried again): the server's
-/// liveness fails with `journal_stopped`, its readiness names it, every write is refused 503
-/// `journal_stopped` — and the journal, reopened, holds every task acknowledged before.
+/// `GET` or `POST` (with a JSON body) on a loopback server: the status and the body.
+async fn call(http: &reqwest::Client, url: String, body: Option<Value>) -> (u16, Value) {
+    let request = match body {
+        Some(body) => http.post(url).json(&body),
+        None => http.get(url),
+    };
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json::<Value>().await.unwrap())
+}
+
+/// The journal at `dir` opened for writing once the last handle of the server that held it
+/// is gone (a moment after it stopped).
+async fn reopen(dir: &std::path::Path) -> dtask::journal::Journal {
+    use dtask::journal::{Error, Journal, JournalOptions};
+    for _ in 0..1_000 {
+        match Journal::open(dir, JournalOptions::default()) {
+            Ok(journal) => return journal,
+            Err(Error::InUse { .. }) => tokio::time::sleep(Duration::from_millis(10)).await,
+            Err(e) => panic!("the journal does not open: {e}"),
+        }
+    }
+    panic!("the journal stayed in use");
+}
+
+/// Under a served store: a failed write makes the server not ready (`journal_failing`),
+/// alive all along, and ready again once a write succeeds. Then a failed sync stops the
+/// journal (a failed `fsync` cannot be tried again): the server's liveness fails with
+/// `journal_stopped`, its readiness names it, every write is refused 503 `journal_stopped` —
+/// and the journal, reopened, holds every task acknowledged before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_sync_fails_the_servers_liveness_until_the_journal_is_reopened() {
+async fn a_failed_write_unreadies_the_server_and_a_failed_sync_fails_its_liveness() {
     use dtask::engine::{failpoints, StoreConfig, SystemClock, TaskStore};
     use dtask::journal::{Journal, JournalOptions};
     use dtask::server::{Server, ServerConfig};
@@ -151,28 +178,47 @@ async fn a_failed_sync_fails_the_servers_liveness_until_the_journal_is_reopened(
         let _ = stopped.await;
     }));
     let http = reqwest::Client::new();
-    let get = |path: &str| {
-        let request = http.get(format!("{base}{path}"));
-        async move {
-            let response = request.send().await.unwrap();
-            let status = response.status().as_u16();
-            (status, response.json::<Value>().await.unwrap())
-        }
-    };
+    let get = |path: &str| call(&http, format!("{base}{path}"), None);
     let submit = |id: &str| {
-        let request = http.post(format!("{base}/api/tasks")).json(&json!({
-            "id": id, "executor_key": "shell", "kind": "tool_call", "payload": {}
-        }));
-        async move {
-            let response = request.send().await.unwrap();
-            let status = response.status().as_u16();
-            (status, response.json::<Value>().await.unwrap())
-        }
+        let task = json!({"id": id, "executor_key": "shell", "kind": "tool_call", "payload": {}});
+        call(&http, format!("{base}/api/tasks"), Some(task))
     };
 
+    // Ready once the server has counted the journal (bounded: a guard against a hang).
+    let mut ready = get("/readyz").await;
+    for _ in 0..1_000 {
+        if ready.0 == 200 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        ready = get("/readyz").await;
+    }
+    assert_eq!(ready, (200, json!({"status": "ok", "reasons": []})));
     assert_eq!(submit("before").await.0, 201);
     assert_eq!(
         get("/healthz").await,
+        (200, json!({"status": "ok", "reasons": []}))
+    );
+
+    // A failed write: not ready until a write succeeds; alive.
+    failpoints::configure(&failpoints::parse("journal::before_write=error").unwrap()).unwrap();
+    let (status, body) = submit("refused").await;
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (500, &json!("journal_error")),
+        "{body}"
+    );
+    assert_eq!(
+        get("/readyz").await,
+        (
+            503,
+            json!({"status": "unavailable", "reasons": ["journal_failing"]})
+        )
+    );
+    assert_eq!(get("/healthz").await.0, 200);
+    assert_eq!(submit("refused").await.0, 201, "the same write, made again");
+    assert_eq!(
+        get("/readyz").await,
         (200, json!({"status": "ok", "reasons": []}))
     );
 
@@ -211,18 +257,9 @@ async fn a_failed_sync_fails_the_servers_liveness_until_the_journal_is_reopened(
     serving.await.unwrap().unwrap();
     // Reopened (once the server's last handle is gone): the task acknowledged before the
     // failed sync is there; the one refused after it is not.
-    let mut tries = 0;
-    let journal = loop {
-        match Journal::open(dir.path(), JournalOptions::default()) {
-            Ok(journal) => break journal,
-            Err(dtask::journal::Error::InUse { .. }) if tries < 1_000 => {
-                tries += 1;
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            Err(e) => panic!("the journal does not open: {e}"),
-        }
-    };
+    let journal = reopen(dir.path()).await;
     assert!(journal.contains_task("before").unwrap());
+    assert!(journal.contains_task("refused").unwrap());
     assert!(!journal.contains_task("after").unwrap());
     let audit = dtask::replay::audit_journal(&journal, &mut |_| {}).unwrap();
     assert!(audit.is_clean(), "{:?}", audit.problems);

@@ -18,7 +18,7 @@
 //!   callers are told the write failed although it is durable: an ambiguous outcome);
 //! - [`SYNC`]: a sync of the written batches is about to start (error: the sync fails, as an
 //!   `fsync` that reports an I/O error: an embedded journal stops and must be reopened, see
-//!   [`crate::Journal::stopped`]; a PostgreSQL journal fails the appends it covered and goes
+//!   [`crate::Journal::write_state`]; a PostgreSQL journal fails the appends it covered and goes
 //!   on).
 
 use std::fmt;

@@ -866,27 +866,35 @@ impl Journal {
         self.inner.shared.durable()
     }
 
-    /// Whether the journal's disk is full: the last batch its writer tried failed for want
-    /// of room ([`Error::is_no_space`]) and none has been written since. Nothing of a refused
-    /// batch is written; appends succeed again once there is room (a RocksDB journal resumes
-    /// by itself). `false` on a reader. A service's readiness check (`dtask serve`'s
-    /// `/readyz`) fails on it.
+    /// What the journal's writer can do now, for a service's health checks (`dtask serve`'s
+    /// `/healthz` fails on [`WriteState::Stopped`], its `/readyz` on any state but
+    /// [`WriteState::Writing`] and [`WriteState::ReadOnly`]). It costs two atomic loads.
+    ///
+    /// ```
+    /// use dtask_journal::{Journal, JournalOptions, WriteState};
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let dir = tempfile::tempdir()?;
+    /// let journal = Journal::open(dir.path(), JournalOptions::default())?;
+    /// assert_eq!(journal.write_state(), WriteState::Writing);
+    /// drop(journal);
+    /// let reader = Journal::open_read_only(dir.path())?;
+    /// assert_eq!(reader.write_state(), WriteState::ReadOnly);
+    /// # Ok(()) }
+    /// ```
     #[must_use]
-    pub fn is_disk_full(&self) -> bool {
-        self.inner.shared.disk_full()
-    }
-
-    /// Why the journal stopped taking appends, once a sync failed ([`Error::Stopped`]): what
-    /// it covered may or may not be on stable storage, and only reopening the journal (a
-    /// restart of the process) reads what really reached the disk. `None` while the journal
-    /// writes, and always on a reader. A service's liveness check (`dtask serve`'s
-    /// `/healthz`) fails on it.
-    #[must_use]
-    pub fn stopped(&self) -> Option<String> {
+    pub fn write_state(&self) -> WriteState {
+        if self.is_read_only() {
+            return WriteState::ReadOnly;
+        }
         match self.inner.shared.stopped() {
-            Some(Error::Stopped(why)) => Some(why),
-            Some(other) => Some(other.to_string()),
-            None => None,
+            Some(Error::Stopped(why)) => return WriteState::Stopped(why),
+            Some(other) => return WriteState::Stopped(other.to_string()),
+            None => {}
+        }
+        match self.inner.shared.write_failure() {
+            crate::writer::FAILED_NO_SPACE => WriteState::DiskFull,
+            crate::writer::FAILED_OTHERWISE => WriteState::Failing,
+            _ => WriteState::Writing,
         }
     }
 
@@ -1435,6 +1443,28 @@ fn multi_threaded_runtime() -> Option<tokio::runtime::Handle> {
 /// Refuses to block: the job goes to the writer thread.
 fn never() -> bool {
     false
+}
+
+/// What a journal's writer can do now ([`Journal::write_state`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WriteState {
+    /// Its last batch was written, or none has been tried.
+    Writing,
+    /// Its last batch failed for want of room ([`Error::is_no_space`]) and none has been
+    /// written since. Nothing of a refused batch is written; appends succeed again once there
+    /// is room (a RocksDB journal resumes by itself).
+    DiskFull,
+    /// Its last batch failed for another reason (an I/O error, a database out of reach) and
+    /// none has been written since: each refused append's error says why. The next batch is
+    /// tried as usual.
+    Failing,
+    /// It stopped after a failed sync ([`Error::Stopped`], with why): what the sync covered
+    /// may or may not be on stable storage, every append is refused, and only reopening the
+    /// journal (a restart of the process) reads what really reached the disk.
+    Stopped(String),
+    /// It was opened read-only or as a follower: it writes nothing.
+    ReadOnly,
 }
 
 /// A view of a journal that does not move while it is held ([`Journal::frozen`]).

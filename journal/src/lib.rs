@@ -78,7 +78,7 @@ pub use event::{
 };
 pub use format::{JOURNAL_FORMAT_VERSION, OLDEST_JOURNAL_FORMAT_VERSION};
 pub use head::Head;
-pub use journal::{Frozen, Journal, LiveRepair, PendingAppend};
+pub use journal::{Frozen, Journal, LiveRepair, PendingAppend, WriteState};
 pub use keys::Space;
 pub use observe::WriteObserver;
 pub use options::{Durability, JournalOptions};

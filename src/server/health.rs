@@ -1,20 +1,21 @@
 //! Liveness and readiness, for an orchestrator's probes and a load balancer's checks.
 //!
 //! - `GET /healthz` (**liveness**) fails only when nothing but a restart of the process can
-//!   help: the journal's writer **stopped** after a failed sync ([`Journal::stopped`]); what
-//!   that sync covered is known only once the journal is reopened.
+//!   help: the journal's writer **stopped** after a failed sync ([`WriteState::Stopped`]);
+//!   what that sync covered is known only once the journal is reopened.
 //! - `GET /readyz` (**readiness**) fails while the server cannot do its whole job, each cause
-//!   named in `reasons`: the journal stopped; its disk is full ([`Journal::is_disk_full`]:
-//!   appends fail until there is room, and the server answers them 507); the first count of
-//!   the journal is not done (counts, statistics and streams would miss records); the last
-//!   read of the journal's commits failed (a PostgreSQL journal's database out of reach, a
-//!   follower that cannot catch up); the server is stopping.
+//!   named in `reasons`: the journal stopped; its disk is full ([`WriteState::DiskFull`]:
+//!   appends fail until there is room, and the server answers them 507); its last write
+//!   failed otherwise ([`WriteState::Failing`]); the first count of the journal is not done
+//!   (counts, statistics and streams would miss records); the last read of the journal's
+//!   commits failed (a PostgreSQL journal's database out of reach, a follower that cannot
+//!   catch up); the server is stopping.
 //!
 //! Both answer without the token — they tell only the names of those states — and read
-//! nothing but flags the writer and the pump keep, so a probe costs no journal read.
+//! nothing but flags the writer and the pump keep ([`Journal::write_state`]), so a probe
+//! costs no journal read.
 //!
-//! [`Journal::stopped`]: dtask_journal::Journal::stopped
-//! [`Journal::is_disk_full`]: dtask_journal::Journal::is_disk_full
+//! [`Journal::write_state`]: dtask_journal::Journal::write_state
 
 use super::model::{Health, HealthReason, HealthStatus};
 use super::Shared;
@@ -22,33 +23,29 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use dtask_journal::WriteState;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 /// The paths that answer without the token.
 pub(crate) const OPEN_PATHS: [&str; 2] = ["/healthz", "/readyz"];
 
-/// Whether the journal this server writes has stopped (an owner's store's journal; a
-/// follower writes nothing).
-fn stopped(shared: &Shared) -> bool {
-    shared
-        .owner
-        .as_ref()
-        .is_some_and(|owner| owner.store.journal().stopped().is_some())
+/// The state of the journal this server writes (an owner's store's journal; a follower
+/// writes nothing).
+fn write_state(shared: &Shared) -> WriteState {
+    shared.owner.as_ref().map_or(WriteState::ReadOnly, |owner| {
+        owner.store.journal().write_state()
+    })
 }
 
 /// Why the server is not ready, in a fixed order (empty: ready).
 pub(crate) fn not_ready(shared: &Shared) -> Vec<HealthReason> {
     let mut reasons = Vec::new();
-    if stopped(shared) {
-        reasons.push(HealthReason::JournalStopped);
-    }
-    if shared
-        .owner
-        .as_ref()
-        .is_some_and(|owner| owner.store.journal().is_disk_full())
-    {
-        reasons.push(HealthReason::DiskFull);
+    match write_state(shared) {
+        WriteState::Stopped(_) => reasons.push(HealthReason::JournalStopped),
+        WriteState::DiskFull => reasons.push(HealthReason::DiskFull),
+        WriteState::Failing => reasons.push(HealthReason::JournalFailing),
+        _ => {}
     }
     if !shared.projection.is_counted() {
         reasons.push(HealthReason::Counting);
@@ -80,10 +77,9 @@ fn answer(reasons: Vec<HealthReason>) -> Response {
     )
 )]
 pub async fn live(State(shared): State<Arc<Shared>>) -> Response {
-    answer(if stopped(&shared) {
-        vec![HealthReason::JournalStopped]
-    } else {
-        Vec::new()
+    answer(match write_state(&shared) {
+        WriteState::Stopped(_) => vec![HealthReason::JournalStopped],
+        _ => Vec::new(),
     })
 }
 

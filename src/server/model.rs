@@ -700,6 +700,9 @@ pub enum HealthReason {
     /// The journal's disk is full: appends fail, and nothing of them is written, until there
     /// is room again; the journal then writes again by itself (readiness).
     DiskFull,
+    /// The journal's last write failed for another reason (an I/O error, a database out of
+    /// reach) and none has succeeded since; each refused write's error says why (readiness).
+    JournalFailing,
     /// The server's first count of the journal is not done: its counts, statistics and
     /// streams would miss records (readiness).
     Counting,

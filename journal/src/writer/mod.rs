@@ -45,7 +45,7 @@ mod sync;
 use moves::{
     move_waits, IdleMoves, IDLE_BEFORE_MOVING, MOVES_PER_WRITE, PENDING_MOVES_LIMIT, SWEPT_STREAMS,
 };
-pub(crate) use shared::Shared;
+pub(crate) use shared::{Shared, FAILED_NO_SPACE, FAILED_OTHERWISE};
 use sync::{fail, settle, sync_loop, timed_sync, Ack, Written};
 
 use crate::backend::{Backend, BatchOp, OpBytes};
@@ -273,28 +273,38 @@ pub(crate) struct Writer {
     failures: FailureLog,
 }
 
-/// The account of failed batches: each one to the observer, if any; each to the log, but a
-/// full disk once until a batch is written again — a full disk fails every batch until the
-/// store writes again, and the callers' retries would flood the log.
+/// The account of failed batches: each one to the observer, if any, and to the shared state
+/// ([`crate::Journal::write_state`]); each to the log, but a full disk once until a batch is
+/// written again — a full disk fails every batch until the store writes again, and the
+/// callers' retries would flood the log.
 #[derive(Debug, Default)]
 struct FailureLog {
+    /// Whether the last batch failed (the shared state says how).
+    failed: bool,
     /// Whether the last batch failed for a full disk (and the log was told).
     disk_full: bool,
 }
 
 impl FailureLog {
-    /// Tells the observer and the log that a batch of `appends` failed with `error`.
+    /// Tells the observer, the shared state and the log that a batch of `appends` failed
+    /// with `error`.
     fn failed(&mut self, shared: &Shared, error: &Error, appends: usize) {
+        let no_space = error.is_no_space();
         if let Some(observer) = shared.observer() {
-            observer.batch_failed(&BatchFailed {
-                appends,
-                no_space: error.is_no_space(),
-            });
+            observer.batch_failed(&BatchFailed { appends, no_space });
         }
-        if !error.is_no_space() {
+        self.failed = true;
+        shared.write_failure.store(
+            if no_space {
+                shared::FAILED_NO_SPACE
+            } else {
+                shared::FAILED_OTHERWISE
+            },
+            Ordering::Relaxed,
+        );
+        if !no_space {
             tracing::error!(%error, appends, "journal batch failed");
         } else if !std::mem::replace(&mut self.disk_full, true) {
-            shared.disk_full.store(true, Ordering::Relaxed);
             tracing::error!(
                 %error,
                 appends,
@@ -306,8 +316,12 @@ impl FailureLog {
 
     /// Tells the log that a batch was written.
     fn written(&mut self, shared: &Shared) {
+        if std::mem::take(&mut self.failed) {
+            shared
+                .write_failure
+                .store(shared::WRITTEN, Ordering::Relaxed);
+        }
         if std::mem::take(&mut self.disk_full) {
-            shared.disk_full.store(false, Ordering::Relaxed);
             tracing::info!("the journal writes again: its disk has room");
         }
     }
@@ -1015,10 +1029,6 @@ impl Writer {
         }
         tail.last_seq = seq - 1;
         ops.push(crate::format::tail_put(&tail));
-        if let Some(message) = crate::failpoints::hit(crate::failpoints::BEFORE_WRITE) {
-            fail_jobs(batch, &Error::storage(message));
-            return Done(None);
-        }
         let flush = self.commit_flush(queued, appended.len());
         let observed = self.shared.observer().map(|observer| {
             let batch = BatchWritten {
@@ -1031,10 +1041,14 @@ impl Writer {
             };
             (observer, batch, Instant::now())
         });
-        match self
-            .backend
-            .write_expecting(ops, &self.tail.encoded(), flush)
-        {
+        // A failure made at the fail point takes a real failure's path.
+        let written = match crate::failpoints::hit(crate::failpoints::BEFORE_WRITE) {
+            Some(message) => Err(Error::storage(message)),
+            None => self
+                .backend
+                .write_expecting(ops, &self.tail.encoded(), flush),
+        };
+        match written {
             Ok(true) => {}
             Ok(false) => {
                 self.tail_is_ours = false;
@@ -1146,11 +1160,6 @@ impl Writer {
         }
         tail.last_seq = seq - 1;
         ops.push(crate::format::tail_put(&tail));
-        if let Some(message) = crate::failpoints::hit(crate::failpoints::BEFORE_WRITE) {
-            self.heads.clear();
-            fail(accepted, || Error::storage(message.clone()));
-            return None;
-        }
         self.start_compactions();
         let flush = if locked {
             self.commit_flush(queued, accepted.len())
@@ -1170,10 +1179,11 @@ impl Writer {
             (observer, batch, Instant::now())
         });
         // The sync, if any, is the syncer's: this write only reaches the OS's buffers.
-        let result = if locked {
-            self.backend.write_locked(ops, flush)
-        } else {
-            self.backend.write(ops, Durability::Buffered)
+        // A failure made at the fail point takes a real failure's path.
+        let result = match crate::failpoints::hit(crate::failpoints::BEFORE_WRITE) {
+            Some(message) => Err(Error::storage(message)),
+            None if locked => self.backend.write_locked(ops, flush),
+            None => self.backend.write(ops, Durability::Buffered),
         };
         if let Err(e) = result {
             // The cache holds the heads this batch would have made.
@@ -2150,9 +2160,11 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (journal, backend) = faulty(dir.path());
         journal.append("t", 0, &[update(0)]).unwrap();
+        assert_eq!(journal.write_state(), crate::WriteState::Writing);
         backend.failing_writes.store(1, Ordering::SeqCst);
         let failed = journal.append("t", 1, &[update(1)]).unwrap_err();
         assert!(matches!(failed, Error::Storage(_)), "{failed}");
+        assert_eq!(journal.write_state(), crate::WriteState::Failing);
         // The writer forgot the head the failed batch would have made: the stream is still
         // at 1, in the writer's eyes as on disk.
         let conflict = journal.append("t", 2, &[update(2)]).unwrap_err();
@@ -2161,9 +2173,15 @@ mod tests {
             "{conflict}"
         );
         assert_eq!(
+            journal.write_state(),
+            crate::WriteState::Failing,
+            "a refused append writes nothing"
+        );
+        assert_eq!(
             journal.append("t", 1, &[update(1)]).unwrap().next_position,
             2
         );
+        assert_eq!(journal.write_state(), crate::WriteState::Writing);
         let stream: Vec<_> = journal.read_stream("t", 0).collect::<Result<_>>().unwrap();
         assert_eq!(stream.len(), 2);
     }
@@ -2179,6 +2197,11 @@ mod tests {
             assert!(
                 matches!(failed, Error::Stopped(ref why) if why.contains("fdatasync")),
                 "{failed}"
+            );
+            assert!(
+                matches!(journal.write_state(), crate::WriteState::Stopped(ref why) if why.contains("fdatasync")),
+                "{:?}",
+                journal.write_state()
             );
             // Every later append is refused, whatever the sync would do now.
             let later = journal.append("u", 0, &[update(2)]).unwrap_err();

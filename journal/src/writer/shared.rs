@@ -6,10 +6,17 @@ use super::PRIMED_LIMIT;
 use crate::error::Error;
 use crate::head::Head;
 use crate::observe::{BatchWritten, WriteObserver};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tokio::sync::watch;
+
+/// [`Shared::write_failure`]: the last batch was written, or none was tried.
+pub(crate) const WRITTEN: u8 = 0;
+/// [`Shared::write_failure`]: the last batch failed for want of room.
+pub(crate) const FAILED_NO_SPACE: u8 = 1;
+/// [`Shared::write_failure`]: the last batch failed otherwise.
+pub(crate) const FAILED_OTHERWISE: u8 = 2;
 
 /// What the writer, the syncer and the journal's readers share.
 #[derive(Debug)]
@@ -19,9 +26,9 @@ pub(crate) struct Shared {
     pub(super) durable: AtomicU64,
     /// Why the journal stopped, once a sync failed.
     pub(super) stopped: OnceLock<String>,
-    /// Whether the last batch the writer tried failed for a full disk (until one is
-    /// written).
-    pub(super) disk_full: AtomicBool,
+    /// How the last batch the writer tried failed ([`FAILED_NO_SPACE`],
+    /// [`FAILED_OTHERWISE`]), until one is written ([`WRITTEN`]).
+    pub(super) write_failure: AtomicU8,
     /// Batches handed to the syncer and not yet settled.
     pub(super) in_flight: AtomicU64,
     /// The appends of those batches: how many callers wait for a sync now
@@ -113,7 +120,7 @@ impl Shared {
         Self {
             durable: AtomicU64::new(durable),
             stopped: OnceLock::new(),
-            disk_full: AtomicBool::new(false),
+            write_failure: AtomicU8::new(WRITTEN),
             in_flight: AtomicU64::new(0),
             in_flight_appends: AtomicU64::new(0),
             primed: Mutex::new(Primed::default()),
@@ -264,9 +271,10 @@ impl Shared {
         }
     }
 
-    /// Whether the last batch the writer tried failed for a full disk.
-    pub(crate) fn disk_full(&self) -> bool {
-        self.disk_full.load(Ordering::Relaxed)
+    /// How the last batch the writer tried ended: [`WRITTEN`] (or none tried),
+    /// [`FAILED_NO_SPACE`], [`FAILED_OTHERWISE`].
+    pub(crate) fn write_failure(&self) -> u8 {
+        self.write_failure.load(Ordering::Relaxed)
     }
 
     /// Why the journal stopped, once a sync failed.

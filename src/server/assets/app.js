@@ -330,9 +330,26 @@ async function journalPage() {
           .map((v) => h("td", { class: "num" }, v)))))),
     h("p", { id: "storage-writes", class: st.write_stopped || st.delayed_write_rate ? "problem" : "muted" },
       `${st.running_flushes} flush(es) and ${st.running_compactions} compaction(s) running · writes ${st.write_stopped ? "stopped" : st.delayed_write_rate ? `slowed to ${size(st.delayed_write_rate)}/s` : "not held back"} · ${st.background_errors} background error(s)${st.direct_table_io ? " · table files written with direct I/O" : ""}`));
+  // Readiness (`/readyz`): 503 names why not, so it is read without `api`, which throws.
+  const READY = {
+    journal_stopped: "the journal stopped after a failed sync: restart the process",
+    disk_full: "the journal's disk is full: writes fail until there is room",
+    journal_failing: "the journal's last write failed",
+    counting: "counting the journal",
+    journal_unreadable: "the last read of the journal failed",
+    stopping: "the server is stopping",
+  };
+  const health = async () => {
+    try {
+      const r = await (await fetch("/readyz")).json();
+      return h("p", { id: "health", class: r.status === "ok" ? "muted" : "problem" },
+        r.status === "ok" ? "ready" : `not ready: ${r.reasons.map((x) => READY[x] || x).join("; ")}`);
+    } catch (e) { return h("p", { id: "health", class: "problem" }, `readiness unknown: ${e.message}`); }
+  };
   const refresh = async () => {
     const s = await api("/api/stats");
-    statsBox.replaceChildren(
+    const ready = await health();
+    statsBox.replaceChildren(ready,
       h("div", { class: "cards" },
         [["tasks", s.tasks], ["records", s.records], ["bytes", s.bytes], ["last sequence", s.last_seq],
           ["with problems", s.tasks_with_problems], ["streams", s.subscribers]].map(([k, v]) => h("div", { class: "card" }, h("b", {}, v), k))),
