@@ -6,7 +6,8 @@
 //! disk changed nothing, and the same command, made again once there is room, is recorded;
 //! the store's server (`dtask serve`) is not ready (`disk_full`) meanwhile, alive all along.
 //! And through the runtime: a tool's outcome refused for a full disk waits for room, and is
-//! recorded once there is, the tool run once. And `dtask import`: an import the disk cannot
+//! recorded once there is, the tool run once; a worker's claim refused for a full disk is
+//! made again at its next poll, once there is room. And `dtask import`: an import the disk cannot
 //! hold fails and leaves nothing behind; with room, the same import succeeds, bit-exact.
 //!
 //! The tmpfs is mounted in a mount namespace of the test's own (`unshare`): no privilege is
@@ -17,7 +18,7 @@
 
 use dtask::engine::{
     async_trait, AttemptContext, ExecutionError, ExecutionResult, Executor, ExecutorRegistry,
-    Manager, ManagerConfig, SubmitRequest,
+    Manager, ManagerConfig, SubmitRequest, TaskOutcome, Worker, WorkerConfig,
 };
 use dtask::engine::{
     Command, CreateRequest, ManualClock, StoreConfig, StoreError, TaskStore, UpdateRequest,
@@ -85,6 +86,16 @@ fn an_outcome_refused_for_a_full_disk_is_recorded_once_there_is_room_the_tool_ru
         None => in_tmpfs(
             "an_outcome_refused_for_a_full_disk_is_recorded_once_there_is_room_the_tool_run_once",
         ),
+    }
+}
+
+#[test]
+fn a_workers_claim_refused_for_a_full_disk_is_made_again_once_there_is_room() {
+    match std::env::var_os(CHILD) {
+        Some(dir) => worker_child(Path::new(&dir)),
+        None => {
+            in_tmpfs("a_workers_claim_refused_for_a_full_disk_is_made_again_once_there_is_room");
+        }
     }
 }
 
@@ -642,6 +653,98 @@ fn runtime_child(dir: &Path) {
     });
     assert_eq!(state.status, Status::Completed);
     assert_eq!(state.result_data, b"done");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the tool ran once");
+    let audit = dtask::replay::audit_journal(&journal, &mut |_| {}).unwrap();
+    assert!(audit.is_clean(), "{:?}", audit.problems);
+}
+
+/// The worker's test, on the tmpfs mounted at `dir`: a task is pending; the disk fills under
+/// another task's appends; a worker starts and its claims of the task are refused for the
+/// full disk — it goes on polling (it ended at the first refusal before) — and once the space
+/// is freed it claims the task, which completes, its tool run once.
+fn worker_child(dir: &Path) {
+    let runtime = runtime();
+    let journal = Journal::open(dir.join("journal"), JournalOptions::default()).unwrap();
+    let registry = observed(&journal);
+    let store = TaskStore::open(
+        journal.clone(),
+        ManualClock::new(1_000),
+        StoreConfig::default(),
+    )
+    .unwrap();
+    let (runs, release) = (Arc::new(AtomicUsize::new(0)), Arc::new(Notify::new()));
+    // The tool returns at once (the permit is stored).
+    release.notify_one();
+    let mut executors = ExecutorRegistry::new();
+    executors
+        .register(Held {
+            runs: Arc::clone(&runs),
+            started: Arc::new(Notify::new()),
+            release,
+        })
+        .unwrap();
+    let manager = Manager::new(store, executors, ManagerConfig::default());
+    let ballast_path = dir.join("ballast");
+    let outcome = runtime.block_on(async {
+        let id = manager.allocate_task_id("held").unwrap();
+        manager
+            .submit(SubmitRequest {
+                spec: TaskSpec::new(id.as_str(), "held"),
+                ..SubmitRequest::default()
+            })
+            .await
+            .unwrap();
+
+        ballast(&ballast_path, SLACK);
+        let mut position = 0;
+        loop {
+            match journal
+                .append_async("filler", position, &[event("filler", position)])
+                .await
+            {
+                Ok(_) => position += 1,
+                Err(e) if e.is_no_space() => break,
+                Err(e) => panic!("filler at {position}: {e}"),
+            }
+            assert!(position < MAX_APPENDS, "the disk never filled");
+        }
+        let failed = metric(&registry, "dtask_journal_batch_failures_total");
+
+        let worker = Worker::new(
+            manager.clone(),
+            WorkerConfig::new(["held"]).with_poll_interval(Duration::from_millis(20)),
+        )
+        .unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let worker = tokio::spawn(worker.run(async move {
+            let _ = stopped.await;
+        }));
+        // Two claims refused: the worker outlived the first.
+        let refused = Instant::now();
+        while metric(&registry, "dtask_journal_batch_failures_total") < failed + 2 {
+            assert!(
+                !worker.is_finished(),
+                "the worker ended at a claim refused for a full disk: {:?}",
+                worker.await
+            );
+            assert!(refused.elapsed() < RESUME_WITHIN, "no claim was tried");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 0, "nothing ran on a full disk");
+
+        std::fs::remove_file(&ballast_path).unwrap();
+        let outcome = tokio::time::timeout(RESUME_WITHIN, manager.wait(&id))
+            .await
+            .expect("the task completes once there is room")
+            .unwrap();
+        stop.send(()).unwrap();
+        worker.await.unwrap().unwrap();
+        outcome
+    });
+    assert!(
+        matches!(outcome, TaskOutcome::Completed(ref data) if data == b"done"),
+        "{outcome:?}"
+    );
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the tool ran once");
     let audit = dtask::replay::audit_journal(&journal, &mut |_| {}).unwrap();
     assert!(audit.is_clean(), "{:?}", audit.problems);

@@ -83,10 +83,15 @@ impl Worker {
     /// Runs until `shutdown` resolves: pages through pending tasks, skips those already in
     /// flight here, runs each under the concurrency limit. Wakes early when a task becomes
     /// pending in this process; keeps polling for tasks other processes create. Lost races are
-    /// benign. On shutdown it stops claiming, waits for its attempts and returns.
+    /// benign. So is the journal's storage failing for a while — a full disk, a PostgreSQL
+    /// database out of reach ([`RuntimeError::is_storage_outage`]): a claim or a listing it
+    /// refused is tried again at the next poll. On shutdown it stops claiming, waits for its
+    /// attempts and returns.
     ///
     /// # Errors
-    /// The first non-benign dispatch or listing error (after waiting for running attempts).
+    /// The first dispatch or listing error that is neither (after waiting for running
+    /// attempts): among them a journal that stopped after a failed sync, which only a reopen
+    /// of the journal ends.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), RuntimeError> {
         let store = self.manager.store().clone();
         let mut pending_signal = store.pending_signal();
@@ -96,6 +101,7 @@ impl Worker {
         let delay = u64::try_from(self.config.initial_pickup_delay.as_millis()).unwrap_or(u64::MAX);
         tokio::pin!(shutdown);
         let mut failure = None;
+        let mut outage = Outage::default();
         'poll: loop {
             let mut cursor: Option<String> = None;
             loop {
@@ -103,10 +109,19 @@ impl Worker {
                     .list_pending(&self.config.executor_keys, cursor.as_deref(), 100)
                     .await
                 {
-                    Ok(page) => page,
+                    Ok(page) => {
+                        outage.over();
+                        page
+                    }
                     Err(e) => {
-                        failure = Some(RuntimeError::Store(e));
-                        break 'poll;
+                        let e = RuntimeError::Store(e);
+                        if !e.is_storage_outage() {
+                            failure = Some(e);
+                            break 'poll;
+                        }
+                        // Tried again at the next poll.
+                        outage.met(&e);
+                        break;
                     }
                 };
                 for task in page.tasks {
@@ -135,7 +150,7 @@ impl Worker {
                     });
                 }
                 while let Some(done) = attempts.try_join_next() {
-                    if let Some(e) = dispatch_failure(done) {
+                    if let Some(e) = outage.filter(dispatch_failure(done)) {
                         failure = Some(e);
                         break 'poll;
                     }
@@ -150,7 +165,7 @@ impl Worker {
                 _ = pending_signal.changed() => {}
                 () = tokio::time::sleep(self.config.poll_interval) => {}
                 Some(done) = attempts.join_next() => {
-                    if let Some(e) = dispatch_failure(done) {
+                    if let Some(e) = outage.filter(dispatch_failure(done)) {
                         failure = Some(e);
                         break;
                     }
@@ -158,11 +173,48 @@ impl Worker {
             }
         }
         while let Some(done) = attempts.join_next().await {
-            if let (None, Some(e)) = (&failure, dispatch_failure(done)) {
+            if let (None, Some(e)) = (&failure, outage.filter(dispatch_failure(done))) {
                 failure = Some(e);
             }
         }
         failure.map_or(Ok(()), Err)
+    }
+}
+
+/// The journal's storage failing for a while, as the worker meets it: logged when it begins
+/// and when it ends (the journal logs each failed write itself).
+#[derive(Debug, Default)]
+struct Outage {
+    /// Whether the last claim or listing failed so.
+    on: bool,
+}
+
+impl Outage {
+    /// Notes that a claim or a listing failed with `error`, a storage outage.
+    fn met(&mut self, error: &RuntimeError) {
+        if std::mem::replace(&mut self.on, true) {
+            tracing::debug!(%error, "the worker's claim or listing failed again: it tries again at its next poll");
+        } else {
+            tracing::warn!(%error, "the journal's storage fails: the worker tries again at each poll");
+        }
+    }
+
+    /// Notes that a listing succeeded.
+    fn over(&mut self) {
+        if std::mem::take(&mut self.on) {
+            tracing::info!("the journal's storage answers again: the worker claims again");
+        }
+    }
+
+    /// `failure`, unless it is a storage outage (then noted, and `None`).
+    fn filter(&mut self, failure: Option<RuntimeError>) -> Option<RuntimeError> {
+        match failure {
+            Some(e) if e.is_storage_outage() => {
+                self.met(&e);
+                None
+            }
+            other => other,
+        }
     }
 }
 
