@@ -245,6 +245,10 @@ async fn a_failed_write_unreadies_the_server_and_a_failed_sync_fails_its_livenes
             .contains(&json!("journal_stopped")),
         "{ready}"
     );
+    let metrics = http.get(format!("{base}/metrics")).send().await.unwrap();
+    let metrics = metrics.text().await.unwrap();
+    assert!(metrics.contains("\ndtask_journal_stopped 1\n"), "{metrics}");
+    assert!(metrics.contains("\ndtask_ready 0\n"), "{metrics}");
     // The point fired once; the journal stays stopped all the same.
     let (status, body) = submit("after").await;
     assert_eq!(

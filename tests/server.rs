@@ -1109,6 +1109,18 @@ async fn liveness_and_readiness_answer_without_the_token_and_readiness_waits_for
         (StatusCode::OK, json!({"status": "ok", "reasons": []}))
     );
     assert_eq!(running.get("/healthz").await.0, StatusCode::OK);
+    let metrics = running
+        .http
+        .get(running.url("/metrics"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("\ndtask_ready 1\n"), "{metrics}");
+    assert!(metrics.contains("\ndtask_journal_stopped 0\n"), "{metrics}");
     running.stop().await;
     drop(store);
 }

@@ -455,6 +455,8 @@ pub async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
         store: shared.owner.as_ref().map(|owner| owner.store.counts()),
         outbox,
         storage,
+        ready: super::health::not_ready(&shared).is_empty(),
+        journal_stopped: super::health::journal_stopped(&shared),
     };
     let text = shared
         .metrics

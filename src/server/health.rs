@@ -38,6 +38,11 @@ fn write_state(shared: &Shared) -> WriteState {
     })
 }
 
+/// Whether the journal this server writes stopped after a failed sync.
+pub(crate) fn journal_stopped(shared: &Shared) -> bool {
+    matches!(write_state(shared), WriteState::Stopped(_))
+}
+
 /// Why the server is not ready, in a fixed order (empty: ready).
 pub(crate) fn not_ready(shared: &Shared) -> Vec<HealthReason> {
     let mut reasons = Vec::new();
@@ -77,9 +82,10 @@ fn answer(reasons: Vec<HealthReason>) -> Response {
     )
 )]
 pub async fn live(State(shared): State<Arc<Shared>>) -> Response {
-    answer(match write_state(&shared) {
-        WriteState::Stopped(_) => vec![HealthReason::JournalStopped],
-        _ => Vec::new(),
+    answer(if journal_stopped(&shared) {
+        vec![HealthReason::JournalStopped]
+    } else {
+        Vec::new()
     })
 }
 

@@ -290,6 +290,10 @@ pub struct Scrape {
     pub outbox: Option<u64>,
     /// The storage engine's state, when it reports one (RocksDB) and could be read.
     pub storage: Option<StorageStats>,
+    /// Whether `/readyz` would answer 200.
+    pub ready: bool,
+    /// Whether the journal this server writes stopped after a failed sync.
+    pub journal_stopped: bool,
 }
 
 /// The storage engine's state ([`StorageStats`]), set at each scrape.
@@ -490,6 +494,8 @@ pub struct Metrics {
     tasks_by_executor: Family<ExecutorLabel, Gauge>,
     records: Family<TypeValue, Gauge>,
     subscribers: Gauge,
+    ready: Gauge,
+    journal_stopped: Gauge,
     /// Streams that fell behind the broadcast buffer and went back to reading the journal.
     pub stream_lagged: Counter,
     /// Failed reads of the pump.
@@ -547,6 +553,16 @@ impl Metrics {
             Family::<TypeValue, Gauge>::default(),
         );
         let subscribers = gauge(r, "sse_streams", "Open server-sent event streams");
+        let ready = gauge(
+            r,
+            "ready",
+            "1 when the server is ready (GET /readyz answers 200), else 0",
+        );
+        let journal_stopped = gauge(
+            r,
+            "journal_stopped",
+            "1 once the journal stopped after a failed sync: it refuses every write until the process restarts",
+        );
         let stream_lagged = counter(
             r,
             "sse_lagged",
@@ -591,6 +607,8 @@ impl Metrics {
             tasks_by_executor,
             records,
             subscribers,
+            ready,
+            journal_stopped,
             stream_lagged,
             pump_errors,
             verifies,
@@ -674,6 +692,8 @@ impl Metrics {
         self.journal.problems.set(int(snapshot.problems));
         self.journal.last_seq.set(int(snapshot.last_seq));
         self.subscribers.set(int(subscribers));
+        self.ready.set(i64::from(scrape.ready));
+        self.journal_stopped.set(i64::from(scrape.journal_stopped));
         let mut out = String::new();
         // Writing to a String does not fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
