@@ -46,9 +46,10 @@ pub enum RuntimeError {
 }
 
 impl RuntimeError {
-    /// Whether this is the journal's storage failing for a while ([`StoreError::Journal`] of
-    /// [`dtask_journal::Error::Storage`]): a full disk, an I/O error, a PostgreSQL database
-    /// out of reach. A write it refused was not made (on PostgreSQL it may have been, when
+    /// Whether this is the journal's storage failing for a while: a
+    /// [`dtask_journal::Error::Storage`] behind the store's error
+    /// ([`StoreError::journal_error`], a write's or a read's) — a full disk, an I/O error, a
+    /// PostgreSQL database out of reach. A write it refused was not made (on PostgreSQL it may have been, when
     /// the connection failed at the commit: a claim made so is settled by its lease); the
     /// same call can be made again. Not a journal that **stopped**
     /// after a failed sync ([`dtask_journal::Error::Stopped`]), which only a reopen ends.
@@ -57,7 +58,7 @@ impl RuntimeError {
     pub fn is_storage_outage(&self) -> bool {
         matches!(
             self,
-            Self::Store(StoreError::Journal(dtask_journal::Error::Storage(_)))
+            Self::Store(e) if matches!(e.journal_error(), Some(dtask_journal::Error::Storage(_)))
         )
     }
 

@@ -154,6 +154,17 @@ pub enum NotFound {
 }
 
 impl StoreError {
+    /// The journal's error behind this one, whether a write failed
+    /// ([`StoreError::Journal`]) or a read while refolding a task
+    /// ([`StoreError::Replay`] of [`dtask_replay::ReplayError::Journal`]).
+    #[must_use]
+    pub fn journal_error(&self) -> Option<&dtask_journal::Error> {
+        match self {
+            Self::Journal(e) | Self::Replay(dtask_replay::ReplayError::Journal(e)) => Some(e),
+            _ => None,
+        }
+    }
+
     pub(crate) fn task_not_found(id: &str) -> Self {
         Self::NotFound(NotFound::Task(id.to_owned()))
     }

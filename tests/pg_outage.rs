@@ -1,0 +1,199 @@
+//! A node on a PostgreSQL journal whose database goes away for a while — an operator's
+//! restart (`pg_ctl stop -m fast`, then `start`) of a private cluster (the distribution's
+//! `initdb` and `pg_ctl`, from `DTASK_TEST_PG_BIN`, which `./dev test` sets): the worker's
+//! claims fail while the database is down and the worker goes on; once the database is back
+//! it claims the task, which completes, its tool run once. Without the variable the test says
+//! loudly that it was skipped.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "../journal/tests/cluster/mod.rs"]
+mod cluster;
+
+use cluster::Cluster;
+use dtask::engine::{
+    async_trait, AttemptContext, ExecutionError, ExecutionResult, Executor, ExecutorRegistry,
+    Manager, ManagerConfig, ManualClock, StoreConfig, SubmitRequest, TaskOutcome, TaskStore,
+    Worker, WorkerConfig,
+};
+use dtask::journal::{Journal, JournalOptions, LeasePolicy, TaskSpec};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long the test waits for what must happen: a guard against a hang, no measure.
+const PATIENCE: Duration = Duration::from_secs(120);
+
+/// What the worker logs when the journal's storage fails.
+const WORKER_OUTAGE: &str = "the journal's storage fails";
+
+/// Tasks are claimed this long after their creation, by the store's (manual) clock.
+const PICKUP_DELAY: Duration = Duration::from_secs(1);
+
+/// A tool that counts its runs and completes at once.
+struct Quick {
+    runs: Arc<AtomicUsize>,
+}
+
+#[async_trait]
+impl Executor for Quick {
+    fn key(&self) -> &'static str {
+        "quick"
+    }
+
+    fn lease_policy(&self) -> LeasePolicy {
+        LeasePolicy::Retry
+    }
+
+    async fn execute(
+        &self,
+        _attempt: AttemptContext,
+        _task: dtask::TaskState,
+    ) -> Result<ExecutionResult, ExecutionError> {
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        Ok(ExecutionResult::Completed(b"done".to_vec()))
+    }
+}
+
+/// The messages of the warnings logged in this process (a subscriber of its own: the
+/// worker says when it meets an outage of the journal's storage).
+#[derive(Default)]
+struct Warnings(Mutex<Vec<String>>);
+
+impl Warnings {
+    fn any(&self, needle: &str) -> bool {
+        self.0.lock().unwrap().iter().any(|m| m.contains(needle))
+    }
+}
+
+/// An event's `message` field.
+struct Message(String);
+
+impl tracing::field::Visit for Message {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.0 = format!("{value:?}");
+        }
+    }
+}
+
+impl tracing::Subscriber for Warnings {
+    fn enabled(&self, metadata: &tracing::Metadata<'_>) -> bool {
+        *metadata.level() <= tracing::Level::WARN
+    }
+
+    fn new_span(&self, _span: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+
+    fn record(&self, _span: &tracing::span::Id, _values: &tracing::span::Record<'_>) {}
+
+    fn record_follows_from(&self, _span: &tracing::span::Id, _follows: &tracing::span::Id) {}
+
+    fn event(&self, event: &tracing::Event<'_>) {
+        let mut message = Message(String::new());
+        event.record(&mut message);
+        self.0.lock().unwrap().push(message.0);
+    }
+
+    fn enter(&self, _span: &tracing::span::Id) {}
+
+    fn exit(&self, _span: &tracing::span::Id) {}
+}
+
+async fn submit(manager: &Manager) -> String {
+    let id = manager.allocate_task_id("quick").unwrap();
+    manager
+        .submit(SubmitRequest {
+            spec: TaskSpec::new(id.as_str(), "quick"),
+            ..SubmitRequest::default()
+        })
+        .await
+        .unwrap();
+    id
+}
+
+async fn completed(manager: &Manager, id: &str) {
+    let outcome = tokio::time::timeout(PATIENCE, manager.wait(id))
+        .await
+        .unwrap_or_else(|_| panic!("{id} did not complete"))
+        .unwrap();
+    assert!(
+        matches!(outcome, TaskOutcome::Completed(ref data) if data == b"done"),
+        "{id}: {outcome:?}"
+    );
+}
+
+#[test]
+fn a_workers_claims_refused_while_the_database_is_down_are_made_again_once_it_is_back() {
+    let Some(cluster) = Cluster::new("pg_outage") else {
+        return;
+    };
+    let warnings = Arc::new(Warnings::default());
+    tracing::subscriber::set_global_default(Arc::clone(&warnings)).unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let journal =
+        Journal::open_postgres(&cluster.url("outage"), JournalOptions::default()).unwrap();
+    let clock = ManualClock::new(1_000);
+    let store = TaskStore::open(journal, clock.clone(), StoreConfig::default()).unwrap();
+    let runs = Arc::new(AtomicUsize::new(0));
+    let mut executors = ExecutorRegistry::new();
+    executors
+        .register(Quick {
+            runs: Arc::clone(&runs),
+        })
+        .unwrap();
+    let manager = Manager::new(store, executors, ManagerConfig::default());
+    let worker = Worker::new(
+        manager.clone(),
+        WorkerConfig::new(["quick"])
+            .with_poll_interval(Duration::from_millis(20))
+            .with_initial_pickup_delay(PICKUP_DELAY),
+    )
+    .unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let worker = runtime.spawn(worker.run(async move {
+        let _ = stopped.await;
+    }));
+
+    // The worker runs a task while the database is up.
+    runtime.block_on(async {
+        let first = submit(&manager).await;
+        clock.advance(PICKUP_DELAY);
+        completed(&manager, &first).await;
+    });
+
+    // A task comes due while the database is down: the worker's listings and claims fail,
+    // it says so, and it goes on.
+    let second = runtime.block_on(submit(&manager));
+    cluster.stop_fast();
+    clock.advance(PICKUP_DELAY);
+    let down = Instant::now();
+    while !warnings.any(WORKER_OUTAGE) {
+        assert!(
+            !worker.is_finished(),
+            "the worker ended while the database was down: {:?}",
+            runtime.block_on(worker)
+        );
+        assert!(down.elapsed() < PATIENCE, "the worker met no outage");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Polls after the first failure (each 20 ms): the worker still runs.
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        !worker.is_finished(),
+        "the worker ended while the database was down: {:?}",
+        runtime.block_on(worker)
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "nothing ran while down");
+
+    // The database is back: the task is claimed and completes, its tool run once.
+    cluster.start();
+    runtime.block_on(completed(&manager, &second));
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "each tool ran once");
+    stop.send(()).unwrap();
+    runtime.block_on(worker).unwrap().unwrap();
+}
