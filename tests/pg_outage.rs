@@ -2,8 +2,9 @@
 //! restart (`pg_ctl stop -m fast`, then `start`) of a private cluster (the distribution's
 //! `initdb` and `pg_ctl`, from `DTASK_TEST_PG_BIN`, which `./dev test` sets): the worker's
 //! claims fail while the database is down and the worker goes on; once the database is back
-//! it claims the task, which completes, its tool run once. Without the variable the test says
-//! loudly that it was skipped.
+//! it claims the task, which completes, its tool run once. The node's server (`dtask serve`)
+//! is not ready meanwhile, and ready again once the database is back. Without the variable
+//! the test says loudly that it was skipped.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "../journal/tests/cluster/mod.rs"]
@@ -16,6 +17,8 @@ use dtask::engine::{
     Worker, WorkerConfig,
 };
 use dtask::journal::{Journal, JournalOptions, LeasePolicy, TaskSpec};
+use dtask::server::{Server, ServerConfig, ServerError};
+use serde_json::{json, Value};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -123,6 +126,45 @@ async fn completed(manager: &Manager, id: &str) {
     );
 }
 
+/// Serves `manager`'s store on a loopback port: its address, the sender that stops it, and
+/// the server.
+async fn serve(
+    manager: &Manager,
+) -> (
+    String,
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), ServerError>>,
+) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let config = ServerConfig::default().with_poll_interval(Duration::from_millis(20));
+    let server = Server::owner(manager.store().clone(), Some(manager.clone()), config);
+    let serving = tokio::spawn(server.serve(listener, async move {
+        let _ = stopped.await;
+    }));
+    (base, stop, serving)
+}
+
+/// The reasons `/readyz` gives once it answers as `ready` says (200 or 503).
+async fn readiness(base: &str, ready: bool) -> Value {
+    let want = if ready { 200 } else { 503 };
+    let started = Instant::now();
+    loop {
+        let response = reqwest::get(format!("{base}/readyz")).await.unwrap();
+        let status = response.status().as_u16();
+        let body: Value = response.json().await.unwrap();
+        if status == want {
+            return body["reasons"].clone();
+        }
+        assert!(
+            started.elapsed() < PATIENCE,
+            "/readyz never answered {want}: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[test]
 fn a_workers_claims_refused_while_the_database_is_down_are_made_again_once_it_is_back() {
     let Some(cluster) = Cluster::new("pg_outage") else {
@@ -158,6 +200,8 @@ fn a_workers_claims_refused_while_the_database_is_down_are_made_again_once_it_is
     let worker = runtime.spawn(worker.run(async move {
         let _ = stopped.await;
     }));
+    let (base, stop_server, serving) = runtime.block_on(serve(&manager));
+    assert_eq!(runtime.block_on(readiness(&base, true)), json!([]));
 
     // The worker runs a task while the database is up.
     runtime.block_on(async {
@@ -181,6 +225,15 @@ fn a_workers_claims_refused_while_the_database_is_down_are_made_again_once_it_is
         assert!(down.elapsed() < PATIENCE, "the worker met no outage");
         std::thread::sleep(Duration::from_millis(20));
     }
+    // Not ready: the server's reads of the commits fail.
+    let reasons = runtime.block_on(readiness(&base, false));
+    assert!(
+        reasons
+            .as_array()
+            .unwrap()
+            .contains(&json!("journal_unreadable")),
+        "{reasons}"
+    );
     // Polls after the first failure (each 20 ms): the worker still runs.
     std::thread::sleep(Duration::from_millis(200));
     assert!(
@@ -194,6 +247,9 @@ fn a_workers_claims_refused_while_the_database_is_down_are_made_again_once_it_is
     cluster.start();
     runtime.block_on(completed(&manager, &second));
     assert_eq!(runs.load(Ordering::SeqCst), 2, "each tool ran once");
+    assert_eq!(runtime.block_on(readiness(&base, true)), json!([]));
     stop.send(()).unwrap();
     runtime.block_on(worker).unwrap().unwrap();
+    stop_server.send(()).unwrap();
+    runtime.block_on(serving).unwrap().unwrap();
 }
