@@ -16,28 +16,25 @@
 //! SKIPPED — unless `DTASK_REQUIRE_TMPFS` is set, as CI sets it, which makes that a failure.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use dtask::engine::{
-    async_trait, AttemptContext, ExecutionError, ExecutionResult, Executor, ExecutorRegistry,
-    Manager, ManagerConfig, SubmitRequest, TaskOutcome, Worker, WorkerConfig,
-};
+mod support;
+
 use dtask::engine::{
     Command, CreateRequest, ManualClock, StoreConfig, StoreError, TaskStore, UpdateRequest,
 };
+use dtask::engine::{Manager, ManagerConfig, TaskOutcome, Worker, WorkerConfig};
 use dtask::journal::{
     Event, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp, WriteState,
 };
-use dtask::server::{Server, ServerConfig, ServerError};
+use dtask::server::{Server, ServerConfig};
 use dtask::Status;
 use prometheus_client::registry::Registry;
-use serde_json::{json, Value};
+use serde_json::json;
 use std::future::Future;
 use std::io::Write as _;
 use std::path::Path;
 use std::process::Command as Process;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::Notify;
+use support::{Held, Served};
 
 /// The environment variable that makes the test binary the child, naming its mount point.
 const CHILD: &str = "DTASK_DISK_FULL_CHILD";
@@ -351,8 +348,12 @@ fn store_child(dir: &Path) {
     };
     let store = open();
     // The store served, for its readiness (on loopback).
-    let (base, stop_server, serving) = runtime.block_on(serve(&store));
-    assert_eq!(runtime.block_on(readiness(&base, true)), json!([]));
+    let served = runtime.block_on(Served::start(Server::owner(
+        store.clone(),
+        None,
+        ServerConfig::default(),
+    )));
+    assert_eq!(runtime.block_on(served.readiness(true)), json!([]));
     let ids: Vec<String> = (0..WRITERS).map(|w| format!("task-{w}")).collect();
     runtime.block_on(start(&store, &ids));
     let ballast_path = dir.join("ballast");
@@ -361,10 +362,10 @@ fn store_child(dir: &Path) {
     println!("disk full after updates {stopped:?}");
     // Not ready while the disk is full; alive all the same (a restart would not help).
     assert_eq!(
-        runtime.block_on(readiness(&base, false)),
+        runtime.block_on(served.readiness(false)),
         json!(["disk_full"])
     );
-    let (live, _) = runtime.block_on(get(&base, "/healthz"));
+    let (live, _) = runtime.block_on(served.get("/healthz"));
     assert_eq!(live, 200);
     runtime.block_on(async {
         for (id, &n) in ids.iter().zip(&stopped) {
@@ -410,9 +411,8 @@ fn store_child(dir: &Path) {
         }
     });
     // Ready again once a batch is written.
-    assert_eq!(runtime.block_on(readiness(&base, true)), json!([]));
-    stop_server.send(()).unwrap();
-    runtime.block_on(serving).unwrap().unwrap();
+    assert_eq!(runtime.block_on(served.readiness(true)), json!([]));
+    runtime.block_on(served.stop());
     drop(store);
 
     // Opened again: each task completed with exactly its acknowledged updates; the audit is
@@ -430,46 +430,6 @@ fn store_child(dir: &Path) {
     });
     let audit = dtask::replay::audit_journal(store.journal(), &mut |_| {}).unwrap();
     assert!(audit.is_clean(), "{:?}", audit.problems);
-}
-
-/// Serves `store` on a loopback port: its address, the sender that stops it, and the server.
-async fn serve(
-    store: &TaskStore,
-) -> (
-    String,
-    tokio::sync::oneshot::Sender<()>,
-    tokio::task::JoinHandle<Result<(), ServerError>>,
-) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let owner = Server::owner(store.clone(), None, ServerConfig::default());
-    let serving = tokio::spawn(owner.serve(listener, async move {
-        let _ = stopped.await;
-    }));
-    (base, stop, serving)
-}
-
-/// The status and body of `GET path` on the server at `base`.
-async fn get(base: &str, path: &str) -> (u16, Value) {
-    let response = reqwest::get(format!("{base}{path}")).await.unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap())
-}
-
-/// The reasons `/readyz` gives once it answers as `ready` says (200 or 503): the server
-/// counts the journal at start. (The bound guards against a hang; it is no measure.)
-async fn readiness(base: &str, ready: bool) -> Value {
-    let want = if ready { 200 } else { 503 };
-    let mut last = (0, Value::Null);
-    for _ in 0..1_000 {
-        last = get(base, "/readyz").await;
-        if last.0 == want {
-            return last.1["reasons"].clone();
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("/readyz never answered {want}: the last answer {last:?}");
 }
 
 /// Creates and starts each of `ids`' tasks.
@@ -544,97 +504,29 @@ fn observed(journal: &Journal) -> Registry {
     registry
 }
 
-/// A tool that counts its runs and returns its outcome when told to.
-struct Held {
-    runs: Arc<AtomicUsize>,
-    started: Arc<Notify>,
-    release: Arc<Notify>,
-}
-
-#[async_trait]
-impl Executor for Held {
-    fn key(&self) -> &'static str {
-        "held"
-    }
-
-    fn lease_policy(&self) -> LeasePolicy {
-        LeasePolicy::Retry
-    }
-
-    async fn execute(
-        &self,
-        _attempt: AttemptContext,
-        _task: dtask::TaskState,
-    ) -> Result<ExecutionResult, ExecutionError> {
-        self.runs.fetch_add(1, Ordering::SeqCst);
-        self.started.notify_one();
-        self.release.notified().await;
-        Ok(ExecutionResult::Completed(b"done".to_vec()))
-    }
-}
-
 /// The runtime's test, on the tmpfs mounted at `dir`: a tool runs; meanwhile another task's
 /// appends fill the disk; the tool returns, its outcome is refused for the full disk (the
 /// metrics count the failed batch) and waits; the space is freed, and the outcome is
 /// recorded — the task completed, the tool run once.
 fn runtime_child(dir: &Path) {
     let runtime = runtime();
-    let journal = Journal::open(dir.join("journal"), JournalOptions::default()).unwrap();
-    let registry = observed(&journal);
-    let store = TaskStore::open(
-        journal.clone(),
-        ManualClock::new(1_000),
-        StoreConfig::default(),
-    )
-    .unwrap();
-    let (runs, started, release) = (
-        Arc::new(AtomicUsize::new(0)),
-        Arc::new(Notify::new()),
-        Arc::new(Notify::new()),
-    );
-    let mut executors = ExecutorRegistry::new();
-    executors
-        .register(Held {
-            runs: Arc::clone(&runs),
-            started: Arc::clone(&started),
-            release: Arc::clone(&release),
-        })
-        .unwrap();
-    let manager = Manager::new(store, executors, ManagerConfig::default());
+    let (journal, registry, held, manager) = held_manager(dir);
     let ballast_path = dir.join("ballast");
     let state = runtime.block_on(async {
-        let id = manager.allocate_task_id("held").unwrap();
-        manager
-            .submit(SubmitRequest {
-                spec: TaskSpec::new(id.as_str(), "held"),
-                ..SubmitRequest::default()
-            })
-            .await
-            .unwrap();
+        let id = Held::submit(&manager).await;
         let execution = {
             let (manager, id) = (manager.clone(), id.clone());
             tokio::spawn(async move { manager.execute(&id).await })
         };
-        started.notified().await;
+        held.started().await;
 
         // The disk fills under another task's appends while the tool runs.
         ballast(&ballast_path, SLACK);
-        let mut position = 0;
-        loop {
-            match journal
-                .append_async("filler", position, &[event("filler", position)])
-                .await
-            {
-                Ok(_) => position += 1,
-                Err(e) if e.is_no_space() => break,
-                Err(e) => panic!("filler at {position}: {e}"),
-            }
-            assert!(position < MAX_APPENDS, "the disk never filled");
-        }
+        fill_with_filler(&journal).await;
         let failed = metric(&registry, "dtask_journal_batch_failures_total");
 
         // The tool returns; its outcome is refused (a batch fails) and waits.
-        release.notify_one();
+        held.let_go(1);
         let refused = Instant::now();
         while metric(&registry, "dtask_journal_batch_failures_total") == failed {
             assert!(
@@ -653,7 +545,7 @@ fn runtime_child(dir: &Path) {
     });
     assert_eq!(state.status, Status::Completed);
     assert_eq!(state.result_data, b"done");
-    assert_eq!(runs.load(Ordering::SeqCst), 1, "the tool ran once");
+    assert_eq!(held.runs(), 1, "the tool ran once");
     let audit = dtask::replay::audit_journal(&journal, &mut |_| {}).unwrap();
     assert!(audit.is_clean(), "{:?}", audit.problems);
 }
@@ -664,50 +556,13 @@ fn runtime_child(dir: &Path) {
 /// is freed it claims the task, which completes, its tool run once.
 fn worker_child(dir: &Path) {
     let runtime = runtime();
-    let journal = Journal::open(dir.join("journal"), JournalOptions::default()).unwrap();
-    let registry = observed(&journal);
-    let store = TaskStore::open(
-        journal.clone(),
-        ManualClock::new(1_000),
-        StoreConfig::default(),
-    )
-    .unwrap();
-    let (runs, release) = (Arc::new(AtomicUsize::new(0)), Arc::new(Notify::new()));
-    // The tool returns at once (the permit is stored).
-    release.notify_one();
-    let mut executors = ExecutorRegistry::new();
-    executors
-        .register(Held {
-            runs: Arc::clone(&runs),
-            started: Arc::new(Notify::new()),
-            release,
-        })
-        .unwrap();
-    let manager = Manager::new(store, executors, ManagerConfig::default());
+    let (journal, registry, held, manager) = held_manager(dir);
+    held.let_go(1);
     let ballast_path = dir.join("ballast");
     let outcome = runtime.block_on(async {
-        let id = manager.allocate_task_id("held").unwrap();
-        manager
-            .submit(SubmitRequest {
-                spec: TaskSpec::new(id.as_str(), "held"),
-                ..SubmitRequest::default()
-            })
-            .await
-            .unwrap();
-
+        let id = Held::submit(&manager).await;
         ballast(&ballast_path, SLACK);
-        let mut position = 0;
-        loop {
-            match journal
-                .append_async("filler", position, &[event("filler", position)])
-                .await
-            {
-                Ok(_) => position += 1,
-                Err(e) if e.is_no_space() => break,
-                Err(e) => panic!("filler at {position}: {e}"),
-            }
-            assert!(position < MAX_APPENDS, "the disk never filled");
-        }
+        fill_with_filler(&journal).await;
         let failed = metric(&registry, "dtask_journal_batch_failures_total");
 
         let worker = Worker::new(
@@ -730,7 +585,7 @@ fn worker_child(dir: &Path) {
             assert!(refused.elapsed() < RESUME_WITHIN, "no claim was tried");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        assert_eq!(runs.load(Ordering::SeqCst), 0, "nothing ran on a full disk");
+        assert_eq!(held.runs(), 0, "nothing ran on a full disk");
 
         std::fs::remove_file(&ballast_path).unwrap();
         let outcome = tokio::time::timeout(RESUME_WITHIN, manager.wait(&id))
@@ -745,9 +600,41 @@ fn worker_child(dir: &Path) {
         matches!(outcome, TaskOutcome::Completed(ref data) if data == b"done"),
         "{outcome:?}"
     );
-    assert_eq!(runs.load(Ordering::SeqCst), 1, "the tool ran once");
+    assert_eq!(held.runs(), 1, "the tool ran once");
     let audit = dtask::replay::audit_journal(&journal, &mut |_| {}).unwrap();
     assert!(audit.is_clean(), "{:?}", audit.problems);
+}
+
+/// A journal on the tmpfs at `dir` with its write metrics, and a manager running the
+/// [`Held`] tool on a store of it (a manual clock: no lease expires).
+fn held_manager(dir: &Path) -> (Journal, Registry, Held, Manager) {
+    let journal = Journal::open(dir.join("journal"), JournalOptions::default()).unwrap();
+    let registry = observed(&journal);
+    let store = TaskStore::open(
+        journal.clone(),
+        ManualClock::new(1_000),
+        StoreConfig::default(),
+    )
+    .unwrap();
+    let held = Held::default();
+    let manager = Manager::new(store, held.registry(), ManagerConfig::default());
+    (journal, registry, held, manager)
+}
+
+/// Appends to a task of its own until the disk is full (each refusal must say so).
+async fn fill_with_filler(journal: &Journal) {
+    let mut position = 0;
+    loop {
+        match journal
+            .append_async("filler", position, &[event("filler", position)])
+            .await
+        {
+            Ok(_) => position += 1,
+            Err(e) if e.is_no_space() => return,
+            Err(e) => panic!("filler at {position}: {e}"),
+        }
+        assert!(position < MAX_APPENDS, "the disk never filled");
+    }
 }
 
 /// The names in `dir`, sorted.

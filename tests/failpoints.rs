@@ -8,6 +8,8 @@
 #![cfg(feature = "failpoints")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
 use assert_cmd::Command;
 use serde_json::Value;
 use std::time::Duration;
@@ -130,17 +132,6 @@ fn error_at_a_failed_sync_stops_the_journal_and_the_next_run_recovers() {
     crash_at("journal::sync", "error", 24);
 }
 
-/// `GET` or `POST` (with a JSON body) on a loopback server: the status and the body.
-async fn call(http: &reqwest::Client, url: String, body: Option<Value>) -> (u16, Value) {
-    let request = match body {
-        Some(body) => http.post(url).json(&body),
-        None => http.get(url),
-    };
-    let response = request.send().await.unwrap();
-    let status = response.status().as_u16();
-    (status, response.json::<Value>().await.unwrap())
-}
-
 /// The journal at `dir` opened for writing once the last handle of the server that held it
 /// is gone (a moment after it stopped).
 async fn reopen(dir: &std::path::Path) -> dtask::journal::Journal {
@@ -166,34 +157,23 @@ async fn a_failed_write_unreadies_the_server_and_a_failed_sync_fails_its_livenes
     use dtask::journal::{Journal, JournalOptions};
     use dtask::server::{Server, ServerConfig};
     use serde_json::json;
+    use support::Served;
 
     let dir = tempfile::tempdir().unwrap();
     let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
     let store = TaskStore::open(journal, SystemClock, StoreConfig::default()).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = Server::owner(store, None, ServerConfig::default());
-    let serving = tokio::spawn(server.serve(listener, async move {
-        let _ = stopped.await;
-    }));
-    let http = reqwest::Client::new();
-    let get = |path: &str| call(&http, format!("{base}{path}"), None);
+    let served = Served::start(Server::owner(store, None, ServerConfig::default())).await;
+    let get = |path: &'static str| served.get(path);
     let submit = |id: &str| {
-        let task = json!({"id": id, "executor_key": "shell", "kind": "tool_call", "payload": {}});
-        call(&http, format!("{base}/api/tasks"), Some(task))
+        let (served, task) = (
+            &served,
+            json!({"id": id, "executor_key": "shell", "kind": "tool_call", "payload": {}}),
+        );
+        async move { served.post("/api/tasks", &task).await }
     };
 
-    // Ready once the server has counted the journal (bounded: a guard against a hang).
-    let mut ready = get("/readyz").await;
-    for _ in 0..1_000 {
-        if ready.0 == 200 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-        ready = get("/readyz").await;
-    }
-    assert_eq!(ready, (200, json!({"status": "ok", "reasons": []})));
+    // Ready once the server has counted the journal.
+    assert_eq!(served.readiness(true).await, json!([]));
     assert_eq!(submit("before").await.0, 201);
     assert_eq!(
         get("/healthz").await,
@@ -245,8 +225,7 @@ async fn a_failed_write_unreadies_the_server_and_a_failed_sync_fails_its_livenes
             .contains(&json!("journal_stopped")),
         "{ready}"
     );
-    let metrics = http.get(format!("{base}/metrics")).send().await.unwrap();
-    let metrics = metrics.text().await.unwrap();
+    let metrics = served.text("/metrics").await;
     assert!(metrics.contains("\ndtask_journal_stopped 1\n"), "{metrics}");
     assert!(metrics.contains("\ndtask_ready 0\n"), "{metrics}");
     // The point fired once; the journal stays stopped all the same.
@@ -257,8 +236,7 @@ async fn a_failed_write_unreadies_the_server_and_a_failed_sync_fails_its_livenes
     );
     failpoints::disarm_all();
 
-    stop.send(()).unwrap();
-    serving.await.unwrap().unwrap();
+    served.stop().await;
     // Reopened (once the server's last handle is gone): the task acknowledged before the
     // failed sync is there; the one refused after it is not.
     let journal = reopen(dir.path()).await;

@@ -9,53 +9,24 @@
 
 #[path = "../journal/tests/cluster/mod.rs"]
 mod cluster;
+mod support;
 
 use cluster::Cluster;
 use dtask::engine::{
-    async_trait, AttemptContext, ExecutionError, ExecutionResult, Executor, ExecutorRegistry,
-    Manager, ManagerConfig, ManualClock, StoreConfig, SubmitRequest, TaskOutcome, TaskStore,
-    Worker, WorkerConfig,
+    Manager, ManagerConfig, ManualClock, StoreConfig, TaskOutcome, TaskStore, Worker, WorkerConfig,
 };
-use dtask::journal::{Journal, JournalOptions, LeasePolicy, TaskSpec};
-use dtask::server::{Server, ServerConfig, ServerError};
-use serde_json::{json, Value};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use dtask::journal::{Journal, JournalOptions};
+use dtask::server::{Server, ServerConfig};
+use serde_json::json;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-
-/// How long the test waits for what must happen: a guard against a hang, no measure.
-const PATIENCE: Duration = Duration::from_secs(120);
+use support::{Held, Served, PATIENCE};
 
 /// What the worker logs when the journal's storage fails.
 const WORKER_OUTAGE: &str = "the journal's storage fails";
 
 /// Tasks are claimed this long after their creation, by the store's (manual) clock.
 const PICKUP_DELAY: Duration = Duration::from_secs(1);
-
-/// A tool that counts its runs and completes at once.
-struct Quick {
-    runs: Arc<AtomicUsize>,
-}
-
-#[async_trait]
-impl Executor for Quick {
-    fn key(&self) -> &'static str {
-        "quick"
-    }
-
-    fn lease_policy(&self) -> LeasePolicy {
-        LeasePolicy::Retry
-    }
-
-    async fn execute(
-        &self,
-        _attempt: AttemptContext,
-        _task: dtask::TaskState,
-    ) -> Result<ExecutionResult, ExecutionError> {
-        self.runs.fetch_add(1, Ordering::SeqCst);
-        Ok(ExecutionResult::Completed(b"done".to_vec()))
-    }
-}
 
 /// The messages of the warnings logged in this process (a subscriber of its own: the
 /// worker says when it meets an outage of the journal's storage).
@@ -103,18 +74,6 @@ impl tracing::Subscriber for Warnings {
     fn exit(&self, _span: &tracing::span::Id) {}
 }
 
-async fn submit(manager: &Manager) -> String {
-    let id = manager.allocate_task_id("quick").unwrap();
-    manager
-        .submit(SubmitRequest {
-            spec: TaskSpec::new(id.as_str(), "quick"),
-            ..SubmitRequest::default()
-        })
-        .await
-        .unwrap();
-    id
-}
-
 async fn completed(manager: &Manager, id: &str) {
     let outcome = tokio::time::timeout(PATIENCE, manager.wait(id))
         .await
@@ -124,45 +83,6 @@ async fn completed(manager: &Manager, id: &str) {
         matches!(outcome, TaskOutcome::Completed(ref data) if data == b"done"),
         "{id}: {outcome:?}"
     );
-}
-
-/// Serves `manager`'s store on a loopback port: its address, the sender that stops it, and
-/// the server.
-async fn serve(
-    manager: &Manager,
-) -> (
-    String,
-    tokio::sync::oneshot::Sender<()>,
-    tokio::task::JoinHandle<Result<(), ServerError>>,
-) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let config = ServerConfig::default().with_poll_interval(Duration::from_millis(20));
-    let server = Server::owner(manager.store().clone(), Some(manager.clone()), config);
-    let serving = tokio::spawn(server.serve(listener, async move {
-        let _ = stopped.await;
-    }));
-    (base, stop, serving)
-}
-
-/// The reasons `/readyz` gives once it answers as `ready` says (200 or 503).
-async fn readiness(base: &str, ready: bool) -> Value {
-    let want = if ready { 200 } else { 503 };
-    let started = Instant::now();
-    loop {
-        let response = reqwest::get(format!("{base}/readyz")).await.unwrap();
-        let status = response.status().as_u16();
-        let body: Value = response.json().await.unwrap();
-        if status == want {
-            return body["reasons"].clone();
-        }
-        assert!(
-            started.elapsed() < PATIENCE,
-            "/readyz never answered {want}: {body}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 #[test]
@@ -181,17 +101,12 @@ fn a_workers_claims_refused_while_the_database_is_down_are_made_again_once_it_is
         Journal::open_postgres(&cluster.url("outage"), JournalOptions::default()).unwrap();
     let clock = ManualClock::new(1_000);
     let store = TaskStore::open(journal, clock.clone(), StoreConfig::default()).unwrap();
-    let runs = Arc::new(AtomicUsize::new(0));
-    let mut executors = ExecutorRegistry::new();
-    executors
-        .register(Quick {
-            runs: Arc::clone(&runs),
-        })
-        .unwrap();
-    let manager = Manager::new(store, executors, ManagerConfig::default());
+    let held = Held::default();
+    held.let_go(2);
+    let manager = Manager::new(store, held.registry(), ManagerConfig::default());
     let worker = Worker::new(
         manager.clone(),
-        WorkerConfig::new(["quick"])
+        WorkerConfig::new(["held"])
             .with_poll_interval(Duration::from_millis(20))
             .with_initial_pickup_delay(PICKUP_DELAY),
     )
@@ -200,19 +115,23 @@ fn a_workers_claims_refused_while_the_database_is_down_are_made_again_once_it_is
     let worker = runtime.spawn(worker.run(async move {
         let _ = stopped.await;
     }));
-    let (base, stop_server, serving) = runtime.block_on(serve(&manager));
-    assert_eq!(runtime.block_on(readiness(&base, true)), json!([]));
+    let served = runtime.block_on(async {
+        let config = ServerConfig::default().with_poll_interval(Duration::from_millis(20));
+        let server = Server::owner(manager.store().clone(), Some(manager.clone()), config);
+        Served::start(server).await
+    });
+    assert_eq!(runtime.block_on(served.readiness(true)), json!([]));
 
     // The worker runs a task while the database is up.
     runtime.block_on(async {
-        let first = submit(&manager).await;
+        let first = Held::submit(&manager).await;
         clock.advance(PICKUP_DELAY);
         completed(&manager, &first).await;
     });
 
     // A task comes due while the database is down: the worker's listings and claims fail,
     // it says so, and it goes on.
-    let second = runtime.block_on(submit(&manager));
+    let second = runtime.block_on(Held::submit(&manager));
     cluster.stop_fast();
     clock.advance(PICKUP_DELAY);
     let down = Instant::now();
@@ -226,7 +145,7 @@ fn a_workers_claims_refused_while_the_database_is_down_are_made_again_once_it_is
         std::thread::sleep(Duration::from_millis(20));
     }
     // Not ready: the server's reads of the commits fail.
-    let reasons = runtime.block_on(readiness(&base, false));
+    let reasons = runtime.block_on(served.readiness(false));
     assert!(
         reasons
             .as_array()
@@ -241,15 +160,14 @@ fn a_workers_claims_refused_while_the_database_is_down_are_made_again_once_it_is
         "the worker ended while the database was down: {:?}",
         runtime.block_on(worker)
     );
-    assert_eq!(runs.load(Ordering::SeqCst), 1, "nothing ran while down");
+    assert_eq!(held.runs(), 1, "nothing ran while down");
 
     // The database is back: the task is claimed and completes, its tool run once.
     cluster.start();
     runtime.block_on(completed(&manager, &second));
-    assert_eq!(runs.load(Ordering::SeqCst), 2, "each tool ran once");
-    assert_eq!(runtime.block_on(readiness(&base, true)), json!([]));
+    assert_eq!(held.runs(), 2, "each tool ran once");
+    assert_eq!(runtime.block_on(served.readiness(true)), json!([]));
     stop.send(()).unwrap();
     runtime.block_on(worker).unwrap().unwrap();
-    stop_server.send(()).unwrap();
-    runtime.block_on(serving).unwrap().unwrap();
+    runtime.block_on(served.stop());
 }
