@@ -331,6 +331,17 @@ async fn the_page_lists_tasks_live_and_shows_a_timeline_and_the_audit() {
         .run("return document.getElementById('health').textContent")
         .await;
     assert_eq!(ready.as_str(), Some("ready"), "{ready}");
+    // The header's badge says nothing once the server is found ready.
+    browser
+        .until(
+            "the readiness checked",
+            "return document.getElementById('ready').textContent === ''",
+        )
+        .await;
+    let badge = browser
+        .run("return document.getElementById('ready').className")
+        .await;
+    assert_eq!(badge.as_str(), Some("ready"), "{badge}");
     let writes = browser
         .run("return document.getElementById('storage-writes').textContent")
         .await;

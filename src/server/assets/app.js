@@ -330,21 +330,9 @@ async function journalPage() {
           .map((v) => h("td", { class: "num" }, v)))))),
     h("p", { id: "storage-writes", class: st.write_stopped || st.delayed_write_rate ? "problem" : "muted" },
       `${st.running_flushes} flush(es) and ${st.running_compactions} compaction(s) running · writes ${st.write_stopped ? "stopped" : st.delayed_write_rate ? `slowed to ${size(st.delayed_write_rate)}/s` : "not held back"} · ${st.background_errors} background error(s)${st.direct_table_io ? " · table files written with direct I/O" : ""}`));
-  // Readiness (`/readyz`): 503 names why not, so it is read without `api`, which throws.
-  const READY = {
-    journal_stopped: "the journal stopped after a failed sync: restart the process",
-    disk_full: "the journal's disk is full: writes fail until there is room",
-    journal_failing: "the journal's last write failed",
-    counting: "counting the journal",
-    journal_unreadable: "the last read of the journal failed",
-    stopping: "the server is stopping",
-  };
   const health = async () => {
-    try {
-      const r = await (await fetch("/readyz")).json();
-      return h("p", { id: "health", class: r.status === "ok" ? "muted" : "problem" },
-        r.status === "ok" ? "ready" : `not ready: ${r.reasons.map((x) => READY[x] || x).join("; ")}`);
-    } catch (e) { return h("p", { id: "health", class: "problem" }, `readiness unknown: ${e.message}`); }
+    const text = await readiness();
+    return h("p", { id: "health", class: text === "ready" ? "muted" : "problem" }, text);
   };
   const refresh = async () => {
     const s = await api("/api/stats");
@@ -374,6 +362,36 @@ async function journalPage() {
   let timer = null;
   follow("/api/stream", () => { if (!timer) timer = setTimeout(() => { timer = null; refresh(); }, 500); });
 }
+
+// ---- readiness -----------------------------------------------------------------------
+
+const READY = {
+  journal_stopped: "the journal stopped after a failed sync: restart the process",
+  disk_full: "the journal's disk is full: writes fail until there is room",
+  journal_failing: "the journal's last write failed",
+  counting: "counting the journal",
+  journal_unreadable: "the last read of the journal failed",
+  stopping: "the server is stopping",
+};
+
+// `/readyz` as a sentence: "ready", or "not ready: " and why. (A 503 names why not, so it
+// is read without `api`, which throws.)
+async function readiness() {
+  try {
+    const r = await (await fetch("/readyz")).json();
+    return r.status === "ok" ? "ready" : `not ready: ${r.reasons.map((x) => READY[x] || x).join("; ")}`;
+  } catch (e) { return `readiness unknown: ${e.message}`; }
+}
+
+// The header's badge: shown only when the server is not ready, checked every 5 s.
+const readyBadge = document.getElementById("ready");
+async function checkReady() {
+  const text = await readiness();
+  readyBadge.textContent = text === "ready" ? "" : text;
+  readyBadge.className = text === "ready" ? "ready" : "ready bad";
+}
+checkReady();
+setInterval(checkReady, 5000);
 
 // ---- routing -------------------------------------------------------------------------
 
