@@ -100,3 +100,41 @@ pub async fn live(State(shared): State<Arc<Shared>>) -> Response {
 pub async fn ready(State(shared): State<Arc<Shared>>) -> Response {
     answer(not_ready(&shared))
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::server::{Server, ServerConfig};
+    use dtask_journal::{Journal, JournalOptions};
+
+    /// A server that has not counted its journal is not ready (`counting`), and one that is
+    /// stopping says so too, in that order; it is alive all along.
+    #[test]
+    fn readiness_names_each_cause_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(Journal::open(dir.path(), JournalOptions::default()).unwrap());
+        let journal = Journal::open_read_only(dir.path()).unwrap();
+        let server = Server::follower(journal, ServerConfig::default());
+        assert_eq!(not_ready(&server.shared), vec![HealthReason::Counting]);
+        server.stop.send_replace(true);
+        assert_eq!(
+            not_ready(&server.shared),
+            vec![HealthReason::Counting, HealthReason::Stopping]
+        );
+        server
+            .shared
+            .read_failing
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(
+            not_ready(&server.shared),
+            vec![
+                HealthReason::Counting,
+                HealthReason::JournalUnreadable,
+                HealthReason::Stopping
+            ]
+        );
+        assert!(!journal_stopped(&server.shared), "a follower writes nothing");
+    }
+}
