@@ -135,6 +135,9 @@ mod tests {
                 HealthReason::Stopping
             ]
         );
-        assert!(!journal_stopped(&server.shared), "a follower writes nothing");
+        assert!(
+            !journal_stopped(&server.shared),
+            "a follower writes nothing"
+        );
     }
 }
