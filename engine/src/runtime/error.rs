@@ -49,11 +49,11 @@ impl RuntimeError {
     /// Whether this is the journal's storage failing for a while: a
     /// [`dtask_journal::Error::Storage`] behind the store's error
     /// ([`StoreError::journal_error`], a write's or a read's) — a full disk, an I/O error, a
-    /// PostgreSQL database out of reach. A write it refused was not made (on PostgreSQL it may have been, when
-    /// the connection failed at the commit: a claim made so is settled by its lease); the
-    /// same call can be made again. Not a journal that **stopped**
-    /// after a failed sync ([`dtask_journal::Error::Stopped`]), which only a reopen ends.
-    /// A [`super::Worker`] tries a claim or a listing refused so again at its next poll.
+    /// PostgreSQL database out of reach. A write it refused was not made (on PostgreSQL it
+    /// may have been, when the connection failed at the commit: a claim made so is settled
+    /// by its lease); the same call can be made again. Not a journal that **stopped** after
+    /// a failed sync ([`dtask_journal::Error::Stopped`]), which only a reopen ends. A
+    /// [`super::Worker`] tries a claim or a listing refused so again at its next poll.
     #[must_use]
     pub fn is_storage_outage(&self) -> bool {
         matches!(

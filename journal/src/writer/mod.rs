@@ -314,7 +314,7 @@ impl FailureLog {
         }
     }
 
-    /// Tells the log that a batch was written.
+    /// Tells the shared state and the log that a batch was written.
     fn written(&mut self, shared: &Shared) {
         if std::mem::take(&mut self.failed) {
             shared
