@@ -191,3 +191,20 @@ fn the_postgres_nodes_example_runs_a_task_across_two_nodes() {
         ],
     );
 }
+
+#[test]
+fn the_embedded_server_example_is_ready_and_runs_a_task_submitted_over_http() {
+    let out = run("serve_embedded", &[]);
+    has_in_order(
+        "serve_embedded",
+        &out,
+        &[
+            "serving on http://127.0.0.1:",
+            r#"readyz: {"reasons":[],"status":"ok"}"#,
+            "healthz: 200",
+            "submitted ",
+            r#": "completed": "HELLO, DTASK""#,
+            "metric dtask_ready 1",
+        ],
+    );
+}
