@@ -1,8 +1,8 @@
 //! A node on a PostgreSQL journal whose database goes away for a while — an operator's
-//! restart (`pg_ctl stop -m fast`, then `start`) of a private cluster (the distribution's
-//! `initdb` and `pg_ctl`, from `DTASK_TEST_PG_BIN`, which `./dev test` sets): the worker's
-//! claims fail while the database is down and the worker goes on; once the database is back
-//! it claims the task, which completes, its tool run once. The node's server (`dtask serve`)
+//! restart (`pg_ctl stop -m fast`, then `start`), then a crash (`-m immediate`), of a private
+//! cluster (the distribution's `initdb` and `pg_ctl`, from `DTASK_TEST_PG_BIN`, which
+//! `./dev test` sets): the worker's claims fail while the database is away and the worker
+//! goes on; once the database is back it claims the task, which completes, its tool run once. The node's server (`dtask serve`)
 //! is not ready meanwhile, and ready again once the database is back. Without the variable
 //! the test says loudly that it was skipped.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -34,8 +34,13 @@ const PICKUP_DELAY: Duration = Duration::from_secs(1);
 struct Warnings(Mutex<Vec<String>>);
 
 impl Warnings {
-    fn any(&self, needle: &str) -> bool {
-        self.0.lock().unwrap().iter().any(|m| m.contains(needle))
+    fn count(&self, needle: &str) -> usize {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|m| m.contains(needle))
+            .count()
     }
 }
 
@@ -86,7 +91,7 @@ async fn completed(manager: &Manager, id: &str) {
 }
 
 #[test]
-fn a_workers_claims_refused_while_the_database_is_down_are_made_again_once_it_is_back() {
+fn a_workers_claims_refused_while_the_database_is_away_are_made_again_once_it_is_back() {
     let Some(cluster) = Cluster::new("pg_outage") else {
         return;
     };
@@ -102,7 +107,7 @@ fn a_workers_claims_refused_while_the_database_is_down_are_made_again_once_it_is
     let clock = ManualClock::new(1_000);
     let store = TaskStore::open(journal, clock.clone(), StoreConfig::default()).unwrap();
     let held = Held::default();
-    held.let_go(2);
+    held.let_go(3);
     let manager = Manager::new(store, held.registry(), ManagerConfig::default());
     let worker = Worker::new(
         manager.clone(),
@@ -129,44 +134,51 @@ fn a_workers_claims_refused_while_the_database_is_down_are_made_again_once_it_is
         completed(&manager, &first).await;
     });
 
-    // A task comes due while the database is down: the worker's listings and claims fail,
-    // it says so, and it goes on.
-    let second = runtime.block_on(Held::submit(&manager));
-    cluster.stop_fast();
-    clock.advance(PICKUP_DELAY);
-    let down = Instant::now();
-    while !warnings.any(WORKER_OUTAGE) {
+    // A task comes due while the database is away — stopped as an operator restarts it,
+    // then crashed: the worker's listings and claims fail, it says so, and it goes on.
+    for (round, away) in [Cluster::stop_fast, Cluster::crash].into_iter().enumerate() {
+        let due = runtime.block_on(Held::submit(&manager));
+        let warned = warnings.count(WORKER_OUTAGE);
+        away(&cluster);
+        clock.advance(PICKUP_DELAY);
+        let down = Instant::now();
+        while warnings.count(WORKER_OUTAGE) == warned {
+            assert!(
+                !worker.is_finished(),
+                "round {round}: the worker ended while the database was away: {:?}",
+                runtime.block_on(worker)
+            );
+            assert!(down.elapsed() < PATIENCE, "round {round}: no outage met");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // Not ready: the server's reads of the commits fail.
+        let reasons = runtime.block_on(served.readiness(false));
+        assert!(
+            reasons
+                .as_array()
+                .unwrap()
+                .contains(&json!("journal_unreadable")),
+            "round {round}: {reasons}"
+        );
+        // Polls after the first failure (each 20 ms): the worker still runs.
+        std::thread::sleep(Duration::from_millis(200));
         assert!(
             !worker.is_finished(),
-            "the worker ended while the database was down: {:?}",
+            "round {round}: the worker ended while the database was away: {:?}",
             runtime.block_on(worker)
         );
-        assert!(down.elapsed() < PATIENCE, "the worker met no outage");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    // Not ready: the server's reads of the commits fail.
-    let reasons = runtime.block_on(served.readiness(false));
-    assert!(
-        reasons
-            .as_array()
-            .unwrap()
-            .contains(&json!("journal_unreadable")),
-        "{reasons}"
-    );
-    // Polls after the first failure (each 20 ms): the worker still runs.
-    std::thread::sleep(Duration::from_millis(200));
-    assert!(
-        !worker.is_finished(),
-        "the worker ended while the database was down: {:?}",
-        runtime.block_on(worker)
-    );
-    assert_eq!(held.runs(), 1, "nothing ran while down");
+        assert_eq!(
+            held.runs(),
+            round + 1,
+            "round {round}: nothing ran while away"
+        );
 
-    // The database is back: the task is claimed and completes, its tool run once.
-    cluster.start();
-    runtime.block_on(completed(&manager, &second));
-    assert_eq!(held.runs(), 2, "each tool ran once");
-    assert_eq!(runtime.block_on(served.readiness(true)), json!([]));
+        // The database is back: the task is claimed and completes, its tool run once.
+        cluster.start();
+        runtime.block_on(completed(&manager, &due));
+        assert_eq!(held.runs(), round + 2, "round {round}: each tool ran once");
+        assert_eq!(runtime.block_on(served.readiness(true)), json!([]));
+    }
     stop.send(()).unwrap();
     runtime.block_on(worker).unwrap().unwrap();
     runtime.block_on(served.stop());
