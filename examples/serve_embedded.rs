@@ -4,7 +4,7 @@
 //!
 //! Run: `cargo run --example serve_embedded` — it serves on a free loopback port, waits until
 //! it is ready, submits one task through the API, reads it back once the worker has run it,
-//! and stops.
+//! and drains: the manager closed, the server is no longer ready; then it stops.
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use dtask::engine::{
@@ -114,10 +114,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("metric {line}");
     }
 
+    // Draining: the manager closes first (submits refused), so the server stops being ready
+    // and a load balancer sends no more; then the worker and the server stop.
     let _ = stop_worker.send(());
     worker.await??;
+    manager.close(None, "the service stops").await?;
+    let (status, body) = get(&http, format!("{base}/readyz")).await;
+    println!("draining: readyz {status} {}", body["reasons"]);
     let _ = stop_server.send(());
     serving.await??;
-    manager.close(None, "the service stops").await?;
     Ok(())
 }

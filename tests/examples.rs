@@ -205,6 +205,7 @@ fn the_embedded_server_example_is_ready_and_runs_a_task_submitted_over_http() {
             "submitted ",
             r#": "completed": "HELLO, DTASK""#,
             "metric dtask_ready 1",
+            r#"draining: readyz 503 ["manager_closed"]"#,
         ],
     );
 }

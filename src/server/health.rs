@@ -9,7 +9,8 @@
 //!   failed otherwise ([`WriteState::Failing`]); the first count of the journal is not done
 //!   (counts, statistics and streams would miss records); the last read of the journal's
 //!   commits failed (a PostgreSQL journal's database out of reach, a follower that cannot
-//!   catch up); the server is stopping.
+//!   catch up); its manager is closed (submits refused: a service draining); the server is
+//!   stopping.
 //!
 //! Both answer without the token — they tell only the names of those states — and read
 //! nothing but flags the writer and the pump keep ([`Journal::write_state`]), so a probe
@@ -57,6 +58,14 @@ pub(crate) fn not_ready(shared: &Shared) -> Vec<HealthReason> {
     }
     if shared.read_failing.load(Ordering::Relaxed) {
         reasons.push(HealthReason::JournalUnreadable);
+    }
+    if shared
+        .owner
+        .as_ref()
+        .and_then(|owner| owner.manager.as_ref())
+        .is_some_and(dtask_engine::Manager::is_closed)
+    {
+        reasons.push(HealthReason::ManagerClosed);
     }
     if *shared.stop.borrow() {
         reasons.push(HealthReason::Stopping);

@@ -709,6 +709,9 @@ pub enum HealthReason {
     /// The server's last read of the journal's commits failed: a PostgreSQL journal's
     /// database out of reach, a follower that cannot catch up (readiness).
     JournalUnreadable,
+    /// The server's manager is closed: submits are refused (a service draining before it
+    /// stops) (readiness).
+    ManagerClosed,
     /// The server is shutting down (readiness).
     Stopping,
 }
