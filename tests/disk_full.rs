@@ -16,7 +16,11 @@
 //! SKIPPED — unless `DTASK_REQUIRE_TMPFS` is set, as CI sets it, which makes that a failure.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "../journal/tests/cluster/mod.rs"]
+mod cluster;
 mod support;
+
+use cluster::Cluster;
 
 use dtask::engine::{
     Command, CreateRequest, ManualClock, StoreConfig, StoreError, TaskStore, UpdateRequest,
@@ -97,6 +101,19 @@ fn a_workers_claim_refused_for_a_full_disk_is_made_again_once_there_is_room() {
 }
 
 #[test]
+fn a_postgres_journal_whose_tablespace_fills_fails_appends_cleanly_and_writes_again_with_room() {
+    match std::env::var_os(CHILD) {
+        Some(dir) => postgres_child(Path::new(&dir)),
+        // The database server runs as `postgres`, which a user namespace of the test's own
+        // does not map: root's plain mount namespace only.
+        None => in_tmpfs_with(
+            "a_postgres_journal_whose_tablespace_fills_fails_appends_cleanly_and_writes_again_with_room",
+            &[&["--mount"]],
+        ),
+    }
+}
+
+#[test]
 fn an_import_that_fills_the_disk_fails_leaving_nothing_and_succeeds_with_room() {
     match std::env::var_os(CHILD) {
         Some(dir) => import_child(Path::new(&dir)),
@@ -119,6 +136,14 @@ fn a_full_disk_fails_store_commands_cleanly_and_the_same_command_succeeds_with_r
 /// Runs the test `name` of this binary alone, as a child in a mount namespace of its own
 /// with a tmpfs mounted on a fresh directory (named to it in [`CHILD`]).
 fn in_tmpfs(name: &str) {
+    in_tmpfs_with(
+        name,
+        &[&["--user", "--map-root-user", "--mount"], &["--mount"]],
+    );
+}
+
+/// [`in_tmpfs`], trying the namespaces given (`unshare`'s flags), in order.
+fn in_tmpfs_with(name: &str, namespaces: &[&[&str]]) {
     let mount = tempfile::tempdir().unwrap();
     let exe = std::env::current_exe().unwrap();
     let script = format!(
@@ -126,12 +151,9 @@ fn in_tmpfs(name: &str) {
          exec \"$1\" --exact {name} --nocapture --test-threads 1"
     );
     let mut refused = Vec::new();
-    for namespace in [
-        &["--user", "--map-root-user", "--mount"][..],
-        &["--mount"][..],
-    ] {
+    for namespace in namespaces {
         let output = Process::new("unshare")
-            .args(namespace)
+            .args(*namespace)
             .args(["sh", "-c", &script])
             .arg(mount.path())
             .arg(&exe)
@@ -635,6 +657,107 @@ async fn fill_with_filler(journal: &Journal) {
         }
         assert!(position < MAX_APPENDS, "the disk never filled");
     }
+}
+
+/// PostgreSQL's test, on the tmpfs mounted at `dir`: a private cluster (its own files on the
+/// disk) keeps the journal's tables in a tablespace on the tmpfs; eight writers of
+/// incompressible 64 KiB updates fill it. Every failure must be the server's `disk_full`
+/// (a no-space storage error), each stream end at its last acknowledged append; once space
+/// is freed, every writer goes on at its position, and the journal audits clean.
+fn postgres_child(dir: &Path) {
+    let Some(cluster) = Cluster::new("pg_disk_full") else {
+        return;
+    };
+    let space = dir.join("tablespace");
+    std::fs::create_dir(&space).unwrap();
+    if cluster.user() == "postgres" {
+        let owned = Process::new("chown")
+            .arg("postgres")
+            .arg(&space)
+            .status()
+            .unwrap();
+        assert!(owned.success());
+    }
+    let runtime = runtime();
+    runtime.block_on(async {
+        let admin = format!(
+            "host=127.0.0.1 port={} user={} dbname=postgres",
+            cluster.port,
+            cluster.user()
+        );
+        let (client, connection) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        // One statement a call: `CREATE TABLESPACE` refuses a transaction block.
+        for statement in [
+            format!("CREATE TABLESPACE small LOCATION '{}'", space.display()),
+            "ALTER DATABASE postgres SET default_tablespace = small".to_owned(),
+        ] {
+            client.batch_execute(&statement).await.unwrap();
+        }
+    });
+    let journal = Journal::open_postgres(&cluster.url("full"), JournalOptions::default()).unwrap();
+    let ballast_path = dir.join("ballast");
+    ballast(&ballast_path, SLACK);
+
+    let ids: Vec<String> = (0..WRITERS).map(|w| format!("task-{w}")).collect();
+    let stopped = runtime.block_on(until_full(&ids, |id, position| {
+        let journal = journal.clone();
+        async move {
+            match journal
+                .append_async(&id, position, &[incompressible(&id, position)])
+                .await
+            {
+                Ok(_) => true,
+                Err(e) => {
+                    assert!(e.is_no_space(), "{id} at {position}: {e}");
+                    false
+                }
+            }
+        }
+    }));
+    println!("tablespace full after {stopped:?}");
+    for (w, &len) in stopped.iter().enumerate() {
+        let read = journal.read_stream(&format!("task-{w}"), 0).count() as u64;
+        assert_eq!(read, len, "task-{w}'s stream");
+    }
+    assert_eq!(journal.write_state(), WriteState::DiskFull);
+
+    // Room again: each writer goes on at its position.
+    std::fs::remove_file(&ballast_path).unwrap();
+    runtime.block_on(async {
+        for (w, &at) in stopped.iter().enumerate() {
+            let id = format!("task-{w}");
+            for position in at..at + AFTER {
+                journal
+                    .append_async(&id, position, &[incompressible(&id, position)])
+                    .await
+                    .unwrap();
+            }
+        }
+    });
+    assert_eq!(journal.write_state(), WriteState::Writing);
+    let audit = dtask::replay::audit_journal(&journal, &mut |_| {}).unwrap();
+    assert!(audit.is_clean(), "{:?}", audit.problems);
+    drop(journal);
+    drop(cluster);
+}
+
+/// [`event`], its update's bytes made incompressible (PostgreSQL compresses large values).
+fn incompressible(id: &str, position: u64) -> Event {
+    let mut event = event(id, position);
+    if let Event::UpdateAppended { data, .. } = &mut event {
+        let mut state = position.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        for byte in data.iter_mut() {
+            // xorshift64
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            *byte = state.to_le_bytes()[0];
+        }
+    }
+    event
 }
 
 /// The names in `dir`, sorted.
