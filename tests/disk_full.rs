@@ -72,78 +72,72 @@ const RESUME_WITHIN: Duration = Duration::from_secs(120);
 
 #[test]
 fn a_full_disk_fails_appends_cleanly_and_the_journal_writes_again_with_room() {
-    match std::env::var_os(CHILD) {
-        Some(dir) => journal_child(Path::new(&dir)),
-        None => {
-            in_tmpfs("a_full_disk_fails_appends_cleanly_and_the_journal_writes_again_with_room");
-        }
-    }
+    in_tmpfs(
+        "a_full_disk_fails_appends_cleanly_and_the_journal_writes_again_with_room",
+        journal_child,
+    );
 }
 
 #[test]
 fn an_outcome_refused_for_a_full_disk_is_recorded_once_there_is_room_the_tool_run_once() {
-    match std::env::var_os(CHILD) {
-        Some(dir) => runtime_child(Path::new(&dir)),
-        None => in_tmpfs(
-            "an_outcome_refused_for_a_full_disk_is_recorded_once_there_is_room_the_tool_run_once",
-        ),
-    }
+    in_tmpfs(
+        "an_outcome_refused_for_a_full_disk_is_recorded_once_there_is_room_the_tool_run_once",
+        runtime_child,
+    );
 }
 
 #[test]
 fn a_workers_claim_refused_for_a_full_disk_is_made_again_once_there_is_room() {
-    match std::env::var_os(CHILD) {
-        Some(dir) => worker_child(Path::new(&dir)),
-        None => {
-            in_tmpfs("a_workers_claim_refused_for_a_full_disk_is_made_again_once_there_is_room");
-        }
-    }
+    in_tmpfs(
+        "a_workers_claim_refused_for_a_full_disk_is_made_again_once_there_is_room",
+        worker_child,
+    );
 }
 
 #[test]
 fn a_postgres_journal_whose_tablespace_fills_fails_appends_cleanly_and_writes_again_with_room() {
-    match std::env::var_os(CHILD) {
-        Some(dir) => postgres_child(Path::new(&dir)),
-        // The database server runs as `postgres`, which a user namespace of the test's own
-        // does not map: root's plain mount namespace only.
-        None => in_tmpfs_with(
-            "a_postgres_journal_whose_tablespace_fills_fails_appends_cleanly_and_writes_again_with_room",
-            &[&["--mount"]],
-        ),
-    }
+    // The database server runs as `postgres`, which a user namespace of the test's own does
+    // not map: root's plain mount namespace only.
+    in_tmpfs_with(
+        "a_postgres_journal_whose_tablespace_fills_fails_appends_cleanly_and_writes_again_with_room",
+        &[&["--mount"]],
+        postgres_child,
+    );
 }
 
 #[test]
 fn an_import_that_fills_the_disk_fails_leaving_nothing_and_succeeds_with_room() {
-    match std::env::var_os(CHILD) {
-        Some(dir) => import_child(Path::new(&dir)),
-        None => {
-            in_tmpfs("an_import_that_fills_the_disk_fails_leaving_nothing_and_succeeds_with_room");
-        }
-    }
+    in_tmpfs(
+        "an_import_that_fills_the_disk_fails_leaving_nothing_and_succeeds_with_room",
+        import_child,
+    );
 }
 
 #[test]
 fn a_full_disk_fails_store_commands_cleanly_and_the_same_command_succeeds_with_room() {
-    match std::env::var_os(CHILD) {
-        Some(dir) => store_child(Path::new(&dir)),
-        None => in_tmpfs(
-            "a_full_disk_fails_store_commands_cleanly_and_the_same_command_succeeds_with_room",
-        ),
-    }
+    in_tmpfs(
+        "a_full_disk_fails_store_commands_cleanly_and_the_same_command_succeeds_with_room",
+        store_child,
+    );
 }
 
-/// Runs the test `name` of this binary alone, as a child in a mount namespace of its own
-/// with a tmpfs mounted on a fresh directory (named to it in [`CHILD`]).
-fn in_tmpfs(name: &str) {
+/// Runs `child` on a tmpfs: in the child process (started with [`CHILD`] naming the mount
+/// point), `child` itself; otherwise the test `name` of this binary alone, as that child, in
+/// a mount namespace of its own with a tmpfs mounted on a fresh directory.
+fn in_tmpfs(name: &str, child: fn(&Path)) {
     in_tmpfs_with(
         name,
         &[&["--user", "--map-root-user", "--mount"], &["--mount"]],
+        child,
     );
 }
 
 /// [`in_tmpfs`], trying the namespaces given (`unshare`'s flags), in order.
-fn in_tmpfs_with(name: &str, namespaces: &[&[&str]]) {
+fn in_tmpfs_with(name: &str, namespaces: &[&[&str]], child: fn(&Path)) {
+    if let Some(dir) = std::env::var_os(CHILD) {
+        child(Path::new(&dir));
+        return;
+    }
     let mount = tempfile::tempdir().unwrap();
     let exe = std::env::current_exe().unwrap();
     let script = format!(
