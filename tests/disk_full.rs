@@ -247,32 +247,10 @@ fn journal_child(dir: &Path) {
     let ballast_path = dir.join("ballast");
     ballast(&ballast_path, SLACK);
 
-    // Every writer appends until the disk is full; each failure must say so.
-    let ids: Vec<String> = (0..WRITERS).map(|w| format!("task-{w}")).collect();
-    let stopped = runtime.block_on(until_full(&ids, |id, position| {
-        let journal = journal.clone();
-        async move {
-            match journal
-                .append_async(&id, position, &[event(&id, position)])
-                .await
-            {
-                Ok(_) => true,
-                Err(e) => {
-                    assert!(e.is_no_space(), "{id} at {position}: {e}");
-                    false
-                }
-            }
-        }
-    }));
+    let stopped = runtime.block_on(fill_streams(&journal, event));
     let acknowledged: u64 = stopped.iter().sum();
     println!("disk full after {acknowledged} acknowledged appends: {stopped:?}");
-
-    // Nothing of a failed append is there: each stream ends at its last acknowledged
-    // append, and no sequence was taken.
-    for (w, &len) in stopped.iter().enumerate() {
-        let read = journal.read_stream(&format!("task-{w}"), 0).count() as u64;
-        assert_eq!(read, len, "task-{w}'s stream");
-    }
+    // No sequence was taken by a failed append.
     assert_eq!(journal.last_seq().unwrap(), acknowledged);
     assert_eq!(metric(&registry, "dtask_journal_disk_full"), 1);
     assert!(metric(&registry, "dtask_journal_batch_failures_total") >= 1);
@@ -464,6 +442,34 @@ async fn start(store: &TaskStore, ids: &[String]) {
             .await
             .unwrap();
     }
+}
+
+/// Every writer (one a task, `task-0`, `task-1`, …) appends `event(id, position)` until the
+/// disk is full, each failure a no-space one; then nothing of a failed append may be there:
+/// each stream ends at its last acknowledged append. Returns how many each writer made.
+async fn fill_streams(journal: &Journal, event: fn(&str, u64) -> Event) -> Vec<u64> {
+    let ids: Vec<String> = (0..WRITERS).map(|w| format!("task-{w}")).collect();
+    let stopped = until_full(&ids, |id, position| {
+        let journal = journal.clone();
+        async move {
+            match journal
+                .append_async(&id, position, &[event(&id, position)])
+                .await
+            {
+                Ok(_) => true,
+                Err(e) => {
+                    assert!(e.is_no_space(), "{id} at {position}: {e}");
+                    false
+                }
+            }
+        }
+    })
+    .await;
+    for (id, &len) in ids.iter().zip(&stopped) {
+        let read = journal.read_stream(id, 0).count() as u64;
+        assert_eq!(read, len, "{id}'s stream");
+    }
+    stopped
 }
 
 /// Appends progress updates to the running tasks `ids`, all at once, until the disk is
@@ -695,27 +701,8 @@ fn postgres_child(dir: &Path) {
     let ballast_path = dir.join("ballast");
     ballast(&ballast_path, SLACK);
 
-    let ids: Vec<String> = (0..WRITERS).map(|w| format!("task-{w}")).collect();
-    let stopped = runtime.block_on(until_full(&ids, |id, position| {
-        let journal = journal.clone();
-        async move {
-            match journal
-                .append_async(&id, position, &[incompressible(&id, position)])
-                .await
-            {
-                Ok(_) => true,
-                Err(e) => {
-                    assert!(e.is_no_space(), "{id} at {position}: {e}");
-                    false
-                }
-            }
-        }
-    }));
+    let stopped = runtime.block_on(fill_streams(&journal, incompressible));
     println!("tablespace full after {stopped:?}");
-    for (w, &len) in stopped.iter().enumerate() {
-        let read = journal.read_stream(&format!("task-{w}"), 0).count() as u64;
-        assert_eq!(read, len, "task-{w}'s stream");
-    }
     assert_eq!(journal.write_state(), WriteState::DiskFull);
 
     // Room again: each writer goes on at its position.
