@@ -367,6 +367,33 @@ async fn the_page_lists_tasks_live_and_shows_a_timeline_and_the_audit() {
     );
     browser.screenshot("server-journal.png").await;
 
+    // A finished task's rerun button opens the new task, which links back to it.
+    browser.goto(&format!("{base}/#/task/fetch-1")).await;
+    browser
+        .until(
+            "the rerun button",
+            "return document.getElementById('rerun') !== null",
+        )
+        .await;
+    browser
+        .run("document.getElementById('rerun').click(); return true")
+        .await;
+    browser
+        .until(
+            "the rerun's page",
+            "return location.hash === '#/task/fetch-1.rerun-1' && \
+             [...document.querySelectorAll('dl.kv dt')].some((dt) => dt.textContent === 'rerun of' \
+               && dt.nextSibling.textContent === 'fetch-1')",
+        )
+        .await;
+    let rerun = store.get("fetch-1.rerun-1").await.unwrap();
+    assert_eq!(rerun.rerun_of(), Some("fetch-1"));
+    assert_eq!(rerun.status, dtask_replay::Status::Pending);
+    assert_eq!(
+        store.get("fetch-1").await.unwrap().rerun_as(),
+        ["fetch-1.rerun-1"]
+    );
+
     browser.call(reqwest::Method::DELETE, "", None).await;
     stop.send(()).unwrap();
     server.await.unwrap().unwrap();

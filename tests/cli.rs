@@ -483,7 +483,7 @@ fn export_matches_its_golden_output_and_redacts() {
     let export = stdout(dtask(dir.path()).arg("export"));
     golden("export.jsonl", &export);
     let header = json(export.lines().next().unwrap());
-    assert_eq!(header["dtask_export"], 2);
+    assert_eq!(header["dtask_export"], 3);
     assert_eq!(header["scope"], "journal");
     assert_eq!(
         header["records"].as_u64().unwrap(),
@@ -547,6 +547,78 @@ fn an_export_of_record_format_1_imports_bit_exact() {
     let today = stdout(dtask(built().path()).arg("export"));
     assert_eq!(json(today.lines().next().unwrap())["record_format"], 2);
     assert_ne!(today.lines().nth(1), old.lines().nth(1));
+}
+
+/// A journal with a rerun: `job` failed, rerun as `job.rerun-1` (still pending).
+fn rerun_fixture(dir: &Path) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let clock = ManualClock::new(T0);
+        let journal = Journal::open(dir, JournalOptions::default()).unwrap();
+        let store = TaskStore::open(journal, clock.clone(), StoreConfig::default()).unwrap();
+        let shell = br#"{"tool_name":"shell","command":"make"}"#;
+        store
+            .create(request("job", "shell", shell, LeasePolicy::Fail))
+            .await
+            .unwrap();
+        let t = store.execute("job", 1, Cmd::Start).await.unwrap();
+        clock.advance(Duration::from_secs(1));
+        store
+            .execute(
+                "job",
+                t.version,
+                Cmd::Fail {
+                    error: "exit 2".into(),
+                },
+            )
+            .await
+            .unwrap();
+        clock.advance(Duration::from_secs(1));
+        store.rerun("job", None).await.unwrap();
+    });
+}
+
+#[test]
+fn a_rerun_shows_both_ways_audits_clean_and_imports_bit_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    rerun_fixture(dir.path());
+    let text = stdout(dtask(dir.path()).args(["show", "job.rerun-1"]));
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("rerun of") && l.ends_with("job")),
+        "{text}"
+    );
+    let shown = json(&stdout(dtask(dir.path()).args(["show", "job", "--json"])));
+    assert_eq!(
+        shown["state"]["rerun_as"],
+        serde_json::json!(["job.rerun-1"])
+    );
+    assert_eq!(shown["state"]["rerun_of"], serde_json::Value::Null);
+    let events = stdout(dtask(dir.path()).args(["events", "job"]));
+    let last = events.lines().last().unwrap();
+    assert!(
+        last.contains("rerun_as") && last.contains("task=job.rerun-1"),
+        "{events}"
+    );
+    dtask(dir.path()).arg("verify").assert().success();
+
+    let work = tempfile::tempdir().unwrap();
+    let file = work.path().join("export.jsonl");
+    dtask(dir.path())
+        .args(["export", "--output"])
+        .arg(&file)
+        .assert()
+        .success();
+    let export = std::fs::read_to_string(&file).unwrap();
+    assert!(export.contains(r#""type":"rerun_of""#), "{export}");
+    let target = work.path().join("rebuilt");
+    let text = stdout(dtask(&target).arg("import").arg(&file));
+    assert!(text.contains("every digest and CRC matches"), "{text}");
+    assert_eq!(stdout(dtask(&target).arg("export")), export);
+    dtask(&target).arg("verify").assert().success();
 }
 
 #[test]
@@ -1535,8 +1607,8 @@ fn g3_records_round_trip_and_show() {
         "{text}"
     );
 
-    // A version 1 header is read too (its events are a subset of version 2's).
-    let v1 = export.replacen("\"dtask_export\":2", "\"dtask_export\":1", 1);
+    // A version 1 header is read too (its events are a subset of version 3's).
+    let v1 = export.replacen("\"dtask_export\":3", "\"dtask_export\":1", 1);
     let v1_file = work.path().join("v1.jsonl");
     std::fs::write(&v1_file, v1).unwrap();
     dtask(&work.path().join("from-v1"))

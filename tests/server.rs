@@ -248,6 +248,65 @@ async fn owner_submits_and_cancels_and_every_read_shows_it() {
     let (_, last) = server.get("/api/tasks/job-1/state").await;
     assert_eq!(last["state"]["status"], "canceled");
 
+    // The canceled task rerun: a new pending task from its creation, each naming the other;
+    // the same named rerun asked for again is the same task.
+    let (status, rerun) = server.post("/api/tasks/job-1/rerun", &json!({})).await;
+    assert_eq!(status, StatusCode::CREATED, "{rerun}");
+    assert_eq!(rerun["id"], "job-1.rerun-1");
+    assert_eq!(rerun["status"], "pending");
+    assert_eq!(rerun["rerun_of"], "job-1");
+    assert_eq!(rerun["tool"], "shell");
+    assert_eq!(rerun["description"], "run the tests");
+    let (status, named) = server
+        .post("/api/tasks/job-1/rerun", &json!({"id": "job-1-again"}))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{named}");
+    let (status, repeat) = server
+        .post("/api/tasks/job-1/rerun", &json!({"id": "job-1-again"}))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{repeat}");
+    assert_eq!(repeat["created_at"], named["created_at"]);
+    let (_, original) = server.get("/api/tasks/job-1").await;
+    assert_eq!(
+        original["state"]["rerun_as"],
+        json!(["job-1.rerun-1", "job-1-again"])
+    );
+    assert_eq!(original["state"]["rerun_of"], Value::Null);
+    let (_, records) = server.get("/api/tasks/job-1.rerun-1/records").await;
+    assert_eq!(records["records"][1]["type"], "rerun_of");
+    assert_eq!(records["records"][1]["event"]["task"], "job-1");
+    let taken = generated["id"].as_str().unwrap();
+    for (path, body, want, error) in [
+        // Not finished, an id another task holds, an unknown task, an unknown field.
+        (
+            "/api/tasks/job-1.rerun-1/rerun",
+            json!({}),
+            StatusCode::CONFLICT,
+            "conflict",
+        ),
+        (
+            "/api/tasks/job-1/rerun",
+            json!({ "id": taken }),
+            StatusCode::CONFLICT,
+            "conflict",
+        ),
+        (
+            "/api/tasks/nope/rerun",
+            json!({}),
+            StatusCode::NOT_FOUND,
+            "not_found",
+        ),
+        (
+            "/api/tasks/job-1/rerun",
+            json!({"new": "x"}),
+            StatusCode::BAD_REQUEST,
+            "invalid_json",
+        ),
+    ] {
+        let (status, body) = server.post(path, &body).await;
+        assert_eq!((status, code(&body)), (want, error), "{path}: {body}");
+    }
+
     server.stop().await;
     // What the journal holds, read back by another open.
     assert_eq!(
@@ -526,6 +585,7 @@ async fn a_read_only_follower_sees_new_commits_and_refuses_control() {
         ("/api/tasks/a/cancel", json!({})),
         ("/api/tasks/a/resume", json!({})),
         ("/api/tasks/a/release", json!({})),
+        ("/api/tasks/a/rerun", json!({})),
     ] {
         let (status, body) = server.post(path, &body).await;
         assert_eq!(
@@ -1280,6 +1340,7 @@ async fn the_served_openapi_document_is_the_committed_one() {
         "/api/tasks/{id}/cancel",
         "/api/tasks/{id}/resume",
         "/api/tasks/{id}/release",
+        "/api/tasks/{id}/rerun",
         "/api/verify",
         "/api/stats",
         "/api/stream",

@@ -26,8 +26,10 @@ use std::collections::HashMap;
 const TASKS: usize = 2;
 /// Slots for children (created by `Op::Child` under a running root task).
 const CHILDREN: usize = 2;
-/// Every task slot.
-const SLOTS: usize = TASKS + CHILDREN;
+/// Slots for reruns (created by `Op::Rerun` of a finished root task or rerun).
+const RERUNS: usize = 2;
+/// Every task slot: roots, children, reruns.
+const SLOTS: usize = TASKS + CHILDREN + RERUNS;
 
 #[derive(Debug, Clone)]
 enum Cmd {
@@ -88,6 +90,11 @@ enum Op {
         parent: usize,
         attempt_skew: i8,
         notify: bool,
+    },
+    /// Reruns task `of` as the task of rerun slot `slot`.
+    Rerun {
+        slot: usize,
+        of: usize,
     },
     Advance(u64),
     Reboot,
@@ -154,17 +161,26 @@ fn create_strategy() -> impl Strategy<Value = Op> {
         )
 }
 
-/// Every task is created first (with random settings), then the random operations run.
+/// Every task is created first (with random settings) and some are canceled at once (so that
+/// reruns find finished tasks), then the random operations run.
 fn script_strategy() -> impl Strategy<Value = Vec<Op>> {
     (
         prop::collection::vec(create_strategy(), TASKS),
+        prop::collection::vec(any::<bool>(), TASKS),
         prop::collection::vec(op_strategy(), 1..40),
     )
-        .prop_map(|(mut creates, ops)| {
+        .prop_map(|(mut creates, cancel, ops)| {
             for (t, op) in creates.iter_mut().enumerate() {
                 if let Op::Create { t: target, .. } = op {
                     *target = t;
                 }
+            }
+            for (t, _) in cancel.iter().enumerate().filter(|(_, c)| **c) {
+                creates.push(Op::Cmd {
+                    t,
+                    skew: 0,
+                    cmd: Cmd::RequestCancel(1),
+                });
             }
             creates.extend(ops);
             creates
@@ -182,8 +198,9 @@ fn op_strategy() -> impl Strategy<Value = Op> {
         4 => (t.clone(), 0u8..4, 1u8..3)
             .prop_map(|(t, event, payload)| Op::Input { t, event, payload }),
         1 => t.prop_map(|t| Op::Publish { t }),
-        2 => (TASKS..SLOTS, 0..TASKS, prop_oneof![6 => Just(0i8), 1 => Just(-1i8)], any::<bool>())
+        2 => (TASKS..TASKS + CHILDREN, 0..TASKS, prop_oneof![6 => Just(0i8), 1 => Just(-1i8)], any::<bool>())
             .prop_map(|(slot, parent, attempt_skew, notify)| Op::Child { slot, parent, attempt_skew, notify }),
+        3 => (TASKS + CHILDREN..SLOTS, prop_oneof![3 => 0..TASKS, 1 => 0..SLOTS]).prop_map(|(slot, of)| Op::Rerun { slot, of }),
         2 => prop_oneof![Just(1_000u64), Just(15_000), Just(29_999), Just(30_000), Just(31_000)].prop_map(Op::Advance),
         1 => Just(Op::Reboot),
         1 => Just(Op::Drain),
@@ -224,6 +241,12 @@ struct MTask {
     generation: u64,
     children: Vec<String>,
     parent_error: bool,
+    /// The checkpoint the task was created with (a rerun starts from it).
+    initial: Vec<u8>,
+    /// The slot of the task this one reruns.
+    rerun_of: Option<usize>,
+    /// The ids of this task's reruns, oldest first.
+    rerun_as: Vec<String>,
 }
 
 #[derive(Debug, Default)]
@@ -266,6 +289,9 @@ impl MTask {
             generation: 1,
             children: Vec::new(),
             parent_error: false,
+            initial: bytes(checkpoint),
+            rerun_of: None,
+            rerun_as: Vec::new(),
         }
     }
 
@@ -461,6 +487,39 @@ impl Model {
         }
         self.tasks[t] = Some(MTask::new(t, retry, session, notify, checkpoint, self.now));
         self.notify(t, "task_created");
+        Ok(())
+    }
+
+    /// `TaskStore::rerun` of `of` as the task of `slot`, named.
+    fn rerun(&mut self, slot: usize, of: usize) -> TaskOutcome {
+        if self.tasks[of].is_none() {
+            return Err("NotFound");
+        }
+        self.resolve(of);
+        let now = self.now;
+        let id = format!("t{slot}");
+        let o = self.tasks[of].as_ref().unwrap();
+        if o.rerun_as.contains(&id) {
+            return Ok(());
+        }
+        if !o.terminal() {
+            return Err("IllegalTransition");
+        }
+        if o.parent.is_some() || slot == of {
+            return Err("Invalid");
+        }
+        if self.tasks[slot].is_some() {
+            return Err("AlreadyExists");
+        }
+        let rerun = MTask {
+            checkpoint: o.initial.clone(),
+            initial: o.initial.clone(),
+            rerun_of: Some(of),
+            ..MTask::new(slot, o.retry, o.session, o.notify, 0, now)
+        };
+        self.tasks[of].as_mut().unwrap().rerun_as.push(id);
+        self.tasks[slot] = Some(rerun);
+        self.notify(slot, "task_created");
         Ok(())
     }
 
@@ -736,6 +795,13 @@ impl Model {
             m.parent.map(|p| format!("t{p}")).unwrap_or_default()
         );
         assert_eq!(
+            got.rerun_of(),
+            m.rerun_of.map(|o| format!("t{o}")).as_deref(),
+            "rerun of {}",
+            m.id
+        );
+        assert_eq!(got.rerun_as(), m.rerun_as, "reruns of {}", m.id);
+        assert_eq!(
             !got.parent_notification_error.is_empty(),
             m.parent_error,
             "parent notice of {}",
@@ -976,6 +1042,26 @@ async fn run(ops: Vec<Op>) {
                     assert_eq!(ids, want, "op {i}: children");
                 }
                 Some(*parent)
+            }
+            Op::Rerun { slot, of } => {
+                let got = store
+                    .rerun(&format!("t{of}"), Some(format!("t{slot}")))
+                    .await;
+                let want = model.rerun(*slot, *of);
+                assert_eq!(
+                    outcome(&got),
+                    model_outcome(&want),
+                    "op {i}: {op:?} ({got:?})"
+                );
+                if let Ok(state) = got {
+                    model.expect_snapshot(*slot, &state);
+                }
+                // The original's lineage too.
+                if let Ok(original) = store.get(&format!("t{of}")).await {
+                    model.resolve(*of);
+                    model.expect_snapshot(*of, &original);
+                }
+                Some(*slot)
             }
             Op::Advance(ms) => {
                 env.advance(*ms);

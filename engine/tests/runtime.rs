@@ -667,6 +667,53 @@ async fn cancel_of_a_finished_task_returns_its_terminal_state() {
     assert!(matches!(err, StoreError::AlreadyTerminal(_)));
 }
 
+#[tokio::test]
+async fn a_rerun_runs_again_under_its_own_id_and_needs_the_executor() {
+    let env = env(vec![completes("k")]);
+    let id = submit(&env.manager, "k").await;
+    env.manager.execute(&id).await.unwrap();
+    let rerun = env.manager.rerun(&id, None).await.unwrap();
+    assert_eq!(rerun.rerun_of(), Some(id.as_str()));
+    let done = env.manager.execute(rerun.id()).await.unwrap();
+    assert_eq!(done.status, Status::Completed);
+    assert_eq!(done.attempt, 1);
+    assert_eq!(
+        env.manager.get(&id).await.unwrap().rerun_as(),
+        [rerun.id().to_owned()]
+    );
+
+    // A task whose executor this manager does not run: refused, nothing written.
+    let stray = TaskSpec {
+        id: "stray".into(),
+        executor_key: "gone".into(),
+        ..TaskSpec::default()
+    };
+    let store = env.manager.store();
+    store
+        .create(dtask_engine::CreateRequest {
+            spec: stray,
+            policy: Some(LeasePolicy::Retry),
+            ..dtask_engine::CreateRequest::default()
+        })
+        .await
+        .unwrap();
+    let canceled = store
+        .execute(
+            "stray",
+            1,
+            dtask_engine::Command::RequestCancel {
+                reason: String::new(),
+            },
+        )
+        .await
+        .unwrap();
+    assert!(matches!(
+        env.manager.rerun("stray", None).await,
+        Err(RuntimeError::ExecutorUnavailable(key)) if key == "gone"
+    ));
+    assert_eq!(store.get("stray").await.unwrap(), canceled);
+}
+
 /// Counts acknowledged appends.
 #[derive(Debug, Default)]
 struct Appends(AtomicUsize);

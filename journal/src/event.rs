@@ -1,4 +1,4 @@
-//! The journal's vocabulary: every record a task stream can hold (schema v2).
+//! The journal's vocabulary: every record a task stream can hold (schema v3).
 //!
 //! A task's stream is an ordered list of [`Event`]s. *Lifecycle* events change the task's
 //! status or durable fields and each raises the task's version by exactly one; *non-lifecycle*
@@ -13,17 +13,19 @@
 //! not self-describing): never reorder, remove or change the type of a variant or field here
 //! without bumping [`crate::RECORD_FORMAT_VERSION`]. New variants are appended at the end of
 //! [`Event`]: bincode writes a variant's index, so every record of an older schema decodes
-//! unchanged. Schema v2 ([`EVENT_SCHEMA_VERSION`]) added the mailbox, nested tasks,
-//! publication and multi-part progress events (from `CreatedV2` on); a stream written by a
-//! v1 engine holds none of them and folds exactly as before.
+//! unchanged. Schema v2 added the mailbox, nested tasks, publication and multi-part progress
+//! events (from `CreatedV2` on), schema v3 ([`EVENT_SCHEMA_VERSION`]) the lineage of a rerun
+//! (`RerunOf`, `RerunAs`); a stream written by an older engine holds none of them and folds
+//! exactly as before.
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::sync::Arc;
 
-/// The event schema this build writes: 2 (v1 plus the mailbox, nested tasks, publication and
-/// multi-part progress events). Every v1 record is a v2 record.
-pub const EVENT_SCHEMA_VERSION: u32 = 2;
+/// The event schema this build writes: 3 (v1; v2's mailbox, nested tasks, publication and
+/// multi-part progress events; v3's rerun lineage). Every record of an older schema is a
+/// record of this one.
+pub const EVENT_SCHEMA_VERSION: u32 = 3;
 
 /// Milliseconds since the UNIX epoch, as recorded in an event.
 ///
@@ -506,6 +508,25 @@ pub enum Event {
         /// Time.
         at: Timestamp,
     },
+    // ---- schema v3 ----
+    /// This task is a rerun of `task`, a finished root task (non-lifecycle): written right
+    /// after this task's creation, in the same atomic append as `task`'s [`Event::RerunAs`].
+    /// The rerun was created from `task`'s creation record (spec, policy, initial checkpoint
+    /// and context snapshot) under its own id.
+    RerunOf {
+        /// The task rerun.
+        task: String,
+        /// Time.
+        at: Timestamp,
+    },
+    /// This finished task was rerun as the new task `task` (non-lifecycle; after the terminal
+    /// record, in the same atomic append as `task`'s creation and [`Event::RerunOf`]).
+    RerunAs {
+        /// The new task.
+        task: String,
+        /// Time.
+        at: Timestamp,
+    },
 }
 
 /// The discriminant of an [`Event`], for filters, statistics and display.
@@ -541,11 +562,13 @@ pub enum EventType {
     Published,
     PartAppended,
     ParentNotificationFailed,
+    RerunOf,
+    RerunAs,
 }
 
 impl EventType {
     /// Every event type, in schema order.
-    pub const ALL: [Self; 28] = [
+    pub const ALL: [Self; 30] = [
         Self::Created,
         Self::AttemptStarted,
         Self::Heartbeat,
@@ -574,6 +597,8 @@ impl EventType {
         Self::Published,
         Self::PartAppended,
         Self::ParentNotificationFailed,
+        Self::RerunOf,
+        Self::RerunAs,
     ];
 
     /// The `snake_case` name used in exports and the CLI.
@@ -608,6 +633,8 @@ impl EventType {
             Self::Published => "published",
             Self::PartAppended => "part_appended",
             Self::ParentNotificationFailed => "parent_notification_failed",
+            Self::RerunOf => "rerun_of",
+            Self::RerunAs => "rerun_as",
         }
     }
 
@@ -625,6 +652,8 @@ impl EventType {
                 | Self::Published
                 | Self::PartAppended
                 | Self::ParentNotificationFailed
+                | Self::RerunOf
+                | Self::RerunAs
         )
     }
 }
@@ -696,6 +725,8 @@ impl Event {
             Self::Published { .. } => EventType::Published,
             Self::PartAppended { .. } => EventType::PartAppended,
             Self::ParentNotificationFailed { .. } => EventType::ParentNotificationFailed,
+            Self::RerunOf { .. } => EventType::RerunOf,
+            Self::RerunAs { .. } => EventType::RerunAs,
         }
     }
 
@@ -730,7 +761,9 @@ impl Event {
             | Self::InputsPending { at, .. }
             | Self::Published { at }
             | Self::PartAppended { at, .. }
-            | Self::ParentNotificationFailed { at, .. } => *at,
+            | Self::ParentNotificationFailed { at, .. }
+            | Self::RerunOf { at, .. }
+            | Self::RerunAs { at, .. } => *at,
         }
     }
 
@@ -805,7 +838,9 @@ impl Event {
             | Self::InputWoke { .. }
             | Self::CursorAdvanced { .. }
             | Self::Published { .. }
-            | Self::ParentNotificationFailed { .. } => 0,
+            | Self::ParentNotificationFailed { .. }
+            | Self::RerunOf { .. }
+            | Self::RerunAs { .. } => 0,
         }
     }
 }

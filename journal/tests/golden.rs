@@ -1,19 +1,21 @@
 //! Golden fixtures of record format v1 (BLAKE3 chain digests) — one with an event of every
 //! type of event schema v1, one with an event of every type schema v2 added — and of record
-//! format v2 (SHA-256), with every event of both: the committed bytes must decode to the same
-//! events, and encoding those events must give the same bytes. A failure means the format
+//! format v2 (SHA-256), with every event of both, and one with every type schema v3 added:
+//! the committed bytes must decode to the same events, and encoding those events must give
+//! the same bytes. A failure means the format
 //! drifted: bump `RECORD_FORMAT_VERSION`, add an upcast, and keep the old fixture. Regenerate
 //! (only with a version bump) with `DTASK_BLESS=1 cargo test -p dtask-journal --test golden`.
 #![allow(clippy::unwrap_used)]
 
 use dtask_journal::record::{self, Digest, RecordFormat};
 use dtask_journal::{
-    Delivery, Event, ExpiryResolution, LeasePolicy, Publication, TaskSpec, Timestamp,
+    Delivery, Event, EventType, ExpiryResolution, LeasePolicy, Publication, TaskSpec, Timestamp,
 };
 
 const FIXTURE: &str = "tests/fixtures/format-v1.hex";
 const FIXTURE_V2: &str = "tests/fixtures/schema-v2.hex";
 const FIXTURE_RECORD_V2: &str = "tests/fixtures/record-v2.hex";
+const FIXTURE_V3: &str = "tests/fixtures/schema-v3.hex";
 const TASK: &str = "golden-task";
 
 /// One event of every type, with fixed values.
@@ -216,6 +218,21 @@ fn events_v2() -> Vec<Event> {
     ]
 }
 
+/// One event of every type event schema v3 added, with fixed values.
+fn events_v3() -> Vec<Event> {
+    let at = Timestamp(1_765_000_000_000);
+    vec![
+        Event::RerunOf {
+            task: "golden-original".into(),
+            at,
+        },
+        Event::RerunAs {
+            task: "golden-task.rerun-1".into(),
+            at,
+        },
+    ]
+}
+
 fn encode(format: RecordFormat, events: &[Event]) -> Vec<String> {
     let mut prev = Digest::GENESIS;
     let mut lines = Vec::new();
@@ -259,6 +276,24 @@ fn schema_v2_fixture_decodes_and_reencodes_identically() {
 fn record_v2_fixture_decodes_and_reencodes_identically() {
     let all: Vec<Event> = events().into_iter().chain(events_v2()).collect();
     check_fixture(FIXTURE_RECORD_V2, RecordFormat::SHA256, &all);
+}
+
+#[test]
+fn schema_v3_fixture_decodes_and_reencodes_identically() {
+    check_fixture(FIXTURE_V3, RecordFormat::SHA256, &events_v3());
+}
+
+#[test]
+fn the_fixtures_hold_every_event_type() {
+    let mut types: Vec<EventType> = events()
+        .into_iter()
+        .chain(events_v2())
+        .chain(events_v3())
+        .map(|e| e.event_type())
+        .collect();
+    types.sort();
+    types.dedup();
+    assert_eq!(types, EventType::ALL);
 }
 
 fn check_fixture(fixture_path: &str, format: RecordFormat, events: &[Event]) {

@@ -127,6 +127,9 @@ pub enum FoldError {
     /// A publication change that does not follow from the task's publication.
     #[error("`published` while the publication is {0}")]
     NotDeferred(&'static str),
+    /// A `rerun_of` or `rerun_as` record where no rerun puts one.
+    #[error("rerun lineage inconsistent with the task: {0}")]
+    Lineage(&'static str),
 }
 
 /// The key of a progress-event part in [`TaskLayer::parts`]: unambiguous for any two strings.
@@ -293,6 +296,7 @@ impl Task {
                 root_session_id: root,
                 mailbox: Mailbox::new(),
                 parent_notification_error: String::new(),
+                lineage: None,
             },
             update_ids: IdIndex::new(),
             notification_ids: IdIndex::new(),
@@ -339,7 +343,8 @@ impl Task {
             return match event {
                 Event::NotificationEnqueued { .. }
                 | Event::NotificationAcked { .. }
-                | Event::ParentNotificationFailed { .. } => self.check_any(event),
+                | Event::ParentNotificationFailed { .. }
+                | Event::RerunAs { .. } => self.check_any(event),
                 Event::InputSent { event_id, .. } => {
                     Err(FoldError::MailboxSealed(event_id.clone()))
                 }
@@ -479,6 +484,23 @@ impl Task {
             Event::ParentNotificationFailed { .. } => {
                 if s.parent_task_id.is_empty() {
                     return Err(illegal());
+                }
+            }
+            Event::RerunOf { task, .. } => {
+                if s.position != 1 {
+                    return Err(FoldError::Lineage(
+                        "`rerun_of` only right after the creation",
+                    ));
+                }
+                check_rerun_link(s, task)?;
+            }
+            Event::RerunAs { task, .. } => {
+                if !s.status.is_terminal() {
+                    return Err(FoldError::Lineage("`rerun_as` before the task ended"));
+                }
+                check_rerun_link(s, task)?;
+                if s.rerun_as().contains(task) {
+                    return Err(FoldError::Lineage("a rerun recorded twice"));
                 }
             }
             Event::AttemptStarted { attempt, .. } => {
@@ -657,6 +679,18 @@ impl Task {
                     s.parent_notification_error.clone_from(error);
                 }
             }
+            Event::RerunOf { task, .. } => {
+                s.lineage
+                    .get_or_insert_with(Box::default)
+                    .rerun_of
+                    .clone_from(task);
+            }
+            Event::RerunAs { task, .. } => {
+                s.lineage
+                    .get_or_insert_with(Box::default)
+                    .rerun_as
+                    .push(task.clone());
+            }
             Event::AttemptStarted {
                 attempt,
                 lease_deadline,
@@ -771,6 +805,18 @@ pub fn cancel_error(cancel_reason: &str, ack_reason: &str) -> String {
         .find(|r| !r.is_empty())
         .unwrap_or(DEFAULT_CANCEL_REASON)
         .to_owned()
+}
+
+/// What both ends of a rerun's link require: a root task (a nested task is rerun by its
+/// parent, not as a task of its own) linked to another task.
+fn check_rerun_link(s: &TaskState, other: &str) -> Result<(), FoldError> {
+    if s.is_nested() {
+        return Err(FoldError::Lineage("a nested task in a rerun"));
+    }
+    if other.is_empty() || other == s.id() {
+        return Err(FoldError::Lineage("a rerun linked to no other task"));
+    }
+    Ok(())
 }
 
 fn finish(s: &mut TaskState, status: Status, error: String, at: dtask_journal::Timestamp) {

@@ -41,4 +41,6 @@ pub use replay::{
     load_listed_tasks_each, load_task, load_task_at, load_tasks, load_tasks_each, load_tasks_with,
     replay_task, FoldView, FoldViews, Replay, ReplayError, TaskFold,
 };
-pub use state::{Fenced, Mailbox, Status, TaskState, DEFAULT_CANCEL_REASON, LEASE_EXPIRED_ERROR};
+pub use state::{
+    Fenced, Lineage, Mailbox, Status, TaskState, DEFAULT_CANCEL_REASON, LEASE_EXPIRED_ERROR,
+};

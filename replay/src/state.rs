@@ -128,6 +128,19 @@ pub struct TaskState {
     pub mailbox: Mailbox,
     /// The first failure to put a lifecycle notification into the parent's mailbox.
     pub parent_notification_error: String,
+    /// The task's reruns, both ways: `None` for a task that is no rerun and was never rerun
+    /// (most tasks; see [`TaskState::rerun_of`], [`TaskState::rerun_as`]).
+    pub lineage: Option<Box<Lineage>>,
+}
+
+/// How a task is tied to its reruns: the task it reruns, and the tasks it was rerun as
+/// (from its `rerun_of` and `rerun_as` records).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Lineage {
+    /// The task this one is a rerun of; empty for none.
+    pub rerun_of: String,
+    /// The tasks this one was rerun as, oldest first.
+    pub rerun_as: Vec<String>,
 }
 
 /// A task's mailbox (the reference's background mailbox): created with the task, sealed when
@@ -177,6 +190,21 @@ impl TaskState {
     #[must_use]
     pub const fn mailbox_sealed(&self) -> bool {
         self.status.is_terminal()
+    }
+
+    /// The task this one is a rerun of, if it is one.
+    #[must_use]
+    pub fn rerun_of(&self) -> Option<&str> {
+        self.lineage
+            .as_deref()
+            .map(|l| l.rerun_of.as_str())
+            .filter(|id| !id.is_empty())
+    }
+
+    /// The tasks this one was rerun as, oldest first (empty when it never was).
+    #[must_use]
+    pub fn rerun_as(&self) -> &[String] {
+        self.lineage.as_deref().map_or(&[], |l| &l.rerun_as)
     }
 
     /// Whether the task is a nested task (it has a parent).

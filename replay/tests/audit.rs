@@ -258,6 +258,84 @@ fn duplicate_update_ids_and_records_after_the_end_are_illegal() {
 }
 
 #[test]
+fn rerun_records_stand_only_where_a_rerun_puts_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = journal(dir.path());
+    let at = Timestamp(5);
+    let rerun_of = |task: &str| Event::RerunOf {
+        task: task.into(),
+        at,
+    };
+    let rerun_as = |task: &str| Event::RerunAs {
+        task: task.into(),
+        at,
+    };
+    // Where a rerun puts them: right after the new task's creation, after the old one's end.
+    j.append(
+        "old",
+        0,
+        &[created("old", LeasePolicy::Retry), started(1, 100)],
+    )
+    .unwrap();
+    j.append("old", 2, &[completed(), rerun_as("new")]).unwrap();
+    j.append(
+        "new",
+        0,
+        &[created("new", LeasePolicy::Retry), rerun_of("old")],
+    )
+    .unwrap();
+    // Elsewhere: a rerun_of after an attempt, a rerun_as of a task that has not ended, the
+    // same rerun twice, a task its own rerun.
+    j.append(
+        "late",
+        0,
+        &[
+            created("late", LeasePolicy::Retry),
+            started(1, 100),
+            rerun_of("old"),
+        ],
+    )
+    .unwrap();
+    j.append(
+        "live",
+        0,
+        &[created("live", LeasePolicy::Retry), rerun_as("x")],
+    )
+    .unwrap();
+    j.append(
+        "twice",
+        0,
+        &[created("twice", LeasePolicy::Retry), started(1, 100)],
+    )
+    .unwrap();
+    j.append("twice", 2, &[completed(), rerun_as("a"), rerun_as("a")])
+        .unwrap();
+    j.append(
+        "self",
+        0,
+        &[created("self", LeasePolicy::Retry), rerun_of("self")],
+    )
+    .unwrap();
+    let report = audit_journal(&j, &mut |_| {}).unwrap();
+    assert_eq!(
+        kinds(&report),
+        [
+            ("late".into(), Some(2), ProblemKind::Illegal),
+            ("live".into(), Some(1), ProblemKind::Illegal),
+            ("self".into(), Some(1), ProblemKind::Illegal),
+            ("twice".into(), Some(4), ProblemKind::Illegal),
+        ],
+        "{:?}",
+        report.problems
+    );
+    let details: Vec<&str> = report.problems.iter().map(|p| p.detail.as_str()).collect();
+    assert!(details[0].contains("only right after the creation"));
+    assert!(details[1].contains("before the task ended"));
+    assert!(details[2].contains("linked to no other task"));
+    assert!(details[3].contains("recorded twice"));
+}
+
+#[test]
 fn lease_expiry_must_follow_policy_and_deadline() {
     let dir = tempfile::tempdir().unwrap();
     let j = journal(dir.path());

@@ -269,6 +269,7 @@ pub fn summary(event: &Event) -> String {
         Event::ParentNotificationFailed { kind, error, .. } => {
             format!("kind={kind} error={error:?}")
         }
+        Event::RerunOf { task, .. } | Event::RerunAs { task, .. } => format!("task={task}"),
     }
 }
 

@@ -394,6 +394,9 @@ impl Timeline {
                     .field("kind", kind.clone().into(), kind.clone())
                     .field("error", error.clone().into(), format!("{error:?}")),
             ),
+            // The lineage is the state's (`rerun of`, `rerun as`); the records' times are
+            // in the event list.
+            Event::RerunOf { .. } | Event::RerunAs { .. } => {}
             Event::NotificationAcked { id, .. } => {
                 let queued = self
                     .notifications
@@ -449,6 +452,8 @@ pub fn state_json(s: &TaskState, show: Show) -> Value {
             "sealed": s.mailbox_sealed(),
         },
         "parent_notification_error": s.parent_notification_error,
+        "rerun_of": s.rerun_of(),
+        "rerun_as": s.rerun_as(),
     })
 }
 
@@ -532,6 +537,12 @@ pub fn state_text(s: &TaskState, show: Show) -> String {
                 if s.mailbox_sealed() { ", sealed" } else { "" }
             ),
         );
+    }
+    if let Some(original) = s.rerun_of() {
+        kv("rerun of", original.to_owned());
+    }
+    if !s.rerun_as().is_empty() {
+        kv("rerun as", s.rerun_as().join(", "));
     }
     if !s.parent_notification_error.is_empty() {
         kv(

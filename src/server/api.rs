@@ -5,8 +5,8 @@ use super::extract::{ApiPath, ApiQuery, JsonBody, OptionalJsonBody};
 use super::metrics::Scrape;
 use super::model::{
     BytesQuery, CancelBody, InputBody, InputView, ListQuery, RecordPage, RecordsQuery, ReleaseBody,
-    ResumeBody, StateAt, StateQuery, Stats, StorageView, SubmitBody, TaskDetail, TaskList,
-    TaskStateView, UpdatePage, UpdatesQuery, VerifyQuery, VerifyReport,
+    RerunBody, ResumeBody, StateAt, StateQuery, Stats, StorageView, SubmitBody, TaskDetail,
+    TaskList, TaskStateView, UpdatePage, UpdatesQuery, VerifyQuery, VerifyReport,
 };
 use super::sse::{self, Scope};
 use super::{read, ApiError, Shared};
@@ -246,6 +246,31 @@ pub async fn release(
 ) -> Api<TaskStateView> {
     let state = owner(&shared)?.release(&id, body).await?;
     Ok(Json(TaskStateView::of(&state, false)))
+}
+
+/// Reruns a finished root task as a new task (owner mode): created pending from the task's
+/// creation (same spec under the new id, policy, initial checkpoint), both tasks naming each
+/// other (`rerun_of`, `rerun_as`).
+#[utoipa::path(
+    post, path = "/api/tasks/{id}/rerun", tag = "control", request_body = RerunBody,
+    params(("id" = String, Path, description = "The finished task")),
+    responses(
+        (status = 201, description = "The new task, pending (or the rerun named, made before)", body = TaskStateView),
+        (status = 400, description = "A nested task (its parent reruns it), or a bad new id", body = ErrorBody),
+        (status = 403, description = "A read-only server", body = ErrorBody),
+        (status = 507, description = "The journal's disk is full: nothing was written; the same request can be made again once there is room", body = ErrorBody),
+        (status = 503, description = "`journal_stopped`: the journal stopped after a failed sync and refuses every write until the process restarts (see `/healthz`)", body = ErrorBody),
+        (status = 404, description = "No such task", body = ErrorBody),
+        (status = 409, description = "The task has not ended, or the new id is taken", body = ErrorBody),
+    )
+)]
+pub async fn rerun(
+    State(shared): State<Arc<Shared>>,
+    ApiPath(id): ApiPath<String>,
+    OptionalJsonBody(body): OptionalJsonBody<RerunBody>,
+) -> Result<Response, ApiError> {
+    let state = owner(&shared)?.rerun(&id, body).await?;
+    Ok((StatusCode::CREATED, Json(TaskStateView::of(&state, false))).into_response())
 }
 
 /// Audits the journal (or one task): CRCs, hash chains, legality, indexes. One audit runs at

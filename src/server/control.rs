@@ -2,7 +2,9 @@
 //! engine's task store, or through an embedded [`Manager`] when the server was given one (so
 //! that executors are checked at submit, and a cancel reaches an attempt running in it).
 
-use super::model::{CancelBody, InputBody, InputView, ReleaseBody, ResumeBody, SubmitBody};
+use super::model::{
+    CancelBody, InputBody, InputView, ReleaseBody, RerunBody, ResumeBody, SubmitBody,
+};
 use super::ApiError;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
@@ -190,6 +192,18 @@ impl Owner {
             }
         })
         .await
+    }
+
+    /// Reruns a finished root task as a new task (see [`TaskStore::rerun`]).
+    ///
+    /// # Errors
+    /// 400 for a nested task, a bad new id or (with a manager) an executor it does not run,
+    /// 404, 409 while the task has not ended or when the new id is taken.
+    pub async fn rerun(&self, id: &str, body: RerunBody) -> Result<TaskState, ApiError> {
+        match &self.manager {
+            Some(manager) => Ok(manager.rerun(id, body.id).await?),
+            None => Ok(self.store.rerun(id, body.id).await?),
+        }
     }
 
     /// Executes the command `make` builds from the current state, retrying version conflicts.

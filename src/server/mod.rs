@@ -240,6 +240,7 @@ impl Server {
             .route("/api/tasks/{id}/resume", post(api::resume))
             .route("/api/tasks/{id}/inputs", post(api::send_input))
             .route("/api/tasks/{id}/release", post(api::release))
+            .route("/api/tasks/{id}/rerun", post(api::rerun))
             .route("/api/verify", post(api::verify))
             .route("/api/stats", get(api::stats))
             .route("/api/stream", get(api::stream))

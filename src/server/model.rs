@@ -179,6 +179,10 @@ pub struct TaskStateView {
     pub inputs_received: u64,
     /// How far the task's attempts read them (the consumed cursor).
     pub inputs_read: u64,
+    /// The task this one is a rerun of (`null` for none).
+    pub rerun_of: Option<String>,
+    /// The tasks this one was rerun as, oldest first.
+    pub rerun_as: Vec<String>,
 }
 
 impl TaskStateView {
@@ -217,6 +221,8 @@ impl TaskStateView {
             parent_task_id: s.parent_task_id.clone(),
             inputs_received: s.mailbox.latest,
             inputs_read: s.mailbox.consumed,
+            rerun_of: s.rerun_of().map(str::to_owned),
+            rerun_as: s.rerun_as().to_vec(),
         }
     }
 }
@@ -462,6 +468,16 @@ pub struct CancelBody {
     /// Why (the first reason wins).
     #[serde(default)]
     pub reason: String,
+}
+
+/// `POST /api/tasks/{id}/rerun`: the new task's id, if the caller names it.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RerunBody {
+    /// The new task's id; without it, `<id>.rerun-<n>` (`n` counting the task's reruns
+    /// from 1). Naming a rerun the task already has returns it (a repeated request reruns
+    /// once).
+    pub id: Option<String>,
 }
 
 /// `POST /api/tasks/{id}/resume`: input for a task waiting for it.

@@ -398,6 +398,7 @@ mod tests {
             root_session_id: String::new(),
             mailbox: dtask_replay::Mailbox::new(),
             parent_notification_error: String::new(),
+            lineage: None,
         }
     }
 

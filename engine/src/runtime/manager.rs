@@ -435,6 +435,22 @@ impl Manager {
         }
     }
 
+    /// Reruns the finished root task `id` as a new task ([`TaskStore::rerun`]: the same spec
+    /// under the new id, with the original's policy), after checking that this manager is
+    /// open and runs the task's executor.
+    ///
+    /// # Errors
+    /// [`RuntimeError::Closed`] after close, [`RuntimeError::ExecutorUnavailable`], and the
+    /// store's errors ([`TaskStore::rerun`]); nothing is written on error.
+    pub async fn rerun(&self, id: &str, new_id: Option<String>) -> Result<TaskState, RuntimeError> {
+        if self.is_closed() {
+            return Err(RuntimeError::Closed);
+        }
+        let original = self.inner.store.get(id).await?;
+        self.executor(&original.spec.executor_key)?;
+        Ok(self.inner.store.rerun(id, new_id).await?)
+    }
+
     /// Gives input to a task waiting for it (transition T17 of docs/semantics.md).
     /// `expected_version` ties the input to that exact wait.
     ///

@@ -387,6 +387,66 @@ pub(crate) fn create(
     Ok((id, std::iter::once(created).chain(notification).collect()))
 }
 
+/// The creation of a rerun of the finished `original` as task `new_id`, from `created`,
+/// the first record of `original`'s stream: the same spec under the new id, policy, initial
+/// checkpoint, context snapshot and root session, published on create. The caller appends
+/// the lineage records.
+pub(crate) fn rerun(original: &TaskState, created: Event, new_id: String) -> Result<CreateRequest> {
+    if !original.is_terminal() {
+        return Err(StoreError::IllegalTransition {
+            status: original.status,
+            operation: "rerun",
+        });
+    }
+    if original.is_nested() {
+        return Err(StoreError::invalid(
+            "id",
+            "a nested task is rerun by its parent, not on its own",
+        ));
+    }
+    if new_id == original.spec.id {
+        return Err(StoreError::invalid(
+            "new id",
+            "a rerun is a task of its own",
+        ));
+    }
+    let (Event::Created {
+        policy,
+        checkpoint,
+        context_snapshot,
+        ..
+    }
+    | Event::CreatedV2 {
+        policy,
+        checkpoint,
+        context_snapshot,
+        ..
+    }) = created
+    else {
+        return Err(StoreError::Invalid {
+            field: "id",
+            reason: format!(
+                "the first record of {:?} is `{}`, not its creation",
+                original.spec.id,
+                created.event_type()
+            ),
+        });
+    };
+    let spec = TaskSpec {
+        id: new_id,
+        ..TaskSpec::clone(&original.spec)
+    };
+    Ok(CreateRequest {
+        spec,
+        policy: Some(policy),
+        checkpoint,
+        context_snapshot,
+        publication: Publication::OnCreate,
+        parent: None,
+        root_session_id: original.root_session_id.clone(),
+    })
+}
+
 /// The root session a nested task inherits from its parent: the parent's root session, or
 /// the session of a root parent.
 pub(crate) fn inherited_root(parent: &TaskState) -> String {

@@ -809,6 +809,61 @@ impl TaskStore {
         self.create_folded(id, events, task, None).await
     }
 
+    /// Reruns the finished root task `id` as a new task: created pending from `id`'s creation
+    /// record — its spec (under the new id), policy, initial checkpoint, context snapshot and
+    /// root session — with a `rerun_of` record naming `id`, while `id`'s stream gets a
+    /// `rerun_as` record naming the new task, both in one atomic append. The new task runs
+    /// from the start: nothing of `id`'s attempts carries over, and its tool's side effects
+    /// happen again (that is what a rerun is for).
+    ///
+    /// `new_id` names the new task; `None` gives `<id>.rerun-<n>`, `n` counting `id`'s
+    /// reruns from 1. Naming a task that is already a rerun of `id` returns it as it is, so
+    /// a request repeated after a lost answer reruns once.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] for an unknown task; [`StoreError::IllegalTransition`] while
+    /// it has not ended; [`StoreError::Invalid`] for a nested task (its parent reruns it) or a
+    /// bad new id; [`StoreError::AlreadyExists`] when the new id is taken by another task.
+    /// Nothing is written on error.
+    pub async fn rerun(&self, id: &str, new_id: Option<String>) -> Result<TaskState> {
+        let slot = self.slot(id)?;
+        let mut task = self.lock(&slot).await?;
+        let now = self.now();
+        self.resolve_expiry(&slot, &mut task, now).await?;
+        let new_id = match new_id {
+            Some(new_id) => {
+                if task.state.rerun_as().contains(&new_id) {
+                    drop(task);
+                    return self.get(&new_id).await;
+                }
+                new_id
+            }
+            None => format!("{id}.rerun-{}", task.state.rerun_as().len() + 1),
+        };
+        let created = self
+            .inner
+            .journal
+            .read_stream(id, 0)
+            .next()
+            .transpose()?
+            .ok_or_else(|| StoreError::task_not_found(id))?;
+        let request = decide::rerun(&task.state, created.event, new_id)?;
+        let (new_id, mut events) = decide::create(request, String::new(), now, &self.inner.config)?;
+        events.insert(
+            1,
+            Event::RerunOf {
+                task: id.to_owned(),
+                at: now,
+            },
+        );
+        let linked = [Event::RerunAs {
+            task: new_id.clone(),
+            at: now,
+        }];
+        self.create_stream(new_id, events, Some((&slot, &mut task, &linked)))
+            .await
+    }
+
     /// Writes a new task's stream (with, for a nested task, its parent's events in the same
     /// append) and indexes it.
     async fn create_stream(

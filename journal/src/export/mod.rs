@@ -56,9 +56,9 @@ use std::fmt::{self, Write as _};
 ///
 /// It changes when a field is removed, renamed or changes meaning, or when event types are
 /// added (version 2: the event schema v2's mailbox, nested-task, publication and part
-/// events). A reader of version 2 reads version 1 exports too ([`OLDEST_VERSION`]): their
-/// events are a subset.
-pub const VERSION: u64 = 2;
+/// events; version 3: schema v3's `rerun_of` and `rerun_as`). A reader of version 3 reads
+/// versions 1 and 2 too ([`OLDEST_VERSION`]): their events are a subset.
+pub const VERSION: u64 = 3;
 
 /// The oldest export version this build reads.
 pub const OLDEST_VERSION: u64 = 1;
@@ -582,17 +582,19 @@ mod tests {
         let text = String::from_utf8(out).unwrap();
         assert_eq!(
             text,
-            "{\"dtask_export\":2,\"journal_format\":2,\"record_format\":2,\"records\":3,\"redacted\":true,\"scope\":[\"a\"]}\n"
+            "{\"dtask_export\":3,\"journal_format\":2,\"record_format\":2,\"records\":3,\"redacted\":true,\"scope\":[\"a\"]}\n"
         );
         assert_eq!(Header::read(text.trim_end()).unwrap(), header);
         let older = header.clone().with_record_format(RecordFormat::BLAKE3);
         assert_eq!(older.record_format, 1);
-        // A version 1 header (before the G3 events) reads too.
-        let v1 = text.replace("\"dtask_export\":2", "\"dtask_export\":1");
-        assert_eq!(Header::read(v1.trim_end()).unwrap().dtask_export, 1);
+        // Version 1 and 2 headers (before the G3 events, before the rerun lineage) read too.
+        for older in [1, 2] {
+            let old = text.replace("\"dtask_export\":3", &format!("\"dtask_export\":{older}"));
+            assert_eq!(Header::read(old.trim_end()).unwrap().dtask_export, older);
+        }
         assert!(matches!(
-            Header::read(r#"{"dtask_export":3,"anything":"else"}"#),
-            Err(ExportError::Version { found: 3 })
+            Header::read(r#"{"dtask_export":4,"anything":"else"}"#),
+            Err(ExportError::Version { found: 4 })
         ));
         assert!(matches!(Header::read("[]"), Err(ExportError::NoVersion)));
         assert!(matches!(Header::read("{"), Err(ExportError::NotJson(_))));

@@ -197,6 +197,14 @@ enum EventDef {
         error: String,
         at: Timestamp,
     },
+    RerunOf {
+        task: String,
+        at: Timestamp,
+    },
+    RerunAs {
+        task: String,
+        at: Timestamp,
+    },
 }
 
 /// How a task spec is read: every field, none unknown.

@@ -359,6 +359,13 @@ impl<'a> Serialize for EventJson<'a> {
                 o.serialize_field("type", ty)?;
                 o.end()
             }
+            Event::RerunOf { task, at } | Event::RerunAs { task, at } => {
+                let mut o = serializer.serialize_struct("rerun", 3)?;
+                o.serialize_field("at", at)?;
+                o.serialize_field("task", task)?;
+                o.serialize_field("type", ty)?;
+                o.end()
+            }
         }
     }
 }

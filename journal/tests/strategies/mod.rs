@@ -163,5 +163,7 @@ pub fn event() -> impl Strategy<Value = Event> {
                 at,
             }
         }),
+        (".{0,16}", ts()).prop_map(|(task, at)| Event::RerunOf { task, at }),
+        (".{0,16}", ts()).prop_map(|(task, at)| Event::RerunAs { task, at }),
     ]
 }

@@ -190,6 +190,8 @@ function timeline(records) {
       case "failed": items.push(["bad", `failed: ${e.error}`, r]); break;
       case "canceled": items.push(["cancel", `canceled: ${e.reason}`, r]); break;
       case "transcript_failed": items.push(["bad", `transcript failed: ${e.error}`, r]); break;
+      case "rerun_of": items.push(["", `a rerun of ${e.task}`, r]); break;
+      case "rerun_as": items.push(["", `rerun as ${e.task}`, r]); break;
       default: items.push(["", r.type.replace(/_/g, " "), r]);
     }
   }
@@ -211,6 +213,9 @@ function stateList(s) {
   if (s.cancel_requested_at) pairs.push(["cancel", `${time(s.cancel_requested_at)}: ${s.cancel_reason}`]);
   if (s.status === "completed") pairs.push(["result", bytes(s.result_data)]);
   if (s.result_error) pairs.push(["error", s.result_error]);
+  const taskLink = (id) => h("a", { href: `#/task/${encodeURIComponent(id)}`, class: "mono" }, id);
+  if (s.rerun_of) pairs.push(["rerun of", taskLink(s.rerun_of)]);
+  if (s.rerun_as && s.rerun_as.length) pairs.push(["rerun as", s.rerun_as.flatMap((id, i) => (i ? [", ", taskLink(id)] : [taskLink(id)]))]);
   return h("dl", { class: "kv" }, pairs.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
 }
 
@@ -263,6 +268,14 @@ async function taskPage(id) {
       actions.append(input, h("button", { onclick: () => act("resume", { data: input.value, expected_version: s.version }) }, "Resume"));
     }
     if (s.status === "suspended") actions.append(h("button", { onclick: () => act("release", {}) }, "Release"));
+    if (terminal && !s.parent_task_id) {
+      actions.append(h("button", { id: "rerun", onclick: async () => {
+        try {
+          const rerun = await api(`${path}/rerun`, { method: "POST", headers: { "content-type": "application/json" }, body: "{}" });
+          location.hash = `#/task/${encodeURIComponent(rerun.id)}`;
+        } catch (e) { message.replaceChildren(h("span", { class: "error" }, e.message)); }
+      } }, "Rerun"));
+    }
   };
 
   const showAt = async () => {

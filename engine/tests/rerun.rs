@@ -1,0 +1,212 @@
+//! Reruns: a finished root task run again as a new task, with the lineage written both ways
+//! in one append. Each scenario runs straight and with the store reopened before every step
+//! (what the journal holds is all there is).
+
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use dtask_engine::{Command, CreateRequest, StoreError, TaskStore};
+use dtask_journal::{Event, EventType, LeasePolicy};
+use dtask_replay::Status;
+
+use LeasePolicy::{Fail, Retry};
+
+/// The store, reopened first when `reboot` is set.
+fn s(env: &mut Env, reboot: bool) -> &TaskStore {
+    if reboot {
+        env.reopen();
+    }
+    env.store()
+}
+
+/// The event types of `id`'s stream, in order.
+fn stream_types(store: &TaskStore, id: &str) -> Vec<EventType> {
+    store
+        .journal()
+        .read_stream(id, 0)
+        .map(|r| r.unwrap().event.event_type())
+        .collect()
+}
+
+/// A task created with a context (and `initial` checkpoint, if given), run and failed — with
+/// a started marker when it had no initial checkpoint.
+async fn failed_task(store: &TaskStore, id: &str, initial: Option<&str>) {
+    let mut req = request(spec(id), Fail);
+    req.checkpoint = initial.map(cp).unwrap_or_default();
+    req.context_snapshot = cp("context");
+    req.spec.payload = br#"{"tool_name":"shell"}"#.to_vec();
+    let t = store.create(req).await.unwrap();
+    store.execute(id, t.version, Command::Start).await.unwrap();
+    if initial.is_none() {
+        ok(
+            store,
+            id,
+            Command::CommitStart {
+                checkpoint: cp("started"),
+            },
+        )
+        .await;
+    }
+    ok(
+        store,
+        id,
+        Command::Fail {
+            error: "boom".into(),
+        },
+    )
+    .await;
+}
+
+async fn reruns_a_finished_task_from_its_creation(reboot: bool) {
+    let mut env = Env::new();
+    failed_task(s(&mut env, reboot), "t", None).await;
+    let before = s(&mut env, reboot).get("t").await.unwrap();
+
+    let rerun = s(&mut env, reboot).rerun("t", None).await.unwrap();
+    assert_eq!(rerun.id(), "t.rerun-1");
+    assert_eq!(rerun.status, Status::Pending);
+    assert_eq!((rerun.version, rerun.attempt, rerun.position), (1, 0, 2));
+    assert_eq!(rerun.policy, Fail);
+    assert!(
+        rerun.checkpoint.is_empty(),
+        "the started marker is not carried"
+    );
+    assert_eq!(rerun.context_snapshot, cp("context"));
+    assert_eq!(rerun.spec.payload, before.spec.payload);
+    assert_eq!(rerun.spec.executor_key, KEY);
+    assert_eq!(rerun.rerun_of(), Some("t"));
+    assert!(rerun.rerun_as().is_empty());
+
+    let store = s(&mut env, reboot);
+    let original = store.get("t").await.unwrap();
+    assert_eq!(original.rerun_as(), ["t.rerun-1"]);
+    assert_eq!(original.rerun_of(), None);
+    assert_eq!(original.status, Status::Failed);
+    assert_eq!(
+        original.version, before.version,
+        "lineage is not a lifecycle event"
+    );
+    assert_eq!(original.position, before.position + 1);
+    assert_eq!(
+        stream_types(store, "t.rerun-1"),
+        [EventType::Created, EventType::RerunOf]
+    );
+    assert_eq!(stream_types(store, "t").last(), Some(&EventType::RerunAs));
+    assert_eq!(
+        store.get("t.rerun-1").await.unwrap(),
+        rerun,
+        "the folded rerun is the one returned"
+    );
+
+    // The rerun runs like any task: claimed, started from scratch, completed.
+    let store = s(&mut env, reboot);
+    let claimed = store.execute("t.rerun-1", 1, Command::Start).await.unwrap();
+    assert_eq!(claimed.attempt, 1);
+    assert!(!claimed.is_started());
+    ok(store, "t.rerun-1", Command::Complete { data: cp("ok") }).await;
+
+    // A second rerun of the original, and a rerun of the rerun.
+    let second = s(&mut env, reboot).rerun("t", None).await.unwrap();
+    assert_eq!(second.id(), "t.rerun-2");
+    let third = s(&mut env, reboot)
+        .rerun("t.rerun-1", Some("t.third".into()))
+        .await
+        .unwrap();
+    assert_eq!(third.rerun_of(), Some("t.rerun-1"));
+    let store = s(&mut env, reboot);
+    assert_eq!(
+        store.get("t").await.unwrap().rerun_as(),
+        ["t.rerun-1", "t.rerun-2"]
+    );
+    let middle = store.get("t.rerun-1").await.unwrap();
+    assert_eq!(middle.rerun_of(), Some("t"));
+    assert_eq!(middle.rerun_as(), ["t.third"]);
+    assert_eq!(middle.status, Status::Completed);
+}
+
+#[tokio::test]
+async fn a_finished_task_reruns_from_its_creation_and_both_name_each_other() {
+    reruns_a_finished_task_from_its_creation(false).await;
+}
+
+#[tokio::test]
+async fn a_rerun_and_its_lineage_survive_a_reopen_at_every_step() {
+    reruns_a_finished_task_from_its_creation(true).await;
+}
+
+#[tokio::test]
+async fn a_rerun_asked_for_twice_by_name_is_made_once() {
+    let env = Env::new();
+    let store = env.store();
+    failed_task(store, "t", Some("initial")).await;
+    let first = store.rerun("t", Some("again".into())).await.unwrap();
+    assert_eq!(first.checkpoint, cp("initial"), "the creation's checkpoint");
+    let repeat = store.rerun("t", Some("again".into())).await.unwrap();
+    assert_eq!(first, repeat);
+    let original = store.get("t").await.unwrap();
+    assert_eq!(original.rerun_as(), ["again"]);
+}
+
+#[tokio::test]
+async fn a_rerun_is_refused_before_the_end_for_a_nested_task_and_for_a_taken_id() {
+    let env = Env::new();
+    let store = env.store();
+    assert_err!(store.rerun("nobody", None).await, StoreError::NotFound(_));
+
+    // Not finished: pending, then running.
+    create(store, "live", Retry).await;
+    assert_err!(
+        store.rerun("live", None).await,
+        StoreError::IllegalTransition {
+            status: Status::Pending,
+            operation: "rerun"
+        }
+    );
+    running(store, "run", Retry).await;
+    assert_err!(
+        store.rerun("run", None).await,
+        StoreError::IllegalTransition {
+            status: Status::Running,
+            ..
+        }
+    );
+
+    // Its own id, and an id another task holds: refused, nothing written.
+    failed_task(store, "t", None).await;
+    create(store, "taken", Retry).await;
+    let before = store.get("t").await.unwrap();
+    assert_err!(
+        store.rerun("t", Some("t".into())).await,
+        StoreError::Invalid { .. }
+    );
+    assert!(matches!(
+        store.rerun("t", Some("taken".into())).await,
+        Err(StoreError::AlreadyExists(id)) if id == "taken"
+    ));
+    assert_err!(
+        store.rerun("t", Some(String::new())).await,
+        StoreError::Invalid { .. }
+    );
+    let after = store.get("t").await.unwrap();
+    assert_eq!(after, before, "no lineage written for a refused rerun");
+    assert_eq!(store.get("taken").await.unwrap().rerun_of(), None);
+
+    // A nested task, finished: its parent reruns it, not the store.
+    let parent = running(store, "parent", Retry).await;
+    let child: CreateRequest = child_request("child", "parent", parent.attempt, false);
+    store.create(child).await.unwrap();
+    ok(store, "child", Command::Start).await;
+    ok(store, "child", Command::Fail { error: "e".into() }).await;
+    assert_err!(
+        store.rerun("child", None).await,
+        StoreError::Invalid { field: "id", .. }
+    );
+    let events: Vec<Event> = store
+        .journal()
+        .read_stream("child", 0)
+        .map(|r| r.unwrap().event)
+        .collect();
+    assert!(!events.iter().any(|e| e.event_type() == EventType::RerunAs));
+}
