@@ -1,5 +1,6 @@
-//! A manager with one executor, a worker, and three tasks: one completes, one asks for input
-//! and completes once answered, one is canceled while it runs.
+//! A manager with one executor, a worker, and four tasks: one completes, one asks for input
+//! and completes once answered, one is canceled while it runs, and one fails for a passing
+//! reason and is rerun (a new task, linked to the one that failed).
 //!
 //! Run: `cargo run --example runtime_quickstart`
 #![allow(clippy::unwrap_used, missing_docs)]
@@ -11,6 +12,10 @@ use dtask::engine::{
 };
 use dtask::journal::{Journal, JournalOptions, LeasePolicy, TaskSpec};
 use dtask::replay::TaskState;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Whether the flaky task's outage is over (it fails the first time only).
+static OUTAGE_OVER: AtomicBool = AtomicBool::new(false);
 
 /// A tool that echoes its payload, asks for approval when the payload says so, and stops when
 /// told to.
@@ -44,6 +49,9 @@ impl Executor for Echo {
         match (payload.as_str(), task.pending_resume) {
             ("needs approval", None) => Ok(ExecutionResult::WaitingInput(b"approve?".to_vec())),
             ("needs approval", Some(answer)) => Ok(ExecutionResult::Completed(answer)),
+            ("flaky", _) if !OUTAGE_OVER.swap(true, Ordering::SeqCst) => {
+                Ok(ExecutionResult::Failed("the service was down".into()))
+            }
             ("runs forever", _) => match attempt.next_control().await {
                 Control::Stop(reason) => Ok(ExecutionResult::Canceled(reason)),
                 other => Ok(ExecutionResult::Failed(other.reason().to_owned())),
@@ -136,6 +144,25 @@ async fn main() {
     println!(
         "{forever}: {}",
         describe(&manager.wait(&forever).await.unwrap())
+    );
+
+    // A failure that a later run would not meet: rerun the task. The rerun is a new task from
+    // the same spec; each names the other.
+    let flaky = submit(&manager, "flaky").await;
+    println!(
+        "{flaky}: {}",
+        describe(&manager.wait(&flaky).await.unwrap())
+    );
+    let rerun = manager.rerun(&flaky, None).await.unwrap();
+    println!(
+        "{}: rerun of {}: {}",
+        rerun.id(),
+        rerun.rerun_of().unwrap_or("-"),
+        describe(&manager.wait(rerun.id()).await.unwrap())
+    );
+    println!(
+        "{flaky}: rerun as {}",
+        manager.get(&flaky).await.unwrap().rerun_as().join(", ")
     );
 
     let _ = stop.send(());

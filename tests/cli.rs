@@ -549,7 +549,8 @@ fn an_export_of_record_format_1_imports_bit_exact() {
     assert_ne!(today.lines().nth(1), old.lines().nth(1));
 }
 
-/// A journal with a rerun: `job` failed, rerun as `job.rerun-1` (still pending).
+/// A journal with a rerun: `job` (recovered at most once) failed, rerun as `job.rerun-1`
+/// (still pending).
 fn rerun_fixture(dir: &Path) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -560,10 +561,9 @@ fn rerun_fixture(dir: &Path) {
         let journal = Journal::open(dir, JournalOptions::default()).unwrap();
         let store = TaskStore::open(journal, clock.clone(), StoreConfig::default()).unwrap();
         let shell = br#"{"tool_name":"shell","command":"make"}"#;
-        store
-            .create(request("job", "shell", shell, LeasePolicy::Fail))
-            .await
-            .unwrap();
+        let mut job = request("job", "shell", shell, LeasePolicy::Retry);
+        job.max_recoveries = Some(1);
+        store.create(job).await.unwrap();
         let t = store.execute("job", 1, Cmd::Start).await.unwrap();
         clock.advance(Duration::from_secs(1));
         store
@@ -582,7 +582,7 @@ fn rerun_fixture(dir: &Path) {
 }
 
 #[test]
-fn a_rerun_shows_both_ways_audits_clean_and_imports_bit_exact() {
+fn a_rerun_and_a_recovery_limit_show_audit_clean_and_import_bit_exact() {
     let dir = tempfile::tempdir().unwrap();
     rerun_fixture(dir.path());
     let text = stdout(dtask(dir.path()).args(["show", "job.rerun-1"]));
@@ -591,11 +591,17 @@ fn a_rerun_shows_both_ways_audits_clean_and_imports_bit_exact() {
             .any(|l| l.starts_with("rerun of") && l.ends_with("job")),
         "{text}"
     );
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("recoveries") && l.ends_with("0 (at most 1)")),
+        "{text}"
+    );
     let shown = json(&stdout(dtask(dir.path()).args(["show", "job", "--json"])));
     assert_eq!(
         shown["state"]["rerun_as"],
         serde_json::json!(["job.rerun-1"])
     );
+    assert_eq!(shown["state"]["max_recoveries"], 1);
     assert_eq!(shown["state"]["rerun_of"], serde_json::Value::Null);
     let events = stdout(dtask(dir.path()).args(["events", "job"]));
     let last = events.lines().last().unwrap();
@@ -614,6 +620,10 @@ fn a_rerun_shows_both_ways_audits_clean_and_imports_bit_exact() {
         .success();
     let export = std::fs::read_to_string(&file).unwrap();
     assert!(export.contains(r#""type":"rerun_of""#), "{export}");
+    assert!(
+        export.contains(r#""max_recoveries":1,"type":"recovery_limit""#),
+        "{export}"
+    );
     let target = work.path().join("rebuilt");
     let text = stdout(dtask(&target).arg("import").arg(&file));
     assert!(text.contains("every digest and CRC matches"), "{text}");

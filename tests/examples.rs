@@ -86,7 +86,7 @@ fn has_in_order(name: &str, output: &str, expected: &[&str]) {
 }
 
 #[test]
-fn the_runtime_quickstart_completes_one_task_answers_one_and_cancels_one() {
+fn the_runtime_quickstart_completes_one_task_answers_one_cancels_one_and_reruns_one() {
     let out = run("runtime_quickstart", &[]);
     has_in_order(
         "runtime_quickstart",
@@ -96,7 +96,15 @@ fn the_runtime_quickstart_completes_one_task_answers_one_and_cancels_one() {
             "waiting for input (\"approve?\")",
             "completed: \"approved\"",
             "canceled: user gave up",
+            "failed: the service was down",
+            "completed: \"flaky\"",
+            "rerun as echo_",
         ],
+    );
+    assert!(
+        out.lines()
+            .any(|l| l.contains(".rerun-1: rerun of echo_") && l.ends_with("completed: \"flaky\"")),
+        "{out}"
     );
 }
 

@@ -178,10 +178,13 @@ async fn owner_submits_and_cancels_and_every_read_shows_it() {
     let (status, generated) = server
         .post(
             "/api/tasks",
-            &json!({"executor_key": "fetch", "kind": "dl"}),
+            &json!({"executor_key": "fetch", "kind": "dl", "max_recoveries": 2}),
         )
         .await;
     assert_eq!(status, StatusCode::CREATED, "{generated}");
+    assert_eq!(generated["max_recoveries"], 2);
+    assert_eq!(generated["recoveries"], 0);
+    assert_eq!(created["max_recoveries"], Value::Null);
     assert!(
         generated["id"].as_str().unwrap().starts_with("dl_"),
         "{generated}"

@@ -19,10 +19,13 @@ use std::path::Path;
 fn tools(root: &Path) -> ManagedTools {
     let mut registry = ToolRegistry::new();
     registry
-        .register(Registration::new(
-            ToolInfo::without_parameters("shell", "run a shell command"),
-            ShellTool::new(root.join("runs")),
-        ))
+        .register(
+            Registration::new(
+                ToolInfo::without_parameters("shell", "run a shell command"),
+                ShellTool::new(root.join("runs")),
+            )
+            .with_max_recoveries(3),
+        )
         .unwrap();
     registry
         .register(Registration::new(
@@ -69,6 +72,7 @@ async fn a_shell_task_runs_to_completion_with_its_lines_as_updates() {
         )
         .await
         .unwrap();
+    assert_eq!(task.max_recoveries, Some(3), "the registration's limit");
     let state = manager.execute(&task.spec.id).await.unwrap();
     assert_eq!(state.status, Status::Completed, "{state:?}");
     assert_eq!(state.result_data, b"a\nb\nc\n");
@@ -130,6 +134,7 @@ async fn an_approval_waits_rejects_bad_answers_and_completes_on_yes() {
         .await
         .unwrap();
     let id = task.spec.id.clone();
+    assert_eq!(task.max_recoveries, None, "no limit registered");
     let waiting = manager.execute(&id).await.unwrap();
     assert_eq!(waiting.status, Status::WaitingInput);
     let request = read_input_request(&waiting).unwrap();

@@ -5,7 +5,8 @@
 //!
 //! The model covers the G3 layer too: mailbox inputs (and the `*IfNoInputs` commands),
 //! publication, and children created under a running attempt, whose lifecycle notices go into
-//! their parent's mailbox.
+//! their parent's mailbox; and what the store adds: reruns and recovery limits (a second
+//! script strategy loses workers again and again).
 
 #![allow(
     clippy::unwrap_used,
@@ -18,7 +19,9 @@ mod common;
 use common::*;
 use dtask_engine::{Command, CreateRequest, ExecutionContext, InputRequest, UpdateRequest};
 use dtask_journal::{Delivery, LeasePolicy, Publication, TaskSpec, Timestamp};
-use dtask_replay::{Status, TaskState, DEFAULT_CANCEL_REASON, LEASE_EXPIRED_ERROR};
+use dtask_replay::{
+    recovery_limit_error, Status, TaskState, DEFAULT_CANCEL_REASON, LEASE_EXPIRED_ERROR,
+};
 use proptest::prelude::*;
 use std::collections::HashMap;
 
@@ -65,6 +68,8 @@ enum Op {
         notify: bool,
         checkpoint: u8,
         deferred: bool,
+        /// The recovery limit (`None`: none).
+        cap: Option<u8>,
     },
     Cmd {
         t: usize,
@@ -148,15 +153,17 @@ fn create_strategy() -> impl Strategy<Value = Op> {
         any::<bool>(),
         0u8..2,
         prop_oneof![3 => Just(false), 1 => Just(true)],
+        prop_oneof![1 => Just(None), 1 => Just(Some(0u8)), 1 => Just(Some(1u8))],
     )
         .prop_map(
-            |(t, retry, session, notify, checkpoint, deferred)| Op::Create {
+            |(t, retry, session, notify, checkpoint, deferred, cap)| Op::Create {
                 t,
                 retry,
                 session,
                 notify: session && notify,
                 checkpoint,
                 deferred,
+                cap,
             },
         )
 }
@@ -247,6 +254,9 @@ struct MTask {
     rerun_of: Option<usize>,
     /// The ids of this task's reruns, oldest first.
     rerun_as: Vec<String>,
+    /// The recovery limit, and the recoveries so far.
+    cap: Option<u64>,
+    recoveries: u64,
 }
 
 #[derive(Debug, Default)]
@@ -292,6 +302,8 @@ impl MTask {
             initial: bytes(checkpoint),
             rerun_of: None,
             rerun_as: Vec::new(),
+            cap: None,
+            recoveries: 0,
         }
     }
 
@@ -457,16 +469,23 @@ impl Model {
             return;
         }
         task.bump(now);
-        let kind = if task.retry {
+        let recoverable = task.retry && task.cap.is_none_or(|cap| task.recoveries < cap);
+        let kind = if recoverable {
             task.status = Status::Pending;
             task.lease = None;
+            task.recoveries += 1;
             None
         } else if task.cancel_at.is_some() {
             let error = task.cancel_error("");
             task.finish(Status::Canceled, error, now);
             Some("canceled")
         } else {
-            task.finish(Status::Failed, LEASE_EXPIRED_ERROR.to_owned(), now);
+            let error = if task.retry {
+                recovery_limit_error(task.recoveries)
+            } else {
+                LEASE_EXPIRED_ERROR.to_owned()
+            };
+            task.finish(Status::Failed, error, now);
             Some("failed")
         };
         if let Some(kind) = kind {
@@ -500,6 +519,8 @@ impl Model {
         let id = format!("t{slot}");
         let o = self.tasks[of].as_ref().unwrap();
         if o.rerun_as.contains(&id) {
+            // A repeat: the store reads the rerun back, resolving its lease.
+            self.resolve(slot);
             return Ok(());
         }
         if !o.terminal() {
@@ -515,6 +536,7 @@ impl Model {
             checkpoint: o.initial.clone(),
             initial: o.initial.clone(),
             rerun_of: Some(of),
+            cap: o.cap,
             ..MTask::new(slot, o.retry, o.session, o.notify, 0, now)
         };
         self.tasks[of].as_mut().unwrap().rerun_as.push(id);
@@ -801,6 +823,8 @@ impl Model {
             m.id
         );
         assert_eq!(got.rerun_as(), m.rerun_as, "reruns of {}", m.id);
+        assert_eq!(got.max_recoveries, m.cap, "recovery limit of {}", m.id);
+        assert_eq!(got.recoveries, m.recoveries, "recoveries of {}", m.id);
         assert_eq!(
             !got.parent_notification_error.is_empty(),
             m.parent_error,
@@ -892,6 +916,7 @@ async fn run(ops: Vec<Op>) {
                 notify,
                 checkpoint,
                 deferred,
+                cap,
             } => {
                 let spec = TaskSpec {
                     session_id: if *session { "s".into() } else { String::new() },
@@ -913,12 +938,14 @@ async fn run(ops: Vec<Op>) {
                         } else {
                             Publication::OnCreate
                         },
+                        max_recoveries: cap.map(u64::from),
                         ..CreateRequest::default()
                     })
                     .await;
                 let want = model.create(*t, *retry, *session, *notify, *checkpoint);
                 if want.is_ok() {
                     model.tasks[*t].as_mut().unwrap().deferred = *deferred;
+                    model.tasks[*t].as_mut().unwrap().cap = cap.map(u64::from);
                     if *deferred {
                         // Created deferred: its task_created was not sent.
                         let id = format!("t{t}:1:task_created");
@@ -1110,11 +1137,60 @@ async fn run(ops: Vec<Op>) {
     assert_eq!(got, want, "final outbox");
 }
 
+/// Scripts that lose workers often: retry-policy root tasks, most with a recovery limit,
+/// claimed and left to expire again and again, with cancellations, completions, reruns and
+/// reboots among the expiries.
+fn recovery_script_strategy() -> impl Strategy<Value = Vec<Op>> {
+    let create = (
+        any::<bool>(),
+        0u8..2,
+        prop_oneof![1 => Just(None), 3 => (0u8..3).prop_map(Some)],
+    );
+    let t = 0..TASKS;
+    let op = prop_oneof![
+        6 => t.clone().prop_map(|t| Op::Cmd { t, skew: 0, cmd: Cmd::Start }),
+        2 => t.clone().prop_map(|t| Op::Cmd { t, skew: 0, cmd: Cmd::Heartbeat }),
+        1 => t.clone().prop_map(|t| Op::Cmd { t, skew: 0, cmd: Cmd::RequestCancel(1) }),
+        1 => t.clone().prop_map(|t| Op::Cmd { t, skew: 0, cmd: Cmd::Complete(1) }),
+        5 => prop_oneof![Just(15_000u64), Just(30_000), Just(31_000)].prop_map(Op::Advance),
+        2 => (TASKS + CHILDREN..SLOTS, t).prop_map(|(slot, of)| Op::Rerun { slot, of }),
+        1 => Just(Op::Reboot),
+        1 => Just(Op::Drain),
+    ];
+    (
+        prop::collection::vec(create, TASKS),
+        prop::collection::vec(op, 1..40),
+    )
+        .prop_map(|(creates, ops)| {
+            let mut script: Vec<Op> = creates
+                .into_iter()
+                .enumerate()
+                .map(|(t, (session, checkpoint, cap))| Op::Create {
+                    t,
+                    retry: true,
+                    session,
+                    notify: session,
+                    checkpoint,
+                    deferred: false,
+                    cap,
+                })
+                .collect();
+            script.extend(ops);
+            script
+        })
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 64, max_shrink_iters: 200, ..ProptestConfig::default() })]
 
     #[test]
     fn store_matches_model(ops in script_strategy()) {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(run(ops));
+    }
+
+    #[test]
+    fn recovery_limits_match_model(ops in recovery_script_strategy()) {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         runtime.block_on(run(ops));
     }

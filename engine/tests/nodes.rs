@@ -1,8 +1,9 @@
 //! Several nodes — task stores in one process, each with its own journal connections — on one
 //! PostgreSQL journal (`DTASK_TEST_PG_URL`, set by `./dev test` and CI): a task created on one
 //! node is found and claimed on another, and two nodes racing on one task have exactly one
-//! winner, the loser getting the typed `VersionConflict`, 100 runs each. Without the variable
-//! every test says loudly that it was skipped.
+//! winner, the loser getting the typed `VersionConflict`, 100 runs each; a rerun asked for on a
+//! node that has not yet seen another node's rerun finds it. Without the variable every test
+//! says loudly that it was skipped.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -292,5 +293,42 @@ async fn an_expiry_grace_keeps_a_node_whose_clock_runs_ahead_from_expiring_a_liv
     );
     a.refresh().await.unwrap();
     assert_eq!(a.get("t").await.unwrap().status, Status::Pending);
+    clean(&url);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rerun_made_on_one_node_is_found_by_another_that_has_not_seen_it() {
+    let Some((a, b, url)) = nodes("rerun") else {
+        return;
+    };
+    create(&a, "t", LeasePolicy::Retry).await;
+    let t = a.execute("t", 1, Command::Start).await.unwrap();
+    a.execute("t", t.version, Command::Fail { error: "e".into() })
+        .await
+        .unwrap();
+    // B holds the finished task before either rerun.
+    b.refresh().await.unwrap();
+    assert_eq!(b.get("t").await.unwrap().status, Status::Failed);
+
+    let named = a.rerun("t", Some("again".into())).await.unwrap();
+    let first = a.rerun("t", None).await.unwrap();
+    assert_eq!(first.id(), "t.rerun-2");
+    // B's copy of `t` has neither: the same named request is the same rerun, an unnamed one
+    // a new one after those two, not a conflict.
+    let repeat = b.rerun("t", Some("again".into())).await.unwrap();
+    assert_eq!(repeat, named);
+    let next = b.rerun("t", None).await.unwrap();
+    assert_eq!(next.id(), "t.rerun-3");
+    a.refresh().await.unwrap();
+    assert_eq!(
+        a.get("t").await.unwrap().rerun_as(),
+        ["again", "t.rerun-2", "t.rerun-3"]
+    );
+    // An id another task holds stays taken on either node.
+    create(&a, "other", LeasePolicy::Retry).await;
+    assert!(matches!(
+        b.rerun("t", Some("other".into())).await,
+        Err(StoreError::AlreadyExists(id)) if id == "other"
+    ));
     clean(&url);
 }

@@ -1,7 +1,10 @@
 //! Worker loss with real processes: a child process runs a worker and is killed with SIGKILL
 //! while an attempt runs; a new process (this one) opens the same journal and recovers the
-//! task according to its lease policy. Runs without the libtest harness: the same binary is
-//! the parent (no arguments) and the child (`--child DIR SCENARIO`).
+//! task according to its lease policy. And a poison task — one whose every attempt takes its
+//! process down — under a recovery limit: child after child claims it and is killed, until
+//! the limit fails it instead of letting it kill workers forever. Runs without the libtest
+//! harness: the same binary is the parent (no arguments) and the child (`--child DIR
+//! SCENARIO [ROUND]`).
 #![allow(clippy::unwrap_used, clippy::missing_panics_doc)]
 
 use async_trait::async_trait;
@@ -11,7 +14,7 @@ use dtask_engine::{
     TaskStore, Worker, WorkerConfig,
 };
 use dtask_journal::{Journal, JournalOptions, LeasePolicy, TaskSpec};
-use dtask_replay::{Status, TaskState, LEASE_EXPIRED_ERROR};
+use dtask_replay::{recovery_limit_error, Status, TaskState, LEASE_EXPIRED_ERROR};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -93,6 +96,154 @@ impl Executor for Finish {
             .into_bytes(),
         ))
     }
+}
+
+/// The poison scenario's recovery limit.
+const POISON_RECOVERIES: u64 = 2;
+
+/// The poison task's executor: tells the parent which round claimed it, then hangs until
+/// killed (as if the tool took the process down); its tasks may be recovered
+/// [`POISON_RECOVERIES`] times.
+struct Poison {
+    marker: PathBuf,
+}
+
+#[async_trait]
+impl Executor for Poison {
+    fn key(&self) -> &str {
+        KEY
+    }
+    fn lease_policy(&self) -> LeasePolicy {
+        LeasePolicy::Retry
+    }
+    fn max_recoveries(&self, _spec: &TaskSpec) -> Option<u64> {
+        Some(POISON_RECOVERIES)
+    }
+    async fn execute(
+        &self,
+        attempt: AttemptContext,
+        _task: TaskState,
+    ) -> Result<ExecutionResult, ExecutionError> {
+        std::fs::write(&self.marker, attempt.attempt().to_string()).unwrap();
+        std::future::pending().await
+    }
+}
+
+/// One round of the poison scenario: a process whose clock is `round` hours ahead (so every
+/// earlier round's lease has run out) opens the journal, submits the task in round 0, reads
+/// it (resolving the last round's expiry) and, while it is not finished, runs a worker until
+/// it is killed. Exits 0 once it finds the task finished.
+fn poison_child(dir: &Path, round: u64) {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let journal = Journal::open(dir.join("journal"), JournalOptions::default()).unwrap();
+        let clock = ManualClock::new(SystemClock.now_millis() + round * 3_600_000);
+        let store = TaskStore::open(journal, clock, StoreConfig::default()).unwrap();
+        let mut registry = ExecutorRegistry::new();
+        registry
+            .register(Poison {
+                marker: dir.join(format!("running-{round}")),
+            })
+            .unwrap();
+        let manager = Manager::new(store, registry, ManagerConfig::default());
+        if round == 0 {
+            manager
+                .submit(SubmitRequest {
+                    spec: TaskSpec {
+                        id: "poison".into(),
+                        executor_key: KEY.into(),
+                        ..TaskSpec::default()
+                    },
+                    ..SubmitRequest::default()
+                })
+                .await
+                .unwrap();
+        }
+        if manager.get("poison").await.unwrap().is_terminal() {
+            return;
+        }
+        Worker::new(manager, WorkerConfig::new([KEY]))
+            .unwrap()
+            .run(std::future::pending())
+            .await
+            .unwrap();
+    });
+}
+
+/// The poison scenario: rounds of children, each killed once it runs the task, until one
+/// finds the task failed by its recovery limit.
+fn poison() -> Result<(), String> {
+    let dir = tempfile::tempdir().unwrap();
+    let mut rounds = 0;
+    loop {
+        if rounds > POISON_RECOVERIES + 2 {
+            return Err(format!("still not failed after {rounds} rounds"));
+        }
+        let marker = dir.path().join(format!("running-{rounds}"));
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--child", dir.path().to_str().unwrap(), "poison"])
+            .arg(rounds.to_string())
+            .spawn()
+            .unwrap();
+        let started = Instant::now();
+        let finished = loop {
+            if marker.exists() {
+                child.kill().unwrap(); // SIGKILL
+                child.wait().unwrap();
+                break false;
+            }
+            if let Some(status) = child.try_wait().unwrap() {
+                if !status.success() {
+                    return Err(format!("round {rounds}: the child failed: {status}"));
+                }
+                break true;
+            }
+            if started.elapsed() > Duration::from_secs(120) {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("round {rounds}: the child neither ran nor ended"));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        if finished {
+            break;
+        }
+        let attempt = std::fs::read_to_string(&marker).unwrap();
+        if attempt != (rounds + 1).to_string() {
+            return Err(format!("round {rounds} ran attempt {attempt}"));
+        }
+        rounds += 1;
+    }
+    if rounds != POISON_RECOVERIES + 1 {
+        return Err(format!(
+            "the task ran in {rounds} processes, not {}",
+            POISON_RECOVERIES + 1
+        ));
+    }
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let journal = Journal::open_read_only(dir.path().join("journal")).unwrap();
+        let task = dtask_replay::load_task(&journal, "poison")
+            .map_err(|e| e.to_string())?
+            .ok_or("no task")?
+            .state;
+        let expected = (
+            Status::Failed,
+            POISON_RECOVERIES + 1,
+            POISON_RECOVERIES,
+            Some(POISON_RECOVERIES),
+        );
+        let found = (
+            task.status,
+            task.attempt,
+            task.recoveries,
+            task.max_recoveries,
+        );
+        if found != expected || task.result_error != recovery_limit_error(POISON_RECOVERIES) {
+            return Err(format!("poison: {task:?}"));
+        }
+        Ok(())
+    })
 }
 
 fn policy_of(scenario: &str) -> (LeasePolicy, bool) {
@@ -229,7 +380,11 @@ impl NowMillis for SystemClock {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("--child") {
-        child(Path::new(&args[2]), &args[3]);
+        if args[3] == "poison" {
+            poison_child(Path::new(&args[2]), args[4].parse().unwrap());
+        } else {
+            child(Path::new(&args[2]), &args[3]);
+        }
         return;
     }
     // libtest flags such as --list or --nocapture are accepted and ignored.
@@ -237,9 +392,14 @@ fn main() {
         return;
     }
     let mut failed = 0;
-    let scenarios = ["retry", "fail", "fail_with_cancel"];
+    let scenarios = ["retry", "fail", "fail_with_cancel", "poison"];
     for name in scenarios {
-        match scenario(name) {
+        let outcome = if name == "poison" {
+            poison()
+        } else {
+            scenario(name)
+        };
+        match outcome {
             Ok(()) => println!("test worker_loss::{name} ... ok"),
             Err(e) => {
                 failed += 1;

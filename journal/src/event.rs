@@ -15,7 +15,7 @@
 //! [`Event`]: bincode writes a variant's index, so every record of an older schema decodes
 //! unchanged. Schema v2 added the mailbox, nested tasks, publication and multi-part progress
 //! events (from `CreatedV2` on), schema v3 ([`EVENT_SCHEMA_VERSION`]) the lineage of a rerun
-//! (`RerunOf`, `RerunAs`); a stream written by an older engine holds none of them and folds
+//! (`RerunOf`, `RerunAs`) and a task's recovery limit (`RecoveryLimit`); a stream written by an older engine holds none of them and folds
 //! exactly as before.
 
 use serde::{Deserialize, Serialize};
@@ -23,7 +23,7 @@ use std::fmt;
 use std::sync::Arc;
 
 /// The event schema this build writes: 3 (v1; v2's mailbox, nested tasks, publication and
-/// multi-part progress events; v3's rerun lineage). Every record of an older schema is a
+/// multi-part progress events; v3's rerun lineage and recovery limit). Every record of an older schema is a
 /// record of this one.
 pub const EVENT_SCHEMA_VERSION: u32 = 3;
 
@@ -527,6 +527,15 @@ pub enum Event {
         /// Time.
         at: Timestamp,
     },
+    /// How many times the task may be recovered after losing its worker (a lease expiry
+    /// under the retry policy) before the next expiry fails it (non-lifecycle; written with
+    /// the creation, before any attempt). A task without one is recovered without limit.
+    RecoveryLimit {
+        /// The most recoveries (0: the first expiry fails the task).
+        max_recoveries: u64,
+        /// Time.
+        at: Timestamp,
+    },
 }
 
 /// The discriminant of an [`Event`], for filters, statistics and display.
@@ -564,11 +573,12 @@ pub enum EventType {
     ParentNotificationFailed,
     RerunOf,
     RerunAs,
+    RecoveryLimit,
 }
 
 impl EventType {
     /// Every event type, in schema order.
-    pub const ALL: [Self; 30] = [
+    pub const ALL: [Self; 31] = [
         Self::Created,
         Self::AttemptStarted,
         Self::Heartbeat,
@@ -599,6 +609,7 @@ impl EventType {
         Self::ParentNotificationFailed,
         Self::RerunOf,
         Self::RerunAs,
+        Self::RecoveryLimit,
     ];
 
     /// The `snake_case` name used in exports and the CLI.
@@ -635,6 +646,7 @@ impl EventType {
             Self::ParentNotificationFailed => "parent_notification_failed",
             Self::RerunOf => "rerun_of",
             Self::RerunAs => "rerun_as",
+            Self::RecoveryLimit => "recovery_limit",
         }
     }
 
@@ -654,6 +666,7 @@ impl EventType {
                 | Self::ParentNotificationFailed
                 | Self::RerunOf
                 | Self::RerunAs
+                | Self::RecoveryLimit
         )
     }
 }
@@ -727,6 +740,7 @@ impl Event {
             Self::ParentNotificationFailed { .. } => EventType::ParentNotificationFailed,
             Self::RerunOf { .. } => EventType::RerunOf,
             Self::RerunAs { .. } => EventType::RerunAs,
+            Self::RecoveryLimit { .. } => EventType::RecoveryLimit,
         }
     }
 
@@ -763,7 +777,8 @@ impl Event {
             | Self::PartAppended { at, .. }
             | Self::ParentNotificationFailed { at, .. }
             | Self::RerunOf { at, .. }
-            | Self::RerunAs { at, .. } => *at,
+            | Self::RerunAs { at, .. }
+            | Self::RecoveryLimit { at, .. } => *at,
         }
     }
 
@@ -840,7 +855,8 @@ impl Event {
             | Self::Published { .. }
             | Self::ParentNotificationFailed { .. }
             | Self::RerunOf { .. }
-            | Self::RerunAs { .. } => 0,
+            | Self::RerunAs { .. }
+            | Self::RecoveryLimit { .. } => 0,
         }
     }
 }

@@ -230,6 +230,10 @@ fn events_v3() -> Vec<Event> {
             task: "golden-task.rerun-1".into(),
             at,
         },
+        Event::RecoveryLimit {
+            max_recoveries: 3,
+            at,
+        },
     ]
 }
 

@@ -7,9 +7,7 @@
 //! the audit can name the first record that could not have been written by a correct engine.
 
 use crate::ids::IdIndex;
-use crate::state::{
-    Fenced, Mailbox, Status, TaskState, DEFAULT_CANCEL_REASON, LEASE_EXPIRED_ERROR,
-};
+use crate::state::{Fenced, Mailbox, Status, TaskState, DEFAULT_CANCEL_REASON};
 use dtask_journal::{Event, EventType, ExpiryResolution, Publication};
 use std::collections::BTreeSet;
 use std::fmt;
@@ -130,6 +128,9 @@ pub enum FoldError {
     /// A `rerun_of` or `rerun_as` record where no rerun puts one.
     #[error("rerun lineage inconsistent with the task: {0}")]
     Lineage(&'static str),
+    /// A `recovery_limit` after the task's first attempt, or a second one.
+    #[error("recovery limit recorded {0}")]
+    RecoveryLimit(&'static str),
 }
 
 /// The key of a progress-event part in [`TaskLayer::parts`]: unambiguous for any two strings.
@@ -297,6 +298,8 @@ impl Task {
                 mailbox: Mailbox::new(),
                 parent_notification_error: String::new(),
                 lineage: None,
+                max_recoveries: None,
+                recoveries: 0,
             },
             update_ids: IdIndex::new(),
             notification_ids: IdIndex::new(),
@@ -503,6 +506,14 @@ impl Task {
                     return Err(FoldError::Lineage("a rerun recorded twice"));
                 }
             }
+            Event::RecoveryLimit { .. } => {
+                if s.max_recoveries.is_some() {
+                    return Err(FoldError::RecoveryLimit("twice"));
+                }
+                if s.attempt != 0 {
+                    return Err(FoldError::RecoveryLimit("after the first attempt"));
+                }
+            }
             Event::AttemptStarted { attempt, .. } => {
                 if s.status != Status::Pending {
                     return Err(illegal());
@@ -691,6 +702,9 @@ impl Task {
                     .rerun_as
                     .push(task.clone());
             }
+            Event::RecoveryLimit { max_recoveries, .. } => {
+                s.max_recoveries = Some(*max_recoveries);
+            }
             Event::AttemptStarted {
                 attempt,
                 lease_deadline,
@@ -760,9 +774,11 @@ impl Task {
                 ExpiryResolution::Retry => {
                     s.status = Status::Pending;
                     s.lease_deadline = None;
+                    s.recoveries += 1;
                 }
                 ExpiryResolution::Failed => {
-                    finish(s, Status::Failed, LEASE_EXPIRED_ERROR.to_owned(), *at);
+                    let error = s.lease_expired_error();
+                    finish(s, Status::Failed, error, *at);
                 }
                 ExpiryResolution::Canceled => {
                     let error = cancel_error(&s.cancel_reason, "");

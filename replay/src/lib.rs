@@ -42,5 +42,6 @@ pub use replay::{
     replay_task, FoldView, FoldViews, Replay, ReplayError, TaskFold,
 };
 pub use state::{
-    Fenced, Lineage, Mailbox, Status, TaskState, DEFAULT_CANCEL_REASON, LEASE_EXPIRED_ERROR,
+    recovery_limit_error, Fenced, Lineage, Mailbox, Status, TaskState, DEFAULT_CANCEL_REASON,
+    LEASE_EXPIRED_ERROR,
 };

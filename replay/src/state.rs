@@ -11,6 +11,16 @@ pub const DEFAULT_CANCEL_REASON: &str = "task was canceled";
 /// The result error of a fail-policy task whose lease expired.
 pub const LEASE_EXPIRED_ERROR: &str = "execution lease expired and retry is disabled";
 
+/// The result error of a retry-policy task whose lease expired once it had been recovered
+/// `recoveries` times, its [`TaskState::max_recoveries`].
+#[must_use]
+pub fn recovery_limit_error(recoveries: u64) -> String {
+    format!(
+        "execution lease expired after {recoveries} recover{}, the most the task allows",
+        if recoveries == 1 { "y" } else { "ies" }
+    )
+}
+
 /// A task's status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -131,6 +141,11 @@ pub struct TaskState {
     /// The task's reruns, both ways: `None` for a task that is no rerun and was never rerun
     /// (most tasks; see [`TaskState::rerun_of`], [`TaskState::rerun_as`]).
     pub lineage: Option<Box<Lineage>>,
+    /// How many times the task may be recovered after a lease expiry before the next one
+    /// fails it; `None` for no limit (the reference's behaviour).
+    pub max_recoveries: Option<u64>,
+    /// How many times the task was recovered: lease expiries that sent it back to pending.
+    pub recoveries: u64,
 }
 
 /// How a task is tied to its reruns: the task it reruns, and the tasks it was rerun as
@@ -237,13 +252,29 @@ impl TaskState {
     // two sides agree, so neither side has its own copy.
 
     /// How an expired lease of this task is resolved: a retry-policy task goes back to
-    /// pending; a fail-policy task fails, or is canceled when cancellation was requested.
+    /// pending while it has recoveries left; a fail-policy task — or a retry-policy one that
+    /// used up its [`TaskState::max_recoveries`] — fails, or is canceled when cancellation
+    /// was requested.
     #[must_use]
     pub fn expiry_resolution(&self) -> ExpiryResolution {
-        match (self.policy, self.cancel_requested_at.is_some()) {
-            (LeasePolicy::Retry, _) => ExpiryResolution::Retry,
-            (LeasePolicy::Fail, false) => ExpiryResolution::Failed,
-            (LeasePolicy::Fail, true) => ExpiryResolution::Canceled,
+        let exhausted = self
+            .max_recoveries
+            .is_some_and(|max| self.recoveries >= max);
+        match (self.policy, exhausted, self.cancel_requested_at.is_some()) {
+            (LeasePolicy::Retry, false, _) => ExpiryResolution::Retry,
+            (_, _, false) => ExpiryResolution::Failed,
+            (_, _, true) => ExpiryResolution::Canceled,
+        }
+    }
+
+    /// The result error of a lease expiry resolved as failed: [`LEASE_EXPIRED_ERROR`] under
+    /// the fail policy, [`recovery_limit_error`] once a retry-policy task used up its
+    /// recoveries.
+    #[must_use]
+    pub fn lease_expired_error(&self) -> String {
+        match self.policy {
+            LeasePolicy::Fail => LEASE_EXPIRED_ERROR.to_owned(),
+            LeasePolicy::Retry => recovery_limit_error(self.recoveries),
         }
     }
 

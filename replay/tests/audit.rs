@@ -390,6 +390,89 @@ fn lease_expiry_must_follow_policy_and_deadline() {
 }
 
 #[test]
+fn a_recovery_limit_stands_before_the_first_attempt_once_and_bounds_the_retries() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = journal(dir.path());
+    let limit = |max_recoveries| Event::RecoveryLimit {
+        max_recoveries,
+        at: Timestamp(1),
+    };
+    let expired = |resolution, deadline| Event::LeaseExpired {
+        resolution,
+        deadline: Timestamp(deadline),
+        at: Timestamp(deadline + 1),
+    };
+    // Kept: one recovery, then the second expiry fails the task.
+    j.append(
+        "kept",
+        0,
+        &[
+            created("kept", LeasePolicy::Retry),
+            limit(1),
+            started(1, 100),
+            expired(ExpiryResolution::Retry, 100),
+            started(2, 200),
+            expired(ExpiryResolution::Failed, 200),
+        ],
+    )
+    .unwrap();
+    // A third attempt recovered past the limit; a limit after the first attempt; two limits.
+    j.append(
+        "past",
+        0,
+        &[
+            created("past", LeasePolicy::Retry),
+            limit(1),
+            started(1, 100),
+            expired(ExpiryResolution::Retry, 100),
+            started(2, 200),
+            expired(ExpiryResolution::Retry, 200),
+        ],
+    )
+    .unwrap();
+    j.append(
+        "late",
+        0,
+        &[
+            created("late", LeasePolicy::Retry),
+            started(1, 100),
+            limit(3),
+        ],
+    )
+    .unwrap();
+    j.append(
+        "twice",
+        0,
+        &[created("twice", LeasePolicy::Retry), limit(3), limit(4)],
+    )
+    .unwrap();
+    let report = audit_journal(&j, &mut |_| {}).unwrap();
+    assert_eq!(
+        kinds(&report),
+        [
+            ("late".into(), Some(2), ProblemKind::Illegal),
+            ("past".into(), Some(5), ProblemKind::Illegal),
+            ("twice".into(), Some(2), ProblemKind::Illegal),
+        ],
+        "{:?}",
+        report.problems
+    );
+    let details: Vec<&str> = report.problems.iter().map(|p| p.detail.as_str()).collect();
+    assert!(
+        details[0].contains("after the first attempt"),
+        "{}",
+        details[0]
+    );
+    assert!(details[1].contains("require Failed"), "{}", details[1]);
+    assert!(details[2].contains("twice"), "{}", details[2]);
+    let kept = dtask_replay::load_task(&j, "kept").unwrap().unwrap();
+    assert_eq!(
+        kept.state.result_error,
+        dtask_replay::recovery_limit_error(1)
+    );
+}
+
+#[test]
 fn a_notification_must_carry_the_task_version() {
     let dir = tempfile::tempdir().unwrap();
     let j = journal(dir.path());

@@ -270,6 +270,7 @@ pub fn summary(event: &Event) -> String {
             format!("kind={kind} error={error:?}")
         }
         Event::RerunOf { task, .. } | Event::RerunAs { task, .. } => format!("task={task}"),
+        Event::RecoveryLimit { max_recoveries, .. } => format!("max_recoveries={max_recoveries}"),
     }
 }
 

@@ -396,7 +396,7 @@ impl Timeline {
             ),
             // The lineage is the state's (`rerun of`, `rerun as`); the records' times are
             // in the event list.
-            Event::RerunOf { .. } | Event::RerunAs { .. } => {}
+            Event::RerunOf { .. } | Event::RerunAs { .. } | Event::RecoveryLimit { .. } => {}
             Event::NotificationAcked { id, .. } => {
                 let queued = self
                     .notifications
@@ -454,6 +454,8 @@ pub fn state_json(s: &TaskState, show: Show) -> Value {
         "parent_notification_error": s.parent_notification_error,
         "rerun_of": s.rerun_of(),
         "rerun_as": s.rerun_as(),
+        "max_recoveries": s.max_recoveries,
+        "recoveries": s.recoveries,
     })
 }
 
@@ -536,6 +538,15 @@ pub fn state_text(s: &TaskState, show: Show) -> String {
                 s.mailbox.generation,
                 if s.mailbox_sealed() { ", sealed" } else { "" }
             ),
+        );
+    }
+    if s.max_recoveries.is_some() || s.recoveries > 0 {
+        kv(
+            "recoveries",
+            match s.max_recoveries {
+                Some(max) => format!("{} (at most {max})", s.recoveries),
+                None => s.recoveries.to_string(),
+            },
         );
     }
     if let Some(original) = s.rerun_of() {

@@ -90,6 +90,7 @@ impl Owner {
                 .create(CreateRequest {
                     spec,
                     policy: Some(policy),
+                    max_recoveries: body.max_recoveries,
                     ..CreateRequest::default()
                 })
                 .await?),

@@ -183,6 +183,10 @@ pub struct TaskStateView {
     pub rerun_of: Option<String>,
     /// The tasks this one was rerun as, oldest first.
     pub rerun_as: Vec<String>,
+    /// How many times the task may be recovered after a lease expiry (`null`: no limit).
+    pub max_recoveries: Option<u64>,
+    /// How many times it was recovered.
+    pub recoveries: u64,
 }
 
 impl TaskStateView {
@@ -223,6 +227,8 @@ impl TaskStateView {
             inputs_read: s.mailbox.consumed,
             rerun_of: s.rerun_of().map(str::to_owned),
             rerun_as: s.rerun_as().to_vec(),
+            max_recoveries: s.max_recoveries,
+            recoveries: s.recoveries,
         }
     }
 }
@@ -459,6 +465,10 @@ pub struct SubmitBody {
     /// The lease-expiry policy, `retry` (default) or `fail`; with an embedded manager the
     /// executor's policy is used instead.
     pub policy: Option<String>,
+    /// How many times a `retry` task may be recovered after a lease expiry before the next
+    /// one fails it (default: no limit); with an embedded manager the executor's is used
+    /// instead.
+    pub max_recoveries: Option<u64>,
 }
 
 /// `POST /api/tasks/{id}/cancel`.

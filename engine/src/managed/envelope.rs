@@ -399,6 +399,8 @@ mod tests {
             mailbox: dtask_replay::Mailbox::new(),
             parent_notification_error: String::new(),
             lineage: None,
+            max_recoveries: None,
+            recoveries: 0,
         }
     }
 

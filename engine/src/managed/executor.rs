@@ -99,6 +99,12 @@ impl Executor for ManagedExecutor {
         self.recoverable
     }
 
+    fn max_recoveries(&self, spec: &TaskSpec) -> Option<u64> {
+        self.registration(spec)
+            .ok()
+            .and_then(|(_, registration)| registration.max_recoveries)
+    }
+
     fn validate_spec(&self, spec: &TaskSpec) -> Result<(), ValidationError> {
         let (payload, registration) = self.registration(spec)?;
         if registration.is_recoverable() != self.recoverable {

@@ -24,6 +24,10 @@ pub struct Registration {
     pub materializer: Option<Arc<dyn OutputMaterializer>>,
     /// Renders completed results as rich parts (the envelope then omits `output`).
     pub render: Option<RenderFn>,
+    /// How many times a background call of a recoverable tool may be recovered after its
+    /// engine died before the next loss fails it (`None`: no limit; see
+    /// [`crate::Executor::max_recoveries`]).
+    pub max_recoveries: Option<u64>,
 }
 
 impl std::fmt::Debug for Registration {
@@ -44,7 +48,16 @@ impl Registration {
             describe: None,
             materializer: None,
             render: None,
+            max_recoveries: None,
         }
+    }
+
+    /// Caps how many times a background call of this tool is recovered after its engine died
+    /// (a recoverable tool's; a plain tool's call fails at the first loss anyway).
+    #[must_use]
+    pub fn with_max_recoveries(mut self, max_recoveries: u64) -> Self {
+        self.max_recoveries = Some(max_recoveries);
+        self
     }
 
     /// Sets the result renderer.

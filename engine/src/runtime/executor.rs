@@ -81,6 +81,15 @@ pub trait Executor: Send + Sync + 'static {
     /// What a lease expiry does to this executor's tasks (fixed at submit).
     fn lease_policy(&self) -> LeasePolicy;
 
+    /// How many times the task of `spec` may be recovered after losing its worker (a lease
+    /// expiry under the retry policy) before the next expiry fails it — the cap that keeps a
+    /// task whose attempts kill their process from being retried forever (fixed at submit, in
+    /// the task's journal). `None` (the default): no limit.
+    fn max_recoveries(&self, spec: &TaskSpec) -> Option<u64> {
+        let _ = spec;
+        None
+    }
+
     /// Whether attempts receive [`super::Control::Drain`] when the manager closes.
     fn supports_drain(&self) -> bool {
         false

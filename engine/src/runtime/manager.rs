@@ -288,9 +288,11 @@ impl Manager {
         executor
             .validate_spec(&request.spec)
             .map_err(RuntimeError::InvalidSpec)?;
+        let max_recoveries = executor.max_recoveries(&request.spec);
         let create = CreateRequest {
             spec: request.spec,
             policy: Some(executor.lease_policy()),
+            max_recoveries,
             checkpoint: request.initial_checkpoint,
             context_snapshot: request.context_snapshot,
             parent: request.parent,

@@ -348,6 +348,7 @@ pub(crate) fn create(
         publication,
         parent,
         root_session_id,
+        max_recoveries,
     } = request;
     let policy = policy.ok_or_else(|| StoreError::invalid("policy", "must be retry or fail"))?;
     let root_session_id = if parent.is_some() {
@@ -384,7 +385,17 @@ pub(crate) fn create(
                 at: now,
             }
         };
-    Ok((id, std::iter::once(created).chain(notification).collect()))
+    let limit = max_recoveries.map(|max_recoveries| Event::RecoveryLimit {
+        max_recoveries,
+        at: now,
+    });
+    Ok((
+        id,
+        std::iter::once(created)
+            .chain(limit)
+            .chain(notification)
+            .collect(),
+    ))
 }
 
 /// The creation of a rerun of the finished `original` as task `new_id`, from `created`,
@@ -444,6 +455,7 @@ pub(crate) fn rerun(original: &TaskState, created: Event, new_id: String) -> Res
         publication: Publication::OnCreate,
         parent: None,
         root_session_id: original.root_session_id.clone(),
+        max_recoveries: original.max_recoveries,
     })
 }
 

@@ -44,6 +44,10 @@ use std::sync::{Arc, OnceLock};
 use tokio::sync::watch;
 use tracing::Instrument;
 
+/// How many times [`TaskStore::rerun`] decides again when another node's write to the
+/// original got in first (a shared journal).
+const RERUN_TRIES: usize = 8;
+
 /// One page of a task listing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TaskPage {
@@ -818,7 +822,9 @@ impl TaskStore {
     ///
     /// `new_id` names the new task; `None` gives `<id>.rerun-<n>`, `n` counting `id`'s
     /// reruns from 1. Naming a task that is already a rerun of `id` returns it as it is, so
-    /// a request repeated after a lost answer reruns once.
+    /// a request repeated after a lost answer reruns once — on a shared journal too, where
+    /// this store's copy of `id` may not have seen another node's rerun yet (it folds `id`
+    /// again and decides again).
     ///
     /// # Errors
     /// [`StoreError::NotFound`] for an unknown task; [`StoreError::IllegalTransition`] while
@@ -827,41 +833,62 @@ impl TaskStore {
     /// Nothing is written on error.
     pub async fn rerun(&self, id: &str, new_id: Option<String>) -> Result<TaskState> {
         let slot = self.slot(id)?;
-        let mut task = self.lock(&slot).await?;
-        let now = self.now();
-        self.resolve_expiry(&slot, &mut task, now).await?;
-        let new_id = match new_id {
-            Some(new_id) => {
-                if task.state.rerun_as().contains(&new_id) {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let mut task = self.lock(&slot).await?;
+            let now = self.now();
+            self.resolve_expiry(&slot, &mut task, now).await?;
+            let rerun_id = match &new_id {
+                Some(named) if task.state.rerun_as().contains(named) => {
                     drop(task);
-                    return self.get(&new_id).await;
+                    return self.get(named).await;
                 }
-                new_id
-            }
-            None => format!("{id}.rerun-{}", task.state.rerun_as().len() + 1),
-        };
-        let created = self
-            .inner
-            .journal
-            .read_stream(id, 0)
-            .next()
-            .transpose()?
-            .ok_or_else(|| StoreError::task_not_found(id))?;
-        let request = decide::rerun(&task.state, created.event, new_id)?;
-        let (new_id, mut events) = decide::create(request, String::new(), now, &self.inner.config)?;
-        events.insert(
-            1,
-            Event::RerunOf {
-                task: id.to_owned(),
+                Some(named) => named.clone(),
+                None => format!("{id}.rerun-{}", task.state.rerun_as().len() + 1),
+            };
+            let created = self
+                .inner
+                .journal
+                .read_stream(id, 0)
+                .next()
+                .transpose()?
+                .ok_or_else(|| StoreError::task_not_found(id))?;
+            let request = decide::rerun(&task.state, created.event, rerun_id)?;
+            let (rerun_id, mut events) =
+                decide::create(request, String::new(), now, &self.inner.config)?;
+            events.insert(
+                1,
+                Event::RerunOf {
+                    task: id.to_owned(),
+                    at: now,
+                },
+            );
+            let linked = [Event::RerunAs {
+                task: rerun_id.clone(),
                 at: now,
-            },
-        );
-        let linked = [Event::RerunAs {
-            task: new_id.clone(),
-            at: now,
-        }];
-        self.create_stream(new_id, events, Some((&slot, &mut task, &linked)))
-            .await
+            }];
+            let known = task.state.rerun_as().len();
+            match self
+                .create_stream(rerun_id, events, Some((&slot, &mut task, &linked)))
+                .await
+            {
+                // On a shared journal this store's copy of the original may be behind:
+                // another node reran it (under this id, or under the default one this store
+                // computed). Fold it again and decide again — a repeat, or the next default
+                // id; an id some other task holds stays taken.
+                Err(StoreError::AlreadyExists(taken)) if tries < RERUN_TRIES => {
+                    self.refold(&slot, &mut task)?;
+                    if task.state.rerun_as().len() == known {
+                        return Err(StoreError::AlreadyExists(taken));
+                    }
+                }
+                // The original moved on under another node's write (the store folded it
+                // again): decide again.
+                Err(StoreError::VersionConflict { .. }) if tries < RERUN_TRIES => {}
+                other => return other,
+            }
+        }
     }
 
     /// Writes a new task's stream (with, for a nested task, its parent's events in the same

@@ -23,6 +23,9 @@ pub struct CreateRequest {
     pub parent: Option<ExecutionContext>,
     /// The root session of a root task's tree (a nested task inherits its parent's).
     pub root_session_id: String,
+    /// How many times the task may be recovered after a lease expiry before the next one
+    /// fails it (a `recovery_limit` record with the creation); `None`: no limit.
+    pub max_recoveries: Option<u64>,
 }
 
 /// The authority of a running attempt, which it presents to create child tasks: the

@@ -205,6 +205,10 @@ enum EventDef {
         task: String,
         at: Timestamp,
     },
+    RecoveryLimit {
+        max_recoveries: u64,
+        at: Timestamp,
+    },
 }
 
 /// How a task spec is read: every field, none unknown.

@@ -366,6 +366,13 @@ impl<'a> Serialize for EventJson<'a> {
                 o.serialize_field("type", ty)?;
                 o.end()
             }
+            Event::RecoveryLimit { max_recoveries, at } => {
+                let mut o = serializer.serialize_struct("recovery_limit", 3)?;
+                o.serialize_field("at", at)?;
+                o.serialize_field("max_recoveries", max_recoveries)?;
+                o.serialize_field("type", ty)?;
+                o.end()
+            }
         }
     }
 }

@@ -165,5 +165,7 @@ pub fn event() -> impl Strategy<Value = Event> {
         }),
         (".{0,16}", ts()).prop_map(|(task, at)| Event::RerunOf { task, at }),
         (".{0,16}", ts()).prop_map(|(task, at)| Event::RerunAs { task, at }),
+        (any::<u64>(), ts())
+            .prop_map(|(max_recoveries, at)| Event::RecoveryLimit { max_recoveries, at }),
     ]
 }

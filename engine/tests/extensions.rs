@@ -1,6 +1,8 @@
-//! Reruns: a finished root task run again as a new task, with the lineage written both ways
-//! in one append. Each scenario runs straight and with the store reopened before every step
-//! (what the journal holds is all there is).
+//! What the store offers beyond the reference: reruns (a finished root task run again as a
+//! new task, with the lineage written both ways in one append) and recovery limits (a task
+//! that keeps losing its worker fails instead of being retried forever). Scenarios run
+//! straight and with the store reopened before every step (what the journal holds is all
+//! there is).
 
 #![allow(clippy::unwrap_used)]
 
@@ -9,7 +11,7 @@ mod common;
 use common::*;
 use dtask_engine::{Command, CreateRequest, StoreError, TaskStore};
 use dtask_journal::{Event, EventType, LeasePolicy};
-use dtask_replay::Status;
+use dtask_replay::{recovery_limit_error, Status};
 
 use LeasePolicy::{Fail, Retry};
 
@@ -209,4 +211,124 @@ async fn a_rerun_is_refused_before_the_end_for_a_nested_task_and_for_a_taken_id(
         .map(|r| r.unwrap().event)
         .collect();
     assert!(!events.iter().any(|e| e.event_type() == EventType::RerunAs));
+}
+
+/// A retry-policy task created with `max_recoveries`, and a session (so that its lifecycle
+/// notifications are queued).
+async fn capped(store: &TaskStore, id: &str, max_recoveries: Option<u64>) {
+    let mut req = request(session_spec(id, true), Retry);
+    req.max_recoveries = max_recoveries;
+    let t = store.create(req).await.unwrap();
+    assert_eq!(t.max_recoveries, max_recoveries);
+    assert_eq!(t.recoveries, 0);
+}
+
+/// Claims `id` and lets its lease run out; returns the state the expiry left.
+async fn lose_the_worker(env: &mut Env, reboot: bool, id: &str) -> dtask_replay::TaskState {
+    let store = s(env, reboot);
+    let t = store.get(id).await.unwrap();
+    store.execute(id, t.version, Command::Start).await.unwrap();
+    env.advance(LEASE_MS + 1);
+    s(env, reboot).get(id).await.unwrap()
+}
+
+async fn fails_once_out_of_recoveries(reboot: bool) {
+    let mut env = Env::new();
+    capped(s(&mut env, reboot), "t", Some(2)).await;
+    assert_eq!(
+        stream_types(s(&mut env, reboot), "t")[..2],
+        [EventType::Created, EventType::RecoveryLimit]
+    );
+    for n in 1..=2 {
+        let t = lose_the_worker(&mut env, reboot, "t").await;
+        assert_eq!((t.status, t.recoveries, t.attempt), (Status::Pending, n, n));
+    }
+    let t = lose_the_worker(&mut env, reboot, "t").await;
+    assert_eq!(t.status, Status::Failed);
+    assert_eq!((t.recoveries, t.attempt), (2, 3));
+    assert_eq!(t.result_error, recovery_limit_error(2));
+    assert_eq!(
+        t.result_error,
+        "execution lease expired after 2 recoveries, the most the task allows"
+    );
+    assert!(t.done_at.is_some());
+    let notices = drain(s(&mut env, reboot)).await;
+    assert_eq!(notices.last().map(String::as_str), Some("t:7:failed"));
+}
+
+#[tokio::test]
+async fn a_task_out_of_recoveries_fails_at_its_next_lease_expiry() {
+    fails_once_out_of_recoveries(false).await;
+}
+
+#[tokio::test]
+async fn a_recovery_limit_and_its_count_survive_a_reopen_at_every_step() {
+    fails_once_out_of_recoveries(true).await;
+}
+
+#[tokio::test]
+async fn without_a_limit_a_task_is_recovered_every_time_and_with_intent_it_is_canceled() {
+    let mut env = Env::new();
+    capped(env.store(), "free", None).await;
+    for n in 1..=5 {
+        let t = lose_the_worker(&mut env, false, "free").await;
+        assert_eq!((t.status, t.recoveries), (Status::Pending, n));
+    }
+    assert!(!stream_types(env.store(), "free").contains(&EventType::RecoveryLimit));
+
+    // No recovery left, and cancellation requested while it ran: canceled, not failed.
+    capped(env.store(), "c", Some(0)).await;
+    let store = env.store();
+    store.execute("c", 1, Command::Start).await.unwrap();
+    ok(
+        store,
+        "c",
+        Command::RequestCancel {
+            reason: "stop".into(),
+        },
+    )
+    .await;
+    env.advance(2 * LEASE_MS + 1);
+    let t = env.store().get("c").await.unwrap();
+    assert_eq!(
+        (t.status, t.result_error.as_str()),
+        (Status::Canceled, "stop")
+    );
+}
+
+#[tokio::test]
+async fn a_limit_is_written_with_a_claimed_creation_and_carried_by_a_rerun() {
+    let mut env = Env::new();
+    let store = env.store();
+    let mut req = request(spec("claimed"), Retry);
+    req.max_recoveries = Some(1);
+    let t = store.create_claimed(req).await.unwrap();
+    assert_eq!((t.status, t.max_recoveries), (Status::Running, Some(1)));
+    assert_eq!(
+        stream_types(store, "claimed"),
+        [
+            EventType::Created,
+            EventType::RecoveryLimit,
+            EventType::AttemptStarted
+        ]
+    );
+    env.advance(LEASE_MS + 1);
+    assert_eq!(env.store().get("claimed").await.unwrap().recoveries, 1);
+    let t = lose_the_worker(&mut env, false, "claimed").await;
+    assert_eq!(t.status, Status::Failed);
+
+    // The rerun starts with the same limit and none used.
+    let rerun = env.store().rerun("claimed", None).await.unwrap();
+    assert_eq!((rerun.max_recoveries, rerun.recoveries), (Some(1), 0));
+    assert_eq!(
+        stream_types(env.store(), rerun.id()),
+        [
+            EventType::Created,
+            EventType::RerunOf,
+            EventType::RecoveryLimit
+        ]
+    );
+    env.reopen();
+    let again = env.store().get(rerun.id()).await.unwrap();
+    assert_eq!(again, rerun);
 }
