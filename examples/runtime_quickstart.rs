@@ -1,6 +1,7 @@
-//! A manager with one executor, a worker, and four tasks: one completes, one asks for input
-//! and completes once answered, one is canceled while it runs, and one fails for a passing
-//! reason and is rerun (a new task, linked to the one that failed).
+//! A manager with one executor, a worker, and five tasks: one completes, one asks for input
+//! and completes once answered, one is canceled while it runs, one polls a job that is not
+//! done yet (it yields for a while — a durable timer — and finishes on its next attempt), and
+//! one fails for a passing reason and is rerun (a new task, linked to the one that failed).
 //!
 //! Run: `cargo run --example runtime_quickstart`
 #![allow(clippy::unwrap_used, missing_docs)]
@@ -49,6 +50,15 @@ impl Executor for Echo {
         match (payload.as_str(), task.pending_resume) {
             ("needs approval", None) => Ok(ExecutionResult::WaitingInput(b"approve?".to_vec())),
             ("needs approval", Some(answer)) => Ok(ExecutionResult::Completed(answer)),
+            // A remote job that is not done at the first look: come back in 200 ms, without
+            // holding a worker meanwhile.
+            ("poll", _) if attempt.attempt() == 1 => Ok(ExecutionResult::YieldFor(
+                b"job queued".to_vec(),
+                std::time::Duration::from_millis(200),
+            )),
+            ("poll", _) => Ok(ExecutionResult::Completed(
+                format!("job done, seen on attempt {}", attempt.attempt()).into_bytes(),
+            )),
             ("flaky", _) if !OUTAGE_OVER.swap(true, Ordering::SeqCst) => {
                 Ok(ExecutionResult::Failed("the service was down".into()))
             }
@@ -145,6 +155,9 @@ async fn main() {
         "{forever}: {}",
         describe(&manager.wait(&forever).await.unwrap())
     );
+
+    let poll = submit(&manager, "poll").await;
+    println!("{poll}: {}", describe(&manager.wait(&poll).await.unwrap()));
 
     // A failure that a later run would not meet: rerun the task. The rerun is a new task from
     // the same spec; each names the other.

@@ -550,7 +550,7 @@ fn an_export_of_record_format_1_imports_bit_exact() {
 }
 
 /// A journal with a rerun: `job` (recovered at most once) failed, rerun as `job.rerun-1`
-/// (still pending).
+/// (still pending); and `later`, delayed by an hour.
 fn rerun_fixture(dir: &Path) {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -578,11 +578,14 @@ fn rerun_fixture(dir: &Path) {
             .unwrap();
         clock.advance(Duration::from_secs(1));
         store.rerun("job", None).await.unwrap();
+        let mut later = request("later", "shell", shell, LeasePolicy::Retry);
+        later.not_before = Some(Timestamp(T0 + 3_600_000));
+        store.create(later).await.unwrap();
     });
 }
 
 #[test]
-fn a_rerun_and_a_recovery_limit_show_audit_clean_and_import_bit_exact() {
+fn a_rerun_a_recovery_limit_and_a_delay_show_audit_clean_and_import_bit_exact() {
     let dir = tempfile::tempdir().unwrap();
     rerun_fixture(dir.path());
     let text = stdout(dtask(dir.path()).args(["show", "job.rerun-1"]));
@@ -609,6 +612,13 @@ fn a_rerun_and_a_recovery_limit_show_audit_clean_and_import_bit_exact() {
         last.contains("rerun_as") && last.contains("task=job.rerun-1"),
         "{events}"
     );
+    let later = stdout(dtask(dir.path()).args(["show", "later"]));
+    assert!(
+        later
+            .lines()
+            .any(|l| l.starts_with("not before") && l.ends_with("2023-11-14T23:13:20.000Z")),
+        "{later}"
+    );
     dtask(dir.path()).arg("verify").assert().success();
 
     let work = tempfile::tempdir().unwrap();
@@ -624,6 +634,7 @@ fn a_rerun_and_a_recovery_limit_show_audit_clean_and_import_bit_exact() {
         export.contains(r#""max_recoveries":1,"type":"recovery_limit""#),
         "{export}"
     );
+    assert!(export.contains(r#""type":"not_before""#), "{export}");
     let target = work.path().join("rebuilt");
     let text = stdout(dtask(&target).arg("import").arg(&file));
     assert!(text.contains("every digest and CRC matches"), "{text}");

@@ -86,7 +86,7 @@ fn has_in_order(name: &str, output: &str, expected: &[&str]) {
 }
 
 #[test]
-fn the_runtime_quickstart_completes_one_task_answers_one_cancels_one_and_reruns_one() {
+fn the_runtime_quickstart_completes_answers_cancels_delays_and_reruns() {
     let out = run("runtime_quickstart", &[]);
     has_in_order(
         "runtime_quickstart",
@@ -96,6 +96,7 @@ fn the_runtime_quickstart_completes_one_task_answers_one_cancels_one_and_reruns_
             "waiting for input (\"approve?\")",
             "completed: \"approved\"",
             "canceled: user gave up",
+            "completed: \"job done, seen on attempt 2\"",
             "failed: the service was down",
             "completed: \"flaky\"",
             "rerun as echo_",

@@ -185,6 +185,7 @@ async fn owner_submits_and_cancels_and_every_read_shows_it() {
     assert_eq!(generated["max_recoveries"], 2);
     assert_eq!(generated["recoveries"], 0);
     assert_eq!(created["max_recoveries"], Value::Null);
+    assert_eq!(created["not_before"], Value::Null);
     assert!(
         generated["id"].as_str().unwrap().starts_with("dl_"),
         "{generated}"
@@ -207,6 +208,18 @@ async fn owner_submits_and_cancels_and_every_read_shows_it() {
     assert_eq!(searched["tasks"][0]["id"], "job-1");
     let (_, none) = server.get("/api/tasks?executor=nobody").await;
     assert_eq!(none["tasks"], json!([]));
+
+    // A delayed run: pending, not claimable before its time.
+    let later = 4_102_444_800_000_u64; // 2100-01-01
+    let (status, delayed) = server
+        .post(
+            "/api/tasks",
+            &json!({"id": "later-1", "executor_key": "fetch", "not_before": later}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{delayed}");
+    assert_eq!(delayed["not_before"], later);
+    assert_eq!(delayed["status"], "pending");
 
     let (status, task) = server.get("/api/tasks/job-1").await;
     assert_eq!(status, StatusCode::OK);

@@ -1,6 +1,7 @@
 //! What the store offers beyond the reference: reruns (a finished root task run again as a
-//! new task, with the lineage written both ways in one append) and recovery limits (a task
-//! that keeps losing its worker fails instead of being retried forever). Scenarios run
+//! new task, with the lineage written both ways in one append), recovery limits (a task
+//! that keeps losing its worker fails instead of being retried forever) and delayed runs (a
+//! pending task no worker may claim before its not-before time: a durable timer). Scenarios run
 //! straight and with the store reopened before every step (what the journal holds is all
 //! there is).
 
@@ -10,7 +11,7 @@ mod common;
 
 use common::*;
 use dtask_engine::{Command, CreateRequest, StoreError, TaskStore};
-use dtask_journal::{Event, EventType, LeasePolicy};
+use dtask_journal::{Event, EventType, LeasePolicy, Timestamp};
 use dtask_replay::{recovery_limit_error, Status};
 
 use LeasePolicy::{Fail, Retry};
@@ -331,4 +332,150 @@ async fn a_limit_is_written_with_a_claimed_creation_and_carried_by_a_rerun() {
     env.reopen();
     let again = env.store().get(rerun.id()).await.unwrap();
     assert_eq!(again, rerun);
+}
+
+/// The ids `list_pending` gives for the default executor key.
+async fn claimable(store: &TaskStore) -> Vec<String> {
+    store
+        .list_pending(&[KEY.to_owned()], None, 100)
+        .await
+        .unwrap()
+        .tasks
+        .into_iter()
+        .map(|t| t.spec.id.clone())
+        .collect()
+}
+
+async fn a_delayed_task_waits_for_its_time(reboot: bool) {
+    let mut env = Env::new();
+    let until = Timestamp(T0 + 60_000);
+    let mut req = request(spec("later"), Retry);
+    req.not_before = Some(until);
+    let t = s(&mut env, reboot).create(req).await.unwrap();
+    assert_eq!((t.status, t.not_before), (Status::Pending, Some(until)));
+    create(s(&mut env, reboot), "now", Retry).await;
+    assert_eq!(
+        stream_types(s(&mut env, reboot), "later"),
+        [EventType::Created, EventType::NotBefore]
+    );
+    assert_eq!(s(&mut env, reboot).next_due(), Some(until));
+
+    // Not listed, not claimable, until its time.
+    assert_eq!(claimable(s(&mut env, reboot)).await, ["now"]);
+    assert!(matches!(
+        s(&mut env, reboot).execute("later", 1, Command::Start).await,
+        Err(StoreError::NotDue { until: u, .. }) if u == until
+    ));
+    env.advance(59_999);
+    assert_eq!(claimable(s(&mut env, reboot)).await, ["now"]);
+    env.advance(1);
+    assert_eq!(claimable(s(&mut env, reboot)).await, ["later", "now"]);
+    let claimed = s(&mut env, reboot)
+        .execute("later", 1, Command::Start)
+        .await
+        .unwrap();
+    assert_eq!(
+        (claimed.status, claimed.not_before),
+        (Status::Running, None)
+    );
+
+    // A durable timer: the attempt yields for ten seconds, keeping a new checkpoint.
+    let store = s(&mut env, reboot);
+    ok(
+        store,
+        "later",
+        Command::YieldUntil {
+            checkpoint: cp("poll 1"),
+            until: Timestamp(T0 + 70_000),
+        },
+    )
+    .await;
+    let t = s(&mut env, reboot).get("later").await.unwrap();
+    assert_eq!(t.status, Status::Pending);
+    assert_eq!(t.not_before, Some(Timestamp(T0 + 70_000)));
+    assert_eq!(t.checkpoint, cp("poll 1"));
+    assert_eq!(
+        stream_types(s(&mut env, reboot), "later")[3..],
+        [EventType::Yielded, EventType::NotBefore]
+    );
+    assert_eq!(claimable(s(&mut env, reboot)).await, ["now"]);
+    assert_err!(
+        s(&mut env, reboot)
+            .execute("later", t.version, Command::Start)
+            .await,
+        StoreError::NotDue { .. }
+    );
+    env.advance(10_000);
+    let again = s(&mut env, reboot)
+        .execute("later", t.version, Command::Start)
+        .await
+        .unwrap();
+    assert_eq!((again.attempt, again.not_before), (2, None));
+    assert_eq!(s(&mut env, reboot).next_due(), None);
+}
+
+#[tokio::test]
+async fn a_delayed_task_is_claimed_only_once_due_and_a_yield_can_delay_it_again() {
+    a_delayed_task_waits_for_its_time(false).await;
+}
+
+#[tokio::test]
+async fn a_delay_survives_a_reopen_at_every_step() {
+    a_delayed_task_waits_for_its_time(true).await;
+}
+
+#[tokio::test]
+async fn a_past_delay_writes_nothing_and_a_delayed_task_can_be_canceled() {
+    let env = Env::new();
+    let store = env.store();
+    // A not-before time that has passed (or a yield until now) is no delay: no record.
+    let mut req = request(spec("past"), Retry);
+    req.not_before = Some(Timestamp(T0));
+    let t = store.create(req).await.unwrap();
+    assert_eq!(t.not_before, None);
+    assert_eq!(stream_types(store, "past"), [EventType::Created]);
+    store.execute("past", 1, Command::Start).await.unwrap();
+    ok(
+        store,
+        "past",
+        Command::YieldUntil {
+            checkpoint: vec![],
+            until: Timestamp(T0),
+        },
+    )
+    .await;
+    assert_eq!(
+        stream_types(store, "past").last(),
+        Some(&EventType::Yielded)
+    );
+    assert_eq!(claimable(store).await, ["past"]);
+
+    // A delayed task, canceled before its time: canceled at once, no longer delayed.
+    let mut req = request(spec("soon"), Retry);
+    req.not_before = Some(Timestamp(T0 + 1_000));
+    store.create(req).await.unwrap();
+    let canceled = ok(
+        store,
+        "soon",
+        Command::RequestCancel {
+            reason: "not needed".into(),
+        },
+    )
+    .await;
+    assert_eq!(
+        (canceled.status, canceled.not_before),
+        (Status::Canceled, None)
+    );
+    assert_eq!(store.next_due(), None);
+
+    // A task created claimed runs at once: a delay is refused.
+    let mut req = request(spec("claimed"), Retry);
+    req.not_before = Some(Timestamp(T0 + 1_000));
+    assert_err!(
+        store.create_claimed(req).await,
+        StoreError::Invalid {
+            field: "not_before",
+            ..
+        }
+    );
 }

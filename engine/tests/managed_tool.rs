@@ -898,6 +898,7 @@ async fn s47_started_marker_without_checkpoint_recovers() {
             initial_checkpoint: ManagedCheckpoint::started(vec![]).encode().unwrap(),
             context_snapshot: vec![],
             parent: None,
+            not_before: None,
         })
         .await
         .unwrap();

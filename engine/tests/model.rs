@@ -44,6 +44,8 @@ enum Cmd {
     WaitInput(u8),
     Suspend(u8),
     Yield(u8),
+    /// `YieldUntil` this many 20 s steps after the model's clock (0: now, a plain yield).
+    YieldFor(u8),
     AckCancel(u8),
     RequestCancel(u8),
     Resume(u8),
@@ -70,6 +72,8 @@ enum Op {
         deferred: bool,
         /// The recovery limit (`None`: none).
         cap: Option<u8>,
+        /// A delay, in 20 s steps after the model's clock (`None` or 0: none).
+        delay: Option<u8>,
     },
     Cmd {
         t: usize,
@@ -133,6 +137,7 @@ fn cmd_strategy() -> impl Strategy<Value = Cmd> {
         2 => n.clone().prop_map(Cmd::WaitInput),
         2 => n.clone().prop_map(Cmd::Suspend),
         2 => n.clone().prop_map(Cmd::Yield),
+        1 => n.clone().prop_map(Cmd::YieldFor),
         1 => n.clone().prop_map(Cmd::AckCancel),
         2 => n.clone().prop_map(Cmd::RequestCancel),
         2 => n.clone().prop_map(Cmd::Resume),
@@ -154,9 +159,10 @@ fn create_strategy() -> impl Strategy<Value = Op> {
         0u8..2,
         prop_oneof![3 => Just(false), 1 => Just(true)],
         prop_oneof![1 => Just(None), 1 => Just(Some(0u8)), 1 => Just(Some(1u8))],
+        prop_oneof![3 => Just(None), 1 => (0u8..3).prop_map(Some)],
     )
         .prop_map(
-            |(t, retry, session, notify, checkpoint, deferred, cap)| Op::Create {
+            |(t, retry, session, notify, checkpoint, deferred, cap, delay)| Op::Create {
                 t,
                 retry,
                 session,
@@ -164,6 +170,7 @@ fn create_strategy() -> impl Strategy<Value = Op> {
                 checkpoint,
                 deferred,
                 cap,
+                delay,
             },
         )
 }
@@ -257,6 +264,8 @@ struct MTask {
     /// The recovery limit, and the recoveries so far.
     cap: Option<u64>,
     recoveries: u64,
+    /// A pending task's earliest claim time.
+    not_before: Option<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -304,6 +313,7 @@ impl MTask {
             rerun_as: Vec::new(),
             cap: None,
             recoveries: 0,
+            not_before: None,
         }
     }
 
@@ -325,6 +335,7 @@ impl MTask {
         self.result_data.clear();
         self.pending_resume = None;
         self.lease = None;
+        self.not_before = None;
         self.done = Some(now);
         self.generation += 1;
     }
@@ -604,9 +615,13 @@ impl Model {
                 if task.status != Status::Pending {
                     return Err("IllegalTransition");
                 }
+                if task.not_before.is_some_and(|until| until > now) {
+                    return Err("NotDue");
+                }
                 task.status = Status::Running;
                 task.attempt += 1;
                 task.lease = Some(lease);
+                task.not_before = None;
             }
             Cmd::Resume(d) => {
                 if task.status != Status::WaitingInput {
@@ -677,6 +692,13 @@ impl Model {
                             task.checkpoint = bytes(*c);
                         }
                         task.lease = None;
+                    }
+                    Cmd::YieldFor(steps) => {
+                        task.status = Status::Pending;
+                        task.lease = None;
+                        if *steps > 0 {
+                            task.not_before = Some(now + u64::from(*steps) * 20_000);
+                        }
                     }
                     Cmd::CommitInput(by) => {
                         let cursor = task.consumed + u64::from(*by);
@@ -826,6 +848,12 @@ impl Model {
         assert_eq!(got.max_recoveries, m.cap, "recovery limit of {}", m.id);
         assert_eq!(got.recoveries, m.recoveries, "recoveries of {}", m.id);
         assert_eq!(
+            got.not_before,
+            m.not_before.map(ts),
+            "not-before of {}",
+            m.id
+        );
+        assert_eq!(
             !got.parent_notification_error.is_empty(),
             m.parent_error,
             "parent notice of {}",
@@ -836,8 +864,12 @@ impl Model {
 
 /// The store command of `cmd`, whose cursor arguments are relative to the model's consumed
 /// cursor `consumed`.
-fn to_command(cmd: &Cmd, consumed: u64) -> Command {
+fn to_command(cmd: &Cmd, consumed: u64, now: u64) -> Command {
     match cmd {
+        Cmd::YieldFor(steps) => Command::YieldUntil {
+            checkpoint: Vec::new(),
+            until: Timestamp(now + u64::from(*steps) * 20_000),
+        },
         Cmd::CommitInput(by) => Command::CommitInput {
             expected_cursor: consumed,
             cursor: consumed + u64::from(*by),
@@ -917,6 +949,7 @@ async fn run(ops: Vec<Op>) {
                 checkpoint,
                 deferred,
                 cap,
+                delay,
             } => {
                 let spec = TaskSpec {
                     session_id: if *session { "s".into() } else { String::new() },
@@ -939,6 +972,8 @@ async fn run(ops: Vec<Op>) {
                             Publication::OnCreate
                         },
                         max_recoveries: cap.map(u64::from),
+                        not_before: delay
+                            .map(|steps| Timestamp(model.now + u64::from(steps) * 20_000)),
                         ..CreateRequest::default()
                     })
                     .await;
@@ -946,6 +981,9 @@ async fn run(ops: Vec<Op>) {
                 if want.is_ok() {
                     model.tasks[*t].as_mut().unwrap().deferred = *deferred;
                     model.tasks[*t].as_mut().unwrap().cap = cap.map(u64::from);
+                    model.tasks[*t].as_mut().unwrap().not_before = delay
+                        .filter(|steps| *steps > 0)
+                        .map(|steps| model.now + u64::from(steps) * 20_000);
                     if *deferred {
                         // Created deferred: its task_created was not sent.
                         let id = format!("t{t}:1:task_created");
@@ -963,7 +1001,11 @@ async fn run(ops: Vec<Op>) {
                 let expected = skewed(base, *skew);
                 let consumed = model.tasks[*t].as_ref().map_or(0, |m| m.consumed);
                 let got = store
-                    .execute(&format!("t{t}"), expected, to_command(cmd, consumed))
+                    .execute(
+                        &format!("t{t}"),
+                        expected,
+                        to_command(cmd, consumed, model.now),
+                    )
                     .await;
                 let want = model.command(*t, expected, cmd);
                 assert_eq!(
@@ -1137,19 +1179,21 @@ async fn run(ops: Vec<Op>) {
     assert_eq!(got, want, "final outbox");
 }
 
-/// Scripts that lose workers often: retry-policy root tasks, most with a recovery limit,
-/// claimed and left to expire again and again, with cancellations, completions, reruns and
-/// reboots among the expiries.
+/// Scripts that lose workers often: retry-policy root tasks, most with a recovery limit, some
+/// delayed, claimed and left to expire again and again, with timed yields, cancellations,
+/// completions, reruns and reboots among the expiries.
 fn recovery_script_strategy() -> impl Strategy<Value = Vec<Op>> {
     let create = (
         any::<bool>(),
         0u8..2,
         prop_oneof![1 => Just(None), 3 => (0u8..3).prop_map(Some)],
+        prop_oneof![1 => Just(None), 1 => (0u8..3).prop_map(Some)],
     );
     let t = 0..TASKS;
     let op = prop_oneof![
         6 => t.clone().prop_map(|t| Op::Cmd { t, skew: 0, cmd: Cmd::Start }),
         2 => t.clone().prop_map(|t| Op::Cmd { t, skew: 0, cmd: Cmd::Heartbeat }),
+        2 => (t.clone(), 0u8..3).prop_map(|(t, steps)| Op::Cmd { t, skew: 0, cmd: Cmd::YieldFor(steps) }),
         1 => t.clone().prop_map(|t| Op::Cmd { t, skew: 0, cmd: Cmd::RequestCancel(1) }),
         1 => t.clone().prop_map(|t| Op::Cmd { t, skew: 0, cmd: Cmd::Complete(1) }),
         5 => prop_oneof![Just(15_000u64), Just(30_000), Just(31_000)].prop_map(Op::Advance),
@@ -1165,7 +1209,7 @@ fn recovery_script_strategy() -> impl Strategy<Value = Vec<Op>> {
             let mut script: Vec<Op> = creates
                 .into_iter()
                 .enumerate()
-                .map(|(t, (session, checkpoint, cap))| Op::Create {
+                .map(|(t, (session, checkpoint, cap, delay))| Op::Create {
                     t,
                     retry: true,
                     session,
@@ -1173,6 +1217,7 @@ fn recovery_script_strategy() -> impl Strategy<Value = Vec<Op>> {
                     checkpoint,
                     deferred: false,
                     cap,
+                    delay,
                 })
                 .collect();
             script.extend(ops);
@@ -1190,7 +1235,7 @@ proptest! {
     }
 
     #[test]
-    fn recovery_limits_match_model(ops in recovery_script_strategy()) {
+    fn recovery_limits_and_delays_match_model(ops in recovery_script_strategy()) {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         runtime.block_on(run(ops));
     }

@@ -563,6 +563,64 @@ async fn a_worker_is_woken_by_a_new_pending_task_without_waiting_a_poll_interval
     handle.await.unwrap().unwrap();
 }
 
+/// An executor that yields for `delay` on its first attempt (a tool polling a remote job
+/// that is not done yet) and completes on the next.
+fn polls_once(key: &str, delay: Duration) -> FnExecutor {
+    executor(
+        key,
+        LeasePolicy::Retry,
+        false,
+        move |attempt, _| async move {
+            if attempt.attempt() == 1 {
+                Ok(ExecutionResult::YieldFor(b"job-42 queued".to_vec(), delay))
+            } else {
+                Ok(ExecutionResult::Completed(b"job-42 done".to_vec()))
+            }
+        },
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_yield_for_a_while_is_a_durable_timer_that_wakes_the_worker_when_due() {
+    // The system clock: the worker sleeps until the task is due by the store's clock.
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    let store =
+        TaskStore::open(journal, dtask_engine::SystemClock, StoreConfig::default()).unwrap();
+    let mut registry = ExecutorRegistry::new();
+    registry
+        .register(polls_once("k", Duration::from_millis(300)))
+        .unwrap();
+    let manager = Manager::new(store.clone(), registry, ManagerConfig::default());
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    // An hour between polls: only the timer's own wake-up runs the task again in time (the
+    // worker looks once more when the first attempt ends, well before the task is due).
+    let worker = Worker::new(
+        manager.clone(),
+        WorkerConfig::new(["k"]).with_poll_interval(Duration::from_secs(3600)),
+    )
+    .unwrap();
+    let handle = tokio::spawn(worker.run(async move {
+        let _ = stop_rx.wait_for(|s| *s).await;
+    }));
+    let id = submit(&manager, "k").await;
+    // Created (1), claimed (2), yielded (3): pending, delayed by 300 ms of the store's clock.
+    let yielded = store.wait_for_task_version(&id, 2).await.unwrap();
+    assert_eq!(yielded.checkpoint, b"job-42 queued");
+    let due = yielded.not_before.expect("delayed");
+    assert!(due > yielded.created_at);
+    let outcome = tokio::time::timeout(Duration::from_secs(60), manager.wait(&id))
+        .await
+        .expect("woken at the due time, not after the hour-long poll")
+        .unwrap();
+    assert_eq!(outcome, TaskOutcome::Completed(b"job-42 done".to_vec()));
+    let done = store.get(&id).await.unwrap();
+    assert_eq!(done.attempt, 2);
+    assert!(done.updated_at >= due, "not run again before its time");
+    stop_tx.send(true).unwrap();
+    handle.await.unwrap().unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fail_policy_cancel_returns_after_the_local_attempt_is_canceled() {
     let env = env(vec![waits_for_control("k", LeasePolicy::Fail, false)]);

@@ -15,7 +15,8 @@
 //! [`Event`]: bincode writes a variant's index, so every record of an older schema decodes
 //! unchanged. Schema v2 added the mailbox, nested tasks, publication and multi-part progress
 //! events (from `CreatedV2` on), schema v3 ([`EVENT_SCHEMA_VERSION`]) the lineage of a rerun
-//! (`RerunOf`, `RerunAs`) and a task's recovery limit (`RecoveryLimit`); a stream written by an older engine holds none of them and folds
+//! (`RerunOf`, `RerunAs`), a task's recovery limit (`RecoveryLimit`) and its earliest claim
+//! time (`NotBefore`); a stream written by an older engine holds none of them and folds
 //! exactly as before.
 
 use serde::{Deserialize, Serialize};
@@ -23,7 +24,7 @@ use std::fmt;
 use std::sync::Arc;
 
 /// The event schema this build writes: 3 (v1; v2's mailbox, nested tasks, publication and
-/// multi-part progress events; v3's rerun lineage and recovery limit). Every record of an older schema is a
+/// multi-part progress events; v3's rerun lineage, recovery limit and delayed runs). Every record of an older schema is a
 /// record of this one.
 pub const EVENT_SCHEMA_VERSION: u32 = 3;
 
@@ -536,6 +537,15 @@ pub enum Event {
         /// Time.
         at: Timestamp,
     },
+    /// The pending task may not be claimed before `until` (non-lifecycle; written with the
+    /// creation or with the `Yielded` that made the task pending): a durable timer. The next
+    /// `AttemptStarted` clears it.
+    NotBefore {
+        /// The earliest claim time.
+        until: Timestamp,
+        /// Time.
+        at: Timestamp,
+    },
 }
 
 /// The discriminant of an [`Event`], for filters, statistics and display.
@@ -574,11 +584,12 @@ pub enum EventType {
     RerunOf,
     RerunAs,
     RecoveryLimit,
+    NotBefore,
 }
 
 impl EventType {
     /// Every event type, in schema order.
-    pub const ALL: [Self; 31] = [
+    pub const ALL: [Self; 32] = [
         Self::Created,
         Self::AttemptStarted,
         Self::Heartbeat,
@@ -610,6 +621,7 @@ impl EventType {
         Self::RerunOf,
         Self::RerunAs,
         Self::RecoveryLimit,
+        Self::NotBefore,
     ];
 
     /// The `snake_case` name used in exports and the CLI.
@@ -647,6 +659,7 @@ impl EventType {
             Self::RerunOf => "rerun_of",
             Self::RerunAs => "rerun_as",
             Self::RecoveryLimit => "recovery_limit",
+            Self::NotBefore => "not_before",
         }
     }
 
@@ -667,6 +680,7 @@ impl EventType {
                 | Self::RerunOf
                 | Self::RerunAs
                 | Self::RecoveryLimit
+                | Self::NotBefore
         )
     }
 }
@@ -741,6 +755,7 @@ impl Event {
             Self::RerunOf { .. } => EventType::RerunOf,
             Self::RerunAs { .. } => EventType::RerunAs,
             Self::RecoveryLimit { .. } => EventType::RecoveryLimit,
+            Self::NotBefore { .. } => EventType::NotBefore,
         }
     }
 
@@ -778,7 +793,8 @@ impl Event {
             | Self::ParentNotificationFailed { at, .. }
             | Self::RerunOf { at, .. }
             | Self::RerunAs { at, .. }
-            | Self::RecoveryLimit { at, .. } => *at,
+            | Self::RecoveryLimit { at, .. }
+            | Self::NotBefore { at, .. } => *at,
         }
     }
 
@@ -856,7 +872,8 @@ impl Event {
             | Self::ParentNotificationFailed { .. }
             | Self::RerunOf { .. }
             | Self::RerunAs { .. }
-            | Self::RecoveryLimit { .. } => 0,
+            | Self::RecoveryLimit { .. }
+            | Self::NotBefore { .. } => 0,
         }
     }
 }

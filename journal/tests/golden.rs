@@ -234,6 +234,10 @@ fn events_v3() -> Vec<Event> {
             max_recoveries: 3,
             at,
         },
+        Event::NotBefore {
+            until: Timestamp(1_765_000_060_000),
+            at,
+        },
     ]
 }
 

@@ -131,6 +131,14 @@ pub enum FoldError {
     /// A `recovery_limit` after the task's first attempt, or a second one.
     #[error("recovery limit recorded {0}")]
     RecoveryLimit(&'static str),
+    /// An attempt started before the task's `not_before`.
+    #[error("attempt started at {at} ms, before the task's not-before time {until} ms")]
+    NotDue {
+        /// The not-before time.
+        until: u64,
+        /// When the attempt started.
+        at: u64,
+    },
 }
 
 /// The key of a progress-event part in [`TaskLayer::parts`]: unambiguous for any two strings.
@@ -300,6 +308,7 @@ impl Task {
                 lineage: None,
                 max_recoveries: None,
                 recoveries: 0,
+                not_before: None,
             },
             update_ids: IdIndex::new(),
             notification_ids: IdIndex::new(),
@@ -514,9 +523,20 @@ impl Task {
                     return Err(FoldError::RecoveryLimit("after the first attempt"));
                 }
             }
-            Event::AttemptStarted { attempt, .. } => {
+            Event::NotBefore { .. } => {
                 if s.status != Status::Pending {
                     return Err(illegal());
+                }
+            }
+            Event::AttemptStarted { attempt, at, .. } => {
+                if s.status != Status::Pending {
+                    return Err(illegal());
+                }
+                if let Some(until) = s.not_before.filter(|until| until > at) {
+                    return Err(FoldError::NotDue {
+                        until: until.0,
+                        at: at.0,
+                    });
                 }
                 if *attempt != s.attempt + 1 {
                     return Err(FoldError::AttemptNotNext {
@@ -705,6 +725,7 @@ impl Task {
             Event::RecoveryLimit { max_recoveries, .. } => {
                 s.max_recoveries = Some(*max_recoveries);
             }
+            Event::NotBefore { until, .. } => s.not_before = Some(*until),
             Event::AttemptStarted {
                 attempt,
                 lease_deadline,
@@ -713,6 +734,7 @@ impl Task {
                 s.status = Status::Running;
                 s.attempt = *attempt;
                 s.lease_deadline = Some(*lease_deadline);
+                s.not_before = None;
             }
             Event::Heartbeat { lease_deadline, .. } => s.lease_deadline = Some(*lease_deadline),
             Event::StartCommitted { checkpoint, .. } => s.checkpoint.clone_from(checkpoint),
@@ -841,6 +863,7 @@ fn finish(s: &mut TaskState, status: Status, error: String, at: dtask_journal::T
     s.result_data.clear();
     s.pending_resume = None;
     s.lease_deadline = None;
+    s.not_before = None;
     s.done_at = Some(at);
     // The mailbox is sealed: a new ownership generation, no new input. The checkpoint is
     // kept (see docs/semantics.md, "Terminal transitions and the checkpoint").

@@ -146,6 +146,9 @@ pub struct TaskState {
     pub max_recoveries: Option<u64>,
     /// How many times the task was recovered: lease expiries that sent it back to pending.
     pub recoveries: u64,
+    /// The earliest time the pending task may be claimed (a delayed run); `None` once an
+    /// attempt started, or for a task never delayed.
+    pub not_before: Option<Timestamp>,
 }
 
 /// How a task is tied to its reruns: the task it reruns, and the tasks it was rerun as
@@ -276,6 +279,12 @@ impl TaskState {
             LeasePolicy::Fail => LEASE_EXPIRED_ERROR.to_owned(),
             LeasePolicy::Retry => recovery_limit_error(self.recoveries),
         }
+    }
+
+    /// Whether the task may be claimed at `now`: pending, and not delayed past `now`.
+    #[must_use]
+    pub fn is_due_at(&self, now: Timestamp) -> bool {
+        self.status == Status::Pending && self.not_before.is_none_or(|t| t <= now)
     }
 
     /// Whether a cancel request ends the task at once: no attempt can acknowledge it — the

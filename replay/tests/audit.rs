@@ -473,6 +473,65 @@ fn a_recovery_limit_stands_before_the_first_attempt_once_and_bounds_the_retries(
 }
 
 #[test]
+fn an_attempt_before_the_not_before_time_and_a_delay_of_a_running_task_are_illegal() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = journal(dir.path());
+    let not_before = |until| Event::NotBefore {
+        until: Timestamp(until),
+        at: Timestamp(1),
+    };
+    // Claimed once due (`started` claims at 10 ms, after the delay ends at 1 ms).
+    j.append(
+        "kept",
+        0,
+        &[
+            created("kept", LeasePolicy::Retry),
+            not_before(1),
+            started(1, 100),
+        ],
+    )
+    .unwrap();
+    // Claimed before its time; delayed while running.
+    j.append(
+        "early",
+        0,
+        &[
+            created("early", LeasePolicy::Retry),
+            not_before(50),
+            started(1, 100),
+        ],
+    )
+    .unwrap();
+    j.append(
+        "running",
+        0,
+        &[
+            created("running", LeasePolicy::Retry),
+            started(1, 100),
+            not_before(50),
+        ],
+    )
+    .unwrap();
+    let report = audit_journal(&j, &mut |_| {}).unwrap();
+    assert_eq!(
+        kinds(&report),
+        [
+            ("early".into(), Some(2), ProblemKind::Illegal),
+            ("running".into(), Some(2), ProblemKind::Illegal),
+        ],
+        "{:?}",
+        report.problems
+    );
+    assert!(
+        report.problems[0]
+            .detail
+            .contains("before the task's not-before time 50 ms"),
+        "{}",
+        report.problems[0]
+    );
+}
+
+#[test]
 fn a_notification_must_carry_the_task_version() {
     let dir = tempfile::tempdir().unwrap();
     let j = journal(dir.path());

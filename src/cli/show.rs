@@ -397,6 +397,9 @@ impl Timeline {
             // The lineage is the state's (`rerun of`, `rerun as`); the records' times are
             // in the event list.
             Event::RerunOf { .. } | Event::RerunAs { .. } | Event::RecoveryLimit { .. } => {}
+            Event::NotBefore { until, .. } => self.waits.push(
+                Entry::new(record, "not_before").field("until", until.0.into(), fmt::time(*until)),
+            ),
             Event::NotificationAcked { id, .. } => {
                 let queued = self
                     .notifications
@@ -456,6 +459,7 @@ pub fn state_json(s: &TaskState, show: Show) -> Value {
         "rerun_as": s.rerun_as(),
         "max_recoveries": s.max_recoveries,
         "recoveries": s.recoveries,
+        "not_before": s.not_before.map(|t| t.0),
     })
 }
 
@@ -565,6 +569,9 @@ pub fn state_text(s: &TaskState, show: Show) -> String {
     kv("updated", fmt::time(s.updated_at));
     kv("done", fmt::opt_time(s.done_at));
     kv("lease until", fmt::opt_time(s.lease_deadline));
+    if let Some(until) = s.not_before {
+        kv("not before", fmt::time(until));
+    }
     kv("checkpoint", show.text(&s.checkpoint));
     if let Some(resume) = &s.pending_resume {
         kv("pending resume", show.text(resume));

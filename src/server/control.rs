@@ -9,7 +9,7 @@ use super::ApiError;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use dtask_engine::{Command, CreateRequest, Manager, StoreError, SubmitRequest, TaskStore};
-use dtask_journal::{LeasePolicy, TaskSpec};
+use dtask_journal::{LeasePolicy, TaskSpec, Timestamp};
 use dtask_replay::{Status, TaskState};
 
 /// How many times a command retries a version conflict with a concurrent writer.
@@ -82,6 +82,7 @@ impl Owner {
             Some(manager) => Ok(manager
                 .submit(SubmitRequest {
                     spec,
+                    not_before: body.not_before.map(Timestamp),
                     ..SubmitRequest::default()
                 })
                 .await?),
@@ -91,6 +92,7 @@ impl Owner {
                     spec,
                     policy: Some(policy),
                     max_recoveries: body.max_recoveries,
+                    not_before: body.not_before.map(Timestamp),
                     ..CreateRequest::default()
                 })
                 .await?),

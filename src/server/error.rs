@@ -199,6 +199,7 @@ impl From<StoreError> for ApiError {
             | StoreError::LeaseLost(_)
             | StoreError::IllegalTransition { .. }
             | StoreError::AlreadyTerminal(_)
+            | StoreError::NotDue { .. }
             | StoreError::EventIdConflict(_)
             | StoreError::NotificationUnavailable(_)
             | StoreError::NotificationEventIdConflict(_)

@@ -187,6 +187,8 @@ pub struct TaskStateView {
     pub max_recoveries: Option<u64>,
     /// How many times it was recovered.
     pub recoveries: u64,
+    /// A delayed pending task's earliest claim time (ms; `null` for none).
+    pub not_before: Option<u64>,
 }
 
 impl TaskStateView {
@@ -229,6 +231,7 @@ impl TaskStateView {
             rerun_as: s.rerun_as().to_vec(),
             max_recoveries: s.max_recoveries,
             recoveries: s.recoveries,
+            not_before: s.not_before.map(|t| t.0),
         }
     }
 }
@@ -469,6 +472,9 @@ pub struct SubmitBody {
     /// one fails it (default: no limit); with an embedded manager the executor's is used
     /// instead.
     pub max_recoveries: Option<u64>,
+    /// The earliest time a worker may claim the task, in milliseconds since the UNIX epoch
+    /// (a delayed run; default: at once).
+    pub not_before: Option<u64>,
 }
 
 /// `POST /api/tasks/{id}/cancel`.

@@ -401,6 +401,7 @@ mod tests {
             lineage: None,
             max_recoveries: None,
             recoveries: 0,
+            not_before: None,
         }
     }
 

@@ -62,7 +62,8 @@ impl RuntimeError {
         )
     }
 
-    /// Whether a worker may ignore this dispatch error: a lost race or a task that moved on.
+    /// Whether a worker may ignore this dispatch error: a lost race, a task that moved on,
+    /// or one another node delayed after this one listed it.
     #[must_use]
     pub fn is_benign(&self) -> bool {
         matches!(
@@ -73,6 +74,7 @@ impl RuntimeError {
                         | StoreError::IllegalTransition { .. }
                         | StoreError::AlreadyTerminal(_)
                         | StoreError::NotFound(_)
+                        | StoreError::NotDue { .. }
                 )
         )
     }

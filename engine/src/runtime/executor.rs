@@ -27,6 +27,10 @@ pub enum ExecutionResult {
     /// The attempt yields; the task goes back to pending. An empty checkpoint keeps the stored
     /// one; the external operation may keep running and be reattached by the next attempt.
     Yield(Vec<u8>),
+    /// [`ExecutionResult::Yield`], the next attempt not before this much time has passed (by
+    /// the store's clock): a durable timer — no worker holds the task while it waits, and a
+    /// restart does not shorten the wait. For a tool that polls a remote job, say.
+    YieldFor(Vec<u8>, std::time::Duration),
 }
 
 /// Why an executor could not produce a result.

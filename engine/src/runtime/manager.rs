@@ -81,6 +81,9 @@ pub struct SubmitRequest {
     /// The running attempt this task is a child of
     /// ([`AttemptContext::execution_context`]); `None` for a root task.
     pub parent: Option<ExecutionContext>,
+    /// The earliest time a worker may claim the task (a delayed run); `None`: at once.
+    /// Refused by [`Manager::run_now`], which runs the task at once.
+    pub not_before: Option<dtask_journal::Timestamp>,
 }
 
 /// What [`Manager::wait`] observed of a whole task: its terminal outcome, or its wait for
@@ -296,6 +299,7 @@ impl Manager {
             checkpoint: request.initial_checkpoint,
             context_snapshot: request.context_snapshot,
             parent: request.parent,
+            not_before: request.not_before,
             ..CreateRequest::default()
         };
         Ok((create, executor))
@@ -814,6 +818,13 @@ async fn commit(
             ExecutionResult::WaitingInput(checkpoint) => Command::WaitInput { checkpoint },
             ExecutionResult::Suspended(checkpoint) => Command::Suspend { checkpoint },
             ExecutionResult::Yield(checkpoint) => Command::Yield { checkpoint },
+            ExecutionResult::YieldFor(checkpoint, delay) => Command::YieldUntil {
+                checkpoint,
+                until: attempt
+                    .store()
+                    .now()
+                    .plus_millis(u64::try_from(delay.as_millis()).unwrap_or(u64::MAX)),
+            },
         },
     };
     match attempt.versioned_waiting_for_room(command).await {

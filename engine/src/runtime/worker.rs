@@ -160,10 +160,16 @@ impl Worker {
                     None => break,
                 }
             }
+            // A delayed task comes due without a signal: look again then, if that is sooner
+            // than the next poll.
+            let wait = store.next_due().map_or(self.config.poll_interval, |due| {
+                let ms = due.0.saturating_sub(store.now().0);
+                self.config.poll_interval.min(Duration::from_millis(ms))
+            });
             tokio::select! {
                 () = &mut shutdown => break,
                 _ = pending_signal.changed() => {}
-                () = tokio::time::sleep(self.config.poll_interval) => {}
+                () = tokio::time::sleep(wait) => {}
                 Some(done) = attempts.join_next() => {
                     if let Some(e) = outage.filter(dispatch_failure(done)) {
                         failure = Some(e);

@@ -64,6 +64,14 @@ pub enum Command {
         /// A replacement checkpoint; empty keeps the stored one.
         checkpoint: Vec<u8>,
     },
+    /// [`Command::Yield`], the task not to be claimed again before `until`: a durable
+    /// timer (a `not_before` record with the `yielded`).
+    YieldUntil {
+        /// A replacement checkpoint; empty keeps the stored one.
+        checkpoint: Vec<u8>,
+        /// The earliest time of the next claim.
+        until: Timestamp,
+    },
     /// Acknowledge cancellation (T11).
     AckCancel {
         /// A reason used when no cancel reason is recorded.
@@ -134,6 +142,7 @@ impl Command {
             Self::WaitInput { .. } => "wait_input",
             Self::Suspend { .. } => "suspend",
             Self::Yield { .. } => "yield",
+            Self::YieldUntil { .. } => "yield_until",
             Self::AckCancel { .. } => "ack_cancel",
             Self::RequestCancel { .. } => "request_cancel",
             Self::Resume { .. } => "resume",
@@ -279,7 +288,9 @@ pub(crate) fn validate(command: &Command, config: &StoreConfig) -> Result<()> {
             check_non_empty("checkpoint", checkpoint.is_empty())?;
             check_len("checkpoint", checkpoint.len(), max_value)
         }
-        Command::Yield { checkpoint } => check_len("checkpoint", checkpoint.len(), max_value),
+        Command::Yield { checkpoint } | Command::YieldUntil { checkpoint, .. } => {
+            check_len("checkpoint", checkpoint.len(), max_value)
+        }
         Command::ReportTranscriptFailure { error } => {
             check_non_empty("error", error.is_empty())?;
             check_len("error", error.len(), max_error)
@@ -349,6 +360,7 @@ pub(crate) fn create(
         parent,
         root_session_id,
         max_recoveries,
+        not_before,
     } = request;
     let policy = policy.ok_or_else(|| StoreError::invalid("policy", "must be retry or fail"))?;
     let root_session_id = if parent.is_some() {
@@ -389,10 +401,14 @@ pub(crate) fn create(
         max_recoveries,
         at: now,
     });
+    let delay = not_before
+        .filter(|until| *until > now)
+        .map(|until| Event::NotBefore { until, at: now });
     Ok((
         id,
         std::iter::once(created)
             .chain(limit)
+            .chain(delay)
             .chain(notification)
             .collect(),
     ))
@@ -456,6 +472,7 @@ pub(crate) fn rerun(original: &TaskState, created: Event, new_id: String) -> Res
         parent: None,
         root_session_id: original.root_session_id.clone(),
         max_recoveries: original.max_recoveries,
+        not_before: None,
     })
 }
 
@@ -886,6 +903,12 @@ pub(crate) fn decide(
     let event = match command {
         Command::Start => {
             require(Status::Pending)?;
+            if let Some(until) = state.not_before.filter(|until| *until > now) {
+                return Err(StoreError::NotDue {
+                    task: state.spec.id.clone(),
+                    until,
+                });
+            }
             Event::AttemptStarted {
                 attempt: state.attempt + 1,
                 lease_deadline: lease,
@@ -989,6 +1012,19 @@ fn decide_active(
         ),
         Command::Suspend { checkpoint } => (Event::Suspended { checkpoint, at }, None),
         Command::Yield { checkpoint } => (Event::Yielded { checkpoint, at }, None),
+        Command::YieldUntil { checkpoint, until } => {
+            let yielded = Event::Yielded { checkpoint, at };
+            if until <= now {
+                (yielded, None)
+            } else {
+                return Ok(write_all(
+                    state,
+                    vec![yielded, Event::NotBefore { until, at }],
+                    None,
+                    now,
+                ));
+            }
+        }
         Command::CommitInput {
             expected_cursor,
             cursor,

@@ -1,5 +1,6 @@
 //! The task store's error type.
 
+use dtask_journal::Timestamp;
 use dtask_replay::{Status, TaskState};
 
 /// Errors of the task store. Every named error of the reference store is a variant to match.
@@ -47,6 +48,14 @@ pub enum StoreError {
     /// The task is terminal.
     #[error("task {0:?} is already terminal")]
     AlreadyTerminal(String),
+    /// The pending task is delayed: it may not be claimed before `until`.
+    #[error("task {task:?} is not due before {until}")]
+    NotDue {
+        /// The task.
+        task: String,
+        /// Its not-before time.
+        until: Timestamp,
+    },
     /// A malformed cursor, or one that does not match the request.
     #[error("invalid cursor: {0}")]
     InvalidCursor(String),

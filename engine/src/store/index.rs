@@ -1,6 +1,6 @@
 //! The store's in-memory index of its tasks: the slot of each task held in memory, the
-//! ordered sets of pending and suspended tasks, the lease deadlines and the eviction queue of
-//! terminal tasks — each entry a [`TaskKey`], the task's own spec — and the rules that place a
+//! ordered sets of pending and suspended tasks, the delayed pending tasks by their
+//! not-before time, the lease deadlines and the eviction queue of terminal tasks — each entry a [`TaskKey`], the task's own spec — and the rules that place a
 //! task in them, written once for a command's change and a recovery's bulk build.
 
 use super::Slot;
@@ -16,6 +16,8 @@ use std::sync::Arc;
 pub(super) struct Placement {
     pub(super) status: Status,
     pub(super) lease: Option<Timestamp>,
+    /// A pending task's not-before time (a delayed run).
+    pub(super) not_before: Option<Timestamp>,
 }
 
 impl Placement {
@@ -23,6 +25,7 @@ impl Placement {
         Self {
             status: state.status,
             lease: state.lease_deadline,
+            not_before: state.not_before.filter(|_| state.status == Status::Pending),
         }
     }
 }
@@ -95,8 +98,11 @@ impl std::fmt::Debug for TaskKey {
 #[derive(Default)]
 pub(super) struct Index {
     pub(super) slots: HashMap<TaskKey, Arc<Slot>>,
-    /// Pending tasks by id (each with its executor key, in its spec).
+    /// Pending tasks by id (each with its executor key, in its spec): the claimable ones, and
+    /// the delayed ones [`Index::promote_due`] moved here once due.
     pub(super) pending: BTreeSet<TaskKey>,
+    /// Delayed pending tasks by not-before time, until they are due.
+    pub(super) delayed: BTreeSet<(Timestamp, TaskKey)>,
     /// Suspended tasks by id.
     pub(super) suspended: BTreeSet<TaskKey>,
     pub(super) leases: BTreeSet<(Timestamp, TaskKey)>,
@@ -107,6 +113,8 @@ pub(super) struct Index {
 enum Entry {
     /// In `pending`.
     Pending(TaskKey),
+    /// In `delayed`: the not-before time and the task.
+    Delayed(Timestamp, TaskKey),
     /// In `suspended`.
     Suspended(TaskKey),
     /// In `terminal` (the eviction queue).
@@ -126,7 +134,10 @@ impl Entry {
         mut add: impl FnMut(Self),
     ) {
         match after.status {
-            Status::Pending => add(Self::Pending(task.clone())),
+            Status::Pending => add(match after.not_before {
+                Some(until) => Self::Delayed(until, task.clone()),
+                None => Self::Pending(task.clone()),
+            }),
             Status::Suspended => add(Self::Suspended(task.clone())),
             s if s.is_terminal() && before.is_none_or(|b| !b.status.is_terminal()) => {
                 add(Self::Terminal(task.clone()));
@@ -144,7 +155,11 @@ impl Index {
         if let Some(before) = before {
             match before.status {
                 Status::Pending => {
+                    // A delayed task may have been promoted to `pending` since it was placed.
                     self.pending.remove(task.id());
+                    if let Some(until) = before.not_before {
+                        self.delayed.remove(&(until, task.clone()));
+                    }
                 }
                 Status::Suspended => {
                     self.suspended.remove(task.id());
@@ -159,6 +174,9 @@ impl Index {
             Entry::Pending(task) => {
                 self.pending.insert(task);
             }
+            Entry::Delayed(until, task) => {
+                self.delayed.insert((until, task));
+            }
             Entry::Suspended(task) => {
                 self.suspended.insert(task);
             }
@@ -167,6 +185,22 @@ impl Index {
                 self.leases.insert((lease, task));
             }
         });
+    }
+
+    /// Moves the delayed tasks due at `now` to `pending`, where listings find them. (Their
+    /// placement still names the not-before time; [`Index::place`] removes a task from both
+    /// sets when it moves on.)
+    pub(super) fn promote_due(&mut self, now: Timestamp) {
+        while self.delayed.first().is_some_and(|(until, _)| *until <= now) {
+            if let Some((_, task)) = self.delayed.pop_first() {
+                self.pending.insert(task);
+            }
+        }
+    }
+
+    /// The earliest not-before time of a delayed task, if any.
+    pub(super) fn next_due(&self) -> Option<Timestamp> {
+        self.delayed.first().map(|(until, _)| *until)
     }
 
     pub(super) fn evict(&mut self, cap: usize) {
@@ -198,6 +232,7 @@ impl Index {
 pub(super) struct IndexBuilder {
     pub(super) slots: HashMap<TaskKey, Arc<Slot>>,
     pending: Vec<TaskKey>,
+    delayed: Vec<(Timestamp, TaskKey)>,
     suspended: Vec<TaskKey>,
     leases: Vec<(Timestamp, TaskKey)>,
     terminal: VecDeque<TaskKey>,
@@ -208,6 +243,7 @@ impl IndexBuilder {
     pub(super) fn add(&mut self, task: TaskKey, placement: &Placement, slot: Arc<Slot>) {
         Entry::each(&task, None, placement, |entry| match entry {
             Entry::Pending(task) => self.pending.push(task),
+            Entry::Delayed(until, task) => self.delayed.push((until, task)),
             Entry::Suspended(task) => self.suspended.push(task),
             Entry::Terminal(task) => self.terminal.push_back(task),
             Entry::Lease(lease, task) => self.leases.push((lease, task)),
@@ -220,6 +256,7 @@ impl IndexBuilder {
         Index {
             slots: self.slots,
             pending: self.pending.into_iter().collect(),
+            delayed: self.delayed.into_iter().collect(),
             suspended: self.suspended.into_iter().collect(),
             leases: self.leases.into_iter().collect(),
             terminal: self.terminal,
@@ -244,6 +281,7 @@ mod tests {
         let pending = Placement {
             status: Status::Pending,
             lease: None,
+            not_before: None,
         };
         let mut index = Index::default();
         index.place(&TaskKey::of(&task.state), None, &pending);
@@ -257,6 +295,7 @@ mod tests {
         let running = Placement {
             status: Status::Running,
             lease: Some(Timestamp(5)),
+            not_before: None,
         };
         index.place(&TaskKey::of(&task.state), Some(&pending), &running);
         assert!(index.pending.is_empty());
@@ -266,10 +305,45 @@ mod tests {
         let done = Placement {
             status: Status::Completed,
             lease: None,
+            not_before: None,
         };
         index.place(&TaskKey::of(&task.state), Some(&running), &done);
         assert!(index.leases.is_empty());
         assert!(Arc::ptr_eq(&index.terminal[0].0, spec));
+    }
+
+    /// A delayed pending task waits in `delayed` until due, is moved to `pending` then, and
+    /// leaves both when it moves on.
+    #[test]
+    fn a_delayed_task_is_listed_once_due_and_leaves_both_sets_when_claimed() {
+        let created = Event::created(TaskSpec::new("d", "key"), LeasePolicy::Retry, Timestamp(1));
+        let task = fold_new("d", &[created]).unwrap();
+        let key = TaskKey::of(&task.state);
+        let delayed = Placement {
+            status: Status::Pending,
+            lease: None,
+            not_before: Some(Timestamp(50)),
+        };
+        let mut index = Index::default();
+        index.place(&key, None, &delayed);
+        assert!(index.pending.is_empty());
+        assert_eq!(index.next_due(), Some(Timestamp(50)));
+        index.promote_due(Timestamp(49));
+        assert!(index.pending.is_empty(), "not due yet");
+        index.promote_due(Timestamp(50));
+        assert!(index.pending.contains("d") && index.delayed.is_empty());
+        assert_eq!(index.next_due(), None);
+        let running = Placement {
+            status: Status::Running,
+            lease: Some(Timestamp(80)),
+            not_before: None,
+        };
+        index.place(&key, Some(&delayed), &running);
+        assert!(index.pending.is_empty() && index.delayed.is_empty());
+        // Claimed before it was promoted (a listing that never ran): gone from `delayed`.
+        index.place(&key, Some(&running), &delayed);
+        index.place(&key, Some(&delayed), &running);
+        assert!(index.pending.is_empty() && index.delayed.is_empty());
     }
 
     proptest::proptest! {
@@ -277,17 +351,21 @@ mod tests {
         /// one by one makes, whatever the order the tasks come in and their placements.
         #[test]
         fn the_bulk_built_index_equals_the_one_placed_task_by_task(
-            tasks in proptest::collection::vec((0u8..7, proptest::option::of(0u64..4)), 0..64),
+            tasks in proptest::collection::vec(
+                (0u8..7, proptest::option::of(0u64..4), proptest::option::of(0u64..4)),
+                0..64,
+            ),
         ) {
             let mut placed = Index::default();
             let mut built = IndexBuilder::default();
-            for (i, (status, lease)) in tasks.iter().enumerate() {
+            for (i, (status, lease, not_before)) in tasks.iter().enumerate() {
                 // Ids out of order, so that the bulk build has something to sort.
                 let id = format!("task-{:03}", (i * 37) % 101);
                 let key = format!("key-{}", i % 3);
                 let placement = Placement {
                     status: Status::ALL[usize::from(*status)],
                     lease: lease.map(Timestamp),
+                    not_before: not_before.map(Timestamp),
                 };
                 let spec = TaskSpec::new(id.clone(), key.clone());
                 let created = Event::created(spec, LeasePolicy::Retry, Timestamp(1));
@@ -299,6 +377,7 @@ mod tests {
             }
             let built = built.build();
             proptest::prop_assert_eq!(&built.pending, &placed.pending);
+            proptest::prop_assert_eq!(&built.delayed, &placed.delayed);
             proptest::prop_assert_eq!(&built.suspended, &placed.suspended);
             proptest::prop_assert_eq!(&built.leases, &placed.leases);
             proptest::prop_assert_eq!(&built.terminal, &placed.terminal);

@@ -799,6 +799,12 @@ impl TaskStore {
                 reason: "a task created claimed is published on create".into(),
             });
         }
+        if request.not_before.is_some() {
+            return Err(StoreError::Invalid {
+                field: "not_before",
+                reason: "a task created claimed runs at once".into(),
+            });
+        }
         let now = self.now();
         let (id, mut events) = decide::create(request, String::new(), now, config)?;
         let mut task = fold_new(&id, &events)?;
@@ -1112,8 +1118,10 @@ impl TaskStore {
             }
         };
         let limit = self.inner.config.page(limit);
-        let index = self.index();
+        let now = self.now();
+        let mut index = self.index();
         let set = if status == Status::Pending {
+            index.promote_due(now);
             &index.pending
         } else {
             &index.suspended
@@ -1126,6 +1134,12 @@ impl TaskStore {
             .take(limit + 1)
             .collect();
         Ok((ids, limit, keys))
+    }
+
+    /// The earliest not-before time of a delayed pending task this store holds, if any: when
+    /// the next one becomes claimable (a worker wakes for it).
+    pub fn next_due(&self) -> Option<Timestamp> {
+        self.index().next_due()
     }
 
     /// A list cursor's last id must name a task (a cursor is only ever made from one).

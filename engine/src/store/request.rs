@@ -2,7 +2,7 @@
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
-use dtask_journal::{Delivery, LeasePolicy, MetadataEntry, Publication, TaskSpec};
+use dtask_journal::{Delivery, LeasePolicy, MetadataEntry, Publication, TaskSpec, Timestamp};
 
 /// A request to create a task.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -26,6 +26,9 @@ pub struct CreateRequest {
     /// How many times the task may be recovered after a lease expiry before the next one
     /// fails it (a `recovery_limit` record with the creation); `None`: no limit.
     pub max_recoveries: Option<u64>,
+    /// The earliest time the task may be claimed (a `not_before` record with the creation):
+    /// a delayed run. `None`, or a time not after the creation: at once.
+    pub not_before: Option<Timestamp>,
 }
 
 /// The authority of a running attempt, which it presents to create child tasks: the

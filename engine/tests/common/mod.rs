@@ -218,6 +218,7 @@ pub fn kind(e: &StoreError) -> &'static str {
         StoreError::IllegalTransition { .. } => "IllegalTransition",
         StoreError::InvalidExecutionResult(_) => "InvalidExecutionResult",
         StoreError::AlreadyTerminal(_) => "AlreadyTerminal",
+        StoreError::NotDue { .. } => "NotDue",
         StoreError::InvalidCursor(_) => "InvalidCursor",
         StoreError::EventIdConflict(_) => "EventIdConflict",
         StoreError::NotificationUnavailable(_) => "NotificationUnavailable",

@@ -56,7 +56,8 @@ use std::fmt::{self, Write as _};
 ///
 /// It changes when a field is removed, renamed or changes meaning, or when event types are
 /// added (version 2: the event schema v2's mailbox, nested-task, publication and part
-/// events; version 3: schema v3's `rerun_of`, `rerun_as` and `recovery_limit`). A reader of version 3 reads
+/// events; version 3: schema v3's `rerun_of`, `rerun_as`, `recovery_limit` and
+/// `not_before`). A reader of version 3 reads
 /// versions 1 and 2 too ([`OLDEST_VERSION`]): their events are a subset.
 pub const VERSION: u64 = 3;
 

@@ -209,6 +209,10 @@ enum EventDef {
         max_recoveries: u64,
         at: Timestamp,
     },
+    NotBefore {
+        until: Timestamp,
+        at: Timestamp,
+    },
 }
 
 /// How a task spec is read: every field, none unknown.

@@ -366,6 +366,13 @@ impl<'a> Serialize for EventJson<'a> {
                 o.serialize_field("type", ty)?;
                 o.end()
             }
+            Event::NotBefore { until, at } => {
+                let mut o = serializer.serialize_struct("not_before", 3)?;
+                o.serialize_field("at", at)?;
+                o.serialize_field("type", ty)?;
+                o.serialize_field("until", until)?;
+                o.end()
+            }
             Event::RecoveryLimit { max_recoveries, at } => {
                 let mut o = serializer.serialize_struct("recovery_limit", 3)?;
                 o.serialize_field("at", at)?;

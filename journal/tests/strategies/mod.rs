@@ -167,5 +167,6 @@ pub fn event() -> impl Strategy<Value = Event> {
         (".{0,16}", ts()).prop_map(|(task, at)| Event::RerunAs { task, at }),
         (any::<u64>(), ts())
             .prop_map(|(max_recoveries, at)| Event::RecoveryLimit { max_recoveries, at }),
+        (ts(), ts()).prop_map(|(until, at)| Event::NotBefore { until, at }),
     ]
 }

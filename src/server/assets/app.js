@@ -192,6 +192,7 @@ function timeline(records) {
       case "transcript_failed": items.push(["bad", `transcript failed: ${e.error}`, r]); break;
       case "rerun_of": items.push(["", `a rerun of ${e.task}`, r]); break;
       case "rerun_as": items.push(["", `rerun as ${e.task}`, r]); break;
+      case "not_before": items.push(["wait", `not before ${time(e.until)}`, r]); break;
       case "recovery_limit": items.push(["", `recovered at most ${e.max_recoveries} time${e.max_recoveries === 1 ? "" : "s"}`, r]); break;
       default: items.push(["", r.type.replace(/_/g, " "), r]);
     }
@@ -211,6 +212,7 @@ function stateList(s) {
     ["done", time(s.done_at)], ["lease until", time(s.lease_deadline)],
   ];
   if (s.pending_resume) pairs.push(["pending resume", bytes(s.pending_resume)]);
+  if (s.not_before) pairs.push(["not before", time(s.not_before)]);
   if (s.max_recoveries !== null || s.recoveries) pairs.push(["recoveries", s.max_recoveries === null ? s.recoveries : `${s.recoveries} (at most ${s.max_recoveries})`]);
   if (s.cancel_requested_at) pairs.push(["cancel", `${time(s.cancel_requested_at)}: ${s.cancel_reason}`]);
   if (s.status === "completed") pairs.push(["result", bytes(s.result_data)]);
