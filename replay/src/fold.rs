@@ -532,7 +532,7 @@ impl Task {
                 if s.status != Status::Pending {
                     return Err(illegal());
                 }
-                if let Some(until) = s.not_before.filter(|until| until > at) {
+                if let Some(until) = s.delayed_past(*at) {
                     return Err(FoldError::NotDue {
                         until: until.0,
                         at: at.0,

@@ -281,10 +281,11 @@ impl TaskState {
         }
     }
 
-    /// Whether the task may be claimed at `now`: pending, and not delayed past `now`.
+    /// The not-before time that keeps an attempt from starting at `at`, if the task is
+    /// delayed past `at` (the rule the live engine's `Start` and the fold share).
     #[must_use]
-    pub fn is_due_at(&self, now: Timestamp) -> bool {
-        self.status == Status::Pending && self.not_before.is_none_or(|t| t <= now)
+    pub fn delayed_past(&self, at: Timestamp) -> Option<Timestamp> {
+        self.not_before.filter(|until| *until > at)
     }
 
     /// Whether a cancel request ends the task at once: no attempt can acknowledge it — the

@@ -903,7 +903,7 @@ pub(crate) fn decide(
     let event = match command {
         Command::Start => {
             require(Status::Pending)?;
-            if let Some(until) = state.not_before.filter(|until| *until > now) {
+            if let Some(until) = state.delayed_past(now) {
                 return Err(StoreError::NotDue {
                     task: state.spec.id.clone(),
                     until,

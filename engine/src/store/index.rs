@@ -25,7 +25,7 @@ impl Placement {
         Self {
             status: state.status,
             lease: state.lease_deadline,
-            not_before: state.not_before.filter(|_| state.status == Status::Pending),
+            not_before: state.not_before,
         }
     }
 }
