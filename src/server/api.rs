@@ -31,6 +31,31 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(move || read(&journal)).await?
 }
 
+/// The answers every write may give besides its own, in the OpenAPI document of each write
+/// (the error mapping is `ApiError`'s).
+#[derive(utoipa::IntoResponses)]
+#[allow(
+    dead_code,
+    reason = "describes responses for the OpenAPI document; never built"
+)]
+enum WriteRefusals {
+    /// A follower (read-only) server.
+    #[response(status = 403, description = "A read-only server")]
+    ReadOnly(ErrorBody),
+    /// The journal's disk is full.
+    #[response(
+        status = 507,
+        description = "The journal's disk is full: nothing was written; the same request can be made again once there is room"
+    )]
+    DiskFull(ErrorBody),
+    /// The journal stopped after a failed sync.
+    #[response(
+        status = 503,
+        description = "`journal_stopped`: the journal stopped after a failed sync and refuses every write until the process restarts (see `/healthz`)"
+    )]
+    JournalStopped(ErrorBody),
+}
+
 /// Lists tasks, a page at a time, with filters.
 #[utoipa::path(
     get, path = "/api/tasks", tag = "tasks", params(ListQuery),
@@ -143,9 +168,7 @@ fn owner(shared: &Shared) -> Result<&super::control::Owner, ApiError> {
     responses(
         (status = 201, description = "The task, created pending", body = TaskStateView),
         (status = 400, description = "Bad JSON, an unknown field, an invalid spec", body = ErrorBody),
-        (status = 403, description = "A read-only server", body = ErrorBody),
-        (status = 507, description = "The journal's disk is full: nothing was written; the same request can be made again once there is room", body = ErrorBody),
-        (status = 503, description = "`journal_stopped`: the journal stopped after a failed sync and refuses every write until the process restarts (see `/healthz`)", body = ErrorBody),
+        WriteRefusals,
         (status = 409, description = "The id is taken", body = ErrorBody),
         (status = 413, description = "The body is over the limit", body = ErrorBody),
         (status = 415, description = "Not `application/json`", body = ErrorBody),
@@ -165,9 +188,7 @@ pub async fn submit(
     params(("id" = String, Path, description = "The task id")),
     responses(
         (status = 200, description = "The task after the request", body = TaskStateView),
-        (status = 403, description = "A read-only server", body = ErrorBody),
-        (status = 507, description = "The journal's disk is full: nothing was written; the same request can be made again once there is room", body = ErrorBody),
-        (status = 503, description = "`journal_stopped`: the journal stopped after a failed sync and refuses every write until the process restarts (see `/healthz`)", body = ErrorBody),
+        WriteRefusals,
         (status = 404, description = "No such task", body = ErrorBody),
         (status = 409, description = "The task is terminal", body = ErrorBody),
     )
@@ -187,9 +208,7 @@ pub async fn cancel(
     params(("id" = String, Path, description = "The task id")),
     responses(
         (status = 200, description = "The task, pending again with the input", body = TaskStateView),
-        (status = 403, description = "A read-only server", body = ErrorBody),
-        (status = 507, description = "The journal's disk is full: nothing was written; the same request can be made again once there is room", body = ErrorBody),
-        (status = 503, description = "`journal_stopped`: the journal stopped after a failed sync and refuses every write until the process restarts (see `/healthz`)", body = ErrorBody),
+        WriteRefusals,
         (status = 404, description = "No such task", body = ErrorBody),
         (status = 409, description = "Not waiting for input, or not at the expected version", body = ErrorBody),
     )
@@ -211,9 +230,7 @@ pub async fn resume(
     responses(
         (status = 200, description = "The input's sequence, and whether this request recorded it", body = InputView),
         (status = 400, description = "A bad body", body = ErrorBody),
-        (status = 403, description = "A read-only server", body = ErrorBody),
-        (status = 507, description = "The journal's disk is full: nothing was written; the same request can be made again once there is room", body = ErrorBody),
-        (status = 503, description = "`journal_stopped`: the journal stopped after a failed sync and refuses every write until the process restarts (see `/healthz`)", body = ErrorBody),
+        WriteRefusals,
         (status = 404, description = "No such task", body = ErrorBody),
         (status = 409, description = "The task has ended, or the event id was used with other content", body = ErrorBody),
     )
@@ -232,9 +249,7 @@ pub async fn send_input(
     params(("id" = String, Path, description = "The task id")),
     responses(
         (status = 200, description = "The task, pending again", body = TaskStateView),
-        (status = 403, description = "A read-only server", body = ErrorBody),
-        (status = 507, description = "The journal's disk is full: nothing was written; the same request can be made again once there is room", body = ErrorBody),
-        (status = 503, description = "`journal_stopped`: the journal stopped after a failed sync and refuses every write until the process restarts (see `/healthz`)", body = ErrorBody),
+        WriteRefusals,
         (status = 404, description = "No such task", body = ErrorBody),
         (status = 409, description = "Not suspended", body = ErrorBody),
     )
@@ -257,9 +272,7 @@ pub async fn release(
     responses(
         (status = 201, description = "The new task, pending (or the rerun named, made before)", body = TaskStateView),
         (status = 400, description = "A nested task (its parent reruns it), or a bad new id", body = ErrorBody),
-        (status = 403, description = "A read-only server", body = ErrorBody),
-        (status = 507, description = "The journal's disk is full: nothing was written; the same request can be made again once there is room", body = ErrorBody),
-        (status = 503, description = "`journal_stopped`: the journal stopped after a failed sync and refuses every write until the process restarts (see `/healthz`)", body = ErrorBody),
+        WriteRefusals,
         (status = 404, description = "No such task", body = ErrorBody),
         (status = 409, description = "The task has not ended, or the new id is taken", body = ErrorBody),
     )
