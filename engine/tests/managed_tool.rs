@@ -1959,3 +1959,210 @@ async fn a_running_background_tool_receives_inputs() {
         "{record}"
     );
 }
+
+/// A recoverable tool polling a remote job: started, the job is not done, so the run asks to
+/// be looked at again in a minute (the job's id its checkpoint); recovered, it finds the job
+/// done. Counts its starts and recoveries.
+#[derive(Clone, Default)]
+struct PollingTool {
+    starts: Arc<std::sync::atomic::AtomicUsize>,
+    recovered_from: Arc<std::sync::Mutex<Vec<Vec<u8>>>>,
+}
+
+struct PollRun(RunOutcome);
+
+#[dtask_engine::async_trait]
+impl dtask_engine::managed::Run for PollRun {
+    async fn wait(&self) -> Result<RunOutcome, ToolRunError> {
+        Ok(self.0.clone())
+    }
+
+    async fn stop(&self) -> Result<(), ToolRunError> {
+        Ok(())
+    }
+}
+
+const POLL_AFTER: Duration = Duration::from_secs(60);
+
+#[dtask_engine::async_trait]
+impl dtask_engine::managed::BackgroundTool for PollingTool {
+    fn validate_arguments(&self, _arguments: &str) -> Result<(), ToolFailure> {
+        Ok(())
+    }
+
+    async fn start(
+        &self,
+        _request: dtask_engine::managed::StartRequest,
+    ) -> Result<dtask_engine::managed::StartResult, ToolRunError> {
+        self.starts
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(dtask_engine::managed::StartResult {
+            run: Arc::new(PollRun(RunOutcome::CheckBackIn {
+                checkpoint: b"job-7".to_vec(),
+                after: POLL_AFTER,
+            })),
+            checkpoint: b"submitted".to_vec(),
+        })
+    }
+
+    fn as_recoverable(&self) -> Option<&dyn dtask_engine::managed::RecoverableTool> {
+        Some(self)
+    }
+}
+
+#[dtask_engine::async_trait]
+impl dtask_engine::managed::RecoverableTool for PollingTool {
+    async fn recover(
+        &self,
+        request: dtask_engine::managed::RecoverRequest,
+    ) -> Result<Arc<dyn dtask_engine::managed::Run>, ToolRunError> {
+        self.recovered_from
+            .lock()
+            .unwrap()
+            .push(request.checkpoint.clone());
+        let job = String::from_utf8_lossy(&request.checkpoint).into_owned();
+        Ok(Arc::new(PollRun(RunOutcome::Completed(
+            format!("{job} done").into_bytes(),
+        ))))
+    }
+}
+
+/// A polling tool's store, tools, manager and clock.
+fn polling_env(
+    dir: &std::path::Path,
+    tool: &PollingTool,
+) -> (TaskStore, ManagedTools, Manager, dtask_engine::ManualClock) {
+    let (store, clock) = manual_store(dir);
+    let mut registry = ToolRegistry::new();
+    registry
+        .register(Registration::new(
+            ToolInfo::without_parameters("poll", "wait for a remote job"),
+            tool.clone(),
+        ))
+        .unwrap();
+    let tools = ManagedTools::new(registry);
+    let manager = manager_for(&store, &tools);
+    (store, tools, manager, clock)
+}
+
+// A recoverable tool's run that checks back later: the background task waits on a durable
+// timer with the started marker carrying the tool's new checkpoint; no attempt runs before
+// its time; then the next attempt recovers the tool from that checkpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_that_checks_back_later_is_recovered_from_its_checkpoint_when_due() {
+    let dir = tempfile::tempdir().unwrap();
+    let tool = PollingTool::default();
+    let (_store, _tools, manager, clock) = polling_env(dir.path(), &tool);
+    let id = manager.allocate_task_id("background_tool").unwrap();
+    manager
+        .submit(SubmitRequest {
+            spec: TaskSpec {
+                id: id.clone(),
+                executor_key: RECOVERABLE_EXECUTOR_KEY.into(),
+                kind: "background_tool".into(),
+                payload: ToolPayload::new("poll", None, "{}").encode(),
+                ..TaskSpec::default()
+            },
+            ..SubmitRequest::default()
+        })
+        .await
+        .unwrap();
+    let waiting = manager.execute(&id).await.unwrap();
+    assert_eq!(waiting.status, Status::Pending);
+    assert_eq!(
+        waiting.not_before.map(|t| t.0),
+        Some(1_000_000 + 60_000),
+        "a minute of the store's clock"
+    );
+    let marker = ManagedCheckpoint::decode(&waiting.checkpoint).unwrap();
+    assert!(marker.started);
+    assert_eq!(marker.tool_checkpoint, b"job-7");
+    assert!(matches!(
+        manager.execute(&id).await,
+        Err(dtask_engine::RuntimeError::Store(StoreError::NotDue { .. }))
+    ));
+    clock.advance(POLL_AFTER);
+    let done = manager.execute(&id).await.unwrap();
+    assert_eq!(done.status, Status::Completed);
+    assert_eq!(done.result_data, b"job-7 done");
+    assert_eq!(tool.starts.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(*tool.recovered_from.lock().unwrap(), [b"job-7".to_vec()]);
+}
+
+// In the foreground the same run sends the call to the background at once, delayed: the
+// model gets the launch result of a pending task, which the next attempt recovers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_foreground_run_that_checks_back_later_goes_to_the_background_delayed() {
+    let dir = tempfile::tempdir().unwrap();
+    let tool = PollingTool::default();
+    let (store, tools, manager, clock) = polling_env(dir.path(), &tool);
+    let call = ManagedTool::new(
+        &tools,
+        manager.clone(),
+        "poll",
+        ManagedToolConfig::default(),
+    )
+    .unwrap();
+    let result = done(call.call("{}", &CallOptions::default()).await.unwrap());
+    let id = launched_id(&result);
+    let task = store.get(&id).await.unwrap();
+    assert_eq!(task.status, Status::Pending);
+    assert_eq!(task.not_before.map(|t| t.0), Some(1_000_000 + 60_000));
+    clock.advance(POLL_AFTER);
+    let done = manager.execute(&id).await.unwrap();
+    assert_eq!(done.result_data, b"job-7 done");
+    assert_eq!(tool.starts.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(*tool.recovered_from.lock().unwrap(), [b"job-7".to_vec()]);
+}
+
+/// The polling tool without its recovery: a plain tool.
+#[derive(Clone, Default)]
+struct PlainPolling(PollingTool);
+
+#[dtask_engine::async_trait]
+impl dtask_engine::managed::BackgroundTool for PlainPolling {
+    fn validate_arguments(&self, arguments: &str) -> Result<(), ToolFailure> {
+        self.0.validate_arguments(arguments)
+    }
+
+    async fn start(
+        &self,
+        request: dtask_engine::managed::StartRequest,
+    ) -> Result<dtask_engine::managed::StartResult, ToolRunError> {
+        let started = self.0.start(request).await?;
+        Ok(dtask_engine::managed::StartResult {
+            checkpoint: Vec::new(),
+            ..started
+        })
+    }
+}
+
+// Only a recoverable tool can be looked at again: a plain tool's run that asks is a broken
+// rule — its background task fails, its foreground call answers failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_tools_run_cannot_check_back_later() {
+    let env = env_with(Registration::new(
+        ToolInfo::without_parameters(NAME, "a plain poller"),
+        PlainPolling::default(),
+    ));
+    let id = launched_id(&launch(&env).await);
+    assert_eq!(
+        failure(&env.manager, &id).await,
+        "checking back later requires a recoverable tool"
+    );
+    let result = done(
+        managed(&env, ManagedToolConfig::default())
+            .call("{}", &CallOptions::default())
+            .await
+            .unwrap(),
+    );
+    assert_eq!(result.envelope.kind(), EnvelopeType::ForegroundResult);
+    assert!(
+        result
+            .envelope
+            .encode()
+            .contains("checking back later requires a recoverable tool"),
+        "{}",
+        result.envelope.encode()
+    );
+}

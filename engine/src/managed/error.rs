@@ -112,6 +112,9 @@ pub enum RuleViolation {
     /// The run waits for input but the tool is not resumable.
     #[error("waiting input requires a resumable tool")]
     NotResumable,
+    /// The run asks to be looked at again later but the tool is not recoverable.
+    #[error("checking back later requires a recoverable tool")]
+    NotRecoverable,
     /// The run's wait for input does not fit a managed checkpoint (a bound is exceeded).
     #[error(transparent)]
     WaitingCheckpoint(CodecError),

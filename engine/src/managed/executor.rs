@@ -178,7 +178,12 @@ impl Executor for ManagedExecutor {
                     Ok(CheckedOutcome::WaitingInput { checkpoint, .. }) => {
                         Ok(ExecutionResult::WaitingInput(checkpoint))
                     }
-                    Err(e @ RuleViolation::NotResumable) => Err(fail(e.to_string())),
+                    Ok(CheckedOutcome::CheckBackIn { checkpoint, after }) => {
+                        Ok(ExecutionResult::YieldFor(checkpoint, after))
+                    }
+                    Err(e @ (RuleViolation::NotResumable | RuleViolation::NotRecoverable)) => {
+                        Err(fail(e.to_string()))
+                    }
                     Err(e) => Err(fail(format!("invalid outcome: {e}"))),
                 }
             }

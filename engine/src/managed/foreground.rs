@@ -225,7 +225,7 @@ impl ManagedTool {
         .await;
         guard.disarm();
         match observed {
-            Ok(Observed::Outcome(outcome)) => self.finish(&fg, outcome),
+            Ok(Observed::Outcome(outcome)) => self.finish(&fg, outcome).await,
             Ok(Observed::Event(Interruption::TimedOut)) => {
                 self.timed_out(fg, timeout.unwrap_or_default()).await
             }
@@ -261,7 +261,11 @@ impl ManagedTool {
     }
 
     /// The foreground outcome: an interrupt, or the foreground result.
-    fn finish(&self, fg: &Foreground, outcome: RunOutcome) -> Result<CallOutcome, ManagedError> {
+    async fn finish(
+        &self,
+        fg: &Foreground,
+        outcome: RunOutcome,
+    ) -> Result<CallOutcome, ManagedError> {
         let description = &fg.spec.description;
         let record = |status| {
             Ok(CallOutcome::Done(ToolResult::record(
@@ -286,6 +290,10 @@ impl ManagedTool {
                     },
                 },
             })),
+            Ok(CheckedOutcome::CheckBackIn { checkpoint, after }) => {
+                let task = self.check_back_in(fg, checkpoint, after).await?;
+                Ok(CallOutcome::Done(self.launch_result(&task)?))
+            }
             Ok(CheckedOutcome::Failed(error)) => record(ResultStatus::Failed { error }),
             Ok(CheckedOutcome::Canceled(error)) => record(ResultStatus::Canceled { error }),
             Ok(CheckedOutcome::Completed(data)) => Ok(CallOutcome::Done(self.completed(
@@ -295,6 +303,9 @@ impl ManagedTool {
             )?)),
             Err(RuleViolation::NotResumable) => record(ResultStatus::Failed {
                 error: "foreground waiting-input requires a resumable tool".into(),
+            }),
+            Err(RuleViolation::NotRecoverable) => record(ResultStatus::Failed {
+                error: "checking back later requires a recoverable tool".into(),
             }),
             Err(violation) => Err(ManagedError::InvalidOutcome(violation)),
         }

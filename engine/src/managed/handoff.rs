@@ -96,6 +96,31 @@ impl ManagedTool {
         }
     }
 
+    /// The foreground run asked to be looked at again later: its task goes to the background
+    /// with `marker` (the started marker, with the tool checkpoint to recover from) as its
+    /// initial checkpoint, not to be claimed before `after` has passed — the next attempt, in
+    /// any process, recovers the tool.
+    pub(super) async fn check_back_in(
+        &self,
+        fg: &Foreground,
+        marker: Vec<u8>,
+        after: Duration,
+    ) -> Result<TaskState, ManagedError> {
+        let store = self.manager.store();
+        let until = store
+            .now()
+            .plus_millis(u64::try_from(after.as_millis()).unwrap_or(u64::MAX));
+        Ok(self
+            .manager
+            .submit(SubmitRequest {
+                spec: fg.spec.clone(),
+                initial_checkpoint: marker,
+                not_before: Some(until),
+                ..SubmitRequest::default()
+            })
+            .await?)
+    }
+
     /// Runs the task's next attempt in this process, detached from the caller. A worker of
     /// this process may claim it first; either way the attempt sees this process's tables.
     pub(super) fn dispatch(&self, task_id: &str) -> tokio::task::JoinHandle<bool> {

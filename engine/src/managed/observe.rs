@@ -135,6 +135,13 @@ pub(crate) enum CheckedOutcome {
     Failed(String),
     /// Canceled (the reason may be empty).
     Canceled(String),
+    /// To be recovered after `after`, from the started marker `checkpoint` (encoded).
+    CheckBackIn {
+        /// The encoded managed checkpoint: started, with the tool checkpoint to recover from.
+        checkpoint: Vec<u8>,
+        /// How long to wait.
+        after: std::time::Duration,
+    },
     /// Waiting for input, with the checkpoint that keeps the request.
     WaitingInput {
         /// What is asked.
@@ -147,7 +154,8 @@ pub(crate) enum CheckedOutcome {
     },
 }
 
-/// Checks `outcome` against the rules: a failure needs an error; only a resumable tool may
+/// Checks `outcome` against the rules: a failure needs an error; only a recoverable tool may
+/// check back later; only a resumable tool may
 /// wait for input, and its wait must fit a managed checkpoint (`tool_checkpoint` is the one
 /// the run started from, kept when the outcome supplies none).
 ///
@@ -164,6 +172,23 @@ pub(crate) fn check_outcome(
         RunOutcome::Failed(error) if error.is_empty() => Err(RuleViolation::EmptyFailure),
         RunOutcome::Failed(error) => Ok(CheckedOutcome::Failed(error)),
         RunOutcome::Canceled(reason) => Ok(CheckedOutcome::Canceled(reason)),
+        RunOutcome::CheckBackIn { checkpoint, after } => {
+            if !registration.is_recoverable() {
+                return Err(RuleViolation::NotRecoverable);
+            }
+            let tool_checkpoint = if checkpoint.is_empty() {
+                tool_checkpoint
+            } else {
+                checkpoint
+            };
+            let marker = ManagedCheckpoint::started(tool_checkpoint)
+                .encode()
+                .map_err(RuleViolation::WaitingCheckpoint)?;
+            Ok(CheckedOutcome::CheckBackIn {
+                checkpoint: marker,
+                after,
+            })
+        }
         RunOutcome::WaitingInput {
             request,
             checkpoint,

@@ -99,6 +99,16 @@ pub enum RunOutcome {
         /// A replacement tool checkpoint; empty keeps the current one.
         checkpoint: Vec<u8>,
     },
+    /// Not done, and nothing to do before `after` has passed: a remote job still running,
+    /// say (recoverable tools only). The task waits on a durable timer, holding no worker;
+    /// then its next attempt recovers the tool from `checkpoint` ([`RecoverableTool`]), which
+    /// looks again. In the foreground the call goes to the background at once, delayed.
+    CheckBackIn {
+        /// A replacement tool checkpoint; empty keeps the current one.
+        checkpoint: Vec<u8>,
+        /// How long to wait (by the store's clock).
+        after: std::time::Duration,
+    },
 }
 
 /// A stream of updates a run emits; the framework owns it. An `Err` item fails the attempt.
