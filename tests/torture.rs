@@ -30,7 +30,7 @@ fn twenty_kills_leave_every_invariant_intact() {
     assert!(summary["kills"].as_u64().unwrap() >= 20, "{summary:#}");
     assert!(summary["sigkills"].as_u64().unwrap() >= 1, "{summary:#}");
     // The workload really ran: every kind of tool, updates, acknowledgements, side effects.
-    for tool in ["shell", "tick", "approval"] {
+    for tool in ["shell", "tick", "poll", "approval"] {
         assert!(
             summary["by_tool"][tool].as_u64().unwrap_or(0) > 0,
             "no {tool} task: {summary:#}"
@@ -39,6 +39,8 @@ fn twenty_kills_leave_every_invariant_intact() {
     assert!(summary["updates"].as_u64().unwrap() > 0, "{summary:#}");
     assert!(summary["acknowledged"].as_u64().unwrap() > 0, "{summary:#}");
     assert!(summary["side_effects"].as_u64().unwrap() > 0, "{summary:#}");
+    // Poll tasks waited on durable timers between their looks, across the kills.
+    assert!(summary["timers"].as_u64().unwrap() > 0, "{summary:#}");
     // Every task ended in a terminal status.
     let by_status = summary["by_status"].as_object().unwrap();
     let tasks: u64 = by_status.values().map(|n| n.as_u64().unwrap()).sum();

@@ -1,7 +1,7 @@
 //! The invariant checker of a torture run: what the journal, the acknowledgement log and the
 //! ledger must say after any number of crashes.
 
-use super::child::SHELL;
+use super::child::{POLL, POLLS, SHELL};
 use super::Layout;
 use crate::cli::{CliError, Result};
 use dtask_engine::managed::codec::ToolPayload;
@@ -123,6 +123,8 @@ pub struct Findings {
     pub acknowledged: u64,
     /// Side effects in the ledger.
     pub side_effects: u64,
+    /// Durable timers the tasks waited on (`not_before` records).
+    pub timers: u64,
     /// Invariant violations, one line each.
     pub violations: Vec<String>,
 }
@@ -134,6 +136,8 @@ struct Seen {
     token: String,
     cancel_requested: bool,
     input_provided: bool,
+    /// The durable timers the task waited on (`not_before` records).
+    timers: u64,
 }
 
 /// The torture's own checks of one stream, beside the fold: update event ids are unique, and
@@ -144,6 +148,7 @@ struct StreamCheck<'a> {
     last_attempt: u64,
     cancel_requested: bool,
     input_provided: bool,
+    timers: u64,
     records: u64,
     updates: u64,
     violations: Vec<String>,
@@ -173,6 +178,7 @@ impl Replay for StreamCheck<'_> {
             }
             Event::CancelRequested { .. } => self.cancel_requested = true,
             Event::InputProvided { .. } => self.input_provided = true,
+            Event::NotBefore { .. } => self.timers += 1,
             _ => {}
         }
         self.fold.replay(record)
@@ -187,6 +193,7 @@ fn read_task(journal: &Journal, id: &str, findings: &mut Findings) -> Option<See
         last_attempt: 0,
         cancel_requested: false,
         input_provided: false,
+        timers: 0,
         records: 0,
         updates: 0,
         violations: Vec::new(),
@@ -215,7 +222,8 @@ fn read_task(journal: &Journal, id: &str, findings: &mut Findings) -> Option<See
             return None;
         }
     }
-    let (cancel_requested, input_provided) = (check.cancel_requested, check.input_provided);
+    let (cancel_requested, input_provided, timers) =
+        (check.cancel_requested, check.input_provided, check.timers);
     let task = check.fold.finish()?;
     let (tool, token) = match ToolPayload::decode(&task.state.spec.payload) {
         Ok(payload) => {
@@ -238,6 +246,7 @@ fn read_task(journal: &Journal, id: &str, findings: &mut Findings) -> Option<See
         token,
         cancel_requested,
         input_provided,
+        timers,
     })
 }
 
@@ -282,6 +291,19 @@ pub fn check(layout: &Layout) -> Result<Findings> {
                 .violations
                 .push(format!("task {id} ({}) ended {status}", task.tool));
         }
+        // A poll task that completed waited on a durable timer after each look but the last:
+        // each check-back was recorded, none lost to a crash.
+        if task.tool == POLL && status == Status::Completed {
+            let expected = format!("polled {POLLS} times");
+            if task.task.state.result_data != expected.as_bytes() || task.timers < POLLS - 1 {
+                findings.violations.push(format!(
+                    "poll task {id} completed with {:?} after {} timers",
+                    String::from_utf8_lossy(&task.task.state.result_data),
+                    task.timers
+                ));
+            }
+        }
+        findings.timers += task.timers;
         seen.insert(id, task);
     }
     check_acks(layout, &seen, &mut findings);

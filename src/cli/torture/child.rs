@@ -13,8 +13,9 @@ use crate::cli::{CliError, Result};
 use dtask_engine::async_trait;
 use dtask_engine::managed::tools::{ApprovalTool, ShellTool};
 use dtask_engine::managed::{
-    BackgroundTool, ManagedTools, OutputMaterializer, Registration, Run, RunOutcome, StartRequest,
-    StartResult, ToolCall, ToolFailure, ToolRegistry, ToolRunError, Update, UpdateStream,
+    BackgroundTool, ManagedTools, OutputMaterializer, RecoverRequest, RecoverableTool,
+    Registration, Run, RunOutcome, StartRequest, StartResult, ToolCall, ToolFailure, ToolRegistry,
+    ToolRunError, Update, UpdateStream,
 };
 use dtask_engine::tool::ToolInfo;
 use dtask_engine::{
@@ -33,6 +34,10 @@ pub const SHELL: &str = "shell";
 pub const TICK: &str = "tick";
 /// The resumable tool (answered later by the workload).
 pub const APPROVAL: &str = "approval";
+/// The recoverable tool that checks back later: a durable timer between its looks.
+pub const POLL: &str = "poll";
+/// How many times a poll task looks before its job is done (and how many timers it waits on).
+pub const POLLS: u64 = 3;
 
 /// The exit code of a finish run that timed out with tasks still live.
 pub const UNFINISHED: i32 = 3;
@@ -139,6 +144,96 @@ impl OutputMaterializer for Transcripts {
     }
 }
 
+/// A recoverable tool polling a job that is done at its [`POLLS`]-th look: each look emits
+/// one update and, until then, checks back after a short while (a durable timer: the task is
+/// pending meanwhile, its next attempt recovers the tool from the look's number).
+#[derive(Debug)]
+struct PollTool;
+
+/// One look of a poll task: the look's number and how long to wait after it.
+#[derive(Debug)]
+struct PollRun {
+    look: u64,
+    wait: Duration,
+}
+
+#[async_trait]
+impl Run for PollRun {
+    async fn wait(&self) -> std::result::Result<RunOutcome, ToolRunError> {
+        Ok(if self.look + 1 >= POLLS {
+            RunOutcome::Completed(format!("polled {POLLS} times").into_bytes())
+        } else {
+            RunOutcome::CheckBackIn {
+                checkpoint: (self.look + 1).to_string().into_bytes(),
+                after: self.wait,
+            }
+        })
+    }
+
+    async fn stop(&self) -> std::result::Result<(), ToolRunError> {
+        Ok(())
+    }
+
+    fn updates(&self) -> Option<UpdateStream> {
+        let update = Update {
+            event_id: format!("poll:{}", self.look),
+            kind: "poll".into(),
+            data: format!("look {}", self.look).into_bytes(),
+            metadata: std::collections::BTreeMap::new(),
+        };
+        Some(Box::pin(futures::stream::iter([Ok(update)])))
+    }
+}
+
+/// A poll call's wait between looks: `{"wait_ms": N}`, N in 1..=10000.
+fn poll_wait(arguments: &str) -> std::result::Result<Duration, ToolFailure> {
+    let value: serde_json::Value =
+        serde_json::from_str(arguments).map_err(|e| ToolFailure::with_source(e.to_string(), e))?;
+    value
+        .get("wait_ms")
+        .and_then(serde_json::Value::as_u64)
+        .filter(|n| (1..=10_000).contains(n))
+        .map(Duration::from_millis)
+        .ok_or_else(|| "\"wait_ms\" must be a number from 1 to 10000".into())
+}
+
+#[async_trait]
+impl BackgroundTool for PollTool {
+    fn validate_arguments(&self, arguments: &str) -> std::result::Result<(), ToolFailure> {
+        poll_wait(arguments).map(drop)
+    }
+
+    async fn start(&self, request: StartRequest) -> std::result::Result<StartResult, ToolRunError> {
+        Ok(StartResult {
+            run: Arc::new(PollRun {
+                look: 0,
+                wait: poll_wait(&request.arguments)?,
+            }),
+            checkpoint: b"0".to_vec(),
+        })
+    }
+
+    fn as_recoverable(&self) -> Option<&dyn RecoverableTool> {
+        Some(self)
+    }
+}
+
+#[async_trait]
+impl RecoverableTool for PollTool {
+    async fn recover(
+        &self,
+        request: RecoverRequest,
+    ) -> std::result::Result<Arc<dyn Run>, ToolRunError> {
+        let look = String::from_utf8_lossy(&request.checkpoint)
+            .parse()
+            .map_err(|_| ToolRunError::failed("a poll checkpoint is a look's number"))?;
+        Ok(Arc::new(PollRun {
+            look,
+            wait: poll_wait(&request.arguments)?,
+        }))
+    }
+}
+
 /// A plain tool: emits `ticks` updates with event ids, then completes.
 #[derive(Debug)]
 struct TickTool;
@@ -229,6 +324,11 @@ fn tools(layout: &Layout, acks: &Arc<Acks>) -> Result<ManagedTools> {
             ToolInfo::without_parameters(TICK, "tick a few times (plain)"),
             TickTool,
         )
+        .with_materializer(Arc::clone(&transcripts)),
+        Registration::new(
+            ToolInfo::without_parameters(POLL, "poll a job, checking back later (recoverable)"),
+            PollTool,
+        )
         .with_materializer(transcripts),
         Registration::new(
             ToolInfo::new(
@@ -254,7 +354,7 @@ fn quote(text: &str) -> String {
 
 /// The tool call of one new task.
 fn call(rng: &mut Rng, token: &str, layout: &Layout, shell_command: &str) -> ToolCall {
-    let (tool, arguments) = match rng.range(0, 9) {
+    let (tool, arguments) = match rng.range(0, 10) {
         0..=4 => {
             let command = format!(
                 "export DTASK_TORTURE_TOKEN={} DTASK_TORTURE_LEDGER={}; {shell_command}",
@@ -266,9 +366,13 @@ fn call(rng: &mut Rng, token: &str, layout: &Layout, shell_command: &str) -> Too
                 serde_json::json!({ "command": command, "token": token }),
             )
         }
-        5..=7 => (
+        5..=6 => (
             TICK,
             serde_json::json!({ "ticks": rng.range(1, 6), "token": token }),
+        ),
+        7..=8 => (
+            POLL,
+            serde_json::json!({ "wait_ms": rng.range(20, 200), "token": token }),
         ),
         _ => (
             APPROVAL,

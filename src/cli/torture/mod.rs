@@ -2,8 +2,9 @@
 //!
 //! With a seed, it starts a child engine process (`dtask torture-child`, this same binary)
 //! that runs a mixed workload on a journal — recoverable shell tasks whose side effect appends
-//! a token to a ledger file, plain tasks emitting updates with event ids, resumable tasks
-//! answered later, cancellations — and kills it with SIGKILL at a random moment (or lets it
+//! a token to a ledger file, plain tasks emitting updates with event ids, recoverable tasks
+//! that poll and wait on durable timers between looks, resumable tasks answered later,
+//! cancellations — and kills it with SIGKILL at a random moment (or lets it
 //! abort at a chosen fail point), then starts the next one on the same journal, until the
 //! requested number of crashes. After each crash it checks that nothing durable went missing.
 //! A last child then lets everything finish, and the checker proves the invariants
@@ -724,6 +725,7 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
             "max_attempts": findings.max_attempts,
             "acknowledged": findings.acknowledged,
             "side_effects": findings.side_effects,
+            "timers": findings.timers,
             "violations": violations,
             "clean": clean,
             "wall_secs": (wall * 10.0).round() / 10.0,
@@ -771,9 +773,10 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
             ))?;
         }
         out.line(format!(
-            "checked: {}, {} in the ledger, verify, terminal states, event ids, attempts",
+            "checked: {}, {} in the ledger, {}, verify, terminal states, event ids, attempts",
             count(findings.acknowledged, "acknowledgement"),
-            count(findings.side_effects, "side effect")
+            count(findings.side_effects, "side effect"),
+            count(findings.timers, "durable timer")
         ))?;
         for violation in &violations {
             out.line(format!("VIOLATION {violation}"))?;
