@@ -622,43 +622,40 @@ fn a_rerun_a_recovery_limit_and_a_delay_show_audit_clean_and_import_bit_exact() 
     dtask(dir.path()).arg("verify").assert().success();
 
     let work = tempfile::tempdir().unwrap();
-    let file = work.path().join("export.jsonl");
-    dtask(dir.path())
-        .args(["export", "--output"])
-        .arg(&file)
-        .assert()
-        .success();
-    let export = std::fs::read_to_string(&file).unwrap();
+    let (_, _, export) = round_trip(dir.path(), work.path());
     assert!(export.contains(r#""type":"rerun_of""#), "{export}");
     assert!(
         export.contains(r#""max_recoveries":1,"type":"recovery_limit""#),
         "{export}"
     );
     assert!(export.contains(r#""type":"not_before""#), "{export}");
-    let target = work.path().join("rebuilt");
+}
+
+/// Exports `journal` to a file in `work` and imports it into `work/rebuilt`, checking that
+/// the import is bit-exact and that the rebuilt journal exports to the same bytes and audits
+/// clean; returns the file, the rebuilt journal and the export.
+fn round_trip(journal: &Path, work: &Path) -> (std::path::PathBuf, std::path::PathBuf, String) {
+    let file = work.join("export.jsonl");
+    dtask(journal)
+        .args(["export", "--output"])
+        .arg(&file)
+        .assert()
+        .success();
+    let target = work.join("rebuilt");
     let text = stdout(dtask(&target).arg("import").arg(&file));
     assert!(text.contains("every digest and CRC matches"), "{text}");
+    let export = std::fs::read_to_string(&file).unwrap();
     assert_eq!(stdout(dtask(&target).arg("export")), export);
     dtask(&target).arg("verify").assert().success();
+    (file, target, export)
 }
 
 #[test]
 fn export_import_round_trip_is_bit_exact() {
     let dir = built();
     let work = tempfile::tempdir().unwrap();
-    let file = work.path().join("export.jsonl");
-    dtask(dir.path())
-        .args(["export", "--output"])
-        .arg(&file)
-        .assert()
-        .success();
-    let target = work.path().join("rebuilt");
-    let text = stdout(dtask(&target).arg("import").arg(&file));
-    assert!(text.contains("every digest and CRC matches"), "{text}");
     // The rebuilt journal exports to the very same bytes, and audits clean.
-    let original = std::fs::read_to_string(&file).unwrap();
-    assert_eq!(stdout(dtask(&target).arg("export")), original);
-    dtask(&target).arg("verify").assert().success();
+    let (file, target, original) = round_trip(dir.path(), work.path());
     // Every record's digest, compared directly.
     let a = Journal::open_read_only(dir.path()).unwrap();
     let b = Journal::open_read_only(&target).unwrap();

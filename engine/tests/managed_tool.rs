@@ -71,6 +71,19 @@ fn manual_store(dir: &std::path::Path) -> (TaskStore, dtask_engine::ManualClock)
     (store, clock)
 }
 
+/// A store with a manual clock (in `dir`), the tools of one registration, and their manager.
+fn manual_env(
+    dir: &std::path::Path,
+    registration: Registration,
+) -> (TaskStore, ManagedTools, Manager, dtask_engine::ManualClock) {
+    let (store, clock) = manual_store(dir);
+    let mut registry = ToolRegistry::new();
+    registry.register(registration).unwrap();
+    let tools = ManagedTools::new(registry);
+    let manager = manager_for(&store, &tools);
+    (store, tools, manager, clock)
+}
+
 fn manager_for(store: &TaskStore, tools: &ManagedTools) -> Manager {
     let mut runtime = ExecutorRegistry::new();
     tools.register_executors(&mut runtime).unwrap();
@@ -1768,16 +1781,13 @@ async fn a_workers_max_concurrent_bounds_concurrent_managed_attempts() {
     });
     let dir = tempfile::tempdir().unwrap();
     // A manual clock: no lease can expire while the runs are held.
-    let (store, _clock) = manual_store(dir.path());
-    let mut registry = ToolRegistry::new();
-    registry
-        .register(Registration::new(
+    let (store, tools, manager, _clock) = manual_env(
+        dir.path(),
+        Registration::new(
             ToolInfo::without_parameters("held", "runs until released"),
             HeldTool(Arc::clone(&held)),
-        ))
-        .unwrap();
-    let tools = ManagedTools::new(registry);
-    let manager = manager_for(&store, &tools);
+        ),
+    );
     let mut ids = Vec::new();
     for _ in 0..TASKS {
         let call = ToolCall {
@@ -1904,16 +1914,13 @@ impl dtask_engine::managed::RecoverableTool for ListenTool {
 async fn a_running_background_tool_receives_inputs() {
     let listen = ListenTool::default();
     let dir = tempfile::tempdir().unwrap();
-    let (store, _clock) = manual_store(dir.path());
-    let mut registry = ToolRegistry::new();
-    registry
-        .register(Registration::new(
+    let (store, tools, manager, _clock) = manual_env(
+        dir.path(),
+        Registration::new(
             ToolInfo::without_parameters("listen", "takes messages while it runs"),
             listen.clone(),
-        ))
-        .unwrap();
-    let tools = ManagedTools::new(registry);
-    let manager = manager_for(&store, &tools);
+        ),
+    );
     let call = ToolCall {
         tool_name: "listen".into(),
         arguments: "{}".into(),
@@ -2032,17 +2039,13 @@ fn polling_env(
     dir: &std::path::Path,
     tool: &PollingTool,
 ) -> (TaskStore, ManagedTools, Manager, dtask_engine::ManualClock) {
-    let (store, clock) = manual_store(dir);
-    let mut registry = ToolRegistry::new();
-    registry
-        .register(Registration::new(
+    manual_env(
+        dir,
+        Registration::new(
             ToolInfo::without_parameters("poll", "wait for a remote job"),
             tool.clone(),
-        ))
-        .unwrap();
-    let tools = ManagedTools::new(registry);
-    let manager = manager_for(&store, &tools);
-    (store, tools, manager, clock)
+        ),
+    )
 }
 
 // A recoverable tool's run that checks back later: the background task waits on a durable

@@ -147,27 +147,37 @@ fn poison_child(dir: &Path, round: u64) {
             .unwrap();
         let manager = Manager::new(store, registry, ManagerConfig::default());
         if round == 0 {
-            manager
-                .submit(SubmitRequest {
-                    spec: TaskSpec {
-                        id: "poison".into(),
-                        executor_key: KEY.into(),
-                        ..TaskSpec::default()
-                    },
-                    ..SubmitRequest::default()
-                })
-                .await
-                .unwrap();
+            submit(&manager, "poison").await;
         }
         if manager.get("poison").await.unwrap().is_terminal() {
             return;
         }
-        Worker::new(manager, WorkerConfig::new([KEY]))
-            .unwrap()
-            .run(std::future::pending())
-            .await
-            .unwrap();
+        work(manager).await;
     });
+}
+
+/// Submits task `id` to the scenarios' executor.
+async fn submit(manager: &Manager, id: &str) {
+    manager
+        .submit(SubmitRequest {
+            spec: TaskSpec {
+                id: id.into(),
+                executor_key: KEY.into(),
+                ..TaskSpec::default()
+            },
+            ..SubmitRequest::default()
+        })
+        .await
+        .unwrap();
+}
+
+/// Runs a worker of the scenarios' executor until the process is killed.
+async fn work(manager: Manager) {
+    Worker::new(manager, WorkerConfig::new([KEY]))
+        .unwrap()
+        .run(std::future::pending())
+        .await
+        .unwrap();
 }
 
 /// The poison scenario: rounds of children, each killed once it runs the task, until one
@@ -269,22 +279,8 @@ fn child(dir: &Path, scenario: &str) {
             })
             .unwrap();
         let manager = Manager::new(store, registry, ManagerConfig::default());
-        manager
-            .submit(SubmitRequest {
-                spec: TaskSpec {
-                    id: "victim".into(),
-                    executor_key: KEY.into(),
-                    ..TaskSpec::default()
-                },
-                ..SubmitRequest::default()
-            })
-            .await
-            .unwrap();
-        Worker::new(manager, WorkerConfig::new([KEY]))
-            .unwrap()
-            .run(std::future::pending())
-            .await
-            .unwrap();
+        submit(&manager, "victim").await;
+        work(manager).await;
     });
 }
 
