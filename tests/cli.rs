@@ -619,6 +619,20 @@ fn a_rerun_a_recovery_limit_and_a_delay_show_audit_clean_and_import_bit_exact() 
             .any(|l| l.starts_with("not before") && l.ends_with("2023-11-14T23:13:20.000Z")),
         "{later}"
     );
+    let listed = json(&stdout(dtask(dir.path()).args(["tasks", "--json"])));
+    let delayed: Vec<_> = listed["tasks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|t| !t["not_before"].is_null())
+        .map(|t| t["id"].clone())
+        .collect();
+    assert_eq!(delayed, [serde_json::json!("later")], "{listed}");
+    let table = stdout(dtask(dir.path()).arg("tasks"));
+    assert!(
+        table.contains("pending until 2023-11-14T23:13:20.000Z"),
+        "{table}"
+    );
     dtask(dir.path()).arg("verify").assert().success();
 
     let work = tempfile::tempdir().unwrap();

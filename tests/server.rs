@@ -220,6 +220,8 @@ async fn owner_submits_and_cancels_and_every_read_shows_it() {
     assert_eq!(status, StatusCode::CREATED, "{delayed}");
     assert_eq!(delayed["not_before"], later);
     assert_eq!(delayed["status"], "pending");
+    let (_, listed) = server.get("/api/tasks?q=later-1").await;
+    assert_eq!(listed["tasks"][0]["not_before"], later, "{listed}");
 
     let (status, task) = server.get("/api/tasks/job-1").await;
     assert_eq!(status, StatusCode::OK);

@@ -64,6 +64,8 @@ struct Row {
     records: u64,
     created: Timestamp,
     updated: Timestamp,
+    /// A delayed pending task's earliest claim time.
+    not_before: Option<Timestamp>,
     problem: Option<String>,
 }
 
@@ -79,6 +81,7 @@ impl Row {
             "records": self.records,
             "created_at": self.created.0,
             "updated_at": self.updated.0,
+            "not_before": self.not_before.map(|t| t.0),
             "problem": self.problem,
         })
     }
@@ -121,6 +124,7 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
                     records: folded.records,
                     created: s.created_at,
                     updated: s.updated_at,
+                    not_before: s.not_before,
                     problem,
                 }
             }
@@ -133,6 +137,7 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
                 version: 0,
                 records: folded.records,
                 created: Timestamp(0),
+                not_before: None,
                 updated: Timestamp(0),
                 problem,
             },
@@ -175,14 +180,16 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
         "ID", "STATUS", "EXECUTOR", "TOOL", "ATTEMPT", "VERSION", "RECORDS", "CREATED", "UPDATED",
     ]);
     for r in &rows {
-        let status = r.status.map_or("?", Status::as_str);
+        let mut status = r.status.map_or("?", Status::as_str).to_owned();
+        if let Some(until) = r.not_before {
+            status = format!("{status} until {}", fmt::time(until));
+        }
+        if r.problem.is_some() {
+            status.push('!');
+        }
         table.row(vec![
             r.id.clone(),
-            if r.problem.is_some() {
-                format!("{status}!")
-            } else {
-                status.to_owned()
-            },
+            status,
             r.executor.clone(),
             r.tool.clone().unwrap_or_else(|| "-".into()),
             r.attempt.to_string(),

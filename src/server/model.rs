@@ -78,6 +78,8 @@ pub struct TaskSummary {
     pub created_at: u64,
     /// Time of the last lifecycle event, ms since the epoch.
     pub updated_at: u64,
+    /// A delayed pending task's earliest claim time, ms since the epoch (`null` for none).
+    pub not_before: Option<u64>,
     /// What is wrong with the stream, when something is (run a verify).
     pub problem: Option<String>,
 }

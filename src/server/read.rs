@@ -136,6 +136,7 @@ fn summary(id: String, view: &FoldView) -> TaskSummary {
                 records: view.records,
                 created_at: s.created_at.0,
                 updated_at: s.updated_at.0,
+                not_before: s.not_before.map(|t| t.0),
                 problem,
             }
         }
@@ -151,6 +152,7 @@ fn summary(id: String, view: &FoldView) -> TaskSummary {
             records: view.records,
             created_at: 0,
             updated_at: 0,
+            not_before: None,
             problem,
         },
     }

@@ -77,7 +77,9 @@ async function tasksPage() {
   const row = (t) =>
     h("tr", { "data-id": t.id },
       h("td", {}, h("a", { href: `#/task/${encodeURIComponent(t.id)}`, class: "mono" }, t.id)),
-      h("td", {}, statusBadge(t.status), t.problem ? h("span", { class: "problem", title: t.problem }, " !") : null),
+      h("td", {}, statusBadge(t.status),
+        t.not_before ? h("span", { class: "muted", title: "not claimed before then" }, ` until ${time(t.not_before)}`) : null,
+        t.problem ? h("span", { class: "problem", title: t.problem }, " !") : null),
       h("td", {}, t.executor), h("td", {}, t.tool || "-"),
       h("td", { class: "num" }, t.attempt), h("td", { class: "num" }, t.records),
       h("td", {}, time(t.created_at)), h("td", {}, time(t.updated_at)),
