@@ -10,7 +10,7 @@
 mod common;
 
 use common::*;
-use dtask_engine::{Command, CreateRequest, StoreError, TaskStore};
+use dtask_engine::{Command, CreateRequest, StoreConfig, StoreError, TaskStore};
 use dtask_journal::{Event, EventType, LeasePolicy, Timestamp};
 use dtask_replay::{recovery_limit_error, Status};
 
@@ -478,4 +478,47 @@ async fn a_past_delay_writes_nothing_and_a_delayed_task_can_be_canceled() {
             ..
         }
     );
+}
+
+#[tokio::test]
+async fn under_a_recovery_backoff_each_recovery_waits_twice_as_long_up_to_the_most() {
+    let config = StoreConfig::default().with_recovery_backoff(
+        std::time::Duration::from_secs(1),
+        std::time::Duration::from_secs(3),
+    );
+    let mut env = Env::with(config, dtask_journal::Durability::Buffered);
+    create(env.store(), "t", Retry).await;
+    for (n, wait) in [(1, 1_000), (2, 2_000), (3, 3_000), (4, 3_000)] {
+        let version = env.store().get("t").await.unwrap().version;
+        env.store()
+            .execute("t", version, Command::Start)
+            .await
+            .unwrap();
+        env.advance(LEASE_MS + 1);
+        let expired_at = env.store().now().0;
+        // Reopened: the wait is in the journal, not in this store's memory.
+        env.reopen();
+        let t = env.store().get("t").await.unwrap();
+        assert_eq!((t.status, t.recoveries), (Status::Pending, n));
+        assert_eq!(
+            t.not_before,
+            Some(Timestamp(expired_at + wait)),
+            "recovery {n}"
+        );
+        assert!(claimable(env.store()).await.is_empty());
+        assert!(matches!(
+            env.store().execute("t", t.version, Command::Start).await,
+            Err(StoreError::NotDue { .. })
+        ));
+        env.advance(wait);
+        assert_eq!(claimable(env.store()).await, ["t"]);
+    }
+    // Without the setting a recovered task is claimable at once.
+    let mut plain = Env::new();
+    create(plain.store(), "t", Retry).await;
+    plain.store().execute("t", 1, Command::Start).await.unwrap();
+    plain.advance(LEASE_MS + 1);
+    plain.reopen();
+    assert_eq!(plain.store().get("t").await.unwrap().not_before, None);
+    assert_eq!(claimable(plain.store()).await, ["t"]);
 }

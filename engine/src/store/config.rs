@@ -36,6 +36,12 @@ pub struct StoreConfig {
     /// 0 (one process has one clock); on a shared (PostgreSQL) journal, set it to the skew
     /// your clock synchronisation bounds (docs/postgres.md, "Leases and clocks").
     pub expiry_grace: Duration,
+    /// How long a task recovered after a lease expiry waits before its next attempt: the
+    /// first recovery waits the first duration, each later one twice the one before, at most
+    /// the second — written as the recovered task's not-before time (a delayed run), so a
+    /// task whose attempts keep taking their workers down is tried again ever more slowly
+    /// instead of at once. Default: `None` (claimable at once, the reference's behaviour).
+    pub recovery_backoff: Option<(Duration, Duration)>,
 }
 
 impl Default for StoreConfig {
@@ -51,6 +57,7 @@ impl Default for StoreConfig {
             max_notification_kind_bytes: 64,
             terminal_cache: 4096,
             expiry_grace: Duration::ZERO,
+            recovery_backoff: None,
         }
     }
 }
@@ -77,6 +84,14 @@ impl StoreConfig {
         self
     }
 
+    /// Sets [`StoreConfig::recovery_backoff`]: `first` after the first recovery, doubling,
+    /// at most `max`.
+    #[must_use]
+    pub fn with_recovery_backoff(mut self, first: Duration, max: Duration) -> Self {
+        self.recovery_backoff = Some((first, max.max(first)));
+        self
+    }
+
     /// Sets [`StoreConfig::terminal_cache`].
     #[must_use]
     pub fn with_terminal_cache(mut self, tasks: usize) -> Self {
@@ -99,6 +114,18 @@ impl StoreConfig {
 
     pub(crate) fn lease_millis(&self) -> u64 {
         u64::try_from(self.lease_duration.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// How long the recovery after `recoveries` earlier ones waits, with a backoff set:
+    /// [`StoreConfig::recovery_backoff`]'s first duration doubled `recoveries` times, at most
+    /// its second.
+    pub(crate) fn recovery_wait(&self, recoveries: u64) -> Option<u64> {
+        let (first, max) = self.recovery_backoff?;
+        let millis = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let doubled = 1u64
+            .checked_shl(u32::try_from(recoveries).unwrap_or(u32::MAX))
+            .unwrap_or(u64::MAX);
+        Some(millis(first).saturating_mul(doubled).min(millis(max)))
     }
 
     /// The latest deadline of a lease this store writes down as expired at `now`: `now` less

@@ -519,11 +519,13 @@ pub(crate) fn child_authority(
 }
 
 /// The lease-expiry event due at `now`, if the running attempt's lease had run out by
-/// `expired_by` (`now` less the store's expiry grace: `StoreConfig::expiry_grace`).
+/// `expired_by` (`now` less the store's expiry grace: `StoreConfig::expiry_grace`) — and,
+/// for a recovery under the store's `recovery_backoff`, the recovered task's not-before time.
 pub(crate) fn expiry(
     state: &TaskState,
     expired_by: Timestamp,
     now: Timestamp,
+    config: &StoreConfig,
 ) -> Option<Vec<Event>> {
     if !state.lease_expired_at(expired_by) {
         return None;
@@ -535,6 +537,14 @@ pub(crate) fn expiry(
         deadline,
         at: now,
     }];
+    if resolution == ExpiryResolution::Retry {
+        if let Some(wait) = config.recovery_wait(state.recoveries).filter(|w| *w > 0) {
+            events.push(Event::NotBefore {
+                until: now.plus_millis(wait),
+                at: now,
+            });
+        }
+    }
     if resolution.is_terminal() {
         let kind = if resolution == ExpiryResolution::Failed {
             "failed"

@@ -728,7 +728,7 @@ impl TaskStore {
     /// Writes down an expired lease of the locked task, if one is due.
     async fn resolve_expiry(&self, slot: &Slot, task: &mut Task, now: Timestamp) -> Result<()> {
         let expired_by = self.inner.config.expired_by(now);
-        if let Some(events) = decide::expiry(&task.state, expired_by, now) {
+        if let Some(events) = decide::expiry(&task.state, expired_by, now, &self.inner.config) {
             crate::failpoints::point!(crate::failpoints::LEASE_EXPIRY, |m| Err(
                 crate::failpoints::injected(m)
             ));
@@ -1058,7 +1058,7 @@ impl TaskStore {
         for id in due {
             let slot = self.slot(&id)?;
             let mut task = self.lock(&slot).await?;
-            if decide::expiry(&task.state, expired_by, now).is_some() {
+            if decide::expiry(&task.state, expired_by, now, &self.inner.config).is_some() {
                 self.resolve_expiry(&slot, &mut task, now).await?;
                 resolved += 1;
             }
