@@ -394,6 +394,42 @@ async fn the_page_lists_tasks_live_and_shows_a_timeline_and_the_audit() {
         ["fetch-1.rerun-1"]
     );
 
+    // Its purge button, clicked twice, deletes its records; the page then says so.
+    browser.goto(&format!("{base}/#/task/fetch-1")).await;
+    browser
+        .until(
+            "the purge button",
+            "return document.getElementById('purge') !== null",
+        )
+        .await;
+    browser
+        .run("document.getElementById('purge').click(); return true")
+        .await;
+    browser
+        .until(
+            "the purge button armed",
+            "return document.getElementById('purge').dataset.armed === 'yes'",
+        )
+        .await;
+    assert!(
+        store.get("fetch-1").await.is_ok(),
+        "one click purges nothing"
+    );
+    browser
+        .run("document.getElementById('purge').click(); return true")
+        .await;
+    browser
+        .until(
+            "the purged task's page",
+            "return document.body.textContent.includes('was purged') && \
+             document.getElementById('purge') === null",
+        )
+        .await;
+    assert!(matches!(
+        store.get("fetch-1").await,
+        Err(dtask_engine::StoreError::Purged { .. })
+    ));
+
     browser.call(reqwest::Method::DELETE, "", None).await;
     stop.send(()).unwrap();
     server.await.unwrap().unwrap();

@@ -560,7 +560,7 @@ async fn client_mistakes_are_json_4xx_errors() {
     assert_eq!((status, code(&body)), (StatusCode::NOT_FOUND, "not_found"));
     let r = server
         .http
-        .delete(server.url("/api/tasks/t1"))
+        .put(server.url("/api/tasks/t1"))
         .send()
         .await
         .unwrap();
@@ -1689,5 +1689,63 @@ async fn audit_while_creating(store: TaskStore) {
     for writer in writers {
         writer.await.unwrap();
     }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_purges_a_finished_task_and_reads_of_it_answer_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_store(dir.path());
+    for id in ["done", "busy"] {
+        store.create(create(id, "shell", &json!({}))).await.unwrap();
+        store.execute(id, 1, Cmd::Start).await.unwrap();
+    }
+    store
+        .execute("done", 2, Cmd::Fail { error: "e".into() })
+        .await
+        .unwrap();
+    let server = Running::start(Server::owner(store, None, fast())).await;
+    let stats = server.wait_seq(5).await;
+    assert_eq!(stats["tasks"], 2);
+    let delete = |path: &str| {
+        let request = server.http.delete(server.url(path));
+        async move {
+            let response = request.send().await.unwrap();
+            let status = response.status();
+            (status, response.json::<Value>().await.unwrap())
+        }
+    };
+
+    let (status, refused) = delete("/api/tasks/busy").await;
+    assert_eq!(status, StatusCode::CONFLICT, "{refused}");
+    let (status, purged) = delete("/api/tasks/done").await;
+    assert_eq!(status, StatusCode::OK, "{purged}");
+    assert_eq!(purged["purged"][0]["task"], "done");
+    assert_eq!(purged["purged"][0]["records"], 3);
+    let (status, gone) = server.get("/api/tasks/done").await;
+    assert_eq!(
+        (status, code(&gone)),
+        (StatusCode::GONE, "purged"),
+        "{gone}"
+    );
+    let (status, again) = delete("/api/tasks/done").await;
+    assert_eq!(
+        (status, code(&again)),
+        (StatusCode::GONE, "purged"),
+        "{again}"
+    );
+    let (_, list) = server.get("/api/tasks").await;
+    assert_eq!(list["tasks"].as_array().unwrap().len(), 1, "{list}");
+    assert_eq!(list["tasks"][0]["id"], "busy");
+    // The counts forget the purged task (counted again once the pump reads the tombstone).
+    let stats = server.wait_seq(6).await;
+    assert_eq!(
+        (stats["tasks"].as_u64(), stats["records"].as_u64()),
+        (Some(1), Some(2)),
+        "{stats}"
+    );
+    assert_eq!(stats["by_status"]["failed"], 0, "{stats}");
+    let (_, report) = server.post("/api/verify", &json!({})).await;
+    assert_eq!(report["clean"], true, "{report}");
     server.stop().await;
 }

@@ -88,7 +88,7 @@ pub use runtime::{
 };
 pub use store::{
     AdvanceCursor, Change, Command, CreateRequest, ExecutionContext, InputPage, InputRecord,
-    InputRequest, NotFound, Notification, NotificationRequest, Result, StoreConfig, StoreCounts,
-    StoreError, TaskPage, TaskStore, UpdatePage, UpdateRecord, UpdateRequest, MAX_INPUT_KIND_BYTES,
-    RESERVED_KIND_PREFIXES,
+    InputRequest, NotFound, Notification, NotificationRequest, Result, RetentionStep, StoreConfig,
+    StoreCounts, StoreError, TaskPage, TaskStore, UpdatePage, UpdateRecord, UpdateRequest,
+    MAX_INPUT_KIND_BYTES, MAX_PURGE_TREE, RESERVED_KIND_PREFIXES,
 };

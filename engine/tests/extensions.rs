@@ -522,3 +522,160 @@ async fn under_a_recovery_backoff_each_recovery_waits_twice_as_long_up_to_the_mo
     assert_eq!(plain.store().get("t").await.unwrap().not_before, None);
     assert_eq!(claimable(plain.store()).await, ["t"]);
 }
+
+async fn purges_a_finished_tree(reboot: bool) {
+    let mut env = Env::new();
+    failed_task(s(&mut env, reboot), "t", None).await;
+    // A root with a nested task, both ended.
+    let parent = running(s(&mut env, reboot), "parent", Retry).await;
+    let child = child_request("child", "parent", parent.attempt, false);
+    s(&mut env, reboot).create(child).await.unwrap();
+    ok(s(&mut env, reboot), "child", Command::Start).await;
+    ok(
+        s(&mut env, reboot),
+        "child",
+        Command::Fail { error: "e".into() },
+    )
+    .await;
+    // Not ended yet: refused, nothing written.
+    assert_err!(
+        s(&mut env, reboot).purge("parent").await,
+        StoreError::IllegalTransition {
+            status: Status::Running,
+            operation: "purge"
+        }
+    );
+    ok(
+        s(&mut env, reboot),
+        "parent",
+        Command::Fail { error: "e".into() },
+    )
+    .await;
+    // A nested task goes with its root only.
+    assert_err!(
+        s(&mut env, reboot).purge("child").await,
+        StoreError::Invalid { field: "id", .. }
+    );
+    let records = stream_types(s(&mut env, reboot), "t").len() as u64;
+
+    let purged = s(&mut env, reboot).purge("t").await.unwrap();
+    assert_eq!((purged.len(), purged[0].records), (1, records));
+    let purged = s(&mut env, reboot).purge("parent").await.unwrap();
+    let mut tasks: Vec<&str> = purged.iter().map(|p| p.task.as_str()).collect();
+    tasks.sort_unstable();
+    assert_eq!(tasks, ["child", "parent"]);
+
+    for id in ["t", "parent", "child"] {
+        assert!(
+            matches!(s(&mut env, reboot).get(id).await, Err(StoreError::Purged { task }) if task == id),
+            "{id}"
+        );
+        assert_eq!(stream_types(s(&mut env, reboot), id), [EventType::Purged]);
+    }
+    assert_err!(
+        s(&mut env, reboot).purge("t").await,
+        StoreError::Purged { .. }
+    );
+    // The id stays taken.
+    assert!(matches!(
+        s(&mut env, reboot).create(request(spec("t"), Retry)).await,
+        Err(StoreError::AlreadyExists(id)) if id == "t"
+    ));
+    assert_err!(
+        s(&mut env, reboot).rerun("t", None).await,
+        StoreError::Purged { .. }
+    );
+    let report =
+        dtask_replay::audit::audit_journal(s(&mut env, reboot).journal(), &mut |_| {}).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+    assert_eq!(report.purged, 3);
+}
+
+#[tokio::test]
+async fn a_finished_task_tree_is_purged_whole_and_reads_as_purged() {
+    purges_a_finished_tree(false).await;
+}
+
+#[tokio::test]
+async fn a_purge_and_its_refusals_hold_across_a_reopen_at_every_step() {
+    purges_a_finished_tree(true).await;
+}
+
+#[tokio::test]
+async fn a_task_with_a_queued_notification_is_not_purged_until_it_is_acknowledged() {
+    let env = Env::new();
+    let store = env.store();
+    let mut req = request(session_spec("n", true), Retry);
+    req.spec.executor_key = "x".into();
+    store.create(req).await.unwrap();
+    ok(store, "n", Command::Start).await;
+    ok(
+        store,
+        "n",
+        Command::Complete {
+            data: b"ok".to_vec(),
+        },
+    )
+    .await;
+    let refused = store.purge("n").await.unwrap_err();
+    assert!(
+        matches!(
+            refused.journal_error(),
+            Some(dtask_journal::Error::NotPurgeable {
+                why: dtask_journal::PurgeRefusal::QueuedNotification,
+                ..
+            })
+        ),
+        "{refused}"
+    );
+    assert_eq!(store.get("n").await.unwrap().status, Status::Completed);
+}
+
+#[tokio::test]
+async fn a_retention_sweep_purges_the_trees_that_ended_before_its_time_a_step_at_a_time() {
+    let env = Env::new();
+    let store = env.store();
+    failed_task(store, "a-old", None).await;
+    let old_end = store.now();
+    env.advance(10_000);
+    // A root ended long ago whose notification is still queued: kept, and named.
+    let mut queued = request(session_spec("b-queued", true), Retry);
+    queued.spec.executor_key = "x".into();
+    store.create(queued).await.unwrap();
+    ok(store, "b-queued", Command::Start).await;
+    ok(store, "b-queued", Command::Fail { error: "e".into() }).await;
+    env.advance(10_000);
+    failed_task(store, "c-new", None).await;
+    running(store, "d-running", Retry).await;
+    let before = dtask_journal::Timestamp(old_end.0 + 15_000);
+
+    // Two tasks a step: resumable where the last step stopped.
+    let first = store.purge_finished(before, None, 2).await.unwrap();
+    let purged: Vec<&str> = first.purged.iter().map(|p| p.task.as_str()).collect();
+    assert_eq!(purged, ["a-old"]);
+    assert_eq!(first.kept.len(), 1);
+    assert_eq!(first.kept[0].0, "b-queued");
+    assert!(first.kept[0].1.contains("queued"), "{}", first.kept[0].1);
+    assert_eq!(first.next_after.as_deref(), Some("b-queued"));
+    let second = store
+        .purge_finished(before, first.next_after, 2)
+        .await
+        .unwrap();
+    assert!(second.purged.is_empty() && second.kept.is_empty());
+    assert_eq!(second.next_after.as_deref(), Some("d-running"));
+    let last = store
+        .purge_finished(before, second.next_after, 2)
+        .await
+        .unwrap();
+    assert_eq!(last, dtask_engine::RetentionStep::default());
+
+    // Later, a sweep from the start finds the purged task gone and takes the newer one.
+    env.advance(60_000);
+    let now = store.now();
+    let again = store.purge_finished(now, None, 100).await.unwrap();
+    let purged: Vec<&str> = again.purged.iter().map(|p| p.task.as_str()).collect();
+    assert_eq!(purged, ["c-new"]);
+    assert_eq!(again.next_after, None);
+    // Its lease expired meanwhile (pending again): not ended, not purged.
+    assert!(!store.get("d-running").await.unwrap().is_terminal());
+}

@@ -332,3 +332,41 @@ async fn a_rerun_made_on_one_node_is_found_by_another_that_has_not_seen_it() {
     ));
     clean(&url);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_made_on_one_node_reaches_another_that_holds_the_task() {
+    let Some((a, b, url)) = nodes("purge") else {
+        return;
+    };
+    for id in ["t", "u"] {
+        create(&a, id, LeasePolicy::Retry).await;
+        let t = a.execute(id, 1, Command::Start).await.unwrap();
+        a.execute(id, t.version, Command::Fail { error: "e".into() })
+            .await
+            .unwrap();
+    }
+    // B holds `t` (folded when it followed the creation) before the purge.
+    b.refresh().await.unwrap();
+    assert_eq!(b.get("t").await.unwrap().status, Status::Failed);
+
+    a.purge("t").await.unwrap();
+    // B follows the commit order past the tombstone and forgets its copy.
+    b.refresh().await.unwrap();
+    assert!(matches!(b.get("t").await, Err(StoreError::Purged { task }) if task == "t"));
+    // B purges `u`, which A held; a purge asked for again on either node finds it done, and
+    // neither may create a task under a purged id.
+    b.purge("u").await.unwrap();
+    assert!(matches!(a.purge("u").await, Err(StoreError::Purged { .. })));
+    a.refresh().await.unwrap();
+    assert!(matches!(a.get("u").await, Err(StoreError::Purged { .. })));
+    for (node, id) in [(&a, "u"), (&b, "t")] {
+        assert!(matches!(
+            node.create(request(spec(id), LeasePolicy::Retry)).await,
+            Err(StoreError::AlreadyExists(taken)) if taken == id
+        ));
+    }
+    let report = dtask_replay::audit::audit_journal(a.journal(), &mut |_| {}).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+    assert_eq!(report.purged, 2);
+    clean(&url);
+}

@@ -104,6 +104,28 @@ impl fmt::Display for Limit {
     }
 }
 
+/// Why a stream cannot be purged ([`Error::NotPurgeable`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
+#[non_exhaustive]
+pub enum PurgeRefusal {
+    /// The journal has no stream of the task.
+    #[error("the journal has no such task")]
+    Unknown,
+    /// The task has no terminal record yet.
+    #[error("it has not ended")]
+    NotEnded,
+    /// The stream was purged before.
+    #[error("it was purged before")]
+    AlreadyPurged,
+    /// A notification of the task is queued, not yet acknowledged.
+    #[error("a notification of it is still queued")]
+    QueuedNotification,
+    /// A purge tombstone ([`crate::Event::Purged`]) is written by a purge only, never
+    /// appended.
+    #[error("a purge record is written by a purge, not appended")]
+    AppendedTombstone,
+}
+
 /// Errors of the journal.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -161,6 +183,24 @@ pub enum Error {
     /// A linked append names one stream twice. Nothing was written.
     #[error("a linked append names the stream of task {0:?} twice")]
     DuplicateStream(String),
+    /// A stream cannot be purged ([`crate::Journal::purge`]), or a purge tombstone was
+    /// appended as an ordinary record. Nothing was written.
+    #[error("task {task:?} cannot be purged: {why}")]
+    NotPurgeable {
+        /// The task.
+        task: String,
+        /// Why.
+        why: PurgeRefusal,
+    },
+    /// An append asked for a global sequence that was given out already
+    /// ([`crate::Journal::submit_at_seq`]). Nothing was written.
+    #[error("sequence {asked} was given out already (the next is {next})")]
+    SequenceTaken {
+        /// The sequence asked for.
+        asked: u64,
+        /// The next sequence the journal gives out.
+        next: u64,
+    },
     /// A `created` event names another task than the stream it was appended to. Nothing was
     /// written.
     #[error("a `created` event for task {found:?} cannot open the stream of task {task:?}")]

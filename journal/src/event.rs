@@ -16,17 +16,17 @@
 //! unchanged. Schema v2 added the mailbox, nested tasks, publication and multi-part progress
 //! events (from `CreatedV2` on), schema v3 ([`EVENT_SCHEMA_VERSION`]) the lineage of a rerun
 //! (`RerunOf`, `RerunAs`), a task's recovery limit (`RecoveryLimit`) and its earliest claim
-//! time (`NotBefore`); a stream written by an older engine holds none of them and folds
-//! exactly as before.
+//! time (`NotBefore`), schema v4 the tombstone of a purged stream (`Purged`); a stream
+//! written by an older engine holds none of them and folds exactly as before.
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::sync::Arc;
 
-/// The event schema this build writes: 3 (v1; v2's mailbox, nested tasks, publication and
-/// multi-part progress events; v3's rerun lineage, recovery limit and delayed runs). Every record of an older schema is a
-/// record of this one.
-pub const EVENT_SCHEMA_VERSION: u32 = 3;
+/// The event schema this build writes: 4 (v1; v2's mailbox, nested tasks, publication and
+/// multi-part progress events; v3's rerun lineage, recovery limit and delayed runs; v4's
+/// purge tombstone). Every record of an older schema is a record of this one.
+pub const EVENT_SCHEMA_VERSION: u32 = 4;
 
 /// Milliseconds since the UNIX epoch, as recorded in an event.
 ///
@@ -546,6 +546,24 @@ pub enum Event {
         /// Time.
         at: Timestamp,
     },
+    // ---- schema v4 ----
+    /// The tombstone of a purged stream: the finished task's `records` records were
+    /// deleted, with their commit entries, in the same atomic write that put this record in
+    /// the first one's place, at position 0 — the only record the stream keeps (no record
+    /// may follow it). It chains from `last_digest`, the digest of the last record deleted,
+    /// not from the genesis digest, and `sequences` sums the deleted records' global sequences
+    /// ([`crate::PairHash::of_sequences`]), so that an audit accounts for every sequence
+    /// missing from the commit order. The task's id stays taken.
+    Purged {
+        /// How many records were deleted (positions `0 .. records`).
+        records: u64,
+        /// The order-independent sum of the deleted records' sequences (two lanes).
+        sequences: [u64; 2],
+        /// The chain digest of the last record deleted, which this record chains from.
+        last_digest: [u8; 32],
+        /// Time.
+        at: Timestamp,
+    },
 }
 
 /// The discriminant of an [`Event`], for filters, statistics and display.
@@ -585,11 +603,12 @@ pub enum EventType {
     RerunAs,
     RecoveryLimit,
     NotBefore,
+    Purged,
 }
 
 impl EventType {
     /// Every event type, in schema order.
-    pub const ALL: [Self; 32] = [
+    pub const ALL: [Self; 33] = [
         Self::Created,
         Self::AttemptStarted,
         Self::Heartbeat,
@@ -622,6 +641,7 @@ impl EventType {
         Self::RerunAs,
         Self::RecoveryLimit,
         Self::NotBefore,
+        Self::Purged,
     ];
 
     /// The `snake_case` name used in exports and the CLI.
@@ -660,6 +680,7 @@ impl EventType {
             Self::RerunAs => "rerun_as",
             Self::RecoveryLimit => "recovery_limit",
             Self::NotBefore => "not_before",
+            Self::Purged => "purged",
         }
     }
 
@@ -681,6 +702,7 @@ impl EventType {
                 | Self::RerunAs
                 | Self::RecoveryLimit
                 | Self::NotBefore
+                | Self::Purged
         )
     }
 }
@@ -756,6 +778,7 @@ impl Event {
             Self::RerunAs { .. } => EventType::RerunAs,
             Self::RecoveryLimit { .. } => EventType::RecoveryLimit,
             Self::NotBefore { .. } => EventType::NotBefore,
+            Self::Purged { .. } => EventType::Purged,
         }
     }
 
@@ -794,7 +817,8 @@ impl Event {
             | Self::RerunOf { at, .. }
             | Self::RerunAs { at, .. }
             | Self::RecoveryLimit { at, .. }
-            | Self::NotBefore { at, .. } => *at,
+            | Self::NotBefore { at, .. }
+            | Self::Purged { at, .. } => *at,
         }
     }
 
@@ -873,7 +897,8 @@ impl Event {
             | Self::RerunOf { .. }
             | Self::RerunAs { .. }
             | Self::RecoveryLimit { .. }
-            | Self::NotBefore { .. } => 0,
+            | Self::NotBefore { .. }
+            | Self::Purged { .. } => 0,
         }
     }
 }

@@ -209,7 +209,7 @@ impl Journal {
         .into_iter()
         .filter_map(|op| match op {
             BatchOp::Put { key, value, .. } => Some((key.into_vec(), value.into_vec())),
-            BatchOp::Delete { .. } | BatchOp::Retire { .. } => None,
+            BatchOp::Delete { .. } | BatchOp::Retire { .. } | BatchOp::Purge { .. } => None,
         })
         .collect();
         let backend = crate::postgres::PgBackend::open(location, false, options.durability, seed)?;
@@ -432,18 +432,25 @@ impl Journal {
         self.inner.backend.is_shared()
     }
 
-    fn prepare(&self, task: &str, events: &[Event]) -> Result<EncodedEvents> {
-        let opts = &self.inner.options;
+    /// Checks a task id: valid, and within the limit.
+    fn check_task_id(&self, task: &str) -> Result<()> {
         if !keys::is_valid_task_id(task) {
             return Err(Error::InvalidTaskId(task.to_owned()));
         }
-        if task.len() > opts.max_task_id_bytes {
+        let max = self.inner.options.max_task_id_bytes;
+        if task.len() > max {
             return Err(Error::TooLarge {
                 limit: Limit::TaskId,
                 size: task.len(),
-                max: opts.max_task_id_bytes,
+                max,
             });
         }
+        Ok(())
+    }
+
+    fn prepare(&self, task: &str, events: &[Event]) -> Result<EncodedEvents> {
+        let opts = &self.inner.options;
+        self.check_task_id(task)?;
         if events.is_empty() {
             return Err(Error::EmptyAppend);
         }
@@ -472,6 +479,12 @@ impl Journal {
                         limit: Limit::Record,
                         size: payload.payload().len(),
                         max: max_record,
+                    });
+                }
+                if let Event::Purged { .. } = event {
+                    return Err(Error::NotPurgeable {
+                        task: task.to_owned(),
+                        why: crate::PurgeRefusal::AppendedTombstone,
                     });
                 }
                 let effect = match event.spec() {
@@ -522,17 +535,37 @@ impl Journal {
                 events: self.prepare(other, events)?,
             });
         }
+        self.enqueue(
+            (JobTask::new(task), expected_position, encoded),
+            parts,
+            may_block,
+            runtime,
+            None,
+        )
+    }
+
+    /// Hands a checked and encoded append — its first part and the `linked` ones — to the
+    /// writer thread, or writes it on this thread (see [`Journal::submit`]).
+    pub(crate) fn enqueue(
+        &self,
+        (task, expected, events): (JobTask, u64, EncodedEvents),
+        linked: Vec<LinkedPart>,
+        may_block: fn() -> bool,
+        runtime: Option<tokio::runtime::Handle>,
+        at_seq: Option<u64>,
+    ) -> Result<oneshot::Receiver<Result<Appended>>> {
         let (reply, rx) = oneshot::channel();
         let job = AppendJob {
-            task: JobTask::new(task),
-            expected: expected_position,
-            events: encoded,
-            linked: parts,
+            task,
+            expected,
+            events,
+            linked,
             to: Recipient {
                 reply,
                 submitted: self.inner.shared.observer().map(|_| Instant::now()),
                 runtime,
             },
+            at_seq,
         };
         // A busy journal is seen without touching the writer's lock, which the writer
         // thread holds while it writes a batch.
@@ -663,6 +696,48 @@ impl Journal {
         let reply = self
             .submit_async(task, expected_position, events, linked)
             .await?;
+        Ok(PendingAppend { reply })
+    }
+
+    /// [`Journal::submit_linked_async`] of one stream (submitted without waiting, from any
+    /// thread) whose first record takes global
+    /// sequence `first_seq` — at least the next one; the sequences between are never given
+    /// out — for an import rebuilding a journal bit-exact, the holes its purges left
+    /// included. `events` may be a purged task's tombstone alone ([`Event::Purged`]) at
+    /// position 0 of an empty stream: it is written as the purge wrote it (chained from the
+    /// digest it names), which no other append may do.
+    ///
+    /// # Errors
+    /// [`Error::SequenceTaken`] when `first_seq` was given out already (or is out of range);
+    /// otherwise as for [`Journal::submit_linked_async`].
+    pub fn submit_at_seq(
+        &self,
+        task: &str,
+        expected_position: u64,
+        events: &[Event],
+        first_seq: u64,
+    ) -> Result<PendingAppend> {
+        let encoded = match events {
+            [tombstone @ Event::Purged { last_digest, .. }] if expected_position == 0 => {
+                self.check_task_id(task)?;
+                let payload = record::Unframed::encode(tombstone).map_err(Error::Encode)?;
+                EncodedEvents::from_iter([EncodedEvent {
+                    payload,
+                    effect: IndexEffect::Purge {
+                        seqs: Box::default(),
+                        chain_from: record::Digest(*last_digest),
+                    },
+                }])
+            }
+            events => self.prepare(task, events)?,
+        };
+        let reply = self.enqueue(
+            (JobTask::new(task), expected_position, encoded),
+            Vec::new(),
+            never,
+            None,
+            Some(first_seq),
+        )?;
         Ok(PendingAppend { reply })
     }
 
@@ -1441,7 +1516,7 @@ fn multi_threaded_runtime() -> Option<tokio::runtime::Handle> {
 }
 
 /// Refuses to block: the job goes to the writer thread.
-fn never() -> bool {
+pub(crate) fn never() -> bool {
     false
 }
 

@@ -55,6 +55,7 @@ pub mod observe;
 mod options;
 pub mod postgres;
 #[doc(hidden)]
+mod purge;
 pub mod record;
 mod storage;
 mod stream;
@@ -71,7 +72,9 @@ pub use bulk::{RawRecords, RawStream, Records, StreamScanner};
 pub use commits::Committed;
 #[doc(hidden)]
 pub use commits::{CommitBatches, RawCommits, RecordFetcher, Sealed};
-pub use error::{CorruptionKind, Error, Limit, Result, StorageError, StorageErrorKind};
+pub use error::{
+    CorruptionKind, Error, Limit, PurgeRefusal, Result, StorageError, StorageErrorKind,
+};
 pub use event::{
     Delivery, Event, EventType, ExpiryResolution, LeasePolicy, MetadataEntry, Publication,
     TaskSpec, Timestamp, EVENT_SCHEMA_VERSION,
@@ -82,6 +85,7 @@ pub use journal::{Frozen, Journal, LiveRepair, PendingAppend, WriteState};
 pub use keys::Space;
 pub use observe::WriteObserver;
 pub use options::{Durability, JournalOptions};
+pub use purge::PurgedStream;
 pub use record::{
     Digest, Record, RecordFormat, OLDEST_RECORD_FORMAT_VERSION, RECORD_FORMAT_VERSION,
 };

@@ -127,6 +127,20 @@ impl StreamCheck {
         Checked::One(self.decode(position, value))
     }
 
+    /// Whether `frame`, the first record of its stream, is a purge's tombstone
+    /// ([`Event::Purged`]) chained from the digest it names — the last deleted record's —
+    /// instead of from the genesis digest.
+    fn is_tombstone(&self, frame: &record::Frame<'_>) -> bool {
+        let Ok(record) = (*frame).into_record() else {
+            return false;
+        };
+        matches!(
+            record.event,
+            Event::Purged { records, last_digest, .. }
+                if records > 0 && frame.chains_from(&Digest(last_digest), &self.task)
+        )
+    }
+
     /// Verifies and decodes the record at `position`.
     pub(crate) fn decode(&mut self, position: u64, bytes: &[u8]) -> Result<Record> {
         self.expected = position + 1;
@@ -150,7 +164,9 @@ impl StreamCheck {
             ));
         }
         if let Some(prev) = prev {
-            if !frame.chains_from(&prev, &self.task) {
+            let chained = frame.chains_from(&prev, &self.task)
+                || (position == 0 && self.is_tombstone(&frame));
+            if !chained {
                 return Err(self.err(position, CorruptionKind::Chain));
             }
         }

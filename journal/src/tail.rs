@@ -84,6 +84,36 @@ impl PairHash {
         }
     }
 
+    /// Adds one global sequence (a record's, its key unknown or gone): what a purge's
+    /// tombstone sums the deleted records' sequences with ([`crate::Event::Purged`]) and an
+    /// audit the sequences missing from the commit order with.
+    pub fn add_sequence(&mut self, seq: u64) {
+        self.add(seq, &[]);
+    }
+
+    /// The sum of `seqs` ([`PairHash::add_sequence`] each), as the two lanes a
+    /// [`crate::Event::Purged`] records.
+    #[must_use]
+    pub fn of_sequences(seqs: impl IntoIterator<Item = u64>) -> [u64; 2] {
+        let mut sum = Self::default();
+        for seq in seqs {
+            sum.add_sequence(seq);
+        }
+        sum.lanes
+    }
+
+    /// The two lanes.
+    #[must_use]
+    pub const fn lanes(&self) -> [u64; 2] {
+        self.lanes
+    }
+
+    /// A sum from its two lanes ([`PairHash::lanes`]).
+    #[must_use]
+    pub const fn from_lanes(lanes: [u64; 2]) -> Self {
+        Self { lanes }
+    }
+
     /// Adds every pair of `other`.
     pub fn merge(&mut self, other: &Self) {
         for (lane, h) in self.lanes.iter_mut().zip(other.lanes) {

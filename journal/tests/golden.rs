@@ -1,6 +1,7 @@
 //! Golden fixtures of record format v1 (BLAKE3 chain digests) — one with an event of every
 //! type of event schema v1, one with an event of every type schema v2 added — and of record
-//! format v2 (SHA-256), with every event of both, and one with every type schema v3 added:
+//! format v2 (SHA-256), with every event of both, and one each with every type schemas v3
+//! and v4 added:
 //! the committed bytes must decode to the same events, and encoding those events must give
 //! the same bytes. A failure means the format
 //! drifted: bump `RECORD_FORMAT_VERSION`, add an upcast, and keep the old fixture. Regenerate
@@ -16,6 +17,7 @@ const FIXTURE: &str = "tests/fixtures/format-v1.hex";
 const FIXTURE_V2: &str = "tests/fixtures/schema-v2.hex";
 const FIXTURE_RECORD_V2: &str = "tests/fixtures/record-v2.hex";
 const FIXTURE_V3: &str = "tests/fixtures/schema-v3.hex";
+const FIXTURE_V4: &str = "tests/fixtures/schema-v4.hex";
 const TASK: &str = "golden-task";
 
 /// One event of every type, with fixed values.
@@ -241,6 +243,16 @@ fn events_v3() -> Vec<Event> {
     ]
 }
 
+/// One event of every type event schema v4 added, with fixed values.
+fn events_v4() -> Vec<Event> {
+    vec![Event::Purged {
+        records: 7,
+        sequences: [0x0123_4567_89ab_cdef, 0xfedc_ba98_7654_3210],
+        last_digest: [0x5a; 32],
+        at: Timestamp(1_766_000_000_000),
+    }]
+}
+
 fn encode(format: RecordFormat, events: &[Event]) -> Vec<String> {
     let mut prev = Digest::GENESIS;
     let mut lines = Vec::new();
@@ -292,11 +304,17 @@ fn schema_v3_fixture_decodes_and_reencodes_identically() {
 }
 
 #[test]
+fn schema_v4_fixture_decodes_and_reencodes_identically() {
+    check_fixture(FIXTURE_V4, RecordFormat::SHA256, &events_v4());
+}
+
+#[test]
 fn the_fixtures_hold_every_event_type() {
     let mut types: Vec<EventType> = events()
         .into_iter()
         .chain(events_v2())
         .chain(events_v3())
+        .chain(events_v4())
         .map(|e| e.event_type())
         .collect();
     types.sort();

@@ -204,8 +204,10 @@ pub struct TaskReport {
     pub status: Option<Status>,
     /// The version folded from the stream (same caveat).
     pub version: u64,
-    /// Whether a terminal event is recorded.
+    /// Whether a terminal event is recorded (or the stream is a purge's tombstone).
     pub terminal: bool,
+    /// Whether the stream is the tombstone of a purged task (its records deleted).
+    pub purged: bool,
     /// What is wrong, in stream order.
     pub problems: Vec<Problem>,
 }
@@ -233,6 +235,10 @@ pub struct AuditReport {
     pub live: u64,
     /// Entries of the `outbox` index.
     pub outbox: u64,
+    /// Purged tasks (streams of a tombstone alone).
+    pub purged: u64,
+    /// Records their purges deleted: the sequences the commit index lacks.
+    pub purged_records: u64,
     /// Every problem found: per task in task-id order, then the index cross-checks.
     pub problems: Vec<Problem>,
 }
@@ -302,6 +308,7 @@ impl<'a> TaskChecker<'a> {
                 status: folded.map(|t| t.state.status),
                 version: folded.map_or(0, |t| t.state.version),
                 terminal: self.terminal,
+                purged: view.purged.is_some(),
                 problems: self.problems,
             },
             damaged: view.damage.iter().map(|(position, _)| *position).collect(),
@@ -319,7 +326,7 @@ impl Replay for TaskChecker<'_> {
 
     fn replay(&mut self, record: &Record) -> Result<(), Infallible> {
         (self.on_record)(record);
-        if record.event.is_terminal() {
+        if record.event.is_terminal() || matches!(record.event, Event::Purged { .. }) {
             self.terminal = true;
         }
         track_notifications(self.task, record, &mut self.queued, &mut self.problems);
@@ -649,6 +656,8 @@ struct Collected {
     unacked: BTreeSet<(String, u64)>,
     /// The tail marker the streams call for.
     tail: dtask_journal::Tail,
+    /// The sequences the purge tombstones say they deleted.
+    purged: Holes,
 }
 
 /// Takes the task results in task order and builds the report: everything but the `commits`
@@ -666,6 +675,8 @@ struct Collector<'j> {
     unacked: BTreeSet<(String, u64)>,
     tally: Progress,
     events: Fingerprint,
+    /// The sequences the purge tombstones say they deleted.
+    purged: Holes,
     /// The tail marker the streams call for: their last sequence, and the heads of the tasks
     /// without a terminal event.
     tail: dtask_journal::Tail,
@@ -691,6 +702,7 @@ impl<'j> Collector<'j> {
                 ..Progress::default()
             },
             events: Fingerprint::default(),
+            purged: Holes::default(),
             tail: dtask_journal::Tail::default(),
         }
     }
@@ -751,8 +763,9 @@ impl<'j> Collector<'j> {
     ) -> Result<(), Error> {
         let (mut scan, records) = match outcome {
             pipeline::Outcome::Failed(e) => return Err(e),
-            pipeline::Outcome::Task(scan, records, fingerprint) => {
+            pipeline::Outcome::Task(scan, records, fingerprint, purged) => {
                 self.events.add(&fingerprint);
+                self.purged.merge(&purged);
                 (scan, records)
             }
         };
@@ -791,6 +804,9 @@ impl<'j> Collector<'j> {
         let listed = self.live_until(Some(&task))?;
         check_live(&mut scan.report, listed, !scan.damaged.is_empty());
         self.report.tasks += 1;
+        if scan.report.purged {
+            self.report.purged += 1;
+        }
         self.report.records += scan.report.records;
         self.report.bytes += scan.report.bytes;
         self.tally.tasks += 1;
@@ -812,6 +828,7 @@ impl<'j> Collector<'j> {
     fn finish(mut self) -> Result<(Collected, Fingerprint), Error> {
         self.live_until(None)?;
         let mut report = self.report;
+        report.purged_records = self.purged.count;
         report.problems = self.live_unreadable;
         report.problems.append(&mut self.task_problems);
         report.problems.append(&mut self.live_unknown);
@@ -821,6 +838,7 @@ impl<'j> Collector<'j> {
                 damaged: self.damaged,
                 unacked: self.unacked,
                 tail: self.tail,
+                purged: self.purged,
             },
             self.events,
         ))
@@ -839,12 +857,26 @@ fn finish(
         damaged,
         mut unacked,
         tail,
+        purged,
     } = collected;
     let is_damaged =
         |task: &str, position: u64| damaged.get(task).is_some_and(|d| d.contains(&position));
-    if !commits.agrees_with(events) {
+    let holes_accounted = commits.missing == purged;
+    if !commits.agrees_with(events) || !holes_accounted {
         // Something is wrong with the index: walk it entry by entry to say what.
-        check_commits(journal, &is_damaged, &mut report.problems)?;
+        check_commits(journal, &is_damaged, holes_accounted, &mut report.problems)?;
+        if !holes_accounted && purged.count > 0 {
+            report.problems.push(Problem::new(
+                "",
+                None,
+                ProblemKind::CommitIndex,
+                format!(
+                    "the purge tombstones account for {} deleted sequences, the commit index \
+                     lacks {} (or others)",
+                    purged.count, commits.missing.count
+                ),
+            ));
+        }
     }
     report.outbox = check_outbox(
         journal,
@@ -1003,34 +1035,65 @@ impl Fingerprint {
     }
 }
 
-/// One pass over the `commits` index: whether it is dense from 1 with well-formed keys, and
-/// the fingerprint of its (sequence, event key) entries.
+/// A set of global sequences, summed order-independently
+/// ([`dtask_journal::PairHash::add_sequence`]), and their count: those missing from the
+/// commit index, and those the purge tombstones say they deleted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Holes {
+    sum: dtask_journal::PairHash,
+    count: u64,
+}
+
+impl Holes {
+    fn merge(&mut self, other: &Self) {
+        self.sum.merge(&other.sum);
+        self.count += other.count;
+    }
+}
+
+/// The longest run of sequences missing from the commit index that the audit sums up one by
+/// one; a longer one (a forged entry's sequence, say) is reported, not walked.
+const MAX_HOLE: u64 = 1 << 32;
+
+/// One pass over the `commits` index: whether it is in order from 1 with well-formed keys,
+/// the sequences missing from it (a purge's, or lost), and the fingerprint of its
+/// (sequence, event key) entries.
 struct CommitSummary {
-    dense: bool,
+    ordered: bool,
+    missing: Holes,
     fingerprint: Fingerprint,
 }
 
 impl CommitSummary {
     fn read(journal: &Journal) -> Result<Self, Error> {
         let mut summary = Self {
-            dense: true,
+            ordered: true,
+            missing: Holes::default(),
             fingerprint: Fingerprint::default(),
         };
         let mut next = 1u64;
-        journal.for_each_commit_entry(&mut |seq, value| {
-            match seq {
-                Some(seq) if seq == next => summary.fingerprint.add_pair(seq, value),
-                _ => summary.dense = false,
+        journal.for_each_commit_entry(&mut |seq, value| match seq {
+            Some(seq) if seq >= next && seq - next <= MAX_HOLE => {
+                for hole in next..seq {
+                    summary.missing.sum.add_sequence(hole);
+                    summary.missing.count += 1;
+                }
+                summary.fingerprint.add_pair(seq, value);
+                next = seq + 1;
             }
-            next += 1;
+            _ => {
+                summary.ordered = false;
+                next += 1;
+            }
         })?;
         Ok(summary)
     }
 
     /// Whether the index holds exactly the (sequence, key) pairs of the intact records, so
-    /// that an entry-by-entry check would find nothing.
+    /// that an entry-by-entry check would find nothing (its holes are compared with the
+    /// purges' apart).
     fn agrees_with(&self, events: &Fingerprint) -> bool {
-        self.dense && !events.opaque && self.fingerprint == *events
+        self.ordered && !events.opaque && self.fingerprint == *events
     }
 }
 
@@ -1040,7 +1103,7 @@ impl CommitSummary {
 /// batches are with the workers and as many wait in the channel, so memory is bounded by the
 /// batch size, not by the journal.
 mod pipeline {
-    use super::{scan_records, Fingerprint, Scan};
+    use super::{scan_records, Fingerprint, Holes, Scan};
     use dtask_journal::{Error, Journal, RawStream};
     use std::sync::mpsc::{self, Receiver};
     use std::thread::{Scope, ScopedJoinHandle};
@@ -1053,8 +1116,9 @@ mod pipeline {
 
     /// A task's result.
     pub(super) enum Outcome {
-        /// The scan, the (position, sequence) of every intact record, and their fingerprint.
-        Task(Scan, Vec<(u64, u64)>, Fingerprint),
+        /// The scan, the (position, sequence) of every intact record, their fingerprint,
+        /// and the sequences a purge tombstone among them says it deleted.
+        Task(Scan, Vec<(u64, u64)>, Fingerprint, Holes),
         /// The journal could not be read.
         Failed(Error),
     }
@@ -1105,7 +1169,17 @@ mod pipeline {
             opaque: pairs.is_none(),
             ..Fingerprint::default()
         };
+        let mut purged = Holes::default();
         let mut on_record = |record: &dtask_journal::Record| {
+            if let dtask_journal::Event::Purged {
+                records, sequences, ..
+            } = &record.event
+            {
+                purged
+                    .sum
+                    .merge(&dtask_journal::PairHash::from_lanes(*sequences));
+                purged.count += records;
+            }
             seqs.push((record.position, record.seq));
             if let Some(pairs) = &mut pairs {
                 pairs.add(&mut fingerprint.pairs, record.position, record.seq);
@@ -1124,18 +1198,20 @@ mod pipeline {
                          stream in `events` first, would read part of it",
                     ));
                 }
-                Outcome::Task(scan, seqs, fingerprint)
+                Outcome::Task(scan, seqs, fingerprint, purged)
             }
             Err(e) => Outcome::Failed(e),
         }
     }
 }
 
-/// Checks that the commit index is dense from 1 and that every entry points at a record
-/// carrying that sequence.
+/// Checks that the commit index is dense from 1 — but for the holes of purges, when
+/// `holes_accounted` (the sequences missing are those the purge tombstones deleted) — and
+/// that every entry points at a record carrying that sequence.
 fn check_commits(
     journal: &Journal,
     damaged: &dyn Fn(&str, u64) -> bool,
+    holes_accounted: bool,
     problems: &mut Vec<Problem>,
 ) -> Result<(), Error> {
     let mut next = 1u64;
@@ -1144,7 +1220,7 @@ fn check_commits(
         match item {
             Ok(c) => {
                 let seq = c.record.seq;
-                if seq > next {
+                if seq > next && !holes_accounted {
                     problems.push(Problem::new(
                         &c.task,
                         Some(c.record.position),

@@ -131,6 +131,16 @@ pub enum FoldError {
     /// A `recovery_limit` after the task's first attempt, or a second one.
     #[error("recovery limit recorded {0}")]
     RecoveryLimit(&'static str),
+    /// The stream is the tombstone of a purged task ([`Event::Purged`]): the task's
+    /// records were deleted, and there is no state to fold. Not damage: what a read of a
+    /// purged task finds.
+    #[error("the task was purged at {at} ms ({records} records deleted)")]
+    Purged {
+        /// How many records were deleted.
+        records: u64,
+        /// When, in milliseconds since the UNIX epoch.
+        at: u64,
+    },
     /// An attempt started before the task's `not_before`.
     #[error("attempt started at {at} ms, before the task's not-before time {until} ms")]
     NotDue {
@@ -215,13 +225,18 @@ impl Task {
     /// context are copied.
     ///
     /// # Errors
-    /// [`FoldError::NotCreatedFirst`] for another event, [`FoldError::WrongTask`] when the
-    /// spec names another task.
+    /// [`FoldError::NotCreatedFirst`] for another event, [`FoldError::Purged`] for the
+    /// tombstone of a purged stream, [`FoldError::WrongTask`] when the spec names another
+    /// task.
     pub fn created(id: &str, event: &Event) -> Result<Self, FoldError> {
         match event {
             Event::Created { .. } | Event::CreatedV2 { .. } => {
                 Self::from_created(id, event.clone())
             }
+            Event::Purged { records, at, .. } => Err(FoldError::Purged {
+                records: *records,
+                at: at.as_millis(),
+            }),
             _ => Err(FoldError::NotCreatedFirst(event.event_type())),
         }
     }
@@ -270,6 +285,12 @@ impl Task {
                     root_session_id,
                     at,
                 ),
+                Event::Purged { records, at, .. } => {
+                    return Err(FoldError::Purged {
+                        records,
+                        at: at.as_millis(),
+                    })
+                }
                 other => return Err(FoldError::NotCreatedFirst(other.event_type())),
             };
         if spec.id != id {
@@ -528,6 +549,8 @@ impl Task {
                     return Err(illegal());
                 }
             }
+            // A tombstone stands first in its stream, alone.
+            Event::Purged { .. } => return Err(illegal()),
             Event::AttemptStarted { attempt, at, .. } => {
                 if s.status != Status::Pending {
                     return Err(illegal());
@@ -658,7 +681,8 @@ impl Task {
         }
         let s = &mut self.state;
         match event {
-            Event::Created { .. } | Event::CreatedV2 { .. } => {}
+            // `check` refuses a tombstone after the first record.
+            Event::Created { .. } | Event::CreatedV2 { .. } | Event::Purged { .. } => {}
             Event::ChildCreated { child_id, .. } => {
                 grow(&mut self.layer).children.insert(child_id.clone());
             }

@@ -212,6 +212,9 @@ pub struct FoldView {
     pub damage: Vec<(u64, CorruptionKind)>,
     /// The first record that could not follow the state before it, and why.
     pub illegal: Option<(u64, FoldError)>,
+    /// The stream is a purged task's tombstone: how many records were deleted and when it
+    /// was purged. `task` is `None` then, and nothing is wrong.
+    pub purged: Option<(u64, dtask_journal::Timestamp)>,
 }
 
 impl FoldView {
@@ -312,7 +315,16 @@ impl Replay for FoldView {
         self.bytes += record.size as u64;
         if self.is_folding() {
             let applied = match self.task.as_mut() {
-                None => Task::created(&self.id, &record.event).map(|t| self.task = Some(t)),
+                None if self.purged.is_some() => {
+                    Err(FoldError::AfterTerminal(record.event.event_type()))
+                }
+                None => match &record.event {
+                    dtask_journal::Event::Purged { records, at, .. } => {
+                        self.purged = Some((*records, *at));
+                        Ok(())
+                    }
+                    event => Task::created(&self.id, event).map(|t| self.task = Some(t)),
+                },
                 Some(t) => t.apply(&record.event),
             };
             if let Err(e) = applied {

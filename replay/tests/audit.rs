@@ -1218,3 +1218,197 @@ fn the_views_of_one_pass_are_those_of_reading_each_task() {
         ("running", 3, 1)
     );
 }
+
+/// The records of `task` as read back: (position, event type).
+fn stream(j: &Journal, task: &str) -> Vec<(u64, dtask_journal::EventType)> {
+    j.read_stream(task, 0)
+        .map(|r| r.map(|r| (r.position, r.event.event_type())))
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
+#[test]
+fn a_purged_task_keeps_its_tombstone_alone_and_the_journal_audits_clean() {
+    for apart in [true, false] {
+        let dir = tempfile::tempdir().unwrap();
+        build(dir.path());
+        let options = JournalOptions::default().with_keep_finished_apart(apart);
+        let j = Journal::open(dir.path(), options.clone()).unwrap();
+        let purged = j.purge(&["done"], Timestamp(40)).unwrap();
+        assert_eq!((purged[0].task.as_str(), purged[0].records), ("done", 6));
+        assert_eq!(stream(&j, "done"), [(0, dtask_journal::EventType::Purged)]);
+        let view = FoldView::read(&j, "done", |_| {}).unwrap();
+        assert_eq!(view.purged, Some((6, Timestamp(40))));
+        assert!(view.task.is_none() && !view.has_problems());
+        let err = dtask_replay::load_task(&j, "done").unwrap_err();
+        assert!(
+            matches!(
+                err,
+                dtask_replay::ReplayError::Rejected {
+                    error: dtask_replay::FoldError::Purged { records: 6, at: 40 },
+                    ..
+                }
+            ),
+            "{err}"
+        );
+        drop(j);
+        let report = audit(dir.path());
+        assert!(report.is_clean(), "apart {apart}: {:?}", report.problems);
+        assert_eq!(
+            (
+                report.tasks,
+                report.records,
+                report.purged,
+                report.purged_records
+            ),
+            (2, 5, 1, 6)
+        );
+
+        // Reopened: the id stays taken, the stream goes on from its tombstone's head, and a
+        // second purge leaves the commit order with two tasks' holes, accounted.
+        let j = Journal::open(dir.path(), options).unwrap();
+        assert!(matches!(
+            j.append("done", 0, &[created("done", LeasePolicy::Retry)]),
+            Err(dtask_journal::Error::Conflict { actual: 1, .. })
+        ));
+        j.append("running", 4, &[completed()]).unwrap();
+        j.append("later", 0, &[created("later", LeasePolicy::Retry)])
+            .unwrap();
+        j.purge(&["running"], Timestamp(50)).unwrap();
+        assert_eq!(
+            stream(&j, "running"),
+            [(0, dtask_journal::EventType::Purged)]
+        );
+        drop(j);
+        let report = audit(dir.path());
+        assert!(report.is_clean(), "apart {apart}: {:?}", report.problems);
+        assert_eq!(
+            (
+                report.tasks,
+                report.purged,
+                report.purged_records,
+                report.live
+            ),
+            (3, 2, 11, 1)
+        );
+        let listed: Vec<_> = FoldViews::new(&Journal::open_read_only(dir.path()).unwrap(), None)
+            .map(|v| {
+                let v = v.unwrap();
+                (v.id().to_owned(), v.purged.is_some(), v.task.is_some())
+            })
+            .collect();
+        assert_eq!(
+            listed,
+            [
+                ("done".into(), true, false),
+                ("later".into(), false, true),
+                ("running".into(), true, false)
+            ]
+        );
+    }
+}
+
+#[test]
+fn a_purge_is_refused_with_nothing_written_where_it_may_not_go() {
+    use dtask_journal::{Error, PurgeRefusal};
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    let j = journal(dir.path());
+    j.append("queued", 0, &[created("queued", LeasePolicy::Retry)])
+        .unwrap();
+    let cancel = Event::CancelRequested {
+        reason: "stop".into(),
+        lease_deadline: None,
+        direct: true,
+        at: Timestamp(12),
+    };
+    j.append("queued", 1, &[cancel, notify("queued:1:canceled", 2)])
+        .unwrap();
+    let before = j.last_seq().unwrap();
+    let refused = |tasks: &[&str]| j.purge(tasks, Timestamp(40)).unwrap_err();
+    let why = |e: Error| match e {
+        Error::NotPurgeable { task, why } => (task, why),
+        e => panic!("{e}"),
+    };
+    assert_eq!(
+        why(refused(&["running"])),
+        ("running".into(), PurgeRefusal::NotEnded)
+    );
+    assert_eq!(
+        why(refused(&["nobody"])),
+        ("nobody".into(), PurgeRefusal::Unknown)
+    );
+    assert_eq!(
+        why(refused(&["queued"])),
+        ("queued".into(), PurgeRefusal::QueuedNotification)
+    );
+    // All or nothing: one refusal among several purges none.
+    assert_eq!(
+        why(refused(&["done", "running"])),
+        ("running".into(), PurgeRefusal::NotEnded)
+    );
+    assert!(matches!(refused(&["done", "done"]), Error::DuplicateStream(t) if t == "done"));
+    let tombstone = Event::Purged {
+        records: 6,
+        sequences: [0, 0],
+        last_digest: [0; 32],
+        at: Timestamp(40),
+    };
+    assert_eq!(
+        why(j.append("done", 6, &[tombstone]).unwrap_err()),
+        ("done".into(), PurgeRefusal::AppendedTombstone)
+    );
+    assert_eq!(j.last_seq().unwrap(), before);
+    assert_eq!(stream(&j, "done").len(), 6);
+    j.purge(&["done"], Timestamp(40)).unwrap();
+    assert_eq!(
+        why(refused(&["done"])),
+        ("done".into(), PurgeRefusal::AlreadyPurged)
+    );
+    drop(j);
+    let report = audit(dir.path());
+    assert!(report.is_clean(), "{:?}", report.problems);
+}
+
+#[test]
+fn holes_the_purges_do_not_account_for_are_reported() {
+    let purged = |dir: &Path| {
+        build(dir);
+        let j = journal(dir);
+        j.purge(&["done"], Timestamp(40)).unwrap();
+    };
+    // A commit entry of a record still there deleted behind the journal's back.
+    let dir = tempfile::tempdir().unwrap();
+    purged(dir.path());
+    tamper(dir.path(), |db| {
+        db.delete_cf(cf(db, Space::Commits), keys::seq_key(5))
+            .unwrap();
+    });
+    let report = audit(dir.path());
+    assert!(
+        report
+            .problems
+            .iter()
+            .any(|p| p.kind == ProblemKind::CommitIndex && p.detail.contains("sequence 5")),
+        "{:?}",
+        report.problems
+    );
+    assert!(report
+        .problems
+        .iter()
+        .any(|p| p.detail.contains("the purge tombstones account for 6")));
+    // The tombstone itself deleted: its stream is gone and nothing accounts for the holes.
+    let dir = tempfile::tempdir().unwrap();
+    purged(dir.path());
+    tamper(dir.path(), |db| {
+        db.delete_cf(records_cf(db, "done"), keys::event_key("done", 0))
+            .unwrap();
+    });
+    let report = audit(dir.path());
+    assert!(!report.is_clean());
+    assert_eq!(report.purged, 0);
+    assert!(report
+        .problems
+        .iter()
+        .any(|p| p.kind == ProblemKind::CommitIndex && p.detail.contains("sequences 1..3")));
+}

@@ -111,6 +111,31 @@ fn write_export(
     finish_export(w, records, written)
 }
 
+/// Writes the export of `tasks` (the whole journal when empty) to the file at `path`, made
+/// durable before this returns; returns the number of records.
+pub(super) fn export_to_file(
+    journal: &Journal,
+    tasks: &[String],
+    bytes: Bytes,
+    path: &std::path::Path,
+) -> Result<u64> {
+    let file = std::fs::File::create(path)
+        .map_err(CliError::io(format!("creating {}", path.display())))?;
+    let mut w = std::io::BufWriter::new(file);
+    let n = write_export(journal, tasks, bytes, &mut w)?;
+    let file = w.into_inner().map_err(|e| CliError::Io {
+        context: format!("writing {}", path.display()),
+        source: e.into_error(),
+    })?;
+    // Only regular files can be synced (not /dev/null or a pipe).
+    let regular = file.metadata().is_ok_and(|m| m.is_file());
+    if regular {
+        file.sync_all()
+            .map_err(CliError::io(format!("syncing {}", path.display())))?;
+    }
+    Ok(n)
+}
+
 fn write_header(
     w: &mut dyn Write,
     journal: &Journal,
@@ -151,7 +176,14 @@ type Formatted = (Vec<u8>, u64, Option<CliError>);
 fn write_journal_export(journal: &Journal, bytes: Bytes, w: &mut dyn Write) -> Result<u64> {
     use std::sync::mpsc;
     use std::sync::{Arc, Mutex};
-    let records = journal.last_seq()?;
+    // The records the commit index names: the last sequence, less those purges deleted.
+    let last = journal.last_seq()?;
+    let mut records = 0u64;
+    journal.for_each_commit_entry(&mut |seq, _| {
+        if seq.is_some_and(|seq| seq <= last) {
+            records += 1;
+        }
+    })?;
     write_header(w, journal, Scope::Journal, records, bytes)?;
     let bar = progress(records, "exporting");
     let (token_tx, token_rx) = mpsc::sync_channel::<()>(IN_FLIGHT);
@@ -257,21 +289,7 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
     let journal = frozen.journal();
     let bytes = codec::bytes(args.no_payload);
     let written = if let Some(path) = &args.output {
-        let file = std::fs::File::create(path)
-            .map_err(CliError::io(format!("creating {}", path.display())))?;
-        let mut w = std::io::BufWriter::new(file);
-        let n = write_export(journal, &args.tasks, bytes, &mut w)?;
-        let file = w.into_inner().map_err(|e| CliError::Io {
-            context: format!("writing {}", path.display()),
-            source: e.into_error(),
-        })?;
-        // Only regular files can be synced (not /dev/null or a pipe).
-        let regular = file.metadata().is_ok_and(|m| m.is_file());
-        if regular {
-            file.sync_all()
-                .map_err(CliError::io(format!("syncing {}", path.display())))?;
-        }
-        n
+        export_to_file(journal, &args.tasks, bytes, path)?
     } else {
         let mut w = std::io::BufWriter::new(std::io::stdout().lock());
         write_export(journal, &args.tasks, bytes, &mut w)?

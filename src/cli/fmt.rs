@@ -272,6 +272,7 @@ pub fn summary(event: &Event) -> String {
         Event::RerunOf { task, .. } | Event::RerunAs { task, .. } => format!("task={task}"),
         Event::RecoveryLimit { max_recoveries, .. } => format!("max_recoveries={max_recoveries}"),
         Event::NotBefore { until, .. } => format!("until={}", time(*until)),
+        Event::Purged { records, .. } => format!("records={records}"),
     }
 }
 

@@ -10,6 +10,7 @@ mod fmt;
 mod import;
 mod location;
 mod migrate;
+mod purge;
 mod replay;
 mod serve;
 mod show;
@@ -73,6 +74,9 @@ enum Command {
     /// Bring the journal's format (and a PostgreSQL journal's schema) up to this build's;
     /// `--check` only says whether anything is pending (exit 1 when it is).
     Migrate(migrate::Args),
+    /// Delete finished tasks' records (by name, or those that ended before a time), one
+    /// tombstone kept a task; in atomic batches, resumable; `--dry-run` only counts.
+    Purge(purge::Args),
     /// Print the last records in global order, or follow a live journal.
     Tail(tail::Args),
     /// Run a sample workload on an embedded journal and show what happened.
@@ -201,6 +205,7 @@ pub fn run() -> ExitCode {
         Command::Replay(args) => replay::run(&global, &args),
         Command::Stats(args) => stats::run(&global, &args),
         Command::Migrate(args) => migrate::run(&global, &args),
+        Command::Purge(args) => purge::run(&global, &args),
         Command::Tail(args) => tail::run(&global, &args),
         Command::Demo(args) => demo::run(&global, &args),
         Command::Serve(args) => serve::run(&global, &args),

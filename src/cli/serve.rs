@@ -41,6 +41,31 @@ pub struct Args {
     /// share a PostgreSQL journal. Default: 1000 on a PostgreSQL journal, 0 on an embedded one.
     #[arg(long, value_name = "MS", conflicts_with = "read_only")]
     expiry_grace: Option<u64>,
+    /// Purge the root tasks that ended longer ago than this (with their nested tasks): a
+    /// number with a unit, `s`, `m`, `h` or `d` (`30d`). Swept every `--retain-every`.
+    #[arg(long, value_name = "AGE", value_parser = parse_age, conflicts_with = "read_only")]
+    retain: Option<Duration>,
+    /// How often the retention sweep runs (with --retain).
+    #[arg(long, value_name = "AGE", value_parser = parse_age, default_value = "1h", requires = "retain")]
+    retain_every: Duration,
+}
+
+/// An age: a whole number and a unit, `s`, `m`, `h` or `d`.
+fn parse_age(text: &str) -> std::result::Result<Duration, String> {
+    let bad = || format!("bad age {text:?}: a whole number and s, m, h or d (`30d`, `12h`)");
+    let unit = text.chars().last().ok_or_else(bad)?;
+    let seconds = match unit {
+        's' => 1,
+        'm' => 60,
+        'h' => 3600,
+        'd' => 86_400,
+        _ => return Err(bad()),
+    };
+    let n: u64 = text[..text.len() - 1].parse().map_err(|_| bad())?;
+    n.checked_mul(seconds)
+        .filter(|s| *s > 0)
+        .map(Duration::from_secs)
+        .ok_or_else(bad)
 }
 
 /// The expiry grace of a node that does not say (`--expiry-grace`): a second where other
@@ -72,6 +97,7 @@ async fn serve(global: &Global, args: &Args) -> Result<()> {
     }
     let mut scratch = None;
     let mut sweeper = None;
+    let mut retention = None;
     let mut follower = None;
     let at = global.at()?;
     let (server, mode) = if args.read_only {
@@ -100,6 +126,9 @@ async fn serve(global: &Global, args: &Args) -> Result<()> {
             );
         }
         sweeper = Some(store.spawn_sweeper(Duration::from_secs(1)));
+        if let Some(retain) = args.retain {
+            retention = Some(store.spawn_retention(retain, args.retain_every));
+        }
         if store.journal().is_shared() {
             // Other processes write this journal too: follow their commits.
             follower = Some(store.spawn_follower());
@@ -124,7 +153,7 @@ async fn serve(global: &Global, args: &Args) -> Result<()> {
             }
         })
         .await;
-    for task in [sweeper, follower].into_iter().flatten() {
+    for task in [sweeper, follower, retention].into_iter().flatten() {
         task.abort();
     }
     eprintln!("dtask serve: stopped");

@@ -396,7 +396,10 @@ impl Timeline {
             ),
             // The lineage is the state's (`rerun of`, `rerun as`); the records' times are
             // in the event list.
-            Event::RerunOf { .. } | Event::RerunAs { .. } | Event::RecoveryLimit { .. } => {}
+            Event::RerunOf { .. }
+            | Event::RerunAs { .. }
+            | Event::RecoveryLimit { .. }
+            | Event::Purged { .. } => {}
             Event::NotBefore { until, .. } => self.waits.push(
                 Entry::new(record, "not_before").field("until", until.0.into(), fmt::time(*until)),
             ),
@@ -721,6 +724,26 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
         timeline.add(r, show);
         agent.add(r);
     })?;
+    if let (Some((records, at)), None) = (folded.purged, &folded.task) {
+        let mut out = Out::new();
+        if global.json {
+            out.json(&json!({
+                "task": args.task,
+                "purged": { "records": records, "at": at.0 },
+                "problems": folded.problems(),
+            }))?;
+        } else {
+            out.line(format!(
+                "task {}: purged at {} ({} deleted; its tombstone is left, and its id stays \
+                 taken)",
+                args.task,
+                fmt::time(at),
+                fmt::count(records, "record")
+            ))?;
+        }
+        out.flush()?;
+        return Ok(());
+    }
     let task = folded.task.as_ref().ok_or_else(|| {
         CliError::Problems(format!(
             "task {:?} does not fold: {}",

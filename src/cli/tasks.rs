@@ -109,6 +109,10 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
     for folded in FoldViews::new(&journal, after) {
         let folded = folded?;
         bar.inc(folded.records);
+        if folded.purged.is_some() {
+            // Purged: its tombstone alone is left (`dtask show` says when).
+            continue;
+        }
         let id = folded.id().to_owned();
         let problem = folded.has_problems().then(|| folded.problems().join("; "));
         let row = match &folded.task {

@@ -23,8 +23,17 @@ fn print(out: &mut Out, report: &AuditReport, scope: &str) -> Result<()> {
     } else {
         fmt::count(report.problems.len() as u64, "problem")
     };
+    let purged = if report.purged > 0 {
+        format!(
+            ", {} purged ({} deleted)",
+            report.purged,
+            fmt::count(report.purged_records, "record")
+        )
+    } else {
+        String::new()
+    };
     out.line(format!(
-        "verified {scope}: {}, {} ({}), last sequence {}, {} live, {}: {verdict}",
+        "verified {scope}: {}, {} ({}), last sequence {}, {} live, {}{purged}: {verdict}",
         fmt::count(report.tasks, "task"),
         fmt::count(report.records, "record"),
         fmt::size(report.bytes),

@@ -4,9 +4,9 @@ use super::error::ErrorBody;
 use super::extract::{ApiPath, ApiQuery, JsonBody, OptionalJsonBody};
 use super::metrics::Scrape;
 use super::model::{
-    BytesQuery, CancelBody, InputBody, InputView, ListQuery, RecordPage, RecordsQuery, ReleaseBody,
-    RerunBody, ResumeBody, StateAt, StateQuery, Stats, StorageView, SubmitBody, TaskDetail,
-    TaskList, TaskStateView, UpdatePage, UpdatesQuery, VerifyQuery, VerifyReport,
+    BytesQuery, CancelBody, InputBody, InputView, ListQuery, PurgeView, RecordPage, RecordsQuery,
+    ReleaseBody, RerunBody, ResumeBody, StateAt, StateQuery, Stats, StorageView, SubmitBody,
+    TaskDetail, TaskList, TaskStateView, UpdatePage, UpdatesQuery, VerifyQuery, VerifyReport,
 };
 use super::sse::{self, Scope};
 use super::{read, ApiError, Shared};
@@ -80,6 +80,7 @@ pub async fn list_tasks(
     responses(
         (status = 200, description = "The task, folded from its stream", body = TaskDetail),
         (status = 404, description = "No such task", body = ErrorBody),
+        (status = 410, description = "The task was purged: only its tombstone is left", body = ErrorBody),
     )
 )]
 pub async fn get_task(
@@ -284,6 +285,29 @@ pub async fn rerun(
 ) -> Result<Response, ApiError> {
     let state = owner(&shared)?.rerun(&id, body).await?;
     Ok((StatusCode::CREATED, Json(TaskStateView::of(&state, false))).into_response())
+}
+
+/// Purges a finished root task (owner mode): its records, and its nested tasks', are
+/// deleted from the journal, one tombstone a task kept; the id stays taken. Reads of it
+/// answer 410 from then on.
+#[utoipa::path(
+    delete, path = "/api/tasks/{id}", tag = "control",
+    params(("id" = String, Path, description = "The finished root task")),
+    responses(
+        (status = 200, description = "What each purged stream lost, the root's first", body = PurgeView),
+        (status = 400, description = "A nested task (purge its root)", body = ErrorBody),
+        WriteRefusals,
+        (status = 404, description = "No such task", body = ErrorBody),
+        (status = 409, description = "The task (or a nested task) has not ended, or a notification of it is still queued", body = ErrorBody),
+        (status = 410, description = "The task was purged before", body = ErrorBody),
+    )
+)]
+pub async fn purge_task(
+    State(shared): State<Arc<Shared>>,
+    ApiPath(id): ApiPath<String>,
+) -> Api<PurgeView> {
+    let purged = owner(&shared)?.store.purge(&id).await?;
+    Ok(Json(PurgeView::of(&purged)))
 }
 
 /// Audits the journal (or one task): CRCs, hash chains, legality, indexes. One audit runs at

@@ -99,6 +99,19 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, "out_of_range", message)
     }
 
+    /// 410 `purged`: the task's records were deleted by a purge.
+    #[must_use]
+    pub fn purged(id: &str, records: u64, at: dtask_journal::Timestamp) -> Self {
+        Self::new(
+            StatusCode::GONE,
+            "purged",
+            format!(
+                "task {id:?} was purged at {} ms since the epoch ({records} records deleted)",
+                at.as_millis()
+            ),
+        )
+    }
+
     /// 404 `not_found` for a task.
     pub fn no_task(id: &str) -> Self {
         Self::new(
@@ -161,6 +174,10 @@ impl From<dtask_journal::Error> for ApiError {
             e if e.is_no_space() => {
                 Self::new(StatusCode::INSUFFICIENT_STORAGE, "disk_full", e.to_string())
             }
+            e @ (dtask_journal::Error::NotPurgeable { .. }
+            | dtask_journal::Error::Conflict { .. }) => {
+                Self::new(StatusCode::CONFLICT, "conflict", e.to_string())
+            }
             e @ dtask_journal::Error::Stopped(_) => Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "journal_stopped",
@@ -194,6 +211,7 @@ impl From<StoreError> for ApiError {
             }
             StoreError::InvalidCursor(_) => Self::invalid_cursor(message),
             StoreError::NotFound(_) => Self::new(StatusCode::NOT_FOUND, "not_found", message),
+            StoreError::Purged { .. } => Self::new(StatusCode::GONE, "purged", message),
             StoreError::AlreadyExists(_)
             | StoreError::VersionConflict { .. }
             | StoreError::LeaseLost(_)

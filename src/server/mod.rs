@@ -231,7 +231,10 @@ impl Server {
             .route("/assets/style.css", get(web::style))
             .route("/favicon.ico", get(web::favicon))
             .route("/api/tasks", get(api::list_tasks).post(api::submit))
-            .route("/api/tasks/{id}", get(api::get_task))
+            .route(
+                "/api/tasks/{id}",
+                get(api::get_task).delete(api::purge_task),
+            )
             .route("/api/tasks/{id}/records", get(api::get_records))
             .route("/api/tasks/{id}/state", get(api::get_state))
             .route("/api/tasks/{id}/updates", get(api::get_updates))

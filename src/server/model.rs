@@ -498,6 +498,41 @@ pub struct RerunBody {
     pub id: Option<String>,
 }
 
+/// `DELETE /api/tasks/{id}`: what a purge deleted.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct PurgeView {
+    /// Each purged stream: the root task's first, then its nested tasks'.
+    pub purged: Vec<PurgedStreamView>,
+}
+
+/// One stream a purge deleted the records of.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct PurgedStreamView {
+    /// The task.
+    pub task: String,
+    /// Records deleted.
+    pub records: u64,
+    /// Bytes of the records deleted.
+    pub bytes: u64,
+}
+
+impl PurgeView {
+    /// The view of a purge's outcome.
+    #[must_use]
+    pub fn of(purged: &[dtask_journal::PurgedStream]) -> Self {
+        Self {
+            purged: purged
+                .iter()
+                .map(|p| PurgedStreamView {
+                    task: p.task.clone(),
+                    records: p.records,
+                    bytes: p.bytes,
+                })
+                .collect(),
+        }
+    }
+}
+
 /// `POST /api/tasks/{id}/resume`: input for a task waiting for it.
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

@@ -36,6 +36,9 @@ struct Counts {
     /// Tasks the first count folded past the sequence it started at, with the last sequence
     /// it folded: the pump skips their records up to it.
     counted_past: HashMap<String, u64>,
+    /// A purge's tombstone was applied: what the purged tasks counted for is unknown here,
+    /// so the journal is counted again ([`Projection::needs_recount`]).
+    recount: bool,
 }
 
 /// A snapshot of the counts.
@@ -117,6 +120,11 @@ impl Projection {
             };
             let view = view?;
             let id = view.id().to_owned();
+            if view.purged.is_some() {
+                // Purged: counted for nothing (its records are gone; its tombstone is not a
+                // task's).
+                continue;
+            }
             if !view.exists() {
                 // Written and not yet durable (an embedded journal's readers stop at its
                 // durable watermark, and so does `start`): the pump counts it from its first
@@ -158,6 +166,16 @@ impl Projection {
     /// Applies a record read from the commits after the first count.
     pub fn apply(&self, task: &str, record: &Record) {
         let mut c = self.counts.lock();
+        if c.counted && record.seq <= c.last_seq {
+            // Counted already (by a count made after the pump read it).
+            return;
+        }
+        if c.recount || matches!(record.event, dtask_journal::Event::Purged { .. }) {
+            // Not read up to here until the count made again (which reads this record too)
+            // says so.
+            c.recount = true;
+            return;
+        }
         c.last_seq = c.last_seq.max(record.seq);
         if c.counted_past
             .get(task)
@@ -199,6 +217,12 @@ impl Projection {
                 *c.by_executor.entry("?".to_owned()).or_default() += 1;
             }
         }
+    }
+
+    /// Whether a purge was applied since the last count: the pump then counts the journal
+    /// again ([`Projection::count`]), and the records it read before are not applied twice.
+    pub fn needs_recount(&self) -> bool {
+        self.counts.lock().recount
     }
 
     /// The counts now.

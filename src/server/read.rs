@@ -194,9 +194,9 @@ pub fn list_tasks(journal: &Journal, query: &ListQuery) -> Result<TaskList, ApiE
         scanned += 1;
         let id = view.id().to_owned();
         last = Some(id.clone());
-        if !view.exists() {
+        if !view.exists() || view.purged.is_some() {
             // Written and not yet durable (an embedded journal's readers stop at its durable
-            // watermark): not a task to show yet.
+            // watermark): not a task to show yet. Or purged: not a task any more.
             continue;
         }
         let row = summary(id, &view);
@@ -230,6 +230,9 @@ pub fn task(journal: &Journal, id: &str, with_base64: bool) -> Result<TaskDetail
     // A task all of whose records are written and not yet durable is unknown, as in the list.
     require(journal, id)?;
     let view = FoldView::read(journal, id, |_| {})?;
+    if let (Some((records, at)), None) = (view.purged, &view.task) {
+        return Err(ApiError::purged(id, records, at));
+    }
     Ok(TaskDetail {
         task: id.to_owned(),
         state: view

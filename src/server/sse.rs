@@ -183,14 +183,27 @@ impl Pump {
                 }
             };
             let full = batch.len() == BATCH;
+            let mut purged = false;
             for c in batch {
                 self.projection.apply(&c.task, &c.record);
+                purged |= self.projection.needs_recount();
                 next = c.record.seq + 1;
                 // Serialized only for someone: with no stream open, nothing is made. (A stream
                 // opening meanwhile reads what it missed from the journal.)
                 if self.hub.sender.receiver_count() > 0 {
                     let item = Arc::new(Item::of(&c.task, &c.record));
                     let _ = self.hub.sender.send(item);
+                }
+            }
+            if purged {
+                // What the purged tasks counted for is gone with their records: count again
+                // (the records read up to the count's start are not applied twice).
+                let journal = self.journal.clone();
+                let projection = Arc::clone(&self.projection);
+                let counted = tokio::task::spawn_blocking(move || projection.count(&journal)).await;
+                if !matches!(counted, Ok(Ok(_))) {
+                    self.metrics.pump_errors.inc();
+                    tracing_error("counting the journal again after a purge failed");
                 }
             }
             if !full {

@@ -117,7 +117,29 @@ pub enum StoreError {
     /// A stored task stream does not fold: the journal is damaged or was written by a faulty
     /// engine.
     #[error(transparent)]
-    Replay(#[from] dtask_replay::ReplayError),
+    Replay(dtask_replay::ReplayError),
+    /// The task was purged: its records were deleted ([`crate::TaskStore::purge`]); only its
+    /// tombstone is left, and its id stays taken.
+    #[error("task {task:?} was purged")]
+    Purged {
+        /// The task.
+        task: String,
+    },
+}
+
+impl From<dtask_replay::ReplayError> for StoreError {
+    /// A stream that is a purge's tombstone is [`StoreError::Purged`]; anything else
+    /// [`StoreError::Replay`].
+    fn from(error: dtask_replay::ReplayError) -> Self {
+        match error {
+            dtask_replay::ReplayError::Rejected {
+                task,
+                error: dtask_replay::FoldError::Purged { .. },
+                ..
+            } => Self::Purged { task },
+            error => Self::Replay(error),
+        }
+    }
 }
 
 /// What a [`StoreError::NotFound`] did not find.

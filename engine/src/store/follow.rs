@@ -56,13 +56,19 @@ impl TaskStore {
 
     /// Brings the task of `record` up to it.
     async fn apply_committed(&self, id: &str, record: &Record) -> Result<()> {
+        if let dtask_journal::Event::Purged { .. } = record.event {
+            // Purged elsewhere: forget it (a read finds the tombstone).
+            self.index().slots.remove(id);
+            return Ok(());
+        }
         let held = self.index().slots.get(id).cloned();
         let Some(slot) = held else {
             if record.position == 0 {
                 // Created elsewhere: load it (with whatever followed) and index it.
                 let slot = match self.slot(id) {
                     Ok(slot) => slot,
-                    Err(StoreError::NotFound(_)) => return Ok(()),
+                    // Gone since (purged): nothing to follow.
+                    Err(StoreError::NotFound(_) | StoreError::Purged { .. }) => return Ok(()),
                     Err(e) => return Err(e),
                 };
                 if self.lock(&slot).await?.state.status == Status::Pending {
@@ -83,7 +89,17 @@ impl TaskStore {
         if record.position > position || task.apply(&record.event).is_err() {
             // A gap (records this store never saw) or a record that does not fold on the
             // cached state: fold the task again from the journal.
-            *task = load_task(self.journal(), id)?.ok_or_else(|| StoreError::task_not_found(id))?;
+            match load_task(self.journal(), id).map_err(StoreError::from) {
+                Ok(Some(folded)) => *task = folded,
+                Ok(None) => return Err(StoreError::task_not_found(id)),
+                Err(StoreError::Purged { .. }) => {
+                    // Purged since: the tombstone comes later in the commit order.
+                    drop(task);
+                    self.index().slots.remove(id);
+                    return Ok(());
+                }
+                Err(e) => return Err(e),
+            }
         }
         self.publish_change(&slot, &task, &before);
         Ok(())

@@ -15,6 +15,7 @@ mod follow;
 mod index;
 mod mailbox;
 mod outbox;
+mod purge;
 mod request;
 mod unsettled;
 mod updates;
@@ -24,6 +25,7 @@ pub use decide::{Command, MAX_INPUT_KIND_BYTES};
 pub use error::{NotFound, Result, StoreError};
 pub use mailbox::{InputPage, InputRecord};
 pub use outbox::{Notification, RESERVED_KIND_PREFIXES};
+pub use purge::{RetentionStep, MAX_PURGE_TREE};
 pub use request::{
     AdvanceCursor, CreateRequest, ExecutionContext, InputRequest, NotificationRequest,
     UpdateRequest,

@@ -67,6 +67,20 @@ pub enum BatchOp {
         /// Move the stream to the finished ones.
         apart: bool,
     },
+    /// `task`'s records at positions below `below` are deleted wherever the stream lies,
+    /// before the record of it this batch puts in [`Space::Events`] (its purge tombstone, at
+    /// position 0) is put — with the finished streams when `apart` (or when the stream lies
+    /// there already): what a purge writes ([`crate::Journal::purge`]), with the deletions
+    /// of the records' commit entries. A backend deletes only where the records are, each
+    /// key once.
+    Purge {
+        /// The task.
+        task: String,
+        /// The first position kept.
+        below: u64,
+        /// Put the tombstone with the finished streams.
+        apart: bool,
+    },
 }
 
 /// When a shared store's commit of a batch ([`Backend::write_expecting`],

@@ -118,6 +118,9 @@ fn write_batch_bytes(ops: &[BatchOp]) -> usize {
                 BatchOp::Delete { key, .. } => PER_DELETE + key.len(),
                 // The moved records are not known yet: the buffer grows for them.
                 BatchOp::Retire { .. } => 0,
+                BatchOp::Purge { task, below, .. } => usize::try_from(*below)
+                    .unwrap_or(usize::MAX)
+                    .saturating_mul(PER_DELETE + task.len() + 9),
             })
             .sum::<usize>()
 }
@@ -654,6 +657,33 @@ impl RocksBackend {
             .is_none())
     }
 
+    /// Deletes `task`'s records below `below` in `batch` where the stream lies — in `events`
+    /// when its first record is there, else in `finished` — each key with a single deletion
+    /// (each was put once where it lies, and a move single-deleted it from `events`; a second
+    /// kind of deletion of a key would break that contract). Returns whether the records of
+    /// the stream the batch puts (its tombstone) go to `finished`: when `moving` (finished
+    /// streams kept apart) or when the stream lies there.
+    fn purge_stored(
+        &self,
+        task: &str,
+        below: u64,
+        moving: bool,
+        batch: &mut rocksdb::WriteBatch,
+    ) -> Result<bool> {
+        let events = self.cf(Space::Events)?;
+        let first = crate::keys::event_key(task, 0);
+        let in_events = self.db.get_pinned_cf(events, &first)?.is_some();
+        let finished = self.finished_cf();
+        let cf = match (in_events, finished) {
+            (false, Some(finished)) => finished,
+            _ => events,
+        };
+        for position in 0..below.min(crate::keys::MAX_POSITION) {
+            batch.single_delete_cf(cf, crate::keys::event_key(task, position));
+        }
+        Ok(finished.is_some() && (moving || !in_events))
+    }
+
     /// The two column families a move reads from and writes to: `events` and `finished`.
     ///
     /// # Errors
@@ -878,6 +908,22 @@ impl Backend for RocksBackend {
             .transpose()?
             .map(|events| self.db.raw_iterator_cf(events));
         for op in &ops {
+            if let BatchOp::Purge {
+                task,
+                below,
+                apart: moving,
+            } = op
+            {
+                if self.purge_stored(task, *below, *moving, &mut batch)? {
+                    apart
+                        .get_or_insert_with(HashSet::new)
+                        .insert(crate::keys::task_prefix(task));
+                }
+                placed
+                    .get_or_insert_with(HashSet::new)
+                    .insert(crate::keys::task_prefix(task));
+                continue;
+            }
             if let BatchOp::Retire {
                 task,
                 stored,
@@ -933,7 +979,7 @@ impl Backend for RocksBackend {
                 }
                 BatchOp::Delete { space, key } => batch.delete_cf(cf(space)?, key),
                 // Placed above.
-                BatchOp::Retire { .. } => {}
+                BatchOp::Retire { .. } | BatchOp::Purge { .. } => {}
             }
         }
         let write_options = match durability {
@@ -1721,7 +1767,9 @@ mod tests {
                 BatchOp::Delete { space, key } => {
                     batch.delete_cf(backend.cf(*space).expect("space"), key);
                 }
-                BatchOp::Retire { .. } => unreachable!("the test's batch retires nothing"),
+                BatchOp::Retire { .. } | BatchOp::Purge { .. } => {
+                    unreachable!("the test's batch retires and purges nothing")
+                }
             }
         }
         let estimate = write_batch_bytes(&ops);

@@ -84,6 +84,20 @@ impl<'de> DeserializeAs<'de, Digest> for DigestHex {
     }
 }
 
+/// A chain digest's bytes (a purge tombstone's `last_digest`), written as [`DigestHex`]
+/// writes a digest.
+impl SerializeAs<[u8; 32]> for DigestHex {
+    fn serialize_as<S: Serializer>(bytes: &[u8; 32], serializer: S) -> Result<S::Ok, S::Error> {
+        <Self as SerializeAs<Digest>>::serialize_as(&Digest(*bytes), serializer)
+    }
+}
+
+impl<'de> DeserializeAs<'de, [u8; 32]> for DigestHex {
+    fn deserialize_as<D: Deserializer<'de>>(deserializer: D) -> Result<[u8; 32], D::Error> {
+        <Self as DeserializeAs<'de, Digest>>::deserialize_as(deserializer).map(|d| d.0)
+    }
+}
+
 /// Each byte's value as a lower-case hex digit, or `NOT_HEX`.
 const LOWER_HEX: [u8; 256] = {
     let mut table = [NOT_HEX; 256];

@@ -213,6 +213,13 @@ enum EventDef {
         until: Timestamp,
         at: Timestamp,
     },
+    Purged {
+        records: u64,
+        sequences: [u64; 2],
+        #[serde_as(as = "DigestHex")]
+        last_digest: [u8; 32],
+        at: Timestamp,
+    },
 }
 
 /// How a task spec is read: every field, none unknown.

@@ -373,6 +373,20 @@ impl<'a> Serialize for EventJson<'a> {
                 o.serialize_field("until", until)?;
                 o.end()
             }
+            Event::Purged {
+                records,
+                sequences,
+                last_digest,
+                at,
+            } => {
+                let mut o = serializer.serialize_struct("purged", 5)?;
+                o.serialize_field("at", at)?;
+                o.serialize_field("last_digest", &Digest(*last_digest).to_hex())?;
+                o.serialize_field("records", records)?;
+                o.serialize_field("sequences", sequences)?;
+                o.serialize_field("type", ty)?;
+                o.end()
+            }
             Event::RecoveryLimit { max_recoveries, at } => {
                 let mut o = serializer.serialize_struct("recovery_limit", 3)?;
                 o.serialize_field("at", at)?;

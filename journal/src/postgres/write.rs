@@ -50,17 +50,29 @@ impl Rows {
     /// The rows `ops` leave behind.
     fn of(ops: Vec<BatchOp>) -> Result<Self> {
         let mut last: Last = BTreeMap::new();
+        let mut rows = Rows::default();
         for op in ops {
             let (space, key, value) = match op {
                 BatchOp::Put { space, key, value } => (space, key, Some(value)),
                 BatchOp::Delete { space, key } => (space, key, None),
                 // Its rows are read by index: a finished stream stays where it is.
                 BatchOp::Retire { .. } => continue,
+                // One table: the purged records' rows go (their `seq` with them: the commit
+                // index is that column), deleted before the batch's rows are inserted — the
+                // tombstone's among them, in the first record's place.
+                BatchOp::Purge { task, below, .. } => {
+                    let below = i64::try_from(below.min(crate::keys::MAX_POSITION))
+                        .map_err(|_| Error::storage("a purge beyond the positions"))?;
+                    for position in 0..below {
+                        rows.dropped_records.0.push(task.clone());
+                        rows.dropped_records.1.push(position);
+                    }
+                    continue;
+                }
             };
             let tag = Space::ALL.iter().position(|s| *s == space).unwrap_or(0);
             last.insert((tag, key.into_vec()), value.map(OpBytes::into_vec));
         }
-        let mut rows = Rows::default();
         for ((tag, key), value) in last {
             rows.add(Space::ALL[tag], key, value)?;
         }

@@ -66,7 +66,7 @@ use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
 /// What an event does to the journal's indexes besides being recorded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum IndexEffect {
     /// None.
     None,
@@ -78,6 +78,15 @@ pub(crate) enum IndexEffect {
     Enqueue,
     /// `NotificationAcked`: the outbox entry of that sequence goes away.
     Ack(u64),
+    /// `Purged` (written by [`crate::Journal::purge`], or by an import restoring a purged
+    /// task): the stream's records go, with the commit entries of `seqs`, and the tombstone,
+    /// put in the first record's place, chains from `chain_from` (the last record's digest).
+    Purge {
+        /// The sequences of the records deleted.
+        seqs: Box<[u64]>,
+        /// The digest the tombstone chains from.
+        chain_from: crate::record::Digest,
+    },
 }
 
 /// A job's encoded events: most appends carry one, which then needs no allocation of its own.
@@ -112,6 +121,9 @@ pub(crate) struct AppendJob {
     pub linked: Vec<LinkedPart>,
     /// Who awaits the outcome.
     pub to: Recipient,
+    /// The sequence the job's first record must take (at least the next one; those between
+    /// are never given out): an import rebuilding a purged journal's holes. `None`: the next.
+    pub at_seq: Option<u64>,
 }
 
 /// Who awaits an append's outcome, and how it reaches them.
@@ -710,14 +722,21 @@ impl Writer {
         // How many of the stream's records may be stored already: none to look for when it
         // is new (see `BatchOp::Retire`).
         let stored = head.next_position;
+        let mut purged = false;
         ops.reserve(events.len() * 2);
         for event in events {
+            // A purge's tombstone takes the place of the stream's first record (chained on
+            // its last): see `crate::purge`.
+            let (position, prev) = match &event.effect {
+                IndexEffect::Purge { chain_from, .. } => (0, *chain_from),
+                _ => (head.next_position, head.last_digest),
+            };
             let (bytes, digest) = event
                 .payload
-                .frame_as(format, task, head.next_position, seq, &head.last_digest)
+                .frame_as(format, task, position, seq, &prev)
                 .map_err(|len| Error::Encode(format!("payload of {len} bytes")))?;
             // Held in place (no allocation) for a task id of up to 55 bytes.
-            let event_key = keys::event_op_key(task, head.next_position);
+            let event_key = keys::event_op_key(task, position);
             let seq_key = OpBytes::from_slice(&keys::seq_key(seq));
             match event.effect {
                 IndexEffect::None => {}
@@ -742,6 +761,25 @@ impl Writer {
                     space: Space::Outbox,
                     key: OpBytes::from_slice(&keys::seq_key(enqueued)),
                 }),
+                IndexEffect::Purge { seqs, .. } => {
+                    // The records before this one and their commit entries go; this one
+                    // goes with the finished streams (see `BatchOp::Purge`). A purged stream
+                    // is finished (a restored one too: never live).
+                    purged = true;
+                    head.terminal = true;
+                    ops.reserve(seqs.len());
+                    for seq in &seqs {
+                        ops.push(BatchOp::Delete {
+                            space: Space::Commits,
+                            key: OpBytes::from_slice(&keys::seq_key(*seq)),
+                        });
+                    }
+                    ops.push(BatchOp::Purge {
+                        task: task.to_owned(),
+                        below: head.next_position,
+                        apart: finished_apart,
+                    });
+                }
             }
             ops.push(BatchOp::Put {
                 space: Space::Commits,
@@ -754,12 +792,12 @@ impl Writer {
                 // A record is longer than the bytes held in place: its vector moves in.
                 value: OpBytes::from_vec(bytes),
             });
-            head.next_position += 1;
+            head.next_position = position + 1;
             head.last_seq = seq;
             head.last_digest = digest;
             seq += 1;
         }
-        if head.terminal && (before.terminal || (finished_apart && stored == 0)) {
+        if !purged && head.terminal && (before.terminal || (finished_apart && stored == 0)) {
             // The stream has a terminal record. A record written after the terminal one
             // goes where the stream lies (which the backend knows: see `BatchOp::Retire`),
             // and with finished streams kept apart moves the stream there whole. With them
@@ -987,6 +1025,10 @@ impl Writer {
         let mut tail = self.tail;
         let mut appended = Vec::with_capacity(batch.len());
         for job in batch.iter() {
+            if job.at_seq.is_some() {
+                // An import's: the careful way checks its sequence.
+                return Declined;
+            }
             let parts = std::iter::once((job.task.as_str(), job.expected, &job.events)).chain(
                 job.linked
                     .iter()
@@ -1137,10 +1179,21 @@ impl Writer {
                 events,
                 linked,
                 to,
+                at_seq,
             } = job;
+            let start = match at_seq {
+                None => seq,
+                Some(asked) if asked >= seq && asked <= keys::MAX_SEQUENCE => asked,
+                Some(asked) => {
+                    let _ = to
+                        .reply
+                        .send(Err(Error::SequenceTaken { asked, next: seq }));
+                    continue;
+                }
+            };
             let parts = std::iter::once((task, expected, events))
                 .chain(linked.into_iter().map(|p| (p.task, p.expected, p.events)));
-            match self.stage_job(parts, seq, &mut ops, &mut staged) {
+            match self.stage_job(parts, start, &mut ops, &mut staged) {
                 Ok(appended) => {
                     seq = staged.last().map_or(seq, |(_, _, after_seq, _)| *after_seq);
                     self.accept_staged(&mut staged, &mut tail, &mut finished, defer);

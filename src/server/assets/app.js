@@ -194,6 +194,7 @@ function timeline(records) {
       case "transcript_failed": items.push(["bad", `transcript failed: ${e.error}`, r]); break;
       case "rerun_of": items.push(["", `a rerun of ${e.task}`, r]); break;
       case "rerun_as": items.push(["", `rerun as ${e.task}`, r]); break;
+      case "purged": items.push(["", `purged: its ${e.records} records deleted`, r]); break;
       case "not_before": items.push(["wait", `not before ${time(e.until)}`, r]); break;
       case "recovery_limit": items.push(["", `recovered at most ${e.max_recoveries} time${e.max_recoveries === 1 ? "" : "s"}`, r]); break;
       default: items.push(["", r.type.replace(/_/g, " "), r]);
@@ -251,7 +252,10 @@ async function taskPage(id) {
       stateBox.replaceChildren(stateList(detail.state),
         detail.problems.length ? h("p", { class: "problem" }, detail.problems.join("; ")) : "");
       renderActions(detail.state);
-    } catch (e) { stateBox.replaceChildren(h("p", { class: "error" }, e.message)); }
+    } catch (e) {
+      stateBox.replaceChildren(h("p", { class: "error" }, e.message));
+      actions.replaceChildren();
+    }
   };
 
   const act = async (what, body) => {
@@ -281,6 +285,21 @@ async function taskPage(id) {
           location.hash = `#/task/${encodeURIComponent(rerun.id)}`;
         } catch (e) { message.replaceChildren(h("span", { class: "error" }, e.message)); }
       } }, "Rerun"));
+      // Two clicks: a purge deletes the task's records for good.
+      const purge = h("button", { id: "purge", onclick: async () => {
+        if (purge.dataset.armed !== "yes") {
+          purge.dataset.armed = "yes";
+          purge.textContent = "Purge: click again to delete its records";
+          return;
+        }
+        try {
+          const done = await api(path, { method: "DELETE" });
+          const records = done.purged.reduce((n, p) => n + p.records, 0);
+          message.replaceChildren(h("span", { class: "muted" }, `purged: ${done.purged.length} task(s), ${records} records deleted`));
+        } catch (e) { message.replaceChildren(h("span", { class: "error" }, e.message)); }
+        refreshState();
+      } }, "Purge");
+      actions.append(purge);
     }
   };
 
