@@ -65,8 +65,24 @@ pub fn heads(journal: &Journal) -> Result<Heads> {
     Ok(heads)
 }
 
+/// The tombstone of `task`'s stream, if it was purged: (records deleted, the last one's
+/// digest).
+fn tombstone(journal: &Journal, task: &str) -> Result<Option<(u64, Digest)>> {
+    let first = journal.read_stream(task, 0).next().transpose()?;
+    Ok(first.and_then(|r| match r.event {
+        Event::Purged {
+            records,
+            last_digest,
+            ..
+        } => Some((records, Digest(last_digest))),
+        _ => None,
+    }))
+}
+
 /// Checks that nothing durable before a crash went missing after it: every task still
-/// exists, its stream did not shrink, and the record it ended with is still there unchanged.
+/// exists, its stream did not shrink, and the record it ended with is still there unchanged —
+/// or, for a stream purged since, its tombstone stands for at least the records seen before
+/// and, when for exactly those, chains from the one it ended with.
 ///
 /// # Errors
 /// Journal errors.
@@ -77,6 +93,18 @@ pub fn heads_grew(journal: &Journal, before: &Heads, now: &Heads) -> Result<Vec<
             violations.push(format!("task {task} vanished after a crash"));
             continue;
         };
+        if (now_records, now_digest) == (records, digest) {
+            continue;
+        }
+        if let Some((deleted, last)) = tombstone(journal, task)? {
+            if deleted < *records || (deleted == *records && last != *digest) {
+                violations.push(format!(
+                    "task {task}: purged as {deleted} records, {records} were durable before \
+                     a crash (or the last of them changed)"
+                ));
+            }
+            continue;
+        }
         if now_records < records {
             violations.push(format!(
                 "task {task} shrank from {records} to {now_records} records after a crash"
@@ -125,6 +153,8 @@ pub struct Findings {
     pub side_effects: u64,
     /// Durable timers the tasks waited on (`not_before` records).
     pub timers: u64,
+    /// Tasks purged (their tombstones).
+    pub purged: u64,
     /// Invariant violations, one line each.
     pub violations: Vec<String>,
 }
@@ -186,7 +216,12 @@ impl Replay for StreamCheck<'_> {
 }
 
 /// Folds one task's stream, checking event ids and attempts on the way.
-fn read_task(journal: &Journal, id: &str, findings: &mut Findings) -> Option<Seen> {
+fn read_task(
+    journal: &Journal,
+    id: &str,
+    findings: &mut Findings,
+    purged: &mut HashSet<String>,
+) -> Option<Seen> {
     let mut check = StreamCheck {
         fold: TaskFold::new(id),
         event_ids: HashSet::new(),
@@ -209,6 +244,14 @@ fn read_task(journal: &Journal, id: &str, findings: &mut Findings) -> Option<See
     );
     match outcome {
         Ok(()) => {}
+        Err(ReplayError::Rejected {
+            error: FoldError::Purged { .. },
+            ..
+        }) => {
+            findings.purged += 1;
+            purged.insert(id.to_owned());
+            return None;
+        }
         Err(ReplayError::Rejected {
             position, error, ..
         }) => {
@@ -261,8 +304,8 @@ pub fn check(layout: &Layout) -> Result<Findings> {
     let mut findings = Findings::default();
     let Some(journal) = open_if_created(layout)? else {
         // No journal: whatever the acknowledgement log names is missing.
-        check_acks(layout, &HashMap::new(), &mut findings);
-        check_ledger(layout, &HashMap::new(), &mut findings);
+        let purged = check_acks(layout, &HashMap::new(), &HashSet::new(), &mut findings);
+        check_ledger(layout, &HashMap::new(), &purged, &mut findings);
         return Ok(findings);
     };
     let audit = audit_journal(&journal, &mut |_| {})?;
@@ -270,13 +313,14 @@ pub fn check(layout: &Layout) -> Result<Findings> {
         findings.violations.push(format!("verify: {problem}"));
     }
     let mut seen: HashMap<String, Seen> = HashMap::new();
+    let mut purged = HashSet::new();
     let ids: Vec<String> = journal
         .tasks()
         .map(|item| item.map(|(id, _)| id))
         .collect::<std::result::Result<_, _>>()?;
     for id in ids {
         findings.tasks += 1;
-        let Some(task) = read_task(&journal, &id, &mut findings) else {
+        let Some(task) = read_task(&journal, &id, &mut findings, &mut purged) else {
             continue;
         };
         let status = task.task.state.status;
@@ -306,17 +350,37 @@ pub fn check(layout: &Layout) -> Result<Findings> {
         findings.timers += task.timers;
         seen.insert(id, task);
     }
-    check_acks(layout, &seen, &mut findings);
-    check_ledger(layout, &seen, &mut findings);
+    let purged_tokens = check_acks(layout, &seen, &purged, &mut findings);
+    check_ledger(layout, &seen, &purged_tokens, &mut findings);
     Ok(findings)
 }
 
-fn check_acks(layout: &Layout, seen: &HashMap<String, Seen>, findings: &mut Findings) {
+/// Checks every acknowledgement against the journal: a task purged since (its tombstone
+/// in the journal) stands for what was acknowledged of it, and an acknowledged purge must
+/// have left its tombstone. Returns the tokens of the purged tasks.
+fn check_acks(
+    layout: &Layout,
+    seen: &HashMap<String, Seen>,
+    purged: &HashSet<String>,
+    findings: &mut Findings,
+) -> HashSet<String> {
     let acks = std::fs::read_to_string(layout.acks()).unwrap_or_default();
+    let mut purged_tokens = HashSet::new();
     for line in acks.lines() {
         let fields: Vec<&str> = line.split('\t').collect();
         findings.acknowledged += 1;
+        let about = fields.get(1).copied().unwrap_or_default();
+        if purged.contains(about) {
+            match fields.as_slice() {
+                ["created", _, _, token] | ["purged", _, token] => {
+                    purged_tokens.insert((*token).to_owned());
+                }
+                _ => {}
+            }
+            continue;
+        }
         let missing = match fields.as_slice() {
+            ["purged", id, _] => Some(format!("acknowledged purge of {id} is missing")),
             ["created", id, tool, token] => match seen.get(*id) {
                 None => Some(format!(
                     "acknowledged task {id} ({tool}, {token}) is missing"
@@ -349,9 +413,18 @@ fn check_acks(layout: &Layout, seen: &HashMap<String, Seen>, findings: &mut Find
         };
         findings.violations.extend(missing);
     }
+    purged_tokens
 }
 
-fn check_ledger(layout: &Layout, seen: &HashMap<String, Seen>, findings: &mut Findings) {
+/// Checks the side effects: at most once per shell task (exactly once for a completed one
+/// still in the journal), none for no task; a purged task's token (`purged_tokens`) counts as
+/// a task's, its side effect at most once.
+fn check_ledger(
+    layout: &Layout,
+    seen: &HashMap<String, Seen>,
+    purged_tokens: &HashSet<String>,
+    findings: &mut Findings,
+) {
     let ledger = std::fs::read_to_string(layout.ledger()).unwrap_or_default();
     let mut runs: HashMap<&str, u64> = HashMap::new();
     for token in ledger.lines().map(str::trim).filter(|t| !t.is_empty()) {
@@ -379,11 +452,108 @@ fn check_ledger(layout: &Layout, seen: &HashMap<String, Seen>, findings: &mut Fi
         }
     }
     for (token, ran) in runs {
+        if purged_tokens.contains(token) {
+            if ran > 1 {
+                findings.violations.push(format!(
+                    "a purged task's side effect ({token}) ran {ran} times"
+                ));
+            }
+            continue;
+        }
         if !tokens.contains(token) {
             findings.violations.push(format!(
                 "side effect {token:?} ran {} for no task in the journal",
                 crate::cli::fmt::count(ran, "time")
             ));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use dtask_journal::{JournalOptions, LeasePolicy, TaskSpec, Timestamp};
+
+    /// A journal with task `t` created and completed, and its heads before a purge.
+    fn ended(layout: &Layout) -> (Journal, Heads) {
+        let journal = Journal::open(layout.journal(), JournalOptions::default()).unwrap();
+        let spec = TaskSpec::new("t", "x");
+        journal
+            .append(
+                "t",
+                0,
+                &[Event::created(spec, LeasePolicy::Retry, Timestamp(1))],
+            )
+            .unwrap();
+        journal
+            .append(
+                "t",
+                1,
+                &[Event::Completed {
+                    data: vec![],
+                    at: Timestamp(2),
+                }],
+            )
+            .unwrap();
+        let before = heads(&journal).unwrap();
+        (journal, before)
+    }
+
+    #[test]
+    fn a_purge_stands_for_the_records_seen_before_it_and_no_fewer() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = Layout::new(dir.path(), None);
+        let (journal, before) = ended(&layout);
+        journal.purge(&["t"], Timestamp(3)).unwrap();
+        let now = heads(&journal).unwrap();
+        assert_eq!(now["t"].0, 1, "the tombstone alone");
+        assert!(heads_grew(&journal, &before, &now).unwrap().is_empty());
+        // Seen with one record more before the crash than the tombstone stands for: lost.
+        let mut more = before.clone();
+        more.get_mut("t").unwrap().0 += 1;
+        let violations = heads_grew(&journal, &more, &now).unwrap();
+        assert!(
+            violations[0].contains("purged as 2 records, 3"),
+            "{violations:?}"
+        );
+        // The same count, another last record: changed.
+        let mut other = before;
+        other.get_mut("t").unwrap().1 = Digest([9; 32]);
+        assert_eq!(heads_grew(&journal, &other, &now).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn an_acknowledged_purge_needs_its_tombstone_and_covers_what_was_acknowledged() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = Layout::new(dir.path(), None);
+        let (journal, _) = ended(&layout);
+        std::fs::write(
+            layout.acks(),
+            "created\tt\tshell\ttok\nupdate\tt\te1\npurged\tt\ttok\n",
+        )
+        .unwrap();
+        std::fs::write(layout.ledger(), "tok\n").unwrap();
+        // Not purged yet: the acknowledged purge (and the update) are missing.
+        drop(journal);
+        let findings = check(&layout).unwrap();
+        assert!(
+            findings
+                .violations
+                .iter()
+                .any(|v| v == "acknowledged purge of t is missing"),
+            "{:?}",
+            findings.violations
+        );
+        let journal = Journal::open(layout.journal(), JournalOptions::default()).unwrap();
+        journal.purge(&["t"], Timestamp(3)).unwrap();
+        drop(journal);
+        let findings = check(&layout).unwrap();
+        assert_eq!(findings.purged, 1);
+        assert!(findings.violations.is_empty(), "{:?}", findings.violations);
+        // A purged task's side effect still runs at most once.
+        std::fs::write(layout.ledger(), "tok\ntok\n").unwrap();
+        let findings = check(&layout).unwrap();
+        assert_eq!(findings.violations.len(), 1, "{:?}", findings.violations);
     }
 }

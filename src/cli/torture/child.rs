@@ -3,9 +3,10 @@
 //! finish run — until every task is terminal).
 //!
 //! Everything the child was acknowledged is written to the acknowledgement log *after* the
-//! acknowledgement, one line each: `created`, `cancel`, `resume` (by the workload) and `update`
-//! (by the output materializer, which only ever sees persisted updates). The checker then
-//! proves that each of them is in the journal.
+//! acknowledgement, one line each: `created`, `cancel`, `resume`, `purged` (by the workload)
+//! and `update` (by the output materializer, which only ever sees persisted updates). The
+//! checker then proves that each of them is in the journal. Now and then the workload purges
+//! a task of its run that ended: its records go, its tombstone stays.
 
 use super::rng::Rng;
 use super::Layout;
@@ -41,6 +42,41 @@ pub const POLLS: u64 = 3;
 
 /// The exit code of a finish run that timed out with tasks still live.
 pub const UNFINISHED: i32 = 3;
+
+/// Purges the oldest task of `created` that ended (looking at a few), logging the purge once
+/// it is durable. Its notifications are consumed first, as a session's consumer would
+/// (received and acknowledged): a task whose notification is still queued may not go.
+async fn purge_one(
+    store: &TaskStore,
+    created: &mut std::collections::VecDeque<(String, String)>,
+    acks: &Acks,
+) {
+    for _ in 0..created.len().min(4) {
+        let Some((id, token)) = created.pop_front() else {
+            return;
+        };
+        match store.get(&id).await {
+            Ok(task) if task.is_terminal() => {
+                if let Ok(queued) = store
+                    .receive_notifications(256, Duration::from_secs(30))
+                    .await
+                {
+                    for notification in queued {
+                        let _ = store.ack_notification(&notification.receipt).await;
+                    }
+                }
+                match store.purge(&id).await {
+                    Ok(_) => acks.log(&["purged", &id, &token]),
+                    Err(e) => eprintln!("torture-child: purge {id} refused: {e}"),
+                }
+                return;
+            }
+            // Not ended yet: looked at again later.
+            Ok(_) => created.push_back((id, token)),
+            Err(_) => {}
+        }
+    }
+}
 
 /// Arguments of the hidden `dtask torture-child` (started by `dtask torture`).
 #[derive(Debug, clap::Args)]
@@ -453,6 +489,9 @@ async fn workload(args: &Args) -> Result<i32> {
     let started = Instant::now();
     let finish_by = started + Duration::from_secs(args.finish_timeout_secs);
     let mut submitted = 0;
+    // The tasks this run created, oldest first, with their tokens: purged once ended.
+    let mut created: std::collections::VecDeque<(String, String)> =
+        std::collections::VecDeque::new();
     let mut code = 0;
     loop {
         if args.finish {
@@ -471,7 +510,10 @@ async fn workload(args: &Args) -> Result<i32> {
                 let call = call(&mut rng, &token, &layout, &args.shell_command);
                 let tool = call.tool_name.clone();
                 match tools.submit(&manager, call).await {
-                    Ok(task) => acks.log(&["created", &task.spec.id, &tool, &token]),
+                    Ok(task) => {
+                        acks.log(&["created", &task.spec.id, &tool, &token]);
+                        created.push_back((task.spec.id.clone(), token.clone()));
+                    }
                     Err(e) => eprintln!("torture-child: submit failed: {e}"),
                 }
                 submitted += 1;
@@ -509,6 +551,9 @@ async fn workload(args: &Args) -> Result<i32> {
                     }
                 }
             });
+        }
+        if !args.finish && rng.chance(15) {
+            purge_one(&store, &mut created, &acks).await;
         }
         tokio::time::sleep(Duration::from_millis(rng.range(10, 40))).await;
     }

@@ -726,6 +726,7 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
             "acknowledged": findings.acknowledged,
             "side_effects": findings.side_effects,
             "timers": findings.timers,
+            "purged": findings.purged,
             "violations": violations,
             "clean": clean,
             "wall_secs": (wall * 10.0).round() / 10.0,
@@ -773,10 +774,11 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
             ))?;
         }
         out.line(format!(
-            "checked: {}, {} in the ledger, {}, verify, terminal states, event ids, attempts",
+            "checked: {}, {} in the ledger, {}, {}, verify, terminal states, event ids, attempts",
             count(findings.acknowledged, "acknowledgement"),
             count(findings.side_effects, "side effect"),
-            count(findings.timers, "durable timer")
+            count(findings.timers, "durable timer"),
+            count(findings.purged, "purged task")
         ))?;
         for violation in &violations {
             out.line(format!("VIOLATION {violation}"))?;
