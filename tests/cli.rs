@@ -1966,6 +1966,33 @@ fn purge_deletes_finished_tasks_by_name_or_age_and_the_journal_still_audits_and_
     assert!(said.contains("job.rerun-1 has not ended"), "{said}");
     dtask(dir.path()).args(["purge", "nobody"]).assert().code(2);
     let cutoff = (T0 + 10_000).to_string();
+    // Held, it is kept (and named); lifted, it may go.
+    let held = stdout(dtask(dir.path()).args(["hold", "job", "--reason", "case 9"]));
+    assert!(held.contains("on hold (\"case 9\")"), "{held}");
+    let shown = stdout(dtask(dir.path()).args(["show", "job"]));
+    assert!(
+        shown
+            .lines()
+            .any(|l| l.starts_with("on hold") && l.ends_with("\"case 9\"")),
+        "{shown}"
+    );
+    let kept = json(&stdout(dtask(dir.path()).args([
+        "purge",
+        "--finished-before",
+        &cutoff,
+        "--json",
+    ])));
+    assert_eq!(kept["purged"]["tasks"], 0, "{kept}");
+    assert_eq!(kept["kept"][0]["why"], "job is on hold", "{kept}");
+    dtask(dir.path())
+        .args(["purge", "job"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("job is on hold"));
+    let unheld = json(&stdout(
+        dtask(dir.path()).args(["hold", "job", "--lift", "--json"]),
+    ));
+    assert_eq!(unheld["hold"], serde_json::Value::Null, "{unheld}");
     let dry = json(&stdout(dtask(dir.path()).args([
         "purge",
         "--finished-before",

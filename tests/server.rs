@@ -1718,10 +1718,34 @@ async fn an_owner_purges_a_finished_task_and_reads_of_it_answer_gone() {
 
     let (status, refused) = delete("/api/tasks/busy").await;
     assert_eq!(status, StatusCode::CONFLICT, "{refused}");
+    // Held, it is kept; lifted, it may go.
+    let (status, held) = server
+        .post("/api/tasks/done/hold", &json!({"reason": "case 3"}))
+        .await;
+    assert_eq!(
+        (status, held["hold"].as_str()),
+        (StatusCode::OK, Some("case 3")),
+        "{held}"
+    );
+    let (status, kept) = delete("/api/tasks/done").await;
+    assert_eq!(status, StatusCode::CONFLICT, "{kept}");
+    assert!(
+        code(&kept) == "conflict" && kept.to_string().contains("on hold"),
+        "{kept}"
+    );
+    let (status, lifted) = delete("/api/tasks/done/hold").await;
+    assert_eq!(
+        (status, &lifted["hold"]),
+        (StatusCode::OK, &Value::Null),
+        "{lifted}"
+    );
     let (status, purged) = delete("/api/tasks/done").await;
     assert_eq!(status, StatusCode::OK, "{purged}");
     assert_eq!(purged["purged"][0]["task"], "done");
-    assert_eq!(purged["purged"][0]["records"], 3);
+    assert_eq!(
+        purged["purged"][0]["records"], 5,
+        "with the hold and its lifting"
+    );
     let (status, gone) = server.get("/api/tasks/done").await;
     assert_eq!(
         (status, code(&gone)),
@@ -1738,7 +1762,7 @@ async fn an_owner_purges_a_finished_task_and_reads_of_it_answer_gone() {
     assert_eq!(list["tasks"].as_array().unwrap().len(), 1, "{list}");
     assert_eq!(list["tasks"][0]["id"], "busy");
     // The counts forget the purged task (counted again once the pump reads the tombstone).
-    let stats = server.wait_seq(6).await;
+    let stats = server.wait_seq(8).await;
     assert_eq!(
         (stats["tasks"].as_u64(), stats["records"].as_u64()),
         (Some(1), Some(2)),

@@ -679,3 +679,76 @@ async fn a_retention_sweep_purges_the_trees_that_ended_before_its_time_a_step_at
     // Its lease expired meanwhile (pending again): not ended, not purged.
     assert!(!store.get("d-running").await.unwrap().is_terminal());
 }
+
+async fn a_hold_keeps_a_tree(reboot: bool) {
+    let mut env = Env::new();
+    let parent = running(s(&mut env, reboot), "root", Retry).await;
+    let child = child_request("kid", "root", parent.attempt, false);
+    s(&mut env, reboot).create(child).await.unwrap();
+    ok(s(&mut env, reboot), "kid", Command::Start).await;
+    ok(
+        s(&mut env, reboot),
+        "kid",
+        Command::Fail { error: "e".into() },
+    )
+    .await;
+    ok(
+        s(&mut env, reboot),
+        "root",
+        Command::Fail { error: "e".into() },
+    )
+    .await;
+    assert_err!(
+        s(&mut env, reboot).hold("kid", "").await,
+        StoreError::Invalid {
+            field: "reason",
+            ..
+        }
+    );
+    // A hold on the nested task keeps the whole tree; placed again, nothing is written.
+    let held = s(&mut env, reboot).hold("kid", "case 12").await.unwrap();
+    assert_eq!(held.hold.as_deref(), Some("case 12"));
+    let again = s(&mut env, reboot).hold("kid", "another").await.unwrap();
+    assert_eq!(
+        (again.hold.as_deref(), again.position),
+        (Some("case 12"), held.position)
+    );
+    let refused = s(&mut env, reboot).purge("root").await.unwrap_err();
+    assert!(
+        matches!(
+            refused.journal_error(),
+            Some(dtask_journal::Error::NotPurgeable {
+                task,
+                why: dtask_journal::PurgeRefusal::OnHold,
+            }) if task == "kid"
+        ),
+        "{refused}"
+    );
+    let now = s(&mut env, reboot).now();
+    let swept = s(&mut env, reboot)
+        .purge_finished(dtask_journal::Timestamp(now.0 + 1), None, 10)
+        .await
+        .unwrap();
+    assert!(swept.purged.is_empty());
+    assert_eq!(swept.kept[0].0, "root");
+    // Lifted (twice: the second writes nothing), the tree goes.
+    let lifted = s(&mut env, reboot).lift_hold("kid").await.unwrap();
+    assert_eq!(lifted.hold, None);
+    let again = s(&mut env, reboot).lift_hold("kid").await.unwrap();
+    assert_eq!(again.position, lifted.position);
+    assert_eq!(s(&mut env, reboot).purge("root").await.unwrap().len(), 2);
+    assert_err!(
+        s(&mut env, reboot).hold("root", "too late").await,
+        StoreError::Purged { .. }
+    );
+}
+
+#[tokio::test]
+async fn a_hold_on_any_task_of_a_tree_keeps_it_until_lifted() {
+    a_hold_keeps_a_tree(false).await;
+}
+
+#[tokio::test]
+async fn a_hold_survives_a_reopen_at_every_step() {
+    a_hold_keeps_a_tree(true).await;
+}

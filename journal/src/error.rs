@@ -120,6 +120,9 @@ pub enum PurgeRefusal {
     /// A notification of the task is queued, not yet acknowledged.
     #[error("a notification of it is still queued")]
     QueuedNotification,
+    /// An operator's hold stands on the task ([`crate::Event::Hold`]).
+    #[error("it is on hold")]
+    OnHold,
     /// A purge tombstone ([`crate::Event::Purged`]) is written by a purge only, never
     /// appended.
     #[error("a purge record is written by a purge, not appended")]

@@ -16,8 +16,9 @@
 //! unchanged. Schema v2 added the mailbox, nested tasks, publication and multi-part progress
 //! events (from `CreatedV2` on), schema v3 ([`EVENT_SCHEMA_VERSION`]) the lineage of a rerun
 //! (`RerunOf`, `RerunAs`), a task's recovery limit (`RecoveryLimit`) and its earliest claim
-//! time (`NotBefore`), schema v4 the tombstone of a purged stream (`Purged`); a stream
-//! written by an older engine holds none of them and folds exactly as before.
+//! time (`NotBefore`), schema v4 the tombstone of a purged stream (`Purged`) and an operator's
+//! hold (`Hold`, `HoldLifted`); a stream written by an older engine holds none of them and
+//! folds exactly as before.
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -25,7 +26,7 @@ use std::sync::Arc;
 
 /// The event schema this build writes: 4 (v1; v2's mailbox, nested tasks, publication and
 /// multi-part progress events; v3's rerun lineage, recovery limit and delayed runs; v4's
-/// purge tombstone). Every record of an older schema is a record of this one.
+/// purge tombstone and holds). Every record of an older schema is a record of this one.
 pub const EVENT_SCHEMA_VERSION: u32 = 4;
 
 /// Milliseconds since the UNIX epoch, as recorded in an event.
@@ -564,6 +565,20 @@ pub enum Event {
         /// Time.
         at: Timestamp,
     },
+    /// An operator's hold on the task (non-lifecycle): while it stands the task is not
+    /// purged, whatever its age. Written in any status, before or after the end; at most one
+    /// stands at a time.
+    Hold {
+        /// Why (an operator's words: a case number, an investigation).
+        reason: String,
+        /// Time.
+        at: Timestamp,
+    },
+    /// The task's hold lifted (non-lifecycle): it may be purged again.
+    HoldLifted {
+        /// Time.
+        at: Timestamp,
+    },
 }
 
 /// The discriminant of an [`Event`], for filters, statistics and display.
@@ -604,11 +619,13 @@ pub enum EventType {
     RecoveryLimit,
     NotBefore,
     Purged,
+    Hold,
+    HoldLifted,
 }
 
 impl EventType {
     /// Every event type, in schema order.
-    pub const ALL: [Self; 33] = [
+    pub const ALL: [Self; 35] = [
         Self::Created,
         Self::AttemptStarted,
         Self::Heartbeat,
@@ -642,6 +659,8 @@ impl EventType {
         Self::RecoveryLimit,
         Self::NotBefore,
         Self::Purged,
+        Self::Hold,
+        Self::HoldLifted,
     ];
 
     /// The `snake_case` name used in exports and the CLI.
@@ -681,6 +700,8 @@ impl EventType {
             Self::RecoveryLimit => "recovery_limit",
             Self::NotBefore => "not_before",
             Self::Purged => "purged",
+            Self::Hold => "hold",
+            Self::HoldLifted => "hold_lifted",
         }
     }
 
@@ -703,6 +724,8 @@ impl EventType {
                 | Self::RecoveryLimit
                 | Self::NotBefore
                 | Self::Purged
+                | Self::Hold
+                | Self::HoldLifted
         )
     }
 }
@@ -779,6 +802,8 @@ impl Event {
             Self::RecoveryLimit { .. } => EventType::RecoveryLimit,
             Self::NotBefore { .. } => EventType::NotBefore,
             Self::Purged { .. } => EventType::Purged,
+            Self::Hold { .. } => EventType::Hold,
+            Self::HoldLifted { .. } => EventType::HoldLifted,
         }
     }
 
@@ -818,7 +843,9 @@ impl Event {
             | Self::RerunAs { at, .. }
             | Self::RecoveryLimit { at, .. }
             | Self::NotBefore { at, .. }
-            | Self::Purged { at, .. } => *at,
+            | Self::Purged { at, .. }
+            | Self::Hold { at, .. }
+            | Self::HoldLifted { at } => *at,
         }
     }
 
@@ -898,7 +925,9 @@ impl Event {
             | Self::RerunAs { .. }
             | Self::RecoveryLimit { .. }
             | Self::NotBefore { .. }
-            | Self::Purged { .. } => 0,
+            | Self::Purged { .. }
+            | Self::Hold { .. }
+            | Self::HoldLifted { .. } => 0,
         }
     }
 }

@@ -12,8 +12,8 @@
 //!
 //! What may be purged is decided on the stream as read and written only if the stream is
 //! still at that position (the append's expected position): a stream that ended (its head is
-//! terminal), that was not purged before, and whose notifications were all acknowledged
-//! (an `outbox` entry must name a record). The engine's own rules (a task tree goes whole,
+//! terminal), that was not purged before, whose notifications were all acknowledged (an
+//! `outbox` entry must name a record) and on which no hold stands ([`Event::Hold`]). The engine's own rules (a task tree goes whole,
 //! holds) are checked by its caller.
 
 use crate::error::{Error, PurgeRefusal, Result};
@@ -67,8 +67,8 @@ impl Journal {
     /// ```
     ///
     /// # Errors
-    /// [`Error::NotPurgeable`] for a task without records, one not ended, one purged before
-    /// or one with a queued notification; [`Error::Conflict`] when a stream was appended to
+    /// [`Error::NotPurgeable`] for a task without records, one not ended, one purged before,
+    /// one with a queued notification or one on hold; [`Error::Conflict`] when a stream was appended to
     /// after it was read; [`Error::DuplicateStream`] for a task named twice; damage met
     /// reading a stream ([`Error::Corruption`]: a damaged stream is not purged); as for
     /// [`Journal::append`] otherwise. Nothing is written on an error.
@@ -142,6 +142,7 @@ impl Journal {
         let mut bytes = 0u64;
         let mut last_digest = None;
         let mut queued = HashSet::new();
+        let mut on_hold = false;
         for record in self.read_stream(task, 0) {
             let record = record?;
             match &record.event {
@@ -152,6 +153,8 @@ impl Journal {
                 Event::NotificationAcked { id, .. } => {
                     queued.remove(id);
                 }
+                Event::Hold { .. } => on_hold = true,
+                Event::HoldLifted { .. } => on_hold = false,
                 _ => {}
             }
             seqs.push(record.seq);
@@ -167,6 +170,9 @@ impl Journal {
         }
         if !queued.is_empty() {
             return Err(refuse(PurgeRefusal::QueuedNotification));
+        }
+        if on_hold {
+            return Err(refuse(PurgeRefusal::OnHold));
         }
         let records = seqs.len() as u64;
         let event = Event::Purged {

@@ -245,12 +245,21 @@ fn events_v3() -> Vec<Event> {
 
 /// One event of every type event schema v4 added, with fixed values.
 fn events_v4() -> Vec<Event> {
-    vec![Event::Purged {
-        records: 7,
-        sequences: [0x0123_4567_89ab_cdef, 0xfedc_ba98_7654_3210],
-        last_digest: [0x5a; 32],
-        at: Timestamp(1_766_000_000_000),
-    }]
+    vec![
+        Event::Purged {
+            records: 7,
+            sequences: [0x0123_4567_89ab_cdef, 0xfedc_ba98_7654_3210],
+            last_digest: [0x5a; 32],
+            at: Timestamp(1_766_000_000_000),
+        },
+        Event::Hold {
+            reason: "case 4411: keep until the review".into(),
+            at: Timestamp(1_766_000_000_001),
+        },
+        Event::HoldLifted {
+            at: Timestamp(1_766_000_000_002),
+        },
+    ]
 }
 
 fn encode(format: RecordFormat, events: &[Event]) -> Vec<String> {

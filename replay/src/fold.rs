@@ -131,6 +131,9 @@ pub enum FoldError {
     /// A `recovery_limit` after the task's first attempt, or a second one.
     #[error("recovery limit recorded {0}")]
     RecoveryLimit(&'static str),
+    /// A `hold` while one stands, or a `hold_lifted` where none does.
+    #[error("hold inconsistent with the task: {0}")]
+    Hold(&'static str),
     /// The stream is the tombstone of a purged task ([`Event::Purged`]): the task's
     /// records were deleted, and there is no state to fold. Not damage: what a read of a
     /// purged task finds.
@@ -330,6 +333,7 @@ impl Task {
                 max_recoveries: None,
                 recoveries: 0,
                 not_before: None,
+                hold: None,
             },
             update_ids: IdIndex::new(),
             notification_ids: IdIndex::new(),
@@ -377,7 +381,9 @@ impl Task {
                 Event::NotificationEnqueued { .. }
                 | Event::NotificationAcked { .. }
                 | Event::ParentNotificationFailed { .. }
-                | Event::RerunAs { .. } => self.check_any(event),
+                | Event::RerunAs { .. }
+                | Event::Hold { .. }
+                | Event::HoldLifted { .. } => self.check_any(event),
                 Event::InputSent { event_id, .. } => {
                     Err(FoldError::MailboxSealed(event_id.clone()))
                 }
@@ -551,6 +557,16 @@ impl Task {
             }
             // A tombstone stands first in its stream, alone.
             Event::Purged { .. } => return Err(illegal()),
+            Event::Hold { .. } => {
+                if s.hold.is_some() {
+                    return Err(FoldError::Hold("a second hold while one stands"));
+                }
+            }
+            Event::HoldLifted { .. } => {
+                if s.hold.is_none() {
+                    return Err(FoldError::Hold("a hold lifted where none stands"));
+                }
+            }
             Event::AttemptStarted { attempt, at, .. } => {
                 if s.status != Status::Pending {
                     return Err(illegal());
@@ -750,6 +766,8 @@ impl Task {
                 s.max_recoveries = Some(*max_recoveries);
             }
             Event::NotBefore { until, .. } => s.not_before = Some(*until),
+            Event::Hold { reason, .. } => s.hold = Some(reason.as_str().into()),
+            Event::HoldLifted { .. } => s.hold = None,
             Event::AttemptStarted {
                 attempt,
                 lease_deadline,

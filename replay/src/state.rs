@@ -149,6 +149,9 @@ pub struct TaskState {
     /// The earliest time the pending task may be claimed (a delayed run); `None` once an
     /// attempt started, or for a task never delayed.
     pub not_before: Option<Timestamp>,
+    /// The reason of the operator's hold that stands on the task (it is not purged while one
+    /// does); `None` for none.
+    pub hold: Option<Box<str>>,
 }
 
 /// How a task is tied to its reruns: the task it reruns, and the tasks it was rerun as

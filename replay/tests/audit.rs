@@ -1360,6 +1360,23 @@ fn a_purge_is_refused_with_nothing_written_where_it_may_not_go() {
     );
     assert_eq!(j.last_seq().unwrap(), before);
     assert_eq!(stream(&j, "done").len(), 6);
+    // A hold keeps a task; lifted, it goes.
+    let hold = Event::Hold {
+        reason: "case 7".into(),
+        at: Timestamp(40),
+    };
+    j.append("done", 6, &[hold]).unwrap();
+    assert_eq!(
+        why(refused(&["done"])),
+        ("done".into(), PurgeRefusal::OnHold)
+    );
+    j.append("done", 7, &[Event::HoldLifted { at: Timestamp(41) }])
+        .unwrap();
+    assert_eq!(
+        stream(&j, "done").len(),
+        8,
+        "the refused purge wrote nothing"
+    );
     j.purge(&["done"], Timestamp(40)).unwrap();
     assert_eq!(
         why(refused(&["done"])),
@@ -1411,4 +1428,39 @@ fn holes_the_purges_do_not_account_for_are_reported() {
         .problems
         .iter()
         .any(|p| p.kind == ProblemKind::CommitIndex && p.detail.contains("sequences 1..3")));
+}
+
+#[test]
+fn a_hold_stands_once_at_a_time_and_is_lifted_only_where_one_stands() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    let j = journal(dir.path());
+    let hold = |reason: &str| Event::Hold {
+        reason: reason.into(),
+        at: Timestamp(40),
+    };
+    let lifted = Event::HoldLifted { at: Timestamp(41) };
+    // Legal: on a live task and after the end, lifted and placed again.
+    j.append("running", 4, &[hold("a"), lifted.clone(), hold("b")])
+        .unwrap();
+    j.append("done", 6, &[hold("c")]).unwrap();
+    // Illegal: a second hold while one stands; a lift where none stands.
+    j.append("done", 7, &[hold("d")]).unwrap();
+    j.append("later", 0, &[created("later", LeasePolicy::Retry)])
+        .unwrap();
+    j.append("later", 1, &[lifted]).unwrap();
+    drop(j);
+    let report = audit(dir.path());
+    assert_eq!(
+        kinds(&report),
+        [
+            ("done".into(), Some(7), ProblemKind::Illegal),
+            ("later".into(), Some(1), ProblemKind::Illegal)
+        ],
+        "{:?}",
+        report.problems
+    );
+    let j = Journal::open_read_only(dir.path()).unwrap();
+    let view = FoldView::read(&j, "running", |_| {}).unwrap();
+    assert_eq!(view.task.unwrap().state.hold.as_deref(), Some("b"));
 }

@@ -176,7 +176,9 @@ pub fn summary(event: &Event) -> String {
             deadline,
             ..
         } => format!("resolution={resolution:?} deadline={}", time(*deadline)).to_lowercase(),
-        Event::Canceled { reason, .. } => format!("reason={reason:?}"),
+        Event::Canceled { reason, .. } | Event::Hold { reason, .. } => {
+            format!("reason={reason:?}")
+        }
         Event::UpdateAppended {
             attempt,
             event_id,
@@ -273,6 +275,7 @@ pub fn summary(event: &Event) -> String {
         Event::RecoveryLimit { max_recoveries, .. } => format!("max_recoveries={max_recoveries}"),
         Event::NotBefore { until, .. } => format!("until={}", time(*until)),
         Event::Purged { records, .. } => format!("records={records}"),
+        Event::HoldLifted { .. } => String::new(),
     }
 }
 

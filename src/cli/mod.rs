@@ -7,6 +7,7 @@ mod demo;
 mod events;
 mod export;
 mod fmt;
+mod hold;
 mod import;
 mod location;
 mod migrate;
@@ -74,6 +75,9 @@ enum Command {
     /// Bring the journal's format (and a PostgreSQL journal's schema) up to this build's;
     /// `--check` only says whether anything is pending (exit 1 when it is).
     Migrate(migrate::Args),
+    /// Place an operator's hold on a task (`--reason`), or lift it (`--lift`): a held task
+    /// is not purged.
+    Hold(hold::Args),
     /// Delete finished tasks' records (by name, or those that ended before a time), one
     /// tombstone kept a task; in atomic batches, resumable; `--dry-run` only counts.
     Purge(purge::Args),
@@ -206,6 +210,7 @@ pub fn run() -> ExitCode {
         Command::Stats(args) => stats::run(&global, &args),
         Command::Migrate(args) => migrate::run(&global, &args),
         Command::Purge(args) => purge::run(&global, &args),
+        Command::Hold(args) => hold::run(&global, &args),
         Command::Tail(args) => tail::run(&global, &args),
         Command::Demo(args) => demo::run(&global, &args),
         Command::Serve(args) => serve::run(&global, &args),

@@ -41,6 +41,7 @@ struct Seen {
     parent: String,
     ended: Option<Timestamp>,
     queued: bool,
+    held: bool,
     records: u64,
 }
 
@@ -70,6 +71,9 @@ fn tree(root: &str, seen: &BTreeMap<String, Seen>, children: &BTreeMap<&str, Vec
         }
         if task.queued && tree.kept.is_none() {
             tree.kept = Some(format!("a notification of {id} is still queued"));
+        }
+        if task.held && tree.kept.is_none() {
+            tree.kept = Some(format!("{id} is on hold"));
         }
         tree.tasks.push(id.to_owned());
         tree.records += task.records;
@@ -109,8 +113,12 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
             view.id().to_owned(),
             Seen {
                 parent: s.parent_task_id.clone(),
-                ended: s.status.is_terminal().then_some(s.updated_at),
+                ended: s
+                    .status
+                    .is_terminal()
+                    .then(|| s.done_at.unwrap_or(s.updated_at)),
                 queued: !task.outbox.is_empty(),
+                held: s.hold.is_some(),
                 records: view.records,
             },
         );

@@ -396,10 +396,13 @@ impl Timeline {
             ),
             // The lineage is the state's (`rerun of`, `rerun as`); the records' times are
             // in the event list.
+            // So is the hold (`on hold`).
             Event::RerunOf { .. }
             | Event::RerunAs { .. }
             | Event::RecoveryLimit { .. }
-            | Event::Purged { .. } => {}
+            | Event::Purged { .. }
+            | Event::Hold { .. }
+            | Event::HoldLifted { .. } => {}
             Event::NotBefore { until, .. } => self.waits.push(
                 Entry::new(record, "not_before").field("until", until.0.into(), fmt::time(*until)),
             ),
@@ -463,6 +466,7 @@ pub fn state_json(s: &TaskState, show: Show) -> Value {
         "max_recoveries": s.max_recoveries,
         "recoveries": s.recoveries,
         "not_before": s.not_before.map(|t| t.0),
+        "hold": s.hold.as_deref(),
     })
 }
 
@@ -574,6 +578,9 @@ pub fn state_text(s: &TaskState, show: Show) -> String {
     kv("lease until", fmt::opt_time(s.lease_deadline));
     if let Some(until) = s.not_before {
         kv("not before", fmt::time(until));
+    }
+    if let Some(reason) = &s.hold {
+        kv("on hold", format!("{reason:?}"));
     }
     kv("checkpoint", show.text(&s.checkpoint));
     if let Some(resume) = &s.pending_resume {

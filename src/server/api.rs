@@ -4,9 +4,10 @@ use super::error::ErrorBody;
 use super::extract::{ApiPath, ApiQuery, JsonBody, OptionalJsonBody};
 use super::metrics::Scrape;
 use super::model::{
-    BytesQuery, CancelBody, InputBody, InputView, ListQuery, PurgeView, RecordPage, RecordsQuery,
-    ReleaseBody, RerunBody, ResumeBody, StateAt, StateQuery, Stats, StorageView, SubmitBody,
-    TaskDetail, TaskList, TaskStateView, UpdatePage, UpdatesQuery, VerifyQuery, VerifyReport,
+    BytesQuery, CancelBody, HoldBody, InputBody, InputView, ListQuery, PurgeView, RecordPage,
+    RecordsQuery, ReleaseBody, RerunBody, ResumeBody, StateAt, StateQuery, Stats, StorageView,
+    SubmitBody, TaskDetail, TaskList, TaskStateView, UpdatePage, UpdatesQuery, VerifyQuery,
+    VerifyReport,
 };
 use super::sse::{self, Scope};
 use super::{read, ApiError, Shared};
@@ -308,6 +309,48 @@ pub async fn purge_task(
 ) -> Api<PurgeView> {
     let purged = owner(&shared)?.store.purge(&id).await?;
     Ok(Json(PurgeView::of(&purged)))
+}
+
+/// Places an operator's hold on a task (owner mode): while it stands the task (and the tree
+/// it is in) is not purged. Placed again while one stands, nothing changes.
+#[utoipa::path(
+    post, path = "/api/tasks/{id}/hold", tag = "control", request_body = HoldBody,
+    params(("id" = String, Path, description = "The task")),
+    responses(
+        (status = 200, description = "The task, held", body = TaskStateView),
+        (status = 400, description = "An empty or too long reason", body = ErrorBody),
+        WriteRefusals,
+        (status = 404, description = "No such task", body = ErrorBody),
+        (status = 410, description = "The task was purged", body = ErrorBody),
+    )
+)]
+pub async fn hold_task(
+    State(shared): State<Arc<Shared>>,
+    ApiPath(id): ApiPath<String>,
+    JsonBody(body): JsonBody<HoldBody>,
+) -> Api<TaskStateView> {
+    let state = owner(&shared)?.store.hold(&id, &body.reason).await?;
+    Ok(Json(TaskStateView::of(&state, false)))
+}
+
+/// Lifts the hold on a task (owner mode): it may be purged again. Without a hold, nothing
+/// changes.
+#[utoipa::path(
+    delete, path = "/api/tasks/{id}/hold", tag = "control",
+    params(("id" = String, Path, description = "The task")),
+    responses(
+        (status = 200, description = "The task, its hold lifted", body = TaskStateView),
+        WriteRefusals,
+        (status = 404, description = "No such task", body = ErrorBody),
+        (status = 410, description = "The task was purged", body = ErrorBody),
+    )
+)]
+pub async fn lift_hold(
+    State(shared): State<Arc<Shared>>,
+    ApiPath(id): ApiPath<String>,
+) -> Api<TaskStateView> {
+    let state = owner(&shared)?.store.lift_hold(&id).await?;
+    Ok(Json(TaskStateView::of(&state, false)))
 }
 
 /// Audits the journal (or one task): CRCs, hash chains, legality, indexes. One audit runs at

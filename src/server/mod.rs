@@ -244,6 +244,10 @@ impl Server {
             .route("/api/tasks/{id}/inputs", post(api::send_input))
             .route("/api/tasks/{id}/release", post(api::release))
             .route("/api/tasks/{id}/rerun", post(api::rerun))
+            .route(
+                "/api/tasks/{id}/hold",
+                post(api::hold_task).delete(api::lift_hold),
+            )
             .route("/api/verify", post(api::verify))
             .route("/api/stats", get(api::stats))
             .route("/api/stream", get(api::stream))

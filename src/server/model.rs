@@ -191,6 +191,9 @@ pub struct TaskStateView {
     pub recoveries: u64,
     /// A delayed pending task's earliest claim time (ms; `null` for none).
     pub not_before: Option<u64>,
+    /// The reason of the operator's hold on the task (`null` for none): it is not purged
+    /// while one stands.
+    pub hold: Option<String>,
 }
 
 impl TaskStateView {
@@ -234,6 +237,7 @@ impl TaskStateView {
             max_recoveries: s.max_recoveries,
             recoveries: s.recoveries,
             not_before: s.not_before.map(|t| t.0),
+            hold: s.hold.as_deref().map(str::to_owned),
         }
     }
 }
@@ -496,6 +500,14 @@ pub struct RerunBody {
     /// from 1). Naming a rerun the task already has returns it (a repeated request reruns
     /// once).
     pub id: Option<String>,
+}
+
+/// `POST /api/tasks/{id}/hold`: why the task is held.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct HoldBody {
+    /// Why (a case number, an investigation): required, at most the store's error limit.
+    pub reason: String,
 }
 
 /// `DELETE /api/tasks/{id}`: what a purge deleted.

@@ -402,6 +402,7 @@ mod tests {
             max_recoveries: None,
             recoveries: 0,
             not_before: None,
+            hold: None,
         }
     }
 

@@ -15,8 +15,8 @@ mod follow;
 mod index;
 mod mailbox;
 mod outbox;
-mod purge;
 mod request;
+mod retention;
 mod unsettled;
 mod updates;
 
@@ -25,11 +25,11 @@ pub use decide::{Command, MAX_INPUT_KIND_BYTES};
 pub use error::{NotFound, Result, StoreError};
 pub use mailbox::{InputPage, InputRecord};
 pub use outbox::{Notification, RESERVED_KIND_PREFIXES};
-pub use purge::{RetentionStep, MAX_PURGE_TREE};
 pub use request::{
     AdvanceCursor, CreateRequest, ExecutionContext, InputRequest, NotificationRequest,
     UpdateRequest,
 };
+pub use retention::{RetentionStep, MAX_PURGE_TREE};
 pub use updates::{UpdatePage, UpdateRecord};
 
 use crate::clock::Clock;

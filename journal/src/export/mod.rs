@@ -57,7 +57,7 @@ use std::fmt::{self, Write as _};
 /// It changes when a field is removed, renamed or changes meaning, or when event types are
 /// added (version 2: the event schema v2's mailbox, nested-task, publication and part
 /// events; version 3: schema v3's `rerun_of`, `rerun_as`, `recovery_limit` and
-/// `not_before`; version 4: schema v4's `purged`). A reader of version 4 reads versions 1
+/// `not_before`; version 4: schema v4's `purged`, `hold` and `hold_lifted`). A reader of version 4 reads versions 1
 /// to 3 too ([`OLDEST_VERSION`]): their events are a subset.
 pub const VERSION: u64 = 4;
 

@@ -220,6 +220,13 @@ enum EventDef {
         last_digest: [u8; 32],
         at: Timestamp,
     },
+    Hold {
+        reason: String,
+        at: Timestamp,
+    },
+    HoldLifted {
+        at: Timestamp,
+    },
 }
 
 /// How a task spec is read: every field, none unknown.

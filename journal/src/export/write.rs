@@ -387,6 +387,19 @@ impl<'a> Serialize for EventJson<'a> {
                 o.serialize_field("type", ty)?;
                 o.end()
             }
+            Event::Hold { reason, at } => {
+                let mut o = serializer.serialize_struct("hold", 3)?;
+                o.serialize_field("at", at)?;
+                o.serialize_field("reason", reason)?;
+                o.serialize_field("type", ty)?;
+                o.end()
+            }
+            Event::HoldLifted { at } => {
+                let mut o = serializer.serialize_struct("hold_lifted", 2)?;
+                o.serialize_field("at", at)?;
+                o.serialize_field("type", ty)?;
+                o.end()
+            }
             Event::RecoveryLimit { max_recoveries, at } => {
                 let mut o = serializer.serialize_struct("recovery_limit", 3)?;
                 o.serialize_field("at", at)?;

@@ -195,6 +195,8 @@ function timeline(records) {
       case "rerun_of": items.push(["", `a rerun of ${e.task}`, r]); break;
       case "rerun_as": items.push(["", `rerun as ${e.task}`, r]); break;
       case "purged": items.push(["", `purged: its ${e.records} records deleted`, r]); break;
+      case "hold": items.push(["", `held: ${e.reason}`, r]); break;
+      case "hold_lifted": items.push(["", "hold lifted", r]); break;
       case "not_before": items.push(["wait", `not before ${time(e.until)}`, r]); break;
       case "recovery_limit": items.push(["", `recovered at most ${e.max_recoveries} time${e.max_recoveries === 1 ? "" : "s"}`, r]); break;
       default: items.push(["", r.type.replace(/_/g, " "), r]);
@@ -222,6 +224,7 @@ function stateList(s) {
   if (s.result_error) pairs.push(["error", s.result_error]);
   const taskLink = (id) => h("a", { href: `#/task/${encodeURIComponent(id)}`, class: "mono" }, id);
   if (s.rerun_of) pairs.push(["rerun of", taskLink(s.rerun_of)]);
+  if (s.hold) pairs.push(["on hold", s.hold]);
   if (s.rerun_as && s.rerun_as.length) pairs.push(["rerun as", s.rerun_as.flatMap((id, i) => (i ? [", ", taskLink(id)] : [taskLink(id)]))]);
   return h("dl", { class: "kv" }, pairs.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
 }

@@ -1,10 +1,10 @@
-//! Purging finished tasks: what the store allows, on top of the journal's purge
-//! ([`dtask_journal::Journal::purge`]).
+//! Retention: purging finished tasks, on top of the journal's purge
+//! ([`dtask_journal::Journal::purge`]), sweeps by age, and operators' holds.
 //!
 //! A task tree is purged whole: a purge names a root task, and its nested tasks (each
 //! ended) go in the same atomic write; a nested task alone is refused, so that no parent
-//! names a child that is gone. A task not ended, or with a notification still queued, is
-//! refused; nothing is written on a refusal. A purged task reads as
+//! names a child that is gone. A task not ended, with a notification still queued or under
+//! a hold ([`TaskStore::hold`]) is refused; nothing is written on a refusal. A purged task reads as
 //! [`StoreError::Purged`] from then on — on every node of a shared journal, which follows
 //! the tombstone through the commit order — and its id stays taken.
 
@@ -27,8 +27,8 @@ impl TaskStore {
     /// its nested tasks has not ended; [`StoreError::Invalid`] for a nested task (purge its
     /// root) or a tree of more than [`MAX_PURGE_TREE`] tasks;
     /// [`StoreError::Journal`] with [`dtask_journal::Error::NotPurgeable`] for a task with
-    /// a queued notification, or [`dtask_journal::Error::Conflict`] when a stream changed
-    /// meanwhile. Nothing is written on an error.
+    /// a queued notification or under a hold, or [`dtask_journal::Error::Conflict`] when a
+    /// stream changed meanwhile. Nothing is written on an error.
     pub async fn purge(&self, id: &str) -> Result<Vec<PurgedStream>> {
         let slot = self.slot(id)?;
         let tree = {
@@ -144,7 +144,7 @@ impl TaskStore {
                     let s = &task.state;
                     if s.parent_task_id.is_empty()
                         && s.status.is_terminal()
-                        && s.updated_at < before
+                        && s.done_at.unwrap_or(s.updated_at) < before
                         && !view.has_problems()
                     {
                         candidates.push(view.id().to_owned());
@@ -224,5 +224,76 @@ impl TaskStore {
                 }
             }
         })
+    }
+}
+
+impl TaskStore {
+    /// Places an operator's hold on task `id` (any task, in any status, ended or not): while
+    /// it stands the task is not purged — by name, by a retention sweep or offline — and a
+    /// tree with a held task is kept whole. `reason` says why (a case, an investigation).
+    /// A hold placed again while one stands changes nothing and returns the task.
+    ///
+    /// # Errors
+    /// [`StoreError::Invalid`] for an empty reason or one longer than the store's error
+    /// limit; [`StoreError::NotFound`], [`StoreError::Purged`]; journal errors. Nothing is
+    /// written on an error.
+    pub async fn hold(&self, id: &str, reason: &str) -> Result<dtask_replay::TaskState> {
+        if reason.is_empty() {
+            return Err(StoreError::invalid("reason", "a hold needs a reason"));
+        }
+        let max = self.inner.config.max_error_bytes;
+        if reason.len() > max {
+            return Err(StoreError::invalid(
+                "reason",
+                format!("{} bytes, more than {max}", reason.len()),
+            ));
+        }
+        self.write_hold(id, |state, at| {
+            state.hold.is_none().then(|| dtask_journal::Event::Hold {
+                reason: reason.to_owned(),
+                at,
+            })
+        })
+        .await
+    }
+
+    /// Lifts the hold on task `id`: it may be purged again. Without a hold, changes nothing
+    /// and returns the task.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`], [`StoreError::Purged`]; journal errors.
+    pub async fn lift_hold(&self, id: &str) -> Result<dtask_replay::TaskState> {
+        self.write_hold(id, |state, at| {
+            state
+                .hold
+                .is_some()
+                .then_some(dtask_journal::Event::HoldLifted { at })
+        })
+        .await
+    }
+
+    /// Appends the record `decide` makes of the task's state, if any (a non-lifecycle one:
+    /// the version does not change), deciding again after another writer moved the task.
+    async fn write_hold(
+        &self,
+        id: &str,
+        decide: impl Fn(&dtask_replay::TaskState, Timestamp) -> Option<dtask_journal::Event>,
+    ) -> Result<dtask_replay::TaskState> {
+        /// Decisions made again after a version conflict, at most.
+        const TRIES: usize = 4;
+        let slot = self.slot(id)?;
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let mut task = self.lock(&slot).await?;
+            let Some(event) = decide(&task.state, self.now()) else {
+                return Ok(task.state.clone());
+            };
+            match self.commit(&slot, &mut task, &[event]).await {
+                Ok(()) => return Ok(task.state.clone()),
+                Err(StoreError::VersionConflict { .. }) if tries < TRIES => {}
+                Err(e) => return Err(e),
+            }
+        }
     }
 }
