@@ -107,6 +107,13 @@ fn audit(dir: &Path) -> AuditReport {
     audit_journal(&j, &mut |_| {}).unwrap()
 }
 
+/// [`audit`], which must find nothing wrong (`context` names the case in the failure).
+fn audit_clean(dir: &Path, context: &str) -> AuditReport {
+    let report = audit(dir);
+    assert!(report.is_clean(), "{context}: {:?}", report.problems);
+    report
+}
+
 /// Opens the raw database and applies `f` to it.
 fn tamper(dir: &Path, f: impl FnOnce(&rocksdb::DB)) {
     let cfs: Vec<_> = dtask_journal::keys::COLUMN_FAMILIES.to_vec();
@@ -1252,8 +1259,7 @@ fn a_purged_task_keeps_its_tombstone_alone_and_the_journal_audits_clean() {
             "{err}"
         );
         drop(j);
-        let report = audit(dir.path());
-        assert!(report.is_clean(), "apart {apart}: {:?}", report.problems);
+        let report = audit_clean(dir.path(), &format!("apart {apart}"));
         assert_eq!(
             (
                 report.tasks,
@@ -1280,8 +1286,7 @@ fn a_purged_task_keeps_its_tombstone_alone_and_the_journal_audits_clean() {
             [(0, dtask_journal::EventType::Purged)]
         );
         drop(j);
-        let report = audit(dir.path());
-        assert!(report.is_clean(), "apart {apart}: {:?}", report.problems);
+        let report = audit_clean(dir.path(), &format!("apart {apart}"));
         assert_eq!(
             (
                 report.tasks,
@@ -1383,8 +1388,7 @@ fn a_purge_is_refused_with_nothing_written_where_it_may_not_go() {
         ("done".into(), PurgeRefusal::AlreadyPurged)
     );
     drop(j);
-    let report = audit(dir.path());
-    assert!(report.is_clean(), "{:?}", report.problems);
+    audit_clean(dir.path(), "after the purge");
 }
 
 #[test]
