@@ -1508,7 +1508,8 @@ fn usage_errors_exit_2() {
 /// Not a test: builds a large journal for measurements, e.g.
 /// `DTASK_LARGE=/tmp/big DTASK_LARGE_TASKS=100000 cargo test -p dtask --test cli -- --ignored`.
 /// Each task has 12 records: created, task-created notification, attempt, started marker, seven
-/// updates, completed.
+/// updates, completed — and a 13th, the notification's acknowledgement, with
+/// `DTASK_LARGE_ACKED=1` (a journal whose tasks may be purged).
 #[test]
 #[ignore = "builds a large journal for measurements"]
 fn large_journal() {
@@ -1574,7 +1575,15 @@ fn large_journal() {
             data: b"exit 0".to_vec(),
             at: at(4),
         });
-        journal.append(&id, 0, &events).unwrap();
+        let appended = journal.append(&id, 0, &events).unwrap();
+        if std::env::var_os("DTASK_LARGE_ACKED").is_some() {
+            let ack = Event::NotificationAcked {
+                id: format!("{id}:1:task_created"),
+                enqueued_seq: appended.first_seq + 1,
+                at: at(5),
+            };
+            journal.append(&id, appended.next_position, &[ack]).unwrap();
+        }
     }
 }
 
