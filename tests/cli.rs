@@ -2020,9 +2020,22 @@ fn purge_deletes_finished_tasks_by_name_or_age_and_the_journal_still_audits_and_
     let saved = work.path().join("purged.jsonl");
     let done = json(&stdout(
         dtask(dir.path())
-            .args(["purge", "--finished-before", &cutoff, "--json", "--export"])
+            .args([
+                "purge",
+                "--finished-before",
+                &cutoff,
+                "--json",
+                "--compact",
+                "--export",
+            ])
             .arg(&saved),
     ));
+    // Compacted after: the directory's size before and after, measured.
+    assert!(
+        done["compacted"]["bytes_before"].as_u64().unwrap() > 0
+            && done["compacted"]["bytes_after"].as_u64().unwrap() > 0,
+        "{done}"
+    );
     // Exported before it went: every record of it, in full.
     let saved = std::fs::read_to_string(&saved).unwrap();
     assert_eq!(
@@ -2086,9 +2099,12 @@ fn a_purged_journal_moves_to_postgres_and_back_bit_exact_and_purges_there() {
     let shown = stdout(dtask_at(&pg).args(["show", "job"]));
     assert!(shown.contains("purged at"), "{shown}");
     dtask_at(&pg)
-        .args(["purge", "--finished-before", "2100-01-01"])
+        .args(["purge", "--finished-before", "2100-01-01", "--compact"])
         .assert()
-        .success();
+        .success()
+        .stdout(predicate::str::contains(
+            "not compacted: the database reclaims",
+        ));
     let verified = stdout(dtask_at(&pg).arg("verify"));
     assert!(
         verified.contains("1 purged") && verified.ends_with("clean\n"),

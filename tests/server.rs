@@ -1769,6 +1769,20 @@ async fn an_owner_purges_a_finished_task_and_reads_of_it_answer_gone() {
         "{stats}"
     );
     assert_eq!(stats["by_status"]["failed"], 0, "{stats}");
+    assert_eq!(stats["tasks_purged"], 1, "{stats}");
+    let metrics = server
+        .http
+        .get(server.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.lines().any(|l| l == "dtask_journal_tasks_purged 1"),
+        "{metrics}"
+    );
     let (_, report) = server.post("/api/verify", &json!({})).await;
     assert_eq!(report["clean"], true, "{report}");
     server.stop().await;

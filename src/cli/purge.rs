@@ -6,7 +6,8 @@
 //! no notification of it is still queued. They are purged in batches, each one atomic write:
 //! a purge cut short (a crash, `^C`) leaves whole batches purged and the rest as they were,
 //! and running it again goes on where it stopped. `--dry-run` says what would go;
-//! `--export FILE` first writes the tasks to go to a file, in the export format.
+//! `--export FILE` first writes the tasks to go to a file, in the export format; `--compact`
+//! gives the space back at once.
 
 use super::{fmt, progress, CliError, Global, Out, Result};
 use dtask_journal::{JournalOptions, Timestamp};
@@ -34,6 +35,25 @@ pub struct Args {
     /// field in full; synced before anything is purged). Nothing is purged if it fails.
     #[arg(long, value_name = "FILE", conflicts_with = "dry_run")]
     export: Option<std::path::PathBuf>,
+    /// Then compact the journal's storage, so that the space is given back now rather than as
+    /// compactions come due (an embedded journal; PostgreSQL's autovacuum does this itself).
+    #[arg(long, conflicts_with = "dry_run")]
+    compact: bool,
+}
+
+/// The bytes of the files under `dir` (the journal's directory), if it can be read.
+fn dir_bytes(dir: &std::path::Path) -> Option<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir).ok()? {
+        let entry = entry.ok()?;
+        let meta = entry.metadata().ok()?;
+        total += if meta.is_dir() {
+            dir_bytes(&entry.path())?
+        } else {
+            meta.len()
+        };
+    }
+    Some(total)
 }
 
 /// What the fold of the journal says of one task.
@@ -210,6 +230,14 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
         flush(&mut batch, &mut trees_in_batch)?;
         bar.finish_and_clear();
     }
+    let compacted = if args.compact && !args.dry_run {
+        let before = at.dir().and_then(dir_bytes);
+        let done = journal.compact_now()?;
+        let after = at.dir().and_then(dir_bytes);
+        done.then_some((before, after))
+    } else {
+        None
+    };
     let mut out = Out::new();
     if global.json {
         out.json(&json!({
@@ -217,6 +245,7 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
             "purged": { "tasks": purged_tasks, "records": purged_records, "bytes": purged_bytes },
             "kept": kept.iter().map(|t| json!({ "task": t.tasks[0], "why": t.kept })).collect::<Vec<_>>(),
             "purged_before": already,
+            "compacted": compacted.map(|(before, after)| json!({ "bytes_before": before, "bytes_after": after })),
         }))?;
     } else {
         out.line(format!(
@@ -243,6 +272,18 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
         }
         if already > 0 {
             out.line(format!("{} purged before", fmt::count(already, "task")))?;
+        }
+        match compacted {
+            Some((Some(before), Some(after))) => out.line(format!(
+                "compacted: {} → {} on disk",
+                fmt::size(before),
+                fmt::size(after)
+            ))?,
+            Some(_) => out.line("compacted")?,
+            None if args.compact => {
+                out.line("not compacted: the database reclaims the space itself")?;
+            }
+            None => {}
         }
     }
     out.flush()

@@ -414,6 +414,7 @@ pub async fn stats(State(shared): State<Arc<Shared>>) -> Json<Stats> {
         records: s.records,
         bytes: s.bytes,
         tasks_with_problems: s.problems,
+        tasks_purged: s.purged,
         by_status: s
             .by_status
             .iter()

@@ -428,6 +428,7 @@ struct JournalGauges {
     records: Gauge,
     bytes: Gauge,
     problems: Gauge,
+    purged: Gauge,
     last_seq: Gauge,
     attempts_started: Gauge,
     attempts_recovered: Gauge,
@@ -448,6 +449,11 @@ impl JournalGauges {
             r,
             "journal_tasks_with_problems",
             "Tasks whose stream does not fold cleanly (run a verify)",
+        );
+        let purged = gauge(
+            r,
+            "journal_tasks_purged",
+            "Purged tasks: their records deleted, their tombstones kept",
         );
         let last_seq = gauge(
             r,
@@ -475,6 +481,7 @@ impl JournalGauges {
             records,
             bytes,
             problems,
+            purged,
             last_seq,
             attempts_started,
             attempts_recovered,
@@ -690,6 +697,7 @@ impl Metrics {
         self.journal.records.set(int(snapshot.records));
         self.journal.bytes.set(int(snapshot.bytes));
         self.journal.problems.set(int(snapshot.problems));
+        self.journal.purged.set(int(snapshot.purged));
         self.journal.last_seq.set(int(snapshot.last_seq));
         self.subscribers.set(int(subscribers));
         self.ready.set(i64::from(scrape.ready));

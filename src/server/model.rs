@@ -665,6 +665,8 @@ pub struct Stats {
     pub bytes: u64,
     /// Tasks whose stream does not fold cleanly (as last read).
     pub tasks_with_problems: u64,
+    /// Purged tasks: their records deleted, their tombstones kept (not in `tasks`).
+    pub tasks_purged: u64,
     /// Tasks by status.
     pub by_status: std::collections::BTreeMap<String, u64>,
     /// Tasks by executor.

@@ -33,6 +33,8 @@ struct Counts {
     records: u64,
     bytes: u64,
     problems: u64,
+    /// Purged tasks (their tombstones), as last counted.
+    purged: u64,
     /// Tasks the first count folded past the sequence it started at, with the last sequence
     /// it folded: the pump skips their records up to it.
     counted_past: HashMap<String, u64>,
@@ -56,6 +58,8 @@ pub struct Snapshot {
     pub bytes: u64,
     /// Tasks whose stream does not fold cleanly.
     pub problems: u64,
+    /// Purged tasks (counted apart from `tasks`; a purge makes the counts again).
+    pub purged: u64,
     /// Tasks by status (every status present, 0 included).
     pub by_status: BTreeMap<Status, u64>,
     /// Tasks by executor.
@@ -121,8 +125,9 @@ impl Projection {
             let view = view?;
             let id = view.id().to_owned();
             if view.purged.is_some() {
-                // Purged: counted for nothing (its records are gone; its tombstone is not a
+                // Purged: counted apart (its records are gone; its tombstone is not a
                 // task's).
+                c.purged += 1;
                 continue;
             }
             if !view.exists() {
@@ -242,6 +247,7 @@ impl Projection {
             records: c.records,
             bytes: c.bytes,
             problems: c.problems,
+            purged: c.purged,
             by_status,
             by_executor: c.by_executor.clone(),
             by_type: c.by_type.clone(),

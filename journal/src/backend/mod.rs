@@ -403,6 +403,16 @@ pub trait Backend: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Compacts the whole store now, on the calling thread: what deletions (a purge's) left
+    /// behind is dropped and its space given back. `Ok(false)` where the store reclaims
+    /// space itself (the default; PostgreSQL's autovacuum).
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on failure.
+    fn compact(&self) -> Result<bool> {
+        Ok(false)
+    }
+
     /// Persists in-memory tables so a later open has no log to replay; a no-op by default.
     ///
     /// # Errors

@@ -1144,6 +1144,17 @@ impl Backend for RocksBackend {
         Ok(())
     }
 
+    fn compact(&self) -> Result<bool> {
+        if self.read_only {
+            return Ok(false);
+        }
+        self.flush()?;
+        for cf in self.column_families()? {
+            self.db.compact_range_cf(cf, None::<&[u8]>, None::<&[u8]>);
+        }
+        Ok(true)
+    }
+
     fn flush_in_background(&self) -> Result<()> {
         if self.read_only {
             return Ok(());
