@@ -18,11 +18,17 @@ use crate::tail::{Inconsistency, LiveSummary, Tail};
 /// framing in the `meta` space ([`keys::META_RECORD_FORMAT`]): a journal created as format 5
 /// writes [`RecordFormat::NEWEST`] (SHA-256 chain digests) unless told otherwise, one
 /// upgraded from an older format keeps [`RecordFormat::BLAKE3`], which all older journals
-/// wrote. Every other key is the same in all five. An older journal is read as it is, and
-/// upgraded in place when opened for writing (format 3 to 4 moves nothing: a finished stream
-/// of an older format moves when a record is next written to it; format 4 to 5 stores the
-/// record framing it already has).
-pub const JOURNAL_FORMAT_VERSION: u32 = 5;
+/// wrote; format 6 may hold purged streams ([`crate::Journal::purge`]: a stream that starts
+/// with a tombstone, and sequences the commit order lacks), which a build of an older format
+/// would take for damage — the version is what makes such a build refuse the journal.
+/// Every other key is the same in all six. An older journal is read as it is, and upgraded in
+/// place when opened for writing (format 3 to 4 moves nothing: a finished stream of an older
+/// format moves when a record is next written to it; format 4 to 5 stores the record framing
+/// it already has; format 5 to 6 changes nothing but the version).
+pub const JOURNAL_FORMAT_VERSION: u32 = 6;
+
+/// The first format that names its record framing in `meta`.
+const RECORD_FORMAT_VERSION_NAMED: u32 = 5;
 
 /// The first format with a tail marker.
 pub(crate) const TAIL_FORMAT_VERSION: u32 = 3;
@@ -72,8 +78,12 @@ pub(crate) fn prepare_writable(backend: &dyn Backend, format: RecordFormat) -> R
             check_version(v)?;
             if v < JOURNAL_FORMAT_VERSION {
                 // Format 3 to 4: the writer's open made the `finished` column family. Format 4
-                // to 5: the framing the records have is named.
-                let ops = vec![version_stamp(), record_format_put(RecordFormat::BLAKE3)];
+                // to 5: the framing the records have is named. Format 5 to 6: the version
+                // alone (a purge may write tombstones from now on).
+                let mut ops = vec![version_stamp()];
+                if v < RECORD_FORMAT_VERSION_NAMED {
+                    ops.push(record_format_put(RecordFormat::BLAKE3));
+                }
                 backend.write(ops, crate::Durability::Sync)?;
                 tracing::info!(
                     from = v,

@@ -413,20 +413,55 @@ fn a_newer_format_version_is_refused() {
     {
         let cfs: Vec<_> = dtask_journal::keys::COLUMN_FAMILIES.to_vec();
         let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), dir.path(), cfs).unwrap();
-        set_format_version(&db, 6);
+        set_format_version(&db, 7);
     }
     let err = Journal::open(dir.path(), JournalOptions::default()).unwrap_err();
     assert!(matches!(
         err,
         Error::UnsupportedFormat {
-            found: 6,
-            supported: 5
+            found: 7,
+            supported: 6
         }
     ));
     assert!(matches!(
         Journal::open_read_only(dir.path()),
-        Err(Error::UnsupportedFormat { found: 6, .. })
+        Err(Error::UnsupportedFormat { found: 7, .. })
     ));
+}
+
+/// Format 5 to 6 changes the version alone: a format-5 journal (SHA-256 framing) opened for
+/// writing is stamped 6 and keeps its framing; its records read and chain as before.
+#[test]
+fn a_format_5_journal_is_stamped_6_and_keeps_its_framing() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+        journal.append("t", 0, &[created("t")]).unwrap();
+        assert_eq!(journal.record_format(), dtask_journal::RecordFormat::SHA256);
+    }
+    {
+        let cfs: Vec<_> = dtask_journal::keys::COLUMN_FAMILIES.to_vec();
+        let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), dir.path(), cfs).unwrap();
+        set_format_version(&db, 5);
+    }
+    assert_eq!(
+        Journal::open_read_only(dir.path())
+            .unwrap()
+            .format_version(),
+        5
+    );
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    assert_eq!(journal.format_version(), 6);
+    assert_eq!(journal.record_format(), dtask_journal::RecordFormat::SHA256);
+    journal.append("t", 1, &[update(1)]).unwrap();
+    assert_eq!(
+        journal
+            .read_stream("t", 0)
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap()
+            .len(),
+        2
+    );
 }
 
 #[test]
@@ -534,7 +569,10 @@ fn a_new_journal_frames_its_records_in_sha256_and_an_upgraded_one_keeps_blake3()
     let dir = tempfile::tempdir().unwrap();
     {
         let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
-        assert_eq!(journal.format_version(), 5);
+        assert_eq!(
+            journal.format_version(),
+            dtask_journal::JOURNAL_FORMAT_VERSION
+        );
         assert_eq!(journal.record_format(), RecordFormat::SHA256);
         journal.append("t", 0, &[created("t")]).unwrap();
     }
@@ -564,7 +602,10 @@ fn a_new_journal_frames_its_records_in_sha256_and_an_upgraded_one_keeps_blake3()
     // A writer upgrades it to format 5, names the framing its records have and goes on
     // with it: the stream chains on across the upgrade.
     let journal = Journal::open(old.path(), JournalOptions::default()).unwrap();
-    assert_eq!(journal.format_version(), 5);
+    assert_eq!(
+        journal.format_version(),
+        dtask_journal::JOURNAL_FORMAT_VERSION
+    );
     assert_eq!(journal.record_format(), RecordFormat::BLAKE3);
     journal.append("t", 2, &[update(2)]).unwrap();
     let records: Vec<_> = journal.read_stream("t", 0).map(Result::unwrap).collect();
@@ -656,7 +697,10 @@ fn a_format_1_journal_is_read_as_is_and_upgraded_when_opened_for_writing() {
     // A writer upgrades it: version 5, no `heads`, a tail marker summed up from the journal,
     // the framing its records have named; appends go on where the stream ends.
     let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
-    assert_eq!(journal.format_version(), 5);
+    assert_eq!(
+        journal.format_version(),
+        dtask_journal::JOURNAL_FORMAT_VERSION
+    );
     assert_eq!(journal.record_format(), RecordFormat::BLAKE3);
     let tail = journal.read_tail().unwrap().unwrap();
     assert_eq!((tail.last_seq, tail.live.tasks), (3, 1));

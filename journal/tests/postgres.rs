@@ -372,7 +372,10 @@ fn a_new_journal_chains_with_sha256_and_a_format_4_one_keeps_blake3() {
         return;
     };
     let journal = open(&new);
-    assert_eq!(journal.format_version(), 5);
+    assert_eq!(
+        journal.format_version(),
+        dtask_journal::JOURNAL_FORMAT_VERSION
+    );
     assert_eq!(journal.record_format(), RecordFormat::SHA256);
     drop(journal);
 
@@ -395,7 +398,7 @@ fn a_new_journal_chains_with_sha256_and_a_format_4_one_keeps_blake3() {
     assert_eq!(reader.record_format(), RecordFormat::BLAKE3);
     drop(reader);
     let (a, b) = (open(&old), open(&old));
-    assert_eq!(a.format_version(), 5);
+    assert_eq!(a.format_version(), dtask_journal::JOURNAL_FORMAT_VERSION);
     assert_eq!(b.record_format(), RecordFormat::BLAKE3);
     a.append("t", 1, &[update(1)]).unwrap();
     b.append("t", 2, &[update(2)]).unwrap();
