@@ -74,6 +74,12 @@ impl Running {
         (status, response.json().await.unwrap())
     }
 
+    /// The body of `GET path` as text (the metrics' exposition).
+    async fn text(&self, path: &str) -> String {
+        let response = self.http.get(self.url(path)).send().await.unwrap();
+        response.text().await.unwrap()
+    }
+
     /// Opens the event stream at `path`, answered 200.
     async fn stream(&self, path: &str) -> reqwest::Response {
         let response = self.http.get(self.url(path)).send().await.unwrap();
@@ -1573,15 +1579,7 @@ async fn write_path_and_engine_metrics_count_what_happened() {
 
     let last = store.journal().last_seq().unwrap();
     server.wait_seq(last).await;
-    let text = server
-        .http
-        .get(server.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = server.text("/metrics").await;
     // Every value asked for is a whole number (a histogram's sum prints as `6.0`).
     let value = |name: &str| -> u64 {
         text.lines()
@@ -1770,15 +1768,7 @@ async fn an_owner_purges_a_finished_task_and_reads_of_it_answer_gone() {
     );
     assert_eq!(stats["by_status"]["failed"], 0, "{stats}");
     assert_eq!(stats["tasks_purged"], 1, "{stats}");
-    let metrics = server
-        .http
-        .get(server.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = server.text("/metrics").await;
     assert!(
         metrics.lines().any(|l| l == "dtask_journal_tasks_purged 1"),
         "{metrics}"
