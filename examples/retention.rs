@@ -1,16 +1,20 @@
-//! Retention: finished tasks purged by age a step at a time, an operator's hold that keeps
-//! one, and the audit that still accounts for every record the purges deleted.
+//! Retention: finished tasks' older progress trimmed, finished tasks purged by age a step at a
+//! time, an operator's hold that keeps one, and the audit that still accounts for every record
+//! the trims rewrote and the purges deleted.
 //!
-//! Three tasks run and complete; `deploy-1` is put on hold (an incident is being looked
-//! into). A retention sweep — what `dtask serve --retain 30d` runs in the background, here
-//! with "everything that ended before now" — purges the others: their records are deleted,
-//! one tombstone a task kept, and each id stays taken. The audit is clean and counts the
-//! purged tasks. Once the hold is lifted, `deploy-1` is purged by name.
+//! Three tasks run and complete, `build-1` with 40 lines of output (progress updates);
+//! `deploy-1` is put on hold (an incident is being looked into). A trim sweep — the first
+//! tier of retention — keeps the last 5 updates of `build-1` whole and drops the bytes of the
+//! others, which keep their place and event ids. A retention sweep — what `dtask serve
+//! --retain 30d` runs in the background, here with "everything that ended before now" —
+//! purges the others: their records are deleted, one tombstone a task kept, and each id stays
+//! taken. The audit is clean and counts the purged tasks. Once the hold is lifted, `deploy-1`
+//! is purged by name.
 //!
 //! Run: `cargo run --example retention`
 #![allow(clippy::unwrap_used, missing_docs)]
 
-use dtask::engine::RetentionStep;
+use dtask::engine::{RetentionStep, UpdateRequest};
 use dtask::journal::Timestamp;
 use dtask::replay::audit_journal;
 use dtask::{
@@ -31,6 +35,18 @@ async fn main() {
         };
         store.create(request).await.unwrap();
         let running = store.execute(id, 1, Command::Start).await.unwrap();
+        if id == "build-1" {
+            for line in 1..=40 {
+                let update = UpdateRequest {
+                    attempt: running.attempt,
+                    event_id: format!("line-{line}"),
+                    kind: "stdout".into(),
+                    data: format!("line {line}: {}", "x".repeat(100)).into_bytes(),
+                    ..UpdateRequest::default()
+                };
+                store.append_update(id, update).await.unwrap();
+            }
+        }
         let data = format!("{id} done").into_bytes();
         store
             .execute(id, running.version, Command::Complete { data })
@@ -40,9 +56,39 @@ async fn main() {
     let held = store.hold("deploy-1", "incident 88").await.unwrap();
     println!("deploy-1 on hold: {}", held.hold.as_deref().unwrap_or("-"));
 
+    // The first tier: every task that ended before the cutoff keeps its last 5 updates whole.
+    let cutoff = Timestamp(store.now().0 + 1);
+    let step = store.trim_finished(cutoff, 5, None, 100).await.unwrap();
+    for trimmed in &step.trimmed {
+        println!(
+            "trimmed {}: {} progress updates ({} bytes saved)",
+            trimmed.task, trimmed.records, trimmed.bytes
+        );
+    }
+    let updates = store
+        .list_updates("build-1", None, 100, false)
+        .await
+        .unwrap();
+    let trimmed = updates.updates.iter().filter(|u| u.trimmed).count();
+    let latest = updates.updates.last().unwrap();
+    println!(
+        "build-1: {} updates, {trimmed} trimmed; the latest whole: {:?}",
+        updates.updates.len(),
+        String::from_utf8_lossy(&latest.data[..8])
+    );
+    let report = audit_journal(store.journal(), &mut |_| {}).unwrap();
+    println!(
+        "audit after the trim: {} progress updates trimmed, {}",
+        report.trimmed_records,
+        if report.is_clean() {
+            "clean"
+        } else {
+            "PROBLEMS"
+        }
+    );
+
     // A retention sweep: every root task that ended before the cutoff, a step at a time
     // (each purge one atomic write; a sweep cut short is simply run again).
-    let cutoff = Timestamp(store.now().0 + 1);
     let mut after = None;
     loop {
         let RetentionStep {

@@ -483,7 +483,7 @@ fn export_matches_its_golden_output_and_redacts() {
     let export = stdout(dtask(dir.path()).arg("export"));
     golden("export.jsonl", &export);
     let header = json(export.lines().next().unwrap());
-    assert_eq!(header["dtask_export"], 4);
+    assert_eq!(header["dtask_export"], 5);
     assert_eq!(header["scope"], "journal");
     assert_eq!(
         header["records"].as_u64().unwrap(),
@@ -2126,4 +2126,108 @@ fn round_trip_from(from: &str, to: &Path) {
     let file = to.with_extension("jsonl");
     std::fs::write(&file, &export).unwrap();
     rebuild(&file, &export, to);
+}
+
+#[test]
+fn trim_drops_older_progress_bytes_by_name_or_age_and_the_journal_still_audits_and_imports() {
+    let dir = built();
+    dtask(dir.path())
+        .args(["trim", "nobody"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("no task \"nobody\""));
+    let dry = json(&stdout(dtask(dir.path()).args([
+        "trim",
+        "alpha",
+        "--keep",
+        "1",
+        "--dry-run",
+        "--json",
+    ])));
+    assert_eq!(dry["trimmed"]["records"], 1, "{dry}");
+    assert_eq!(dry["dry_run"], true);
+    let events = stdout(dtask(dir.path()).args(["events", "alpha"]));
+    assert!(
+        !events.contains("update_trimmed"),
+        "the dry run wrote nothing"
+    );
+
+    let done = json(&stdout(
+        dtask(dir.path()).args(["trim", "alpha", "--keep", "1", "--json"]),
+    ));
+    assert_eq!(
+        (&done["trimmed"]["tasks"], &done["trimmed"]["records"]),
+        (&1.into(), &1.into()),
+        "{done}"
+    );
+    let events = stdout(dtask(dir.path()).args(["events", "alpha"]));
+    assert!(
+        events.contains("update_trimmed") && events.contains("progress_trimmed"),
+        "{events}"
+    );
+    let shown = stdout(dtask(dir.path()).args(["show", "alpha"]));
+    assert!(shown.contains("update_trimmed"), "{shown}");
+    // Again: nothing more to trim.
+    let again = json(&stdout(
+        dtask(dir.path()).args(["trim", "alpha", "--keep", "1", "--json"]),
+    ));
+    assert_eq!(again["trimmed"]["records"], 0, "{again}");
+    // By age, to nothing kept.
+    let swept = json(&stdout(dtask(dir.path()).args([
+        "trim",
+        "--finished-before",
+        "2100-01-01",
+        "--keep",
+        "0",
+        "--compact",
+        "--json",
+    ])));
+    assert!(
+        swept["trimmed"]["records"].as_u64().unwrap() >= 1,
+        "{swept}"
+    );
+    let verified = stdout(dtask(dir.path()).arg("verify"));
+    assert!(verified.contains("trimmed in"), "{verified}");
+
+    // A trimmed journal moves bit-exact.
+    let work = tempfile::tempdir().unwrap();
+    let (_, rebuilt, export) = round_trip(dir.path(), work.path());
+    assert!(export.contains(r#""type":"update_trimmed""#), "{export}");
+    let verified = stdout(dtask(&rebuilt).arg("verify"));
+    assert!(verified.contains("trimmed in"), "{verified}");
+}
+
+#[test]
+fn a_trimmed_journal_moves_to_postgres_and_back_bit_exact_and_trims_there() {
+    let Some(pg) = pg_url("trimmed") else {
+        return;
+    };
+    let dir = built();
+    dtask(dir.path())
+        .args(["trim", "alpha", "--keep", "1"])
+        .assert()
+        .success();
+    let work = tempfile::tempdir().unwrap();
+    let file = work.path().join("trimmed.jsonl");
+    dtask(dir.path())
+        .args(["export", "-o"])
+        .arg(&file)
+        .assert()
+        .success();
+    let text = stdout(dtask_at(&pg).arg("import").arg(&file));
+    assert!(text.contains("every digest and CRC matches"), "{text}");
+    assert_eq!(
+        stdout(dtask_at(&pg).arg("export")),
+        std::fs::read_to_string(&file).unwrap()
+    );
+    // On PostgreSQL: trimmed again (its rows replaced), the journal audits clean.
+    let done = json(&stdout(
+        dtask_at(&pg).args(["trim", "alpha", "--keep", "0", "--json"]),
+    ));
+    assert_eq!(done["trimmed"]["records"], 1, "{done}");
+    let verified = stdout(dtask_at(&pg).arg("verify"));
+    assert!(
+        verified.contains("2 progress updates trimmed in 1 task"),
+        "{verified}"
+    );
 }

@@ -220,18 +220,21 @@ fn the_embedded_server_example_is_ready_and_runs_a_task_submitted_over_http() {
 }
 
 #[test]
-fn the_retention_example_purges_by_age_keeps_a_held_task_and_audits_clean() {
+fn the_retention_example_trims_and_purges_by_age_keeps_a_held_task_and_audits_clean() {
     let out = run("retention", &[]);
     has_in_order(
         "retention",
         &out,
         &[
             "deploy-1 on hold: incident 88",
-            "purged build-1: 3 records deleted",
+            "trimmed build-1: 35 progress updates (",
+            "build-1: 40 updates, 35 trimmed; the latest whole: \"line 40:\"",
+            "audit after the trim: 35 progress updates trimmed, clean",
+            "purged build-1: 44 records deleted",
             "purged build-2: 3 records deleted",
             "kept deploy-1: task \"deploy-1\" cannot be purged: it is on hold",
             "build-1: purged (its id stays taken)",
-            "audit: 3 tasks, 2 purged (6 records deleted), clean",
+            "audit: 3 tasks, 2 purged (47 records deleted), clean",
             "deploy-1 purged once its hold was lifted: 5 records deleted",
         ],
     );

@@ -1777,3 +1777,74 @@ async fn an_owner_purges_a_finished_task_and_reads_of_it_answer_gone() {
     assert_eq!(report["clean"], true, "{report}");
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_owner_trims_a_tasks_progress_and_its_updates_read_as_trimmed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_store(dir.path());
+    store
+        .create(create("t", "shell", &json!({})))
+        .await
+        .unwrap();
+    let s = store.execute("t", 1, Cmd::Start).await.unwrap();
+    for i in 0..3 {
+        store
+            .append_update(
+                "t",
+                UpdateRequest {
+                    attempt: s.attempt,
+                    event_id: format!("u{i}"),
+                    kind: "stdout".into(),
+                    data: format!("line {i}").into_bytes(),
+                    ..UpdateRequest::default()
+                },
+            )
+            .await
+            .unwrap();
+    }
+    let server = Running::start(Server::owner(store, None, fast())).await;
+    let (status, trimmed) = server.post("/api/tasks/t/trim", &json!({"keep": 1})).await;
+    assert_eq!(status, StatusCode::OK, "{trimmed}");
+    assert_eq!(
+        (&trimmed["task"], &trimmed["records"]),
+        (&json!("t"), &json!(2))
+    );
+    let (_, page) = server.get("/api/tasks/t/updates").await;
+    let seen: Vec<(Value, Value, Value)> = page["updates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|u| {
+            (
+                u["event_id"].clone(),
+                u["trimmed"].clone(),
+                u["data"]["text"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (json!("u0"), json!(true), json!("")),
+            (json!("u1"), json!(true), json!("")),
+            (json!("u2"), json!(false), json!("line 2")),
+        ],
+        "{page}"
+    );
+    // Held: refused; a bad body: refused; a purged task: gone.
+    server
+        .post("/api/tasks/t/hold", &json!({"reason": "case 5"}))
+        .await;
+    let (status, refused) = server.post("/api/tasks/t/trim", &json!({"keep": 0})).await;
+    assert_eq!(
+        (status, code(&refused)),
+        (StatusCode::CONFLICT, "conflict"),
+        "{refused}"
+    );
+    let (status, bad) = server.post("/api/tasks/t/trim", &json!({"keep": -1})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}");
+    let (status, missing) = server
+        .post("/api/tasks/nobody/trim", &json!({"keep": 0}))
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{missing}");
+}

@@ -752,3 +752,203 @@ async fn a_hold_on_any_task_of_a_tree_keeps_it_until_lifted() {
 async fn a_hold_survives_a_reopen_at_every_step() {
     a_hold_keeps_a_tree(true).await;
 }
+
+/// A progress update of attempt 1.
+fn progress(event_id: &str, data: &str) -> dtask_engine::UpdateRequest {
+    dtask_engine::UpdateRequest {
+        attempt: 1,
+        event_id: event_id.into(),
+        kind: "stdout".into(),
+        data: data.as_bytes().to_vec(),
+        metadata: vec![("line".into(), event_id.into())],
+        ..dtask_engine::UpdateRequest::default()
+    }
+}
+
+async fn trims_progress(reboot: bool) {
+    let mut env = Env::new();
+    running(s(&mut env, reboot), "t", Retry).await;
+    for n in 0..5 {
+        let (_, new) = s(&mut env, reboot)
+            .append_update("t", progress(&format!("e{n}"), &"x".repeat(500)))
+            .await
+            .unwrap();
+        assert!(new);
+    }
+    let before = s(&mut env, reboot).get("t").await.unwrap();
+
+    // Running: all but the last two lose their bytes; the state stands.
+    let trimmed = s(&mut env, reboot).trim_progress("t", 2).await.unwrap();
+    assert_eq!(trimmed.records, 3);
+    assert!(trimmed.bytes >= 3 * 500, "{trimmed:?}");
+    let after = s(&mut env, reboot).get("t").await.unwrap();
+    assert_eq!(
+        (after.version, after.updates, after.position),
+        (before.version, before.updates, before.position + 1)
+    );
+    let page = s(&mut env, reboot)
+        .list_updates("t", None, 0, false)
+        .await
+        .unwrap();
+    let seen: Vec<(&str, bool, usize)> = page
+        .updates
+        .iter()
+        .map(|u| (u.event_id.as_str(), u.trimmed, u.data.len()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("e0", true, 0),
+            ("e1", true, 0),
+            ("e2", true, 0),
+            ("e3", false, 500),
+            ("e4", false, 500)
+        ]
+    );
+    // A retried update of a trimmed one is still recognised (by what it kept), and one of
+    // another kind is still a conflict.
+    let (original, new) = s(&mut env, reboot)
+        .append_update("t", progress("e1", &"x".repeat(500)))
+        .await
+        .unwrap();
+    assert!(!new && original.trimmed && original.event_id == "e1");
+    let mut other = progress("e1", "y");
+    other.kind = "stderr".into();
+    assert_err!(
+        s(&mut env, reboot).append_update("t", other).await,
+        StoreError::EventIdConflict(_)
+    );
+    // The run goes on and ends; nothing more to trim writes nothing.
+    s(&mut env, reboot)
+        .append_update("t", progress("e5", "z"))
+        .await
+        .unwrap();
+    ok(s(&mut env, reboot), "t", Command::Complete { data: vec![] }).await;
+    let end = s(&mut env, reboot).get("t").await.unwrap();
+    let again = s(&mut env, reboot).trim_progress("t", 3).await.unwrap();
+    assert_eq!((again.records, again.marker), (0, None));
+    assert_eq!(s(&mut env, reboot).get("t").await.unwrap(), end);
+    let report =
+        dtask_replay::audit::audit_journal(s(&mut env, reboot).journal(), &mut |_| {}).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+    assert_eq!(report.trimmed_records, 3);
+}
+
+#[tokio::test]
+async fn a_trim_drops_older_progress_bytes_and_leaves_the_state_and_the_dedup_as_they_were() {
+    trims_progress(false).await;
+}
+
+#[tokio::test]
+async fn a_trim_and_what_it_kept_hold_across_a_reopen_at_every_step() {
+    trims_progress(true).await;
+}
+
+#[tokio::test]
+async fn a_trim_is_refused_for_an_agent_run_a_held_task_and_a_purged_one() {
+    let env = Env::new();
+    let store = env.store();
+    let mut agent = request(spec("agent"), Retry);
+    agent.spec.executor_key = dtask_engine::agent::AGENT_EXECUTOR_KEY.into();
+    store.create(agent).await.unwrap();
+    assert_err!(
+        store.trim_progress("agent", 0).await,
+        StoreError::Invalid { field: "id", .. }
+    );
+    running(store, "held", Retry).await;
+    store
+        .append_update("held", progress("e0", "a"))
+        .await
+        .unwrap();
+    store.hold("held", "case 9").await.unwrap();
+    assert!(matches!(
+        store.trim_progress("held", 0).await,
+        Err(StoreError::Journal(dtask_journal::Error::NotTrimmable {
+            why: dtask_journal::TrimRefusal::OnHold,
+            ..
+        }))
+    ));
+    failed_task(store, "gone", None).await;
+    store.purge("gone").await.unwrap();
+    assert_err!(
+        store.trim_progress("gone", 0).await,
+        StoreError::Purged { .. }
+    );
+    assert_err!(
+        store.trim_progress("nobody", 0).await,
+        StoreError::NotFound(_)
+    );
+}
+
+#[tokio::test]
+async fn a_trim_sweep_takes_the_tasks_that_ended_before_its_time_a_step_at_a_time() {
+    let env = Env::new();
+    let store = env.store();
+    for id in ["a", "b", "c"] {
+        running(store, id, Retry).await;
+        for n in 0..4 {
+            store
+                .append_update(id, progress(&format!("e{n}"), "line"))
+                .await
+                .unwrap();
+        }
+    }
+    ok(store, "a", Command::Complete { data: vec![] }).await;
+    ok(store, "b", Command::Fail { error: "e".into() }).await;
+    store.hold("b", "case 1").await.unwrap();
+    env.advance(1_000);
+    let before = store.now();
+    let first = store.trim_finished(before, 1, None, 2).await.unwrap();
+    let trimmed: Vec<(&str, u64)> = first
+        .trimmed
+        .iter()
+        .map(|t| (t.task.as_str(), t.records))
+        .collect();
+    assert_eq!(trimmed, [("a", 3)]);
+    assert_eq!(first.kept.len(), 1);
+    assert_eq!(first.kept[0].0, "b");
+    assert_eq!(first.next_after.as_deref(), Some("b"));
+    // "c" is still running: not taken.
+    let rest = store
+        .trim_finished(before, 1, first.next_after, 2)
+        .await
+        .unwrap();
+    assert_eq!(rest, dtask_engine::TrimStep::default());
+    // Swept again: nothing twice.
+    let again = store.trim_finished(before, 1, None, 10).await.unwrap();
+    assert!(again.trimmed.is_empty(), "{again:?}");
+}
+
+#[tokio::test]
+async fn a_background_trim_sweep_trims_the_tasks_that_ended_long_enough_ago() {
+    let env = Env::new();
+    let store = env.store();
+    for id in ["old", "young"] {
+        running(store, id, Retry).await;
+        for n in 0..3 {
+            store
+                .append_update(id, progress(&format!("e{n}"), "line"))
+                .await
+                .unwrap();
+        }
+        ok(store, id, Command::Complete { data: vec![] }).await;
+        if id == "old" {
+            env.advance(10_000);
+        }
+    }
+    let before = store.get("old").await.unwrap().position;
+    let mut changes = store.watch("old").unwrap();
+    let sweep = store.spawn_trimming(
+        std::time::Duration::from_secs(5),
+        1,
+        std::time::Duration::from_secs(3600),
+    );
+    changes.wait_for(|c| c.position > before).await.unwrap();
+    sweep.abort();
+    let trimmed = |id: &'static str| async move {
+        let page = store.list_updates(id, None, 0, false).await.unwrap();
+        page.updates.iter().filter(|u| u.trimmed).count()
+    };
+    assert_eq!(trimmed("old").await, 2);
+    assert_eq!(trimmed("young").await, 0, "ended 0 s ago, younger than 5 s");
+}

@@ -129,6 +129,25 @@ pub enum PurgeRefusal {
     AppendedTombstone,
 }
 
+/// Why a stream's progress cannot be trimmed ([`Error::NotTrimmable`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, thiserror::Error)]
+#[non_exhaustive]
+pub enum TrimRefusal {
+    /// The journal has no stream of the task.
+    #[error("the journal has no such task")]
+    Unknown,
+    /// The stream was purged: nothing of it is left to trim.
+    #[error("it was purged")]
+    Purged,
+    /// An operator's hold stands on the task ([`crate::Event::Hold`]): it is kept whole.
+    #[error("it is on hold")]
+    OnHold,
+    /// A trim's records ([`crate::Event::UpdateTrimmed`], [`crate::Event::ProgressTrimmed`])
+    /// are written by a trim only (or an import restoring one), never appended.
+    #[error("a trim's records are written by a trim, not appended")]
+    AppendedTrim,
+}
+
 /// Errors of the journal.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -194,6 +213,15 @@ pub enum Error {
         task: String,
         /// Why.
         why: PurgeRefusal,
+    },
+    /// A stream's progress cannot be trimmed ([`crate::Journal::trim_progress`]), or a
+    /// trim's record was appended as an ordinary one. Nothing was written.
+    #[error("the progress of task {task:?} cannot be trimmed: {why}")]
+    NotTrimmable {
+        /// The task.
+        task: String,
+        /// Why.
+        why: TrimRefusal,
     },
     /// An append asked for a global sequence that was given out already
     /// ([`crate::Journal::submit_at_seq`]). Nothing was written.

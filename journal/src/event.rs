@@ -1,4 +1,4 @@
-//! The journal's vocabulary: every record a task stream can hold (schema v3).
+//! The journal's vocabulary: every record a task stream can hold (schema v5).
 //!
 //! A task's stream is an ordered list of [`Event`]s. *Lifecycle* events change the task's
 //! status or durable fields and each raises the task's version by exactly one; *non-lifecycle*
@@ -17,17 +17,19 @@
 //! events (from `CreatedV2` on), schema v3 ([`EVENT_SCHEMA_VERSION`]) the lineage of a rerun
 //! (`RerunOf`, `RerunAs`), a task's recovery limit (`RecoveryLimit`) and its earliest claim
 //! time (`NotBefore`), schema v4 the tombstone of a purged stream (`Purged`) and an operator's
-//! hold (`Hold`, `HoldLifted`); a stream written by an older engine holds none of them and
-//! folds exactly as before.
+//! hold (`Hold`, `HoldLifted`), schema v5 a trim of a stream's progress (`UpdateTrimmed`,
+//! `ProgressTrimmed`); a stream written by an older engine holds none of them and folds
+//! exactly as before.
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::sync::Arc;
 
-/// The event schema this build writes: 4 (v1; v2's mailbox, nested tasks, publication and
+/// The event schema this build writes: 5 (v1; v2's mailbox, nested tasks, publication and
 /// multi-part progress events; v3's rerun lineage, recovery limit and delayed runs; v4's
-/// purge tombstone and holds). Every record of an older schema is a record of this one.
-pub const EVENT_SCHEMA_VERSION: u32 = 4;
+/// purge tombstone and holds; v5's trimmed progress). Every record of an older schema is a
+/// record of this one.
+pub const EVENT_SCHEMA_VERSION: u32 = 5;
 
 /// Milliseconds since the UNIX epoch, as recorded in an event.
 ///
@@ -579,6 +581,46 @@ pub enum Event {
         /// Time.
         at: Timestamp,
     },
+    // ---- schema v5 ----
+    /// A progress update whose bytes were trimmed ([`crate::Journal::trim_progress`]): the
+    /// record of an [`Event::UpdateAppended`] (`part_id` empty) or an
+    /// [`Event::PartAppended`], rewritten in its place with everything the fold and the
+    /// deduplication by event id need — attempt, event id, part, kind, time — and without its
+    /// data and metadata. It folds exactly as the update it stands for, so a trimmed stream
+    /// folds to the same state. Written only by a trim (or an import restoring one), never
+    /// appended.
+    UpdateTrimmed {
+        /// The attempt that emitted it (the fence).
+        attempt: u64,
+        /// The idempotency key.
+        event_id: String,
+        /// The part of a multi-part event; empty for a single-record update.
+        part_id: String,
+        /// Whether the part was its event's final one (`true` for a single-record update).
+        last: bool,
+        /// The kind tag.
+        kind: String,
+        /// The size of the record it replaced, in bytes.
+        bytes: u64,
+        /// When the update was appended.
+        at: Timestamp,
+    },
+    /// A trim of the stream's progress (non-lifecycle): `records` update records before this
+    /// one were rewritten as [`Event::UpdateTrimmed`] in the same atomic write that appended
+    /// this record, and every record from the first of them on was framed again (same
+    /// positions, same sequences), so the stream's hash chain stays whole. `digest_before`
+    /// is the chain digest of the stream's last record before the trim: the end a reader may
+    /// have recorded. Written only by a trim (or an import restoring one).
+    ProgressTrimmed {
+        /// How many update records were trimmed.
+        records: u64,
+        /// The bytes the trim saved (the records' sizes before, less after).
+        bytes: u64,
+        /// The chain digest of the stream's last record before the trim.
+        digest_before: [u8; 32],
+        /// Time.
+        at: Timestamp,
+    },
 }
 
 /// The discriminant of an [`Event`], for filters, statistics and display.
@@ -621,11 +663,13 @@ pub enum EventType {
     Purged,
     Hold,
     HoldLifted,
+    UpdateTrimmed,
+    ProgressTrimmed,
 }
 
 impl EventType {
     /// Every event type, in schema order.
-    pub const ALL: [Self; 35] = [
+    pub const ALL: [Self; 37] = [
         Self::Created,
         Self::AttemptStarted,
         Self::Heartbeat,
@@ -661,6 +705,8 @@ impl EventType {
         Self::Purged,
         Self::Hold,
         Self::HoldLifted,
+        Self::UpdateTrimmed,
+        Self::ProgressTrimmed,
     ];
 
     /// The `snake_case` name used in exports and the CLI.
@@ -702,6 +748,8 @@ impl EventType {
             Self::Purged => "purged",
             Self::Hold => "hold",
             Self::HoldLifted => "hold_lifted",
+            Self::UpdateTrimmed => "update_trimmed",
+            Self::ProgressTrimmed => "progress_trimmed",
         }
     }
 
@@ -726,6 +774,8 @@ impl EventType {
                 | Self::Purged
                 | Self::Hold
                 | Self::HoldLifted
+                | Self::UpdateTrimmed
+                | Self::ProgressTrimmed
         )
     }
 }
@@ -804,6 +854,8 @@ impl Event {
             Self::Purged { .. } => EventType::Purged,
             Self::Hold { .. } => EventType::Hold,
             Self::HoldLifted { .. } => EventType::HoldLifted,
+            Self::UpdateTrimmed { .. } => EventType::UpdateTrimmed,
+            Self::ProgressTrimmed { .. } => EventType::ProgressTrimmed,
         }
     }
 
@@ -845,7 +897,9 @@ impl Event {
             | Self::NotBefore { at, .. }
             | Self::Purged { at, .. }
             | Self::Hold { at, .. }
-            | Self::HoldLifted { at } => *at,
+            | Self::HoldLifted { at }
+            | Self::UpdateTrimmed { at, .. }
+            | Self::ProgressTrimmed { at, .. } => *at,
         }
     }
 
@@ -927,7 +981,9 @@ impl Event {
             | Self::NotBefore { .. }
             | Self::Purged { .. }
             | Self::Hold { .. }
-            | Self::HoldLifted { .. } => 0,
+            | Self::HoldLifted { .. }
+            | Self::UpdateTrimmed { .. }
+            | Self::ProgressTrimmed { .. } => 0,
         }
     }
 }

@@ -209,7 +209,10 @@ impl Journal {
         .into_iter()
         .filter_map(|op| match op {
             BatchOp::Put { key, value, .. } => Some((key.into_vec(), value.into_vec())),
-            BatchOp::Delete { .. } | BatchOp::Retire { .. } | BatchOp::Purge { .. } => None,
+            BatchOp::Delete { .. }
+            | BatchOp::Retire { .. }
+            | BatchOp::Purge { .. }
+            | BatchOp::Replace { .. } => None,
         })
         .collect();
         let backend = crate::postgres::PgBackend::open(location, false, options.durability, seed)?;
@@ -449,6 +452,13 @@ impl Journal {
     }
 
     fn prepare(&self, task: &str, events: &[Event]) -> Result<EncodedEvents> {
+        self.prepare_as(task, events, false)
+    }
+
+    /// [`Journal::prepare`], taking a trim's records ([`Event::UpdateTrimmed`],
+    /// [`Event::ProgressTrimmed`]) when `restoring` (an import writing a stream as a trim
+    /// left it): an ordinary append may not.
+    fn prepare_as(&self, task: &str, events: &[Event], restoring: bool) -> Result<EncodedEvents> {
         let opts = &self.inner.options;
         self.check_task_id(task)?;
         if events.is_empty() {
@@ -481,11 +491,20 @@ impl Journal {
                         max: max_record,
                     });
                 }
-                if let Event::Purged { .. } = event {
-                    return Err(Error::NotPurgeable {
-                        task: task.to_owned(),
-                        why: crate::PurgeRefusal::AppendedTombstone,
-                    });
+                match event {
+                    Event::Purged { .. } => {
+                        return Err(Error::NotPurgeable {
+                            task: task.to_owned(),
+                            why: crate::PurgeRefusal::AppendedTombstone,
+                        })
+                    }
+                    Event::UpdateTrimmed { .. } | Event::ProgressTrimmed { .. } if !restoring => {
+                        return Err(Error::NotTrimmable {
+                            task: task.to_owned(),
+                            why: crate::TrimRefusal::AppendedTrim,
+                        })
+                    }
+                    _ => {}
                 }
                 let effect = match event.spec() {
                     Some(spec) if spec.id != task => {
@@ -705,7 +724,8 @@ impl Journal {
     /// out — for an import rebuilding a journal bit-exact, the holes its purges left
     /// included. `events` may be a purged task's tombstone alone ([`Event::Purged`]) at
     /// position 0 of an empty stream: it is written as the purge wrote it (chained from the
-    /// digest it names), which no other append may do.
+    /// digest it names), which no other append may do; and they may hold a trim's records
+    /// ([`Event::UpdateTrimmed`], [`Event::ProgressTrimmed`]), which no other append may.
     ///
     /// # Errors
     /// [`Error::SequenceTaken`] when `first_seq` was given out already (or is out of range);
@@ -729,7 +749,7 @@ impl Journal {
                     },
                 }])
             }
-            events => self.prepare(task, events)?,
+            events => self.prepare_as(task, events, true)?,
         };
         let reply = self.enqueue(
             (JobTask::new(task), expected_position, encoded),
@@ -928,6 +948,11 @@ impl Journal {
     #[must_use]
     pub fn read_stream(&self, task: &str, from: u64) -> StreamReader<'_> {
         StreamReader::new(self.inner.backend.as_ref(), task, from, self.visible())
+    }
+
+    /// The storage under the journal, for the crate's own modules that read it raw.
+    pub(crate) fn storage(&self) -> &dyn Backend {
+        self.inner.backend.as_ref()
     }
 
     /// The durable watermark: the global sequence up to which every record is durable (per

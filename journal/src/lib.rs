@@ -60,6 +60,7 @@ pub mod record;
 mod storage;
 mod stream;
 mod tail;
+mod trim;
 mod writer;
 
 #[doc(hidden)]
@@ -73,7 +74,7 @@ pub use commits::Committed;
 #[doc(hidden)]
 pub use commits::{CommitBatches, RawCommits, RecordFetcher, Sealed};
 pub use error::{
-    CorruptionKind, Error, Limit, PurgeRefusal, Result, StorageError, StorageErrorKind,
+    CorruptionKind, Error, Limit, PurgeRefusal, Result, StorageError, StorageErrorKind, TrimRefusal,
 };
 pub use event::{
     Delivery, Event, EventType, ExpiryResolution, LeasePolicy, MetadataEntry, Publication,
@@ -92,4 +93,5 @@ pub use record::{
 pub use storage::{SpaceStats, StorageStats};
 pub use stream::StreamReader;
 pub use tail::{Inconsistency, LiveSummary, PairHash, Tail, TaskPairs};
+pub use trim::TrimmedStream;
 pub use writer::Appended;

@@ -1,7 +1,7 @@
 //! Golden fixtures of record format v1 (BLAKE3 chain digests) — one with an event of every
 //! type of event schema v1, one with an event of every type schema v2 added — and of record
-//! format v2 (SHA-256), with every event of both, and one each with every type schemas v3
-//! and v4 added:
+//! format v2 (SHA-256), with every event of both, and one each with every type schemas v3,
+//! v4 and v5 added:
 //! the committed bytes must decode to the same events, and encoding those events must give
 //! the same bytes. A failure means the format
 //! drifted: bump `RECORD_FORMAT_VERSION`, add an upcast, and keep the old fixture. Regenerate
@@ -18,6 +18,7 @@ const FIXTURE_V2: &str = "tests/fixtures/schema-v2.hex";
 const FIXTURE_RECORD_V2: &str = "tests/fixtures/record-v2.hex";
 const FIXTURE_V3: &str = "tests/fixtures/schema-v3.hex";
 const FIXTURE_V4: &str = "tests/fixtures/schema-v4.hex";
+const FIXTURE_V5: &str = "tests/fixtures/schema-v5.hex";
 const TASK: &str = "golden-task";
 
 /// One event of every type, with fixed values.
@@ -262,6 +263,27 @@ fn events_v4() -> Vec<Event> {
     ]
 }
 
+/// One event of every type event schema v5 added, with fixed values.
+fn events_v5() -> Vec<Event> {
+    vec![
+        Event::UpdateTrimmed {
+            attempt: 2,
+            event_id: "line-17".into(),
+            part_id: "p3".into(),
+            last: false,
+            kind: "stdout".into(),
+            bytes: 4_153,
+            at: Timestamp(1_767_000_000_000),
+        },
+        Event::ProgressTrimmed {
+            records: 41,
+            bytes: 170_233,
+            digest_before: [0xa5; 32],
+            at: Timestamp(1_767_000_000_001),
+        },
+    ]
+}
+
 fn encode(format: RecordFormat, events: &[Event]) -> Vec<String> {
     let mut prev = Digest::GENESIS;
     let mut lines = Vec::new();
@@ -318,12 +340,18 @@ fn schema_v4_fixture_decodes_and_reencodes_identically() {
 }
 
 #[test]
+fn schema_v5_fixture_decodes_and_reencodes_identically() {
+    check_fixture(FIXTURE_V5, RecordFormat::SHA256, &events_v5());
+}
+
+#[test]
 fn the_fixtures_hold_every_event_type() {
     let mut types: Vec<EventType> = events()
         .into_iter()
         .chain(events_v2())
         .chain(events_v3())
         .chain(events_v4())
+        .chain(events_v5())
         .map(|e| e.event_type())
         .collect();
     types.sort();

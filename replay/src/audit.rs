@@ -208,6 +208,8 @@ pub struct TaskReport {
     pub terminal: bool,
     /// Whether the stream is the tombstone of a purged task (its records deleted).
     pub purged: bool,
+    /// The stream's trimmed progress updates ([`Event::UpdateTrimmed`]).
+    pub trimmed: u64,
     /// What is wrong, in stream order.
     pub problems: Vec<Problem>,
 }
@@ -239,6 +241,10 @@ pub struct AuditReport {
     pub purged: u64,
     /// Records their purges deleted: the sequences the commit index lacks.
     pub purged_records: u64,
+    /// Tasks whose progress was trimmed (streams holding trimmed updates).
+    pub trimmed: u64,
+    /// Progress updates trimmed, in all.
+    pub trimmed_records: u64,
     /// Every problem found: per task in task-id order, then the index cross-checks.
     pub problems: Vec<Problem>,
 }
@@ -281,7 +287,61 @@ struct TaskChecker<'a> {
     /// id → (position, seq) of queued notifications, tracked without the fold so that the
     /// outbox can be checked even past an illegal record.
     queued: HashMap<String, (u64, u64)>,
+    /// The trimmed updates read, those read since the last trim's marker, and the updates
+    /// the markers say they trimmed ([`Event::ProgressTrimmed`]).
+    trims: Trims,
     on_record: &'a mut dyn FnMut(&Record),
+}
+
+/// A stream's trimmed updates and its trims' markers, to account for each other.
+#[derive(Debug, Default)]
+struct Trims {
+    /// Trimmed updates read.
+    stubs: u64,
+    /// Of them, those after the last marker, and the first one's position.
+    after_marker: Option<(u64, u64)>,
+    /// The updates the markers say they trimmed.
+    claimed: u64,
+}
+
+impl Trims {
+    fn track(&mut self, record: &Record) {
+        match &record.event {
+            Event::UpdateTrimmed { .. } => {
+                self.stubs += 1;
+                let (n, _) = self.after_marker.get_or_insert((0, record.position));
+                *n += 1;
+            }
+            Event::ProgressTrimmed { records, .. } => {
+                self.claimed = self.claimed.saturating_add(*records);
+                self.after_marker = None;
+            }
+            _ => {}
+        }
+    }
+
+    /// What is wrong: a trimmed update no trim's marker follows (a trim writes its marker
+    /// after every update it trims), or markers and trimmed updates that disagree in number.
+    fn check(&self, task: &str, problems: &mut Vec<Problem>) {
+        if let Some((n, position)) = self.after_marker {
+            problems.push(Problem::new(
+                task,
+                Some(position),
+                ProblemKind::Inconsistent,
+                format!("{n} trimmed update(s) with no trim's record after them"),
+            ));
+        } else if self.stubs != self.claimed {
+            problems.push(Problem::new(
+                task,
+                None,
+                ProblemKind::Inconsistent,
+                format!(
+                    "{} trimmed update(s), the trims' records account for {}",
+                    self.stubs, self.claimed
+                ),
+            ));
+        }
+    }
 }
 
 impl<'a> TaskChecker<'a> {
@@ -292,11 +352,17 @@ impl<'a> TaskChecker<'a> {
             terminal: false,
             problems: Vec::new(),
             queued: HashMap::new(),
+            trims: Trims::default(),
             on_record,
         }
     }
 
-    fn finish(self) -> Scan {
+    fn finish(mut self) -> Scan {
+        // On a damaged stream the records that could not be read are not counted: the damage
+        // is the finding.
+        if self.view.damage.is_empty() {
+            self.trims.check(self.task, &mut self.problems);
+        }
         let view = self.view;
         let folded = view.task.as_ref();
         Scan {
@@ -309,6 +375,7 @@ impl<'a> TaskChecker<'a> {
                 version: folded.map_or(0, |t| t.state.version),
                 terminal: self.terminal,
                 purged: view.purged.is_some(),
+                trimmed: self.trims.stubs,
                 problems: self.problems,
             },
             damaged: view.damage.iter().map(|(position, _)| *position).collect(),
@@ -330,6 +397,7 @@ impl Replay for TaskChecker<'_> {
             self.terminal = true;
         }
         track_notifications(self.task, record, &mut self.queued, &mut self.problems);
+        self.trims.track(record);
         let folding = self.view.is_folding();
         if folding {
             if let Some(t) = &self.view.task {
@@ -806,6 +874,10 @@ impl<'j> Collector<'j> {
         self.report.tasks += 1;
         if scan.report.purged {
             self.report.purged += 1;
+        }
+        if scan.report.trimmed > 0 {
+            self.report.trimmed += 1;
+            self.report.trimmed_records += scan.report.trimmed;
         }
         self.report.records += scan.report.records;
         self.report.bytes += scan.report.bytes;

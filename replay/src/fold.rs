@@ -366,6 +366,12 @@ impl Task {
     /// # Errors
     /// The [`FoldError`] naming what is wrong.
     pub fn apply(&mut self, event: &Event) -> Result<(), FoldError> {
+        if let Some(update) = untrimmed(event) {
+            // A trimmed update folds exactly as the update it stands for.
+            self.check(&update)?;
+            self.evolve(&update);
+            return Ok(());
+        }
         self.check(event)?;
         self.evolve(event);
         Ok(())
@@ -383,7 +389,8 @@ impl Task {
                 | Event::ParentNotificationFailed { .. }
                 | Event::RerunAs { .. }
                 | Event::Hold { .. }
-                | Event::HoldLifted { .. } => self.check_any(event),
+                | Event::HoldLifted { .. }
+                | Event::ProgressTrimmed { .. } => self.check_any(event),
                 Event::InputSent { event_id, .. } => {
                     Err(FoldError::MailboxSealed(event_id.clone()))
                 }
@@ -567,6 +574,9 @@ impl Task {
                     return Err(FoldError::Hold("a hold lifted where none stands"));
                 }
             }
+            // `apply` folds a trimmed update as the update it stands for; a trim's marker
+            // may follow any record.
+            Event::UpdateTrimmed { .. } | Event::ProgressTrimmed { .. } => {}
             Event::AttemptStarted { attempt, at, .. } => {
                 if s.status != Status::Pending {
                     return Err(illegal());
@@ -697,8 +707,13 @@ impl Task {
         }
         let s = &mut self.state;
         match event {
-            // `check` refuses a tombstone after the first record.
-            Event::Created { .. } | Event::CreatedV2 { .. } | Event::Purged { .. } => {}
+            // `check` refuses a tombstone after the first record; `apply` folds a trimmed
+            // update as the update it stands for, and a trim's record changes nothing.
+            Event::Created { .. }
+            | Event::CreatedV2 { .. }
+            | Event::Purged { .. }
+            | Event::UpdateTrimmed { .. }
+            | Event::ProgressTrimmed { .. } => {}
             Event::ChildCreated { child_id, .. } => {
                 grow(&mut self.layer).children.insert(child_id.clone());
             }
@@ -885,6 +900,43 @@ pub fn cancel_error(cancel_reason: &str, ack_reason: &str) -> String {
         .find(|r| !r.is_empty())
         .unwrap_or(DEFAULT_CANCEL_REASON)
         .to_owned()
+}
+
+/// The update a trimmed one stands for ([`Event::UpdateTrimmed`]), its bytes empty: what
+/// it folds as. `None` for any other event.
+fn untrimmed(event: &Event) -> Option<Event> {
+    let Event::UpdateTrimmed {
+        attempt,
+        event_id,
+        part_id,
+        last,
+        at,
+        ..
+    } = event
+    else {
+        return None;
+    };
+    Some(if part_id.is_empty() {
+        Event::UpdateAppended {
+            attempt: *attempt,
+            event_id: event_id.clone(),
+            kind: String::new(),
+            data: Vec::new(),
+            metadata: Vec::new(),
+            at: *at,
+        }
+    } else {
+        Event::PartAppended {
+            attempt: *attempt,
+            event_id: event_id.clone(),
+            part_id: part_id.clone(),
+            last: *last,
+            kind: String::new(),
+            data: Vec::new(),
+            metadata: Vec::new(),
+            at: *at,
+        }
+    })
 }
 
 /// What both ends of a rerun's link require: a root task (a nested task is rerun by its

@@ -1468,3 +1468,249 @@ fn a_hold_stands_once_at_a_time_and_is_lifted_only_where_one_stands() {
     let view = FoldView::read(&j, "running", |_| {}).unwrap();
     assert_eq!(view.task.unwrap().state.hold.as_deref(), Some("b"));
 }
+
+/// A part of a multi-part progress event.
+fn part(attempt: u64, id: &str, part_id: &str, last: bool) -> Event {
+    Event::PartAppended {
+        attempt,
+        event_id: id.into(),
+        part_id: part_id.into(),
+        last,
+        kind: "chunk".into(),
+        data: vec![b'x'; 300],
+        metadata: vec![("k".into(), "v".into())],
+        at: Timestamp(11),
+    }
+}
+
+/// The events of `task`'s stream, read and checked.
+fn stream_events(j: &Journal, task: &str) -> Vec<Event> {
+    j.read_stream(task, 0)
+        .map(|r| r.map(|r| r.event))
+        .collect::<Result<_, _>>()
+        .unwrap()
+}
+
+/// A task's folded state with its position (the stream's length) left out: what a trim
+/// must leave as it was.
+fn state_but_position(j: &Journal, task: &str) -> dtask_replay::TaskState {
+    let mut state = dtask_replay::load_task(j, task).unwrap().unwrap().state;
+    state.position = 0;
+    state
+}
+
+#[test]
+fn a_trimmed_stream_folds_as_before_keeps_its_chain_and_audits_clean() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    let j = journal(dir.path());
+    // "done" gets more updates before its end: a multi-part event and a heartbeat among
+    // them. (Built again: `build` ended it.)
+    let mut events = vec![created("long", LeasePolicy::Retry), started(1, 30_000)];
+    for n in 0..6 {
+        events.push(update(1, &format!("u{n}")));
+    }
+    events.push(part(1, "p", "1", false));
+    events.push(Event::Heartbeat {
+        lease_deadline: Timestamp(40_000),
+        at: Timestamp(12),
+    });
+    events.push(part(1, "p", "2", true));
+    events.push(update(1, "u6"));
+    events.push(completed());
+    j.append("long", 0, &events).unwrap();
+    let before = state_but_position(&j, "long");
+    let running_before = state_but_position(&j, "running");
+    let last_seq = j.last_seq().unwrap();
+
+    // Nine update records (seven updates, two parts); the last two stay whole.
+    let trimmed = j.trim_progress("long", 2, Timestamp(50)).unwrap();
+    assert_eq!((trimmed.records, trimmed.rewritten), (7, 11));
+    assert!(
+        trimmed.bytes > 300,
+        "the part's bytes at least: {trimmed:?}"
+    );
+    assert_eq!(j.last_seq().unwrap(), last_seq + 1, "one record appended");
+    let after = stream_events(&j, "long");
+    assert_eq!(after.len(), events.len() + 1);
+    assert!(
+        matches!(&after[2], Event::UpdateTrimmed { event_id, part_id, last: true, kind, .. }
+        if event_id == "u0" && part_id.is_empty() && kind == "progress")
+    );
+    assert!(
+        matches!(&after[8], Event::UpdateTrimmed { event_id, part_id, last: false, kind, .. }
+        if event_id == "p" && part_id == "1" && kind == "chunk")
+    );
+    assert!(matches!(after[9], Event::Heartbeat { .. }), "untouched");
+    assert_eq!(after[10], events[10], "kept whole: the last part");
+    assert_eq!(after[11], events[11], "kept whole: the last update");
+    assert!(matches!(
+        after[13],
+        Event::ProgressTrimmed { records: 7, .. }
+    ));
+    assert_eq!(state_but_position(&j, "long"), before, "the same state");
+
+    // A running task: trimmed, then appended to and ended as before.
+    assert_eq!(
+        j.trim_progress("running", 1, Timestamp(51))
+            .unwrap()
+            .records,
+        1
+    );
+    j.append("running", 5, &[update(1, "c"), completed()])
+        .unwrap();
+    let mut running = state_but_position(&j, "running");
+    assert_eq!(running.updates, running_before.updates + 1);
+    running.updates = running_before.updates;
+    assert_eq!(running.status, dtask_replay::Status::Completed);
+
+    // Nothing more to trim: nothing written.
+    let last_seq = j.last_seq().unwrap();
+    assert_eq!(
+        j.trim_progress("long", 2, Timestamp(52)).unwrap().records,
+        0
+    );
+    assert_eq!(j.last_seq().unwrap(), last_seq);
+    drop(j);
+    let report = audit_clean(dir.path(), "trimmed");
+    assert_eq!((report.trimmed, report.trimmed_records), (2, 8));
+
+    // Reopened for writing (the tail marker agrees); trimmed again, to nothing kept; purged.
+    let j = journal(dir.path());
+    assert_eq!(
+        j.trim_progress("long", 0, Timestamp(53)).unwrap().records,
+        2
+    );
+    assert_eq!(state_but_position(&j, "long"), before);
+    j.purge(&["long"], Timestamp(54)).unwrap();
+    // Compacted: no record a trim replaced comes back (each key keeps one put at a time
+    // for the single deletions of moves and purges).
+    assert!(j.compact_now().unwrap());
+    drop(j);
+    let report = audit_clean(dir.path(), "trimmed twice, then purged");
+    assert_eq!((report.trimmed, report.purged), (1, 1));
+}
+
+#[test]
+fn a_trim_is_refused_with_nothing_written_where_it_may_not_go() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    let j = journal(dir.path());
+    let last_seq = j.last_seq().unwrap();
+    let refused = |task: &str| match j.trim_progress(task, 0, Timestamp(50)) {
+        Err(dtask_journal::Error::NotTrimmable { why, .. }) => why,
+        other => panic!("{task}: {other:?}"),
+    };
+    assert_eq!(refused("nobody"), dtask_journal::TrimRefusal::Unknown);
+    j.append(
+        "running",
+        4,
+        &[Event::Hold {
+            reason: "case 7".into(),
+            at: Timestamp(40),
+        }],
+    )
+    .unwrap();
+    assert_eq!(refused("running"), dtask_journal::TrimRefusal::OnHold);
+    j.purge(&["done"], Timestamp(41)).unwrap();
+    assert_eq!(refused("done"), dtask_journal::TrimRefusal::Purged);
+    // A trim's records are not appended by hand.
+    let stub = Event::UpdateTrimmed {
+        attempt: 1,
+        event_id: "z".into(),
+        part_id: String::new(),
+        last: true,
+        kind: "progress".into(),
+        bytes: 70,
+        at: Timestamp(42),
+    };
+    let marker = Event::ProgressTrimmed {
+        records: 1,
+        bytes: 10,
+        digest_before: [0; 32],
+        at: Timestamp(42),
+    };
+    for event in [stub, marker] {
+        match j.append("running", 5, &[event]) {
+            Err(dtask_journal::Error::NotTrimmable { why, .. }) => {
+                assert_eq!(why, dtask_journal::TrimRefusal::AppendedTrim);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(
+        j.last_seq().unwrap(),
+        last_seq + 2,
+        "the hold and the tombstone only"
+    );
+}
+
+#[test]
+fn trimmed_updates_are_chained_and_accounted_for() {
+    // A trimmed update no trim's record accounts for (written as only an import may).
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    let j = journal(dir.path());
+    let stub = Event::UpdateTrimmed {
+        attempt: 1,
+        event_id: "c".into(),
+        part_id: String::new(),
+        last: true,
+        kind: "progress".into(),
+        bytes: 70,
+        at: Timestamp(42),
+    };
+    let next = j.last_seq().unwrap() + 1;
+    futures::executor::block_on(j.submit_at_seq("running", 4, &[stub], next).unwrap()).unwrap();
+    drop(j);
+    let report = audit(dir.path());
+    assert_eq!(
+        kinds(&report),
+        [("running".into(), Some(4), ProblemKind::Inconsistent)],
+        "{:?}",
+        report.problems
+    );
+
+    // A trimmed update edited, its CRC and its own digest made again: the next record's
+    // chain no longer holds.
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    let j = journal(dir.path());
+    j.append("running", 4, &[update(1, "c")]).unwrap();
+    j.trim_progress("running", 1, Timestamp(50)).unwrap();
+    drop(j);
+    tamper(dir.path(), |db| {
+        let events = cf(db, Space::Events);
+        let prev = db
+            .get_cf(events, keys::event_key("running", 1))
+            .unwrap()
+            .unwrap();
+        let prev = dtask_journal::record::parse(&prev).unwrap();
+        let old = db
+            .get_cf(events, keys::event_key("running", 2))
+            .unwrap()
+            .unwrap();
+        let old = dtask_journal::record::parse(&old).unwrap();
+        let forged = Event::UpdateTrimmed {
+            attempt: 1,
+            event_id: "a".into(),
+            part_id: String::new(),
+            last: true,
+            kind: "forged".into(),
+            bytes: 70,
+            at: Timestamp(11),
+        };
+        let payload = dtask_journal::record::encode_payload(&forged).unwrap();
+        let (bytes, _) =
+            dtask_journal::record::frame("running", 2, old.seq, &payload, &prev.digest).unwrap();
+        db.put_cf(events, keys::event_key("running", 2), bytes)
+            .unwrap();
+    });
+    let report = audit(dir.path());
+    assert_eq!(
+        kinds(&report),
+        [("running".into(), Some(3), ProblemKind::Chain)],
+        "{:?}",
+        report.problems
+    );
+}

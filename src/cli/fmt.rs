@@ -5,6 +5,18 @@ use base64::Engine;
 use dtask_journal::{Event, Timestamp};
 use std::fmt::Write;
 
+/// The wall clock now, as the journal records time.
+pub fn now() -> Timestamp {
+    Timestamp(
+        u64::try_from(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis()),
+        )
+        .unwrap_or(u64::MAX),
+    )
+}
+
 /// A timestamp as RFC 3339 in UTC with milliseconds: `2024-05-01T12:00:00.000Z` (a time past
 /// the year 9999, which only a forged record can hold, as milliseconds since the epoch).
 pub fn time(at: Timestamp) -> String {
@@ -276,6 +288,25 @@ pub fn summary(event: &Event) -> String {
         Event::NotBefore { until, .. } => format!("until={}", time(*until)),
         Event::Purged { records, .. } => format!("records={records}"),
         Event::HoldLifted { .. } => String::new(),
+        Event::UpdateTrimmed {
+            attempt,
+            event_id,
+            part_id,
+            kind,
+            bytes,
+            ..
+        } => format!(
+            "attempt={attempt} event_id={event_id}{} kind={kind} trimmed={}",
+            if part_id.is_empty() {
+                String::new()
+            } else {
+                format!(" part={part_id}")
+            },
+            size(*bytes)
+        ),
+        Event::ProgressTrimmed { records, bytes, .. } => {
+            format!("records={records} saved={}", size(*bytes))
+        }
     }
 }
 

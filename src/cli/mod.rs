@@ -19,6 +19,7 @@ mod stats;
 mod tail;
 mod tasks;
 mod torture;
+mod trim;
 mod verify;
 
 use clap::parser::ValueSource;
@@ -81,6 +82,9 @@ enum Command {
     /// Delete finished tasks' records (by name, or those that ended before a time), one
     /// tombstone kept a task; in atomic batches, resumable; `--dry-run` only counts.
     Purge(purge::Args),
+    /// Drop the bytes of tasks' older progress updates (by name, or of those that ended
+    /// before a time), every record and the hash chain kept; `--dry-run` only counts.
+    Trim(trim::Args),
     /// Print the last records in global order, or follow a live journal.
     Tail(tail::Args),
     /// Run a sample workload on an embedded journal and show what happened.
@@ -211,6 +215,7 @@ pub fn run() -> ExitCode {
         Command::Migrate(args) => migrate::run(&global, &args),
         Command::Purge(args) => purge::run(&global, &args),
         Command::Hold(args) => hold::run(&global, &args),
+        Command::Trim(args) => trim::run(&global, &args),
         Command::Tail(args) => tail::run(&global, &args),
         Command::Demo(args) => demo::run(&global, &args),
         Command::Serve(args) => serve::run(&global, &args),

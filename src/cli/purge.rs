@@ -56,6 +56,44 @@ fn dir_bytes(dir: &std::path::Path) -> Option<u64> {
     Some(total)
 }
 
+/// The journal's directory's size before and after a compaction, if one ran (`None` on
+/// PostgreSQL, which reclaims the space itself).
+pub(super) type Compacted = Option<(Option<u64>, Option<u64>)>;
+
+/// Compacts the journal's storage now ([`dtask_journal::Journal::compact_now`]), measuring
+/// its directory before and after.
+pub(super) fn compact(
+    at: &super::location::At,
+    journal: &dtask_journal::Journal,
+) -> Result<Compacted> {
+    let before = at.dir().and_then(dir_bytes);
+    let done = journal.compact_now()?;
+    let after = at.dir().and_then(dir_bytes);
+    Ok(done.then_some((before, after)))
+}
+
+/// What a compaction did, as JSON: `{bytes_before, bytes_after}`, or `null` when none ran.
+pub(super) fn compacted_json(compacted: Compacted) -> serde_json::Value {
+    compacted.map_or(
+        serde_json::Value::Null,
+        |(before, after)| json!({ "bytes_before": before, "bytes_after": after }),
+    )
+}
+
+/// The line saying what a compaction did (`asked`: whether one was asked for).
+pub(super) fn print_compacted(out: &mut Out, compacted: Compacted, asked: bool) -> Result<()> {
+    match compacted {
+        Some((Some(before), Some(after))) => out.line(format!(
+            "compacted: {} → {} on disk",
+            fmt::size(before),
+            fmt::size(after)
+        )),
+        Some(_) => out.line("compacted"),
+        None if asked => out.line("not compacted: the database reclaims the space itself"),
+        None => Ok(()),
+    }
+}
+
 /// What the fold of the journal says of one task.
 struct Seen {
     parent: String,
@@ -196,14 +234,7 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
             }
         }
         let bar = progress(going.len() as u64, "purging");
-        let now = Timestamp(
-            u64::try_from(
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0, |d| d.as_millis()),
-            )
-            .unwrap_or(u64::MAX),
-        );
+        let now = fmt::now();
         let mut batch: Vec<&str> = Vec::new();
         let mut trees_in_batch = 0u64;
         let mut flush = |batch: &mut Vec<&str>, trees: &mut u64| -> Result<()> {
@@ -231,10 +262,7 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
         bar.finish_and_clear();
     }
     let compacted = if args.compact && !args.dry_run {
-        let before = at.dir().and_then(dir_bytes);
-        let done = journal.compact_now()?;
-        let after = at.dir().and_then(dir_bytes);
-        done.then_some((before, after))
+        compact(&at, &journal)?
     } else {
         None
     };
@@ -245,7 +273,7 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
             "purged": { "tasks": purged_tasks, "records": purged_records, "bytes": purged_bytes },
             "kept": kept.iter().map(|t| json!({ "task": t.tasks[0], "why": t.kept })).collect::<Vec<_>>(),
             "purged_before": already,
-            "compacted": compacted.map(|(before, after)| json!({ "bytes_before": before, "bytes_after": after })),
+            "compacted": compacted_json(compacted),
         }))?;
     } else {
         out.line(format!(
@@ -273,18 +301,7 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
         if already > 0 {
             out.line(format!("{} purged before", fmt::count(already, "task")))?;
         }
-        match compacted {
-            Some((Some(before), Some(after))) => out.line(format!(
-                "compacted: {} → {} on disk",
-                fmt::size(before),
-                fmt::size(after)
-            ))?,
-            Some(_) => out.line("compacted")?,
-            None if args.compact => {
-                out.line("not compacted: the database reclaims the space itself")?;
-            }
-            None => {}
-        }
+        print_compacted(&mut out, compacted, args.compact)?;
     }
     out.flush()
 }

@@ -45,9 +45,17 @@ pub struct Args {
     /// number with a unit, `s`, `m`, `h` or `d` (`30d`). Swept every `--retain-every`.
     #[arg(long, value_name = "AGE", value_parser = parse_age, conflicts_with = "read_only")]
     retain: Option<Duration>,
-    /// How often the retention sweep runs (with --retain).
-    #[arg(long, value_name = "AGE", value_parser = parse_age, default_value = "1h", requires = "retain")]
+    /// How often the retention sweeps run (with --retain or --trim-after).
+    #[arg(long, value_name = "AGE", value_parser = parse_age, default_value = "1h")]
     retain_every: Duration,
+    /// Trim the progress of the tasks that ended longer ago than this to their last
+    /// `--trim-keep` updates (the bytes of the others dropped, every record kept): a number
+    /// with a unit (`7d`). Swept every `--retain-every`.
+    #[arg(long, value_name = "AGE", value_parser = parse_age, conflicts_with = "read_only")]
+    trim_after: Option<Duration>,
+    /// The latest progress updates a trim keeps whole (with --trim-after).
+    #[arg(long, value_name = "N", default_value_t = 20, requires = "trim_after")]
+    trim_keep: u64,
 }
 
 /// An age: a whole number and a unit, `s`, `m`, `h` or `d`.
@@ -98,6 +106,7 @@ async fn serve(global: &Global, args: &Args) -> Result<()> {
     let mut scratch = None;
     let mut sweeper = None;
     let mut retention = None;
+    let mut trimming = None;
     let mut follower = None;
     let at = global.at()?;
     let (server, mode) = if args.read_only {
@@ -129,6 +138,9 @@ async fn serve(global: &Global, args: &Args) -> Result<()> {
         if let Some(retain) = args.retain {
             retention = Some(store.spawn_retention(retain, args.retain_every));
         }
+        if let Some(after) = args.trim_after {
+            trimming = Some(store.spawn_trimming(after, args.trim_keep, args.retain_every));
+        }
         if store.journal().is_shared() {
             // Other processes write this journal too: follow their commits.
             follower = Some(store.spawn_follower());
@@ -153,7 +165,10 @@ async fn serve(global: &Global, args: &Args) -> Result<()> {
             }
         })
         .await;
-    for task in [sweeper, follower, retention].into_iter().flatten() {
+    for task in [sweeper, follower, retention, trimming]
+        .into_iter()
+        .flatten()
+    {
         task.abort();
     }
     eprintln!("dtask serve: stopped");

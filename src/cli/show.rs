@@ -119,6 +119,13 @@ pub struct Timeline {
 }
 
 impl Timeline {
+    /// Counts an update of `attempt` (its latest attempt of that number).
+    fn count_update(&mut self, attempt: u64) {
+        if let Some(a) = self.attempts.iter_mut().rev().find(|a| a.number == attempt) {
+            a.updates += 1;
+        }
+    }
+
     fn end_attempt(&mut self, at: Timestamp, how: &str) {
         if let Some(a) = self.attempts.last_mut() {
             if a.end.is_none() {
@@ -255,14 +262,7 @@ impl Timeline {
                 metadata,
                 ..
             } => {
-                if let Some(a) = self
-                    .attempts
-                    .iter_mut()
-                    .rev()
-                    .find(|a| a.number == *attempt)
-                {
-                    a.updates += 1;
-                }
+                self.count_update(*attempt);
                 let (n, j, t) = bytes("data", data);
                 let meta: Vec<String> = metadata.iter().map(|(k, v)| format!("{k}={v}")).collect();
                 self.updates.push(
@@ -370,14 +370,7 @@ impl Timeline {
                 data,
                 ..
             } => {
-                if let Some(a) = self
-                    .attempts
-                    .iter_mut()
-                    .rev()
-                    .find(|a| a.number == *attempt)
-                {
-                    a.updates += 1;
-                }
+                self.count_update(*attempt);
                 let (n, j, t) = bytes("data", data);
                 self.updates.push(
                     Entry::new(record, "part_appended")
@@ -389,6 +382,29 @@ impl Timeline {
                         .field(n, j, t),
                 );
             }
+            Event::UpdateTrimmed {
+                attempt,
+                event_id,
+                part_id,
+                kind,
+                bytes,
+                ..
+            } => {
+                self.count_update(*attempt);
+                self.updates.push(
+                    Entry::new(record, "update_trimmed")
+                        .field("attempt", (*attempt).into(), attempt.to_string())
+                        .field("event_id", event_id.clone().into(), event_id.clone())
+                        .field("part", part_id.clone().into(), part_id.clone())
+                        .field("kind", kind.clone().into(), kind.clone())
+                        .field("bytes", (*bytes).into(), format!("{bytes} B trimmed")),
+                );
+            }
+            Event::ProgressTrimmed { records, bytes, .. } => self.updates.push(
+                Entry::new(record, "progress_trimmed")
+                    .field("records", (*records).into(), records.to_string())
+                    .field("bytes", (*bytes).into(), fmt::size(*bytes)),
+            ),
             Event::ParentNotificationFailed { kind, error, .. } => self.notifications.push(
                 Entry::new(record, "parent_notification_failed")
                     .field("kind", kind.clone().into(), kind.clone())

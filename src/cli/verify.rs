@@ -32,8 +32,17 @@ fn print(out: &mut Out, report: &AuditReport, scope: &str) -> Result<()> {
     } else {
         String::new()
     };
+    let trimmed = if report.trimmed_records > 0 {
+        format!(
+            ", {} trimmed in {}",
+            fmt::count(report.trimmed_records, "progress update"),
+            fmt::count(report.trimmed, "task")
+        )
+    } else {
+        String::new()
+    };
     out.line(format!(
-        "verified {scope}: {}, {} ({}), last sequence {}, {} live, {}{purged}: {verdict}",
+        "verified {scope}: {}, {} ({}), last sequence {}, {} live, {}{purged}{trimmed}: {verdict}",
         fmt::count(report.tasks, "task"),
         fmt::count(report.records, "record"),
         fmt::size(report.bytes),

@@ -6,8 +6,8 @@ use super::metrics::Scrape;
 use super::model::{
     BytesQuery, CancelBody, HoldBody, InputBody, InputView, ListQuery, PurgeView, RecordPage,
     RecordsQuery, ReleaseBody, RerunBody, ResumeBody, StateAt, StateQuery, Stats, StorageView,
-    SubmitBody, TaskDetail, TaskList, TaskStateView, UpdatePage, UpdatesQuery, VerifyQuery,
-    VerifyReport,
+    SubmitBody, TaskDetail, TaskList, TaskStateView, TrimBody, TrimView, UpdatePage, UpdatesQuery,
+    VerifyQuery, VerifyReport,
 };
 use super::sse::{self, Scope};
 use super::{read, ApiError, Shared};
@@ -351,6 +351,31 @@ pub async fn lift_hold(
 ) -> Api<TaskStateView> {
     let state = owner(&shared)?.store.lift_hold(&id).await?;
     Ok(Json(TaskStateView::of(&state, false)))
+}
+
+/// Trims a task's progress (owner mode): every progress update but the last `keep` loses
+/// its data and metadata and keeps its place, event id, kind and time; the task's state is
+/// unchanged and the journal's chain stays whole. A task with nothing more to trim is not
+/// written to (`records` 0).
+#[utoipa::path(
+    post, path = "/api/tasks/{id}/trim", tag = "control", request_body = TrimBody,
+    params(("id" = String, Path, description = "The task")),
+    responses(
+        (status = 200, description = "What the trim did", body = TrimView),
+        (status = 400, description = "An agent run (its updates are its conversation)", body = ErrorBody),
+        WriteRefusals,
+        (status = 404, description = "No such task", body = ErrorBody),
+        (status = 409, description = "The task is on hold", body = ErrorBody),
+        (status = 410, description = "The task was purged", body = ErrorBody),
+    )
+)]
+pub async fn trim_task(
+    State(shared): State<Arc<Shared>>,
+    ApiPath(id): ApiPath<String>,
+    JsonBody(body): JsonBody<TrimBody>,
+) -> Api<TrimView> {
+    let trimmed = owner(&shared)?.store.trim_progress(&id, body.keep).await?;
+    Ok(Json(TrimView::of(&trimmed)))
 }
 
 /// Audits the journal (or one task): CRCs, hash chains, legality, indexes. One audit runs at

@@ -175,6 +175,7 @@ impl From<dtask_journal::Error> for ApiError {
                 Self::new(StatusCode::INSUFFICIENT_STORAGE, "disk_full", e.to_string())
             }
             e @ (dtask_journal::Error::NotPurgeable { .. }
+            | dtask_journal::Error::NotTrimmable { .. }
             | dtask_journal::Error::Conflict { .. }) => {
                 Self::new(StatusCode::CONFLICT, "conflict", e.to_string())
             }

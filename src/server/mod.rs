@@ -248,6 +248,7 @@ impl Server {
                 "/api/tasks/{id}/hold",
                 post(api::hold_task).delete(api::lift_hold),
             )
+            .route("/api/tasks/{id}/trim", post(api::trim_task))
             .route("/api/verify", post(api::verify))
             .route("/api/stats", get(api::stats))
             .route("/api/stream", get(api::stream))

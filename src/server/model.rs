@@ -420,6 +420,9 @@ pub struct UpdateView {
     pub data: Bytes,
     /// Key/value metadata.
     pub metadata: Vec<MetadataPair>,
+    /// Whether its data and metadata were trimmed (`dtask trim`): both are empty, the rest
+    /// is as it was appended.
+    pub trimmed: bool,
     /// When it was appended (ms).
     pub at: u64,
 }
@@ -541,6 +544,40 @@ impl PurgeView {
                     bytes: p.bytes,
                 })
                 .collect(),
+        }
+    }
+}
+
+/// `POST /api/tasks/{id}/trim`: how many of the latest progress updates stay whole.
+#[derive(Debug, Clone, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TrimBody {
+    /// The latest progress updates kept whole.
+    pub keep: u64,
+}
+
+/// `POST /api/tasks/{id}/trim`: what a trim did.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct TrimView {
+    /// The task.
+    pub task: String,
+    /// Progress updates trimmed by this call (0: nothing was written).
+    pub records: u64,
+    /// Records framed again (the trimmed ones and every record after the first of them).
+    pub rewritten: u64,
+    /// Bytes saved.
+    pub bytes: u64,
+}
+
+impl TrimView {
+    /// The view of a trim's outcome.
+    #[must_use]
+    pub fn of(trimmed: &dtask_journal::TrimmedStream) -> Self {
+        Self {
+            task: trimmed.task.clone(),
+            records: trimmed.records,
+            rewritten: trimmed.rewritten,
+            bytes: trimmed.bytes,
         }
     }
 }

@@ -395,36 +395,46 @@ pub fn updates(
             Err(JournalError::Corruption { .. }) => continue,
             Err(e) => return Err(e.into()),
         };
-        if let Event::UpdateAppended {
-            attempt,
-            event_id,
-            kind,
-            data,
-            metadata,
-            at,
-        } = &record.event
-        {
-            if updates.len() == limit {
-                next = Some(record.position);
-                break;
-            }
-            updates.push(UpdateView {
-                position: record.position,
-                seq: record.seq,
-                attempt: *attempt,
-                event_id: event_id.clone(),
-                kind: kind.clone(),
-                data: Bytes::of(data, with_base64),
-                metadata: metadata
-                    .iter()
-                    .map(|(k, v)| super::model::MetadataPair {
-                        key: k.clone(),
-                        value: v.clone(),
-                    })
-                    .collect(),
-                at: at.0,
-            });
+        let (attempt, event_id, kind, data, metadata, trimmed, at) = match &record.event {
+            Event::UpdateAppended {
+                attempt,
+                event_id,
+                kind,
+                data,
+                metadata,
+                at,
+            } => (attempt, event_id, kind, &data[..], &metadata[..], false, at),
+            Event::UpdateTrimmed {
+                attempt,
+                event_id,
+                part_id,
+                kind,
+                at,
+                ..
+            } if part_id.is_empty() => (attempt, event_id, kind, &[][..], &[][..], true, at),
+            _ => continue,
+        };
+        if updates.len() == limit {
+            next = Some(record.position);
+            break;
         }
+        updates.push(UpdateView {
+            position: record.position,
+            seq: record.seq,
+            attempt: *attempt,
+            event_id: event_id.clone(),
+            kind: kind.clone(),
+            data: Bytes::of(data, with_base64),
+            metadata: metadata
+                .iter()
+                .map(|(k, v)| super::model::MetadataPair {
+                    key: k.clone(),
+                    value: v.clone(),
+                })
+                .collect(),
+            trimmed,
+            at: at.0,
+        });
     }
     // The end of what is stored now: a later page goes on from there.
     let position = next.unwrap_or(length);

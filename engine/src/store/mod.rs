@@ -29,7 +29,7 @@ pub use request::{
     AdvanceCursor, CreateRequest, ExecutionContext, InputRequest, NotificationRequest,
     UpdateRequest,
 };
-pub use retention::{RetentionStep, MAX_PURGE_TREE};
+pub use retention::{progress_trimmable, trim_due, RetentionStep, TrimStep, MAX_PURGE_TREE};
 pub use updates::{UpdatePage, UpdateRecord};
 
 use crate::clock::Clock;

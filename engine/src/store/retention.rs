@@ -7,9 +7,14 @@
 //! a hold ([`TaskStore::hold`]) is refused; nothing is written on a refusal. A purged task reads as
 //! [`StoreError::Purged`] from then on — on every node of a shared journal, which follows
 //! the tombstone through the commit order — and its id stays taken.
+//!
+//! A task's progress is trimmed rather than purged where its record should stay but its
+//! older updates' bytes need not ([`TaskStore::trim_progress`], [`TaskStore::trim_finished`]):
+//! the task folds to the same state, its readers see the trimmed updates as such.
 
+use super::index::Placement;
 use super::{Result, StoreError, TaskStore};
-use dtask_journal::{PurgeRefusal, PurgedStream, Timestamp};
+use dtask_journal::{PurgeRefusal, PurgedStream, Timestamp, TrimRefusal, TrimmedStream};
 use dtask_replay::FoldViews;
 use std::collections::BTreeSet;
 
@@ -102,6 +107,39 @@ impl TaskStore {
     }
 }
 
+impl TaskStore {
+    /// One step of a sweep: up to `limit` (at least 1) tasks in id order after `after`,
+    /// folded off the journal on a blocking thread; returns the ids of those whose state
+    /// `pick` takes (intact streams only: a damaged or illegal one is evidence, left alone)
+    /// and where the next step starts (`None` at the journal's end).
+    async fn looked_at(
+        &self,
+        after: Option<String>,
+        limit: usize,
+        pick: impl Fn(&dtask_replay::TaskState) -> bool + Send + 'static,
+    ) -> Result<(Vec<String>, Option<String>)> {
+        let journal = self.journal().clone();
+        let limit = limit.max(1);
+        tokio::task::spawn_blocking(move || {
+            let mut picked = Vec::new();
+            let mut looked = 0;
+            for view in FoldViews::new(&journal, after.as_deref()) {
+                let view = view?;
+                looked += 1;
+                if view.task.as_ref().is_some_and(|t| pick(&t.state)) && !view.has_problems() {
+                    picked.push(view.id().to_owned());
+                }
+                if looked == limit {
+                    return Ok((picked, Some(view.id().to_owned())));
+                }
+            }
+            Ok((picked, None))
+        })
+        .await
+        .map_err(|_| StoreError::Closed)?
+    }
+}
+
 /// One step of a retention sweep ([`TaskStore::purge_finished`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RetentionStep {
@@ -132,32 +170,13 @@ impl TaskStore {
         after: Option<String>,
         limit: usize,
     ) -> Result<RetentionStep> {
-        let journal = self.journal().clone();
-        let limit = limit.max(1);
-        let (candidates, next_after) = tokio::task::spawn_blocking(move || {
-            let mut candidates = Vec::new();
-            let mut looked = 0;
-            for view in FoldViews::new(&journal, after.as_deref()) {
-                let view = view?;
-                looked += 1;
-                if let Some(task) = &view.task {
-                    let s = &task.state;
-                    if s.parent_task_id.is_empty()
-                        && s.status.is_terminal()
-                        && s.done_at.unwrap_or(s.updated_at) < before
-                        && !view.has_problems()
-                    {
-                        candidates.push(view.id().to_owned());
-                    }
-                }
-                if looked == limit {
-                    return Ok((candidates, Some(view.id().to_owned())));
-                }
-            }
-            Ok::<_, StoreError>((candidates, None))
-        })
-        .await
-        .map_err(|_| StoreError::Closed)??;
+        let (candidates, next_after) = self
+            .looked_at(after, limit, move |s| {
+                s.parent_task_id.is_empty()
+                    && s.status.is_terminal()
+                    && s.done_at.unwrap_or(s.updated_at) < before
+            })
+            .await?;
         let mut step = RetentionStep {
             next_after,
             ..RetentionStep::default()
@@ -184,6 +203,10 @@ impl TaskStore {
 /// Tasks a step of the background retention sweep looks at.
 const RETENTION_STEP: usize = 512;
 
+/// What one step of a background sweep did: tasks done, tasks kept, where the next step
+/// starts (`None`: the sweep reached the end of the journal).
+type SweepStep = (usize, usize, Option<String>);
+
 impl TaskStore {
     /// Spawns a background retention sweep: every `every`, purges the root tasks that ended
     /// more than `retain` ago (by this store's clock), with their nested tasks, in steps of
@@ -195,32 +218,71 @@ impl TaskStore {
         retain: std::time::Duration,
         every: std::time::Duration,
     ) -> tokio::task::JoinHandle<()> {
-        let store = self.clone();
         let retain = u64::try_from(retain.as_millis()).unwrap_or(u64::MAX);
+        self.spawn_sweep(every, "retention", move |store, after| async move {
+            let before = Timestamp(store.now().0.saturating_sub(retain));
+            let step = store.purge_finished(before, after, RETENTION_STEP).await?;
+            Ok((step.purged.len(), step.kept.len(), step.next_after))
+        })
+    }
+
+    /// Spawns a background sweep trimming finished tasks' progress: every `every`, trims the
+    /// tasks that ended more than `after` ago (by this store's clock) to their last `keep`
+    /// updates, in steps of [`TaskStore::trim_finished`] over the whole journal. What `dtask
+    /// serve --trim-after` runs.
+    #[must_use]
+    pub fn spawn_trimming(
+        &self,
+        after: std::time::Duration,
+        keep: u64,
+        every: std::time::Duration,
+    ) -> tokio::task::JoinHandle<()> {
+        let after = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
+        self.spawn_sweep(every, "trim", move |store, start| async move {
+            let before = Timestamp(store.now().0.saturating_sub(after));
+            let step = store
+                .trim_finished(before, keep, start, RETENTION_STEP)
+                .await?;
+            Ok((step.trimmed.len(), step.kept.len(), step.next_after))
+        })
+    }
+
+    /// Runs `step` from the journal's start to its end every `every`, logging what each
+    /// sweep did (`what`) and a step's error (the sweep stops there; the next goes on).
+    fn spawn_sweep<F, Fut>(
+        &self,
+        every: std::time::Duration,
+        what: &'static str,
+        step: F,
+    ) -> tokio::task::JoinHandle<()>
+    where
+        F: Fn(TaskStore, Option<String>) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<SweepStep>> + Send,
+    {
+        let store = self.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             loop {
                 tick.tick().await;
-                let before = Timestamp(store.now().0.saturating_sub(retain));
-                let (mut after, mut purged, mut kept) = (None, 0usize, 0usize);
+                let (mut after, mut done, mut kept) = (None, 0usize, 0usize);
                 loop {
-                    match store.purge_finished(before, after, RETENTION_STEP).await {
-                        Ok(step) => {
-                            purged += step.purged.len();
-                            kept += step.kept.len();
-                            after = step.next_after;
+                    match step(store.clone(), after).await {
+                        Ok((n, k, next)) => {
+                            done += n;
+                            kept += k;
+                            after = next;
                             if after.is_none() {
                                 break;
                             }
                         }
                         Err(error) => {
-                            tracing::warn!(%error, "retention sweep failed");
+                            tracing::warn!(%error, sweep = what, "sweep failed");
                             break;
                         }
                     }
                 }
-                if purged > 0 || kept > 0 {
-                    tracing::info!(purged, kept, "retention sweep");
+                if done > 0 || kept > 0 {
+                    tracing::info!(done, kept, sweep = what, "sweep");
                 }
             }
         })
@@ -295,5 +357,138 @@ impl TaskStore {
                 Err(e) => return Err(e),
             }
         }
+    }
+}
+
+/// One step of a sweep trimming finished tasks' progress ([`TaskStore::trim_finished`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TrimStep {
+    /// The streams trimmed (each with updates trimmed by this step).
+    pub trimmed: Vec<TrimmedStream>,
+    /// Tasks old enough that were kept: on hold, or changed while the step ran.
+    pub kept: Vec<(String, String)>,
+    /// Where the next step starts (the last task id looked at), or `None` when the sweep
+    /// reached the end of the journal.
+    pub next_after: Option<String>,
+}
+
+/// Whether the progress updates of a task in `state` may be trimmed: not an agent run's,
+/// whose updates are its conversation — the run's state, read back whole — rather than
+/// progress.
+#[must_use]
+pub fn progress_trimmable(state: &dtask_replay::TaskState) -> bool {
+    state.spec.executor_key != crate::agent::AGENT_EXECUTOR_KEY
+}
+
+/// Whether a sweep trimming finished tasks' progress to their last `keep` updates takes a
+/// task in `state` ([`TaskStore::trim_finished`], `dtask trim --finished-before`): one that
+/// ended before `before`, whose progress may be trimmed ([`progress_trimmable`]) and that
+/// has more updates than it keeps.
+#[must_use]
+pub fn trim_due(state: &dtask_replay::TaskState, before: Timestamp, keep: u64) -> bool {
+    state.status.is_terminal()
+        && state.done_at.unwrap_or(state.updated_at) < before
+        && state.updates > keep
+        && progress_trimmable(state)
+}
+
+impl TaskStore {
+    /// Trims the progress of task `id` (running or ended): every progress update but the
+    /// last `keep` loses its data and metadata and keeps its place, attempt, event id, part,
+    /// kind and time — the task's state is unchanged, the progress readers see the trimmed
+    /// updates with [`UpdateRecord::trimmed`](super::UpdateRecord::trimmed) set, a retried
+    /// update with a trimmed one's event id is still recognised, and the journal's chain
+    /// stays whole ([`dtask_journal::Journal::trim_progress`]; `docs/semantics.md`,
+    /// "Trimming progress"). Returns what the trim did; a task with nothing more to trim is
+    /// not written to (`records` 0).
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`], [`StoreError::Purged`]; [`StoreError::Invalid`] for an
+    /// agent run ([`progress_trimmable`]); [`StoreError::Journal`] with
+    /// [`dtask_journal::Error::NotTrimmable`] for a task on hold, or another journal error.
+    /// Nothing is written on an error.
+    pub async fn trim_progress(&self, id: &str, keep: u64) -> Result<TrimmedStream> {
+        /// Trims made again after another node appended to the stream, at most.
+        const TRIES: usize = 4;
+        let slot = self.slot(id)?;
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let mut task = self.lock(&slot).await?;
+            if !progress_trimmable(&task.state) {
+                return Err(StoreError::invalid(
+                    "id",
+                    format!(
+                        "{id:?} is an agent run: its updates are its conversation, never trimmed"
+                    ),
+                ));
+            }
+            let trimmed = self
+                .journal()
+                .trim_progress_async(id, keep, self.now())
+                .await;
+            match trimmed {
+                Ok(trimmed) => {
+                    if let Some((position, marker)) = &trimmed.marker {
+                        if *position == task.state.position {
+                            let before = Placement::of(&task.state);
+                            Self::apply_all(&mut task, std::slice::from_ref(marker))?;
+                            self.publish_change(&slot, &task, &before);
+                        } else {
+                            // Written after records this node had not folded yet.
+                            self.refold(&slot, &mut task)?;
+                        }
+                        tracing::info!(task = %id, records = trimmed.records, bytes = trimmed.bytes, "progress trimmed");
+                    }
+                    return Ok(trimmed);
+                }
+                Err(dtask_journal::Error::Conflict { .. }) if tries < TRIES => {
+                    self.refold(&slot, &mut task)?;
+                }
+                Err(dtask_journal::Error::NotTrimmable {
+                    task,
+                    why: TrimRefusal::Purged,
+                }) => return Err(StoreError::Purged { task }),
+                Err(e) => return Err(StoreError::Journal(e)),
+            }
+        }
+    }
+
+    /// One step of a sweep trimming finished tasks' progress: looks at up to `limit` tasks
+    /// in id order after `after` and trims, to their last `keep` updates, those that ended
+    /// before `before` with more updates than that ([`TaskStore::trim_progress`]). Like a
+    /// retention step ([`TaskStore::purge_finished`]) it is incremental and resumable, and a
+    /// sweep run again trims nothing twice.
+    ///
+    /// # Errors
+    /// [`StoreError::Journal`] when the journal cannot be read or a trim cannot be written
+    /// (the trims before it stand).
+    pub async fn trim_finished(
+        &self,
+        before: Timestamp,
+        keep: u64,
+        after: Option<String>,
+        limit: usize,
+    ) -> Result<TrimStep> {
+        let (candidates, next_after) = self
+            .looked_at(after, limit, move |s| trim_due(s, before, keep))
+            .await?;
+        let mut step = TrimStep {
+            next_after,
+            ..TrimStep::default()
+        };
+        for id in candidates {
+            match self.trim_progress(&id, keep).await {
+                Ok(trimmed) if trimmed.records > 0 => step.trimmed.push(trimmed),
+                Ok(_) => {}
+                Err(e @ StoreError::Purged { .. }) => step.kept.push((id, e.to_string())),
+                Err(StoreError::Journal(
+                    e @ (dtask_journal::Error::NotTrimmable { .. }
+                    | dtask_journal::Error::Conflict { .. }),
+                )) => step.kept.push((id, e.to_string())),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(step)
     }
 }

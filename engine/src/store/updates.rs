@@ -28,6 +28,9 @@ pub struct UpdateRecord {
     /// Whether the record completes its event (always for a single-record update; for a
     /// part, whether it is the final one). Readers see an event as complete only then.
     pub last: bool,
+    /// Whether the update's bytes were trimmed ([`TaskStore::trim_progress`]): its `data`
+    /// and `metadata` are empty, everything else is as it was appended.
+    pub trimmed: bool,
     /// The record's position in the task's stream (its append position).
     pub position: u64,
     /// When it was appended.
@@ -39,7 +42,9 @@ impl UpdateRecord {
     #[must_use]
     pub fn from_record(task_id: &str, record: &Record) -> Option<Self> {
         match &record.event {
-            Event::UpdateAppended { .. } | Event::PartAppended { .. } => {
+            Event::UpdateAppended { .. }
+            | Event::PartAppended { .. }
+            | Event::UpdateTrimmed { .. } => {
                 Self::from_event(task_id, record.position, record.event.clone())
             }
             _ => None,
@@ -71,6 +76,7 @@ impl UpdateRecord {
                 metadata,
                 part_id: String::new(),
                 last: true,
+                trimmed: false,
                 position,
                 created_at: at,
             }),
@@ -92,6 +98,28 @@ impl UpdateRecord {
                 metadata,
                 part_id,
                 last,
+                trimmed: false,
+                position,
+                created_at: at,
+            }),
+            Event::UpdateTrimmed {
+                attempt,
+                event_id,
+                part_id,
+                last,
+                kind,
+                at,
+                ..
+            } => Some(Self {
+                task_id: task_id.to_owned(),
+                attempt,
+                event_id,
+                kind,
+                data: Vec::new(),
+                metadata: Vec::new(),
+                part_id,
+                last,
+                trimmed: true,
                 position,
                 created_at: at,
             }),
@@ -113,7 +141,9 @@ impl TaskStore {
     /// Appends a progress update of the running attempt. The fence (running, no cancel intent,
     /// current attempt, live lease) is checked **before** replay detection; then an event id
     /// seen before (in any attempt) with the same bytes returns the original record with
-    /// `false`, and with other bytes fails. The task's version does not change.
+    /// `false`, and with other bytes fails. The task's version does not change. An original
+    /// whose bytes were trimmed ([`TaskStore::trim_progress`]) is compared by what it kept:
+    /// the same kind (and final flag) returns it.
     ///
     /// With a `part_id`, the update is one part of a multi-part event, deduplicated by
     /// (event id, part id) — the same bytes and final flag return the original; once the
@@ -140,8 +170,9 @@ impl TaskStore {
             Keyed::Repeat { position, request } => {
                 let original = self.read_update(id, position)?;
                 let same = original.kind == request.kind
-                    && original.data == request.data
-                    && original.metadata == request.metadata
+                    && (original.trimmed
+                        || (original.data == request.data
+                            && original.metadata == request.metadata))
                     && (request.part_id.is_empty() || original.last == request.last);
                 match (same, request.part_id.is_empty()) {
                     (true, _) => {

@@ -81,6 +81,17 @@ pub enum BatchOp {
         /// Put the tombstone with the finished streams.
         apart: bool,
     },
+    /// The record stored at event key `key` is replaced by `value` (the same position and
+    /// sequence, framed again: what a trim of a stream's progress writes,
+    /// [`crate::Journal::trim_progress`]) wherever the stream lies — as a put of
+    /// [`Space::Events`] would be, with the finished streams when the batch retires the
+    /// stream there. The record's commit entry stays as it is.
+    Replace {
+        /// The event key.
+        key: OpBytes,
+        /// The record.
+        value: OpBytes,
+    },
 }
 
 /// When a shared store's commit of a batch ([`Backend::write_expecting`],

@@ -115,6 +115,9 @@ fn write_batch_bytes(ops: &[BatchOp]) -> usize {
             .iter()
             .map(|op| match op {
                 BatchOp::Put { key, value, .. } => PER_PUT + key.len() + value.len(),
+                BatchOp::Replace { key, value } => {
+                    PER_DELETE + PER_PUT + 2 * key.len() + value.len()
+                }
                 BatchOp::Delete { key, .. } => PER_DELETE + key.len(),
                 // The moved records are not known yet: the buffer grows for them.
                 BatchOp::Retire { .. } => 0,
@@ -366,6 +369,65 @@ fn direct_io_allowed(dir: &Path) -> bool {
 }
 
 impl RocksBackend {
+    /// Places the streams of a batch's purges and retirements (their stored records moved
+    /// or deleted into `batch`) and returns the key prefixes of those whose records of this
+    /// batch are stored with the finished ones, if any.
+    fn place_streams(
+        &self,
+        ops: &[BatchOp],
+        batch: &mut rocksdb::WriteBatch,
+    ) -> Result<Option<HashSet<Vec<u8>>>> {
+        // The streams whose records of this batch are stored with the finished ones (most
+        // batches have none), by their key prefix; each retired stream is placed once, by the
+        // first retirement naming it (which saw the fewest of its records written).
+        let mut apart: Option<HashSet<Vec<u8>>> = None;
+        let mut placed: Option<HashSet<Vec<u8>>> = None;
+        // A bulk move (the writer's moves that waited: many streams, in key order) reads
+        // the streams with one cursor; a few, by key.
+        let moves = ops
+            .iter()
+            .filter(|op| matches!(op, BatchOp::Retire { apart: true, .. }))
+            .count();
+        let mut cursor = (moves >= BULK_MOVE_STREAMS)
+            .then(|| self.cf(Space::Events))
+            .transpose()?
+            .map(|events| self.db.raw_iterator_cf(events));
+        for op in ops {
+            if let BatchOp::Purge {
+                task,
+                below,
+                apart: moving,
+            } = op
+            {
+                if self.purge_stored(task, *below, *moving, batch)? {
+                    apart
+                        .get_or_insert_with(HashSet::new)
+                        .insert(crate::keys::task_prefix(task));
+                }
+                placed
+                    .get_or_insert_with(HashSet::new)
+                    .insert(crate::keys::task_prefix(task));
+                continue;
+            }
+            if let BatchOp::Retire {
+                task,
+                stored,
+                apart: moving,
+            } = op
+            {
+                let prefix = crate::keys::task_prefix(task);
+                if placed
+                    .get_or_insert_with(HashSet::new)
+                    .insert(prefix.clone())
+                    && self.place_retired(task, *stored, *moving, cursor.as_mut(), batch)?
+                {
+                    apart.get_or_insert_with(HashSet::new).insert(prefix);
+                }
+            }
+        }
+        Ok(apart)
+    }
+
     pub(crate) fn open(path: &Path, mode: OpenMode<'_>) -> Result<Self> {
         Self::open_tuned(path, mode, Tuning::default())
     }
@@ -892,54 +954,7 @@ impl Backend for RocksBackend {
                 None => Ok(*slot.insert(self.cf(space)?)),
             }
         };
-        // The streams whose records of this batch are stored with the finished ones (most
-        // batches have none), by their key prefix; each retired stream is placed once, by the
-        // first retirement naming it (which saw the fewest of its records written).
-        let mut apart: Option<HashSet<Vec<u8>>> = None;
-        let mut placed: Option<HashSet<Vec<u8>>> = None;
-        // A bulk move (the writer's moves that waited: many streams, in key order) reads
-        // the streams with one cursor; a few, by key.
-        let moves = ops
-            .iter()
-            .filter(|op| matches!(op, BatchOp::Retire { apart: true, .. }))
-            .count();
-        let mut cursor = (moves >= BULK_MOVE_STREAMS)
-            .then(|| self.cf(Space::Events))
-            .transpose()?
-            .map(|events| self.db.raw_iterator_cf(events));
-        for op in &ops {
-            if let BatchOp::Purge {
-                task,
-                below,
-                apart: moving,
-            } = op
-            {
-                if self.purge_stored(task, *below, *moving, &mut batch)? {
-                    apart
-                        .get_or_insert_with(HashSet::new)
-                        .insert(crate::keys::task_prefix(task));
-                }
-                placed
-                    .get_or_insert_with(HashSet::new)
-                    .insert(crate::keys::task_prefix(task));
-                continue;
-            }
-            if let BatchOp::Retire {
-                task,
-                stored,
-                apart: moving,
-            } = op
-            {
-                let prefix = crate::keys::task_prefix(task);
-                if placed
-                    .get_or_insert_with(HashSet::new)
-                    .insert(prefix.clone())
-                    && self.place_retired(task, *stored, *moving, cursor.as_mut(), &mut batch)?
-                {
-                    apart.get_or_insert_with(HashSet::new).insert(prefix);
-                }
-            }
-        }
+        let apart = self.place_streams(&ops, &mut batch)?;
         let finished = match apart {
             Some(_) => {
                 let finished = self.finished_cf().ok_or_else(|| {
@@ -965,6 +980,20 @@ impl Backend for RocksBackend {
                         }
                         _ => batch.put_cf(cf(Space::Events)?, key, value),
                     }
+                }
+                // A record is put once where it lies, and removed from there (by a move or a
+                // purge) with a single deletion, which cancels one put: a replacement first
+                // cancels the put it replaces, so that each key keeps at most one put between
+                // single deletions (a second put would come back when the next single
+                // deletion cancels the first).
+                BatchOp::Replace { key, value } => {
+                    let task = key.len().saturating_sub(crate::keys::POSITION_BYTES);
+                    let cf = match (&apart, finished) {
+                        (Some(apart), Some(finished)) if apart.contains(&key[..task]) => finished,
+                        _ => cf(Space::Events)?,
+                    };
+                    batch.single_delete_cf(cf, &key);
+                    batch.put_cf(cf, key, value);
                 }
                 BatchOp::Put { space, key, value } => batch.put_cf(cf(space)?, key, value),
                 // A record is removed wherever it lies (only tests and repairs remove any).
@@ -1778,8 +1807,8 @@ mod tests {
                 BatchOp::Delete { space, key } => {
                     batch.delete_cf(backend.cf(*space).expect("space"), key);
                 }
-                BatchOp::Retire { .. } | BatchOp::Purge { .. } => {
-                    unreachable!("the test's batch retires and purges nothing")
+                BatchOp::Retire { .. } | BatchOp::Purge { .. } | BatchOp::Replace { .. } => {
+                    unreachable!("the test's batch retires, purges and replaces nothing")
                 }
             }
         }

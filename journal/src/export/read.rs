@@ -227,6 +227,22 @@ enum EventDef {
     HoldLifted {
         at: Timestamp,
     },
+    UpdateTrimmed {
+        attempt: u64,
+        event_id: String,
+        part_id: String,
+        last: bool,
+        kind: String,
+        bytes: u64,
+        at: Timestamp,
+    },
+    ProgressTrimmed {
+        records: u64,
+        bytes: u64,
+        #[serde_as(as = "DigestHex")]
+        digest_before: [u8; 32],
+        at: Timestamp,
+    },
 }
 
 /// How a task spec is read: every field, none unknown.

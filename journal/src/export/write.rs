@@ -400,6 +400,40 @@ impl<'a> Serialize for EventJson<'a> {
                 o.serialize_field("type", ty)?;
                 o.end()
             }
+            Event::UpdateTrimmed {
+                attempt,
+                event_id,
+                part_id,
+                last,
+                kind,
+                bytes,
+                at,
+            } => {
+                let mut o = serializer.serialize_struct("update_trimmed", 8)?;
+                o.serialize_field("at", at)?;
+                o.serialize_field("attempt", attempt)?;
+                o.serialize_field("bytes", bytes)?;
+                o.serialize_field("event_id", event_id)?;
+                o.serialize_field("kind", kind)?;
+                o.serialize_field("last", last)?;
+                o.serialize_field("part_id", part_id)?;
+                o.serialize_field("type", ty)?;
+                o.end()
+            }
+            Event::ProgressTrimmed {
+                records,
+                bytes,
+                digest_before,
+                at,
+            } => {
+                let mut o = serializer.serialize_struct("progress_trimmed", 5)?;
+                o.serialize_field("at", at)?;
+                o.serialize_field("bytes", bytes)?;
+                o.serialize_field("digest_before", &Digest(*digest_before).to_hex())?;
+                o.serialize_field("records", records)?;
+                o.serialize_field("type", ty)?;
+                o.end()
+            }
             Event::RecoveryLimit { max_recoveries, at } => {
                 let mut o = serializer.serialize_struct("recovery_limit", 3)?;
                 o.serialize_field("at", at)?;

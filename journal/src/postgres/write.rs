@@ -69,6 +69,14 @@ impl Rows {
                     }
                     continue;
                 }
+                // A record framed again in its place: its row goes before the batch's rows are
+                // inserted, the new one among them (same position, same `seq`).
+                BatchOp::Replace { key, value } => {
+                    let (task, position) = rows::event_row(&key)?;
+                    rows.dropped_records.0.push(task);
+                    rows.dropped_records.1.push(position);
+                    (Space::Events, key, Some(value))
+                }
             };
             let tag = Space::ALL.iter().position(|s| *s == space).unwrap_or(0);
             last.insert((tag, key.into_vec()), value.map(OpBytes::into_vec));

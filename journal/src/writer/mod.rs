@@ -87,6 +87,16 @@ pub(crate) enum IndexEffect {
         /// The digest the tombstone chains from.
         chain_from: crate::record::Digest,
     },
+    /// `ProgressTrimmed` (written by [`crate::Journal::trim_progress`]): the stream's
+    /// records from the first trimmed one on are replaced by `replaced` (each at its own
+    /// position, with its own sequence, framed again on the chain) and this record, appended
+    /// after them, chains from `chain_from` (the last replaced record's new digest).
+    Trim {
+        /// Each replaced record's event key and new bytes.
+        replaced: Box<[(Vec<u8>, Vec<u8>)]>,
+        /// The digest the marker chains from.
+        chain_from: crate::record::Digest,
+    },
 }
 
 /// A job's encoded events: most appends carry one, which then needs no allocation of its own.
@@ -729,6 +739,7 @@ impl Writer {
             // its last): see `crate::purge`.
             let (position, prev) = match &event.effect {
                 IndexEffect::Purge { chain_from, .. } => (0, *chain_from),
+                IndexEffect::Trim { chain_from, .. } => (head.next_position, *chain_from),
                 _ => (head.next_position, head.last_digest),
             };
             let (bytes, digest) = event
@@ -779,6 +790,17 @@ impl Writer {
                         below: head.next_position,
                         apart: finished_apart,
                     });
+                }
+                IndexEffect::Trim { replaced, .. } => {
+                    // The records framed again go where the stream lies (`BatchOp::Retire`
+                    // below places a finished one's), their commit entries unchanged.
+                    ops.reserve(replaced.len());
+                    for (key, value) in replaced.into_vec() {
+                        ops.push(BatchOp::Replace {
+                            key: OpBytes::from_vec(key),
+                            value: OpBytes::from_vec(value),
+                        });
+                    }
                 }
             }
             ops.push(BatchOp::Put {
@@ -1371,7 +1393,8 @@ fn record_bytes(ops: &[BatchOp]) -> usize {
                 space: Space::Events,
                 value,
                 ..
-            } => value.len(),
+            }
+            | BatchOp::Replace { value, .. } => value.len(),
             _ => 0,
         })
         .sum()

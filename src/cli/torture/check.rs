@@ -12,7 +12,7 @@ use dtask_replay::{
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// The heads of every task at one moment: (records, last digest).
-pub type Heads = HashMap<String, (u64, Digest)>;
+pub type Heads = HashMap<String, (u64, Digest, u64)>;
 
 /// Opens the torture journal read-only, or `None` when no child has created it yet — the
 /// directory is missing or empty, or holds a database that is not a journal yet (a child was
@@ -60,7 +60,7 @@ pub fn heads(journal: &Journal) -> Result<Heads> {
     let mut heads = Heads::new();
     for item in journal.tasks() {
         let (task, head) = item?;
-        heads.insert(task, (head.next_position, head.last_digest));
+        heads.insert(task, (head.next_position, head.last_digest, head.last_seq));
     }
     Ok(heads)
 }
@@ -82,14 +82,16 @@ fn tombstone(journal: &Journal, task: &str) -> Result<Option<(u64, Digest)>> {
 /// Checks that nothing durable before a crash went missing after it: every task still
 /// exists, its stream did not shrink, and the record it ended with is still there unchanged —
 /// or, for a stream purged since, its tombstone stands for at least the records seen before
-/// and, when for exactly those, chains from the one it ended with.
+/// and, when for exactly those, chains from the one it ended with; for a stream whose progress
+/// was trimmed since (a trim frames its records again), the record it ended with is still
+/// there at its sequence.
 ///
 /// # Errors
 /// Journal errors.
 pub fn heads_grew(journal: &Journal, before: &Heads, now: &Heads) -> Result<Vec<String>> {
     let mut violations = Vec::new();
-    for (task, (records, digest)) in before {
-        let Some((now_records, now_digest)) = now.get(task) else {
+    for (task, (records, digest, seq)) in before {
+        let Some((now_records, now_digest, _)) = now.get(task) else {
             violations.push(format!("task {task} vanished after a crash"));
             continue;
         };
@@ -117,12 +119,23 @@ pub fn heads_grew(journal: &Journal, before: &Heads, now: &Heads) -> Result<Vec<
             }
         } else if *records > 0 {
             let position = records - 1;
-            let same = journal
-                .read_stream(task, position)
-                .next()
-                .transpose()?
+            let mut stream = journal.read_stream(task, position);
+            let last = stream.next().transpose()?;
+            let same = last
+                .as_ref()
                 .is_some_and(|r| r.position == position && r.digest == *digest);
-            if !same {
+            let trimmed_since = || -> Result<bool> {
+                for record in stream {
+                    if matches!(record?.event, Event::ProgressTrimmed { .. }) {
+                        return Ok(true);
+                    }
+                }
+                Ok(false)
+            };
+            let kept = last
+                .as_ref()
+                .is_some_and(|r| r.position == position && r.seq == *seq);
+            if !(same || (kept && trimmed_since()?)) {
                 violations.push(format!(
                     "task {task}: record {position} changed after a crash"
                 ));
@@ -155,6 +168,8 @@ pub struct Findings {
     pub timers: u64,
     /// Tasks purged (their tombstones).
     pub purged: u64,
+    /// Progress updates trimmed (their bytes dropped, their records kept).
+    pub trimmed: u64,
     /// Invariant violations, one line each.
     pub violations: Vec<String>,
 }
@@ -168,6 +183,8 @@ struct Seen {
     input_provided: bool,
     /// The durable timers the task waited on (`not_before` records).
     timers: u64,
+    /// The trims of its progress (`progress_trimmed` records).
+    trims: u64,
 }
 
 /// The torture's own checks of one stream, beside the fold: update event ids are unique, and
@@ -181,6 +198,8 @@ struct StreamCheck<'a> {
     timers: u64,
     records: u64,
     updates: u64,
+    trimmed: u64,
+    trims: u64,
     violations: Vec<String>,
 }
 
@@ -190,8 +209,11 @@ impl Replay for StreamCheck<'_> {
     fn replay(&mut self, record: &Record) -> std::result::Result<(), FoldError> {
         self.records += 1;
         match &record.event {
-            Event::UpdateAppended { event_id, .. } => {
+            Event::UpdateAppended { event_id, .. } | Event::UpdateTrimmed { event_id, .. } => {
                 self.updates += 1;
+                if matches!(record.event, Event::UpdateTrimmed { .. }) {
+                    self.trimmed += 1;
+                }
                 if !self.event_ids.insert(event_id.clone()) {
                     self.violations
                         .push(format!("event id {event_id:?} appears twice"));
@@ -209,6 +231,7 @@ impl Replay for StreamCheck<'_> {
             Event::CancelRequested { .. } => self.cancel_requested = true,
             Event::InputProvided { .. } => self.input_provided = true,
             Event::NotBefore { .. } => self.timers += 1,
+            Event::ProgressTrimmed { .. } => self.trims += 1,
             _ => {}
         }
         self.fold.replay(record)
@@ -231,11 +254,14 @@ fn read_task(
         timers: 0,
         records: 0,
         updates: 0,
+        trimmed: 0,
+        trims: 0,
         violations: Vec::new(),
     };
     let outcome = replay_task(journal, id, None, &mut check);
     findings.records += check.records;
     findings.updates += check.updates;
+    findings.trimmed += check.trimmed;
     findings.violations.extend(
         check
             .violations
@@ -265,8 +291,12 @@ fn read_task(
             return None;
         }
     }
-    let (cancel_requested, input_provided, timers) =
-        (check.cancel_requested, check.input_provided, check.timers);
+    let (cancel_requested, input_provided, timers, trims) = (
+        check.cancel_requested,
+        check.input_provided,
+        check.timers,
+        check.trims,
+    );
     let task = check.fold.finish()?;
     let (tool, token) = match ToolPayload::decode(&task.state.spec.payload) {
         Ok(payload) => {
@@ -290,6 +320,7 @@ fn read_task(
         cancel_requested,
         input_provided,
         timers,
+        trims,
     })
 }
 
@@ -402,6 +433,10 @@ fn check_acks(
             ["resume", id] => match seen.get(*id) {
                 Some(task) if task.input_provided => None,
                 _ => Some(format!("acknowledged answer to {id} is missing")),
+            },
+            ["trimmed", id] => match seen.get(*id) {
+                Some(task) if task.trims > 0 => None,
+                _ => Some(format!("acknowledged trim of {id} is missing")),
             },
             ["update", id, event_id] => match seen.get(*id) {
                 Some(task) if task.task.update_ids.contains_key(event_id) => None,
@@ -520,6 +555,54 @@ mod tests {
         // The same count, another last record: changed.
         let mut other = before;
         other.get_mut("t").unwrap().1 = Digest([9; 32]);
+        assert_eq!(heads_grew(&journal, &other, &now).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn a_trim_since_the_snapshot_frames_records_again_without_losing_any() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = Layout::new(dir.path(), None);
+        let journal = Journal::open(layout.journal(), JournalOptions::default()).unwrap();
+        let spec = TaskSpec::new("t", "x");
+        let update = |n: u64| Event::UpdateAppended {
+            attempt: 1,
+            event_id: format!("e{n}"),
+            kind: "k".into(),
+            data: vec![1; 100],
+            metadata: vec![],
+            at: Timestamp(3),
+        };
+        journal
+            .append(
+                "t",
+                0,
+                &[
+                    Event::created(spec, LeasePolicy::Retry, Timestamp(1)),
+                    Event::AttemptStarted {
+                        attempt: 1,
+                        lease_deadline: Timestamp(9),
+                        at: Timestamp(2),
+                    },
+                    update(0),
+                    update(1),
+                ],
+            )
+            .unwrap();
+        let before = heads(&journal).unwrap();
+        journal.append("t", 4, &[update(2)]).unwrap();
+        assert_eq!(
+            journal.trim_progress("t", 1, Timestamp(4)).unwrap().records,
+            2
+        );
+        let now = heads(&journal).unwrap();
+        assert_ne!(before["t"].1, {
+            let r = journal.read_stream("t", 3).next().unwrap().unwrap();
+            r.digest
+        });
+        assert!(heads_grew(&journal, &before, &now).unwrap().is_empty());
+        // Seen with another sequence at that position: changed, trim or not.
+        let mut other = before;
+        other.get_mut("t").unwrap().2 += 100;
         assert_eq!(heads_grew(&journal, &other, &now).unwrap().len(), 1);
     }
 

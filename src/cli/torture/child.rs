@@ -3,10 +3,11 @@
 //! finish run — until every task is terminal).
 //!
 //! Everything the child was acknowledged is written to the acknowledgement log *after* the
-//! acknowledgement, one line each: `created`, `cancel`, `resume`, `purged` (by the workload)
+//! acknowledgement, one line each: `created`, `cancel`, `resume`, `purged`, `trimmed` (by the workload)
 //! and `update` (by the output materializer, which only ever sees persisted updates). The
 //! checker then proves that each of them is in the journal. Now and then the workload purges
-//! a task of its run that ended: its records go, its tombstone stays.
+//! a task of its run that ended: its records go, its tombstone stays; and trims a task's
+//! progress (`trimmed`), running or ended, to its last update.
 
 use super::rng::Rng;
 use super::Layout;
@@ -554,6 +555,17 @@ async fn workload(args: &Args) -> Result<i32> {
         }
         if !args.finish && rng.chance(15) {
             purge_one(&store, &mut created, &acks).await;
+        }
+        if !args.finish && !created.is_empty() && rng.chance(10) {
+            // A task of the run, running or ended, trimmed to its last update.
+            let pick = usize::try_from(rng.range(0, created.len() as u64 - 1)).unwrap_or(0);
+            if let Some((id, _)) = created.get(pick) {
+                match store.trim_progress(id, 1).await {
+                    Ok(trimmed) if trimmed.records > 0 => acks.log(&["trimmed", id]),
+                    Ok(_) => {}
+                    Err(e) => eprintln!("torture-child: trim {id} refused: {e}"),
+                }
+            }
         }
         tokio::time::sleep(Duration::from_millis(rng.range(10, 40))).await;
     }

@@ -727,6 +727,7 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
             "side_effects": findings.side_effects,
             "timers": findings.timers,
             "purged": findings.purged,
+            "trimmed": findings.trimmed,
             "violations": violations,
             "clean": clean,
             "wall_secs": (wall * 10.0).round() / 10.0,
@@ -774,11 +775,12 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
             ))?;
         }
         out.line(format!(
-            "checked: {}, {} in the ledger, {}, {}, verify, terminal states, event ids, attempts",
+            "checked: {}, {} in the ledger, {}, {}, {}, verify, terminal states, event ids, attempts",
             count(findings.acknowledged, "acknowledgement"),
             count(findings.side_effects, "side effect"),
             count(findings.timers, "durable timer"),
-            count(findings.purged, "purged task")
+            count(findings.purged, "purged task"),
+            count(findings.trimmed, "trimmed update")
         ))?;
         for violation in &violations {
             out.line(format!("VIOLATION {violation}"))?;

@@ -1,0 +1,198 @@
+//! `dtask trim`: drops the bytes of tasks' older progress updates, every record kept (see
+//! docs/semantics.md, "Trimming progress").
+//!
+//! The tasks are chosen by name (any task, running or ended) or by age
+//! (`--finished-before`: every task that ended before then with more updates than it
+//! keeps). Each task is trimmed in one atomic write to its last `--keep` updates; a trim cut
+//! short leaves whole tasks trimmed and the rest as they were, and running it again trims
+//! nothing twice. `--dry-run` says what would go; `--compact` gives the space back at once.
+
+use super::{fmt, progress, CliError, Global, Out, Result};
+use dtask_engine::{progress_trimmable, trim_due, StoreConfig, StoreError, SystemClock, TaskStore};
+use dtask_journal::{Error as JournalError, Event, Journal, JournalOptions, Timestamp};
+use dtask_replay::FoldViews;
+use serde_json::json;
+use std::collections::BTreeMap;
+
+/// Arguments of `dtask trim`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Trim these tasks' progress (running or ended).
+    #[arg(value_name = "TASK", conflicts_with = "finished_before")]
+    tasks: Vec<String>,
+    /// Trim the progress of every task that ended before this time (ms since the epoch,
+    /// YYYY-MM-DD or RFC 3339 UTC).
+    #[arg(long, value_parser = fmt::parse_time, required_unless_present = "tasks")]
+    finished_before: Option<Timestamp>,
+    /// The latest progress updates of each task kept whole (the progress reader shows 20).
+    #[arg(long, default_value_t = 20)]
+    keep: u64,
+    /// Only say what would be trimmed; write nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Then compact the journal's storage, so that the space is given back now (an
+    /// embedded journal; PostgreSQL's autovacuum does this itself).
+    #[arg(long, conflicts_with = "dry_run")]
+    compact: bool,
+}
+
+/// What trimming `task` to its last `keep` updates would take: the updates and their
+/// bytes. Also whether a hold stands.
+fn trimmable(journal: &Journal, task: &str, keep: u64) -> Result<(u64, u64, bool)> {
+    let mut updates = Vec::new();
+    let mut held = false;
+    for record in journal.read_stream(task, 0) {
+        let record = record?;
+        match &record.event {
+            Event::UpdateAppended { .. } | Event::PartAppended { .. } => {
+                updates.push(Some(record.size as u64));
+            }
+            Event::UpdateTrimmed { .. } => updates.push(None),
+            Event::Hold { .. } => held = true,
+            Event::HoldLifted { .. } => held = false,
+            _ => {}
+        }
+    }
+    let keep = usize::try_from(keep)
+        .unwrap_or(usize::MAX)
+        .min(updates.len());
+    let going = updates[..updates.len() - keep].iter().flatten();
+    Ok((going.clone().count() as u64, going.sum(), held))
+}
+
+/// The tasks to trim: those named (each known, not an agent run), or those a sweep by age
+/// takes.
+fn choose(journal: &Journal, args: &Args) -> Result<Vec<String>> {
+    // What the fold says of each task: whether its progress may go, and whether a sweep by
+    // age takes it.
+    let bar = progress(journal.last_seq()?, "reading tasks");
+    let mut seen: BTreeMap<String, (bool, bool)> = BTreeMap::new();
+    for view in FoldViews::new(journal, None) {
+        let view = view?;
+        bar.inc(view.records);
+        let Some(task) = &view.task else { continue };
+        let due = args
+            .finished_before
+            .is_some_and(|before| trim_due(&task.state, before, args.keep))
+            && !view.has_problems();
+        seen.insert(view.id().to_owned(), (progress_trimmable(&task.state), due));
+    }
+    bar.finish_and_clear();
+    Ok(if args.tasks.is_empty() {
+        seen.iter()
+            .filter(|(_, (_, due))| *due)
+            .map(|(id, _)| id.clone())
+            .collect()
+    } else {
+        for id in &args.tasks {
+            match seen.get(id) {
+                None => {
+                    return Err(CliError::Usage(format!(
+                        "no task {id:?} that could be trimmed (unknown, purged, or damaged)"
+                    )))
+                }
+                Some((false, _)) => {
+                    return Err(CliError::Usage(format!(
+                        "{id:?} is an agent run: its updates are its conversation, never trimmed"
+                    )))
+                }
+                Some(_) => {}
+            }
+        }
+        args.tasks.clone()
+    })
+}
+
+/// Runs `dtask trim`.
+pub fn run(global: &Global, args: &Args) -> Result<()> {
+    let at = global.at()?;
+    let journal = if args.dry_run {
+        at.open_reader()?
+    } else {
+        at.open_writer(JournalOptions::default())?
+    };
+    let candidates = choose(&journal, args)?;
+    let store = if args.dry_run {
+        None
+    } else {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(CliError::io("starting the runtime"))?;
+        let store = TaskStore::open(journal.clone(), SystemClock, StoreConfig::default())
+            .map_err(|e| CliError::Usage(e.to_string()))?;
+        Some((runtime, store))
+    };
+    let (mut tasks, mut records, mut bytes) = (0u64, 0u64, 0u64);
+    let mut kept: Vec<(String, String)> = Vec::new();
+    let bar = progress(candidates.len() as u64, "trimming");
+    for task in &candidates {
+        bar.inc(1);
+        let (n, size) = match &store {
+            None => {
+                let (n, size, held) = trimmable(&journal, task, args.keep)?;
+                if held {
+                    kept.push((task.clone(), "it is on hold".to_owned()));
+                    continue;
+                }
+                (n, size)
+            }
+            Some((runtime, store)) => {
+                match runtime.block_on(store.trim_progress(task, args.keep)) {
+                    Ok(trimmed) => (trimmed.records, trimmed.bytes),
+                    Err(StoreError::Journal(JournalError::NotTrimmable { why, .. }))
+                        if args.tasks.is_empty() =>
+                    {
+                        kept.push((task.clone(), why.to_string()));
+                        continue;
+                    }
+                    Err(e) => return Err(CliError::Usage(format!("cannot trim {task:?}: {e}"))),
+                }
+            }
+        };
+        if n > 0 {
+            tasks += 1;
+            records += n;
+            bytes += size;
+        }
+    }
+    bar.finish_and_clear();
+    drop(store);
+    let compacted = if args.compact {
+        super::purge::compact(&at, &journal)?
+    } else {
+        None
+    };
+    let mut out = Out::new();
+    if global.json {
+        out.json(&json!({
+            "dry_run": args.dry_run,
+            "keep": args.keep,
+            "trimmed": { "tasks": tasks, "records": records, "bytes": bytes },
+            "kept": kept.iter().map(|(task, why)| json!({ "task": task, "why": why })).collect::<Vec<_>>(),
+            "compacted": super::purge::compacted_json(compacted),
+        }))?;
+    } else {
+        out.line(format!(
+            "{} {} of {} ({} {})",
+            if args.dry_run {
+                "would trim"
+            } else {
+                "trimmed"
+            },
+            fmt::count(records, "progress update"),
+            fmt::count(tasks, "task"),
+            fmt::size(bytes),
+            if args.dry_run {
+                "in those records"
+            } else {
+                "saved"
+            },
+        ))?;
+        for (task, why) in &kept {
+            out.line(format!("  kept {task}: {why}"))?;
+        }
+        super::purge::print_compacted(&mut out, compacted, args.compact)?;
+    }
+    out.flush()
+}
