@@ -370,3 +370,46 @@ async fn a_purge_made_on_one_node_reaches_another_that_holds_the_task() {
     assert_eq!(report.purged, 2);
     clean(&url);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trim_made_on_one_node_is_followed_by_another_that_appends_after_it() {
+    let Some((a, b, url)) = nodes("trim") else {
+        return;
+    };
+    create(&a, "t", LeasePolicy::Retry).await;
+    let t = a.execute("t", 1, Command::Start).await.unwrap();
+    let update = |n: u64| UpdateRequest {
+        attempt: t.attempt,
+        event_id: format!("e{n}"),
+        kind: "stdout".into(),
+        data: vec![b'x'; 200],
+        ..UpdateRequest::default()
+    };
+    for n in 0..3 {
+        a.append_update("t", update(n)).await.unwrap();
+    }
+    // B holds `t` with its head (the last record's digest) before A trims it.
+    b.refresh().await.unwrap();
+    assert_eq!(b.get("t").await.unwrap().updates, 3);
+    assert_eq!(a.trim_progress("t", 1).await.unwrap().records, 2);
+    // B follows the trim's record, and its own appends chain on the stream as A left it.
+    b.refresh().await.unwrap();
+    let seen = b.get("t").await.unwrap();
+    assert_eq!(
+        (seen.updates, seen.position),
+        (3, a.get("t").await.unwrap().position)
+    );
+    let (original, new) = b.append_update("t", update(0)).await.unwrap();
+    assert!(
+        !new && original.trimmed,
+        "B recognises a trimmed update's id"
+    );
+    b.append_update("t", update(3)).await.unwrap();
+    b.execute("t", seen.version, Command::Complete { data: vec![] })
+        .await
+        .unwrap();
+    let report = dtask_replay::audit::audit_journal(a.journal(), &mut |_| {}).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+    assert_eq!(report.trimmed_records, 2);
+    clean(&url);
+}

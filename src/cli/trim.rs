@@ -11,8 +11,12 @@ use super::{fmt, progress, CliError, Global, Out, Result};
 use dtask_engine::{progress_trimmable, trim_due, StoreConfig, StoreError, SystemClock, TaskStore};
 use dtask_journal::{Error as JournalError, Event, Journal, JournalOptions, Timestamp};
 use dtask_replay::FoldViews;
+use futures::StreamExt;
 use serde_json::json;
 use std::collections::BTreeMap;
+
+/// Trims written at once offline.
+const TRIMS_AT_ONCE: usize = 64;
 
 /// Arguments of `dtask trim`.
 #[derive(Debug, clap::Args)]
@@ -103,6 +107,71 @@ fn choose(journal: &Journal, args: &Args) -> Result<Vec<String>> {
     })
 }
 
+/// What a task's trim did (or would do): the updates and their bytes, or why it was kept.
+type Outcome = (String, std::result::Result<(u64, u64), String>);
+
+/// What trimming each of `tasks` would do (a dry run): read, nothing written.
+fn count_all(
+    journal: &Journal,
+    tasks: Vec<String>,
+    keep: u64,
+    bar: &indicatif::ProgressBar,
+) -> Result<Vec<Outcome>> {
+    let mut outcomes = Vec::with_capacity(tasks.len());
+    for task in tasks {
+        bar.inc(1);
+        let (n, size, held) = trimmable(journal, &task, keep)?;
+        let outcome = if held {
+            Err("it is on hold".to_owned())
+        } else {
+            Ok((n, size))
+        };
+        outcomes.push((task, outcome));
+    }
+    Ok(outcomes)
+}
+
+/// Trims each of `tasks` through the task store (its rules), many at once — each its own
+/// atomic write, their syncs shared by the journal's group commit.
+fn trim_all(
+    journal: &Journal,
+    tasks: Vec<String>,
+    args: &Args,
+    bar: &indicatif::ProgressBar,
+) -> Result<Vec<Outcome>> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(CliError::io("starting the runtime"))?;
+    runtime.block_on(async {
+        let store = TaskStore::open(journal.clone(), SystemClock, StoreConfig::default())
+            .map_err(|e| CliError::Usage(e.to_string()))?;
+        let store = &store;
+        let mut done = futures::stream::iter(tasks)
+            .map(|task| async move {
+                let outcome = store.trim_progress(&task, args.keep).await;
+                (task, outcome)
+            })
+            .buffer_unordered(TRIMS_AT_ONCE);
+        let mut outcomes = Vec::new();
+        while let Some((task, outcome)) = done.next().await {
+            bar.inc(1);
+            let outcome = match outcome {
+                Ok(trimmed) => Ok((trimmed.records, trimmed.bytes)),
+                // A sweep by age keeps (and names) a held task; one named is an error.
+                Err(StoreError::Journal(JournalError::NotTrimmable { why, .. }))
+                    if args.tasks.is_empty() =>
+                {
+                    Err(why.to_string())
+                }
+                Err(e) => return Err(CliError::Usage(format!("cannot trim {task:?}: {e}"))),
+            };
+            outcomes.push((task, outcome));
+        }
+        Ok(outcomes)
+    })
+}
+
 /// Runs `dtask trim`.
 pub fn run(global: &Global, args: &Args) -> Result<()> {
     let at = global.at()?;
@@ -112,52 +181,27 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
         at.open_writer(JournalOptions::default())?
     };
     let candidates = choose(&journal, args)?;
-    let store = if args.dry_run {
-        None
+    let bar = progress(candidates.len() as u64, "trimming");
+    let outcomes = if args.dry_run {
+        count_all(&journal, candidates, args.keep, &bar)?
     } else {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(CliError::io("starting the runtime"))?;
-        let store = TaskStore::open(journal.clone(), SystemClock, StoreConfig::default())
-            .map_err(|e| CliError::Usage(e.to_string()))?;
-        Some((runtime, store))
+        trim_all(&journal, candidates, args, &bar)?
     };
+    bar.finish_and_clear();
     let (mut tasks, mut records, mut bytes) = (0u64, 0u64, 0u64);
     let mut kept: Vec<(String, String)> = Vec::new();
-    let bar = progress(candidates.len() as u64, "trimming");
-    for task in &candidates {
-        bar.inc(1);
-        let (n, size) = match &store {
-            None => {
-                let (n, size, held) = trimmable(&journal, task, args.keep)?;
-                if held {
-                    kept.push((task.clone(), "it is on hold".to_owned()));
-                    continue;
-                }
-                (n, size)
+    for (task, outcome) in outcomes {
+        match outcome {
+            Ok((n, size)) if n > 0 => {
+                tasks += 1;
+                records += n;
+                bytes += size;
             }
-            Some((runtime, store)) => {
-                match runtime.block_on(store.trim_progress(task, args.keep)) {
-                    Ok(trimmed) => (trimmed.records, trimmed.bytes),
-                    Err(StoreError::Journal(JournalError::NotTrimmable { why, .. }))
-                        if args.tasks.is_empty() =>
-                    {
-                        kept.push((task.clone(), why.to_string()));
-                        continue;
-                    }
-                    Err(e) => return Err(CliError::Usage(format!("cannot trim {task:?}: {e}"))),
-                }
-            }
-        };
-        if n > 0 {
-            tasks += 1;
-            records += n;
-            bytes += size;
+            Ok(_) => {}
+            Err(why) => kept.push((task, why)),
         }
     }
-    bar.finish_and_clear();
-    drop(store);
+    kept.sort();
     let compacted = if args.compact {
         super::purge::compact(&at, &journal)?
     } else {

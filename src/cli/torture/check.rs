@@ -183,6 +183,8 @@ struct Seen {
     input_provided: bool,
     /// The durable timers the task waited on (`not_before` records).
     timers: u64,
+    /// Its attempts' check-backs (`yielded` records).
+    check_backs: u64,
     /// The trims of its progress (`progress_trimmed` records).
     trims: u64,
 }
@@ -196,6 +198,7 @@ struct StreamCheck<'a> {
     cancel_requested: bool,
     input_provided: bool,
     timers: u64,
+    check_backs: u64,
     records: u64,
     updates: u64,
     trimmed: u64,
@@ -231,6 +234,7 @@ impl Replay for StreamCheck<'_> {
             Event::CancelRequested { .. } => self.cancel_requested = true,
             Event::InputProvided { .. } => self.input_provided = true,
             Event::NotBefore { .. } => self.timers += 1,
+            Event::Yielded { .. } => self.check_backs += 1,
             Event::ProgressTrimmed { .. } => self.trims += 1,
             _ => {}
         }
@@ -252,6 +256,7 @@ fn read_task(
         cancel_requested: false,
         input_provided: false,
         timers: 0,
+        check_backs: 0,
         records: 0,
         updates: 0,
         trimmed: 0,
@@ -291,10 +296,11 @@ fn read_task(
             return None;
         }
     }
-    let (cancel_requested, input_provided, timers, trims) = (
+    let (cancel_requested, input_provided, timers, check_backs, trims) = (
         check.cancel_requested,
         check.input_provided,
         check.timers,
+        check.check_backs,
         check.trims,
     );
     let task = check.fold.finish()?;
@@ -320,6 +326,7 @@ fn read_task(
         cancel_requested,
         input_provided,
         timers,
+        check_backs,
         trims,
     })
 }
@@ -366,14 +373,19 @@ pub fn check(layout: &Layout) -> Result<Findings> {
                 .violations
                 .push(format!("task {id} ({}) ended {status}", task.tool));
         }
-        // A poll task that completed waited on a durable timer after each look but the last:
-        // each check-back was recorded, none lost to a crash.
+        // A poll task that completed checked back after each look but the last, each
+        // check-back recorded (none lost to a crash) with its durable timer — unless its time
+        // had come already when the check-back was written, which then writes no timer.
         if task.tool == POLL && status == Status::Completed {
             let expected = format!("polled {POLLS} times");
-            if task.task.state.result_data != expected.as_bytes() || task.timers < POLLS - 1 {
+            if task.task.state.result_data != expected.as_bytes()
+                || task.check_backs < POLLS - 1
+                || task.timers > task.check_backs
+            {
                 findings.violations.push(format!(
-                    "poll task {id} completed with {:?} after {} timers",
+                    "poll task {id} completed with {:?} after {} check-backs ({} timers)",
                     String::from_utf8_lossy(&task.task.state.result_data),
+                    task.check_backs,
                     task.timers
                 ));
             }
