@@ -96,6 +96,19 @@ async fn a_shell_task_runs_to_completion_with_its_lines_as_updates() {
         .await
         .unwrap();
     assert_eq!(progress, "Recent progress:\n[stdout] b\n[stdout] c");
+    // Trimmed to its last line: the reader shows the others as such, in their places.
+    assert_eq!(
+        store.trim_progress(&task.spec.id, 1).await.unwrap().records,
+        2
+    );
+    let progress = ProgressReader::new(store.clone(), 3)
+        .read(&task.spec.id)
+        .await
+        .unwrap();
+    assert_eq!(
+        progress,
+        "Recent progress:\n[stdout] (trimmed)\n[stdout] (trimmed)\n[stdout] c"
+    );
     let envelope = ResponseEvent::launch_result(&state).unwrap().encode();
     assert!(
         envelope.starts_with("{\"type\":\"launch_result\",\"task_id\":"),

@@ -11,6 +11,8 @@ pub const MAX_PROGRESS_EVENT_BYTES: usize = 4096;
 pub const MAX_PROGRESS_BYTES: usize = 16 * 1024;
 const TRUNCATED_EVENT: &str = "...[truncated]";
 const TRUNCATED_TEXT: &str = "\n[recent progress truncated]";
+/// What the reader shows of an update whose bytes a trim dropped.
+const TRIMMED_TEXT: &str = "(trimmed)";
 
 /// Reads recent progress of managed-tool tasks. Read-only: it never changes task state.
 #[derive(Debug, Clone)]
@@ -72,7 +74,10 @@ impl ProgressReader {
             } else {
                 &update.kind
             };
-            let content = if !update.data.is_empty() {
+            let content = if update.trimmed {
+                // Its bytes were dropped by a trim (`TaskStore::trim_progress`).
+                TRIMMED_TEXT.to_owned()
+            } else if !update.data.is_empty() {
                 cut(
                     &String::from_utf8_lossy(&update.data),
                     MAX_PROGRESS_EVENT_BYTES,
