@@ -16,6 +16,10 @@
 //!   A few facts the fold does not need are checked too: a lease expiry names the deadline that
 //!   was in force and happens after it, a notification carries the task version it was queued
 //!   at, and an acknowledgement names the sequence of the record that queued it;
+//! - **links across streams**: a rerun's two ends name each other (`rerun_of` in the new
+//!   task's stream, `rerun_as` in the original's: one append writes both), and a nested
+//!   task's parent names it (`child_created`) — or the other task was purged; a stream that
+//!   did not fold whole is not held against the others (its damage is the finding);
 //! - **the indexes**: the `live` index holds exactly the tasks without a terminal event;
 //!   `commits` is dense from 1 to the last sequence and every entry points at a record carrying
 //!   that sequence (and every record's sequence appears once); `outbox` holds exactly the
@@ -275,6 +279,87 @@ struct Scan {
     damaged: HashSet<u64>,
     /// Positions of the `notification_enqueued` records not acknowledged.
     unacked: BTreeSet<u64>,
+    /// What the stream says of other streams, when it says anything.
+    links: Option<Box<Links>>,
+}
+
+/// What a stream says of other streams, which theirs must say back: a rerun's two ends
+/// (`rerun_of` here, `rerun_as` there, written in one append) and a nested task's parent
+/// (whose `child_created` names it, written in the same append as the child's creation).
+#[derive(Debug, Default)]
+struct Links {
+    /// The task this one reruns.
+    rerun_of: String,
+    /// The tasks this one was rerun as.
+    rerun_as: Vec<String>,
+    /// The parent of a nested task.
+    parent: String,
+    /// The children this task's stream names.
+    children: BTreeSet<String>,
+    /// Whether the stream folded whole (a damaged or illegal one says less than it held:
+    /// its links are not held against others).
+    whole: bool,
+}
+
+impl Links {
+    /// The links of a folded task, `None` for one with none that folded whole.
+    fn of(task: &Task, whole: bool) -> Option<Box<Self>> {
+        let s = &task.state;
+        let lineage = s.lineage.as_deref();
+        let children = &task.layer().children;
+        // A stream that did not fold whole is kept even without links: others' links to it
+        // are not held against it.
+        if whole && lineage.is_none() && s.parent_task_id.is_empty() && children.is_empty() {
+            return None;
+        }
+        Some(Box::new(Self {
+            rerun_of: lineage.map(|l| l.rerun_of.clone()).unwrap_or_default(),
+            rerun_as: lineage.map(|l| l.rerun_as.clone()).unwrap_or_default(),
+            parent: s.parent_task_id.clone(),
+            children: children.clone(),
+            whole,
+        }))
+    }
+}
+
+/// Checks that every link names a stream that names it back — or a purged one (a purge
+/// takes a tree whole, and a rerun's original may go before it) — once every stream was
+/// read: a problem of the task whose link is not answered.
+fn check_links(
+    links: &HashMap<String, Box<Links>>,
+    purged: &HashSet<String>,
+    problems: &mut Vec<Problem>,
+) {
+    let mut ids: Vec<&String> = links.keys().collect();
+    ids.sort();
+    for id in ids {
+        let mine = &links[id];
+        let mut unanswered = |other: &str, what: &str, answered: &dyn Fn(&Links) -> bool| {
+            let fine = match links.get(other) {
+                Some(theirs) => answered(theirs) || !theirs.whole || !mine.whole,
+                None => purged.contains(other) || !mine.whole,
+            };
+            if !fine {
+                problems.push(Problem::new(
+                    id,
+                    None,
+                    ProblemKind::Inconsistent,
+                    format!("{what} {other:?}, whose stream does not name it back"),
+                ));
+            }
+        };
+        if !mine.rerun_of.is_empty() {
+            unanswered(&mine.rerun_of, "a rerun of", &|t| t.rerun_as.contains(id));
+        }
+        for rerun in &mine.rerun_as {
+            unanswered(rerun, "rerun as", &|t| t.rerun_of == *id);
+        }
+        if !mine.parent.is_empty() {
+            unanswered(&mine.parent, "a nested task of", &|t| {
+                t.children.contains(id)
+            });
+        }
+    }
 }
 
 /// The audit's per-task checker: a [`Replay`] built on the damage-tolerant [`FoldView`],
@@ -363,8 +448,14 @@ impl<'a> TaskChecker<'a> {
         if self.view.damage.is_empty() {
             self.trims.check(self.task, &mut self.problems);
         }
+        let whole = self.view.damage.is_empty() && self.view.illegal.is_none();
         let view = self.view;
         let folded = view.task.as_ref();
+        let links = match folded {
+            Some(t) => Links::of(t, whole),
+            None if !whole => Some(Box::default()),
+            None => None,
+        };
         Scan {
             report: TaskReport {
                 task: self.task.to_owned(),
@@ -384,6 +475,7 @@ impl<'a> TaskChecker<'a> {
                 .into_values()
                 .map(|(position, _)| position)
                 .collect(),
+            links,
         }
     }
 }
@@ -748,6 +840,9 @@ struct Collector<'j> {
     /// The tail marker the streams call for: their last sequence, and the heads of the tasks
     /// without a terminal event.
     tail: dtask_journal::Tail,
+    /// What the streams with links say of others ([`Links`]), and the purged tasks.
+    links: HashMap<String, Box<Links>>,
+    purged_tasks: HashSet<String>,
 }
 
 impl<'j> Collector<'j> {
@@ -772,6 +867,8 @@ impl<'j> Collector<'j> {
             events: Fingerprint::default(),
             purged: Holes::default(),
             tail: dtask_journal::Tail::default(),
+            links: HashMap::new(),
+            purged_tasks: HashSet::new(),
         }
     }
 
@@ -874,6 +971,10 @@ impl<'j> Collector<'j> {
         self.report.tasks += 1;
         if scan.report.purged {
             self.report.purged += 1;
+            self.purged_tasks.insert(task.clone());
+        }
+        if let Some(links) = scan.links.take() {
+            self.links.insert(task.clone(), links);
         }
         if scan.report.trimmed > 0 {
             self.report.trimmed += 1;
@@ -901,6 +1002,7 @@ impl<'j> Collector<'j> {
         self.live_until(None)?;
         let mut report = self.report;
         report.purged_records = self.purged.count;
+        check_links(&self.links, &self.purged_tasks, &mut self.task_problems);
         report.problems = self.live_unreadable;
         report.problems.append(&mut self.task_problems);
         report.problems.append(&mut self.live_unknown);

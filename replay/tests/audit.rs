@@ -1714,3 +1714,113 @@ fn trimmed_updates_are_chained_and_accounted_for() {
         report.problems
     );
 }
+
+#[test]
+fn a_link_the_other_stream_does_not_name_back_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = journal(dir.path());
+    let at = Timestamp(5);
+    let ended = |task: &str, extra: Vec<Event>| {
+        let mut events = vec![
+            created(task, LeasePolicy::Retry),
+            started(1, 100),
+            completed(),
+        ];
+        events.extend(extra);
+        events
+    };
+    let rerun_as = |task: &str| Event::RerunAs {
+        task: task.into(),
+        at,
+    };
+    let rerun_of = |task: &str| Event::RerunOf {
+        task: task.into(),
+        at,
+    };
+    let nested = |task: &str, parent: &str| Event::CreatedV2 {
+        spec: TaskSpec {
+            id: task.into(),
+            executor_key: "x".into(),
+            ..TaskSpec::default()
+        }
+        .into(),
+        policy: LeasePolicy::Retry,
+        checkpoint: vec![],
+        context_snapshot: vec![],
+        publication: dtask_journal::Publication::OnCreate,
+        parent_task_id: parent.into(),
+        root_session_id: String::new(),
+        at,
+    };
+    // Both ends written: clean.
+    j.append("a-old", 0, &ended("a-old", vec![rerun_as("a-new")]))
+        .unwrap();
+    j.append(
+        "a-new",
+        0,
+        &[created("a-new", LeasePolicy::Retry), rerun_of("a-old")],
+    )
+    .unwrap();
+    let child_created = Event::ChildCreated {
+        child_id: "p-kid".into(),
+        attempt: 1,
+        generation: 1,
+        at,
+    };
+    j.append(
+        "p",
+        0,
+        &[
+            created("p", LeasePolicy::Retry),
+            started(1, 100),
+            child_created,
+        ],
+    )
+    .unwrap();
+    j.append("p-kid", 0, &[nested("p-kid", "p")]).unwrap();
+    // A rerun's original purged: its rerun still names it, as it should.
+    j.append("g-old", 0, &ended("g-old", vec![rerun_as("g-new")]))
+        .unwrap();
+    j.append(
+        "g-new",
+        0,
+        &[created("g-new", LeasePolicy::Retry), rerun_of("g-old")],
+    )
+    .unwrap();
+    j.purge(&["g-old"], at).unwrap();
+    let report = audit_journal(&j, &mut |_| {}).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+
+    // One end alone: a rerun of a task that does not name it, a rerun no stream names back,
+    // a nested task its parent does not name.
+    j.append(
+        "b-new",
+        0,
+        &[created("b-new", LeasePolicy::Retry), rerun_of("a-old")],
+    )
+    .unwrap();
+    j.append("c-old", 0, &ended("c-old", vec![rerun_as("c-new")]))
+        .unwrap();
+    j.append("q-kid", 0, &[nested("q-kid", "p")]).unwrap();
+    // A parent whose stream is illegal before it names its child: the illegal record is the
+    // finding, not the child's link.
+    j.append("r", 0, &[created("r", LeasePolicy::Retry), completed()])
+        .unwrap();
+    j.append("r-kid", 0, &[nested("r-kid", "r")]).unwrap();
+    let report = audit_journal(&j, &mut |_| {}).unwrap();
+    assert_eq!(
+        kinds(&report),
+        [
+            ("r".into(), Some(1), ProblemKind::Illegal),
+            ("b-new".into(), None, ProblemKind::Inconsistent),
+            ("c-old".into(), None, ProblemKind::Inconsistent),
+            ("q-kid".into(), None, ProblemKind::Inconsistent),
+        ],
+        "{:?}",
+        report.problems
+    );
+    let details: Vec<&str> = report.problems.iter().map(|p| p.detail.as_str()).collect();
+    assert!(details[1].contains("a rerun of \"a-old\""), "{details:?}");
+    assert!(details[2].contains("rerun as \"c-new\""), "{details:?}");
+    assert!(details[3].contains("a nested task of \"p\""), "{details:?}");
+}
