@@ -11,7 +11,7 @@ use super::ApiError;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use dtask_journal::export::ByteFields;
-use dtask_journal::{Error as JournalError, Event, Journal};
+use dtask_journal::{Error as JournalError, Journal};
 use dtask_replay::audit::{audit_journal, audit_task, AuditReport};
 use dtask_replay::{replay_task, FoldView, FoldViews, Status};
 use serde::{Deserialize, Serialize};
@@ -395,45 +395,34 @@ pub fn updates(
             Err(JournalError::Corruption { .. }) => continue,
             Err(e) => return Err(e.into()),
         };
-        let (attempt, event_id, kind, data, metadata, trimmed, at) = match &record.event {
-            Event::UpdateAppended {
-                attempt,
-                event_id,
-                kind,
-                data,
-                metadata,
-                at,
-            } => (attempt, event_id, kind, &data[..], &metadata[..], false, at),
-            Event::UpdateTrimmed {
-                attempt,
-                event_id,
-                part_id,
-                kind,
-                at,
-                ..
-            } if part_id.is_empty() => (attempt, event_id, kind, &[][..], &[][..], true, at),
-            _ => continue,
+        // The store's one reading of an update record (a trimmed one's bytes empty); the
+        // parts of multi-part events are not listed here.
+        let position = record.position;
+        let seq = record.seq;
+        let Some(update) = dtask_engine::UpdateRecord::from_record(id, &record) else {
+            continue;
         };
+        if !update.part_id.is_empty() {
+            continue;
+        }
         if updates.len() == limit {
-            next = Some(record.position);
+            next = Some(position);
             break;
         }
         updates.push(UpdateView {
-            position: record.position,
-            seq: record.seq,
-            attempt: *attempt,
-            event_id: event_id.clone(),
-            kind: kind.clone(),
-            data: Bytes::of(data, with_base64),
-            metadata: metadata
-                .iter()
-                .map(|(k, v)| super::model::MetadataPair {
-                    key: k.clone(),
-                    value: v.clone(),
-                })
+            position,
+            seq,
+            attempt: update.attempt,
+            data: Bytes::of(&update.data, with_base64),
+            metadata: update
+                .metadata
+                .into_iter()
+                .map(|(key, value)| super::model::MetadataPair { key, value })
                 .collect(),
-            trimmed,
-            at: at.0,
+            event_id: update.event_id,
+            kind: update.kind,
+            trimmed: update.trimmed,
+            at: update.created_at.0,
         });
     }
     // The end of what is stored now: a later page goes on from there.
