@@ -483,7 +483,7 @@ fn export_matches_its_golden_output_and_redacts() {
     let export = stdout(dtask(dir.path()).arg("export"));
     golden("export.jsonl", &export);
     let header = json(export.lines().next().unwrap());
-    assert_eq!(header["dtask_export"], 5);
+    assert_eq!(header["dtask_export"], 6);
     assert_eq!(header["scope"], "journal");
     assert_eq!(
         header["records"].as_u64().unwrap(),

@@ -86,6 +86,23 @@ fn has_in_order(name: &str, output: &str, expected: &[&str]) {
 }
 
 #[test]
+fn the_nested_tasks_example_hears_its_childrens_findings_through_its_mailbox() {
+    let out = run("nested_tasks", &[]);
+    has_in_order(
+        "nested_tasks",
+        &out,
+        &[
+            "review completed with findings:",
+            "  src/lib.rs: TODO #0",
+            "  src/main.rs: TODO #0",
+            "  src/main.rs: TODO #1",
+            "3 children, 3 ended",
+        ],
+    );
+    assert_eq!(out.matches("TODO").count(), 3, "{out}");
+}
+
+#[test]
 fn the_runtime_quickstart_completes_answers_cancels_delays_and_reruns() {
     let out = run("runtime_quickstart", &[]);
     has_in_order(

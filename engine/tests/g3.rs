@@ -10,8 +10,8 @@ mod common;
 
 use common::*;
 use dtask_engine::{
-    AdvanceCursor, Command, CreateRequest, InputRequest, NotFound, StoreError, TaskStore,
-    UpdateRequest,
+    AdvanceCursor, Command, CreateRequest, InputRequest, NotFound, NotificationRequest, StoreError,
+    TaskStore, UpdateRequest,
 };
 use dtask_journal::{Delivery, Event, LeasePolicy, Publication};
 use dtask_replay::Status;
@@ -671,6 +671,115 @@ async fn child_notifications_reach_the_parent(h: &mut H) {
     assert_eq!(still.mailbox.latest, 4);
 }
 scenario!(child_notifications_reach_the_parent);
+
+fn note(event_id: &str, kind: &str, data: &str) -> NotificationRequest {
+    NotificationRequest {
+        event_id: event_id.to_owned(),
+        kind: kind.to_owned(),
+        data: data.as_bytes().to_vec(),
+    }
+}
+
+/// A child's application notifications go into its parent's mailbox (not to a session),
+/// each in one append with the child's `parent_notified` record: the input wakes a parent
+/// waiting for input; a replay is a no-op, other content a conflict; a stale attempt, a
+/// deferred child and an ended parent are refused with nothing written.
+async fn child_application_notifications_reach_the_parent(h: &mut H) {
+    running(h.s(), "p", Retry).await;
+    h.s()
+        .create(child_request("c", "p", 1, false))
+        .await
+        .unwrap();
+    let waiting = ok(
+        h.s(),
+        "p",
+        Command::WaitInputIfNoInputs {
+            cursor: 1,
+            checkpoint: cp("waiting for findings"),
+        },
+    )
+    .await;
+    assert_eq!(waiting.status, Status::WaitingInput);
+    let child = ok(h.s(), "c", Command::Start).await;
+    h.s()
+        .enqueue_notification("c", 1, note("found-1", "finding", "src/a.rs"))
+        .await
+        .unwrap();
+    let woken = h.s().get("p").await.unwrap();
+    assert_eq!(woken.status, Status::Pending, "the input woke the parent");
+    let inputs = h.s().list_inputs("p", 1, 10).await.unwrap().inputs;
+    assert_eq!(inputs.len(), 1);
+    assert_eq!(
+        (inputs[0].kind.as_str(), inputs[0].data.as_slice()),
+        ("finding", &b"src/a.rs"[..])
+    );
+    assert_eq!(
+        inputs[0].event_id,
+        dtask_engine::application_notification_id("c", "found-1")
+    );
+    let after = h.s().get("c").await.unwrap();
+    assert_eq!(after.version, child.version, "the child's version stays");
+    let c = events_of(h.s(), "c");
+    assert!(
+        matches!(c.last(), Some(Event::ParentNotified { attempt: 1, event_id, kind, data, .. })
+        if event_id == "found-1" && kind == "finding" && data == b"src/a.rs")
+    );
+    assert!(!c
+        .iter()
+        .any(|e| matches!(e, Event::NotificationEnqueued { .. })));
+    assert!(receive_all(h.s()).await.is_empty(), "nothing for a session");
+
+    // A replay (same content) writes nothing; other content is a conflict.
+    let position = h.s().journal().stream_len("p").unwrap();
+    h.s()
+        .enqueue_notification("c", 1, note("found-1", "finding", "src/a.rs"))
+        .await
+        .unwrap();
+    assert_err!(
+        h.s()
+            .enqueue_notification("c", 1, note("found-1", "finding", "src/b.rs"))
+            .await,
+        StoreError::NotificationEventIdConflict(_)
+    );
+    assert_err!(
+        h.s()
+            .enqueue_notification("c", 2, note("found-2", "finding", "src/b.rs"))
+            .await,
+        StoreError::LeaseLost(_)
+    );
+    assert_eq!(h.s().journal().stream_len("p").unwrap(), position);
+
+    // A deferred child (created by the parent's next attempt): its parent does not see it
+    // yet.
+    let p = ok(h.s(), "p", Command::Start).await;
+    assert_eq!(p.attempt, 2);
+    h.s()
+        .create(CreateRequest {
+            publication: Publication::Deferred,
+            ..child_request("d", "p", 2, false)
+        })
+        .await
+        .unwrap();
+    ok(h.s(), "d", Command::Start).await;
+    assert_err!(
+        h.s()
+            .enqueue_notification("d", 1, note("found-3", "finding", "x"))
+            .await,
+        StoreError::NotificationUnavailable(_)
+    );
+
+    // The parent ended: its mailbox is sealed, and nothing is written for the child.
+    ok(h.s(), "p", Command::Complete { data: vec![] }).await;
+    let before = h.s().journal().stream_len("c").unwrap();
+    assert_err!(
+        h.s()
+            .enqueue_notification("c", 1, note("found-4", "finding", "late"))
+            .await,
+        StoreError::MailboxSealed(_)
+    );
+    assert_eq!(h.s().journal().stream_len("c").unwrap(), before);
+}
+scenario!(child_application_notifications_reach_the_parent);
 
 /// A child that ends after its parent: the notification cannot be put into the sealed
 /// mailbox, the child records why, and its own transition goes ahead.

@@ -892,3 +892,63 @@ async fn a_task_created_claimed_is_recovered_when_its_lease_runs_out() {
         }
     ));
 }
+
+/// A nested task's attempt notifies its parent (`AttemptContext::notify`): the notification
+/// is an input of the parent's mailbox, which names the child and the event id; a replay
+/// inside the attempt sends nothing more.
+#[tokio::test]
+async fn a_nested_tasks_attempt_notifies_its_parent_through_its_mailbox() {
+    let notifies = executor(
+        "child",
+        LeasePolicy::Retry,
+        false,
+        |attempt, _| async move {
+            attempt
+                .notify("found-1", "finding", b"src/a.rs".to_vec())
+                .await
+                .unwrap();
+            attempt
+                .notify("found-1", "finding", b"src/a.rs".to_vec())
+                .await
+                .unwrap();
+            Ok(ExecutionResult::Completed(b"done".to_vec()))
+        },
+    );
+    let env = env(vec![notifies]);
+    let store = env.manager.store();
+    let parent = store
+        .create(dtask_engine::CreateRequest {
+            spec: spec("p", "parent"),
+            policy: Some(LeasePolicy::Retry),
+            ..dtask_engine::CreateRequest::default()
+        })
+        .await
+        .unwrap();
+    store
+        .execute("p", parent.version, dtask_engine::Command::Start)
+        .await
+        .unwrap();
+    store
+        .create(dtask_engine::CreateRequest {
+            spec: spec("p/c", "child"),
+            policy: Some(LeasePolicy::Retry),
+            parent: Some(dtask_engine::ExecutionContext {
+                task_id: "p".into(),
+                attempt: 1,
+                generation: 1,
+            }),
+            ..dtask_engine::CreateRequest::default()
+        })
+        .await
+        .unwrap();
+    let done = env.manager.execute("p/c").await.unwrap();
+    assert_eq!(done.status, Status::Completed);
+    let inputs = store.list_inputs("p", 0, 10).await.unwrap().inputs;
+    let found: Vec<_> = inputs.iter().filter(|i| i.kind == "finding").collect();
+    assert_eq!(found.len(), 1, "{inputs:?}");
+    assert_eq!(found[0].data, b"src/a.rs");
+    assert_eq!(
+        dtask_engine::application_notification_source(&found[0].event_id),
+        Some(("p/c".to_owned(), "found-1".to_owned()))
+    );
+}

@@ -1,4 +1,4 @@
-//! The journal's vocabulary: every record a task stream can hold (schema v5).
+//! The journal's vocabulary: every record a task stream can hold (schema v6).
 //!
 //! A task's stream is an ordered list of [`Event`]s. *Lifecycle* events change the task's
 //! status or durable fields and each raises the task's version by exactly one; *non-lifecycle*
@@ -18,18 +18,21 @@
 //! (`RerunOf`, `RerunAs`), a task's recovery limit (`RecoveryLimit`) and its earliest claim
 //! time (`NotBefore`), schema v4 the tombstone of a purged stream (`Purged`) and an operator's
 //! hold (`Hold`, `HoldLifted`), schema v5 a trim of a stream's progress (`UpdateTrimmed`,
-//! `ProgressTrimmed`); a stream written by an older engine holds none of them and folds
+//! `ProgressTrimmed`), schema v6 a nested task's application notification to its parent
+//! (`ParentNotified`); a stream written by an older engine holds none of them and folds
 //! exactly as before.
 
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine as _;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::sync::Arc;
 
-/// The event schema this build writes: 5 (v1; v2's mailbox, nested tasks, publication and
+/// The event schema this build writes: 6 (v1; v2's mailbox, nested tasks, publication and
 /// multi-part progress events; v3's rerun lineage, recovery limit and delayed runs; v4's
-/// purge tombstone and holds; v5's trimmed progress). Every record of an older schema is a
-/// record of this one.
-pub const EVENT_SCHEMA_VERSION: u32 = 5;
+/// purge tombstone and holds; v5's trimmed progress; v6's application notifications of
+/// nested tasks). Every record of an older schema is a record of this one.
+pub const EVENT_SCHEMA_VERSION: u32 = 6;
 
 /// Milliseconds since the UNIX epoch, as recorded in an event.
 ///
@@ -621,6 +624,71 @@ pub enum Event {
         /// Time.
         at: Timestamp,
     },
+    // ---- schema v6 ----
+    /// An application notification of this nested task's running attempt, put into its
+    /// parent's mailbox (non-lifecycle): written in the same atomic append as the parent's
+    /// [`Event::InputSent`], whose event id is the notification's id
+    /// ([`application_notification_id`]) and whose kind and data are these. Deduplicated task-wide by `event_id`, as a root task's
+    /// [`Event::NotificationEnqueued`] is.
+    ParentNotified {
+        /// The attempt that sent it (the fence).
+        attempt: u64,
+        /// The caller's idempotency key, unique among the task's notifications.
+        event_id: String,
+        /// The notification kind (the input's kind).
+        kind: String,
+        /// The notification data (the input's data).
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+        /// Time.
+        at: Timestamp,
+    },
+}
+
+/// The id of an application notification: depends only on (task, event id). A nested
+/// task's application notification reaches its parent's mailbox as an input with this event
+/// id; [`application_notification_source`] reads the task and event id back.
+///
+/// ```
+/// use dtask_journal::{application_notification_id, application_notification_source};
+/// let id = application_notification_id("review/c1", "found-1");
+/// assert_eq!(id, "dtask.custom:cmV2aWV3L2Mx:Zm91bmQtMQ:application-event");
+/// assert_eq!(
+///     application_notification_source(&id),
+///     Some(("review/c1".to_owned(), "found-1".to_owned()))
+/// );
+/// assert_eq!(application_notification_source("c1:3:completed"), None);
+/// ```
+#[must_use]
+pub fn application_notification_id(task: &str, event_id: &str) -> String {
+    format!(
+        "{APPLICATION_ID_PREFIX}{}:{}{APPLICATION_ID_SUFFIX}",
+        URL_SAFE_NO_PAD.encode(task),
+        URL_SAFE_NO_PAD.encode(event_id)
+    )
+}
+
+/// What every application notification id starts with.
+const APPLICATION_ID_PREFIX: &str = "dtask.custom:";
+/// What every application notification id ends with.
+const APPLICATION_ID_SUFFIX: &str = ":application-event";
+
+/// The task and event id an application notification id names
+/// ([`application_notification_id`]), or `None` for any other id (a lifecycle
+/// notification's, an input's own).
+#[must_use]
+pub fn application_notification_source(id: &str) -> Option<(String, String)> {
+    let inner = id
+        .strip_prefix(APPLICATION_ID_PREFIX)?
+        .strip_suffix(APPLICATION_ID_SUFFIX)?;
+    let (task, event_id) = inner.split_once(':')?;
+    let decode = |part: &str| {
+        URL_SAFE_NO_PAD
+            .decode(part)
+            .ok()
+            .and_then(|bytes| String::from_utf8(bytes).ok())
+    };
+    Some((decode(task)?, decode(event_id)?))
 }
 
 /// The discriminant of an [`Event`], for filters, statistics and display.
@@ -665,11 +733,12 @@ pub enum EventType {
     HoldLifted,
     UpdateTrimmed,
     ProgressTrimmed,
+    ParentNotified,
 }
 
 impl EventType {
     /// Every event type, in schema order.
-    pub const ALL: [Self; 37] = [
+    pub const ALL: [Self; 38] = [
         Self::Created,
         Self::AttemptStarted,
         Self::Heartbeat,
@@ -707,6 +776,7 @@ impl EventType {
         Self::HoldLifted,
         Self::UpdateTrimmed,
         Self::ProgressTrimmed,
+        Self::ParentNotified,
     ];
 
     /// The `snake_case` name used in exports and the CLI.
@@ -750,6 +820,7 @@ impl EventType {
             Self::HoldLifted => "hold_lifted",
             Self::UpdateTrimmed => "update_trimmed",
             Self::ProgressTrimmed => "progress_trimmed",
+            Self::ParentNotified => "parent_notified",
         }
     }
 
@@ -776,6 +847,7 @@ impl EventType {
                 | Self::HoldLifted
                 | Self::UpdateTrimmed
                 | Self::ProgressTrimmed
+                | Self::ParentNotified
         )
     }
 }
@@ -856,6 +928,7 @@ impl Event {
             Self::HoldLifted { .. } => EventType::HoldLifted,
             Self::UpdateTrimmed { .. } => EventType::UpdateTrimmed,
             Self::ProgressTrimmed { .. } => EventType::ProgressTrimmed,
+            Self::ParentNotified { .. } => EventType::ParentNotified,
         }
     }
 
@@ -899,7 +972,8 @@ impl Event {
             | Self::Hold { at, .. }
             | Self::HoldLifted { at }
             | Self::UpdateTrimmed { at, .. }
-            | Self::ProgressTrimmed { at, .. } => *at,
+            | Self::ProgressTrimmed { at, .. }
+            | Self::ParentNotified { at, .. } => *at,
         }
     }
 
@@ -961,7 +1035,8 @@ impl Event {
             | Self::UpdateAppended { data, .. }
             | Self::NotificationEnqueued { data, .. }
             | Self::InputSent { data, .. }
-            | Self::PartAppended { data, .. } => data.len(),
+            | Self::PartAppended { data, .. }
+            | Self::ParentNotified { data, .. } => data.len(),
             Self::AttemptStarted { .. }
             | Self::Heartbeat { .. }
             | Self::TranscriptFailed { .. }

@@ -22,12 +22,13 @@ use crate::tail::{Inconsistency, LiveSummary, Tail};
 /// with a tombstone, and sequences the commit order lacks), which a build of an older format
 /// would take for damage — the version is what makes such a build refuse the journal;
 /// format 7 may hold trimmed progress ([`crate::Journal::trim_progress`]: records of event
-/// types an older build cannot decode), refused by older builds for the same reason.
-/// Every other key is the same in all seven. An older journal is read as it is, and upgraded
+/// types an older build cannot decode), refused by older builds for the same reason, and
+/// format 8 a nested task's application notifications to its parent
+/// ([`crate::Event::ParentNotified`]) likewise. Every other key is the same in all eight. An older journal is read as it is, and upgraded
 /// in place when opened for writing (format 3 to 4 moves nothing: a finished stream of an
 /// older format moves when a record is next written to it; format 4 to 5 stores the record
-/// framing it already has; formats 5 to 6 and 6 to 7 change nothing but the version).
-pub const JOURNAL_FORMAT_VERSION: u32 = 7;
+/// framing it already has; formats 5 to 6, 6 to 7 and 7 to 8 change nothing but the version).
+pub const JOURNAL_FORMAT_VERSION: u32 = 8;
 
 /// The first format that names its record framing in `meta`.
 const RECORD_FORMAT_VERSION_NAMED: u32 = 5;
@@ -80,9 +81,9 @@ pub(crate) fn prepare_writable(backend: &dyn Backend, format: RecordFormat) -> R
             check_version(v)?;
             if v < JOURNAL_FORMAT_VERSION {
                 // Format 3 to 4: the writer's open made the `finished` column family. Format 4
-                // to 5: the framing the records have is named. Formats 5 to 6 and 6 to 7: the
-                // version alone (a purge may write tombstones from now on, a trim trimmed
-                // updates).
+                // to 5: the framing the records have is named. Formats 5 to 6, 6 to 7 and 7
+                // to 8: the version alone (a purge may write tombstones from now on, a trim
+                // trimmed updates, a nested task notifications to its parent).
                 let mut ops = vec![version_stamp()];
                 if v < RECORD_FORMAT_VERSION_NAMED {
                     ops.push(record_format_put(RecordFormat::BLAKE3));

@@ -77,8 +77,9 @@ pub use error::{
     CorruptionKind, Error, Limit, PurgeRefusal, Result, StorageError, StorageErrorKind, TrimRefusal,
 };
 pub use event::{
-    Delivery, Event, EventType, ExpiryResolution, LeasePolicy, MetadataEntry, Publication,
-    TaskSpec, Timestamp, EVENT_SCHEMA_VERSION,
+    application_notification_id, application_notification_source, Delivery, Event, EventType,
+    ExpiryResolution, LeasePolicy, MetadataEntry, Publication, TaskSpec, Timestamp,
+    EVENT_SCHEMA_VERSION,
 };
 pub use format::{JOURNAL_FORMAT_VERSION, OLDEST_JOURNAL_FORMAT_VERSION};
 pub use head::Head;

@@ -1,7 +1,7 @@
 //! Golden fixtures of record format v1 (BLAKE3 chain digests) — one with an event of every
 //! type of event schema v1, one with an event of every type schema v2 added — and of record
 //! format v2 (SHA-256), with every event of both, and one each with every type schemas v3,
-//! v4 and v5 added:
+//! v4, v5 and v6 added:
 //! the committed bytes must decode to the same events, and encoding those events must give
 //! the same bytes. A failure means the format
 //! drifted: bump `RECORD_FORMAT_VERSION`, add an upcast, and keep the old fixture. Regenerate
@@ -19,6 +19,7 @@ const FIXTURE_RECORD_V2: &str = "tests/fixtures/record-v2.hex";
 const FIXTURE_V3: &str = "tests/fixtures/schema-v3.hex";
 const FIXTURE_V4: &str = "tests/fixtures/schema-v4.hex";
 const FIXTURE_V5: &str = "tests/fixtures/schema-v5.hex";
+const FIXTURE_V6: &str = "tests/fixtures/schema-v6.hex";
 const TASK: &str = "golden-task";
 
 /// One event of every type, with fixed values.
@@ -284,6 +285,17 @@ fn events_v5() -> Vec<Event> {
     ]
 }
 
+/// One event of every type event schema v6 added, with fixed values.
+fn events_v6() -> Vec<Event> {
+    vec![Event::ParentNotified {
+        attempt: 3,
+        event_id: "found-42".into(),
+        kind: "finding".into(),
+        data: b"{\"file\":\"src/lib.rs\"}".to_vec(),
+        at: Timestamp(1_768_000_000_000),
+    }]
+}
+
 fn encode(format: RecordFormat, events: &[Event]) -> Vec<String> {
     let mut prev = Digest::GENESIS;
     let mut lines = Vec::new();
@@ -345,6 +357,11 @@ fn schema_v5_fixture_decodes_and_reencodes_identically() {
 }
 
 #[test]
+fn schema_v6_fixture_decodes_and_reencodes_identically() {
+    check_fixture(FIXTURE_V6, RecordFormat::SHA256, &events_v6());
+}
+
+#[test]
 fn the_fixtures_hold_every_event_type() {
     let mut types: Vec<EventType> = events()
         .into_iter()
@@ -352,6 +369,7 @@ fn the_fixtures_hold_every_event_type() {
         .chain(events_v3())
         .chain(events_v4())
         .chain(events_v5())
+        .chain(events_v6())
         .map(|e| e.event_type())
         .collect();
     types.sort();

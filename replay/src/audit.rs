@@ -18,7 +18,9 @@
 //!   at, and an acknowledgement names the sequence of the record that queued it;
 //! - **links across streams**: a rerun's two ends name each other (`rerun_of` in the new
 //!   task's stream, `rerun_as` in the original's: one append writes both), and a nested
-//!   task's parent names it (`child_created`) — or the other task was purged; a stream that
+//!   task's parent names it (`child_created`) and holds the input of each application
+//!   notification the child put into its mailbox (`parent_notified`: one append writes
+//!   both) — or the other task was purged; a stream that
 //!   did not fold whole is not held against the others (its damage is the finding);
 //! - **the indexes**: the `live` index holds exactly the tasks without a terminal event;
 //!   `commits` is dense from 1 to the last sequence and every entry points at a record carrying
@@ -32,7 +34,10 @@ use crate::fold::Task;
 use crate::parallel;
 use crate::replay::{replay_records, tolerant, FoldView, Replay};
 use crate::state::Status;
-use dtask_journal::{CorruptionKind, Error, Event, Journal, Record};
+use dtask_journal::{
+    application_notification_id, application_notification_source, CorruptionKind, Error, Event,
+    Journal, Record,
+};
 use serde::Serialize;
 use std::cmp::Ordering;
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -296,27 +301,45 @@ struct Links {
     parent: String,
     /// The children this task's stream names.
     children: BTreeSet<String>,
+    /// The input ids of the application notifications this nested task put into its
+    /// parent's mailbox (`parent_notified`), which the parent's inputs must hold.
+    notified: Vec<String>,
+    /// The ids of this task's inputs that are application notifications of its children.
+    notices: BTreeSet<String>,
     /// Whether the stream folded whole (a damaged or illegal one says less than it held:
     /// its links are not held against others).
     whole: bool,
 }
 
 impl Links {
-    /// The links of a folded task, `None` for one with none that folded whole.
-    fn of(task: &Task, whole: bool) -> Option<Box<Self>> {
+    /// The links of a folded task (`notified`: the input ids of its `parent_notified`
+    /// records), `None` for one with none that folded whole.
+    fn of(task: &Task, notified: Vec<String>, whole: bool) -> Option<Box<Self>> {
         let s = &task.state;
         let lineage = s.lineage.as_deref();
-        let children = &task.layer().children;
+        let layer = task.layer();
         // A stream that did not fold whole is kept even without links: others' links to it
         // are not held against it.
-        if whole && lineage.is_none() && s.parent_task_id.is_empty() && children.is_empty() {
+        if whole && lineage.is_none() && s.parent_task_id.is_empty() && layer.children.is_empty() {
             return None;
         }
+        let notices = if layer.children.is_empty() {
+            BTreeSet::new()
+        } else {
+            layer
+                .input_ids
+                .iter()
+                .filter(|(id, _)| application_notification_source(id).is_some())
+                .map(|(id, _)| id.to_owned())
+                .collect()
+        };
         Some(Box::new(Self {
             rerun_of: lineage.map(|l| l.rerun_of.clone()).unwrap_or_default(),
             rerun_as: lineage.map(|l| l.rerun_as.clone()).unwrap_or_default(),
             parent: s.parent_task_id.clone(),
-            children: children.clone(),
+            children: layer.children.clone(),
+            notified,
+            notices,
             whole,
         }))
     }
@@ -358,6 +381,13 @@ fn check_links(
             unanswered(&mine.parent, "a nested task of", &|t| {
                 t.children.contains(id)
             });
+            for input in &mine.notified {
+                unanswered(
+                    &mine.parent,
+                    &format!("a notification ({input}) to its parent"),
+                    &|t| t.notices.contains(input),
+                );
+            }
         }
     }
 }
@@ -375,6 +405,8 @@ struct TaskChecker<'a> {
     /// The trimmed updates read, those read since the last trim's marker, and the updates
     /// the markers say they trimmed ([`Event::ProgressTrimmed`]).
     trims: Trims,
+    /// The input ids of the stream's `parent_notified` records.
+    notified: Vec<String>,
     on_record: &'a mut dyn FnMut(&Record),
 }
 
@@ -438,6 +470,7 @@ impl<'a> TaskChecker<'a> {
             problems: Vec::new(),
             queued: HashMap::new(),
             trims: Trims::default(),
+            notified: Vec::new(),
             on_record,
         }
     }
@@ -452,7 +485,7 @@ impl<'a> TaskChecker<'a> {
         let view = self.view;
         let folded = view.task.as_ref();
         let links = match folded {
-            Some(t) => Links::of(t, whole),
+            Some(t) => Links::of(t, self.notified, whole),
             None if !whole => Some(Box::default()),
             None => None,
         };
@@ -490,6 +523,10 @@ impl Replay for TaskChecker<'_> {
         }
         track_notifications(self.task, record, &mut self.queued, &mut self.problems);
         self.trims.track(record);
+        if let Event::ParentNotified { event_id, .. } = &record.event {
+            self.notified
+                .push(application_notification_id(self.task, event_id));
+        }
         let folding = self.view.is_folding();
         if folding {
             if let Some(t) = &self.view.task {

@@ -168,7 +168,8 @@ pub struct Task {
     pub state: TaskState,
     /// Update event id → position of its `UpdateAppended` record.
     pub update_ids: IdIndex,
-    /// Application notification event id → position of its `NotificationEnqueued` record.
+    /// Application notification event id → position of its `NotificationEnqueued` record
+    /// (a root task's) or its `ParentNotified` record (a nested task's).
     pub notification_ids: IdIndex,
     /// Queued, unacknowledged notification ids → position of the enqueue record.
     pub outbox: IdIndex,
@@ -692,6 +693,17 @@ impl Task {
                     return Err(FoldError::UnknownNotification(id.clone()));
                 }
             }
+            Event::ParentNotified {
+                attempt, event_id, ..
+            } => {
+                if !s.is_nested() {
+                    return Err(illegal());
+                }
+                fenced(*attempt)?;
+                if event_id.is_empty() || self.notification_ids.contains_key(event_id) {
+                    return Err(FoldError::DuplicateEventId(event_id.clone()));
+                }
+            }
         }
         Ok(())
     }
@@ -886,6 +898,10 @@ impl Task {
             }
             Event::NotificationAcked { id, .. } => {
                 self.outbox.remove(id);
+            }
+            Event::ParentNotified { event_id, .. } => {
+                // `check` refused an id already recorded.
+                self.notification_ids.insert_new(event_id, position);
             }
         }
     }

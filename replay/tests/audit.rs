@@ -1824,3 +1824,84 @@ fn a_link_the_other_stream_does_not_name_back_is_reported() {
     assert!(details[2].contains("rerun as \"c-new\""), "{details:?}");
     assert!(details[3].contains("a nested task of \"p\""), "{details:?}");
 }
+
+/// A nested task's application notification to its parent (`parent_notified`) is answered by
+/// the parent's input of the notification's id; one the parent's mailbox lacks is reported.
+#[test]
+fn a_notification_to_a_parent_its_mailbox_lacks_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = journal(dir.path());
+    let at = Timestamp(5);
+    let kid = |task: &str| {
+        vec![
+            Event::CreatedV2 {
+                spec: TaskSpec {
+                    id: task.into(),
+                    executor_key: "x".into(),
+                    ..TaskSpec::default()
+                }
+                .into(),
+                policy: LeasePolicy::Retry,
+                checkpoint: vec![],
+                context_snapshot: vec![],
+                publication: dtask_journal::Publication::OnCreate,
+                parent_task_id: "n".into(),
+                root_session_id: String::new(),
+                at,
+            },
+            started(1, 100),
+            Event::ParentNotified {
+                attempt: 1,
+                event_id: "e1".into(),
+                kind: "finding".into(),
+                data: b"src/a.rs".to_vec(),
+                at,
+            },
+        ]
+    };
+    let child_created = |child: &str| Event::ChildCreated {
+        child_id: child.into(),
+        attempt: 1,
+        generation: 1,
+        at,
+    };
+    j.append(
+        "n",
+        0,
+        &[
+            created("n", LeasePolicy::Retry),
+            started(1, 100),
+            child_created("n-kid"),
+            child_created("n-kid2"),
+            Event::InputSent {
+                sequence: 1,
+                event_id: dtask_journal::application_notification_id("n-kid", "e1"),
+                kind: "finding".into(),
+                data: b"src/a.rs".to_vec(),
+                delivery: dtask_journal::Delivery::Queued,
+                at,
+            },
+        ],
+    )
+    .unwrap();
+    j.append("n-kid", 0, &kid("n-kid")).unwrap();
+    let report = audit_journal(&j, &mut |_| {}).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+
+    // The same notification from a child whose input the parent does not hold.
+    j.append("n-kid2", 0, &kid("n-kid2")).unwrap();
+    let report = audit_journal(&j, &mut |_| {}).unwrap();
+    assert_eq!(
+        kinds(&report),
+        [("n-kid2".into(), None, ProblemKind::Inconsistent)],
+        "{:?}",
+        report.problems
+    );
+    assert!(
+        report.problems[0]
+            .detail
+            .contains("a notification (dtask.custom:"),
+        "{:?}",
+        report.problems
+    );
+}

@@ -197,6 +197,13 @@ pub fn summary(event: &Event) -> String {
             kind,
             data,
             ..
+        }
+        | Event::ParentNotified {
+            attempt,
+            event_id,
+            kind,
+            data,
+            ..
         } => format!(
             "attempt={attempt} event_id={event_id} kind={kind} data={}",
             n(data)

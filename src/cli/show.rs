@@ -405,6 +405,17 @@ impl Timeline {
                     .field("records", (*records).into(), records.to_string())
                     .field("bytes", (*bytes).into(), fmt::size(*bytes)),
             ),
+            Event::ParentNotified {
+                attempt,
+                event_id,
+                kind,
+                ..
+            } => self.notifications.push(
+                Entry::new(record, "parent_notified")
+                    .field("attempt", (*attempt).into(), attempt.to_string())
+                    .field("event_id", event_id.clone().into(), event_id.clone())
+                    .field("kind", kind.clone().into(), kind.clone()),
+            ),
             Event::ParentNotificationFailed { kind, error, .. } => self.notifications.push(
                 Entry::new(record, "parent_notification_failed")
                     .field("kind", kind.clone().into(), kind.clone())

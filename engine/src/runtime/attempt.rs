@@ -7,7 +7,10 @@
 
 use super::control::{Control, ControlSlot};
 use super::manager::{Manager, ManagerInner};
-use crate::store::{Command, ExecutionContext, StoreError, TaskStore, UpdateRecord, UpdateRequest};
+use crate::store::{
+    Command, ExecutionContext, NotificationRequest, StoreError, TaskStore, UpdateRecord,
+    UpdateRequest,
+};
 use dtask_journal::MetadataEntry;
 use dtask_replay::{Status, TaskState};
 use parking_lot::Mutex;
@@ -370,6 +373,38 @@ impl AttemptContext {
                     data: progress.data,
                     metadata: progress.metadata,
                     ..UpdateRequest::default()
+                },
+            )
+            .await
+    }
+
+    /// Sends an application notification from this attempt (the reference's `NotifyParent`
+    /// capability, bound to the attempt): into the parent's mailbox for a nested task, to
+    /// the task's session for a root one ([`TaskStore::enqueue_notification`]). A replay of
+    /// `event_id` with the same kind and data succeeds without sending it again.
+    ///
+    /// # Errors
+    /// The store's error: [`StoreError::Invalid`] for a bad request,
+    /// [`StoreError::NotificationUnavailable`] with no route (a root task without a session,
+    /// a nested task still deferred), [`StoreError::NotificationEventIdConflict`] for a replay
+    /// with other content, [`StoreError::MailboxSealed`] when the parent has ended,
+    /// [`StoreError::LeaseLost`] once the attempt is no longer the task's.
+    pub async fn notify(
+        &self,
+        event_id: impl Into<String>,
+        kind: impl Into<String>,
+        data: Vec<u8>,
+    ) -> Result<(), StoreError> {
+        self.check_poison()?;
+        self.shared
+            .store
+            .enqueue_notification(
+                &self.shared.task_id,
+                self.shared.attempt,
+                NotificationRequest {
+                    event_id: event_id.into(),
+                    kind: kind.into(),
+                    data,
                 },
             )
             .await

@@ -655,7 +655,8 @@ fn write_all(
     Decision::Write(events)
 }
 
-/// A lifecycle notification of a nested task, on its way into the parent's mailbox.
+/// A notification of a nested task on its way into the parent's mailbox: a lifecycle one,
+/// or an application one of its running attempt ([`Event::ParentNotified`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ParentNotice {
     /// The parent.
@@ -663,16 +664,23 @@ pub(crate) struct ParentNotice {
     /// The notification id (the input's event id).
     pub id: String,
     /// The notification kind (the input's kind).
-    pub kind: &'static str,
-    /// The child (the input's data).
-    pub child: String,
+    pub kind: String,
+    /// The input's data: the child's id for a lifecycle notification, the application's
+    /// data for an application one.
+    pub data: Vec<u8>,
+    /// Whether the notice must reach the parent for the child's events to be written: an
+    /// application notification is refused when the parent cannot take it, where a
+    /// lifecycle one records why ([`Event::ParentNotificationFailed`]) and its transition
+    /// goes ahead.
+    pub required: bool,
 }
 
-/// The lifecycle notification that `events`, applied to the nested task `state`, send to
-/// its parent's mailbox, if any: the same kinds, conditions and ids as a root task's
-/// session notifications (`task_created` when created on create, `task_backgrounded` when
-/// published, `waiting_input` and the terminal kinds when the spec asks for them); none
-/// while the task is deferred.
+/// The notification that `events`, applied to the nested task `state`, send to its
+/// parent's mailbox, if any: an application notification ([`Event::ParentNotified`]), or a
+/// lifecycle one of the same kinds, conditions and ids as a root task's session
+/// notifications (`task_created` when created on create, `task_backgrounded` when
+/// published, `waiting_input` and the terminal kinds when the spec asks for them; none
+/// while the task is deferred).
 pub(crate) fn parent_notice(state: Option<&TaskState>, events: &[Event]) -> Option<ParentNotice> {
     let mut version = state.map_or(0, |s| s.version);
     let mut publication = state.map(|s| s.publication);
@@ -680,6 +688,22 @@ pub(crate) fn parent_notice(state: Option<&TaskState>, events: &[Event]) -> Opti
     for event in events {
         if event.is_lifecycle() {
             version += 1;
+        }
+        if let Event::ParentNotified {
+            event_id,
+            kind,
+            data,
+            ..
+        } = event
+        {
+            let s = state.filter(|s| s.is_nested())?;
+            return Some(ParentNotice {
+                parent: s.parent_task_id.clone(),
+                id: application_notification_id(s.id(), event_id),
+                kind: kind.clone(),
+                data: data.clone(),
+                required: true,
+            });
         }
         let kind = match event {
             Event::CreatedV2 {
@@ -730,8 +754,9 @@ pub(crate) fn parent_notice(state: Option<&TaskState>, events: &[Event]) -> Opti
         return Some(ParentNotice {
             id: lifecycle_notification_id(&child, version, kind),
             parent,
-            kind,
-            child,
+            kind: kind.to_owned(),
+            data: child.into_bytes(),
+            required: false,
         });
     }
     None
@@ -745,8 +770,8 @@ pub(crate) fn parent_notice(state: Option<&TaskState>, events: &[Event]) -> Opti
 pub(crate) fn deliver(parent: &Task, notice: &ParentNotice, now: Timestamp) -> Result<Vec<Event>> {
     let request = InputRequest {
         event_id: notice.id.clone(),
-        kind: notice.kind.to_owned(),
-        data: notice.child.clone().into_bytes(),
+        kind: notice.kind.clone(),
+        data: notice.data.clone(),
         delivery: dtask_journal::Delivery::Queued,
     };
     match input(parent, request, now)? {
@@ -1270,16 +1295,23 @@ pub(crate) fn validate_notification(
     Ok(())
 }
 
-/// Decides an application notification of the running `attempt`: the fence, the session
-/// route, then replay detection by event id.
+/// Decides an application notification of the running `attempt`: the fence, the route (a
+/// nested task's parent mailbox, else the session), then replay detection by event id.
 pub(crate) fn notification(
     task: &Task,
     attempt: u64,
     request: NotificationRequest,
     now: Timestamp,
 ) -> Result<Keyed<NotificationRequest>> {
-    fence(&task.state, Some(attempt), now, false)?;
-    if task.state.spec.session_id.is_empty() {
+    let state = &task.state;
+    fence(state, Some(attempt), now, false)?;
+    if state.is_nested() {
+        if state.publication == Publication::Deferred {
+            return Err(StoreError::NotificationUnavailable(
+                "the nested task is deferred: its parent does not see it yet",
+            ));
+        }
+    } else if state.spec.session_id.is_empty() {
         return Err(StoreError::NotificationUnavailable(
             "the task has no session route",
         ));
@@ -1292,6 +1324,16 @@ pub(crate) fn notification(
         kind,
         data,
     } = request;
+    if state.is_nested() {
+        // Into the parent's mailbox, in the same append as this record ([`parent_notice`]).
+        return Ok(Keyed::New(Event::ParentNotified {
+            attempt,
+            event_id,
+            kind,
+            data,
+            at: now,
+        }));
+    }
     Ok(Keyed::New(Event::NotificationEnqueued {
         id: application_notification_id(task.state.id(), &event_id),
         event_id,

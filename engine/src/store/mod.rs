@@ -26,8 +26,8 @@ pub use error::{NotFound, Result, StoreError};
 pub use mailbox::{InputPage, InputRecord};
 pub use outbox::{Notification, RESERVED_KIND_PREFIXES};
 pub use request::{
-    AdvanceCursor, CreateRequest, ExecutionContext, InputRequest, NotificationRequest,
-    UpdateRequest,
+    application_notification_id, application_notification_source, AdvanceCursor, CreateRequest,
+    ExecutionContext, InputRequest, NotificationRequest, UpdateRequest,
 };
 pub use retention::{progress_trimmable, trim_due, RetentionStep, TrimStep, MAX_PURGE_TREE};
 pub use updates::{UpdatePage, UpdateRecord};
@@ -514,8 +514,8 @@ impl TaskStore {
     }
 
     /// Appends `events` for the locked `task`, then folds them into it: every decided write
-    /// of an existing task ends here. A nested task's lifecycle notification goes into its
-    /// parent's mailbox in the same atomic append.
+    /// of an existing task ends here. A nested task's notification (lifecycle or
+    /// application) goes into its parent's mailbox in the same atomic append.
     async fn commit(&self, slot: &Slot, task: &mut Task, events: &[Event]) -> Result<()> {
         let span = tracing::debug_span!(
             "commit",
@@ -570,7 +570,9 @@ impl TaskStore {
     /// [`TaskStore::commit`] with a notice for the parent: the parent's slot is locked after
     /// the child's (locks are only ever taken child before parent), the input decided on
     /// the parent's state, and both streams appended at once. When the parent cannot take
-    /// it (it ended, or is gone), the child records why and its transition goes ahead.
+    /// it (it ended, or is gone), the child records why and its transition goes ahead — or,
+    /// for an application notification ([`decide::ParentNotice::required`]), nothing is
+    /// written and the caller hears why.
     async fn commit_with_parent(
         &self,
         slot: &Slot,
@@ -596,10 +598,11 @@ impl TaskStore {
         };
         let parent_events = match delivery {
             Ok(parent_events) => parent_events,
+            Err(e) if notice.required => return Err(e),
             Err(e) => {
                 let mut events = events.to_vec();
                 events.push(Event::ParentNotificationFailed {
-                    kind: notice.kind.to_owned(),
+                    kind: notice.kind,
                     error: e.to_string(),
                     at: now,
                 });

@@ -78,10 +78,18 @@ impl TaskStore {
     /// snapshot do not change. Replaying an event id with the same kind and data succeeds
     /// without queuing anything, in any later attempt and after acknowledgement.
     ///
+    /// A root task's notification goes to the outbox, for its session. A nested task's goes
+    /// into its parent's mailbox instead (G3), as an input whose event id is the
+    /// notification's id (`dtask.custom:<task>:<event id>:application-event`, both base64url)
+    /// and whose kind and data are the notification's: the parent's input and the child's `parent_notified` record
+    /// are one atomic append, and an input wakes a parent waiting for input.
+    ///
     /// # Errors
     /// [`StoreError::Invalid`] (checked first), [`StoreError::LeaseLost`],
-    /// [`StoreError::NotificationUnavailable`] without a session,
-    /// [`StoreError::NotificationEventIdConflict`].
+    /// [`StoreError::NotificationUnavailable`] for a root task without a session or a
+    /// nested task still deferred, [`StoreError::NotificationEventIdConflict`]; for a nested
+    /// task, [`StoreError::MailboxSealed`] when the parent has ended and
+    /// [`StoreError::NotFound`] when it is gone (purged) — nothing written either way.
     pub async fn enqueue_notification(
         &self,
         id: &str,
@@ -107,6 +115,7 @@ impl TaskStore {
                     })??;
                 match record.event {
                     Event::NotificationEnqueued { kind, data, .. }
+                    | Event::ParentNotified { kind, data, .. }
                         if kind == request.kind && data == request.data =>
                     {
                         Ok(())

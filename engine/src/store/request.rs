@@ -1,7 +1,5 @@
 //! The requests of the store's writes: plain data, which `decide` turns into events.
 
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use base64::Engine;
 use dtask_journal::{Delivery, LeasePolicy, MetadataEntry, Publication, TaskSpec, Timestamp};
 
 /// A request to create a task.
@@ -100,12 +98,4 @@ pub struct NotificationRequest {
     pub data: Vec<u8>,
 }
 
-/// The id of an application notification: depends only on (task, event id).
-#[must_use]
-pub fn application_notification_id(task: &str, event_id: &str) -> String {
-    format!(
-        "dtask.custom:{}:{}:application-event",
-        URL_SAFE_NO_PAD.encode(task),
-        URL_SAFE_NO_PAD.encode(event_id)
-    )
-}
+pub use dtask_journal::{application_notification_id, application_notification_source};

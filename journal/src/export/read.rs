@@ -243,6 +243,14 @@ enum EventDef {
         digest_before: [u8; 32],
         at: Timestamp,
     },
+    ParentNotified {
+        attempt: u64,
+        event_id: String,
+        kind: String,
+        #[serde_as(as = "StrictBase64")]
+        data: Vec<u8>,
+        at: Timestamp,
+    },
 }
 
 /// How a task spec is read: every field, none unknown.

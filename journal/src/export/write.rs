@@ -434,6 +434,22 @@ impl<'a> Serialize for EventJson<'a> {
                 o.serialize_field("type", ty)?;
                 o.end()
             }
+            Event::ParentNotified {
+                attempt,
+                event_id,
+                kind,
+                data,
+                at,
+            } => {
+                let mut o = serializer.serialize_struct("parent_notified", 6)?;
+                o.serialize_field("at", at)?;
+                o.serialize_field("attempt", attempt)?;
+                o.serialize_field("data", &bytes(data))?;
+                o.serialize_field("event_id", event_id)?;
+                o.serialize_field("kind", kind)?;
+                o.serialize_field("type", ty)?;
+                o.end()
+            }
             Event::RecoveryLimit { max_recoveries, at } => {
                 let mut o = serializer.serialize_struct("recovery_limit", 3)?;
                 o.serialize_field("at", at)?;

@@ -183,6 +183,7 @@ function timeline(records) {
       case "update_appended": items.push(["", `update ${e.kind || ""} #${e.event_id} (attempt ${e.attempt})`, r]); break;
       case "update_trimmed": items.push(["", `update ${e.kind || ""} #${e.event_id} (attempt ${e.attempt}; ${e.bytes} bytes trimmed)`, r]); break;
       case "progress_trimmed": items.push(["", `progress trimmed: ${e.records} updates, ${e.bytes} bytes saved`, r]); break;
+      case "parent_notified": items.push(["", `notified its parent: ${e.kind} #${e.event_id} (attempt ${e.attempt})`, r]); break;
       case "waiting_input": items.push(["wait", "waiting for input", r]); break;
       case "input_provided": items.push(["wait", "input provided", r]); break;
       case "suspended": items.push(["wait", "suspended", r]); break;
