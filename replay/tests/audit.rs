@@ -1737,21 +1737,7 @@ fn a_link_the_other_stream_does_not_name_back_is_reported() {
         task: task.into(),
         at,
     };
-    let nested = |task: &str, parent: &str| Event::CreatedV2 {
-        spec: TaskSpec {
-            id: task.into(),
-            executor_key: "x".into(),
-            ..TaskSpec::default()
-        }
-        .into(),
-        policy: LeasePolicy::Retry,
-        checkpoint: vec![],
-        context_snapshot: vec![],
-        publication: dtask_journal::Publication::OnCreate,
-        parent_task_id: parent.into(),
-        root_session_id: String::new(),
-        at,
-    };
+    let nested = |task: &str, parent: &str| nested_created(task, parent, at);
     // Both ends written: clean.
     j.append("a-old", 0, &ended("a-old", vec![rerun_as("a-new")]))
         .unwrap();
@@ -1825,6 +1811,25 @@ fn a_link_the_other_stream_does_not_name_back_is_reported() {
     assert!(details[3].contains("a nested task of \"p\""), "{details:?}");
 }
 
+/// The creation of nested task `task` of `parent`, published on create.
+fn nested_created(task: &str, parent: &str, at: Timestamp) -> Event {
+    Event::CreatedV2 {
+        spec: TaskSpec {
+            id: task.into(),
+            executor_key: "x".into(),
+            ..TaskSpec::default()
+        }
+        .into(),
+        policy: LeasePolicy::Retry,
+        checkpoint: vec![],
+        context_snapshot: vec![],
+        publication: dtask_journal::Publication::OnCreate,
+        parent_task_id: parent.into(),
+        root_session_id: String::new(),
+        at,
+    }
+}
+
 /// A nested task's application notification to its parent (`parent_notified`) is answered by
 /// the parent's input of the notification's id; one the parent's mailbox lacks is reported.
 #[test]
@@ -1834,21 +1839,7 @@ fn a_notification_to_a_parent_its_mailbox_lacks_is_reported() {
     let at = Timestamp(5);
     let kid = |task: &str| {
         vec![
-            Event::CreatedV2 {
-                spec: TaskSpec {
-                    id: task.into(),
-                    executor_key: "x".into(),
-                    ..TaskSpec::default()
-                }
-                .into(),
-                policy: LeasePolicy::Retry,
-                checkpoint: vec![],
-                context_snapshot: vec![],
-                publication: dtask_journal::Publication::OnCreate,
-                parent_task_id: "n".into(),
-                root_session_id: String::new(),
-                at,
-            },
+            nested_created(task, "n", at),
             started(1, 100),
             Event::ParentNotified {
                 attempt: 1,
