@@ -700,7 +700,7 @@ impl Task {
                     return Err(illegal());
                 }
                 fenced(*attempt)?;
-                if event_id.is_empty() || self.notification_ids.contains_key(event_id) {
+                if self.notification_ids.contains_key(event_id) {
                     return Err(FoldError::DuplicateEventId(event_id.clone()));
                 }
             }

@@ -81,8 +81,9 @@ impl TaskStore {
     /// A root task's notification goes to the outbox, for its session. A nested task's goes
     /// into its parent's mailbox instead (G3), as an input whose event id is the
     /// notification's id (`dtask.custom:<task>:<event id>:application-event`, both base64url)
-    /// and whose kind and data are the notification's: the parent's input and the child's `parent_notified` record
-    /// are one atomic append, and an input wakes a parent waiting for input.
+    /// and whose kind and data are the notification's: the parent's input and the child's
+    /// `parent_notified` record are one atomic append, and an input wakes a parent waiting
+    /// for input.
     ///
     /// # Errors
     /// [`StoreError::Invalid`] (checked first), [`StoreError::LeaseLost`],
