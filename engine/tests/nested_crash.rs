@@ -1,9 +1,11 @@
 //! Nested tasks and mailboxes across a real crash: a child process runs a parent task's
-//! attempt that creates children while inputs keep arriving, and is killed with SIGKILL in
-//! the middle. A new process (this one) opens the same journal: the parent's next attempt
-//! sees every acknowledged child exactly once, and every acknowledged input is in the
-//! mailbox exactly once (a resend is recognized as a replay). Runs without the libtest
-//! harness: the same binary is the parent (no arguments) and the child (`--child DIR`).
+//! attempt that creates children while inputs keep arriving and the first child's attempt
+//! notifies the parent, and is killed with SIGKILL in the middle. A new process (this one)
+//! opens the same journal: the parent's next attempt sees every acknowledged child exactly
+//! once, every acknowledged input and notification is in the mailbox exactly once (a
+//! resend is recognized as a replay), each notification beside the child's record of it,
+//! and the journal audits clean. Runs without the libtest harness: the same binary is the
+//! parent (no arguments) and the child (`--child DIR`).
 #![allow(
     clippy::unwrap_used,
     clippy::missing_panics_doc,
@@ -11,10 +13,10 @@
 )]
 
 use dtask_engine::{
-    Command, CreateRequest, ExecutionContext, InputRequest, ManualClock, StoreConfig, SystemClock,
-    TaskStore,
+    application_notification_id, Command, CreateRequest, ExecutionContext, InputRequest,
+    ManualClock, NotificationRequest, StoreConfig, SystemClock, TaskStore,
 };
-use dtask_journal::{Delivery, Journal, JournalOptions, LeasePolicy, TaskSpec};
+use dtask_journal::{Delivery, Event, Journal, JournalOptions, LeasePolicy, TaskSpec};
 use dtask_replay::Status;
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -34,6 +36,18 @@ fn input(n: u64) -> InputRequest {
         delivery: Delivery::Queued,
     }
 }
+
+/// The first child's `n`-th notification to the parent.
+fn note(n: u64) -> NotificationRequest {
+    NotificationRequest {
+        event_id: format!("note-{n}"),
+        kind: "finding".into(),
+        data: format!("finding {n}").into_bytes(),
+    }
+}
+
+/// The first child, whose attempt notifies the parent.
+const NOTIFIER: &str = "parent/child-0";
 
 /// Appends `line` to the acknowledgement log `file`, synced: written only after the store
 /// acknowledged the operation, so every line names something durable.
@@ -100,6 +114,24 @@ fn child(dir: &Path) {
                 .await
                 .unwrap();
             log(dir, "children", &id);
+            if n == 0 {
+                let child = store.get(&id).await.unwrap();
+                let child = store
+                    .execute(&id, child.version, Command::Start)
+                    .await
+                    .unwrap();
+                let store = store.clone();
+                let dir = dir.to_owned();
+                tokio::spawn(async move {
+                    for n in 0.. {
+                        store
+                            .enqueue_notification(NOTIFIER, child.attempt, note(n))
+                            .await
+                            .unwrap();
+                        log(&dir, "notes", &format!("note-{n}"));
+                    }
+                });
+            }
             if n == 3 {
                 std::fs::write(dir.join("running"), b"").unwrap();
             }
@@ -133,6 +165,10 @@ fn run() -> Result<(), String> {
 
     let acked_children: BTreeSet<String> = read_log(dir.path(), "children").into_iter().collect();
     let acked_inputs = read_log(dir.path(), "inputs");
+    let acked_notes: Vec<String> = read_log(dir.path(), "notes")
+        .iter()
+        .map(|n| application_notification_id(NOTIFIER, n))
+        .collect();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
         let journal = Journal::open(dir.path().join("journal"), JournalOptions::default())
@@ -221,16 +257,73 @@ fn run() -> Result<(), String> {
                 return Err(format!("msg-{n} was accepted twice"));
             }
         }
+        // Every acknowledged notification exactly once, in order, each beside the child's
+        // record of it (one append wrote both); a resend from the child's next attempt is a
+        // replay.
+        let notes: Vec<String> = inputs
+            .iter()
+            .filter(|i| i.kind == "finding")
+            .map(|i| i.event_id.clone())
+            .collect();
+        if notes.len() < acked_notes.len() || notes[..acked_notes.len()] != acked_notes[..] {
+            return Err(format!(
+                "acknowledged notifications lost or out of order: {} acknowledged, {} kept",
+                acked_notes.len(),
+                notes.len()
+            ));
+        }
+        let recorded: Vec<String> = store
+            .journal()
+            .read_stream(NOTIFIER, 0)
+            .filter_map(|r| match r.unwrap().event {
+                Event::ParentNotified { event_id, .. } => {
+                    Some(application_notification_id(NOTIFIER, &event_id))
+                }
+                _ => None,
+            })
+            .collect();
+        if recorded != notes {
+            return Err(format!(
+                "the child's records and the parent's inputs differ: {} against {}",
+                recorded.len(),
+                notes.len()
+            ));
+        }
+        let child = store.get(NOTIFIER).await.unwrap();
+        let child = store
+            .execute(NOTIFIER, child.version, Command::Start)
+            .await
+            .unwrap();
+        for n in 0..acked_notes.len() {
+            store
+                .enqueue_notification(NOTIFIER, child.attempt, note(n as u64))
+                .await
+                .unwrap();
+        }
+        let after = store.get("parent").await.unwrap().mailbox.latest;
+        if after != latest {
+            return Err(format!(
+                "a resent notification reached the mailbox again ({latest} → {after})"
+            ));
+        }
+        let audit =
+            dtask_replay::audit_journal(store.journal(), &mut |_| {}).map_err(|e| e.to_string())?;
+        if !audit.is_clean() {
+            return Err(format!("the audit found problems: {:?}", audit.problems));
+        }
         let sequences: Vec<u64> = inputs.iter().map(|i| i.sequence).collect();
         if sequences != (1..=latest).collect::<Vec<_>>() {
             return Err(format!("sequences are not 1..n: {sequences:?}"));
         }
         println!(
-            "nested_crash: {} children ({} acknowledged), {} inputs ({} acknowledged)",
+            "nested_crash: {} children ({} acknowledged), {} inputs ({} acknowledged), \
+             {} notifications ({} acknowledged)",
             seen.len(),
             acked_children.len(),
             inputs.len(),
-            acked_inputs.len()
+            acked_inputs.len(),
+            notes.len(),
+            acked_notes.len()
         );
         Ok(())
     })
