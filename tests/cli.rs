@@ -1620,6 +1620,7 @@ fn g3_records_round_trip_and_show() {
         "created_v2",
         "input_committed",
         "inputs_pending",
+        "parent_notified",
     ] {
         assert!(
             export.contains(&format!("\"type\":\"{ty}\"")),
@@ -1642,6 +1643,14 @@ fn g3_records_round_trip_and_show() {
     assert_eq!(children.len(), 1, "{shown}");
     let inputs = shown["timeline"]["inputs"].as_array().unwrap();
     assert!(inputs.iter().any(|i| i["event"] == "input_sent"), "{shown}");
+    // The child's notification, read back to the child and its event id.
+    let notified: Vec<_> = inputs.iter().filter(|i| !i["from"].is_null()).collect();
+    assert_eq!(notified.len(), 1, "{shown}");
+    assert_eq!(notified[0]["kind"], "backup_progress");
+    assert_eq!(
+        notified[0]["from"],
+        serde_json::json!({ "task": "agent-1/backup", "event_id": "dumped" })
+    );
     let child = json(&stdout(dtask(&rebuilt).args([
         "show",
         "agent-1/backup",
@@ -1653,9 +1662,12 @@ fn g3_records_round_trip_and_show() {
         text.contains("mailbox") && text.contains("children"),
         "{text}"
     );
+    assert!(text.contains("agent-1/backup (dumped)"), "{text}");
 
-    // A version 1 header is read too (its events are a subset of version 3's).
-    let v1 = export.replacen("\"dtask_export\":3", "\"dtask_export\":1", 1);
+    // A version 1 header is read too (its events are a subset of the newer versions').
+    let current = format!("\"dtask_export\":{}", dtask_journal::export::VERSION);
+    assert!(export.starts_with(&format!("{{{current},")), "{export}");
+    let v1 = export.replacen(&current, "\"dtask_export\":1", 1);
     let v1_file = work.path().join("v1.jsonl");
     std::fs::write(&v1_file, v1).unwrap();
     dtask(&work.path().join("from-v1"))

@@ -499,6 +499,18 @@ async fn conversation_scene(store: &TaskStore, log: &mut Log) -> Result<()> {
     });
     store.create(child).await?;
     let c = claim(store, "agent-1/backup").await?;
+    // The child tells its parent how far it got: an input of the parent's mailbox.
+    store
+        .enqueue_notification(
+            "agent-1/backup",
+            c.attempt,
+            dtask_engine::NotificationRequest {
+                event_id: "dumped".into(),
+                kind: "backup_progress".into(),
+                data: br#"{"tables":12}"#.to_vec(),
+            },
+        )
+        .await?;
     store
         .execute(
             "agent-1/backup",
@@ -519,7 +531,8 @@ async fn conversation_scene(store: &TaskStore, log: &mut Log) -> Result<()> {
     log.say(
         "agent-1",
         format!(
-            "started nested task agent-1/backup under attempt {}; its lifecycle arrives in the              mailbox: {}",
+            "started nested task agent-1/backup under attempt {}; its notification and its \
+             lifecycle arrive in the mailbox: {}",
             running.attempt,
             kinds.join(", ")
         ),
@@ -576,7 +589,7 @@ async fn conversation_scene(store: &TaskStore, log: &mut Log) -> Result<()> {
     log.say(
         "agent-1",
         format!(
-            "attempt {} reads it and completes: {} (mailbox sealed, generation {})",
+            "attempt {} reads them and completes: {} (mailbox sealed, generation {})",
             done.attempt, done.status, done.mailbox.generation
         ),
     );

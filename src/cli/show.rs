@@ -311,18 +311,28 @@ impl Timeline {
                 ..
             } => {
                 let (n, j, t) = bytes("data", data);
-                self.inputs.push(
-                    Entry::new(record, "input_sent")
-                        .field("sequence", (*sequence).into(), sequence.to_string())
-                        .field("event_id", event_id.clone().into(), event_id.clone())
-                        .field("kind", kind.clone().into(), kind.clone())
-                        .field(
-                            "delivery",
-                            delivery.as_str().into(),
-                            delivery.as_str().to_owned(),
-                        )
-                        .field(n, j, t),
-                );
+                let mut entry = Entry::new(record, "input_sent")
+                    .field("sequence", (*sequence).into(), sequence.to_string())
+                    .field("event_id", event_id.clone().into(), event_id.clone())
+                    .field("kind", kind.clone().into(), kind.clone())
+                    .field(
+                        "delivery",
+                        delivery.as_str().into(),
+                        delivery.as_str().to_owned(),
+                    )
+                    .field(n, j, t);
+                // A nested task's application notification: the child and its event id.
+                if let Some((task, event_id)) =
+                    dtask_journal::application_notification_source(event_id)
+                {
+                    let text = format!("{task} ({event_id})");
+                    entry = entry.field(
+                        "from",
+                        serde_json::json!({ "task": task, "event_id": event_id }),
+                        text,
+                    );
+                }
+                self.inputs.push(entry);
             }
             Event::InputWoke { sequence, .. } => {
                 self.waits.push(Entry::new(record, "input_woke").field(
