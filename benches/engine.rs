@@ -28,6 +28,12 @@
 //!    at a time, ids among the journal's own), each of which the writer first looks for in
 //!    the table files.
 //!
+//! 4. long-running tools' progress: 16 running tasks each appending 5,000 updates of 200
+//!    bytes (synced), without a progress cap and with one (`StoreConfig::with_progress_cap`:
+//!    over 1,000 whole updates, keep 20; and over 100, keep 20), in alternating rounds:
+//!    updates per second, the ratio to the run without a cap, and the bytes the streams hold
+//!    at the end.
+//!
 //! Targets of issue #26, each on a line of its own (`met` / `not met`): ≥ 15k lifecycles/s at
 //! 1,024 concurrent; a fold of ≥ 2M live events/s, open + fold of 1M events in under 0.5 s
 //! (without `--quick`), ≤ 2 KiB resident per live task. Part 1's earlier targets are retired:
@@ -668,7 +674,7 @@ struct Args {
     /// A smaller recovery journal and shorter columns.
     #[arg(long)]
     quick: bool,
-    /// Run this part only (1, 2 or 3).
+    /// Run this part only (1, 2, 3 or 4).
     #[arg(long, value_name = "N")]
     part: Option<u32>,
     /// Part 1's cells alternate dtask and the raw batches N times (default 3, 1 with
@@ -717,6 +723,9 @@ fn main() {
     }
     if runs(2) {
         lifecycles_table(&runtime, secs);
+    }
+    if runs(4) {
+        progress_table(&runtime, rounds);
     }
     if runs(3) {
         println!("3. recovery");
@@ -806,6 +815,83 @@ fn transitions_table(
         // are retired (docs/performance.md): the figures are printed for comparison.
         println!(
             "info at {tasks} tasks: {rate:.0} transitions/s, {ratio:.2}x the raw synced batches (closed-loop bound {file_bound:.2}x)"
+        );
+    }
+}
+
+/// Part 4: `tools` running tasks, each appending `updates` progress updates of 200 bytes,
+/// on a store with the progress cap `cap` (or none). Returns updates per second and the
+/// bytes of the tasks' streams at the end.
+async fn progress(tools: usize, updates: u64, cap: Option<(u64, u64)>) -> (f64, u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(dir.path(), common::journal_options()).unwrap();
+    let mut config = StoreConfig::default().with_lease_duration(Duration::from_secs(3600));
+    if let Some((over, keep)) = cap {
+        config = config.with_progress_cap(over, keep);
+    }
+    let store = TaskStore::open(journal, SystemClock, config).unwrap();
+    let ids: Vec<String> = (0..tools).map(|t| format!("tool-{t:03}")).collect();
+    for id in &ids {
+        create_running(&store, id).await;
+    }
+    let start = Instant::now();
+    let mut handles = Vec::new();
+    for id in ids.clone() {
+        let store = store.clone();
+        handles.push(tokio::spawn(async move {
+            for n in 0..updates {
+                let update = UpdateRequest {
+                    attempt: 1,
+                    event_id: format!("line-{n}"),
+                    kind: "stdout".into(),
+                    data: vec![b'x'; 200],
+                    ..UpdateRequest::default()
+                };
+                store.append_update(&id, update).await.unwrap();
+            }
+        }));
+    }
+    for h in handles {
+        h.await.unwrap();
+    }
+    let rate = (tools as u64 * updates) as f64 / start.elapsed().as_secs_f64();
+    let bytes = ids
+        .iter()
+        .flat_map(|id| store.journal().read_stream(id, 0))
+        .map(|r| r.unwrap().size as u64)
+        .sum();
+    (rate, bytes)
+}
+
+fn progress_table(runtime: &tokio::runtime::Runtime, rounds: usize) {
+    const TOOLS: usize = 16;
+    const UPDATES: u64 = 5_000;
+    println!(
+        "4. long-running tools' progress ({TOOLS} running tasks x {UPDATES} updates of 200 B, \
+         Durability::Sync; {rounds} rounds, the columns alternating: medians, and the range \
+         of the per-round ratios to no cap)"
+    );
+    let caps: [Option<(u64, u64)>; 3] = [None, Some((1_000, 20)), Some((100, 20))];
+    let mut rates = vec![Vec::new(); caps.len()];
+    let mut bytes = vec![0u64; caps.len()];
+    for round in 0..rounds {
+        for column in 0..caps.len() {
+            let c = (column + round) % caps.len();
+            let (rate, held) = runtime.block_on(progress(TOOLS, UPDATES, caps[c]));
+            rates[c].push(rate);
+            bytes[c] = held;
+        }
+    }
+    for (c, cap) in caps.iter().enumerate() {
+        let label = cap.map_or_else(
+            || "no cap".to_owned(),
+            |(over, keep)| format!("cap {over}, keep {keep}"),
+        );
+        println!(
+            "{label:>20}: {:>8.0} updates/s, {:>14} the rate without a cap, streams {:>9.1} KiB",
+            common::Spread::of(&rates[c]).median,
+            common::Spread::of_ratios(&rates[c], &rates[0]).ratio(),
+            bytes[c] as f64 / 1024.0
         );
     }
 }

@@ -11,6 +11,10 @@
 //! taken. The audit is clean and counts the purged tasks. Once the hold is lifted, `deploy-1`
 //! is purged by name.
 //!
+//! The store also caps running tasks' progress (`StoreConfig::with_progress_cap`): `watch-1`,
+//! a tool that runs on and reports 200 lines, is trimmed to its last 10 updates each time it
+//! holds more than 50 whole ones — by its own updates, as it runs.
+//!
 //! Run: `cargo run --example retention`
 #![allow(clippy::unwrap_used, missing_docs)]
 
@@ -26,7 +30,8 @@ use dtask::{
 async fn main() {
     let dir = tempfile::tempdir().unwrap();
     let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
-    let store = TaskStore::open(journal, SystemClock, StoreConfig::default()).unwrap();
+    let config = StoreConfig::default().with_progress_cap(50, 10);
+    let store = TaskStore::open(journal, SystemClock, config).unwrap();
     for id in ["build-1", "build-2", "deploy-1"] {
         let request = CreateRequest {
             spec: TaskSpec::new(id, "shell"),
@@ -53,6 +58,8 @@ async fn main() {
             .await
             .unwrap();
     }
+    watch(&store).await;
+
     let held = store.hold("deploy-1", "incident 88").await.unwrap();
     println!("deploy-1 on hold: {}", held.hold.as_deref().unwrap_or("-"));
 
@@ -80,11 +87,7 @@ async fn main() {
     println!(
         "audit after the trim: {} progress updates trimmed, {}",
         report.trimmed_records,
-        if report.is_clean() {
-            "clean"
-        } else {
-            "PROBLEMS"
-        }
+        verdict(&report)
     );
 
     // A retention sweep: every root task that ended before the cutoff, a step at a time
@@ -118,11 +121,7 @@ async fn main() {
         report.tasks,
         report.purged,
         report.purged_records,
-        if report.is_clean() {
-            "clean"
-        } else {
-            "PROBLEMS"
-        }
+        verdict(&report)
     );
 
     store.lift_hold("deploy-1").await.unwrap();
@@ -131,4 +130,43 @@ async fn main() {
         "deploy-1 purged once its hold was lifted: {} records deleted",
         purged[0].records
     );
+}
+
+/// A tool that runs on, reporting 200 lines: the store's cap trims its progress as it goes.
+async fn watch(store: &TaskStore) {
+    let request = CreateRequest {
+        spec: TaskSpec::new("watch-1", "shell"),
+        policy: Some(LeasePolicy::Retry),
+        ..CreateRequest::default()
+    };
+    store.create(request).await.unwrap();
+    let running = store.execute("watch-1", 1, Command::Start).await.unwrap();
+    for line in 1..=200 {
+        let update = UpdateRequest {
+            attempt: running.attempt,
+            event_id: format!("line-{line}"),
+            kind: "stdout".into(),
+            data: format!("line {line}: {}", "y".repeat(100)).into_bytes(),
+            ..UpdateRequest::default()
+        };
+        store.append_update("watch-1", update).await.unwrap();
+    }
+    let watch = store.get("watch-1").await.unwrap();
+    println!(
+        "watch-1 ({}): {} updates, {} trimmed by the cap as it ran, {} whole ({} cap trims)",
+        watch.status,
+        watch.updates,
+        watch.trimmed,
+        dtask::engine::whole_updates(&watch),
+        store.counts().progress_capped
+    );
+}
+
+/// What an audit found, in a word.
+fn verdict(report: &dtask::replay::AuditReport) -> &'static str {
+    if report.is_clean() {
+        "clean"
+    } else {
+        "PROBLEMS"
+    }
 }

@@ -2179,6 +2179,16 @@ fn trim_drops_older_progress_bytes_by_name_or_age_and_the_journal_still_audits_a
     );
     let shown = stdout(dtask(dir.path()).args(["show", "alpha"]));
     assert!(shown.contains("update_trimmed"), "{shown}");
+    assert!(shown.contains("2 updates, 1 trimmed"), "{shown}");
+    let shown = json(&stdout(dtask(dir.path()).args(["show", "alpha", "--json"])));
+    assert_eq!(
+        (
+            &shown["state"]["updates"],
+            &shown["state"]["trimmed_updates"]
+        ),
+        (&2.into(), &1.into()),
+        "{shown}"
+    );
     // Again: nothing more to trim.
     let again = json(&stdout(
         dtask(dir.path()).args(["trim", "alpha", "--keep", "1", "--json"]),

@@ -243,15 +243,16 @@ fn the_retention_example_trims_and_purges_by_age_keeps_a_held_task_and_audits_cl
         "retention",
         &out,
         &[
+            "watch-1 (running): 200 updates, 164 trimmed by the cap as it ran, 36 whole (4 cap trims)",
             "deploy-1 on hold: incident 88",
             "trimmed build-1: 35 progress updates (",
             "build-1: 40 updates, 35 trimmed; the latest whole: \"line 40:\"",
-            "audit after the trim: 35 progress updates trimmed, clean",
+            "audit after the trim: 199 progress updates trimmed, clean",
             "purged build-1: 44 records deleted",
             "purged build-2: 3 records deleted",
             "kept deploy-1: task \"deploy-1\" cannot be purged: it is on hold",
             "build-1: purged (its id stays taken)",
-            "audit: 3 tasks, 2 purged (47 records deleted), clean",
+            "audit: 4 tasks, 2 purged (47 records deleted), clean",
             "deploy-1 purged once its hold was lifted: 5 records deleted",
         ],
     );

@@ -1831,6 +1831,12 @@ async fn an_owner_trims_a_tasks_progress_and_its_updates_read_as_trimmed() {
         ],
         "{page}"
     );
+    let (_, task) = server.get("/api/tasks/t").await;
+    assert_eq!(
+        (&task["state"]["updates"], &task["state"]["trimmed_updates"]),
+        (&json!(3), &json!(2)),
+        "{task}"
+    );
     // Held: refused; a bad body: refused; a purged task: gone.
     server
         .post("/api/tasks/t/hold", &json!({"reason": "case 5"}))

@@ -88,8 +88,8 @@ pub use runtime::{
 };
 pub use store::{
     application_notification_id, application_notification_source, progress_trimmable, trim_due,
-    AdvanceCursor, Change, Command, CreateRequest, ExecutionContext, InputPage, InputRecord,
-    InputRequest, NotFound, Notification, NotificationRequest, Result, RetentionStep, StoreConfig,
-    StoreCounts, StoreError, TaskPage, TaskStore, TrimStep, UpdatePage, UpdateRecord,
+    whole_updates, AdvanceCursor, Change, Command, CreateRequest, ExecutionContext, InputPage,
+    InputRecord, InputRequest, NotFound, Notification, NotificationRequest, Result, RetentionStep,
+    StoreConfig, StoreCounts, StoreError, TaskPage, TaskStore, TrimStep, UpdatePage, UpdateRecord,
     UpdateRequest, MAX_INPUT_KIND_BYTES, MAX_PURGE_TREE, RESERVED_KIND_PREFIXES,
 };

@@ -10,7 +10,9 @@
 mod common;
 
 use common::*;
-use dtask_engine::{Command, CreateRequest, StoreConfig, StoreError, TaskStore};
+use dtask_engine::{
+    trim_due, whole_updates, Command, CreateRequest, StoreConfig, StoreError, TaskStore,
+};
 use dtask_journal::{Event, EventType, LeasePolicy, Timestamp};
 use dtask_replay::{recovery_limit_error, Status};
 
@@ -786,6 +788,7 @@ async fn trims_progress(reboot: bool) {
         (after.version, after.updates, after.position),
         (before.version, before.updates, before.position + 1)
     );
+    assert_eq!((before.trimmed, after.trimmed), (0, 3), "the trim counted");
     let page = s(&mut env, reboot)
         .list_updates("t", None, 0, false)
         .await
@@ -825,6 +828,11 @@ async fn trims_progress(reboot: bool) {
         .unwrap();
     ok(s(&mut env, reboot), "t", Command::Complete { data: vec![] }).await;
     let end = s(&mut env, reboot).get("t").await.unwrap();
+    // Three of six updates whole: a sweep keeping three passes the task by, one keeping
+    // two takes it.
+    assert_eq!((end.updates, end.trimmed, whole_updates(&end)), (6, 3, 3));
+    let later = Timestamp(end.updated_at.0 + 1);
+    assert!(!trim_due(&end, later, 3) && trim_due(&end, later, 2));
     let again = s(&mut env, reboot).trim_progress("t", 3).await.unwrap();
     assert_eq!((again.records, again.marker), (0, None));
     assert_eq!(s(&mut env, reboot).get("t").await.unwrap(), end);
@@ -914,9 +922,110 @@ async fn a_trim_sweep_takes_the_tasks_that_ended_before_its_time_a_step_at_a_tim
         .await
         .unwrap();
     assert_eq!(rest, dtask_engine::TrimStep::default());
-    // Swept again: nothing twice.
+    // Swept again: nothing twice — a task trimmed before is not due (its stream is not
+    // read again).
+    let a = store.get("a").await.unwrap();
+    assert_eq!((a.updates, a.trimmed), (4, 3));
+    assert!(!trim_due(&a, before, 1));
     let again = store.trim_finished(before, 1, None, 10).await.unwrap();
     assert!(again.trimmed.is_empty(), "{again:?}");
+}
+
+/// What a task's progress updates are as listed: (event id, trimmed) each, oldest first.
+async fn listed(store: &TaskStore, id: &str) -> Vec<(String, bool)> {
+    let page = store.list_updates(id, None, 0, false).await.unwrap();
+    page.updates
+        .into_iter()
+        .map(|u| (u.event_id, u.trimmed))
+        .collect()
+}
+
+async fn caps_progress(reboot: bool) {
+    let mut env = Env::with(
+        StoreConfig::default().with_progress_cap(4, 1),
+        dtask_journal::Durability::Buffered,
+    );
+    running(s(&mut env, reboot), "t", Retry).await;
+    let mut seen = Vec::new();
+    for n in 0..10 {
+        let (_, new) = s(&mut env, reboot)
+            .append_update("t", progress(&format!("e{n}"), &"x".repeat(100)))
+            .await
+            .unwrap();
+        assert!(new);
+        let state = s(&mut env, reboot).get("t").await.unwrap();
+        assert!(whole_updates(&state) <= 4, "never over the cap: {state:?}");
+        seen.push(state.trimmed);
+    }
+    // The fifth update takes the task over four whole ones: trimmed to the last one; the
+    // ninth again.
+    assert_eq!(seen, [0, 0, 0, 0, 4, 4, 4, 4, 8, 8]);
+    let listed = listed(s(&mut env, reboot), "t").await;
+    let trimmed: Vec<bool> = listed.iter().map(|(_, t)| *t).collect();
+    assert_eq!(
+        trimmed,
+        [true, true, true, true, true, true, true, true, false, false]
+    );
+    if !reboot {
+        assert_eq!(env.store().counts().progress_capped, 2);
+    }
+    // A retried update the cap trimmed is still recognised.
+    let (original, new) = s(&mut env, reboot)
+        .append_update("t", progress("e0", &"x".repeat(100)))
+        .await
+        .unwrap();
+    assert!(!new && original.trimmed);
+    ok(s(&mut env, reboot), "t", Command::Complete { data: vec![] }).await;
+    let report =
+        dtask_replay::audit::audit_journal(s(&mut env, reboot).journal(), &mut |_| {}).unwrap();
+    assert!(report.is_clean(), "{:?}", report.problems);
+    assert_eq!((report.trimmed, report.trimmed_records), (1, 8));
+}
+
+#[tokio::test]
+async fn the_progress_cap_trims_a_running_task_by_the_update_that_takes_it_over() {
+    caps_progress(false).await;
+}
+
+#[tokio::test]
+async fn the_progress_cap_holds_across_a_reopen_at_every_step() {
+    caps_progress(true).await;
+}
+
+#[tokio::test]
+async fn the_progress_cap_passes_over_held_tasks_and_agent_runs() {
+    let env = Env::with(
+        StoreConfig::default().with_progress_cap(2, 0),
+        dtask_journal::Durability::Buffered,
+    );
+    let store = env.store();
+    running(store, "held", Retry).await;
+    store.hold("held", "case 7").await.unwrap();
+    let mut agent = request(spec("agent"), Retry);
+    agent.spec.executor_key = dtask_engine::agent::AGENT_EXECUTOR_KEY.into();
+    store.create(agent).await.unwrap();
+    ok(store, "agent", Command::Start).await;
+    for id in ["held", "agent"] {
+        for n in 0..5 {
+            let (_, new) = store
+                .append_update(id, progress(&format!("e{n}"), "line"))
+                .await
+                .unwrap();
+            assert!(new, "the update stands: {id}");
+        }
+        let state = store.get(id).await.unwrap();
+        assert_eq!((state.updates, state.trimmed), (5, 0), "{id}");
+    }
+    assert_eq!(store.counts().progress_capped, 0);
+    // The hold lifted, the next update trims the task to nothing whole.
+    store.lift_hold("held").await.unwrap();
+    store
+        .append_update("held", progress("e5", "line"))
+        .await
+        .unwrap();
+    let state = store.get("held").await.unwrap();
+    assert_eq!((state.updates, state.trimmed), (6, 6));
+    assert_eq!(store.counts().progress_capped, 1);
 }
 
 #[tokio::test]

@@ -155,7 +155,34 @@ impl Journal {
     /// Must not be called from inside an asynchronous runtime's worker (it blocks); use
     /// [`Journal::trim_progress_async`] there.
     pub fn trim_progress(&self, task: &str, keep: u64, at: Timestamp) -> Result<TrimmedStream> {
-        let (trimmed, reply) = self.submit_trim(task, keep, at)?;
+        self.trim_progress_blocking(task, keep, at, None)
+    }
+
+    /// [`Journal::trim_recent_progress_async`] for synchronous callers.
+    ///
+    /// # Errors
+    /// As for [`Journal::trim_progress`].
+    ///
+    /// # Panics
+    /// Must not be called from inside an asynchronous runtime's worker (it blocks).
+    pub fn trim_recent_progress(
+        &self,
+        task: &str,
+        keep: u64,
+        at: Timestamp,
+        unheld_at: u64,
+    ) -> Result<TrimmedStream> {
+        self.trim_progress_blocking(task, keep, at, Some(unheld_at))
+    }
+
+    fn trim_progress_blocking(
+        &self,
+        task: &str,
+        keep: u64,
+        at: Timestamp,
+        unheld_at: Option<u64>,
+    ) -> Result<TrimmedStream> {
+        let (trimmed, reply) = self.submit_trim(task, keep, at, unheld_at)?;
         if let Some(reply) = reply {
             reply.blocking_recv().map_err(|_| Error::Closed)??;
         }
@@ -172,7 +199,39 @@ impl Journal {
         keep: u64,
         at: Timestamp,
     ) -> Result<TrimmedStream> {
-        let (trimmed, reply) = self.submit_trim(task, keep, at)?;
+        self.trim_progress_reading(task, keep, at, None).await
+    }
+
+    /// [`Journal::trim_progress_async`] for a caller that has folded the stream up to
+    /// position `unheld_at` and found no hold standing there: the trim reads the stream
+    /// back from its end only as far as it needs — to the newest update trimmed before
+    /// (trimmed updates are always a stream's oldest), and at least back to `unheld_at`,
+    /// the records from there on checked for a hold — instead of from its first record.
+    /// What it writes is what [`Journal::trim_progress`] writes; what it reads is the
+    /// stream's untrimmed tail, not the whole stream (a running task trimmed again and
+    /// again, by a store's progress cap, pays for what came since its last trim).
+    ///
+    /// # Errors
+    /// As for [`Journal::trim_progress`]; damage before the records read is not met.
+    pub async fn trim_recent_progress_async(
+        &self,
+        task: &str,
+        keep: u64,
+        at: Timestamp,
+        unheld_at: u64,
+    ) -> Result<TrimmedStream> {
+        self.trim_progress_reading(task, keep, at, Some(unheld_at))
+            .await
+    }
+
+    async fn trim_progress_reading(
+        &self,
+        task: &str,
+        keep: u64,
+        at: Timestamp,
+        unheld_at: Option<u64>,
+    ) -> Result<TrimmedStream> {
+        let (trimmed, reply) = self.submit_trim(task, keep, at, unheld_at)?;
         if let Some(reply) = reply {
             reply.await.map_err(|_| Error::Closed)??;
         }
@@ -181,50 +240,34 @@ impl Journal {
 
     #[allow(
         clippy::type_complexity,
-        reason = "a private pair, named at its two callers"
+        reason = "a private pair, named at its callers"
     )]
     fn submit_trim(
         &self,
         task: &str,
         keep: u64,
         at: Timestamp,
+        unheld_at: Option<u64>,
     ) -> Result<(
         TrimmedStream,
         Option<tokio::sync::oneshot::Receiver<Result<crate::Appended>>>,
     )> {
-        let refuse = |why| Error::NotTrimmable {
-            task: task.to_owned(),
-            why,
-        };
-        let stream = self.read_raw(task)?;
-        let Some(first) = stream.first() else {
-            return Err(refuse(TrimRefusal::Unknown));
-        };
-        if matches!(first.event, Event::Purged { .. }) {
-            return Err(refuse(TrimRefusal::Purged));
-        }
-        let mut on_hold = false;
-        let mut updates = Vec::new();
-        for (position, read) in stream.iter().enumerate() {
-            match &read.event {
-                Event::Hold { .. } => on_hold = true,
-                Event::HoldLifted { .. } => on_hold = false,
-                event if is_update(event) || matches!(event, Event::UpdateTrimmed { .. }) => {
-                    updates.push(position);
-                }
-                _ => {}
-            }
-        }
-        if on_hold {
-            return Err(refuse(TrimRefusal::OnHold));
-        }
+        let (base, stream) = self.read_for_trim(task, unheld_at)?;
+        let updates: Vec<usize> = stream
+            .iter()
+            .enumerate()
+            .filter(|(_, read)| {
+                is_update(&read.event) || matches!(read.event, Event::UpdateTrimmed { .. })
+            })
+            .map(|(i, _)| i)
+            .collect();
         let kept = usize::try_from(keep)
             .unwrap_or(usize::MAX)
             .min(updates.len());
         let trim: Vec<usize> = updates[..updates.len() - kept]
             .iter()
             .copied()
-            .filter(|&p| is_update(&stream[p].event))
+            .filter(|&i| is_update(&stream[i].event))
             .collect();
         let mut result = TrimmedStream {
             task: task.to_owned(),
@@ -236,21 +279,24 @@ impl Journal {
         let Some(&from) = trim.first() else {
             return Ok((result, None));
         };
+        let position_of = |i: usize| base + i as u64;
         let digest_of = |read: &Read| record::parse(&read.bytes).map(|frame| frame.digest);
-        let corrupt = |position: usize, kind| Error::corruption(task, position as u64, kind);
-        // The creation is never an update: the first trimmed record has one before it.
+        let corrupt = |i: usize, kind| Error::corruption(task, position_of(i), kind);
+        // The creation is never an update: the first trimmed record has one before it, read
+        // (a tail read starts at a record no trim rewrites).
         let mut prev = match from.checked_sub(1) {
             Some(before) => digest_of(&stream[before]).map_err(|kind| corrupt(before, kind))?,
-            None => Digest::GENESIS,
+            None if base == 0 => Digest::GENESIS,
+            None => return Err(Error::Encode("a tail read that starts at an update".into())),
         };
         let mut trim = trim.into_iter().peekable();
         let mut replaced = Vec::with_capacity(stream.len() - from);
         let mut saved = 0u64;
         let mut last_before = prev;
-        for (position, read) in stream.iter().enumerate().skip(from) {
-            let frame = record::parse(&read.bytes).map_err(|kind| corrupt(position, kind))?;
+        for (i, read) in stream.iter().enumerate().skip(from) {
+            let frame = record::parse(&read.bytes).map_err(|kind| corrupt(i, kind))?;
             last_before = frame.digest;
-            let unframed = if trim.next_if_eq(&position).is_some() {
+            let unframed = if trim.next_if_eq(&i).is_some() {
                 let stub = trimmed(&read.event, read.bytes.len() as u64)
                     .ok_or_else(|| Error::Encode("a trim of a record that is no update".into()))?;
                 record::Unframed::encode(&stub).map_err(Error::Encode)?
@@ -258,12 +304,13 @@ impl Journal {
                 record::Unframed::from_payload(frame.payload)
             };
             let (bytes, digest) = unframed
-                .frame_as(frame.format, task, position as u64, frame.seq, &prev)
+                .frame_as(frame.format, task, position_of(i), frame.seq, &prev)
                 .map_err(|len| Error::Encode(format!("payload of {len} bytes")))?;
             saved += (read.bytes.len() as u64).saturating_sub(bytes.len() as u64);
             prev = digest;
             replaced.push((read.key.clone(), bytes));
         }
+        let end = position_of(stream.len());
         let marker = Event::ProgressTrimmed {
             records: result.records,
             bytes: saved,
@@ -273,7 +320,7 @@ impl Journal {
         let payload = record::Unframed::encode(&marker).map_err(Error::Encode)?;
         result.rewritten = replaced.len() as u64;
         result.bytes = saved;
-        result.marker = Some((stream.len() as u64, marker));
+        result.marker = Some((end, marker));
         let event = EncodedEvent {
             payload,
             effect: IndexEffect::Trim {
@@ -282,11 +329,7 @@ impl Journal {
             },
         };
         let reply = self.enqueue(
-            (
-                JobTask::new(task),
-                stream.len() as u64,
-                EncodedEvents::from_iter([event]),
-            ),
+            (JobTask::new(task), end, EncodedEvents::from_iter([event])),
             Vec::new(),
             never,
             None,
@@ -295,25 +338,107 @@ impl Journal {
         Ok((result, Some(reply)))
     }
 
+    /// The records of `task`'s stream a trim reads — all of them, or with `unheld_at` its
+    /// untrimmed tail ([`Journal::trim_recent_progress_async`]) — and the position of the
+    /// first; refused for a stream without records, a purged one, or one on hold.
+    fn read_for_trim(&self, task: &str, unheld_at: Option<u64>) -> Result<(u64, Vec<Read>)> {
+        let refuse = |why| Error::NotTrimmable {
+            task: task.to_owned(),
+            why,
+        };
+        let (base, stream, on_hold) = match unheld_at {
+            None => {
+                let stream = self.read_raw(task)?;
+                let on_hold = hold_after(stream.iter(), false);
+                (0, stream, on_hold)
+            }
+            Some(unheld_at) => {
+                let (base, stream) = self.read_untrimmed_tail(task, unheld_at)?;
+                let skip = usize::try_from(unheld_at.saturating_sub(base)).unwrap_or(usize::MAX);
+                let on_hold = hold_after(stream.iter().skip(skip), false);
+                (base, stream, on_hold)
+            }
+        };
+        match stream.first() {
+            None => Err(refuse(TrimRefusal::Unknown)),
+            Some(first) if matches!(first.event, Event::Purged { .. }) => {
+                Err(refuse(TrimRefusal::Purged))
+            }
+            Some(_) if on_hold => Err(refuse(TrimRefusal::OnHold)),
+            Some(_) => Ok((base, stream)),
+        }
+    }
+
     /// `task`'s stream as stored — every record's key and bytes, checked (CRC, position,
     /// chain) and decoded — written or not yet durable alike: a trim frames them all again,
     /// and the writer takes it only if the stream is still that long.
     fn read_raw(&self, task: &str) -> Result<Vec<Read>> {
         let prefix = keys::task_prefix(task);
-        let mut check = StreamCheck::new(task.to_owned(), 0, Some(Digest::GENESIS));
-        let mut out = Vec::new();
-        for entry in self.storage().scan(Space::Events, Range::prefix(&prefix)) {
-            let (key, bytes) = entry?;
-            let record = match check.entry(&key, &bytes) {
-                Checked::One(record) => record?,
-                Checked::Gap(missing, _) => return Err(missing),
-            };
-            out.push(Read {
-                key: key.into_vec(),
-                bytes: bytes.into_vec(),
-                event: record.event,
-            });
-        }
-        Ok(out)
+        checked(
+            StreamCheck::new(task.to_owned(), 0, Some(Digest::GENESIS)),
+            self.storage().scan(Space::Events, Range::prefix(&prefix)),
+        )
     }
+
+    /// The end of `task`'s stream a trim needs (see [`Journal::trim_recent_progress_async`]):
+    /// read backwards to the newest trimmed update — trimmed updates being a stream's oldest,
+    /// every update before it is trimmed too — or else to the first record, and at least back
+    /// to `unheld_at`; then checked forwards (CRC, positions, the chain within what was read).
+    /// Returns the first position read and the records from there on.
+    fn read_untrimmed_tail(&self, task: &str, unheld_at: u64) -> Result<(u64, Vec<Read>)> {
+        let prefix = keys::task_prefix(task);
+        let mut back = Vec::new();
+        let mut first = 0;
+        for entry in self
+            .storage()
+            .scan(Space::Events, Range::prefix(&prefix).reversed())
+        {
+            let (key, bytes) = entry?;
+            let position = keys::parse_event_key(&key)
+                .map_err(|kind| Error::corruption(task, 0, kind))?
+                .1;
+            let event = record::parse(&bytes)
+                .and_then(|frame| record::decode_payload(frame.payload))
+                .map_err(|kind| Error::corruption(task, position, kind))?;
+            first = position;
+            back.push((key, bytes));
+            if matches!(event, Event::UpdateTrimmed { .. }) && position <= unheld_at {
+                break;
+            }
+        }
+        let check = StreamCheck::new(task.to_owned(), first, None);
+        let out = checked(check, back.into_iter().rev().map(Ok))?;
+        Ok((first, out))
+    }
+}
+
+/// Whether a hold stands after `records`, given whether one stood before them.
+fn hold_after<'a>(records: impl Iterator<Item = &'a Read>, before: bool) -> bool {
+    records.fold(before, |on_hold, read| match read.event {
+        Event::Hold { .. } => true,
+        Event::HoldLifted { .. } => false,
+        _ => on_hold,
+    })
+}
+
+/// The entries of a stream, in order, through `check` (CRC, positions, chain): the first
+/// damage or gap met is the error.
+fn checked(
+    mut check: StreamCheck,
+    entries: impl Iterator<Item = Result<crate::backend::KeyValue>>,
+) -> Result<Vec<Read>> {
+    let mut out = Vec::new();
+    for entry in entries {
+        let (key, bytes) = entry?;
+        let record = match check.entry(&key, &bytes) {
+            Checked::One(record) => record?,
+            Checked::Gap(missing, _) => return Err(missing),
+        };
+        out.push(Read {
+            key: key.into_vec(),
+            bytes: bytes.into_vec(),
+            event: record.event,
+        });
+    }
+    Ok(out)
 }

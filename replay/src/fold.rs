@@ -325,6 +325,7 @@ impl Task {
                 lease_deadline: None,
                 position: 1,
                 updates: 0,
+                trimmed: 0,
                 publication,
                 parent_task_id: parent,
                 root_session_id: root,
@@ -720,12 +721,14 @@ impl Task {
         let s = &mut self.state;
         match event {
             // `check` refuses a tombstone after the first record; `apply` folds a trimmed
-            // update as the update it stands for, and a trim's record changes nothing.
+            // update as the update it stands for, and a trim's record only counts them.
             Event::Created { .. }
             | Event::CreatedV2 { .. }
             | Event::Purged { .. }
-            | Event::UpdateTrimmed { .. }
-            | Event::ProgressTrimmed { .. } => {}
+            | Event::UpdateTrimmed { .. } => {}
+            Event::ProgressTrimmed { records, .. } => {
+                s.trimmed = s.trimmed.saturating_add(*records).min(s.updates);
+            }
             Event::ChildCreated { child_id, .. } => {
                 grow(&mut self.layer).children.insert(child_id.clone());
             }

@@ -128,6 +128,9 @@ pub struct TaskState {
     pub position: u64,
     /// The number of progress updates (and update parts) recorded.
     pub updates: u64,
+    /// How many of [`TaskState::updates`] were trimmed: their bytes dropped, their records
+    /// kept (`progress_trimmed` counts them). `updates - trimmed` are whole.
+    pub trimmed: u64,
     /// When the task becomes visible to its parent or session.
     pub publication: Publication,
     /// The parent task; empty for a root task.

@@ -1491,12 +1491,13 @@ fn stream_events(j: &Journal, task: &str) -> Vec<Event> {
         .unwrap()
 }
 
-/// A task's folded state with its position (the stream's length) left out: what a trim
-/// must leave as it was.
-fn state_but_position(j: &Journal, task: &str) -> dtask_replay::TaskState {
+/// A task's folded state with its position (the stream's length) and its count of trimmed
+/// updates left out — what a trim must leave as it was —, and that count.
+fn state_but_position(j: &Journal, task: &str) -> (dtask_replay::TaskState, u64) {
     let mut state = dtask_replay::load_task(j, task).unwrap().unwrap().state;
     state.position = 0;
-    state
+    let trimmed = std::mem::take(&mut state.trimmed);
+    (state, trimmed)
 }
 
 #[test]
@@ -1519,8 +1520,9 @@ fn a_trimmed_stream_folds_as_before_keeps_its_chain_and_audits_clean() {
     events.push(update(1, "u6"));
     events.push(completed());
     j.append("long", 0, &events).unwrap();
-    let before = state_but_position(&j, "long");
-    let running_before = state_but_position(&j, "running");
+    let (before, none) = state_but_position(&j, "long");
+    assert_eq!(none, 0);
+    let (running_before, _) = state_but_position(&j, "running");
     let last_seq = j.last_seq().unwrap();
 
     // Nine update records (seven updates, two parts); the last two stay whole.
@@ -1548,7 +1550,11 @@ fn a_trimmed_stream_folds_as_before_keeps_its_chain_and_audits_clean() {
         after[13],
         Event::ProgressTrimmed { records: 7, .. }
     ));
-    assert_eq!(state_but_position(&j, "long"), before, "the same state");
+    assert_eq!(
+        state_but_position(&j, "long"),
+        (before.clone(), 7),
+        "the same state, seven updates trimmed"
+    );
 
     // A running task: trimmed, then appended to and ended as before.
     assert_eq!(
@@ -1559,7 +1565,8 @@ fn a_trimmed_stream_folds_as_before_keeps_its_chain_and_audits_clean() {
     );
     j.append("running", 5, &[update(1, "c"), completed()])
         .unwrap();
-    let mut running = state_but_position(&j, "running");
+    let (mut running, trimmed) = state_but_position(&j, "running");
+    assert_eq!(trimmed, 1);
     assert_eq!(running.updates, running_before.updates + 1);
     running.updates = running_before.updates;
     assert_eq!(running.status, dtask_replay::Status::Completed);
@@ -1581,7 +1588,11 @@ fn a_trimmed_stream_folds_as_before_keeps_its_chain_and_audits_clean() {
         j.trim_progress("long", 0, Timestamp(53)).unwrap().records,
         2
     );
-    assert_eq!(state_but_position(&j, "long"), before);
+    assert_eq!(
+        state_but_position(&j, "long"),
+        (before, 9),
+        "every update trimmed"
+    );
     j.purge(&["long"], Timestamp(54)).unwrap();
     // Compacted: no record a trim replaced comes back (each key keeps one put at a time
     // for the single deletions of moves and purges).

@@ -476,6 +476,7 @@ pub fn state_json(s: &TaskState, show: Show) -> Value {
         "attempt": s.attempt,
         "records": s.position,
         "updates": s.updates,
+        "trimmed_updates": s.trimmed,
         "checkpoint": show.json(&s.checkpoint),
         "result_data": show.json(&s.result_data),
         "result_error": s.result_error,
@@ -528,7 +529,11 @@ pub fn state_text(s: &TaskState, show: Show) -> String {
             s.version,
             s.attempt,
             fmt::count(s.position, "record"),
-            fmt::count(s.updates, "update")
+            if s.trimmed == 0 {
+                fmt::count(s.updates, "update")
+            } else {
+                format!("{}, {} trimmed", fmt::count(s.updates, "update"), s.trimmed)
+            }
         ),
     );
     kv(

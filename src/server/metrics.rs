@@ -410,9 +410,36 @@ struct Mirrored {
     updates_deduplicated: Counter,
     inputs_deduplicated: Counter,
     version_conflicts: Counter,
+    progress_capped: Counter,
 }
 
 impl Mirrored {
+    /// The mirrored counters, registered.
+    fn register(r: &mut Registry) -> Self {
+        Self {
+            updates_deduplicated: counter(
+                r,
+                "updates_deduplicated",
+                "Progress updates answered from the journal (event id seen before) by this server's store",
+            ),
+            inputs_deduplicated: counter(
+                r,
+                "inputs_deduplicated",
+                "Inputs answered from the journal (event id seen before) by this server's store",
+            ),
+            version_conflicts: counter(
+                r,
+                "version_conflicts",
+                "Appends of this server's store that lost a race for their stream's position",
+            ),
+            progress_capped: counter(
+                r,
+                "progress_capped",
+                "Running tasks' progress trimmed by this server's store for going over its progress cap",
+            ),
+        }
+    }
+
     fn raise(counter: &Counter, to: u64) {
         let now = counter.get();
         if to > now {
@@ -586,23 +613,7 @@ impl Metrics {
             "Audits run through the API, by result",
             Family::<ResultLabel, Counter>::default(),
         );
-        let mirrored = Mirrored {
-            updates_deduplicated: counter(
-                r,
-                "updates_deduplicated",
-                "Progress updates answered from the journal (event id seen before) by this server's store",
-            ),
-            inputs_deduplicated: counter(
-                r,
-                "inputs_deduplicated",
-                "Inputs answered from the journal (event id seen before) by this server's store",
-            ),
-            version_conflicts: counter(
-                r,
-                "version_conflicts",
-                "Appends of this server's store that lost a race for their stream's position",
-            ),
-        };
+        let mirrored = Mirrored::register(r);
         let journal = JournalGauges::register(r);
         let write = WriteMetrics::register(r);
         let storage = StorageGauges::register(r);
@@ -655,6 +666,7 @@ impl Metrics {
             Mirrored::raise(&mirrored.updates_deduplicated, store.updates_deduplicated);
             Mirrored::raise(&mirrored.inputs_deduplicated, store.inputs_deduplicated);
             Mirrored::raise(&mirrored.version_conflicts, store.version_conflicts);
+            Mirrored::raise(&mirrored.progress_capped, store.progress_capped);
         }
         if let Some(backlog) = scrape.outbox {
             self.journal.outbox.set(int(backlog));

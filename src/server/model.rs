@@ -148,6 +148,8 @@ pub struct TaskStateView {
     pub records: u64,
     /// Progress updates recorded.
     pub updates: u64,
+    /// How many of them were trimmed (their bytes dropped, their records kept).
+    pub trimmed_updates: u64,
     /// The latest checkpoint.
     pub checkpoint: Bytes,
     /// The result data (completed tasks).
@@ -216,6 +218,7 @@ impl TaskStateView {
             attempt: s.attempt,
             records: s.position,
             updates: s.updates,
+            trimmed_updates: s.trimmed,
             checkpoint: b(&s.checkpoint),
             result_data: b(&s.result_data),
             result_error: s.result_error.clone(),

@@ -393,6 +393,7 @@ mod tests {
             lease_deadline: None,
             position: 0,
             updates: 0,
+            trimmed: 0,
             publication: dtask_journal::Publication::OnCreate,
             parent_task_id: String::new(),
             root_session_id: String::new(),

@@ -42,6 +42,13 @@ pub struct StoreConfig {
     /// task whose attempts keep taking their workers down is tried again ever more slowly
     /// instead of at once. Default: `None` (claimable at once, the reference's behaviour).
     pub recovery_backoff: Option<(Duration, Duration)>,
+    /// A cap on a running task's whole progress updates, `(over, keep)`: the update that
+    /// gives a task more than `over` whole updates (their bytes not trimmed) trims its
+    /// progress to the last `keep` ([`crate::TaskStore::trim_progress`]) before its append
+    /// returns — so a tool that runs for hours reporting progress keeps a bounded stream's
+    /// worth of bytes, every record and the hash chain kept. Agent runs are never trimmed,
+    /// nor a task under a hold. Default: `None` (no cap, the reference's behaviour).
+    pub progress_cap: Option<(u64, u64)>,
 }
 
 impl Default for StoreConfig {
@@ -58,6 +65,7 @@ impl Default for StoreConfig {
             terminal_cache: 4096,
             expiry_grace: Duration::ZERO,
             recovery_backoff: None,
+            progress_cap: None,
         }
     }
 }
@@ -92,6 +100,15 @@ impl StoreConfig {
         self
     }
 
+    /// Sets [`StoreConfig::progress_cap`]: a running task with more than `over` whole
+    /// updates is trimmed to its last `keep` (`keep` below `over`: at most `over - 1`).
+    #[must_use]
+    pub fn with_progress_cap(mut self, over: u64, keep: u64) -> Self {
+        let over = over.max(1);
+        self.progress_cap = Some((over, keep.min(over - 1)));
+        self
+    }
+
     /// Sets [`StoreConfig::terminal_cache`].
     #[must_use]
     pub fn with_terminal_cache(mut self, tasks: usize) -> Self {
@@ -110,6 +127,16 @@ impl StoreConfig {
                 .unwrap_or(usize::MAX)
                 .min(self.max_page)
         }
+    }
+
+    /// The number of whole updates a trim of a task in `state` keeps, when the progress
+    /// cap is set and the task is over it (and may be trimmed: no agent run, no hold).
+    pub(crate) fn capped(&self, state: &dtask_replay::TaskState) -> Option<u64> {
+        let (over, keep) = self.progress_cap?;
+        (crate::store::retention::whole_updates(state) > over
+            && state.hold.is_none()
+            && crate::store::progress_trimmable(state))
+        .then_some(keep)
     }
 
     pub(crate) fn lease_millis(&self) -> u64 {

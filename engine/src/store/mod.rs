@@ -29,7 +29,9 @@ pub use request::{
     application_notification_id, application_notification_source, AdvanceCursor, CreateRequest,
     ExecutionContext, InputRequest, NotificationRequest, UpdateRequest,
 };
-pub use retention::{progress_trimmable, trim_due, RetentionStep, TrimStep, MAX_PURGE_TREE};
+pub use retention::{
+    progress_trimmable, trim_due, whole_updates, RetentionStep, TrimStep, MAX_PURGE_TREE,
+};
 pub use updates::{UpdatePage, UpdateRecord};
 
 use crate::clock::Clock;
@@ -148,6 +150,7 @@ struct Counters {
     updates_deduplicated: AtomicU64,
     inputs_deduplicated: AtomicU64,
     version_conflicts: AtomicU64,
+    progress_capped: AtomicU64,
 }
 
 /// What a store did without appending anything, since it was opened: what its metrics need
@@ -162,6 +165,9 @@ pub struct StoreCounts {
     pub inputs_deduplicated: u64,
     /// Appends that lost a race for a stream's position (the task was refolded).
     pub version_conflicts: u64,
+    /// Trims of running tasks' progress made by the progress cap
+    /// ([`StoreConfig::progress_cap`]).
+    pub progress_capped: u64,
 }
 
 /// Derives the `live` index from the streams: folds every task of the journal and hands the
@@ -543,6 +549,7 @@ impl TaskStore {
             updates_deduplicated: c.updates_deduplicated.load(Ordering::Relaxed),
             inputs_deduplicated: c.inputs_deduplicated.load(Ordering::Relaxed),
             version_conflicts: c.version_conflicts.load(Ordering::Relaxed),
+            progress_capped: c.progress_capped.load(Ordering::Relaxed),
         }
     }
 
@@ -557,6 +564,13 @@ impl TaskStore {
         self.inner
             .counters
             .updates_deduplicated
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_progress_capped(&self) {
+        self.inner
+            .counters
+            .progress_capped
             .fetch_add(1, Ordering::Relaxed);
     }
 

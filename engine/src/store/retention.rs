@@ -383,13 +383,22 @@ pub fn progress_trimmable(state: &dtask_replay::TaskState) -> bool {
 /// Whether a sweep trimming finished tasks' progress to their last `keep` updates takes a
 /// task in `state` ([`TaskStore::trim_finished`], `dtask trim --finished-before`): one that
 /// ended before `before`, whose progress may be trimmed ([`progress_trimmable`]) and that
-/// has more updates than it keeps.
+/// has more whole updates (not trimmed before) than it keeps — so a sweep passes over a task
+/// it trimmed before without reading its stream again.
 #[must_use]
 pub fn trim_due(state: &dtask_replay::TaskState, before: Timestamp, keep: u64) -> bool {
     state.status.is_terminal()
         && state.done_at.unwrap_or(state.updated_at) < before
-        && state.updates > keep
+        && whole_updates(state) > keep
         && progress_trimmable(state)
+}
+
+/// A task's progress updates whose bytes were not trimmed: a trim to the last `keep`
+/// updates has nothing to do unless there are more than `keep` of them (trimmed updates
+/// are always the oldest).
+#[must_use]
+pub fn whole_updates(state: &dtask_replay::TaskState) -> u64 {
+    state.updates.saturating_sub(state.trimmed)
 }
 
 impl TaskStore {
@@ -423,10 +432,17 @@ impl TaskStore {
                     ),
                 ));
             }
-            let trimmed = self
-                .journal()
-                .trim_progress_async(id, keep, self.now())
-                .await;
+            // With no hold standing as far as this store folded the stream, the trim reads
+            // only the stream's untrimmed tail (and checks what came after for a hold).
+            let trimmed = if task.state.hold.is_none() {
+                self.journal()
+                    .trim_recent_progress_async(id, keep, self.now(), task.state.position)
+                    .await
+            } else {
+                self.journal()
+                    .trim_progress_async(id, keep, self.now())
+                    .await
+            };
             match trimmed {
                 Ok(trimmed) => {
                     if let Some((position, marker)) = &trimmed.marker {

@@ -189,9 +189,31 @@ impl TaskStore {
             Keyed::New(event) => {
                 self.commit(&slot, &mut task, std::slice::from_ref(&event))
                     .await?;
+                let capped = config.capped(&task.state);
+                drop(task);
+                if let Some(keep) = capped {
+                    self.cap_progress(id, keep).await;
+                }
                 UpdateRecord::from_event(id, position, event)
                     .map(|u| (u, true))
                     .ok_or_else(|| StoreError::update_not_found(id, position))
+            }
+        }
+    }
+
+    /// Trims the progress of task `id`, over the store's progress cap, to its last `keep`
+    /// updates ([`StoreConfig::progress_cap`](super::StoreConfig::progress_cap)). The update
+    /// that went over the cap is durable whatever the trim does: a trim refused or failed is
+    /// logged, and the next update over the cap tries again.
+    async fn cap_progress(&self, id: &str, keep: u64) {
+        match self.trim_progress(id, keep).await {
+            Ok(trimmed) => {
+                if trimmed.records > 0 {
+                    self.count_progress_capped();
+                }
+            }
+            Err(error) => {
+                tracing::warn!(task = %id, %error, "progress over the cap not trimmed");
             }
         }
     }

@@ -7,7 +7,8 @@
 //! and `update` (by the output materializer, which only ever sees persisted updates). The
 //! checker then proves that each of them is in the journal. Now and then the workload purges
 //! a task of its run that ended: its records go, its tombstone stays; and trims a task's
-//! progress (`trimmed`), running or ended, to its last update.
+//! progress (`trimmed`), running or ended, to its last update. The store caps running tasks'
+//! progress too ([`PROGRESS_CAP`]): a long tick task is trimmed by its own updates as it runs.
 
 use super::rng::Rng;
 use super::Layout;
@@ -286,6 +287,10 @@ fn tick_arguments(arguments: &str) -> std::result::Result<u64, ToolFailure> {
         .ok_or_else(|| "\"ticks\" must be a number from 1 to 100".into())
 }
 
+/// The store's progress cap in every run, `(over, keep)`: the longer tick tasks are trimmed
+/// while they run, by the update that takes them over it.
+const PROGRESS_CAP: (u64, u64) = (8, 3);
+
 /// How long a tick takes.
 const TICK_EVERY: Duration = Duration::from_millis(25);
 
@@ -405,7 +410,11 @@ fn call(rng: &mut Rng, token: &str, layout: &Layout, shell_command: &str) -> Too
         }
         5..=6 => (
             TICK,
-            serde_json::json!({ "ticks": rng.range(1, 6), "token": token }),
+            // One in four ticks long enough to go over the progress cap (more than 8).
+            serde_json::json!({
+                "ticks": if rng.chance(25) { rng.range(12, 24) } else { rng.range(1, 6) },
+                "token": token
+            }),
         ),
         7..=8 => (
             POLL,
@@ -457,7 +466,10 @@ async fn workload(args: &Args) -> Result<i32> {
     let store = TaskStore::open(
         journal,
         SystemClock,
-        StoreConfig::default().with_lease_duration(lease),
+        // A tick task past 8 whole updates is trimmed to its last 3 as it runs.
+        StoreConfig::default()
+            .with_lease_duration(lease)
+            .with_progress_cap(PROGRESS_CAP.0, PROGRESS_CAP.1),
     )?;
     let tools = tools(&layout, &acks)?;
     let mut runtime = ExecutorRegistry::new();

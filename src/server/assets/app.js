@@ -214,7 +214,7 @@ function stateList(s) {
   const bytes = (b) => (b ? (b.text !== undefined ? `${b.text}${b.truncated ? "…" : ""} (${b.size} B)` : `${b.size} B`) : "-");
   const pairs = [
     ["status", statusBadge(s.status)], ["version", s.version], ["attempt", s.attempt], ["records", s.records],
-    ["updates", s.updates], ["executor", s.executor_key], ["tool", s.tool || "-"], ["kind", s.kind || "-"],
+    ["updates", s.trimmed_updates ? `${s.updates} (${s.trimmed_updates} trimmed)` : s.updates], ["executor", s.executor_key], ["tool", s.tool || "-"], ["kind", s.kind || "-"],
     ["policy", s.policy], ["description", s.description || "-"], ["payload", bytes(s.payload)],
     ["checkpoint", bytes(s.checkpoint)], ["created", time(s.created_at)], ["updated", time(s.updated_at)],
     ["done", time(s.done_at)], ["lease until", time(s.lease_deadline)],
