@@ -17,6 +17,10 @@ pub struct Args {
     /// Show checkpoints, data and payloads themselves, not only their sizes.
     #[arg(long)]
     bytes: bool,
+    /// Show the latest N entries of the updates table (0: all): the earlier ones are
+    /// counted, not listed (`dtask events` pages every record).
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    updates: usize,
 }
 
 /// The most characters of a text value shown without `--bytes`.
@@ -111,6 +115,10 @@ pub struct Timeline {
     checkpoints: Vec<Entry>,
     waits: Vec<Entry>,
     updates: Vec<Entry>,
+    /// How many of the latest updates to keep (0: all).
+    keep_updates: usize,
+    /// Updates dropped from the front of `updates` so far.
+    updates_dropped: u64,
     notifications: Vec<Entry>,
     inputs: Vec<Entry>,
     children: Vec<Entry>,
@@ -119,6 +127,35 @@ pub struct Timeline {
 }
 
 impl Timeline {
+    /// A timeline that keeps only the latest `n` entries of its updates (0: all of them), so
+    /// that a task with millions of updates is shown in bounded memory.
+    pub fn keeping_updates(n: usize) -> Self {
+        Self {
+            keep_updates: n,
+            ..Self::default()
+        }
+    }
+
+    /// Adds an entry of the updates table, dropping the oldest ones once there are twice as
+    /// many as are kept.
+    fn push_update(&mut self, entry: Entry) {
+        self.updates.push(entry);
+        if self.keep_updates > 0 && self.updates.len() >= 2 * self.keep_updates {
+            let drop = self.updates.len() - self.keep_updates;
+            self.updates.drain(..drop);
+            self.updates_dropped += drop as u64;
+        }
+    }
+
+    /// The updates shown (the latest kept) and how many earlier ones are left out.
+    fn shown_updates(&self) -> (&[Entry], u64) {
+        let extra = match self.keep_updates {
+            0 => 0,
+            keep => self.updates.len().saturating_sub(keep),
+        };
+        (&self.updates[extra..], self.updates_dropped + extra as u64)
+    }
+
     /// Counts an update of `attempt` (its latest attempt of that number).
     fn count_update(&mut self, attempt: u64) {
         if let Some(a) = self.attempts.iter_mut().rev().find(|a| a.number == attempt) {
@@ -265,7 +302,7 @@ impl Timeline {
                 self.count_update(*attempt);
                 let (n, j, t) = bytes("data", data);
                 let meta: Vec<String> = metadata.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                self.updates.push(
+                self.push_update(
                     Entry::new(record, "update_appended")
                         .field("attempt", (*attempt).into(), attempt.to_string())
                         .field("event_id", event_id.clone().into(), event_id.clone())
@@ -382,7 +419,7 @@ impl Timeline {
             } => {
                 self.count_update(*attempt);
                 let (n, j, t) = bytes("data", data);
-                self.updates.push(
+                self.push_update(
                     Entry::new(record, "part_appended")
                         .field("attempt", (*attempt).into(), attempt.to_string())
                         .field("event_id", event_id.clone().into(), event_id.clone())
@@ -401,7 +438,7 @@ impl Timeline {
                 ..
             } => {
                 self.count_update(*attempt);
-                self.updates.push(
+                self.push_update(
                     Entry::new(record, "update_trimmed")
                         .field("attempt", (*attempt).into(), attempt.to_string())
                         .field("event_id", event_id.clone().into(), event_id.clone())
@@ -410,7 +447,7 @@ impl Timeline {
                         .field("bytes", (*bytes).into(), format!("{bytes} B trimmed")),
                 );
             }
-            Event::ProgressTrimmed { records, bytes, .. } => self.updates.push(
+            Event::ProgressTrimmed { records, bytes, .. } => self.push_update(
                 Entry::new(record, "progress_trimmed")
                     .field("records", (*records).into(), records.to_string())
                     .field("bytes", (*bytes).into(), fmt::size(*bytes)),
@@ -716,7 +753,18 @@ pub fn timeline_text(t: &Timeline) -> String {
     }
     entries_table("checkpoints", &t.checkpoints, &mut out);
     entries_table("waits and answers", &t.waits, &mut out);
-    entries_table("updates", &t.updates, &mut out);
+    let (updates, left_out) = t.shown_updates();
+    let title = if left_out == 0 {
+        "updates".to_owned()
+    } else {
+        format!(
+            "updates (the latest {}; {} before them left out: --updates 0 shows all, \
+             `dtask events` pages the records)",
+            updates.len(),
+            left_out
+        )
+    };
+    entries_table(&title, updates, &mut out);
     entries_table("notifications", &t.notifications, &mut out);
     entries_table("mailbox", &t.inputs, &mut out);
     entries_table("children", &t.children, &mut out);
@@ -749,11 +797,13 @@ pub fn timeline_json(t: &Timeline) -> Value {
         })
         .collect();
     let list = |entries: &[Entry]| entries.iter().map(Entry::json).collect::<Vec<_>>();
+    let (updates, left_out) = t.shown_updates();
     json!({
         "attempts": attempts,
         "checkpoints": list(&t.checkpoints),
         "waits": list(&t.waits),
-        "updates": list(&t.updates),
+        "updates": list(updates),
+        "updates_left_out": left_out,
         "notifications": list(&t.notifications),
         "inputs": list(&t.inputs),
         "children": list(&t.children),
@@ -767,7 +817,7 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
     let journal = global.open()?;
     require_task(&journal, &args.task)?;
     let show = Show { bytes: args.bytes };
-    let mut timeline = Timeline::default();
+    let mut timeline = Timeline::keeping_updates(args.updates);
     let mut agent = Collector::default();
     let folded = fold_task(&journal, &args.task, |r| {
         timeline.add(r, show);
