@@ -1,35 +1,55 @@
-//! [`IdIndex`]: event ids → stream positions, compact for the few ids most tasks have.
+//! [`IdIndex`]: event ids → stream positions, compact for the few ids most tasks have and for
+//! the many a long-running tool's updates give one task.
 
-use std::collections::HashMap;
+use hashbrown::HashTable;
+use std::hash::{BuildHasher, RandomState};
 
-/// Ids held inline (in one buffer) before the index becomes a hash map.
+/// Ids held inline (looked up by a scan) before the index moves them to a [`Table`].
 const INLINE_MAX: u32 = 32;
 
 /// How many ids of the first one's length an index makes room for at its first insert.
 const FIRST_ROOM: usize = 4;
 
-/// The words of an inline entry before its id's bytes: its position and the id's length.
+/// The words of an entry before its id's bytes: its position and the id's length.
 const HEADER_WORDS: usize = 2;
 
 /// A map from event ids (update, notification and outbox ids) to the position of the record
 /// that recorded them.
 ///
-/// Every live task holds three of these in memory, and most hold a handful of ids, or none:
-/// up to 32 ids are kept in **one** buffer of words, entry after entry — the position, the
-/// id's length, then the id's bytes in whole words — and looked up by a linear scan (one
-/// allocation for the lot, no per-id string, and an empty index takes five words); beyond
-/// that, a hash map. Equality is map equality (insertion order does not matter).
+/// Every live task holds three of these in memory, and most hold a handful of ids, or none;
+/// a long-running tool's task may hold hundreds of thousands (one per progress update,
+/// kept for the deduplication for as long as the task can run). Up to 32 ids are kept in
+/// **one** buffer of words, entry after entry — the position, the id's length, then the id's
+/// bytes in whole words — and looked up by a linear scan (one allocation for the lot, and an
+/// empty index takes five words). Beyond that, in a table: the ids' bytes back to back in
+/// one buffer, each after its length, and a hash table of (offset, position) slots — still no
+/// allocation per id. Equality is map equality (insertion order does not matter).
 #[derive(Clone, Default)]
 pub struct IdIndex {
     /// The inline entries, back to back: `[position, length, bytes…]`, the bytes in
-    /// native byte order so that the words read back as the id ([`id_bytes`]).
+    /// native byte order so that the words read back as the id ([`id_bytes`]). Empty once
+    /// the ids are in a table.
     words: Vec<u64>,
-    /// How many entries `words` holds.
+    /// How many ids the index holds.
     count: u32,
     /// The ids once there are more than [`INLINE_MAX`] (boxed: most tasks never need it,
-    /// and an empty `Option<Box<_>>` takes one word where a map takes six).
-    #[allow(clippy::box_collection, reason = "keeps the common, small index small")]
-    map: Option<Box<HashMap<Box<str>, u64>>>,
+    /// and an empty `Option<Box<_>>` takes one word).
+    table: Option<Box<Table>>,
+}
+
+/// The ids of an index that holds many: their bytes in one buffer, found through a hash
+/// table of where each starts and its position.
+#[derive(Clone)]
+struct Table {
+    /// Each id's length (LEB128), then its bytes, back to back; a removed id's bytes stay
+    /// until they make half the buffer.
+    bytes: Vec<u8>,
+    /// (Where the id starts in `bytes`, its position), hashed by the id.
+    slots: HashTable<(usize, u64)>,
+    /// The hash of ids (randomly keyed: ids come from tools).
+    hasher: RandomState,
+    /// Bytes of removed ids not yet dropped from `bytes`.
+    dead: usize,
 }
 
 /// One inline entry, as [`IdIndex::entries`] finds it.
@@ -44,6 +64,16 @@ struct Entry<'a> {
     position: &'a u64,
 }
 
+impl<'a> Entry<'a> {
+    /// The entry's id and position (only whole `&str`s are stored).
+    fn pair(self) -> (&'a str, u64) {
+        (
+            std::str::from_utf8(self.id).unwrap_or_default(),
+            *self.position,
+        )
+    }
+}
+
 /// How many words hold `len` bytes.
 const fn words_for(len: usize) -> usize {
     len.div_ceil(8)
@@ -56,6 +86,103 @@ fn id_bytes(words: &[u64], len: usize) -> &[u8] {
         .unwrap_or_default()
 }
 
+impl Table {
+    /// An empty table with room for `ids` ids of about `len` bytes.
+    fn with_room(ids: usize, len: usize) -> Self {
+        Self {
+            bytes: Vec::with_capacity(ids * (len + 1)),
+            slots: HashTable::with_capacity(ids),
+            hasher: RandomState::new(),
+            dead: 0,
+        }
+    }
+
+    /// The id whose length starts at `at` in `bytes`, and where it ends.
+    #[inline]
+    fn id_at(bytes: &[u8], at: usize) -> (&[u8], usize) {
+        // Most ids are shorter than 128 bytes: one byte of length.
+        if let Some(&len) = bytes.get(at).filter(|&&len| len < 0x80) {
+            let end = (at + 1 + usize::from(len)).min(bytes.len());
+            return (&bytes[(at + 1).min(end)..end], end);
+        }
+        let (mut len, mut shift, mut i) = (0usize, 0u32, at);
+        while let Some(&byte) = bytes.get(i) {
+            i += 1;
+            len |= usize::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                break;
+            }
+            shift += 7;
+        }
+        let end = (i + len).min(bytes.len());
+        (&bytes[i.min(end)..end], end)
+    }
+
+    /// The slot of `id`.
+    fn find(&self, id: &[u8]) -> Option<&(usize, u64)> {
+        let hash = self.hasher.hash_one(id);
+        self.slots
+            .find(hash, |&(at, _)| same_id(Self::id_at(&self.bytes, at).0, id))
+    }
+
+    /// Records `id`, which the table does not hold, at `position`.
+    fn add(&mut self, id: &[u8], position: u64) {
+        let at = self.bytes.len();
+        let mut len = id.len();
+        loop {
+            let low = u8::try_from(len & 0x7f).unwrap_or_default();
+            len >>= 7;
+            if len == 0 {
+                self.bytes.push(low);
+                break;
+            }
+            self.bytes.push(low | 0x80);
+        }
+        self.bytes.extend_from_slice(id);
+        let (hasher, bytes) = (&self.hasher, &self.bytes);
+        self.slots
+            .insert_unique(hasher.hash_one(id), (at, position), |&(at, _)| {
+                hasher.hash_one(Self::id_at(bytes, at).0)
+            });
+    }
+
+    /// Forgets `id`; returns its position.
+    fn remove(&mut self, id: &[u8]) -> Option<u64> {
+        let hash = self.hasher.hash_one(id);
+        let bytes = &self.bytes;
+        let slot = self
+            .slots
+            .find_entry(hash, |&(at, _)| same_id(Self::id_at(bytes, at).0, id))
+            .ok()?;
+        let ((at, position), _) = slot.remove();
+        self.dead += Self::id_at(&self.bytes, at).1 - at;
+        if self.dead * 2 > self.bytes.len() {
+            self.compact();
+        }
+        Some(position)
+    }
+
+    /// Every id with its position.
+    fn iter(&self) -> impl Iterator<Item = (&[u8], u64)> {
+        self.slots
+            .iter()
+            .map(|&(at, position)| (Self::id_at(&self.bytes, at).0, position))
+    }
+
+    /// Drops the bytes of removed ids: the live ones recorded again, in the order they were
+    /// recorded.
+    fn compact(&mut self) {
+        let mut live: Vec<(usize, u64)> = self.slots.iter().copied().collect();
+        live.sort_unstable();
+        let mut table = Self::with_room(live.len(), 0);
+        table.hasher = self.hasher.clone();
+        for (at, position) in live {
+            table.add(Self::id_at(&self.bytes, at).0, position);
+        }
+        *self = table;
+    }
+}
+
 impl IdIndex {
     /// An empty index.
     #[must_use]
@@ -63,16 +190,16 @@ impl IdIndex {
         Self {
             words: Vec::new(),
             count: 0,
-            map: None,
+            table: None,
         }
     }
 
     /// The number of ids.
     #[must_use]
     pub fn len(&self) -> usize {
-        self.map
+        self.table
             .as_ref()
-            .map_or(self.count as usize, |map| map.len())
+            .map_or(self.count as usize, |table| table.slots.len())
     }
 
     /// Whether the index is empty.
@@ -109,23 +236,22 @@ impl IdIndex {
 
     /// Every id with its position (inline ids in insertion order, then in no order).
     pub fn iter(&self) -> Box<dyn Iterator<Item = (&str, u64)> + '_> {
-        match &self.map {
-            Some(map) => Box::new(map.iter().map(|(id, position)| (&**id, *position))),
-            None => Box::new(self.entries().map(|entry| {
-                // Only whole `&str`s are stored.
-                (
-                    std::str::from_utf8(entry.id).unwrap_or_default(),
-                    *entry.position,
-                )
-            })),
+        match &self.table {
+            // Only whole `&str`s are stored.
+            Some(table) => Box::new(
+                table
+                    .iter()
+                    .map(|(id, position)| (std::str::from_utf8(id).unwrap_or_default(), position)),
+            ),
+            None => Box::new(self.entries().map(Entry::pair)),
         }
     }
 
     /// The position recorded for `id`.
     #[must_use]
     pub fn get(&self, id: &str) -> Option<&u64> {
-        match &self.map {
-            Some(map) => map.get(id),
+        match &self.table {
+            Some(table) => table.find(id.as_bytes()).map(|(_, position)| position),
             None => self.find(id).map(|entry| entry.position),
         }
     }
@@ -138,10 +264,6 @@ impl IdIndex {
 
     /// Records `id` at `position` (replacing an earlier position of the same id).
     pub fn insert(&mut self, id: &str, position: u64) {
-        if let Some(map) = &mut self.map {
-            map.insert(id.into(), position);
-            return;
-        }
         // A replaced id goes to the end, after the others.
         self.remove(id);
         self.insert_new(id, position);
@@ -152,8 +274,8 @@ impl IdIndex {
     /// entry to replace.
     pub fn insert_new(&mut self, id: &str, position: u64) {
         debug_assert!(!self.contains_key(id), "{id:?} is already recorded");
-        if let Some(map) = &mut self.map {
-            map.insert(id.into(), position);
+        if let Some(table) = &mut self.table {
+            table.add(id.as_bytes(), position);
             return;
         }
         if self.count >= INLINE_MAX {
@@ -176,22 +298,22 @@ impl IdIndex {
         self.count += 1;
     }
 
-    /// Moves the inline ids, and `id`, to a hash map.
+    /// Moves the inline ids, and `id`, to a table.
     fn spill(&mut self, id: &str, position: u64) {
-        let mut map: HashMap<Box<str>, u64> = self
-            .iter()
-            .map(|(id, position)| (id.into(), position))
-            .collect();
-        map.insert(id.into(), position);
-        self.map = Some(Box::new(map));
+        let mut table = Table::with_room(2 * INLINE_MAX as usize, id.len());
+        for entry in self.entries() {
+            table.add(entry.id, *entry.position);
+        }
+        table.add(id.as_bytes(), position);
+        self.table = Some(Box::new(table));
         self.words = Vec::new();
         self.count = 0;
     }
 
     /// Forgets `id`; returns its position.
     pub fn remove(&mut self, id: &str) -> Option<u64> {
-        if let Some(map) = &mut self.map {
-            return map.remove(id);
+        if let Some(table) = &mut self.table {
+            return table.remove(id.as_bytes());
         }
         let (start, end, position) = self
             .find(id)
@@ -238,6 +360,7 @@ fn same_id(a: &[u8], b: &[u8]) -> bool {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use std::collections::HashMap;
 
     proptest! {
         #[test]
@@ -246,8 +369,13 @@ mod tests {
             let mut model: HashMap<String, u64> = HashMap::new();
             for (op, id, position) in ops {
                 // Ids of every length around the 8-byte words they are stored in, with
-                // multi-byte characters among them.
-                let id = format!("{}{id}", "ab€".repeat(usize::from(id % 9)));
+                // multi-byte characters among them, and some of more than 127 bytes (two
+                // bytes of length in a table).
+                let repeat = match id % 9 {
+                    8 => 30 + usize::from(id % 5),
+                    n => usize::from(n),
+                };
+                let id = format!("{}{id}", "ab€".repeat(repeat));
                 match op {
                     0 | 1 => {
                         index.insert(&id, position);
@@ -298,5 +426,40 @@ mod tests {
         assert!(!index.contains_key("abcdefgh"));
         assert!(!index.contains_key("step-1"));
         assert_eq!(index.len(), ids.len() - 1);
+    }
+
+    #[test]
+    fn many_ids_removed_and_recorded_again_stay_whole_through_compactions() {
+        let mut index = IdIndex::new();
+        let mut model: HashMap<String, u64> = HashMap::new();
+        for n in 0..10_000u64 {
+            let id = format!("line-{n}");
+            index.insert_new(&id, n);
+            model.insert(id, n);
+        }
+        // Remove three in four (the words compact as holes pass half of them), then record
+        // some of them again at new positions.
+        for n in (0..10_000u64).filter(|n| n % 4 != 0) {
+            let id = format!("line-{n}");
+            assert_eq!(index.remove(&id), model.remove(&id));
+        }
+        assert!(
+            index.words.len() < 10_000 * 4,
+            "compacted: {}",
+            index.words.len()
+        );
+        for n in (0..10_000u64).filter(|n| n % 8 == 1) {
+            let id = format!("line-{n}");
+            index.insert(&id, n + 100_000);
+            model.insert(id, n + 100_000);
+        }
+        assert_eq!(index.len(), model.len());
+        for (id, position) in &model {
+            assert_eq!(index.get(id), Some(position), "{id}");
+        }
+        assert!(!index.contains_key("line-3"));
+        let listed: HashMap<String, u64> = index.iter().map(|(id, p)| (id.to_owned(), p)).collect();
+        assert_eq!(listed, model);
+        assert_eq!(index.clone(), index);
     }
 }

@@ -41,12 +41,23 @@ pub struct Args {
     compact: bool,
 }
 
-/// The bytes of the files under `dir` (the journal's directory), if it can be read.
+/// The bytes of the files under `dir` (the journal's directory), if it can be read. A file
+/// that goes while it is listed — RocksDB deletes the files a compaction made obsolete as
+/// it likes — is not counted, rather than making the whole size unknown.
 fn dir_bytes(dir: &std::path::Path) -> Option<u64> {
+    let gone = |e: &std::io::Error| e.kind() == std::io::ErrorKind::NotFound;
     let mut total = 0;
     for entry in std::fs::read_dir(dir).ok()? {
-        let entry = entry.ok()?;
-        let meta = entry.metadata().ok()?;
+        let entry = match entry {
+            Ok(entry) => entry,
+            Err(e) if gone(&e) => continue,
+            Err(_) => return None,
+        };
+        let meta = match entry.metadata() {
+            Ok(meta) => meta,
+            Err(e) if gone(&e) => continue,
+            Err(_) => return None,
+        };
         total += if meta.is_dir() {
             dir_bytes(&entry.path())?
         } else {
