@@ -992,6 +992,43 @@ async fn the_progress_cap_holds_across_a_reopen_at_every_step() {
     caps_progress(true).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn updates_over_the_cap_at_once_trim_the_task_once_for_each_time_it_goes_over() {
+    let env = Env::with(
+        StoreConfig::default().with_progress_cap(10, 0),
+        dtask_journal::Durability::Buffered,
+    );
+    let store = env.store().clone();
+    running(&store, "t", Retry).await;
+    let calls: Vec<_> = (0..50)
+        .map(|n| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                store
+                    .append_update("t", progress(&format!("e{n}"), "line"))
+                    .await
+                    .unwrap()
+            })
+        })
+        .collect();
+    for call in calls {
+        assert!(call.await.unwrap().1, "each update recorded once");
+    }
+    let state = store.get("t").await.unwrap();
+    assert_eq!(state.updates, 50);
+    assert!(whole_updates(&state) <= 10, "{state:?}");
+    // Each cap trim found more than 10 whole updates and kept none: at most 50 / 11 of
+    // them, however the 50 calls interleaved (a call that asked for a trim its neighbour
+    // had made writes nothing).
+    let trims = store.counts().progress_capped;
+    assert!((1..=4).contains(&trims), "{trims} trims");
+    let markers = stream_types(&store, "t")
+        .into_iter()
+        .filter(|t| *t == EventType::ProgressTrimmed)
+        .count() as u64;
+    assert_eq!(markers, trims);
+}
+
 #[tokio::test]
 async fn the_progress_cap_passes_over_held_tasks_and_agent_runs() {
     let env = Env::with(

@@ -129,14 +129,14 @@ impl StoreConfig {
         }
     }
 
-    /// The number of whole updates a trim of a task in `state` keeps, when the progress
-    /// cap is set and the task is over it (and may be trimmed: no agent run, no hold).
-    pub(crate) fn capped(&self, state: &dtask_replay::TaskState) -> Option<u64> {
+    /// The progress cap `(over, keep)`, when it is set and a task in `state` is over it (and
+    /// may be trimmed: no agent run, no hold).
+    pub(crate) fn capped(&self, state: &dtask_replay::TaskState) -> Option<(u64, u64)> {
         let (over, keep) = self.progress_cap?;
         (crate::store::retention::whole_updates(state) > over
             && state.hold.is_none()
             && crate::store::progress_trimmable(state))
-        .then_some(keep)
+        .then_some((over, keep))
     }
 
     pub(crate) fn lease_millis(&self) -> u64 {

@@ -417,6 +417,18 @@ impl TaskStore {
     /// [`dtask_journal::Error::NotTrimmable`] for a task on hold, or another journal error.
     /// Nothing is written on an error.
     pub async fn trim_progress(&self, id: &str, keep: u64) -> Result<TrimmedStream> {
+        self.trim_progress_over(id, keep, None).await
+    }
+
+    /// [`TaskStore::trim_progress`], made only if the task has more than `over` whole
+    /// updates when its lock is taken (else nothing is read or written: `records` 0) — the
+    /// progress cap's trim, which updates made at once may all ask for.
+    pub(crate) async fn trim_progress_over(
+        &self,
+        id: &str,
+        keep: u64,
+        over: Option<u64>,
+    ) -> Result<TrimmedStream> {
         /// Trims made again after another node appended to the stream, at most.
         const TRIES: usize = 4;
         let slot = self.slot(id)?;
@@ -424,6 +436,15 @@ impl TaskStore {
         loop {
             tries += 1;
             let mut task = self.lock(&slot).await?;
+            if over.is_some_and(|over| whole_updates(&task.state) <= over) {
+                return Ok(TrimmedStream {
+                    task: id.to_owned(),
+                    records: 0,
+                    rewritten: 0,
+                    bytes: 0,
+                    marker: None,
+                });
+            }
             if !progress_trimmable(&task.state) {
                 return Err(StoreError::invalid(
                     "id",

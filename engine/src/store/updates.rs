@@ -191,8 +191,8 @@ impl TaskStore {
                     .await?;
                 let capped = config.capped(&task.state);
                 drop(task);
-                if let Some(keep) = capped {
-                    self.cap_progress(id, keep).await;
+                if let Some((over, keep)) = capped {
+                    self.cap_progress(id, over, keep).await;
                 }
                 UpdateRecord::from_event(id, position, event)
                     .map(|u| (u, true))
@@ -201,12 +201,14 @@ impl TaskStore {
         }
     }
 
-    /// Trims the progress of task `id`, over the store's progress cap, to its last `keep`
-    /// updates ([`StoreConfig::progress_cap`](super::StoreConfig::progress_cap)). The update
-    /// that went over the cap is durable whatever the trim does: a trim refused or failed is
-    /// logged, and the next update over the cap tries again.
-    async fn cap_progress(&self, id: &str, keep: u64) {
-        match self.trim_progress(id, keep).await {
+    /// Trims the progress of task `id`, over the store's progress cap (more than `over`
+    /// whole updates), to its last `keep` updates
+    /// ([`StoreConfig::progress_cap`](super::StoreConfig::progress_cap)) — unless an update
+    /// made at the same time trimmed it first. The update that went over the cap is durable
+    /// whatever the trim does: a trim refused or failed is logged, and the next update over
+    /// the cap tries again.
+    async fn cap_progress(&self, id: &str, over: u64, keep: u64) {
+        match self.trim_progress_over(id, keep, Some(over)).await {
             Ok(trimmed) => {
                 if trimmed.records > 0 {
                     self.count_progress_capped();
