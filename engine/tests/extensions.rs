@@ -1054,6 +1054,20 @@ async fn the_progress_cap_passes_over_held_tasks_and_agent_runs() {
         assert_eq!((state.updates, state.trimmed), (5, 0), "{id}");
     }
     assert_eq!(store.counts().progress_capped, 0);
+    // A cap set by hand whose `keep` is not below `over` does nothing.
+    let mut config = StoreConfig::default();
+    config.progress_cap = Some((2, 5));
+    let other = Env::with(config, dtask_journal::Durability::Buffered);
+    running(other.store(), "t", Retry).await;
+    for n in 0..8 {
+        other
+            .store()
+            .append_update("t", progress(&format!("e{n}"), "line"))
+            .await
+            .unwrap();
+    }
+    let state = other.store().get("t").await.unwrap();
+    assert_eq!((state.updates, state.trimmed), (8, 0));
     // The hold lifted, the next update trims the task to nothing whole.
     store.lift_hold("held").await.unwrap();
     store

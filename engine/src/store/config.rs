@@ -47,7 +47,8 @@ pub struct StoreConfig {
     /// progress to the last `keep` ([`crate::TaskStore::trim_progress`]) before its append
     /// returns — so a tool that runs for hours reporting progress keeps a bounded stream's
     /// worth of bytes, every record and the hash chain kept. Agent runs are never trimmed,
-    /// nor a task under a hold. Default: `None` (no cap, the reference's behaviour).
+    /// nor a task under a hold; a cap whose `keep` is not below `over` does nothing. Default:
+    /// `None` (no cap, the reference's behaviour).
     pub progress_cap: Option<(u64, u64)>,
 }
 
@@ -129,11 +130,13 @@ impl StoreConfig {
         }
     }
 
-    /// The progress cap `(over, keep)`, when it is set and a task in `state` is over it (and
-    /// may be trimmed: no agent run, no hold).
+    /// The progress cap `(over, keep)`, when it is set (with `keep` below `over`: a cap set
+    /// by hand otherwise would trim nothing at every update) and a task in `state` is over it
+    /// (and may be trimmed: no agent run, no hold).
     pub(crate) fn capped(&self, state: &dtask_replay::TaskState) -> Option<(u64, u64)> {
         let (over, keep) = self.progress_cap?;
-        (crate::store::retention::whole_updates(state) > over
+        (keep < over
+            && crate::store::retention::whole_updates(state) > over
             && state.hold.is_none()
             && crate::store::progress_trimmable(state))
         .then_some((over, keep))
