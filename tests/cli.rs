@@ -447,32 +447,8 @@ fn show_matches_its_golden_output() {
 
 #[test]
 fn show_lists_the_latest_updates_and_counts_the_rest() {
-    let dir = tempfile::tempdir().unwrap();
-    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
-    let mut events = vec![
-        Event::created(
-            TaskSpec::new("long", "shell"),
-            LeasePolicy::Retry,
-            Timestamp(1),
-        ),
-        Event::AttemptStarted {
-            attempt: 1,
-            lease_deadline: Timestamp(1 << 40),
-            at: Timestamp(2),
-        },
-    ];
-    for n in 0..250u64 {
-        events.push(Event::UpdateAppended {
-            attempt: 1,
-            event_id: format!("u{n}"),
-            kind: "stdout".into(),
-            data: format!("line {n}").into_bytes(),
-            metadata: vec![],
-            at: Timestamp(3 + n),
-        });
-    }
-    journal.append("long", 0, &events).unwrap();
-    drop(journal);
+    // One task, "t0000", with 250 updates: u2 … u251.
+    let dir = interleaved(1, 252);
     let ids = |shown: &serde_json::Value| -> Vec<String> {
         shown["timeline"]["updates"]
             .as_array()
@@ -482,16 +458,16 @@ fn show_lists_the_latest_updates_and_counts_the_rest() {
             .collect()
     };
     // By default the latest 100, the 150 before them counted.
-    let shown = json(&stdout(dtask(dir.path()).args(["show", "long", "--json"])));
+    let shown = json(&stdout(dtask(dir.path()).args(["show", "t0000", "--json"])));
     let listed = ids(&shown);
     assert_eq!(listed.len(), 100);
-    assert_eq!((listed[0].as_str(), listed[99].as_str()), ("u150", "u249"));
+    assert_eq!((listed[0].as_str(), listed[99].as_str()), ("u152", "u251"));
     assert_eq!(shown["timeline"]["updates_left_out"], 150);
     assert_eq!(shown["state"]["updates"], 250);
     // All of them.
     let all = json(&stdout(dtask(dir.path()).args([
         "show",
-        "long",
+        "t0000",
         "--json",
         "--updates",
         "0",
@@ -499,13 +475,13 @@ fn show_lists_the_latest_updates_and_counts_the_rest() {
     assert_eq!(ids(&all).len(), 250);
     assert_eq!(all["timeline"]["updates_left_out"], 0);
     // Three, in text: the table's title counts the rest.
-    let text = stdout(dtask(dir.path()).args(["show", "long", "--updates", "3"]));
+    let text = stdout(dtask(dir.path()).args(["show", "t0000", "--updates", "3"]));
     assert!(
         text.contains("updates (the latest 3; 247 before them left out"),
         "{text}"
     );
-    assert!(text.contains("u247") && text.contains("u249"), "{text}");
-    assert!(!text.contains("u246"), "{text}");
+    assert!(text.contains("u249") && text.contains("u251"), "{text}");
+    assert!(!text.contains("u248"), "{text}");
 }
 
 #[test]
