@@ -349,13 +349,13 @@ impl Journal {
         let (base, stream, on_hold) = match unheld_at {
             None => {
                 let stream = self.read_raw(task)?;
-                let on_hold = hold_after(stream.iter(), false);
+                let on_hold = hold_after(stream.iter());
                 (0, stream, on_hold)
             }
             Some(unheld_at) => {
                 let (base, stream) = self.read_untrimmed_tail(task, unheld_at)?;
                 let skip = usize::try_from(unheld_at.saturating_sub(base)).unwrap_or(usize::MAX);
-                let on_hold = hold_after(stream.iter().skip(skip), false);
+                let on_hold = hold_after(stream.iter().skip(skip));
                 (base, stream, on_hold)
             }
         };
@@ -412,9 +412,9 @@ impl Journal {
     }
 }
 
-/// Whether a hold stands after `records`, given whether one stood before them.
-fn hold_after<'a>(records: impl Iterator<Item = &'a Read>, before: bool) -> bool {
-    records.fold(before, |on_hold, read| match read.event {
+/// Whether a hold stands after `records`, none standing before them.
+fn hold_after<'a>(records: impl Iterator<Item = &'a Read>) -> bool {
+    records.fold(false, |on_hold, read| match read.event {
         Event::Hold { .. } => true,
         Event::HoldLifted { .. } => false,
         _ => on_hold,
