@@ -2292,3 +2292,109 @@ fn a_trimmed_journal_moves_to_postgres_and_back_bit_exact_and_trims_there() {
         "{verified}"
     );
 }
+
+#[test]
+fn probe_tells_what_a_synced_record_survives_where_a_journal_lies() {
+    let work = tempfile::tempdir().unwrap();
+    // A journal not created yet is probed where it would be, and not created.
+    let later = work.path().join("journals/one");
+    let probed = json(&stdout(
+        dtask(&later).args(["probe", "--syncs", "7", "--json"]),
+    ));
+    assert_eq!(probed["syncs"]["count"], 7, "{probed}");
+    assert_eq!(probed["syncs"]["bytes"], 4096, "{probed}");
+    assert!(probed["syncs"]["p50_us"].as_u64().is_some(), "{probed}");
+    assert_eq!(
+        probed["placement"]["dir"],
+        work.path().canonicalize().unwrap().display().to_string(),
+        "{probed}"
+    );
+    if cfg!(target_os = "linux") {
+        assert!(probed["placement"]["filesystem"].is_string(), "{probed}");
+    }
+    let promise = probed["verdict"]["promise"].as_str().unwrap().to_owned();
+    assert!(
+        ["stable", "flushed", "lost", "unknown"].contains(&promise.as_str()),
+        "{probed}"
+    );
+    assert!(!work.path().join("journals").exists());
+    // The probe's file is gone; an existing journal is probed in its own directory.
+    let dir = built();
+    let before: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    let text = stdout(dtask(dir.path()).args(["probe", "--syncs", "3"]));
+    assert!(text.contains("synced writes of 4 KiB: p50"), "{text}");
+    assert!(text.contains("(3 timed)"), "{text}");
+    assert!(text.contains(&format!("verdict: {promise}")), "{text}");
+    let after: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(before.len(), after.len(), "{after:?}");
+    // No syncs timed when asked for none.
+    let untimed = json(&stdout(
+        dtask(dir.path()).args(["probe", "--syncs", "0", "--json"]),
+    ));
+    assert!(untimed["syncs"].is_null(), "{untimed}");
+    // A file is no place for a journal.
+    let file = work.path().join("file");
+    std::fs::write(&file, b"x").unwrap();
+    dtask(&file)
+        .arg("probe")
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("is a file"));
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn probe_fails_a_journal_in_memory() {
+    // /dev/shm is a tmpfs wherever the C library mounts it.
+    let Ok(shm) = tempfile::tempdir_in("/dev/shm") else {
+        eprintln!("SKIPPED probe_fails_a_journal_in_memory: no /dev/shm to write to");
+        return;
+    };
+    let assert = dtask(&shm.path().join("j"))
+        .args(["probe", "--syncs", "2", "--json"])
+        .assert()
+        .code(1);
+    let probed = json(&String::from_utf8(assert.get_output().stdout.clone()).unwrap());
+    assert_eq!(probed["placement"]["filesystem"], "tmpfs", "{probed}");
+    assert_eq!(probed["verdict"]["promise"], "lost", "{probed}");
+    dtask(&shm.path().join("j"))
+        .args(["probe", "--syncs", "0"])
+        .assert()
+        .code(1)
+        .stdout(predicate::str::contains(
+            "verdict: lost — tmpfs keeps its files in memory",
+        ));
+}
+
+#[test]
+fn probe_reads_a_postgres_servers_settings_and_times_its_commits() {
+    let Some(pg) = pg_url("probe") else {
+        return;
+    };
+    let probed = json(&stdout(
+        dtask_at(&pg).args(["probe", "--syncs", "5", "--json"]),
+    ));
+    assert_eq!(probed["commits"]["count"], 5, "{probed}");
+    assert!(
+        probed["server"]["version"]
+            .as_str()
+            .is_some_and(|v| !v.is_empty()),
+        "{probed}"
+    );
+    // The test server runs with fsync on.
+    assert_eq!(probed["server"]["fsync"], true, "{probed}");
+    assert_eq!(probed["verdict"]["promise"], "flushed", "{probed}");
+    assert!(
+        probed["journal"].as_str().unwrap().contains("PostgreSQL"),
+        "{probed}"
+    );
+    let text = stdout(dtask_at(&pg).args(["probe", "--syncs", "2"]));
+    assert!(text.contains("commits flushed: p50"), "{text}");
+    assert!(text.contains("fsync on"), "{text}");
+}

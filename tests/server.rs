@@ -1455,6 +1455,40 @@ fn the_cli_serves_until_sigterm() {
     Journal::open(dir.path(), JournalOptions::default()).unwrap();
 }
 
+/// A journal in memory is served, with a warning after the address that its synced appends
+/// do not survive a power failure.
+#[cfg(target_os = "linux")]
+#[test]
+fn the_cli_warns_when_it_serves_a_journal_in_memory() {
+    use std::io::BufRead;
+    let Ok(shm) = tempfile::tempdir_in("/dev/shm") else {
+        eprintln!("SKIPPED the_cli_warns_when_it_serves_a_journal_in_memory: no /dev/shm");
+        return;
+    };
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_dtask"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--journal"])
+        .arg(shm.path())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let (mut first, mut second) = (String::new(), String::new());
+    stderr.read_line(&mut first).unwrap();
+    stderr.read_line(&mut second).unwrap();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    assert!(first.contains("http://"), "{first}");
+    assert!(
+        second.contains("warning: the journal's synced appends will not survive a power failure")
+            && second.contains("tmpfs"),
+        "{second}"
+    );
+}
+
 /// `POST /api/tasks/{id}/inputs` puts an input into a running task's mailbox (the task keeps
 /// running), deduplicates by event id, wakes a task waiting for input, and refuses an ended
 /// task's sealed mailbox and bad bodies with JSON 4xx errors.

@@ -140,6 +140,9 @@ impl Journal {
     /// Opens (creating if missing) the journal at `path` for writing. A journal of an older
     /// format ([`OLDEST_JOURNAL_FORMAT_VERSION`](crate::OLDEST_JOURNAL_FORMAT_VERSION) or later) is upgraded in place. The open checks
     /// the journal's end against its tail marker before anything is written (see [`Tail`]).
+    /// A directory whose synced appends would not survive a power failure (a file system in
+    /// memory, write barriers off: [`crate::probe`]) is opened all the same, with a warning
+    /// logged when the journal is to sync.
     ///
     /// # Errors
     /// [`Error::UnsupportedFormat`] for a journal of a newer format, [`Error::NotAJournal`] for a
@@ -147,6 +150,9 @@ impl Journal {
     /// the journal for writing, [`Error::Inconsistent`] when the commit index does not end
     /// where the tail marker says, [`Error::Storage`] when RocksDB fails otherwise.
     pub fn open(path: impl AsRef<Path>, options: JournalOptions) -> Result<Self> {
+        if options.durability == crate::Durability::Sync {
+            crate::probe::warn_if_lost(path.as_ref());
+        }
         let mut backend = RocksBackend::open_tuned(
             path.as_ref(),
             OpenMode::Primary,

@@ -13,6 +13,8 @@
 //! - Index readers for audits and followers: [`Journal::commits`] (records in global commit
 //!   order), [`Journal::live_tasks`], [`Journal::outbox`], and the tail marker ([`Tail`])
 //!   checked at every writable open.
+//! - [`probe`]: what a synced append promises where a journal lies (the file system, the
+//!   device's write cache, the cost of a sync), as `dtask probe` tells it.
 //! - [`export`]: the export format (JSON lines that rebuild a journal bit-exact) as serde
 //!   types, to write and read exports.
 //!
@@ -54,6 +56,7 @@ pub mod keys;
 pub mod observe;
 mod options;
 pub mod postgres;
+pub mod probe;
 #[doc(hidden)]
 mod purge;
 pub mod record;

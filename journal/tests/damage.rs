@@ -1,7 +1,8 @@
 //! Real damage on a real RocksDB journal: each kind of tampering is reported with the exact
 //! task, position and kind of damage; and what a writable open and an append refuse: forged
 //! numbers, a commit index that does not end where the journal's tail marker says, a record
-//! for another task, and what a torn first start leaves behind.
+//! for another task, and what a torn first start leaves behind; and a write-ahead log torn by
+//! a power failure, cut anywhere, leaves whole appends in commit order.
 #![allow(clippy::unwrap_used)]
 
 use dtask_journal::keys::{self, Space};
@@ -609,4 +610,183 @@ fn the_live_listing_reports_damaged_entries_in_place_and_goes_on() {
     let mut listing = journal.live_tasks();
     assert_eq!(listing.by_ref().count(), 4);
     assert!(listing.next().is_none());
+}
+
+/// The files of the journal directory `from` copied to `to` (a crash image when the journal
+/// is idle: every append synced, nothing being written).
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_type().unwrap().is_file() {
+            std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+        }
+    }
+}
+
+/// Where each physical record of a RocksDB write-ahead log ends: its 32 KiB blocks hold
+/// records of a 7-byte header (CRC, length, type; 11 bytes for the recyclable types 5–8)
+/// and their payload, a block's last bytes too few for a header left as zeros; a zero type
+/// is the end.
+fn log_record_ends(log: &[u8]) -> Vec<usize> {
+    const BLOCK: usize = 32 * 1024;
+    let mut ends = Vec::new();
+    let mut at = 0;
+    while at + 7 <= log.len() {
+        let left_in_block = BLOCK - at % BLOCK;
+        if left_in_block < 7 {
+            at += left_in_block;
+            continue;
+        }
+        let len = usize::from(u16::from_le_bytes([log[at + 4], log[at + 5]]));
+        let kind = log[at + 6];
+        if kind == 0 {
+            break;
+        }
+        let header = if (5..=8).contains(&kind) { 11 } else { 7 };
+        at += header + len;
+        ends.push(at.min(log.len()));
+    }
+    ends
+}
+
+/// The tasks of the torn-log test.
+const TORN_TASKS: [&str; 3] = ["a", "b", "c"];
+
+/// Appends 15 appends of one to three records to the three tasks of the journal at `dir`
+/// (one record larger than a log block, written in fragments) and copies the journal's files
+/// to `image` while it is idle; returns the sequence each append ended at, in commit order
+/// (0 first: none).
+fn torn_log_workload(dir: &Path, image: &Path) -> Vec<u64> {
+    let journal = Journal::open(dir, JournalOptions::default()).unwrap();
+    let mut ends = vec![0u64];
+    let mut lengths = [0u64; 3];
+    for i in 0..15u64 {
+        let t = usize::try_from(i % 3).unwrap();
+        let task = TORN_TASKS[t];
+        let mut events = Vec::new();
+        if lengths[t] == 0 {
+            events.push(created(task));
+        }
+        for n in 0..=(i % 3) {
+            let big = i == 7 && n == 0;
+            events.push(Event::UpdateAppended {
+                attempt: 1,
+                event_id: format!("{task}-{i}-{n}"),
+                kind: "progress".into(),
+                data: vec![u8::try_from(i).unwrap(); if big { 40_000 } else { 100 }],
+                metadata: vec![],
+                at: Timestamp(10 + i),
+            });
+        }
+        let appended = journal.append(task, lengths[t], &events).unwrap();
+        lengths[t] = appended.next_position;
+        ends.push(appended.last_seq);
+    }
+    // The crash image: the journal idle, every append synced and none flushed from the log.
+    copy_dir(dir, image);
+    ends
+}
+
+/// Opens the torn journal at `torn` (its log cut at `cut`) and checks it: it opens, its
+/// records are the first of the commit order, each stream whole from position 0 and clean,
+/// and it writes on. Returns how many records it held.
+fn check_torn(torn: &Path, cut: usize) -> u64 {
+    let journal = Journal::open(torn, JournalOptions::default())
+        .unwrap_or_else(|e| panic!("cut at {cut}: {e}"));
+    let seqs: Vec<u64> = journal
+        .commits(1)
+        .map(|c| c.unwrap_or_else(|e| panic!("cut at {cut}: {e}")).record.seq)
+        .collect();
+    let held = u64::try_from(seqs.len()).unwrap();
+    assert_eq!(seqs, (1..=held).collect::<Vec<_>>(), "cut at {cut}");
+    assert_eq!(journal.last_seq().unwrap(), held, "cut at {cut}");
+    let mut found = 0;
+    for task in TORN_TASKS {
+        let records: Vec<u64> = journal
+            .read_stream(task, 0)
+            .map(|r| r.unwrap_or_else(|e| panic!("cut at {cut}: {e}")).position)
+            .collect();
+        let n = u64::try_from(records.len()).unwrap();
+        assert_eq!(
+            records,
+            (0..n).collect::<Vec<_>>(),
+            "cut at {cut}, task {task}"
+        );
+        found += n;
+    }
+    assert_eq!(found, held, "cut at {cut}");
+    if held > 0 {
+        bulk_reads_agree(&journal, "a");
+    }
+    // The journal writes on where the cut left it.
+    let next = u64::try_from(journal.read_stream("c", 0).count()).unwrap();
+    let mut more = Vec::new();
+    if next == 0 {
+        more.push(created("c"));
+    }
+    more.push(heartbeat(99));
+    let appended = journal.append("c", next, &more).unwrap();
+    assert_eq!(
+        appended.last_seq,
+        held + u64::try_from(more.len()).unwrap(),
+        "cut at {cut}"
+    );
+    drop(journal);
+    let reopened = Journal::open_read_only(torn).unwrap();
+    assert_eq!(reopened.last_seq().unwrap(), appended.last_seq);
+    held
+}
+
+/// A power failure may tear the write-ahead log's tail: the bytes after the last sync lost,
+/// or cut anywhere. Whatever the cut, the journal opens, every record it holds reads clean
+/// (CRCs, chains, positions), the records are the first appends in commit order whole —
+/// never a part of one, never one without the one before — the cut further on never holds
+/// fewer, and the journal writes on where the cut left it.
+#[test]
+fn a_torn_log_tail_leaves_whole_appends_in_commit_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("image");
+    let ends = torn_log_workload(&dir.path().join("live"), &image);
+    let log_name = std::fs::read_dir(&image)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|name| Path::new(name).extension().is_some_and(|e| e == "log"))
+        .max()
+        .expect("a write-ahead log");
+    let log = std::fs::read(image.join(&log_name)).unwrap();
+    // Cuts at each record's end, a byte either side, and inside the next one's header.
+    let mut cuts: Vec<usize> = log_record_ends(&log)
+        .into_iter()
+        .flat_map(|end| [end.saturating_sub(1), end, end + 1, end + 4])
+        .chain([0, 1, log.len()])
+        .filter(|cut| *cut <= log.len())
+        .collect();
+    cuts.sort_unstable();
+    cuts.dedup();
+    assert!(cuts.len() > 40, "{} cuts", cuts.len());
+    let mut held_before = 0;
+    for (i, cut) in cuts.iter().enumerate() {
+        let torn = dir.path().join(format!("torn-{i}"));
+        copy_dir(&image, &torn);
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(torn.join(&log_name))
+            .unwrap();
+        file.set_len(u64::try_from(*cut).unwrap()).unwrap();
+        drop(file);
+        let held = check_torn(&torn, *cut);
+        assert!(
+            ends.contains(&held),
+            "cut at {cut}: {held} records, part of an append"
+        );
+        assert!(held >= held_before, "cut at {cut}: {held} < {held_before}");
+        held_before = held;
+        std::fs::remove_dir_all(&torn).unwrap();
+    }
+    assert_eq!(
+        Some(&held_before),
+        ends.last(),
+        "the whole log holds every append"
+    );
 }

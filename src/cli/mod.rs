@@ -11,6 +11,7 @@ mod hold;
 mod import;
 mod location;
 mod migrate;
+mod probe;
 mod purge;
 mod replay;
 mod serve;
@@ -73,6 +74,10 @@ enum Command {
     Replay(replay::Args),
     /// Tasks by status and executor, records by type, bytes, largest tasks.
     Stats(stats::Args),
+    /// What a synced append promises where the journal lies: the file system, the device's
+    /// write cache and the cost of a synced write (on PostgreSQL the server's settings and a
+    /// flushed commit's cost); exit 1 when a synced record would not survive a power failure.
+    Probe(probe::Args),
     /// Bring the journal's format (and a PostgreSQL journal's schema) up to this build's;
     /// `--check` only says whether anything is pending (exit 1 when it is).
     Migrate(migrate::Args),
@@ -212,6 +217,7 @@ pub fn run() -> ExitCode {
         Command::Verify(args) => verify::run(&global, &args),
         Command::Replay(args) => replay::run(&global, &args),
         Command::Stats(args) => stats::run(&global, &args),
+        Command::Probe(args) => probe::run(&global, &args),
         Command::Migrate(args) => migrate::run(&global, &args),
         Command::Purge(args) => purge::run(&global, &args),
         Command::Hold(args) => hold::run(&global, &args),

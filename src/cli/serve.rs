@@ -6,6 +6,7 @@
 use super::{CliError, Global, Result};
 use dtask::server::{Server, ServerConfig};
 use dtask_engine::{StoreConfig, SystemClock, TaskStore};
+use dtask_journal::probe::{Placement, SyncPromise};
 use dtask_journal::JournalOptions;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -157,6 +158,19 @@ async fn serve(global: &Global, args: &Args) -> Result<()> {
         "dtask serve: http://{addr}/ ({mode}, journal {}); stop with Ctrl-C",
         at.display()
     );
+    if let (false, Some(dir)) = (args.read_only, at.dir()) {
+        let lost = Placement::examine(dir)
+            .map(|p| p.verdict(None))
+            .ok()
+            .filter(|v| v.promise == SyncPromise::Lost);
+        if let Some(verdict) = lost {
+            eprintln!(
+                "dtask serve: warning: the journal's synced appends will not survive a power \
+                 failure: {} (see `dtask probe`)",
+                verdict.why
+            );
+        }
+    }
     let outcome = server
         .serve(listener, async move {
             tokio::select! {

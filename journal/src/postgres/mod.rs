@@ -30,6 +30,7 @@ mod conn;
 mod durable;
 mod listen;
 mod location;
+pub mod probe;
 mod read;
 pub(crate) mod rows;
 pub mod schema;
