@@ -13,7 +13,8 @@
 //!
 //! The store also caps running tasks' progress (`StoreConfig::with_progress_cap`): `watch-1`,
 //! a tool that runs on and reports 200 lines, is trimmed to its last 10 updates each time it
-//! holds more than 50 whole ones — by its own updates, as it runs.
+//! holds more than 50 whole ones — by its own updates, as it runs — and refused a 201st,
+//! the store's limit of updates a task may record (`StoreConfig::with_max_updates`).
 //!
 //! Run: `cargo run --example retention`
 #![allow(clippy::unwrap_used, missing_docs)]
@@ -30,7 +31,9 @@ use dtask::{
 async fn main() {
     let dir = tempfile::tempdir().unwrap();
     let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
-    let config = StoreConfig::default().with_progress_cap(50, 10);
+    let config = StoreConfig::default()
+        .with_progress_cap(50, 10)
+        .with_max_updates(200);
     let store = TaskStore::open(journal, SystemClock, config).unwrap();
     for id in ["build-1", "build-2", "deploy-1"] {
         let request = CreateRequest {
@@ -160,6 +163,18 @@ async fn watch(store: &TaskStore) {
         dtask::engine::whole_updates(&watch),
         store.counts().progress_capped
     );
+    // Past the store's limit: refused, nothing written.
+    let one_more = UpdateRequest {
+        attempt: running.attempt,
+        event_id: "line-201".into(),
+        kind: "stdout".into(),
+        data: b"line 201".to_vec(),
+        ..UpdateRequest::default()
+    };
+    match store.append_update("watch-1", one_more).await {
+        Err(e @ StoreError::UpdateLimit { .. }) => println!("watch-1 line 201 refused: {e}"),
+        other => panic!("expected the update limit, got {other:?}"),
+    }
 }
 
 /// What an audit found, in a word.

@@ -244,6 +244,7 @@ fn the_retention_example_trims_and_purges_by_age_keeps_a_held_task_and_audits_cl
         &out,
         &[
             "watch-1 (running): 200 updates, 164 trimmed by the cap as it ran, 36 whole (4 cap trims)",
+            "watch-1 line 201 refused: task \"watch-1\" has recorded its limit of 200 progress updates",
             "deploy-1 on hold: incident 88",
             "trimmed build-1: 35 progress updates (",
             "build-1: 40 updates, 35 trimmed; the latest whole: \"line 40:\"",

@@ -1639,6 +1639,8 @@ async fn write_path_and_engine_metrics_count_what_happened() {
     assert_eq!(value("dtask_leases_expired"), 1);
     assert_eq!(value("dtask_updates_deduplicated_total"), 1);
     assert_eq!(value("dtask_inputs_deduplicated_total"), 0);
+    assert_eq!(value("dtask_progress_capped_total"), 0);
+    assert_eq!(value("dtask_updates_over_limit_total"), 0);
     assert_eq!(value("dtask_outbox_backlog"), 0);
     // The storage engine's own state: the records wait in the `events` memtable (nothing
     // flushed in so short a run), no write is held back.

@@ -992,6 +992,72 @@ async fn the_progress_cap_holds_across_a_reopen_at_every_step() {
     caps_progress(true).await;
 }
 
+async fn limits_updates(reboot: bool) {
+    let mut env = Env::with(
+        StoreConfig::default()
+            .with_max_updates(4)
+            .with_progress_cap(2, 0),
+        dtask_journal::Durability::Buffered,
+    );
+    running(s(&mut env, reboot), "t", Retry).await;
+    for n in 0..3 {
+        let (_, new) = s(&mut env, reboot)
+            .append_update("t", progress(&format!("e{n}"), "line"))
+            .await
+            .unwrap();
+        assert!(new);
+    }
+    // The fourth record is a part; trimmed updates count too (the cap trimmed the first three).
+    let mut part = progress("multi", "part");
+    part.part_id = "p1".into();
+    let (_, new) = s(&mut env, reboot)
+        .append_update("t", part.clone())
+        .await
+        .unwrap();
+    assert!(new);
+    let before = s(&mut env, reboot).get("t").await.unwrap();
+    assert_eq!((before.updates, before.trimmed), (4, 3), "{before:?}");
+    // A new update, and a new part, past the limit: refused, nothing written.
+    let mut next_part = part.clone();
+    next_part.part_id = "p2".into();
+    for request in [progress("e3", "line"), next_part] {
+        match s(&mut env, reboot).append_update("t", request).await {
+            Err(StoreError::UpdateLimit { task, limit }) => {
+                assert_eq!((task.as_str(), limit), ("t", 4));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    let after = s(&mut env, reboot).get("t").await.unwrap();
+    assert_eq!(
+        (after.position, after.updates),
+        (before.position, before.updates)
+    );
+    // Replays of recorded updates and parts are still answered, a trimmed one too.
+    for request in [progress("e0", "line"), progress("e2", "line"), part] {
+        let (_, new) = s(&mut env, reboot)
+            .append_update("t", request)
+            .await
+            .unwrap();
+        assert!(!new);
+    }
+    if !reboot {
+        assert_eq!(env.store().counts().updates_over_limit, 2);
+    }
+    // The task goes on to its end.
+    ok(s(&mut env, reboot), "t", Command::Complete { data: vec![] }).await;
+}
+
+#[tokio::test]
+async fn a_task_past_the_update_limit_is_refused_new_updates_and_answered_replays() {
+    limits_updates(false).await;
+}
+
+#[tokio::test]
+async fn the_update_limit_holds_across_a_reopen_at_every_step() {
+    limits_updates(true).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn updates_over_the_cap_at_once_trim_the_task_once_for_each_time_it_goes_over() {
     let env = Env::with(

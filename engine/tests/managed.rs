@@ -121,6 +121,41 @@ async fn a_shell_task_runs_to_completion_with_its_lines_as_updates() {
     );
 }
 
+/// A shell command printing more lines than the store's limit of updates: its task fails,
+/// naming the limit, with the updates it could record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_past_the_update_limit_fails_its_task_with_what_it_recorded() {
+    let dir = tempfile::tempdir().unwrap();
+    let tools = tools(dir.path());
+    let journal = Journal::open(
+        dir.path().join("journal"),
+        JournalOptions::default().with_durability(Durability::Buffered),
+    )
+    .unwrap();
+    let store = TaskStore::open(
+        journal,
+        SystemClock,
+        StoreConfig::default().with_max_updates(3),
+    )
+    .unwrap();
+    let manager = manager(&store, &tools);
+    let task = tools
+        .submit(&manager, call("shell", r#"{"command":"seq 1 10"}"#))
+        .await
+        .unwrap();
+    let state = manager.execute(&task.spec.id).await.unwrap();
+    assert_eq!(state.status, Status::Failed, "{state:?}");
+    assert!(
+        state
+            .result_error
+            .contains("has recorded its limit of 3 progress updates"),
+        "{}",
+        state.result_error
+    );
+    assert_eq!(state.updates, 3);
+    assert_eq!(store.counts().updates_over_limit, 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_arguments_and_unknown_tools_create_nothing() {
     let dir = tempfile::tempdir().unwrap();

@@ -228,7 +228,8 @@ impl From<StoreError> for ApiError {
             | StoreError::InputConflict(_)
             | StoreError::InputsPending(_)
             | StoreError::EventClosed(_)
-            | StoreError::PartConflict { .. } => {
+            | StoreError::PartConflict { .. }
+            | StoreError::UpdateLimit { .. } => {
                 Self::new(StatusCode::CONFLICT, "conflict", message)
             }
             StoreError::Closed => {

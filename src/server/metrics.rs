@@ -411,6 +411,7 @@ struct Mirrored {
     inputs_deduplicated: Counter,
     version_conflicts: Counter,
     progress_capped: Counter,
+    updates_over_limit: Counter,
 }
 
 impl Mirrored {
@@ -436,6 +437,11 @@ impl Mirrored {
                 r,
                 "progress_capped",
                 "Running tasks' progress trimmed by this server's store for going over its progress cap",
+            ),
+            updates_over_limit: counter(
+                r,
+                "updates_over_limit",
+                "New progress updates refused by this server's store: their task had recorded its limit of updates",
             ),
         }
     }
@@ -667,6 +673,7 @@ impl Metrics {
             Mirrored::raise(&mirrored.inputs_deduplicated, store.inputs_deduplicated);
             Mirrored::raise(&mirrored.version_conflicts, store.version_conflicts);
             Mirrored::raise(&mirrored.progress_capped, store.progress_capped);
+            Mirrored::raise(&mirrored.updates_over_limit, store.updates_over_limit);
         }
         if let Some(backlog) = scrape.outbox {
             self.journal.outbox.set(int(backlog));

@@ -50,6 +50,14 @@ pub struct StoreConfig {
     /// nor a task under a hold; a cap whose `keep` is not below `over` does nothing. Default:
     /// `None` (no cap, the reference's behaviour).
     pub progress_cap: Option<(u64, u64)>,
+    /// The most progress updates (and update parts) one task may record, trimmed ones
+    /// included: a new update past it is refused with [`crate::StoreError::UpdateLimit`]
+    /// and nothing is written (a replay of a recorded event id is still answered). Every
+    /// update's event id stays in the store's memory while its task runs — the deduplication
+    /// is task-wide for the task's life — so the limit bounds what one runaway tool can hold
+    /// there. Default: `None` (no limit, the reference's behaviour; its first generation
+    /// refused more than 10,000).
+    pub max_updates: Option<u64>,
 }
 
 impl Default for StoreConfig {
@@ -67,6 +75,7 @@ impl Default for StoreConfig {
             expiry_grace: Duration::ZERO,
             recovery_backoff: None,
             progress_cap: None,
+            max_updates: None,
         }
     }
 }
@@ -107,6 +116,13 @@ impl StoreConfig {
     pub fn with_progress_cap(mut self, over: u64, keep: u64) -> Self {
         let over = over.max(1);
         self.progress_cap = Some((over, keep.min(over - 1)));
+        self
+    }
+
+    /// Sets [`StoreConfig::max_updates`].
+    #[must_use]
+    pub fn with_max_updates(mut self, updates: u64) -> Self {
+        self.max_updates = Some(updates);
         self
     }
 

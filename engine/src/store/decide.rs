@@ -1178,15 +1178,17 @@ pub(crate) fn validate_update(request: &UpdateRequest, config: &StoreConfig) -> 
 }
 
 /// Decides a progress update of the running attempt: the fence first, then replay detection
-/// (an event id seen before, in any attempt, is a [`Keyed::Repeat`]).
+/// (an event id seen before, in any attempt, is a [`Keyed::Repeat`]), then the limit of
+/// updates a task may record (`max_updates`).
 pub(crate) fn update(
     task: &Task,
     request: UpdateRequest,
     now: Timestamp,
+    max_updates: Option<u64>,
 ) -> Result<Keyed<UpdateRequest>> {
     fence(&task.state, Some(request.attempt), now, false)?;
     if !request.part_id.is_empty() {
-        return part(task, request, now);
+        return part(task, request, now, max_updates);
     }
     if let Some(&position) = task.update_ids.get(&request.event_id) {
         return Ok(Keyed::Repeat { position, request });
@@ -1194,6 +1196,7 @@ pub(crate) fn update(
     if task.layer().part_events.contains_key(&request.event_id) {
         return Err(StoreError::EventIdConflict(request.event_id));
     }
+    within_update_limit(task, max_updates)?;
     let UpdateRequest {
         attempt,
         event_id,
@@ -1212,10 +1215,26 @@ pub(crate) fn update(
     }))
 }
 
+/// Refuses a new update of a task that has recorded `max_updates` updates.
+fn within_update_limit(task: &Task, max_updates: Option<u64>) -> Result<()> {
+    match max_updates {
+        Some(limit) if task.state.updates >= limit => Err(StoreError::UpdateLimit {
+            task: task.state.spec.id.clone(),
+            limit,
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// A part of a multi-part progress event (the fence already passed): a known (event, part)
 /// is a repeat; a new part of an event whose final part is recorded (or of a single-record
-/// update's event id) is refused.
-fn part(task: &Task, request: UpdateRequest, now: Timestamp) -> Result<Keyed<UpdateRequest>> {
+/// update's event id) is refused, as is a new part past the limit of updates.
+fn part(
+    task: &Task,
+    request: UpdateRequest,
+    now: Timestamp,
+    max_updates: Option<u64>,
+) -> Result<Keyed<UpdateRequest>> {
     if let Some(&position) = task
         .layer()
         .parts
@@ -1228,6 +1247,7 @@ fn part(task: &Task, request: UpdateRequest, now: Timestamp) -> Result<Keyed<Upd
     {
         return Err(StoreError::EventClosed(request.event_id));
     }
+    within_update_limit(task, max_updates)?;
     let UpdateRequest {
         attempt,
         event_id,

@@ -108,6 +108,15 @@ pub enum StoreError {
         /// The part.
         part_id: String,
     },
+    /// A new progress update of a task that has recorded the store's limit of updates
+    /// ([`crate::StoreConfig::max_updates`]); nothing was written.
+    #[error("task {task:?} has recorded its limit of {limit} progress updates")]
+    UpdateLimit {
+        /// The task.
+        task: String,
+        /// The limit.
+        limit: u64,
+    },
     /// The store was closed.
     #[error("the task store is closed")]
     Closed,

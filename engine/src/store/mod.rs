@@ -151,6 +151,7 @@ struct Counters {
     inputs_deduplicated: AtomicU64,
     version_conflicts: AtomicU64,
     progress_capped: AtomicU64,
+    updates_over_limit: AtomicU64,
 }
 
 /// What a store did without appending anything, since it was opened: what its metrics need
@@ -168,6 +169,9 @@ pub struct StoreCounts {
     /// Trims of running tasks' progress made by the progress cap
     /// ([`StoreConfig::progress_cap`]).
     pub progress_capped: u64,
+    /// New progress updates refused because their task had recorded the store's limit
+    /// ([`StoreConfig::max_updates`]).
+    pub updates_over_limit: u64,
 }
 
 /// Derives the `live` index from the streams: folds every task of the journal and hands the
@@ -550,6 +554,7 @@ impl TaskStore {
             inputs_deduplicated: c.inputs_deduplicated.load(Ordering::Relaxed),
             version_conflicts: c.version_conflicts.load(Ordering::Relaxed),
             progress_capped: c.progress_capped.load(Ordering::Relaxed),
+            updates_over_limit: c.updates_over_limit.load(Ordering::Relaxed),
         }
     }
 
@@ -571,6 +576,13 @@ impl TaskStore {
         self.inner
             .counters
             .progress_capped
+            .fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_update_over_limit(&self) {
+        self.inner
+            .counters
+            .updates_over_limit
             .fetch_add(1, Ordering::Relaxed);
     }
 

@@ -166,7 +166,11 @@ impl TaskStore {
         let now = self.now();
         self.resolve_expiry(&slot, &mut task, now).await?;
         let position = task.state.position;
-        match decide::update(&task, request, now)? {
+        let decided = decide::update(&task, request, now, config.max_updates);
+        if matches!(decided, Err(StoreError::UpdateLimit { .. })) {
+            self.count_update_over_limit();
+        }
+        match decided? {
             Keyed::Repeat { position, request } => {
                 let original = self.read_update(id, position)?;
                 let same = original.kind == request.kind
