@@ -2398,3 +2398,131 @@ fn probe_reads_a_postgres_servers_settings_and_times_its_commits() {
     assert!(text.contains("commits flushed: p50"), "{text}");
     assert!(text.contains("fsync on"), "{text}");
 }
+
+/// Root `tree` with nested `tree/a` and its nested `tree/a/x`, all completed; root `open`,
+/// completed, with nested `open/c` still running. Every queued notification acknowledged.
+fn nested_fixture(dir: &Path) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let clock = ManualClock::new(T0);
+        let journal = Journal::open(dir, JournalOptions::default()).unwrap();
+        let store = TaskStore::open(journal, clock.clone(), StoreConfig::default()).unwrap();
+        let started = |id: &'static str, parent: Option<&'static str>| {
+            let store = store.clone();
+            async move {
+                let mut create = request(id, "shell", b"{}", LeasePolicy::Retry);
+                if let Some(parent) = parent {
+                    let p = store.get(parent).await.unwrap();
+                    create.spec.session_id = String::new();
+                    create.spec.notify_session = false;
+                    create.parent = Some(dtask_engine::ExecutionContext {
+                        task_id: parent.into(),
+                        attempt: p.attempt,
+                        generation: p.mailbox.generation,
+                    });
+                }
+                store.create(create).await.unwrap();
+                store.execute(id, 1, Cmd::Start).await.unwrap()
+            }
+        };
+        let complete = |id: &'static str| {
+            let store = store.clone();
+            async move {
+                let t = store.get(id).await.unwrap();
+                store
+                    .execute(id, t.version, Cmd::Complete { data: vec![] })
+                    .await
+                    .unwrap();
+            }
+        };
+        started("tree", None).await;
+        started("tree/a", Some("tree")).await;
+        started("tree/a/x", Some("tree/a")).await;
+        started("open", None).await;
+        started("open/c", Some("open")).await;
+        clock.advance(Duration::from_secs(1));
+        for id in ["tree/a/x", "tree/a", "tree", "open"] {
+            complete(id).await;
+        }
+        for n in store
+            .receive_notifications(100, Duration::from_secs(60))
+            .await
+            .unwrap()
+        {
+            store.ack_notification(&n.receipt).await.unwrap();
+        }
+    });
+}
+
+#[test]
+fn purge_takes_a_root_with_its_nested_tasks_and_keeps_a_tree_with_one_running() {
+    let dir = tempfile::tempdir().unwrap();
+    nested_fixture(dir.path());
+    dtask(dir.path())
+        .args(["purge", "tree/a"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(
+            "\"tree/a\" is a nested task of \"tree\": purge its root task",
+        ));
+    dtask(dir.path())
+        .args(["purge", "nobody"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(
+            "no task \"nobody\" that could be purged",
+        ));
+    dtask(dir.path())
+        .args(["purge", "open"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains(
+            "cannot purge: open/c has not ended",
+        ));
+    let cutoff = (T0 + 10_000).to_string();
+    let dry = json(&stdout(dtask(dir.path()).args([
+        "purge",
+        "--finished-before",
+        &cutoff,
+        "--dry-run",
+        "--json",
+    ])));
+    assert_eq!(dry["purged"]["tasks"], 3, "{dry}");
+    // A tree is never split, whatever the batch.
+    let done = json(&stdout(dtask(dir.path()).args([
+        "purge",
+        "--finished-before",
+        &cutoff,
+        "--batch",
+        "1",
+        "--json",
+    ])));
+    assert_eq!(done["purged"]["tasks"], 3, "{done}");
+    assert_eq!(
+        done["purged"]["records"], dry["purged"]["records"],
+        "{done}"
+    );
+    assert_eq!(
+        done["kept"],
+        serde_json::json!([{"task": "open", "why": "open/c has not ended"}]),
+        "{done}"
+    );
+    let left = json(&stdout(dtask(dir.path()).args(["tasks", "--json"])));
+    assert_eq!(
+        listed_ids(&left),
+        [serde_json::json!("open"), serde_json::json!("open/c")],
+        "{left}"
+    );
+    let again = json(&stdout(dtask(dir.path()).args([
+        "purge",
+        "--finished-before",
+        &cutoff,
+        "--json",
+    ])));
+    assert_eq!(again["purged"]["tasks"], 0, "{again}");
+    assert_eq!(again["purged_before"], 3, "{again}");
+    dtask(dir.path()).arg("verify").assert().success();
+}

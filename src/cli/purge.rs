@@ -13,7 +13,6 @@ use super::{fmt, progress, CliError, Global, Out, Result};
 use dtask_journal::{JournalOptions, Timestamp};
 use dtask_replay::FoldViews;
 use serde_json::json;
-use std::collections::{BTreeMap, BTreeSet};
 
 /// Arguments of `dtask purge`.
 #[derive(Debug, clap::Args)]
@@ -105,50 +104,196 @@ pub(super) fn print_compacted(out: &mut Out, compacted: Compacted, asked: bool) 
     }
 }
 
-/// What the fold of the journal says of one task.
-struct Seen {
-    parent: String,
-    ended: Option<Timestamp>,
+/// A task that has not ended, in [`Entry::ended`].
+const NOT_ENDED: u64 = u64::MAX;
+
+/// What the fold of the journal says of one task (its id in [`Seen::ids`]).
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    /// Where its id starts in [`Seen::ids`].
+    start: usize,
+    /// Its id's length.
+    len: u32,
+    /// Whether a notification of it is still queued.
     queued: bool,
+    /// Whether a hold stands on it.
     held: bool,
+    /// Whether it is a nested task.
+    nested: bool,
+    /// When it ended (ms), or [`NOT_ENDED`].
+    ended: u64,
+    /// Its records.
     records: u64,
 }
 
-/// A root task and what keeps it, if anything.
-struct Tree {
-    tasks: Vec<String>,
-    records: u64,
-    kept: Option<String>,
+/// What the fold of the journal says of its tasks, held compactly — a purge of a journal of
+/// millions of tasks holds ~40 bytes a task and its id — and in id order, for lookups.
+#[derive(Debug, Default)]
+struct Seen {
+    /// Every id, back to back.
+    ids: String,
+    /// The tasks, in id order.
+    entries: Vec<Entry>,
+    /// Each nested task's parent: (the parent's index, the child's), in the parents' order.
+    children: Vec<(u32, u32)>,
+    /// Each nested task's parent by id: (the child's index, the parent's id), in the
+    /// children's order (a parent purged before is in none of [`Seen::children`]).
+    parents: Vec<(u32, Box<str>)>,
 }
 
-/// The tree of `root`: its tasks (root first) and whether it may go.
-fn tree(root: &str, seen: &BTreeMap<String, Seen>, children: &BTreeMap<&str, Vec<&str>>) -> Tree {
-    let mut tree = Tree {
-        tasks: Vec::new(),
-        records: 0,
-        kept: None,
-    };
-    let mut next = vec![root];
-    let mut visited = BTreeSet::new();
-    while let Some(id) = next.pop() {
-        if !visited.insert(id) {
-            continue;
+impl Seen {
+    /// Folds the journal: every task that is not a purge's tombstone (counted in the second
+    /// value) or damaged (never purged: it is evidence; `verify` names it).
+    fn read(journal: &dtask_journal::Journal) -> Result<(Self, u64)> {
+        let bar = progress(journal.last_seq()?, "reading tasks");
+        let mut seen = Self::default();
+        let mut parents: Vec<(u32, Box<str>)> = Vec::new();
+        let mut already = 0u64;
+        for view in FoldViews::new(journal, None) {
+            let view = view?;
+            bar.inc(view.records);
+            if view.purged.is_some() {
+                already += 1;
+                continue;
+            }
+            let Some(task) = &view.task else { continue };
+            let s = &task.state;
+            let index = u32::try_from(seen.entries.len())
+                .map_err(|_| CliError::Usage("more than 4 billion tasks".into()))?;
+            if !s.parent_task_id.is_empty() {
+                parents.push((index, s.parent_task_id.as_str().into()));
+            }
+            let id = view.id();
+            seen.entries.push(Entry {
+                start: seen.ids.len(),
+                len: u32::try_from(id.len()).unwrap_or(u32::MAX),
+                queued: !task.outbox.is_empty(),
+                held: s.hold.is_some(),
+                nested: !s.parent_task_id.is_empty(),
+                ended: if s.status.is_terminal() {
+                    s.done_at.unwrap_or(s.updated_at).0
+                } else {
+                    NOT_ENDED
+                },
+                records: view.records,
+            });
+            seen.ids.push_str(id);
         }
-        let Some(task) = seen.get(id) else { continue };
-        if task.ended.is_none() && tree.kept.is_none() {
-            tree.kept = Some(format!("{id} has not ended"));
+        bar.finish_and_clear();
+        // In id order, for lookups: the fold reads tasks so, and the sort only checks it.
+        let mut order: Vec<u32> =
+            (0..u32::try_from(seen.entries.len()).unwrap_or(u32::MAX)).collect();
+        order.sort_by(|a, b| {
+            let (a, b) = (&seen.entries[*a as usize], &seen.entries[*b as usize]);
+            seen.id_of(a).cmp(seen.id_of(b))
+        });
+        let mut new_index = vec![0u32; order.len()];
+        for (new, old) in order.iter().enumerate() {
+            new_index[*old as usize] = u32::try_from(new).unwrap_or(u32::MAX);
         }
-        if task.queued && tree.kept.is_none() {
-            tree.kept = Some(format!("a notification of {id} is still queued"));
+        seen.entries = order.iter().map(|i| seen.entries[*i as usize]).collect();
+        for (child, _) in &mut parents {
+            *child = new_index[*child as usize];
         }
-        if task.held && tree.kept.is_none() {
-            tree.kept = Some(format!("{id} is on hold"));
+        for (child, parent) in &parents {
+            // A parent no longer (or never) in the journal has nothing to take its child along.
+            if let Some(parent) = seen.find(parent) {
+                seen.children.push((parent, *child));
+            }
         }
-        tree.tasks.push(id.to_owned());
-        tree.records += task.records;
-        next.extend(children.get(id).into_iter().flatten().copied());
+        seen.children.sort_unstable();
+        parents.sort_unstable_by_key(|(child, _)| *child);
+        seen.parents = parents;
+        Ok((seen, already))
     }
-    tree
+
+    /// The id of `entry`.
+    fn id_of(&self, entry: &Entry) -> &str {
+        &self.ids[entry.start..entry.start + entry.len as usize]
+    }
+
+    /// The id of the task at `index`.
+    fn id(&self, index: u32) -> &str {
+        self.id_of(&self.entries[index as usize])
+    }
+
+    /// The index of task `id`.
+    fn find(&self, id: &str) -> Option<u32> {
+        self.entries
+            .binary_search_by(|e| self.id_of(e).cmp(id))
+            .ok()
+            .and_then(|i| u32::try_from(i).ok())
+    }
+
+    /// The parent of the task at `index`, if it is a nested task.
+    fn parent_of(&self, index: u32) -> Option<&str> {
+        let at = self
+            .parents
+            .binary_search_by_key(&index, |(c, _)| *c)
+            .ok()?;
+        Some(&self.parents[at].1)
+    }
+
+    /// The nested tasks of the task at `index`.
+    fn children_of(&self, index: u32) -> impl Iterator<Item = u32> + '_ {
+        let from = self.children.partition_point(|(p, _)| *p < index);
+        self.children[from..]
+            .iter()
+            .take_while(move |(p, _)| *p == index)
+            .map(|(_, c)| *c)
+    }
+
+    /// The root tasks that ended before `before`, in id order.
+    fn ended_roots(&self, before: Timestamp) -> Vec<u32> {
+        (0..self.entries.len())
+            .filter(|i| {
+                let e = &self.entries[*i];
+                !e.nested && e.ended != NOT_ENDED && e.ended < before.0
+            })
+            .filter_map(|i| u32::try_from(i).ok())
+            .collect()
+    }
+
+    /// The tree of the root at `root`: its tasks (root first) and whether it may go.
+    fn tree(&self, root: u32) -> Tree {
+        let mut tree = Tree {
+            tasks: Vec::new(),
+            records: 0,
+            kept: None,
+        };
+        let mut next = vec![root];
+        let mut visited = std::collections::HashSet::new();
+        while let Some(index) = next.pop() {
+            if !visited.insert(index) {
+                continue;
+            }
+            let task = &self.entries[index as usize];
+            let id = self.id(index);
+            if task.ended == NOT_ENDED && tree.kept.is_none() {
+                tree.kept = Some(format!("{id} has not ended"));
+            }
+            if task.queued && tree.kept.is_none() {
+                tree.kept = Some(format!("a notification of {id} is still queued"));
+            }
+            if task.held && tree.kept.is_none() {
+                tree.kept = Some(format!("{id} is on hold"));
+            }
+            tree.tasks.push(index);
+            tree.records += task.records;
+            next.extend(self.children_of(index));
+        }
+        tree
+    }
+}
+
+/// A root task's tree and what keeps it, if anything.
+struct Tree {
+    /// Its tasks, root first.
+    tasks: Vec<u32>,
+    /// Their records.
+    records: u64,
+    /// Why it may not go.
+    kept: Option<String>,
 }
 
 /// Runs `dtask purge`.
@@ -163,83 +308,59 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
     } else {
         at.open_writer(JournalOptions::default())?
     };
-    let bar = progress(journal.last_seq()?, "reading tasks");
-    let mut seen = BTreeMap::new();
-    let mut already = 0u64;
-    for view in FoldViews::new(&journal, None) {
-        let view = view?;
-        bar.inc(view.records);
-        if view.purged.is_some() {
-            already += 1;
-            continue;
-        }
-        let Some(task) = &view.task else {
-            // Damage or an illegal record: never purged (it is evidence); `verify` names it.
-            continue;
-        };
-        let s = &task.state;
-        seen.insert(
-            view.id().to_owned(),
-            Seen {
-                parent: s.parent_task_id.clone(),
-                ended: s
-                    .status
-                    .is_terminal()
-                    .then(|| s.done_at.unwrap_or(s.updated_at)),
-                queued: !task.outbox.is_empty(),
-                held: s.hold.is_some(),
-                records: view.records,
-            },
-        );
-    }
-    bar.finish_and_clear();
-    let mut children: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-    for (id, task) in &seen {
-        if !task.parent.is_empty() {
-            children.entry(task.parent.as_str()).or_default().push(id);
-        }
-    }
-    let roots: Vec<&str> = if args.tasks.is_empty() {
-        let before = args.finished_before.unwrap_or(Timestamp(0));
-        seen.iter()
-            .filter(|(_, t)| t.parent.is_empty() && t.ended.is_some_and(|at| at < before))
-            .map(|(id, _)| id.as_str())
-            .collect()
+    let (seen, already) = Seen::read(&journal)?;
+    let roots: Vec<u32> = if args.tasks.is_empty() {
+        seen.ended_roots(args.finished_before.unwrap_or(Timestamp(0)))
     } else {
+        let mut roots = Vec::with_capacity(args.tasks.len());
         for id in &args.tasks {
-            match seen.get(id) {
-                None => {
-                    return Err(CliError::Usage(format!(
-                        "no task {id:?} that could be purged (unknown, purged before, or damaged)"
-                    )))
-                }
-                Some(t) if !t.parent.is_empty() => {
-                    return Err(CliError::Usage(format!(
-                    "{id:?} is a nested task of {:?}: purge its root task, which takes it along",
-                    t.parent
-                )))
-                }
-                Some(_) => {}
+            let Some(index) = seen.find(id) else {
+                return Err(CliError::Usage(format!(
+                    "no task {id:?} that could be purged (unknown, purged before, or damaged)"
+                )));
+            };
+            if let Some(parent) = seen.parent_of(index) {
+                return Err(CliError::Usage(format!(
+                    "{id:?} is a nested task of {parent:?}: purge its root task, which takes it along"
+                )));
+            }
+            roots.push(index);
+        }
+        for root in &roots {
+            if let Some(kept) = seen.tree(*root).kept {
+                return Err(CliError::Usage(format!("cannot purge: {kept}")));
             }
         }
-        args.tasks.iter().map(String::as_str).collect()
+        roots
     };
-    let trees: Vec<Tree> = roots.iter().map(|r| tree(r, &seen, &children)).collect();
-    if !args.tasks.is_empty() {
-        if let Some(kept) = trees.iter().find_map(|t| t.kept.as_ref()) {
-            return Err(CliError::Usage(format!("cannot purge: {kept}")));
+    // The trees are walked again where they are needed rather than held: a sweep of
+    // millions of roots holds their indexes only.
+    let mut kept: Vec<(u32, String)> = Vec::new();
+    let mut going: Vec<u32> = Vec::new();
+    let (mut going_tasks, mut going_records) = (0u64, 0u64);
+    for root in roots {
+        let tree = seen.tree(root);
+        if let Some(why) = tree.kept {
+            kept.push((root, why));
+        } else {
+            going.push(root);
+            going_tasks += tree.tasks.len() as u64;
+            going_records += tree.records;
         }
     }
-    let (going, kept): (Vec<&Tree>, Vec<&Tree>) = trees.iter().partition(|t| t.kept.is_none());
     let mut purged_tasks = 0u64;
     let mut purged_records = 0u64;
     let mut purged_bytes = 0u64;
     if args.dry_run {
-        purged_tasks = going.iter().map(|t| t.tasks.len() as u64).sum();
-        purged_records = going.iter().map(|t| t.records).sum();
+        purged_tasks = going_tasks;
+        purged_records = going_records;
     } else {
         if let Some(path) = &args.export {
-            let tasks: Vec<String> = going.iter().flat_map(|t| t.tasks.iter().cloned()).collect();
+            let tasks: Vec<String> = going
+                .iter()
+                .flat_map(|root| seen.tree(*root).tasks)
+                .map(|index| seen.id(index).to_owned())
+                .collect();
             if !tasks.is_empty() {
                 super::export::export_to_file(&journal, &tasks, super::codec::bytes(false), path)?;
             }
@@ -262,11 +383,12 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
             *trees = 0;
             Ok(())
         };
-        for tree in &going {
+        for root in &going {
+            let tree = seen.tree(*root);
             if batch.len() + tree.tasks.len() > usize::try_from(args.batch).unwrap_or(usize::MAX) {
                 flush(&mut batch, &mut trees_in_batch)?;
             }
-            batch.extend(tree.tasks.iter().map(String::as_str));
+            batch.extend(tree.tasks.iter().map(|index| seen.id(*index)));
             trees_in_batch += 1;
         }
         flush(&mut batch, &mut trees_in_batch)?;
@@ -282,7 +404,7 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
         out.json(&json!({
             "dry_run": args.dry_run,
             "purged": { "tasks": purged_tasks, "records": purged_records, "bytes": purged_bytes },
-            "kept": kept.iter().map(|t| json!({ "task": t.tasks[0], "why": t.kept })).collect::<Vec<_>>(),
+            "kept": kept.iter().map(|(root, why)| json!({ "task": seen.id(*root), "why": why })).collect::<Vec<_>>(),
             "purged_before": already,
             "compacted": compacted_json(compacted),
         }))?;
@@ -302,12 +424,8 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
                 format!(", {}", fmt::size(purged_bytes))
             },
         ))?;
-        for t in &kept {
-            out.line(format!(
-                "  kept {}: {}",
-                t.tasks[0],
-                t.kept.as_deref().unwrap_or_default()
-            ))?;
+        for (root, why) in &kept {
+            out.line(format!("  kept {}: {why}", seen.id(*root)))?;
         }
         if already > 0 {
             out.line(format!("{} purged before", fmt::count(already, "task")))?;

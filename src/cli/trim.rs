@@ -65,46 +65,48 @@ fn trimmable(journal: &Journal, task: &str, keep: u64) -> Result<(u64, u64, bool
 }
 
 /// The tasks to trim: those named (each known, not an agent run), or those a sweep by age
-/// takes.
+/// takes. Only those are held, not every task the fold reads.
 fn choose(journal: &Journal, args: &Args) -> Result<Vec<String>> {
-    // What the fold says of each task: whether its progress may go, and whether a sweep by
-    // age takes it.
     let bar = progress(journal.last_seq()?, "reading tasks");
-    let mut seen: BTreeMap<String, (bool, bool)> = BTreeMap::new();
+    // Whether each named task's progress may go, once the fold has found it.
+    let mut named: BTreeMap<&str, Option<bool>> =
+        args.tasks.iter().map(|t| (t.as_str(), None)).collect();
+    let mut due = Vec::new();
     for view in FoldViews::new(journal, None) {
         let view = view?;
         bar.inc(view.records);
         let Some(task) = &view.task else { continue };
-        let due = args
+        if let Some(found) = named.get_mut(view.id()) {
+            *found = Some(progress_trimmable(&task.state));
+        }
+        if args
             .finished_before
             .is_some_and(|before| trim_due(&task.state, before, args.keep))
-            && !view.has_problems();
-        seen.insert(view.id().to_owned(), (progress_trimmable(&task.state), due));
+            && !view.has_problems()
+        {
+            due.push(view.id().to_owned());
+        }
     }
     bar.finish_and_clear();
-    Ok(if args.tasks.is_empty() {
-        seen.iter()
-            .filter(|(_, (_, due))| *due)
-            .map(|(id, _)| id.clone())
-            .collect()
-    } else {
-        for id in &args.tasks {
-            match seen.get(id) {
-                None => {
-                    return Err(CliError::Usage(format!(
-                        "no task {id:?} that could be trimmed (unknown, purged, or damaged)"
-                    )))
-                }
-                Some((false, _)) => {
-                    return Err(CliError::Usage(format!(
-                        "{id:?} is an agent run: its updates are its conversation, never trimmed"
-                    )))
-                }
-                Some(_) => {}
+    if args.tasks.is_empty() {
+        return Ok(due);
+    }
+    for id in &args.tasks {
+        match named.get(id.as_str()).copied().flatten() {
+            None => {
+                return Err(CliError::Usage(format!(
+                    "no task {id:?} that could be trimmed (unknown, purged, or damaged)"
+                )))
             }
+            Some(false) => {
+                return Err(CliError::Usage(format!(
+                    "{id:?} is an agent run: its updates are its conversation, never trimmed"
+                )))
+            }
+            Some(true) => {}
         }
-        args.tasks.clone()
-    })
+    }
+    Ok(args.tasks.clone())
 }
 
 /// What a task's trim did (or would do): the updates and their bytes, or why it was kept.
