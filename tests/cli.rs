@@ -2461,27 +2461,20 @@ fn nested_fixture(dir: &Path) {
 fn purge_takes_a_root_with_its_nested_tasks_and_keeps_a_tree_with_one_running() {
     let dir = tempfile::tempdir().unwrap();
     nested_fixture(dir.path());
-    dtask(dir.path())
-        .args(["purge", "tree/a"])
-        .assert()
-        .code(2)
-        .stderr(predicate::str::contains(
+    for (task, said) in [
+        (
+            "tree/a",
             "\"tree/a\" is a nested task of \"tree\": purge its root task",
-        ));
-    dtask(dir.path())
-        .args(["purge", "nobody"])
-        .assert()
-        .code(2)
-        .stderr(predicate::str::contains(
-            "no task \"nobody\" that could be purged",
-        ));
-    dtask(dir.path())
-        .args(["purge", "open"])
-        .assert()
-        .code(2)
-        .stderr(predicate::str::contains(
-            "cannot purge: open/c has not ended",
-        ));
+        ),
+        ("nobody", "no task \"nobody\" that could be purged"),
+        ("open", "cannot purge: open/c has not ended"),
+    ] {
+        dtask(dir.path())
+            .args(["purge", task])
+            .assert()
+            .code(2)
+            .stderr(predicate::str::contains(said));
+    }
     let cutoff = (T0 + 10_000).to_string();
     let dry = json(&stdout(dtask(dir.path()).args([
         "purge",

@@ -126,6 +126,11 @@ struct Entry {
     records: u64,
 }
 
+/// The id of `entry` in `ids` ([`Seen::ids`]).
+fn id_in<'a>(ids: &'a str, entry: &Entry) -> &'a str {
+    &ids[entry.start..entry.start + entry.len as usize]
+}
+
 /// What the fold of the journal says of its tasks, held compactly — a purge of a journal of
 /// millions of tasks holds ~40 bytes a task and its id — and in id order, for lookups.
 #[derive(Debug, Default)]
@@ -147,7 +152,8 @@ impl Seen {
     fn read(journal: &dtask_journal::Journal) -> Result<(Self, u64)> {
         let bar = progress(journal.last_seq()?, "reading tasks");
         let mut seen = Self::default();
-        let mut parents: Vec<(u32, Box<str>)> = Vec::new();
+        // Each nested task's id (where it is in `ids`) and its parent's.
+        let mut nested: Vec<(usize, u32, Box<str>)> = Vec::new();
         let mut already = 0u64;
         for view in FoldViews::new(journal, None) {
             let view = view?;
@@ -158,13 +164,8 @@ impl Seen {
             }
             let Some(task) = &view.task else { continue };
             let s = &task.state;
-            let index = u32::try_from(seen.entries.len())
-                .map_err(|_| CliError::Usage("more than 4 billion tasks".into()))?;
-            if !s.parent_task_id.is_empty() {
-                parents.push((index, s.parent_task_id.as_str().into()));
-            }
             let id = view.id();
-            seen.entries.push(Entry {
+            let entry = Entry {
                 start: seen.ids.len(),
                 len: u32::try_from(id.len()).unwrap_or(u32::MAX),
                 queued: !task.outbox.is_empty(),
@@ -176,51 +177,46 @@ impl Seen {
                     NOT_ENDED
                 },
                 records: view.records,
-            });
+            };
+            if entry.nested {
+                nested.push((entry.start, entry.len, s.parent_task_id.as_str().into()));
+            }
+            seen.entries.push(entry);
             seen.ids.push_str(id);
         }
         bar.finish_and_clear();
-        // In id order, for lookups: the fold reads tasks so, and the sort only checks it.
-        let mut order: Vec<u32> =
-            (0..u32::try_from(seen.entries.len()).unwrap_or(u32::MAX)).collect();
-        order.sort_by(|a, b| {
-            let (a, b) = (&seen.entries[*a as usize], &seen.entries[*b as usize]);
-            seen.id_of(a).cmp(seen.id_of(b))
-        });
-        let mut new_index = vec![0u32; order.len()];
-        for (new, old) in order.iter().enumerate() {
-            new_index[*old as usize] = u32::try_from(new).unwrap_or(u32::MAX);
+        if u32::try_from(seen.entries.len()).is_err() {
+            return Err(CliError::Usage("more than 4 billion tasks".into()));
         }
-        seen.entries = order.iter().map(|i| seen.entries[*i as usize]).collect();
-        for (child, _) in &mut parents {
-            *child = new_index[*child as usize];
-        }
-        for (child, parent) in &parents {
+        // In id order, for lookups (the fold reads tasks so: the sort only checks it).
+        let ids = &seen.ids;
+        seen.entries
+            .sort_by(|a, b| id_in(ids, a).cmp(id_in(ids, b)));
+        for (start, len, parent) in nested {
+            let child = &seen.ids[start..start + len as usize];
+            let Some(child) = seen.find(child) else {
+                continue;
+            };
             // A parent no longer (or never) in the journal has nothing to take its child along.
-            if let Some(parent) = seen.find(parent) {
-                seen.children.push((parent, *child));
+            if let Some(index) = seen.find(&parent) {
+                seen.children.push((index, child));
             }
+            seen.parents.push((child, parent));
         }
+        seen.parents.sort_unstable_by_key(|(child, _)| *child);
         seen.children.sort_unstable();
-        parents.sort_unstable_by_key(|(child, _)| *child);
-        seen.parents = parents;
         Ok((seen, already))
-    }
-
-    /// The id of `entry`.
-    fn id_of(&self, entry: &Entry) -> &str {
-        &self.ids[entry.start..entry.start + entry.len as usize]
     }
 
     /// The id of the task at `index`.
     fn id(&self, index: u32) -> &str {
-        self.id_of(&self.entries[index as usize])
+        id_in(&self.ids, &self.entries[index as usize])
     }
 
     /// The index of task `id`.
     fn find(&self, id: &str) -> Option<u32> {
         self.entries
-            .binary_search_by(|e| self.id_of(e).cmp(id))
+            .binary_search_by(|e| id_in(&self.ids, e).cmp(id))
             .ok()
             .and_then(|i| u32::try_from(i).ok())
     }
