@@ -1265,6 +1265,16 @@ fn stats_counts_tasks_and_records() {
         text.contains("COMPACTION OWED") && text.contains("writes not held back"),
         "{text}"
     );
+    // What a synced append promises where the journal lies, as `dtask probe` says it.
+    let promise = stats["sync_promise"]["promise"].as_str().unwrap();
+    assert!(
+        ["stable", "flushed", "lost", "unknown"].contains(&promise),
+        "{stats}"
+    );
+    assert!(
+        text.contains(&format!("synced appends: {promise} — ")),
+        "{text}"
+    );
 }
 
 #[test]

@@ -4,6 +4,7 @@
 
 use super::fmt::{self, Table};
 use super::{progress, Global, Out, Result};
+use dtask_journal::probe::{Placement, Verdict};
 use dtask_journal::{EventType, StorageStats};
 use dtask_replay::FoldViews;
 use serde_json::{json, Value};
@@ -62,6 +63,7 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
     sizes.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.2.cmp(&b.2)));
     sizes.truncate(args.top);
     let storage = journal.storage_stats()?;
+    let promise = sync_promise(global)?;
     let mut out = Out::new();
     if global.json {
         let types: BTreeMap<&str, Value> = by_type
@@ -91,6 +93,7 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
             "by_type": types,
             "largest": largest,
             "storage": storage,
+            "sync_promise": promise,
         }))?;
         return out.flush();
     }
@@ -115,10 +118,35 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
         ))?;
     }
     tables(&mut out, &by_status, &by_executor, &by_type, &sizes)?;
-    if let Some(storage) = &storage {
-        storage_table(&mut out, storage)?;
-    }
+    footer(&mut out, storage.as_ref(), promise.as_ref())?;
     out.flush()
+}
+
+/// The storage engine's figures, if it has any, and what a synced append promises, if the
+/// journal's directory was examined.
+fn footer(out: &mut Out, storage: Option<&StorageStats>, promise: Option<&Verdict>) -> Result<()> {
+    if let Some(storage) = storage {
+        storage_table(out, storage)?;
+    }
+    if let Some(verdict) = promise {
+        out.line(format!(
+            "synced appends: {} — {} (`dtask probe` times a sync)",
+            verdict.promise.as_str(),
+            verdict.why
+        ))?;
+    }
+    Ok(())
+}
+
+/// What a synced append promises where an embedded journal lies (`dtask probe` also times a
+/// sync there); `None` for a PostgreSQL journal, whose server's settings `probe` reads, and
+/// where the directory cannot be examined.
+fn sync_promise(global: &Global) -> Result<Option<Verdict>> {
+    Ok(global
+        .at()?
+        .dir()
+        .and_then(|dir| Placement::examine(dir).ok())
+        .map(|placement| placement.verdict(None)))
 }
 
 /// The storage engine's figures: a row per column family, then what runs and whether writes
