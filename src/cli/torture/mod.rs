@@ -388,6 +388,11 @@ fn count_hits(path: &Path) -> u64 {
 
 /// Compares the journal's heads with the last snapshot, then replaces the snapshot. A journal
 /// that no child has created yet has no heads: nothing was acknowledged.
+///
+/// The heads and the streams they are checked against are read from one frozen view of the
+/// journal: with several nodes the others keep writing while one's end is checked, and a
+/// task purged between the read of its head and the read of its stream would otherwise look
+/// like a stream that lost its records.
 fn check_heads(layout: &Layout, before: &mut check::Heads, tally: &mut Tally) -> Result<()> {
     let Some(journal) = check::open_if_created(layout)? else {
         tally.violations.extend(
@@ -398,10 +403,12 @@ fn check_heads(layout: &Layout, before: &mut check::Heads, tally: &mut Tally) ->
         before.clear();
         return Ok(());
     };
-    let now = check::heads(&journal)?;
+    let frozen = journal.frozen()?;
+    let journal = frozen.journal();
+    let now = check::heads(journal)?;
     tally
         .violations
-        .extend(check::heads_grew(&journal, before, &now)?);
+        .extend(check::heads_grew(journal, before, &now)?);
     *before = now;
     Ok(())
 }
