@@ -327,6 +327,16 @@ async fn the_page_lists_tasks_live_and_shows_a_timeline_and_the_audit() {
         storage.contains("events") && storage.contains("COMPACTION OWED"),
         "{storage}"
     );
+    // What a synced append promises where the journal lies, as `dtask probe` judges it.
+    let promise = browser
+        .run("return document.getElementById('sync-promise').textContent")
+        .await;
+    assert!(
+        promise
+            .as_str()
+            .is_some_and(|p| p.starts_with("synced appends: ")),
+        "{promise}"
+    );
     let ready = browser
         .run("return document.getElementById('health').textContent")
         .await;

@@ -1070,6 +1070,18 @@ async fn verify_stats_and_metrics_describe_the_journal() {
     assert!(events["memtable_bytes"].as_u64().unwrap() > 0, "{stats}");
     assert_eq!(stats["storage"]["write_stopped"], false, "{stats}");
     assert!(stats["storage"]["direct_table_io"].is_boolean(), "{stats}");
+    // What a synced append promises where the journal lies, as `dtask probe` judges it.
+    let promise = stats["sync_promise"]["promise"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        ["stable", "flushed", "lost", "unknown"].contains(&promise.as_str()),
+        "{stats}"
+    );
+    assert!(stats["sync_promise"]["why"]
+        .as_str()
+        .is_some_and(|w| !w.is_empty()));
 
     let (status, _) = server.get("/api/tasks/nope").await;
     assert_eq!(status, StatusCode::NOT_FOUND);
@@ -1101,6 +1113,11 @@ async fn verify_stats_and_metrics_describe_the_journal() {
             "missing {line:?} in\n{text}"
         );
     }
+    let promised = format!(r#"dtask_journal_sync_promise{{promise="{promise}"}} 1"#);
+    assert!(
+        text.lines().any(|l| l == promised),
+        "missing {promised:?} in\n{text}"
+    );
     assert!(text.ends_with("# EOF\n"));
     server.stop().await;
 }
@@ -1120,6 +1137,7 @@ async fn the_web_page_and_its_assets_are_served() {
     assert!(html.contains(r#"<script src="/assets/app.js"></script>"#));
     for (path, kind, needle) in [
         ("/assets/app.js", "text/javascript", "new EventSource"),
+        ("/assets/app.js", "text/javascript", "sync-promise"),
         ("/assets/style.css", "text/css", ".timeline"),
     ] {
         let r = server.http.get(server.url(path)).send().await.unwrap();
@@ -1475,6 +1493,32 @@ fn the_cli_warns_when_it_serves_a_journal_in_memory() {
     let (mut first, mut second) = (String::new(), String::new());
     stderr.read_line(&mut first).unwrap();
     stderr.read_line(&mut second).unwrap();
+    // The API and the metrics say it too.
+    let addr = first
+        .split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split('/').next())
+        .unwrap_or_else(|| panic!("no address in {first:?}"))
+        .to_owned();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (stats, metrics): (Value, String) = runtime.block_on(async {
+        let stats = reqwest::get(format!("http://{addr}/api/stats"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let metrics = reqwest::get(format!("http://{addr}/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        (stats, metrics)
+    });
     let killed = std::process::Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
@@ -1486,6 +1530,13 @@ fn the_cli_warns_when_it_serves_a_journal_in_memory() {
         second.contains("warning: the journal's synced appends will not survive a power failure")
             && second.contains("tmpfs"),
         "{second}"
+    );
+    assert_eq!(stats["sync_promise"]["promise"], "lost", "{stats}");
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == r#"dtask_journal_sync_promise{promise="lost"} 1"#),
+        "{metrics}"
     );
 }
 

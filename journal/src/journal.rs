@@ -441,6 +441,14 @@ impl Journal {
         self.inner.backend.is_shared()
     }
 
+    /// The directory of an embedded journal (the one it was opened at; a frozen view's, its
+    /// copy), or `None` for a PostgreSQL journal — what [`crate::probe::Placement::examine`]
+    /// looks at.
+    #[must_use]
+    pub fn dir(&self) -> Option<&Path> {
+        self.inner.backend.dir()
+    }
+
     /// Checks a task id: valid, and within the limit.
     fn check_task_id(&self, task: &str) -> Result<()> {
         if !keys::is_valid_task_id(task) {

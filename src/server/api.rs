@@ -6,8 +6,8 @@ use super::metrics::Scrape;
 use super::model::{
     BytesQuery, CancelBody, HoldBody, InputBody, InputView, ListQuery, PurgeView, RecordPage,
     RecordsQuery, ReleaseBody, RerunBody, ResumeBody, StateAt, StateQuery, Stats, StorageView,
-    SubmitBody, TaskDetail, TaskList, TaskStateView, TrimBody, TrimView, UpdatePage, UpdatesQuery,
-    VerifyQuery, VerifyReport,
+    SubmitBody, SyncPromiseView, TaskDetail, TaskList, TaskStateView, TrimBody, TrimView,
+    UpdatePage, UpdatesQuery, VerifyQuery, VerifyReport,
 };
 use super::sse::{self, Scope};
 use super::{read, ApiError, Shared};
@@ -453,6 +453,7 @@ pub async fn stats(State(shared): State<Arc<Shared>>) -> Json<Stats> {
             .collect(),
         subscribers: shared.hub.subscribers(),
         storage: storage.as_ref().map(StorageView::from),
+        sync_promise: shared.sync_promise.as_ref().map(SyncPromiseView::from),
     })
 }
 

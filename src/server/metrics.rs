@@ -47,6 +47,13 @@ pub struct RouteLabels {
 
 /// A label with one value.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PromiseLabel {
+    /// What a synced append promises (`dtask_journal::probe::SyncPromise`).
+    pub promise: String,
+}
+
+/// A label with one value.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StatusLabel {
     /// The task status.
     pub status: String,
@@ -536,6 +543,7 @@ pub struct Metrics {
     subscribers: Gauge,
     ready: Gauge,
     journal_stopped: Gauge,
+    sync_promise: Family<PromiseLabel, Gauge>,
     /// Streams that fell behind the broadcast buffer and went back to reading the journal.
     pub stream_lagged: Counter,
     /// Failed reads of the pump.
@@ -603,6 +611,12 @@ impl Metrics {
             "journal_stopped",
             "1 once the journal stopped after a failed sync: it refuses every write until the process restarts",
         );
+        let sync_promise = register(
+            r,
+            "journal_sync_promise",
+            "1 for what a synced append promises where the journal's directory lies (stable, flushed, lost or unknown; none on PostgreSQL): dtask probe",
+            Family::<PromiseLabel, Gauge>::default(),
+        );
         let stream_lagged = counter(
             r,
             "sse_lagged",
@@ -633,6 +647,7 @@ impl Metrics {
             subscribers,
             ready,
             journal_stopped,
+            sync_promise,
             stream_lagged,
             pump_errors,
             verifies,
@@ -641,6 +656,16 @@ impl Metrics {
             storage,
             mirrored: Mutex::new(mirrored),
         }
+    }
+
+    /// Sets what a synced append promises where the journal lies (once, when the server is
+    /// made).
+    pub fn set_sync_promise(&self, promise: &str) {
+        self.sync_promise
+            .get_or_create(&PromiseLabel {
+                promise: promise.to_owned(),
+            })
+            .set(1);
     }
 
     /// Counts an answered request.

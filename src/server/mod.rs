@@ -138,6 +138,9 @@ pub(crate) struct Shared {
     pub verify_gate: Semaphore,
     /// Whether the pump's last read of the journal's commits failed.
     pub read_failing: Arc<AtomicBool>,
+    /// What a synced append promises where an embedded journal lies (examined once, when
+    /// the server is made); `None` on PostgreSQL.
+    pub sync_promise: Option<dtask_journal::probe::Verdict>,
 }
 
 /// The HTTP server over a journal.
@@ -156,16 +159,25 @@ impl Server {
         config: ServerConfig,
     ) -> Self {
         let (stop, stopped) = watch::channel(false);
+        let sync_promise = journal
+            .dir()
+            .and_then(|dir| dtask_journal::probe::Placement::examine(dir).ok())
+            .map(|placement| placement.verdict(None));
+        let metrics = metrics::Metrics::new();
+        if let Some(verdict) = &sync_promise {
+            metrics.set_sync_promise(verdict.promise.as_str());
+        }
         let shared = Arc::new(Shared {
             journal,
             owner,
             follower,
             projection: Arc::default(),
             hub: Arc::new(sse::Hub::new(config.stream_buffer, config.max_streams)),
-            metrics: Arc::new(metrics::Metrics::new()),
+            metrics: Arc::new(metrics),
             stop: stopped,
             verify_gate: Semaphore::new(1),
             read_failing: Arc::default(),
+            sync_promise,
         });
         Self {
             shared,

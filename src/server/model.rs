@@ -718,6 +718,31 @@ pub struct Stats {
     /// The storage engine's own figures (RocksDB journals; `null` for PostgreSQL): what the
     /// appends left owed to its background threads.
     pub storage: Option<StorageView>,
+    /// What a synced append promises where the journal's directory lies, as `dtask probe`
+    /// judges it without timing a sync (`null` for PostgreSQL).
+    pub sync_promise: Option<SyncPromiseView>,
+}
+
+/// What a synced append promises where the journal lies (`dtask_journal::probe::Verdict`).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct SyncPromiseView {
+    /// `stable` (no volatile write cache), `flushed` (a volatile cache each sync flushes),
+    /// `lost` (a file system in memory, write barriers off) or `unknown`.
+    pub promise: String,
+    /// Why, in a sentence.
+    pub why: String,
+    /// Cautions that do not change the promise.
+    pub notes: Vec<String>,
+}
+
+impl From<&dtask_journal::probe::Verdict> for SyncPromiseView {
+    fn from(verdict: &dtask_journal::probe::Verdict) -> Self {
+        Self {
+            promise: verdict.promise.as_str().to_owned(),
+            why: verdict.why.clone(),
+            notes: verdict.notes.clone(),
+        }
+    }
 }
 
 /// The storage engine's state at one moment (`Journal::storage_stats`; `dtask stats` prints

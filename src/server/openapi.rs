@@ -74,6 +74,7 @@ use utoipa::OpenApi;
         model::VerifyReport,
         model::Stats,
         model::StorageView,
+        model::SyncPromiseView,
         model::SpaceView,
         model::Health,
         model::HealthStatus,

@@ -491,6 +491,11 @@ pub trait Backend: Send + Sync + 'static {
         false
     }
 
+    /// The directory the store lies in, for a store of files (`None` for a database server).
+    fn dir(&self) -> Option<&std::path::Path> {
+        None
+    }
+
     /// Begins a batch of a writer that shares the store with others: takes the store's writer
     /// lock (held until [`Backend::write_locked`] commits the batch or
     /// [`Backend::unlock_write`] gives it up) and returns what it found

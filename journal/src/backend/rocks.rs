@@ -892,6 +892,10 @@ impl RocksBackend {
 }
 
 impl Backend for RocksBackend {
+    fn dir(&self) -> Option<&Path> {
+        Some(self.db.path())
+    }
+
     fn describe(&self) -> String {
         self.db.path().display().to_string()
     }

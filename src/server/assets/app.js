@@ -386,6 +386,9 @@ async function journalPage() {
         [["tasks", s.tasks], ["records", s.records], ["bytes", s.bytes], ["last sequence", s.last_seq],
           ["with problems", s.tasks_with_problems], ["streams", s.subscribers]].map(([k, v]) => h("div", { class: "card" }, h("b", {}, v), k))),
       h("p", { class: "muted" }, `${s.mode} · journal format ${s.journal_format} · record format ${s.record_format}${s.counted ? "" : " · counting…"}`),
+      // What a synced append promises where the journal lies (dtask probe); none on PostgreSQL.
+      s.sync_promise ? h("p", { id: "sync-promise", class: s.sync_promise.promise === "lost" ? "problem" : "muted" },
+        `synced appends: ${s.sync_promise.promise} — ${s.sync_promise.why}`) : "",
       h("div", { class: "cards" }, table("STATUS", s.by_status), table("EXECUTOR", s.by_executor), table("EVENT TYPE", s.by_type)),
       storage(s.storage));
   };
