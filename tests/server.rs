@@ -1426,117 +1426,120 @@ fn the_cli_refuses_a_non_loopback_address_without_a_token() {
     assert!(stderr.contains("--token"), "{stderr}");
 }
 
+/// `dtask serve` run on loopback over the journal `dir`, its standard error read up to the
+/// line that names its address.
+struct ServedCli {
+    child: std::process::Child,
+    stderr: std::io::BufReader<std::process::ChildStderr>,
+    /// The first line: the address, the mode, the journal.
+    first: String,
+    addr: String,
+}
+
+impl ServedCli {
+    fn start(dir: &std::path::Path) -> Self {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_dtask"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--journal"])
+            .arg(dir)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+        let mut first = String::new();
+        stderr.read_line(&mut first).unwrap();
+        let addr = first
+            .split("http://")
+            .nth(1)
+            .and_then(|rest| rest.split('/').next())
+            .unwrap_or_else(|| panic!("no address in {first:?}"))
+            .to_owned();
+        Self {
+            child,
+            stderr,
+            first,
+            addr,
+        }
+    }
+
+    /// The next line of its standard error.
+    fn line(&mut self) -> String {
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut self.stderr, &mut line).unwrap();
+        line
+    }
+
+    /// The bodies of GETs of `paths`.
+    fn get(&self, paths: &[&str]) -> Vec<String> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let mut bodies = Vec::new();
+            for path in paths {
+                let url = format!("http://{}{path}", self.addr);
+                bodies.push(reqwest::get(url).await.unwrap().text().await.unwrap());
+            }
+            bodies
+        })
+    }
+
+    /// Stops it with SIGTERM: its exit code and the rest of its standard error.
+    fn stop(mut self) -> (Option<i32>, String) {
+        let killed = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(killed.success());
+        let status = self.child.wait().unwrap();
+        let mut rest = String::new();
+        std::io::Read::read_to_string(&mut self.stderr, &mut rest).unwrap();
+        (status.code(), rest)
+    }
+}
+
 #[test]
 fn the_cli_serves_until_sigterm() {
-    use std::io::BufRead;
     let dir = tempfile::tempdir().unwrap();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_dtask"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--journal"])
-        .arg(dir.path())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
-    let mut line = String::new();
-    stderr.read_line(&mut line).unwrap();
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .and_then(|rest| rest.split('/').next())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_owned();
-    assert!(line.contains("owner"), "{line}");
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let stats: Value = runtime.block_on(async {
-        reqwest::get(format!("http://{addr}/api/stats"))
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
-    });
+    let served = ServedCli::start(dir.path());
+    assert!(served.first.contains("owner"), "{}", served.first);
+    let stats: Value = serde_json::from_str(&served.get(&["/api/stats"])[0]).unwrap();
     assert_eq!(stats["mode"], "owner");
-    let killed = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    let status = child.wait().unwrap();
-    assert_eq!(status.code(), Some(0));
-    let mut rest = String::new();
-    std::io::Read::read_to_string(&mut stderr, &mut rest).unwrap();
+    let (code, rest) = served.stop();
+    assert_eq!(code, Some(0));
     assert!(rest.contains("stopped"), "{rest}");
     // The journal is free again: a writable open succeeds.
     Journal::open(dir.path(), JournalOptions::default()).unwrap();
 }
 
 /// A journal in memory is served, with a warning after the address that its synced appends
-/// do not survive a power failure.
+/// do not survive a power failure; the API and the metrics say it too.
 #[cfg(target_os = "linux")]
 #[test]
 fn the_cli_warns_when_it_serves_a_journal_in_memory() {
-    use std::io::BufRead;
     let Ok(shm) = tempfile::tempdir_in("/dev/shm") else {
         eprintln!("SKIPPED the_cli_warns_when_it_serves_a_journal_in_memory: no /dev/shm");
         return;
     };
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_dtask"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--journal"])
-        .arg(shm.path())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = std::io::BufReader::new(child.stderr.take().unwrap());
-    let (mut first, mut second) = (String::new(), String::new());
-    stderr.read_line(&mut first).unwrap();
-    stderr.read_line(&mut second).unwrap();
-    // The API and the metrics say it too.
-    let addr = first
-        .split("http://")
-        .nth(1)
-        .and_then(|rest| rest.split('/').next())
-        .unwrap_or_else(|| panic!("no address in {first:?}"))
-        .to_owned();
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let (stats, metrics): (Value, String) = runtime.block_on(async {
-        let stats = reqwest::get(format!("http://{addr}/api/stats"))
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        let metrics = reqwest::get(format!("http://{addr}/metrics"))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        (stats, metrics)
-    });
-    let killed = std::process::Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    assert_eq!(child.wait().unwrap().code(), Some(0));
-    assert!(first.contains("http://"), "{first}");
+    let mut served = ServedCli::start(shm.path());
+    let second = served.line();
+    let bodies = served.get(&["/api/stats", "/metrics"]);
+    let (code, _) = served.stop();
+    assert_eq!(code, Some(0));
     assert!(
         second.contains("warning: the journal's synced appends will not survive a power failure")
             && second.contains("tmpfs"),
         "{second}"
     );
+    let stats: Value = serde_json::from_str(&bodies[0]).unwrap();
     assert_eq!(stats["sync_promise"]["promise"], "lost", "{stats}");
     assert!(
-        metrics
+        bodies[1]
             .lines()
             .any(|l| l == r#"dtask_journal_sync_promise{promise="lost"} 1"#),
-        "{metrics}"
+        "{}",
+        bodies[1]
     );
 }
 
