@@ -221,6 +221,9 @@ impl Journal {
             | BatchOp::Replace { .. } => None,
         })
         .collect();
+        if options.durability == crate::Durability::Sync {
+            crate::postgres::probe::warn_if_lost(&location);
+        }
         let backend = crate::postgres::PgBackend::open(location, false, options.durability, seed)?;
         Self::with_backend(Arc::new(backend), options)
     }

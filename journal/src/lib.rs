@@ -66,6 +66,11 @@ mod tail;
 mod trim;
 mod writer;
 
+/// A private PostgreSQL cluster for unit tests that need a server of their own settings.
+#[cfg(test)]
+#[path = "../tests/cluster/mod.rs"]
+mod test_cluster;
+
 #[doc(hidden)]
 pub use backend::{
     prefix_end, Backend, BatchOp, CommitFlush, Cursor, KeyValue, LastRecord, Range, RawIter,

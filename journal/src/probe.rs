@@ -828,4 +828,28 @@ garbage line
         let warned = warnings(|| warn_if_lost(kept.path()));
         assert_eq!(warned.is_empty(), !lost, "{warned:?}");
     }
+
+    #[test]
+    fn a_writers_open_warns_of_a_postgres_server_that_does_not_flush() {
+        use crate::{Durability, Journal, JournalOptions};
+        let Some(cluster) =
+            crate::test_cluster::Cluster::with_settings("postgres_fsync_off", "-c fsync=off")
+        else {
+            return;
+        };
+        let url = cluster.url("dtask");
+        let location = crate::postgres::PgLocation::parse(&url).expect("a URL");
+        let settings = crate::postgres::probe::settings(&location).expect("settings read");
+        assert!(!settings.fsync, "{settings:?}");
+        assert_eq!(settings.verdict().promise, SyncPromise::Lost);
+        let warned = warnings(|| {
+            drop(Journal::open_postgres(&url, JournalOptions::default()).expect("opened"));
+        });
+        assert_eq!(warned.len(), 1, "{warned:?}");
+        assert!(warned[0].contains("fsync = off"), "{warned:?}");
+        // A journal asked not to sync made no such promise.
+        let buffered = JournalOptions::default().with_durability(Durability::Buffered);
+        let warned = warnings(|| drop(Journal::open_postgres(&url, buffered).expect("opened")));
+        assert!(warned.is_empty(), "{warned:?}");
+    }
 }

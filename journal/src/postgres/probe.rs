@@ -107,6 +107,22 @@ pub fn time_commits(location: &PgLocation, count: u32) -> Result<SyncTimes> {
     SyncTimes::of(times, 0).ok_or_else(|| Error::InvalidLocation("no commit was timed".to_owned()))
 }
 
+/// Logs a warning when the server at `location` does not flush its log (`fsync = off`): what
+/// a writer's open of a journal there that is to sync does. Says nothing when the settings
+/// cannot be read (the open goes on; `dtask probe` reads them).
+pub(crate) fn warn_if_lost(location: &PgLocation) {
+    if let Ok(settings) = settings(location) {
+        let verdict = settings.verdict();
+        if verdict.promise == SyncPromise::Lost {
+            tracing::warn!(
+                server = %location.display(),
+                "the journal's synced appends will not survive a crash of the database's machine: {}",
+                verdict.why
+            );
+        }
+    }
+}
+
 impl ServerSettings {
     /// What a synced record survives on this server.
     #[must_use]
