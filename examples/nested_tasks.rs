@@ -1,19 +1,20 @@
 //! A parent task that fans out to nested tasks and hears back through its mailbox: a
 //! `review` attempt creates one `scan` child per file, then reads its mailbox — each
-//! child's findings arrive as application notifications (`AttemptContext::notify`), each
-//! child's end as a lifecycle notice — and completes once every child has ended. Each
-//! notification is one atomic append to the child's stream and the parent's; the input's id
-//! names the child that sent it.
+//! child's findings arrive as application notifications (`AttemptContext::notify`; a
+//! blocker is sent to preempt, `AttemptContext::notify_with`, and arrives as a preemptive
+//! input), each child's end as a lifecycle notice — and completes once every child has
+//! ended. Each notification is one atomic append to the child's stream and the parent's; the
+//! input's id names the child that sent it.
 //!
 //! Run: `cargo run --example nested_tasks`
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use dtask::engine::{
     application_notification_source, async_trait, AttemptContext, ExecutionError, ExecutionResult,
-    Executor, ExecutorRegistry, Manager, ManagerConfig, StoreConfig, SubmitRequest, SystemClock,
-    TaskOutcome, TaskStore, Worker, WorkerConfig,
+    Executor, ExecutorRegistry, Manager, ManagerConfig, NotificationRequest, StoreConfig,
+    SubmitRequest, SystemClock, TaskOutcome, TaskStore, Worker, WorkerConfig,
 };
-use dtask::journal::{Journal, JournalOptions, LeasePolicy, TaskSpec};
+use dtask::journal::{Delivery, Journal, JournalOptions, LeasePolicy, TaskSpec};
 use dtask::replay::TaskState;
 
 /// The files the review looks at, one child each.
@@ -50,6 +51,16 @@ impl Executor for Scan {
                     format!("todo-{n}"),
                     "finding",
                     format!("{file}: TODO #{n}").into_bytes(),
+                )
+                .await
+                .map_err(failed)?;
+        }
+        if file.ends_with("store.rs") {
+            // A blocker: the parent should read it before anything else it is doing.
+            let blocker = format!("{file}: unsafe block without a SAFETY comment");
+            attempt
+                .notify_with(
+                    NotificationRequest::new("blocker", "finding", blocker.into_bytes()).preempt(),
                 )
                 .await
                 .map_err(failed)?;
@@ -107,7 +118,12 @@ impl Executor for Review {
                         let (child, _) = application_notification_source(&input.event_id)
                             .ok_or_else(|| failed("a finding from nowhere"))?;
                         let text = String::from_utf8_lossy(&input.data).into_owned();
-                        findings.push(format!("{text} (from {child})"));
+                        let urgent = if input.delivery == Delivery::Preempt {
+                            "URGENT: "
+                        } else {
+                            ""
+                        };
+                        findings.push(format!("{urgent}{text} (from {child})"));
                     }
                     "completed" | "failed" | "canceled" => ended += 1,
                     _ => {}

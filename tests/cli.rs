@@ -522,7 +522,7 @@ fn export_matches_its_golden_output_and_redacts() {
     let export = stdout(dtask(dir.path()).arg("export"));
     golden("export.jsonl", &export);
     let header = json(export.lines().next().unwrap());
-    assert_eq!(header["dtask_export"], 6);
+    assert_eq!(header["dtask_export"], 7);
     assert_eq!(header["scope"], "journal");
     assert_eq!(
         header["records"].as_u64().unwrap(),
@@ -1670,6 +1670,7 @@ fn g3_records_round_trip_and_show() {
         "input_committed",
         "inputs_pending",
         "parent_notified",
+        "parent_notified_v2",
     ] {
         assert!(
             export.contains(&format!("\"type\":\"{ty}\"")),
@@ -1692,20 +1693,43 @@ fn g3_records_round_trip_and_show() {
     assert_eq!(children.len(), 1, "{shown}");
     let inputs = shown["timeline"]["inputs"].as_array().unwrap();
     assert!(inputs.iter().any(|i| i["event"] == "input_sent"), "{shown}");
-    // The child's notification, read back to the child and its event id.
+    // The child's notifications, read back to the child and its event id, each with its
+    // delivery.
     let notified: Vec<_> = inputs.iter().filter(|i| !i["from"].is_null()).collect();
-    assert_eq!(notified.len(), 1, "{shown}");
+    assert_eq!(notified.len(), 2, "{shown}");
     assert_eq!(notified[0]["kind"], "backup_progress");
+    assert_eq!(notified[0]["delivery"], "queued");
     assert_eq!(
         notified[0]["from"],
         serde_json::json!({ "task": "agent-1/backup", "event_id": "dumped" })
     );
+    assert_eq!(notified[1]["kind"], "backup_warning");
+    assert_eq!(notified[1]["delivery"], "preempt");
     let child = json(&stdout(dtask(&rebuilt).args([
         "show",
         "agent-1/backup",
         "--json",
     ])));
     assert_eq!(child["state"]["parent_task_id"], "agent-1");
+    let sent: Vec<_> = child["timeline"]["notifications"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            (
+                n["event"].as_str().unwrap(),
+                n["delivery"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        sent,
+        [
+            ("parent_notified", "queued"),
+            ("parent_notified_v2", "preempt")
+        ],
+        "{child}"
+    );
     let text = stdout(dtask(&rebuilt).args(["show", "agent-1"]));
     assert!(
         text.contains("mailbox") && text.contains("children"),

@@ -93,6 +93,7 @@ fn the_nested_tasks_example_hears_its_childrens_findings_through_its_mailbox() {
         &out,
         &[
             "review completed with findings:",
+            "  URGENT: src/store.rs: unsafe block without a SAFETY comment",
             "  src/lib.rs: TODO #0",
             "  src/main.rs: TODO #0",
             "  src/main.rs: TODO #1",

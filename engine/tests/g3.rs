@@ -677,6 +677,7 @@ fn note(event_id: &str, kind: &str, data: &str) -> NotificationRequest {
         event_id: event_id.to_owned(),
         kind: kind.to_owned(),
         data: data.as_bytes().to_vec(),
+        ..NotificationRequest::default()
     }
 }
 
@@ -780,6 +781,130 @@ async fn child_application_notifications_reach_the_parent(h: &mut H) {
     assert_eq!(h.s().journal().stream_len("c").unwrap(), before);
 }
 scenario!(child_application_notifications_reach_the_parent);
+
+/// G3's delivery of a child's application notification: one sent to preempt becomes a
+/// preemptive input of the parent's mailbox and is recorded with its delivery
+/// (`parent_notified_v2`); a queued one keeps the v1 record. The delivery is part of the
+/// notification's content: a replay naming another delivery is a conflict, with nothing
+/// written.
+async fn child_notifications_keep_their_delivery(h: &mut H) {
+    running(h.s(), "p", Retry).await;
+    h.s()
+        .create(child_request("c", "p", 1, false))
+        .await
+        .unwrap();
+    ok(h.s(), "c", Command::Start).await;
+    h.s()
+        .enqueue_notification("c", 1, note("stop", "urgent", "over budget").preempt())
+        .await
+        .unwrap();
+    h.s()
+        .enqueue_notification("c", 1, note("found-1", "finding", "src/a.rs"))
+        .await
+        .unwrap();
+    let inputs = h.s().list_inputs("p", 1, 10).await.unwrap().inputs;
+    let got: Vec<_> = inputs
+        .iter()
+        .map(|i| (i.kind.as_str(), i.delivery))
+        .collect();
+    assert_eq!(
+        got,
+        [("urgent", Delivery::Preempt), ("finding", Delivery::Queued)]
+    );
+    let c = events_of(h.s(), "c");
+    assert!(
+        matches!(&c[c.len() - 2], Event::ParentNotifiedV2 { event_id, delivery: Delivery::Preempt, .. } if event_id == "stop"),
+        "{c:?}"
+    );
+    assert!(
+        matches!(c.last(), Some(Event::ParentNotified { event_id, .. }) if event_id == "found-1"),
+        "a queued notification keeps the v1 record"
+    );
+
+    // The same delivery replays; another is a conflict, either way round.
+    let (p_len, c_len) = (
+        h.s().journal().stream_len("p").unwrap(),
+        h.s().journal().stream_len("c").unwrap(),
+    );
+    h.s()
+        .enqueue_notification("c", 1, note("stop", "urgent", "over budget").preempt())
+        .await
+        .unwrap();
+    assert_err!(
+        h.s()
+            .enqueue_notification("c", 1, note("stop", "urgent", "over budget"))
+            .await,
+        StoreError::NotificationEventIdConflict(_)
+    );
+    assert_err!(
+        h.s()
+            .enqueue_notification("c", 1, note("found-1", "finding", "src/a.rs").preempt())
+            .await,
+        StoreError::NotificationEventIdConflict(_)
+    );
+    assert_eq!(h.s().journal().stream_len("p").unwrap(), p_len);
+    assert_eq!(h.s().journal().stream_len("c").unwrap(), c_len);
+}
+scenario!(child_notifications_keep_their_delivery);
+
+/// G3's delivery of a root task's application notification: the session's consumer
+/// receives it with its delivery (`notification_enqueued_v2` records it; a queued one
+/// keeps the v1 record), and a replay must name the same delivery.
+async fn session_notifications_keep_their_delivery(h: &mut H) {
+    let t = h
+        .s()
+        .create(request(session_spec("a", false), Retry))
+        .await
+        .unwrap();
+    h.s().execute("a", t.version, Command::Start).await.unwrap();
+    h.s()
+        .enqueue_notification("a", 1, note("stop", "urgent", "over budget").preempt())
+        .await
+        .unwrap();
+    h.s()
+        .enqueue_notification("a", 1, note("found-1", "finding", "src/a.rs"))
+        .await
+        .unwrap();
+    let got: Vec<_> = receive_all(h.s())
+        .await
+        .into_iter()
+        .filter(|n| n.kind != "task_created")
+        .map(|n| (n.kind, n.delivery, n.data))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (
+                "urgent".to_owned(),
+                Delivery::Preempt,
+                b"over budget".to_vec()
+            ),
+            ("finding".to_owned(), Delivery::Queued, b"src/a.rs".to_vec())
+        ]
+    );
+    let a = events_of(h.s(), "a");
+    assert!(
+        matches!(&a[a.len() - 2], Event::NotificationEnqueuedV2 { event_id, delivery: Delivery::Preempt, .. } if event_id == "stop"),
+        "{a:?}"
+    );
+    assert!(
+        matches!(a.last(), Some(Event::NotificationEnqueued { event_id, .. }) if event_id == "found-1")
+    );
+
+    let len = h.s().journal().stream_len("a").unwrap();
+    h.s()
+        .enqueue_notification("a", 1, note("stop", "urgent", "over budget").preempt())
+        .await
+        .unwrap();
+    assert_err!(
+        h.s()
+            .enqueue_notification("a", 1, note("stop", "urgent", "over budget"))
+            .await,
+        StoreError::NotificationEventIdConflict(_)
+    );
+    assert_eq!(h.s().journal().stream_len("a").unwrap(), len);
+}
+scenario!(session_notifications_keep_their_delivery);
 
 /// A child that ends after its parent: the notification cannot be put into the sealed
 /// mailbox, the child records why, and its own transition goes ahead.

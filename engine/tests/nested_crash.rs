@@ -43,6 +43,7 @@ fn note(n: u64) -> NotificationRequest {
         event_id: format!("note-{n}"),
         kind: "finding".into(),
         data: format!("finding {n}").into_bytes(),
+        ..NotificationRequest::default()
     }
 }
 

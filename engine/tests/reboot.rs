@@ -119,6 +119,7 @@ async fn step(store: &TaskStore, env: &Env, ids: &mut Vec<&'static str>, op: &Op
                 event_id: event_id.into(),
                 kind: "app".into(),
                 data: data.as_bytes().to_vec(),
+                ..NotificationRequest::default()
             };
             format!(
                 "{:?}",

@@ -1,4 +1,4 @@
-//! The journal's vocabulary: every record a task stream can hold (schema v6).
+//! The journal's vocabulary: every record a task stream can hold (schema v7).
 //!
 //! A task's stream is an ordered list of [`Event`]s. *Lifecycle* events change the task's
 //! status or durable fields and each raises the task's version by exactly one; *non-lifecycle*
@@ -19,7 +19,8 @@
 //! time (`NotBefore`), schema v4 the tombstone of a purged stream (`Purged`) and an operator's
 //! hold (`Hold`, `HoldLifted`), schema v5 a trim of a stream's progress (`UpdateTrimmed`,
 //! `ProgressTrimmed`), schema v6 a nested task's application notification to its parent
-//! (`ParentNotified`); a stream written by an older engine holds none of them and folds
+//! (`ParentNotified`), schema v7 the delivery of an application notification sent to
+//! preempt (`NotificationEnqueuedV2`, `ParentNotifiedV2`); a stream written by an older engine holds none of them and folds
 //! exactly as before.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -28,11 +29,12 @@ use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::sync::Arc;
 
-/// The event schema this build writes: 6 (v1; v2's mailbox, nested tasks, publication and
+/// The event schema this build writes: 7 (v1; v2's mailbox, nested tasks, publication and
 /// multi-part progress events; v3's rerun lineage, recovery limit and delayed runs; v4's
 /// purge tombstone and holds; v5's trimmed progress; v6's application notifications of
-/// nested tasks). Every record of an older schema is a record of this one.
-pub const EVENT_SCHEMA_VERSION: u32 = 6;
+/// nested tasks; v7's preemptive notifications). Every record of an older schema is a
+/// record of this one.
+pub const EVENT_SCHEMA_VERSION: u32 = 7;
 
 /// Milliseconds since the UNIX epoch, as recorded in an event.
 ///
@@ -643,6 +645,46 @@ pub enum Event {
         /// Time.
         at: Timestamp,
     },
+    // ---- schema v7 ----
+    /// A root task's application notification sent for preemptive delivery
+    /// ([`Delivery::Preempt`]): [`Event::NotificationEnqueued`] with its delivery, written
+    /// instead of it for such a notification (a queued one is still written as
+    /// [`Event::NotificationEnqueued`], byte for byte as before).
+    NotificationEnqueuedV2 {
+        /// The notification id ([`application_notification_id`]).
+        id: String,
+        /// The application event id.
+        event_id: String,
+        /// The notification kind.
+        kind: String,
+        /// The notification data.
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+        /// How its consumer should take it.
+        delivery: Delivery,
+        /// The task version when queued.
+        version: u64,
+        /// Queue time.
+        at: Timestamp,
+    },
+    /// A nested task's application notification sent for preemptive delivery:
+    /// [`Event::ParentNotified`] with its delivery (the parent's [`Event::InputSent`] in the
+    /// same append carries the same), written instead of it for such a notification.
+    ParentNotifiedV2 {
+        /// The attempt that sent it (the fence).
+        attempt: u64,
+        /// The caller's idempotency key, unique among the task's notifications.
+        event_id: String,
+        /// The notification kind (the input's kind).
+        kind: String,
+        /// The notification data (the input's data).
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+        /// How the parent's executor should take it (the input's delivery).
+        delivery: Delivery,
+        /// Time.
+        at: Timestamp,
+    },
 }
 
 /// The id of an application notification: depends only on (task, event id). A nested
@@ -734,11 +776,13 @@ pub enum EventType {
     UpdateTrimmed,
     ProgressTrimmed,
     ParentNotified,
+    NotificationEnqueuedV2,
+    ParentNotifiedV2,
 }
 
 impl EventType {
     /// Every event type, in schema order.
-    pub const ALL: [Self; 38] = [
+    pub const ALL: [Self; 40] = [
         Self::Created,
         Self::AttemptStarted,
         Self::Heartbeat,
@@ -777,6 +821,8 @@ impl EventType {
         Self::UpdateTrimmed,
         Self::ProgressTrimmed,
         Self::ParentNotified,
+        Self::NotificationEnqueuedV2,
+        Self::ParentNotifiedV2,
     ];
 
     /// The `snake_case` name used in exports and the CLI.
@@ -821,6 +867,8 @@ impl EventType {
             Self::UpdateTrimmed => "update_trimmed",
             Self::ProgressTrimmed => "progress_trimmed",
             Self::ParentNotified => "parent_notified",
+            Self::NotificationEnqueuedV2 => "notification_enqueued_v2",
+            Self::ParentNotifiedV2 => "parent_notified_v2",
         }
     }
 
@@ -848,6 +896,8 @@ impl EventType {
                 | Self::UpdateTrimmed
                 | Self::ProgressTrimmed
                 | Self::ParentNotified
+                | Self::NotificationEnqueuedV2
+                | Self::ParentNotifiedV2
         )
     }
 }
@@ -883,6 +933,37 @@ impl Event {
     pub fn spec(&self) -> Option<&TaskSpec> {
         match self {
             Self::Created { spec, .. } | Self::CreatedV2 { spec, .. } => Some(spec),
+            _ => None,
+        }
+    }
+
+    /// The delivery of a notification or an input: [`Delivery::Queued`] for
+    /// [`Event::NotificationEnqueued`] and [`Event::ParentNotified`] (schema v6 and older
+    /// had no other), the recorded one for their v2 forms and [`Event::InputSent`], `None`
+    /// for any other event.
+    ///
+    /// ```
+    /// use dtask_journal::{Delivery, Event, Timestamp};
+    /// let sent = Event::ParentNotifiedV2 {
+    ///     attempt: 1,
+    ///     event_id: "stop".into(),
+    ///     kind: "urgent".into(),
+    ///     data: Vec::new(),
+    ///     delivery: Delivery::Preempt,
+    ///     at: Timestamp(1),
+    /// };
+    /// assert_eq!(sent.delivery(), Some(Delivery::Preempt));
+    /// assert_eq!(Event::Published { at: Timestamp(1) }.delivery(), None);
+    /// ```
+    #[must_use]
+    pub const fn delivery(&self) -> Option<Delivery> {
+        match self {
+            Self::NotificationEnqueued { .. } | Self::ParentNotified { .. } => {
+                Some(Delivery::Queued)
+            }
+            Self::NotificationEnqueuedV2 { delivery, .. }
+            | Self::ParentNotifiedV2 { delivery, .. }
+            | Self::InputSent { delivery, .. } => Some(*delivery),
             _ => None,
         }
     }
@@ -929,6 +1010,8 @@ impl Event {
             Self::UpdateTrimmed { .. } => EventType::UpdateTrimmed,
             Self::ProgressTrimmed { .. } => EventType::ProgressTrimmed,
             Self::ParentNotified { .. } => EventType::ParentNotified,
+            Self::NotificationEnqueuedV2 { .. } => EventType::NotificationEnqueuedV2,
+            Self::ParentNotifiedV2 { .. } => EventType::ParentNotifiedV2,
         }
     }
 
@@ -973,7 +1056,9 @@ impl Event {
             | Self::HoldLifted { at }
             | Self::UpdateTrimmed { at, .. }
             | Self::ProgressTrimmed { at, .. }
-            | Self::ParentNotified { at, .. } => *at,
+            | Self::ParentNotified { at, .. }
+            | Self::NotificationEnqueuedV2 { at, .. }
+            | Self::ParentNotifiedV2 { at, .. } => *at,
         }
     }
 
@@ -1036,7 +1121,9 @@ impl Event {
             | Self::NotificationEnqueued { data, .. }
             | Self::InputSent { data, .. }
             | Self::PartAppended { data, .. }
-            | Self::ParentNotified { data, .. } => data.len(),
+            | Self::ParentNotified { data, .. }
+            | Self::NotificationEnqueuedV2 { data, .. }
+            | Self::ParentNotifiedV2 { data, .. } => data.len(),
             Self::AttemptStarted { .. }
             | Self::Heartbeat { .. }
             | Self::TranscriptFailed { .. }

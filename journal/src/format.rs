@@ -24,11 +24,14 @@ use crate::tail::{Inconsistency, LiveSummary, Tail};
 /// format 7 may hold trimmed progress ([`crate::Journal::trim_progress`]: records of event
 /// types an older build cannot decode), refused by older builds for the same reason, and
 /// format 8 a nested task's application notifications to its parent
-/// ([`crate::Event::ParentNotified`]) likewise. Every other key is the same in all eight. An older journal is read as it is, and upgraded
+/// ([`crate::Event::ParentNotified`]) likewise, and format 9 notifications sent to preempt
+/// ([`crate::Event::NotificationEnqueuedV2`], [`crate::Event::ParentNotifiedV2`]). Every
+/// other key is the same in all nine. An older journal is read as it is, and upgraded
 /// in place when opened for writing (format 3 to 4 moves nothing: a finished stream of an
 /// older format moves when a record is next written to it; format 4 to 5 stores the record
-/// framing it already has; formats 5 to 6, 6 to 7 and 7 to 8 change nothing but the version).
-pub const JOURNAL_FORMAT_VERSION: u32 = 8;
+/// framing it already has; formats 5 to 6, 6 to 7, 7 to 8 and 8 to 9 change nothing but the
+/// version).
+pub const JOURNAL_FORMAT_VERSION: u32 = 9;
 
 /// The first format that names its record framing in `meta`.
 const RECORD_FORMAT_VERSION_NAMED: u32 = 5;
@@ -81,9 +84,10 @@ pub(crate) fn prepare_writable(backend: &dyn Backend, format: RecordFormat) -> R
             check_version(v)?;
             if v < JOURNAL_FORMAT_VERSION {
                 // Format 3 to 4: the writer's open made the `finished` column family. Format 4
-                // to 5: the framing the records have is named. Formats 5 to 6, 6 to 7 and 7
-                // to 8: the version alone (a purge may write tombstones from now on, a trim
-                // trimmed updates, a nested task notifications to its parent).
+                // to 5: the framing the records have is named. Formats 5 to 6, 6 to 7, 7 to 8
+                // and 8 to 9: the version alone (a purge may write tombstones from now on, a
+                // trim trimmed updates, a nested task notifications to its parent, a task
+                // notifications sent to preempt).
                 let mut ops = vec![version_stamp()];
                 if v < RECORD_FORMAT_VERSION_NAMED {
                     ops.push(record_format_put(RecordFormat::BLAKE3));

@@ -532,7 +532,8 @@ impl Journal {
                     }
                     Some(_) => IndexEffect::Created,
                     None => match event {
-                        Event::NotificationEnqueued { .. } => IndexEffect::Enqueue,
+                        Event::NotificationEnqueued { .. }
+                        | Event::NotificationEnqueuedV2 { .. } => IndexEffect::Enqueue,
                         Event::NotificationAcked { enqueued_seq, .. } => {
                             IndexEffect::Ack(*enqueued_seq)
                         }

@@ -11,7 +11,7 @@
 //! | `finished`| as `events` (format 4, RocksDB)       | as `events`: streams kept apart (below)      |
 //! | `commits` | global sequence (u64 BE)              | the event key of the record committed then   |
 //! | `live`    | task id                               | empty: the task has no terminal event yet    |
-//! | `outbox`  | global sequence of the enqueue (u64 BE)| the event key of the `NotificationEnqueued` |
+//! | `outbox`  | global sequence of the enqueue (u64 BE)| the event key of the `NotificationEnqueued` (or V2) |
 //! | `meta`    | ASCII name (`format_version`)         | u32 BE                                       |
 //!
 //! `commits`, `live` and `outbox` are indexes written in the same atomic batch as the records

@@ -147,7 +147,8 @@ impl Journal {
             let record = record?;
             match &record.event {
                 Event::Purged { .. } => return Err(refuse(PurgeRefusal::AlreadyPurged)),
-                Event::NotificationEnqueued { id, .. } => {
+                Event::NotificationEnqueued { id, .. }
+                | Event::NotificationEnqueuedV2 { id, .. } => {
                     queued.insert(id.clone());
                 }
                 Event::NotificationAcked { id, .. } => {

@@ -1,7 +1,7 @@
 //! Golden fixtures of record format v1 (BLAKE3 chain digests) — one with an event of every
 //! type of event schema v1, one with an event of every type schema v2 added — and of record
 //! format v2 (SHA-256), with every event of both, and one each with every type schemas v3,
-//! v4, v5 and v6 added:
+//! v4, v5, v6 and v7 added:
 //! the committed bytes must decode to the same events, and encoding those events must give
 //! the same bytes. A failure means the format
 //! drifted: bump `RECORD_FORMAT_VERSION`, add an upcast, and keep the old fixture. Regenerate
@@ -20,6 +20,7 @@ const FIXTURE_V3: &str = "tests/fixtures/schema-v3.hex";
 const FIXTURE_V4: &str = "tests/fixtures/schema-v4.hex";
 const FIXTURE_V5: &str = "tests/fixtures/schema-v5.hex";
 const FIXTURE_V6: &str = "tests/fixtures/schema-v6.hex";
+const FIXTURE_V7: &str = "tests/fixtures/schema-v7.hex";
 const TASK: &str = "golden-task";
 
 /// One event of every type, with fixed values.
@@ -296,6 +297,30 @@ fn events_v6() -> Vec<Event> {
     }]
 }
 
+/// One event of every type event schema v7 added, with fixed values.
+fn events_v7() -> Vec<Event> {
+    let at = Timestamp(1_769_000_000_000);
+    vec![
+        Event::NotificationEnqueuedV2 {
+            id: "dtask.custom:Z29sZGVuLXRhc2s:c3RvcA:application-event".into(),
+            event_id: "stop".into(),
+            kind: "urgent".into(),
+            data: b"{\"why\":\"budget\"}".to_vec(),
+            delivery: Delivery::Preempt,
+            version: 4,
+            at,
+        },
+        Event::ParentNotifiedV2 {
+            attempt: 2,
+            event_id: "found-43".into(),
+            kind: "finding".into(),
+            data: b"{\"file\":\"src/main.rs\"}".to_vec(),
+            delivery: Delivery::Preempt,
+            at,
+        },
+    ]
+}
+
 fn encode(format: RecordFormat, events: &[Event]) -> Vec<String> {
     let mut prev = Digest::GENESIS;
     let mut lines = Vec::new();
@@ -362,6 +387,11 @@ fn schema_v6_fixture_decodes_and_reencodes_identically() {
 }
 
 #[test]
+fn schema_v7_fixture_decodes_and_reencodes_identically() {
+    check_fixture(FIXTURE_V7, RecordFormat::SHA256, &events_v7());
+}
+
+#[test]
 fn the_fixtures_hold_every_event_type() {
     let mut types: Vec<EventType> = events()
         .into_iter()
@@ -370,6 +400,7 @@ fn the_fixtures_hold_every_event_type() {
         .chain(events_v4())
         .chain(events_v5())
         .chain(events_v6())
+        .chain(events_v7())
         .map(|e| e.event_type())
         .collect();
     types.sort();

@@ -413,27 +413,27 @@ fn a_newer_format_version_is_refused() {
     {
         let cfs: Vec<_> = dtask_journal::keys::COLUMN_FAMILIES.to_vec();
         let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), dir.path(), cfs).unwrap();
-        set_format_version(&db, 9);
+        set_format_version(&db, 10);
     }
     let err = Journal::open(dir.path(), JournalOptions::default()).unwrap_err();
     assert!(matches!(
         err,
         Error::UnsupportedFormat {
-            found: 9,
-            supported: 8
+            found: 10,
+            supported: 9
         }
     ));
     assert!(matches!(
         Journal::open_read_only(dir.path()),
-        Err(Error::UnsupportedFormat { found: 9, .. })
+        Err(Error::UnsupportedFormat { found: 10, .. })
     ));
 }
 
-/// Formats 5 to 6, 6 to 7 and 7 to 8 change the version alone: a format-5 journal (SHA-256
-/// framing) opened for writing is stamped 8 and keeps its framing; its records read and
-/// chain as before.
+/// Formats 5 to 6, 6 to 7, 7 to 8 and 8 to 9 change the version alone: a format-5 journal
+/// (SHA-256 framing) opened for writing is stamped 9 and keeps its framing; its records read
+/// and chain as before.
 #[test]
-fn a_format_5_journal_is_stamped_8_and_keeps_its_framing() {
+fn a_format_5_journal_is_stamped_9_and_keeps_its_framing() {
     let dir = tempfile::tempdir().unwrap();
     {
         let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
@@ -452,7 +452,7 @@ fn a_format_5_journal_is_stamped_8_and_keeps_its_framing() {
         5
     );
     let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
-    assert_eq!(journal.format_version(), 8);
+    assert_eq!(journal.format_version(), 9);
     assert_eq!(journal.record_format(), dtask_journal::RecordFormat::SHA256);
     journal.append("t", 1, &[update(1)]).unwrap();
     assert_eq!(

@@ -523,7 +523,9 @@ impl Replay for TaskChecker<'_> {
         }
         track_notifications(self.task, record, &mut self.queued, &mut self.problems);
         self.trims.track(record);
-        if let Event::ParentNotified { event_id, .. } = &record.event {
+        if let Event::ParentNotified { event_id, .. } | Event::ParentNotifiedV2 { event_id, .. } =
+            &record.event
+        {
             self.notified
                 .push(application_notification_id(self.task, event_id));
         }
@@ -573,7 +575,7 @@ fn track_notifications(
     problems: &mut Vec<Problem>,
 ) {
     match &record.event {
-        Event::NotificationEnqueued { id, .. } => {
+        Event::NotificationEnqueued { id, .. } | Event::NotificationEnqueuedV2 { id, .. } => {
             queued.insert(id.clone(), (record.position, record.seq));
         }
         Event::NotificationAcked {
@@ -625,7 +627,10 @@ fn consistency(task: &str, t: &Task, record: &Record, problems: &mut Vec<Problem
                 ));
             }
         }
-        Event::NotificationEnqueued { version, .. } if *version != s.version => {
+        Event::NotificationEnqueued { version, .. }
+        | Event::NotificationEnqueuedV2 { version, .. }
+            if *version != s.version =>
+        {
             problem(format!(
                 "notification queued with version {version}, the task is at version {}",
                 s.version
@@ -674,7 +679,10 @@ fn check_outbox<'a>(
                 }
                 entries += 1;
                 let key = (c.task.clone(), c.record.position);
-                let is_enqueue = matches!(c.record.event, Event::NotificationEnqueued { .. });
+                let is_enqueue = matches!(
+                    c.record.event,
+                    Event::NotificationEnqueued { .. } | Event::NotificationEnqueuedV2 { .. }
+                );
                 if !is_enqueue {
                     problems.push(Problem::new(
                         &c.task,

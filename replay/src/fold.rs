@@ -169,7 +169,8 @@ pub struct Task {
     /// Update event id → position of its `UpdateAppended` record.
     pub update_ids: IdIndex,
     /// Application notification event id → position of its `NotificationEnqueued` record
-    /// (a root task's) or its `ParentNotified` record (a nested task's).
+    /// (a root task's) or its `ParentNotified` record (a nested task's), or of their v2
+    /// forms.
     pub notification_ids: IdIndex,
     /// Queued, unacknowledged notification ids → position of the enqueue record.
     pub outbox: IdIndex,
@@ -387,6 +388,7 @@ impl Task {
         if s.status.is_terminal() {
             return match event {
                 Event::NotificationEnqueued { .. }
+                | Event::NotificationEnqueuedV2 { .. }
                 | Event::NotificationAcked { .. }
                 | Event::ParentNotificationFailed { .. }
                 | Event::RerunAs { .. }
@@ -682,7 +684,8 @@ impl Task {
                     return Err(FoldError::DuplicateEventId(event_id.clone()));
                 }
             }
-            Event::NotificationEnqueued { id, event_id, .. } => {
+            Event::NotificationEnqueued { id, event_id, .. }
+            | Event::NotificationEnqueuedV2 { id, event_id, .. } => {
                 if self.outbox.contains_key(id)
                     || (!event_id.is_empty() && self.notification_ids.contains_key(event_id))
                 {
@@ -695,6 +698,9 @@ impl Task {
                 }
             }
             Event::ParentNotified {
+                attempt, event_id, ..
+            }
+            | Event::ParentNotifiedV2 {
                 attempt, event_id, ..
             } => {
                 if !s.is_nested() {
@@ -893,7 +899,8 @@ impl Task {
                 // `check` refused an id already recorded.
                 self.update_ids.insert_new(event_id, position);
             }
-            Event::NotificationEnqueued { id, event_id, .. } => {
+            Event::NotificationEnqueued { id, event_id, .. }
+            | Event::NotificationEnqueuedV2 { id, event_id, .. } => {
                 if !event_id.is_empty() {
                     self.notification_ids.insert(event_id, position);
                 }
@@ -902,7 +909,7 @@ impl Task {
             Event::NotificationAcked { id, .. } => {
                 self.outbox.remove(id);
             }
-            Event::ParentNotified { event_id, .. } => {
+            Event::ParentNotified { event_id, .. } | Event::ParentNotifiedV2 { event_id, .. } => {
                 // `check` refused an id already recorded.
                 self.notification_ids.insert_new(event_id, position);
             }

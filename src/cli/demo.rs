@@ -16,7 +16,7 @@ use super::{CliError, Global, Out, Result};
 use dtask_engine::{
     Command, CreateRequest, StoreConfig, StoreError, SystemClock, TaskStore, UpdateRequest,
 };
-use dtask_journal::{JournalOptions, LeasePolicy, TaskSpec};
+use dtask_journal::{Delivery, JournalOptions, LeasePolicy, TaskSpec};
 use dtask_replay::TaskState;
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -504,11 +504,24 @@ async fn conversation_scene(store: &TaskStore, log: &mut Log) -> Result<()> {
         .enqueue_notification(
             "agent-1/backup",
             c.attempt,
-            dtask_engine::NotificationRequest {
-                event_id: "dumped".into(),
-                kind: "backup_progress".into(),
-                data: br#"{"tables":12}"#.to_vec(),
-            },
+            dtask_engine::NotificationRequest::new(
+                "dumped",
+                "backup_progress",
+                br#"{"tables":12}"#.to_vec(),
+            ),
+        )
+        .await?;
+    // A warning the parent should read before anything else: sent to preempt.
+    store
+        .enqueue_notification(
+            "agent-1/backup",
+            c.attempt,
+            dtask_engine::NotificationRequest::new(
+                "disk-low",
+                "backup_warning",
+                br#"{"free":"9%"}"#.to_vec(),
+            )
+            .preempt(),
         )
         .await?;
     store
@@ -526,12 +539,23 @@ async fn conversation_scene(store: &TaskStore, log: &mut Log) -> Result<()> {
     let kinds: Vec<String> = page
         .inputs
         .iter()
-        .map(|i| format!("{} of {}", i.kind, String::from_utf8_lossy(&i.data)))
+        .map(|i| {
+            let preempt = if i.delivery == Delivery::Preempt {
+                " (preempt)"
+            } else {
+                ""
+            };
+            format!(
+                "{} of {}{preempt}",
+                i.kind,
+                String::from_utf8_lossy(&i.data)
+            )
+        })
         .collect();
     log.say(
         "agent-1",
         format!(
-            "started nested task agent-1/backup under attempt {}; its notification and its \
+            "started nested task agent-1/backup under attempt {}; its notifications and its \
              lifecycle arrive in the mailbox: {}",
             running.attempt,
             kinds.join(", ")

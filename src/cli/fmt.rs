@@ -208,9 +208,31 @@ pub fn summary(event: &Event) -> String {
             "attempt={attempt} event_id={event_id} kind={kind} data={}",
             n(data)
         ),
+        Event::ParentNotifiedV2 {
+            attempt,
+            event_id,
+            kind,
+            data,
+            delivery,
+            ..
+        } => format!(
+            "attempt={attempt} event_id={event_id} kind={kind} delivery={} data={}",
+            delivery.as_str(),
+            n(data)
+        ),
         Event::NotificationEnqueued {
             id, kind, version, ..
         } => format!("id={id} kind={kind} version={version}"),
+        Event::NotificationEnqueuedV2 {
+            id,
+            kind,
+            version,
+            delivery,
+            ..
+        } => format!(
+            "id={id} kind={kind} version={version} delivery={}",
+            delivery.as_str()
+        ),
         Event::NotificationAcked {
             id, enqueued_seq, ..
         } => format!("id={id} enqueued_seq={enqueued_seq}"),

@@ -321,13 +321,20 @@ impl Timeline {
             }
             Event::NotificationEnqueued {
                 id, kind, version, ..
-            } => self.notifications.push(
-                Entry::new(record, "notification_enqueued")
-                    .field("id", id.clone().into(), id.clone())
-                    .field("kind", kind.clone().into(), kind.clone())
-                    .field("version", (*version).into(), version.to_string())
-                    .field("acked_at", Value::Null, "-".into()),
-            ),
+            }
+            | Event::NotificationEnqueuedV2 {
+                id, kind, version, ..
+            } => {
+                let delivery = record.event.delivery().unwrap_or_default().as_str();
+                self.notifications.push(
+                    Entry::new(record, record.event.event_type().as_str())
+                        .field("id", id.clone().into(), id.clone())
+                        .field("kind", kind.clone().into(), kind.clone())
+                        .field("version", (*version).into(), version.to_string())
+                        .field("delivery", delivery.into(), delivery.to_owned())
+                        .field("acked_at", Value::Null, "-".into()),
+                );
+            }
             Event::ChildCreated {
                 child_id,
                 attempt,
@@ -457,12 +464,22 @@ impl Timeline {
                 event_id,
                 kind,
                 ..
-            } => self.notifications.push(
-                Entry::new(record, "parent_notified")
-                    .field("attempt", (*attempt).into(), attempt.to_string())
-                    .field("event_id", event_id.clone().into(), event_id.clone())
-                    .field("kind", kind.clone().into(), kind.clone()),
-            ),
+            }
+            | Event::ParentNotifiedV2 {
+                attempt,
+                event_id,
+                kind,
+                ..
+            } => {
+                let delivery = record.event.delivery().unwrap_or_default().as_str();
+                self.notifications.push(
+                    Entry::new(record, record.event.event_type().as_str())
+                        .field("attempt", (*attempt).into(), attempt.to_string())
+                        .field("event_id", event_id.clone().into(), event_id.clone())
+                        .field("kind", kind.clone().into(), kind.clone())
+                        .field("delivery", delivery.into(), delivery.to_owned()),
+                );
+            }
             Event::ParentNotificationFailed { kind, error, .. } => self.notifications.push(
                 Entry::new(record, "parent_notification_failed")
                     .field("kind", kind.clone().into(), kind.clone())

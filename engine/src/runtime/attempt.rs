@@ -395,18 +395,22 @@ impl AttemptContext {
         kind: impl Into<String>,
         data: Vec<u8>,
     ) -> Result<(), StoreError> {
+        self.notify_with(NotificationRequest::new(event_id, kind, data))
+            .await
+    }
+
+    /// Sends `request` as [`AttemptContext::notify`] does, with its delivery: a notification
+    /// sent to preempt ([`NotificationRequest::preempt`]) reaches a parent's mailbox as a
+    /// preemptive input, a session's consumer with [`crate::Notification::delivery`]
+    /// `Preempt`. A replay must name the same delivery too.
+    ///
+    /// # Errors
+    /// As [`AttemptContext::notify`].
+    pub async fn notify_with(&self, request: NotificationRequest) -> Result<(), StoreError> {
         self.check_poison()?;
         self.shared
             .store
-            .enqueue_notification(
-                &self.shared.task_id,
-                self.shared.attempt,
-                NotificationRequest {
-                    event_id: event_id.into(),
-                    kind: kind.into(),
-                    data,
-                },
-            )
+            .enqueue_notification(&self.shared.task_id, self.shared.attempt, request)
             .await
     }
 

@@ -17,7 +17,7 @@ use super::request::{
     application_notification_id, AdvanceCursor, CreateRequest, ExecutionContext, InputRequest,
     NotificationRequest, UpdateRequest,
 };
-use dtask_journal::{Event, ExpiryResolution, Publication, TaskSpec, Timestamp};
+use dtask_journal::{Delivery, Event, ExpiryResolution, Publication, TaskSpec, Timestamp};
 use dtask_replay::{part_key, Fenced, Status, Task, TaskState};
 
 /// A lifecycle command on an existing task. Every command carries the version the caller
@@ -673,6 +673,8 @@ pub(crate) struct ParentNotice {
     /// lifecycle one records why ([`Event::ParentNotificationFailed`]) and its transition
     /// goes ahead.
     pub required: bool,
+    /// The input's delivery: the application notification's, queued for a lifecycle one.
+    pub delivery: Delivery,
 }
 
 /// The notification that `events`, applied to the nested task `state`, send to its
@@ -694,6 +696,12 @@ pub(crate) fn parent_notice(state: Option<&TaskState>, events: &[Event]) -> Opti
             kind,
             data,
             ..
+        }
+        | Event::ParentNotifiedV2 {
+            event_id,
+            kind,
+            data,
+            ..
         } = event
         {
             let s = state.filter(|s| s.is_nested())?;
@@ -703,6 +711,7 @@ pub(crate) fn parent_notice(state: Option<&TaskState>, events: &[Event]) -> Opti
                 kind: kind.clone(),
                 data: data.clone(),
                 required: true,
+                delivery: event.delivery().unwrap_or_default(),
             });
         }
         let kind = match event {
@@ -757,6 +766,7 @@ pub(crate) fn parent_notice(state: Option<&TaskState>, events: &[Event]) -> Opti
             kind: kind.to_owned(),
             data: child.into_bytes(),
             required: false,
+            delivery: Delivery::Queued,
         });
     }
     None
@@ -772,7 +782,7 @@ pub(crate) fn deliver(parent: &Task, notice: &ParentNotice, now: Timestamp) -> R
         event_id: notice.id.clone(),
         kind: notice.kind.clone(),
         data: notice.data.clone(),
-        delivery: dtask_journal::Delivery::Queued,
+        delivery: notice.delivery,
     };
     match input(parent, request, now)? {
         Keyed::New(events) => Ok(events),
@@ -1343,24 +1353,53 @@ pub(crate) fn notification(
         event_id,
         kind,
         data,
+        delivery,
     } = request;
+    // A queued notification keeps the record of schema v6 and older, byte for byte; one sent
+    // to preempt is the v2 form, which records its delivery.
+    let preempt = delivery == Delivery::Preempt;
     if state.is_nested() {
         // Into the parent's mailbox, in the same append as this record ([`parent_notice`]).
-        return Ok(Keyed::New(Event::ParentNotified {
-            attempt,
+        return Ok(Keyed::New(if preempt {
+            Event::ParentNotifiedV2 {
+                attempt,
+                event_id,
+                kind,
+                data,
+                delivery,
+                at: now,
+            }
+        } else {
+            Event::ParentNotified {
+                attempt,
+                event_id,
+                kind,
+                data,
+                at: now,
+            }
+        }));
+    }
+    let id = application_notification_id(task.state.id(), &event_id);
+    let version = task.state.version;
+    Ok(Keyed::New(if preempt {
+        Event::NotificationEnqueuedV2 {
+            id,
             event_id,
             kind,
             data,
+            delivery,
+            version,
             at: now,
-        }));
-    }
-    Ok(Keyed::New(Event::NotificationEnqueued {
-        id: application_notification_id(task.state.id(), &event_id),
-        event_id,
-        kind,
-        data,
-        version: task.state.version,
-        at: now,
+        }
+    } else {
+        Event::NotificationEnqueued {
+            id,
+            event_id,
+            kind,
+            data,
+            version,
+            at: now,
+        }
     }))
 }
 

@@ -1,16 +1,16 @@
 //! The notification outbox: lifecycle notifications written with their transitions,
 //! application notifications of running attempts, and delivery with leased receipts.
 //!
-//! Queued notifications are journal records (`NotificationEnqueued`) indexed in the journal's
-//! outbox space; an acknowledgement is a `NotificationAcked` record that removes the index entry
-//! in the same batch. Receipt leases are delivery bookkeeping and live in memory only: after a
+//! Queued notifications are journal records (`NotificationEnqueued`, or its v2 form for one
+//! sent to preempt) indexed in the journal's outbox space; an acknowledgement is a
+//! `NotificationAcked` record that removes the index entry in the same batch. Receipt leases are delivery bookkeeping and live in memory only: after a
 //! restart every unacknowledged notification is deliverable again (at-least-once delivery).
 
 use super::decide::{self, Decision, Keyed};
 use super::error::{NotFound, Result, StoreError};
 use super::request::NotificationRequest;
 use super::TaskStore;
-use dtask_journal::{Event, Timestamp};
+use dtask_journal::{Delivery, Event, Timestamp};
 use std::collections::HashMap;
 
 /// A delivered notification with its receipt.
@@ -28,6 +28,10 @@ pub struct Notification {
     pub kind: String,
     /// The data (empty for lifecycle notifications).
     pub data: Vec<u8>,
+    /// How the consumer should take it (G3): [`Delivery::Queued`] unless the attempt sent it
+    /// to preempt ([`crate::NotificationRequest::preempt`]); lifecycle notifications are
+    /// queued.
+    pub delivery: Delivery,
     /// When it was queued.
     pub created_at: Timestamp,
     /// The receipt to acknowledge it with (fresh on every delivery).
@@ -114,10 +118,15 @@ impl TaskStore {
                             position,
                         })
                     })??;
+                let delivery = record.event.delivery();
                 match record.event {
                     Event::NotificationEnqueued { kind, data, .. }
+                    | Event::NotificationEnqueuedV2 { kind, data, .. }
                     | Event::ParentNotified { kind, data, .. }
-                        if kind == request.kind && data == request.data =>
+                    | Event::ParentNotifiedV2 { kind, data, .. }
+                        if kind == request.kind
+                            && data == request.data
+                            && delivery == Some(request.delivery) =>
                     {
                         Ok(())
                     }
@@ -157,7 +166,9 @@ impl TaskStore {
                     .by_seq
                     .get(&item.record.seq)
                     .is_some_and(|l| l.expires > now);
-                let Event::NotificationEnqueued { id, .. } = &item.record.event else {
+                let (Event::NotificationEnqueued { id, .. }
+                | Event::NotificationEnqueuedV2 { id, .. }) = &item.record.event
+                else {
                     continue;
                 };
                 if busy {
@@ -180,14 +191,23 @@ impl TaskStore {
         }
         let mut out = Vec::with_capacity(delivered.len());
         for (item, receipt) in delivered {
-            let Event::NotificationEnqueued {
+            let delivery = item.record.event.delivery().unwrap_or_default();
+            let (Event::NotificationEnqueued {
                 id,
                 kind,
                 data,
                 version,
                 at,
                 ..
-            } = item.record.event
+            }
+            | Event::NotificationEnqueuedV2 {
+                id,
+                kind,
+                data,
+                version,
+                at,
+                ..
+            }) = item.record.event
             else {
                 continue;
             };
@@ -199,6 +219,7 @@ impl TaskStore {
                 version,
                 kind,
                 data,
+                delivery,
                 created_at: at,
                 receipt,
             });

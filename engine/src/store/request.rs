@@ -96,6 +96,40 @@ pub struct NotificationRequest {
     pub kind: String,
     /// The data (at most 256 KiB; empty and absent are the same).
     pub data: Vec<u8>,
+    /// How its consumer should take it (G3): [`Delivery::Queued`] (the default) or
+    /// [`Delivery::Preempt`]. A nested task's notification becomes an input of its parent's
+    /// mailbox with this delivery; a root task's is delivered from the outbox with it
+    /// ([`crate::Notification::delivery`]).
+    pub delivery: Delivery,
+}
+
+impl NotificationRequest {
+    /// A queued notification of `kind` with `data`, idempotent by `event_id`.
+    ///
+    /// ```
+    /// use dtask_engine::NotificationRequest;
+    /// use dtask_journal::Delivery;
+    /// let note = NotificationRequest::new("found-1", "finding", b"src/lib.rs".to_vec());
+    /// assert_eq!(note.delivery, Delivery::Queued);
+    /// assert_eq!(note.preempt().delivery, Delivery::Preempt);
+    /// ```
+    #[must_use]
+    pub fn new(event_id: impl Into<String>, kind: impl Into<String>, data: Vec<u8>) -> Self {
+        Self {
+            event_id: event_id.into(),
+            kind: kind.into(),
+            data,
+            delivery: Delivery::Queued,
+        }
+    }
+
+    /// The same notification, sent to preempt: its consumer should interrupt what it is
+    /// doing to read it ([`Delivery::Preempt`]; advisory, the order stays FIFO).
+    #[must_use]
+    pub const fn preempt(mut self) -> Self {
+        self.delivery = Delivery::Preempt;
+        self
+    }
 }
 
 pub use dtask_journal::{application_notification_id, application_notification_source};

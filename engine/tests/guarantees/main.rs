@@ -36,6 +36,7 @@ fn note(event_id: &str, kind: &str, data: &str) -> NotificationRequest {
         event_id: event_id.to_owned(),
         kind: kind.to_owned(),
         data: data.as_bytes().to_vec(),
+        ..NotificationRequest::default()
     }
 }
 

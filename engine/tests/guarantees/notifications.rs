@@ -451,6 +451,7 @@ async fn g101_nil_and_empty_data_are_the_same() {
                 event_id: "e".into(),
                 kind: "app".into(),
                 data: Vec::new(),
+                ..NotificationRequest::default()
             },
         )
         .await
@@ -463,6 +464,7 @@ async fn g101_nil_and_empty_data_are_the_same() {
                 event_id: "e".into(),
                 kind: "app".into(),
                 data: Vec::with_capacity(8),
+                ..NotificationRequest::default()
             },
         )
         .await
@@ -497,6 +499,7 @@ async fn g102_invalid_application_notification_rejected() {
             event_id: "e".into(),
             kind: "app".into(),
             data: vec![0; (256 << 10) + 1],
+            ..NotificationRequest::default()
         },
     ];
     for request in bad {
@@ -538,6 +541,7 @@ async fn g103_application_notification_max_sizes_accepted() {
         event_id: "e".repeat(1024),
         kind: "k".repeat(64),
         data: vec![7; 256 << 10],
+        ..NotificationRequest::default()
     };
     store
         .enqueue_notification("a", 1, request.clone())

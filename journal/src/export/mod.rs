@@ -59,9 +59,10 @@ use std::fmt::{self, Write as _};
 /// events; version 3: schema v3's `rerun_of`, `rerun_as`, `recovery_limit` and
 /// `not_before`; version 4: schema v4's `purged`, `hold` and `hold_lifted`; version 5:
 /// schema v5's `update_trimmed` and `progress_trimmed`; version 6: schema v6's
-/// `parent_notified`). A reader of version 6 reads versions 1 to 5 too
+/// `parent_notified`; version 7: schema v7's `notification_enqueued_v2` and
+/// `parent_notified_v2`). A reader of version 7 reads versions 1 to 6 too
 /// ([`OLDEST_VERSION`]): their events are a subset.
-pub const VERSION: u64 = 6;
+pub const VERSION: u64 = 7;
 
 /// The oldest export version this build reads.
 pub const OLDEST_VERSION: u64 = 1;
@@ -585,20 +586,21 @@ mod tests {
         let text = String::from_utf8(out).unwrap();
         assert_eq!(
             text,
-            "{\"dtask_export\":6,\"journal_format\":2,\"record_format\":2,\"records\":3,\"redacted\":true,\"scope\":[\"a\"]}\n"
+            "{\"dtask_export\":7,\"journal_format\":2,\"record_format\":2,\"records\":3,\"redacted\":true,\"scope\":[\"a\"]}\n"
         );
         assert_eq!(Header::read(text.trim_end()).unwrap(), header);
         let older = header.clone().with_record_format(RecordFormat::BLAKE3);
         assert_eq!(older.record_format, 1);
-        // Version 1 to 5 headers (before the G3 events, the rerun lineage, the purge
-        // tombstone, the trimmed progress, the notifications to a parent) read too.
-        for older in [1, 2, 3, 4, 5] {
-            let old = text.replace("\"dtask_export\":6", &format!("\"dtask_export\":{older}"));
+        // Version 1 to 6 headers (before the G3 events, the rerun lineage, the purge
+        // tombstone, the trimmed progress, the notifications to a parent, the preemptive
+        // notifications) read too.
+        for older in [1, 2, 3, 4, 5, 6] {
+            let old = text.replace("\"dtask_export\":7", &format!("\"dtask_export\":{older}"));
             assert_eq!(Header::read(old.trim_end()).unwrap().dtask_export, older);
         }
         assert!(matches!(
-            Header::read(r#"{"dtask_export":7,"anything":"else"}"#),
-            Err(ExportError::Version { found: 7 })
+            Header::read(r#"{"dtask_export":8,"anything":"else"}"#),
+            Err(ExportError::Version { found: 8 })
         ));
         assert!(matches!(Header::read("[]"), Err(ExportError::NoVersion)));
         assert!(matches!(Header::read("{"), Err(ExportError::NotJson(_))));

@@ -251,6 +251,25 @@ enum EventDef {
         data: Vec<u8>,
         at: Timestamp,
     },
+    NotificationEnqueuedV2 {
+        id: String,
+        event_id: String,
+        kind: String,
+        #[serde_as(as = "StrictBase64")]
+        data: Vec<u8>,
+        delivery: Delivery,
+        version: u64,
+        at: Timestamp,
+    },
+    ParentNotifiedV2 {
+        attempt: u64,
+        event_id: String,
+        kind: String,
+        #[serde_as(as = "StrictBase64")]
+        data: Vec<u8>,
+        delivery: Delivery,
+        at: Timestamp,
+    },
 }
 
 /// How a task spec is read: every field, none unknown.

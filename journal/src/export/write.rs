@@ -450,6 +450,44 @@ impl<'a> Serialize for EventJson<'a> {
                 o.serialize_field("type", ty)?;
                 o.end()
             }
+            Event::NotificationEnqueuedV2 {
+                id,
+                event_id,
+                kind,
+                data,
+                delivery,
+                version,
+                at,
+            } => {
+                let mut o = serializer.serialize_struct("notification_enqueued_v2", 8)?;
+                o.serialize_field("at", at)?;
+                o.serialize_field("data", &bytes(data))?;
+                o.serialize_field("delivery", delivery)?;
+                o.serialize_field("event_id", event_id)?;
+                o.serialize_field("id", id)?;
+                o.serialize_field("kind", kind)?;
+                o.serialize_field("type", ty)?;
+                o.serialize_field("version", version)?;
+                o.end()
+            }
+            Event::ParentNotifiedV2 {
+                attempt,
+                event_id,
+                kind,
+                data,
+                delivery,
+                at,
+            } => {
+                let mut o = serializer.serialize_struct("parent_notified_v2", 7)?;
+                o.serialize_field("at", at)?;
+                o.serialize_field("attempt", attempt)?;
+                o.serialize_field("data", &bytes(data))?;
+                o.serialize_field("delivery", delivery)?;
+                o.serialize_field("event_id", event_id)?;
+                o.serialize_field("kind", kind)?;
+                o.serialize_field("type", ty)?;
+                o.end()
+            }
             Event::RecoveryLimit { max_recoveries, at } => {
                 let mut o = serializer.serialize_struct("recovery_limit", 3)?;
                 o.serialize_field("at", at)?;

@@ -2,7 +2,7 @@
 //! files.
 #![allow(dead_code, reason = "each test file uses a part of these strategies")]
 
-use dtask_journal::{Event, ExpiryResolution, LeasePolicy, TaskSpec, Timestamp};
+use dtask_journal::{Delivery, Event, ExpiryResolution, LeasePolicy, TaskSpec, Timestamp};
 use proptest::prelude::*;
 
 /// A task's creation (executor key "x", retry policy, time 1).
@@ -69,6 +69,7 @@ pub fn spec() -> impl Strategy<Value = TaskSpec> {
 }
 
 /// Every event variant with arbitrary fields.
+#[allow(clippy::too_many_lines, reason = "one arm per event type reads best")]
 pub fn event() -> impl Strategy<Value = Event> {
     let policy = prop_oneof![Just(LeasePolicy::Retry), Just(LeasePolicy::Fail)];
     let resolution = prop_oneof![
@@ -168,5 +169,57 @@ pub fn event() -> impl Strategy<Value = Event> {
         (any::<u64>(), ts())
             .prop_map(|(max_recoveries, at)| Event::RecoveryLimit { max_recoveries, at }),
         (ts(), ts()).prop_map(|(until, at)| Event::NotBefore { until, at }),
+        (any::<u64>(), ".{0,8}", ".{0,8}", bytes(), delivery(), ts()).prop_map(
+            |(sequence, event_id, kind, data, delivery, at)| Event::InputSent {
+                sequence,
+                event_id,
+                kind,
+                data,
+                delivery,
+                at
+            }
+        ),
+        (any::<u64>(), ".{0,8}", ".{0,8}", bytes(), ts()).prop_map(
+            |(attempt, event_id, kind, data, at)| Event::ParentNotified {
+                attempt,
+                event_id,
+                kind,
+                data,
+                at
+            }
+        ),
+        (any::<u64>(), ".{0,8}", ".{0,8}", bytes(), delivery(), ts()).prop_map(
+            |(attempt, event_id, kind, data, delivery, at)| Event::ParentNotifiedV2 {
+                attempt,
+                event_id,
+                kind,
+                data,
+                delivery,
+                at
+            }
+        ),
+        (
+            (".{0,16}", ".{0,8}", ".{0,8}"),
+            bytes(),
+            delivery(),
+            any::<u64>(),
+            ts()
+        )
+            .prop_map(|((id, event_id, kind), data, delivery, version, at)| {
+                Event::NotificationEnqueuedV2 {
+                    id,
+                    event_id,
+                    kind,
+                    data,
+                    delivery,
+                    version,
+                    at,
+                }
+            }),
     ]
+}
+
+/// Either delivery.
+fn delivery() -> impl Strategy<Value = Delivery> {
+    prop_oneof![Just(Delivery::Queued), Just(Delivery::Preempt)]
 }

@@ -184,6 +184,8 @@ function timeline(records) {
       case "update_trimmed": items.push(["", `update ${e.kind || ""} #${e.event_id} (attempt ${e.attempt}; ${e.bytes} bytes trimmed)`, r]); break;
       case "progress_trimmed": items.push(["", `progress trimmed: ${e.records} updates, ${e.bytes} bytes saved`, r]); break;
       case "parent_notified": items.push(["", `notified its parent: ${e.kind} #${e.event_id} (attempt ${e.attempt})`, r]); break;
+      case "parent_notified_v2": items.push(["", `notified its parent: ${e.kind} #${e.event_id} (attempt ${e.attempt}, ${e.delivery})`, r]); break;
+      case "notification_enqueued_v2": items.push(["", `notification ${e.kind} #${e.event_id} queued for its session (${e.delivery})`, r]); break;
       case "waiting_input": items.push(["wait", "waiting for input", r]); break;
       case "input_provided": items.push(["wait", "input provided", r]); break;
       case "suspended": items.push(["wait", "suspended", r]); break;
