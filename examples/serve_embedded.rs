@@ -3,8 +3,10 @@
 //! would probe (`/healthz`, `/readyz`, the `dtask_ready` metric).
 //!
 //! Run: `cargo run --example serve_embedded` — it serves on a free loopback port, waits until
-//! it is ready, submits one task through the API, reads it back once the worker has run it,
-//! and drains: the manager closed, the server is no longer ready; then it stops.
+//! it is ready, submits one task of a session through the API, reads it back once the worker
+//! has run it, takes the session's notifications from the outbox as a consumer in another
+//! process would (lease, acknowledge), and drains: the manager closed, the server is no
+//! longer ready; then it stops.
 #![allow(clippy::unwrap_used, missing_docs)]
 
 use dtask::engine::{
@@ -32,11 +34,20 @@ impl Executor for Upper {
 
     async fn execute(
         &self,
-        _attempt: AttemptContext,
+        attempt: AttemptContext,
         task: TaskState,
     ) -> Result<ExecutionResult, ExecutionError> {
         let text: String = serde_json::from_slice(&task.spec.payload)
             .map_err(|e| ExecutionError::failed(format!("the payload is not a string: {e}")))?;
+        // A word to the task's session (its outbox), idempotent by its event id.
+        attempt
+            .notify(
+                "chars",
+                "progress",
+                format!("{} chars", text.len()).into_bytes(),
+            )
+            .await
+            .map_err(|e| ExecutionError::failed(e.to_string()))?;
         Ok(ExecutionResult::Completed(text.to_uppercase().into_bytes()))
     }
 }
@@ -90,7 +101,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // A task submitted through the API, run by the worker.
     let created: Value = http
         .post(format!("{base}/api/tasks"))
-        .json(&json!({"executor_key": "upper", "payload": "hello, dtask"}))
+        .json(&json!({
+            "executor_key": "upper",
+            "payload": "hello, dtask",
+            "session_id": "chat-1",
+            "notify_session": true
+        }))
         .send()
         .await?
         .json()
@@ -102,6 +118,38 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "{id}: {}: {}",
         task["state"]["status"], task["state"]["result_data"]["text"]
+    );
+
+    // The session's consumer: lease what the outbox holds (waiting up to 5 s for it), then
+    // acknowledge each; an unacknowledged one would be handed out again when its lease ran out.
+    let leased: Value = http
+        .post(format!("{base}/api/notifications/receive"))
+        .json(&json!({"lease_ms": 30_000, "wait_ms": 5_000}))
+        .send()
+        .await?
+        .json()
+        .await?;
+    for n in leased["notifications"].as_array().into_iter().flatten() {
+        println!(
+            "notification for {}: {} {} ({})",
+            n["session_id"], n["kind"], n["data"]["text"], n["delivery"]
+        );
+        http.post(format!("{base}/api/notifications/ack"))
+            .json(&json!({"receipt": n["receipt"]}))
+            .send()
+            .await?
+            .error_for_status()?;
+    }
+    let left: Value = http
+        .post(format!("{base}/api/notifications/receive"))
+        .json(&json!({"lease_ms": 30_000}))
+        .send()
+        .await?
+        .json()
+        .await?;
+    println!(
+        "outbox after the acknowledgements: {}",
+        left["notifications"]
     );
 
     let metrics = http

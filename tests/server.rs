@@ -13,7 +13,8 @@ mod pg;
 
 use dtask::server::{Server, ServerConfig, ServerError};
 use dtask_engine::{
-    Command as Cmd, CreateRequest, StoreConfig, SystemClock, TaskStore, UpdateRequest,
+    Command as Cmd, CreateRequest, ManualClock, NotificationRequest, StoreConfig, SystemClock,
+    TaskStore, UpdateRequest,
 };
 use dtask_journal::observe::BatchWritten;
 use dtask_journal::{
@@ -610,6 +611,8 @@ async fn a_read_only_follower_sees_new_commits_and_refuses_control() {
         ("/api/tasks/a/resume", json!({})),
         ("/api/tasks/a/release", json!({})),
         ("/api/tasks/a/rerun", json!({})),
+        ("/api/notifications/receive", json!({"lease_ms": 1000})),
+        ("/api/notifications/ack", json!({"receipt": "lease:1"})),
     ] {
         let (status, body) = server.post(path, &body).await;
         assert_eq!(
@@ -1612,6 +1615,188 @@ async fn inputs_reach_a_running_task_and_are_deduplicated() {
             &json!({"event_id": "m2", "kind": "k", "extra": 1}),
         )
         .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    server.stop().await;
+}
+
+/// The outbox over HTTP: a session's notifications are leased with fresh receipts (each
+/// with its delivery and its whole data), skipped while leased, handed out again once a
+/// lease expires (the old receipt superseded), and gone for good once acknowledged; an
+/// acknowledgement after its lease is refused and the notification stays. The lease runs on
+/// the store's manual clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outbox_is_leased_and_acknowledged_over_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(1_700_000_000_000);
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    let store = TaskStore::open(journal.clone(), clock.clone(), StoreConfig::default()).unwrap();
+    let mut request = create("job", "agent", &json!({"tool_name": "agent"}));
+    request.spec.session_id = "chat-1".into();
+    store.create(request).await.unwrap();
+    let started = store.execute("job", 1, Cmd::Start).await.unwrap();
+    store
+        .enqueue_notification(
+            "job",
+            started.attempt,
+            NotificationRequest::new("stop", "urgent", b"over budget".to_vec()).preempt(),
+        )
+        .await
+        .unwrap();
+    let server = Running::start(Server::owner(store.clone(), None, fast())).await;
+    let receive = |lease_ms: u64| json!({"lease_ms": lease_ms});
+
+    let (status, got) = server
+        .post("/api/notifications/receive", &receive(60_000))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{got}");
+    let list = got["notifications"].as_array().unwrap();
+    let seen: Vec<_> = list
+        .iter()
+        .map(|n| {
+            (
+                n["kind"].as_str().unwrap(),
+                n["delivery"].as_str().unwrap(),
+                n["task_id"].as_str().unwrap(),
+                n["session_id"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("task_created", "queued", "job", "chat-1"),
+            ("urgent", "preempt", "job", "chat-1")
+        ]
+    );
+    assert_eq!(list[1]["data"]["text"], "over budget");
+    assert_eq!(list[1]["data"]["base64"], "b3ZlciBidWRnZXQ=");
+    assert_eq!(list[1]["created_at"], 1_700_000_000_000u64);
+    let (created, urgent) = (
+        list[0]["receipt"].as_str().unwrap().to_owned(),
+        list[1]["receipt"].as_str().unwrap().to_owned(),
+    );
+    assert_ne!(created, urgent);
+
+    // Leased: nothing more to hand out.
+    let (_, again) = server
+        .post("/api/notifications/receive", &receive(60_000))
+        .await;
+    assert_eq!(again["notifications"], json!([]));
+
+    // Acknowledged once; a second time the receipt is unknown.
+    let (status, acked) = server
+        .post("/api/notifications/ack", &json!({"receipt": created}))
+        .await;
+    assert_eq!(
+        (status, &acked["receipt"]),
+        (StatusCode::OK, &json!(created))
+    );
+    let (status, err) = server
+        .post("/api/notifications/ack", &json!({"receipt": created}))
+        .await;
+    assert_eq!((status, code(&err)), (StatusCode::NOT_FOUND, "not_found"));
+
+    // A receive that waits (long polling) answers with what is queued while it waits.
+    let waiting = {
+        let (http, url) = (
+            server.http.clone(),
+            server.url("/api/notifications/receive"),
+        );
+        tokio::spawn(async move {
+            let response = http
+                .post(url)
+                .json(&json!({"lease_ms": 60_000, "wait_ms": 30_000}))
+                .send()
+                .await
+                .unwrap();
+            (response.status(), response.json::<Value>().await.unwrap())
+        })
+    };
+    // Once it waits (the gauge counts it), a notification is queued.
+    let mut parked = false;
+    for _ in 0..3_000 {
+        let metrics = server.text("/metrics").await;
+        if metrics.contains("dtask_notification_receives_waiting 1\n") {
+            parked = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(parked, "the receive never waited");
+    store
+        .enqueue_notification(
+            "job",
+            started.attempt,
+            NotificationRequest::new("more", "finding", b"src/a.rs".to_vec()),
+        )
+        .await
+        .unwrap();
+    let (status, woke) = waiting.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{woke}");
+    assert_eq!(woke["notifications"][0]["kind"], "finding", "{woke}");
+    assert_eq!(woke["notifications"][0]["delivery"], "queued");
+    assert!(server
+        .text("/metrics")
+        .await
+        .contains("dtask_notification_receives_waiting 0\n"));
+    let more = woke["notifications"][0]["receipt"].clone();
+    let (status, _) = server
+        .post("/api/notifications/ack", &json!({ "receipt": more }))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+
+    // The lease runs out: the notification comes again with a fresh receipt, the old one
+    // superseded.
+    clock.advance(Duration::from_mins(1));
+    let (_, redelivered) = server
+        .post("/api/notifications/receive", &receive(1_000))
+        .await;
+    let list = redelivered["notifications"].as_array().unwrap();
+    assert_eq!(list.len(), 1, "{redelivered}");
+    assert_eq!(list[0]["kind"], "urgent");
+    let fresh = list[0]["receipt"].as_str().unwrap().to_owned();
+    assert_ne!(fresh, urgent);
+    let (status, _) = server
+        .post("/api/notifications/ack", &json!({"receipt": urgent}))
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    // An acknowledgement after its lease is refused; the notification stays deliverable.
+    clock.advance(Duration::from_secs(1));
+    let (status, err) = server
+        .post("/api/notifications/ack", &json!({"receipt": fresh}))
+        .await;
+    assert_eq!(
+        (status, code(&err)),
+        (StatusCode::CONFLICT, "conflict"),
+        "{err}"
+    );
+    assert_eq!(journal.outbox_len().unwrap(), 1);
+    let (_, last) = server
+        .post("/api/notifications/receive", &receive(1_000))
+        .await;
+    let receipt = last["notifications"][0]["receipt"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (status, _) = server
+        .post("/api/notifications/ack", &json!({"receipt": receipt}))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(journal.outbox_len().unwrap(), 0, "the outbox is empty");
+
+    // Client mistakes.
+    for body in [
+        json!({"lease_ms": 0}),
+        json!({}),
+        json!({"lease_ms": 10, "extra": true}),
+        json!({"lease_ms": -1}),
+        json!({"lease_ms": 10, "wait_ms": 60_001}),
+    ] {
+        let (status, err) = server.post("/api/notifications/receive", &body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {err}");
+    }
+    let (status, _) = server.post("/api/notifications/ack", &json!({})).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     server.stop().await;
 }

@@ -4,10 +4,11 @@ use super::error::ErrorBody;
 use super::extract::{ApiPath, ApiQuery, JsonBody, OptionalJsonBody};
 use super::metrics::Scrape;
 use super::model::{
-    BytesQuery, CancelBody, HoldBody, InputBody, InputView, ListQuery, PurgeView, RecordPage,
-    RecordsQuery, ReleaseBody, RerunBody, ResumeBody, StateAt, StateQuery, Stats, StorageView,
-    SubmitBody, SyncPromiseView, TaskDetail, TaskList, TaskStateView, TrimBody, TrimView,
-    UpdatePage, UpdatesQuery, VerifyQuery, VerifyReport,
+    AckBody, AckView, BytesQuery, CancelBody, HoldBody, InputBody, InputView, ListQuery,
+    NotificationBatch, NotificationView, PurgeView, ReceiveBody, RecordPage, RecordsQuery,
+    ReleaseBody, RerunBody, ResumeBody, StateAt, StateQuery, Stats, StorageView, SubmitBody,
+    SyncPromiseView, TaskDetail, TaskList, TaskStateView, TrimBody, TrimView, UpdatePage,
+    UpdatesQuery, VerifyQuery, VerifyReport,
 };
 use super::sse::{self, Scope};
 use super::{read, ApiError, Shared};
@@ -19,6 +20,7 @@ use axum::Json;
 use dtask_journal::Journal;
 use serde::Deserialize;
 use std::sync::Arc;
+use std::time::Duration;
 use utoipa::IntoParams;
 
 type Api<T> = Result<Json<T>, ApiError>;
@@ -243,6 +245,104 @@ pub async fn send_input(
     JsonBody(body): JsonBody<InputBody>,
 ) -> Api<InputView> {
     Ok(Json(owner(&shared)?.send_input(&id, body).await?))
+}
+
+/// Leases the outbox's deliverable notifications (owner mode): up to `limit`, in insertion
+/// order, each with a fresh receipt; one leased to another consumer and not expired is
+/// skipped. With `wait_ms`, an empty answer waits for a notification (long polling). Leases live in this server's memory: after its restart every unacknowledged
+/// notification is deliverable again (at-least-once).
+#[utoipa::path(
+    post, path = "/api/notifications/receive", tag = "notifications", request_body = ReceiveBody,
+    responses(
+        (status = 200, description = "The notifications leased (none when nothing is deliverable)", body = NotificationBatch),
+        (status = 400, description = "A zero lease, a wait over 60 s, bad JSON, an unknown field", body = ErrorBody),
+        (status = 403, description = "A read-only server", body = ErrorBody),
+    )
+)]
+pub async fn receive_notifications(
+    State(shared): State<Arc<Shared>>,
+    JsonBody(body): JsonBody<ReceiveBody>,
+) -> Api<NotificationBatch> {
+    let owner = owner(&shared)?;
+    let wait = Duration::from_millis(body.wait_ms.unwrap_or(0));
+    if wait > MAX_RECEIVE_WAIT {
+        return Err(ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            format!("wait_ms: at most {}", MAX_RECEIVE_WAIT.as_millis()),
+        ));
+    }
+    let deadline = tokio::time::Instant::now() + wait;
+    // Subscribed before the first look, so that no commit between the look and the wait is
+    // missed.
+    let mut commits = shared.hub.commits();
+    let mut stop = shared.stop.clone();
+    let mut parked = None;
+    let notifications = loop {
+        let got = owner.receive_notifications(body.clone()).await?;
+        let now = tokio::time::Instant::now();
+        if !got.is_empty() || now >= deadline || *stop.borrow() {
+            break got;
+        }
+        // Counted while it waits (a dropped request uncounts itself).
+        parked.get_or_insert_with(|| Parked::new(&shared.metrics.receives_waiting));
+        // A commit may have queued one; a lease may run out without any: look again at the
+        // next commit, and at least every RECEIVE_RECHECK.
+        let recheck = deadline.min(now + RECEIVE_RECHECK);
+        tokio::select! {
+            _ = commits.recv() => {}
+            () = tokio::time::sleep_until(recheck) => {}
+            _ = stop.changed() => {}
+        }
+    };
+    Ok(Json(NotificationBatch {
+        notifications: notifications
+            .into_iter()
+            .map(NotificationView::of)
+            .collect(),
+    }))
+}
+
+/// A waiting receive, counted in a gauge while it lives.
+struct Parked(prometheus_client::metrics::gauge::Gauge);
+
+impl Parked {
+    fn new(gauge: &prometheus_client::metrics::gauge::Gauge) -> Self {
+        gauge.inc();
+        Self(gauge.clone())
+    }
+}
+
+impl Drop for Parked {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// The longest a receive of notifications waits for one (`wait_ms`).
+const MAX_RECEIVE_WAIT: Duration = Duration::from_secs(60);
+
+/// How often a waiting receive looks again without a commit (for leases that ran out).
+const RECEIVE_RECHECK: Duration = Duration::from_secs(1);
+
+/// Acknowledges a delivered notification (owner mode): it leaves the outbox for good.
+#[utoipa::path(
+    post, path = "/api/notifications/ack", tag = "notifications", request_body = AckBody,
+    responses(
+        (status = 200, description = "Acknowledged: the notification left the outbox", body = AckView),
+        (status = 400, description = "Bad JSON, an unknown field", body = ErrorBody),
+        WriteRefusals,
+        (status = 404, description = "An unknown receipt, or one superseded by a later delivery", body = ErrorBody),
+        (status = 409, description = "The receipt's lease expired: the notification stays and is delivered again", body = ErrorBody),
+    )
+)]
+pub async fn ack_notification(
+    State(shared): State<Arc<Shared>>,
+    JsonBody(body): JsonBody<AckBody>,
+) -> Api<AckView> {
+    let receipt = body.receipt.clone();
+    owner(&shared)?.ack_notification(body).await?;
+    Ok(Json(AckView { receipt }))
 }
 
 /// Releases a suspended task to pending (owner mode).

@@ -3,12 +3,15 @@
 //! that executors are checked at submit, and a cancel reaches an attempt running in it).
 
 use super::model::{
-    CancelBody, InputBody, InputView, ReleaseBody, RerunBody, ResumeBody, SubmitBody,
+    AckBody, CancelBody, InputBody, InputView, ReceiveBody, ReleaseBody, RerunBody, ResumeBody,
+    SubmitBody,
 };
 use super::ApiError;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
-use dtask_engine::{Command, CreateRequest, Manager, StoreError, SubmitRequest, TaskStore};
+use dtask_engine::{
+    Command, CreateRequest, Manager, Notification, StoreError, SubmitRequest, TaskStore,
+};
 use dtask_journal::{LeasePolicy, TaskSpec, Timestamp};
 use dtask_replay::{Status, TaskState};
 
@@ -173,6 +176,35 @@ impl Owner {
             event_id: record.event_id,
             inserted,
         })
+    }
+
+    /// Leases up to `limit` deliverable notifications of the outbox for `lease_ms`.
+    ///
+    /// # Errors
+    /// 400 for a zero lease.
+    pub async fn receive_notifications(
+        &self,
+        body: ReceiveBody,
+    ) -> Result<Vec<Notification>, ApiError> {
+        if body.lease_ms == 0 {
+            return Err(invalid("lease_ms: required, more than 0"));
+        }
+        Ok(self
+            .store
+            .receive_notifications(
+                body.limit.unwrap_or(0),
+                std::time::Duration::from_millis(body.lease_ms),
+            )
+            .await?)
+    }
+
+    /// Acknowledges a delivered notification: it leaves the outbox.
+    ///
+    /// # Errors
+    /// 404 for an unknown or superseded receipt, 409 when the receipt's lease has expired
+    /// (the notification is delivered again).
+    pub async fn ack_notification(&self, body: AckBody) -> Result<(), ApiError> {
+        Ok(self.store.ack_notification(&body.receipt).await?)
     }
 
     /// Releases a suspended task to pending.

@@ -550,6 +550,8 @@ pub struct Metrics {
     pub pump_errors: Counter,
     /// Audits run, by result.
     pub verifies: Family<ResultLabel, Counter>,
+    /// Receives of notifications waiting for one (`wait_ms`: long polls parked now).
+    pub receives_waiting: Gauge,
     journal: JournalGauges,
     write: WriteMetrics,
     storage: StorageGauges,
@@ -633,6 +635,11 @@ impl Metrics {
             "Audits run through the API, by result",
             Family::<ResultLabel, Counter>::default(),
         );
+        let receives_waiting = gauge(
+            r,
+            "notification_receives_waiting",
+            "Receives of notifications waiting for one (long polls with wait_ms), now",
+        );
         let mirrored = Mirrored::register(r);
         let journal = JournalGauges::register(r);
         let write = WriteMetrics::register(r);
@@ -651,6 +658,7 @@ impl Metrics {
             stream_lagged,
             pump_errors,
             verifies,
+            receives_waiting,
             journal,
             write,
             storage,

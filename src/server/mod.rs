@@ -261,6 +261,11 @@ impl Server {
                 post(api::hold_task).delete(api::lift_hold),
             )
             .route("/api/tasks/{id}/trim", post(api::trim_task))
+            .route(
+                "/api/notifications/receive",
+                post(api::receive_notifications),
+            )
+            .route("/api/notifications/ack", post(api::ack_notification))
             .route("/api/verify", post(api::verify))
             .route("/api/stats", get(api::stats))
             .route("/api/stream", get(api::stream))

@@ -626,6 +626,84 @@ pub struct InputView {
     pub inserted: bool,
 }
 
+/// `POST /api/notifications/receive`: lease the outbox's deliverable notifications.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReceiveBody {
+    /// How many at most (default 100, at most 1000).
+    pub limit: Option<i64>,
+    /// The lease, in milliseconds (required, > 0): a notification not acknowledged within it
+    /// is handed out again, with a fresh receipt.
+    pub lease_ms: u64,
+    /// How long to wait, in milliseconds, while nothing is deliverable (default 0: answer at
+    /// once; at most 60000): the answer comes as soon as something is (a notification queued,
+    /// a lease run out), or empty at the end of the wait.
+    pub wait_ms: Option<u64>,
+}
+
+/// A notification handed out of the outbox with its receipt.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct NotificationView {
+    /// The notification id (`<task>:<version>:<kind>` for a lifecycle one,
+    /// `dtask.custom:…:application-event` for an application one).
+    pub id: String,
+    /// The task it concerns.
+    pub task_id: String,
+    /// The session it is routed to.
+    pub session_id: String,
+    /// The task version when it was queued.
+    pub version: u64,
+    /// The kind (`task_created`, `waiting_input`, `completed`, … or the application's).
+    pub kind: String,
+    /// The data, whole in `base64` (empty for a lifecycle notification).
+    pub data: Bytes,
+    /// `queued`, or `preempt` for an application notification sent to preempt.
+    pub delivery: String,
+    /// When it was queued (ms).
+    pub created_at: u64,
+    /// The receipt to acknowledge it with (fresh on every delivery).
+    pub receipt: String,
+}
+
+impl NotificationView {
+    /// The view of a delivered notification.
+    pub fn of(n: dtask_engine::Notification) -> Self {
+        Self {
+            data: Bytes::of(&n.data, true),
+            delivery: n.delivery.as_str().to_owned(),
+            created_at: n.created_at.as_millis(),
+            id: n.id,
+            task_id: n.task_id,
+            session_id: n.session_id,
+            version: n.version,
+            kind: n.kind,
+            receipt: n.receipt,
+        }
+    }
+}
+
+/// The answer of `POST /api/notifications/receive`.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct NotificationBatch {
+    /// The notifications leased, in insertion order (none when nothing is deliverable).
+    pub notifications: Vec<NotificationView>,
+}
+
+/// `POST /api/notifications/ack`.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AckBody {
+    /// The receipt of the notification's latest delivery.
+    pub receipt: String,
+}
+
+/// The answer of `POST /api/notifications/ack`: the notification left the outbox for good.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct AckView {
+    /// The receipt acknowledged.
+    pub receipt: String,
+}
+
 /// `POST /api/tasks/{id}/release`.
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

@@ -76,6 +76,12 @@ impl Hub {
         }
     }
 
+    /// A receiver of the records committed from now on, not counted as a stream (a waiting
+    /// request looks again at each).
+    pub fn commits(&self) -> broadcast::Receiver<Arc<Item>> {
+        self.sender.subscribe()
+    }
+
     /// Open streams.
     pub fn subscribers(&self) -> u64 {
         self.subscribers.load(Ordering::Relaxed)
