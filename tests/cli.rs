@@ -516,6 +516,53 @@ fn events_lists_raw_records() {
         .stderr(predicate::str::contains("--from 8 is after --to 3"));
 }
 
+/// `dtask outbox` lists what is queued and not acknowledged, oldest first, with filters
+/// and a limit; the fixture acknowledged its first three notifications.
+#[test]
+fn outbox_lists_the_unacknowledged_notifications() {
+    let dir = built();
+    let stats = json(&stdout(dtask(dir.path()).args(["--json", "stats"])));
+    let enqueued = stats["by_type"]["notification_enqueued"]["records"]
+        .as_u64()
+        .unwrap();
+    let listed = json(&stdout(dtask(dir.path()).args(["--json", "outbox"])));
+    assert_eq!(listed["count"].as_u64().unwrap(), enqueued - 3, "{listed}");
+    let items = listed["notifications"].as_array().unwrap();
+    assert_eq!(items.len() as u64, enqueued - 3);
+    let seqs: Vec<u64> = items.iter().map(|n| n["seq"].as_u64().unwrap()).collect();
+    assert!(
+        seqs.windows(2).all(|w| w[0] < w[1]),
+        "oldest first: {seqs:?}"
+    );
+    assert!(items
+        .iter()
+        .all(|n| n["session_id"] == "sess" && n["delivery"] == "queued"));
+    assert_eq!(
+        listed["oldest_queued_at"], items[0]["queued_at"],
+        "{listed}"
+    );
+
+    let beta = json(&stdout(
+        dtask(dir.path()).args(["--json", "outbox", "--task", "beta"]),
+    ));
+    let beta_items = beta["notifications"].as_array().unwrap();
+    assert!(!beta_items.is_empty());
+    assert!(beta_items.iter().all(|n| n["task"] == "beta"));
+    let none = stdout(dtask(dir.path()).args(["outbox", "--session", "other"]));
+    assert!(none.starts_with("the outbox is empty"), "{none}");
+
+    let text = stdout(dtask(dir.path()).args(["outbox", "--limit", "1"]));
+    assert!(
+        text.starts_with(&format!("{} notifications waiting", enqueued - 3)),
+        "{text}"
+    );
+    assert!(text.contains("DELIVERY"), "{text}");
+    assert!(
+        text.contains(&format!("… {} more (--limit 0 shows all)", enqueued - 4)),
+        "{text}"
+    );
+}
+
 #[test]
 fn export_matches_its_golden_output_and_redacts() {
     let dir = built();

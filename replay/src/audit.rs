@@ -20,7 +20,8 @@
 //!   task's stream, `rerun_as` in the original's: one append writes both), and a nested
 //!   task's parent names it (`child_created`) and holds the input of each application
 //!   notification the child put into its mailbox (`parent_notified`: one append writes
-//!   both) — or the other task was purged; a stream that
+//!   both), with the same kind, data and delivery — or the other task was purged; a stream
+//!   that
 //!   did not fold whole is not held against the others (its damage is the finding);
 //! - **the indexes**: the `live` index holds exactly the tasks without a terminal event;
 //!   `commits` is dense from 1 to the last sequence and every entry points at a record carrying
@@ -301,20 +302,26 @@ struct Links {
     parent: String,
     /// The children this task's stream names.
     children: BTreeSet<String>,
-    /// The input ids of the application notifications this nested task put into its
-    /// parent's mailbox (`parent_notified`), which the parent's inputs must hold.
-    notified: Vec<String>,
-    /// The ids of this task's inputs that are application notifications of its children.
-    notices: BTreeSet<String>,
+    /// The input ids (and contents) of the application notifications this nested task put
+    /// into its parent's mailbox (`parent_notified`), which the parent's inputs must hold.
+    notified: Vec<(String, Notice)>,
+    /// This task's inputs that are application notifications of its children: id → content.
+    notices: HashMap<String, Notice>,
     /// Whether the stream folded whole (a damaged or illegal one says less than it held:
     /// its links are not held against others).
     whole: bool,
 }
 
 impl Links {
-    /// The links of a folded task (`notified`: the input ids of its `parent_notified`
-    /// records), `None` for one with none that folded whole.
-    fn of(task: &Task, notified: Vec<String>, whole: bool) -> Option<Box<Self>> {
+    /// The links of a folded task (`notified`: the input ids and contents of its
+    /// `parent_notified` records; `notices`: its inputs from its children), `None` for one
+    /// with none that folded whole.
+    fn of(
+        task: &Task,
+        notified: Vec<(String, Notice)>,
+        notices: HashMap<String, Notice>,
+        whole: bool,
+    ) -> Option<Box<Self>> {
         let s = &task.state;
         let lineage = s.lineage.as_deref();
         let layer = task.layer();
@@ -324,14 +331,9 @@ impl Links {
             return None;
         }
         let notices = if layer.children.is_empty() {
-            BTreeSet::new()
+            HashMap::new()
         } else {
-            layer
-                .input_ids
-                .iter()
-                .filter(|(id, _)| application_notification_source(id).is_some())
-                .map(|(id, _)| id.to_owned())
-                .collect()
+            notices
         };
         Some(Box::new(Self {
             rerun_of: lineage.map(|l| l.rerun_of.clone()).unwrap_or_default(),
@@ -342,6 +344,27 @@ impl Links {
             notices,
             whole,
         }))
+    }
+}
+
+/// What an application notification to a parent carried — its kind, data and delivery — as
+/// one hash, to hold a child's record against its parent's input without keeping the data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Notice(u64);
+
+impl Notice {
+    /// The content of a `parent_notified` record or an `input_sent` of one.
+    fn of(kind: &str, data: &[u8], event: &Event) -> Self {
+        use std::hash::{Hash as _, Hasher as _};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        kind.hash(&mut hasher);
+        data.hash(&mut hasher);
+        event
+            .delivery()
+            .unwrap_or_default()
+            .as_str()
+            .hash(&mut hasher);
+        Self(hasher.finish())
     }
 }
 
@@ -357,6 +380,7 @@ fn check_links(
     ids.sort();
     for id in ids {
         let mine = &links[id];
+        let mut differs = Vec::new();
         let mut unanswered = |other: &str, what: &str, answered: &dyn Fn(&Links) -> bool| {
             let fine = match links.get(other) {
                 Some(theirs) => answered(theirs) || !theirs.whole || !mine.whole,
@@ -381,13 +405,30 @@ fn check_links(
             unanswered(&mine.parent, "a nested task of", &|t| {
                 t.children.contains(id)
             });
-            for input in &mine.notified {
+            for (input, notice) in &mine.notified {
                 unanswered(
                     &mine.parent,
                     &format!("a notification ({input}) to its parent"),
-                    &|t| t.notices.contains(input),
+                    &|t| t.notices.contains_key(input),
                 );
+                let held = links
+                    .get(&mine.parent)
+                    .filter(|theirs| theirs.whole && mine.whole)
+                    .and_then(|theirs| theirs.notices.get(input));
+                if held.is_some_and(|held| held != notice) {
+                    differs.push(Problem::new(
+                        id,
+                        None,
+                        ProblemKind::Inconsistent,
+                        format!(
+                            "a notification ({input}) to its parent {:?}, whose input of it \
+                             has another kind, data or delivery",
+                            mine.parent
+                        ),
+                    ));
+                }
             }
+            problems.append(&mut differs);
         }
     }
 }
@@ -405,8 +446,10 @@ struct TaskChecker<'a> {
     /// The trimmed updates read, those read since the last trim's marker, and the updates
     /// the markers say they trimmed ([`Event::ProgressTrimmed`]).
     trims: Trims,
-    /// The input ids of the stream's `parent_notified` records.
-    notified: Vec<String>,
+    /// The input ids and contents of the stream's `parent_notified` records.
+    notified: Vec<(String, Notice)>,
+    /// The stream's inputs that are its children's application notifications.
+    notices: HashMap<String, Notice>,
     on_record: &'a mut dyn FnMut(&Record),
 }
 
@@ -471,6 +514,7 @@ impl<'a> TaskChecker<'a> {
             queued: HashMap::new(),
             trims: Trims::default(),
             notified: Vec::new(),
+            notices: HashMap::new(),
             on_record,
         }
     }
@@ -485,7 +529,7 @@ impl<'a> TaskChecker<'a> {
         let view = self.view;
         let folded = view.task.as_ref();
         let links = match folded {
-            Some(t) => Links::of(t, self.notified, whole),
+            Some(t) => Links::of(t, self.notified, self.notices, whole),
             None if !whole => Some(Box::default()),
             None => None,
         };
@@ -523,11 +567,33 @@ impl Replay for TaskChecker<'_> {
         }
         track_notifications(self.task, record, &mut self.queued, &mut self.problems);
         self.trims.track(record);
-        if let Event::ParentNotified { event_id, .. } | Event::ParentNotifiedV2 { event_id, .. } =
-            &record.event
-        {
-            self.notified
-                .push(application_notification_id(self.task, event_id));
+        match &record.event {
+            Event::ParentNotified {
+                event_id,
+                kind,
+                data,
+                ..
+            }
+            | Event::ParentNotifiedV2 {
+                event_id,
+                kind,
+                data,
+                ..
+            } => {
+                let notice = Notice::of(kind, data, &record.event);
+                self.notified
+                    .push((application_notification_id(self.task, event_id), notice));
+            }
+            Event::InputSent {
+                event_id,
+                kind,
+                data,
+                ..
+            } if application_notification_source(event_id).is_some() => {
+                let notice = Notice::of(kind, data, &record.event);
+                self.notices.insert(event_id.clone(), notice);
+            }
+            _ => {}
         }
         let folding = self.view.is_folding();
         if folding {

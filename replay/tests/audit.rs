@@ -1907,3 +1907,80 @@ fn a_notification_to_a_parent_its_mailbox_lacks_is_reported() {
         report.problems
     );
 }
+
+/// The parent's input of a child's application notification must carry what the child's
+/// `parent_notified` record does — kind, data and delivery (`parent_notified_v2` for one
+/// sent to preempt): one append writes both, so any difference is damage or a forgery.
+#[test]
+fn a_notification_whose_parent_input_differs_is_reported() {
+    use dtask_journal::Delivery::{Preempt, Queued};
+    let dir = tempfile::tempdir().unwrap();
+    let j = journal(dir.path());
+    let at = Timestamp(5);
+    // (child, the child's kind and delivery, the parent's input's kind and delivery)
+    let cases = [
+        ("p-same", ("finding", Queued), ("finding", Queued)),
+        ("p-preempt", ("finding", Preempt), ("finding", Preempt)),
+        ("p-delivery", ("finding", Preempt), ("finding", Queued)),
+        ("p-kind", ("finding", Queued), ("other", Queued)),
+    ];
+    let mut parent = vec![created("p", LeasePolicy::Retry), started(1, 100)];
+    for (child, _, _) in &cases {
+        parent.push(Event::ChildCreated {
+            child_id: (*child).into(),
+            attempt: 1,
+            generation: 1,
+            at,
+        });
+    }
+    for (sequence, (child, _, (kind, delivery))) in (1..).zip(&cases) {
+        parent.push(Event::InputSent {
+            sequence,
+            event_id: dtask_journal::application_notification_id(child, "e1"),
+            kind: (*kind).into(),
+            data: b"src/a.rs".to_vec(),
+            delivery: *delivery,
+            at,
+        });
+    }
+    j.append("p", 0, &parent).unwrap();
+    for (child, (kind, delivery), _) in &cases {
+        let notified = match delivery {
+            Queued => Event::ParentNotified {
+                attempt: 1,
+                event_id: "e1".into(),
+                kind: (*kind).into(),
+                data: b"src/a.rs".to_vec(),
+                at,
+            },
+            Preempt => Event::ParentNotifiedV2 {
+                attempt: 1,
+                event_id: "e1".into(),
+                kind: (*kind).into(),
+                data: b"src/a.rs".to_vec(),
+                delivery: Preempt,
+                at,
+            },
+        };
+        j.append(
+            child,
+            0,
+            &[nested_created(child, "p", at), started(1, 100), notified],
+        )
+        .unwrap();
+    }
+    let report = audit_journal(&j, &mut |_| {}).unwrap();
+    assert_eq!(
+        kinds(&report),
+        [
+            ("p-delivery".into(), None, ProblemKind::Inconsistent),
+            ("p-kind".into(), None, ProblemKind::Inconsistent)
+        ],
+        "{:?}",
+        report.problems
+    );
+    assert!(report
+        .problems
+        .iter()
+        .all(|p| p.detail.contains("another kind, data or delivery")));
+}

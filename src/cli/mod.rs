@@ -11,6 +11,7 @@ mod hold;
 mod import;
 mod location;
 mod migrate;
+mod outbox;
 mod probe;
 mod purge;
 mod replay;
@@ -74,6 +75,9 @@ enum Command {
     Replay(replay::Args),
     /// Tasks by status and executor, records by type, bytes, largest tasks.
     Stats(stats::Args),
+    /// The notifications queued and not yet acknowledged (the outbox), oldest first: task,
+    /// session, kind, delivery.
+    Outbox(outbox::Args),
     /// What a synced append promises where the journal lies: the file system, the device's
     /// write cache and the cost of a synced write (on PostgreSQL the server's settings and a
     /// flushed commit's cost); exit 1 when a synced record would not survive a power failure.
@@ -217,6 +221,7 @@ pub fn run() -> ExitCode {
         Command::Verify(args) => verify::run(&global, &args),
         Command::Replay(args) => replay::run(&global, &args),
         Command::Stats(args) => stats::run(&global, &args),
+        Command::Outbox(args) => outbox::run(&global, &args),
         Command::Probe(args) => probe::run(&global, &args),
         Command::Migrate(args) => migrate::run(&global, &args),
         Command::Purge(args) => purge::run(&global, &args),
