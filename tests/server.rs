@@ -1644,6 +1644,8 @@ async fn the_outbox_is_leased_and_acknowledged_over_http() {
         .unwrap();
     let server = Running::start(Server::owner(store.clone(), None, fast())).await;
     let receive = |lease_ms: u64| json!({"lease_ms": lease_ms});
+    let (_, stats) = server.get("/api/stats").await;
+    assert_eq!(stats["outbox"], 2, "the backlog: {stats}");
 
     let (status, got) = server
         .post("/api/notifications/receive", &receive(60_000))
@@ -1784,6 +1786,8 @@ async fn the_outbox_is_leased_and_acknowledged_over_http() {
         .await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(journal.outbox_len().unwrap(), 0, "the outbox is empty");
+    let (_, stats) = server.get("/api/stats").await;
+    assert_eq!(stats["outbox"], 0, "{stats}");
 
     // Client mistakes.
     for body in [

@@ -519,10 +519,15 @@ pub async fn verify(
 pub async fn stats(State(shared): State<Arc<Shared>>) -> Json<Stats> {
     let s = shared.projection.snapshot();
     let journal = shared.journal.clone();
-    let storage = tokio::task::spawn_blocking(move || journal.storage_stats().ok().flatten())
-        .await
-        .ok()
-        .flatten();
+    // Both read the database: off the runtime's threads.
+    let (storage, outbox) = tokio::task::spawn_blocking(move || {
+        (
+            journal.storage_stats().ok().flatten(),
+            journal.outbox_len().ok(),
+        )
+    })
+    .await
+    .unwrap_or_default();
     Json(Stats {
         mode: if shared.owner.is_some() {
             "owner"
@@ -552,6 +557,7 @@ pub async fn stats(State(shared): State<Arc<Shared>>) -> Json<Stats> {
             .map(|(k, v)| (k.as_str().to_owned(), *v))
             .collect(),
         subscribers: shared.hub.subscribers(),
+        outbox,
         storage: storage.as_ref().map(StorageView::from),
         sync_promise: shared.sync_promise.as_ref().map(SyncPromiseView::from),
     })

@@ -793,6 +793,9 @@ pub struct Stats {
     pub by_type: std::collections::BTreeMap<String, u64>,
     /// Open SSE streams.
     pub subscribers: u64,
+    /// Notifications queued and not yet acknowledged (the outbox's backlog: `dtask outbox`
+    /// lists them); `null` when it could not be read.
+    pub outbox: Option<u64>,
     /// The storage engine's own figures (RocksDB journals; `null` for PostgreSQL): what the
     /// appends left owed to its background threads.
     pub storage: Option<StorageView>,

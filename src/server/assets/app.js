@@ -386,7 +386,7 @@ async function journalPage() {
     statsBox.replaceChildren(ready,
       h("div", { class: "cards" },
         [["tasks", s.tasks], ["records", s.records], ["bytes", s.bytes], ["last sequence", s.last_seq],
-          ["with problems", s.tasks_with_problems], ["streams", s.subscribers]].map(([k, v]) => h("div", { class: "card" }, h("b", {}, v), k))),
+          ["with problems", s.tasks_with_problems], ["queued notifications", s.outbox ?? "?"], ["streams", s.subscribers]].map(([k, v]) => h("div", { class: "card" }, h("b", {}, v), k))),
       h("p", { class: "muted" }, `${s.mode} · journal format ${s.journal_format} · record format ${s.record_format}${s.counted ? "" : " · counting…"}`),
       // What a synced append promises where the journal lies (dtask probe); none on PostgreSQL.
       s.sync_promise ? h("p", { id: "sync-promise", class: s.sync_promise.promise === "lost" ? "problem" : "muted" },
