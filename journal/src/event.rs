@@ -687,6 +687,26 @@ pub enum Event {
     },
 }
 
+/// A queued notification's fields, borrowed from its record
+/// ([`Event::queued_notification`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueuedNotification<'a> {
+    /// The notification id.
+    pub id: &'a str,
+    /// The application event id, empty for a lifecycle notification.
+    pub event_id: &'a str,
+    /// The kind.
+    pub kind: &'a str,
+    /// The data (empty for a lifecycle notification).
+    pub data: &'a [u8],
+    /// How its consumer should take it (queued unless sent to preempt).
+    pub delivery: Delivery,
+    /// The task version when it was queued.
+    pub version: u64,
+    /// When it was queued.
+    pub at: Timestamp,
+}
+
 /// The id of an application notification: depends only on (task, event id). A nested
 /// task's application notification reaches its parent's mailbox as an input with this event
 /// id; [`application_notification_source`] reads the task and event id back.
@@ -964,6 +984,54 @@ impl Event {
             Self::NotificationEnqueuedV2 { delivery, .. }
             | Self::ParentNotifiedV2 { delivery, .. }
             | Self::InputSent { delivery, .. } => Some(*delivery),
+            _ => None,
+        }
+    }
+
+    /// The fields of a queued notification — a [`Event::NotificationEnqueued`] or its v2
+    /// form, as the outbox indexes them — with its delivery; `None` for any other event.
+    ///
+    /// ```
+    /// use dtask_journal::{Delivery, Event, Timestamp};
+    /// let queued = Event::NotificationEnqueued {
+    ///     id: "t:1:task_created".into(),
+    ///     event_id: String::new(),
+    ///     kind: "task_created".into(),
+    ///     data: Vec::new(),
+    ///     version: 1,
+    ///     at: Timestamp(7),
+    /// };
+    /// let n = queued.queued_notification().unwrap();
+    /// assert_eq!((n.kind, n.delivery, n.version), ("task_created", Delivery::Queued, 1));
+    /// ```
+    #[must_use]
+    pub fn queued_notification(&self) -> Option<QueuedNotification<'_>> {
+        match self {
+            Self::NotificationEnqueued {
+                id,
+                event_id,
+                kind,
+                data,
+                version,
+                at,
+            }
+            | Self::NotificationEnqueuedV2 {
+                id,
+                event_id,
+                kind,
+                data,
+                version,
+                at,
+                ..
+            } => Some(QueuedNotification {
+                id,
+                event_id,
+                kind,
+                data,
+                delivery: self.delivery().unwrap_or_default(),
+                version: *version,
+                at: *at,
+            }),
             _ => None,
         }
     }

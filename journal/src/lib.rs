@@ -86,8 +86,8 @@ pub use error::{
 };
 pub use event::{
     application_notification_id, application_notification_source, Delivery, Event, EventType,
-    ExpiryResolution, LeasePolicy, MetadataEntry, Publication, TaskSpec, Timestamp,
-    EVENT_SCHEMA_VERSION,
+    ExpiryResolution, LeasePolicy, MetadataEntry, Publication, QueuedNotification, TaskSpec,
+    Timestamp, EVENT_SCHEMA_VERSION,
 };
 pub use format::{JOURNAL_FORMAT_VERSION, OLDEST_JOURNAL_FORMAT_VERSION};
 pub use head::Head;

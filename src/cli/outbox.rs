@@ -5,7 +5,7 @@
 
 use super::fmt::{self, Table};
 use super::{Global, Out, Result};
-use dtask_journal::{Event, Journal};
+use dtask_journal::Journal;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 
@@ -89,41 +89,25 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
         if args.session.as_deref().is_some_and(|s| s != session) {
             continue;
         }
-        let record = item.record;
-        let delivery = record.event.delivery().unwrap_or_default().as_str();
-        let (Event::NotificationEnqueued {
-            id,
-            kind,
-            data,
-            version,
-            at,
-            ..
-        }
-        | Event::NotificationEnqueuedV2 {
-            id,
-            kind,
-            data,
-            version,
-            at,
-            ..
-        }) = record.event
-        else {
+        let record = &item.record;
+        let Some(queued) = record.event.queued_notification() else {
             // The audit reports an entry that names another record (`dtask verify`).
             continue;
         };
         count += 1;
+        let at = queued.at;
         oldest = Some(oldest.map_or(at, |o: dtask_journal::Timestamp| o.min(at)));
         if args.limit == 0 || shown.len() < args.limit {
             shown.push(Entry {
                 seq: record.seq,
-                task: item.task,
+                task: item.task.clone(),
                 position: record.position,
-                id,
+                id: queued.id.to_owned(),
                 session,
-                kind,
-                delivery,
-                version,
-                data_size: data.len(),
+                kind: queued.kind.to_owned(),
+                delivery: queued.delivery.as_str(),
+                version: queued.version,
+                data_size: queued.data.len(),
                 queued_at: at,
             });
         }

@@ -166,11 +166,10 @@ impl TaskStore {
                     .by_seq
                     .get(&item.record.seq)
                     .is_some_and(|l| l.expires > now);
-                let (Event::NotificationEnqueued { id, .. }
-                | Event::NotificationEnqueuedV2 { id, .. }) = &item.record.event
-                else {
+                let Some(queued) = item.record.event.queued_notification() else {
                     continue;
                 };
+                let id = queued.id;
                 if busy {
                     continue;
                 }
@@ -180,7 +179,7 @@ impl TaskStore {
                     receipt: receipt.clone(),
                     expires,
                     task: item.task.clone(),
-                    id: id.clone(),
+                    id: id.to_owned(),
                 };
                 if let Some(old) = leases.by_seq.insert(item.record.seq, lease) {
                     leases.by_receipt.remove(&old.receipt);
@@ -191,36 +190,19 @@ impl TaskStore {
         }
         let mut out = Vec::with_capacity(delivered.len());
         for (item, receipt) in delivered {
-            let delivery = item.record.event.delivery().unwrap_or_default();
-            let (Event::NotificationEnqueued {
-                id,
-                kind,
-                data,
-                version,
-                at,
-                ..
-            }
-            | Event::NotificationEnqueuedV2 {
-                id,
-                kind,
-                data,
-                version,
-                at,
-                ..
-            }) = item.record.event
-            else {
+            let Some(queued) = item.record.event.queued_notification() else {
                 continue;
             };
             let session_id = self.get(&item.task).await?.spec.session_id.clone();
             out.push(Notification {
-                id,
-                task_id: item.task,
+                id: queued.id.to_owned(),
+                task_id: item.task.clone(),
                 session_id,
-                version,
-                kind,
-                data,
-                delivery,
-                created_at: at,
+                version: queued.version,
+                kind: queued.kind.to_owned(),
+                data: queued.data.to_vec(),
+                delivery: queued.delivery,
+                created_at: queued.at,
                 receipt,
             });
         }
