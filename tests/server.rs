@@ -1647,8 +1647,22 @@ async fn the_outbox_is_leased_and_acknowledged_over_http() {
     let (_, stats) = server.get("/api/stats").await;
     assert_eq!(stats["outbox"], 2, "the backlog: {stats}");
 
+    // Another session's consumer gets nothing; this session's gets both.
+    let (status, other) = server
+        .post(
+            "/api/notifications/receive",
+            &json!({"lease_ms": 60_000, "session": "chat-2"}),
+        )
+        .await;
+    assert_eq!(
+        (status, &other["notifications"]),
+        (StatusCode::OK, &json!([]))
+    );
     let (status, got) = server
-        .post("/api/notifications/receive", &receive(60_000))
+        .post(
+            "/api/notifications/receive",
+            &json!({"lease_ms": 60_000, "session": "chat-1"}),
+        )
         .await;
     assert_eq!(status, StatusCode::OK, "{got}");
     let list = got["notifications"].as_array().unwrap();

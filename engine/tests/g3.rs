@@ -906,6 +906,50 @@ async fn session_notifications_keep_their_delivery(h: &mut H) {
 }
 scenario!(session_notifications_keep_their_delivery);
 
+/// A consumer of one session leases that session's notifications only (an extension of the
+/// reference's outbox): two sessions' consumers do not take each other's, and an unfiltered
+/// receive skips what a session's consumer holds.
+async fn a_sessions_consumer_leases_its_own_notifications(h: &mut H) {
+    for (id, session) in [("a", "s1"), ("b", "s2"), ("c", "s1")] {
+        let mut spec = session_spec(id, false);
+        spec.session_id = session.into();
+        h.s().create(request(spec, Retry)).await.unwrap();
+    }
+    let lease = std::time::Duration::from_secs(600);
+    let s2 = h
+        .s()
+        .receive_session_notifications("s2", 100, lease)
+        .await
+        .unwrap();
+    let got: Vec<_> = s2
+        .iter()
+        .map(|n| (n.task_id.as_str(), n.session_id.as_str(), n.kind.as_str()))
+        .collect();
+    assert_eq!(got, [("b", "s2", "task_created")]);
+    if !h.reboot {
+        // Leases are the store's memory: only without a restart is b's still leased.
+        let rest: Vec<_> = receive_all(h.s())
+            .await
+            .into_iter()
+            .map(|n| n.task_id)
+            .collect();
+        assert_eq!(rest, ["a", "c"]);
+    }
+    let none = h
+        .s()
+        .receive_session_notifications("s3", 100, lease)
+        .await
+        .unwrap();
+    assert!(none.is_empty());
+    assert_err!(
+        h.s()
+            .receive_session_notifications("s1", 100, std::time::Duration::ZERO)
+            .await,
+        StoreError::Invalid { .. }
+    );
+}
+scenario!(a_sessions_consumer_leases_its_own_notifications);
+
 /// A child that ends after its parent: the notification cannot be put into the sealed
 /// mailbox, the child records why, and its own transition goes ahead.
 async fn child_outliving_its_parent(h: &mut H) {

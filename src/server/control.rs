@@ -189,13 +189,18 @@ impl Owner {
         if body.lease_ms == 0 {
             return Err(invalid("lease_ms: required, more than 0"));
         }
-        Ok(self
-            .store
-            .receive_notifications(
-                body.limit.unwrap_or(0),
-                std::time::Duration::from_millis(body.lease_ms),
-            )
-            .await?)
+        let (limit, lease) = (
+            body.limit.unwrap_or(0),
+            std::time::Duration::from_millis(body.lease_ms),
+        );
+        Ok(match body.session.as_deref() {
+            Some(session) => {
+                self.store
+                    .receive_session_notifications(session, limit, lease)
+                    .await?
+            }
+            None => self.store.receive_notifications(limit, lease).await?,
+        })
     }
 
     /// Acknowledges a delivered notification: it leaves the outbox.

@@ -639,6 +639,9 @@ pub struct ReceiveBody {
     /// once; at most 60000): the answer comes as soon as something is (a notification queued,
     /// a lease run out), or empty at the end of the wait.
     pub wait_ms: Option<u64>,
+    /// Only the notifications routed to this session (default: every session's), so that
+    /// consumers of different sessions do not take each other's.
+    pub session: Option<String>,
 }
 
 /// A notification handed out of the outbox with its receipt.

@@ -142,8 +142,43 @@ impl TaskStore {
     ///
     /// # Errors
     /// [`StoreError::Invalid`] for a zero lease, journal errors.
+    #[allow(
+        clippy::unused_async,
+        reason = "async as the store's other calls are: callers await every store call alike"
+    )]
     pub async fn receive_notifications(
         &self,
+        limit: i64,
+        lease: std::time::Duration,
+    ) -> Result<Vec<Notification>> {
+        self.receive(None, limit, lease)
+    }
+
+    /// As [`TaskStore::receive_notifications`], the notifications routed to `session` only
+    /// (not in the reference: its outbox has one consumer). Consumers of different sessions
+    /// then lease from one outbox without taking each other's notifications.
+    ///
+    /// # Errors
+    /// As [`TaskStore::receive_notifications`].
+    #[allow(
+        clippy::unused_async,
+        reason = "async as the store's other calls are: callers await every store call alike"
+    )]
+    pub async fn receive_session_notifications(
+        &self,
+        session: &str,
+        limit: i64,
+        lease: std::time::Duration,
+    ) -> Result<Vec<Notification>> {
+        self.receive(Some(session), limit, lease)
+    }
+
+    /// Chooses and leases the deliverable notifications (of `session`, when given) under one
+    /// lock, so that two receivers never get the same one. A task's session is read off its
+    /// creation (its first record; a task's spec never changes), once a call.
+    fn receive(
+        &self,
+        session: Option<&str>,
         limit: i64,
         lease: std::time::Duration,
     ) -> Result<Vec<Notification>> {
@@ -153,47 +188,44 @@ impl TaskStore {
         let limit = self.config().page(limit);
         let now = self.now();
         let expires = now.plus_millis(u64::try_from(lease.as_millis()).unwrap_or(u64::MAX));
-        // Choose and lease under one lock so two receivers never get the same item.
-        let mut delivered = Vec::new();
-        {
-            let mut leases = self.leases();
-            for item in self.journal().outbox() {
-                let item = item?;
-                if delivered.len() == limit {
-                    break;
-                }
-                let busy = leases
-                    .by_seq
-                    .get(&item.record.seq)
-                    .is_some_and(|l| l.expires > now);
-                let Some(queued) = item.record.event.queued_notification() else {
-                    continue;
-                };
-                let id = queued.id;
-                if busy {
-                    continue;
-                }
-                leases.next_receipt += 1;
-                let receipt = format!("lease:{:016x}:{}", leases.epoch, leases.next_receipt);
-                let lease = Lease {
-                    receipt: receipt.clone(),
-                    expires,
-                    task: item.task.clone(),
-                    id: id.to_owned(),
-                };
-                if let Some(old) = leases.by_seq.insert(item.record.seq, lease) {
-                    leases.by_receipt.remove(&old.receipt);
-                }
-                leases.by_receipt.insert(receipt.clone(), item.record.seq);
-                delivered.push((item, receipt));
+        let mut sessions: HashMap<String, String> = HashMap::new();
+        let mut out = Vec::new();
+        let mut leases = self.leases();
+        for item in self.journal().outbox() {
+            if out.len() == limit {
+                break;
             }
-        }
-        let mut out = Vec::with_capacity(delivered.len());
-        for (item, receipt) in delivered {
+            let item = item?;
+            let busy = leases
+                .by_seq
+                .get(&item.record.seq)
+                .is_some_and(|l| l.expires > now);
+            if busy {
+                continue;
+            }
             let Some(queued) = item.record.event.queued_notification() else {
                 continue;
             };
-            let session_id = self.get(&item.task).await?.spec.session_id.clone();
+            if !sessions.contains_key(&item.task) {
+                let routed = self.session_of(&item.task)?;
+                sessions.insert(item.task.clone(), routed);
+            }
+            let session_id = sessions.get(&item.task).cloned().unwrap_or_default();
+            if session.is_some_and(|s| s != session_id) {
+                continue;
+            }
+            leases.next_receipt += 1;
+            let receipt = format!("lease:{:016x}:{}", leases.epoch, leases.next_receipt);
+            let lease = Lease {
+                receipt: receipt.clone(),
+                expires,
+                task: item.task.clone(),
+                id: queued.id.to_owned(),
+            };
+            if let Some(old) = leases.by_seq.insert(item.record.seq, lease) {
+                leases.by_receipt.remove(&old.receipt);
+            }
+            leases.by_receipt.insert(receipt.clone(), item.record.seq);
             out.push(Notification {
                 id: queued.id.to_owned(),
                 task_id: item.task.clone(),
@@ -207,6 +239,15 @@ impl TaskStore {
             });
         }
         Ok(out)
+    }
+
+    /// The session `task`'s notifications are routed to, from its creation record (empty
+    /// when it has none).
+    fn session_of(&self, task: &str) -> Result<String> {
+        let first = self.journal().read_stream(task, 0).next().transpose()?;
+        Ok(first
+            .and_then(|record| record.event.spec().map(|spec| spec.session_id.clone()))
+            .unwrap_or_default())
     }
 
     /// Acknowledges a delivered notification: it leaves the outbox for good.
