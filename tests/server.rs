@@ -1816,7 +1816,46 @@ async fn the_outbox_is_leased_and_acknowledged_over_http() {
     }
     let (status, _) = server.post("/api/notifications/ack", &json!({})).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
+
+    // A receive waiting when the server stops answers, empty, rather than holding the
+    // shutdown for its whole wait.
+    let waiting = {
+        let (http, url) = (
+            server.http.clone(),
+            server.url("/api/notifications/receive"),
+        );
+        tokio::spawn(async move {
+            let response = http
+                .post(url)
+                .json(&json!({"lease_ms": 1_000, "wait_ms": 60_000}))
+                .send()
+                .await
+                .unwrap();
+            (response.status(), response.json::<Value>().await.unwrap())
+        })
+    };
+    let mut parked = false;
+    for _ in 0..3_000 {
+        if server
+            .text("/metrics")
+            .await
+            .contains("dtask_notification_receives_waiting 1\n")
+        {
+            parked = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(parked, "the receive never waited");
     server.stop().await;
+    let (status, body) = tokio::time::timeout(Duration::from_secs(30), waiting)
+        .await
+        .expect("the waiting receive answered at the stop")
+        .unwrap();
+    assert_eq!(
+        (status, &body["notifications"]),
+        (StatusCode::OK, &json!([]))
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -278,10 +278,11 @@ pub async fn receive_notifications(
     let mut commits = shared.hub.commits();
     let mut stop = shared.stop.clone();
     let mut parked = None;
+    let mut stopping = false;
     let notifications = loop {
         let got = owner.receive_notifications(body.clone()).await?;
         let now = tokio::time::Instant::now();
-        if !got.is_empty() || now >= deadline || *stop.borrow() {
+        if !got.is_empty() || now >= deadline || stopping || *stop.borrow() {
             break got;
         }
         // Counted while it waits (a dropped request uncounts itself).
@@ -292,7 +293,8 @@ pub async fn receive_notifications(
         tokio::select! {
             _ = commits.recv() => {}
             () = tokio::time::sleep_until(recheck) => {}
-            _ = stop.changed() => {}
+            // A server gone (its stop's sender dropped) answers as one stopping.
+            changed = stop.changed() => stopping = changed.is_err(),
         }
     };
     Ok(Json(NotificationBatch {
