@@ -100,6 +100,27 @@ impl Running {
             .unwrap();
     }
 
+    /// `POST path` with `body` from a task of its own: the status and the JSON body.
+    fn spawn_post(&self, path: &str, body: Value) -> JoinHandle<(StatusCode, Value)> {
+        let (http, url) = (self.http.clone(), self.url(path));
+        tokio::spawn(async move {
+            let response = http.post(url).json(&body).send().await.unwrap();
+            (response.status(), response.json::<Value>().await.unwrap())
+        })
+    }
+
+    /// Waits until a receive of notifications waits (the gauge counts it; bounded).
+    async fn until_receive_waits(&self) {
+        for _ in 0..3_000 {
+            let metrics = self.text("/metrics").await;
+            if metrics.contains("dtask_notification_receives_waiting 1\n") {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!("the receive never waited");
+    }
+
     /// Waits until the server's counts have read up to `seq` (bounded).
     async fn wait_seq(&self, seq: u64) -> Value {
         for _ in 0..600 {
@@ -1712,33 +1733,13 @@ async fn the_outbox_is_leased_and_acknowledged_over_http() {
         .await;
     assert_eq!((status, code(&err)), (StatusCode::NOT_FOUND, "not_found"));
 
-    // A receive that waits (long polling) answers with what is queued while it waits.
-    let waiting = {
-        let (http, url) = (
-            server.http.clone(),
-            server.url("/api/notifications/receive"),
-        );
-        tokio::spawn(async move {
-            let response = http
-                .post(url)
-                .json(&json!({"lease_ms": 60_000, "wait_ms": 30_000}))
-                .send()
-                .await
-                .unwrap();
-            (response.status(), response.json::<Value>().await.unwrap())
-        })
-    };
-    // Once it waits (the gauge counts it), a notification is queued.
-    let mut parked = false;
-    for _ in 0..3_000 {
-        let metrics = server.text("/metrics").await;
-        if metrics.contains("dtask_notification_receives_waiting 1\n") {
-            parked = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(parked, "the receive never waited");
+    // A receive that waits (long polling) answers with what is queued while it waits: once
+    // it waits (the gauge counts it), a notification is queued.
+    let waiting = server.spawn_post(
+        "/api/notifications/receive",
+        json!({"lease_ms": 60_000, "wait_ms": 30_000}),
+    );
+    server.until_receive_waits().await;
     store
         .enqueue_notification(
             "job",
@@ -1819,34 +1820,11 @@ async fn the_outbox_is_leased_and_acknowledged_over_http() {
 
     // A receive waiting when the server stops answers, empty, rather than holding the
     // shutdown for its whole wait.
-    let waiting = {
-        let (http, url) = (
-            server.http.clone(),
-            server.url("/api/notifications/receive"),
-        );
-        tokio::spawn(async move {
-            let response = http
-                .post(url)
-                .json(&json!({"lease_ms": 1_000, "wait_ms": 60_000}))
-                .send()
-                .await
-                .unwrap();
-            (response.status(), response.json::<Value>().await.unwrap())
-        })
-    };
-    let mut parked = false;
-    for _ in 0..3_000 {
-        if server
-            .text("/metrics")
-            .await
-            .contains("dtask_notification_receives_waiting 1\n")
-        {
-            parked = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(parked, "the receive never waited");
+    let waiting = server.spawn_post(
+        "/api/notifications/receive",
+        json!({"lease_ms": 1_000, "wait_ms": 60_000}),
+    );
+    server.until_receive_waits().await;
     server.stop().await;
     let (status, body) = tokio::time::timeout(Duration::from_secs(30), waiting)
         .await

@@ -20,8 +20,8 @@
 //! hold (`Hold`, `HoldLifted`), schema v5 a trim of a stream's progress (`UpdateTrimmed`,
 //! `ProgressTrimmed`), schema v6 a nested task's application notification to its parent
 //! (`ParentNotified`), schema v7 the delivery of an application notification sent to
-//! preempt (`NotificationEnqueuedV2`, `ParentNotifiedV2`); a stream written by an older engine holds none of them and folds
-//! exactly as before.
+//! preempt (`NotificationEnqueuedV2`, `ParentNotifiedV2`); a stream written by an older
+//! engine holds none of them and folds exactly as before.
 
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine as _;

@@ -249,8 +249,9 @@ pub async fn send_input(
 
 /// Leases the outbox's deliverable notifications (owner mode): up to `limit`, in insertion
 /// order, each with a fresh receipt; one leased to another consumer and not expired is
-/// skipped. With `wait_ms`, an empty answer waits for a notification (long polling). Leases live in this server's memory: after its restart every unacknowledged
-/// notification is deliverable again (at-least-once).
+/// skipped; with `session`, only that session's. With `wait_ms`, an empty answer waits for a
+/// notification (long polling). Leases live in this server's memory: after its restart
+/// every unacknowledged notification is deliverable again (at-least-once).
 #[utoipa::path(
     post, path = "/api/notifications/receive", tag = "notifications", request_body = ReceiveBody,
     responses(

@@ -3,8 +3,9 @@
 //!
 //! Queued notifications are journal records (`NotificationEnqueued`, or its v2 form for one
 //! sent to preempt) indexed in the journal's outbox space; an acknowledgement is a
-//! `NotificationAcked` record that removes the index entry in the same batch. Receipt leases are delivery bookkeeping and live in memory only: after a
-//! restart every unacknowledged notification is deliverable again (at-least-once delivery).
+//! `NotificationAcked` record that removes the index entry in the same batch. Receipt leases
+//! are delivery bookkeeping and live in memory only: after a restart every unacknowledged
+//! notification is deliverable again (at-least-once delivery).
 
 use super::decide::{self, Decision, Keyed};
 use super::error::{NotFound, Result, StoreError};
