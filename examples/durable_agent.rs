@@ -7,13 +7,15 @@
 //! With `OPENAI_BASE_URL` set (and `OPENAI_API_KEY`, `OPENAI_MODEL` as your endpoint needs;
 //! vLLM, llama.cpp's server and Ollama speak the same API) it talks to that model; without,
 //! to a scripted model that answers the same way every time.
+//! While the first tool calls run, the example sends the run a message (as a person would
+//! steer an agent): the model sees it before its next call.
 //! Afterwards `cargo run -- show durable-agent-run --journal DIR/journal` shows the run as a
 //! conversation.
 #![allow(clippy::unwrap_used, clippy::expect_used, missing_docs)]
 
 use dtask::engine::agent::{
-    is_already_submitted, read_transcript, AgentAnswer, AgentRequest, DurableAgent,
-    AGENT_EXECUTOR_KEY,
+    call_task_id, is_already_submitted, read_transcript, send_message, AgentAnswer, AgentError,
+    AgentMessage, AgentRequest, DurableAgent, AGENT_EXECUTOR_KEY,
 };
 use dtask::engine::async_trait;
 use dtask::engine::managed::{
@@ -114,7 +116,7 @@ impl RecoverableTool for SlowAdd {
 }
 
 /// A model that answers by turn, the same way every time: two additions, one more, then the
-/// answer.
+/// answer (in words too, if a user message asks for words).
 struct ScriptedByTurn;
 
 #[async_trait]
@@ -131,11 +133,36 @@ impl ChatModel for ScriptedByTurn {
         let add = |id: &str, a: i64, b: i64| {
             ToolCall::function(id, "add", format!(r#"{{"a":{a},"b":{b}}}"#))
         };
+        let in_words = messages.iter().any(|m| {
+            matches!(m, Message::User { .. }) && m.content().is_some_and(|c| c.contains("words"))
+        });
         Ok(match turn {
             0 => AssistantMessage::with_tool_calls(vec![add("c1", 19, 23), add("c2", 100, 7)]),
             1 => AssistantMessage::with_tool_calls(vec![add("c3", 42, 107)]),
+            _ if in_words => AssistantMessage::text(
+                "19 + 23 = 42, 100 + 7 = 107, and together 149 (one hundred forty-nine).",
+            ),
             _ => AssistantMessage::text("19 + 23 = 42, 100 + 7 = 107, and together 149."),
         })
+    }
+}
+
+/// Once the first tool call runs, a person asks for more. The message waits for the
+/// turn's tool results and reaches the model's next call; its event id makes a second
+/// start's send the same message.
+async fn steer(manager: &Manager) {
+    let first_call = call_task_id(RUN, 1, 0);
+    while manager.store().get(&first_call).await.is_err() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let message = AgentMessage::new("Say the sum in words, too.").with_event_id("follow-up");
+    match send_message(manager.store(), RUN, message).await {
+        Ok((_, true)) => println!("message sent: Say the sum in words, too."),
+        Ok((_, false)) => println!("message: sent before"),
+        Err(AgentError::Store(dtask::engine::StoreError::MailboxSealed(_))) => {
+            println!("message: the run had ended");
+        }
+        Err(e) => panic!("send the message: {e}"),
     }
 }
 
@@ -215,6 +242,7 @@ async fn main() {
     let worker = tokio::spawn(worker.run(async {
         let _ = stopped.await;
     }));
+    steer(&manager).await;
     let outcome = manager.wait(RUN).await.unwrap();
     let _ = stop.send(());
     worker.await.unwrap().unwrap();

@@ -7,7 +7,7 @@
 mod ledger;
 
 use assert_cmd::Command;
-use dtask_engine::agent::{AgentRequest, DurableAgent};
+use dtask_engine::agent::{send_message, AgentMessage, AgentRequest, DurableAgent};
 use dtask_engine::managed::{ManagedTools, ToolRegistry};
 use dtask_engine::tool::{
     AssistantMessage, ChatModel, Message, ModelReply, ScriptedModel, ToolCall, ToolError, ToolInfo,
@@ -80,6 +80,9 @@ fn make_run(dir: &Path) {
             )
             .await
             .unwrap();
+        send_message(manager.store(), "run", AgentMessage::new("Show your work."))
+            .await
+            .unwrap();
         manager.execute("run").await.unwrap();
     });
 }
@@ -116,6 +119,10 @@ fn show_renders_an_agent_run_as_a_conversation() {
     assert_eq!(calls[1]["result"]["status"], "refused");
     assert_eq!(turns[1]["content"], "2 + 3 = 5");
     assert_eq!(turns[1]["usage"]["total_tokens"], 7);
+    let sent = conversation["sent_messages"].as_array().unwrap();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0]["after_turn"], 0);
+    assert_eq!(sent[0]["content"], "Show your work.");
 
     let text = dtask(dir.path()).args(["show", "run"]).output().unwrap();
     let text = String::from_utf8(text.stdout).unwrap();
@@ -128,6 +135,11 @@ fn show_renders_an_agent_run_as_a_conversation() {
         "{text}"
     );
     assert!(text.contains("← completed: 5"), "{text}");
+    // The message sent to the run, where the model first saw it: before turn 1.
+    let sent = text
+        .find("user      [sent, input 1] Show your work.")
+        .unwrap();
+    assert!(sent < text.find("assistant [turn 1").unwrap(), "{text}");
     assert!(
         text.contains("← refused: Error: tool \"nope\" is not registered"),
         "{text}"

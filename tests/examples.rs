@@ -151,7 +151,13 @@ fn the_durable_agent_finishes_its_run_and_a_second_start_carries_on_from_the_jou
     has_in_order(
         "durable_agent",
         &first,
-        &["and together 149", "done in 3 model calls"],
+        &[
+            "message sent: Say the sum in words, too.",
+            "transcript:",
+            "user        Say the sum in words, too.",
+            "together 149 (one hundred forty-nine)",
+            "done in 3 model calls",
+        ],
     );
     // The same directory again: the run is found in the journal, and ends as it ended.
     let second = run("durable_agent", &[at]);
@@ -160,7 +166,8 @@ fn the_durable_agent_finishes_its_run_and_a_second_start_carries_on_from_the_jou
         &second,
         &[
             "found in the journal, carrying on",
-            "and together 149",
+            "message: sent before",
+            "together 149 (one hundred forty-nine)",
             "done in 3 model calls",
         ],
     );

@@ -24,6 +24,7 @@
 //! | [`AGENT_AFTER_TOOL_CREATED`] | a tool call's child task is durable, before it runs | the attempt fails |
 //! | [`AGENT_AFTER_TOOL_ENDED`] | a tool call's task ended, before the agent journals its result | the attempt fails |
 //! | [`AGENT_AFTER_TOOL_RESULT`] | a tool call's result is journaled in the agent's stream | the attempt fails |
+//! | [`AGENT_AFTER_MESSAGE`] | a message sent to a durable agent's run is journaled, its mailbox's cursor not yet moved | the attempt fails |
 
 pub use dtask_journal::failpoints::{
     parse, FailAction, FailPointError, FailPointSpec, ENABLED, ENV, HIT_PREFIX,
@@ -58,6 +59,8 @@ pub const AGENT_AFTER_TOOL_CREATED: &str = "agent::after_tool_created";
 pub const AGENT_AFTER_TOOL_ENDED: &str = "agent::after_tool_ended";
 /// A durable agent journaled a tool call's result.
 pub const AGENT_AFTER_TOOL_RESULT: &str = "agent::after_tool_result";
+/// A durable agent journaled a message sent to its run; the mailbox's cursor has not moved.
+pub const AGENT_AFTER_MESSAGE: &str = "agent::after_message";
 
 /// Every fail point, in the order a task meets them.
 pub const POINTS: &[&str] = &[
@@ -75,6 +78,7 @@ pub const POINTS: &[&str] = &[
     AGENT_AFTER_TOOL_CREATED,
     AGENT_AFTER_TOOL_ENDED,
     AGENT_AFTER_TOOL_RESULT,
+    AGENT_AFTER_MESSAGE,
 ];
 
 /// Arms the fail points of `specs` (process-wide), after checking every name.

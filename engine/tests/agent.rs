@@ -17,14 +17,17 @@ mod ledger;
 use async_trait::async_trait;
 use common::Env;
 use dtask_engine::agent::{
-    read_transcript, AgentAnswer, AgentRequest, CallStatus, DurableAgent, AGENT_EXECUTOR_KEY,
+    read_transcript, send_message, AgentAnswer, AgentError, AgentMessage, AgentRequest, CallStatus,
+    DurableAgent, AGENT_EXECUTOR_KEY, MESSAGE_KIND,
 };
 use dtask_engine::managed::tools::ApprovalTool;
 use dtask_engine::managed::{ManagedTools, Registration, ToolRegistry};
 use dtask_engine::tool::{
     AssistantMessage, ChatModel, Message, ScriptedModel, ToolCall, ToolError, ToolInfo,
 };
-use dtask_engine::{Command, ExecutorRegistry, Manager, ManagerConfig, TaskOutcome, UpdateRequest};
+use dtask_engine::{
+    Command, ExecutorRegistry, Manager, ManagerConfig, StoreError, TaskOutcome, UpdateRequest,
+};
 use dtask_replay::Status;
 use ledger::{read_ledger, LedgerTool};
 use std::path::Path;
@@ -429,4 +432,216 @@ async fn a_tool_waiting_for_input_holds_the_run_until_a_person_answers() {
         manager.wait("r").await.unwrap(),
         TaskOutcome::Completed(_)
     ));
+}
+
+/// What [`Steered`] does on one call before it answers.
+enum Act {
+    /// Answers at once.
+    Answer,
+    /// Sends this message to run `r`, lets the run's other futures go, then answers.
+    Send(AgentMessage),
+    /// Never answers (the call must be dropped).
+    Hang,
+}
+
+/// A scripted model that sends messages to the run it answers, or hangs, call by call.
+struct Steered {
+    store: dtask_engine::TaskStore,
+    script: std::sync::Mutex<std::collections::VecDeque<(Act, AssistantMessage)>>,
+    requests: std::sync::Mutex<Vec<Vec<Message>>>,
+    called: tokio::sync::Notify,
+}
+
+impl Steered {
+    fn new(env: &Env, script: Vec<(Act, AssistantMessage)>) -> Self {
+        Self {
+            store: env.store().clone(),
+            script: std::sync::Mutex::new(script.into()),
+            requests: std::sync::Mutex::new(Vec::new()),
+            called: tokio::sync::Notify::new(),
+        }
+    }
+
+    fn requests(&self) -> Vec<Vec<Message>> {
+        self.requests.lock().unwrap().clone()
+    }
+}
+
+#[async_trait]
+impl ChatModel for Steered {
+    async fn generate(
+        &self,
+        messages: &[Message],
+        _tools: &[ToolInfo],
+    ) -> Result<AssistantMessage, ToolError> {
+        self.requests.lock().unwrap().push(messages.to_vec());
+        self.called.notify_one();
+        let (act, answer) = self
+            .script
+            .lock()
+            .unwrap()
+            .pop_front()
+            .expect("a call the script has no answer for");
+        match act {
+            Act::Answer => {}
+            Act::Send(message) => {
+                send_message(&self.store, "r", message).await.unwrap();
+                for _ in 0..20 {
+                    tokio::task::yield_now().await;
+                }
+            }
+            Act::Hang => std::future::pending::<()>().await,
+        }
+        Ok(answer)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_sent_to_a_run_reach_the_model_before_its_next_call() {
+    let env = Env::new();
+    let ledger = env.dir.path().join("ledger");
+    let model = Arc::new(Steered::new(
+        &env,
+        vec![
+            (
+                Act::Send(AgentMessage::new("in euros, please").with_event_id("m1")),
+                AssistantMessage::with_tool_calls(vec![add("c1", 2, 3)]),
+            ),
+            (
+                Act::Send(AgentMessage::new("and in yen?")),
+                AssistantMessage::text("5 EUR"),
+            ),
+            (Act::Answer, AssistantMessage::text("750 JPY")),
+        ],
+    ));
+    let agent = agent(model.clone(), &ledger);
+    let manager = manager(&env, &agent);
+    let run = spawn_run(&agent, &manager, "2+3?").await;
+    let done = run.await.unwrap().unwrap();
+    assert_eq!(done.status, Status::Completed, "{done:?}");
+    let answer = AgentAnswer::decode(&done.result_data).unwrap();
+    assert_eq!(answer.answer.content.as_deref(), Some("750 JPY"));
+    assert_eq!(answer.steps, 3);
+
+    // A queued message waits for the call in flight and for the turn's tool results, then
+    // reaches the next call; one sent while the model gave its final answer is answered.
+    let requests = model.requests();
+    assert_eq!(
+        requests.len(),
+        3,
+        "no call was dropped for a queued message"
+    );
+    assert_eq!(
+        requests[1][1..],
+        [
+            Message::Assistant(AssistantMessage::with_tool_calls(vec![add("c1", 2, 3)])),
+            Message::tool("c1", "5"),
+            Message::user("in euros, please"),
+        ]
+    );
+    assert_eq!(
+        requests[2][4..],
+        [
+            Message::Assistant(AssistantMessage::text("5 EUR")),
+            Message::user("and in yen?"),
+        ]
+    );
+
+    // Each message is journaled where the run took it, and every input is consumed.
+    let page = env.store().list_updates("r", None, 0, false).await.unwrap();
+    let kinds: Vec<_> = page.updates.iter().map(|u| u.kind.as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "agent.turn",
+            "agent.tool_result",
+            "agent.message",
+            "agent.turn",
+            "agent.message",
+            "agent.turn"
+        ]
+    );
+    let transcript = read_transcript(env.store(), "r").await.unwrap();
+    let taken: Vec<_> = transcript
+        .sent_messages()
+        .iter()
+        .map(|m| (m.after_turn, m.content.as_str()))
+        .collect();
+    assert_eq!(taken, [(1, "in euros, please"), (2, "and in yen?")]);
+    assert_eq!(transcript.messages(), {
+        let mut all = requests[2].clone();
+        all.push(Message::Assistant(AssistantMessage::text("750 JPY")));
+        all
+    });
+    assert_eq!(done.mailbox.consumed, done.mailbox.latest);
+
+    // Once the run has ended: the same message again is the one sent, a new one is refused;
+    // a task that is not a run refuses messages.
+    let (again, new) = send_message(
+        env.store(),
+        "r",
+        AgentMessage::new("in euros, please").with_event_id("m1"),
+    )
+    .await
+    .unwrap();
+    assert!(!new);
+    assert_eq!(again.kind, MESSAGE_KIND);
+    assert!(matches!(
+        send_message(env.store(), "r", AgentMessage::new("more?")).await,
+        Err(AgentError::Store(StoreError::MailboxSealed(_)))
+    ));
+    assert!(matches!(
+        send_message(env.store(), "r.t1.c0", AgentMessage::new("hi")).await,
+        Err(AgentError::NotAnAgent { .. })
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_sent_to_preempt_drops_the_model_call_in_flight() {
+    let env = Env::new();
+    let model = Arc::new(Steered::new(
+        &env,
+        vec![
+            (Act::Hang, AssistantMessage::text("never")),
+            (Act::Answer, AssistantMessage::text("stopped")),
+        ],
+    ));
+    let agent = agent(model.clone(), &env.dir.path().join("ledger"));
+    let manager = manager(&env, &agent);
+    let run = spawn_run(&agent, &manager, "count to a million").await;
+    model.called.notified().await;
+    let (input, new) = send_message(
+        env.store(),
+        "r",
+        AgentMessage::new("stop counting").preempt(),
+    )
+    .await
+    .unwrap();
+    assert!(new);
+    assert_eq!(input.delivery, dtask_journal::Delivery::Preempt);
+    // Bounded, so that a run that never drops the call fails the test rather than hang it.
+    let done = tokio::time::timeout(Duration::from_secs(60), run)
+        .await
+        .expect("the call in flight was not dropped")
+        .unwrap()
+        .unwrap();
+    assert_eq!(done.status, Status::Completed, "{done:?}");
+    let requests = model.requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(
+        requests[1],
+        [
+            Message::user("count to a million"),
+            Message::user("stop counting")
+        ]
+    );
+    // The dropped call journaled nothing: the answer is turn 1.
+    let transcript = read_transcript(env.store(), "r").await.unwrap();
+    assert_eq!(transcript.turns().len(), 1);
+    assert_eq!(transcript.sent_messages()[0].after_turn, 0);
+    assert_eq!(
+        AgentAnswer::decode(&done.result_data).unwrap().steps,
+        1,
+        "a dropped call is not a step"
+    );
 }

@@ -11,10 +11,11 @@
 //! at a step boundary and every time the run reaches it (after a model answer is journaled,
 //! after a call's task is created, after a call's started marker is durable, after a call's
 //! task ended, after its result is journaled — the last one is just before the final
-//! answer), a fresh run is killed there with SIGKILL and started again (its clock hours
-//! later, so the dead process's leases have run out). Every run must finish with the
-//! reference transcript, the model server must have seen each turn exactly once, and the
-//! ledger must show each call's side effect exactly once.
+//! answer; and after the message the child sends the run is journaled, before the run's
+//! mailbox cursor moves past it), a fresh run is killed there with SIGKILL and started again
+//! (its clock hours later, so the dead process's leases have run out). Every run must finish
+//! with the reference transcript — the message in it once — the model server must have seen
+//! each turn exactly once, and the ledger must show each call's side effect exactly once.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -27,8 +28,8 @@ mod ledger;
 
 use axum::routing::post;
 use dtask_engine::agent::{
-    is_already_submitted, read_transcript, AgentAnswer, AgentRequest, DurableAgent,
-    AGENT_EXECUTOR_KEY,
+    is_already_submitted, read_transcript, send_message, AgentAnswer, AgentMessage, AgentRequest,
+    DurableAgent, AGENT_EXECUTOR_KEY,
 };
 use dtask_engine::failpoints;
 use dtask_engine::managed::{ManagedTools, ToolRegistry};
@@ -95,6 +96,14 @@ fn child(dir: &Path, url: &str, hours: u64) {
             Err(e) if is_already_submitted(&e) => {}
             Err(e) => panic!("submit: {e}"),
         }
+        // Sent again by every restart: its event id makes it one message.
+        send_message(
+            manager.store(),
+            RUN,
+            AgentMessage::new("Show each sum.").with_event_id("m1"),
+        )
+        .await
+        .unwrap();
         let worker = Worker::new(
             manager.clone(),
             WorkerConfig::new([AGENT_EXECUTOR_KEY]).with_poll_interval(Duration::from_millis(50)),
@@ -234,7 +243,8 @@ fn main() {
         ["run.t1.c0", "run.t1.c1", "run.t2.c0"],
         "the uninterrupted run's side effects"
     );
-    assert_eq!(expected.len(), 2 + 3 + 2 + 1, "{expected:?}");
+    assert_eq!(expected.len(), 2 + 1 + 3 + 2 + 1, "{expected:?}");
+    assert_eq!(expected[2], Message::user("Show each sum."));
 
     // (fail point, how many times a run reaches it)
     let boundaries = [
@@ -243,6 +253,7 @@ fn main() {
         (failpoints::AFTER_COMMIT_START, 3),
         (failpoints::AGENT_AFTER_TOOL_ENDED, 3),
         (failpoints::AGENT_AFTER_TOOL_RESULT, 3),
+        (failpoints::AGENT_AFTER_MESSAGE, 1),
     ];
     let mut failures = Vec::new();
     let mut scenarios = 0;

@@ -952,3 +952,92 @@ async fn a_nested_tasks_attempt_notifies_its_parent_through_its_mailbox() {
         Some(("p/c".to_owned(), "found-1".to_owned()))
     );
 }
+
+/// `CompletedIfNoInputs`: an input newer than the executor's cursor sends the task back to
+/// pending (nothing completed, the attempt's commit not an error); the next attempt, which
+/// consumes it, completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completing_if_no_inputs_goes_back_to_pending_for_an_unread_input() {
+    let reads = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&reads);
+    let reader = executor("reader", LeasePolicy::Retry, false, move |attempt, task| {
+        let seen = Arc::clone(&seen);
+        async move {
+            let cursor = task.mailbox.consumed;
+            let page = attempt.inputs(cursor).await.unwrap();
+            let newest = page.inputs.last().map_or(cursor, |i| i.sequence);
+            if seen.fetch_add(1, Ordering::SeqCst) == 0 {
+                // An input arrives after the executor read the mailbox.
+                attempt
+                    .store()
+                    .send_input(
+                        attempt.task_id(),
+                        dtask_engine::InputRequest {
+                            event_id: "late".into(),
+                            kind: "note".into(),
+                            data: b"read me".to_vec(),
+                            ..dtask_engine::InputRequest::default()
+                        },
+                    )
+                    .await
+                    .unwrap();
+            }
+            attempt.advance_cursor(cursor, newest).await.unwrap();
+            Ok(ExecutionResult::CompletedIfNoInputs {
+                cursor: newest,
+                data: format!("read {newest}").into_bytes(),
+            })
+        }
+    });
+    let env = env(vec![reader]);
+    let id = submit(&env.manager, "reader").await;
+    let first = env.manager.execute(&id).await.unwrap();
+    assert_eq!(first.status, Status::Pending, "{first:?}");
+    assert_eq!((first.mailbox.consumed, first.mailbox.latest), (0, 1));
+    assert!(first.result_data.is_empty());
+    let second = env.manager.execute(&id).await.unwrap();
+    assert_eq!(second.status, Status::Completed, "{second:?}");
+    assert_eq!(second.result_data, b"read 1");
+    assert_eq!(second.mailbox.consumed, 1);
+    assert_eq!(reads.load(Ordering::SeqCst), 2);
+    // A stale cursor is refused, not taken for "no inputs".
+    let stale = executor(
+        "stale",
+        LeasePolicy::Retry,
+        false,
+        |attempt, _| async move {
+            attempt
+                .store()
+                .send_input(
+                    attempt.task_id(),
+                    dtask_engine::InputRequest {
+                        event_id: "one".into(),
+                        kind: "note".into(),
+                        data: b"x".to_vec(),
+                        ..dtask_engine::InputRequest::default()
+                    },
+                )
+                .await
+                .unwrap();
+            attempt.advance_cursor(0, 1).await.unwrap();
+            Ok(ExecutionResult::CompletedIfNoInputs {
+                cursor: 0,
+                data: Vec::new(),
+            })
+        },
+    );
+    let env = self::env(vec![stale]);
+    let id = submit(&env.manager, "stale").await;
+    let refused = env.manager.execute(&id).await;
+    assert!(
+        matches!(
+            refused,
+            Err(RuntimeError::Store(StoreError::CursorConflict {
+                expected: 0,
+                actual: 1
+            }))
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(env.manager.get(&id).await.unwrap().status, Status::Running);
+}

@@ -118,6 +118,18 @@ impl Conversation {
             );
         }
         let mut statuses = self.call_status.iter();
+        let mut sent = t.sent_messages().iter().peekable();
+        let mut write_sent = |out: &mut String, after: u32| {
+            while let Some(m) = sent.next_if(|m| m.after_turn == after) {
+                let _ = writeln!(
+                    out,
+                    "  user      [sent, input {}] {}",
+                    m.sequence,
+                    one_line(&m.content)
+                );
+            }
+        };
+        write_sent(&mut out, 0);
         for turn in t.turns() {
             let cost = turn
                 .usage
@@ -150,6 +162,7 @@ impl Conversation {
                     None => out.push_str("    ← (no result yet)\n"),
                 }
             }
+            write_sent(&mut out, turn.number);
         }
         out
     }
@@ -194,6 +207,11 @@ impl Conversation {
             "max_steps": t.payload().max_steps,
             "messages": t.payload().messages.iter().map(message_json).collect::<Vec<_>>(),
             "turns": turns,
+            "sent_messages": t.sent_messages().iter().map(|m| json!({
+                "sequence": m.sequence,
+                "after_turn": m.after_turn,
+                "content": m.content,
+            })).collect::<Vec<_>>(),
             "usage": t.usage(),
         })
     }

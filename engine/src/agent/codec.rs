@@ -14,6 +14,9 @@ pub const AGENT_TASK_KIND: &str = "agent";
 pub const TURN_KIND: &str = "agent.turn";
 /// The update kind of a journaled tool-call result ([`ToolResultEntry`]).
 pub const TOOL_RESULT_KIND: &str = "agent.tool_result";
+/// The kind of a message sent to a running run — an input of its mailbox, the data the
+/// message's text in UTF-8 — and of the update that journals it ([`MessageEntry`]).
+pub const MESSAGE_KIND: &str = "agent.message";
 /// The most model calls one run may be given.
 pub const MAX_AGENT_STEPS: u32 = 1_000;
 
@@ -172,6 +175,40 @@ impl ToolResultEntry {
     }
 }
 
+/// A message sent to the run while it ran (an input of kind [`MESSAGE_KIND`]), journaled
+/// when the run took it: the model sees it as a user message after the tool results of
+/// turn `after_turn` (update kind [`MESSAGE_KIND`], event id `message-<sequence>`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MessageEntry {
+    /// The format version (1).
+    pub version: u32,
+    /// The input's sequence in the run's mailbox.
+    pub sequence: u64,
+    /// The turn it follows (0: before the first model call).
+    pub after_turn: u32,
+    /// The text (the input's bytes; any that are not UTF-8 replaced by U+FFFD).
+    pub content: String,
+}
+
+impl MessageEntry {
+    /// The entry of the input `sequence`, taken after turn `after_turn`.
+    #[must_use]
+    pub fn new(sequence: u64, after_turn: u32, content: impl Into<String>) -> Self {
+        Self {
+            version: VERSION,
+            sequence,
+            after_turn,
+            content: content.into(),
+        }
+    }
+
+    /// The update's event id: `message-<sequence>`.
+    #[must_use]
+    pub fn event_id(&self) -> String {
+        format!("message-{}", self.sequence)
+    }
+}
+
 /// What a finished run completes with (the task's result data).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AgentAnswer {
@@ -259,6 +296,12 @@ impl Versioned for ToolResultEntry {
     }
 }
 
+impl Versioned for MessageEntry {
+    fn version(&self) -> u32 {
+        self.version
+    }
+}
+
 impl Versioned for AgentAnswer {
     fn version(&self) -> u32 {
         self.version
@@ -312,5 +355,12 @@ mod tests {
             .replace("\"version\":1", "\"version\":9");
         assert!(decode_entry::<TurnEntry>("turn", other.as_bytes()).is_err());
         assert_eq!(call_task_id("agent_1", 2, 0), "agent_1.t2.c0");
+        let message = MessageEntry::new(7, 2, "and in euros?");
+        let bytes = encode(&message);
+        assert_eq!(
+            decode_entry::<MessageEntry>("message", &bytes).unwrap(),
+            message
+        );
+        assert_eq!(message.event_id(), "message-7");
     }
 }

@@ -3,8 +3,8 @@
 //! journals each answer and each result before it goes on.
 
 use super::codec::{
-    call_task_id, AgentPayload, CallStatus, ToolResultEntry, TurnEntry, AGENT_EXECUTOR_KEY,
-    TOOL_RESULT_KIND, TURN_KIND,
+    call_task_id, AgentPayload, CallStatus, MessageEntry, ToolResultEntry, TurnEntry,
+    AGENT_EXECUTOR_KEY, MESSAGE_KIND, TOOL_RESULT_KIND, TURN_KIND,
 };
 use super::error::AgentError;
 use super::read_transcript;
@@ -17,7 +17,7 @@ use crate::runtime::{
 use crate::store::{NotFound, StoreError};
 use crate::tool::{ChatModel, Execution, ToolInfo};
 use async_trait::async_trait;
-use dtask_journal::{LeasePolicy, TaskSpec};
+use dtask_journal::{Delivery, LeasePolicy, TaskSpec};
 use dtask_replay::{Status, TaskState};
 use futures::stream::{FuturesUnordered, StreamExt};
 use std::sync::Arc;
@@ -68,7 +68,7 @@ impl Executor for AgentExecutor {
     async fn execute(
         &self,
         attempt: AttemptContext,
-        _task: TaskState,
+        task: TaskState,
     ) -> Result<ExecutionResult, ExecutionError> {
         let manager = attempt
             .manager()
@@ -76,11 +76,25 @@ impl Executor for AgentExecutor {
         let mut transcript = read_transcript(attempt.store(), attempt.task_id())
             .await
             .map_err(failed)?;
+        let mut cursor = task.mailbox.consumed;
         loop {
             if let Some(reason) = attempt.cancellation() {
                 return Ok(ExecutionResult::Canceled(reason));
             }
+            if transcript.takes_messages() {
+                self.take_messages(&attempt, &mut transcript, &mut cursor)
+                    .await?;
+            }
             match transcript.next() {
+                // Complete only if nothing came in since the messages were taken: a message
+                // sent meanwhile sends the run back to pending, and the next attempt takes
+                // it. At the step limit no message can be answered: the run ends as it is.
+                Next::Finish(answer) if transcript.takes_messages() => {
+                    return Ok(ExecutionResult::CompletedIfNoInputs {
+                        cursor,
+                        data: answer.encode(),
+                    })
+                }
                 Next::Finish(answer) => return Ok(ExecutionResult::Completed(answer.encode())),
                 Next::StepLimit { max_steps } => {
                     return Ok(ExecutionResult::Failed(format!(
@@ -89,7 +103,10 @@ impl Executor for AgentExecutor {
                     )))
                 }
                 Next::CallModel { turn } => {
-                    if let Some(stop) = self.call_model(&attempt, &mut transcript, turn).await? {
+                    if let Some(stop) = self
+                        .call_model(&attempt, &mut transcript, turn, cursor)
+                        .await?
+                    {
                         return Ok(stop);
                     }
                 }
@@ -107,19 +124,67 @@ impl Executor for AgentExecutor {
 }
 
 impl AgentExecutor {
+    /// Takes the inputs of the run's mailbox after `cursor`: journals each message
+    /// ([`MESSAGE_KIND`]) the transcript has not taken yet as a [`MessageEntry`] after the
+    /// last turn, skips inputs of other kinds (a child's notifications, say), then moves
+    /// the consumed cursor past them all. A crash between the two finds the messages in the
+    /// journal and moves the cursor then: each message is taken once.
+    async fn take_messages(
+        &self,
+        attempt: &AttemptContext,
+        transcript: &mut Transcript,
+        cursor: &mut u64,
+    ) -> Result<(), ExecutionError> {
+        let after_turn = transcript.turns().last().map_or(0, |t| t.number);
+        let mut last = *cursor;
+        loop {
+            let page = attempt.inputs(last).await.map_err(failed)?;
+            let Some(newest) = page.inputs.last().map(|i| i.sequence) else {
+                break;
+            };
+            for input in page.inputs {
+                if input.kind != MESSAGE_KIND
+                    || input.sequence <= transcript.last_message_sequence()
+                {
+                    continue;
+                }
+                let entry = MessageEntry::new(
+                    input.sequence,
+                    after_turn,
+                    String::from_utf8_lossy(&input.data),
+                );
+                journal(attempt, MESSAGE_KIND, entry.event_id(), &entry).await?;
+                point!(crate::failpoints::AGENT_AFTER_MESSAGE, |m| Err(failed(m)));
+                transcript.push_message(entry).map_err(failed)?;
+            }
+            last = newest;
+        }
+        if last > *cursor {
+            attempt
+                .advance_cursor(*cursor, last)
+                .await
+                .map_err(|e| failed(format!("consume the run's inputs: {e}")))?;
+            *cursor = last;
+        }
+        Ok(())
+    }
+
     /// Asks the model for turn `turn` and journals its answer; a control that arrives first
     /// ends the attempt (the answer, if it comes later, is not used: the next attempt asks
-    /// again).
+    /// again), and a message sent to preempt ([`Delivery::Preempt`]) after `cursor` drops
+    /// the call (its answer is not used: the loop takes the message and asks again).
     async fn call_model(
         &self,
         attempt: &AttemptContext,
         transcript: &mut Transcript,
         turn: u32,
+        cursor: u64,
     ) -> Result<Option<ExecutionResult>, ExecutionError> {
         let messages = transcript.messages();
         let reply = tokio::select! {
             reply = self.model.reply(&messages, &self.infos) => reply,
             control = attempt.next_control() => return Ok(Some(on_control(control))),
+            () = preempted(attempt, cursor, self.poll_interval) => return Ok(None),
         };
         let reply = match reply {
             Ok(reply) => reply,
@@ -321,6 +386,31 @@ fn on_control(control: Control) -> ExecutionResult {
         Control::Stop(reason) => ExecutionResult::Canceled(reason),
         Control::Timeout(reason) => ExecutionResult::Failed(reason),
         Control::Drain(_) => ExecutionResult::Yield(Vec::new()),
+    }
+}
+
+/// Returns once the run's mailbox holds a message sent to preempt after `after`; never on
+/// a sealed mailbox or a store that fails (the model call it races goes on). Woken by each
+/// new input of this process, and reads again every `poll` for inputs other nodes sent.
+async fn preempted(attempt: &AttemptContext, mut after: u64, poll: Duration) {
+    loop {
+        let page = match tokio::time::timeout(poll, attempt.wait_inputs(after)).await {
+            Ok(Ok(page)) => page,
+            Ok(Err(_)) => return std::future::pending().await,
+            Err(_) => match attempt.inputs(after).await {
+                Ok(page) => page,
+                Err(_) => return std::future::pending().await,
+            },
+        };
+        if page.sealed {
+            return std::future::pending().await;
+        }
+        for input in &page.inputs {
+            if input.kind == MESSAGE_KIND && input.delivery == Delivery::Preempt {
+                return;
+            }
+            after = input.sequence;
+        }
     }
 }
 

@@ -16,6 +16,13 @@
 //! * The step limit, cancellation (a Stop ends the model call and cancels the running tool
 //!   calls), a drain (the attempt yields; its tool calls go on) and a tool waiting for input
 //!   (the run waits until someone answers the tool's task) behave as for any task.
+//! * A message sent to a running run ([`send_message`]: an input of kind [`MESSAGE_KIND`] in
+//!   its mailbox) is taken before the next model call, once every call of the turn before
+//!   has its result, and journaled ([`MessageEntry`], event id `message-<sequence>`): the
+//!   model sees it as a user message from then on. One sent to preempt also drops a model
+//!   call in flight, which is asked again with the message; tool calls run on (the model
+//!   needs their results). A message sent while the run finishes is not lost: the run
+//!   completes only if its mailbox holds nothing unread, else it asks the model again.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -45,17 +52,18 @@ mod executor;
 mod transcript;
 
 pub use codec::{
-    call_task_id, AgentAnswer, AgentPayload, CallStatus, ToolResultEntry, TurnEntry,
-    AGENT_EXECUTOR_KEY, AGENT_TASK_KIND, MAX_AGENT_STEPS, TOOL_RESULT_KIND, TURN_KIND,
+    call_task_id, AgentAnswer, AgentPayload, CallStatus, MessageEntry, ToolResultEntry, TurnEntry,
+    AGENT_EXECUTOR_KEY, AGENT_TASK_KIND, MAX_AGENT_STEPS, MESSAGE_KIND, TOOL_RESULT_KIND,
+    TURN_KIND,
 };
 pub use error::AgentError;
 pub use transcript::{Call, Next, Transcript, Turn};
 
 use crate::managed::ManagedTools;
 use crate::runtime::{ExecutorRegistry, ExecutorRegistryError, Manager, SubmitRequest};
-use crate::store::{StoreError, TaskStore};
+use crate::store::{InputRecord, InputRequest, StoreError, TaskStore};
 use crate::tool::{ChatModel, Execution, Message, DEFAULT_MAX_STEPS};
-use dtask_journal::TaskSpec;
+use dtask_journal::{Delivery, TaskSpec};
 use dtask_replay::TaskState;
 use executor::AgentExecutor;
 use std::sync::Arc;
@@ -124,6 +132,81 @@ impl AgentRequest {
         self.task_id = Some(id.into());
         self
     }
+}
+
+/// A message for a running agent run, sent with [`send_message`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct AgentMessage {
+    /// The text the model is to see as a user message.
+    pub content: String,
+    /// [`Delivery::Queued`] (the default): taken before the next model call.
+    /// [`Delivery::Preempt`]: also drops a model call in flight, asked again with it.
+    pub delivery: Delivery,
+    /// The sender's idempotency key (default: a new UUID). Sending the same message with
+    /// the same key again sends it once.
+    pub event_id: Option<String>,
+}
+
+impl AgentMessage {
+    /// A queued message of `content`.
+    #[must_use]
+    pub fn new(content: impl Into<String>) -> Self {
+        Self {
+            content: content.into(),
+            ..Self::default()
+        }
+    }
+
+    /// Sends it to preempt: a model call in flight is dropped and asked again with it.
+    #[must_use]
+    pub fn preempt(mut self) -> Self {
+        self.delivery = Delivery::Preempt;
+        self
+    }
+
+    /// Sets the idempotency key.
+    #[must_use]
+    pub fn with_event_id(mut self, id: impl Into<String>) -> Self {
+        self.event_id = Some(id.into());
+        self
+    }
+}
+
+/// Sends `message` to the agent run `run`: an input of kind [`MESSAGE_KIND`] in its
+/// mailbox, which the run takes before its next model call. Returns the input and whether
+/// it is new (`false`: the same event id sent before, with the same content). Any process
+/// may send: over HTTP it is `POST /api/tasks/{id}/inputs` with kind `agent.message`.
+///
+/// # Errors
+/// [`AgentError::NotAnAgent`]; the store's errors: `NotFound`, `MailboxSealed` once the run
+/// has ended, `InputConflict` for an event id sent before with other content, `Invalid`.
+pub async fn send_message(
+    store: &TaskStore,
+    run: &str,
+    message: AgentMessage,
+) -> Result<(InputRecord, bool), AgentError> {
+    let task = store.get(run).await?;
+    if task.spec.executor_key != AGENT_EXECUTOR_KEY {
+        return Err(AgentError::NotAnAgent {
+            task_id: run.to_owned(),
+            executor_key: task.spec.executor_key.clone(),
+        });
+    }
+    let event_id = message
+        .event_id
+        .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    Ok(store
+        .send_input(
+            run,
+            InputRequest {
+                event_id,
+                kind: MESSAGE_KIND.to_owned(),
+                data: message.content.into_bytes(),
+                delivery: message.delivery,
+            },
+        )
+        .await?)
 }
 
 impl DurableAgent {

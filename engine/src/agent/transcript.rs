@@ -2,8 +2,8 @@
 //! used alike by a live attempt, by the next attempt after a crash, and by `dtask show`.
 
 use super::codec::{
-    call_task_id, decode_entry, AgentAnswer, AgentPayload, ToolResultEntry, TurnEntry,
-    TOOL_RESULT_KIND, TURN_KIND,
+    call_task_id, decode_entry, AgentAnswer, AgentPayload, MessageEntry, ToolResultEntry,
+    TurnEntry, MESSAGE_KIND, TOOL_RESULT_KIND, TURN_KIND,
 };
 use super::error::AgentError;
 use crate::tool::{AssistantMessage, Message, ToolCall, ToolMessage, Usage};
@@ -49,7 +49,7 @@ pub enum Next {
         /// The indexes of the calls without a result.
         pending: Vec<u32>,
     },
-    /// The run is over: the model answered without tool calls.
+    /// The run is over: the model answered without tool calls (and no message came after).
     Finish(AgentAnswer),
     /// The step limit is reached and the last answer still asked for tools.
     StepLimit {
@@ -64,6 +64,7 @@ pub struct Transcript {
     task_id: String,
     payload: AgentPayload,
     turns: Vec<Turn>,
+    messages: Vec<MessageEntry>,
 }
 
 impl Transcript {
@@ -74,6 +75,7 @@ impl Transcript {
             task_id: task_id.into(),
             payload,
             turns: Vec::new(),
+            messages: Vec::new(),
         }
     }
 
@@ -103,6 +105,7 @@ impl Transcript {
         match kind {
             TURN_KIND => self.push_turn(decode_entry("turn", data)?),
             TOOL_RESULT_KIND => self.push_result(decode_entry("tool result", data)?),
+            MESSAGE_KIND => self.push_message(decode_entry("message", data)?),
             _ => Ok(()),
         }
     }
@@ -190,6 +193,60 @@ impl Transcript {
         Ok(())
     }
 
+    /// Adds a message sent to the run, taken after the last turn.
+    ///
+    /// # Errors
+    /// [`AgentError::Fold`] unless the run takes messages now
+    /// ([`Transcript::takes_messages`]), the entry follows the last turn and its sequence
+    /// follows the last message's.
+    pub fn push_message(&mut self, entry: MessageEntry) -> Result<(), AgentError> {
+        let last_turn = self.turns.last().map_or(0, |t| t.number);
+        if entry.after_turn != last_turn {
+            return Err(AgentError::Fold(format!(
+                "message {} after turn {} where turn {last_turn} is the last",
+                entry.sequence, entry.after_turn
+            )));
+        }
+        if !self.takes_messages() {
+            return Err(AgentError::Fold(format!(
+                "message {} while turn {last_turn} waits for results or at the step limit",
+                entry.sequence
+            )));
+        }
+        if entry.sequence <= self.last_message_sequence() {
+            return Err(AgentError::Fold(format!(
+                "message {} after message {}",
+                entry.sequence,
+                self.last_message_sequence()
+            )));
+        }
+        self.messages.push(entry);
+        Ok(())
+    }
+
+    /// Whether a message sent to the run can be taken now: every call of the last turn has
+    /// its result and another model call is within the step limit.
+    #[must_use]
+    pub fn takes_messages(&self) -> bool {
+        let answered = self
+            .turns
+            .last()
+            .is_none_or(|t| t.calls.iter().all(|c| c.result.is_some()));
+        answered && self.turns.len() < self.payload.max_steps as usize
+    }
+
+    /// The mailbox sequence of the last message taken (0: none).
+    #[must_use]
+    pub fn last_message_sequence(&self) -> u64 {
+        self.messages.last().map_or(0, |m| m.sequence)
+    }
+
+    /// The messages sent to the run that it took, in the order it took them.
+    #[must_use]
+    pub fn sent_messages(&self) -> &[MessageEntry] {
+        &self.messages
+    }
+
     fn next_turn_number(&self) -> u32 {
         self.turns.last().map_or(1, |t| t.number + 1)
     }
@@ -213,10 +270,18 @@ impl Transcript {
     }
 
     /// The conversation as the model sees it: the opening messages, then each answer
-    /// followed by the tool messages of its calls that have a result.
+    /// followed by the tool messages of its calls that have a result, with the messages sent
+    /// to the run as user messages where it took them.
     #[must_use]
     pub fn messages(&self) -> Vec<Message> {
         let mut messages = self.payload.messages.clone();
+        let mut sent = self.messages.iter().peekable();
+        let mut take_sent = |messages: &mut Vec<Message>, after: u32| {
+            while let Some(m) = sent.next_if(|m| m.after_turn == after) {
+                messages.push(Message::user(m.content.clone()));
+            }
+        };
+        take_sent(&mut messages, 0);
         for turn in &self.turns {
             messages.push(Message::Assistant(turn.message.clone()));
             for call in &turn.calls {
@@ -227,6 +292,7 @@ impl Transcript {
                     )));
                 }
             }
+            take_sent(&mut messages, turn.number);
         }
         messages
     }
@@ -246,7 +312,11 @@ impl Transcript {
         let Some(last) = self.turns.last() else {
             return Next::CallModel { turn: 1 };
         };
-        if last.calls.is_empty() {
+        let told_since = self
+            .messages
+            .last()
+            .is_some_and(|m| m.after_turn == last.number);
+        if last.calls.is_empty() && !told_since {
             return Next::Finish(AgentAnswer::new(
                 last.message.clone(),
                 last.number,
@@ -378,6 +448,66 @@ mod tests {
             t.push_result(result(1, 0, "x")),
             Err(AgentError::Fold(_))
         ));
+    }
+
+    #[test]
+    fn messages_sent_to_the_run_follow_the_turn_they_were_taken_after() {
+        let mut t = Transcript::new("a", payload(3));
+        assert!(t.takes_messages());
+        t.push_message(MessageEntry::new(1, 0, "in euros, please"))
+            .unwrap();
+        t.push_turn(asks(1, &["x"])).unwrap();
+        // Not while the turn's calls wait for their results: the model needs them first.
+        assert!(!t.takes_messages());
+        assert!(matches!(
+            t.push_message(MessageEntry::new(2, 1, "hurry")),
+            Err(AgentError::Fold(_))
+        ));
+        t.push_result(result(1, 0, "x")).unwrap();
+        // Not after another turn than the last, nor a sequence taken already.
+        assert!(matches!(
+            t.push_message(MessageEntry::new(3, 0, "late")),
+            Err(AgentError::Fold(_))
+        ));
+        assert!(matches!(
+            t.push_message(MessageEntry::new(1, 1, "again")),
+            Err(AgentError::Fold(_))
+        ));
+        t.push_message(MessageEntry::new(3, 1, "hurry")).unwrap();
+        assert_eq!(t.next(), Next::CallModel { turn: 2 });
+        t.push_turn(TurnEntry::new(2, AssistantMessage::text("5 EUR"), None))
+            .unwrap();
+        assert!(matches!(t.next(), Next::Finish(_)));
+        // A message after the final answer asks the model again.
+        t.push_message(MessageEntry::new(4, 2, "and in yen?"))
+            .unwrap();
+        assert_eq!(t.next(), Next::CallModel { turn: 3 });
+        let roles: Vec<_> = t.messages().iter().map(Message::role).collect();
+        assert_eq!(
+            roles,
+            [
+                "user",
+                "user",
+                "assistant",
+                "tool",
+                "user",
+                "assistant",
+                "user"
+            ]
+        );
+        assert_eq!(t.messages()[1], Message::user("in euros, please"));
+        assert_eq!(t.messages()[6], Message::user("and in yen?"));
+        assert_eq!(t.last_message_sequence(), 4);
+        assert_eq!(t.sent_messages().len(), 3);
+        t.push_turn(TurnEntry::new(3, AssistantMessage::text("750 JPY"), None))
+            .unwrap();
+        // At the step limit the run takes no message: no model call could answer it.
+        assert!(!t.takes_messages());
+        assert!(matches!(
+            t.push_message(MessageEntry::new(5, 3, "and in CHF?")),
+            Err(AgentError::Fold(_))
+        ));
+        assert!(matches!(t.next(), Next::Finish(_)));
     }
 
     #[test]

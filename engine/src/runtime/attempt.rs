@@ -324,6 +324,35 @@ impl AttemptContext {
         .await
     }
 
+    /// Records that this attempt consumed the mailbox's inputs from `expected_cursor` up to
+    /// `cursor`, without a checkpoint (see [`TaskStore::advance_cursor`]): for an executor
+    /// whose journaled updates already hold what it took from them. The version does not
+    /// change.
+    ///
+    /// # Errors
+    /// The store's error (a stale cursor is [`StoreError::CursorConflict`], an attempt no
+    /// longer the running one [`StoreError::LeaseLost`]).
+    pub async fn advance_cursor(
+        &self,
+        expected_cursor: u64,
+        cursor: u64,
+    ) -> Result<(), StoreError> {
+        self.check_poison()?;
+        self.shared
+            .store
+            .advance_cursor(
+                &self.shared.task_id,
+                crate::store::AdvanceCursor {
+                    attempt: self.shared.attempt,
+                    expected_generation: self.shared.generation,
+                    expected_cursor,
+                    cursor,
+                },
+            )
+            .await
+            .map(|_| ())
+    }
+
     /// Records the task's first transcript (output file) failure (transition T5 of
     /// docs/semantics.md).
     ///

@@ -16,6 +16,18 @@ use std::sync::Arc;
 pub enum ExecutionResult {
     /// The task completed with this result data.
     Completed(Vec<u8>),
+    /// [`ExecutionResult::Completed`] only if the task's mailbox holds no input after
+    /// `cursor`, which must be its consumed cursor (transition `CompleteIfNoInputs`): with a
+    /// newer input the task goes back to pending instead — its checkpoint kept, nothing
+    /// completed — and the next attempt reads what came in. For an executor that takes its
+    /// inputs as it goes and must not end with one unread (an input is accepted until the
+    /// task ends, so one sent while it finishes would otherwise be sealed in unread).
+    CompletedIfNoInputs {
+        /// The consumed cursor the executor saw (see [`AttemptContext::advance_cursor`]).
+        cursor: u64,
+        /// The result data.
+        data: Vec<u8>,
+    },
     /// The task failed with this error (non-empty).
     Failed(String),
     /// The executor stopped after a Stop control (the reason).

@@ -798,6 +798,9 @@ async fn commit(
         Some(reason) => Command::AckCancel { reason },
         None => match result {
             ExecutionResult::Completed(data) => Command::Complete { data },
+            ExecutionResult::CompletedIfNoInputs { cursor, data } => {
+                Command::CompleteIfNoInputs { cursor, data }
+            }
             ExecutionResult::Failed(error) if error.is_empty() => {
                 attempt.poison("invalid execution result");
                 return Err(
@@ -829,6 +832,8 @@ async fn commit(
     };
     match attempt.versioned_waiting_for_room(command).await {
         Ok(state) => Ok(state),
+        // Input came in after the executor's cursor: the task is pending again (written).
+        Err(StoreError::InputsPending(state)) => Ok(*state),
         Err(StoreError::VersionConflict { .. } | StoreError::LeaseLost(_)) => {
             if attempt.accept_cancellation().await {
                 let reason = attempt.cancellation().unwrap_or_default();
