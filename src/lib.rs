@@ -6,8 +6,10 @@
 //!
 //! This crate is the facade: it re-exports the journal ([`journal`]), the fold and audit
 //! ([`replay`]), the live engine ([`engine`]) and the tool component layer ([`tool`]), and
-//! holds the HTTP server of `dtask serve` ([`server`]).
+//! holds the HTTP server of `dtask serve` ([`server`]) and the conversation view of a
+//! durable agent's run that it and `dtask show` share ([`conversation`]).
 
+pub mod conversation;
 pub mod server;
 
 pub use dtask_engine as engine;

@@ -117,6 +117,61 @@ impl Browser {
     }
 }
 
+/// Starts chromedriver and a headless Chromium session with a fresh profile; the driver
+/// process and the profile live as long as the values returned.
+async fn start_browser(
+    driver: &std::path::Path,
+    chromium: &std::path::Path,
+) -> (Browser, DriverProcess, tempfile::TempDir) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let driver_process = DriverProcess(
+        std::process::Command::new(driver)
+            .arg(format!("--port={port}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let profile = tempfile::tempdir().unwrap();
+    let capabilities = json!({ "capabilities": { "alwaysMatch": {
+        "browserName": "chrome",
+        "goog:chromeOptions": {
+            "binary": chromium,
+            "args": [
+                "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                "--disable-component-update", "--no-first-run", "--window-size=1280,800",
+                format!("--user-data-dir={}", profile.path().display()),
+            ],
+        },
+    }}});
+    let http = reqwest::Client::new();
+    let driver_url = format!("http://127.0.0.1:{port}");
+    let mut session = None;
+    for _ in 0..300 {
+        if let Ok(reply) = http
+            .post(format!("{driver_url}/session"))
+            .json(&capabilities)
+            .send()
+            .await
+        {
+            let reply: Value = reply.json().await.unwrap();
+            let id = reply["value"]["sessionId"].as_str().expect("a session");
+            session = Some(format!("{driver_url}/session/{id}"));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let browser = Browser {
+        http,
+        session: session.expect("chromedriver answers"),
+    };
+    (browser, driver_process, profile)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_page_lists_tasks_live_and_shows_a_timeline_and_the_audit() {
     let (Some(driver), Some(chromium)) = (program("chromedriver"), program("chromium")) else {
@@ -177,52 +232,7 @@ async fn the_page_lists_tasks_live_and_shows_a_timeline_and_the_audit() {
         let _ = stopped.await;
     }));
 
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let _driver = DriverProcess(
-        std::process::Command::new(driver)
-            .arg(format!("--port={port}"))
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let profile = tempfile::tempdir().unwrap();
-    let capabilities = json!({ "capabilities": { "alwaysMatch": {
-        "browserName": "chrome",
-        "goog:chromeOptions": {
-            "binary": chromium,
-            "args": [
-                "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                "--disable-component-update", "--no-first-run", "--window-size=1280,800",
-                format!("--user-data-dir={}", profile.path().display()),
-            ],
-        },
-    }}});
-    let http = reqwest::Client::new();
-    let driver_url = format!("http://127.0.0.1:{port}");
-    let mut session = None;
-    for _ in 0..300 {
-        if let Ok(reply) = http
-            .post(format!("{driver_url}/session"))
-            .json(&capabilities)
-            .send()
-            .await
-        {
-            let reply: Value = reply.json().await.unwrap();
-            let id = reply["value"]["sessionId"].as_str().expect("a session");
-            session = Some(format!("{driver_url}/session/{id}"));
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let browser = Browser {
-        http,
-        session: session.expect("chromedriver answers"),
-    };
+    let (browser, _driver, _profile) = start_browser(&driver, &chromium).await;
 
     // The task list, with every task.
     browser.goto(&format!("{base}/")).await;
@@ -439,6 +449,155 @@ async fn the_page_lists_tasks_live_and_shows_a_timeline_and_the_audit() {
         store.get("fetch-1").await,
         Err(dtask_engine::StoreError::Purged { .. })
     ));
+
+    browser.call(reqwest::Method::DELETE, "", None).await;
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
+}
+
+/// A model whose first call never answers (it must be dropped); later calls answer
+/// "stopped".
+#[derive(Default)]
+struct HangsFirst {
+    calls: std::sync::atomic::AtomicUsize,
+    called: tokio::sync::Notify,
+}
+
+#[dtask_engine::async_trait]
+impl dtask_engine::tool::ChatModel for HangsFirst {
+    async fn generate(
+        &self,
+        _messages: &[dtask_engine::tool::Message],
+        _tools: &[dtask_engine::tool::ToolInfo],
+    ) -> Result<dtask_engine::tool::AssistantMessage, dtask_engine::tool::ToolError> {
+        self.called.notify_one();
+        if self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+            std::future::pending::<()>().await;
+        }
+        Ok(dtask_engine::tool::AssistantMessage::text("stopped"))
+    }
+}
+
+/// A durable agent's run on its page: the conversation is shown and follows the run, and a
+/// message typed into the page (sent to preempt) drops the model call in flight; the model's
+/// answer and the message, where the model saw it, appear without a reload, and the message
+/// box goes once the run has ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_runs_page_shows_its_conversation_and_sends_it_a_message() {
+    use dtask_engine::agent::{AgentRequest, DurableAgent};
+    use dtask_engine::managed::{ManagedTools, ToolRegistry};
+    use dtask_engine::tool::Message;
+    use dtask_engine::{ExecutorRegistry, Manager, ManagerConfig};
+
+    let (Some(driver), Some(chromium)) = (program("chromedriver"), program("chromium")) else {
+        eprintln!(
+            "SKIPPED an_agent_runs_page_shows_its_conversation_and_sends_it_a_message: chromium \
+             and chromedriver are not installed (apt-get install chromium chromium-driver)"
+        );
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    let store = TaskStore::open(journal, SystemClock, StoreConfig::default()).unwrap();
+    let model = std::sync::Arc::new(HangsFirst::default());
+    let agent = DurableAgent::new(model.clone(), ManagedTools::new(ToolRegistry::new()));
+    let mut executors = ExecutorRegistry::new();
+    agent.register_executors(&mut executors).unwrap();
+    let manager = Manager::new(store.clone(), executors, ManagerConfig::default());
+    agent
+        .submit(
+            &manager,
+            AgentRequest::new(vec![Message::user("count to a million")]).with_task_id("run-1"),
+        )
+        .await
+        .unwrap();
+    let running = {
+        let manager = manager.clone();
+        tokio::spawn(async move { manager.execute("run-1").await })
+    };
+    model.called.notified().await;
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let config = ServerConfig::default().with_poll_interval(Duration::from_millis(20));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = Server::owner(store.clone(), Some(manager.clone()), config);
+    let server = tokio::spawn(server.serve(listener, async {
+        let _ = stopped.await;
+    }));
+    let (browser, _driver, _profile) = start_browser(&driver, &chromium).await;
+
+    browser.goto(&format!("{base}/#/task/run-1")).await;
+    browser
+        .until(
+            "the conversation",
+            "const c = document.getElementById('conversation'); \
+             return c !== null && c.textContent.includes('count to a million')",
+        )
+        .await;
+    browser
+        .until(
+            "the message box",
+            "const m = document.getElementById('agent-message'); \
+             return m !== null && !m.parentElement.hidden",
+        )
+        .await;
+    browser
+        .run(
+            "document.getElementById('agent-message').value = 'stop counting'; \
+             document.getElementById('agent-preempt').checked = true; \
+             document.getElementById('agent-send').click(); return true",
+        )
+        .await;
+    browser
+        .until(
+            "the message sent",
+            "const s = document.getElementById('agent-sent'); \
+             return s !== null && s.textContent === 'message sent (input 1)'",
+        )
+        .await;
+    let done = tokio::time::timeout(Duration::from_secs(60), running)
+        .await
+        .expect("the model call in flight was dropped")
+        .unwrap()
+        .unwrap();
+    assert_eq!(done.status, dtask_replay::Status::Completed, "{done:?}");
+    let input = store.list_inputs("run-1", 0, 10).await.unwrap().inputs;
+    assert_eq!(
+        (input[0].kind.as_str(), input[0].data.as_slice()),
+        ("agent.message", b"stop counting".as_slice())
+    );
+    assert_eq!(input[0].delivery, dtask_journal::Delivery::Preempt);
+    browser
+        .until(
+            "the answer and the message where the model saw it",
+            "const c = document.getElementById('conversation'); \
+             if (c === null) return false; \
+             const rows = [...c.querySelectorAll('.msg')].map((m) => m.textContent); \
+             return rows.length === 3 && rows[1] === 'user (sent, input 1)stop counting' \
+               && rows[2].startsWith('assistant · turn 1') && rows[2].endsWith('stopped')",
+        )
+        .await;
+    // The timeline names the input, its delivery, and how far the run read its mailbox.
+    browser
+        .until(
+            "the input in the timeline",
+            "const t = document.querySelector('.timeline'); \
+             return t !== null && t.textContent.includes('input 1: agent.message #') \
+               && t.textContent.includes('(to preempt)') \
+               && t.textContent.includes('inputs read up to 1 (attempt 1)')",
+        )
+        .await;
+    browser
+        .until(
+            "the message box gone",
+            "return document.getElementById('agent-message').parentElement.hidden",
+        )
+        .await;
+    browser
+        .run("document.querySelector('h2:not([hidden])').scrollIntoView(); return true")
+        .await;
+    browser.screenshot("server-agent.png").await;
 
     browser.call(reqwest::Method::DELETE, "", None).await;
     stop.send(()).unwrap();

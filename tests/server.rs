@@ -2164,3 +2164,101 @@ async fn an_owner_trims_a_tasks_progress_and_its_updates_read_as_trimmed() {
         .await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{missing}");
 }
+
+/// A model whose first call never answers (it must be dropped) and whose later calls answer
+/// "stopped"; it records what it was sent.
+#[derive(Default)]
+struct HangsFirst {
+    calls: std::sync::atomic::AtomicUsize,
+    called: tokio::sync::Notify,
+    requests: std::sync::Mutex<Vec<Vec<dtask_engine::tool::Message>>>,
+}
+
+#[dtask_engine::async_trait]
+impl dtask_engine::tool::ChatModel for HangsFirst {
+    async fn generate(
+        &self,
+        messages: &[dtask_engine::tool::Message],
+        _tools: &[dtask_engine::tool::ToolInfo],
+    ) -> Result<dtask_engine::tool::AssistantMessage, dtask_engine::tool::ToolError> {
+        self.requests.lock().unwrap().push(messages.to_vec());
+        self.called.notify_one();
+        if self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+            std::future::pending::<()>().await;
+        }
+        Ok(dtask_engine::tool::AssistantMessage::text("stopped"))
+    }
+}
+
+/// A durable agent's run over HTTP: `GET /api/tasks/{id}/conversation` serves it (404 for a
+/// task that is not a run, and for none), and a message sent to preempt through `POST
+/// /api/tasks/{id}/inputs` drops the model call in flight and reaches the model.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_runs_conversation_is_served_and_a_message_steers_it() {
+    use dtask_engine::agent::{AgentRequest, DurableAgent};
+    use dtask_engine::managed::{ManagedTools, ToolRegistry};
+    use dtask_engine::tool::Message;
+    use dtask_engine::{ExecutorRegistry, Manager, ManagerConfig};
+
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_store(dir.path());
+    let model = std::sync::Arc::new(HangsFirst::default());
+    let agent = DurableAgent::new(model.clone(), ManagedTools::new(ToolRegistry::new()));
+    let mut executors = ExecutorRegistry::new();
+    agent.register_executors(&mut executors).unwrap();
+    let manager = Manager::new(store.clone(), executors, ManagerConfig::default());
+    agent
+        .submit(
+            &manager,
+            AgentRequest::new(vec![Message::user("count to a million")]).with_task_id("run"),
+        )
+        .await
+        .unwrap();
+    store
+        .create(create("plain", "shell", &json!({"tool_name": "shell"})))
+        .await
+        .unwrap();
+    let server = Running::start(Server::owner(store.clone(), Some(manager.clone()), fast())).await;
+    let running = {
+        let manager = manager.clone();
+        tokio::spawn(async move { manager.execute("run").await })
+    };
+    model.called.notified().await;
+
+    let (status, conversation) = server.get("/api/tasks/run/conversation").await;
+    assert_eq!(status, StatusCode::OK, "{conversation}");
+    assert_eq!(conversation["messages"][0]["content"], "count to a million");
+    assert_eq!(conversation["turns"], json!([]));
+    assert_eq!(conversation["sent_messages"], json!([]));
+    assert_eq!(conversation["max_steps"], 10);
+
+    let message = json!({"event_id": "m1", "kind": "agent.message", "data": "stop counting",
+                         "delivery": "preempt"});
+    let (status, sent) = server.post("/api/tasks/run/inputs", &message).await;
+    assert_eq!(status, StatusCode::OK, "{sent}");
+    let done = tokio::time::timeout(Duration::from_secs(60), running)
+        .await
+        .expect("the model call in flight was dropped")
+        .unwrap()
+        .unwrap();
+    assert_eq!(done.status, Status::Completed, "{done:?}");
+    let requests = model.requests.lock().unwrap().clone();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(requests[1].last(), Some(&Message::user("stop counting")));
+
+    let (status, conversation) = server.get("/api/tasks/run/conversation").await;
+    assert_eq!(status, StatusCode::OK, "{conversation}");
+    assert_eq!(conversation["turns"][0]["content"], "stopped");
+    assert_eq!(
+        conversation["sent_messages"],
+        json!([{"sequence": 1, "after_turn": 0, "content": "stop counting"}])
+    );
+
+    let (status, err) = server.get("/api/tasks/plain/conversation").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{err}");
+    assert_eq!(code(&err), "not_an_agent_run");
+    let (status, err) = server.get("/api/tasks/nope/conversation").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{err}");
+    assert_eq!(code(&err), "not_found");
+    server.stop().await;
+}

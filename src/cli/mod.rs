@@ -2,7 +2,6 @@
 //! error type and exit codes, opening a journal read-only, output and progress bars.
 
 mod codec;
-mod conversation;
 mod demo;
 mod events;
 mod export;

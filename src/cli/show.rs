@@ -1,10 +1,10 @@
 //! `dtask show <task>`: the folded state and a timeline built from the task's records.
 
-use super::conversation::Collector;
 use super::fmt::{self, Table};
 use super::{fold_task, require_task, CliError, Global, Out, Result};
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
+use dtask::conversation::Collector;
 use dtask_journal::{Event, Record, Timestamp};
 use dtask_replay::TaskState;
 use serde_json::{json, Value};
@@ -878,7 +878,7 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
             "problems": problems,
         });
         if let Some(c) = &conversation {
-            value["conversation"] = c.json();
+            value["conversation"] = serde_json::to_value(c.view())?;
         }
         out.json(&value)?;
     } else {

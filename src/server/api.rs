@@ -12,6 +12,7 @@ use super::model::{
 };
 use super::sse::{self, Scope};
 use super::{read, ApiError, Shared};
+use crate::conversation::ConversationView;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::sse::{KeepAlive, Sse};
@@ -135,6 +136,27 @@ pub async fn get_state(
 ) -> Api<StateAt> {
     let base64 = query.bytes.unwrap_or(false);
     blocking(&shared, move |j| read::state_at(j, &id, query.at, base64))
+        .await
+        .map(Json)
+}
+
+/// A durable agent's run as a conversation: its opening messages, each model answer with
+/// its tool calls (their tasks' status and results), the messages sent to the run where the
+/// model first saw them, and the token usage (the view `dtask show` prints).
+#[utoipa::path(
+    get, path = "/api/tasks/{id}/conversation", tag = "tasks",
+    params(("id" = String, Path, description = "The run's task id")),
+    responses(
+        (status = 200, description = "The run's conversation (`problem` alone when its entries do not fold)", body = ConversationView),
+        (status = 404, description = "No such task, or one that is not an agent run (code `not_an_agent_run`)", body = ErrorBody),
+        (status = 410, description = "The task was purged", body = ErrorBody),
+    )
+)]
+pub async fn get_conversation(
+    State(shared): State<Arc<Shared>>,
+    ApiPath(id): ApiPath<String>,
+) -> Api<ConversationView> {
+    blocking(&shared, move |j| read::conversation(j, &id))
         .await
         .map(Json)
 }

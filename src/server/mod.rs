@@ -250,6 +250,7 @@ impl Server {
             .route("/api/tasks/{id}/records", get(api::get_records))
             .route("/api/tasks/{id}/state", get(api::get_state))
             .route("/api/tasks/{id}/updates", get(api::get_updates))
+            .route("/api/tasks/{id}/conversation", get(api::get_conversation))
             .route("/api/tasks/{id}/stream", get(api::task_stream))
             .route("/api/tasks/{id}/cancel", post(api::cancel))
             .route("/api/tasks/{id}/resume", post(api::resume))

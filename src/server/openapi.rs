@@ -5,6 +5,7 @@
 use super::error::{ErrorBody, ErrorDetail};
 use super::model;
 use super::{api, health};
+use crate::conversation;
 use utoipa::OpenApi;
 
 /// The API's description.
@@ -23,6 +24,7 @@ use utoipa::OpenApi;
         api::get_records,
         api::get_state,
         api::get_updates,
+        api::get_conversation,
         api::submit,
         api::cancel,
         api::resume,
@@ -60,6 +62,12 @@ use utoipa::OpenApi;
         model::MetadataPair,
         model::UpdateView,
         model::UpdatePage,
+        conversation::ConversationView,
+        conversation::TurnView,
+        conversation::CallView,
+        conversation::CallResultView,
+        conversation::SentMessageView,
+        conversation::UsageView,
         model::SubmitBody,
         model::CancelBody,
         model::ResumeBody,

@@ -8,6 +8,8 @@ use super::model::{
     TaskDetail, TaskList, TaskStateView, TaskSummary, UpdatePage, UpdateView, VerifyReport,
 };
 use super::ApiError;
+use crate::conversation::{Collector, ConversationView};
+use axum::http::StatusCode;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 use dtask_journal::export::ByteFields;
@@ -489,4 +491,37 @@ pub fn verify(journal: &Journal, task: Option<&str>) -> Result<VerifyReport, Api
             .collect(),
         elapsed_ms,
     })
+}
+
+/// The conversation of the durable agent's run `id` (its updates folded by the transcript
+/// fold, each call's task read for its status).
+///
+/// # Errors
+/// 404 for an unknown task and for one that is not an agent run (code
+/// `not_an_agent_run`), 410 for a purged one; journal errors.
+pub fn conversation(journal: &Journal, id: &str) -> Result<ConversationView, ApiError> {
+    require(journal, id)?;
+    let mut collector = Collector::default();
+    let view = FoldView::read(journal, id, |r| collector.add(r))?;
+    if let (Some((records, at)), None) = (view.purged, &view.task) {
+        return Err(ApiError::purged(id, records, at));
+    }
+    let Some(task) = &view.task else {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "does_not_fold",
+            format!("task {id:?} does not fold: {}", view.problems().join("; ")),
+        ));
+    };
+    match collector.conversation(journal, &task.state)? {
+        Some(conversation) => Ok(conversation.view()),
+        None => Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_an_agent_run",
+            format!(
+                "task {id:?} is not a durable agent's run (executor {:?}): it has no conversation",
+                task.state.spec.executor_key
+            ),
+        )),
+    }
 }

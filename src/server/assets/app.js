@@ -2,6 +2,7 @@
 // Three pages (hash routes): #/ the task list, #/task/<id> one task, #/journal the journal.
 "use strict";
 
+const AGENT_EXECUTOR = "dtask.dev/agent";
 const STATUSES = ["pending", "running", "waiting_input", "suspended", "completed", "failed", "canceled"];
 const main = document.getElementById("main");
 const liveBadge = document.getElementById("live");
@@ -186,6 +187,10 @@ function timeline(records) {
       case "parent_notified": items.push(["", `notified its parent: ${e.kind} #${e.event_id} (attempt ${e.attempt})`, r]); break;
       case "parent_notified_v2": items.push(["", `notified its parent: ${e.kind} #${e.event_id} (attempt ${e.attempt}, ${e.delivery})`, r]); break;
       case "notification_enqueued_v2": items.push(["", `notification ${e.kind} #${e.event_id} queued for its session (${e.delivery})`, r]); break;
+      case "input_sent": items.push(["", `input ${e.sequence}: ${e.kind} #${e.event_id}${e.delivery === "preempt" ? " (to preempt)" : ""}`, r]); break;
+      case "cursor_advanced": items.push(["", `inputs read up to ${e.cursor} (attempt ${e.attempt})`, r]); break;
+      case "input_committed": items.push(["", `inputs read up to ${e.cursor}, checkpoint committed`, r]); break;
+      case "inputs_pending": items.push(["wait", `inputs after ${e.cursor} unread: back to pending`, r]); break;
       case "waiting_input": items.push(["wait", "waiting for input", r]); break;
       case "input_provided": items.push(["wait", "input provided", r]); break;
       case "suspended": items.push(["wait", "suspended", r]); break;
@@ -234,6 +239,34 @@ function stateList(s) {
   return h("dl", { class: "kv" }, pairs.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
 }
 
+// A durable agent's run as a conversation (GET /api/tasks/<id>/conversation).
+function conversationView(c) {
+  if (c.problem) return h("p", { class: "problem", id: "conversation" }, `the run's entries do not fold: ${c.problem}`);
+  const line = (cls, role, ...text) => h("div", { class: `msg ${cls}` }, h("span", { class: "role" }, role), h("span", { class: "text" }, ...text));
+  const rows = c.messages.map((m) => line(m.role, m.role, m.content || ""));
+  const sent = c.sent_messages.slice();
+  const takeSent = (after) => {
+    while (sent.length && sent[0].after_turn === after) {
+      const m = sent.shift();
+      rows.push(line("user sent", `user (sent, input ${m.sequence})`, m.content));
+    }
+  };
+  takeSent(0);
+  for (const t of c.turns) {
+    const cost = t.usage ? ` · ${t.usage.total_tokens} tokens` : "";
+    rows.push(line("assistant", `assistant · turn ${t.turn}${cost}`, t.content || ""));
+    for (const call of t.calls) {
+      const result = call.result ? `${call.result.status}: ${call.result.content}` : "(no result yet)";
+      rows.push(line("call", `→ ${call.tool}`, h("code", {}, call.arguments), " · ",
+        h("a", { href: `#/task/${encodeURIComponent(call.task_id)}` }, call.task_id), ` ${call.task_status || "not created"}`,
+        h("div", { class: "result" }, `← ${result}`)));
+    }
+    takeSent(t.turn);
+  }
+  return h("div", { class: "conversation", id: "conversation" }, rows,
+    h("p", { class: "muted" }, `${c.turns.length} of at most ${c.max_steps} model calls · ${c.usage.total_tokens} tokens`));
+}
+
 async function taskPage(id) {
   setNav("");
   const path = `/api/tasks/${encodeURIComponent(id)}`;
@@ -246,8 +279,36 @@ async function taskPage(id) {
   const actions = h("div", { class: "actions" });
   const message = h("p");
   const records = [];
+  // A durable agent's run: its conversation, and (owner mode, while it runs) a message box
+  // made once, so that refreshes do not clear what is being typed.
+  const conversationHead = h("h2", { hidden: true }, "Conversation");
+  const conversationBox = h("div");
+  const agentText = h("input", { placeholder: "a message to the agent", id: "agent-message", size: 48 });
+  const agentPreempt = h("input", { type: "checkbox", id: "agent-preempt" });
+  const agentBox = h("div", { class: "actions", hidden: true },
+    agentText, h("label", { title: "drop the model call in flight and ask again with the message" }, agentPreempt, " preempt"),
+    h("button", { id: "agent-send", onclick: async () => {
+      const eventId = window.crypto && crypto.randomUUID ? crypto.randomUUID() : `${Date.now()}-${Math.random()}`;
+      try {
+        const sent = await api(`${path}/inputs`, { method: "POST", headers: { "content-type": "application/json" },
+          body: JSON.stringify({ event_id: eventId, kind: "agent.message", data: agentText.value, delivery: agentPreempt.checked ? "preempt" : "queued" }) });
+        message.replaceChildren(h("span", { class: "muted", id: "agent-sent" }, `message sent (input ${sent.sequence})`));
+        agentText.value = "";
+      } catch (e) { message.replaceChildren(h("span", { class: "error" }, e.message)); }
+    } }, "Send to the agent"));
+  let isAgent = false;
+  let conversationTimer = null;
+  const refreshConversation = () => {
+    if (!isAgent) return;
+    clearTimeout(conversationTimer);
+    conversationTimer = setTimeout(async () => {
+      try { conversationBox.replaceChildren(conversationView(await api(`${path}/conversation`))); }
+      catch (e) { conversationBox.replaceChildren(h("p", { class: "error" }, e.message)); }
+    }, 150);
+  };
 
-  main.replaceChildren(h("h1", { class: "mono" }, id), stateBox, actions, message,
+  main.replaceChildren(h("h1", { class: "mono" }, id), stateBox, actions, agentBox, message,
+    conversationHead, conversationBox,
     h("h2", {}, "Timeline"), timelineBox,
     h("h2", {}, "State at position"), h("div", { class: "slider" }, slider, sliderLabel), atBox,
     h("h2", {}, "Records"),
@@ -275,8 +336,12 @@ async function taskPage(id) {
   };
   const renderActions = (s) => {
     actions.replaceChildren();
+    const terminal = s && ["completed", "failed", "canceled"].includes(s.status);
+    isAgent = !!s && s.executor_key === AGENT_EXECUTOR;
+    conversationHead.hidden = !isAgent;
+    agentBox.hidden = !(isAgent && mode === "owner" && !terminal);
+    refreshConversation();
     if (mode !== "owner" || !s) return;
-    const terminal = ["completed", "failed", "canceled"].includes(s.status);
     if (!terminal) {
       const reason = h("input", { placeholder: "reason", id: "cancel-reason" });
       actions.append(reason, h("button", { onclick: () => act("cancel", { reason: reason.value }) }, "Cancel"));
