@@ -645,3 +645,41 @@ async fn a_message_sent_to_preempt_drops_the_model_call_in_flight() {
         "a dropped call is not a step"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_with_a_session_notifies_it_of_its_end() {
+    let env = Env::new();
+    let model = Arc::new(ScriptedModel::new([AssistantMessage::text("hello")]));
+    let agent = agent(model, &env.dir.path().join("ledger"));
+    let manager = manager(&env, &agent);
+    let run = agent
+        .submit(
+            &manager,
+            AgentRequest::new(vec![Message::user("hi")])
+                .with_task_id("r")
+                .with_session("chat-7"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(run.spec.session_id, "chat-7");
+    assert!(run.spec.notify_session);
+    let done = manager.execute("r").await.unwrap();
+    assert_eq!(done.status, Status::Completed);
+    let notes = env
+        .store()
+        .receive_session_notifications("chat-7", 10, Duration::from_secs(60))
+        .await
+        .unwrap();
+    let kinds: Vec<_> = notes
+        .iter()
+        .map(|n| (n.task_id.as_str(), n.kind.as_str()))
+        .collect();
+    assert_eq!(kinds, [("r", "task_created"), ("r", "completed")]);
+    // Another session's consumer gets none of them.
+    assert!(env
+        .store()
+        .receive_session_notifications("chat-8", 10, Duration::from_secs(60))
+        .await
+        .unwrap()
+        .is_empty());
+}

@@ -107,6 +107,10 @@ pub struct AgentRequest {
     pub task_id: Option<String>,
     /// The task's description (default: the start of the last user message).
     pub description: Option<String>,
+    /// The session the run notifies (default: none): its lifecycle notifications — created,
+    /// and then completed, failed or canceled — go to that session's outbox, for a consumer
+    /// in another process (`POST /api/notifications/receive` of `dtask serve`).
+    pub session: Option<String>,
 }
 
 impl AgentRequest {
@@ -130,6 +134,13 @@ impl AgentRequest {
     #[must_use]
     pub fn with_task_id(mut self, id: impl Into<String>) -> Self {
         self.task_id = Some(id.into());
+        self
+    }
+
+    /// Sets the session the run notifies ([`AgentRequest::session`]).
+    #[must_use]
+    pub fn with_session(mut self, session: impl Into<String>) -> Self {
+        self.session = Some(session.into());
         self
     }
 }
@@ -295,6 +306,8 @@ impl DurableAgent {
             kind: AGENT_TASK_KIND.to_owned(),
             payload: payload.encode(),
             description,
+            notify_session: request.session.is_some(),
+            session_id: request.session.unwrap_or_default(),
             ..TaskSpec::default()
         };
         Ok(manager

@@ -3,7 +3,7 @@
 //!
 //! With `DTASK_TEST_BACKEND=postgres` (and `DTASK_TEST_PG_URL`) the journal is on
 //! PostgreSQL instead, in a schema of each store's own: `./dev test` runs the guarantee
-//! suite, the G3 scenarios, the races and the model both ways.
+//! suite, the G3 scenarios, the races, the model and the durable agent both ways.
 
 #![allow(dead_code, clippy::unwrap_used, clippy::missing_panics_doc)]
 
