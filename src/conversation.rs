@@ -106,6 +106,10 @@ pub struct ConversationView {
     /// The run's step limit (model calls).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_steps: Option<u32>,
+    /// Whether the run is interactive: it waits for the next message after each answer
+    /// until it is closed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interactive: Option<bool>,
     /// The opening conversation (chat messages: `role`, `content`, …).
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<Vec<Object>>)]
@@ -234,7 +238,12 @@ impl Conversation {
         };
         let reported = t.turns().iter().any(|turn| turn.usage.is_some());
         let mut out = format!(
-            "\nconversation ({} turns of at most {}, {})\n",
+            "\n{}conversation ({} turns of at most {}, {})\n",
+            if t.payload().interactive {
+                "interactive "
+            } else {
+                ""
+            },
             t.turns().len(),
             t.payload().max_steps,
             if reported {
@@ -308,6 +317,7 @@ impl Conversation {
             return ConversationView {
                 problem: self.problem.clone(),
                 max_steps: None,
+                interactive: None,
                 messages: None,
                 turns: None,
                 sent_messages: None,
@@ -343,6 +353,7 @@ impl Conversation {
         ConversationView {
             problem: None,
             max_steps: Some(t.payload().max_steps),
+            interactive: Some(t.payload().interactive),
             messages: Some(t.payload().messages.iter().map(message_json).collect()),
             turns: Some(turns),
             sent_messages: Some(

@@ -455,6 +455,17 @@ async fn the_page_lists_tasks_live_and_shows_a_timeline_and_the_audit() {
     server.await.unwrap().unwrap();
 }
 
+/// Waits until task `id` is pending (bounded: a minute).
+async fn until_pending(store: &TaskStore, id: &str) {
+    for _ in 0..1200 {
+        if store.get(id).await.unwrap().status == dtask_replay::Status::Pending {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{id} never went back to pending");
+}
+
 /// A model whose first call never answers (it must be dropped); later calls answer
 /// "stopped".
 #[derive(Default)]
@@ -481,7 +492,8 @@ impl dtask_engine::tool::ChatModel for HangsFirst {
 /// A durable agent's run on its page: the conversation is shown and follows the run, and a
 /// message typed into the page (sent to preempt) drops the model call in flight; the model's
 /// answer and the message, where the model saw it, appear without a reload, and the message
-/// box goes once the run has ended.
+/// box goes once the run has ended. An interactive run's page also closes it: a message
+/// sent from the page wakes the waiting run, the close button ends it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_runs_page_shows_its_conversation_and_sends_it_a_message() {
     use dtask_engine::agent::{AgentRequest, DurableAgent};
@@ -598,6 +610,58 @@ async fn an_agent_runs_page_shows_its_conversation_and_sends_it_a_message() {
         .run("document.querySelector('h2:not([hidden])').scrollIntoView(); return true")
         .await;
     browser.screenshot("server-agent.png").await;
+
+    // An interactive run waits for its next message: the page sends one and closes it.
+    agent
+        .submit(
+            &manager,
+            AgentRequest::new(vec![Message::user("let us talk")])
+                .with_task_id("chat-1")
+                .interactive(),
+        )
+        .await
+        .unwrap();
+    let waiting = manager.execute("chat-1").await.unwrap();
+    assert_eq!(waiting.status, dtask_replay::Status::WaitingInput);
+    browser.goto(&format!("{base}/#/task/chat-1")).await;
+    browser
+        .until(
+            "the close button of an interactive run",
+            "const c = document.getElementById('agent-close'); \
+             return c !== null && !c.hidden && !c.parentElement.hidden \
+               && document.getElementById('conversation').textContent.includes('interactive')",
+        )
+        .await;
+    browser
+        .run(
+            "document.getElementById('agent-message').value = 'and now?'; \
+             document.getElementById('agent-send').click(); return true",
+        )
+        .await;
+    // The message, sent from the page, wakes the run.
+    until_pending(&store, "chat-1").await;
+    let waiting = manager.execute("chat-1").await.unwrap();
+    assert_eq!(waiting.status, dtask_replay::Status::WaitingInput);
+    browser
+        .run("document.getElementById('agent-close').click(); return true")
+        .await;
+    browser
+        .until(
+            "the close sent",
+            "return document.getElementById('agent-closed') !== null",
+        )
+        .await;
+    until_pending(&store, "chat-1").await;
+    let done = manager.execute("chat-1").await.unwrap();
+    assert_eq!(done.status, dtask_replay::Status::Completed, "{done:?}");
+    browser
+        .until(
+            "the conversation answered and the box gone",
+            "const c = document.getElementById('conversation'); \
+             return c !== null && c.textContent.includes('and now?') \
+               && document.getElementById('agent-message').parentElement.hidden",
+        )
+        .await;
 
     browser.call(reqwest::Method::DELETE, "", None).await;
     stop.send(()).unwrap();

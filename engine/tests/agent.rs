@@ -17,8 +17,8 @@ mod ledger;
 use async_trait::async_trait;
 use common::Env;
 use dtask_engine::agent::{
-    read_transcript, send_message, AgentAnswer, AgentError, AgentMessage, AgentRequest, CallStatus,
-    DurableAgent, AGENT_EXECUTOR_KEY, MESSAGE_KIND,
+    close_run, read_transcript, send_message, AgentAnswer, AgentError, AgentMessage, AgentRequest,
+    CallStatus, DurableAgent, AGENT_EXECUTOR_KEY, MESSAGE_KIND,
 };
 use dtask_engine::managed::tools::ApprovalTool;
 use dtask_engine::managed::{ManagedTools, Registration, ToolRegistry};
@@ -682,4 +682,137 @@ async fn a_run_with_a_session_notifies_it_of_its_end() {
         .await
         .unwrap()
         .is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interactive_run_waits_for_each_next_message_and_ends_when_closed() {
+    let env = Env::new();
+    let ledger = env.dir.path().join("ledger");
+    let model = Arc::new(ScriptedModel::new([
+        AssistantMessage::text("hello"),
+        AssistantMessage::with_tool_calls(vec![add("c1", 2, 3)]),
+        AssistantMessage::text("5"),
+        AssistantMessage::text("bye"),
+    ]));
+    let agent = agent(model.clone(), &ledger);
+    let manager = manager(&env, &agent);
+    agent
+        .submit(
+            &manager,
+            AgentRequest::new(vec![Message::user("hi")])
+                .with_task_id("r")
+                .interactive(),
+        )
+        .await
+        .unwrap();
+
+    // After its answer the run waits for the next message; waiting for it is interrupted.
+    let waiting = manager.execute("r").await.unwrap();
+    assert_eq!(waiting.status, Status::WaitingInput, "{waiting:?}");
+    assert!(matches!(
+        manager.wait("r").await.unwrap(),
+        TaskOutcome::Interrupted(_)
+    ));
+    let transcript = read_transcript(env.store(), "r").await.unwrap();
+    let said = transcript.latest_answer().unwrap();
+    assert_eq!(said.answer.content.as_deref(), Some("hello"));
+
+    // A message wakes it: it runs the tools the model asks for, answers, and waits again.
+    send_message(env.store(), "r", AgentMessage::new("2+3?"))
+        .await
+        .unwrap();
+    assert_eq!(env.store().get("r").await.unwrap().status, Status::Pending);
+    let waiting = manager.execute("r").await.unwrap();
+    assert_eq!(waiting.status, Status::WaitingInput, "{waiting:?}");
+    let transcript = read_transcript(env.store(), "r").await.unwrap();
+    assert_eq!(
+        transcript
+            .latest_answer()
+            .unwrap()
+            .answer
+            .content
+            .as_deref(),
+        Some("5")
+    );
+    assert_eq!(read_ledger(&ledger), ["r.t2.c0"]);
+
+    // A message and the close together: the message is answered, then the run completes
+    // with that answer; a message after the close is not answered.
+    send_message(env.store(), "r", AgentMessage::new("thanks"))
+        .await
+        .unwrap();
+    let (_, new) = close_run(env.store(), "r").await.unwrap();
+    assert!(new);
+    let (_, again) = close_run(env.store(), "r").await.unwrap();
+    assert!(!again, "closing twice closes once");
+    send_message(env.store(), "r", AgentMessage::new("one more thing"))
+        .await
+        .unwrap();
+    let done = manager.execute("r").await.unwrap();
+    assert_eq!(done.status, Status::Completed, "{done:?}");
+    let answer = AgentAnswer::decode(&done.result_data).unwrap();
+    assert_eq!(answer.answer.content.as_deref(), Some("bye"));
+    assert_eq!(answer.steps, 4);
+    let requests = model.requests();
+    assert_eq!(requests.len(), 4);
+    assert_eq!(requests[3].messages.last(), Some(&Message::user("thanks")));
+    let transcript = read_transcript(env.store(), "r").await.unwrap();
+    let taken: Vec<_> = transcript
+        .sent_messages()
+        .iter()
+        .map(|m| m.content.as_str())
+        .collect();
+    assert_eq!(taken, ["2+3?", "thanks"]);
+    assert!(matches!(close_run(env.store(), "r").await, Ok((_, false))));
+
+    // A run that is not interactive takes no close.
+    let model = Arc::new(ScriptedModel::new([AssistantMessage::text("ok")]));
+    let plain = DurableAgent::new(model, tools(&ledger));
+    plain
+        .submit(
+            &manager,
+            AgentRequest::new(vec![Message::user("hi")]).with_task_id("plain"),
+        )
+        .await
+        .unwrap();
+    assert!(matches!(
+        close_run(env.store(), "plain").await,
+        Err(AgentError::NotInteractive(_))
+    ));
+}
+
+/// A message as large as an input may be, whose JSON is larger than an update may be (its
+/// quotes escaped), is cut to fit rather than fail the run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_too_large_for_an_update_is_cut_and_the_run_goes_on() {
+    let env = Env::with(
+        dtask_engine::StoreConfig::default().with_max_value_bytes(4096),
+        dtask_journal::Durability::Buffered,
+    );
+    let model = Arc::new(ScriptedModel::new([AssistantMessage::text("read it")]));
+    let agent = agent(model.clone(), &env.dir.path().join("ledger"));
+    let manager = manager(&env, &agent);
+    agent
+        .submit(
+            &manager,
+            AgentRequest::new(vec![Message::user("hi")]).with_task_id("r"),
+        )
+        .await
+        .unwrap();
+    send_message(env.store(), "r", AgentMessage::new("\"".repeat(4096)))
+        .await
+        .unwrap();
+    let done = manager.execute("r").await.unwrap();
+    assert_eq!(done.status, Status::Completed, "{done:?}");
+    let seen = model.requests()[0].messages[1]
+        .content()
+        .unwrap()
+        .to_owned();
+    assert!(
+        seen.ends_with(" […message cut: it had 4096 bytes]"),
+        "{seen}"
+    );
+    assert!(seen.starts_with(&"\"".repeat(1000)));
+    let page = env.store().list_updates("r", None, 0, false).await.unwrap();
+    assert!(page.updates[0].data.len() <= 4096);
 }

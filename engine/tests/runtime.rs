@@ -1041,3 +1041,88 @@ async fn completing_if_no_inputs_goes_back_to_pending_for_an_unread_input() {
     );
     assert_eq!(env.manager.get(&id).await.unwrap().status, Status::Running);
 }
+
+/// `WaitingInputIfNoInputs` and `SuspendedIfNoInputs`: an input that came in after the
+/// executor read the mailbox sends the task back to pending instead of leaving it waiting
+/// (or suspended) with the input unread; read, the wait is taken with the cursor consumed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_or_suspending_if_no_inputs_goes_back_to_pending_for_an_unread_input() {
+    for suspend in [false, true] {
+        let attempts = Arc::new(AtomicUsize::new(0));
+        let seen = Arc::clone(&attempts);
+        let asker = executor("asker", LeasePolicy::Retry, false, move |attempt, task| {
+            let seen = Arc::clone(&seen);
+            async move {
+                let cursor = task.mailbox.consumed;
+                let page = attempt.inputs(cursor).await.unwrap();
+                let newest = page.inputs.last().map_or(cursor, |i| i.sequence);
+                if seen.fetch_add(1, Ordering::SeqCst) == 0 {
+                    attempt
+                        .store()
+                        .send_input(
+                            attempt.task_id(),
+                            dtask_engine::InputRequest {
+                                event_id: "early answer".into(),
+                                kind: "answer".into(),
+                                data: b"yes".to_vec(),
+                                ..dtask_engine::InputRequest::default()
+                            },
+                        )
+                        .await
+                        .unwrap();
+                }
+                let checkpoint = format!("asked after {newest}").into_bytes();
+                Ok(if suspend {
+                    attempt.advance_cursor(cursor, newest).await.unwrap();
+                    ExecutionResult::SuspendedIfNoInputs {
+                        cursor: newest,
+                        checkpoint,
+                    }
+                } else {
+                    ExecutionResult::WaitingInputIfNoInputs {
+                        cursor: newest,
+                        checkpoint,
+                    }
+                })
+            }
+        });
+        let env = env(vec![asker]);
+        let id = submit(&env.manager, "asker").await;
+        let first = env.manager.execute(&id).await.unwrap();
+        assert_eq!(
+            first.status,
+            Status::Pending,
+            "suspend {suspend}: {first:?}"
+        );
+        assert_eq!((first.mailbox.consumed, first.mailbox.latest), (0, 1));
+        assert_eq!(first.checkpoint, b"asked after 0");
+        let second = env.manager.execute(&id).await.unwrap();
+        let waiting = if suspend {
+            Status::Suspended
+        } else {
+            Status::WaitingInput
+        };
+        assert_eq!(second.status, waiting, "suspend {suspend}: {second:?}");
+        assert_eq!(second.mailbox.consumed, 1);
+        assert_eq!(second.checkpoint, b"asked after 1");
+        assert_eq!(attempts.load(Ordering::SeqCst), 2);
+    }
+    // An empty checkpoint is an invalid result: nothing committed.
+    let empty = executor("empty", LeasePolicy::Retry, false, |_, _| async {
+        Ok(ExecutionResult::WaitingInputIfNoInputs {
+            cursor: 0,
+            checkpoint: Vec::new(),
+        })
+    });
+    let env = env(vec![empty]);
+    let id = submit(&env.manager, "empty").await;
+    let refused = env.manager.execute(&id).await;
+    assert!(
+        matches!(
+            refused,
+            Err(RuntimeError::Store(StoreError::InvalidExecutionResult(_)))
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(env.manager.get(&id).await.unwrap().status, Status::Running);
+}

@@ -17,21 +17,32 @@ pub const TOOL_RESULT_KIND: &str = "agent.tool_result";
 /// The kind of a message sent to a running run — an input of its mailbox, the data the
 /// message's text in UTF-8 — and of the update that journals it ([`MessageEntry`]).
 pub const MESSAGE_KIND: &str = "agent.message";
+/// The kind of an input that closes an interactive run: once it has answered every message
+/// sent before, the run completes with its last answer.
+pub const CLOSE_KIND: &str = "agent.close";
 /// The most model calls one run may be given.
 pub const MAX_AGENT_STEPS: u32 = 1_000;
 
-/// The one version of every format here.
+/// The one version of every format here (but an interactive run's payload).
 const VERSION: u32 = 1;
+/// The version of an interactive run's payload: a build that reads only version 1 refuses
+/// it rather than run it as a run that ends at its first answer.
+const INTERACTIVE_VERSION: u32 = 2;
 
-/// What an agent run is asked: the opening conversation and its step limit.
+/// What an agent run is asked: the opening conversation, its step limit, and whether it
+/// waits for the next message after each answer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AgentPayload {
-    /// The format version (1).
+    /// The format version: 1, or 2 for an interactive run.
     pub version: u32,
     /// The conversation the run starts from (a system and a user message, typically).
     pub messages: Vec<Message>,
     /// The most model calls the run may make (1 to [`MAX_AGENT_STEPS`]).
     pub max_steps: u32,
+    /// Whether the run, after each final answer, waits for the next message (status
+    /// `waiting_input`) rather than complete; an input of kind [`CLOSE_KIND`] ends it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub interactive: bool,
 }
 
 impl AgentPayload {
@@ -44,13 +55,27 @@ impl AgentPayload {
             version: VERSION,
             messages,
             max_steps,
+            interactive: false,
         };
         payload.check()?;
         Ok(payload)
     }
 
+    /// The payload of an interactive run (version 2): see [`AgentPayload::interactive`].
+    #[must_use]
+    pub fn into_interactive(mut self) -> Self {
+        self.version = INTERACTIVE_VERSION;
+        self.interactive = true;
+        self
+    }
+
     fn check(&self) -> Result<(), AgentError> {
-        if self.version != VERSION {
+        let expected = if self.interactive {
+            INTERACTIVE_VERSION
+        } else {
+            VERSION
+        };
+        if self.version != expected {
             return Err(AgentError::UnsupportedVersion(self.version));
         }
         if self.messages.is_empty() {
@@ -207,6 +232,37 @@ impl MessageEntry {
     pub fn event_id(&self) -> String {
         format!("message-{}", self.sequence)
     }
+
+    /// The entry, its content cut so that its JSON takes at most `max_bytes` (the store's
+    /// limit of an update's data), a note of the original length at the cut: an input may
+    /// take the whole limit, and its JSON (escapes, replaced bytes) can take more. The cut
+    /// is the longest prefix, on a character boundary, that fits.
+    #[must_use]
+    pub fn within(mut self, max_bytes: usize) -> Self {
+        if self.content.is_empty() || encode(&self).len() <= max_bytes {
+            return self;
+        }
+        let content = std::mem::take(&mut self.content);
+        let note = format!(" […message cut: it had {} bytes]", content.len());
+        let fits = |keep: usize, entry: &mut Self| {
+            entry.content = format!("{}{note}", &content[..keep]);
+            encode(&*entry).len() <= max_bytes
+        };
+        // The places a cut may fall (character boundaries); the first always "fits" (the
+        // note alone), the search keeps the last that does.
+        let cuts: Vec<usize> = content.char_indices().map(|(i, _)| i).collect();
+        let (mut lo, mut hi) = (0, cuts.len() - 1);
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            if fits(cuts[mid], &mut self) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        let _ = fits(cuts[lo], &mut self);
+        self
+    }
 }
 
 /// What a finished run completes with (the task's result data).
@@ -325,11 +381,24 @@ mod tests {
         ));
         let payload = AgentPayload::new(vec![Message::user("hi")], 3).unwrap();
         assert_eq!(AgentPayload::decode(&payload.encode()).unwrap(), payload);
-        let newer = br#"{"version":2,"messages":[{"role":"user","content":"hi"}],"max_steps":3}"#;
+        let newer = br#"{"version":3,"messages":[{"role":"user","content":"hi"}],"max_steps":3}"#;
         assert!(matches!(
             AgentPayload::decode(newer),
+            Err(AgentError::UnsupportedVersion(3))
+        ));
+        // Version 2 is an interactive run's, and only its.
+        let interactive = payload.clone().into_interactive();
+        let bytes = interactive.encode();
+        assert!(String::from_utf8_lossy(&bytes).contains(r#""version":2"#));
+        assert_eq!(AgentPayload::decode(&bytes).unwrap(), interactive);
+        let plain_v2 =
+            br#"{"version":2,"messages":[{"role":"user","content":"hi"}],"max_steps":3}"#;
+        assert!(matches!(
+            AgentPayload::decode(plain_v2),
             Err(AgentError::UnsupportedVersion(2))
         ));
+        // A plain run's bytes are as they were: no `interactive` field.
+        assert!(!String::from_utf8_lossy(&payload.encode()).contains("interactive"));
         assert!(matches!(
             AgentPayload::decode(b"{"),
             Err(AgentError::InvalidPayload(_))
@@ -362,5 +431,21 @@ mod tests {
             message
         );
         assert_eq!(message.event_id(), "message-7");
+        // Content whose JSON exceeds the limit (quotes escape to two bytes each) is cut on a
+        // character boundary, with a note, to the longest prefix that fits.
+        let long = MessageEntry::new(8, 2, "\"é".repeat(1000));
+        assert!(encode(&long).len() > 2000);
+        let cut = long.clone().within(2000);
+        let len = encode(&cut).len();
+        assert!(len <= 2000 && len > 1980, "{len}");
+        assert!(cut.content.ends_with(" […message cut: it had 3000 bytes]"));
+        assert!(long
+            .content
+            .starts_with(cut.content.split(" […").next().unwrap()));
+        assert_eq!(
+            message.clone().within(2000),
+            message,
+            "what fits is kept whole"
+        );
     }
 }

@@ -44,6 +44,9 @@ pub enum AgentError {
         /// Its executor key.
         executor_key: String,
     },
+    /// The run is not interactive: it ends at its final answer and takes no close.
+    #[error("agent run {0:?} is not interactive")]
+    NotInteractive(String),
     /// The store refused or failed.
     #[error(transparent)]
     Store(#[from] StoreError),

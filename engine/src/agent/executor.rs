@@ -4,7 +4,7 @@
 
 use super::codec::{
     call_task_id, AgentPayload, CallStatus, MessageEntry, ToolResultEntry, TurnEntry,
-    AGENT_EXECUTOR_KEY, MESSAGE_KIND, TOOL_RESULT_KIND, TURN_KIND,
+    AGENT_EXECUTOR_KEY, CLOSE_KIND, MESSAGE_KIND, TOOL_RESULT_KIND, TURN_KIND,
 };
 use super::error::AgentError;
 use super::read_transcript;
@@ -77,19 +77,30 @@ impl Executor for AgentExecutor {
             .await
             .map_err(failed)?;
         let mut cursor = task.mailbox.consumed;
+        let interactive = transcript.payload().interactive;
         loop {
             if let Some(reason) = attempt.cancellation() {
                 return Ok(ExecutionResult::Canceled(reason));
             }
-            if transcript.takes_messages() {
-                self.take_messages(&attempt, &mut transcript, &mut cursor)
+            let closing = transcript.takes_messages()
+                && self
+                    .take_messages(&attempt, &mut transcript, &mut cursor)
                     .await?;
-            }
             match transcript.next() {
+                // An interactive run waits for its next message — unless one came in since
+                // the messages were taken: then it goes back to pending, and the next
+                // attempt takes it.
+                Next::Finish(answer) if interactive && !closing && transcript.takes_messages() => {
+                    return Ok(ExecutionResult::WaitingInputIfNoInputs {
+                        cursor,
+                        checkpoint: waiting_checkpoint(answer.steps),
+                    })
+                }
                 // Complete only if nothing came in since the messages were taken: a message
                 // sent meanwhile sends the run back to pending, and the next attempt takes
-                // it. At the step limit no message can be answered: the run ends as it is.
-                Next::Finish(answer) if transcript.takes_messages() => {
+                // it. At the step limit no message can be answered, and a closed run ends
+                // with the inputs after its close unread: the run ends as it is.
+                Next::Finish(answer) if !closing && transcript.takes_messages() => {
                     return Ok(ExecutionResult::CompletedIfNoInputs {
                         cursor,
                         data: answer.encode(),
@@ -128,36 +139,43 @@ impl AgentExecutor {
     /// ([`MESSAGE_KIND`]) the transcript has not taken yet as a [`MessageEntry`] after the
     /// last turn, skips inputs of other kinds (a child's notifications, say), then moves
     /// the consumed cursor past them all. A crash between the two finds the messages in the
-    /// journal and moves the cursor then: each message is taken once.
+    /// journal and moves the cursor then: each message is taken once. An interactive run
+    /// stops at an input of kind [`CLOSE_KIND`], leaving it unread: returns `true`, and the
+    /// run ends once it has answered what came before (a crash meanwhile finds it again).
     async fn take_messages(
         &self,
         attempt: &AttemptContext,
         transcript: &mut Transcript,
         cursor: &mut u64,
-    ) -> Result<(), ExecutionError> {
+    ) -> Result<bool, ExecutionError> {
         let after_turn = transcript.turns().last().map_or(0, |t| t.number);
+        let interactive = transcript.payload().interactive;
+        let mut closing = false;
         let mut last = *cursor;
-        loop {
+        'pages: loop {
             let page = attempt.inputs(last).await.map_err(failed)?;
-            let Some(newest) = page.inputs.last().map(|i| i.sequence) else {
+            if page.inputs.is_empty() {
                 break;
-            };
-            for input in page.inputs {
-                if input.kind != MESSAGE_KIND
-                    || input.sequence <= transcript.last_message_sequence()
-                {
-                    continue;
-                }
-                let entry = MessageEntry::new(
-                    input.sequence,
-                    after_turn,
-                    String::from_utf8_lossy(&input.data),
-                );
-                journal(attempt, MESSAGE_KIND, entry.event_id(), &entry).await?;
-                point!(crate::failpoints::AGENT_AFTER_MESSAGE, |m| Err(failed(m)));
-                transcript.push_message(entry).map_err(failed)?;
             }
-            last = newest;
+            for input in page.inputs {
+                if interactive && input.kind == CLOSE_KIND {
+                    closing = true;
+                    break 'pages;
+                }
+                if input.kind == MESSAGE_KIND && input.sequence > transcript.last_message_sequence()
+                {
+                    let entry = MessageEntry::new(
+                        input.sequence,
+                        after_turn,
+                        String::from_utf8_lossy(&input.data),
+                    )
+                    .within(attempt.store().config().max_value_bytes);
+                    journal(attempt, MESSAGE_KIND, entry.event_id(), &entry).await?;
+                    point!(crate::failpoints::AGENT_AFTER_MESSAGE, |m| Err(failed(m)));
+                    transcript.push_message(entry).map_err(failed)?;
+                }
+                last = input.sequence;
+            }
         }
         if last > *cursor {
             attempt
@@ -166,7 +184,7 @@ impl AgentExecutor {
                 .map_err(|e| failed(format!("consume the run's inputs: {e}")))?;
             *cursor = last;
         }
-        Ok(())
+        Ok(closing)
     }
 
     /// Asks the model for turn `turn` and journals its answer; a control that arrives first
@@ -379,6 +397,14 @@ impl AgentExecutor {
     }
 }
 
+/// The checkpoint of an interactive run waiting for its next message (what a reader of the
+/// task sees; the run itself goes on from its journal).
+fn waiting_checkpoint(turns: u32) -> Vec<u8> {
+    serde_json::json!({ "waiting_for": MESSAGE_KIND, "after_turn": turns })
+        .to_string()
+        .into_bytes()
+}
+
 /// What a control makes of the attempt: Stop cancels, Timeout fails, Drain yields (the
 /// journal holds everything the next attempt needs).
 fn on_control(control: Control) -> ExecutionResult {
@@ -390,17 +416,24 @@ fn on_control(control: Control) -> ExecutionResult {
 }
 
 /// Returns once the run's mailbox holds a message sent to preempt after `after`; never on
-/// a sealed mailbox or a store that fails (the model call it races goes on). Woken by each
-/// new input of this process, and reads again every `poll` for inputs other nodes sent.
+/// a sealed mailbox or a closed store (the model call it races goes on). Woken by each new
+/// input of this process, and reads again every `poll` for inputs other nodes sent (and
+/// after a failed read).
 async fn preempted(attempt: &AttemptContext, mut after: u64, poll: Duration) {
     loop {
-        let page = match tokio::time::timeout(poll, attempt.wait_inputs(after)).await {
-            Ok(Ok(page)) => page,
-            Ok(Err(_)) => return std::future::pending().await,
-            Err(_) => match attempt.inputs(after).await {
-                Ok(page) => page,
-                Err(_) => return std::future::pending().await,
-            },
+        let read = match tokio::time::timeout(poll, attempt.wait_inputs(after)).await {
+            Ok(read) => read,
+            Err(_) => attempt.inputs(after).await,
+        };
+        let page = match read {
+            Ok(page) => page,
+            // Closed: nothing more will come. Another failure may pass (a database away
+            // for a moment): read again after a poll.
+            Err(crate::store::StoreError::Closed) => return std::future::pending().await,
+            Err(_) => {
+                tokio::time::sleep(poll).await;
+                continue;
+            }
         };
         if page.sealed {
             return std::future::pending().await;

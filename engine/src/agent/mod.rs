@@ -21,8 +21,12 @@
 //!   has its result, and journaled ([`MessageEntry`], event id `message-<sequence>`): the
 //!   model sees it as a user message from then on. One sent to preempt also drops a model
 //!   call in flight, which is asked again with the message; tool calls run on (the model
-//!   needs their results). A message sent while the run finishes is not lost: the run
-//!   completes only if its mailbox holds nothing unread, else it asks the model again.
+//!   needs their results). A message sent while the run finishes is not lost: below its
+//!   step limit the run completes only if its mailbox holds nothing unread, else it asks the
+//!   model again (at the limit no model call could answer it: the run ends as it is).
+//! * An interactive run (`AgentRequest::new(..).interactive()`) is a conversation that goes on:
+//!   after each final answer it waits for the next message (`waiting_input`) rather than
+//!   complete, until [`close_run`] ends it with its last answer.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -53,8 +57,8 @@ mod transcript;
 
 pub use codec::{
     call_task_id, AgentAnswer, AgentPayload, CallStatus, MessageEntry, ToolResultEntry, TurnEntry,
-    AGENT_EXECUTOR_KEY, AGENT_TASK_KIND, MAX_AGENT_STEPS, MESSAGE_KIND, TOOL_RESULT_KIND,
-    TURN_KIND,
+    AGENT_EXECUTOR_KEY, AGENT_TASK_KIND, CLOSE_KIND, MAX_AGENT_STEPS, MESSAGE_KIND,
+    TOOL_RESULT_KIND, TURN_KIND,
 };
 pub use error::AgentError;
 pub use transcript::{Call, Next, Transcript, Turn};
@@ -111,6 +115,11 @@ pub struct AgentRequest {
     /// and then completed, failed or canceled — go to that session's outbox, for a consumer
     /// in another process (`POST /api/notifications/receive` of `dtask serve`).
     pub session: Option<String>,
+    /// Whether the run is a conversation that goes on (default: no): after each final
+    /// answer it waits for the next message ([`send_message`]; status `waiting_input`,
+    /// [`Manager::wait`] answers `Interrupted`) instead of completing, until it is closed
+    /// ([`close_run`]). Its step limit counts the model calls of the whole conversation.
+    pub interactive: bool,
 }
 
 impl AgentRequest {
@@ -134,6 +143,13 @@ impl AgentRequest {
     #[must_use]
     pub fn with_task_id(mut self, id: impl Into<String>) -> Self {
         self.task_id = Some(id.into());
+        self
+    }
+
+    /// Makes the run interactive (the field `interactive`).
+    #[must_use]
+    pub fn interactive(mut self) -> Self {
+        self.interactive = true;
         self
     }
 
@@ -220,6 +236,38 @@ pub async fn send_message(
         .await?)
 }
 
+/// Closes the interactive run `run`: an input of kind [`CLOSE_KIND`] (event id `close`, so
+/// closing twice closes once). Once it has answered every message sent before, the run
+/// completes with its last answer; messages sent after the close are not answered. Returns
+/// the input and whether it is new.
+///
+/// # Errors
+/// [`AgentError::NotAnAgent`], [`AgentError::NotInteractive`]; the store's errors
+/// (`MailboxSealed` once the run has ended).
+pub async fn close_run(store: &TaskStore, run: &str) -> Result<(InputRecord, bool), AgentError> {
+    let task = store.get(run).await?;
+    if task.spec.executor_key != AGENT_EXECUTOR_KEY {
+        return Err(AgentError::NotAnAgent {
+            task_id: run.to_owned(),
+            executor_key: task.spec.executor_key.clone(),
+        });
+    }
+    if !AgentPayload::decode(&task.spec.payload)?.interactive {
+        return Err(AgentError::NotInteractive(run.to_owned()));
+    }
+    Ok(store
+        .send_input(
+            run,
+            InputRequest {
+                event_id: "close".to_owned(),
+                kind: CLOSE_KIND.to_owned(),
+                data: Vec::new(),
+                delivery: Delivery::Queued,
+            },
+        )
+        .await?)
+}
+
 impl DurableAgent {
     /// An agent of `model` over `tools`, with the default step limit (10 model calls).
     #[must_use]
@@ -289,10 +337,13 @@ impl DurableAgent {
         manager: &Manager,
         request: AgentRequest,
     ) -> Result<TaskState, AgentError> {
-        let payload = AgentPayload::new(
+        let mut payload = AgentPayload::new(
             request.messages,
             request.max_steps.unwrap_or(self.max_steps),
         )?;
+        if request.interactive {
+            payload = payload.into_interactive();
+        }
         let id = match request.task_id {
             Some(id) => id,
             None => manager.allocate_task_id(AGENT_TASK_KIND)?,

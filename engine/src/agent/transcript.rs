@@ -306,6 +306,18 @@ impl Transcript {
             .fold(Usage::default(), Usage::plus)
     }
 
+    /// The run's latest final answer (a turn without tool calls), if any: what an
+    /// interactive run waiting for its next message last said.
+    #[must_use]
+    pub fn latest_answer(&self) -> Option<AgentAnswer> {
+        let turn = self.turns.iter().rev().find(|t| t.calls.is_empty())?;
+        Some(AgentAnswer::new(
+            turn.message.clone(),
+            turn.number,
+            self.usage(),
+        ))
+    }
+
     /// What to do next.
     #[must_use]
     pub fn next(&self) -> Next {

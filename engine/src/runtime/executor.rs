@@ -34,8 +34,28 @@ pub enum ExecutionResult {
     Canceled(String),
     /// The attempt waits for input; the checkpoint (non-empty) carries the request.
     WaitingInput(Vec<u8>),
+    /// [`ExecutionResult::WaitingInput`] only if the mailbox holds no input after `cursor`
+    /// (transition `WaitInputIfNoInputs`): the cursor — from the consumed one up to the
+    /// newest input — is consumed with the wait; with a newer input the task goes back to
+    /// pending instead (the checkpoint kept) and the next attempt reads it. A wait that
+    /// cannot miss an input sent while the attempt decided to wait.
+    WaitingInputIfNoInputs {
+        /// How far the executor read the mailbox.
+        cursor: u64,
+        /// The checkpoint with the input request (non-empty).
+        checkpoint: Vec<u8>,
+    },
     /// The attempt is suspended with this checkpoint (non-empty).
     Suspended(Vec<u8>),
+    /// [`ExecutionResult::Suspended`] only if the mailbox holds no input after `cursor`,
+    /// which must be its consumed cursor (transition `SuspendIfNoInputs`); otherwise as
+    /// [`ExecutionResult::WaitingInputIfNoInputs`].
+    SuspendedIfNoInputs {
+        /// The consumed cursor the executor saw.
+        cursor: u64,
+        /// The checkpoint (non-empty).
+        checkpoint: Vec<u8>,
+    },
     /// The attempt yields; the task goes back to pending. An empty checkpoint keeps the stored
     /// one; the external operation may keep running and be reattached by the next attempt.
     Yield(Vec<u8>),

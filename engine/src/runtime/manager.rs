@@ -809,7 +809,10 @@ async fn commit(
             }
             ExecutionResult::Failed(error) => Command::Fail { error },
             ExecutionResult::Canceled(reason) => Command::AckCancel { reason },
-            ExecutionResult::WaitingInput(checkpoint) | ExecutionResult::Suspended(checkpoint)
+            ExecutionResult::WaitingInput(checkpoint)
+            | ExecutionResult::Suspended(checkpoint)
+            | ExecutionResult::WaitingInputIfNoInputs { checkpoint, .. }
+            | ExecutionResult::SuspendedIfNoInputs { checkpoint, .. }
                 if checkpoint.is_empty() =>
             {
                 attempt.poison("invalid execution result");
@@ -820,6 +823,12 @@ async fn commit(
             }
             ExecutionResult::WaitingInput(checkpoint) => Command::WaitInput { checkpoint },
             ExecutionResult::Suspended(checkpoint) => Command::Suspend { checkpoint },
+            ExecutionResult::WaitingInputIfNoInputs { cursor, checkpoint } => {
+                Command::WaitInputIfNoInputs { cursor, checkpoint }
+            }
+            ExecutionResult::SuspendedIfNoInputs { cursor, checkpoint } => {
+                Command::SuspendIfNoInputs { cursor, checkpoint }
+            }
             ExecutionResult::Yield(checkpoint) => Command::Yield { checkpoint },
             ExecutionResult::YieldFor(checkpoint, delay) => Command::YieldUntil {
                 checkpoint,

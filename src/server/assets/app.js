@@ -264,7 +264,7 @@ function conversationView(c) {
     takeSent(t.turn);
   }
   return h("div", { class: "conversation", id: "conversation" }, rows,
-    h("p", { class: "muted" }, `${c.turns.length} of at most ${c.max_steps} model calls · ${c.usage.total_tokens} tokens`));
+    h("p", { class: "muted" }, `${c.interactive ? "interactive · " : ""}${c.turns.length} of at most ${c.max_steps} model calls · ${c.usage.total_tokens} tokens`));
 }
 
 async function taskPage(id) {
@@ -285,9 +285,23 @@ async function taskPage(id) {
   const conversationBox = h("div");
   const agentText = h("input", { placeholder: "a message to the agent", id: "agent-message", size: 48 });
   const agentPreempt = h("input", { type: "checkbox", id: "agent-preempt" });
+  const agentClose = h("button", { id: "agent-close", hidden: true, title: "end the conversation once what was sent is answered", onclick: async () => {
+    try {
+      await api(`${path}/inputs`, { method: "POST", headers: { "content-type": "application/json" },
+        body: JSON.stringify({ event_id: "close", kind: "agent.close", data: "" }) });
+      message.replaceChildren(h("span", { class: "muted", id: "agent-closed" }, "closing: the run ends once it has answered"));
+    } catch (e) { message.replaceChildren(h("span", { class: "error" }, e.message)); }
+  } }, "Close the conversation");
   const agentBox = h("div", { class: "actions", hidden: true },
     agentText, h("label", { title: "drop the model call in flight and ask again with the message" }, agentPreempt, " preempt"),
-    h("button", { id: "agent-send", onclick: async () => {
+    h("button", { id: "agent-send", onclick: async (event) => {
+      const button = event.currentTarget;
+      if (!agentText.value.trim()) {
+        message.replaceChildren(h("span", { class: "error" }, "write a message first"));
+        return;
+      }
+      // One click, one message: the button waits for the answer.
+      button.disabled = true;
       const eventId = window.crypto && crypto.randomUUID ? crypto.randomUUID() : `${Date.now()}-${Math.random()}`;
       try {
         const sent = await api(`${path}/inputs`, { method: "POST", headers: { "content-type": "application/json" },
@@ -295,15 +309,25 @@ async function taskPage(id) {
         message.replaceChildren(h("span", { class: "muted", id: "agent-sent" }, `message sent (input ${sent.sequence})`));
         agentText.value = "";
       } catch (e) { message.replaceChildren(h("span", { class: "error" }, e.message)); }
-    } }, "Send to the agent"));
+      button.disabled = false;
+    } }, "Send to the agent"),
+    agentClose);
   let isAgent = false;
   let conversationTimer = null;
+  let conversationAsked = 0; // the last request made: an older answer arriving late is dropped
   const refreshConversation = () => {
     if (!isAgent) return;
     clearTimeout(conversationTimer);
     conversationTimer = setTimeout(async () => {
-      try { conversationBox.replaceChildren(conversationView(await api(`${path}/conversation`))); }
-      catch (e) { conversationBox.replaceChildren(h("p", { class: "error" }, e.message)); }
+      const asked = ++conversationAsked;
+      try {
+        const c = await api(`${path}/conversation`);
+        if (asked !== conversationAsked) return;
+        agentClose.hidden = !c.interactive;
+        conversationBox.replaceChildren(conversationView(c));
+      } catch (e) {
+        if (asked === conversationAsked) conversationBox.replaceChildren(h("p", { class: "error" }, e.message));
+      }
     }, 150);
   };
 
