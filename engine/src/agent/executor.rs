@@ -3,7 +3,7 @@
 //! journals each answer and each result before it goes on.
 
 use super::codec::{
-    call_task_id, AgentPayload, CallStatus, MessageEntry, ToolResultEntry, TurnEntry,
+    call_task_id, AgentAnswer, AgentPayload, CallStatus, MessageEntry, ToolResultEntry, TurnEntry,
     AGENT_EXECUTOR_KEY, CLOSE_KIND, MESSAGE_KIND, TOOL_RESULT_KIND, TURN_KIND,
 };
 use super::error::AgentError;
@@ -87,26 +87,15 @@ impl Executor for AgentExecutor {
                     .take_messages(&attempt, &mut transcript, &mut cursor)
                     .await?;
             match transcript.next() {
-                // An interactive run waits for its next message — unless one came in since
-                // the messages were taken: then it goes back to pending, and the next
-                // attempt takes it.
-                Next::Finish(answer) if interactive && !closing && transcript.takes_messages() => {
-                    return Ok(ExecutionResult::WaitingInputIfNoInputs {
+                Next::Finish(answer) => {
+                    return Ok(finish(
+                        &answer,
+                        interactive,
+                        closing,
+                        transcript.takes_messages(),
                         cursor,
-                        checkpoint: waiting_checkpoint(answer.steps),
-                    })
+                    ))
                 }
-                // Complete only if nothing came in since the messages were taken: a message
-                // sent meanwhile sends the run back to pending, and the next attempt takes
-                // it. At the step limit no message can be answered, and a closed run ends
-                // with the inputs after its close unread: the run ends as it is.
-                Next::Finish(answer) if !closing && transcript.takes_messages() => {
-                    return Ok(ExecutionResult::CompletedIfNoInputs {
-                        cursor,
-                        data: answer.encode(),
-                    })
-                }
-                Next::Finish(answer) => return Ok(ExecutionResult::Completed(answer.encode())),
                 Next::StepLimit { max_steps } => {
                     return Ok(ExecutionResult::Failed(format!(
                         "step limit reached: the model still asked for tools after {max_steps} \
@@ -397,6 +386,37 @@ impl AgentExecutor {
     }
 }
 
+/// What a run at its final answer ends its attempt with, having read its mailbox up to
+/// `cursor` (the consumed cursor), `closing` when an interactive run found its close, and
+/// `takes_messages` when a model call could still answer one (below the step limit).
+///
+/// An interactive run waits for its next message — unless one came in since the messages
+/// were taken: then it goes back to pending and the next attempt takes it. Another run
+/// completes only if nothing came in since: a message sent meanwhile sends it back to
+/// pending likewise. At the step limit no message can be answered, and a closed run ends
+/// with the inputs after its close unread: the run ends as it is.
+fn finish(
+    answer: &AgentAnswer,
+    interactive: bool,
+    closing: bool,
+    takes_messages: bool,
+    cursor: u64,
+) -> ExecutionResult {
+    if closing || !takes_messages {
+        ExecutionResult::Completed(answer.encode())
+    } else if interactive {
+        ExecutionResult::WaitingInputIfNoInputs {
+            cursor,
+            checkpoint: waiting_checkpoint(answer.steps),
+        }
+    } else {
+        ExecutionResult::CompletedIfNoInputs {
+            cursor,
+            data: answer.encode(),
+        }
+    }
+}
+
 /// The checkpoint of an interactive run waiting for its next message (what a reader of the
 /// task sees; the run itself goes on from its journal).
 fn waiting_checkpoint(turns: u32) -> Vec<u8> {
@@ -510,6 +530,50 @@ async fn cancel_children(manager: &Manager, children: &[String], reason: &str) {
     for id in children {
         if let Err(e) = manager.request_cancel(id, reason).await {
             tracing::warn!(task = %id, error = %e, "could not cancel a tool call");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tool::{AssistantMessage, Usage};
+
+    /// How a run at its final answer ends: the race with a message sent meanwhile is the
+    /// store's to decide (`engine/tests/runtime.rs` proves the `*IfNoInputs` results), so
+    /// the run must hand it the cursor it read to, unless no message could be answered.
+    #[test]
+    fn a_final_answer_ends_the_attempt_so_that_no_message_is_left_unread() {
+        let answer = AgentAnswer::new(AssistantMessage::text("5"), 2, Usage::default());
+        let data = answer.encode();
+        assert_eq!(
+            finish(&answer, false, false, true, 7),
+            ExecutionResult::CompletedIfNoInputs {
+                cursor: 7,
+                data: data.clone()
+            }
+        );
+        let ExecutionResult::WaitingInputIfNoInputs { cursor, checkpoint } =
+            finish(&answer, true, false, true, 7)
+        else {
+            panic!("an interactive run waits for its next message");
+        };
+        assert_eq!(cursor, 7);
+        let checkpoint: serde_json::Value = serde_json::from_slice(&checkpoint).unwrap();
+        assert_eq!(
+            checkpoint,
+            serde_json::json!({"waiting_for": "agent.message", "after_turn": 2})
+        );
+        // Closed, or at the step limit: the run ends as it is.
+        for (interactive, closing, takes) in [
+            (true, true, true),
+            (false, false, false),
+            (true, false, false),
+        ] {
+            assert_eq!(
+                finish(&answer, interactive, closing, takes, 7),
+                ExecutionResult::Completed(data.clone())
+            );
         }
     }
 }
