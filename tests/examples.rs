@@ -38,17 +38,31 @@ fn example(name: &str) -> PathBuf {
 /// Runs example `name` with `args` in a fresh directory; its standard output, after
 /// checking that it exited with success.
 fn run(name: &str, args: &[&str]) -> String {
+    run_with_input(name, args, None)
+}
+
+/// [`run`], writing `input` (when given) to the example's standard input and closing it.
+fn run_with_input(name: &str, args: &[&str], input: Option<&str>) -> String {
+    use std::io::Write as _;
     let dir = tempfile::tempdir().unwrap();
     let mut child = Command::new(example(name))
         .args(args)
         .current_dir(dir.path())
-        // The agent example talks to a real model when this is set: the scripted one here.
+        // The agent examples talk to a real model when this is set: the scripted one here.
         .env_remove("OPENAI_BASE_URL")
-        .stdin(Stdio::null())
+        .stdin(if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    if let Some(input) = input {
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(input.as_bytes()).unwrap();
+    }
     let started = Instant::now();
     while child.try_wait().unwrap().is_none() {
         if started.elapsed() > HANG {
@@ -67,7 +81,7 @@ fn run(name: &str, args: &[&str]) -> String {
     );
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().flatten().collect();
     assert!(
-        left.is_empty() || name == "durable_agent",
+        left.is_empty() || name == "durable_agent" || name == "agent_chat",
         "example {name} left files in its working directory: {left:?}"
     );
     stdout
@@ -171,6 +185,39 @@ fn the_durable_agent_finishes_its_run_and_a_second_start_carries_on_from_the_jou
             "done in 3 model calls",
         ],
     );
+}
+
+#[test]
+fn the_agent_chat_answers_each_line_and_a_second_start_goes_on_with_the_conversation() {
+    let dir = tempfile::tempdir().unwrap();
+    let at = dir.path().join("chat");
+    let at = at.to_str().unwrap();
+    let first = run_with_input("agent_chat", &[at], Some("what is dtask?\nthanks\n"));
+    has_in_order(
+        "agent_chat",
+        &first,
+        &[
+            "conversation agent-chat-run: started",
+            "agent> (1) you said: Hello!",
+            "you> what is dtask?",
+            "agent> (2) you said: what is dtask?",
+            "you> thanks",
+            "agent> (3) you said: thanks",
+            "(end of input: closing the conversation)",
+            "conversation closed after 3 model calls; its last answer: (3) you said: thanks",
+        ],
+    );
+    // A second start finds the conversation ended: nothing is asked again.
+    let second = run_with_input("agent_chat", &[at], Some("more?\n"));
+    has_in_order(
+        "agent_chat",
+        &second,
+        &[
+            "found in the journal, going on",
+            "conversation closed after 3 model calls",
+        ],
+    );
+    assert!(!second.contains("you> more?"), "{second}");
 }
 
 #[test]
