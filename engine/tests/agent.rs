@@ -816,3 +816,51 @@ async fn a_message_too_large_for_an_update_is_cut_and_the_run_goes_on() {
     let page = env.store().list_updates("r", None, 0, false).await.unwrap();
     assert!(page.updates[0].data.len() <= 4096);
 }
+
+/// An interactive run with a session tells it of each answer: a `waiting_input`
+/// notification each time it waits for the next message, for a front end in another
+/// process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interactive_run_tells_its_session_of_each_answer() {
+    let env = Env::new();
+    let model = Arc::new(ScriptedModel::new([
+        AssistantMessage::text("hello"),
+        AssistantMessage::text("fine"),
+    ]));
+    let agent = agent(model, &env.dir.path().join("ledger"));
+    let manager = manager(&env, &agent);
+    agent
+        .submit(
+            &manager,
+            AgentRequest::new(vec![Message::user("hi")])
+                .with_task_id("r")
+                .with_session("chat-9")
+                .interactive(),
+        )
+        .await
+        .unwrap();
+    let lease = Duration::from_secs(60);
+    let kinds = |notes: Vec<dtask_engine::Notification>| -> Vec<String> {
+        notes.into_iter().map(|n| n.kind).collect()
+    };
+    manager.execute("r").await.unwrap();
+    let notes = env
+        .store()
+        .receive_session_notifications("chat-9", 10, lease)
+        .await
+        .unwrap();
+    for n in &notes {
+        env.store().ack_notification(&n.receipt).await.unwrap();
+    }
+    assert_eq!(kinds(notes), ["task_created", "waiting_input"]);
+    send_message(env.store(), "r", AgentMessage::new("how are you?"))
+        .await
+        .unwrap();
+    manager.execute("r").await.unwrap();
+    let notes = env
+        .store()
+        .receive_session_notifications("chat-9", 10, lease)
+        .await
+        .unwrap();
+    assert_eq!(kinds(notes), ["waiting_input"]);
+}
