@@ -864,3 +864,96 @@ async fn an_interactive_run_tells_its_session_of_each_answer() {
         .unwrap();
     assert_eq!(kinds(notes), ["waiting_input"]);
 }
+
+/// A model whose first call waits until the test lets it answer; every call answers
+/// "hello".
+#[derive(Default)]
+struct Gated {
+    calls: std::sync::atomic::AtomicUsize,
+    called: tokio::sync::Notify,
+    release: tokio::sync::Notify,
+}
+
+#[async_trait]
+impl ChatModel for Gated {
+    async fn generate(
+        &self,
+        _messages: &[Message],
+        _tools: &[ToolInfo],
+    ) -> Result<AssistantMessage, ToolError> {
+        self.called.notify_one();
+        if self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+            self.release.notified().await;
+        }
+        Ok(AssistantMessage::text("hello"))
+    }
+}
+
+/// On the PostgreSQL journal: the database drops the journal's connections while the model
+/// answers, so the write of the answer fails. The run yields rather than fail — a moment
+/// of the storage is not the run's end — and its next attempt asks the model again and
+/// completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_whose_journal_fails_for_a_moment_yields_and_goes_on() {
+    let env = Env::new();
+    let Some(url) = env.postgres.clone() else {
+        eprintln!(
+            "SKIPPED a_run_whose_journal_fails_for_a_moment_yields_and_goes_on: it runs on the \
+             PostgreSQL journal (DTASK_TEST_BACKEND=postgres, as ./dev test runs this suite)"
+        );
+        return;
+    };
+    let schema = url.rsplit_once("schema=").unwrap().1.to_owned();
+    let model = Arc::new(Gated::default());
+    let agent = agent(model.clone(), &env.dir.path().join("ledger"));
+    let manager = manager(&env, &agent);
+    let run = spawn_run(&agent, &manager, "hi").await;
+    model.called.notified().await;
+
+    // The server ends every connection of this journal (as a restart would), then the
+    // model answers.
+    let base = std::env::var("DTASK_TEST_PG_URL").unwrap();
+    let (admin, connection) = tokio_postgres::connect(&base, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let ended = admin
+        .execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+            &[&format!("dtask:{schema}")],
+        )
+        .await
+        .unwrap();
+    assert!(ended > 0, "no connection of the journal to end");
+    // The store's reads open their connections again (a read on a connection the server
+    // closed fails once, the next opens it again); the writer's stays broken until its
+    // next append, the model's answer.
+    let mut healthy = 0;
+    for _ in 0..1_000 {
+        if healthy == 8 {
+            break;
+        }
+        healthy = if env.store().refresh().await.is_ok() {
+            healthy + 1
+        } else {
+            0
+        };
+    }
+    assert_eq!(healthy, 8, "the reads never came back");
+    model.release.notify_one();
+    let yielded = run.await.unwrap().unwrap();
+    assert_eq!(yielded.status, Status::Pending, "{yielded:?}");
+    assert!(yielded.not_before.is_some(), "{yielded:?}");
+    assert!(read_transcript(env.store(), "r")
+        .await
+        .unwrap()
+        .turns()
+        .is_empty());
+
+    // Its pause over, the next attempt asks again and completes.
+    env.clock.advance(Duration::from_secs(1));
+    let done = manager.execute("r").await.unwrap();
+    assert_eq!(done.status, Status::Completed, "{done:?}");
+    assert_eq!(model.calls.load(std::sync::atomic::Ordering::SeqCst), 2);
+    assert_eq!(done.attempt, 2);
+}

@@ -40,8 +40,42 @@ enum Flow {
     Stop(ExecutionResult),
 }
 
-fn failed(error: impl std::fmt::Display) -> ExecutionError {
-    ExecutionError::failed(error.to_string())
+/// How long a run waits to go on after the journal's storage failed under it.
+const OUTAGE_PAUSE: Duration = Duration::from_secs(1);
+
+/// Why an attempt stops short of a result of its own.
+#[derive(Debug)]
+enum Halt {
+    /// The run fails with this error.
+    Failed(String),
+    /// The journal's storage failed for a while (a database out of reach, an I/O error, a
+    /// full disk): the attempt yields, and the next carries on from the journal.
+    Outage(String),
+}
+
+fn failed(error: impl std::fmt::Display) -> Halt {
+    Halt::Failed(error.to_string())
+}
+
+/// A store's refusal or failure, `context` saying what was being done.
+fn store_failed(context: &str, e: &StoreError) -> Halt {
+    let message = format!("{context}: {e}");
+    if matches!(e.journal_error(), Some(dtask_journal::Error::Storage(_))) {
+        Halt::Outage(message)
+    } else {
+        Halt::Failed(message)
+    }
+}
+
+/// [`store_failed`] for the agent's own errors (a store's underneath, or a fold's).
+fn agent_failed(context: &str, e: &AgentError) -> Halt {
+    match e {
+        AgentError::Store(store) => store_failed(context, store),
+        AgentError::Runtime(crate::runtime::RuntimeError::Store(store)) => {
+            store_failed(context, store)
+        }
+        other => failed(format!("{context}: {other}")),
+    }
 }
 
 #[async_trait]
@@ -70,12 +104,37 @@ impl Executor for AgentExecutor {
         attempt: AttemptContext,
         task: TaskState,
     ) -> Result<ExecutionResult, ExecutionError> {
+        match self.run(&attempt, &task).await {
+            Ok(result) => Ok(result),
+            Err(Halt::Failed(message)) => Err(ExecutionError::Failed(message)),
+            Err(Halt::Outage(message)) => {
+                // Everything the run did is in the journal: the next attempt goes on from
+                // there, once the storage is back (if the yield itself cannot be written,
+                // the lease runs out, with the same effect).
+                tracing::warn!(
+                    task = %attempt.task_id(),
+                    error = %message,
+                    "the journal's storage failed under an agent run: it yields"
+                );
+                Ok(ExecutionResult::YieldFor(Vec::new(), OUTAGE_PAUSE))
+            }
+        }
+    }
+}
+
+impl AgentExecutor {
+    /// One attempt of the run: fold its journal and carry on from there.
+    async fn run(
+        &self,
+        attempt: &AttemptContext,
+        task: &TaskState,
+    ) -> Result<ExecutionResult, Halt> {
         let manager = attempt
             .manager()
             .ok_or_else(|| failed("the manager running the agent is gone"))?;
         let mut transcript = read_transcript(attempt.store(), attempt.task_id())
             .await
-            .map_err(failed)?;
+            .map_err(|e| agent_failed("read the run's journal", &e))?;
         let mut cursor = task.mailbox.consumed;
         let interactive = transcript.payload().interactive;
         loop {
@@ -84,7 +143,7 @@ impl Executor for AgentExecutor {
             }
             let closing = transcript.takes_messages()
                 && self
-                    .take_messages(&attempt, &mut transcript, &mut cursor)
+                    .take_messages(attempt, &mut transcript, &mut cursor)
                     .await?;
             match transcript.next() {
                 Next::Finish(answer) => {
@@ -104,7 +163,7 @@ impl Executor for AgentExecutor {
                 }
                 Next::CallModel { turn } => {
                     if let Some(stop) = self
-                        .call_model(&attempt, &mut transcript, turn, cursor)
+                        .call_model(attempt, &mut transcript, turn, cursor)
                         .await?
                     {
                         return Ok(stop);
@@ -112,7 +171,7 @@ impl Executor for AgentExecutor {
                 }
                 Next::RunTools { turn, pending } => {
                     let flow = self
-                        .run_tools(&attempt, &manager, &mut transcript, turn, pending)
+                        .run_tools(attempt, &manager, &mut transcript, turn, pending)
                         .await?;
                     if let Flow::Stop(result) = flow {
                         return Ok(result);
@@ -136,13 +195,16 @@ impl AgentExecutor {
         attempt: &AttemptContext,
         transcript: &mut Transcript,
         cursor: &mut u64,
-    ) -> Result<bool, ExecutionError> {
+    ) -> Result<bool, Halt> {
         let after_turn = transcript.turns().last().map_or(0, |t| t.number);
         let interactive = transcript.payload().interactive;
         let mut closing = false;
         let mut last = *cursor;
         'pages: loop {
-            let page = attempt.inputs(last).await.map_err(failed)?;
+            let page = attempt
+                .inputs(last)
+                .await
+                .map_err(|e| store_failed("read the run's inputs", &e))?;
             if page.inputs.is_empty() {
                 break;
             }
@@ -170,7 +232,7 @@ impl AgentExecutor {
             attempt
                 .advance_cursor(*cursor, last)
                 .await
-                .map_err(|e| failed(format!("consume the run's inputs: {e}")))?;
+                .map_err(|e| store_failed("consume the run's inputs", &e))?;
             *cursor = last;
         }
         Ok(closing)
@@ -186,7 +248,7 @@ impl AgentExecutor {
         transcript: &mut Transcript,
         turn: u32,
         cursor: u64,
-    ) -> Result<Option<ExecutionResult>, ExecutionError> {
+    ) -> Result<Option<ExecutionResult>, Halt> {
         let messages = transcript.messages();
         let reply = tokio::select! {
             reply = self.model.reply(&messages, &self.infos) => reply,
@@ -217,7 +279,7 @@ impl AgentExecutor {
         transcript: &mut Transcript,
         turn: u32,
         pending: Vec<u32>,
-    ) -> Result<Flow, ExecutionError> {
+    ) -> Result<Flow, Halt> {
         let batches: Vec<Vec<u32>> = if self.execution == Execution::Sequential {
             pending.into_iter().map(|index| vec![index]).collect()
         } else {
@@ -243,7 +305,7 @@ impl AgentExecutor {
         transcript: &mut Transcript,
         turn: u32,
         batch: Vec<u32>,
-    ) -> Result<Flow, ExecutionError> {
+    ) -> Result<Flow, Halt> {
         let calls = transcript
             .turns()
             .last()
@@ -281,7 +343,8 @@ impl AgentExecutor {
             tokio::select! {
                 ended = running.next() => {
                     let Some(ended) = ended else { continue };
-                    let (index, state) = ended.map_err(failed)?;
+                    let (index, state) =
+                        ended.map_err(|e| agent_failed("watch a tool call's task", &e))?;
                     point!(crate::failpoints::AGENT_AFTER_TOOL_ENDED, |m| Err(failed(m)));
                     let Some(call) = calls.get(index as usize) else { continue };
                     let (status, content) = match state.status {
@@ -332,7 +395,7 @@ impl AgentExecutor {
         attempt: &AttemptContext,
         transcript: &mut Transcript,
         entry: ToolResultEntry,
-    ) -> Result<(), ExecutionError> {
+    ) -> Result<(), Halt> {
         journal(attempt, TOOL_RESULT_KIND, entry.event_id(), &entry).await?;
         point!(crate::failpoints::AGENT_AFTER_TOOL_RESULT, |m| Err(failed(
             m
@@ -348,12 +411,12 @@ impl AgentExecutor {
         manager: &Manager,
         turn: u32,
         call: &super::transcript::Call,
-    ) -> Result<Result<String, String>, ExecutionError> {
+    ) -> Result<Result<String, String>, Halt> {
         let id = call_task_id(attempt.task_id(), turn, call.index);
         match attempt.store().get(&id).await {
             Ok(_) => return Ok(Ok(id)),
             Err(StoreError::NotFound(NotFound::Task(_))) => {}
-            Err(e) => return Err(failed(e)),
+            Err(e) => return Err(store_failed("read a tool call's task", &e)),
         }
         let submitted = self
             .tools
@@ -376,6 +439,9 @@ impl AgentExecutor {
             ))) => {}
             Err(e @ (ManagedError::UnknownTool(_) | ManagedError::InvalidArguments(_))) => {
                 return Ok(Err(e.to_string()))
+            }
+            Err(ManagedError::Runtime(crate::runtime::RuntimeError::Store(e))) => {
+                return Err(store_failed(&format!("create the task of call {id}"), &e))
             }
             Err(e) => return Err(failed(format!("create the task of call {id}: {e}"))),
         }
@@ -473,7 +539,7 @@ async fn journal<T: serde::Serialize>(
     kind: &str,
     event_id: String,
     entry: &T,
-) -> Result<(), ExecutionError> {
+) -> Result<(), Halt> {
     let data = serde_json::to_vec(entry).map_err(failed)?;
     attempt
         .emit_progress(Progress {
@@ -483,7 +549,7 @@ async fn journal<T: serde::Serialize>(
             metadata: Vec::new(),
         })
         .await
-        .map_err(|e| failed(format!("journal {kind}: {e}")))?;
+        .map_err(|e| store_failed(&format!("journal {kind}"), &e))?;
     Ok(())
 }
 
