@@ -442,6 +442,8 @@ enum Act {
     Send(AgentMessage),
     /// Never answers (the call must be dropped).
     Hang,
+    /// Lets the run's other futures go (a watch for preemption among them), then answers.
+    Yield,
 }
 
 /// A scripted model that sends messages to the run it answers, or hangs, call by call.
@@ -491,6 +493,11 @@ impl ChatModel for Steered {
                 }
             }
             Act::Hang => std::future::pending::<()>().await,
+            Act::Yield => {
+                for _ in 0..20 {
+                    tokio::task::yield_now().await;
+                }
+            }
         }
         Ok(answer)
     }
@@ -809,7 +816,7 @@ async fn a_message_too_large_for_an_update_is_cut_and_the_run_goes_on() {
         .unwrap()
         .to_owned();
     assert!(
-        seen.ends_with(" […message cut: it had 4096 bytes]"),
+        seen.ends_with(" […message cut: its text had 4096 bytes]"),
         "{seen}"
     );
     assert!(seen.starts_with(&"\"".repeat(1000)));
@@ -956,4 +963,50 @@ async fn a_run_whose_journal_fails_for_a_moment_yields_and_goes_on() {
     assert_eq!(done.status, Status::Completed, "{done:?}");
     assert_eq!(model.calls.load(std::sync::atomic::Ordering::SeqCst), 2);
     assert_eq!(done.attempt, 2);
+}
+
+/// A message sent to preempt after an interactive run's close is never taken, so it must
+/// not drop the model call that answers what came before the close: the run completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preempt_message_after_the_close_does_not_keep_the_run_from_ending() {
+    let env = Env::new();
+    let model = Arc::new(Steered::new(
+        &env,
+        vec![
+            (Act::Answer, AssistantMessage::text("hello")),
+            (Act::Yield, AssistantMessage::text("you are welcome")),
+        ],
+    ));
+    let agent = agent(model.clone(), &env.dir.path().join("ledger"));
+    let manager = manager(&env, &agent);
+    agent
+        .submit(
+            &manager,
+            AgentRequest::new(vec![Message::user("hi")])
+                .with_task_id("r")
+                .interactive(),
+        )
+        .await
+        .unwrap();
+    let waiting = manager.execute("r").await.unwrap();
+    assert_eq!(waiting.status, Status::WaitingInput);
+    send_message(env.store(), "r", AgentMessage::new("thanks"))
+        .await
+        .unwrap();
+    close_run(env.store(), "r").await.unwrap();
+    send_message(
+        env.store(),
+        "r",
+        AgentMessage::new("wait, one more").preempt(),
+    )
+    .await
+    .unwrap();
+    let done = tokio::time::timeout(Duration::from_secs(60), manager.execute("r"))
+        .await
+        .expect("the run ends")
+        .unwrap();
+    assert_eq!(done.status, Status::Completed, "{done:?}");
+    let requests = model.requests();
+    assert_eq!(requests.len(), 2, "the call was not dropped");
+    assert_eq!(requests[1].last(), Some(&Message::user("thanks")));
 }

@@ -243,14 +243,19 @@ impl MessageEntry {
             return self;
         }
         let content = std::mem::take(&mut self.content);
-        let note = format!(" […message cut: it had {} bytes]", content.len());
+        let note = format!(" […message cut: its text had {} bytes]", content.len());
         let fits = |keep: usize, entry: &mut Self| {
             entry.content = format!("{}{note}", &content[..keep]);
             encode(&*entry).len() <= max_bytes
         };
-        // The places a cut may fall (character boundaries); the first always "fits" (the
-        // note alone), the search keeps the last that does.
+        // The places a cut may fall (character boundaries); the search keeps the last that
+        // fits. Where not even the note fits (a limit of a few dozen bytes), the content
+        // is dropped whole.
         let cuts: Vec<usize> = content.char_indices().map(|(i, _)| i).collect();
+        if !fits(0, &mut self) {
+            self.content = String::new();
+            return self;
+        }
         let (mut lo, mut hi) = (0, cuts.len() - 1);
         while lo < hi {
             let mid = lo + (hi - lo).div_ceil(2);
@@ -438,7 +443,9 @@ mod tests {
         let cut = long.clone().within(2000);
         let len = encode(&cut).len();
         assert!(len <= 2000 && len > 1980, "{len}");
-        assert!(cut.content.ends_with(" […message cut: it had 3000 bytes]"));
+        assert!(cut
+            .content
+            .ends_with(" […message cut: its text had 3000 bytes]"));
         assert!(long
             .content
             .starts_with(cut.content.split(" […").next().unwrap()));

@@ -40,8 +40,42 @@ enum Flow {
     Stop(ExecutionResult),
 }
 
-/// How long a run waits to go on after the journal's storage failed under it.
+/// How long a run waits to go on after the journal's storage failed under it the first
+/// time; each failure in a row doubles it, up to [`OUTAGE_PAUSE_MAX`].
 const OUTAGE_PAUSE: Duration = Duration::from_secs(1);
+/// The longest pause after a failure of the journal's storage.
+const OUTAGE_PAUSE_MAX: Duration = Duration::from_secs(60);
+/// Failures of the journal's storage in a row, the run not getting on between them, after
+/// which the run fails: a fault that does not pass (a permission, a schema) must not ask
+/// the model for the same turn forever.
+const MAX_OUTAGES: u32 = 10;
+
+/// What an attempt that met a failure of the journal's storage leaves in the checkpoint:
+/// how many attempts in a row met one, and how far the run had got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct Outages {
+    /// Attempts in a row that met one.
+    outages: u32,
+    /// The run's journaled entries (turns, results, messages) when the last one met it.
+    entries: usize,
+}
+
+impl Outages {
+    /// The count this attempt continues: the checkpoint's, if the run has not got on since.
+    fn continued(checkpoint: &[u8], entries: usize) -> u32 {
+        serde_json::from_slice::<Self>(checkpoint)
+            .ok()
+            .filter(|o| o.entries == entries)
+            .map_or(0, |o| o.outages)
+    }
+
+    /// The pause before the next attempt after `outages` in a row.
+    fn pause(outages: u32) -> Duration {
+        OUTAGE_PAUSE
+            .saturating_mul(1 << outages.saturating_sub(1).min(6))
+            .min(OUTAGE_PAUSE_MAX)
+    }
+}
 
 /// Why an attempt stops short of a result of its own.
 #[derive(Debug)]
@@ -104,19 +138,34 @@ impl Executor for AgentExecutor {
         attempt: AttemptContext,
         task: TaskState,
     ) -> Result<ExecutionResult, ExecutionError> {
-        match self.run(&attempt, &task).await {
+        let mut entries = None;
+        match self.run(&attempt, &task, &mut entries).await {
             Ok(result) => Ok(result),
             Err(Halt::Failed(message)) => Err(ExecutionError::Failed(message)),
             Err(Halt::Outage(message)) => {
                 // Everything the run did is in the journal: the next attempt goes on from
                 // there, once the storage is back (if the yield itself cannot be written,
-                // the lease runs out, with the same effect).
+                // the lease runs out, with the same effect) — unless this has happened
+                // too often in a row, the run not getting on.
+                let entries = entries.unwrap_or(usize::MAX);
+                let outages = Outages::continued(&task.checkpoint, entries) + 1;
+                if outages >= MAX_OUTAGES {
+                    return Err(ExecutionError::Failed(format!(
+                        "the journal's storage failed {outages} times in a row: {message}"
+                    )));
+                }
                 tracing::warn!(
                     task = %attempt.task_id(),
                     error = %message,
+                    outages,
                     "the journal's storage failed under an agent run: it yields"
                 );
-                Ok(ExecutionResult::YieldFor(Vec::new(), OUTAGE_PAUSE))
+                let checkpoint = serde_json::to_vec(&Outages { outages, entries })
+                    .map_err(|e| ExecutionError::Failed(e.to_string()))?;
+                Ok(ExecutionResult::YieldFor(
+                    checkpoint,
+                    Outages::pause(outages),
+                ))
             }
         }
     }
@@ -124,10 +173,12 @@ impl Executor for AgentExecutor {
 
 impl AgentExecutor {
     /// One attempt of the run: fold its journal and carry on from there.
+    /// `entries` is set to how many entries the run's journal held when it was read.
     async fn run(
         &self,
         attempt: &AttemptContext,
         task: &TaskState,
+        entries: &mut Option<usize>,
     ) -> Result<ExecutionResult, Halt> {
         let manager = attempt
             .manager()
@@ -135,6 +186,7 @@ impl AgentExecutor {
         let mut transcript = read_transcript(attempt.store(), attempt.task_id())
             .await
             .map_err(|e| agent_failed("read the run's journal", &e))?;
+        *entries = Some(transcript.entries());
         let mut cursor = task.mailbox.consumed;
         let interactive = transcript.payload().interactive;
         loop {
@@ -253,7 +305,9 @@ impl AgentExecutor {
         let reply = tokio::select! {
             reply = self.model.reply(&messages, &self.infos) => reply,
             control = attempt.next_control() => return Ok(Some(on_control(control))),
-            () = preempted(attempt, cursor, self.poll_interval) => return Ok(None),
+            () = preempted(attempt, cursor, transcript.payload().interactive, self.poll_interval) => {
+                return Ok(None)
+            }
         };
         let reply = match reply {
             Ok(reply) => reply,
@@ -502,10 +556,11 @@ fn on_control(control: Control) -> ExecutionResult {
 }
 
 /// Returns once the run's mailbox holds a message sent to preempt after `after`; never on
-/// a sealed mailbox or a closed store (the model call it races goes on). Woken by each new
+/// a sealed mailbox, a closed store, or an interactive run's close before it (the model call
+/// it races goes on). Woken by each new
 /// input of this process, and reads again every `poll` for inputs other nodes sent (and
 /// after a failed read).
-async fn preempted(attempt: &AttemptContext, mut after: u64, poll: Duration) {
+async fn preempted(attempt: &AttemptContext, mut after: u64, interactive: bool, poll: Duration) {
     loop {
         let read = match tokio::time::timeout(poll, attempt.wait_inputs(after)).await {
             Ok(read) => read,
@@ -525,6 +580,11 @@ async fn preempted(attempt: &AttemptContext, mut after: u64, poll: Duration) {
             return std::future::pending().await;
         }
         for input in &page.inputs {
+            if interactive && input.kind == CLOSE_KIND {
+                // The run ends once it has answered what came before the close: a message
+                // after it is never taken, so it must not drop the call either.
+                return std::future::pending().await;
+            }
             if input.kind == MESSAGE_KIND && input.delivery == Delivery::Preempt {
                 return;
             }
@@ -604,6 +664,30 @@ async fn cancel_children(manager: &Manager, children: &[String], reason: &str) {
 mod tests {
     use super::*;
     use crate::tool::{AssistantMessage, Usage};
+
+    /// Failures of the journal's storage are counted in a row while the run does not get
+    /// on, with a pause that doubles up to a minute.
+    #[test]
+    fn outages_in_a_row_are_counted_while_the_run_does_not_get_on() {
+        let left = serde_json::to_vec(&Outages {
+            outages: 3,
+            entries: 5,
+        })
+        .unwrap();
+        assert_eq!(Outages::continued(&left, 5), 3);
+        assert_eq!(
+            Outages::continued(&left, 6),
+            0,
+            "the run got on: count again"
+        );
+        assert_eq!(Outages::continued(b"", 5), 0);
+        assert_eq!(
+            Outages::continued(br#"{"waiting_for":"agent.message"}"#, 5),
+            0
+        );
+        let pauses: Vec<u64> = (1..=9).map(|n| Outages::pause(n).as_secs()).collect();
+        assert_eq!(pauses, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
+    }
 
     /// How a run at its final answer ends: the race with a message sent meanwhile is the
     /// store's to decide (`engine/tests/runtime.rs` proves the `*IfNoInputs` results), so

@@ -236,8 +236,8 @@ pub async fn send_message(
         .await?)
 }
 
-/// Closes the interactive run `run`: an input of kind [`CLOSE_KIND`] (event id `close`, so
-/// closing twice closes once). Once it has answered every message sent before, the run
+/// Closes the interactive run `run`: an input of kind [`CLOSE_KIND`] (event id
+/// `agent.close`, so closing twice closes once; a message must not take that id). Once it has answered every message sent before, the run
 /// completes with its last answer; messages sent after the close are not answered. Returns
 /// the input and whether it is new.
 ///
@@ -259,7 +259,7 @@ pub async fn close_run(store: &TaskStore, run: &str) -> Result<(InputRecord, boo
         .send_input(
             run,
             InputRequest {
-                event_id: "close".to_owned(),
+                event_id: CLOSE_KIND.to_owned(),
                 kind: CLOSE_KIND.to_owned(),
                 data: Vec::new(),
                 delivery: Delivery::Queued,

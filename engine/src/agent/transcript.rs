@@ -235,6 +235,18 @@ impl Transcript {
         answered && self.turns.len() < self.payload.max_steps as usize
     }
 
+    /// How many entries of the run's journal the transcript holds: turns, tool results and
+    /// messages taken (a measure of how far the run has got).
+    #[must_use]
+    pub fn entries(&self) -> usize {
+        let results: usize = self
+            .turns
+            .iter()
+            .map(|t| t.calls.iter().filter(|c| c.result.is_some()).count())
+            .sum();
+        self.turns.len() + results + self.messages.len()
+    }
+
     /// The mailbox sequence of the last message taken (0: none).
     #[must_use]
     pub fn last_message_sequence(&self) -> u64 {

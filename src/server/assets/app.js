@@ -288,7 +288,7 @@ async function taskPage(id) {
   const agentClose = h("button", { id: "agent-close", hidden: true, title: "end the conversation once what was sent is answered", onclick: async () => {
     try {
       await api(`${path}/inputs`, { method: "POST", headers: { "content-type": "application/json" },
-        body: JSON.stringify({ event_id: "close", kind: "agent.close", data: "" }) });
+        body: JSON.stringify({ event_id: "agent.close", kind: "agent.close", data: "" }) });
       message.replaceChildren(h("span", { class: "muted", id: "agent-closed" }, "closing: the run ends once it has answered"));
     } catch (e) { message.replaceChildren(h("span", { class: "error" }, e.message)); }
   } }, "Close the conversation");
@@ -300,7 +300,7 @@ async function taskPage(id) {
         message.replaceChildren(h("span", { class: "error" }, "write a message first"));
         return;
       }
-      // One click, one message: the button waits for the answer.
+      // One click, one message: the button waits for the server's answer.
       button.disabled = true;
       const eventId = window.crypto && crypto.randomUUID ? crypto.randomUUID() : `${Date.now()}-${Math.random()}`;
       try {
