@@ -3,7 +3,8 @@
 //!
 //! The parent (this binary without arguments) serves an OpenAI-compatible model on loopback
 //! that answers by turn — turn 1 asks for two `add` calls, turn 2 for one more, turn 3
-//! answers — and counts the requests of each turn. A child process (`--child DIR URL HOURS`)
+//! answers — and counts the requests of each turn. A child process (`--child DIR URL HOURS
+//! MODE`, MODE `plain` or `interactive`)
 //! runs the agent on a RocksDB journal in DIR with `OpenAiChatModel`, tool calls one after
 //! the other, and a recoverable `add` tool that writes each *start* to a side-effect ledger.
 //!
@@ -13,9 +14,11 @@
 //! task ended, after its result is journaled — the last one is just before the final
 //! answer; and after the message the child sends the run is journaled, before the run's
 //! mailbox cursor moves past it), a fresh run is killed there with SIGKILL and started again
-//! (its clock hours later, so the dead process's leases have run out). Every run must finish
-//! with the reference transcript — the message in it once — the model server must have seen
-//! each turn exactly once, and the ledger must show each call's side effect exactly once.
+//! (its clock hours later, so the dead process's leases have run out) — each scenario twice:
+//! a plain run, and an interactive one closed before it starts, whose close stays unread
+//! until its final answer. Every run must finish with the reference transcript — the
+//! message in it once — the model server must have seen each turn exactly once, and the
+//! ledger must show each call's side effect exactly once.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,
@@ -28,8 +31,8 @@ mod ledger;
 
 use axum::routing::post;
 use dtask_engine::agent::{
-    is_already_submitted, read_transcript, send_message, AgentAnswer, AgentMessage, AgentRequest,
-    DurableAgent, AGENT_EXECUTOR_KEY,
+    close_run, is_already_submitted, read_transcript, send_message, AgentAnswer, AgentMessage,
+    AgentRequest, DurableAgent, AGENT_EXECUTOR_KEY,
 };
 use dtask_engine::failpoints;
 use dtask_engine::managed::{ManagedTools, ToolRegistry};
@@ -59,7 +62,7 @@ impl Clock for Ahead {
     }
 }
 
-fn child(dir: &Path, url: &str, hours: u64) {
+fn child(dir: &Path, url: &str, hours: u64, interactive: bool) {
     failpoints::configure_from_env().unwrap();
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
@@ -81,17 +84,15 @@ fn child(dir: &Path, url: &str, hours: u64) {
         let mut executors = ExecutorRegistry::new();
         agent.register_executors(&mut executors).unwrap();
         let manager = Manager::new(store, executors, ManagerConfig::default());
-        match agent
-            .submit(
-                &manager,
-                AgentRequest::new(vec![
-                    Message::system("You add numbers with the add tool."),
-                    Message::user("What are 1+2, 3+4 and 5+6?"),
-                ])
-                .with_task_id(RUN),
-            )
-            .await
-        {
+        let mut request = AgentRequest::new(vec![
+            Message::system("You add numbers with the add tool."),
+            Message::user("What are 1+2, 3+4 and 5+6?"),
+        ])
+        .with_task_id(RUN);
+        if interactive {
+            request = request.interactive();
+        }
+        match agent.submit(&manager, request).await {
             Ok(_) => {}
             Err(e) if is_already_submitted(&e) => {}
             Err(e) => panic!("submit: {e}"),
@@ -104,6 +105,11 @@ fn child(dir: &Path, url: &str, hours: u64) {
         )
         .await
         .unwrap();
+        if interactive {
+            // Closed at once: the run answers the message, then completes (the close is
+            // found again by every attempt until then).
+            close_run(manager.store(), RUN).await.unwrap();
+        }
         let worker = Worker::new(
             manager.clone(),
             WorkerConfig::new([AGENT_EXECUTOR_KEY]).with_poll_interval(Duration::from_millis(50)),
@@ -181,9 +187,21 @@ fn serve(counting: Arc<Counting>) -> String {
 }
 
 /// One process of a scenario; `Ok(true)` when it finished, `Ok(false)` when it was killed.
-fn run_once(dir: &Path, url: &str, hours: u64, fail_point: Option<&str>) -> Result<bool, String> {
+fn run_once(
+    dir: &Path,
+    url: &str,
+    hours: u64,
+    interactive: bool,
+    fail_point: Option<&str>,
+) -> Result<bool, String> {
     let mut process = Process::new(std::env::current_exe().unwrap());
-    process.args(["--child", dir.to_str().unwrap(), url, &hours.to_string()]);
+    process.args([
+        "--child",
+        dir.to_str().unwrap(),
+        url,
+        &hours.to_string(),
+        if interactive { "interactive" } else { "plain" },
+    ]);
     process.env_remove(failpoints::ENV);
     if let Some(point) = fail_point {
         process.env(failpoints::ENV, point);
@@ -225,7 +243,12 @@ fn outcome(dir: &Path) -> (Vec<Message>, Vec<String>) {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("--child") {
-        child(Path::new(&args[2]), &args[3], args[4].parse().unwrap());
+        child(
+            Path::new(&args[2]),
+            &args[3],
+            args[4].parse().unwrap(),
+            args[5] == "interactive",
+        );
         return;
     }
     if !failpoints::ENABLED {
@@ -236,7 +259,7 @@ fn main() {
     let url = serve(Arc::clone(&counting));
 
     let reference = tempfile::tempdir().unwrap();
-    assert_eq!(run_once(reference.path(), &url, 0, None), Ok(true));
+    assert_eq!(run_once(reference.path(), &url, 0, false, None), Ok(true));
     let (expected, ledger) = outcome(reference.path());
     assert_eq!(
         ledger,
@@ -257,14 +280,22 @@ fn main() {
     ];
     let mut failures = Vec::new();
     let mut scenarios = 0;
-    for (point, hits) in boundaries {
+    // Each boundary twice: a plain run, and an interactive one closed from the start (the
+    // close unread until the run's final answer, found again by every attempt).
+    for (interactive, (point, hits)) in [false, true]
+        .into_iter()
+        .flat_map(|i| boundaries.into_iter().map(move |b| (i, b)))
+    {
         for skip in 0..hits {
             scenarios += 1;
             counting.turns.lock().unwrap().clear();
             let dir = tempfile::tempdir().unwrap();
             let spec = format!("{point}=kill@{skip}");
-            let name = format!("{point}@{skip}");
-            match run_once(dir.path(), &url, 1, Some(&spec)) {
+            let name = format!(
+                "{point}@{skip}{}",
+                if interactive { " (interactive)" } else { "" }
+            );
+            match run_once(dir.path(), &url, 1, interactive, Some(&spec)) {
                 Ok(false) => {}
                 Ok(true) => {
                     failures.push(format!("{name}: the fail point never fired"));
@@ -275,7 +306,7 @@ fn main() {
                     continue;
                 }
             }
-            if let Err(e) = run_once(dir.path(), &url, 2, None).and_then(|finished| {
+            if let Err(e) = run_once(dir.path(), &url, 2, interactive, None).and_then(|finished| {
                 finished
                     .then_some(())
                     .ok_or_else(|| "the restart did not finish".to_owned())
@@ -298,7 +329,8 @@ fn main() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     println!(
-        "agent_crash: {scenarios} runs killed at a step boundary and restarted; every one \
-         finished with the same transcript, each turn asked once, each call run once"
+        "agent_crash: {scenarios} runs (plain and interactive) killed at a step boundary and \
+         restarted; every one finished with the same transcript, each turn asked once, each \
+         call run once"
     );
 }
