@@ -13,6 +13,9 @@
 //! crates RocksDB's build uses and rebuild it.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)]
 
+#[path = "../engine/tests/support/models.rs"]
+mod models;
+
 use base64::Engine;
 use dtask::server::{Server, ServerConfig};
 use dtask_engine::{
@@ -466,29 +469,6 @@ async fn until_pending(store: &TaskStore, id: &str) {
     panic!("{id} never went back to pending");
 }
 
-/// A model whose first call never answers (it must be dropped); later calls answer
-/// "stopped".
-#[derive(Default)]
-struct HangsFirst {
-    calls: std::sync::atomic::AtomicUsize,
-    called: tokio::sync::Notify,
-}
-
-#[dtask_engine::async_trait]
-impl dtask_engine::tool::ChatModel for HangsFirst {
-    async fn generate(
-        &self,
-        _messages: &[dtask_engine::tool::Message],
-        _tools: &[dtask_engine::tool::ToolInfo],
-    ) -> Result<dtask_engine::tool::AssistantMessage, dtask_engine::tool::ToolError> {
-        self.called.notify_one();
-        if self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
-            std::future::pending::<()>().await;
-        }
-        Ok(dtask_engine::tool::AssistantMessage::text("stopped"))
-    }
-}
-
 /// A durable agent's run on its page: the conversation is shown and follows the run, and a
 /// message typed into the page (sent to preempt) drops the model call in flight; the model's
 /// answer and the message, where the model saw it, appear without a reload, and the message
@@ -496,10 +476,8 @@ impl dtask_engine::tool::ChatModel for HangsFirst {
 /// sent from the page wakes the waiting run, the close button ends it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_runs_page_shows_its_conversation_and_sends_it_a_message() {
-    use dtask_engine::agent::{AgentRequest, DurableAgent};
-    use dtask_engine::managed::{ManagedTools, ToolRegistry};
+    use dtask_engine::agent::AgentRequest;
     use dtask_engine::tool::Message;
-    use dtask_engine::{ExecutorRegistry, Manager, ManagerConfig};
 
     let (Some(driver), Some(chromium)) = (program("chromedriver"), program("chromium")) else {
         eprintln!(
@@ -511,18 +489,7 @@ async fn an_agent_runs_page_shows_its_conversation_and_sends_it_a_message() {
     let dir = tempfile::tempdir().unwrap();
     let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
     let store = TaskStore::open(journal, SystemClock, StoreConfig::default()).unwrap();
-    let model = std::sync::Arc::new(HangsFirst::default());
-    let agent = DurableAgent::new(model.clone(), ManagedTools::new(ToolRegistry::new()));
-    let mut executors = ExecutorRegistry::new();
-    agent.register_executors(&mut executors).unwrap();
-    let manager = Manager::new(store.clone(), executors, ManagerConfig::default());
-    agent
-        .submit(
-            &manager,
-            AgentRequest::new(vec![Message::user("count to a million")]).with_task_id("run-1"),
-        )
-        .await
-        .unwrap();
+    let (model, agent, manager) = models::counting_run(&store, "run-1").await;
     let running = {
         let manager = manager.clone();
         tokio::spawn(async move { manager.execute("run-1").await })

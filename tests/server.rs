@@ -9,6 +9,8 @@
     clippy::similar_names
 )]
 
+#[path = "../engine/tests/support/models.rs"]
+mod models;
 mod pg;
 
 use dtask::server::{Server, ServerConfig, ServerError};
@@ -2165,55 +2167,16 @@ async fn an_owner_trims_a_tasks_progress_and_its_updates_read_as_trimmed() {
     assert_eq!(status, StatusCode::NOT_FOUND, "{missing}");
 }
 
-/// A model whose first call never answers (it must be dropped) and whose later calls answer
-/// "stopped"; it records what it was sent.
-#[derive(Default)]
-struct HangsFirst {
-    calls: std::sync::atomic::AtomicUsize,
-    called: tokio::sync::Notify,
-    requests: std::sync::Mutex<Vec<Vec<dtask_engine::tool::Message>>>,
-}
-
-#[dtask_engine::async_trait]
-impl dtask_engine::tool::ChatModel for HangsFirst {
-    async fn generate(
-        &self,
-        messages: &[dtask_engine::tool::Message],
-        _tools: &[dtask_engine::tool::ToolInfo],
-    ) -> Result<dtask_engine::tool::AssistantMessage, dtask_engine::tool::ToolError> {
-        self.requests.lock().unwrap().push(messages.to_vec());
-        self.called.notify_one();
-        if self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
-            std::future::pending::<()>().await;
-        }
-        Ok(dtask_engine::tool::AssistantMessage::text("stopped"))
-    }
-}
-
 /// A durable agent's run over HTTP: `GET /api/tasks/{id}/conversation` serves it (404 for a
 /// task that is not a run, and for none), and a message sent to preempt through `POST
 /// /api/tasks/{id}/inputs` drops the model call in flight and reaches the model.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_runs_conversation_is_served_and_a_message_steers_it() {
-    use dtask_engine::agent::{AgentRequest, DurableAgent};
-    use dtask_engine::managed::{ManagedTools, ToolRegistry};
     use dtask_engine::tool::Message;
-    use dtask_engine::{ExecutorRegistry, Manager, ManagerConfig};
 
     let dir = tempfile::tempdir().unwrap();
     let store = open_store(dir.path());
-    let model = std::sync::Arc::new(HangsFirst::default());
-    let agent = DurableAgent::new(model.clone(), ManagedTools::new(ToolRegistry::new()));
-    let mut executors = ExecutorRegistry::new();
-    agent.register_executors(&mut executors).unwrap();
-    let manager = Manager::new(store.clone(), executors, ManagerConfig::default());
-    agent
-        .submit(
-            &manager,
-            AgentRequest::new(vec![Message::user("count to a million")]).with_task_id("run"),
-        )
-        .await
-        .unwrap();
+    let (model, _, manager) = models::counting_run(&store, "run").await;
     store
         .create(create("plain", "shell", &json!({"tool_name": "shell"})))
         .await
@@ -2242,7 +2205,7 @@ async fn an_agent_runs_conversation_is_served_and_a_message_steers_it() {
         .unwrap()
         .unwrap();
     assert_eq!(done.status, Status::Completed, "{done:?}");
-    let requests = model.requests.lock().unwrap().clone();
+    let requests = model.requests();
     assert_eq!(requests.len(), 2);
     assert_eq!(requests[1].last(), Some(&Message::user("stop counting")));
 

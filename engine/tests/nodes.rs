@@ -7,6 +7,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+#[path = "support/models.rs"]
+mod models;
 
 use common::*;
 use dtask_engine::{
@@ -414,57 +416,19 @@ async fn a_trim_made_on_one_node_is_followed_by_another_that_appends_after_it() 
     clean(&url);
 }
 
-/// A model whose first call never answers (it must be dropped), then answers "stopped".
-#[derive(Default)]
-struct HangsFirst {
-    calls: std::sync::atomic::AtomicUsize,
-    called: tokio::sync::Notify,
-    requests: std::sync::Mutex<Vec<Vec<dtask_engine::tool::Message>>>,
-}
-
-#[dtask_engine::async_trait]
-impl dtask_engine::tool::ChatModel for HangsFirst {
-    async fn generate(
-        &self,
-        messages: &[dtask_engine::tool::Message],
-        _tools: &[dtask_engine::tool::ToolInfo],
-    ) -> Result<dtask_engine::tool::AssistantMessage, dtask_engine::tool::ToolError> {
-        self.requests.lock().unwrap().push(messages.to_vec());
-        self.called.notify_one();
-        if self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
-            std::future::pending::<()>().await;
-        }
-        Ok(dtask_engine::tool::AssistantMessage::text("stopped"))
-    }
-}
-
 /// A durable agent's run on one node is steered by a message sent on another: the node
 /// running it follows the journal, its run drops the model call in flight for the message
 /// sent to preempt, and the model sees the message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_sent_on_one_node_steers_an_agent_run_on_another() {
-    use dtask_engine::agent::{send_message, AgentMessage, AgentRequest, DurableAgent};
-    use dtask_engine::managed::{ManagedTools, ToolRegistry};
+    use dtask_engine::agent::{send_message, AgentMessage};
     use dtask_engine::tool::Message;
-    use dtask_engine::{ExecutorRegistry, Manager, ManagerConfig};
     use std::time::Duration;
 
     let Some((a, b, url)) = nodes("steer") else {
         return;
     };
-    let model = std::sync::Arc::new(HangsFirst::default());
-    let agent = DurableAgent::new(model.clone(), ManagedTools::new(ToolRegistry::new()))
-        .with_poll_interval(Duration::from_millis(20));
-    let mut executors = ExecutorRegistry::new();
-    agent.register_executors(&mut executors).unwrap();
-    let manager = Manager::new(a.clone(), executors, ManagerConfig::default());
-    agent
-        .submit(
-            &manager,
-            AgentRequest::new(vec![Message::user("count to a million")]).with_task_id("r"),
-        )
-        .await
-        .unwrap();
+    let (model, _, manager) = models::counting_run(&a, "r").await;
     let running = {
         let manager = manager.clone();
         tokio::spawn(async move { manager.execute("r").await })
@@ -481,7 +445,7 @@ async fn a_message_sent_on_one_node_steers_an_agent_run_on_another() {
         .unwrap()
         .unwrap();
     assert_eq!(done.status, Status::Completed, "{done:?}");
-    let requests = model.requests.lock().unwrap().clone();
+    let requests = model.requests();
     assert_eq!(requests.len(), 2);
     assert_eq!(requests[1].last(), Some(&Message::user("stop counting")));
     assert_eq!(done.mailbox.consumed, done.mailbox.latest);

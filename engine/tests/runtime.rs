@@ -953,6 +953,23 @@ async fn a_nested_tasks_attempt_notifies_its_parent_through_its_mailbox() {
     );
 }
 
+/// Sends the running task of `attempt` an input (as another party would, while it runs).
+async fn send_to_self(attempt: &AttemptContext, event_id: &str, kind: &str, data: &[u8]) {
+    attempt
+        .store()
+        .send_input(
+            attempt.task_id(),
+            dtask_engine::InputRequest {
+                event_id: event_id.into(),
+                kind: kind.into(),
+                data: data.to_vec(),
+                ..dtask_engine::InputRequest::default()
+            },
+        )
+        .await
+        .unwrap();
+}
+
 /// `CompletedIfNoInputs`: an input newer than the executor's cursor sends the task back to
 /// pending (nothing completed, the attempt's commit not an error); the next attempt, which
 /// consumes it, completes.
@@ -968,19 +985,7 @@ async fn completing_if_no_inputs_goes_back_to_pending_for_an_unread_input() {
             let newest = page.inputs.last().map_or(cursor, |i| i.sequence);
             if seen.fetch_add(1, Ordering::SeqCst) == 0 {
                 // An input arrives after the executor read the mailbox.
-                attempt
-                    .store()
-                    .send_input(
-                        attempt.task_id(),
-                        dtask_engine::InputRequest {
-                            event_id: "late".into(),
-                            kind: "note".into(),
-                            data: b"read me".to_vec(),
-                            ..dtask_engine::InputRequest::default()
-                        },
-                    )
-                    .await
-                    .unwrap();
+                send_to_self(&attempt, "late", "note", b"read me").await;
             }
             attempt.advance_cursor(cursor, newest).await.unwrap();
             Ok(ExecutionResult::CompletedIfNoInputs {
@@ -1006,19 +1011,7 @@ async fn completing_if_no_inputs_goes_back_to_pending_for_an_unread_input() {
         LeasePolicy::Retry,
         false,
         |attempt, _| async move {
-            attempt
-                .store()
-                .send_input(
-                    attempt.task_id(),
-                    dtask_engine::InputRequest {
-                        event_id: "one".into(),
-                        kind: "note".into(),
-                        data: b"x".to_vec(),
-                        ..dtask_engine::InputRequest::default()
-                    },
-                )
-                .await
-                .unwrap();
+            send_to_self(&attempt, "one", "note", b"x").await;
             attempt.advance_cursor(0, 1).await.unwrap();
             Ok(ExecutionResult::CompletedIfNoInputs {
                 cursor: 0,
@@ -1057,19 +1050,7 @@ async fn waiting_or_suspending_if_no_inputs_goes_back_to_pending_for_an_unread_i
                 let page = attempt.inputs(cursor).await.unwrap();
                 let newest = page.inputs.last().map_or(cursor, |i| i.sequence);
                 if seen.fetch_add(1, Ordering::SeqCst) == 0 {
-                    attempt
-                        .store()
-                        .send_input(
-                            attempt.task_id(),
-                            dtask_engine::InputRequest {
-                                event_id: "early answer".into(),
-                                kind: "answer".into(),
-                                data: b"yes".to_vec(),
-                                ..dtask_engine::InputRequest::default()
-                            },
-                        )
-                        .await
-                        .unwrap();
+                    send_to_self(&attempt, "early answer", "answer", b"yes").await;
                 }
                 let checkpoint = format!("asked after {newest}").into_bytes();
                 Ok(if suspend {
