@@ -636,6 +636,8 @@ async fn a_read_only_follower_sees_new_commits_and_refuses_control() {
         ("/api/tasks/a/rerun", json!({})),
         ("/api/notifications/receive", json!({"lease_ms": 1000})),
         ("/api/notifications/ack", json!({"receipt": "lease:1"})),
+        ("/api/tasks/a/messages", json!({"text": "hi"})),
+        ("/api/tasks/a/close", json!({})),
     ] {
         let (status, body) = server.post(path, &body).await;
         assert_eq!(
@@ -2169,7 +2171,8 @@ async fn an_owner_trims_a_tasks_progress_and_its_updates_read_as_trimmed() {
 
 /// A durable agent's run over HTTP: `GET /api/tasks/{id}/conversation` serves it (404 for a
 /// task that is not a run, and for none), and a message sent to preempt through `POST
-/// /api/tasks/{id}/inputs` drops the model call in flight and reaches the model.
+/// /api/tasks/{id}/messages` drops the model call in flight and reaches the model; the
+/// endpoint's refusals, and `/close`'s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_runs_conversation_is_served_and_a_message_steers_it() {
     use dtask_engine::tool::Message;
@@ -2195,10 +2198,25 @@ async fn an_agent_runs_conversation_is_served_and_a_message_steers_it() {
     assert_eq!(conversation["sent_messages"], json!([]));
     assert_eq!(conversation["max_steps"], 10);
 
-    let message = json!({"event_id": "m1", "kind": "agent.message", "data": "stop counting",
-                         "delivery": "preempt"});
-    let (status, sent) = server.post("/api/tasks/run/inputs", &message).await;
+    // Blank text, an unknown field: 400, nothing sent.
+    let (status, err) = server
+        .post("/api/tasks/run/messages", &json!({"text": "  "}))
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{err}");
+    let (status, _) = server
+        .post(
+            "/api/tasks/run/messages",
+            &json!({"text": "x", "kind": "k"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let message = json!({"text": "stop counting", "preempt": true, "event_id": "m1"});
+    let (status, sent) = server.post("/api/tasks/run/messages", &message).await;
     assert_eq!(status, StatusCode::OK, "{sent}");
+    assert_eq!(
+        (sent["sequence"].as_u64(), sent["inserted"].as_bool()),
+        (Some(1), Some(true))
+    );
     let done = tokio::time::timeout(Duration::from_secs(60), running)
         .await
         .expect("the model call in flight was dropped")
@@ -2217,9 +2235,27 @@ async fn an_agent_runs_conversation_is_served_and_a_message_steers_it() {
         json!([{"sequence": 1, "after_turn": 0, "content": "stop counting"}])
     );
 
+    // The same message again is the one sent; a new one to the ended run is refused, and
+    // so is closing a run that is not interactive.
+    let (status, again) = server.post("/api/tasks/run/messages", &message).await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert_eq!(again["inserted"], false);
+    let (status, err) = server
+        .post("/api/tasks/run/messages", &json!({"text": "more?"}))
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{err}");
+    let (status, err) = server.post("/api/tasks/run/close", &json!({})).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{err}");
+    assert_eq!(code(&err), "not_interactive");
+
     let (status, err) = server.get("/api/tasks/plain/conversation").await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{err}");
     assert_eq!(code(&err), "not_an_agent_run");
+    for path in ["/api/tasks/plain/messages", "/api/tasks/plain/close"] {
+        let (status, err) = server.post(path, &json!({"text": "hi"})).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{path}: {err}");
+        assert_eq!(code(&err), "not_an_agent_run");
+    }
     let (status, err) = server.get("/api/tasks/nope/conversation").await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{err}");
     assert_eq!(code(&err), "not_found");

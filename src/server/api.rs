@@ -5,10 +5,10 @@ use super::extract::{ApiPath, ApiQuery, JsonBody, OptionalJsonBody};
 use super::metrics::Scrape;
 use super::model::{
     AckBody, AckView, BytesQuery, CancelBody, HoldBody, InputBody, InputView, ListQuery,
-    NotificationBatch, NotificationView, PurgeView, ReceiveBody, RecordPage, RecordsQuery,
-    ReleaseBody, RerunBody, ResumeBody, StateAt, StateQuery, Stats, StorageView, SubmitBody,
-    SyncPromiseView, TaskDetail, TaskList, TaskStateView, TrimBody, TrimView, UpdatePage,
-    UpdatesQuery, VerifyQuery, VerifyReport,
+    MessageBody, NotificationBatch, NotificationView, PurgeView, ReceiveBody, RecordPage,
+    RecordsQuery, ReleaseBody, RerunBody, ResumeBody, StateAt, StateQuery, Stats, StorageView,
+    SubmitBody, SyncPromiseView, TaskDetail, TaskList, TaskStateView, TrimBody, TrimView,
+    UpdatePage, UpdatesQuery, VerifyQuery, VerifyReport,
 };
 use super::sse::{self, Scope};
 use super::{read, ApiError, Shared};
@@ -267,6 +267,47 @@ pub async fn send_input(
     JsonBody(body): JsonBody<InputBody>,
 ) -> Api<InputView> {
     Ok(Json(owner(&shared)?.send_input(&id, body).await?))
+}
+
+/// Sends a message to a durable agent's run (owner mode): its model sees it before its next
+/// call, once the tool results of the turn before are in; with `preempt`, a model call in
+/// flight is dropped and asked again with it (docs/tools.md, "Durable agents").
+#[utoipa::path(
+    post, path = "/api/tasks/{id}/messages", tag = "control", request_body = MessageBody,
+    params(("id" = String, Path, description = "The run's task id")),
+    responses(
+        (status = 200, description = "The message's input: its sequence, and whether this request recorded it", body = InputView),
+        (status = 400, description = "Blank text, bad JSON, an unknown field", body = ErrorBody),
+        WriteRefusals,
+        (status = 404, description = "No such task, or one that is not an agent run (code `not_an_agent_run`)", body = ErrorBody),
+        (status = 409, description = "The run has ended, or the event id was used with other content", body = ErrorBody),
+    )
+)]
+pub async fn send_message(
+    State(shared): State<Arc<Shared>>,
+    ApiPath(id): ApiPath<String>,
+    JsonBody(body): JsonBody<MessageBody>,
+) -> Api<InputView> {
+    Ok(Json(owner(&shared)?.send_message(&id, body).await?))
+}
+
+/// Closes an interactive durable agent run (owner mode): once it has answered every message
+/// sent before, it completes with its last answer. Closing twice closes once.
+#[utoipa::path(
+    post, path = "/api/tasks/{id}/close", tag = "control",
+    params(("id" = String, Path, description = "The run's task id")),
+    responses(
+        (status = 200, description = "The close's input, and whether this request recorded it", body = InputView),
+        WriteRefusals,
+        (status = 404, description = "No such task, or one that is not an agent run (code `not_an_agent_run`)", body = ErrorBody),
+        (status = 409, description = "A run that is not interactive (code `not_interactive`), or one that has ended", body = ErrorBody),
+    )
+)]
+pub async fn close_run(
+    State(shared): State<Arc<Shared>>,
+    ApiPath(id): ApiPath<String>,
+) -> Api<InputView> {
+    Ok(Json(owner(&shared)?.close_run(&id).await?))
 }
 
 /// Leases the outbox's deliverable notifications (owner mode): up to `limit`, in insertion

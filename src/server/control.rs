@@ -3,8 +3,8 @@
 //! that executors are checked at submit, and a cancel reaches an attempt running in it).
 
 use super::model::{
-    AckBody, CancelBody, InputBody, InputView, ReceiveBody, ReleaseBody, RerunBody, ResumeBody,
-    SubmitBody,
+    AckBody, CancelBody, InputBody, InputView, MessageBody, ReceiveBody, ReleaseBody, RerunBody,
+    ResumeBody, SubmitBody,
 };
 use super::ApiError;
 use base64::engine::general_purpose::STANDARD;
@@ -171,6 +171,45 @@ impl Owner {
                 },
             )
             .await?;
+        Ok(InputView {
+            sequence: record.sequence,
+            event_id: record.event_id,
+            inserted,
+        })
+    }
+
+    /// Sends a message to the durable agent's run `id` (`agent::send_message`).
+    ///
+    /// # Errors
+    /// 400 for blank text, 404 for a task that is not an agent run, 409 for an ended run or
+    /// an event id sent before with other content.
+    pub async fn send_message(&self, id: &str, body: MessageBody) -> Result<InputView, ApiError> {
+        if body.text.trim().is_empty() {
+            return Err(invalid("text: required, not blank"));
+        }
+        let mut message = dtask_engine::agent::AgentMessage::new(body.text);
+        if body.preempt.unwrap_or(false) {
+            message = message.preempt();
+        }
+        if let Some(event_id) = body.event_id {
+            message = message.with_event_id(event_id);
+        }
+        let (record, inserted) =
+            dtask_engine::agent::send_message(&self.store, id, message).await?;
+        Ok(InputView {
+            sequence: record.sequence,
+            event_id: record.event_id,
+            inserted,
+        })
+    }
+
+    /// Closes the interactive agent run `id` (`agent::close_run`).
+    ///
+    /// # Errors
+    /// 404 for a task that is not an agent run, 409 for a run that is not interactive or
+    /// has ended.
+    pub async fn close_run(&self, id: &str) -> Result<InputView, ApiError> {
+        let (record, inserted) = dtask_engine::agent::close_run(&self.store, id).await?;
         Ok(InputView {
             sequence: record.sequence,
             event_id: record.event_id,

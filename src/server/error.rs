@@ -193,6 +193,25 @@ impl From<dtask_journal::Error> for ApiError {
     }
 }
 
+impl From<dtask_engine::agent::AgentError> for ApiError {
+    fn from(e: dtask_engine::agent::AgentError) -> Self {
+        use dtask_engine::agent::AgentError;
+        let message = e.to_string();
+        match e {
+            AgentError::Store(e) | AgentError::Runtime(dtask_engine::RuntimeError::Store(e)) => {
+                e.into()
+            }
+            AgentError::NotAnAgent { .. } => {
+                Self::new(StatusCode::NOT_FOUND, "not_an_agent_run", message)
+            }
+            AgentError::NotInteractive(_) => {
+                Self::new(StatusCode::CONFLICT, "not_interactive", message)
+            }
+            _ => Self::new(StatusCode::INTERNAL_SERVER_ERROR, "agent_error", message),
+        }
+    }
+}
+
 impl From<dtask_replay::AuditError> for ApiError {
     fn from(e: dtask_replay::AuditError) -> Self {
         Self::new(

@@ -255,6 +255,8 @@ impl Server {
             .route("/api/tasks/{id}/cancel", post(api::cancel))
             .route("/api/tasks/{id}/resume", post(api::resume))
             .route("/api/tasks/{id}/inputs", post(api::send_input))
+            .route("/api/tasks/{id}/messages", post(api::send_message))
+            .route("/api/tasks/{id}/close", post(api::close_run))
             .route("/api/tasks/{id}/release", post(api::release))
             .route("/api/tasks/{id}/rerun", post(api::rerun))
             .route(

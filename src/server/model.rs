@@ -615,7 +615,21 @@ pub struct InputBody {
     pub delivery: Option<String>,
 }
 
-/// The answer of `POST /api/tasks/{id}/inputs`.
+/// `POST /api/tasks/{id}/messages`: a message for a durable agent's run, which its model
+/// sees before its next call.
+#[derive(Debug, Clone, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MessageBody {
+    /// The text (required, not blank).
+    pub text: String,
+    /// The sender's idempotency key (default: a new UUID); `agent.close` is the close's.
+    pub event_id: Option<String>,
+    /// Also drop the model call in flight, which is asked again with the message
+    /// (default `false`).
+    pub preempt: Option<bool>,
+}
+
+/// The answer of `POST /api/tasks/{id}/inputs`, `/messages` and `/close`.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct InputView {
     /// The input's sequence in the mailbox (1, 2, 3, …).

@@ -203,7 +203,7 @@ impl AgentMessage {
 /// Sends `message` to the agent run `run`: an input of kind [`MESSAGE_KIND`] in its
 /// mailbox, which the run takes before its next model call. Returns the input and whether
 /// it is new (`false`: the same event id sent before, with the same content). Any process
-/// may send: over HTTP it is `POST /api/tasks/{id}/inputs` with kind `agent.message`.
+/// may send: over HTTP it is `POST /api/tasks/{id}/messages` of `dtask serve`.
 ///
 /// # Errors
 /// [`AgentError::NotAnAgent`]; the store's errors: `NotFound`, `MailboxSealed` once the run

@@ -287,8 +287,7 @@ async function taskPage(id) {
   const agentPreempt = h("input", { type: "checkbox", id: "agent-preempt" });
   const agentClose = h("button", { id: "agent-close", hidden: true, title: "end the conversation once what was sent is answered", onclick: async () => {
     try {
-      await api(`${path}/inputs`, { method: "POST", headers: { "content-type": "application/json" },
-        body: JSON.stringify({ event_id: "agent.close", kind: "agent.close", data: "" }) });
+      await api(`${path}/close`, { method: "POST" });
       message.replaceChildren(h("span", { class: "muted", id: "agent-closed" }, "closing: the run ends once it has answered"));
     } catch (e) { message.replaceChildren(h("span", { class: "error" }, e.message)); }
   } }, "Close the conversation");
@@ -302,10 +301,9 @@ async function taskPage(id) {
       }
       // One click, one message: the button waits for the server's answer.
       button.disabled = true;
-      const eventId = window.crypto && crypto.randomUUID ? crypto.randomUUID() : `${Date.now()}-${Math.random()}`;
       try {
-        const sent = await api(`${path}/inputs`, { method: "POST", headers: { "content-type": "application/json" },
-          body: JSON.stringify({ event_id: eventId, kind: "agent.message", data: agentText.value, delivery: agentPreempt.checked ? "preempt" : "queued" }) });
+        const sent = await api(`${path}/messages`, { method: "POST", headers: { "content-type": "application/json" },
+          body: JSON.stringify({ text: agentText.value, preempt: agentPreempt.checked }) });
         message.replaceChildren(h("span", { class: "muted", id: "agent-sent" }, `message sent (input ${sent.sequence})`));
         agentText.value = "";
       } catch (e) { message.replaceChildren(h("span", { class: "error" }, e.message)); }
