@@ -171,11 +171,7 @@ impl Owner {
                 },
             )
             .await?;
-        Ok(InputView {
-            sequence: record.sequence,
-            event_id: record.event_id,
-            inserted,
-        })
+        Ok(InputView::of(record, inserted))
     }
 
     /// Sends a message to the durable agent's run `id` (`agent::send_message`).
@@ -196,11 +192,7 @@ impl Owner {
         }
         let (record, inserted) =
             dtask_engine::agent::send_message(&self.store, id, message).await?;
-        Ok(InputView {
-            sequence: record.sequence,
-            event_id: record.event_id,
-            inserted,
-        })
+        Ok(InputView::of(record, inserted))
     }
 
     /// Closes the interactive agent run `id` (`agent::close_run`).
@@ -210,11 +202,7 @@ impl Owner {
     /// has ended.
     pub async fn close_run(&self, id: &str) -> Result<InputView, ApiError> {
         let (record, inserted) = dtask_engine::agent::close_run(&self.store, id).await?;
-        Ok(InputView {
-            sequence: record.sequence,
-            event_id: record.event_id,
-            inserted,
-        })
+        Ok(InputView::of(record, inserted))
     }
 
     /// Leases up to `limit` deliverable notifications of the outbox for `lease_ms`.

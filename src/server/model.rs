@@ -640,6 +640,18 @@ pub struct InputView {
     pub inserted: bool,
 }
 
+impl InputView {
+    /// The answer for `record`, which this request recorded when `inserted`.
+    #[must_use]
+    pub fn of(record: dtask_engine::InputRecord, inserted: bool) -> Self {
+        Self {
+            sequence: record.sequence,
+            event_id: record.event_id,
+            inserted,
+        }
+    }
+}
+
 /// `POST /api/notifications/receive`: lease the outbox's deliverable notifications.
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
