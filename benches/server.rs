@@ -1,5 +1,5 @@
-//! `dtask serve` under load, over real HTTP on loopback. Three parts, each printing its
-//! target's line (`met` / `not met`):
+//! `dtask serve` under load, over real HTTP on loopback. Four parts, each printing its
+//! target's lines (`met` / `not met`):
 //!
 //! 1. **list** — a journal of 100,000 tasks (half of them finished, 6 records each); a
 //!    follower server over it; pages of 50 tasks: the first page, a page from a cursor in the
@@ -16,6 +16,14 @@
 //!    owner server (its `/metrics` scraped, its pump folding every commit into its counts).
 //!    Target: the metrics cost under 2 % of the appends per second (median of the per-round
 //!    ratios); the whole server's share is printed beside it.
+//! 4. **outbox** — an owner server whose outbox holds a backlog of 0, 10,000 and 100,000
+//!    unacknowledged notifications of a session no one consumes: a closed loop of receives
+//!    (`POST /api/notifications/receive`) for another session, which has none; then, at
+//!    10,000, a task of a third session created every 10 ms, its `task_created` taken by a
+//!    consumer's waiting receive (a long poll, which looks again at every commit) while 16
+//!    more wait for a session that gets nothing. Targets: a receive at 100,000 keeps ≥ 0.5×
+//!    the receives per second of an empty outbox; a notification reaches its waiting
+//!    consumer in < 50 ms (p99).
 //!
 //! Run: `cargo bench --bench server` (`-- --part 2` for one part, `-- --tasks 20000` for a
 //! smaller list journal, `-- --secs 5` for longer stream and metrics runs, `-- --rounds 5` for
@@ -40,7 +48,7 @@ mod common;
 
 #[derive(Parser)]
 struct Args {
-    /// Run one part only (1 list, 2 stream, 3 metrics).
+    /// Run one part only (1 list, 2 stream, 3 metrics, 4 outbox).
     #[arg(long)]
     part: Option<u8>,
     /// Tasks in the list journal.
@@ -467,6 +475,202 @@ fn metrics_part(args: &Args) {
     );
 }
 
+/// An owner server over a fresh journal whose outbox holds `backlog` notifications of the
+/// session `backlog` (each task's `task_created`), and its store.
+fn outbox_server(dir: &std::path::Path, backlog: usize) -> (Serving, TaskStore) {
+    let journal = Journal::open(dir, JournalOptions::default()).unwrap();
+    let store = TaskStore::open(journal.clone(), SystemClock, StoreConfig::default()).unwrap();
+    let filler = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    filler.block_on(async {
+        let creates = futures::stream::iter(0..backlog).map(|i| {
+            let store = store.clone();
+            async move {
+                let spec = dtask::journal::TaskSpec {
+                    id: format!("t{i:07}"),
+                    executor_key: "bench".to_owned(),
+                    session_id: "backlog".to_owned(),
+                    ..dtask::journal::TaskSpec::default()
+                };
+                store
+                    .create(dtask_engine::CreateRequest {
+                        spec,
+                        policy: Some(dtask::journal::LeasePolicy::Retry),
+                        ..dtask_engine::CreateRequest::default()
+                    })
+                    .await
+                    .unwrap();
+            }
+        });
+        creates.buffer_unordered(256).collect::<Vec<()>>().await;
+    });
+    drop(filler);
+    assert_eq!(journal.outbox_len().unwrap(), backlog as u64);
+    let owned = store.clone();
+    let serving = Serving::start(move || Server::owner(owned, None, ServerConfig::default()));
+    (serving, store)
+}
+
+/// Receives per second of one client in a closed loop, for a session with nothing queued.
+fn receive_loop(base: &str, secs: f64) -> f64 {
+    let rt = client_runtime();
+    let http = reqwest::Client::new();
+    let url = format!("{base}/api/notifications/receive");
+    let body = serde_json::json!({"session": "idle", "lease_ms": 30_000, "limit": 100});
+    rt.block_on(async {
+        let started = Instant::now();
+        let mut n = 0u64;
+        while started.elapsed().as_secs_f64() < secs {
+            let answer: serde_json::Value = http
+                .post(&url)
+                .json(&body)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            assert_eq!(answer["notifications"], serde_json::json!([]));
+            n += 1;
+        }
+        n as f64 / started.elapsed().as_secs_f64()
+    })
+}
+
+/// Delivery latencies (seconds, sorted) over `secs`: a task of the session `live` created
+/// through `store` every 10 ms, taken by one consumer's waiting receives (each acknowledged),
+/// with `idle` more receives of the session `idle` waiting beside it on `base`.
+fn delivery_latencies(base: &str, store: &TaskStore, idle: usize, secs: f64) -> Vec<f64> {
+    let clients = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let receive = format!("{base}/api/notifications/receive");
+    for _ in 0..idle {
+        let (http, url, stop) = (reqwest::Client::new(), receive.clone(), Arc::clone(&stop));
+        let body = serde_json::json!({"session": "idle", "lease_ms": 30_000, "wait_ms": 1_000});
+        clients.spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                http.post(&url).json(&body).send().await.unwrap();
+            }
+        });
+    }
+    let created: Arc<parking_lot::Mutex<std::collections::HashMap<String, Instant>>> =
+        Arc::default();
+    let consumer = {
+        let (http, stop, created) = (
+            reqwest::Client::new(),
+            Arc::clone(&stop),
+            Arc::clone(&created),
+        );
+        let (receive, ack) = (receive.clone(), format!("{base}/api/notifications/ack"));
+        let body = serde_json::json!({"session": "live", "lease_ms": 30_000, "wait_ms": 1_000});
+        clients.spawn(async move {
+            let mut latencies = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let answer: serde_json::Value = http
+                    .post(&receive)
+                    .json(&body)
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                let now = Instant::now();
+                for n in answer["notifications"].as_array().unwrap() {
+                    let task = n["task_id"].as_str().unwrap();
+                    let at = created.lock().remove(task).unwrap();
+                    latencies.push(now.duration_since(at).as_secs_f64());
+                    let receipt = serde_json::json!({"receipt": n["receipt"]});
+                    http.post(&ack).json(&receipt).send().await.unwrap();
+                }
+            }
+            latencies
+        })
+    };
+    // The receives park before the first task.
+    std::thread::sleep(Duration::from_millis(200));
+    let producer = client_runtime();
+    producer.block_on(async {
+        let mut interval = tokio::time::interval(Duration::from_millis(10));
+        let started = Instant::now();
+        let mut i = 0u64;
+        while started.elapsed().as_secs_f64() < secs {
+            interval.tick().await;
+            let id = format!("live{i:06}");
+            i += 1;
+            created.lock().insert(id.clone(), Instant::now());
+            let spec = dtask::journal::TaskSpec {
+                id,
+                executor_key: "bench".to_owned(),
+                session_id: "live".to_owned(),
+                ..dtask::journal::TaskSpec::default()
+            };
+            store
+                .create(dtask_engine::CreateRequest {
+                    spec,
+                    policy: Some(dtask::journal::LeasePolicy::Retry),
+                    ..dtask_engine::CreateRequest::default()
+                })
+                .await
+                .unwrap();
+        }
+    });
+    // The last one's delivery, then the receives' end.
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let mut latencies = clients.block_on(consumer).unwrap();
+    clients.shutdown_timeout(Duration::from_secs(2));
+    latencies.sort_by(f64::total_cmp);
+    latencies
+}
+
+fn outbox_part(args: &Args) {
+    const IDLE: usize = 16;
+    println!("outbox: receives/s of a session with nothing queued, beside a backlog of another's");
+    println!("{:>8} {:>12} {:>12}", "backlog", "receives/s", "mean");
+    let mut rates = Vec::new();
+    for backlog in [0, 10_000, 100_000] {
+        let dir = tempfile::tempdir().unwrap();
+        let (serving, _) = outbox_server(dir.path(), backlog);
+        let rate = receive_loop(&serving.base, args.secs);
+        println!("{backlog:>8} {rate:>12.0} {:>9.3} ms", 1e3 / rate);
+        rates.push(rate);
+        drop(serving);
+    }
+    let kept = rates[2] / rates[0];
+    println!(
+        "target: a receive beside a backlog of 100,000 keeps ≥ 0.5× the receives/s of an empty \
+         outbox ({kept:.3}×): {}",
+        verdict(kept >= 0.5)
+    );
+    println!(
+        "outbox: a notification every 10 ms to a consumer's waiting receive, {IDLE} receives of \
+         another session waiting beside it, a backlog of 10,000 of a third, {:.1} s",
+        args.secs
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let (serving, store) = outbox_server(dir.path(), 10_000);
+    let latencies = delivery_latencies(&serving.base, &store, IDLE, args.secs);
+    let at = |q: f64| latencies[((latencies.len() - 1) as f64 * q) as usize] * 1e3;
+    let (p50, p99) = (at(0.5), at(0.99));
+    println!(
+        "outbox: {} delivered, latency from the create's call p50 {p50:.2} ms, p99 {p99:.2} ms",
+        latencies.len()
+    );
+    println!(
+        "target: a notification reaches its waiting consumer in < 50 ms (p99 {p99:.2} ms): {}",
+        verdict(p99 < 50.0)
+    );
+    drop(serving);
+}
+
 fn main() {
     let args = Args::parse();
     let runs = |part: u8| args.part.is_none_or(|p| p == part);
@@ -478,5 +682,8 @@ fn main() {
     }
     if runs(3) {
         metrics_part(&args);
+    }
+    if runs(4) {
+        outbox_part(&args);
     }
 }

@@ -416,6 +416,57 @@ async fn a_trim_made_on_one_node_is_followed_by_another_that_appends_after_it() 
     clean(&url);
 }
 
+/// Each node leases notifications on its own (delivery is at-least-once), but one
+/// acknowledged on one node is not delivered again by another that had delivered it before:
+/// the other's receive checks each notification against the journal before it hands it out.
+/// A notification queued on one node is found by the other's next receive.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notification_acknowledged_on_one_node_is_not_delivered_again_by_another() {
+    use std::time::Duration;
+
+    let Some(url) = schema_url("outbox") else {
+        return;
+    };
+    let clock = ManualClock::new(T0);
+    let open = || {
+        let journal = Journal::open_postgres(&url, JournalOptions::default()).unwrap();
+        TaskStore::open(journal, clock.clone(), StoreConfig::default()).unwrap()
+    };
+    let (a, b) = (open(), open());
+    let lease = Duration::from_secs(10);
+    let ids = |got: &[dtask_engine::Notification]| {
+        got.iter().map(|n| n.task_id.clone()).collect::<Vec<_>>()
+    };
+    for id in ["t1", "t2"] {
+        a.create(request(session_spec(id, false), LeasePolicy::Retry))
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        ids(&b.receive_notifications(10, lease).await.unwrap()),
+        ["t1", "t2"]
+    );
+    let on_a = a.receive_notifications(10, lease).await.unwrap();
+    assert_eq!(ids(&on_a), ["t1", "t2"], "each node leases on its own");
+    a.ack_notification(&on_a[0].receipt).await.unwrap();
+    clock.advance(Duration::from_secs(10));
+    a.create(request(session_spec("t3", false), LeasePolicy::Retry))
+        .await
+        .unwrap();
+    let again = b.receive_notifications(10, lease).await.unwrap();
+    assert_eq!(
+        ids(&again),
+        ["t2", "t3"],
+        "t1 was acknowledged on the other node"
+    );
+    for n in &again {
+        b.ack_notification(&n.receipt).await.unwrap();
+    }
+    assert!(a.receive_notifications(10, lease).await.unwrap().is_empty());
+    assert_eq!(a.journal().outbox_len().unwrap(), 0);
+    clean(&url);
+}
+
 /// A durable agent's run on one node is steered by a message sent on another: the node
 /// running it follows the journal, its run drops the model call in flight for the message
 /// sent to preempt, and the model sees the message.

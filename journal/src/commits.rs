@@ -328,6 +328,18 @@ pub struct Sealed {
     pub crc: u32,
 }
 
+/// An entry of the outbox's index: where a queued, unacknowledged notification's enqueue
+/// record is ([`Journal::outbox_entries`](crate::Journal::outbox_entries)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxEntry {
+    /// The enqueue record's global commit sequence (the entry's key).
+    pub seq: u64,
+    /// The task the notification belongs to.
+    pub task: String,
+    /// The enqueue record's position in the task's stream.
+    pub position: u64,
+}
+
 /// A record with the task it belongs to (from the global commit order or the outbox).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Committed {

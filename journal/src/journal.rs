@@ -3,7 +3,7 @@
 use crate::backend::{Backend, BatchOp, OpBytes, OpenMode, Range, RocksBackend, Tuning};
 use crate::bulk::StreamScanner;
 use crate::commits::{
-    below, committed, last_seq, resolve, CommitBatches, Committed, RecordFetcher,
+    below, committed, last_seq, resolve, CommitBatches, Committed, OutboxEntry, RecordFetcher,
 };
 use crate::error::{CorruptionKind, Error, Limit, Result};
 use crate::event::Event;
@@ -1197,6 +1197,57 @@ impl Journal {
                     record: read_unchained(backend, task, position)?,
                 })
             })
+    }
+
+    /// The outbox's index entries whose enqueue sequence is above `after`, in insertion
+    /// order: where each queued notification's record is, no record read. Sequences are
+    /// given in commit order (on a shared journal too: under its writer lock), so a reader
+    /// that remembers the last one it saw reads only what was queued since.
+    pub fn outbox_entries(&self, after: u64) -> impl Iterator<Item = Result<OutboxEntry>> + '_ {
+        let durable = self.visible();
+        // No commit has the sequence u64::MAX (the sequences start at 1 and count up).
+        let range = Range {
+            lower: keys::seq_key(after.saturating_add(1)).to_vec(),
+            ..Range::default()
+        };
+        self.inner
+            .backend
+            .scan(Space::Outbox, range)
+            .take_while(move |item| below(item, durable))
+            .map(|item| {
+                let (key, value) = item?;
+                let seq = keys::parse_seq_key(&key)
+                    .map_err(|kind| Error::malformed(Space::Outbox, &key, kind))?;
+                let (task, position) = keys::parse_event_key(&value)
+                    .map_err(|kind| Error::malformed(Space::Outbox, &key, kind))?;
+                Ok(OutboxEntry {
+                    seq,
+                    task: task.to_owned(),
+                    position,
+                })
+            })
+    }
+
+    /// The notification queued by the enqueue record of sequence `seq`, read, while it is
+    /// still in the outbox; `None` once it has been acknowledged (or was never queued).
+    ///
+    /// # Errors
+    /// [`Error::Storage`] on I/O failure, [`Error::Corruption`] when the entry names a record
+    /// that does not read back.
+    pub fn queued(&self, seq: u64) -> Result<Option<Committed>> {
+        if seq > self.visible() {
+            return Ok(None);
+        }
+        let key = keys::seq_key(seq);
+        let Some(value) = self.inner.backend.get(Space::Outbox, &key)? else {
+            return Ok(None);
+        };
+        let (task, position) = keys::parse_event_key(&value)
+            .map_err(|kind| Error::malformed(Space::Outbox, &key, kind))?;
+        Ok(Some(Committed {
+            task: task.to_owned(),
+            record: read_unchained(self.inner.backend.as_ref(), task, position)?,
+        }))
     }
 
     /// How many notifications are queued and unacknowledged (the outbox's backlog): its

@@ -78,9 +78,9 @@ pub use backend::{
 };
 #[doc(hidden)]
 pub use bulk::{RawRecords, RawStream, Records, StreamScanner};
-pub use commits::Committed;
 #[doc(hidden)]
 pub use commits::{CommitBatches, RawCommits, RecordFetcher, Sealed};
+pub use commits::{Committed, OutboxEntry};
 pub use error::{
     CorruptionKind, Error, Limit, PurgeRefusal, Result, StorageError, StorageErrorKind, TrimRefusal,
 };

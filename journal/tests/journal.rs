@@ -346,6 +346,31 @@ fn the_live_index_and_outbox_follow_the_events() {
     assert_eq!(outbox.len(), 1);
     assert_eq!(outbox[0].task, "a");
     assert_eq!(outbox[0].record.seq, appended.last_seq);
+    // The index's entries alone, from a sequence on, and one entry's record by its sequence.
+    let entries: Vec<_> = journal.outbox_entries(0).collect::<Result<_, _>>().unwrap();
+    assert_eq!(
+        entries,
+        [dtask_journal::OutboxEntry {
+            seq: appended.last_seq,
+            task: "a".into(),
+            position: 2
+        }]
+    );
+    assert_eq!(journal.outbox_entries(appended.last_seq).count(), 0);
+    assert_eq!(
+        journal.outbox_entries(appended.last_seq - 1).count(),
+        1,
+        "the entries above the sequence given"
+    );
+    assert_eq!(
+        journal.queued(appended.last_seq).unwrap(),
+        Some(outbox[0].clone())
+    );
+    assert_eq!(
+        journal.queued(appended.last_seq - 1).unwrap(),
+        None,
+        "not an enqueue"
+    );
     journal
         .append(
             "a",
@@ -358,6 +383,12 @@ fn the_live_index_and_outbox_follow_the_events() {
         )
         .unwrap();
     assert_eq!(journal.outbox().count(), 0);
+    assert_eq!(journal.outbox_entries(0).count(), 0);
+    assert_eq!(
+        journal.queued(appended.last_seq).unwrap(),
+        None,
+        "acknowledged"
+    );
 }
 
 #[test]

@@ -140,6 +140,14 @@ fn appends_reads_and_indexes_match_the_embedded_journal() {
     sealed_batches_match(&pg, &rocks);
     assert_eq!(pg.last_seq().unwrap(), 6);
     assert_eq!(pg.outbox_len().unwrap(), 1);
+    // The outbox's entries from a sequence on, and one entry's record: as on RocksDB.
+    let entries = |j: &Journal| j.outbox_entries(0).collect::<Result<Vec<_>, _>>().unwrap();
+    assert_eq!(entries(&pg), entries(&rocks));
+    let queued = entries(&pg)[0].seq;
+    assert_eq!(pg.outbox_entries(queued).count(), 0);
+    assert_eq!(pg.queued(queued).unwrap(), rocks.queued(queued).unwrap());
+    assert!(pg.queued(queued).unwrap().is_some());
+    assert_eq!(pg.queued(queued - 1).unwrap(), None);
     let head = pg.head("a").unwrap().unwrap();
     assert_eq!((head.next_position, head.terminal), (4, true));
     assert_eq!(

@@ -133,7 +133,7 @@ struct Inner {
     clock: Arc<dyn Clock>,
     config: StoreConfig,
     index: Mutex<Index>,
-    outbox: Mutex<outbox::Leases>,
+    outbox: Mutex<outbox::Outbox>,
     pending_epoch: watch::Sender<u64>,
     /// What the open repaired in the `live` index, if anything.
     repaired: Option<LiveRepair>,
@@ -369,7 +369,7 @@ impl TaskStore {
                 counters: Counters::default(),
                 seen: AtomicU64::new(journal_seen),
                 index: Mutex::new(index),
-                outbox: Mutex::new(outbox::Leases::new()),
+                outbox: Mutex::new(outbox::Outbox::new()),
                 pending_epoch: watch::Sender::new(0),
                 repaired,
             }),

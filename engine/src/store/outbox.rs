@@ -5,14 +5,17 @@
 //! sent to preempt) indexed in the journal's outbox space; an acknowledgement is a
 //! `NotificationAcked` record that removes the index entry in the same batch. Receipt leases
 //! are delivery bookkeeping and live in memory only: after a restart every unacknowledged
-//! notification is deliverable again (at-least-once delivery).
+//! notification is deliverable again (at-least-once delivery). The routes a receive walks
+//! are read from the index incrementally ([`Outbox`]).
 
 use super::decide::{self, Decision, Keyed};
 use super::error::{NotFound, Result, StoreError};
 use super::request::NotificationRequest;
 use super::TaskStore;
 use dtask_journal::{Delivery, Event, Timestamp};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::ops::Bound;
+use std::sync::Arc;
 
 /// A delivered notification with its receipt.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,20 +50,57 @@ struct Lease {
     id: String,
 }
 
-/// In-memory receipt leases, keyed by the enqueue record's global sequence.
+/// Where a queued notification goes: its task and the session it is routed to.
+#[derive(Debug)]
+struct Route {
+    task: Arc<str>,
+    session: Arc<str>,
+}
+
+/// A task with notifications in the outbox: the session they are routed to (read once off
+/// its creation), and how many of its routes are held.
+#[derive(Debug)]
+struct Routed {
+    session: Arc<str>,
+    routes: usize,
+}
+
+/// What the store knows of the outbox for delivery, behind one lock: the routes of the
+/// queued notifications it has seen and the receipts it has leased.
+///
+/// The journal's outbox index stays the truth. The routes are read from it incrementally —
+/// each receive reads only the entries queued since the last one ([`Journal::outbox_entries`]
+/// after [`Outbox::scanned`]) — so a receive costs what it delivers, not the outbox's
+/// backlog: before, every receive read every queued notification's record and its task's
+/// creation, under this lock, and a waiting HTTP receive did so at every commit. A route is
+/// checked against the journal before it is delivered ([`Journal::queued`]): one whose
+/// notification was acknowledged elsewhere (another node of a shared journal) is dropped
+/// then.
 ///
 /// Receipts are `lease:<epoch>:<n>`: the epoch is drawn at random when the store opens, so a
 /// receipt handed out before a restart can never match (and acknowledge) a different
-/// notification delivered after it, when the counter starts again.
+/// notification delivered after it, when the counter starts again. Leases are keyed by the
+/// enqueue record's global sequence.
+///
+/// [`Journal::outbox_entries`]: dtask_journal::Journal::outbox_entries
+/// [`Journal::queued`]: dtask_journal::Journal::queued
 #[derive(Debug)]
-pub(crate) struct Leases {
+pub(crate) struct Outbox {
     by_seq: HashMap<u64, Lease>,
     by_receipt: HashMap<String, u64>,
     epoch: u64,
     next_receipt: u64,
+    /// The routes of the queued notifications seen, by enqueue sequence.
+    routes: BTreeMap<u64, Route>,
+    /// The same sequences by session.
+    sessions: HashMap<Arc<str>, BTreeSet<u64>>,
+    /// The tasks the routes name.
+    tasks: HashMap<Arc<str>, Routed>,
+    /// The last enqueue sequence read from the journal's outbox index (0: none yet).
+    scanned: u64,
 }
 
-impl Leases {
+impl Outbox {
     /// An empty table with a fresh receipt epoch (random: half of a version-4 UUID).
     pub(crate) fn new() -> Self {
         Self {
@@ -68,6 +108,107 @@ impl Leases {
             by_receipt: HashMap::new(),
             epoch: uuid::Uuid::new_v4().as_u64_pair().0,
             next_receipt: 0,
+            routes: BTreeMap::new(),
+            sessions: HashMap::new(),
+            tasks: HashMap::new(),
+            scanned: 0,
+        }
+    }
+
+    /// Reads the outbox's entries queued since the last look into the routes; a new task's
+    /// session is read off its creation by `session_of`.
+    fn catch_up(
+        &mut self,
+        journal: &dtask_journal::Journal,
+        session_of: impl Fn(&str) -> Result<String>,
+    ) -> Result<()> {
+        for entry in journal.outbox_entries(self.scanned) {
+            let entry = entry?;
+            let (task, session) =
+                if let Some((task, routed)) = self.tasks.get_key_value(entry.task.as_str()) {
+                    (Arc::clone(task), Arc::clone(&routed.session))
+                } else {
+                    let session = session_of(&entry.task)?;
+                    let session = self
+                        .sessions
+                        .get_key_value(session.as_str())
+                        .map_or_else(|| Arc::from(session.as_str()), |(s, _)| Arc::clone(s));
+                    (Arc::from(entry.task), session)
+                };
+            self.tasks
+                .entry(Arc::clone(&task))
+                .or_insert_with(|| Routed {
+                    session: Arc::clone(&session),
+                    routes: 0,
+                })
+                .routes += 1;
+            self.sessions
+                .entry(Arc::clone(&session))
+                .or_default()
+                .insert(entry.seq);
+            self.routes.insert(entry.seq, Route { task, session });
+            self.scanned = self.scanned.max(entry.seq);
+        }
+        Ok(())
+    }
+
+    /// The first route after `after` (of `session`, when given).
+    fn next_after(&self, session: Option<&str>, after: u64) -> Option<u64> {
+        let range = (Bound::Excluded(after), Bound::Unbounded);
+        match session {
+            Some(session) => self.sessions.get(session)?.range(range).next().copied(),
+            None => self.routes.range(range).next().map(|(seq, _)| *seq),
+        }
+    }
+
+    /// Whether the notification of `seq` is leased to a consumer until after `now`.
+    fn busy(&self, seq: u64, now: Timestamp) -> bool {
+        self.by_seq.get(&seq).is_some_and(|l| l.expires > now)
+    }
+
+    /// Leases the notification of `seq` until `expires`; returns its fresh receipt.
+    fn lease(&mut self, seq: u64, task: &str, id: &str, expires: Timestamp) -> String {
+        self.next_receipt += 1;
+        let receipt = format!("lease:{:016x}:{}", self.epoch, self.next_receipt);
+        let lease = Lease {
+            receipt: receipt.clone(),
+            expires,
+            task: task.to_owned(),
+            id: id.to_owned(),
+        };
+        if let Some(old) = self.by_seq.insert(seq, lease) {
+            self.by_receipt.remove(&old.receipt);
+        }
+        self.by_receipt.insert(receipt.clone(), seq);
+        receipt
+    }
+
+    /// The lease `receipt` names, if it is the notification's current one.
+    fn leased(&self, receipt: &str) -> Option<(u64, Lease)> {
+        let seq = *self.by_receipt.get(receipt)?;
+        let lease = self.by_seq.get(&seq).filter(|l| l.receipt == receipt)?;
+        Some((seq, lease.clone()))
+    }
+
+    /// Drops the notification of `seq`: acknowledged (here or elsewhere), or never one.
+    fn forget(&mut self, seq: u64) {
+        if let Some(lease) = self.by_seq.remove(&seq) {
+            self.by_receipt.remove(&lease.receipt);
+        }
+        let Some(route) = self.routes.remove(&seq) else {
+            return;
+        };
+        if let Some(seqs) = self.sessions.get_mut(&route.session) {
+            seqs.remove(&seq);
+            if seqs.is_empty() {
+                self.sessions.remove(&route.session);
+            }
+        }
+        if let Some(routed) = self.tasks.get_mut(&route.task) {
+            routed.routes = routed.routes.saturating_sub(1);
+            if routed.routes == 0 {
+                self.tasks.remove(&route.task);
+            }
         }
     }
 }
@@ -75,7 +216,7 @@ impl Leases {
 pub use super::decide::RESERVED_KIND_PREFIXES;
 
 impl TaskStore {
-    fn leases(&self) -> parking_lot::MutexGuard<'_, Leases> {
+    fn outbox(&self) -> parking_lot::MutexGuard<'_, Outbox> {
         self.inner.outbox.lock()
     }
 
@@ -175,8 +316,9 @@ impl TaskStore {
     }
 
     /// Chooses and leases the deliverable notifications (of `session`, when given) under one
-    /// lock, so that two receivers never get the same one. A task's session is read off its
-    /// creation (its first record; a task's spec never changes), once a call.
+    /// lock, so that two receivers never get the same one: the outbox's new entries read into
+    /// the routes, then the routes walked in insertion order, each one delivered read from
+    /// the journal (one acknowledged elsewhere is dropped).
     fn receive(
         &self,
         session: Option<&str>,
@@ -189,44 +331,33 @@ impl TaskStore {
         let limit = self.config().page(limit);
         let now = self.now();
         let expires = now.plus_millis(u64::try_from(lease.as_millis()).unwrap_or(u64::MAX));
-        let mut sessions: HashMap<String, String> = HashMap::new();
+        let journal = self.journal();
         let mut out = Vec::new();
-        let mut leases = self.leases();
-        for item in self.journal().outbox() {
-            if out.len() == limit {
+        let mut outbox = self.outbox();
+        outbox.catch_up(journal, |task| self.session_of(task))?;
+        let mut after = 0;
+        while out.len() < limit {
+            let Some(seq) = outbox.next_after(session, after) else {
                 break;
-            }
-            let item = item?;
-            let busy = leases
-                .by_seq
-                .get(&item.record.seq)
-                .is_some_and(|l| l.expires > now);
-            if busy {
+            };
+            after = seq;
+            if outbox.busy(seq, now) {
                 continue;
             }
+            let Some(item) = journal.queued(seq)? else {
+                outbox.forget(seq);
+                continue;
+            };
             let Some(queued) = item.record.event.queued_notification() else {
+                outbox.forget(seq);
                 continue;
             };
-            if !sessions.contains_key(&item.task) {
-                let routed = self.session_of(&item.task)?;
-                sessions.insert(item.task.clone(), routed);
-            }
-            let session_id = sessions.get(&item.task).cloned().unwrap_or_default();
-            if session.is_some_and(|s| s != session_id) {
-                continue;
-            }
-            leases.next_receipt += 1;
-            let receipt = format!("lease:{:016x}:{}", leases.epoch, leases.next_receipt);
-            let lease = Lease {
-                receipt: receipt.clone(),
-                expires,
-                task: item.task.clone(),
-                id: queued.id.to_owned(),
-            };
-            if let Some(old) = leases.by_seq.insert(item.record.seq, lease) {
-                leases.by_receipt.remove(&old.receipt);
-            }
-            leases.by_receipt.insert(receipt.clone(), item.record.seq);
+            let session_id = outbox
+                .routes
+                .get(&seq)
+                .map(|route| route.session.to_string())
+                .unwrap_or_default();
+            let receipt = outbox.lease(seq, &item.task, queued.id, expires);
             out.push(Notification {
                 id: queued.id.to_owned(),
                 task_id: item.task.clone(),
@@ -258,20 +389,10 @@ impl TaskStore {
     /// when the receipt's lease has expired (the notification stays deliverable).
     pub async fn ack_notification(&self, receipt: &str) -> Result<()> {
         let now = self.now();
-        let (seq, lease) = {
-            let table = self.leases();
-            let seq = *table
-                .by_receipt
-                .get(receipt)
-                .ok_or_else(|| StoreError::NotFound(NotFound::Receipt(receipt.to_owned())))?;
-            let lease = table
-                .by_seq
-                .get(&seq)
-                .filter(|l| l.receipt == receipt)
-                .cloned()
-                .ok_or_else(|| StoreError::NotFound(NotFound::Receipt(receipt.to_owned())))?;
-            (seq, lease)
-        };
+        let (seq, lease) = self
+            .outbox()
+            .leased(receipt)
+            .ok_or_else(|| StoreError::NotFound(NotFound::Receipt(receipt.to_owned())))?;
         if now >= lease.expires {
             return Err(StoreError::LeaseLost("the receipt's lease has expired"));
         }
@@ -280,9 +401,7 @@ impl TaskStore {
         if let Decision::Write(events) = decide::ack(&task, &lease.id, seq, now)? {
             self.commit(&slot, &mut task, &events).await?;
         }
-        let mut leases = self.leases();
-        leases.by_seq.remove(&seq);
-        leases.by_receipt.remove(receipt);
+        self.outbox().forget(seq);
         Ok(())
     }
 }

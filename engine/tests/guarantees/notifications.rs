@@ -552,3 +552,75 @@ async fn g103_application_notification_max_sizes_accepted() {
     assert_eq!(got[0].kind, request.kind);
     assert_eq!(got[0].data, request.data);
 }
+
+/// A receive reads only what was queued since the one before and walks its session's
+/// notifications alone: with sessions interleaved, limits that stop a walk early, and
+/// notifications queued between receives, each session's consumer gets its own, each once
+/// while leased, in insertion order; one acknowledged is never delivered again.
+#[tokio::test]
+async fn sessions_receive_their_own_across_receives_limits_and_new_notifications() {
+    let env = Env::new();
+    let store = env.store();
+    let routed = |id: &str, session: &str| {
+        request(
+            dtask_journal::TaskSpec {
+                session_id: session.to_owned(),
+                ..session_spec(id, false)
+            },
+            Retry,
+        )
+    };
+    let lease = Duration::from_secs(10);
+    for (id, session) in [("a1", "a"), ("b1", "b"), ("a2", "a"), ("b2", "b")] {
+        store.create(routed(id, session)).await.unwrap();
+    }
+    let tasks = |got: &[dtask_engine::Notification]| {
+        got.iter().map(|n| n.task_id.clone()).collect::<Vec<_>>()
+    };
+    let first = store
+        .receive_session_notifications("a", 1, lease)
+        .await
+        .unwrap();
+    assert_eq!(tasks(&first), ["a1"]);
+    assert_eq!(first[0].session_id, "a");
+    // Queued after the first receive: read by the next one, behind what was there.
+    for (id, session) in [("a3", "a"), ("c1", "c")] {
+        store.create(routed(id, session)).await.unwrap();
+    }
+    let second = store
+        .receive_session_notifications("a", 10, lease)
+        .await
+        .unwrap();
+    assert_eq!(tasks(&second), ["a2", "a3"], "a1 is leased");
+    let b = store
+        .receive_session_notifications("b", 10, lease)
+        .await
+        .unwrap();
+    assert_eq!(tasks(&b), ["b1", "b2"]);
+    assert!(store
+        .receive_session_notifications("nobody", 10, lease)
+        .await
+        .unwrap()
+        .is_empty());
+    // Every session's alone, without a session: what no one holds.
+    let rest = store.receive_notifications(10, lease).await.unwrap();
+    assert_eq!(tasks(&rest), ["c1"]);
+    assert_eq!(rest[0].session_id, "c");
+    // Acknowledged: gone for good; the others come back once their leases run out.
+    store.ack_notification(&second[0].receipt).await.unwrap();
+    env.advance(10_000);
+    let again = store
+        .receive_session_notifications("a", 10, lease)
+        .await
+        .unwrap();
+    assert_eq!(tasks(&again), ["a1", "a3"]);
+    for n in &again {
+        store.ack_notification(&n.receipt).await.unwrap();
+    }
+    assert!(store
+        .receive_session_notifications("a", 10, Duration::from_secs(1))
+        .await
+        .unwrap()
+        .is_empty());
+    assert_eq!(store.journal().outbox_len().unwrap(), 3, "b1, b2 and c1");
+}

@@ -1606,6 +1606,8 @@ mod tests {
             0,
             "an unsynced notification is not delivered"
         );
+        assert_eq!(journal.outbox_entries(0).count(), 0);
+        assert_eq!(journal.queued(3).unwrap(), None);
 
         release.send(true).unwrap();
         let appended = background.join().unwrap().unwrap();
@@ -1616,6 +1618,8 @@ mod tests {
         assert_eq!(scanner.read("t").into_records().count(), 3);
         assert_eq!(journal.commits(0).count(), 3);
         assert_eq!(journal.outbox().count(), 1);
+        assert_eq!(journal.outbox_entries(0).count(), 1);
+        assert!(journal.queued(3).unwrap().is_some());
     }
 
     thread_local! {
