@@ -15,7 +15,9 @@
 //! A second set of rows runs the same tasks through a managed tool (a plain background tool whose
 //! run emits the 10 updates), submitted with `ManagedTools::submit`.
 //!
-//! Run: `cargo bench --bench workflow` (`-- --secs 5`, `-- --callers 64`, `-- --steps 10`).
+//! Run: `cargo bench --bench workflow` (`-- --secs 5`, `-- --callers 64`, `-- --steps 10`;
+//! `-- --backlog 100000`: each row beside that many pending tasks of an executor no worker
+//! runs).
 #![allow(
     clippy::unwrap_used,
     clippy::cast_precision_loss,
@@ -63,6 +65,10 @@ struct Args {
     /// off).
     #[arg(long)]
     finished_in_place: bool,
+    /// Before each row, queue this many pending tasks of an executor no worker runs (a
+    /// backlog the rows' workers are not to pay for).
+    #[arg(long, default_value_t = 0)]
+    backlog: usize,
     #[command(flatten)]
     journal: common::JournalFlags,
     #[command(flatten)]
@@ -198,6 +204,7 @@ fn row_through(through: Through, callers: usize, steps: u32, secs: f64) -> (f64,
     runtime.block_on(async {
         let journal = Journal::open(dir.path(), journal_options()).unwrap();
         let store = TaskStore::open(journal, SystemClock, StoreConfig::default()).unwrap();
+        queue_backlog(&store).await;
         let mut registry = ExecutorRegistry::new();
         registry.register(Steps).unwrap();
         let mut tools = ToolRegistry::new();
@@ -352,6 +359,37 @@ fn other_rows(args: &Args) -> (Option<f64>, Option<f64>) {
     (worker_64, managed_64)
 }
 
+/// `--backlog`.
+static BACKLOG: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Queues `--backlog` pending tasks of the executor `elsewhere`, which no worker here runs.
+async fn queue_backlog(store: &TaskStore) {
+    use futures::StreamExt as _;
+    let n = BACKLOG.load(Ordering::Relaxed);
+    futures::stream::iter(0..n)
+        .map(|i| {
+            let store = store.clone();
+            async move {
+                let spec = TaskSpec {
+                    id: format!("backlog-{i:07}"),
+                    executor_key: "elsewhere".into(),
+                    ..TaskSpec::default()
+                };
+                store
+                    .create(dtask::engine::CreateRequest {
+                        spec,
+                        policy: Some(LeasePolicy::Retry),
+                        ..dtask::engine::CreateRequest::default()
+                    })
+                    .await
+                    .unwrap();
+            }
+        })
+        .buffer_unordered(256)
+        .collect::<Vec<()>>()
+        .await;
+}
+
 /// `--no-inline`.
 static NO_INLINE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
@@ -368,6 +406,7 @@ fn journal_options() -> JournalOptions {
 fn main() {
     let args = Args::parse();
     NO_INLINE.store(args.no_inline, std::sync::atomic::Ordering::Relaxed);
+    BACKLOG.store(args.backlog, Ordering::Relaxed);
     args.journal.apply();
     APART.store(
         !args.finished_in_place,

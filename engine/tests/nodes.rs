@@ -418,8 +418,9 @@ async fn a_trim_made_on_one_node_is_followed_by_another_that_appends_after_it() 
 
 /// Each node leases notifications on its own (delivery is at-least-once), but one
 /// acknowledged on one node is not delivered again by another that had delivered it before:
-/// the other's receive checks each notification against the journal before it hands it out.
-/// A notification queued on one node is found by the other's next receive.
+/// the other drops its route when it follows the acknowledgement, and its receive checks
+/// each notification against the journal before it hands it out. A notification queued on
+/// one node is found by the other's next receive.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_notification_acknowledged_on_one_node_is_not_delivered_again_by_another() {
     use std::time::Duration;
@@ -448,7 +449,11 @@ async fn a_notification_acknowledged_on_one_node_is_not_delivered_again_by_anoth
     );
     let on_a = a.receive_notifications(10, lease).await.unwrap();
     assert_eq!(ids(&on_a), ["t1", "t2"], "each node leases on its own");
+    assert_eq!(b.notifications_routed(), 2);
     a.ack_notification(&on_a[0].receipt).await.unwrap();
+    // Following the journal, B hears of the acknowledgement and lets its route go.
+    b.refresh().await.unwrap();
+    assert_eq!(b.notifications_routed(), 1);
     clock.advance(Duration::from_secs(10));
     a.create(request(session_spec("t3", false), LeasePolicy::Retry))
         .await
@@ -464,6 +469,7 @@ async fn a_notification_acknowledged_on_one_node_is_not_delivered_again_by_anoth
     }
     assert!(a.receive_notifications(10, lease).await.unwrap().is_empty());
     assert_eq!(a.journal().outbox_len().unwrap(), 0);
+    assert_eq!((a.notifications_routed(), b.notifications_routed()), (0, 0));
     clean(&url);
 }
 

@@ -56,6 +56,10 @@ impl TaskStore {
 
     /// Brings the task of `record` up to it.
     async fn apply_committed(&self, id: &str, record: &Record) -> Result<()> {
+        if let dtask_journal::Event::NotificationAcked { enqueued_seq, .. } = record.event {
+            // Acknowledged, here or elsewhere: no longer this node's to deliver.
+            self.forget_notification(enqueued_seq);
+        }
         if let dtask_journal::Event::Purged { .. } = record.event {
             // Purged elsewhere: forget it (a read finds the tombstone).
             self.index().slots.remove(id);

@@ -95,16 +95,99 @@ impl std::fmt::Debug for TaskKey {
     }
 }
 
+/// Tasks by executor key, each key's ordered by id: a listing of some executors' tasks
+/// walks theirs alone. (One set of every key's, filtered as it was walked, had a worker of
+/// one executor walk every pending task of the others at each look for work — under the
+/// index's lock, which every commit takes — however few were its own.)
+#[derive(Default, Debug, PartialEq, Eq)]
+pub(super) struct ByExecutor {
+    sets: HashMap<String, BTreeSet<TaskKey>>,
+}
+
+impl ByExecutor {
+    pub(super) fn insert(&mut self, task: TaskKey) {
+        if let Some(set) = self.sets.get_mut(task.executor_key()) {
+            set.insert(task);
+        } else {
+            let key = task.executor_key().to_owned();
+            self.sets.insert(key, BTreeSet::from([task]));
+        }
+    }
+
+    pub(super) fn remove(&mut self, task: &TaskKey) {
+        let key = task.executor_key();
+        if let Some(set) = self.sets.get_mut(key) {
+            set.remove(task.id());
+            if set.is_empty() {
+                self.sets.remove(key);
+            }
+        }
+    }
+
+    /// Whether the set holds no task.
+    #[cfg(test)]
+    pub(super) fn is_empty(&self) -> bool {
+        self.sets.is_empty()
+    }
+
+    /// Whether `task` is in the set.
+    #[cfg(test)]
+    pub(super) fn contains(&self, task: &TaskKey) -> bool {
+        self.sets
+            .get(task.executor_key())
+            .is_some_and(|set| set.contains(task.id()))
+    }
+
+    /// The ids of up to `n` tasks of the executors `keys` after the id `after`, in id order
+    /// across the keys: each key's range, merged.
+    pub(super) fn page(&self, keys: &[&str], after: Option<&str>, n: usize) -> Vec<String> {
+        let lower = after.map_or(std::ops::Bound::Unbounded, std::ops::Bound::Excluded);
+        let mut walks: Vec<_> = keys
+            .iter()
+            .filter_map(|key| self.sets.get(*key))
+            .map(|set| {
+                set.range::<str, _>((lower, std::ops::Bound::Unbounded))
+                    .peekable()
+            })
+            .collect();
+        let mut ids = Vec::with_capacity(n.min(64));
+        while ids.len() < n {
+            let next = walks
+                .iter_mut()
+                .enumerate()
+                .filter_map(|(i, walk)| walk.peek().map(|task| (task.id(), i)))
+                .min();
+            let Some((_, i)) = next else {
+                break;
+            };
+            if let Some(task) = walks[i].next() {
+                ids.push(task.id().to_owned());
+            }
+        }
+        ids
+    }
+}
+
+impl FromIterator<TaskKey> for ByExecutor {
+    fn from_iter<I: IntoIterator<Item = TaskKey>>(tasks: I) -> Self {
+        let mut set = Self::default();
+        for task in tasks {
+            set.insert(task);
+        }
+        set
+    }
+}
+
 #[derive(Default)]
 pub(super) struct Index {
     pub(super) slots: HashMap<TaskKey, Arc<Slot>>,
-    /// Pending tasks by id (each with its executor key, in its spec): the claimable ones, and
-    /// the delayed ones [`Index::promote_due`] moved here once due.
-    pub(super) pending: BTreeSet<TaskKey>,
+    /// Pending tasks by executor key and id: the claimable ones, and the delayed ones
+    /// [`Index::promote_due`] moved here once due.
+    pub(super) pending: ByExecutor,
     /// Delayed pending tasks by not-before time, until they are due.
     pub(super) delayed: BTreeSet<(Timestamp, TaskKey)>,
-    /// Suspended tasks by id.
-    pub(super) suspended: BTreeSet<TaskKey>,
+    /// Suspended tasks by executor key and id.
+    pub(super) suspended: ByExecutor,
     pub(super) leases: BTreeSet<(Timestamp, TaskKey)>,
     pub(super) terminal: VecDeque<TaskKey>,
 }
@@ -156,13 +239,13 @@ impl Index {
             match before.status {
                 Status::Pending => {
                     // A delayed task may have been promoted to `pending` since it was placed.
-                    self.pending.remove(task.id());
+                    self.pending.remove(task);
                     if let Some(until) = before.not_before {
                         self.delayed.remove(&(until, task.clone()));
                     }
                 }
                 Status::Suspended => {
-                    self.suspended.remove(task.id());
+                    self.suspended.remove(task);
                 }
                 _ => {}
             }
@@ -288,10 +371,10 @@ mod tests {
         index
             .slots
             .insert(TaskKey::of(&task.state), Slot::new(task.clone()));
-        let entry = index.pending.first().unwrap();
+        let entry = index.pending.sets["key"].first().unwrap();
         assert!(Arc::ptr_eq(&entry.0, spec));
         assert_eq!((entry.id(), entry.executor_key()), ("a", "key"));
-        assert!(index.slots.contains_key("a") && index.pending.contains("a"));
+        assert!(index.slots.contains_key("a") && index.pending.contains(&TaskKey::of(&task.state)));
         let running = Placement {
             status: Status::Running,
             lease: Some(Timestamp(5)),
@@ -331,7 +414,7 @@ mod tests {
         index.promote_due(Timestamp(49));
         assert!(index.pending.is_empty(), "not due yet");
         index.promote_due(Timestamp(50));
-        assert!(index.pending.contains("d") && index.delayed.is_empty());
+        assert!(index.pending.contains(&key) && index.delayed.is_empty());
         assert_eq!(index.next_due(), None);
         let running = Placement {
             status: Status::Running,
@@ -347,6 +430,50 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// A page of some executors' tasks is what walking every task in id order and keeping
+        /// theirs gives (the listing before the sets were kept by executor), from any id on
+        /// and of any size; removing tasks takes them out of later pages.
+        #[test]
+        fn a_page_of_some_executors_is_the_filtered_walk_of_all(
+            tasks in proptest::collection::btree_map(0u16..500, 0u8..4, 0..80),
+            wanted in proptest::collection::vec(0u8..5, 1..4),
+            after in proptest::option::of(0u16..500),
+            n in 0usize..20,
+            removed in proptest::collection::vec(0u16..500, 0..20),
+        ) {
+            let key_of = |k: u8| format!("key-{k}");
+            let keys_owned: Vec<String> = wanted.iter().map(|k| key_of(*k)).collect();
+            let mut keys: Vec<&str> = keys_owned.iter().map(String::as_str).collect();
+            keys.sort_unstable();
+            keys.dedup();
+            let entries: Vec<TaskKey> = tasks
+                .iter()
+                .map(|(id, k)| {
+                    let spec = TaskSpec::new(format!("t{id:04}"), key_of(*k));
+                    let created = Event::created(spec, LeasePolicy::Retry, Timestamp(1));
+                    TaskKey::of(&fold_new(&format!("t{id:04}"), &[created]).unwrap().state)
+                })
+                .collect();
+            let mut set: ByExecutor = entries.iter().cloned().collect();
+            for id in &removed {
+                if let Some(task) = entries.iter().find(|t| t.id() == format!("t{id:04}")) {
+                    set.remove(task);
+                }
+            }
+            let after = after.map(|id| format!("t{id:04}"));
+            let expected: Vec<String> = entries
+                .iter()
+                .filter(|t| !removed.iter().any(|id| t.id() == format!("t{id:04}")))
+                .filter(|t| after.as_deref().is_none_or(|a| t.id() > a))
+                .filter(|t| keys.contains(&t.executor_key()))
+                .map(|t| t.id().to_owned())
+                .take(n)
+                .collect();
+            proptest::prop_assert_eq!(set.page(&keys, after.as_deref(), n), expected);
+            let emptied = set.sets.values().any(BTreeSet::is_empty);
+            proptest::prop_assert!(!emptied, "an emptied key's set goes");
+        }
+
         /// A recovery's bulk-built index holds exactly the entries that placing each task
         /// one by one makes, whatever the order the tasks come in and their placements.
         #[test]

@@ -42,7 +42,6 @@ use dtask_replay::{
 };
 use index::{Index, IndexBuilder, Placement, TaskKey, MAX_SIZED_LIVE_TASKS};
 use parking_lot::{Mutex, MutexGuard};
-use std::ops::Bound;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use tokio::sync::watch;
@@ -1157,13 +1156,7 @@ impl TaskStore {
         } else {
             &index.suspended
         };
-        let lower = after.as_deref().map_or(Bound::Unbounded, Bound::Excluded);
-        let ids = set
-            .range::<str, _>((lower, Bound::Unbounded))
-            .filter(|task| keys.binary_search(&task.executor_key()).is_ok())
-            .map(|task| task.id().to_owned())
-            .take(limit + 1)
-            .collect();
+        let ids = set.page(&keys, after.as_deref(), limit + 1);
         Ok((ids, limit, keys))
     }
 

@@ -70,12 +70,12 @@ struct Routed {
 ///
 /// The journal's outbox index stays the truth. The routes are read from it incrementally —
 /// each receive reads only the entries queued since the last one ([`Journal::outbox_entries`]
-/// after [`Outbox::scanned`]) — so a receive costs what it delivers, not the outbox's
-/// backlog: before, every receive read every queued notification's record and its task's
-/// creation, under this lock, and a waiting HTTP receive did so at every commit. A route is
-/// checked against the journal before it is delivered ([`Journal::queued`]): one whose
-/// notification was acknowledged elsewhere (another node of a shared journal) is dropped
-/// then.
+/// after [`Outbox::scanned`]) — so a receive no longer grows with other sessions' backlog
+/// or with what was acknowledged: before, every receive read every queued notification's
+/// record and its task's creation, under this lock, and a waiting HTTP receive did so at
+/// every commit. A route is checked against the journal before it is delivered
+/// ([`Journal::queued`]): one whose notification was acknowledged elsewhere (another node of
+/// a shared journal) is dropped then, or as soon as this store follows the acknowledgement.
 ///
 /// Receipts are `lease:<epoch>:<n>`: the epoch is drawn at random when the store opens, so a
 /// receipt handed out before a restart can never match (and acknowledge) a different
@@ -124,6 +124,11 @@ impl Outbox {
     ) -> Result<()> {
         for entry in journal.outbox_entries(self.scanned) {
             let entry = entry?;
+            if self.routes.contains_key(&entry.seq) {
+                // Routed already (read again after a route found stale: `reroute`).
+                self.scanned = self.scanned.max(entry.seq);
+                continue;
+            }
             let (task, session) =
                 if let Some((task, routed)) = self.tasks.get_key_value(entry.task.as_str()) {
                     (Arc::clone(task), Arc::clone(&routed.session))
@@ -188,6 +193,15 @@ impl Outbox {
         let seq = *self.by_receipt.get(receipt)?;
         let lease = self.by_seq.get(&seq).filter(|l| l.receipt == receipt)?;
         Some((seq, lease.clone()))
+    }
+
+    /// Drops the route of `seq`, which named another task than the journal's entry does,
+    /// and has the next receive read the entry again. (Sequences are read durable, so an
+    /// entry does not change under a route; this keeps a notification deliverable if one
+    /// ever did.)
+    fn reroute(&mut self, seq: u64) {
+        self.forget(seq);
+        self.scanned = self.scanned.min(seq.saturating_sub(1));
     }
 
     /// Drops the notification of `seq`: acknowledged (here or elsewhere), or never one.
@@ -331,7 +345,9 @@ impl TaskStore {
         let limit = self.config().page(limit);
         let now = self.now();
         let expires = now.plus_millis(u64::try_from(lease.as_millis()).unwrap_or(u64::MAX));
-        let journal = self.journal();
+        // What is delivered is shown to a consumer, who acts on it: read durable (on a
+        // shared journal, a notification committed but not yet flushed is not handed out).
+        let journal = self.durable_journal();
         let mut out = Vec::new();
         let mut outbox = self.outbox();
         outbox.catch_up(journal, |task| self.session_of(task))?;
@@ -348,15 +364,18 @@ impl TaskStore {
                 outbox.forget(seq);
                 continue;
             };
+            let Some(route) = outbox.routes.get(&seq) else {
+                continue;
+            };
+            if *route.task != *item.task {
+                outbox.reroute(seq);
+                continue;
+            }
+            let session_id = route.session.to_string();
             let Some(queued) = item.record.event.queued_notification() else {
                 outbox.forget(seq);
                 continue;
             };
-            let session_id = outbox
-                .routes
-                .get(&seq)
-                .map(|route| route.session.to_string())
-                .unwrap_or_default();
             let receipt = outbox.lease(seq, &item.task, queued.id, expires);
             out.push(Notification {
                 id: queued.id.to_owned(),
@@ -371,6 +390,21 @@ impl TaskStore {
             });
         }
         Ok(out)
+    }
+
+    /// How many queued notifications this store holds delivery routes for: read by its
+    /// receives, dropped as they are acknowledged — here, or on another node of a shared
+    /// journal, once this store has followed that ([`TaskStore::refresh`]) or a receive has
+    /// found it gone. The memory the outbox's delivery holds (~200 B a route).
+    #[must_use]
+    pub fn notifications_routed(&self) -> usize {
+        self.outbox().routes.len()
+    }
+
+    /// Drops what this store holds for the notification enqueued at `seq`, acknowledged by
+    /// a record it followed.
+    pub(super) fn forget_notification(&self, seq: u64) {
+        self.outbox().forget(seq);
     }
 
     /// The session `task`'s notifications are routed to, from its creation record (empty

@@ -623,4 +623,9 @@ async fn sessions_receive_their_own_across_receives_limits_and_new_notifications
         .unwrap()
         .is_empty());
     assert_eq!(store.journal().outbox_len().unwrap(), 3, "b1, b2 and c1");
+    assert_eq!(
+        store.notifications_routed(),
+        3,
+        "the acknowledged ones' routes let go"
+    );
 }
