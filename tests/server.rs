@@ -2004,6 +2004,96 @@ async fn audit_while_creating(store: TaskStore) {
     server.stop().await;
 }
 
+/// Purges and writes interleaved: each purge has the server count the journal again beside
+/// its pump, which goes on reading (and streaming) meanwhile and brings the new counts up to
+/// what it read once the count is done. The counts end equal to a fresh count of the same
+/// journal by a server started on it afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counts_made_again_after_purges_beside_writes_end_equal_to_a_fresh_count() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        // Long streams, so that each count takes a while and the writes land during counts.
+        let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+        let now = dtask_engine::Clock::now(&SystemClock);
+        for b in 0..8 {
+            let id = format!("bulk-{b}");
+            let spec = TaskSpec::new(id.clone(), "bulk");
+            let mut events = vec![
+                Event::created(spec, LeasePolicy::Retry, now),
+                Event::AttemptStarted {
+                    attempt: 1,
+                    lease_deadline: now.plus_millis(86_400_000),
+                    at: now,
+                },
+            ];
+            events.extend((0..1000).map(|i| Event::UpdateAppended {
+                attempt: 1,
+                event_id: format!("e{i}"),
+                kind: "progress".into(),
+                data: vec![7; 16],
+                metadata: vec![],
+                at: now,
+            }));
+            journal.append_async(&id, 0, &events).await.unwrap();
+        }
+    }
+    let store = open_store(dir.path());
+    for i in 0..40 {
+        let id = format!("old-{i:02}");
+        store
+            .create(create(&id, "shell", &json!({})))
+            .await
+            .unwrap();
+        store.execute(&id, 1, Cmd::Start).await.unwrap();
+        store
+            .execute(&id, 2, Cmd::Fail { error: "e".into() })
+            .await
+            .unwrap();
+    }
+    let server = Running::start(Server::owner(store.clone(), None, fast())).await;
+    server.wait_seq(store.journal().last_seq().unwrap()).await;
+    let writer = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            for i in 0..40 {
+                let id = format!("new-{i:02}");
+                store.create(create(&id, "http", &json!({}))).await.unwrap();
+                store.execute(&id, 1, Cmd::Start).await.unwrap();
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+    for i in 0..40 {
+        let url = server.url(&format!("/api/tasks/old-{i:02}"));
+        let response = server.http.delete(url).send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+    writer.await.unwrap();
+    let last = store.journal().last_seq().unwrap();
+    let counted = server.wait_seq(last).await;
+    server.stop().await;
+    drop(store);
+    let fresh = Running::start(Server::owner(open_store(dir.path()), None, fast())).await;
+    let recounted = fresh.wait_seq(last).await;
+    for field in [
+        "tasks",
+        "records",
+        "bytes",
+        "tasks_purged",
+        "by_status",
+        "by_executor",
+        "by_type",
+    ] {
+        assert_eq!(
+            counted[field], recounted[field],
+            "{field}: {counted} / {recounted}"
+        );
+    }
+    assert_eq!(counted["tasks"], 48, "{counted}");
+    assert_eq!(counted["tasks_purged"], 40, "{counted}");
+    fresh.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_owner_purges_a_finished_task_and_reads_of_it_answer_gone() {
     let dir = tempfile::tempdir().unwrap();

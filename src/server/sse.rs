@@ -134,32 +134,21 @@ impl Pump {
     /// Counts the journal (again each interval while the count fails: the server is not
     /// ready until it is done), then reads its commits until `stop` turns true.
     pub async fn run(self, mut stop: watch::Receiver<bool>) {
-        let mut next = loop {
-            let journal = self.journal.clone();
-            let projection = Arc::clone(&self.projection);
-            let counted = tokio::task::spawn_blocking(move || projection.count(&journal)).await;
-            let failure = match counted {
-                Ok(Ok(last)) => break last + 1,
-                Ok(Err(e)) => e.to_string(),
-                Err(e) => e.to_string(),
-            };
-            self.metrics.pump_errors.inc();
-            self.read_failing.store(true, Ordering::Relaxed);
-            tracing_error(&format!("counting the journal failed: {failure}"));
-            tokio::select! {
-                () = tokio::time::sleep(self.interval) => {}
-                _ = stop.changed() => {}
-            }
-            if *stop.borrow() {
-                return;
-            }
+        let Some(mut next) = self.first_count(&mut stop).await else {
+            return;
         };
         let follower = self.follower;
         let shared = self.journal.is_shared();
         let mut durable_rx = self.journal.watch_durable();
+        // A count of the journal made again after a purge, running beside the pump.
+        let mut recount: Option<Recount> = None;
         loop {
             if *stop.borrow() {
                 return;
+            }
+            if let Some(done) = recount.as_mut().and_then(Recount::try_done) {
+                recount = None;
+                self.counted_again(done, next).await;
             }
             let journal = self.journal.clone();
             let read = tokio::task::spawn_blocking(move || -> Result<Vec<Committed>, String> {
@@ -189,10 +178,12 @@ impl Pump {
                 }
             };
             let full = batch.len() == BATCH;
-            let mut purged = false;
             for c in batch {
-                self.projection.apply(&c.task, &c.record);
-                purged |= self.projection.needs_recount();
+                if recount.is_none() {
+                    // While a count runs, the counts are its to replace: what the pump reads
+                    // meanwhile is applied once it is done (`counted_again`), in order.
+                    self.projection.apply(&c.task, &c.record);
+                }
                 next = c.record.seq + 1;
                 // Serialized only for someone: with no stream open, nothing is made. (A stream
                 // opening meanwhile reads what it missed from the journal.)
@@ -201,16 +192,12 @@ impl Pump {
                     let _ = self.hub.sender.send(item);
                 }
             }
-            if purged {
-                // What the purged tasks counted for is gone with their records: count again
-                // (the records read up to the count's start are not applied twice).
-                let journal = self.journal.clone();
-                let projection = Arc::clone(&self.projection);
-                let counted = tokio::task::spawn_blocking(move || projection.count(&journal)).await;
-                if !matches!(counted, Ok(Ok(_))) {
-                    self.metrics.pump_errors.inc();
-                    tracing_error("counting the journal again after a purge failed");
-                }
+            if recount.is_none() && self.projection.needs_recount() {
+                // What the purged tasks counted for is gone with their records: count again,
+                // beside the pump — a count reads the whole journal, and the streams, the
+                // waiting receives and the live pages go on meanwhile (the counts stand
+                // still until it is done).
+                recount = Some(Recount::start(&self.journal, &self.projection));
             }
             if !full {
                 // The embedded journal this process writes says when a sync made more
@@ -235,14 +222,121 @@ impl Pump {
                     }
                 };
                 if !ready {
+                    let counted = async {
+                        match recount.as_mut() {
+                            Some(running) => running.wait().await,
+                            None => std::future::pending().await,
+                        }
+                    };
                     tokio::select! {
                         () = tokio::time::sleep(self.interval) => {}
                         () = moved => {}
+                        () = counted => {}
                         _ = stop.changed() => {}
                     }
                 }
             }
         }
+    }
+}
+
+impl Pump {
+    /// Counts the journal, again each interval while the count fails; the sequence the pump
+    /// goes on from, or `None` once `stop` turns true.
+    async fn first_count(&self, stop: &mut watch::Receiver<bool>) -> Option<u64> {
+        loop {
+            let journal = self.journal.clone();
+            let projection = Arc::clone(&self.projection);
+            let counted = tokio::task::spawn_blocking(move || projection.count(&journal)).await;
+            let failure = match counted {
+                Ok(Ok(last)) => return Some(last + 1),
+                Ok(Err(e)) => e.to_string(),
+                Err(e) => e.to_string(),
+            };
+            self.metrics.pump_errors.inc();
+            self.read_failing.store(true, Ordering::Relaxed);
+            tracing_error(&format!("counting the journal failed: {failure}"));
+            tokio::select! {
+                () = tokio::time::sleep(self.interval) => {}
+                _ = stop.changed() => {}
+            }
+            if *stop.borrow() {
+                return None;
+            }
+        }
+    }
+
+    /// Takes a count made again: on success the counts stand at the sequence it started at,
+    /// and the records the pump read since (up to `next`, skipped by the counts while the
+    /// count ran) are applied to them now — to the counts only, the streams had them.
+    async fn counted_again(&self, done: Result<u64, String>, next: u64) {
+        let start = match done {
+            Ok(start) => start,
+            Err(e) => {
+                self.metrics.pump_errors.inc();
+                tracing_error(&format!(
+                    "counting the journal again after a purge failed: {e}"
+                ));
+                return;
+            }
+        };
+        if start + 1 >= next {
+            return;
+        }
+        let journal = self.journal.clone();
+        let projection = Arc::clone(&self.projection);
+        let caught_up = tokio::task::spawn_blocking(move || -> Result<(), String> {
+            for c in journal.commits(start + 1) {
+                let c = c.map_err(|e| e.to_string())?;
+                if c.record.seq >= next {
+                    break;
+                }
+                projection.apply(&c.task, &c.record);
+            }
+            Ok(())
+        })
+        .await;
+        if !matches!(caught_up, Ok(Ok(()))) {
+            self.metrics.pump_errors.inc();
+            tracing_error("reading the commits a count made again missed failed");
+        }
+    }
+}
+
+/// A count of the journal made again ([`Projection::count`]) on a blocking thread, its
+/// outcome (the sequence it started at) coming back through a watch channel (`None` until
+/// then), which can be waited on without taking it.
+struct Recount {
+    done: watch::Receiver<Option<Result<u64, String>>>,
+}
+
+impl Recount {
+    fn start(journal: &Journal, projection: &Arc<Projection>) -> Self {
+        let (tx, done) = watch::channel(None);
+        let (journal, projection) = (journal.clone(), Arc::clone(projection));
+        tokio::task::spawn_blocking(move || {
+            let outcome = projection.count(&journal).map_err(|e| e.to_string());
+            let _ = tx.send(Some(outcome));
+        });
+        Self { done }
+    }
+
+    /// Its outcome, if it is done.
+    fn try_done(&mut self) -> Option<Result<u64, String>> {
+        if let Some(outcome) = self.done.borrow().clone() {
+            return Some(outcome);
+        }
+        // The count's thread gone without an answer (it panicked).
+        self.done
+            .has_changed()
+            .is_err()
+            .then(|| Err("the count ended without an answer".to_owned()))
+    }
+
+    /// Returns once it is done (its outcome left for [`Recount::try_done`]).
+    async fn wait(&mut self) {
+        // An error: the sender is gone, which `try_done` reports.
+        let _ = self.done.wait_for(Option::is_some).await;
     }
 }
 
