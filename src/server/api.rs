@@ -577,6 +577,16 @@ pub async fn verify(
     Ok(Json(report))
 }
 
+/// The storage engine's figures, read off the runtime's threads (`None` on PostgreSQL, or
+/// when they cannot be read).
+async fn storage_figures(shared: &Shared) -> Option<dtask_journal::StorageStats> {
+    let journal = shared.journal.clone();
+    tokio::task::spawn_blocking(move || journal.storage_stats().ok().flatten())
+        .await
+        .ok()
+        .flatten()
+}
+
 /// Journal statistics: tasks by status and executor, records by type.
 #[utoipa::path(
     get, path = "/api/stats", tag = "journal",
@@ -584,16 +594,8 @@ pub async fn verify(
 )]
 pub async fn stats(State(shared): State<Arc<Shared>>) -> Json<Stats> {
     let s = shared.projection.snapshot();
-    let journal = shared.journal.clone();
-    // Both read the database: off the runtime's threads.
-    let (storage, outbox) = tokio::task::spawn_blocking(move || {
-        (
-            journal.storage_stats().ok().flatten(),
-            journal.outbox_len().ok(),
-        )
-    })
-    .await
-    .unwrap_or_default();
+    let storage = storage_figures(&shared).await;
+    let outbox = s.counted.then(|| s.outbox());
     Json(Stats {
         mode: if shared.owner.is_some() {
             "owner"
@@ -744,16 +746,9 @@ fn no_buffering(mut response: Response) -> Response {
     responses((status = 200, description = "OpenMetrics text", content_type = "application/openmetrics-text", body = String))
 )]
 pub async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
-    let journal = shared.journal.clone();
-    // Counting the outbox's index reads the database: off the runtime's threads.
-    let (outbox, storage) = tokio::task::spawn_blocking(move || {
-        (
-            journal.outbox_len().ok(),
-            journal.storage_stats().ok().flatten(),
-        )
-    })
-    .await
-    .unwrap_or_default();
+    let storage = storage_figures(&shared).await;
+    let counts = shared.projection.snapshot();
+    let outbox = counts.counted.then(|| counts.outbox());
     let scrape = Scrape {
         subscribers: shared.hub.subscribers(),
         store: shared.owner.as_ref().map(|owner| owner.store.counts()),
@@ -762,9 +757,7 @@ pub async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
         ready: super::health::not_ready(&shared).is_empty(),
         journal_stopped: super::health::journal_stopped(&shared),
     };
-    let text = shared
-        .metrics
-        .render(&shared.projection.snapshot(), &scrape);
+    let text = shared.metrics.render(&counts, &scrape);
     (
         [(
             header::CONTENT_TYPE,

@@ -293,7 +293,7 @@ pub struct Scrape {
     pub subscribers: u64,
     /// The store's counts, in owner mode.
     pub store: Option<StoreCounts>,
-    /// The outbox's backlog, when it could be read.
+    /// The outbox's backlog, from the counts (`None` until the first count is done).
     pub outbox: Option<u64>,
     /// The storage engine's state, when it reports one (RocksDB) and could be read.
     pub storage: Option<StorageStats>,

@@ -823,7 +823,7 @@ pub struct Stats {
     /// Open SSE streams.
     pub subscribers: u64,
     /// Notifications queued and not yet acknowledged (the outbox's backlog: `dtask outbox`
-    /// lists them); `null` when it could not be read.
+    /// lists them), from the counts — as of `last_seq`; `null` until the first count is done.
     pub outbox: Option<u64>,
     /// The storage engine's own figures (RocksDB journals; `null` for PostgreSQL): what the
     /// appends left owed to its background threads.

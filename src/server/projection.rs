@@ -76,6 +76,17 @@ impl Snapshot {
     pub fn records_of(&self, event_type: EventType) -> u64 {
         self.by_type.get(&event_type).copied().unwrap_or(0)
     }
+
+    /// The outbox's backlog: notifications queued and not acknowledged. Every enqueue record
+    /// puts an entry in the outbox's index and every acknowledgement takes its enqueue's out
+    /// (the audit checks the index against the streams), and a task is purged only once its
+    /// notifications are all acknowledged: so the counts of the records, kept up to date as
+    /// the pump reads, answer it without reading the index.
+    pub fn outbox(&self) -> u64 {
+        (self.records_of(EventType::NotificationEnqueued)
+            + self.records_of(EventType::NotificationEnqueuedV2))
+        .saturating_sub(self.records_of(EventType::NotificationAcked))
+    }
 }
 
 /// Whether `record` starts an attempt on a task whose started marker is durable (`marked`),

@@ -144,6 +144,11 @@ impl Pump {
         let mut recount: Option<Recount> = None;
         loop {
             if *stop.borrow() {
+                // A count made again holds the journal: the server's end waits for it, so
+                // that the journal can be opened again once the server is done.
+                if let Some(running) = recount.as_mut() {
+                    running.wait().await;
+                }
                 return;
             }
             if let Some(done) = recount.as_mut().and_then(Recount::try_done) {

@@ -59,6 +59,11 @@ function setNav(name) {
 
 // ---- the task list -------------------------------------------------------------------
 
+// Record types that never change a task's status.
+const QUIET = new Set(["heartbeat", "update_appended", "part_appended", "notification_enqueued",
+  "notification_enqueued_v2", "notification_acked", "parent_notified", "parent_notified_v2",
+  "input_sent", "cursor_advanced", "update_trimmed", "progress_trimmed", "hold", "hold_lifted"]);
+
 const listState = { status: "", tool: "", executor: "", q: "" };
 
 async function tasksPage() {
@@ -132,10 +137,14 @@ async function tasksPage() {
     more, info);
   try { await load(true); } catch (e) { main.append(h("p", { class: "error" }, e.message)); }
 
-  // Live: every committed record refreshes its task's row.
+  // Live: a committed record refreshes its task's row — one shown, or one whose status it
+  // may change (which may bring it into the list). A task's other records (its progress,
+  // heartbeats, notifications: nearly all of a busy journal's) leave a task not shown as it
+  // was, so they cost no request.
   const pending = new Set();
   let flush = null;
   follow("/api/stream", (record) => {
+    if (!rows.has(record.task) && QUIET.has(record.type)) return;
     pending.add(record.task);
     if (flush) return;
     flush = setTimeout(async () => {
@@ -437,7 +446,18 @@ async function taskPage(id) {
   slider.value = slider.max;
   showAt();
   const last = records.length ? records[records.length - 1].seq : 0;
-  follow(`${path}/stream?from_seq=${last + 1}`, (r) => { addRecords([r], true); refreshState(); if (Number(slider.value) === Number(slider.max)) showAt(); });
+  // Each record joins the timeline at once; the state (and the conversation) is read again
+  // at most every 250 ms, however fast the task writes: each read folds its whole stream.
+  let stale = null;
+  follow(`${path}/stream?from_seq=${last + 1}`, (r) => {
+    addRecords([r], true);
+    if (stale) return;
+    stale = setTimeout(() => {
+      stale = null;
+      refreshState();
+      if (Number(slider.value) === Number(slider.max)) showAt();
+    }, 250);
+  });
 }
 
 // ---- the journal ---------------------------------------------------------------------
