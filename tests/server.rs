@@ -1669,7 +1669,7 @@ async fn the_outbox_is_leased_and_acknowledged_over_http() {
         .unwrap();
     let server = Running::start(Server::owner(store.clone(), None, fast())).await;
     let receive = |lease_ms: u64| json!({"lease_ms": lease_ms});
-    let (_, stats) = server.get("/api/stats").await;
+    let stats = server.wait_seq(store.journal().last_seq().unwrap()).await;
     assert_eq!(stats["outbox"], 2, "the backlog: {stats}");
 
     // Another session's consumer gets nothing; this session's gets both.
@@ -2084,6 +2084,7 @@ async fn counts_made_again_after_purges_beside_writes_end_equal_to_a_fresh_count
         "by_status",
         "by_executor",
         "by_type",
+        "outbox",
     ] {
         assert_eq!(
             counted[field], recounted[field],

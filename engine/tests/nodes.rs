@@ -451,8 +451,15 @@ async fn a_notification_acknowledged_on_one_node_is_not_delivered_again_by_anoth
     assert_eq!(ids(&on_a), ["t1", "t2"], "each node leases on its own");
     assert_eq!(b.notifications_routed(), 2);
     a.ack_notification(&on_a[0].receipt).await.unwrap();
-    // Following the journal, B hears of the acknowledgement and lets its route go.
+    // Following the journal, B hears of the acknowledgement and lets its route go at its
+    // next receive — of any session, here one that has nothing.
     b.refresh().await.unwrap();
+    assert_eq!(b.notifications_routed(), 2);
+    assert!(b
+        .receive_session_notifications("nobody", 10, lease)
+        .await
+        .unwrap()
+        .is_empty());
     assert_eq!(b.notifications_routed(), 1);
     clock.advance(Duration::from_secs(10));
     a.create(request(session_spec("t3", false), LeasePolicy::Retry))

@@ -241,6 +241,12 @@ impl Projection {
         self.counts.lock().recount
     }
 
+    /// Marks the counts as not whole (records the pump could not apply): the pump counts
+    /// the journal again, and applies nothing to them until then.
+    pub fn invalidate(&self) {
+        self.counts.lock().recount = true;
+    }
+
     /// The counts now.
     pub fn snapshot(&self) -> Snapshot {
         let c = self.counts.lock();

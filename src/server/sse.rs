@@ -142,6 +142,8 @@ impl Pump {
         let mut durable_rx = self.journal.watch_durable();
         // A count of the journal made again after a purge, running beside the pump.
         let mut recount: Option<Recount> = None;
+        // When the last count made again failed: the next waits an interval.
+        let mut count_failed: Option<std::time::Instant> = None;
         loop {
             if *stop.borrow() {
                 // A count made again holds the journal: the server's end waits for it, so
@@ -153,7 +155,8 @@ impl Pump {
             }
             if let Some(done) = recount.as_mut().and_then(Recount::try_done) {
                 recount = None;
-                self.counted_again(done, next).await;
+                let counted = self.counted_again(done, next).await;
+                count_failed = (!counted).then(std::time::Instant::now);
             }
             let journal = self.journal.clone();
             let read = tokio::task::spawn_blocking(move || -> Result<Vec<Committed>, String> {
@@ -197,7 +200,8 @@ impl Pump {
                     let _ = self.hub.sender.send(item);
                 }
             }
-            if recount.is_none() && self.projection.needs_recount() {
+            let may_count = count_failed.is_none_or(|at| at.elapsed() >= self.interval);
+            if recount.is_none() && may_count && self.projection.needs_recount() {
                 // What the purged tasks counted for is gone with their records: count again,
                 // beside the pump — a count reads the whole journal, and the streams, the
                 // waiting receives and the live pages go on meanwhile (the counts stand
@@ -274,7 +278,9 @@ impl Pump {
     /// Takes a count made again: on success the counts stand at the sequence it started at,
     /// and the records the pump read since (up to `next`, skipped by the counts while the
     /// count ran) are applied to them now — to the counts only, the streams had them.
-    async fn counted_again(&self, done: Result<u64, String>, next: u64) {
+    /// Returns whether the counts are whole; if not (the count or the reading after it
+    /// failed), they are marked to be counted again.
+    async fn counted_again(&self, done: Result<u64, String>, next: u64) -> bool {
         let start = match done {
             Ok(start) => start,
             Err(e) => {
@@ -282,11 +288,12 @@ impl Pump {
                 tracing_error(&format!(
                     "counting the journal again after a purge failed: {e}"
                 ));
-                return;
+                self.projection.invalidate();
+                return false;
             }
         };
         if start + 1 >= next {
-            return;
+            return true;
         }
         let journal = self.journal.clone();
         let projection = Arc::clone(&self.projection);
@@ -301,10 +308,14 @@ impl Pump {
             Ok(())
         })
         .await;
-        if !matches!(caught_up, Ok(Ok(()))) {
-            self.metrics.pump_errors.inc();
-            tracing_error("reading the commits a count made again missed failed");
+        if matches!(caught_up, Ok(Ok(()))) {
+            return true;
         }
+        self.metrics.pump_errors.inc();
+        tracing_error("reading the commits a count made again missed failed");
+        // Some of them are not in the counts: count again.
+        self.projection.invalidate();
+        false
     }
 }
 

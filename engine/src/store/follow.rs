@@ -58,7 +58,7 @@ impl TaskStore {
     async fn apply_committed(&self, id: &str, record: &Record) -> Result<()> {
         if let dtask_journal::Event::NotificationAcked { enqueued_seq, .. } = record.event {
             // Acknowledged, here or elsewhere: no longer this node's to deliver.
-            self.forget_notification(enqueued_seq);
+            self.followed_ack(enqueued_seq);
         }
         if let dtask_journal::Event::Purged { .. } = record.event {
             // Purged elsewhere: forget it (a read finds the tombstone).

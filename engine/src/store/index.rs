@@ -169,12 +169,23 @@ impl ByExecutor {
 }
 
 impl FromIterator<TaskKey> for ByExecutor {
+    /// In bulk, as a recovery builds it: each key's tasks gathered, then each set built at
+    /// once (sorted, not inserted one by one).
     fn from_iter<I: IntoIterator<Item = TaskKey>>(tasks: I) -> Self {
-        let mut set = Self::default();
+        let mut by_key: HashMap<String, Vec<TaskKey>> = HashMap::new();
         for task in tasks {
-            set.insert(task);
+            if let Some(tasks) = by_key.get_mut(task.executor_key()) {
+                tasks.push(task);
+            } else {
+                by_key.insert(task.executor_key().to_owned(), vec![task]);
+            }
         }
-        set
+        Self {
+            sets: by_key
+                .into_iter()
+                .map(|(key, tasks)| (key, tasks.into_iter().collect()))
+                .collect(),
+        }
     }
 }
 

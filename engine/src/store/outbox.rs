@@ -75,7 +75,8 @@ struct Routed {
 /// record and its task's creation, under this lock, and a waiting HTTP receive did so at
 /// every commit. A route is checked against the journal before it is delivered
 /// ([`Journal::queued`]): one whose notification was acknowledged elsewhere (another node of
-/// a shared journal) is dropped then, or as soon as this store follows the acknowledgement.
+/// a shared journal) is dropped then, or at the first receive after this store follows the
+/// acknowledgement (checked durable first).
 ///
 /// Receipts are `lease:<epoch>:<n>`: the epoch is drawn at random when the store opens, so a
 /// receipt handed out before a restart can never match (and acknowledge) a different
@@ -98,6 +99,9 @@ pub(crate) struct Outbox {
     tasks: HashMap<Arc<str>, Routed>,
     /// The last enqueue sequence read from the journal's outbox index (0: none yet).
     scanned: u64,
+    /// Routed notifications whose acknowledgement this store followed (another node's): the
+    /// next receive lets their routes go once the durable view confirms them gone.
+    acked_elsewhere: Vec<u64>,
 }
 
 impl Outbox {
@@ -112,6 +116,7 @@ impl Outbox {
             sessions: HashMap::new(),
             tasks: HashMap::new(),
             scanned: 0,
+            acked_elsewhere: Vec::new(),
         }
     }
 
@@ -197,11 +202,22 @@ impl Outbox {
 
     /// Drops the route of `seq`, which named another task than the journal's entry does,
     /// and has the next receive read the entry again. (Sequences are read durable, so an
-    /// entry does not change under a route; this keeps a notification deliverable if one
-    /// ever did.)
+    /// entry does not change under a route: a defence, which covers a sequence still routed,
+    /// not one read past without a route.)
     fn reroute(&mut self, seq: u64) {
         self.forget(seq);
         self.scanned = self.scanned.min(seq.saturating_sub(1));
+    }
+
+    /// Lets the routes go of the notifications acknowledged elsewhere whose acknowledgement
+    /// `journal` (the durable view) confirms: no longer queued there.
+    fn confirm_acked(&mut self, journal: &dtask_journal::Journal) -> Result<()> {
+        while let Some(seq) = self.acked_elsewhere.pop() {
+            if journal.queued(seq)?.is_none() {
+                self.forget(seq);
+            }
+        }
+        Ok(())
     }
 
     /// Drops the notification of `seq`: acknowledged (here or elsewhere), or never one.
@@ -351,6 +367,7 @@ impl TaskStore {
         let mut out = Vec::new();
         let mut outbox = self.outbox();
         outbox.catch_up(journal, |task| self.session_of(task))?;
+        outbox.confirm_acked(journal)?;
         let mut after = 0;
         while out.len() < limit {
             let Some(seq) = outbox.next_after(session, after) else {
@@ -394,17 +411,23 @@ impl TaskStore {
 
     /// How many queued notifications this store holds delivery routes for: read by its
     /// receives, dropped as they are acknowledged — here, or on another node of a shared
-    /// journal, once this store has followed that ([`TaskStore::refresh`]) or a receive has
-    /// found it gone. The memory the outbox's delivery holds (~200 B a route).
+    /// journal, at the first receive after this store followed that
+    /// ([`TaskStore::refresh`]) or when a receive finds it gone. The memory the outbox's
+    /// delivery holds (~200 B a route).
     #[must_use]
     pub fn notifications_routed(&self) -> usize {
         self.outbox().routes.len()
     }
 
-    /// Drops what this store holds for the notification enqueued at `seq`, acknowledged by
-    /// a record it followed.
-    pub(super) fn forget_notification(&self, seq: u64) {
-        self.outbox().forget(seq);
+    /// Notes that the notification enqueued at `seq` was acknowledged by a record this
+    /// store followed: its route goes at the next receive, once the durable view confirms
+    /// the acknowledgement (a followed record may be committed and not yet flushed — lost to
+    /// a crash of the database, it would leave the notification queued and unrouted here).
+    pub(super) fn followed_ack(&self, seq: u64) {
+        let mut outbox = self.outbox();
+        if outbox.routes.contains_key(&seq) {
+            outbox.acked_elsewhere.push(seq);
+        }
     }
 
     /// The session `task`'s notifications are routed to, from its creation record (empty

@@ -160,7 +160,7 @@ async function tasksPage() {
             records: detail.records, created_at: s.created_at, updated_at: s.updated_at,
             description: s.description, problem: detail.problems.length ? detail.problems.join("; ") : null };
           if (matches(t)) rows.set(id, t); else rows.delete(id);
-        } catch (_) { /* the next record retries */ }
+        } catch (_) { /* the task's next record that is fetched retries */ }
       }
       render();
       for (const id of ids) {
