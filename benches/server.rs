@@ -481,6 +481,24 @@ fn metrics_part(args: &Args) {
     );
 }
 
+/// Creates the task `id` routed to `session`: its `task_created` joins the outbox.
+async fn create_routed(store: &TaskStore, id: String, session: &str) {
+    let spec = dtask::journal::TaskSpec {
+        id,
+        executor_key: "bench".to_owned(),
+        session_id: session.to_owned(),
+        ..dtask::journal::TaskSpec::default()
+    };
+    store
+        .create(dtask_engine::CreateRequest {
+            spec,
+            policy: Some(dtask::journal::LeasePolicy::Retry),
+            ..dtask_engine::CreateRequest::default()
+        })
+        .await
+        .unwrap();
+}
+
 /// An owner server over a fresh journal whose outbox holds `backlog` notifications of the
 /// session `backlog` (each task's `task_created`), and its store.
 fn outbox_server(dir: &std::path::Path, backlog: usize) -> (Serving, TaskStore) {
@@ -494,22 +512,7 @@ fn outbox_server(dir: &std::path::Path, backlog: usize) -> (Serving, TaskStore) 
     filler.block_on(async {
         let creates = futures::stream::iter(0..backlog).map(|i| {
             let store = store.clone();
-            async move {
-                let spec = dtask::journal::TaskSpec {
-                    id: format!("t{i:07}"),
-                    executor_key: "bench".to_owned(),
-                    session_id: "backlog".to_owned(),
-                    ..dtask::journal::TaskSpec::default()
-                };
-                store
-                    .create(dtask_engine::CreateRequest {
-                        spec,
-                        policy: Some(dtask::journal::LeasePolicy::Retry),
-                        ..dtask_engine::CreateRequest::default()
-                    })
-                    .await
-                    .unwrap();
-            }
+            async move { create_routed(&store, format!("t{i:07}"), "backlog").await }
         });
         creates.buffer_unordered(256).collect::<Vec<()>>().await;
     });
@@ -529,8 +532,7 @@ fn stats_p50(base: &str, outbox: u64) -> f64 {
         let mut times = Vec::new();
         while times.len() < 21 {
             let t = Instant::now();
-            let stats: serde_json::Value =
-                http.get(&url).send().await.unwrap().json().await.unwrap();
+            let stats = get_json(&http, &url).await;
             if stats["outbox"].as_u64() == Some(outbox) {
                 times.push(t.elapsed().as_secs_f64() * 1e3);
             } else {
@@ -539,6 +541,27 @@ fn stats_p50(base: &str, outbox: u64) -> f64 {
         }
         median(&mut times)
     })
+}
+
+/// The JSON answer of a GET of `url`.
+async fn get_json(http: &reqwest::Client, url: &str) -> serde_json::Value {
+    http.get(url).send().await.unwrap().json().await.unwrap()
+}
+
+/// The JSON answer of a POST of `body` to `url`.
+async fn post_json(
+    http: &reqwest::Client,
+    url: &str,
+    body: &serde_json::Value,
+) -> serde_json::Value {
+    http.post(url)
+        .json(body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
 }
 
 /// Receives per second of one client in a closed loop, for a session with nothing queued.
@@ -551,15 +574,7 @@ fn receive_loop(base: &str, secs: f64) -> f64 {
         let started = Instant::now();
         let mut n = 0u64;
         while started.elapsed().as_secs_f64() < secs {
-            let answer: serde_json::Value = http
-                .post(&url)
-                .json(&body)
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
+            let answer = post_json(&http, &url, &body).await;
             assert_eq!(answer["notifications"], serde_json::json!([]));
             n += 1;
         }
@@ -600,15 +615,7 @@ fn delivery_latencies(base: &str, store: &TaskStore, idle: usize, secs: f64) -> 
         clients.spawn(async move {
             let mut latencies = Vec::new();
             while !stop.load(Ordering::Relaxed) {
-                let answer: serde_json::Value = http
-                    .post(&receive)
-                    .json(&body)
-                    .send()
-                    .await
-                    .unwrap()
-                    .json()
-                    .await
-                    .unwrap();
+                let answer = post_json(&http, &receive, &body).await;
                 let now = Instant::now();
                 for n in answer["notifications"].as_array().unwrap() {
                     let task = n["task_id"].as_str().unwrap();
@@ -633,20 +640,7 @@ fn delivery_latencies(base: &str, store: &TaskStore, idle: usize, secs: f64) -> 
             let id = format!("live{i:06}");
             i += 1;
             created.lock().insert(id.clone(), Instant::now());
-            let spec = dtask::journal::TaskSpec {
-                id,
-                executor_key: "bench".to_owned(),
-                session_id: "live".to_owned(),
-                ..dtask::journal::TaskSpec::default()
-            };
-            store
-                .create(dtask_engine::CreateRequest {
-                    spec,
-                    policy: Some(dtask::journal::LeasePolicy::Retry),
-                    ..dtask_engine::CreateRequest::default()
-                })
-                .await
-                .unwrap();
+            create_routed(store, id, "live").await;
         }
     });
     // The last one's delivery, then the receives' end.
@@ -710,28 +704,14 @@ fn outbox_part(args: &Args) {
 fn finished_tasks(base: &str, n: usize) -> Vec<String> {
     let http = reqwest::Client::new();
     client_runtime().block_on(async {
-        loop {
-            let stats: serde_json::Value = http
-                .get(format!("{base}/api/stats"))
-                .send()
-                .await
-                .unwrap()
-                .json()
-                .await
-                .unwrap();
-            if stats["counted"] == serde_json::json!(true) {
-                break;
-            }
+        while get_json(&http, &format!("{base}/api/stats")).await["counted"] != true {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let page: serde_json::Value = http
-            .get(format!("{base}/api/tasks?status=completed&limit={n}"))
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+        let page = get_json(
+            &http,
+            &format!("{base}/api/tasks?status=completed&limit={n}"),
+        )
+        .await;
         page["tasks"]
             .as_array()
             .unwrap()
