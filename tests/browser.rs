@@ -303,6 +303,19 @@ async fn the_page_lists_tasks_live_and_shows_a_timeline_and_the_audit() {
         timeline.contains("update stdout #line-2 (attempt 1)"),
         "{timeline}"
     );
+    // A record written while the page is open joins it, and the state at the last position
+    // follows (answered from the task's state, without a second read).
+    let held = store.hold("build-1", "case 7").await.unwrap();
+    browser
+        .until(
+            "the state after the new last record",
+            &format!(
+                "return document.body.textContent.includes('after #{} hold')",
+                held.position - 1
+            ),
+        )
+        .await;
+    store.lift_hold("build-1").await.unwrap();
     browser
         .run(
             "const s = document.getElementById('at'); s.value = '0'; \

@@ -346,15 +346,18 @@ async function taskPage(id) {
     h("table", { id: "records" }, h("thead", {}, h("tr", {},
       ["POS", "SEQ", "TIME", "TYPE", "CRC", "DIGEST", "SIZE"].map((c) => h("th", {}, c)))), recordsBody));
 
+  // The task's state now; returns what it read (null when it could not).
   const refreshState = async () => {
     try {
       const detail = await api(path);
       stateBox.replaceChildren(stateList(detail.state),
         detail.problems.length ? h("p", { class: "problem" }, detail.problems.join("; ")) : "");
       renderActions(detail.state);
+      return detail;
     } catch (e) {
       stateBox.replaceChildren(h("p", { class: "error" }, e.message));
       actions.replaceChildren();
+      return null;
     }
   };
 
@@ -407,11 +410,21 @@ async function taskPage(id) {
     }
   };
 
-  const showAt = async () => {
+  // The state after the slider's position. `detail` (the task's state just read, if any)
+  // answers the last position without a second read of the whole stream, when it is the
+  // state after the slider's record and the stream folds cleanly.
+  const showAt = async (detail) => {
     sliderLabel.textContent = `${slider.value} / ${slider.max}`;
+    const shown = (at, state) => atBox.replaceChildren(
+      h("p", { class: "muted" }, `after #${at.position} ${at.type} (sequence ${at.seq}, ${time(at.time)})`), stateList(state));
+    const record = records[Number(slider.value)];
+    if (detail && detail.state && !detail.problems.length && record && record.position === detail.records - 1) {
+      shown({ position: record.position, type: record.type, seq: record.seq, time: record.at }, detail.state);
+      return;
+    }
     try {
       const at = await api(`${path}/state?at=${slider.value}`);
-      atBox.replaceChildren(h("p", { class: "muted" }, `after #${at.at.position} ${at.at.type} (sequence ${at.at.seq}, ${time(at.at.time)})`), stateList(at.state));
+      shown(at.at, at.state);
     } catch (e) { atBox.replaceChildren(h("p", { class: "error" }, e.message)); }
   };
   let sliderTimer = null;
@@ -452,10 +465,10 @@ async function taskPage(id) {
   follow(`${path}/stream?from_seq=${last + 1}`, (r) => {
     addRecords([r], true);
     if (stale) return;
-    stale = setTimeout(() => {
+    stale = setTimeout(async () => {
       stale = null;
-      refreshState();
-      if (Number(slider.value) === Number(slider.max)) showAt();
+      const detail = await refreshState();
+      if (Number(slider.value) === Number(slider.max)) showAt(detail);
     }, 250);
   });
 }
