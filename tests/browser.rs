@@ -548,12 +548,7 @@ async fn an_agent_runs_page_shows_its_conversation_and_sends_it_a_message() {
              return s !== null && s.textContent === 'message sent (input 1)'",
         )
         .await;
-    let done = tokio::time::timeout(Duration::from_secs(60), running)
-        .await
-        .expect("the model call in flight was dropped")
-        .unwrap()
-        .unwrap();
-    assert_eq!(done.status, dtask_replay::Status::Completed, "{done:?}");
+    models::steered(running, &model, "stop counting").await;
     let input = store.list_inputs("run-1", 0, 10).await.unwrap().inputs;
     assert_eq!(
         (input[0].kind.as_str(), input[0].data.as_slice()),

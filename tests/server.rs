@@ -2267,8 +2267,6 @@ async fn an_owner_trims_a_tasks_progress_and_its_updates_read_as_trimmed() {
 /// endpoint's refusals, and `/close`'s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_runs_conversation_is_served_and_a_message_steers_it() {
-    use dtask_engine::tool::Message;
-
     let dir = tempfile::tempdir().unwrap();
     let store = open_store(dir.path());
     let (model, _, manager) = models::counting_run(&store, "run").await;
@@ -2309,15 +2307,7 @@ async fn an_agent_runs_conversation_is_served_and_a_message_steers_it() {
         (sent["sequence"].as_u64(), sent["inserted"].as_bool()),
         (Some(1), Some(true))
     );
-    let done = tokio::time::timeout(Duration::from_secs(60), running)
-        .await
-        .expect("the model call in flight was dropped")
-        .unwrap()
-        .unwrap();
-    assert_eq!(done.status, Status::Completed, "{done:?}");
-    let requests = model.requests();
-    assert_eq!(requests.len(), 2);
-    assert_eq!(requests[1].last(), Some(&Message::user("stop counting")));
+    models::steered(running, &model, "stop counting").await;
 
     let (status, conversation) = server.get("/api/tasks/run/conversation").await;
     assert_eq!(status, StatusCode::OK, "{conversation}");

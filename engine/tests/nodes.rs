@@ -486,8 +486,6 @@ async fn a_notification_acknowledged_on_one_node_is_not_delivered_again_by_anoth
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_sent_on_one_node_steers_an_agent_run_on_another() {
     use dtask_engine::agent::{send_message, AgentMessage};
-    use dtask_engine::tool::Message;
-    use std::time::Duration;
 
     let Some((a, b, url)) = nodes("steer") else {
         return;
@@ -503,15 +501,7 @@ async fn a_message_sent_on_one_node_steers_an_agent_run_on_another() {
         .await
         .unwrap();
     assert!(new);
-    let done = tokio::time::timeout(Duration::from_secs(60), running)
-        .await
-        .expect("the run saw the other node's message")
-        .unwrap()
-        .unwrap();
-    assert_eq!(done.status, Status::Completed, "{done:?}");
-    let requests = model.requests();
-    assert_eq!(requests.len(), 2);
-    assert_eq!(requests[1].last(), Some(&Message::user("stop counting")));
+    let done = models::steered(running, &model, "stop counting").await;
     assert_eq!(done.mailbox.consumed, done.mailbox.latest);
     clean(&url);
 }

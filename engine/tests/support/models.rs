@@ -67,3 +67,22 @@ pub async fn counting_run(
         .unwrap();
     (model, agent, manager)
 }
+
+/// Awaits `running` (the run of a [`counting_run`], steered by a message sent to preempt)
+/// and checks it was: completed, its model asked twice, the second time with `text` last.
+pub async fn steered<E: std::fmt::Debug>(
+    running: tokio::task::JoinHandle<Result<dtask_replay::TaskState, E>>,
+    model: &HangsFirst,
+    text: &str,
+) -> dtask_replay::TaskState {
+    let done = tokio::time::timeout(Duration::from_secs(60), running)
+        .await
+        .expect("the model call in flight was dropped for the message")
+        .expect("the run's task")
+        .expect("the run");
+    assert_eq!(done.status, dtask_replay::Status::Completed, "{done:?}");
+    let requests = model.requests();
+    assert_eq!(requests.len(), 2);
+    assert_eq!(requests[1].last(), Some(&Message::user(text)));
+    done
+}
