@@ -28,13 +28,22 @@ use utoipa::ToSchema;
 #[derive(Debug, Default)]
 pub struct Collector {
     updates: Vec<(String, Vec<u8>)>,
+    /// The stream's creation named another executor than the agent's: nothing is kept (a
+    /// long-running tool's millions of updates are not a conversation).
+    not_a_run: bool,
 }
 
 impl Collector {
     /// Takes one record of the run's stream.
     pub fn add(&mut self, record: &Record) {
-        if let Event::UpdateAppended { kind, data, .. } = &record.event {
-            self.updates.push((kind.clone(), data.clone()));
+        match &record.event {
+            Event::Created { spec, .. } => {
+                self.not_a_run = spec.executor_key != AGENT_EXECUTOR_KEY;
+            }
+            Event::UpdateAppended { kind, data, .. } if !self.not_a_run => {
+                self.updates.push((kind.clone(), data.clone()));
+            }
+            _ => {}
         }
     }
 
@@ -373,4 +382,42 @@ impl Conversation {
 
 fn message_json(m: &Message) -> serde_json::Value {
     serde_json::to_value(m).unwrap_or(serde_json::Value::Null)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Collector;
+    use dtask_engine::agent::AGENT_EXECUTOR_KEY;
+    use dtask_journal::{Event, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp};
+
+    /// The updates a collector keeps of a stream created for `executor`.
+    fn kept(executor: &str) -> usize {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+        let mut events = vec![Event::created(
+            TaskSpec::new("t", executor),
+            LeasePolicy::Retry,
+            Timestamp(1),
+        )];
+        events.extend((0..3).map(|i| Event::UpdateAppended {
+            attempt: 1,
+            event_id: format!("e{i}"),
+            kind: "stdout".into(),
+            data: vec![b'x'; 10],
+            metadata: vec![],
+            at: Timestamp(2),
+        }));
+        journal.append("t", 0, &events).unwrap();
+        let mut collector = Collector::default();
+        for record in journal.read_stream("t", 0) {
+            collector.add(&record.unwrap());
+        }
+        collector.updates.len()
+    }
+
+    #[test]
+    fn a_collector_keeps_the_updates_of_an_agent_run_only() {
+        assert_eq!(kept(AGENT_EXECUTOR_KEY), 3);
+        assert_eq!(kept("shell"), 0, "a tool's progress is not a conversation");
+    }
 }

@@ -267,6 +267,36 @@ async fn the_page_lists_tasks_live_and_shows_a_timeline_and_the_audit() {
     browser.until("late-1, live", &has_row("late-1")).await;
     browser.screenshot("server-tasks.png").await;
 
+    // Progress of a shown task is counted in its row from the stream alone: the page reads
+    // no task for it (a read folds the task's whole stream).
+    let reads_before = task_reads(&base).await;
+    let running = store.get("build-1").await.unwrap();
+    for i in 3..6 {
+        let update = UpdateRequest {
+            attempt: running.attempt,
+            event_id: format!("line-{i}"),
+            kind: "stdout".into(),
+            data: format!("compiling part {i}").into_bytes(),
+            ..UpdateRequest::default()
+        };
+        store.append_update("build-1", update).await.unwrap();
+    }
+    browser
+        .until(
+            "build-1's new records counted",
+            &format!(
+                "return document.querySelector(\"tr[data-id='build-1'] td:nth-child(6)\")\
+                 .textContent === '{}'",
+                running.position + 3
+            ),
+        )
+        .await;
+    assert_eq!(
+        task_reads(&base).await,
+        reads_before,
+        "progress made the page read the task"
+    );
+
     // The status filter.
     browser
         .run(
@@ -472,6 +502,22 @@ async fn the_page_lists_tasks_live_and_shows_a_timeline_and_the_audit() {
 }
 
 /// Waits until task `id` is pending (bounded: a minute).
+/// How many times the server answered `GET /api/tasks/{id}`, from its metrics.
+async fn task_reads(base: &str) -> u64 {
+    let text = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| {
+            l.starts_with(r#"dtask_http_requests_total{route="/api/tasks/{id}",method="GET""#)
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
 async fn until_pending(store: &TaskStore, id: &str) {
     for _ in 0..1200 {
         if store.get(id).await.unwrap().status == dtask_replay::Status::Pending {

@@ -599,6 +599,20 @@ fn export_matches_its_golden_output_and_redacts() {
         .map(|l| json(l)["task"].as_str().unwrap().to_owned())
         .collect();
     assert_eq!(tasks.into_iter().collect::<Vec<_>>(), ["alpha", "gamma"]);
+
+    // Every task named: the same records, in the same order, as the whole journal's export
+    // (the streams merged by sequence).
+    let all = listed_ids(&json(&stdout(dtask(dir.path()).args(["tasks", "--json"]))));
+    let mut named = dtask(dir.path());
+    named.arg("export");
+    for id in &all {
+        named.args(["--task", id.as_str().unwrap()]);
+    }
+    let named = stdout(&mut named);
+    assert_eq!(
+        named.lines().skip(1).collect::<Vec<_>>(),
+        export.lines().skip(1).collect::<Vec<_>>()
+    );
 }
 
 /// An export of an older build — the golden export of this test's journal as record format 1
@@ -1576,6 +1590,31 @@ fn usage_errors_exit_2() {
             .code(2)
             .stderr(format!("dtask: no journal at {}\n", nothing.display()));
     }
+    // The commands that change a journal do not make one where there is none: not at a
+    // mistyped path, not in a directory of something else.
+    let other = missing.path().join("documents");
+    std::fs::create_dir(&other).unwrap();
+    std::fs::write(other.join("notes.txt"), "mine").unwrap();
+    for at in [&nothing, &other] {
+        for args in [
+            &["purge", "--finished-before", "2100-01-01"][..],
+            &["trim", "--finished-before", "2100-01-01"],
+            &["hold", "job", "--reason", "r"],
+        ] {
+            dtask(at)
+                .args(args)
+                .assert()
+                .code(2)
+                .stderr(format!("dtask: no journal at {}\n", at.display()));
+        }
+    }
+    assert!(!nothing.exists(), "a journal was made at a mistyped path");
+    let left: Vec<_> = std::fs::read_dir(&other).unwrap().collect();
+    assert_eq!(
+        left.len(),
+        1,
+        "files were written beside another's: {left:?}"
+    );
     // A time that does not exist is refused, not rolled over into March.
     let dir = built();
     for bad in ["2024-02-31", "2023-02-29", "2024-02-30T00:00:00Z"] {
@@ -1933,7 +1972,7 @@ fn a_postgres_journal_runs_the_demo_and_moves_between_backends_bit_exact() {
         .arg(&from_rocks)
         .assert()
         .code(2)
-        .stderr(predicate::str::contains("is not empty"));
+        .stderr(predicate::str::contains("already holds a journal of"));
     dtask_at(&back).arg("verify").assert().success();
     // An unreachable database is named, with the cause.
     dtask_at("postgres://nobody@127.0.0.1:1/none")
@@ -2203,6 +2242,11 @@ fn purge_deletes_finished_tasks_by_name_or_age_and_the_journal_still_audits_and_
     );
     let verified = stdout(dtask(dir.path()).arg("verify"));
     assert!(verified.contains("1 purged"), "{verified}");
+    // Counted apart by stats: not a task of some status or executor.
+    let stats = json(&stdout(dtask(dir.path()).args(["stats", "--json"])));
+    assert_eq!(stats["purged"], 1, "{stats}");
+    assert!(stats["by_status"].get("unreadable").is_none(), "{stats}");
+    assert!(stats["by_executor"].get("?").is_none(), "{stats}");
     dtask(dir.path()).args(["purge", "job"]).assert().code(2);
 
     // A purged journal moves bit-exact: the rebuilt one leaves the same sequences out.
@@ -2268,6 +2312,22 @@ fn trim_drops_older_progress_bytes_by_name_or_age_and_the_journal_still_audits_a
         .assert()
         .code(2)
         .stderr(predicate::str::contains("no task \"nobody\""));
+    // A named task on hold is refused before any other is trimmed.
+    dtask(dir.path())
+        .args(["hold", "beta", "--reason", "case 9"])
+        .assert()
+        .success();
+    dtask(dir.path())
+        .args(["trim", "alpha", "beta", "--keep", "1"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("\"beta\" is on hold (case 9)"));
+    let events = stdout(dtask(dir.path()).args(["events", "alpha"]));
+    assert!(!events.contains("update_trimmed"), "alpha was trimmed");
+    dtask(dir.path())
+        .args(["hold", "beta", "--lift"])
+        .assert()
+        .success();
     let dry = json(&stdout(dtask(dir.path()).args([
         "trim",
         "alpha",
@@ -2599,4 +2659,87 @@ fn purge_takes_a_root_with_its_nested_tasks_and_keeps_a_tree_with_one_running() 
     assert_eq!(again["purged"]["tasks"], 0, "{again}");
     assert_eq!(again["purged_before"], 3, "{again}");
     dtask(dir.path()).arg("verify").assert().success();
+}
+
+#[test]
+fn output_that_cannot_be_written_ends_quietly_at_a_closed_pipe_and_fails_on_a_full_device() {
+    use std::io::BufRead;
+    use std::process::Stdio;
+    // `dtask demo | head -1`: the reader goes away after a line; the demo runs on to its
+    // end and exits 0, as every command does at a closed pipe (no panic).
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_dtask"))
+        .env_remove("DTASK_JOURNAL")
+        .arg("demo")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert!(first.starts_with("dtask demo:"), "{first}");
+    let done = child.wait_with_output().unwrap();
+    assert!(
+        done.status.success(),
+        "{:?}: {}",
+        done.status,
+        String::from_utf8_lossy(&done.stderr)
+    );
+
+    // A full device: the document could not be written, which is an error (exit 2).
+    let dir = built();
+    let work = tempfile::tempdir().unwrap();
+    let export = work.path().join("export.jsonl");
+    for args in [
+        vec!["outbox", "--json"],
+        vec!["export", "--json", "-o", export.to_str().unwrap()],
+    ] {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let done = std::process::Command::new(env!("CARGO_BIN_EXE_dtask"))
+            .env_remove("DTASK_JOURNAL")
+            .arg("--journal")
+            .arg(dir.path())
+            .args(&args)
+            .stdout(full)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&done.stderr);
+        assert_eq!(done.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains("writing output"), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn an_import_into_a_schema_holding_another_applications_tables_is_refused() {
+    let Some(pg) = pg_url("foreign") else {
+        return;
+    };
+    let schema = pg.rsplit_once("schema=").unwrap().1.to_owned();
+    pg_admin(&format!(
+        "CREATE SCHEMA \"{schema}\"; CREATE TABLE \"{schema}\".orders (id int); \
+         INSERT INTO \"{schema}\".orders VALUES (1)"
+    ));
+    let dir = built();
+    let work = tempfile::tempdir().unwrap();
+    let file = work.path().join("export.jsonl");
+    dtask(dir.path())
+        .args(["export", "-o"])
+        .arg(&file)
+        .assert()
+        .success();
+    dtask_at(&pg)
+        .arg("import")
+        .arg(&file)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("not a dtask journal's"));
+    // The application's table is as it was (this fails if it is gone or changed).
+    pg_admin(&format!(
+        "DO $$ BEGIN IF (SELECT count(*) FROM \"{schema}\".orders) <> 1 THEN \
+         RAISE EXCEPTION 'changed'; END IF; END $$"
+    ));
 }

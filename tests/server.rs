@@ -987,6 +987,19 @@ async fn the_stream_carries_commits_in_order_and_resumes_after_last_event_id() {
         .unwrap();
     let after = read_events(resumed, 2).await;
     assert_eq!(after.iter().map(|e| e.0).collect::<Vec<_>>(), [4, 5]);
+    // A task's stream resumes after its own last event id, and after one of another task's.
+    for (last, expected) in [("2", 4), ("3", 4)] {
+        let resumed = server
+            .http
+            .get(server.url("/api/tasks/b/stream"))
+            .header("last-event-id", last)
+            .send()
+            .await
+            .unwrap();
+        let after = read_events(resumed, 1).await;
+        assert_eq!(after[0].0, expected, "after {last}");
+        assert_eq!(after[0].1["type"], "attempt_started");
+    }
 
     // A stream open at shutdown does not hold the server.
     let _open = server
@@ -1050,6 +1063,72 @@ async fn the_task_list_pages_with_a_cursor() {
         }
     }
     assert_eq!(seen, ["t0", "t2", "t4", "t6"]);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_of_long_streams_ends_at_its_record_budget_and_goes_on_from_its_cursor() {
+    // Four tasks of 20,000 records each: a page folds at most 50,000 records, so the first
+    // page ends after the third task (the budget is checked before each task) and the next
+    // page, from its cursor, has the fourth.
+    let dir = tempfile::tempdir().unwrap();
+    let writer = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    for t in 0..4 {
+        let id = format!("long{t}");
+        let mut events = vec![
+            Event::created(
+                TaskSpec::new(&id, "shell"),
+                LeasePolicy::Retry,
+                Timestamp(1_000),
+            ),
+            Event::AttemptStarted {
+                attempt: 1,
+                lease_deadline: Timestamp(u64::MAX / 2),
+                at: Timestamp(1_000),
+            },
+        ];
+        events.extend((0..19_998).map(|i| Event::UpdateAppended {
+            attempt: 1,
+            event_id: format!("e{i}"),
+            kind: "progress".into(),
+            data: vec![],
+            metadata: vec![],
+            at: Timestamp(1_001),
+        }));
+        let mut position = 0;
+        for chunk in events.chunks(1_000) {
+            writer.append_async(&id, position, chunk).await.unwrap();
+            position += chunk.len() as u64;
+        }
+    }
+    drop(writer);
+    let server = Running::start(Server::follower(
+        Journal::open_read_only(dir.path()).unwrap(),
+        fast(),
+    ))
+    .await;
+    let (status, first) = server.get("/api/tasks?limit=50").await;
+    assert_eq!(status, StatusCode::OK, "{first}");
+    let ids = |page: &Value| -> Vec<String> {
+        page["tasks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(ids(&first), ["long0", "long1", "long2"], "{first}");
+    assert_eq!(first["tasks"][0]["records"], 20_000);
+    assert_eq!(first["scanned"], 3);
+    let cursor = first["next_cursor"]
+        .as_str()
+        .expect("a cursor after the budget");
+    let (status, second) = server
+        .get(&format!("/api/tasks?limit=50&cursor={cursor}"))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{second}");
+    assert_eq!(ids(&second), ["long3"], "{second}");
+    assert_eq!(second["next_cursor"], Value::Null);
     server.stop().await;
 }
 

@@ -236,6 +236,82 @@ async fn a_new_attempt_continues_from_the_journal_without_repeating_anything() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_canceled_between_attempts_cancels_its_unfinished_tool_calls() {
+    let env = Env::new();
+    let ledger = env.dir.path().join("ledger");
+    let model = Arc::new(ScriptedModel::new([AssistantMessage::text("unused")]));
+    let agent = agent(model.clone(), &ledger);
+    let manager = manager(&env, &agent);
+    agent
+        .submit(
+            &manager,
+            AgentRequest::new(vec![Message::user("1+1?")]).with_task_id("run"),
+        )
+        .await
+        .unwrap();
+
+    // Attempt 1 journaled a turn and created its call's task, then its worker was lost.
+    let store = env.store();
+    let task = store.get("run").await.unwrap();
+    let running = store
+        .execute("run", task.version, Command::Start)
+        .await
+        .unwrap();
+    let turn = dtask_engine::agent::TurnEntry::new(
+        1,
+        AssistantMessage::with_tool_calls(vec![add("c1", 1, 1)]),
+        None,
+    );
+    store
+        .append_update(
+            "run",
+            UpdateRequest {
+                attempt: running.attempt,
+                event_id: turn.event_id(),
+                kind: dtask_engine::agent::TURN_KIND.into(),
+                data: serde_json::to_vec(&turn).unwrap(),
+                ..UpdateRequest::default()
+            },
+        )
+        .await
+        .unwrap();
+    agent
+        .tools()
+        .submit_child(
+            &manager,
+            dtask_engine::managed::ToolCall {
+                tool_name: "add".into(),
+                arguments: r#"{"a":1,"b":1}"#.into(),
+                tool_call_id: Some("c1".into()),
+                ..Default::default()
+            },
+            "run.t1.c0".into(),
+            dtask_engine::ExecutionContext {
+                task_id: "run".into(),
+                attempt: running.attempt,
+                generation: running.mailbox.generation,
+            },
+        )
+        .await
+        .unwrap();
+
+    // The lease runs out and the run is canceled while pending: only the intent is
+    // recorded. Attempt 2 finds it before running anything, and ends the call with the run.
+    env.clock.advance(Duration::from_secs(31));
+    manager.request_cancel("run", "enough").await.unwrap();
+    let done = manager.execute("run").await.unwrap();
+    assert_eq!(done.status, Status::Canceled, "{done:?}");
+    let child = store.get("run.t1.c0").await.unwrap();
+    assert_eq!(
+        child.status,
+        Status::Canceled,
+        "the call outlived its run: {child:?}"
+    );
+    assert!(read_ledger(&ledger).is_empty(), "the call ran");
+    assert!(model.requests().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_tools_and_refused_arguments_are_told_to_the_model() {
     let env = Env::new();
     let ledger = env.dir.path().join("ledger");
@@ -822,6 +898,75 @@ async fn a_message_too_large_for_an_update_is_cut_and_the_run_goes_on() {
     assert!(seen.starts_with(&"\"".repeat(1000)));
     let page = env.store().list_updates("r", None, 0, false).await.unwrap();
     assert!(page.updates[0].data.len() <= 4096);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_whose_tool_calls_could_not_be_named_is_refused_at_submit() {
+    let env = Env::new();
+    let agent = agent(
+        Arc::new(ScriptedModel::new([AssistantMessage::text("unused")])),
+        &env.dir.path().join("ledger"),
+    );
+    let manager = manager(&env, &agent);
+    // 1,020 bytes: a valid task id, but `<run>.t1.c0` would not be.
+    let long = "r".repeat(1020);
+    let refused = agent
+        .submit(
+            &manager,
+            AgentRequest::new(vec![Message::user("hi")]).with_task_id(long.clone()),
+        )
+        .await;
+    assert!(
+        matches!(
+            refused,
+            Err(AgentError::Store(StoreError::Invalid {
+                field: "task id",
+                ..
+            }))
+        ),
+        "{refused:?}"
+    );
+    assert!(env.store().get(&long).await.is_err(), "nothing was created");
+    // One that leaves room is taken.
+    let fits = "r".repeat(990);
+    agent
+        .submit(
+            &manager,
+            AgentRequest::new(vec![Message::user("hi")]).with_task_id(fits),
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_result_too_large_for_an_update_is_cut_and_the_run_goes_on() {
+    let env = Env::with(
+        dtask_engine::StoreConfig::default().with_max_value_bytes(4096),
+        dtask_journal::Durability::Buffered,
+    );
+    let model = Arc::new(ScriptedModel::new([
+        AssistantMessage::with_tool_calls(vec![ToolCall::function(
+            "c1",
+            "add",
+            r#"{"a":1,"b":1,"quotes":4000}"#,
+        )]),
+        AssistantMessage::text("read it"),
+    ]));
+    let agent = agent(model.clone(), &env.dir.path().join("ledger"));
+    let manager = manager(&env, &agent);
+    let run = spawn_run(&agent, &manager, "?").await;
+    let done = run.await.unwrap().unwrap();
+    assert_eq!(done.status, Status::Completed, "{done:?}");
+    // The output fits a task's result (4,001 bytes), not an update once in JSON: the model
+    // reads it cut, with a note.
+    let seen = model.requests()[1].messages[2]
+        .content()
+        .unwrap()
+        .to_owned();
+    assert!(
+        seen.starts_with("2\"\"") && seen.ends_with(" […result cut: its text had 4001 bytes]"),
+        "{seen}"
+    );
 }
 
 /// An interactive run with a session tells it of each answer: a `waiting_input`

@@ -563,6 +563,18 @@ async fn child_authority_is_checked(h: &mut H) {
         h.s().create(child_request("c", "nobody", 1, false)).await,
         StoreError::NotFound(NotFound::Mailbox(_))
     );
+    // The request's own fields are checked before its parent is looked up.
+    let no_policy = CreateRequest {
+        policy: None,
+        ..child_request("c", "nobody", 1, false)
+    };
+    assert_err!(
+        h.s().create(no_policy).await,
+        StoreError::Invalid {
+            field: "policy",
+            ..
+        }
+    );
     ok(h.s(), "p", Command::Complete { data: vec![] }).await;
     assert_err!(
         h.s().create(child_request("c", "p", 1, false)).await,
@@ -779,8 +791,99 @@ async fn child_application_notifications_reach_the_parent(h: &mut H) {
         StoreError::MailboxSealed(_)
     );
     assert_eq!(h.s().journal().stream_len("c").unwrap(), before);
+    // A deferred child published once its parent has ended: the publish fails whole (its
+    // notice is the publish), the child still deferred.
+    let d = h.s().get("d").await.unwrap();
+    let before = h.s().journal().stream_len("d").unwrap();
+    assert_err!(
+        h.s().publish("d", d.version).await,
+        StoreError::MailboxSealed(_)
+    );
+    assert_eq!(
+        h.s().get("d").await.unwrap().publication,
+        Publication::Deferred
+    );
+    assert_eq!(h.s().journal().stream_len("d").unwrap(), before);
 }
 scenario!(child_application_notifications_reach_the_parent);
+
+/// An input sent to a parent under the id a child's notice takes is not taken for the
+/// notice: with other content the notice is a conflict — an application notification is
+/// refused with nothing written, a lifecycle one is recorded as not delivered — and with
+/// the same content it is the notice delivered before.
+async fn a_notice_meeting_another_input_under_its_id_conflicts(h: &mut H) {
+    running(h.s(), "p", Retry).await;
+    h.s()
+        .create(child_request("c", "p", 1, true))
+        .await
+        .unwrap();
+    let child = ok(h.s(), "c", Command::Start).await;
+    let taken = |event_id: String, data: &str| InputRequest {
+        event_id,
+        kind: "finding".to_owned(),
+        data: data.as_bytes().to_vec(),
+        delivery: Delivery::Queued,
+    };
+    h.s()
+        .send_input(
+            "p",
+            taken(
+                dtask_engine::application_notification_id("c", "found-1"),
+                "spoofed",
+            ),
+        )
+        .await
+        .unwrap();
+    let before = h.s().journal().stream_len("c").unwrap();
+    assert_err!(
+        h.s()
+            .enqueue_notification("c", 1, note("found-1", "finding", "src/a.rs"))
+            .await,
+        StoreError::InputConflict(_)
+    );
+    assert_eq!(h.s().journal().stream_len("c").unwrap(), before);
+
+    // The same content under the id: the notice, delivered before.
+    h.s()
+        .send_input(
+            "p",
+            taken(
+                dtask_engine::application_notification_id("c", "found-2"),
+                "src/b.rs",
+            ),
+        )
+        .await
+        .unwrap();
+    let inputs = h.s().get("p").await.unwrap().mailbox.latest;
+    h.s()
+        .enqueue_notification("c", 1, note("found-2", "finding", "src/b.rs"))
+        .await
+        .unwrap();
+    assert_eq!(h.s().get("p").await.unwrap().mailbox.latest, inputs);
+
+    // A lifecycle notice (the child's completion) meeting another input: the child ends,
+    // and says its parent was not told.
+    let version = child.version + 1;
+    h.s()
+        .send_input(
+            "p",
+            InputRequest {
+                event_id: format!("c:{version}:completed"),
+                kind: "completed".to_owned(),
+                data: b"not the child".to_vec(),
+                delivery: Delivery::Queued,
+            },
+        )
+        .await
+        .unwrap();
+    let done = ok(h.s(), "c", Command::Complete { data: cp("done") }).await;
+    assert_eq!(done.status, Status::Completed);
+    assert!(
+        !done.parent_notification_error.is_empty(),
+        "the notice was taken for delivered: {done:?}"
+    );
+}
+scenario!(a_notice_meeting_another_input_under_its_id_conflicts);
 
 /// G3's delivery of a child's application notification: one sent to preempt becomes a
 /// preemptive input of the parent's mailbox and is recorded with its delivery

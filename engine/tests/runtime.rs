@@ -622,6 +622,45 @@ async fn a_yield_for_a_while_is_a_durable_timer_that_wakes_the_worker_when_due()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_with_a_pickup_delay_claims_a_new_task_when_the_delay_ends() {
+    // The system clock: the worker skips the task while it is younger than the delay, then
+    // sleeps until it is old enough by the store's clock — not until its next poll.
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    let store =
+        TaskStore::open(journal, dtask_engine::SystemClock, StoreConfig::default()).unwrap();
+    let mut registry = ExecutorRegistry::new();
+    registry.register(completes("k")).unwrap();
+    let manager = Manager::new(store.clone(), registry, ManagerConfig::default());
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let delay = Duration::from_millis(300);
+    let worker = Worker::new(
+        manager.clone(),
+        WorkerConfig::new(["k"])
+            .with_poll_interval(Duration::from_secs(3600))
+            .with_initial_pickup_delay(delay),
+    )
+    .unwrap();
+    let handle = tokio::spawn(worker.run(async move {
+        let _ = stop_rx.wait_for(|s| *s).await;
+    }));
+    let id = submit(&manager, "k").await;
+    let outcome = tokio::time::timeout(Duration::from_secs(60), manager.wait(&id))
+        .await
+        .expect("claimed when the delay ended, not after the hour-long poll")
+        .unwrap();
+    assert_eq!(outcome, TaskOutcome::Completed(b"done".to_vec()));
+    let done = store.get(&id).await.unwrap();
+    assert_eq!(done.attempt, 1);
+    assert!(
+        done.updated_at >= done.created_at.plus_millis(300),
+        "not claimed before the delay ended"
+    );
+    stop_tx.send(true).unwrap();
+    handle.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fail_policy_cancel_returns_after_the_local_attempt_is_canceled() {
     let env = env(vec![waits_for_control("k", LeasePolicy::Fail, false)]);
     let id = submit(&env.manager, "k").await;
@@ -875,6 +914,7 @@ async fn a_task_created_claimed_is_recovered_when_its_lease_runs_out() {
     let nested = store
         .create_claimed(dtask_engine::CreateRequest {
             spec: spec("child", "exec"),
+            policy: Some(LeasePolicy::Retry),
             parent: Some(dtask_engine::ExecutionContext {
                 task_id: "lost".into(),
                 attempt: 2,

@@ -910,3 +910,56 @@ fn a_unix_socket_url_reaches_the_journal() {
     );
     assert_eq!(over_tcp, 0, "a connection of the journal over TCP");
 }
+
+#[test]
+fn an_import_replaces_only_a_missing_schema_or_an_empty_journals() {
+    let (Some(target), Some(staging)) = (url("promote-target"), url("promote-staging")) else {
+        return;
+    };
+    let schema = |url: &str| url.rsplit_once("schema=").unwrap().1.to_owned();
+    let (target_schema, staging_schema) = (schema(&target), schema(&staging));
+    let location = dtask_journal::postgres::PgLocation::parse(&target).unwrap();
+    let staged = open(&staging);
+    staged.append("t", 0, &[created("t")]).unwrap();
+    drop(staged);
+
+    // Another application's table in the target schema: refused, before and at the end,
+    // and nothing of it touched.
+    admin(&format!(
+        "CREATE SCHEMA \"{target_schema}\"; CREATE TABLE \"{target_schema}\".orders (id int); \
+         INSERT INTO \"{target_schema}\".orders VALUES (7)"
+    ));
+    let why = dtask_journal::postgres::admin::check_target(&location).unwrap();
+    assert!(why.unwrap().contains("not a dtask journal's"));
+    let refused = dtask_journal::postgres::admin::promote(&location, &staging_schema);
+    assert!(
+        matches!(refused, Err(Error::InvalidLocation(_))),
+        "{refused:?}"
+    );
+    admin(&format!(
+        "DO $$ BEGIN IF (SELECT count(*) FROM \"{target_schema}\".orders) <> 1 THEN \
+         RAISE EXCEPTION 'the application''s table changed'; END IF; END $$"
+    ));
+
+    // A journal with records: refused too.
+    admin(&format!("DROP SCHEMA \"{target_schema}\" CASCADE"));
+    let occupied = open(&target);
+    occupied.append("x", 0, &[created("x")]).unwrap();
+    drop(occupied);
+    let refused = dtask_journal::postgres::admin::promote(&location, &staging_schema);
+    assert!(
+        matches!(refused, Err(Error::InvalidLocation(_))),
+        "{refused:?}"
+    );
+
+    // An empty journal's schema is replaced, and the staged journal is read there.
+    admin(&format!("DROP SCHEMA \"{target_schema}\" CASCADE"));
+    drop(open(&target));
+    assert_eq!(
+        dtask_journal::postgres::admin::check_target(&location).unwrap(),
+        None
+    );
+    dtask_journal::postgres::admin::promote(&location, &staging_schema).unwrap();
+    let promoted = Journal::open_postgres_read_only(&target).unwrap();
+    assert_eq!(promoted.stream_len("t").unwrap(), Some(1));
+}

@@ -38,6 +38,8 @@ const SESSION: &str = "agent-session-1";
 /// The narrative, printed as it happens (or collected for `--json`).
 struct Log {
     json: bool,
+    /// The narrative's first failed write: it is not printed further.
+    unwritten: Option<std::io::Error>,
     steps: Vec<Value>,
     /// The managed tool as the model is told about it (an OpenAI `tools` entry).
     managed_tool: Option<Value>,
@@ -45,13 +47,18 @@ struct Log {
 
 impl Log {
     fn say(&mut self, task: &str, text: impl Into<String>) {
+        use std::io::Write as _;
         let text = text.into();
-        if !self.json {
-            if task.is_empty() {
-                println!("{text}");
+        if !self.json && self.unwritten.is_none() {
+            let mut stdout = std::io::stdout().lock();
+            let written = if task.is_empty() {
+                writeln!(stdout, "{text}")
             } else {
-                println!("  {task:<10} {text}");
-            }
+                writeln!(stdout, "  {task:<10} {text}")
+            };
+            // A closed pipe (`dtask demo | head`) or a full disk: the workload runs on to
+            // its end (a kept journal is left whole), and the error is the demo's answer.
+            self.unwritten = written.err();
         }
         self.steps.push(json!({ "task": task, "text": text }));
     }
@@ -726,6 +733,7 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
     };
     let mut log = Log {
         json: global.json,
+        unwritten: None,
         steps: Vec::new(),
         managed_tool: None,
     };
@@ -753,6 +761,9 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
         .map_err(CliError::io("starting the runtime"))?;
     runtime.block_on(workload(&at, &mut log))?;
     drop(runtime);
+    if let Some(e) = log.unwritten.take() {
+        return Err(CliError::io("writing output")(e));
+    }
     report(global, args, &at, &log, started)
 }
 
@@ -842,9 +853,13 @@ fn report(
         ))?;
         out.line(format!("done in {:.2} s", elapsed.as_secs_f64()))?;
         if let Some(dir) = &args.dir {
+            // A URL's credentials are not printed (nor is it, then: it is the one given).
+            let journal = match at {
+                At::Dir(_) => shell_quoted(&dir.display().to_string()),
+                At::Postgres(_) => "\"$URL\"".to_owned(),
+            };
             out.line(format!(
-                "\ninspect it: dtask --journal {} tasks | show fetch-1 | events fetch-1 | verify",
-                dir.display()
+                "\ninspect it: dtask --journal {journal} tasks | show fetch-1 | events fetch-1 | verify"
             ))?;
         }
     }
@@ -855,5 +870,19 @@ fn report(
         Err(CliError::Problems(
             "the demo's journal does not audit clean".into(),
         ))
+    }
+}
+
+/// `text` as one word of a POSIX shell: as it is when it holds only characters no shell
+/// reads specially, else in single quotes.
+fn shell_quoted(text: &str) -> String {
+    let plain = !text.is_empty()
+        && text
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "/._-+,:=@%".contains(c));
+    if plain {
+        text.to_owned()
+    } else {
+        format!("'{}'", text.replace('\'', r"'\''"))
     }
 }

@@ -6,8 +6,9 @@ use super::{progress, require_task, CliError, Global, Result};
 use dtask_journal::export::{ExportError, Header, RecordJson, Scope};
 use dtask_journal::{Journal, Record};
 use serde_json::json;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
 use std::io::Write;
-use std::iter::Peekable;
 use std::path::PathBuf;
 
 /// Arguments of `dtask export`.
@@ -39,32 +40,94 @@ fn export_error(e: ExportError) -> CliError {
     }
 }
 
-/// Merges task streams by global sequence.
+/// The most records a [`Merge`] reads of one stream in one turn.
+const RUN: usize = 4096;
+
+/// Merges task streams by global sequence: a heap of each stream's next sequence; the stream
+/// whose turn it is, is read from where it stands for as long as its records come before
+/// every other stream's next (records committed together follow each other) and its reader
+/// dropped. One reader is open at a time however many streams are merged — each holds the
+/// storage's resources (a RocksDB iterator pins its tables, a PostgreSQL reader a page of
+/// rows) — and each record costs a heap operation, not a look at every stream.
 struct Merge<'a> {
-    streams: Vec<(String, Peekable<dtask_journal::StreamReader<'a>>)>,
+    journal: &'a Journal,
+    tasks: Vec<String>,
+    /// Each stream's next record: its sequence, the stream's index, its position.
+    next: BinaryHeap<Reverse<(u64, usize, u64)>>,
+    /// Records read in the current turn, in order.
+    ready: VecDeque<(String, Record)>,
+    /// The error that ends the merge once `ready` is out.
+    failed: Option<CliError>,
+    started: bool,
+}
+
+impl<'a> Merge<'a> {
+    fn new(journal: &'a Journal, tasks: Vec<String>) -> Self {
+        Self {
+            journal,
+            tasks,
+            next: BinaryHeap::new(),
+            ready: VecDeque::new(),
+            failed: None,
+            started: false,
+        }
+    }
+
+    /// Reads the next turn into `ready` (or notes the error that ends the merge).
+    fn turn(&mut self) {
+        if !self.started {
+            self.started = true;
+            for (i, task) in self.tasks.iter().enumerate() {
+                match self.journal.read_stream(task, 0).next() {
+                    Some(Ok(r)) => self.next.push(Reverse((r.seq, i, r.position))),
+                    Some(Err(e)) => {
+                        self.failed = Some(e.into());
+                        return;
+                    }
+                    None => {}
+                }
+            }
+        }
+        let Some(Reverse((_, i, position))) = self.next.pop() else {
+            return;
+        };
+        let before = self.next.peek().map_or(u64::MAX, |Reverse((seq, ..))| *seq);
+        let task = &self.tasks[i];
+        for item in self.journal.read_stream(task, position) {
+            match item {
+                Ok(r) if r.seq < before && self.ready.len() < RUN => {
+                    self.ready.push_back((task.clone(), r));
+                }
+                Ok(r) => {
+                    self.next.push(Reverse((r.seq, i, r.position)));
+                    break;
+                }
+                Err(e) => {
+                    self.failed = Some(e.into());
+                    break;
+                }
+            }
+        }
+    }
 }
 
 impl Iterator for Merge<'_> {
     type Item = Result<(String, Record)>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        let mut best: Option<(usize, u64)> = None;
-        for (i, (_, stream)) in self.streams.iter_mut().enumerate() {
-            match stream.peek() {
-                Some(Err(_)) => {
-                    best = Some((i, 0));
-                    break;
-                }
-                Some(Ok(r)) if best.is_none_or(|(_, s)| r.seq < s) => best = Some((i, r.seq)),
-                None | Some(Ok(_)) => {}
+        loop {
+            if let Some(item) = self.ready.pop_front() {
+                return Some(Ok(item));
             }
+            if let Some(e) = self.failed.take() {
+                self.next.clear();
+                return Some(Err(e));
+            }
+            if self.started && self.next.is_empty() {
+                return None;
+            }
+            self.turn();
         }
-        let (i, _) = best?;
-        let (task, stream) = &mut self.streams[i];
-        let task = task.clone();
-        stream
-            .next()
-            .map(|item| item.map(|r| (task, r)).map_err(CliError::from))
     }
 }
 
@@ -83,15 +146,13 @@ fn write_export(
     }
     let (scope, records, mut items): (Scope, u64, Items<'_>) = {
         let mut total = 0;
-        let mut streams = Vec::new();
         for task in tasks {
             total += require_task(journal, task)?;
-            streams.push((task.clone(), journal.read_stream(task, 0).peekable()));
         }
         (
             Scope::Tasks(tasks.to_vec()),
             total,
-            Box::new(Merge { streams }),
+            Box::new(Merge::new(journal, tasks.to_vec())),
         )
     };
     write_header(w, journal, scope, records, bytes)?;
@@ -296,17 +357,15 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
     };
     if let Some(path) = &args.output {
         if global.json {
-            println!(
-                "{}",
-                json!({ "records": written, "output": path.display().to_string() })
-            );
-        } else {
-            eprintln!(
-                "exported {} to {}",
-                super::fmt::count(written, "record"),
-                path.display()
-            );
+            let mut out = super::Out::new();
+            out.json_line(&json!({ "records": written, "output": path.display().to_string() }))?;
+            return out.flush();
         }
+        eprintln!(
+            "exported {} to {}",
+            super::fmt::count(written, "record"),
+            path.display()
+        );
     }
     Ok(())
 }

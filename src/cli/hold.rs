@@ -23,7 +23,7 @@ pub struct Args {
 /// Runs `dtask hold`.
 pub fn run(global: &Global, args: &Args) -> Result<()> {
     let at = global.at()?;
-    let journal = at.open_writer(JournalOptions::default())?;
+    let journal = at.open_existing_writer(JournalOptions::default())?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -52,6 +52,14 @@ const MAX_BATCH: usize = 1024;
 const WINDOW: usize = 4096;
 
 fn check_target(at: &At) -> Result<()> {
+    if let At::Postgres(url) = at {
+        // A schema holding another application's tables is no place for a journal (the
+        // import would replace the schema): refused before any work, and again when the
+        // import is put in place.
+        if let Some(why) = admin::check_target(&PgLocation::parse(url)?)? {
+            return Err(CliError::Usage(why));
+        }
+    }
     if at.is_new()? {
         return Ok(());
     }

@@ -59,6 +59,24 @@ impl At {
         Ok(())
     }
 
+    /// Opens for writing a journal that must be there already — for the commands that change
+    /// one (`purge`, `trim`, `hold`): a mistyped path is refused (exit 2, `no journal at …`),
+    /// not made into a new journal.
+    pub fn open_existing_writer(&self, options: JournalOptions) -> Result<Journal> {
+        self.existing()?;
+        let missing = || CliError::Usage(format!("no journal at {}", self.display()));
+        match self {
+            Self::Dir(dir) if !dir.join("CURRENT").exists() => return Err(missing()),
+            Self::Dir(_) => {}
+            Self::Postgres(url) => match Journal::open_postgres_read_only(url) {
+                Err(JournalError::NotAJournal(_)) => return Err(missing()),
+                Err(e) => return Err(e.into()),
+                Ok(reader) => drop(reader),
+            },
+        }
+        self.open_writer(options)
+    }
+
     /// Opens the journal for writing (creating it if missing).
     pub fn open_writer(&self, options: JournalOptions) -> Result<Journal> {
         Ok(match self {

@@ -275,10 +275,13 @@ impl Out {
             .map_err(CliError::io("writing output"))
     }
 
-    /// Writes a JSON document (pretty) and a newline.
+    /// Writes a JSON document (pretty) and a newline, and flushes: a command's document is
+    /// its whole answer, and one that could not be written is an error (exit 2), not
+    /// output lost when the buffer is dropped.
     pub fn json(&mut self, value: &serde_json::Value) -> Result<()> {
         serde_json::to_writer_pretty(&mut self.inner, value)?;
-        self.line("")
+        self.line("")?;
+        self.flush()
     }
 
     /// Writes one JSON line.

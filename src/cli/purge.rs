@@ -302,7 +302,7 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
     let journal = if args.dry_run {
         at.open_reader()?
     } else {
-        at.open_writer(JournalOptions::default())?
+        at.open_existing_writer(JournalOptions::default())?
     };
     let (seen, already) = Seen::read(&journal)?;
     let roots: Vec<u32> = if args.tasks.is_empty() {

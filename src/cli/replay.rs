@@ -18,6 +18,11 @@ pub struct Args {
     /// Show checkpoints, data and payloads themselves, not only their sizes.
     #[arg(long)]
     bytes: bool,
+    /// Show the latest N entries of the updates table (0: all), as `show` does: the earlier
+    /// ones are counted, not listed, so a task with millions of updates replays in bounded
+    /// memory.
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    updates: usize,
 }
 
 /// The task as of a position: the strict fold, and the timeline of the records folded, in
@@ -55,7 +60,7 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
     let show = Show { bytes: args.bytes };
     let mut view = AsOf {
         fold: TaskFold::new(&args.task),
-        timeline: Timeline::default(),
+        timeline: Timeline::keeping_updates(args.updates),
         show,
         last_record: None,
     };

@@ -25,6 +25,10 @@ struct Counts {
 }
 
 /// Runs `dtask stats`.
+#[allow(
+    clippy::too_many_lines,
+    reason = "one fold of every stream, then one document or its text"
+)]
 pub fn run(global: &Global, args: &Args) -> Result<()> {
     let journal = global.open()?;
     let last_seq = journal.last_seq()?;
@@ -34,6 +38,7 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
     let mut by_type: BTreeMap<EventType, Counts> = BTreeMap::new();
     let mut sizes: Vec<(u64, u64, String)> = Vec::new();
     let (mut tasks, mut records, mut bytes, mut damaged) = (0u64, 0u64, 0u64, 0u64);
+    let mut purged = 0u64;
     let mut views = FoldViews::new(&journal, None);
     while let Some(folded) = views.next_with(|r| {
         let c = by_type.entry(r.event.event_type()).or_default();
@@ -43,10 +48,16 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
         let folded = folded?;
         let id = folded.id().to_owned();
         bar.inc(folded.records);
-        tasks += 1;
         records += folded.records;
         bytes += folded.bytes;
         damaged += u64::from(folded.has_problems());
+        if folded.purged.is_some() {
+            // A purged task's tombstone: its records are counted, the task apart (as
+            // `tasks` leaves it out and the server counts it).
+            purged += 1;
+            continue;
+        }
+        tasks += 1;
         let status = folded
             .task
             .as_ref()
@@ -84,6 +95,7 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
             "record_format": journal.record_format().version(),
             "postgres_schema": journal.schema_version(),
             "tasks": tasks,
+            "purged": purged,
             "records": records,
             "bytes": bytes,
             "last_seq": last_seq,
@@ -110,6 +122,12 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
         journal.format_version(),
         journal.record_format()
     ))?;
+    if purged > 0 {
+        out.line(format!(
+            "{} purged (their tombstones counted among the records)",
+            fmt::count(purged, "task")
+        ))?;
+    }
     if damaged > 0 {
         out.line(format!(
             "{} {} not fold cleanly: run `dtask verify`",

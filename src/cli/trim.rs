@@ -71,6 +71,9 @@ fn choose(journal: &Journal, args: &Args) -> Result<Vec<String>> {
     // Whether each named task's progress may go, once the fold has found it.
     let mut named: BTreeMap<&str, Option<bool>> =
         args.tasks.iter().map(|t| (t.as_str(), None)).collect();
+    // The named tasks on hold, with the hold's reason: refused before anything is written
+    // (the store refuses them too, but the trims of the others would have gone by then).
+    let mut held: BTreeMap<String, Box<str>> = BTreeMap::new();
     let mut due = Vec::new();
     for view in FoldViews::new(journal, None) {
         let view = view?;
@@ -78,6 +81,9 @@ fn choose(journal: &Journal, args: &Args) -> Result<Vec<String>> {
         let Some(task) = &view.task else { continue };
         if let Some(found) = named.get_mut(view.id()) {
             *found = Some(progress_trimmable(&task.state));
+            if let Some(reason) = &task.state.hold {
+                held.insert(view.id().to_owned(), reason.clone());
+            }
         }
         if args
             .finished_before
@@ -104,6 +110,12 @@ fn choose(journal: &Journal, args: &Args) -> Result<Vec<String>> {
                 )))
             }
             Some(true) => {}
+        }
+        if let Some(reason) = held.get(id) {
+            return Err(CliError::Usage(format!(
+                "{id:?} is on hold ({reason}): its progress is kept until the hold is lifted \
+                 (nothing trimmed)"
+            )));
         }
     }
     Ok(args.tasks.clone())
@@ -180,7 +192,7 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
     let journal = if args.dry_run {
         at.open_reader()?
     } else {
-        at.open_writer(JournalOptions::default())?
+        at.open_existing_writer(JournalOptions::default())?
     };
     let candidates = choose(&journal, args)?;
     let bar = progress(candidates.len() as u64, "trimming");

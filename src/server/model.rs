@@ -254,6 +254,9 @@ pub struct TaskDetail {
     pub state: Option<TaskStateView>,
     /// Records read intact.
     pub records: u64,
+    /// The global sequence of the last record read intact (0 for none): the records of the
+    /// task a stream carries past it are the ones this answer does not count.
+    pub last_seq: u64,
     /// Problems of the stream, one line each (empty for a clean stream).
     pub problems: Vec<String>,
 }

@@ -27,6 +27,10 @@ const DEFAULT_RECORDS: usize = 500;
 const MAX_RECORDS: usize = 5000;
 /// The default page of updates.
 const DEFAULT_UPDATES: usize = 100;
+/// The records a page of the task list folds at most before it ends (with a cursor): the
+/// list folds each task it examines whole, so a page of long streams is bounded by their
+/// records as a filtered page is by its tasks (at least one task is always examined).
+const LIST_RECORD_BUDGET: u64 = 50_000;
 
 /// A cursor of the task list: the last task id examined.
 #[derive(Debug, Serialize, Deserialize)]
@@ -161,8 +165,9 @@ fn summary(id: String, view: &FoldView) -> TaskSummary {
 }
 
 /// A page of the task list: tasks are folded in id order from the cursor, in one forward
-/// pass ([`FoldViews`]), until the page is full or a scan budget (20 tasks per task asked,
-/// at least 2000) is spent; the cursor then resumes after the last task examined.
+/// pass ([`FoldViews`]), until the page is full or a scan budget is spent — 20 tasks per
+/// task asked (at least 2000), or [`LIST_RECORD_BUDGET`] records folded; the cursor then
+/// resumes after the last task examined.
 ///
 /// # Errors
 /// 400 for bad filters or a bad cursor; journal errors.
@@ -185,15 +190,17 @@ pub fn list_tasks(journal: &Journal, query: &ListQuery) -> Result<TaskList, ApiE
     let budget = (limit * 20).max(2000);
     let mut tasks = Vec::new();
     let mut scanned = 0usize;
+    let mut folded = 0u64;
     let mut last: Option<String> = None;
     let mut exhausted = true;
     for view in FoldViews::new(journal, after.as_deref()) {
         let view = view?;
-        if tasks.len() == limit || scanned == budget {
+        if tasks.len() == limit || scanned == budget || folded >= LIST_RECORD_BUDGET {
             exhausted = false;
             break;
         }
         scanned += 1;
+        folded += view.records;
         let id = view.id().to_owned();
         last = Some(id.clone());
         if !view.exists() || view.purged.is_some() {
@@ -231,7 +238,8 @@ fn require(journal: &Journal, id: &str) -> Result<u64, ApiError> {
 pub fn task(journal: &Journal, id: &str, with_base64: bool) -> Result<TaskDetail, ApiError> {
     // A task all of whose records are written and not yet durable is unknown, as in the list.
     require(journal, id)?;
-    let view = FoldView::read(journal, id, |_| {})?;
+    let mut last_seq = 0;
+    let view = FoldView::read(journal, id, |record| last_seq = record.seq)?;
     if let (Some((records, at)), None) = (view.purged, &view.task) {
         return Err(ApiError::purged(id, records, at));
     }
@@ -242,6 +250,7 @@ pub fn task(journal: &Journal, id: &str, with_base64: bool) -> Result<TaskDetail
             .as_ref()
             .map(|t| TaskStateView::of(&t.state, with_base64)),
         records: view.records,
+        last_seq,
         problems: view.problems(),
     })
 }

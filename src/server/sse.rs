@@ -507,6 +507,11 @@ fn read_after(
             Ok((items, position))
         }
         Scope::Task(task) => {
+            let position = if position == 0 && after > 0 {
+                first_after(journal, task, after)
+            } else {
+                position
+            };
             let mut items = Vec::new();
             let mut next = position;
             for record in journal.read_stream(task, position) {
@@ -522,5 +527,72 @@ fn read_after(
             }
             Ok((items, next))
         }
+    }
+}
+
+/// A position of `task`'s stream at or before its first record with a sequence above
+/// `after`: where a task stream resumed from a `Last-Event-ID` starts reading. Sequences grow
+/// with positions, so it is found by bisection — a few reads, where reading from position 0
+/// read the whole stream at each reconnect. A record that cannot be read ends the search
+/// where it stands (the reading that follows skips what is at or below `after` anyway).
+fn first_after(journal: &Journal, task: &str, after: u64) -> u64 {
+    // Every position below `low` holds a record at or below `after`; `high` bounds the
+    // answer from above.
+    let (mut low, mut high) = (0, journal.stream_len(task).ok().flatten().unwrap_or(0));
+    while low < high {
+        let middle = low + (high - low) / 2;
+        match journal.read_stream(task, middle).next() {
+            // The first record at or after `middle` (a trim may have left gaps).
+            Some(Ok(record)) if record.seq <= after => low = record.position + 1,
+            Some(Ok(_)) => high = middle,
+            None | Some(Err(_)) => break,
+        }
+    }
+    low
+}
+
+#[cfg(test)]
+mod tests {
+    use super::first_after;
+    use dtask_journal::{Event, Journal, JournalOptions, Timestamp};
+
+    fn update(i: u64) -> Event {
+        Event::UpdateAppended {
+            attempt: 1,
+            event_id: format!("e{i}"),
+            kind: "progress".into(),
+            data: vec![1],
+            metadata: vec![],
+            at: Timestamp(i),
+        }
+    }
+
+    #[test]
+    fn a_resumed_task_stream_starts_at_its_first_record_past_the_last_event_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+        // Task `a`'s records among others' (some appended two at a time), so that its
+        // sequences skip.
+        let (mut a, mut other) = (0, 0);
+        for i in 0..40 {
+            let n = if i % 3 == 0 { 2 } else { 1 };
+            let events: Vec<Event> = (0..n).map(|k| update(i * 2 + k)).collect();
+            journal.append("a", a, &events).unwrap();
+            a += n;
+            for _ in 0..i % 4 {
+                journal.append("other", other, &[update(i)]).unwrap();
+                other += 1;
+            }
+        }
+        let seqs: Vec<u64> = journal
+            .read_stream("a", 0)
+            .map(|r| r.unwrap().seq)
+            .collect();
+        let last = *seqs.last().unwrap();
+        for after in 0..=last + 3 {
+            let expected = seqs.iter().take_while(|seq| **seq <= after).count() as u64;
+            assert_eq!(first_after(&journal, "a", after), expected, "after {after}");
+        }
+        assert_eq!(first_after(&journal, "nothing", 5), 0);
     }
 }

@@ -238,36 +238,58 @@ impl MessageEntry {
     /// take the whole limit, and its JSON (escapes, replaced bytes) can take more. The cut
     /// is the longest prefix, on a character boundary, that fits.
     #[must_use]
-    pub fn within(mut self, max_bytes: usize) -> Self {
-        if self.content.is_empty() || encode(&self).len() <= max_bytes {
-            return self;
-        }
-        let content = std::mem::take(&mut self.content);
-        let note = format!(" […message cut: its text had {} bytes]", content.len());
-        let fits = |keep: usize, entry: &mut Self| {
-            entry.content = format!("{}{note}", &content[..keep]);
-            encode(&*entry).len() <= max_bytes
-        };
-        // The places a cut may fall (character boundaries); the search keeps the last that
-        // fits. Where not even the note fits (a limit of a few dozen bytes), the content
-        // is dropped whole.
-        let cuts: Vec<usize> = content.char_indices().map(|(i, _)| i).collect();
-        if !fits(0, &mut self) {
-            self.content = String::new();
-            return self;
-        }
-        let (mut lo, mut hi) = (0, cuts.len() - 1);
-        while lo < hi {
-            let mid = lo + (hi - lo).div_ceil(2);
-            if fits(cuts[mid], &mut self) {
-                lo = mid;
-            } else {
-                hi = mid - 1;
-            }
-        }
-        let _ = fits(cuts[lo], &mut self);
-        self
+    pub fn within(self, max_bytes: usize) -> Self {
+        cut_to_fit(self, |e| &mut e.content, "message", max_bytes)
     }
+}
+
+impl ToolResultEntry {
+    /// The entry, its content cut as [`MessageEntry::within`] cuts a message's: a tool's
+    /// output may take up to the store's limit of a task's result, and its JSON here (escapes,
+    /// replaced bytes) more than the limit of an update — the model is told the cut, and the
+    /// run goes on.
+    #[must_use]
+    pub fn within(self, max_bytes: usize) -> Self {
+        cut_to_fit(self, |e| &mut e.content, "result", max_bytes)
+    }
+}
+
+/// `entry` with its text (`text` names it) cut so that the entry's JSON takes at most
+/// `max_bytes`, a note of the original length at the cut (`[…what cut: its text had N
+/// bytes]`). The cut is the longest prefix, on a character boundary, that fits; where not
+/// even the note fits (a limit of a few dozen bytes), the text is dropped whole.
+fn cut_to_fit<T: Serialize>(
+    mut entry: T,
+    text: fn(&mut T) -> &mut String,
+    what: &str,
+    max_bytes: usize,
+) -> T {
+    if text(&mut entry).is_empty() || encode(&entry).len() <= max_bytes {
+        return entry;
+    }
+    let content = std::mem::take(text(&mut entry));
+    let note = format!(" […{what} cut: its text had {} bytes]", content.len());
+    let fits = |keep: usize, entry: &mut T| {
+        *text(entry) = format!("{}{note}", &content[..keep]);
+        encode(&*entry).len() <= max_bytes
+    };
+    // The places a cut may fall (character boundaries); the search keeps the last that fits.
+    let cuts: Vec<usize> = content.char_indices().map(|(i, _)| i).collect();
+    if !fits(0, &mut entry) {
+        text(&mut entry).clear();
+        return entry;
+    }
+    let (mut lo, mut hi) = (0, cuts.len() - 1);
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if fits(cuts[mid], &mut entry) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    let _ = fits(cuts[lo], &mut entry);
+    entry
 }
 
 /// What a finished run completes with (the task's result data).
@@ -453,6 +475,27 @@ mod tests {
             message.clone().within(2000),
             message,
             "what fits is kept whole"
+        );
+        // A tool's result is cut the same way (control characters escape to six bytes).
+        let result = ToolResultEntry {
+            version: 1,
+            turn: 2,
+            index: 0,
+            tool_call_id: "c".into(),
+            task_id: Some("r.t2.c0".into()),
+            status: CallStatus::Completed,
+            content: "\u{1b}[1m".repeat(500),
+        };
+        assert!(encode(&result).len() > 2000);
+        let cut = result.clone().within(2000);
+        let len = encode(&cut).len();
+        assert!(len <= 2000 && len > 1980, "{len}");
+        assert!(cut
+            .content
+            .ends_with(" […result cut: its text had 2000 bytes]"));
+        assert_eq!(
+            (cut.turn, cut.index, &cut.status),
+            (2, 0, &CallStatus::Completed)
         );
     }
 }

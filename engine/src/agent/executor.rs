@@ -85,6 +85,9 @@ enum Halt {
     /// The journal's storage failed for a while (a database out of reach, an I/O error, a
     /// full disk): the attempt yields, and the next carries on from the journal.
     Outage(String),
+    /// The manager is closing (it refused a tool call's task): the attempt yields, as at a
+    /// drain, and the next carries on from the journal.
+    Closing,
 }
 
 fn failed(error: impl std::fmt::Display) -> Halt {
@@ -138,9 +141,27 @@ impl Executor for AgentExecutor {
         attempt: AttemptContext,
         task: TaskState,
     ) -> Result<ExecutionResult, ExecutionError> {
-        let mut entries = None;
-        match self.run(&attempt, &task, &mut entries).await {
+        let (mut entries, mut transcript) = (None, None);
+        let outcome = self
+            .run(&attempt, &task, &mut entries, &mut transcript)
+            .await;
+        // An attempt that ends the run ends its tool calls still running with it, however
+        // it ends — a cancellation found before any tool ran again (after a crash or a
+        // drain), a store's refusal mid-batch, a Stop or Timeout control. One that yields
+        // leaves them to the next attempt, which waits for them.
+        let ended = match &outcome {
+            Ok(ExecutionResult::Canceled(reason) | ExecutionResult::Failed(reason))
+            | Err(Halt::Failed(reason)) => Some(reason.as_str()),
+            _ => None,
+        };
+        if let (Some(reason), Some(transcript), Some(manager)) =
+            (ended, &transcript, attempt.manager())
+        {
+            cancel_unfinished(&manager, transcript, reason).await;
+        }
+        match outcome {
             Ok(result) => Ok(result),
+            Err(Halt::Closing) => Ok(ExecutionResult::Yield(Vec::new())),
             Err(Halt::Failed(message)) => Err(ExecutionError::Failed(message)),
             Err(Halt::Outage(message)) => {
                 // Everything the run did is in the journal: the next attempt goes on from
@@ -173,20 +194,23 @@ impl Executor for AgentExecutor {
 
 impl AgentExecutor {
     /// One attempt of the run: fold its journal and carry on from there.
-    /// `entries` is set to how many entries the run's journal held when it was read.
+    /// `entries` is set to how many entries the run's journal held when it was read, and
+    /// `held` to the transcript, as the attempt leaves it.
     async fn run(
         &self,
         attempt: &AttemptContext,
         task: &TaskState,
         entries: &mut Option<usize>,
+        held: &mut Option<Transcript>,
     ) -> Result<ExecutionResult, Halt> {
         let manager = attempt
             .manager()
             .ok_or_else(|| failed("the manager running the agent is gone"))?;
-        let mut transcript = read_transcript(attempt.store(), attempt.task_id())
+        let read = read_transcript(attempt.store(), attempt.task_id())
             .await
             .map_err(|e| agent_failed("read the run's journal", &e))?;
-        *entries = Some(transcript.entries());
+        *entries = Some(read.entries());
+        let transcript = held.insert(read);
         let mut cursor = task.mailbox.consumed;
         let interactive = transcript.payload().interactive;
         loop {
@@ -194,9 +218,7 @@ impl AgentExecutor {
                 return Ok(ExecutionResult::Canceled(reason));
             }
             let closing = transcript.takes_messages()
-                && self
-                    .take_messages(attempt, &mut transcript, &mut cursor)
-                    .await?;
+                && self.take_messages(attempt, transcript, &mut cursor).await?;
             match transcript.next() {
                 Next::Finish(answer) => {
                     return Ok(finish(
@@ -214,16 +236,13 @@ impl AgentExecutor {
                     )))
                 }
                 Next::CallModel { turn } => {
-                    if let Some(stop) = self
-                        .call_model(attempt, &mut transcript, turn, cursor)
-                        .await?
-                    {
+                    if let Some(stop) = self.call_model(attempt, transcript, turn, cursor).await? {
                         return Ok(stop);
                     }
                 }
                 Next::RunTools { turn, pending } => {
                     let flow = self
-                        .run_tools(attempt, &manager, &mut transcript, turn, pending)
+                        .run_tools(attempt, &manager, transcript, turn, pending)
                         .await?;
                     if let Flow::Stop(result) = flow {
                         return Ok(result);
@@ -366,7 +385,6 @@ impl AgentExecutor {
             .map(|t| t.calls.clone())
             .unwrap_or_default();
         let mut running = FuturesUnordered::new();
-        let mut children = Vec::new();
         for index in batch {
             let Some(call) = calls.get(index as usize) else {
                 continue;
@@ -385,7 +403,6 @@ impl AgentExecutor {
                     self.record(attempt, transcript, entry).await?;
                 }
                 Ok(task_id) => {
-                    children.push(task_id.clone());
                     running.push(watch(manager.clone(), task_id, index, self.poll_interval));
                 }
             }
@@ -425,19 +442,11 @@ impl AgentExecutor {
                 control = attempt.next_control() => {
                     // The watches go first: one of them may be queued on a child's slot
                     // lock, and a queued lock that is handed to a future nobody polls is
-                    // never released — canceling that child below would wait for it forever.
+                    // never released — canceling that child once the attempt ends would
+                    // wait for it forever. (Stop and Timeout end the run, and its tools
+                    // with it; a drain leaves them running: the next attempt waits for them.)
                     drop(running);
-                    let result = on_control(control);
-                    if !matches!(result, ExecutionResult::Yield(_)) {
-                        // Stop and Timeout end the run: its tools stop with it. A drain
-                        // leaves them running; the next attempt waits for them.
-                        let reason = match &result {
-                            ExecutionResult::Canceled(r) | ExecutionResult::Failed(r) => r.clone(),
-                            _ => String::new(),
-                        };
-                        cancel_children(manager, &children, &reason).await;
-                    }
-                    return Ok(Flow::Stop(result));
+                    return Ok(Flow::Stop(on_control(control)));
                 }
             }
         }
@@ -450,6 +459,9 @@ impl AgentExecutor {
         transcript: &mut Transcript,
         entry: ToolResultEntry,
     ) -> Result<(), Halt> {
+        // A tool's output may take more than an update once in JSON: it is cut, with a note
+        // the model reads, rather than failing the run.
+        let entry = entry.within(attempt.store().config().max_value_bytes);
         journal(attempt, TOOL_RESULT_KIND, entry.event_id(), &entry).await?;
         point!(crate::failpoints::AGENT_AFTER_TOOL_RESULT, |m| Err(failed(
             m
@@ -496,6 +508,9 @@ impl AgentExecutor {
             }
             Err(ManagedError::Runtime(crate::runtime::RuntimeError::Store(e))) => {
                 return Err(store_failed(&format!("create the task of call {id}"), &e))
+            }
+            Err(ManagedError::Runtime(crate::runtime::RuntimeError::Closed)) => {
+                return Err(Halt::Closing)
             }
             Err(e) => return Err(failed(format!("create the task of call {id}: {e}"))),
         }
@@ -647,15 +662,25 @@ async fn watch(
 }
 
 /// Asks every child that has not ended to stop.
-async fn cancel_children(manager: &Manager, children: &[String], reason: &str) {
+/// Cancels the tasks of the last turn's calls that have no result yet (a call whose task
+/// was never created is passed over), `reason` saying why the run ended.
+async fn cancel_unfinished(manager: &Manager, transcript: &Transcript, reason: &str) {
     let reason = if reason.is_empty() {
         "the agent run ended"
     } else {
         reason
     };
-    for id in children {
-        if let Err(e) = manager.request_cancel(id, reason).await {
-            tracing::warn!(task = %id, error = %e, "could not cancel a tool call");
+    let Some(turn) = transcript.turns().last() else {
+        return;
+    };
+    for call in turn.calls.iter().filter(|c| c.result.is_none()) {
+        match manager.request_cancel(&call.task_id, reason).await {
+            Ok(_)
+            | Err(crate::runtime::RuntimeError::Store(StoreError::NotFound(NotFound::Task(_)))) => {
+            }
+            Err(e) => {
+                tracing::warn!(task = %call.task_id, error = %e, "could not cancel a tool call");
+            }
         }
     }
 }

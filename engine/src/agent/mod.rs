@@ -348,6 +348,19 @@ impl DurableAgent {
             Some(id) => id,
             None => manager.allocate_task_id(AGENT_TASK_KIND)?,
         };
+        // Each tool call's task is named after the run (`<run>.t<turn>.c<index>`): a run
+        // whose calls could not be named is refused now, not at its first tool call.
+        let longest = codec::call_task_id(&id, payload.max_steps, u32::MAX).len();
+        let max = manager.store().config().max_id_bytes;
+        if longest > max {
+            return Err(AgentError::Store(StoreError::Invalid {
+                field: "task id",
+                reason: format!(
+                    "a run's id leaves room for its tool calls' ids (`<run>.t<turn>.c<index>`, \
+                     up to {longest} bytes here; the most is {max})"
+                ),
+            }));
+        }
         let description = request
             .description
             .unwrap_or_else(|| describe(&payload.messages));

@@ -2,6 +2,7 @@
 
 use super::error::RuntimeError;
 use super::manager::Manager;
+use dtask_journal::Timestamp;
 use parking_lot::Mutex;
 use std::collections::HashSet;
 use std::future::Future;
@@ -20,7 +21,9 @@ pub struct WorkerConfig {
     pub poll_interval: Duration,
     /// The most attempts running at once. Default: 1.
     pub max_concurrent: usize,
-    /// Tasks never claimed (attempt 0) are skipped until this long after creation. Default: 0.
+    /// Tasks never claimed (attempt 0) are skipped until this long after creation; the
+    /// worker looks again when the first it skipped becomes claimable (not only at its next
+    /// poll). Default: 0.
     pub initial_pickup_delay: Duration,
 }
 
@@ -104,6 +107,8 @@ impl Worker {
         let mut outage = Outage::default();
         'poll: loop {
             let mut cursor: Option<String> = None;
+            // When the youngest task skipped for the pickup delay becomes claimable.
+            let mut young_due: Option<Timestamp> = None;
             loop {
                 let page = match store
                     .list_pending(&self.config.executor_keys, cursor.as_deref(), 100)
@@ -126,7 +131,9 @@ impl Worker {
                 };
                 for task in page.tasks {
                     let id = task.spec.id.clone();
-                    if task.attempt == 0 && task.created_at.plus_millis(delay) > store.now() {
+                    let claimable_at = task.created_at.plus_millis(delay);
+                    if task.attempt == 0 && claimable_at > store.now() {
+                        young_due = Some(young_due.map_or(claimable_at, |t| t.min(claimable_at)));
                         continue;
                     }
                     if !in_flight.lock().insert(id.clone()) {
@@ -160,9 +167,13 @@ impl Worker {
                     None => break,
                 }
             }
-            // A delayed task comes due without a signal: look again then, if that is sooner
-            // than the next poll.
-            let wait = store.next_due().map_or(self.config.poll_interval, |due| {
+            // A delayed task, or one skipped for the pickup delay, comes due without a
+            // signal: look again then, if that is sooner than the next poll.
+            let due = match (store.next_due(), young_due) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            let wait = due.map_or(self.config.poll_interval, |due| {
                 let ms = due.0.saturating_sub(store.now().0);
                 self.config.poll_interval.min(Duration::from_millis(ms))
             });

@@ -271,6 +271,11 @@ pub(crate) fn validate_create(request: &CreateRequest, config: &StoreConfig) -> 
         context_snapshot.len(),
         config.max_value_bytes,
     )?;
+    // Here, with the request's other fields, so that a nested create is refused for it
+    // before its parent is looked up (and its lease resolved).
+    if request.policy.is_none() {
+        return Err(StoreError::invalid("policy", "must be retry or fail"));
+    }
     Ok(())
 }
 
@@ -765,7 +770,10 @@ pub(crate) fn parent_notice(state: Option<&TaskState>, events: &[Event]) -> Opti
             parent,
             kind: kind.to_owned(),
             data: child.into_bytes(),
-            required: false,
+            // A publish is its notice: one its parent cannot take fails the whole publish
+            // (the task stays deferred). A transition's notice that cannot be delivered is
+            // recorded beside it, the transition made.
+            required: kind == "task_backgrounded",
             delivery: Delivery::Queued,
         });
     }
@@ -773,21 +781,24 @@ pub(crate) fn parent_notice(state: Option<&TaskState>, events: &[Event]) -> Opti
 }
 
 /// The events that put `notice` into the parent's mailbox: an input (and the wake of a
-/// parent waiting for input); none when it is there already (a replay).
+/// parent waiting for input) — or, when the parent's mailbox holds an input of the notice's
+/// id already, that input's place, for the caller to check that it is the same (a replay)
+/// and not another input under the id (a conflict).
 ///
 /// # Errors
 /// [`StoreError::MailboxSealed`] when the parent has ended.
-pub(crate) fn deliver(parent: &Task, notice: &ParentNotice, now: Timestamp) -> Result<Vec<Event>> {
+pub(crate) fn deliver(
+    parent: &Task,
+    notice: &ParentNotice,
+    now: Timestamp,
+) -> Result<Keyed<InputRequest, Vec<Event>>> {
     let request = InputRequest {
         event_id: notice.id.clone(),
         kind: notice.kind.clone(),
         data: notice.data.clone(),
         delivery: notice.delivery,
     };
-    match input(parent, request, now)? {
-        Keyed::New(events) => Ok(events),
-        Keyed::Repeat { .. } => Ok(Vec::new()),
-    }
+    input(parent, request, now)
 }
 
 /// Validates an input's own fields (before any lookup).

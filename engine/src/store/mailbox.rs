@@ -106,22 +106,36 @@ impl TaskStore {
         self.resolve_expiry(&slot, &mut task, now).await?;
         match decide::input(&task, request, now)? {
             Keyed::Repeat { position, request } => {
-                let original = self.read_input(id, position)?;
-                let same = original.kind == request.kind
-                    && original.data == request.data
-                    && original.delivery == request.delivery;
-                if same {
-                    self.count_input_deduplicated();
-                    Ok((original, false))
-                } else {
-                    Err(StoreError::InputConflict(request.event_id))
-                }
+                let original = self.repeated_input(id, position, &request)?;
+                self.count_input_deduplicated();
+                Ok((original, false))
             }
             Keyed::New(events) => {
                 let position = task.state.position;
                 self.commit(&slot, &mut task, &events).await?;
                 Ok((self.read_input(id, position)?, true))
             }
+        }
+    }
+
+    /// The input at `position` of task `id`'s stream, which `request` repeats (its event
+    /// id): the input itself when the kind, data and delivery are the same, an
+    /// [`StoreError::InputConflict`] when not — the one rule of a repeated input, for a
+    /// caller's input and a child's notice alike.
+    pub(super) fn repeated_input(
+        &self,
+        id: &str,
+        position: u64,
+        request: &InputRequest,
+    ) -> Result<InputRecord> {
+        let original = self.read_input(id, position)?;
+        let same = original.kind == request.kind
+            && original.data == request.data
+            && original.delivery == request.delivery;
+        if same {
+            Ok(original)
+        } else {
+            Err(StoreError::InputConflict(request.event_id.clone()))
         }
     }
 
@@ -220,7 +234,10 @@ impl TaskStore {
     ///
     /// # Errors
     /// [`StoreError::VersionConflict`], [`StoreError::IllegalTransition`] for a task
-    /// published on create, [`StoreError::AlreadyTerminal`] for a deferred task that ended.
+    /// published on create, [`StoreError::AlreadyTerminal`] for a deferred task that ended;
+    /// for a nested task, the refusal of its parent's mailbox
+    /// ([`StoreError::MailboxSealed`] once the parent has ended): the whole publish fails,
+    /// nothing written, the task still deferred.
     pub async fn publish(&self, id: &str, expected_version: u64) -> Result<TaskState> {
         if expected_version == 0 {
             return Err(StoreError::invalid("expected version", "must be positive"));

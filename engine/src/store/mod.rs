@@ -35,7 +35,7 @@ pub use retention::{
 pub use updates::{UpdatePage, UpdateRecord};
 
 use crate::clock::Clock;
-use decide::{Decision, ParentNotice};
+use decide::{Decision, Keyed, ParentNotice};
 use dtask_journal::{Event, Head, Journal, LiveRepair, LiveSummary, Timestamp};
 use dtask_replay::{
     load_listed_tasks_each, load_task, load_tasks_each, ReplayError, Status, Task, TaskState,
@@ -616,7 +616,14 @@ impl TaskStore {
             None => None,
         };
         let delivery = match parent.as_deref() {
-            Some(parent) => decide::deliver(parent, &notice, now),
+            Some(parent) => match decide::deliver(parent, &notice, now) {
+                Ok(Keyed::New(events)) => Ok(events),
+                // Delivered before — or another input holds the notice's id.
+                Ok(Keyed::Repeat { position, request }) => self
+                    .repeated_input(&notice.parent, position, &request)
+                    .map(|_| Vec::new()),
+                Err(e) => Err(e),
+            },
             None => Err(StoreError::NotFound(error::NotFound::Mailbox(
                 notice.parent.clone(),
             ))),
@@ -797,7 +804,12 @@ impl TaskStore {
         let (id, events) = decide::create(request, root, now, &self.inner.config)?;
         let mut parent_events = vec![decide::child_authority(&parent, &context, &id, now)?];
         if let Some(notice) = decide::parent_notice(None, &events) {
-            parent_events.extend(decide::deliver(&parent, &notice, now)?);
+            match decide::deliver(&parent, &notice, now)? {
+                Keyed::New(events) => parent_events.extend(events),
+                Keyed::Repeat { position, request } => {
+                    self.repeated_input(&context.task_id, position, &request)?;
+                }
+            }
         }
         self.create_stream(
             id,

@@ -22,6 +22,9 @@ struct Args {
     b: i64,
     #[serde(default)]
     hold: bool,
+    /// Double quotes after the sum in the output (an output that grows once in JSON).
+    #[serde(default)]
+    quotes: usize,
 }
 
 fn args(arguments: &str) -> Result<Args, ToolFailure> {
@@ -64,6 +67,7 @@ pub fn read_ledger(ledger: &Path) -> Vec<String> {
 
 struct AddRun {
     sum: i64,
+    quotes: usize,
     hold: bool,
     stopped: Notify,
 }
@@ -75,7 +79,8 @@ impl Run for AddRun {
             self.stopped.notified().await;
             return Ok(RunOutcome::Canceled("stopped".into()));
         }
-        Ok(RunOutcome::Completed(self.sum.to_string().into_bytes()))
+        let output = format!("{}{}", self.sum, "\"".repeat(self.quotes));
+        Ok(RunOutcome::Completed(output.into_bytes()))
     }
 
     async fn stop(&self) -> Result<(), ToolRunError> {
@@ -87,6 +92,7 @@ impl Run for AddRun {
 fn run(a: &Args) -> Arc<dyn Run> {
     Arc::new(AddRun {
         sum: a.a + a.b,
+        quotes: a.quotes,
         hold: a.hold,
         stopped: Notify::new(),
     })

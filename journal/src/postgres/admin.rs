@@ -14,43 +14,92 @@ pub fn with_schema(location: &PgLocation, schema: &str) -> PgLocation {
     }
 }
 
-/// Moves the journal of schema `staging` to `location`'s schema, atomically: the target
-/// schema must not exist or hold no record (it is then replaced).
+/// What keeps an import out of schema `target`, as seen by `client` (in its transaction,
+/// the journal's records table locked against writers when it has one): `None` when the
+/// schema does not exist or holds only an empty dtask journal — the only schema an import
+/// may replace — or why not. Every object of a dtask journal is named `dtask_…` (a table's
+/// array type `_dtask_…`): any other table, view, sequence, function or type is another
+/// application's, which a replacement would destroy.
+async fn occupant(
+    client: &tokio_postgres::Client,
+    target: &str,
+    lock: bool,
+) -> std::result::Result<Option<String>, tokio_postgres::Error> {
+    let foreign: i64 = client
+        .query_one(
+            "WITH ns AS (SELECT oid FROM pg_namespace WHERE nspname = $1) SELECT \
+               (SELECT count(*) FROM pg_class WHERE relnamespace IN (SELECT oid FROM ns) \
+                  AND relname NOT LIKE 'dtask\\_%') \
+             + (SELECT count(*) FROM pg_proc WHERE pronamespace IN (SELECT oid FROM ns) \
+                  AND proname NOT LIKE 'dtask\\_%') \
+             + (SELECT count(*) FROM pg_type WHERE typnamespace IN (SELECT oid FROM ns) \
+                  AND typname NOT LIKE 'dtask\\_%' AND typname NOT LIKE '\\_dtask\\_%')",
+            &[&target],
+        )
+        .await?
+        .get(0);
+    if foreign > 0 {
+        return Ok(Some(format!(
+            "schema {target} holds {foreign} objects that are not a dtask journal's: import \
+             into a new schema (or an empty journal's)"
+        )));
+    }
+    let journal = client
+        .query_opt(
+            "SELECT 1 FROM information_schema.tables \
+             WHERE table_schema = $1 AND table_name = 'dtask_records'",
+            &[&target],
+        )
+        .await?
+        .is_some();
+    if !journal {
+        return Ok(None);
+    }
+    let table = format!("{}.dtask_records", quote_ident(target));
+    if lock {
+        // No writer commits a record between this count and the replacement.
+        client
+            .batch_execute(&format!("LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE"))
+            .await?;
+    }
+    let records: i64 = client
+        .query_one(&format!("SELECT count(*) FROM {table}"), &[])
+        .await?
+        .get(0);
+    Ok((records > 0)
+        .then(|| format!("schema {target} already holds a journal of {records} records")))
+}
+
+/// Why an import may not go into `location`'s schema, if it may not: the schema holds
+/// something other than an empty dtask journal (see [`promote`], which checks again).
 ///
 /// # Errors
-/// [`Error::InvalidLocation`] when the target holds records; [`Error::Storage`] when the
-/// database fails (nothing moved then).
+/// [`Error::Storage`] when the database fails.
+pub fn check_target(location: &PgLocation) -> Result<Option<String>> {
+    let conn = Conn::open(Target::admin(location), "admin")?;
+    let target = location.schema.clone();
+    conn.call(move |client| Box::pin(async move { occupant(&client, &target, false).await }))
+}
+
+/// Moves the journal of schema `staging` to `location`'s schema, atomically: the target
+/// schema must not exist, or hold only an empty dtask journal (it is then replaced). A
+/// schema holding anything else — another application's tables, a journal with records —
+/// is left as it was.
+///
+/// # Errors
+/// [`Error::InvalidLocation`] when the target holds something else; [`Error::Storage`] when
+/// the database fails (nothing moved then).
 pub fn promote(location: &PgLocation, staging: &str) -> Result<()> {
     let conn = Conn::open(Target::admin(location), "admin")?;
     let target = location.schema.clone();
     let staging = staging.to_owned();
-    let held = conn.call(move |client| {
+    let refused = conn.call(move |client| {
         Box::pin(async move {
             let run = async {
                 client.batch_execute("BEGIN").await?;
-                let exists = client
-                    .query_opt(
-                        "SELECT 1 FROM information_schema.tables \
-                         WHERE table_schema = $1 AND table_name = 'dtask_records'",
-                        &[&target],
-                    )
-                    .await?
-                    .is_some();
-                if exists {
-                    let row = client
-                        .query_one(
-                            &format!(
-                                "SELECT count(*) FROM {}.dtask_records",
-                                quote_ident(&target)
-                            ),
-                            &[],
-                        )
-                        .await?;
-                    let records: i64 = row.get(0);
-                    if records > 0 {
-                        client.batch_execute("ROLLBACK").await?;
-                        return Ok(records);
-                    }
+                if let Some(why) = occupant(&client, &target, true).await? {
+                    client.batch_execute("ROLLBACK").await?;
+                    return Ok(Some(why));
                 }
                 client
                     .batch_execute(&format!(
@@ -59,10 +108,10 @@ pub fn promote(location: &PgLocation, staging: &str) -> Result<()> {
                         s = quote_ident(&staging),
                     ))
                     .await?;
-                Ok(0)
+                Ok(None)
             };
             match run.await {
-                Ok(held) => Ok(held),
+                Ok(refused) => Ok(refused),
                 Err(e) => {
                     let _ = client.batch_execute("ROLLBACK").await;
                     Err(e)
@@ -70,13 +119,10 @@ pub fn promote(location: &PgLocation, staging: &str) -> Result<()> {
             }
         })
     })?;
-    if held > 0 {
-        return Err(Error::InvalidLocation(format!(
-            "schema {} already holds a journal of {held} records",
-            location.schema
-        )));
+    match refused {
+        Some(why) => Err(Error::InvalidLocation(why)),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// Drops schema `schema` and everything in it (a failed import's staging schema).

@@ -137,14 +137,23 @@ async function tasksPage() {
     more, info);
   try { await load(true); } catch (e) { main.append(h("p", { class: "error" }, e.message)); }
 
-  // Live: a committed record refreshes its task's row — one shown, or one whose status it
-  // may change (which may bring it into the list). A task's other records (its progress,
-  // heartbeats, notifications: nearly all of a busy journal's) leave a task not shown as it
-  // was, so they cost no request.
+  // Live: a record that may change its task's status refreshes the task's row (which may
+  // bring it into the list, or take it out). A task's other records (its progress,
+  // heartbeats, notifications: nearly all of a busy journal's) cost no request: a shown
+  // task counts them in its row — those past the last read of the task (`seq`), which
+  // counted the ones before — and a task not shown stays as it was.
   const pending = new Set();
   let flush = null;
+  let counted = null;
   follow("/api/stream", (record) => {
-    if (!rows.has(record.task) && QUIET.has(record.type)) return;
+    if (QUIET.has(record.type)) {
+      const t = rows.get(record.task);
+      if (!t || record.seq <= (t.seq || 0)) return;
+      t.records += 1;
+      t.seq = record.seq;
+      if (!counted) counted = setTimeout(() => { counted = null; render(); }, 150);
+      return;
+    }
     pending.add(record.task);
     if (flush) return;
     flush = setTimeout(async () => {
@@ -157,7 +166,7 @@ async function tasksPage() {
           const s = detail.state;
           if (!s) continue;
           const t = { id, status: s.status, executor: s.executor_key, tool: s.tool, attempt: s.attempt,
-            records: detail.records, created_at: s.created_at, updated_at: s.updated_at,
+            records: detail.records, seq: detail.last_seq, created_at: s.created_at, updated_at: s.updated_at,
             description: s.description, problem: detail.problems.length ? detail.problems.join("; ") : null };
           if (matches(t)) rows.set(id, t); else rows.delete(id);
         } catch (_) { /* the task's next record that is fetched retries */ }
