@@ -514,6 +514,12 @@ fn events_lists_raw_records() {
         .code(2)
         .stdout("")
         .stderr(predicate::str::contains("--from 8 is after --to 3"));
+    dtask(dir.path())
+        .args(["events", "alpha", "--from", "999"])
+        .assert()
+        .code(2)
+        .stdout("")
+        .stderr(predicate::str::contains("--from 999 is beyond its end"));
 }
 
 /// `dtask outbox` lists what is queued and not acknowledged, oldest first, with filters
@@ -1609,6 +1615,12 @@ fn usage_errors_exit_2() {
         }
     }
     assert!(!nothing.exists(), "a journal was made at a mistyped path");
+    // The demo makes its own journal: `--journal` is refused, not ignored.
+    dtask(&nothing)
+        .arg("demo")
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("demo does not take --journal"));
     let left: Vec<_> = std::fs::read_dir(&other).unwrap().collect();
     assert_eq!(
         left.len(),

@@ -1,7 +1,8 @@
 //! Several nodes — task stores in one process, each with its own journal connections — on one
 //! PostgreSQL journal (`DTASK_TEST_PG_URL`, set by `./dev test` and CI): a task created on one
 //! node is found and claimed on another, and two nodes racing on one task have exactly one
-//! winner, the loser getting the typed `VersionConflict`, 100 runs each; a rerun asked for on a
+//! winner, the loser decided again against the winner's record (a `VersionConflict` where
+//! the version moved), 100 runs each; a rerun asked for on a
 //! node that has not yet seen another node's rerun finds it. Without the variable every test
 //! says loudly that it was skipped.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -43,12 +44,24 @@ fn nodes(test: &str) -> Option<(TaskStore, TaskStore, String)> {
 
 /// The two outcomes of a race: exactly one success, and the other a version conflict.
 fn one_winner<T: std::fmt::Debug>(a: Result<T, StoreError>, b: Result<T, StoreError>, run: usize) {
+    one_winner_of(a, b, run, |e| {
+        matches!(e, StoreError::VersionConflict { .. })
+    });
+}
+
+/// The two outcomes of a race: exactly one success, and the other refused as `lost` says.
+fn one_winner_of<T: std::fmt::Debug>(
+    a: Result<T, StoreError>,
+    b: Result<T, StoreError>,
+    run: usize,
+    lost: impl Fn(&StoreError) -> bool,
+) {
     let wins = usize::from(a.is_ok()) + usize::from(b.is_ok());
     assert_eq!(wins, 1, "run {run}: {a:?} / {b:?}");
-    let lost = if a.is_err() { a } else { b };
+    let loser = if a.is_err() { a } else { b };
     assert!(
-        matches!(lost, Err(StoreError::VersionConflict { .. })),
-        "run {run}: the loser got {lost:?}"
+        loser.as_ref().err().is_some_and(&lost),
+        "run {run}: the loser got {loser:?}"
     );
 }
 
@@ -136,7 +149,14 @@ async fn complete_against_cancel_across_nodes_exactly_one_wins() {
                 }
             ),
         );
-        one_winner(ra, rb, run);
+        // The loser is decided again against the winner's record: a completion after the
+        // cancel request meets a new version, a cancel after the completion a terminal task.
+        one_winner_of(ra, rb, run, |e| {
+            matches!(
+                e,
+                StoreError::VersionConflict { .. } | StoreError::AlreadyTerminal(_)
+            )
+        });
     }
     clean(&url);
 }
@@ -161,8 +181,11 @@ async fn one_update_sent_to_two_nodes_is_recorded_once() {
             a.append_update(&id, update.clone()),
             b.append_update(&id, update.clone()),
         );
-        one_winner(ra, rb, run);
-        // The loser, sending it again, is told it is recorded already.
+        // The loser is decided again against the winner's record: the same update, recorded
+        // already.
+        let (ra, rb) = (ra.unwrap().1, rb.unwrap().1);
+        assert!(ra != rb, "run {run}: exactly one recorded it ({ra} / {rb})");
+        // Sent again, it is recorded already on both.
         let (_, new_a) = a.append_update(&id, update.clone()).await.unwrap();
         let (_, new_b) = b.append_update(&id, update).await.unwrap();
         assert!(!new_a && !new_b, "run {run}");
@@ -209,8 +232,88 @@ async fn input_against_completion_across_nodes_exactly_one_wins() {
             ),
             b.send_input(&id, input),
         );
-        one_winner(ra.map(|_| ()), rb.map(|_| ()), run);
+        // Each is decided against the other, whichever the database took first: the
+        // completion goes ahead (an input changes no version); the input lands before it, or
+        // is refused by the sealed mailbox after — never a version conflict no version made.
+        let done = ra.unwrap_or_else(|e| panic!("run {run}: the completion got {e:?}"));
+        assert_eq!(done.status, Status::Completed, "run {run}");
+        match rb {
+            Ok((input, true)) => assert!(input.sequence <= done.mailbox.latest, "run {run}"),
+            Err(StoreError::MailboxSealed(_)) => {}
+            other => panic!("run {run}: the input got {other:?}"),
+        }
     }
+    clean(&url);
+}
+
+/// A node whose memory has not folded another node's input, notice or update decides its
+/// write again against them when the database refuses it for a stale position: a completion
+/// asked "if no inputs" finds the input and goes back to pending, a progress update and a
+/// plain completion go ahead, and an input to a task another node completed meets the
+/// sealed mailbox — none of them a version conflict that no version change made.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_meeting_another_nodes_record_is_decided_again_against_it() {
+    let Some((a, b, url)) = nodes("stale") else {
+        return;
+    };
+    let input = |event_id: &str| InputRequest {
+        event_id: event_id.to_owned(),
+        kind: "message".into(),
+        data: b"hello".to_vec(),
+        delivery: Delivery::Queued,
+    };
+    let state = running(&a, "t1", LeasePolicy::Retry).await;
+    b.refresh().await.unwrap();
+    b.send_input("t1", input("in1")).await.unwrap();
+    let asked = a
+        .execute(
+            "t1",
+            state.version,
+            Command::CompleteIfNoInputs {
+                cursor: 0,
+                data: b"ok".to_vec(),
+            },
+        )
+        .await;
+    assert!(
+        matches!(&asked, Err(StoreError::InputsPending(s)) if s.status == Status::Pending),
+        "{asked:?}"
+    );
+
+    let state = running(&a, "t2", LeasePolicy::Retry).await;
+    b.refresh().await.unwrap();
+    b.send_input("t2", input("in2")).await.unwrap();
+    a.append_update(
+        "t2",
+        UpdateRequest {
+            attempt: state.attempt,
+            event_id: "u1".into(),
+            kind: "progress".into(),
+            data: b"half".to_vec(),
+            ..UpdateRequest::default()
+        },
+    )
+    .await
+    .unwrap();
+    b.refresh().await.unwrap();
+    b.send_input("t2", input("in3")).await.unwrap();
+    let done = a
+        .execute(
+            "t2",
+            state.version,
+            Command::Complete {
+                data: b"ok".to_vec(),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(done.status, Status::Completed);
+    assert_eq!(done.mailbox.latest, 2, "both inputs in before the seal");
+    let late = b.send_input("t2", input("late")).await;
+    assert!(
+        matches!(late, Err(StoreError::MailboxSealed(_))),
+        "{late:?}"
+    );
     clean(&url);
 }
 

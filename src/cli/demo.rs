@@ -716,6 +716,13 @@ async fn managed_scene(store: &TaskStore, log: &mut Log) -> Result<()> {
 
 /// Runs `dtask demo`.
 pub fn run(global: &Global, args: &Args) -> Result<()> {
+    if global.journal_flag {
+        return Err(CliError::Usage(
+            "demo does not take --journal: it makes a new journal, at DIR|URL when given \
+             (`dtask demo DIR`), else in a temporary directory"
+                .into(),
+        ));
+    }
     let started = std::time::Instant::now();
     let temp;
     let at = if let Some(dir) = &args.dir {

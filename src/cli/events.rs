@@ -32,6 +32,14 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
     }
     let journal = global.open()?;
     let len = require_task(&journal, &args.task)?;
+    if args.from >= len {
+        return Err(CliError::Usage(format!(
+            "task {:?} has positions 0..={}; --from {} is beyond its end (the range is empty)",
+            args.task,
+            len.saturating_sub(1),
+            args.from
+        )));
+    }
     let end = args.to.map_or(len, |t| t.saturating_add(1).min(len));
     let from = match args.tail {
         Some(n) => end.saturating_sub(n).max(args.from),

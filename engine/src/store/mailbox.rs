@@ -102,18 +102,34 @@ impl TaskStore {
         decide::validate_input(id, &request, self.config())?;
         let slot = self.slot(id)?;
         let mut task = self.lock(&slot).await?;
-        let now = self.now();
-        self.resolve_expiry(&slot, &mut task, now).await?;
-        match decide::input(&task, request, now)? {
-            Keyed::Repeat { position, request } => {
-                let original = self.repeated_input(id, position, &request)?;
-                self.count_input_deduplicated();
-                Ok((original, false))
-            }
-            Keyed::New(events) => {
-                let position = task.state.position;
-                self.commit(&slot, &mut task, &events).await?;
-                Ok((self.read_input(id, position)?, true))
+        let mut request = Some(request);
+        let mut stale = 0;
+        loop {
+            let now = self.now();
+            self.resolve_expiry(&slot, &mut task, now).await?;
+            let Some(this) = request.take() else {
+                return Err(StoreError::invalid("input", "decided once only"));
+            };
+            let again = self.may_decide_again(stale).then(|| this.clone());
+            match decide::input(&task, this, now)? {
+                Keyed::Repeat { position, request } => {
+                    let original = self.repeated_input(id, position, &request)?;
+                    self.count_input_deduplicated();
+                    return Ok((original, false));
+                }
+                Keyed::New(events) => {
+                    let position = task.state.position;
+                    match self.commit(&slot, &mut task, &events).await {
+                        // Another node wrote to the stream first (see `may_decide_again`).
+                        Err(StoreError::VersionConflict { .. }) if again.is_some() => {
+                            request = again;
+                            stale += 1;
+                            continue;
+                        }
+                        other => other?,
+                    }
+                    return Ok((self.read_input(id, position)?, true));
+                }
             }
         }
     }

@@ -47,6 +47,10 @@ use std::sync::{Arc, OnceLock};
 use tokio::sync::watch;
 use tracing::Instrument;
 
+/// How many times one command is decided again after a write refused for a stale position
+/// ([`TaskStore::may_decide_again`]).
+const STALE_DECISIONS: usize = 3;
+
 /// How many times [`TaskStore::rerun`] decides again when another node's write to the
 /// original got in first (a shared journal).
 const RERUN_TRIES: usize = 8;
@@ -1068,18 +1072,47 @@ impl TaskStore {
         decide::validate(&command, config)?;
         let slot = self.slot(id)?;
         let mut task = self.lock(&slot).await?;
-        let now = self.now();
-        self.resolve_expiry(&slot, &mut task, now).await?;
-        match decide::decide(&task.state, expected_version, command, now, config)? {
-            Decision::Unchanged => {}
-            Decision::Write(events) => {
-                self.commit(&slot, &mut task, &events).await?;
-                if matches!(events.last(), Some(Event::InputsPending { .. })) {
-                    return Err(StoreError::InputsPending(Box::new(task.state.clone())));
-                }
+        let mut command = Some(command);
+        let mut stale = 0;
+        loop {
+            let now = self.now();
+            self.resolve_expiry(&slot, &mut task, now).await?;
+            let Some(this) = command.take() else {
+                return Err(StoreError::invalid("command", "decided once only"));
+            };
+            let again = self.may_decide_again(stale).then(|| this.clone());
+            match decide::decide(&task.state, expected_version, this, now, config)? {
+                Decision::Unchanged => {}
+                Decision::Write(events) => match self.commit(&slot, &mut task, &events).await {
+                    Err(StoreError::VersionConflict { .. }) if again.is_some() => {
+                        command = again;
+                        stale += 1;
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                    Ok(()) => {
+                        if matches!(events.last(), Some(Event::InputsPending { .. })) {
+                            return Err(StoreError::InputsPending(Box::new(task.state.clone())));
+                        }
+                    }
+                },
             }
+            return Ok(then(&task.state));
         }
-        Ok(then(&task.state))
+    }
+
+    /// Whether a write refused for a stale position (the commit's `VersionConflict`, the task
+    /// folded again by then) may be decided again, after `stale` such refusals: on a journal
+    /// shared with other nodes, where another node appended to the task's stream what this
+    /// node's memory had not folded yet. Often a record that changes no version — an input,
+    /// a child's notice, a progress update — after which the request is decided against
+    /// what the other node wrote (an input that came first sends a completion asked "if no
+    /// inputs" back to pending, and a plain one goes ahead) instead of the caller hearing of
+    /// a version conflict no version change made; else the decision names what did change (a
+    /// stale expected version, a lost lease, a sealed mailbox). Bounded: a stream that keeps
+    /// moving answers with the conflict.
+    pub(super) fn may_decide_again(&self, stale: usize) -> bool {
+        stale < STALE_DECISIONS && self.inner.journal.is_shared()
     }
 
     /// Resolves every lease that has expired by now; returns how many were written down.

@@ -163,44 +163,62 @@ impl TaskStore {
         decide::validate_update(&request, config)?;
         let slot = self.slot(id)?;
         let mut task = self.lock(&slot).await?;
-        let now = self.now();
-        self.resolve_expiry(&slot, &mut task, now).await?;
-        let position = task.state.position;
-        let decided = decide::update(&task, request, now, config.max_updates);
-        if matches!(decided, Err(StoreError::UpdateLimit { .. })) {
-            self.count_update_over_limit();
-        }
-        match decided? {
-            Keyed::Repeat { position, request } => {
-                let original = self.read_update(id, position)?;
-                let same = original.kind == request.kind
-                    && (original.trimmed
-                        || (original.data == request.data
-                            && original.metadata == request.metadata))
-                    && (request.part_id.is_empty() || original.last == request.last);
-                match (same, request.part_id.is_empty()) {
-                    (true, _) => {
-                        self.count_update_deduplicated();
-                        Ok((original, false))
-                    }
-                    (false, true) => Err(StoreError::EventIdConflict(request.event_id)),
-                    (false, false) => Err(StoreError::PartConflict {
-                        event_id: request.event_id,
-                        part_id: request.part_id,
-                    }),
-                }
+        let mut request = Some(request);
+        let mut stale = 0;
+        loop {
+            let now = self.now();
+            self.resolve_expiry(&slot, &mut task, now).await?;
+            let position = task.state.position;
+            let Some(this) = request.take() else {
+                return Err(StoreError::invalid("update", "decided once only"));
+            };
+            let again = self.may_decide_again(stale).then(|| this.clone());
+            let decided = decide::update(&task, this, now, config.max_updates);
+            if matches!(decided, Err(StoreError::UpdateLimit { .. })) {
+                self.count_update_over_limit();
             }
-            Keyed::New(event) => {
-                self.commit(&slot, &mut task, std::slice::from_ref(&event))
-                    .await?;
-                let capped = config.capped(&task.state);
-                drop(task);
-                if let Some((over, keep)) = capped {
-                    self.cap_progress(id, over, keep).await;
+            match decided? {
+                Keyed::Repeat { position, request } => {
+                    let original = self.read_update(id, position)?;
+                    let same = original.kind == request.kind
+                        && (original.trimmed
+                            || (original.data == request.data
+                                && original.metadata == request.metadata))
+                        && (request.part_id.is_empty() || original.last == request.last);
+                    return match (same, request.part_id.is_empty()) {
+                        (true, _) => {
+                            self.count_update_deduplicated();
+                            Ok((original, false))
+                        }
+                        (false, true) => Err(StoreError::EventIdConflict(request.event_id)),
+                        (false, false) => Err(StoreError::PartConflict {
+                            event_id: request.event_id,
+                            part_id: request.part_id,
+                        }),
+                    };
                 }
-                UpdateRecord::from_event(id, position, event)
-                    .map(|u| (u, true))
-                    .ok_or_else(|| StoreError::update_not_found(id, position))
+                Keyed::New(event) => {
+                    match self
+                        .commit(&slot, &mut task, std::slice::from_ref(&event))
+                        .await
+                    {
+                        // Another node wrote to the stream first (see `may_decide_again`).
+                        Err(StoreError::VersionConflict { .. }) if again.is_some() => {
+                            request = again;
+                            stale += 1;
+                            continue;
+                        }
+                        other => other?,
+                    }
+                    let capped = config.capped(&task.state);
+                    drop(task);
+                    if let Some((over, keep)) = capped {
+                        self.cap_progress(id, over, keep).await;
+                    }
+                    return UpdateRecord::from_event(id, position, event)
+                        .map(|u| (u, true))
+                        .ok_or_else(|| StoreError::update_not_found(id, position));
+                }
             }
         }
     }
