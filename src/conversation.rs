@@ -37,7 +37,7 @@ impl Collector {
     /// Takes one record of the run's stream.
     pub fn add(&mut self, record: &Record) {
         match &record.event {
-            Event::Created { spec, .. } => {
+            Event::Created { spec, .. } | Event::CreatedV2 { spec, .. } => {
                 self.not_a_run = spec.executor_key != AGENT_EXECUTOR_KEY;
             }
             Event::UpdateAppended { kind, data, .. } if !self.not_a_run => {
@@ -390,15 +390,27 @@ mod tests {
     use dtask_engine::agent::AGENT_EXECUTOR_KEY;
     use dtask_journal::{Event, Journal, JournalOptions, LeasePolicy, TaskSpec, Timestamp};
 
-    /// The updates a collector keeps of a stream created for `executor`.
-    fn kept(executor: &str) -> usize {
+    /// The updates a collector keeps of a stream created for `executor` (by a `created`
+    /// record, or with `nested`, a nested task's `created_v2`).
+    fn kept(executor: &str, nested: bool) -> usize {
         let dir = tempfile::tempdir().unwrap();
         let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
-        let mut events = vec![Event::created(
-            TaskSpec::new("t", executor),
-            LeasePolicy::Retry,
-            Timestamp(1),
-        )];
+        let spec = TaskSpec::new("t", executor);
+        let created = if nested {
+            Event::CreatedV2 {
+                spec: spec.into(),
+                policy: LeasePolicy::Retry,
+                checkpoint: vec![],
+                context_snapshot: vec![],
+                publication: dtask_journal::Publication::OnCreate,
+                parent_task_id: "run".into(),
+                root_session_id: String::new(),
+                at: Timestamp(1),
+            }
+        } else {
+            Event::created(spec, LeasePolicy::Retry, Timestamp(1))
+        };
+        let mut events = vec![created];
         events.extend((0..3).map(|i| Event::UpdateAppended {
             attempt: 1,
             event_id: format!("e{i}"),
@@ -417,7 +429,17 @@ mod tests {
 
     #[test]
     fn a_collector_keeps_the_updates_of_an_agent_run_only() {
-        assert_eq!(kept(AGENT_EXECUTOR_KEY), 3);
-        assert_eq!(kept("shell"), 0, "a tool's progress is not a conversation");
+        assert_eq!(kept(AGENT_EXECUTOR_KEY, false), 3);
+        assert_eq!(
+            kept("shell", false),
+            0,
+            "a tool's progress is not a conversation"
+        );
+        // An agent's tool call is a nested task: created by `created_v2`.
+        assert_eq!(
+            kept("shell", true),
+            0,
+            "a tool call's progress is not a conversation"
+        );
     }
 }

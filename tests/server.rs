@@ -601,6 +601,66 @@ async fn client_mistakes_are_json_4xx_errors() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_a_browser_makes_for_another_site_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_store(dir.path());
+    store
+        .create(create("t", "shell", &json!({})))
+        .await
+        .unwrap();
+    let server = Running::start(Server::owner(store.clone(), None, fast())).await;
+    let cancel = |headers: &[(&str, &str)]| {
+        let mut request = server.http.post(server.url("/api/tasks/t/cancel"));
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        async move {
+            let response = request.send().await.unwrap();
+            let status = response.status();
+            (status, response.json::<Value>().await.unwrap())
+        }
+    };
+    // A page elsewhere posting to the loopback server (no preflight for an empty body).
+    for headers in [
+        &[("origin", "http://evil.example")][..],
+        &[("sec-fetch-site", "cross-site")],
+        &[("sec-fetch-site", "same-site")],
+    ] {
+        let (status, body) = cancel(headers).await;
+        assert_eq!(
+            (status, code(&body)),
+            (StatusCode::FORBIDDEN, "forbidden_origin"),
+            "{headers:?}: {body}"
+        );
+    }
+    assert_eq!(store.get("t").await.unwrap().status, Status::Pending);
+    // A name made to resolve to the loopback (DNS rebinding): refused, reads too.
+    let (status, body) = {
+        let response = server
+            .http
+            .get(server.url("/api/tasks"))
+            .header("host", "evil.example:7700")
+            .send()
+            .await
+            .unwrap();
+        let status = response.status();
+        (status, response.json::<Value>().await.unwrap())
+    };
+    assert_eq!(
+        (status, code(&body)),
+        (StatusCode::FORBIDDEN, "forbidden_origin"),
+        "{body}"
+    );
+    // The server's own page, and clients that are not browsers, go through.
+    let own = server.base.clone();
+    let (status, body) =
+        cancel(&[("origin", own.as_str()), ("sec-fetch-site", "same-origin")]).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(store.get("t").await.unwrap().status, Status::Canceled);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_only_follower_sees_new_commits_and_refuses_control() {
     let dir = tempfile::tempdir().unwrap();
     let writer = Journal::open(dir.path(), JournalOptions::default()).unwrap();
@@ -1220,6 +1280,22 @@ async fn verify_stats_and_metrics_describe_the_journal() {
             "missing {line:?} in\n{text}"
         );
     }
+    // A method of the client's own making is counted as `other`: the labels stay bounded.
+    let odd = server
+        .http
+        .request(
+            reqwest::Method::from_bytes(b"FROBNICATE").unwrap(),
+            server.url("/x"),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert!(odd.status().is_client_error(), "{}", odd.status());
+    let text = server.text("/metrics").await;
+    assert!(
+        text.contains(r#"route="unmatched",method="other""#) && !text.contains("FROBNICATE"),
+        "{text}"
+    );
     let promised = format!(r#"dtask_journal_sync_promise{{promise="{promise}"}} 1"#);
     assert!(
         text.lines().any(|l| l == promised),
@@ -2222,6 +2298,9 @@ async fn an_owner_purges_a_finished_task_and_reads_of_it_answer_gone() {
         (StatusCode::OK, &Value::Null),
         "{lifted}"
     );
+    let failed_records = r#"dtask_journal_records_by_type{event_type="failed"} 1"#;
+    let metrics = server.text("/metrics").await;
+    assert!(metrics.lines().any(|l| l == failed_records), "{metrics}");
     let (status, purged) = delete("/api/tasks/done").await;
     assert_eq!(status, StatusCode::OK, "{purged}");
     assert_eq!(purged["purged"][0]["task"], "done");
@@ -2258,6 +2337,9 @@ async fn an_owner_purges_a_finished_task_and_reads_of_it_answer_gone() {
         metrics.lines().any(|l| l == "dtask_journal_tasks_purged 1"),
         "{metrics}"
     );
+    // The only failed record went with its task: its type is gone from the metrics, not
+    // left at its last count.
+    assert!(!metrics.contains(r#"event_type="failed""#), "{metrics}");
     let (_, report) = server.post("/api/verify", &json!({})).await;
     assert_eq!(report["clean"], true, "{report}");
     server.stop().await;

@@ -322,6 +322,35 @@ async fn g113_an_executor_error_is_a_failure_truncated_to_4096_bytes() {
     assert!(state.result_error.chars().all(|c| c == 'é'));
 }
 
+/// A result the store cannot take ends the task, where the store's refusal would leave it
+/// running until its lease ran out, to be run and refused again for ever: data over the
+/// limit of a value fails it, saying so; a failure's error is cut to the limit.
+#[tokio::test]
+async fn a_result_over_the_stores_limits_ends_the_task_instead_of_being_refused() {
+    let env = env(vec![
+        executor("big", LeasePolicy::Retry, false, |_, _| async {
+            Ok(ExecutionResult::Completed(vec![b'x'; (1 << 20) + 1]))
+        }),
+        executor("long", LeasePolicy::Retry, false, |_, _| async {
+            Ok(ExecutionResult::Failed("é".repeat(3000)))
+        }),
+    ]);
+    let id = submit(&env.manager, "big").await;
+    let state = env.manager.execute(&id).await.unwrap();
+    assert_eq!(state.status, Status::Failed, "{state:?}");
+    assert!(
+        state
+            .result_error
+            .contains("the result has 1048577 bytes, over the store's limit"),
+        "{}",
+        state.result_error
+    );
+    let id = submit(&env.manager, "long").await;
+    let state = env.manager.execute(&id).await.unwrap();
+    assert_eq!(state.status, Status::Failed);
+    assert!(state.result_error.len() <= 4096 && state.result_error.len() >= 4094);
+}
+
 #[tokio::test]
 async fn g114_an_invalid_result_commits_nothing_and_the_lease_is_left_to_expire() {
     let env = env(vec![executor(

@@ -64,3 +64,106 @@ async fn stop_ends_the_command_and_the_run_reports_canceled() {
     // Stopping again is harmless.
     started.run.stop().await.unwrap();
 }
+
+/// Whether any process of the group `pid` leads is alive (a zombie is not).
+fn group_alive(pid: i32) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|entry| {
+        std::fs::read_to_string(entry.path().join("stat")).is_ok_and(|stat| {
+            // pid (comm) state ppid pgrp …: the fields after the command's name.
+            let Some((_, rest)) = stat.rsplit_once(") ") else {
+                return false;
+            };
+            let fields: Vec<&str> = rest.split(' ').collect();
+            fields.len() > 2 && fields[0] != "Z" && fields[2] == pid.to_string()
+        })
+    })
+}
+
+fn pid_of(dir: &std::path::Path, task: &str) -> i32 {
+    std::fs::read_to_string(dir.join("runs").join(task).join("pid"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_that_ignores_sigterm_is_killed_when_stopped() {
+    let dir = tempfile::tempdir().unwrap();
+    let tool = ShellTool::new(dir.path().join("runs"));
+    let started = tool
+        .start(request(
+            "t-3",
+            "trap '' TERM; sleep 1000 & wait; sleep 1000",
+        ))
+        .await
+        .unwrap();
+    let pid = pid_of(dir.path(), "t-3");
+    started.run.stop().await.unwrap();
+    let outcome = tokio::time::timeout(Duration::from_secs(60), started.run.wait())
+        .await
+        .expect("a stopped run ends, SIGTERM ignored or not")
+        .unwrap();
+    assert_eq!(outcome, RunOutcome::Canceled("stopped".into()));
+    assert!(!group_alive(pid), "the command's group runs on");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_whose_group_was_killed_without_a_status_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let tool = ShellTool::new(dir.path().join("runs"));
+    let started = tool.start(request("t-4", "sleep 1000")).await.unwrap();
+    let pid = pid_of(dir.path(), "t-4");
+    // What a reboot, or a service manager stopping the whole group, does.
+    rustix::process::kill_process_group(
+        rustix::process::Pid::from_raw(pid).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    let outcome = tokio::time::timeout(Duration::from_secs(60), started.run.wait())
+        .await
+        .expect("a run whose command is gone ends")
+        .unwrap();
+    assert!(
+        matches!(&outcome, RunOutcome::Failed(why) if why.contains("without an exit status")),
+        "{outcome:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn comments_are_commands_and_long_lines_come_in_parts() {
+    use futures::StreamExt;
+    let dir = tempfile::tempdir().unwrap();
+    let tool = ShellTool::new(dir.path().join("runs"));
+    // A comment at the end of the command does not swallow the script around it.
+    let started = tool
+        .start(request("t-5", "echo hi # say hello"))
+        .await
+        .unwrap();
+    let outcome = tokio::time::timeout(Duration::from_secs(30), started.run.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(outcome, RunOutcome::Completed(b"hi\n".to_vec()));
+    // A line longer than an update may hold comes in parts, each within the bound.
+    let started = tool
+        .start(request(
+            "t-6",
+            "head -c 300000 /dev/zero | tr '\\0' a; echo; echo end",
+        ))
+        .await
+        .unwrap();
+    let updates: Vec<_> = started
+        .run
+        .updates()
+        .unwrap()
+        .map(|u| u.unwrap())
+        .collect()
+        .await;
+    let sizes: Vec<usize> = updates.iter().map(|u| u.data.len()).collect();
+    let part = dtask_engine::managed::MAX_UPDATE_DATA_BYTES;
+    assert_eq!(sizes, [part, 300_000 - part, 3]);
+    let ids: Vec<&str> = updates.iter().map(|u| u.event_id.as_str()).collect();
+    assert_eq!(ids, ["line:0", "line:1", "line:2"]);
+    assert_eq!(updates[2].data, b"end");
+}

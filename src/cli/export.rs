@@ -43,6 +43,10 @@ fn export_error(e: ExportError) -> CliError {
 /// The most records a [`Merge`] reads of one stream in one turn.
 const RUN: usize = 4096;
 
+/// The most tasks an export merges stream by stream; more are taken from the journal's
+/// commit order (one pass over the journal, whatever the number of tasks).
+const MERGED_STREAMS: usize = 64;
+
 /// Merges task streams by global sequence: a heap of each stream's next sequence; the stream
 /// whose turn it is, is read from where it stands for as long as its records come before
 /// every other stream's next (records committed together follow each other) and its reader
@@ -149,11 +153,20 @@ fn write_export(
         for task in tasks {
             total += require_task(journal, task)?;
         }
-        (
-            Scope::Tasks(tasks.to_vec()),
-            total,
-            Box::new(Merge::new(journal, tasks.to_vec())),
-        )
+        let items: Items<'_> = if tasks.len() <= MERGED_STREAMS {
+            Box::new(Merge::new(journal, tasks.to_vec()))
+        } else {
+            // Many tasks (a purge's): the journal's commit order, read in batches, filtered —
+            // where a merge would open a reader per turn, which on PostgreSQL is a query.
+            let wanted: std::collections::HashSet<String> = tasks.iter().cloned().collect();
+            Box::new(
+                journal
+                    .commits(1)
+                    .filter(move |c| c.as_ref().map_or(true, |c| wanted.contains(&c.task)))
+                    .map(|c| c.map(|c| (c.task, c.record)).map_err(CliError::from)),
+            )
+        };
+        (Scope::Tasks(tasks.to_vec()), total, items)
     };
     write_header(w, journal, scope, records, bytes)?;
     let bar = progress(records, "exporting");
@@ -404,6 +417,61 @@ mod tests {
             let mut out = Vec::new();
             write_record_line(&mut out, task, &record, Bytes::Base64).unwrap();
             assert_eq!(out, format!("{line}\n").into_bytes());
+        }
+    }
+
+    /// An export of some tasks holds their records in the journal's order, the same lines
+    /// as the whole journal's export, whether the streams are merged (a few tasks) or the
+    /// commit order is filtered (many).
+    #[test]
+    fn an_export_of_tasks_holds_their_records_in_commit_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Journal::open(dir.path(), dtask_journal::JournalOptions::default()).unwrap();
+        let tasks: Vec<String> = (0..MERGED_STREAMS + 6)
+            .map(|i| format!("t{i:03}"))
+            .collect();
+        // Interleaved: each round appends one record (two for some) to every task.
+        for round in 0..3u64 {
+            for (i, task) in tasks.iter().enumerate() {
+                let n = if i % 5 == 0 { 2 } else { 1 };
+                let events: Vec<Event> = (0..n)
+                    .map(|k| Event::UpdateAppended {
+                        attempt: 1,
+                        event_id: format!("e{round}.{k}"),
+                        kind: "progress".into(),
+                        data: vec![1],
+                        metadata: vec![],
+                        at: Timestamp(round),
+                    })
+                    .collect();
+                let position = round * n;
+                journal.append(task, position, &events).unwrap();
+            }
+        }
+        let lines = |text: Vec<u8>, keep: &dyn Fn(&str) -> bool| -> Vec<String> {
+            String::from_utf8(text)
+                .unwrap()
+                .lines()
+                .skip(1)
+                .filter(|line| keep(line))
+                .map(str::to_owned)
+                .collect()
+        };
+        let mut whole = Vec::new();
+        write_export(&journal, &[], Bytes::Base64, &mut whole).unwrap();
+        for some in [&tasks[..3], &tasks[..]] {
+            let mut out = Vec::new();
+            write_export(&journal, some, Bytes::Base64, &mut out).unwrap();
+            let named = |line: &str| {
+                some.iter()
+                    .any(|t| line.contains(&format!("\"task\":\"{t}\"")))
+            };
+            assert_eq!(
+                lines(out, &|_| true),
+                lines(whole.clone(), &named),
+                "{} tasks",
+                some.len()
+            );
         }
     }
 

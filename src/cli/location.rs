@@ -65,14 +65,16 @@ impl At {
     pub fn open_existing_writer(&self, options: JournalOptions) -> Result<Journal> {
         self.existing()?;
         let missing = || CliError::Usage(format!("no journal at {}", self.display()));
-        match self {
-            Self::Dir(dir) if !dir.join("CURRENT").exists() => return Err(missing()),
-            Self::Dir(_) => {}
-            Self::Postgres(url) => match Journal::open_postgres_read_only(url) {
-                Err(JournalError::NotAJournal(_)) => return Err(missing()),
-                Err(e) => return Err(e.into()),
-                Ok(reader) => drop(reader),
-            },
+        // A read-only open tells a journal from anything else (another program's RocksDB
+        // directory has no journal format), and writes nothing.
+        let reader = match self {
+            Self::Dir(dir) => Journal::open_read_only(dir),
+            Self::Postgres(url) => Journal::open_postgres_read_only(url),
+        };
+        match reader {
+            Err(JournalError::NotAJournal(_)) => return Err(missing()),
+            Err(e) => return Err(e.into()),
+            Ok(reader) => drop(reader),
         }
         self.open_writer(options)
     }

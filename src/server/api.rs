@@ -558,14 +558,20 @@ pub async fn verify(
     State(shared): State<Arc<Shared>>,
     ApiQuery(query): ApiQuery<VerifyQuery>,
 ) -> Api<VerifyReport> {
-    let Ok(_running) = shared.verify_gate.try_acquire() else {
+    let Ok(running) = Arc::clone(&shared.verify_gate).try_acquire_owned() else {
         return Err(ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
             "busy",
             "an audit is running already; try again when it is done",
         ));
     };
-    let report = blocking(&shared, move |j| read::verify(j, query.task.as_deref())).await?;
+    // The audit holds the gate, not this request: a client that goes away leaves the audit
+    // running (it cannot be stopped), and the next request waits for its end.
+    let report = blocking(&shared, move |j| {
+        let _running = running;
+        read::verify(j, query.task.as_deref())
+    })
+    .await?;
     let result = if report.clean { "clean" } else { "problems" };
     shared
         .metrics

@@ -144,3 +144,100 @@ pub async fn require(
         }
     }
 }
+
+/// Whether `host` (a `Host` header's value, port included or not) names this machine's
+/// loopback: `localhost`, `127.x.x.x` or `[::1]`.
+fn is_loopback_host(host: &str) -> bool {
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        // `[::1]:7700`
+        rest.split(']').next().unwrap_or_default()
+    } else {
+        host.rsplit_once(':').map_or(host, |(name, _)| name)
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
+/// Middleware: refuses what a browser sends for another site (403 `forbidden_origin`).
+///
+/// - A request that changes something (any method but `GET`, `HEAD`, `OPTIONS`) whose
+///   `Origin` is not the server's own (its host and port those of `Host`), or that the
+///   browser marks as coming from another site (`Sec-Fetch-Site` other than `same-origin`
+///   or `none`): a page elsewhere could otherwise post to a server on the user's loopback
+///   (an empty body needs no `Content-Type`, so no preflight asks first).
+/// - Without a token (the server is then on loopback only), a request whose `Host` is not
+///   a loopback name: a page of a name made to resolve to 127.0.0.1 (DNS rebinding) would
+///   otherwise be the server's own origin, and read and drive it.
+///
+/// Clients other than browsers (curl, the CLI, services) send neither header: they are not
+/// concerned.
+pub async fn same_origin(
+    State(token): State<Option<Arc<Token>>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let headers = request.headers();
+    let text = |name: header::HeaderName| headers.get(name).and_then(|v| v.to_str().ok());
+    let host = text(header::HOST).unwrap_or_default();
+    let refused =
+        |why: String| ApiError::new(StatusCode::FORBIDDEN, "forbidden_origin", why).into_response();
+    if token.is_none() && !host.is_empty() && !is_loopback_host(host) {
+        return refused(format!(
+            "a server without a token answers its loopback names only, not {host:?} (give it \
+             a token to serve other names)"
+        ));
+    }
+    let safe = matches!(
+        *request.method(),
+        axum::http::Method::GET | axum::http::Method::HEAD | axum::http::Method::OPTIONS
+    );
+    if !safe {
+        if let Some(origin) = text(header::ORIGIN) {
+            let own = origin
+                .split_once("://")
+                .is_some_and(|(_, authority)| authority.eq_ignore_ascii_case(host));
+            if !own {
+                return refused(format!(
+                    "a request from {origin:?} may not change anything here (only the \
+                     server's own pages may)"
+                ));
+            }
+        }
+        let site = text(header::HeaderName::from_static("sec-fetch-site"));
+        if site.is_some_and(|s| s != "same-origin" && s != "none") {
+            return refused("a request from another site may not change anything here".into());
+        }
+    }
+    next.run(request).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_loopback_host;
+
+    #[test]
+    fn loopback_names_with_and_without_ports() {
+        for host in [
+            "localhost",
+            "LOCALHOST:7700",
+            "127.0.0.1",
+            "127.0.0.1:7700",
+            "127.9.9.9:1",
+            "[::1]",
+            "[::1]:7700",
+        ] {
+            assert!(is_loopback_host(host), "{host}");
+        }
+        for host in [
+            "evil.example",
+            "evil.example:7700",
+            "10.0.0.1:7700",
+            "[::2]:7700",
+            "localhost.evil.example",
+        ] {
+            assert!(!is_loopback_host(host), "{host}");
+        }
+    }
+}

@@ -135,7 +135,7 @@ pub(crate) struct Shared {
     /// Turns true when the server stops (ends the streams).
     pub stop: watch::Receiver<bool>,
     /// One audit at a time.
-    pub verify_gate: Semaphore,
+    pub verify_gate: Arc<Semaphore>,
     /// Whether the pump's last read of the journal's commits failed.
     pub read_failing: Arc<AtomicBool>,
     /// What a synced append promises where an embedded journal lies (examined once, when
@@ -175,7 +175,7 @@ impl Server {
             hub: Arc::new(sse::Hub::new(config.stream_buffer, config.max_streams)),
             metrics: Arc::new(metrics),
             stop: stopped,
-            verify_gate: Semaphore::new(1),
+            verify_gate: Arc::new(Semaphore::new(1)),
             read_failing: Arc::default(),
             sync_promise,
         });
@@ -280,7 +280,14 @@ impl Server {
             .method_not_allowed_fallback(method_not_allowed)
             .with_state(Arc::clone(&self.shared))
             .layer(DefaultBodyLimit::max(self.config.body_limit))
-            .layer(axum::middleware::from_fn_with_state(token, auth::require))
+            .layer(axum::middleware::from_fn_with_state(
+                token.clone(),
+                auth::require,
+            ))
+            .layer(axum::middleware::from_fn_with_state(
+                token,
+                auth::same_origin,
+            ))
             .layer(axum::middleware::from_fn_with_state(
                 Arc::clone(&self.shared.metrics),
                 metrics::track,

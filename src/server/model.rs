@@ -74,6 +74,9 @@ pub struct TaskSummary {
     pub version: u64,
     /// Records read intact.
     pub records: u64,
+    /// The global sequence of the last record read intact (0 for none): a stream's records
+    /// of the task past it are the ones `records` does not count.
+    pub last_seq: u64,
     /// Creation time, ms since the epoch.
     pub created_at: u64,
     /// Time of the last lifecycle event, ms since the epoch.

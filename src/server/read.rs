@@ -124,8 +124,8 @@ impl Filters {
     }
 }
 
-/// The row of a folded task.
-fn summary(id: String, view: &FoldView) -> TaskSummary {
+/// The row of a folded task, whose last intact record has sequence `last_seq`.
+fn summary(id: String, view: &FoldView, last_seq: u64) -> TaskSummary {
     let problem = view.has_problems().then(|| view.problems().join("; "));
     match &view.task {
         Some(task) => {
@@ -140,6 +140,7 @@ fn summary(id: String, view: &FoldView) -> TaskSummary {
                 attempt: s.attempt,
                 version: s.version,
                 records: view.records,
+                last_seq,
                 created_at: s.created_at.0,
                 updated_at: s.updated_at.0,
                 not_before: s.not_before.map(|t| t.0),
@@ -156,6 +157,7 @@ fn summary(id: String, view: &FoldView) -> TaskSummary {
             attempt: 0,
             version: 0,
             records: view.records,
+            last_seq,
             created_at: 0,
             updated_at: 0,
             not_before: None,
@@ -193,8 +195,11 @@ pub fn list_tasks(journal: &Journal, query: &ListQuery) -> Result<TaskList, ApiE
     let mut folded = 0u64;
     let mut last: Option<String> = None;
     let mut exhausted = true;
-    for view in FoldViews::new(journal, after.as_deref()) {
+    let mut views = FoldViews::new(journal, after.as_deref());
+    let mut last_seq = 0;
+    while let Some(view) = views.next_with(|record| last_seq = record.seq) {
         let view = view?;
+        let seen = std::mem::take(&mut last_seq);
         if tasks.len() == limit || scanned == budget || folded >= LIST_RECORD_BUDGET {
             exhausted = false;
             break;
@@ -208,7 +213,7 @@ pub fn list_tasks(journal: &Journal, query: &ListQuery) -> Result<TaskList, ApiE
             // watermark): not a task to show yet. Or purged: not a task any more.
             continue;
         }
-        let row = summary(id, &view);
+        let row = summary(id, &view, seen);
         if filters.keep(&row) {
             tasks.push(row);
         }

@@ -470,7 +470,19 @@ async fn step(mut f: Follow) -> Option<(Vec<Arc<Item>>, Follow)> {
                             items.push(item);
                         }
                         if items.len() < BATCH {
-                            next = f.receiver.try_recv().ok();
+                            next = match f.receiver.try_recv() {
+                                Ok(item) => Some(item),
+                                Err(broadcast::error::TryRecvError::Lagged(_)) => {
+                                    // The channel overwrote records this subscriber had not
+                                    // taken (its cursor now past them): they are read from
+                                    // the journal, after what was taken here.
+                                    f.metrics.stream_lagged.inc();
+                                    f.receiver = f.receiver.resubscribe();
+                                    f.phase = Phase::Journal;
+                                    None
+                                }
+                                Err(_) => None,
+                            };
                         }
                     }
                     if items.is_empty() {
@@ -500,7 +512,7 @@ fn read_after(
     match scope {
         Scope::Journal => {
             let items = journal
-                .commits(after + 1)
+                .commits(after.saturating_add(1))
                 .take(BATCH)
                 .map(|c| c.map(|c| Arc::new(Item::of(&c.task, &c.record))))
                 .collect::<Result<Vec<_>, _>>()?;

@@ -145,51 +145,77 @@ impl Executor for AgentExecutor {
         let outcome = self
             .run(&attempt, &task, &mut entries, &mut transcript)
             .await;
+        let result = match outcome {
+            Ok(result) => Ok(result),
+            Err(Halt::Closing) => Ok(ExecutionResult::Yield(Vec::new())),
+            Err(Halt::Failed(message)) => Err(ExecutionError::Failed(message)),
+            Err(Halt::Outage(message)) => outage(&attempt, &task, entries, &message),
+        };
         // An attempt that ends the run ends its tool calls still running with it, however
-        // it ends — a cancellation found before any tool ran again (after a crash or a
-        // drain), a store's refusal mid-batch, a Stop or Timeout control. One that yields
-        // leaves them to the next attempt, which waits for them.
-        let ended = match &outcome {
+        // it ends — canceled (also when the cancel came between attempts: the next attempt
+        // finds it before anything runs), failed (a store's refusal mid-batch, the model,
+        // the step limit, the storage failing too often), timed out. One that yields leaves
+        // them to the next attempt, which waits for them; and one that has lost the run to
+        // another attempt (its lease ran out) leaves them to that attempt.
+        let ended = match &result {
             Ok(ExecutionResult::Canceled(reason) | ExecutionResult::Failed(reason))
-            | Err(Halt::Failed(reason)) => Some(reason.as_str()),
+            | Err(ExecutionError::Failed(reason)) => Some(reason.as_str()),
             _ => None,
         };
         if let (Some(reason), Some(transcript), Some(manager)) =
             (ended, &transcript, attempt.manager())
         {
-            cancel_unfinished(&manager, transcript, reason).await;
-        }
-        match outcome {
-            Ok(result) => Ok(result),
-            Err(Halt::Closing) => Ok(ExecutionResult::Yield(Vec::new())),
-            Err(Halt::Failed(message)) => Err(ExecutionError::Failed(message)),
-            Err(Halt::Outage(message)) => {
-                // Everything the run did is in the journal: the next attempt goes on from
-                // there, once the storage is back (if the yield itself cannot be written,
-                // the lease runs out, with the same effect) — unless this has happened
-                // too often in a row, the run not getting on.
-                let entries = entries.unwrap_or(usize::MAX);
-                let outages = Outages::continued(&task.checkpoint, entries) + 1;
-                if outages >= MAX_OUTAGES {
-                    return Err(ExecutionError::Failed(format!(
-                        "the journal's storage failed {outages} times in a row: {message}"
-                    )));
-                }
-                tracing::warn!(
-                    task = %attempt.task_id(),
-                    error = %message,
-                    outages,
-                    "the journal's storage failed under an agent run: it yields"
-                );
-                let checkpoint = serde_json::to_vec(&Outages { outages, entries })
-                    .map_err(|e| ExecutionError::Failed(e.to_string()))?;
-                Ok(ExecutionResult::YieldFor(
-                    checkpoint,
-                    Outages::pause(outages),
-                ))
+            if holds_the_run(&attempt).await {
+                cancel_unfinished(&manager, transcript, reason).await;
             }
         }
+        result
     }
+}
+
+/// What an attempt whose journal's storage failed does: it yields, and the next goes on
+/// from the journal once the storage is back (if the yield itself cannot be written, the
+/// lease runs out, with the same effect) — unless this has happened too often in a row, the
+/// run not getting on (`entries`: how many entries the run's journal held when read).
+fn outage(
+    attempt: &AttemptContext,
+    task: &TaskState,
+    entries: Option<usize>,
+    message: &str,
+) -> Result<ExecutionResult, ExecutionError> {
+    let entries = entries.unwrap_or(usize::MAX);
+    let outages = Outages::continued(&task.checkpoint, entries) + 1;
+    if outages >= MAX_OUTAGES {
+        return Err(ExecutionError::Failed(format!(
+            "the journal's storage failed {outages} times in a row: {message}"
+        )));
+    }
+    tracing::warn!(
+        task = %attempt.task_id(),
+        error = %message,
+        outages,
+        "the journal's storage failed under an agent run: it yields"
+    );
+    let checkpoint = serde_json::to_vec(&Outages { outages, entries })
+        .map_err(|e| ExecutionError::Failed(e.to_string()))?;
+    Ok(ExecutionResult::YieldFor(
+        checkpoint,
+        Outages::pause(outages),
+    ))
+}
+
+/// Whether `attempt` still holds its run: not poisoned, and the run running at this
+/// attempt (its cancel pending, perhaps). An attempt whose lease ran out, the run taken on
+/// by the next, must not end the calls that attempt goes on waiting for.
+async fn holds_the_run(attempt: &AttemptContext) -> bool {
+    if attempt.poisoned().is_some() {
+        return false;
+    }
+    attempt
+        .store()
+        .get(attempt.task_id())
+        .await
+        .is_ok_and(|state| state.status == Status::Running && state.attempt == attempt.attempt())
 }
 
 impl AgentExecutor {

@@ -794,6 +794,7 @@ async fn commit(
     if let Some(why) = attempt.poisoned() {
         return Err(RuntimeError::LeaseLost(why));
     }
+    let result = within_limits(result, attempt.store().config());
     let command = match attempt.cancellation() {
         Some(reason) => Command::AckCancel { reason },
         None => match result {
@@ -853,6 +854,45 @@ async fn commit(
             }
         }
         Err(e) => Err(e.into()),
+    }
+}
+
+/// `result` as the store can take it: an error or a cancel reason cut to the store's limit
+/// (as an executor's error is), and a result's data or a checkpoint over the limit of a
+/// value replaced by a failure that says so. Committed, the task ends; the store's refusal
+/// would have left it running until its lease ran out, to be run again and refused again,
+/// for ever.
+fn within_limits(result: ExecutionResult, config: &crate::store::StoreConfig) -> ExecutionResult {
+    let max = config.max_value_bytes;
+    let over = |what: &str, len: usize| {
+        ExecutionResult::Failed(format!(
+            "the {what} has {len} bytes, over the store's limit of a value ({max} bytes): it \
+             was not kept"
+        ))
+    };
+    match result {
+        ExecutionResult::Completed(data) | ExecutionResult::CompletedIfNoInputs { data, .. }
+            if data.len() > max =>
+        {
+            over("result", data.len())
+        }
+        ExecutionResult::Failed(error) => {
+            ExecutionResult::Failed(truncate_utf8(error, config.max_error_bytes))
+        }
+        ExecutionResult::Canceled(reason) => {
+            ExecutionResult::Canceled(truncate_utf8(reason, config.max_error_bytes))
+        }
+        ExecutionResult::WaitingInput(checkpoint)
+        | ExecutionResult::Suspended(checkpoint)
+        | ExecutionResult::Yield(checkpoint)
+        | ExecutionResult::YieldFor(checkpoint, _)
+        | ExecutionResult::WaitingInputIfNoInputs { checkpoint, .. }
+        | ExecutionResult::SuspendedIfNoInputs { checkpoint, .. }
+            if checkpoint.len() > max =>
+        {
+            over("checkpoint", checkpoint.len())
+        }
+        other => other,
     }
 }
 

@@ -236,12 +236,22 @@ impl TaskStore {
         }
         let slot = self.slot(id)?;
         let mut task = self.lock(&slot).await?;
-        let now = self.now();
-        self.resolve_expiry(&slot, &mut task, now).await?;
-        if let Decision::Write(events) = decide::advance_cursor(&task.state, &request, now)? {
-            self.commit(&slot, &mut task, &events).await?;
+        let mut stale = 0;
+        loop {
+            let now = self.now();
+            self.resolve_expiry(&slot, &mut task, now).await?;
+            if let Decision::Write(events) = decide::advance_cursor(&task.state, &request, now)? {
+                match self.commit(&slot, &mut task, &events).await {
+                    // Another node wrote to the stream first (see `may_decide_again`).
+                    Err(StoreError::VersionConflict { .. }) if self.may_decide_again(stale) => {
+                        stale += 1;
+                        continue;
+                    }
+                    other => other?,
+                }
+            }
+            return Ok(task.state.clone());
         }
-        Ok(task.state.clone())
     }
 
     /// Publishes a deferred task: `on_background` from now on, without a version change;

@@ -276,36 +276,53 @@ impl TaskStore {
         decide::validate_notification(id, attempt, &request, self.config())?;
         let slot = self.slot(id)?;
         let mut task = self.lock(&slot).await?;
-        let now = self.now();
-        self.resolve_expiry(&slot, &mut task, now).await?;
-        match decide::notification(&task, attempt, request, now)? {
-            Keyed::Repeat { position, request } => {
-                let record = self
-                    .journal()
-                    .read_stream(id, position)
-                    .next()
-                    .ok_or_else(|| {
-                        StoreError::NotFound(NotFound::NotificationRecord {
-                            task: id.to_owned(),
-                            position,
-                        })
-                    })??;
-                let delivery = record.event.delivery();
-                match record.event {
-                    Event::NotificationEnqueued { kind, data, .. }
-                    | Event::NotificationEnqueuedV2 { kind, data, .. }
-                    | Event::ParentNotified { kind, data, .. }
-                    | Event::ParentNotifiedV2 { kind, data, .. }
-                        if kind == request.kind
-                            && data == request.data
-                            && delivery == Some(request.delivery) =>
-                    {
-                        Ok(())
+        let mut request = Some(request);
+        let mut stale = 0;
+        loop {
+            let now = self.now();
+            self.resolve_expiry(&slot, &mut task, now).await?;
+            let Some(this) = request.take() else {
+                return Err(StoreError::invalid("notification", "decided once only"));
+            };
+            let again = self.may_decide_again(stale).then(|| this.clone());
+            return match decide::notification(&task, attempt, this, now)? {
+                Keyed::Repeat { position, request } => {
+                    let record = self
+                        .journal()
+                        .read_stream(id, position)
+                        .next()
+                        .ok_or_else(|| {
+                            StoreError::NotFound(NotFound::NotificationRecord {
+                                task: id.to_owned(),
+                                position,
+                            })
+                        })??;
+                    let delivery = record.event.delivery();
+                    match record.event {
+                        Event::NotificationEnqueued { kind, data, .. }
+                        | Event::NotificationEnqueuedV2 { kind, data, .. }
+                        | Event::ParentNotified { kind, data, .. }
+                        | Event::ParentNotifiedV2 { kind, data, .. }
+                            if kind == request.kind
+                                && data == request.data
+                                && delivery == Some(request.delivery) =>
+                        {
+                            Ok(())
+                        }
+                        _ => Err(StoreError::NotificationEventIdConflict(request.event_id)),
                     }
-                    _ => Err(StoreError::NotificationEventIdConflict(request.event_id)),
                 }
-            }
-            Keyed::New(event) => self.commit(&slot, &mut task, &[event]).await,
+                Keyed::New(event) => match self.commit(&slot, &mut task, &[event]).await {
+                    // Another node wrote to this stream or the parent's first (see
+                    // `may_decide_again`).
+                    Err(StoreError::VersionConflict { .. }) if again.is_some() => {
+                        request = again;
+                        stale += 1;
+                        continue;
+                    }
+                    other => other,
+                },
+            };
         }
     }
 

@@ -44,10 +44,11 @@ async fn occupant(
              into a new schema (or an empty journal's)"
         )));
     }
+    // The catalog, not `information_schema` (which shows only what the role may use).
     let journal = client
         .query_opt(
-            "SELECT 1 FROM information_schema.tables \
-             WHERE table_schema = $1 AND table_name = 'dtask_records'",
+            "SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND c.relname = 'dtask_records'",
             &[&target],
         )
         .await?
@@ -101,10 +102,45 @@ pub fn promote(location: &PgLocation, staging: &str) -> Result<()> {
                     client.batch_execute("ROLLBACK").await?;
                     return Ok(Some(why));
                 }
+                // The empty journal's own objects are dropped one by one, then the schema
+                // without CASCADE: anything another session put there since the check
+                // makes the drop fail and the whole transaction roll back, untouched.
+                let t = quote_ident(&target);
+                let mut tables = Vec::new();
+                for row in client
+                    .query(
+                        "SELECT c.relname FROM pg_class c \
+                         JOIN pg_namespace n ON n.oid = c.relnamespace \
+                         WHERE n.nspname = $1 AND c.relkind IN ('r', 'p')",
+                        &[&target],
+                    )
+                    .await?
+                {
+                    let table: String = row.get(0);
+                    tables.push(format!("{t}.{}", quote_ident(&table)));
+                }
+                // In one statement: the tables may refer to each other.
+                let mut drops = if tables.is_empty() {
+                    String::new()
+                } else {
+                    format!("DROP TABLE {};", tables.join(", "))
+                };
+                for row in client
+                    .query(
+                        "SELECT p.oid::regprocedure::text FROM pg_proc p \
+                         JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = $1",
+                        &[&target],
+                    )
+                    .await?
+                {
+                    let function: String = row.get(0);
+                    drops.push_str("DROP FUNCTION ");
+                    drops.push_str(&function);
+                    drops.push(';');
+                }
                 client
                     .batch_execute(&format!(
-                        "DROP SCHEMA IF EXISTS {t} CASCADE; ALTER SCHEMA {s} RENAME TO {t}; COMMIT",
-                        t = quote_ident(&target),
+                        "{drops} DROP SCHEMA IF EXISTS {t}; ALTER SCHEMA {s} RENAME TO {t}; COMMIT",
                         s = quote_ident(&staging),
                     ))
                     .await?;

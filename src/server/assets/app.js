@@ -102,7 +102,7 @@ async function tasksPage() {
     for (const k of ["status", "tool", "executor", "q"]) if (listState[k]) params.set(k, listState[k]);
     if (cursor) params.set("cursor", cursor);
     const page = await api(`/api/tasks?${params}`);
-    for (const t of page.tasks) rows.set(t.id, t);
+    for (const t of page.tasks) rows.set(t.id, { ...t, seq: t.last_seq });
     cursor = page.next_cursor;
     more.hidden = !cursor;
     render();
@@ -135,6 +135,11 @@ async function tasksPage() {
         ["CREATED", "UPDATED", "DESCRIPTION"].map((c) => h("th", {}, c)))),
       tbody),
     more, info);
+  // The stream starts after the last commit the server had read before the list was: a
+  // record committed between the list's read and the stream's start is not missed, and one
+  // the list's read holds is not counted twice (each row's `seq` is its last record's).
+  let start = 0;
+  try { start = (await api("/api/stats")).last_seq || 0; } catch (_) { /* from now on */ }
   try { await load(true); } catch (e) { main.append(h("p", { class: "error" }, e.message)); }
 
   // Live: a record that may change its task's status refreshes the task's row (which may
@@ -145,12 +150,14 @@ async function tasksPage() {
   const pending = new Set();
   let flush = null;
   let counted = null;
-  follow("/api/stream", (record) => {
+  follow(start ? `/api/stream?from_seq=${start + 1}` : "/api/stream", (record) => {
     if (QUIET.has(record.type)) {
       const t = rows.get(record.task);
       if (!t || record.seq <= (t.seq || 0)) return;
       t.records += 1;
       t.seq = record.seq;
+      // Counted while the task is being read: the read's answer may not hold it.
+      if (t.reading) t.reading.push(record.seq);
       if (!counted) counted = setTimeout(() => { counted = null; render(); }, 150);
       return;
     }
@@ -161,15 +168,21 @@ async function tasksPage() {
       const ids = [...pending];
       pending.clear();
       for (const id of ids) {
+        const shown = rows.get(id);
+        if (shown) shown.reading = [];
         try {
           const detail = await api(`/api/tasks/${encodeURIComponent(id)}`);
           const s = detail.state;
           if (!s) continue;
+          // Records counted from the stream while the read ran, past what it read.
+          const late = shown && shown.reading ? shown.reading.filter((seq) => seq > detail.last_seq) : [];
           const t = { id, status: s.status, executor: s.executor_key, tool: s.tool, attempt: s.attempt,
-            records: detail.records, seq: detail.last_seq, created_at: s.created_at, updated_at: s.updated_at,
+            records: detail.records + late.length, seq: Math.max(detail.last_seq, ...late),
+            created_at: s.created_at, updated_at: s.updated_at,
             description: s.description, problem: detail.problems.length ? detail.problems.join("; ") : null };
           if (matches(t)) rows.set(id, t); else rows.delete(id);
         } catch (_) { /* the task's next record that is fetched retries */ }
+        if (shown) shown.reading = null;
       }
       render();
       for (const id of ids) {

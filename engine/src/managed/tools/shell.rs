@@ -22,6 +22,11 @@ const POLL: Duration = Duration::from_millis(20);
 
 /// How long a start waits for the spawned script to publish its pid.
 const PID_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a stopped command has to end after SIGTERM before its group is killed.
+const KILL_GRACE: Duration = Duration::from_secs(5);
+/// The most bytes of the output in one update: a longer line is sent in parts of this
+/// size, each an update of its own (the managed layer's bound of an update's data).
+const PART: usize = crate::managed::MAX_UPDATE_DATA_BYTES;
 
 #[derive(Debug, Deserialize)]
 struct Arguments {
@@ -159,7 +164,7 @@ impl BackgroundTool for ShellTool {
             // the pid. The exit status is recorded atomically once the command ends.
             let script = format!(
                 "mkdir claimed 2>/dev/null || exit 0; echo $$ > pid.tmp; mv pid.tmp pid; \
-                 ({}) > out 2>&1; echo $? > status.tmp; mv status.tmp status",
+                 (\n{}\n) > out 2>&1; echo $? > status.tmp; mv status.tmp status",
                 args.command
             );
             let child = std::process::Command::new("setsid")
@@ -257,6 +262,53 @@ impl ShellRun {
     }
 }
 
+/// The command's output as its updates read it: what was read of the file past the
+/// updates made so far, the file read on from where it was (not from its start at each line).
+struct Tail {
+    dir: PathBuf,
+    /// Bytes of the file read so far.
+    read: u64,
+    /// Read, and not yet in an update.
+    pending: Vec<u8>,
+    /// The updates made so far (the next one's number: `line:<n>`).
+    n: u64,
+    /// The last update is made.
+    done: bool,
+}
+
+impl Tail {
+    /// The next update's data, if `pending` holds one: a whole line (without its newline),
+    /// or the first [`PART`] bytes of a longer one.
+    fn next_part(&mut self) -> Option<Vec<u8>> {
+        let newline = self.pending.iter().take(PART + 1).position(|b| *b == b'\n');
+        match newline {
+            Some(end) => {
+                let mut line: Vec<u8> = self.pending.drain(..=end).collect();
+                line.pop();
+                Some(line)
+            }
+            None if self.pending.len() >= PART => Some(self.pending.drain(..PART).collect()),
+            None => None,
+        }
+    }
+
+    /// Reads what the file holds past what was read; whether anything was.
+    fn read_more(&mut self) -> bool {
+        use std::io::{Read, Seek, SeekFrom};
+        let Ok(mut file) = std::fs::File::open(self.dir.join("out")) else {
+            return false;
+        };
+        if file.seek(SeekFrom::Start(self.read)).is_err() {
+            return false;
+        }
+        let before = self.pending.len();
+        let _ = file.read_to_end(&mut self.pending);
+        let got = self.pending.len() - before;
+        self.read += got as u64;
+        got > 0
+    }
+}
+
 fn read_status(dir: &Path) -> Option<i32> {
     std::fs::read_to_string(dir.join("status"))
         .ok()
@@ -279,9 +331,22 @@ impl Run for ShellRun {
                     RunOutcome::Failed(format!("command exited with status {code}"))
                 });
             }
-            // A stopped command dies with the shell that would have written its status.
-            if stopped && !self.group_alive()? {
-                return Ok(RunOutcome::Canceled("stopped".into()));
+            if !self.group_alive()? {
+                // A stopped command dies with the shell that would have written its status.
+                if stopped {
+                    return Ok(RunOutcome::Canceled("stopped".into()));
+                }
+                // The shell writes the status before it ends: gone without one (killed with
+                // its group — a reboot, a service manager stopping the engine's whole
+                // group), the command's outcome is unknown.
+                if read_status(&self.dir).is_none() {
+                    return Ok(RunOutcome::Failed(
+                        "the command ended without an exit status (its process group was \
+                         killed)"
+                            .into(),
+                    ));
+                }
+                continue;
             }
             tokio::time::sleep(POLL).await;
         }
@@ -294,40 +359,57 @@ impl Run for ShellRun {
         std::fs::write(self.dir.join("stopped"), b"").map_err(failed)?;
         // The command runs in its own session: signal its whole process group, directly
         // (with some `kill` builds a `kill -TERM -PGID` command line signals every process).
-        match rustix::process::kill_process_group(self.group()?, rustix::process::Signal::TERM) {
-            Ok(()) | Err(rustix::io::Errno::SRCH) => Ok(()),
-            Err(e) => Err(ToolRunError::failed(format!("signal the command: {e}"))),
+        let group = self.group()?;
+        match rustix::process::kill_process_group(group, rustix::process::Signal::TERM) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::SRCH) => return Ok(()),
+            Err(e) => return Err(ToolRunError::failed(format!("signal the command: {e}"))),
         }
+        // A process that ignores or outlives SIGTERM is killed once the grace is over: a
+        // stopped command does not run on, unseen, behind a canceled task.
+        tokio::spawn(async move {
+            tokio::time::sleep(KILL_GRACE).await;
+            let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+        });
+        Ok(())
     }
 
     fn updates(&self) -> Option<UpdateStream> {
-        let dir = self.dir.clone();
-        let stream = futures::stream::unfold(
-            (dir, 0usize, 0u64, false),
-            |(dir, offset, line, done)| async move {
-                if done {
-                    return None;
+        let tail = Tail {
+            dir: self.dir.clone(),
+            read: 0,
+            pending: Vec::new(),
+            n: 0,
+            done: false,
+        };
+        let stream = futures::stream::unfold(tail, |mut tail| async move {
+            if tail.done {
+                return None;
+            }
+            loop {
+                if let Some(data) = tail.next_part() {
+                    let update = line_update(tail.n, &data);
+                    tail.n += 1;
+                    return Some((Ok(update), tail));
                 }
-                loop {
-                    let finished = read_status(&dir).is_some();
-                    let bytes = std::fs::read(dir.join("out")).unwrap_or_default();
-                    let rest = bytes.get(offset..).unwrap_or_default();
-                    if let Some(end) = rest.iter().position(|b| *b == b'\n') {
-                        let update = line_update(line, rest.get(..end).unwrap_or_default());
-                        return Some((Ok(update), (dir, offset + end + 1, line + 1, false)));
-                    }
-                    if finished {
-                        if rest.is_empty() {
-                            return None;
-                        }
-                        // A last line without a newline.
-                        let update = line_update(line, rest);
-                        return Some((Ok(update), (dir, bytes.len(), line + 1, true)));
-                    }
-                    tokio::time::sleep(POLL).await;
+                // Whether the command has ended, asked before the read: then the read has
+                // all of its output.
+                let finished = read_status(&tail.dir).is_some();
+                if tail.read_more() {
+                    continue;
                 }
-            },
-        );
+                if finished {
+                    if tail.pending.is_empty() {
+                        return None;
+                    }
+                    // A last line without a newline.
+                    let update = line_update(tail.n, &std::mem::take(&mut tail.pending));
+                    tail.done = true;
+                    return Some((Ok(update), tail));
+                }
+                tokio::time::sleep(POLL).await;
+            }
+        });
         Some(Box::pin(stream))
     }
 }
