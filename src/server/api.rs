@@ -127,6 +127,7 @@ pub async fn get_records(
         (status = 200, description = "The state after position `at`", body = StateAt),
         (status = 400, description = "A position past the end", body = ErrorBody),
         (status = 404, description = "No such task", body = ErrorBody),
+        (status = 422, description = "No intact record up to the position (code `does_not_fold`: run a verify)", body = ErrorBody),
     )
 )]
 pub async fn get_state(
@@ -150,6 +151,7 @@ pub async fn get_state(
         (status = 200, description = "The run's conversation (`problem` alone when its entries do not fold)", body = ConversationView),
         (status = 404, description = "No such task, or one that is not an agent run (code `not_an_agent_run`)", body = ErrorBody),
         (status = 410, description = "The task was purged", body = ErrorBody),
+        (status = 422, description = "The task's stream does not fold at all (code `does_not_fold`: run a verify)", body = ErrorBody),
     )
 )]
 pub async fn get_conversation(

@@ -355,10 +355,11 @@ pub fn state_at(
         Err(e) => return Err(ApiError::internal(e.to_string())),
     }
     let record = upto.last.ok_or_else(|| {
+        // Damage, not a failure of the journal: never a 500.
         ApiError::new(
-            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-            "journal_error",
-            format!("task {id:?}: no intact record up to position {at}"),
+            axum::http::StatusCode::UNPROCESSABLE_ENTITY,
+            "does_not_fold",
+            format!("task {id:?}: no intact record up to position {at} (run a verify)"),
         )
     })?;
     Ok(StateAt {

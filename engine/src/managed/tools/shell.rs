@@ -70,10 +70,32 @@ impl ShellTool {
         })
     }
 
-    /// The directory of a task's run (its `pid`, `out` and `status` files).
+    /// The directory of a task's run (its `pid`, `out` and `status` files): the task id
+    /// with every byte but ASCII letters, digits, `-` and `_` written `%XX` — one id, one
+    /// directory (ids that differ only where a lossy name would replace characters, such as
+    /// `job.1` and `job_1`, do not share a run). A name longer than 200 bytes (a file
+    /// name's limit is 255) is cut into directories, each but the last ending in `+`, which
+    /// the encoding never writes as it is. A run started by an earlier version, under the
+    /// name that replaced each such byte by `_`, is found there.
     #[must_use]
     pub fn dir(&self, task_id: &str) -> PathBuf {
-        self.root.join(sanitize(task_id))
+        let encoded = encode(task_id);
+        let mut dir = self.root.clone();
+        let mut rest = encoded.as_str();
+        while rest.len() > NAME_PART {
+            // The encoding is ASCII: any byte is a character boundary.
+            let (head, tail) = rest.split_at(NAME_PART - 1);
+            dir.push(format!("{head}+"));
+            rest = tail;
+        }
+        dir.push(rest);
+        if !dir.exists() {
+            let earlier = self.root.join(sanitize(task_id));
+            if earlier != dir && earlier.join("pid").exists() {
+                return earlier;
+            }
+        }
+        dir
     }
 
     /// What the backend holds for a task: the process id as the operation id, and the output
@@ -84,18 +106,20 @@ impl ShellTool {
     pub fn snapshot(&self, task_id: &str) -> Result<OperationSnapshot, ToolFailure> {
         let dir = self.dir(task_id);
         let pid = std::fs::read_to_string(dir.join("pid")).map_err(io_failure)?;
-        let out = std::fs::read(dir.join("out")).unwrap_or_default();
+        // The updates the run's stream makes of the output so far (whole lines, long ones
+        // in parts).
+        let mut tail = Tail {
+            dir: dir.clone(),
+            read: 0,
+            pending: Vec::new(),
+            n: 0,
+            done: false,
+        };
+        tail.read_more();
         let mut updates = Vec::new();
-        let mut offset = 0;
-        while let Some(end) = out
-            .get(offset..)
-            .and_then(|r| r.iter().position(|b| *b == b'\n'))
-        {
-            updates.push(line_update(
-                updates.len() as u64,
-                out.get(offset..offset + end).unwrap_or_default(),
-            ));
-            offset += end + 1;
+        while let Some(data) = tail.next_part() {
+            updates.push(line_update(tail.n, &data));
+            tail.n += 1;
         }
         Ok(OperationSnapshot {
             operation_id: pid.trim().to_owned(),
@@ -113,6 +137,27 @@ impl ShellTool {
     }
 }
 
+/// The most bytes of one component of a run's directory.
+const NAME_PART: usize = 200;
+
+/// `task_id` as a file name: ASCII letters, digits, `-` and `_` as they are, every other byte
+/// `%XX` (injective).
+fn encode(task_id: &str) -> String {
+    use std::fmt::Write as _;
+    let mut name = String::with_capacity(task_id.len());
+    for byte in task_id.bytes() {
+        if byte.is_ascii_alphanumeric() || byte == b'-' || byte == b'_' {
+            name.push(char::from(byte));
+        } else {
+            // Writing to a `String` cannot fail.
+            let _ = write!(name, "%{byte:02X}");
+        }
+    }
+    name
+}
+
+/// The name an earlier version gave a task's run: every character but ASCII letters,
+/// digits, `-` and `_` replaced by `_` (two ids could share it).
 fn sanitize(task_id: &str) -> String {
     task_id
         .chars()
@@ -411,5 +456,39 @@ impl Run for ShellRun {
             }
         });
         Some(Box::pin(stream))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ShellTool;
+    use std::path::Path;
+
+    #[test]
+    fn each_task_id_has_a_directory_of_its_own_within_file_name_limits() {
+        let tool = ShellTool::new("/runs");
+        let ids = ["job.1", "job_1", "job%2E1", "a/b", "ä", "job-1"];
+        let dirs: std::collections::BTreeSet<_> = ids.iter().map(|id| tool.dir(id)).collect();
+        assert_eq!(dirs.len(), ids.len(), "{dirs:?}");
+        assert_eq!(tool.dir("job.1"), Path::new("/runs/job%2E1"));
+        assert_eq!(tool.dir("job_1"), Path::new("/runs/job_1"));
+        // A long id: components of at most 200 bytes, none `.` or `..`, each but the last
+        // ending in `+`; an id one byte longer does not land inside it.
+        let long = "x".repeat(1000);
+        let dir = tool.dir(&long);
+        let parts: Vec<String> = dir
+            .strip_prefix("/runs")
+            .unwrap()
+            .iter()
+            .map(|p| p.to_string_lossy().into_owned())
+            .collect();
+        assert!(
+            parts.len() > 1 && parts.iter().all(|p| p.len() <= 200),
+            "{parts:?}"
+        );
+        assert!(parts[..parts.len() - 1].iter().all(|p| p.ends_with('+')));
+        assert!(!parts.last().unwrap().contains('+'));
+        let longer = tool.dir(&format!("{long}x"));
+        assert!(!longer.starts_with(&dir), "{longer:?} inside {dir:?}");
     }
 }
