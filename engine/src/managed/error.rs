@@ -134,7 +134,8 @@ pub enum RuleViolation {
     #[error("materialize output: {0}")]
     Materialize(ToolFailure),
     /// The update stream stayed open longer than
-    /// [`UPDATE_DRAIN_TIMEOUT`](super::UPDATE_DRAIN_TIMEOUT) after the run's outcome.
+    /// [`UPDATE_DRAIN_TIMEOUT`](super::UPDATE_DRAIN_TIMEOUT) after the run's outcome (the
+    /// time spent waiting on it, not keeping its updates).
     #[error("update stream did not close after terminal outcome")]
     UpdateStreamOpen,
 }

@@ -18,7 +18,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// How long the update stream may stay open after the run's outcome.
+/// How long the update stream may stay open after the run's outcome: the time spent waiting
+/// on the stream for its next update or its end — not the time the updates take to be kept
+/// (a synced append each), which grows with their number, not with the tool.
 pub const UPDATE_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Why an update ended the observation, before the side saw it.
@@ -78,17 +80,18 @@ pub(crate) async fn observe<S: UpdateSink, E>(
         tokio::select! {
             outcome = &mut wait => {
                 if let Some(stream) = updates.as_mut() {
-                    let drained = tokio::time::timeout(UPDATE_DRAIN_TIMEOUT, async {
-                        while let Some(item) = stream.next().await {
-                            take(sink, item, recoverable).await?;
-                        }
-                        Ok::<(), S::Error>(())
-                    })
-                    .await;
-                    match drained {
-                        Ok(result) => result?,
-                        Err(_) => {
-                            return Err(UpdateFailure::Rule(RuleViolation::UpdateStreamOpen).into())
+                    // The stream's own time only: a command that printed 100,000 lines
+                    // closes its stream at once, however long its updates take to append.
+                    let mut left = UPDATE_DRAIN_TIMEOUT;
+                    loop {
+                        let asked = tokio::time::Instant::now();
+                        let Ok(item) = tokio::time::timeout(left, stream.next()).await else {
+                            return Err(UpdateFailure::Rule(RuleViolation::UpdateStreamOpen).into());
+                        };
+                        left = left.saturating_sub(asked.elapsed());
+                        match item {
+                            Some(item) => take(sink, item, recoverable).await?,
+                            None => break,
                         }
                     }
                 }
@@ -251,5 +254,76 @@ impl MaterializerFeed {
             }
             _ => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::managed::tool::Update;
+    use std::time::Duration;
+
+    /// A run that ends at once; its stream's updates come only after its outcome.
+    struct Ended {
+        done: tokio::sync::watch::Sender<bool>,
+    }
+
+    #[async_trait::async_trait]
+    impl Run for Ended {
+        async fn wait(&self) -> Result<RunOutcome, crate::managed::ToolRunError> {
+            self.done.send_replace(true);
+            Ok(RunOutcome::Completed(b"ok".to_vec()))
+        }
+
+        async fn stop(&self) -> Result<(), crate::managed::ToolRunError> {
+            Ok(())
+        }
+    }
+
+    /// A store that takes a second to keep each update.
+    struct Slow(Vec<Update>);
+
+    impl UpdateSink for Slow {
+        type Error = UpdateFailure;
+
+        async fn accept(&mut self, update: Update) -> Result<(), UpdateFailure> {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            self.0.push(update);
+            Ok(())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_drain_counts_the_streams_time_not_the_stores() {
+        let (done, mut ended) = tokio::sync::watch::channel(false);
+        let run: Arc<dyn Run> = Arc::new(Ended { done });
+        // Ten updates, ready as soon as the run has ended: ten seconds for the store to
+        // keep them, none for the stream to give them.
+        let updates = futures::stream::once(async move {
+            let _ = ended.wait_for(|ended| *ended).await;
+            futures::stream::iter((0..10).map(|i| {
+                Ok(Update {
+                    event_id: format!("e{i}"),
+                    kind: "stdout".into(),
+                    data: vec![b'x'],
+                    metadata: std::collections::BTreeMap::new(),
+                })
+            }))
+        })
+        .flatten();
+        let mut sink = Slow(Vec::new());
+        let observed = observe(
+            &run,
+            Some(Box::pin(updates)),
+            true,
+            &mut sink,
+            std::future::pending::<()>(),
+        )
+        .await;
+        assert!(
+            matches!(observed, Ok(Observed::Outcome(RunOutcome::Completed(_)))),
+            "the drain was cut short"
+        );
+        assert_eq!(sink.0.len(), 10);
     }
 }
