@@ -156,6 +156,58 @@ async fn a_run_journals_each_answer_and_runs_each_call_as_a_child_task() {
 /// Attempt 1 journaled the model's answer and ran one of its two calls, then its process
 /// was lost; attempt 2 (after the lease ran out) asks the model only for the next turn and
 /// runs only the call that had not run.
+/// What attempt 1 of run `run` leaves behind, written with the store's own commands: the
+/// run claimed, turn 1 (`first`, whose call 0 is `add(1, 1)` with id `c1`) journaled, and
+/// call 0's task created. Returns the run's running state.
+async fn left_by_attempt_one(
+    env: &Env,
+    agent: &DurableAgent,
+    manager: &Manager,
+    run: &str,
+    first: AssistantMessage,
+) -> dtask_replay::TaskState {
+    let store = env.store();
+    let task = store.get(run).await.unwrap();
+    let running = store
+        .execute(run, task.version, Command::Start)
+        .await
+        .unwrap();
+    let turn = dtask_engine::agent::TurnEntry::new(1, first, None);
+    store
+        .append_update(
+            run,
+            UpdateRequest {
+                attempt: running.attempt,
+                event_id: turn.event_id(),
+                kind: dtask_engine::agent::TURN_KIND.into(),
+                data: serde_json::to_vec(&turn).unwrap(),
+                ..UpdateRequest::default()
+            },
+        )
+        .await
+        .unwrap();
+    agent
+        .tools()
+        .submit_child(
+            manager,
+            dtask_engine::managed::ToolCall {
+                tool_name: "add".into(),
+                arguments: r#"{"a":1,"b":1}"#.into(),
+                tool_call_id: Some("c1".into()),
+                ..Default::default()
+            },
+            format!("{run}.t1.c0"),
+            dtask_engine::ExecutionContext {
+                task_id: run.into(),
+                attempt: running.attempt,
+                generation: running.mailbox.generation,
+            },
+        )
+        .await
+        .unwrap();
+    running
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_attempt_continues_from_the_journal_without_repeating_anything() {
     let env = Env::new();
@@ -174,45 +226,7 @@ async fn a_new_attempt_continues_from_the_journal_without_repeating_anything() {
         .unwrap();
 
     // What attempt 1 left behind, written with the store's own commands.
-    let store = env.store();
-    let task = store.get("run").await.unwrap();
-    let running = store
-        .execute("run", task.version, Command::Start)
-        .await
-        .unwrap();
-    let turn = dtask_engine::agent::TurnEntry::new(1, first, None);
-    store
-        .append_update(
-            "run",
-            UpdateRequest {
-                attempt: running.attempt,
-                event_id: turn.event_id(),
-                kind: dtask_engine::agent::TURN_KIND.into(),
-                data: serde_json::to_vec(&turn).unwrap(),
-                ..UpdateRequest::default()
-            },
-        )
-        .await
-        .unwrap();
-    agent
-        .tools()
-        .submit_child(
-            &manager,
-            dtask_engine::managed::ToolCall {
-                tool_name: "add".into(),
-                arguments: r#"{"a":1,"b":1}"#.into(),
-                tool_call_id: Some("c1".into()),
-                ..Default::default()
-            },
-            "run.t1.c0".into(),
-            dtask_engine::ExecutionContext {
-                task_id: "run".into(),
-                attempt: running.attempt,
-                generation: running.mailbox.generation,
-            },
-        )
-        .await
-        .unwrap();
+    left_by_attempt_one(&env, &agent, &manager, "run", first).await;
     assert_eq!(
         manager.execute("run.t1.c0").await.unwrap().status,
         Status::Completed
@@ -251,57 +265,21 @@ async fn a_run_canceled_between_attempts_cancels_its_unfinished_tool_calls() {
         .unwrap();
 
     // Attempt 1 journaled a turn and created its call's task, then its worker was lost.
-    let store = env.store();
-    let task = store.get("run").await.unwrap();
-    let running = store
-        .execute("run", task.version, Command::Start)
-        .await
-        .unwrap();
-    let turn = dtask_engine::agent::TurnEntry::new(
-        1,
+    left_by_attempt_one(
+        &env,
+        &agent,
+        &manager,
+        "run",
         AssistantMessage::with_tool_calls(vec![add("c1", 1, 1)]),
-        None,
-    );
-    store
-        .append_update(
-            "run",
-            UpdateRequest {
-                attempt: running.attempt,
-                event_id: turn.event_id(),
-                kind: dtask_engine::agent::TURN_KIND.into(),
-                data: serde_json::to_vec(&turn).unwrap(),
-                ..UpdateRequest::default()
-            },
-        )
-        .await
-        .unwrap();
-    agent
-        .tools()
-        .submit_child(
-            &manager,
-            dtask_engine::managed::ToolCall {
-                tool_name: "add".into(),
-                arguments: r#"{"a":1,"b":1}"#.into(),
-                tool_call_id: Some("c1".into()),
-                ..Default::default()
-            },
-            "run.t1.c0".into(),
-            dtask_engine::ExecutionContext {
-                task_id: "run".into(),
-                attempt: running.attempt,
-                generation: running.mailbox.generation,
-            },
-        )
-        .await
-        .unwrap();
-
+    )
+    .await;
     // The lease runs out and the run is canceled while pending: only the intent is
     // recorded. Attempt 2 finds it before running anything, and ends the call with the run.
     env.clock.advance(Duration::from_secs(31));
     manager.request_cancel("run", "enough").await.unwrap();
     let done = manager.execute("run").await.unwrap();
     assert_eq!(done.status, Status::Canceled, "{done:?}");
-    let child = store.get("run.t1.c0").await.unwrap();
+    let child = env.store().get("run.t1.c0").await.unwrap();
     assert_eq!(
         child.status,
         Status::Canceled,

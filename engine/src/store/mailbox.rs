@@ -102,16 +102,11 @@ impl TaskStore {
         decide::validate_input(id, &request, self.config())?;
         let slot = self.slot(id)?;
         let mut task = self.lock(&slot).await?;
-        let mut request = Some(request);
-        let mut stale = 0;
+        let mut request = super::Redecide::new(request);
         loop {
             let now = self.now();
             self.resolve_expiry(&slot, &mut task, now).await?;
-            let Some(this) = request.take() else {
-                return Err(StoreError::invalid("input", "decided once only"));
-            };
-            let again = self.may_decide_again(stale).then(|| this.clone());
-            match decide::input(&task, this, now)? {
+            match decide::input(&task, request.take(self)?, now)? {
                 Keyed::Repeat { position, request } => {
                     let original = self.repeated_input(id, position, &request)?;
                     self.count_input_deduplicated();
@@ -120,12 +115,8 @@ impl TaskStore {
                 Keyed::New(events) => {
                     let position = task.state.position;
                     match self.commit(&slot, &mut task, &events).await {
-                        // Another node wrote to the stream first (see `may_decide_again`).
-                        Err(StoreError::VersionConflict { .. }) if again.is_some() => {
-                            request = again;
-                            stale += 1;
-                            continue;
-                        }
+                        // Another node wrote to the stream first (see `Redecide`).
+                        Err(e) if request.again(&e) => continue,
                         other => other?,
                     }
                     return Ok((self.read_input(id, position)?, true));
@@ -236,17 +227,16 @@ impl TaskStore {
         }
         let slot = self.slot(id)?;
         let mut task = self.lock(&slot).await?;
-        let mut stale = 0;
+        // The request is borrowed, not consumed: only the count of decisions is kept.
+        let mut decisions = super::Redecide::new(());
         loop {
             let now = self.now();
             self.resolve_expiry(&slot, &mut task, now).await?;
+            decisions.take(self)?;
             if let Decision::Write(events) = decide::advance_cursor(&task.state, &request, now)? {
                 match self.commit(&slot, &mut task, &events).await {
-                    // Another node wrote to the stream first (see `may_decide_again`).
-                    Err(StoreError::VersionConflict { .. }) if self.may_decide_again(stale) => {
-                        stale += 1;
-                        continue;
-                    }
+                    // Another node wrote to the stream first (see `Redecide`).
+                    Err(e) if decisions.again(&e) => continue,
                     other => other?,
                 }
             }

@@ -47,9 +47,61 @@ use std::sync::{Arc, OnceLock};
 use tokio::sync::watch;
 use tracing::Instrument;
 
-/// How many times one command is decided again after a write refused for a stale position
-/// ([`TaskStore::may_decide_again`]).
+/// How many times one request is decided again after a write refused for a stale position
+/// ([`Redecide`]).
 const STALE_DECISIONS: usize = 3;
+
+/// A request decided on a locked task, kept to be decided again when its write is refused
+/// for a stale position (the commit's `VersionConflict`, the task folded again by then): on
+/// a journal shared with other nodes, where another node appended to the task's stream what
+/// this node's memory had not folded yet. Often a record that changes no version — an
+/// input, a child's notice, a progress update — after which the request is decided against
+/// what the other node wrote (an input that came first sends a completion asked "if no
+/// inputs" back to pending, and a plain one goes ahead) instead of the caller hearing of a
+/// version conflict no version change made; else the decision names what did change (a
+/// stale expected version, a lost lease, a sealed mailbox). Bounded by
+/// [`STALE_DECISIONS`]: a stream that keeps moving answers with the conflict. A copy is kept
+/// only while the request may be decided again (never on an embedded journal).
+struct Redecide<R> {
+    next: Option<R>,
+    kept: Option<R>,
+    stale: usize,
+}
+
+impl<R: Clone> Redecide<R> {
+    fn new(request: R) -> Self {
+        Self {
+            next: Some(request),
+            kept: None,
+            stale: 0,
+        }
+    }
+
+    /// The request to decide now.
+    fn take(&mut self, store: &TaskStore) -> Result<R> {
+        let request = self
+            .next
+            .take()
+            .ok_or_else(|| StoreError::invalid("request", "decided once only"))?;
+        let may = self.stale < STALE_DECISIONS && store.inner.journal.is_shared();
+        self.kept = may.then(|| request.clone());
+        Ok(request)
+    }
+
+    /// Whether the commit's `error` is a stale position after which the request is to be
+    /// decided again (it is then the next one [`Redecide::take`] gives).
+    fn again(&mut self, error: &StoreError) -> bool {
+        if !matches!(error, StoreError::VersionConflict { .. }) {
+            return false;
+        }
+        let Some(request) = self.kept.take() else {
+            return false;
+        };
+        self.next = Some(request);
+        self.stale += 1;
+        true
+    }
+}
 
 /// How many times [`TaskStore::rerun`] decides again when another node's write to the
 /// original got in first (a shared journal).
@@ -1072,23 +1124,15 @@ impl TaskStore {
         decide::validate(&command, config)?;
         let slot = self.slot(id)?;
         let mut task = self.lock(&slot).await?;
-        let mut command = Some(command);
-        let mut stale = 0;
+        let mut command = Redecide::new(command);
         loop {
             let now = self.now();
             self.resolve_expiry(&slot, &mut task, now).await?;
-            let Some(this) = command.take() else {
-                return Err(StoreError::invalid("command", "decided once only"));
-            };
-            let again = self.may_decide_again(stale).then(|| this.clone());
+            let this = command.take(self)?;
             match decide::decide(&task.state, expected_version, this, now, config)? {
                 Decision::Unchanged => {}
                 Decision::Write(events) => match self.commit(&slot, &mut task, &events).await {
-                    Err(StoreError::VersionConflict { .. }) if again.is_some() => {
-                        command = again;
-                        stale += 1;
-                        continue;
-                    }
+                    Err(e) if command.again(&e) => continue,
                     Err(e) => return Err(e),
                     Ok(()) => {
                         if matches!(events.last(), Some(Event::InputsPending { .. })) {
@@ -1099,20 +1143,6 @@ impl TaskStore {
             }
             return Ok(then(&task.state));
         }
-    }
-
-    /// Whether a write refused for a stale position (the commit's `VersionConflict`, the task
-    /// folded again by then) may be decided again, after `stale` such refusals: on a journal
-    /// shared with other nodes, where another node appended to the task's stream what this
-    /// node's memory had not folded yet. Often a record that changes no version — an input,
-    /// a child's notice, a progress update — after which the request is decided against
-    /// what the other node wrote (an input that came first sends a completion asked "if no
-    /// inputs" back to pending, and a plain one goes ahead) instead of the caller hearing of
-    /// a version conflict no version change made; else the decision names what did change (a
-    /// stale expected version, a lost lease, a sealed mailbox). Bounded: a stream that keeps
-    /// moving answers with the conflict.
-    pub(super) fn may_decide_again(&self, stale: usize) -> bool {
-        stale < STALE_DECISIONS && self.inner.journal.is_shared()
     }
 
     /// Resolves every lease that has expired by now; returns how many were written down.

@@ -276,16 +276,11 @@ impl TaskStore {
         decide::validate_notification(id, attempt, &request, self.config())?;
         let slot = self.slot(id)?;
         let mut task = self.lock(&slot).await?;
-        let mut request = Some(request);
-        let mut stale = 0;
+        let mut request = super::Redecide::new(request);
         loop {
             let now = self.now();
             self.resolve_expiry(&slot, &mut task, now).await?;
-            let Some(this) = request.take() else {
-                return Err(StoreError::invalid("notification", "decided once only"));
-            };
-            let again = self.may_decide_again(stale).then(|| this.clone());
-            return match decide::notification(&task, attempt, this, now)? {
+            return match decide::notification(&task, attempt, request.take(self)?, now)? {
                 Keyed::Repeat { position, request } => {
                     let record = self
                         .journal()
@@ -314,12 +309,8 @@ impl TaskStore {
                 }
                 Keyed::New(event) => match self.commit(&slot, &mut task, &[event]).await {
                     // Another node wrote to this stream or the parent's first (see
-                    // `may_decide_again`).
-                    Err(StoreError::VersionConflict { .. }) if again.is_some() => {
-                        request = again;
-                        stale += 1;
-                        continue;
-                    }
+                    // `Redecide`).
+                    Err(e) if request.again(&e) => continue,
                     other => other,
                 },
             };

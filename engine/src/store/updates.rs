@@ -163,17 +163,12 @@ impl TaskStore {
         decide::validate_update(&request, config)?;
         let slot = self.slot(id)?;
         let mut task = self.lock(&slot).await?;
-        let mut request = Some(request);
-        let mut stale = 0;
+        let mut request = super::Redecide::new(request);
         loop {
             let now = self.now();
             self.resolve_expiry(&slot, &mut task, now).await?;
             let position = task.state.position;
-            let Some(this) = request.take() else {
-                return Err(StoreError::invalid("update", "decided once only"));
-            };
-            let again = self.may_decide_again(stale).then(|| this.clone());
-            let decided = decide::update(&task, this, now, config.max_updates);
+            let decided = decide::update(&task, request.take(self)?, now, config.max_updates);
             if matches!(decided, Err(StoreError::UpdateLimit { .. })) {
                 self.count_update_over_limit();
             }
@@ -202,12 +197,8 @@ impl TaskStore {
                         .commit(&slot, &mut task, std::slice::from_ref(&event))
                         .await
                     {
-                        // Another node wrote to the stream first (see `may_decide_again`).
-                        Err(StoreError::VersionConflict { .. }) if again.is_some() => {
-                            request = again;
-                            stale += 1;
-                            continue;
-                        }
+                        // Another node wrote to the stream first (see `Redecide`).
+                        Err(e) if request.again(&e) => continue,
                         other => other?,
                     }
                     let capped = config.capped(&task.state);
