@@ -923,6 +923,43 @@ async fn s47_started_marker_without_checkpoint_recovers() {
     assert!(calls.starts.is_empty());
 }
 
+// A plain tool's handed-off task whose adopted run was lost with its process (no run in this
+// process's table at attempt 1) fails: starting it again would repeat its side effects, and a
+// plain tool cannot be recovered. (The reference starts it again; dtask does not.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_handed_off_task_whose_run_was_lost_fails_without_a_second_start() {
+    let probe = handoff_probe(Script::complete(b"{}")).plain();
+    let env = env(&probe);
+    let id = env.manager.allocate_task_id("background_tool").unwrap();
+    let spec = TaskSpec {
+        id: id.clone(),
+        executor_key: PLAIN_EXECUTOR_KEY.into(),
+        kind: "background_tool".into(),
+        payload: ToolPayload::new(NAME, None, "{}").encode(),
+        ..TaskSpec::default()
+    };
+    env.manager
+        .submit(SubmitRequest {
+            spec,
+            initial_checkpoint: ManagedCheckpoint::started(vec![]).encode().unwrap(),
+            context_snapshot: vec![],
+            parent: None,
+            not_before: None,
+        })
+        .await
+        .unwrap();
+    let task = env.manager.execute(&id).await.unwrap();
+    assert_eq!(task.status, Status::Failed);
+    assert!(
+        task.result_error.contains("handed-off run was lost"),
+        "{}",
+        task.result_error
+    );
+    let calls = probe.calls();
+    assert!(calls.starts.is_empty(), "the operation is not started again");
+    assert!(calls.recovers.is_empty());
+}
+
 // 48: a materializer failure is recorded once; the task completes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s48_materializer_failure_is_recorded_and_the_task_completes() {

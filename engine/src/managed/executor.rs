@@ -303,6 +303,15 @@ impl ManagedExecutor {
                 Err(e) => Err(fail(format!("resume: {e}"))),
             };
         }
+        if checkpoint.started && tool.as_recoverable().is_none() {
+            // Only a hand-off gives a plain tool's task a started marker: the adopted run was
+            // lost with its process (it crashed before attempt 1 took the run). A plain tool
+            // cannot be recovered, and starting it again would repeat what the run already did.
+            return Err(fail(
+                "the handed-off run was lost with its process: a plain tool cannot be recovered, \
+                 and is not started again",
+            ));
+        }
         if let (Some(recoverable), true) = (tool.as_recoverable(), checkpoint.started) {
             let run = recoverable
                 .recover(RecoverRequest {
