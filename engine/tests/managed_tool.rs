@@ -956,7 +956,10 @@ async fn a_plain_handed_off_task_whose_run_was_lost_fails_without_a_second_start
         task.result_error
     );
     let calls = probe.calls();
-    assert!(calls.starts.is_empty(), "the operation is not started again");
+    assert!(
+        calls.starts.is_empty(),
+        "the operation is not started again"
+    );
     assert!(calls.recovers.is_empty());
 }
 

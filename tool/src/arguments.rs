@@ -16,7 +16,8 @@ use crate::error::{BoxError, ToolError};
 /// error, the deepest place reached, and the message has line and column).
 ///
 /// Empty or all-whitespace arguments are read as `{}`, since models often
-/// send `""` for tools without parameters.
+/// send `""` for tools without parameters; and `{}` decodes into a unit type
+/// (`()`, `struct NoArgs;`), whose schema is the empty object.
 ///
 /// ```
 /// use dtask_tool::{decode_arguments, ToolError};
@@ -56,12 +57,27 @@ pub(crate) fn decode_json<T: DeserializeOwned>(
         arguments
     };
     let mut de = serde_json::Deserializer::from_str(text);
-    let value: T = serde_path_to_error::deserialize(&mut de)?;
+    let value: T = match serde_path_to_error::deserialize(&mut de) {
+        Ok(value) => value,
+        // A tool without parameters whose type is a unit (`()`, `struct NoArgs;`): its schema
+        // is the empty object, and `{}` is how a model calls it.
+        Err(e) if is_empty_object(text) => match serde_json::from_str::<T>("null") {
+            Ok(value) => return Ok(value),
+            Err(_) => return Err(e),
+        },
+        Err(e) => return Err(e),
+    };
     // Trailing garbage after a valid value is an error at the root.
     de.end().map_err(|e| {
         serde_path_to_error::Error::new(serde_path_to_error::Track::new().path(), e)
     })?;
     Ok(value)
+}
+
+/// Whether `text` is JSON's empty object, whatever its spacing.
+fn is_empty_object(text: &str) -> bool {
+    serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(text)
+        .is_ok_and(|map| map.is_empty())
 }
 
 fn invalid_from_path_error(

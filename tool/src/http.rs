@@ -1,9 +1,10 @@
 //! An HTTP POST tool built on `reqwest` (rustls, no OpenSSL).
 
-use std::time::Duration;
+use std::{sync::Arc, time::Duration};
 
 use async_trait::async_trait;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use reqwest::Url;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -21,8 +22,12 @@ pub struct PostRequest {
     pub body: String,
 }
 
+/// How many redirects a request follows at most.
+pub const MAX_REDIRECTS: usize = 10;
+
 /// The configuration of an [`HttpPostTool`].
 ///
+/// Its `Debug` output names the headers but not their values (they often carry keys).
 /// ```
 /// use std::time::Duration;
 /// use dtask_tool::HttpPostConfig;
@@ -33,7 +38,7 @@ pub struct PostRequest {
 ///     .with_allowed_url_prefix("https://api.example.com/");
 /// assert_eq!(config.name, "http_post");
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct HttpPostConfig {
     /// The tool name (default `http_post`).
     pub name: String,
@@ -45,10 +50,36 @@ pub struct HttpPostConfig {
     pub timeout: Duration,
     /// The largest response body accepted (default 1 MiB).
     pub max_response_bytes: usize,
-    /// If not empty, only URLs starting with one of these prefixes may be
-    /// requested; others are rejected as invalid arguments without any
-    /// network access. Empty (the default) allows any URL.
+    /// If not empty, only URLs within one of these prefixes may be requested
+    /// (and redirected to); others are rejected as invalid arguments without
+    /// any network access. Empty (the default) allows any URL.
+    ///
+    /// A prefix is a URL, compared by its parts, not as text: a URL is within
+    /// it when its scheme, host and port are the prefix's and its path is the
+    /// prefix's path or below it (`https://api.example.com/v1` allows
+    /// `https://api.example.com/v1/chat`, not `…/v10`, nor
+    /// `https://api.example.com.evil.net/`, nor
+    /// `https://api.example.com@evil.net/`). A prefix with a query or a
+    /// fragment is refused at [`HttpPostTool::new`].
     pub allowed_url_prefixes: Vec<String>,
+}
+
+impl std::fmt::Debug for HttpPostConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let headers: Vec<(&str, &str)> = self
+            .headers
+            .iter()
+            .map(|(name, _)| (name.as_str(), "<redacted>"))
+            .collect();
+        f.debug_struct("HttpPostConfig")
+            .field("name", &self.name)
+            .field("description", &self.description)
+            .field("headers", &headers)
+            .field("timeout", &self.timeout)
+            .field("max_response_bytes", &self.max_response_bytes)
+            .field("allowed_url_prefixes", &self.allowed_url_prefixes)
+            .finish()
+    }
 }
 
 impl Default for HttpPostConfig {
@@ -123,11 +154,47 @@ impl HttpPostConfig {
 ///   [`ToolError::InvalidArguments`] at path `url`;
 /// * any other transport failure, or a body over the size limit:
 ///   [`ToolError::Failed`].
-#[derive(Debug, Clone)]
+///
+/// Redirects are followed (at most [`MAX_REDIRECTS`]) only within the first
+/// URL's origin (scheme, host, port) and the allowed prefixes: a redirect
+/// elsewhere is answered as it came, a [`ToolError::Http`] with its 3xx
+/// status — the body and the configured headers never go to another host.
+#[derive(Clone)]
 pub struct HttpPostTool {
     info: ToolInfo,
     client: reqwest::Client,
     config: HttpPostConfig,
+    /// The allowed prefixes, parsed.
+    allowed: Arc<Vec<Url>>,
+}
+
+impl std::fmt::Debug for HttpPostTool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpPostTool")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether `url` is within the allowed prefix `prefix` (see
+/// [`HttpPostConfig::allowed_url_prefixes`]).
+fn within(prefix: &Url, url: &Url) -> bool {
+    let path_within = match url.path().strip_prefix(prefix.path()) {
+        None => false,
+        Some(rest) => prefix.path().ends_with('/') || rest.is_empty() || rest.starts_with('/'),
+    };
+    same_origin(prefix, url) && path_within
+}
+
+fn same_origin(a: &Url, b: &Url) -> bool {
+    a.scheme() == b.scheme()
+        && a.host_str() == b.host_str()
+        && a.port_or_known_default() == b.port_or_known_default()
+}
+
+/// Whether `url` may be requested under the allowed prefixes `allowed`.
+fn allowed_by(allowed: &[Url], url: &Url) -> bool {
+    allowed.is_empty() || allowed.iter().any(|prefix| within(prefix, url))
 }
 
 impl HttpPostTool {
@@ -135,7 +202,8 @@ impl HttpPostTool {
     ///
     /// # Errors
     ///
-    /// [`ToolError::Config`] for an invalid header name or value, or if the
+    /// [`ToolError::Config`] for an invalid header name or value, an allowed
+    /// prefix that is not a URL (or has a query or a fragment), or if the
     /// HTTP client cannot be built.
     pub fn new(config: HttpPostConfig) -> Result<Self, ToolError> {
         let config_error = |message: String| ToolError::Config {
@@ -146,13 +214,45 @@ impl HttpPostTool {
         for (name, value) in &config.headers {
             let header_name = HeaderName::from_bytes(name.as_bytes())
                 .map_err(|e| config_error(format!("invalid header name `{name}`: {e}")))?;
-            let header_value = HeaderValue::from_str(value)
+            let mut header_value = HeaderValue::from_str(value)
                 .map_err(|e| config_error(format!("invalid value for header `{name}`: {e}")))?;
+            header_value.set_sensitive(true);
             headers.append(header_name, header_value);
         }
+        let mut allowed = Vec::with_capacity(config.allowed_url_prefixes.len());
+        for prefix in &config.allowed_url_prefixes {
+            let url = Url::parse(prefix)
+                .map_err(|e| config_error(format!("allowed URL prefix `{prefix}`: {e}")))?;
+            if url.query().is_some() || url.fragment().is_some() {
+                return Err(config_error(format!(
+                    "allowed URL prefix `{prefix}`: a prefix has no query or fragment"
+                )));
+            }
+            allowed.push(url);
+        }
+        let allowed = Arc::new(allowed);
+        let policy = {
+            let allowed = Arc::clone(&allowed);
+            reqwest::redirect::Policy::custom(move |attempt| {
+                if attempt.previous().len() > MAX_REDIRECTS {
+                    return attempt.error(format!("more than {MAX_REDIRECTS} redirects"));
+                }
+                let onward = attempt
+                    .previous()
+                    .first()
+                    .is_some_and(|first| same_origin(first, attempt.url()))
+                    && allowed_by(&allowed, attempt.url());
+                if onward {
+                    attempt.follow()
+                } else {
+                    attempt.stop()
+                }
+            })
+        };
         let client = reqwest::Client::builder()
             .default_headers(headers)
             .timeout(config.timeout)
+            .redirect(policy)
             .build()
             .map_err(|e| config_error(format!("cannot build the HTTP client: {e}")))?;
         let info = ToolInfo::infer::<PostRequest>(config.name.clone(), config.description.clone());
@@ -160,6 +260,7 @@ impl HttpPostTool {
             info,
             client,
             config,
+            allowed,
         })
     }
 
@@ -176,8 +277,10 @@ impl HttpPostTool {
     /// As listed on [`HttpPostTool`].
     pub async fn post(&self, request: PostRequest) -> Result<String, ToolError> {
         let name = &self.config.name;
-        let prefixes = &self.config.allowed_url_prefixes;
-        if !prefixes.is_empty() && !prefixes.iter().any(|p| request.url.starts_with(p.as_str())) {
+        let url = Url::parse(&request.url).map_err(|e| {
+            ToolError::invalid_arguments(name, "url", format!("`{}`: {e}", request.url))
+        })?;
+        if !allowed_by(&self.allowed, &url) {
             return Err(ToolError::invalid_arguments(
                 name,
                 "url",
@@ -186,7 +289,7 @@ impl HttpPostTool {
         }
         let mut response = self
             .client
-            .post(&request.url)
+            .post(url)
             .body(request.body)
             .send()
             .await

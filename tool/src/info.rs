@@ -121,5 +121,38 @@ pub fn parameters_schema<T: JsonSchema + ?Sized>() -> Value {
         object.remove("$schema");
         object.remove("title");
     }
+    object_at_the_root(schema)
+}
+
+/// Models' APIs take only an object schema at the root of a function's parameters: a unit
+/// type (`()`, `struct NoArgs;`: `{"type": "null"}`) becomes the empty object (and
+/// [`decode_arguments`](crate::decode_arguments) reads `{}` as the unit), and an enum whose
+/// every variant is an object (`oneOf`/`anyOf` of objects) is marked an object.
+fn object_at_the_root(mut schema: Value) -> Value {
+    let Some(object) = schema.as_object_mut() else {
+        return schema;
+    };
+    match object.get("type") {
+        Some(Value::String(kind)) if kind == "null" => {
+            return serde_json::json!({ "type": "object", "properties": {} });
+        }
+        Some(_) => {}
+        None => {
+            let all_objects = ["oneOf", "anyOf"].iter().any(|key| {
+                object
+                    .get(*key)
+                    .and_then(Value::as_array)
+                    .is_some_and(|branches| {
+                        !branches.is_empty()
+                            && branches
+                                .iter()
+                                .all(|b| b.get("type").and_then(Value::as_str) == Some("object"))
+                    })
+            });
+            if all_objects {
+                object.insert("type".to_owned(), Value::from("object"));
+            }
+        }
+    }
     schema
 }

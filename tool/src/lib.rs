@@ -80,12 +80,15 @@ pub use agent::{Agent, AgentRun, DEFAULT_MAX_STEPS};
 pub use arguments::decode_arguments;
 pub use error::{BoxError, ToolError};
 pub use function::{ArgumentDecoder, FunctionTool, OutputEncoder, StreamingFunctionTool};
-pub use http::{HttpPostConfig, HttpPostTool, PostRequest, BODY_EXCERPT_CHARS};
+pub use http::{HttpPostConfig, HttpPostTool, PostRequest, BODY_EXCERPT_CHARS, MAX_REDIRECTS};
 pub use info::{parameters_schema, ToolInfo};
 pub use message::{AssistantMessage, FunctionCall, Message, ToolCall, ToolCallKind, ToolMessage};
 pub use model::{ChatModel, ModelReply, ModelRequest, ScriptedModel, Usage};
 pub use node::{ErrorPolicy, Execution, ToolsNode, ToolsNodeBuilder, UnknownToolHandler};
-pub use openai::{ModelError, OpenAiChatModel, OpenAiConfig, ToolChoice, DEFAULT_BASE_URL};
+pub use openai::{
+    ModelError, OpenAiChatModel, OpenAiConfig, ToolChoice, DEFAULT_BASE_URL,
+    MAX_STREAMED_TOOL_CALLS,
+};
 pub use tool::{CollectedStream, StreamingTool, Tool, ToolOutputStream};
 
 /// The guide in `docs/tools.md`, compiled and run as doc tests.

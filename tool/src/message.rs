@@ -116,8 +116,12 @@ pub struct AssistantMessage {
     /// The text of the reply, if any.
     #[serde(default)]
     pub content: Option<String>,
-    /// The tools the model wants called, in order.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    /// The tools the model wants called, in order (`null` reads as none).
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "null_as_default"
+    )]
     pub tool_calls: Vec<ToolCall>,
 }
 
@@ -210,4 +214,14 @@ impl ToolMessage {
             content: content.into(),
         }
     }
+}
+
+/// Reads `null` as the type's default (serde's `default` covers only a missing field): servers
+/// send `"tool_calls": null` where others leave the field out.
+pub(crate) fn null_as_default<'de, D, T>(deserializer: D) -> Result<T, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Default + Deserialize<'de>,
+{
+    Ok(Option::<T>::deserialize(deserializer)?.unwrap_or_default())
 }

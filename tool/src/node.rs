@@ -38,7 +38,9 @@ pub enum ErrorPolicy {
     #[default]
     Fail,
     /// The error text becomes that call's tool message
-    /// (`"Error: <error>"`), so the model can see it and correct itself.
+    /// (`"Error: <error>"`), so the model can see it and correct itself —
+    /// except [`ToolError::Interrupted`] (a call waiting for input, whose
+    /// state the caller needs to resume it), which the node returns.
     ReturnToModel,
 }
 
@@ -173,10 +175,14 @@ impl ToolsNode {
             .zip(results)
             .map(|(call, result)| match (result, self.error_policy) {
                 (Ok(content), _) => Ok(ToolMessage::new(&call.id, content)),
-                (Err(e), ErrorPolicy::ReturnToModel) => {
+                // A call waiting for input has not failed: its state (to resume it with) would
+                // be lost in a text for the model. It ends the node under either policy.
+                (Err(e), ErrorPolicy::ReturnToModel)
+                    if !matches!(e, ToolError::Interrupted { .. }) =>
+                {
                     Ok(ToolMessage::new(&call.id, format!("Error: {e}")))
                 }
-                (Err(e), ErrorPolicy::Fail) => Err(e),
+                (Err(e), _) => Err(e),
             })
             .collect()
     }

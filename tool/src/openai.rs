@@ -26,6 +26,12 @@ pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
 /// How much of an error body a [`ModelError`] keeps.
 const MESSAGE_CHARS: usize = 512;
 
+/// How much of an error response's body is read.
+const ERROR_BODY_BYTES: usize = 64 << 10;
+
+/// The most tool calls a streamed answer may assemble.
+pub const MAX_STREAMED_TOOL_CALLS: usize = 128;
+
 /// Which tool the model must call, if any (`tool_choice`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub enum ToolChoice {
@@ -88,6 +94,9 @@ pub struct OpenAiConfig {
     pub tool_choice: ToolChoice,
     /// `temperature`, when set.
     pub temperature: Option<f64>,
+    /// The largest answer read, streamed or not (default 16 MiB): a server that sends more
+    /// fails the request ([`ModelError::Malformed`]).
+    pub max_response_bytes: usize,
 }
 
 impl std::fmt::Debug for OpenAiConfig {
@@ -99,6 +108,7 @@ impl std::fmt::Debug for OpenAiConfig {
             .field("timeout", &self.timeout)
             .field("max_retries", &self.max_retries)
             .field("stream", &self.stream)
+            .field("max_response_bytes", &self.max_response_bytes)
             .finish_non_exhaustive()
     }
 }
@@ -117,6 +127,7 @@ impl OpenAiConfig {
             stream: false,
             tool_choice: ToolChoice::Auto,
             temperature: None,
+            max_response_bytes: 16 << 20,
         }
     }
 
@@ -158,6 +169,13 @@ impl OpenAiConfig {
     #[must_use]
     pub fn with_streaming(mut self, on: bool) -> Self {
         self.stream = on;
+        self
+    }
+
+    /// Sets [`OpenAiConfig::max_response_bytes`].
+    #[must_use]
+    pub fn with_max_response_bytes(mut self, max: usize) -> Self {
+        self.max_response_bytes = max;
         self
     }
 
@@ -218,9 +236,23 @@ pub enum ModelError {
         /// What happened.
         message: String,
     },
-    /// An answer that is not the protocol's (not retried).
+    /// An answer that is not the protocol's, or larger than
+    /// [`OpenAiConfig::max_response_bytes`] (not retried).
     #[error("a malformed answer from the model server: {0}")]
     Malformed(String),
+    /// The client's configuration cannot work (a base URL that is not an http or https URL,
+    /// say): nothing was sent, and nothing is retried.
+    #[error("the model client is misconfigured: {0}")]
+    Config(String),
+    /// The server reported an error in the middle of a streamed answer (an `error` event),
+    /// after every retry.
+    #[error("the model server failed mid-stream after {attempts} attempts: {message}")]
+    Stream {
+        /// Attempts made.
+        attempts: u32,
+        /// The server's message.
+        message: String,
+    },
 }
 
 /// A chat model at an OpenAI-compatible endpoint.
@@ -250,15 +282,35 @@ enum Attempt {
 }
 
 impl OpenAiChatModel {
-    /// A model client for `config`.
+    /// A model client for `config`. Redirects are not followed (a 3xx answer is a
+    /// [`ModelError::BadRequest`]): the conversation goes to the configured server only.
     ///
     /// # Errors
-    /// [`ToolError::Model`] when the HTTP client cannot be built.
+    /// [`ToolError::Model`] with [`ModelError::Config`] when the base URL is not an http or
+    /// https URL, or the HTTP client cannot be built.
     pub fn new(config: OpenAiConfig) -> Result<Self, ToolError> {
+        let misconfigured = |message: String| ToolError::model(ModelError::Config(message));
+        match reqwest::Url::parse(&config.base_url) {
+            Ok(url) if matches!(url.scheme(), "http" | "https") => {}
+            Ok(url) => {
+                return Err(misconfigured(format!(
+                    "base URL `{}`: the scheme `{}` is not http or https",
+                    config.base_url,
+                    url.scheme()
+                )))
+            }
+            Err(e) => {
+                return Err(misconfigured(format!(
+                    "base URL `{}`: {e}",
+                    config.base_url
+                )))
+            }
+        }
         let http = reqwest::Client::builder()
             .timeout(config.timeout)
+            .redirect(reqwest::redirect::Policy::none())
             .build()
-            .map_err(ToolError::model)?;
+            .map_err(|e| misconfigured(format!("the HTTP client: {e}")))?;
         Ok(Self { config, http })
     }
 
@@ -327,6 +379,7 @@ impl OpenAiChatModel {
         }
         let response = match request.send().await {
             Ok(response) => response,
+            Err(e) if e.is_builder() => return Attempt::Fail(ModelError::Config(e.to_string())),
             Err(e) => return Attempt::Retry(transport(&e), None),
         };
         let status = response.status();
@@ -337,7 +390,10 @@ impl OpenAiChatModel {
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.trim().parse::<u64>().ok())
                 .map(Duration::from_secs);
-            let message = error_message(&response.text().await.unwrap_or_default());
+            let (body, _) = read_limited(response, ERROR_BODY_BYTES)
+                .await
+                .unwrap_or_default();
+            let message = error_message(&String::from_utf8_lossy(&body));
             let code = status.as_u16();
             return match code {
                 401 | 403 => Attempt::Fail(ModelError::Auth {
@@ -366,12 +422,14 @@ impl OpenAiChatModel {
                 }),
             };
         }
+        let limit = self.config.max_response_bytes;
         if self.config.stream {
-            read_stream(response).await
+            read_stream(response, limit).await
         } else {
-            match response.bytes().await {
+            match read_limited(response, limit).await {
                 Err(e) => Attempt::Retry(transport(&e), None),
-                Ok(bytes) => match parse_completion(&bytes) {
+                Ok((_, true)) => Attempt::Fail(over_limit(limit)),
+                Ok((bytes, false)) => match parse_completion(&bytes) {
                     Ok((answer, usage)) => Attempt::Answer(answer, usage),
                     Err(e) => Attempt::Fail(e),
                 },
@@ -426,6 +484,7 @@ fn exhausted(error: ModelError, attempts: u32) -> ModelError {
             message,
         },
         ModelError::Transport { message, .. } => ModelError::Transport { attempts, message },
+        ModelError::Stream { message, .. } => ModelError::Stream { attempts, message },
         other => other,
     }
 }
@@ -439,6 +498,27 @@ fn transport(e: &reqwest::Error) -> ModelError {
             e.to_string()
         },
     }
+}
+
+/// Up to `limit` bytes of `response`'s body, and whether there was more.
+async fn read_limited(
+    mut response: reqwest::Response,
+    limit: usize,
+) -> Result<(Vec<u8>, bool), reqwest::Error> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await? {
+        let room = limit.saturating_sub(body.len());
+        if chunk.len() > room {
+            body.extend_from_slice(&chunk[..room]);
+            return Ok((body, true));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok((body, false))
+}
+
+fn over_limit(limit: usize) -> ModelError {
+    ModelError::Malformed(format!("an answer over the limit of {limit} bytes"))
 }
 
 /// The server's error message: `error.message` of an OpenAI error body, else the body.
@@ -476,15 +556,23 @@ fn parse_completion(bytes: &[u8]) -> Result<(AssistantMessage, Option<Usage>), M
 
 #[derive(Deserialize)]
 struct Chunk {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::message::null_as_default")]
     choices: Vec<ChunkChoice>,
     #[serde(default)]
     usage: Option<Usage>,
+    /// An error event in the stream (vLLM's `{"error": {...}}`, or an `"object": "error"`
+    /// chunk with its `message`).
+    #[serde(default)]
+    error: Option<Value>,
+    #[serde(default)]
+    object: Option<String>,
+    #[serde(default)]
+    message: Option<Value>,
 }
 
 #[derive(Deserialize)]
 struct ChunkChoice {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::message::null_as_default")]
     delta: Delta,
 }
 
@@ -492,13 +580,14 @@ struct ChunkChoice {
 struct Delta {
     #[serde(default)]
     content: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::message::null_as_default")]
     tool_calls: Vec<CallDelta>,
 }
 
 #[derive(Deserialize)]
 struct CallDelta {
-    index: usize,
+    #[serde(default)]
+    index: Option<usize>,
     #[serde(default)]
     id: Option<String>,
     #[serde(default)]
@@ -517,20 +606,48 @@ struct FunctionDelta {
 #[derive(Default)]
 struct Assembly {
     content: Option<String>,
+    /// Each call's id, name and arguments, in the order the calls first appeared.
     calls: Vec<(String, String, String)>,
+    /// The call each delta index is assembling now (a server that numbers every call 0 and
+    /// tells them apart by id moves an index on to a new call).
+    by_index: std::collections::BTreeMap<usize, usize>,
     usage: Option<Usage>,
     done: bool,
 }
 
+/// What a stream's `data:` line said, besides its deltas.
+enum LineOutcome {
+    /// Go on reading.
+    More,
+    /// The server reported an error in the stream.
+    Error(String),
+}
+
 impl Assembly {
     /// Applies one `data:` line; `Err` for a line that is not a chunk.
-    fn line(&mut self, data: &str) -> Result<(), ModelError> {
+    fn line(&mut self, data: &str) -> Result<LineOutcome, ModelError> {
         if data == "[DONE]" {
             self.done = true;
-            return Ok(());
+            return Ok(LineOutcome::More);
         }
         let chunk: Chunk = serde_json::from_str(data)
             .map_err(|e| ModelError::Malformed(format!("not a completion chunk: {e}")))?;
+        if let Some(error) = &chunk.error {
+            let message = error["message"]
+                .as_str()
+                .map_or_else(|| error.to_string(), str::to_owned);
+            return Ok(LineOutcome::Error(
+                message.chars().take(MESSAGE_CHARS).collect(),
+            ));
+        }
+        if chunk.object.as_deref() == Some("error") {
+            let message = chunk.message.as_ref().map_or_else(String::new, |m| {
+                m.as_str().map_or_else(|| m.to_string(), str::to_owned)
+            });
+            return Ok(LineOutcome::Error(
+                message.chars().take(MESSAGE_CHARS).collect(),
+            ));
+        }
         if chunk.usage.is_some() {
             self.usage = chunk.usage;
         }
@@ -539,11 +656,9 @@ impl Assembly {
                 self.content.get_or_insert_with(String::new).push_str(&text);
             }
             for call in choice.delta.tool_calls {
-                if call.index >= self.calls.len() {
-                    self.calls.resize(call.index + 1, Default::default());
-                }
-                let slot = &mut self.calls[call.index];
-                if let Some(id) = call.id {
+                let slot = self.slot(call.index, call.id.as_deref())?;
+                let slot = &mut self.calls[slot];
+                if let Some(id) = call.id.filter(|id| !id.is_empty()) {
                     slot.0 = id;
                 }
                 if let Some(f) = call.function {
@@ -556,7 +671,35 @@ impl Assembly {
                 }
             }
         }
-        Ok(())
+        Ok(LineOutcome::More)
+    }
+
+    /// The call a delta of `index` (and `id`, if it has one) adds to: the one its index is
+    /// assembling — unless the delta names another id, or there is none yet: then a new
+    /// call. A delta without an index adds to the call of its id, else to the last call.
+    fn slot(&mut self, index: Option<usize>, id: Option<&str>) -> Result<usize, ModelError> {
+        let id = id.filter(|id| !id.is_empty());
+        let current = match index {
+            Some(index) => self.by_index.get(&index).copied(),
+            None => id
+                .and_then(|id| self.calls.iter().position(|c| c.0 == id))
+                .or_else(|| self.calls.len().checked_sub(1)),
+        };
+        if let Some(slot) = current {
+            let other_id = matches!((id, self.calls[slot].0.as_str()), (Some(new), old) if !old.is_empty() && old != new);
+            if !other_id {
+                return Ok(slot);
+            }
+        }
+        if self.calls.len() == MAX_STREAMED_TOOL_CALLS {
+            return Err(ModelError::Malformed(format!(
+                "a streamed answer with more than {MAX_STREAMED_TOOL_CALLS} tool calls"
+            )));
+        }
+        self.calls.push(Default::default());
+        let slot = self.calls.len() - 1;
+        self.by_index.insert(index.unwrap_or(usize::MAX), slot);
+        Ok(slot)
     }
 
     fn finish(self) -> Result<(AssistantMessage, Option<Usage>), ModelError> {
@@ -584,20 +727,34 @@ impl Assembly {
     }
 }
 
-/// Reads a streamed answer (server-sent events of chunks, ending with `data: [DONE]`).
-async fn read_stream(response: reqwest::Response) -> Attempt {
+/// Reads a streamed answer (server-sent events of chunks, ending with `data: [DONE]`), at
+/// most `limit` bytes of it.
+async fn read_stream(response: reqwest::Response, limit: usize) -> Attempt {
     let mut body = response.bytes_stream();
     let mut buffer: Vec<u8> = Vec::new();
+    // How far `buffer` is known to hold no line end, and how much was read in all.
+    let (mut scanned, mut read) = (0, 0_usize);
     let mut assembly = Assembly::default();
     loop {
-        while let Some(end) = buffer.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = buffer.drain(..=end).collect();
+        while let Some(found) = buffer[scanned..].iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = buffer.drain(..=scanned + found).collect();
+            scanned = 0;
             let Ok(line) = std::str::from_utf8(&line) else {
                 return Attempt::Fail(ModelError::Malformed("a stream that is not UTF-8".into()));
             };
             if let Some(data) = line.trim_end().strip_prefix("data:") {
-                if let Err(e) = assembly.line(data.trim()) {
-                    return Attempt::Fail(e);
+                match assembly.line(data.trim()) {
+                    Err(e) => return Attempt::Fail(e),
+                    Ok(LineOutcome::Error(message)) => {
+                        return Attempt::Retry(
+                            ModelError::Stream {
+                                attempts: 0,
+                                message,
+                            },
+                            None,
+                        )
+                    }
+                    Ok(LineOutcome::More) => {}
                 }
                 if assembly.done {
                     return match assembly.finish() {
@@ -607,8 +764,15 @@ async fn read_stream(response: reqwest::Response) -> Attempt {
                 }
             }
         }
+        scanned = buffer.len();
         match body.next().await {
-            Some(Ok(bytes)) => buffer.extend_from_slice(&bytes),
+            Some(Ok(bytes)) => {
+                read = read.saturating_add(bytes.len());
+                if read > limit {
+                    return Attempt::Fail(over_limit(limit));
+                }
+                buffer.extend_from_slice(&bytes);
+            }
             Some(Err(e)) => return Attempt::Retry(transport(&e), None),
             None => {
                 return Attempt::Retry(

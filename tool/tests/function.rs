@@ -429,3 +429,47 @@ async fn streaming_errors_and_panics_become_items() {
         items[2]
     );
 }
+
+/// The arguments of a tool with two shapes.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(tag = "op", rename_all = "snake_case")]
+enum Command {
+    Create {
+        #[allow(dead_code)]
+        name: String,
+    },
+    Delete {
+        id: u64,
+    },
+}
+
+/// A tool without parameters, as a unit struct.
+#[derive(Debug, Deserialize, JsonSchema)]
+struct Nothing;
+
+// Models' APIs take only an object at the root of a function's parameters: an enum of
+// objects is marked one, and a unit type takes the empty object — and decodes from `{}`.
+#[tokio::test]
+async fn enum_and_unit_arguments_have_an_object_at_the_root() {
+    let schema = parameters_schema::<Command>();
+    assert_eq!(schema["type"], "object", "{schema}");
+    assert!(schema["oneOf"].is_array(), "{schema}");
+    let unit = parameters_schema::<Nothing>();
+    assert_eq!(
+        unit,
+        serde_json::json!({"type": "object", "properties": {}})
+    );
+    assert_eq!(parameters_schema::<()>(), unit);
+    let tool = FunctionTool::infer("noop", "Does nothing", |_: Nothing| async move {
+        Ok::<_, std::convert::Infallible>("done")
+    });
+    for arguments in ["{}", "", " { } "] {
+        assert_eq!(
+            tool.invoke(arguments).await.unwrap(),
+            r#""done""#,
+            "{arguments:?}"
+        );
+    }
+    let command: Command = decode_arguments("t", r#"{"op":"delete","id":7}"#).unwrap();
+    assert!(matches!(command, Command::Delete { id: 7 }));
+}

@@ -1,7 +1,12 @@
 //! The HTTP POST tool against a real server on 127.0.0.1.
 #![allow(clippy::unwrap_used)]
 
-use std::{net::SocketAddr, time::Duration};
+use std::{
+    net::SocketAddr,
+    sync::atomic::{AtomicUsize, Ordering},
+    sync::Arc,
+    time::Duration,
+};
 
 use axum::{http::HeaderMap, http::StatusCode, routing::post, Router};
 use dtask_tool::{
@@ -209,4 +214,132 @@ fn invalid_header_is_a_config_error() {
         matches!(&err, ToolError::Config { tool, message } if tool == "http_post" && message.contains("bad header")),
         "{err:?}"
     );
+}
+
+/// A server whose `/away` redirects (307, the POST kept) to `target`, whose `/hop` redirects
+/// to its own `/echo`, and which counts the requests it serves.
+async fn redirecting(target: String) -> (SocketAddr, Arc<AtomicUsize>) {
+    let served = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&served);
+    let app = Router::new()
+        .route(
+            "/away",
+            post(move || {
+                let target = target.clone();
+                async move {
+                    (
+                        StatusCode::TEMPORARY_REDIRECT,
+                        [(axum::http::header::LOCATION, target)],
+                    )
+                }
+            }),
+        )
+        .route(
+            "/hop",
+            post(|| async {
+                (
+                    StatusCode::TEMPORARY_REDIRECT,
+                    [(axum::http::header::LOCATION, "/echo")],
+                )
+            }),
+        )
+        .route("/echo", post(echo))
+        .layer(axum::middleware::from_fn(
+            move |request: axum::extract::Request, next: axum::middleware::Next| {
+                counter.fetch_add(1, Ordering::SeqCst);
+                next.run(request)
+            },
+        ));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (addr, served)
+}
+
+// A redirect to another origin is not followed: the body and the configured headers (a key,
+// say) never reach the other host, and the call answers the redirect's status. Within the
+// origin a redirect is followed.
+#[tokio::test]
+async fn redirects_are_followed_only_within_the_origin() {
+    let (elsewhere, elsewhere_served) = redirecting(String::new()).await;
+    let (addr, _) = redirecting(format!("http://{elsewhere}/echo")).await;
+    let tool = tool(HttpPostConfig::default().with_header("X-Api-Key", "secret-key"));
+    let err = tool
+        .invoke(&arguments(&format!("http://{addr}/away"), "private"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ToolError::Http { status: 307, .. }),
+        "{err:?}"
+    );
+    assert_eq!(elsewhere_served.load(Ordering::SeqCst), 0);
+    let out = tool
+        .invoke(&arguments(&format!("http://{addr}/hop"), "kept"))
+        .await
+        .unwrap();
+    let echoed: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(echoed["body"], "kept");
+}
+
+// An allowed prefix is a URL compared by its parts: another host that starts with the same
+// text, credentials that make the host another, a longer last segment and a path that climbs
+// out are all refused before any request.
+#[tokio::test]
+async fn allowed_prefixes_compare_urls_by_their_parts() {
+    let (addr, served) = redirecting(String::new()).await;
+    let tool = tool(HttpPostConfig::default().with_allowed_url_prefix(format!("http://{addr}/ec")));
+    for url in [
+        format!("http://{addr}/echo"),
+        format!("http://{addr}.example/ec"),
+        format!("http://{addr}@127.0.0.2:{}/ec", addr.port()),
+        format!("http://{addr}/ec/../hop"),
+    ] {
+        let err = tool.invoke(&arguments(&url, "")).await.unwrap_err();
+        assert!(
+            matches!(&err, ToolError::InvalidArguments { path, .. } if path == "url"),
+            "{url}: {err:?}"
+        );
+    }
+    assert_eq!(served.load(Ordering::SeqCst), 0);
+    // Within the prefix (a segment below it): allowed, and the request is made.
+    let err = tool
+        .invoke(&arguments(&format!("http://{addr}/ec/x"), ""))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ToolError::Http { status: 404, .. }),
+        "{err:?}"
+    );
+    assert_eq!(served.load(Ordering::SeqCst), 1);
+    // A redirect out of the allowed prefixes is not followed either.
+    let hop = HttpPostTool::new(
+        HttpPostConfig::default().with_allowed_url_prefix(format!("http://{addr}/hop")),
+    )
+    .unwrap();
+    let err = hop
+        .invoke(&arguments(&format!("http://{addr}/hop"), ""))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ToolError::Http { status: 307, .. }),
+        "{err:?}"
+    );
+}
+
+#[test]
+fn header_values_stay_out_of_debug_output_and_bad_prefixes_are_refused() {
+    let config = HttpPostConfig::default().with_header("Authorization", "Bearer secret-key");
+    let tool = HttpPostTool::new(config.clone()).unwrap();
+    for shown in [format!("{config:?}"), format!("{tool:?}")] {
+        assert!(!shown.contains("secret-key"), "{shown}");
+        assert!(shown.contains("Authorization"), "{shown}");
+    }
+    for prefix in ["not a url", "https://api.example.com/v1?key=1"] {
+        let err = HttpPostTool::new(HttpPostConfig::default().with_allowed_url_prefix(prefix))
+            .unwrap_err();
+        assert!(
+            matches!(&err, ToolError::Config { .. }),
+            "{prefix}: {err:?}"
+        );
+    }
 }

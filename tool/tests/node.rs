@@ -523,3 +523,46 @@ async fn a_panicking_unknown_tool_handler_is_isolated_too() {
     );
     assert_eq!(outcomes[1].as_ref().unwrap(), "ok");
 }
+
+/// A tool that always asks for input (as a managed tool's foreground call does).
+struct Asks;
+
+#[async_trait]
+impl Tool for Asks {
+    fn info(&self) -> ToolInfo {
+        ToolInfo::without_parameters("asks", "Asks for approval")
+    }
+
+    async fn invoke(&self, _arguments: &str) -> Result<String, ToolError> {
+        Err(ToolError::Interrupted {
+            tool: "asks".into(),
+            info: serde_json::json!({"question": "approve?"}),
+            state: "resume-state".into(),
+        })
+    }
+}
+
+// A call waiting for input is not an error to tell the model: its state is what the caller
+// resumes it with, so the node returns it even when errors go back to the model.
+#[tokio::test]
+async fn an_interrupt_reaches_the_caller_under_either_policy() {
+    for policy in [ErrorPolicy::Fail, ErrorPolicy::ReturnToModel] {
+        let node = ToolsNode::builder()
+            .tool(Asks)
+            .tool(echo())
+            .error_policy(policy)
+            .build()
+            .unwrap();
+        let err = node
+            .invoke(&message(vec![
+                call("c1", "echo", r#"{"text":"x"}"#),
+                call("c2", "asks", "{}"),
+            ]))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, ToolError::Interrupted { state, .. } if state == "resume-state"),
+            "{policy:?}: {err:?}"
+        );
+    }
+}

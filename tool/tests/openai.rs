@@ -433,3 +433,161 @@ fn the_key_is_never_shown() {
     let config = OpenAiConfig::new("http://x/v1", "m").with_api_key("sk-secret-value");
     assert!(!format!("{config:?}").contains("sk-secret-value"));
 }
+
+// Servers that number every call 0 and tell them apart by id; a call index far past the
+// calls so far; `"tool_calls": null` in a delta and in a whole answer.
+#[tokio::test]
+async fn streamed_calls_told_apart_by_id_huge_indexes_and_null_tool_calls() {
+    let same_index = vec![
+        json!({"choices": [{"delta": {"content": null, "tool_calls": null}}]}),
+        json!({"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "call_a",
+            "function": {"name": "add", "arguments": "{\"a\":1,"}}]}}]}),
+        json!({"choices": [{"delta": {"tool_calls": [{"index": 0,
+            "function": {"arguments": "\"b\":2}"}}]}}]}),
+        json!({"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "call_b",
+            "function": {"name": "add", "arguments": "{\"a\":3,\"b\":4}"}}]}}]}),
+    ]
+    .into_iter()
+    .map(|c| c.to_string())
+    .collect();
+    let huge = vec![
+        json!({"choices": [{"delta": {"tool_calls": [{"index": 100_000_000_000_u64,
+        "id": "call_h", "function": {"name": "add", "arguments": "{}"}}]}}]})
+        .to_string(),
+    ];
+    let (base, _) = serve(vec![
+        Answer::Stream(same_index, false),
+        Answer::Stream(huge, false),
+        completion(&json!({"role": "assistant", "content": "plain", "tool_calls": null})),
+    ])
+    .await;
+    let streaming = OpenAiChatModel::new(config(&base).with_streaming(true)).unwrap();
+    let (answer, _) = streaming
+        .generate_with_usage(&[Message::user("1+2, 3+4?")], &[add_tool()])
+        .await
+        .unwrap();
+    assert_eq!(
+        answer.tool_calls,
+        vec![
+            ToolCall::function("call_a", "add", r#"{"a":1,"b":2}"#),
+            ToolCall::function("call_b", "add", r#"{"a":3,"b":4}"#),
+        ]
+    );
+    // An index is a name, not a size: one call, whatever its number.
+    let (answer, _) = streaming
+        .generate_with_usage(&[Message::user("again")], &[add_tool()])
+        .await
+        .unwrap();
+    assert_eq!(
+        answer.tool_calls,
+        vec![ToolCall::function("call_h", "add", "{}")]
+    );
+    let whole = OpenAiChatModel::new(config(&base)).unwrap();
+    let answer = whole.generate(&[Message::user("hi")], &[]).await.unwrap();
+    assert_eq!(answer, AssistantMessage::text("plain"));
+}
+
+// An error event in the middle of a stream is an error (retried, then reported with the
+// server's message), never an empty answer.
+#[tokio::test]
+async fn an_error_event_in_a_stream_is_an_error_not_an_empty_answer() {
+    let failing = || {
+        Answer::Stream(
+            vec![
+                json!({"choices": [{"delta": {"content": "Once"}}]}).to_string(),
+                json!({"error": {"message": "the engine is overloaded", "code": 503}}).to_string(),
+            ],
+            false,
+        )
+    };
+    let old_style = Answer::Stream(
+        vec![json!({"object": "error", "message": "out of memory"}).to_string()],
+        false,
+    );
+    let (base, _) = serve(vec![failing(), failing(), failing(), old_style]).await;
+    let model = OpenAiChatModel::new(config(&base).with_streaming(true)).unwrap();
+    let e = model
+        .generate(&[Message::user("story")], &[])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(model_error(&e), ModelError::Stream { attempts: 3, message } if message == "the engine is overloaded"),
+        "{e}"
+    );
+    let model = OpenAiChatModel::new(config(&base).with_streaming(true).with_retries(
+        0,
+        Duration::from_millis(1),
+        Duration::from_millis(1),
+    ))
+    .unwrap();
+    let e = model
+        .generate(&[Message::user("story")], &[])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(model_error(&e), ModelError::Stream { message, .. } if message == "out of memory"),
+        "{e}"
+    );
+}
+
+// An answer over the limit fails the request — whole or streamed — instead of filling memory.
+#[tokio::test]
+async fn answers_over_the_limit_are_refused() {
+    let long = "x".repeat(8 << 10);
+    let (base, _) = serve(vec![
+        completion(&json!({"role": "assistant", "content": long})),
+        Answer::Stream(
+            vec![json!({"choices": [{"delta": {"content": long}}]}).to_string()],
+            false,
+        ),
+    ])
+    .await;
+    for streaming in [false, true] {
+        let model = OpenAiChatModel::new(
+            config(&base)
+                .with_streaming(streaming)
+                .with_max_response_bytes(4 << 10),
+        )
+        .unwrap();
+        let e = model
+            .generate(&[Message::user("long")], &[])
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(model_error(&e), ModelError::Malformed(m) if m.contains("4096 bytes")),
+            "{e}"
+        );
+    }
+}
+
+// A base URL that is not http(s) is refused when the client is made, not retried as an
+// unreachable server; a redirect is not followed (the conversation goes nowhere else).
+#[tokio::test]
+async fn a_wrong_base_url_is_a_config_error_and_redirects_are_not_followed() {
+    for base in ["localhost:8000/v1", "not a url"] {
+        let e = OpenAiChatModel::new(OpenAiConfig::new(base, "m")).unwrap_err();
+        assert!(
+            matches!(model_error(&e), ModelError::Config(_)),
+            "{base}: {e}"
+        );
+    }
+    let (base, script) = serve(vec![Answer::Plain(
+        307,
+        vec![(
+            "location",
+            "http://127.0.0.1:9/v1/chat/completions".to_owned(),
+        )],
+        String::new(),
+    )])
+    .await;
+    let model = OpenAiChatModel::new(config(&base)).unwrap();
+    let e = model
+        .generate(&[Message::user("hi")], &[])
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(model_error(&e), ModelError::BadRequest { status: 307, .. }),
+        "{e}"
+    );
+    assert_eq!(script.requests.lock().unwrap().len(), 1);
+}
