@@ -33,13 +33,18 @@ fn schema_url(test: &str) -> Option<String> {
 
 /// Two stores on a fresh schema, or `None` (and a loud line) without a database.
 fn nodes(test: &str) -> Option<(TaskStore, TaskStore, String)> {
+    nodes_and_clock(test).map(|(a, b, _, url)| (a, b, url))
+}
+
+/// [`nodes`], with the clock they share.
+fn nodes_and_clock(test: &str) -> Option<(TaskStore, TaskStore, ManualClock, String)> {
     let url = schema_url(test)?;
     let clock = ManualClock::new(T0);
     let open = || {
         let journal = Journal::open_postgres(&url, JournalOptions::default()).unwrap();
         TaskStore::open(journal, clock.clone(), StoreConfig::default()).unwrap()
     };
-    Some((open(), open(), url))
+    Some((open(), open(), clock, url))
 }
 
 /// The two outcomes of a race: exactly one success, and the other a version conflict.
@@ -606,5 +611,57 @@ async fn a_message_sent_on_one_node_steers_an_agent_run_on_another() {
     assert!(new);
     let done = models::steered(running, &model, "stop counting").await;
     assert_eq!(done.mailbox.consumed, done.mailbox.latest);
+    clean(&url);
+}
+
+/// Losing the race to write down an expired lease is no error to a listing: B, which has
+/// not followed A's expiry, decides again against it (the task is pending: nothing to
+/// write) — it used to fail `list_pending` with a version conflict, which stops a worker.
+/// And a running task B holds that A finishes and purges before B follows its end leaves
+/// B's listings and leases (every sweep failed on it, for good).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_another_node_expired_or_purged_first_does_not_fail_a_listing() {
+    let lease = std::time::Duration::from_millis(LEASE_MS + 1);
+    let keys = [spec("t").executor_key];
+    let Some((a, b, clock, url)) = nodes_and_clock("expiryrace") else {
+        return;
+    };
+    running(&a, "t", LeasePolicy::Retry).await;
+    b.refresh().await.unwrap();
+    assert_eq!(b.get("t").await.unwrap().status, Status::Running);
+    clock.advance(lease);
+    let listed = a.list_pending(&keys, None, 10).await.unwrap();
+    assert_eq!(listed.tasks.len(), 1, "A writes the expiry down");
+    let listed = b.list_pending(&keys, None, 10).await.unwrap();
+    assert_eq!(
+        listed
+            .tasks
+            .iter()
+            .map(dtask_replay::TaskState::id)
+            .collect::<Vec<_>>(),
+        ["t"]
+    );
+    clean(&url);
+
+    let Some((a, b, clock, url)) = nodes_and_clock("purgerace") else {
+        return;
+    };
+    let claimed = running(&a, "t", LeasePolicy::Retry).await;
+    b.refresh().await.unwrap();
+    a.execute("t", claimed.version, Command::Fail { error: "e".into() })
+        .await
+        .unwrap();
+    a.purge("t").await.unwrap();
+    clock.advance(lease);
+    b.refresh().await.unwrap();
+    for _ in 0..2 {
+        assert!(b
+            .list_pending(&keys, None, 10)
+            .await
+            .unwrap()
+            .tasks
+            .is_empty());
+    }
+    assert_eq!(b.sweep_expired().await.unwrap(), 0);
     clean(&url);
 }

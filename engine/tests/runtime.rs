@@ -1176,3 +1176,90 @@ async fn waiting_or_suspending_if_no_inputs_goes_back_to_pending_for_an_unread_i
     );
     assert_eq!(env.manager.get(&id).await.unwrap().status, Status::Running);
 }
+
+/// A heartbeat whose append reached the journal but whose answer the attempt never saw (it
+/// was aborted when the executor returned, or failed with its outcome unknown) leaves the
+/// attempt one version behind. Its next write — the started marker, the outcome — is not a
+/// lost lease: the task is still the attempt's, so the attempt adopts the version and writes
+/// again. (The outcome was refused and thrown away, and the task run again after its lease.)
+#[tokio::test]
+async fn a_write_after_a_heartbeat_the_attempt_never_saw_is_made_again() {
+    let gates = Arc::new([
+        tokio::sync::Semaphore::new(0),
+        tokio::sync::Semaphore::new(0),
+    ]);
+    let held = Arc::clone(&gates);
+    let env = env(vec![executor(
+        "k",
+        LeasePolicy::Retry,
+        false,
+        move |attempt, _| {
+            let gates = Arc::clone(&held);
+            async move {
+                gates[0].acquire().await.unwrap().forget();
+                attempt
+                    .commit_start(b"started".to_vec())
+                    .await
+                    .map_err(|e| ExecutionError::Failed(format!("commit start: {e}")))?;
+                gates[1].acquire().await.unwrap().forget();
+                Ok(ExecutionResult::Completed(b"done".to_vec()))
+            }
+        },
+    )]);
+    let store = env.manager.store().clone();
+    let id = submit(&env.manager, "k").await;
+    let run = spawn_execute(&env.manager, &id);
+    until_running(&env.manager, &id).await;
+    for gate in gates.iter() {
+        // The attempt's heartbeat, committed behind its back.
+        let running = store.get(&id).await.unwrap();
+        store
+            .execute(&id, running.version, dtask_engine::Command::Heartbeat)
+            .await
+            .unwrap();
+        gate.add_permits(1);
+    }
+    let done = run.await.unwrap().unwrap();
+    assert_eq!(done.status, Status::Completed);
+    assert_eq!(done.result_data, b"done");
+    assert_eq!(done.checkpoint, b"started");
+    assert_eq!(done.attempt, 1);
+}
+
+/// A caller that stops waiting for `execute` (its future dropped: a timeout, an aborted
+/// worker) does not cut the attempt short: the executor's outcome is committed, and the
+/// manager lets go of the task. (The attempt was abandoned between the executor and its
+/// commit: the heartbeats renewed the lease for ever and the task stayed "executing here".)
+#[tokio::test]
+async fn an_execution_whose_caller_stops_waiting_runs_to_its_commit() {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let held = Arc::clone(&gate);
+    let env = env(vec![executor(
+        "k",
+        LeasePolicy::Retry,
+        false,
+        move |_, _| {
+            let gate = Arc::clone(&held);
+            async move {
+                gate.acquire().await.unwrap().forget();
+                Ok(ExecutionResult::Completed(b"done".to_vec()))
+            }
+        },
+    )]);
+    let id = submit(&env.manager, "k").await;
+    let run = spawn_execute(&env.manager, &id);
+    until_running(&env.manager, &id).await;
+    run.abort();
+    assert!(run.await.unwrap_err().is_cancelled());
+    gate.add_permits(1);
+    let outcome = tokio::time::timeout(Duration::from_secs(60), env.manager.wait(&id))
+        .await
+        .expect("the outcome was never committed")
+        .unwrap();
+    assert_eq!(outcome, TaskOutcome::Completed(b"done".to_vec()));
+    while env.manager.active_tasks().contains(&id) {
+        tokio::task::yield_now().await;
+    }
+    // Nothing of the attempt is left behind: the manager closes at once.
+    env.manager.close(None, "done").await.unwrap();
+}

@@ -214,7 +214,7 @@ impl AttemptContext {
 
     /// Runs a versioned command at the attempt's version, adopting the new version.
     pub(crate) async fn versioned(&self, command: Command) -> Result<TaskState, StoreError> {
-        self.versioned_then(command, TaskState::clone).await
+        self.versioned_then(&command, TaskState::clone).await
     }
 
     /// [`AttemptContext::versioned`], waiting out a full disk: while the journal refuses the
@@ -232,7 +232,7 @@ impl AttemptContext {
         let mut pause = ROOM_PAUSE_FIRST;
         let mut warned = false;
         loop {
-            match self.versioned(command.clone()).await {
+            match self.versioned_then(&command, TaskState::clone).await {
                 Err(StoreError::Journal(e)) if e.is_no_space() && self.still_ours().await => {
                     if !std::mem::replace(&mut warned, true) {
                         tracing::warn!(
@@ -251,20 +251,48 @@ impl AttemptContext {
 
     /// [`AttemptContext::versioned`], handing the new snapshot to `then` rather than copying
     /// it out.
+    ///
+    /// A version conflict is looked into before it is returned: when the task is still this
+    /// attempt's — running it, with a live lease and no cancel intent — the newer version is
+    /// this attempt's own write whose answer it never saw (a heartbeat aborted or failed
+    /// after its append had gone to the journal; only the running attempt writes its task's
+    /// lifecycle while it runs), so the attempt adopts it and makes the command once more.
+    /// Without that, the outcome of an executor whose heartbeat raced its commit was refused
+    /// as a lost lease and thrown away, and the task run again after its lease ran out.
     async fn versioned_then<R>(
         &self,
-        command: Command,
-        then: impl FnOnce(&TaskState) -> R,
+        command: &Command,
+        then: impl Fn(&TaskState) -> R,
     ) -> Result<R, StoreError> {
         self.check_poison()?;
         let mut version = self.shared.version.lock().await;
-        let (new_version, out) = self
-            .shared
-            .store
-            .execute_then(&self.shared.task_id, *version, command, |state| {
+        let store = &self.shared.store;
+        let first = store
+            .execute_then(&self.shared.task_id, *version, command.clone(), |state| {
                 (state.version, then(state))
             })
-            .await?;
+            .await;
+        let (new_version, out) = match first {
+            Err(StoreError::VersionConflict { .. }) => {
+                let Ok(task) = store.get(&self.shared.task_id).await else {
+                    return first.map(|(_, out)| out);
+                };
+                let ours = task.version > *version
+                    && task
+                        .check_active(Some(self.shared.attempt), store.now(), false)
+                        .is_ok();
+                if !ours {
+                    return first.map(|(_, out)| out);
+                }
+                *version = task.version;
+                store
+                    .execute_then(&self.shared.task_id, *version, command.clone(), |state| {
+                        (state.version, then(state))
+                    })
+                    .await?
+            }
+            other => other?,
+        };
         *version = new_version;
         Ok(out)
     }
@@ -366,7 +394,7 @@ impl AttemptContext {
     /// Runs a versioned command whose new snapshot the attempt does not need; a lost lease or
     /// a stale version reconciles the attempt with the store.
     async fn versioned_or_poison(&self, command: Command) -> Result<(), StoreError> {
-        match self.versioned_then(command, |_| ()).await {
+        match self.versioned_then(&command, |_| ()).await {
             Err(e @ (StoreError::LeaseLost(_) | StoreError::VersionConflict { .. })) => {
                 let seen = *self.shared.version.lock().await;
                 self.reconcile(seen).await;
@@ -454,7 +482,7 @@ impl AttemptContext {
                 return;
             }
             let seen = *self.shared.version.lock().await;
-            match self.versioned_then(Command::Heartbeat, |_| ()).await {
+            match self.versioned_then(&Command::Heartbeat, |_| ()).await {
                 Ok(()) => {}
                 Err(StoreError::VersionConflict { .. }) => {
                     if self.still_ours().await {

@@ -9,6 +9,7 @@ use dtask_journal::TaskSpec;
 use dtask_replay::{Status, TaskState};
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -541,9 +542,31 @@ impl Manager {
         if !self.begin_active(id).await {
             return Err(RuntimeError::AlreadyExecuting(id.to_owned()));
         }
-        let result = self.execute_registered(id).await;
-        self.end_active(id, &result);
-        result
+        let manager = self.clone();
+        let id = id.to_owned();
+        self.detached(async move {
+            let result = manager.execute_registered(&id).await;
+            manager.end_active(&id, &result);
+            result
+        })
+        .await
+    }
+
+    /// Runs an execution begun with [`Manager::begin_active`] to its end in a task of its
+    /// own, and awaits it: a caller that stops waiting (a dropped future, a timeout, an
+    /// aborted worker) leaves the attempt running to its commit and its end, where it
+    /// used to be cut short in between — its heartbeats renewing the lease for ever, its
+    /// outcome never committed, the task marked executing here until the process ended.
+    async fn detached(
+        &self,
+        execution: impl Future<Output = Result<TaskState, RuntimeError>> + Send + 'static,
+    ) -> Result<TaskState, RuntimeError> {
+        match tokio::spawn(execution).await {
+            Ok(result) => result,
+            Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
+            // The runtime is shutting down.
+            Err(_) => Err(RuntimeError::Closed),
+        }
     }
 
     /// Marks `id` as executing here; `false` when it already is.
@@ -627,13 +650,17 @@ impl Manager {
         if !self.begin_active(&id).await {
             return Err(RuntimeError::AlreadyExecuting(id));
         }
-        let result = async {
-            let claimed = self.inner.store.create_claimed(create).await?;
-            self.run_attempt(&id, executor, claimed).await
-        }
-        .await;
-        self.end_active(&id, &result);
-        result
+        let manager = self.clone();
+        self.detached(async move {
+            let result = async {
+                let claimed = manager.inner.store.create_claimed(create).await?;
+                manager.run_attempt(&id, executor, claimed).await
+            }
+            .await;
+            manager.end_active(&id, &result);
+            result
+        })
+        .await
     }
 
     /// Runs the attempt `claimed` (just started) of `id` with `executor`: heartbeats, the

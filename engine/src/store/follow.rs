@@ -13,7 +13,7 @@
 //! the journal and reports [`StoreError::VersionConflict`]. Following only makes a node's
 //! reads fresh and its claims find work sooner.
 
-use super::{Placement, Result, StoreError, TaskStore};
+use super::{Placement, Result, StoreError, TaskKey, TaskStore};
 use dtask_journal::{Committed, Record};
 use dtask_replay::{load_task, Status};
 use std::sync::atomic::Ordering;
@@ -54,6 +54,18 @@ impl TaskStore {
         }
     }
 
+    /// Forgets task `id`, purged by another node: its slot, and wherever the index placed it
+    /// as this node last saw it — a task this node had not seen end (the purge came in
+    /// before its last records) would otherwise stay in the listings and the leases.
+    async fn forget_purged(&self, id: &str) {
+        let held = self.index().slots.get(id).cloned();
+        let Some(slot) = held else { return };
+        let task = slot.task.lock().await;
+        let mut index = self.index();
+        index.unplace(&TaskKey::of(&task.state), &Placement::of(&task.state));
+        index.slots.remove(id);
+    }
+
     /// Brings the task of `record` up to it.
     async fn apply_committed(&self, id: &str, record: &Record) -> Result<()> {
         if let dtask_journal::Event::NotificationAcked { enqueued_seq, .. } = record.event {
@@ -62,7 +74,7 @@ impl TaskStore {
         }
         if let dtask_journal::Event::Purged { .. } = record.event {
             // Purged elsewhere: forget it (a read finds the tombstone).
-            self.index().slots.remove(id);
+            self.forget_purged(id).await;
             return Ok(());
         }
         let held = self.index().slots.get(id).cloned();
@@ -99,7 +111,7 @@ impl TaskStore {
                 Err(StoreError::Purged { .. }) => {
                     // Purged since: the tombstone comes later in the commit order.
                     drop(task);
-                    self.index().slots.remove(id);
+                    self.forget_purged(id).await;
                     return Ok(());
                 }
                 Err(e) => return Err(e),

@@ -247,6 +247,29 @@ impl Entry {
 impl Index {
     pub(super) fn place(&mut self, task: &TaskKey, before: Option<&Placement>, after: &Placement) {
         if let Some(before) = before {
+            self.unplace(task, before);
+        }
+        Entry::each(task, before, after, |entry| match entry {
+            Entry::Pending(task) => {
+                self.pending.insert(task);
+            }
+            Entry::Delayed(until, task) => {
+                self.delayed.insert((until, task));
+            }
+            Entry::Suspended(task) => {
+                self.suspended.insert(task);
+            }
+            Entry::Terminal(task) => self.terminal.push_back(task),
+            Entry::Lease(lease, task) => {
+                self.leases.insert((lease, task));
+            }
+        });
+    }
+
+    /// Takes `task`, placed at `before`, out of the listings and the leases: a task that is
+    /// gone (purged by another node while this one still held it running, say).
+    pub(super) fn unplace(&mut self, task: &TaskKey, before: &Placement) {
+        {
             match before.status {
                 Status::Pending => {
                     // A delayed task may have been promoted to `pending` since it was placed.
@@ -264,21 +287,6 @@ impl Index {
                 self.leases.remove(&(lease, task.clone()));
             }
         }
-        Entry::each(task, before, after, |entry| match entry {
-            Entry::Pending(task) => {
-                self.pending.insert(task);
-            }
-            Entry::Delayed(until, task) => {
-                self.delayed.insert((until, task));
-            }
-            Entry::Suspended(task) => {
-                self.suspended.insert(task);
-            }
-            Entry::Terminal(task) => self.terminal.push_back(task),
-            Entry::Lease(lease, task) => {
-                self.leases.insert((lease, task));
-            }
-        });
     }
 
     /// Moves the delayed tasks due at `now` to `pending`, where listings find them. (Their
