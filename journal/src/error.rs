@@ -232,6 +232,14 @@ pub enum Error {
         /// The next sequence the journal gives out.
         next: u64,
     },
+    /// The append would take a global sequence past the last one there is
+    /// ([`crate::keys::MAX_SEQUENCE`]): an import's records ending near it, say. Nothing was
+    /// written.
+    #[error("the journal's sequences are used up: the append would take sequence {last}, past the last one ({max})", max = crate::keys::MAX_SEQUENCE)]
+    SequencesExhausted {
+        /// The sequence the append's last record would have taken.
+        last: u64,
+    },
     /// A `created` event names another task than the stream it was appended to. Nothing was
     /// written.
     #[error("a `created` event for task {found:?} cannot open the stream of task {task:?}")]

@@ -83,6 +83,12 @@ pub(crate) fn prepare_writable(backend: &dyn Backend, format: RecordFormat) -> R
         Some(v) if v >= TAIL_FORMAT_VERSION => {
             check_version(v)?;
             if v < JOURNAL_FORMAT_VERSION {
+                // A refusal writes nothing: an embedded journal whose commit index does not
+                // end where its tail marker says is refused before it is stamped (stamped,
+                // the build it came from would refuse it too).
+                if !backend.is_shared() {
+                    checked_tail(backend)?;
+                }
                 // Format 3 to 4: the writer's open made the `finished` column family. Format 4
                 // to 5: the framing the records have is named. Formats 5 to 6, 6 to 7, 7 to 8
                 // and 8 to 9: the version alone (a purge may write tombstones from now on, a

@@ -1343,8 +1343,9 @@ impl Journal {
     ///
     /// # Errors
     /// [`Error::Storage`] when RocksDB cannot catch up; [`Error::FormatChanged`] when the
-    /// writer upgraded the journal's format since the follower opened it (a follower of an
-    /// older format asks, one point read per catch-up).
+    /// writer upgraded the journal's format since the follower opened it, and
+    /// [`Error::UnsupportedFormat`] when it is now newer than this build reads (one point
+    /// read per catch-up).
     ///
     /// While a [`Frozen`] view of this follower is held, it does nothing: the view stays as
     /// it was when the frozen view was made.
@@ -1355,8 +1356,17 @@ impl Journal {
         }
         self.inner.backend.catch_up()?;
         drop(frozen);
-        if self.inner.format < JOURNAL_FORMAT_VERSION {
+        // Asked whatever format the follower opened: a writer of a newer build may have
+        // upgraded the journal past this build's (new event types, a new meaning of old
+        // bytes), and a follower that read on would fail at each new record or misread it.
+        if self.inner.backend.is_secondary() {
             let now = stored_format(self.inner.backend.as_ref())?;
+            if now > JOURNAL_FORMAT_VERSION {
+                return Err(Error::UnsupportedFormat {
+                    found: now,
+                    supported: JOURNAL_FORMAT_VERSION,
+                });
+            }
             if now != self.inner.format {
                 return Err(Error::FormatChanged {
                     opened: self.inner.format,

@@ -448,3 +448,69 @@ fn a_follower_is_told_when_its_writer_upgrades_the_format() {
     follower.catch_up().unwrap();
     assert_eq!(follower.read_stream("live", 0).count(), 3);
 }
+
+/// A follower is told when its writer — a newer build — stamps a format newer than this
+/// build reads, whatever format the follower opened (it read on, and failed at each record
+/// of the new format, or misread it).
+#[test]
+fn a_follower_is_told_when_the_format_becomes_newer_than_its_build() {
+    let dir = tempfile::tempdir().unwrap();
+    build_with(dir.path(), apart());
+    let scratch = tempfile::tempdir().unwrap();
+    let follower = Journal::open_follower(dir.path(), scratch.path()).unwrap();
+    follower.catch_up().unwrap();
+    let newer = dtask_journal::JOURNAL_FORMAT_VERSION + 1;
+    {
+        // What a newer build's writer does at its open.
+        let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), dir.path(), COLUMN_FAMILIES)
+            .unwrap();
+        let meta = db.cf_handle(Space::Meta.name()).unwrap();
+        db.put_cf(meta, keys::META_FORMAT_VERSION, newer.to_be_bytes())
+            .unwrap();
+        db.flush_wal(true).unwrap();
+    }
+    assert!(matches!(
+        follower.catch_up(),
+        Err(dtask_journal::Error::UnsupportedFormat { found, .. }) if found == newer
+    ));
+}
+
+/// A journal of an older format whose commit index does not end where its tail marker says
+/// is refused by a writer's open — and left as it was: not stamped with this build's format
+/// (the build it came from would refuse it too).
+#[test]
+fn an_inconsistent_journal_of_an_older_format_is_refused_without_an_upgrade() {
+    let dir = tempfile::tempdir().unwrap();
+    build_with(dir.path(), as_format_3());
+    make_format_3(dir.path());
+    let empty = tempfile::tempdir().unwrap();
+    drop(Journal::open(empty.path(), apart()).unwrap());
+    let empty_tail = {
+        let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), empty.path(), COLUMN_FAMILIES)
+            .unwrap();
+        let meta = db.cf_handle(Space::Meta.name()).unwrap();
+        db.get_cf(meta, keys::META_TAIL).unwrap().unwrap()
+    };
+    let stored = |dir: &Path| {
+        let db = rocksdb::DB::open_cf_for_read_only(
+            &rocksdb::Options::default(),
+            dir,
+            COLUMN_FAMILIES.iter().filter(|cf| **cf != FINISHED_EVENTS),
+            false,
+        )
+        .unwrap();
+        let meta = db.cf_handle(Space::Meta.name()).unwrap();
+        db.get_cf(meta, keys::META_FORMAT_VERSION).unwrap().unwrap()
+    };
+    {
+        let cfs = COLUMN_FAMILIES.iter().filter(|cf| **cf != FINISHED_EVENTS);
+        let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), dir.path(), cfs).unwrap();
+        let meta = db.cf_handle(Space::Meta.name()).unwrap();
+        db.put_cf(meta, keys::META_TAIL, &empty_tail).unwrap();
+    }
+    assert!(matches!(
+        Journal::open(dir.path(), apart()),
+        Err(dtask_journal::Error::Inconsistent(_))
+    ));
+    assert_eq!(stored(dir.path()), 3u32.to_be_bytes());
+}

@@ -1412,3 +1412,42 @@ fn copies_of(dir: &std::path::Path) -> usize {
         })
         .count()
 }
+
+/// An append that would take a sequence past the last one there is — after an import whose
+/// records end near it, or an import's batch that runs over — is refused whole, nothing
+/// written: such a record could be written and acknowledged, and then never read back (every
+/// reader refuses its key), nor the journal opened again.
+#[test]
+fn an_append_past_the_last_sequence_is_refused() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    let last = dtask_journal::keys::MAX_SEQUENCE;
+    let over = runtime.block_on(
+        journal
+            .submit_at_seq("a", 0, &[created("a"), update(1)], last)
+            .unwrap(),
+    );
+    assert!(
+        matches!(over, Err(Error::SequencesExhausted { last: l }) if l == last + 1),
+        "{over:?}"
+    );
+    assert_eq!(journal.tasks().count(), 0);
+    runtime
+        .block_on(
+            journal
+                .submit_at_seq("a", 0, &[created("a")], last)
+                .unwrap(),
+        )
+        .unwrap();
+    assert!(matches!(
+        journal.append("b", 0, &[created("b")]),
+        Err(Error::SequencesExhausted { .. })
+    ));
+    assert_eq!(journal.read_stream("a", 0).count(), 1);
+    drop(journal);
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    assert_eq!(journal.last_seq().unwrap(), last);
+}

@@ -1213,6 +1213,11 @@ impl Writer {
                     continue;
                 }
             };
+            let records = events.len() + linked.iter().map(|p| p.events.len()).sum::<usize>();
+            if let Err(e) = within_sequences(start, records) {
+                let _ = to.reply.send(Err(e));
+                continue;
+            }
             let parts = std::iter::once((task, expected, events))
                 .chain(linked.into_iter().map(|p| (p.task, p.expected, p.events)));
             match self.stage_job(parts, start, &mut ops, &mut staged) {
@@ -1398,6 +1403,16 @@ fn record_bytes(ops: &[BatchOp]) -> usize {
             _ => 0,
         })
         .sum()
+}
+
+/// Refuses a job of `records` records which, from global sequence `start`, would run past
+/// the last sequence there is ([`keys::MAX_SEQUENCE`]).
+fn within_sequences(start: u64, records: usize) -> Result<()> {
+    let last = start.saturating_add((records as u64).saturating_sub(1));
+    if last > keys::MAX_SEQUENCE {
+        return Err(Error::SequencesExhausted { last });
+    }
+    Ok(())
 }
 
 #[cfg(test)]
