@@ -2206,6 +2206,19 @@ fn purge_deletes_finished_tasks_by_name_or_age_and_the_journal_still_audits_and_
     assert!(records > 3, "the dry run wrote nothing");
 
     let work = tempfile::tempdir().unwrap();
+    // An archive is never replaced: it holds records the journal has no more.
+    let earlier = work.path().join("earlier.jsonl");
+    std::fs::write(&earlier, "an earlier purge's archive\n").unwrap();
+    dtask(dir.path())
+        .args(["purge", "--finished-before", &cutoff, "--export"])
+        .arg(&earlier)
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("exists"));
+    assert_eq!(
+        std::fs::read_to_string(&earlier).unwrap(),
+        "an earlier purge's archive\n"
+    );
     let saved = work.path().join("purged.jsonl");
     let done = json(&stdout(
         dtask(dir.path())
@@ -2266,6 +2279,60 @@ fn purge_deletes_finished_tasks_by_name_or_age_and_the_journal_still_audits_and_
     assert!(export.contains(r#""type":"purged""#), "{export}");
     let verified = stdout(dtask(&rebuilt).arg("verify"));
     assert!(verified.contains("1 purged"), "{verified}");
+}
+
+/// A damaged or illegal stream is evidence: a purge keeps its tree, and says why.
+#[test]
+fn a_purge_keeps_a_damaged_task() {
+    let dir = tempfile::tempdir().unwrap();
+    acknowledged_fixture(dir.path());
+    // Its last record (after its end: a notification's acknowledgement) damaged — the fold
+    // up to it ends the task, and the purge read it as one to go.
+    let last = {
+        let journal = Journal::open_read_only(dir.path()).unwrap();
+        journal.head("job").unwrap().unwrap().next_position - 1
+    };
+    flip(dir.path(), "job", last);
+    let cutoff = (T0 + 10_000).to_string();
+    let done = json(&stdout(dtask(dir.path()).args([
+        "purge",
+        "--finished-before",
+        &cutoff,
+        "--json",
+    ])));
+    assert_eq!(done["purged"]["tasks"], 0, "{done}");
+    assert_eq!(done["kept"][0]["task"], "job", "{done}");
+    assert!(
+        done["kept"][0]["why"].as_str().unwrap().contains("damaged"),
+        "{done}"
+    );
+    // Still there (`events` names the damage: exit 1).
+    let events = stdout_of(dtask(dir.path()).args(["events", "job"]), 1);
+    assert!(events.lines().count() > 3, "{events}");
+}
+
+/// A task named twice is exported once (the export never ended); a file is written whole,
+/// by a rename, nothing of it left beside.
+#[test]
+fn an_export_names_each_task_once_and_writes_its_file_whole() {
+    let dir = built();
+    let once = stdout(dtask(dir.path()).args(["export", "--task", "alpha"]));
+    let twice = stdout(dtask(dir.path()).args(["export", "--task", "alpha", "--task", "alpha"]));
+    assert_eq!(once, twice);
+    let work = tempfile::tempdir().unwrap();
+    let file = work.path().join("alpha.jsonl");
+    std::fs::write(&file, "x".repeat(1 << 20)).unwrap();
+    dtask(dir.path())
+        .args(["export", "--task", "alpha", "-o"])
+        .arg(&file)
+        .assert()
+        .success();
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), once);
+    let names: Vec<_> = std::fs::read_dir(work.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["alpha.jsonl"]);
 }
 
 #[test]

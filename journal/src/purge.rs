@@ -77,7 +77,24 @@ impl Journal {
     /// Must not be called from inside an asynchronous runtime's worker (it blocks); use
     /// [`Journal::purge_async`] there.
     pub fn purge(&self, tasks: &[&str], at: Timestamp) -> Result<Vec<PurgedStream>> {
-        let (streams, reply) = self.submit_purge(tasks, at)?;
+        let tasks: Vec<(&str, Option<u64>)> = tasks.iter().map(|t| (*t, None)).collect();
+        let (streams, reply) = self.submit_purge(&tasks, at)?;
+        reply.blocking_recv().map_err(|_| Error::Closed)??;
+        Ok(streams)
+    }
+
+    /// [`Journal::purge`] of streams the caller read — exported, say — each named with the
+    /// number of records it had then: a stream that has more now (on a shared journal,
+    /// another node appended to it since: a rerun's link, a hold) is not purged, lest records
+    /// the caller never saw go with it.
+    ///
+    /// # Errors
+    /// As for [`Journal::purge`]; [`Error::Conflict`] (`expected` the records read,
+    /// `actual` the records now) when a stream is not as long as read. Nothing is written
+    /// on an error.
+    pub fn purge_as_read(&self, tasks: &[(&str, u64)], at: Timestamp) -> Result<Vec<PurgedStream>> {
+        let tasks: Vec<(&str, Option<u64>)> = tasks.iter().map(|(t, n)| (*t, Some(*n))).collect();
+        let (streams, reply) = self.submit_purge(&tasks, at)?;
         reply.blocking_recv().map_err(|_| Error::Closed)??;
         Ok(streams)
     }
@@ -87,14 +104,15 @@ impl Journal {
     /// # Errors
     /// As for [`Journal::purge`].
     pub async fn purge_async(&self, tasks: &[&str], at: Timestamp) -> Result<Vec<PurgedStream>> {
-        let (streams, reply) = self.submit_purge(tasks, at)?;
+        let tasks: Vec<(&str, Option<u64>)> = tasks.iter().map(|t| (*t, None)).collect();
+        let (streams, reply) = self.submit_purge(&tasks, at)?;
         reply.await.map_err(|_| Error::Closed)??;
         Ok(streams)
     }
 
     fn submit_purge(
         &self,
-        tasks: &[&str],
+        tasks: &[(&str, Option<u64>)],
         at: Timestamp,
     ) -> Result<(
         Vec<PurgedStream>,
@@ -102,11 +120,19 @@ impl Journal {
     )> {
         let mut seen = HashSet::new();
         let mut planned = Vec::with_capacity(tasks.len());
-        for task in tasks {
+        for (task, read) in tasks {
             if !seen.insert(*task) {
                 return Err(Error::DuplicateStream((*task).to_owned()));
             }
-            planned.push((*task, self.plan_purge(task, at)?));
+            let plan = self.plan_purge(task, at)?;
+            if let Some(read) = read.filter(|read| *read != plan.expected) {
+                return Err(Error::Conflict {
+                    task: (*task).to_owned(),
+                    expected: read,
+                    actual: plan.expected,
+                });
+            }
+            planned.push((*task, plan));
         }
         let mut parts = planned.into_iter();
         let Some((first, plan)) = parts.next() else {

@@ -1451,3 +1451,36 @@ fn an_append_past_the_last_sequence_is_refused() {
     let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
     assert_eq!(journal.last_seq().unwrap(), last);
 }
+
+/// A purge of streams as they were read refuses one that has grown since (another node
+/// appended to it: a rerun's link, a hold), and writes nothing.
+#[test]
+fn a_purge_as_read_refuses_a_stream_that_grew() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    for task in ["a", "b"] {
+        journal
+            .append(
+                task,
+                0,
+                &[
+                    created(task),
+                    Event::Completed {
+                        data: Vec::new(),
+                        at: Timestamp(2),
+                    },
+                ],
+            )
+            .unwrap();
+    }
+    let refused = journal.purge_as_read(&[("a", 2), ("b", 1)], Timestamp(3));
+    assert!(
+        matches!(&refused, Err(Error::Conflict { task, expected: 1, actual: 2 }) if task == "b"),
+        "{refused:?}"
+    );
+    assert_eq!(journal.read_stream("a", 0).count(), 2);
+    let purged = journal
+        .purge_as_read(&[("a", 2), ("b", 2)], Timestamp(3))
+        .unwrap();
+    assert_eq!(purged.len(), 2);
+}

@@ -148,6 +148,15 @@ fn write_export(
     if tasks.is_empty() {
         return write_journal_export(journal, bytes, w);
     }
+    // A task named twice is exported once (named twice, its stream was merged with itself,
+    // which never ended).
+    let mut distinct = std::collections::HashSet::new();
+    let tasks: Vec<String> = tasks
+        .iter()
+        .filter(|task| distinct.insert(task.as_str()))
+        .cloned()
+        .collect();
+    let tasks = tasks.as_slice();
     let (scope, records, mut items): (Scope, u64, Items<'_>) = {
         let mut total = 0;
         for task in tasks {
@@ -187,26 +196,54 @@ fn write_export(
 
 /// Writes the export of `tasks` (the whole journal when empty) to the file at `path`, made
 /// durable before this returns; returns the number of records.
+///
+/// A file is written whole or not at all: into a temporary file beside `path`, synced, then
+/// renamed over it and the directory synced — a failure or a crash midway leaves `path` as
+/// it was, never a header and part of the lines. (Where `path` is not a regular file —
+/// `/dev/null`, a pipe — it is written as it is.)
 pub(super) fn export_to_file(
     journal: &Journal,
     tasks: &[String],
     bytes: Bytes,
     path: &std::path::Path,
 ) -> Result<u64> {
-    let file = std::fs::File::create(path)
-        .map_err(CliError::io(format!("creating {}", path.display())))?;
-    let mut w = std::io::BufWriter::new(file);
+    let special = std::fs::metadata(path).is_ok_and(|m| !m.is_file());
+    if special {
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(path)
+            .map_err(CliError::io(format!("opening {}", path.display())))?;
+        let mut w = std::io::BufWriter::new(file);
+        return write_export(journal, tasks, bytes, &mut w);
+    }
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => std::path::Path::new("."),
+    };
+    let staged = tempfile::Builder::new()
+        .prefix(".dtask-export-")
+        .tempfile_in(dir)
+        .map_err(CliError::io(format!(
+            "creating a file in {}",
+            dir.display()
+        )))?;
+    let mut w = std::io::BufWriter::new(staged);
     let n = write_export(journal, tasks, bytes, &mut w)?;
-    let file = w.into_inner().map_err(|e| CliError::Io {
+    let staged = w.into_inner().map_err(|e| CliError::Io {
         context: format!("writing {}", path.display()),
         source: e.into_error(),
     })?;
-    // Only regular files can be synced (not /dev/null or a pipe).
-    let regular = file.metadata().is_ok_and(|m| m.is_file());
-    if regular {
-        file.sync_all()
-            .map_err(CliError::io(format!("syncing {}", path.display())))?;
-    }
+    staged
+        .as_file()
+        .sync_all()
+        .map_err(CliError::io(format!("syncing {}", path.display())))?;
+    staged.persist(path).map_err(|e| CliError::Io {
+        context: format!("renaming the export to {}", path.display()),
+        source: e.error,
+    })?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(CliError::io(format!("syncing {}", dir.display())))?;
     Ok(n)
 }
 

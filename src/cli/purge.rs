@@ -10,7 +10,7 @@
 //! gives the space back at once.
 
 use super::{fmt, progress, CliError, Global, Out, Result};
-use dtask_journal::{JournalOptions, Timestamp};
+use dtask_journal::{Error as JournalError, JournalOptions, Timestamp};
 use dtask_replay::FoldViews;
 use serde_json::json;
 
@@ -109,6 +109,10 @@ const NOT_ENDED: u64 = u64::MAX;
 
 /// What the fold of the journal says of one task (its id in [`Seen::ids`]).
 #[derive(Debug, Clone, Copy)]
+#[allow(
+    clippy::struct_excessive_bools,
+    reason = "what keeps a tree, a flag each, in ~40 bytes a task"
+)]
 struct Entry {
     /// Where its id starts in [`Seen::ids`].
     start: usize,
@@ -124,6 +128,8 @@ struct Entry {
     ended: u64,
     /// Its records.
     records: u64,
+    /// Whether its stream is damaged or does not fold (evidence: never purged).
+    damaged: bool,
 }
 
 /// The id of `entry` in `ids` ([`Seen::ids`]).
@@ -177,6 +183,7 @@ impl Seen {
                     NOT_ENDED
                 },
                 records: view.records,
+                damaged: view.has_problems(),
             };
             if entry.nested {
                 nested.push((entry.start, entry.len, s.parent_task_id.as_str().into()));
@@ -265,6 +272,12 @@ impl Seen {
             }
             let task = &self.entries[index as usize];
             let id = self.id(index);
+            // Damage first: what else the fold says of a damaged stream may be its damage.
+            if task.damaged && tree.kept.is_none() {
+                tree.kept = Some(format!(
+                    "{id} is damaged or does not fold (see `dtask verify`)"
+                ));
+            }
             if task.ended == NOT_ENDED && tree.kept.is_none() {
                 tree.kept = Some(format!("{id} has not ended"));
             }
@@ -298,6 +311,13 @@ struct Tree {
     reason = "fold, choose, purge in batches, report"
 )]
 pub fn run(global: &Global, args: &Args) -> Result<()> {
+    if let Some(path) = args.export.as_ref().filter(|path| path.exists()) {
+        // The archive of an earlier purge holds records the journal has no more.
+        return Err(CliError::Usage(format!(
+            "{} exists: a purge's export never replaces a file",
+            path.display()
+        )));
+    }
     let at = global.at()?;
     let journal = if args.dry_run {
         at.open_reader()?
@@ -363,31 +383,46 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
         }
         let bar = progress(going.len() as u64, "purging");
         let now = fmt::now();
-        let mut batch: Vec<&str> = Vec::new();
-        let mut trees_in_batch = 0u64;
-        let mut flush = |batch: &mut Vec<&str>, trees: &mut u64| -> Result<()> {
+        // Each stream is purged as it was read (and exported): one another node appended
+        // to since, or put on hold, is kept — with the rest of its batch — and named.
+        let mut batch: Vec<(&str, u64)> = Vec::new();
+        let mut roots_in_batch: Vec<u32> = Vec::new();
+        let mut flush = |batch: &mut Vec<(&str, u64)>, roots: &mut Vec<u32>| -> Result<()> {
             if batch.is_empty() {
                 return Ok(());
             }
-            for stream in journal.purge(batch, now)? {
-                purged_tasks += 1;
-                purged_records += stream.records;
-                purged_bytes += stream.bytes;
+            match journal.purge_as_read(batch, now) {
+                Ok(streams) => {
+                    for stream in streams {
+                        purged_tasks += 1;
+                        purged_records += stream.records;
+                        purged_bytes += stream.bytes;
+                    }
+                }
+                Err(e @ (JournalError::Conflict { .. } | JournalError::NotPurgeable { .. })) => {
+                    let why = format!("changed since it was read: {e}");
+                    kept.extend(roots.iter().map(|root| (*root, why.clone())));
+                }
+                Err(e) => return Err(e.into()),
             }
-            bar.inc(*trees);
+            bar.inc(roots.len() as u64);
             batch.clear();
-            *trees = 0;
+            roots.clear();
             Ok(())
         };
         for root in &going {
             let tree = seen.tree(*root);
             if batch.len() + tree.tasks.len() > usize::try_from(args.batch).unwrap_or(usize::MAX) {
-                flush(&mut batch, &mut trees_in_batch)?;
+                flush(&mut batch, &mut roots_in_batch)?;
             }
-            batch.extend(tree.tasks.iter().map(|index| seen.id(*index)));
-            trees_in_batch += 1;
+            batch.extend(
+                tree.tasks
+                    .iter()
+                    .map(|index| (seen.id(*index), seen.entries[*index as usize].records)),
+            );
+            roots_in_batch.push(*root);
         }
-        flush(&mut batch, &mut trees_in_batch)?;
+        flush(&mut batch, &mut roots_in_batch)?;
         bar.finish_and_clear();
     }
     let compacted = if args.compact && !args.dry_run {
