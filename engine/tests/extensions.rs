@@ -1178,3 +1178,114 @@ async fn a_background_trim_sweep_trims_the_tasks_that_ended_long_enough_ago() {
     assert_eq!(trimmed("old").await, 2);
     assert_eq!(trimmed("young").await, 0, "ended 0 s ago, younger than 5 s");
 }
+
+/// A tree a sweep may not purge for a reason of its own — here more than `MAX_PURGE_TREE`
+/// tasks — is kept and named, and the sweep goes on to the tasks after it (it stopped there
+/// at every sweep, and never purged anything after it again).
+#[tokio::test]
+async fn a_tree_too_large_to_purge_is_kept_and_the_sweep_goes_on() {
+    let env = Env::new();
+    let store = env.store();
+    let parent = running(store, "a-big", Retry).await;
+    for i in 0..dtask_engine::MAX_PURGE_TREE {
+        let id = format!("a-big.{i}");
+        store
+            .create(child_request(&id, "a-big", parent.attempt, false))
+            .await
+            .unwrap();
+        ok(
+            store,
+            &id,
+            Command::RequestCancel {
+                reason: "done".into(),
+            },
+        )
+        .await;
+    }
+    ok(store, "a-big", Command::Fail { error: "e".into() }).await;
+    failed_task(store, "b-after", None).await;
+    env.advance(1_000);
+    let (mut after, mut kept, mut purged) = (None, Vec::new(), Vec::new());
+    loop {
+        let step = store.purge_finished(store.now(), after, 512).await.unwrap();
+        kept.extend(step.kept);
+        purged.extend(step.purged.into_iter().map(|p| p.task));
+        after = step.next_after;
+        if after.is_none() {
+            break;
+        }
+    }
+    assert_eq!(kept.len(), 1, "{kept:?}");
+    assert_eq!(kept[0].0, "a-big");
+    assert!(kept[0].1.contains("more than"), "{}", kept[0].1);
+    assert_eq!(purged, ["b-after"]);
+}
+
+/// A create whose caller stops waiting — its future dropped at its first wait, as a
+/// `timeout` or an unchosen `select!` branch drops it (here: polled once, then dropped) —
+/// still lands whole: the task is
+/// written and indexed, so it is listed and claimed (it was written and never indexed:
+/// never listed, until something read it by its id).
+// One thread: the work the call hands to a task of its own cannot end before the
+// call is dropped.
+#[tokio::test]
+async fn a_create_whose_caller_stops_waiting_is_written_and_listed() {
+    let env = Env::new();
+    let store = env.store();
+    let mut create = Box::pin(store.create(request(spec("t"), Retry)));
+    assert!(
+        futures::poll!(create.as_mut()).is_pending(),
+        "the create is cut short at its first wait"
+    );
+    drop(create);
+    let keys = [KEY.to_owned()];
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let listed = store.list_pending(&keys, None, 10).await.unwrap();
+        if listed.tasks.iter().any(|t| t.id() == "t") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the task was never listed (in the journal: {:?})",
+            store.journal().stream_len("t")
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
+/// A trim of a running task whose caller stops waiting leaves the task to be folded again by
+/// the next write (it stayed behind its trimmed stream, and the running attempt's outcome
+/// was refused as a version conflict).
+// One thread: the work the call hands to a task of its own cannot end before the
+// call is dropped.
+#[tokio::test]
+async fn a_trim_whose_caller_stops_waiting_leaves_the_attempts_next_write_unrefused() {
+    let env = Env::new();
+    let store = env.store();
+    let running = running(store, "t", Retry).await;
+    for i in 0..6 {
+        store
+            .append_update("t", progress(&format!("e{i}"), "line"))
+            .await
+            .unwrap();
+    }
+    let mut trim = Box::pin(store.trim_progress("t", 2));
+    assert!(
+        futures::poll!(trim.as_mut()).is_pending(),
+        "the trim is cut short at its first wait"
+    );
+    drop(trim);
+    let done = store
+        .execute(
+            "t",
+            running.version,
+            Command::Complete {
+                data: b"ok".to_vec(),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(done.status, Status::Completed);
+    assert_eq!(done.result_data, b"ok");
+}

@@ -1038,9 +1038,21 @@ impl TaskStore {
         }
         match parent {
             None => {
-                if self.append(None, &id, 0, &events).await? == Appended::Conflict {
-                    return Err(StoreError::AlreadyExists(id));
-                }
+                // The append and the indexing run in a task of their own: a caller that stops
+                // waiting (a dropped future) must not leave a task written and never indexed
+                // — never listed, never swept, until something read it by its id.
+                let store = self.clone();
+                let created = tokio::spawn(async move {
+                    if store.append(None, &id, 0, &events).await? == Appended::Conflict {
+                        return Err(StoreError::AlreadyExists(id));
+                    }
+                    Ok(store.index_created(&id, task))
+                });
+                return match created.await {
+                    Ok(outcome) => outcome,
+                    Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
+                    Err(_) => Err(StoreError::Journal(dtask_journal::Error::Closed)),
+                };
             }
             Some((parent_slot, parent, parent_events)) => {
                 let before = Placement::of(&parent.state);
@@ -1068,12 +1080,17 @@ impl TaskStore {
                 self.publish_change(parent_slot, parent, &before);
             }
         }
+        Ok(self.index_created(&id, task))
+    }
+
+    /// Places `task`, just created under `id`, in the index; its state.
+    fn index_created(&self, id: &str, task: Task) -> TaskState {
         let state = task.state.clone();
         {
             let mut index = self.index();
             // A reader may have folded the new task from the journal already (and even run a
             // command on it): its slot is then the authoritative one and stays.
-            if !index.slots.contains_key(id.as_str()) {
+            if !index.slots.contains_key(id) {
                 let key = TaskKey::of(&state);
                 index.place(&key, None, &Placement::of(&state));
                 index.slots.insert(key, Slot::new(task));
@@ -1082,7 +1099,7 @@ impl TaskStore {
         self.inner
             .pending_epoch
             .send_modify(|e| *e = e.wrapping_add(1));
-        Ok(state)
+        state
     }
 
     /// The task's snapshot, resolving an expired lease first (which writes its event).

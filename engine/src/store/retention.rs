@@ -184,16 +184,18 @@ impl TaskStore {
         for id in candidates {
             match self.purge(&id).await {
                 Ok(purged) => step.purged.extend(purged),
-                Err(e @ (StoreError::IllegalTransition { .. } | StoreError::Purged { .. })) => {
-                    step.kept.push((id, e.to_string()));
-                }
                 Err(StoreError::Journal(
                     e @ (dtask_journal::Error::NotPurgeable { .. }
                     | dtask_journal::Error::Conflict { .. }),
                 )) => {
                     step.kept.push((id, e.to_string()));
                 }
-                Err(e) => return Err(e),
+                // The journal failing ends the step; the next sweep goes on.
+                Err(e @ StoreError::Journal(_)) => return Err(e),
+                // A refusal of this tree alone (not ended, purged meanwhile, too large, a
+                // task of it that does not fold): kept and named, and the sweep goes on —
+                // it stopped here at every sweep, and never reached the tasks after it.
+                Err(e) => step.kept.push((id, e.to_string())),
             }
         }
         Ok(step)
@@ -454,16 +456,34 @@ impl TaskStore {
                 ));
             }
             // With no hold standing as far as this store folded the stream, the trim reads
-            // only the stream's untrimmed tail (and checks what came after for a hold).
-            let trimmed = if task.state.hold.is_none() {
-                self.journal()
-                    .trim_recent_progress_async(id, keep, self.now(), task.state.position)
-                    .await
-            } else {
-                self.journal()
-                    .trim_progress_async(id, keep, self.now())
-                    .await
+            // only the stream's untrimmed tail (and checks what came after for a hold). It
+            // runs in a task of its own, the task marked unsettled meanwhile: a caller that
+            // stops waiting leaves the trim to land and the next holder of the task's lock to
+            // refold it (else the task in memory stayed behind its stream, and its running
+            // attempt's next write — its outcome — was refused as a conflict).
+            let (raise, signal) = tokio::sync::watch::channel(false);
+            slot.unsettled.mark(signal);
+            let (journal, task_id, now) = (self.journal().clone(), id.to_owned(), self.now());
+            let (recent, position) = (task.state.hold.is_none(), task.state.position);
+            let running = tokio::spawn(async move {
+                let trimmed = if recent {
+                    journal
+                        .trim_recent_progress_async(&task_id, keep, now, position)
+                        .await
+                } else {
+                    journal.trim_progress_async(&task_id, keep, now).await
+                };
+                let _ = raise.send(true);
+                trimmed
+            });
+            let trimmed = match running.await {
+                Ok(trimmed) => trimmed,
+                Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
+                Err(_) => Err(dtask_journal::Error::Closed),
             };
+            // The outcome is known here, under the lock: the task is made current below (or
+            // marked stale again when the outcome is not known).
+            slot.unsettled.clear();
             match trimmed {
                 Ok(trimmed) => {
                     if let Some((position, marker)) = &trimmed.marker {
@@ -486,7 +506,14 @@ impl TaskStore {
                     task,
                     why: TrimRefusal::Purged,
                 }) => return Err(StoreError::Purged { task }),
-                Err(e) => return Err(StoreError::Journal(e)),
+                Err(e) => {
+                    if !matches!(e, dtask_journal::Error::NotTrimmable { .. }) {
+                        // Written or not (or the stream moved on): the next holder of the lock
+                        // folds the task again.
+                        slot.unsettled.mark_stale();
+                    }
+                    return Err(StoreError::Journal(e));
+                }
             }
         }
     }

@@ -35,7 +35,8 @@ impl Unsettled {
         *self.0.lock() = None;
     }
 
-    fn mark(&self, signal: watch::Receiver<bool>) {
+    /// Marks the task as possibly behind its journal until `signal` is raised.
+    pub(super) fn mark(&self, signal: watch::Receiver<bool>) {
         *self.0.lock() = Some(signal);
     }
 
