@@ -675,6 +675,9 @@ fn consistency(task: &str, t: &Task, record: &Record, problems: &mut Vec<Problem
             detail,
         ));
     };
+    if s.status == Status::Running {
+        fenced_write(s, record, &mut problem);
+    }
     match &record.event {
         Event::LeaseExpired { deadline, at, .. } if s.status == Status::Running => {
             if s.lease_deadline != Some(*deadline) {
@@ -703,6 +706,55 @@ fn consistency(task: &str, t: &Task, record: &Record, problems: &mut Vec<Problem
             ));
         }
         _ => {}
+    }
+}
+
+/// The attempt's fence (docs/semantics.md, "Fencing"), for what the fold cannot check
+/// without a clock: a write of the running attempt is decided at its `at` while its lease is
+/// live — so recorded before the lease's deadline — and, but for its acknowledgement of a
+/// cancellation or a transcript failure, only without cancel intent. A record that breaks
+/// it is a zombie's (a worker past its lease, or told to stop), which the engine refuses.
+fn fenced_write(s: &crate::state::TaskState, record: &Record, problem: &mut impl FnMut(String)) {
+    let event = &record.event;
+    let (scoped, despite_cancel) = match event {
+        Event::Heartbeat { .. }
+        | Event::StartCommitted { .. }
+        | Event::Completed { .. }
+        | Event::Failed { .. }
+        | Event::WaitingInput { .. }
+        | Event::Suspended { .. }
+        | Event::Yielded { .. }
+        | Event::InputCommitted { .. }
+        | Event::InputsPending { .. }
+        | Event::CursorAdvanced { .. }
+        | Event::UpdateAppended { .. }
+        | Event::PartAppended { .. }
+        | Event::ChildCreated { .. }
+        | Event::ParentNotified { .. }
+        | Event::ParentNotifiedV2 { .. } => (true, false),
+        // An application notification (a lifecycle one has no event id: the store's own).
+        Event::NotificationEnqueued { event_id, .. }
+        | Event::NotificationEnqueuedV2 { event_id, .. } => (!event_id.is_empty(), false),
+        Event::TranscriptFailed { .. } | Event::Canceled { .. } => (true, true),
+        _ => (false, false),
+    };
+    if !scoped {
+        return;
+    }
+    let at = event.at();
+    if let Some(deadline) = s.lease_deadline.filter(|deadline| at >= *deadline) {
+        problem(format!(
+            "{} of the running attempt recorded at {}, when its lease had ended (at {})",
+            event.event_type(),
+            at.as_millis(),
+            deadline.as_millis()
+        ));
+    }
+    if !despite_cancel && s.cancel_requested_at.is_some() {
+        problem(format!(
+            "{} of the running attempt after its cancellation was requested",
+            event.event_type()
+        ));
     }
 }
 

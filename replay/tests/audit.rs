@@ -1984,3 +1984,81 @@ fn a_notification_whose_parent_input_differs_is_reported() {
         .iter()
         .all(|p| p.detail.contains("another kind, data or delivery")));
 }
+
+/// The attempt's fence, for what the fold cannot check without a clock: a write of the
+/// running attempt recorded after its lease had ended, or after its cancellation was
+/// requested (but for its acknowledgement), is a zombie's — inconsistent. The
+/// acknowledgement itself is clean.
+#[test]
+fn writes_of_an_attempt_past_its_lease_or_told_to_stop_are_inconsistent() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = journal(dir.path());
+    let cancel = Event::CancelRequested {
+        reason: "stop".into(),
+        lease_deadline: Some(Timestamp(1_000)),
+        direct: false,
+        at: Timestamp(15),
+    };
+    j.append(
+        "zombie",
+        0,
+        &[created("zombie", LeasePolicy::Retry), started(1, 100)],
+    )
+    .unwrap();
+    j.append(
+        "zombie",
+        2,
+        &[Event::Completed {
+            data: b"late".to_vec(),
+            at: Timestamp(150),
+        }],
+    )
+    .unwrap();
+    j.append(
+        "stopped",
+        0,
+        &[
+            created("stopped", LeasePolicy::Retry),
+            started(1, 1_000),
+            cancel.clone(),
+        ],
+    )
+    .unwrap();
+    j.append("stopped", 3, &[update(1, "e1"), completed()])
+        .unwrap();
+    j.append(
+        "acked",
+        0,
+        &[
+            created("acked", LeasePolicy::Retry),
+            started(1, 1_000),
+            cancel,
+            Event::Canceled {
+                reason: "stop".into(),
+                at: Timestamp(20),
+            },
+        ],
+    )
+    .unwrap();
+    let report = audit_journal(&j, &mut |_| {}).unwrap();
+    assert_eq!(
+        kinds(&report),
+        [
+            ("stopped".into(), Some(3), ProblemKind::Inconsistent),
+            ("stopped".into(), Some(4), ProblemKind::Inconsistent),
+            ("zombie".into(), Some(2), ProblemKind::Inconsistent),
+        ]
+    );
+    assert!(
+        report.problems[2].detail.contains("lease had ended"),
+        "{}",
+        report.problems[2]
+    );
+    assert!(
+        report.problems[0]
+            .detail
+            .contains("cancellation was requested"),
+        "{}",
+        report.problems[0]
+    );
+}
