@@ -24,13 +24,14 @@ impl PgLocation {
     /// `dtask`): the schema the journal's tables are in, so that several journals share a
     /// database. TLS is used as `sslmode` asks (`require`, `verify-ca`, `verify-full`), the
     /// server's certificate checked against the roots of `sslrootcert=PATH` or the Mozilla
-    /// roots built in, with a client certificate from `sslcert=PATH` and `sslkey=PATH`; without
+    /// roots built in (`verify-ca`, which does not check the name, only against
+    /// `sslrootcert`'s), with a client certificate from `sslcert=PATH` and `sslkey=PATH`; without
     /// `sslmode`, or with `disable`, `allow` or `prefer`, connections do not use TLS (see
     /// docs/postgres.md, "TLS").
     ///
     /// # Errors
-    /// [`Error::InvalidLocation`] for a malformed URL, an unknown `sslmode`, or a certificate
-    /// or key file that cannot be read.
+    /// [`Error::InvalidLocation`] for a malformed URL, an unknown `sslmode`, `verify-ca`
+    /// without `sslrootcert`, or a certificate or key file that cannot be read.
     pub fn parse(url: &str) -> Result<Self> {
         let (base, query) = url.split_once('?').unwrap_or((url, ""));
         let mut schema = "dtask".to_owned();
