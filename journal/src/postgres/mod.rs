@@ -132,8 +132,11 @@ impl PgBackend {
             (None, None)
         } else {
             // The writer's commits return without waiting for the flush; the syncer's wait.
+            // The writer's session holds the writer lock between its round trips: the server
+            // ends it once it sits idle in a transaction for longer than a batch ever does.
             let unflushed = Target {
                 synchronous: false,
+                idle_in_transaction: Some(LOCK_IDLE_MAX),
                 ..target.clone()
             };
             (
@@ -223,6 +226,16 @@ impl PgBackend {
         &self.location
     }
 }
+
+/// How long the writer's session may sit idle in the transaction that holds the writer lock
+/// before the server ends the session (`idle_in_transaction_session_timeout`), releasing the
+/// lock: a node that froze, or lost the network, with the lock held stops every node's
+/// writes for at most this long. A batch holds the lock idle only between its round trips
+/// (the lock with the reads, perhaps a read of the heads it lacks, the write and commit) and
+/// its framing, far less; one that takes longer fails with a storage error, as after a lost
+/// connection, and the next batch reads the tail again. Statements themselves are not
+/// bounded (the server's `statement_timeout` is off for every session of the journal).
+pub(crate) const LOCK_IDLE_MAX: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// How long [`PgBackend::sync`] tries its round trip again before it gives up: long enough
 /// to ride out a restart of the database (a connection the server dropped fails one call and
@@ -718,14 +731,20 @@ mod tests {
     use crate::keys;
     use crate::tail::Tail;
 
-    /// A backend on a fresh schema of the test database (`DTASK_TEST_PG_URL`), or `None`.
+    /// A backend on a fresh schema of the test database (`DTASK_TEST_PG_URL`), or `None`; a
+    /// second call with the same `test` opens the same schema again (another node).
     fn backend(test: &str) -> Option<(PgBackend, String)> {
+        backend_with(test, "")
+    }
+
+    /// [`backend`] with the URL parameters `parameters` besides (`&name=value…`).
+    fn backend_with(test: &str, parameters: &str) -> Option<(PgBackend, String)> {
         let Ok(base) = std::env::var("DTASK_TEST_PG_URL") else {
             eprintln!("SKIPPED {test}: DTASK_TEST_PG_URL is not set (./dev test sets it)");
             return None;
         };
         let schema = format!("u{}_{test}", std::process::id());
-        let url = PgLocation::url_with_schema(&base, &schema);
+        let url = PgLocation::url_with_schema(&base, &schema) + parameters;
         let seed = vec![(keys::META_TAIL.to_vec(), Tail::default().encode())];
         let location = PgLocation::parse(&url).unwrap();
         Some((
@@ -1099,6 +1118,103 @@ mod tests {
         pg.sync().unwrap();
         assert!(pg
             .get(Space::Events, &keys::event_key("t", 0))
+            .unwrap()
+            .is_some());
+    }
+
+    /// A setting of `conn`'s session, as `SHOW` reads it.
+    fn setting(conn: &Conn, name: &'static str) -> String {
+        conn.call(move |client| {
+            Box::pin(async move {
+                let row = client.query_one(&format!("SHOW {name}"), &[]).await?;
+                Ok(row.get::<_, String>(0))
+            })
+        })
+        .unwrap()
+    }
+
+    /// Every session of the journal reads committed rows, whatever the default the database,
+    /// the role or the URL gives (here the URL's `options`: serializable), and only the
+    /// writer's is ended by the server when it sits idle in a transaction.
+    #[test]
+    fn every_session_reads_committed_and_only_the_writers_has_an_idle_bound() {
+        let Some((pg, _)) = backend_with(
+            "sessions",
+            "&options=-c%20default_transaction_isolation%3Dserializable",
+        ) else {
+            return;
+        };
+        let (writer, syncer) = (pg.writer.as_ref().unwrap(), pg.syncer.as_ref().unwrap());
+        for conn in pg.readers.iter().chain([writer, syncer]) {
+            assert_eq!(
+                setting(conn, "default_transaction_isolation"),
+                "read committed"
+            );
+        }
+        assert_eq!(
+            setting(writer, "idle_in_transaction_session_timeout"),
+            format!("{}s", LOCK_IDLE_MAX.as_secs())
+        );
+        for conn in pg.readers.iter().chain([syncer]) {
+            assert_eq!(setting(conn, "idle_in_transaction_session_timeout"), "0");
+        }
+    }
+
+    /// A writer that stalls with the writer lock held — idle in the transaction that took it,
+    /// as a node that froze or lost the network is — has its session ended by the server
+    /// after the writer's idle bound (shortened here), which frees the lock: another node's
+    /// writer, waiting for it, writes; the stalled one's batch fails, nothing of it written,
+    /// and its next batch builds on the other's.
+    #[test]
+    fn a_writer_lock_left_idle_is_freed_by_the_server_and_both_writers_go_on() {
+        let (Some((stalled, _)), Some((other, _))) = (backend("idlelock"), backend("idlelock"))
+        else {
+            return;
+        };
+        let set = |pg: &PgBackend, sql: &'static str| {
+            pg.writer
+                .as_ref()
+                .unwrap()
+                .call(move |client| Box::pin(async move { client.batch_execute(sql).await }))
+                .unwrap();
+        };
+        set(&stalled, "SET idle_in_transaction_session_timeout TO '1s'");
+        // Should the lock never come free, the test fails rather than hangs.
+        set(&other, "SET lock_timeout TO '60s'");
+        assert!(stalled.lock_for_write(0, &[]).unwrap().is_some());
+        // Waits until the server ends the stalled writer's session.
+        let locked = other.lock_for_write(0, &[]).unwrap().unwrap();
+        assert_eq!(locked.tail, Some(Tail::default().encode()));
+        let (ops, other_tail) = batch_of("other", 0, 1);
+        other.write_locked(ops, CommitFlush::AtCommit).unwrap();
+
+        let (ops, _) = batch_of("stalled", 0, 1);
+        let failed = stalled
+            .write_locked(ops, CommitFlush::AtCommit)
+            .unwrap_err();
+        assert!(matches!(failed, Error::Storage(_)), "{failed}");
+        assert_eq!(
+            other
+                .get(Space::Events, &keys::event_key("stalled", 0))
+                .unwrap(),
+            None
+        );
+        // The stalled writer's connection fails once more (its new session), then it takes
+        // the lock again and reads the other's tail.
+        let mut errors = Vec::new();
+        let locked = loop {
+            match stalled.lock_for_write(0, &[]) {
+                Ok(locked) => break locked.unwrap(),
+                Err(e) => errors.push(e.to_string()),
+            }
+            assert!(errors.len() < 3, "{errors:?}");
+        };
+        assert_eq!(locked.tail, Some(other_tail));
+        let (ops, _) = batch_of("stalled", 0, 2);
+        stalled.write_locked(ops, CommitFlush::AtSync).unwrap();
+        stalled.sync().unwrap();
+        assert!(other
+            .get(Space::Events, &keys::event_key("stalled", 0))
             .unwrap()
             .is_some());
     }
