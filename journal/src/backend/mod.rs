@@ -297,6 +297,14 @@ pub trait Backend: Send + Sync + 'static {
     /// [`Error::Storage`] when the sync failed: what it covered may or may not be durable.
     fn sync(&self) -> Result<()>;
 
+    /// The most record bytes the writer takes into one batch: it stops taking appends into a
+    /// batch once the next would bring its records past this many, and leaves that one for
+    /// the next batch (an append larger than this is a batch alone). Unbounded by default; a
+    /// store that receives a batch as one message of bounded size (PostgreSQL's) sets one.
+    fn max_batch_bytes(&self) -> usize {
+        usize::MAX
+    }
+
     /// Whether a failed [`Backend::sync`] must stop the journal (the default): it must when
     /// a sync tried again could report success for data already dropped, as a retried
     /// `fsync` can. A store whose sync finds what it makes durable before it says so

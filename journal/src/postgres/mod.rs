@@ -237,6 +237,12 @@ impl PgBackend {
 /// bounded (the server's `statement_timeout` is off for every session of the journal).
 pub(crate) const LOCK_IDLE_MAX: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// The most record bytes the writer puts in one batch ([`Backend::max_batch_bytes`]): a
+/// batch's records travel in one parameter of one call, and the server refuses a message of
+/// more than 1 GB — which would fail every append of the batch. A batch of this size is far
+/// past the point where a larger one saves anything; the appends past it wait for the next.
+const MAX_BATCH_BYTES: usize = 64 << 20;
+
 /// How long [`PgBackend::sync`] tries its round trip again before it gives up: long enough
 /// to ride out a restart of the database (a connection the server dropped fails one call and
 /// is open again for the next; while the server is down, none opens). Its commits were
@@ -523,6 +529,10 @@ impl Backend for PgBackend {
             self.location.display,
             FLUSH_PATIENCE.as_secs()
         )))
+    }
+
+    fn max_batch_bytes(&self) -> usize {
+        MAX_BATCH_BYTES
     }
 
     fn sync_failure_is_final(&self) -> bool {
