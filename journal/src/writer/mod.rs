@@ -656,7 +656,7 @@ impl Writer {
         };
         let (result, took) = match self.durability {
             Durability::Buffered => (Ok(()), Duration::ZERO),
-            Durability::Sync => timed_sync(self.backend.as_ref()),
+            Durability::Sync => timed_sync(self.backend.as_ref(), written.last_seq),
         };
         let final_failure = self.backend.sync_failure_is_final();
         settle(&self.shared, vec![written], result, took, final_failure);
@@ -1470,6 +1470,8 @@ mod tests {
         written_bytes: Mutex<Vec<usize>>,
         /// [`Backend::max_batch_bytes`].
         max_batch_bytes: AtomicUsize,
+        /// The last sequence each sync was for ([`Backend::sync_through`]), in order.
+        synced_through: Mutex<Vec<u64>>,
     }
 
     impl Faulty {
@@ -1515,6 +1517,10 @@ mod tests {
         }
         fn max_batch_bytes(&self) -> usize {
             self.max_batch_bytes.load(Ordering::SeqCst)
+        }
+        fn sync_through(&self, last_seq: u64) -> Result<()> {
+            self.synced_through.lock().unwrap().push(last_seq);
+            self.sync()
         }
         fn sync(&self) -> Result<()> {
             let thread = std::thread::current().name().unwrap_or_default().to_owned();
@@ -1573,6 +1579,7 @@ mod tests {
             writes: Mutex::new(Vec::new()),
             written_bytes: Mutex::new(Vec::new()),
             max_batch_bytes: AtomicUsize::new(usize::MAX),
+            synced_through: Mutex::new(Vec::new()),
         });
         let journal =
             Journal::with_backend(Arc::clone(&backend) as Arc<dyn Backend>, options).unwrap();
@@ -1785,6 +1792,14 @@ mod tests {
             ack.blocking_recv().unwrap().unwrap();
         }
         assert_eq!(waiting(&journal), 0);
+        // Each sync was for the batches waiting for it, up to the last one's last sequence
+        // (the lone append's, 1; the first batch's, 101, unless it waited with the second;
+        // the second's, 151).
+        let through = std::mem::take(&mut *backend.synced_through.lock().unwrap());
+        assert!(
+            through == [1, 101, 151] || through == [1, 151],
+            "{through:?}"
+        );
         // And so it goes on: a lone append afterwards waits for nothing.
         journal.append("a", 1, &[update(2)]).unwrap();
         assert_eq!(waiting(&journal), 0);
