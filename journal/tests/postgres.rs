@@ -616,6 +616,17 @@ fn raw(schema: &str) -> (tokio::runtime::Runtime, tokio_postgres::Client) {
 /// Whether a session comes to wait for a lock the server process `pid` holds (asked of the
 /// server over `watch` until it does, for up to a minute).
 fn blocked_by(runtime: &tokio::runtime::Runtime, watch: &tokio_postgres::Client, pid: i32) -> bool {
+    sessions_blocked_by(runtime, watch, pid, 1)
+}
+
+/// Whether `sessions` sessions come to wait for a lock the server process `pid` holds (asked
+/// of the server over `watch` until they do, for up to a minute).
+fn sessions_blocked_by(
+    runtime: &tokio::runtime::Runtime,
+    watch: &tokio_postgres::Client,
+    pid: i32,
+    sessions: i64,
+) -> bool {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while std::time::Instant::now() < deadline {
         let row = runtime
@@ -625,7 +636,7 @@ fn blocked_by(runtime: &tokio::runtime::Runtime, watch: &tokio_postgres::Client,
                 &[&pid],
             ))
             .unwrap();
-        if row.get::<_, i64>(0) == 1 {
+        if row.get::<_, i64>(0) == sessions {
             return true;
         }
         std::thread::yield_now();
@@ -728,6 +739,68 @@ fn the_batch_call_waits_for_the_writer_lock_an_earlier_node_holds() {
     assert_eq!(journal.stream_len("a").unwrap(), Some(2));
     let reader = Journal::open_postgres_read_only(&url).unwrap();
     assert_eq!(reader.read_stream("a", 0).count(), 2);
+}
+
+/// The writer lock's design reads in READ COMMITTED: a batch that waited for the lock reads
+/// the tail the batch before it committed, in a snapshot taken after the wait. With
+/// `default_transaction_isolation` set to serializable for the journal's sessions (here by the
+/// URL's `options`, as a database's or a role's default would), the journal still reads
+/// committed: two nodes waiting behind the lock — one on its careful way, whose transaction
+/// would otherwise have taken its snapshot before the wait — both append once it is free,
+/// each on the other's commit.
+#[test]
+fn nodes_waiting_for_the_writer_lock_read_what_was_committed_whatever_the_default_isolation() {
+    let Some(url) = url("isolation") else {
+        return;
+    };
+    let schema = url.rsplit_once("schema=").unwrap().1.to_owned();
+    let url = format!("{url}&options=-c%20default_transaction_isolation%3Dserializable");
+    let first = open(&url);
+    first.append("a", 0, &[created("a")]).unwrap();
+    // A node that has not written yet: its first batch takes the careful way, the lock and
+    // the tail's read in one transaction.
+    let second = open(&url);
+    let (runtime, holder) = raw(&schema);
+    runtime
+        .block_on(holder.batch_execute("BEGIN; SELECT dtask_lock_writer()"))
+        .unwrap();
+    let holder_pid: i32 = runtime
+        .block_on(holder.query_one("SELECT pg_backend_pid()", &[]))
+        .unwrap()
+        .get(0);
+    let (watch_runtime, watch) = raw(&schema);
+    // The first node waits first (the lock is granted in that order), then the second.
+    let appending_first = std::thread::spawn({
+        let first = first.clone();
+        move || first.append("a", 1, &[update(1)]).map(|_| ())
+    });
+    assert!(sessions_blocked_by(&watch_runtime, &watch, holder_pid, 1));
+    let appending_second = std::thread::spawn({
+        let second = second.clone();
+        move || second.append("b", 0, &[created("b")]).map(|_| ())
+    });
+    assert!(sessions_blocked_by(&watch_runtime, &watch, holder_pid, 2));
+    runtime.block_on(holder.batch_execute("COMMIT")).unwrap();
+    appending_first.join().unwrap().unwrap();
+    appending_second.join().unwrap().unwrap();
+    let reader = Journal::open_postgres_read_only(&url).unwrap();
+    assert_eq!(reader.read_stream("a", 0).count(), 2);
+    assert_eq!(reader.read_stream("b", 0).count(), 1);
+    let order: Vec<(String, u64)> = reader
+        .commits(1)
+        .map(|c| {
+            let c = c.unwrap();
+            (c.task, c.record.seq)
+        })
+        .collect();
+    assert_eq!(
+        order,
+        [
+            ("a".to_owned(), 1),
+            ("a".to_owned(), 2),
+            ("b".to_owned(), 3)
+        ]
+    );
 }
 
 /// `dtask_write_batch`'s `sync_at_commit` turns `synchronous_commit` on for the rest of the

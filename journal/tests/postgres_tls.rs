@@ -256,7 +256,9 @@ fn a_client_certificate_lets_the_journal_in_where_the_server_asks_for_one() {
 
 /// TLS parameters that cannot work are refused at parse, before any connection: an unknown
 /// `sslmode`, a certificate file that is missing or holds none, a file given without an
-/// `sslmode` that uses TLS, a client certificate without its key.
+/// `sslmode` that uses TLS, a client certificate without its key, and `verify-ca` without
+/// `sslrootcert` (the public roots with no check of the name would take any certificate
+/// they vouch for).
 #[test]
 fn tls_parameters_that_cannot_work_are_refused_before_connecting() {
     let dir = tempfile::tempdir().unwrap();
@@ -266,6 +268,7 @@ fn tls_parameters_that_cannot_work_are_refused_before_connecting() {
     let base = "postgres://nobody@127.0.0.1:1/postgres?";
     for (parameters, expected) in [
         ("sslmode=sometimes".to_owned(), "unknown sslmode"),
+        ("sslmode=verify-ca".to_owned(), "needs sslrootcert"),
         (
             format!("sslmode=verify-full&sslrootcert={}", missing.display()),
             "missing.pem",

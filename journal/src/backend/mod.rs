@@ -297,6 +297,29 @@ pub trait Backend: Send + Sync + 'static {
     /// [`Error::Storage`] when the sync failed: what it covered may or may not be durable.
     fn sync(&self) -> Result<()>;
 
+    /// [`Backend::sync`] for the writer's batches up to the one whose last sequence is
+    /// `last_seq` (the syncer's, waiting for it): it makes every write that returned before
+    /// this call durable all the same, and a failure answers for those batches. A store that
+    /// notes what each write leaves to make durable (PostgreSQL's) keeps, when the sync fails,
+    /// what it took of later batches' writes — returned, not yet handed to the syncer — for
+    /// their own sync, rather than letting them be acknowledged unchecked. By default
+    /// [`Backend::sync`].
+    ///
+    /// # Errors
+    /// As [`Backend::sync`].
+    fn sync_through(&self, last_seq: u64) -> Result<()> {
+        let _ = last_seq;
+        self.sync()
+    }
+
+    /// The most record bytes the writer takes into one batch: it stops taking appends into a
+    /// batch once the next would bring its records past this many, and leaves that one for
+    /// the next batch (an append larger than this is a batch alone). Unbounded by default; a
+    /// store that receives a batch as one message of bounded size (PostgreSQL's) sets one.
+    fn max_batch_bytes(&self) -> usize {
+        usize::MAX
+    }
+
     /// Whether a failed [`Backend::sync`] must stop the journal (the default): it must when
     /// a sync tried again could report success for data already dropped, as a retried
     /// `fsync` can. A store whose sync finds what it makes durable before it says so

@@ -109,6 +109,11 @@ pub(crate) struct Target {
     pub custom_plans: bool,
     /// How connections are secured (module `tls`).
     pub tls: Tls,
+    /// How long the server lets the session sit idle inside a transaction before it ends the
+    /// session (`idle_in_transaction_session_timeout`): the writer's, whose transaction holds
+    /// the journal's writer lock between its round trips ([`super::LOCK_IDLE_MAX`]). `None`:
+    /// as the server says (a frozen view's snapshot is one transaction, idle between reads).
+    pub idle_in_transaction: Option<std::time::Duration>,
 }
 
 impl Target {
@@ -122,6 +127,7 @@ impl Target {
             synchronous,
             custom_plans: false,
             tls: location.tls.clone(),
+            idle_in_transaction: None,
         }
     }
 
@@ -499,15 +505,28 @@ async fn connect(target: &Target) -> Result<Arc<Session>> {
             tracing::warn!(error = %e, "a PostgreSQL connection of the journal ended");
         }
     });
+    // Whatever the database's or the role's defaults: the writer lock's design needs READ
+    // COMMITTED — a batch that waited for the lock reads, in a snapshot taken after it, the
+    // tail the writer before it committed (in the lock's transaction, and in each statement
+    // of `dtask_write_batch`); under REPEATABLE READ or SERIALIZABLE the snapshot would be
+    // the one taken before the wait, and the batch would build on a stale tail.
     let setup = format!(
-        "SET search_path TO {}; SET synchronous_commit TO {}; SET statement_timeout TO 0{}",
+        "SET search_path TO {}; SET synchronous_commit TO {}; SET statement_timeout TO 0; \
+         SET default_transaction_isolation TO 'read committed'{}{}",
         quote_ident(&target.schema),
         if target.synchronous { "on" } else { "off" },
         if target.custom_plans {
             "; SET plan_cache_mode TO force_custom_plan"
         } else {
             ""
-        }
+        },
+        target
+            .idle_in_transaction
+            .map(|idle| format!(
+                "; SET idle_in_transaction_session_timeout TO {}",
+                idle.as_millis().max(1)
+            ))
+            .unwrap_or_default()
     );
     client
         .batch_execute(&setup)

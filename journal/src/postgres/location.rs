@@ -4,6 +4,18 @@
 use super::tls;
 use crate::error::{Error, Result};
 
+/// How long a TCP connection to the server may be silent before the client sends it a
+/// keepalive probe, unless the URL says (`keepalives_idle`): probes are answered by the
+/// server's system, whatever its sessions are busy with, so a long statement is not cut.
+const KEEPALIVE_IDLE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The pause between unanswered keepalive probes (`keepalives_interval`).
+const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Unanswered keepalive probes after which the connection counts as broken
+/// (`keepalives_retries`).
+const KEEPALIVE_RETRIES: u32 = 4;
+
 /// A PostgreSQL location: the connection string and the schema the journal lives in.
 #[derive(Debug, Clone)]
 pub struct PgLocation {
@@ -24,13 +36,14 @@ impl PgLocation {
     /// `dtask`): the schema the journal's tables are in, so that several journals share a
     /// database. TLS is used as `sslmode` asks (`require`, `verify-ca`, `verify-full`), the
     /// server's certificate checked against the roots of `sslrootcert=PATH` or the Mozilla
-    /// roots built in, with a client certificate from `sslcert=PATH` and `sslkey=PATH`; without
+    /// roots built in (`verify-ca`, which does not check the name, only against
+    /// `sslrootcert`'s), with a client certificate from `sslcert=PATH` and `sslkey=PATH`; without
     /// `sslmode`, or with `disable`, `allow` or `prefer`, connections do not use TLS (see
     /// docs/postgres.md, "TLS").
     ///
     /// # Errors
-    /// [`Error::InvalidLocation`] for a malformed URL, an unknown `sslmode`, or a certificate
-    /// or key file that cannot be read.
+    /// [`Error::InvalidLocation`] for a malformed URL, an unknown `sslmode`, `verify-ca`
+    /// without `sslrootcert`, or a certificate or key file that cannot be read.
     pub fn parse(url: &str) -> Result<Self> {
         let (base, query) = url.split_once('?').unwrap_or((url, ""));
         let mut schema = "dtask".to_owned();
@@ -68,6 +81,16 @@ impl PgLocation {
         } else {
             tokio_postgres::config::SslMode::Disable
         });
+        if !kept.iter().any(|pair| pair.starts_with("keepalives")) {
+            // A server that went away without a word (its host died, the network split) is
+            // found out in about half a minute rather than the system's two hours: the call
+            // waiting on it fails, and the next opens the connection again.
+            config
+                .keepalives(true)
+                .keepalives_idle(KEEPALIVE_IDLE)
+                .keepalives_interval(KEEPALIVE_INTERVAL)
+                .keepalives_retries(KEEPALIVE_RETRIES);
+        }
         if config.get_application_name().is_none() {
             // Names the journal's connections in `pg_stat_activity`.
             let name: String = format!("dtask:{schema}").chars().take(63).collect();
@@ -139,4 +162,26 @@ fn decoded(value: &str) -> Result<String> {
         .decode_utf8()
         .map(std::borrow::Cow::into_owned)
         .map_err(|e| Error::InvalidLocation(format!("a parameter that is not UTF-8: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Connections probe a silent server after [`KEEPALIVE_IDLE`], unless the URL says
+    /// otherwise.
+    #[test]
+    fn keepalives_are_short_unless_the_url_sets_them() {
+        let ours = PgLocation::parse("postgres://me@db:5432/dtask").unwrap();
+        assert!(ours.config.get_keepalives());
+        assert_eq!(ours.config.get_keepalives_idle(), KEEPALIVE_IDLE);
+        assert!(KEEPALIVE_IDLE < std::time::Duration::from_secs(60));
+        let theirs = PgLocation::parse("postgres://me@db:5432/dtask?keepalives_idle=300").unwrap();
+        assert_eq!(
+            theirs.config.get_keepalives_idle(),
+            std::time::Duration::from_secs(300)
+        );
+        let off = PgLocation::parse("postgres://me@db:5432/dtask?keepalives=0").unwrap();
+        assert!(!off.config.get_keepalives());
+    }
 }

@@ -35,6 +35,7 @@ mod read;
 pub(crate) mod rows;
 pub mod schema;
 mod tls;
+mod unflushed;
 pub(crate) mod write;
 
 use crate::backend::{
@@ -47,9 +48,10 @@ use crate::options::Durability;
 use conn::{Conn, Reopen, Target};
 use read::{Scan, LAST_SEQ};
 use rows::Bound;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use tokio_postgres::types::Type;
+use unflushed::{Mark, Unflushed};
 use write::{write_and_commit, Flush};
 
 pub use location::PgLocation;
@@ -70,8 +72,12 @@ pub struct PgBackend {
     syncer: Option<Conn>,
     /// Whether an acknowledged append must be durable ([`Durability::Sync`]).
     synchronous: bool,
-    /// The last record the writer committed and no sync has made durable yet.
-    unflushed: std::sync::Mutex<Option<Arc<Mark>>>,
+    /// The last records of the writer's commits no sync has made durable yet (module
+    /// `unflushed`).
+    unflushed: std::sync::Mutex<Unflushed>,
+    /// How many calls of the writer's connection failed: a commit after one may be on a new
+    /// session, and its mark covers none before it ([`Mark::session`]).
+    writer_failures: AtomicU64,
     /// Whether the writer's connection holds the writer lock (a batch is open).
     locked: AtomicBool,
     /// Whether a call of the writer's failed where the writer does not hear of it (the
@@ -132,8 +138,11 @@ impl PgBackend {
             (None, None)
         } else {
             // The writer's commits return without waiting for the flush; the syncer's wait.
+            // The writer's session holds the writer lock between its round trips: the server
+            // ends it once it sits idle in a transaction for longer than a batch ever does.
             let unflushed = Target {
                 synchronous: false,
+                idle_in_transaction: Some(LOCK_IDLE_MAX),
                 ..target.clone()
             };
             (
@@ -148,7 +157,8 @@ impl PgBackend {
             writer,
             syncer,
             synchronous: durability == Durability::Sync,
-            unflushed: std::sync::Mutex::new(None),
+            unflushed: std::sync::Mutex::default(),
+            writer_failures: AtomicU64::new(0),
             locked: AtomicBool::new(false),
             unheard: AtomicBool::new(false),
             read_only,
@@ -172,7 +182,8 @@ impl PgBackend {
             writer: None,
             syncer: None,
             synchronous: self.synchronous,
-            unflushed: std::sync::Mutex::new(None),
+            unflushed: std::sync::Mutex::default(),
+            writer_failures: AtomicU64::new(0),
             locked: AtomicBool::new(false),
             unheard: AtomicBool::new(false),
             read_only: true,
@@ -224,6 +235,22 @@ impl PgBackend {
     }
 }
 
+/// How long the writer's session may sit idle in the transaction that holds the writer lock
+/// before the server ends the session (`idle_in_transaction_session_timeout`), releasing the
+/// lock: a node that froze, or lost the network, with the lock held stops every node's
+/// writes for at most this long. A batch holds the lock idle only between its round trips
+/// (the lock with the reads, perhaps a read of the heads it lacks, the write and commit) and
+/// its framing, far less; one that takes longer fails with a storage error, as after a lost
+/// connection, and the next batch reads the tail again. Statements themselves are not
+/// bounded (the server's `statement_timeout` is off for every session of the journal).
+pub(crate) const LOCK_IDLE_MAX: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The most record bytes the writer puts in one batch ([`Backend::max_batch_bytes`]): a
+/// batch's records travel in one parameter of one call, and the server refuses a message of
+/// more than 1 GB — which would fail every append of the batch. A batch of this size is far
+/// past the point where a larger one saves anything; the appends past it wait for the next.
+const MAX_BATCH_BYTES: usize = 64 << 20;
+
 /// How long [`PgBackend::sync`] tries its round trip again before it gives up: long enough
 /// to ride out a restart of the database (a connection the server dropped fails one call and
 /// is open again for the next; while the server is down, none opens). Its commits were
@@ -236,20 +263,11 @@ const FLUSH_PATIENCE: std::time::Duration = std::time::Duration::from_secs(30);
 /// other at once, then 10 ms, doubling up to this).
 const FLUSH_PAUSE_MAX: std::time::Duration = std::time::Duration::from_millis(500);
 
-/// The last record of a batch the writer committed without waiting for the flush: what the
-/// next sync finds again before it makes it durable.
-struct Mark {
-    task: String,
-    position: i64,
-    seq: u64,
-    record: Vec<u8>,
-}
-
 /// How a batch of the writer's commits.
 struct Commit {
     /// Its last record, for the sync to find again (`None`: it waits for the flush at
     /// commit, or nothing waits for a flush).
-    mark: Option<Arc<Mark>>,
+    mark: Option<Mark>,
     /// Its `NOTIFY`'s payload, sent at commit when no sync sends it.
     notice: Option<String>,
     /// Whether its commit waits for the flush.
@@ -263,7 +281,7 @@ impl PgBackend {
     /// commit. Otherwise every commit is as the session's, and announced at commit.
     fn commit_of(&self, ops: &[BatchOp], flush: CommitFlush) -> Result<Commit> {
         let mark = if self.synchronous && flush == CommitFlush::AtSync {
-            last_record(ops)?.map(Arc::new)
+            last_record(ops)?
         } else {
             None
         };
@@ -296,14 +314,106 @@ impl PgBackend {
         Ok(writer)
     }
 
-    /// Notes `mark` as the last record committed and not yet flushed.
-    fn note_unflushed(&self, mark: Option<Arc<Mark>>) {
-        if let Some(mark) = mark {
-            *self
-                .unflushed
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(mark);
+    /// Runs `work` on the writer's connection, counting a failure: the connection may be
+    /// open again on a new session after it ([`Reopen::Loudly`]).
+    fn call_writer<T, F>(&self, work: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(
+                Arc<conn::Session>,
+            ) -> conn::BoxFuture<std::result::Result<T, tokio_postgres::Error>>
+            + Send
+            + 'static,
+    {
+        let answer = self.writer().and_then(|writer| writer.call(work));
+        if answer.is_err() {
+            self.writer_failures.fetch_add(1, Ordering::AcqRel);
         }
+        answer
+    }
+
+    /// Notes `mark`, the last record of a batch just committed on the writer's session, as
+    /// not yet flushed.
+    fn note_unflushed(&self, mark: Option<Mark>) {
+        if let Some(mut mark) = mark {
+            mark.session = self.writer_failures.load(Ordering::Acquire);
+            self.unflushed
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .note(mark);
+        }
+    }
+
+    /// Makes the commit of `mark` durable, and every commit the server wrote before it, over
+    /// `syncer`, if its record is still there; then announces its sequence. Tried again for
+    /// up to [`FLUSH_PATIENCE`] while the round trip fails.
+    ///
+    /// # Errors
+    /// [`Error::Storage`] when the record is gone (the server lost it), or when no round trip
+    /// went through in time.
+    fn flush(&self, syncer: &Conn, mark: &Arc<Mark>) -> Result<()> {
+        let payload = listen::payload(&self.location.schema, mark.seq);
+        let deadline = std::time::Instant::now() + FLUSH_PATIENCE;
+        let mut pause = std::time::Duration::ZERO;
+        let mut failed = None;
+        loop {
+            if failed.is_some() {
+                if std::time::Instant::now() + pause > deadline {
+                    break;
+                }
+                std::thread::sleep(pause);
+                pause = (pause * 2)
+                    .max(std::time::Duration::from_millis(10))
+                    .min(FLUSH_PAUSE_MAX);
+            }
+            let (sent, payload) = (Arc::clone(mark), payload.clone());
+            let found = syncer.call(move |client| {
+                Box::pin(async move {
+                    write::flush(&client, &sent.task, sent.position, &sent.record, &payload).await
+                })
+            });
+            match found {
+                Ok(true) => {
+                    // Every commit up to the mark's is flushed with it (sequences are
+                    // committed in order).
+                    self.durable_seq.fetch_max(mark.seq, Ordering::AcqRel);
+                    if let Some(e) = failed {
+                        tracing::info!(
+                            failed = %e,
+                            "the journal's flush on PostgreSQL at {} went through after it failed",
+                            self.location.display
+                        );
+                    }
+                    return Ok(());
+                }
+                Ok(false) => {
+                    return Err(Error::storage(format!(
+                        "the record of {} at {} (sequence {}), committed and not yet flushed, \
+                         is gone from PostgreSQL at {}: the server lost what it had not \
+                         flushed",
+                        mark.task, mark.position, mark.seq, self.location.display
+                    )))
+                }
+                Err(e) => {
+                    if failed.is_none() {
+                        tracing::warn!(
+                            error = %e,
+                            "the journal's flush on PostgreSQL at {} failed; trying again for up \
+                             to {} s",
+                            self.location.display,
+                            FLUSH_PATIENCE.as_secs()
+                        );
+                    }
+                    failed = Some(e);
+                }
+            }
+        }
+        let why = failed.map_or_else(|| "no flush was tried".to_owned(), |e| e.to_string());
+        Err(Error::storage(format!(
+            "cannot flush the journal's commits on PostgreSQL at {} (tried for {} s): {why}",
+            self.location.display,
+            FLUSH_PATIENCE.as_secs()
+        )))
     }
 
     /// The payload of the `NOTIFY` of a batch that moves the tail (other processes' listeners
@@ -347,6 +457,8 @@ fn last_record(ops: &[BatchOp]) -> Result<Option<Mark>> {
             position,
             seq,
             record: record.to_vec(),
+            // Set when the batch has committed (`note_unflushed`).
+            session: 0,
         })
     })
     .transpose()
@@ -405,10 +517,9 @@ impl Backend for PgBackend {
         // The call is a transaction of its own only outside one: a locked batch left open
         // (its write never sent) ends here, rather than holding this call uncommitted.
         self.unlock_write();
-        let writer = self.writer()?;
         let commit = self.commit_of(&ops, flush)?;
         let params = write::batch_call(ops, Some(expected.to_vec()), commit.flush, commit.notice)?;
-        let written = writer.call(move |client| {
+        let written = self.call_writer(move |client| {
             Box::pin(async move { write::write_expecting(&client, params).await })
         })?;
         if written {
@@ -418,25 +529,34 @@ impl Backend for PgBackend {
     }
 
     fn write_locked(&self, ops: Vec<BatchOp>, flush: CommitFlush) -> Result<()> {
-        let writer = self.writer()?;
         self.locked.store(false, Ordering::Release);
         let commit = self.commit_of(&ops, flush)?;
         let params = write::batch_call(ops, None, commit.flush, commit.notice)?;
-        writer
-            .call(move |client| Box::pin(async move { write_and_commit(&client, params).await }))?;
+        self.call_writer(move |client| {
+            Box::pin(async move { write_and_commit(&client, params).await })
+        })?;
         self.note_unflushed(commit.mark);
         Ok(())
     }
 
-    /// Makes durable every batch the writer committed so far: their commits returned
-    /// without waiting for the database's flush, and this waits for it, after finding the
-    /// last record committed still there (`write::flush`); then announces them to other
+    /// Makes durable every batch the writer committed so far ([`Backend::sync_through`] with
+    /// no batch of the syncer's in particular: a failure answers for all of them).
+    fn sync(&self) -> Result<()> {
+        self.sync_through(u64::MAX)
+    }
+
+    /// Makes durable every batch the writer committed so far, for the syncer's batches up to
+    /// sequence `last_seq`: their commits returned without waiting for the database's flush,
+    /// and this waits for it, after finding the last record of each session's last commit
+    /// still there (module `unflushed`, `write::flush`); then announces them to other
     /// processes. A failed round trip is tried again, for up to [`FLUSH_PATIENCE`] (on a
     /// connection opened again, if the server dropped it; while the server restarts, with
     /// pauses): what it finds, it makes durable. A record not found means the server lost
     /// what it had acknowledged and not flushed: an error for the appends waiting (the
-    /// journal goes on: [`Backend::sync_failure_is_final`]).
-    fn sync(&self) -> Result<()> {
+    /// journal goes on: [`Backend::sync_failure_is_final`]). What a failed sync took of
+    /// batches after `last_seq` — committed, not yet handed to the syncer — is given back for
+    /// their own sync, so that their appends are acknowledged only once a sync finds them.
+    fn sync_through(&self, last_seq: u64) -> Result<()> {
         let Some(syncer) = &self.syncer else {
             return Ok(());
         };
@@ -445,71 +565,20 @@ impl Backend for PgBackend {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take();
-        let Some(mark) = taken else {
-            return Ok(());
-        };
-        let payload = listen::payload(&self.location.schema, mark.seq);
-        let deadline = std::time::Instant::now() + FLUSH_PATIENCE;
-        let mut pause = std::time::Duration::ZERO;
-        let mut failed = None;
-        loop {
-            if failed.is_some() {
-                if std::time::Instant::now() + pause > deadline {
-                    break;
-                }
-                std::thread::sleep(pause);
-                pause = (pause * 2)
-                    .max(std::time::Duration::from_millis(10))
-                    .min(FLUSH_PAUSE_MAX);
-            }
-            let (sent, payload) = (Arc::clone(&mark), payload.clone());
-            let found = syncer.call(move |client| {
-                Box::pin(async move {
-                    write::flush(&client, &sent.task, sent.position, &sent.record, &payload).await
-                })
-            });
-            match found {
-                Ok(true) => {
-                    // Every commit up to the mark's is flushed with it (sequences are
-                    // committed in order).
-                    self.durable_seq.fetch_max(mark.seq, Ordering::AcqRel);
-                    if let Some(e) = failed {
-                        tracing::info!(
-                            failed = %e,
-                            "the journal's flush on PostgreSQL at {} went through after it failed",
-                            self.location.display
-                        );
-                    }
-                    return Ok(());
-                }
-                Ok(false) => {
-                    return Err(Error::storage(format!(
-                        "the record of {} at {} (sequence {}), committed and not yet flushed, \
-                         is gone from PostgreSQL at {}: the server lost what it had not \
-                         flushed",
-                        mark.task, mark.position, mark.seq, self.location.display
-                    )))
-                }
-                Err(e) => {
-                    if failed.is_none() {
-                        tracing::warn!(
-                            error = %e,
-                            "the journal's flush on PostgreSQL at {} failed; trying again for up \
-                             to {} s",
-                            self.location.display,
-                            FLUSH_PATIENCE.as_secs()
-                        );
-                    }
-                    failed = Some(e);
-                }
+        for (i, mark) in taken.iter().enumerate() {
+            if let Err(e) = self.flush(syncer, mark) {
+                self.unflushed
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .give_back(taken, i, last_seq);
+                return Err(e);
             }
         }
-        let why = failed.map_or_else(|| "no flush was tried".to_owned(), |e| e.to_string());
-        Err(Error::storage(format!(
-            "cannot flush the journal's commits on PostgreSQL at {} (tried for {} s): {why}",
-            self.location.display,
-            FLUSH_PATIENCE.as_secs()
-        )))
+        Ok(())
+    }
+
+    fn max_batch_bytes(&self) -> usize {
+        MAX_BATCH_BYTES
     }
 
     fn sync_failure_is_final(&self) -> bool {
@@ -570,12 +639,11 @@ impl Backend for PgBackend {
     }
 
     fn lock_for_write(&self, since: u64, lacks: &[String]) -> Result<Option<WriteLock>> {
-        let writer = self.writer()?;
         let since = i64::try_from(since).unwrap_or(i64::MAX);
         // One more than listed, to tell a full list from a cut one.
         let most = i64::try_from(WRITTEN_SINCE_MAX + 1).unwrap_or(i64::MAX);
         let lacking = lacks.to_vec();
-        let (locked, heads) = writer.call(move |client| {
+        let (locked, heads) = self.call_writer(move |client| {
             Box::pin(async move {
                 let run = async {
                     // Prepared first (once per connection), then sent together; the tail, the
@@ -718,14 +786,20 @@ mod tests {
     use crate::keys;
     use crate::tail::Tail;
 
-    /// A backend on a fresh schema of the test database (`DTASK_TEST_PG_URL`), or `None`.
+    /// A backend on a fresh schema of the test database (`DTASK_TEST_PG_URL`), or `None`; a
+    /// second call with the same `test` opens the same schema again (another node).
     fn backend(test: &str) -> Option<(PgBackend, String)> {
+        backend_with(test, "")
+    }
+
+    /// [`backend`] with the URL parameters `parameters` besides (`&name=value…`).
+    fn backend_with(test: &str, parameters: &str) -> Option<(PgBackend, String)> {
         let Ok(base) = std::env::var("DTASK_TEST_PG_URL") else {
             eprintln!("SKIPPED {test}: DTASK_TEST_PG_URL is not set (./dev test sets it)");
             return None;
         };
         let schema = format!("u{}_{test}", std::process::id());
-        let url = PgLocation::url_with_schema(&base, &schema);
+        let url = PgLocation::url_with_schema(&base, &schema) + parameters;
         let seed = vec![(keys::META_TAIL.to_vec(), Tail::default().encode())];
         let location = PgLocation::parse(&url).unwrap();
         Some((
@@ -830,6 +904,91 @@ mod tests {
             .unwrap());
         lose(&pg, 1);
         pg.sync().unwrap();
+    }
+
+    /// The syncer's sync of batch 1 may take batch 2's mark: the writer committed batch 2
+    /// before handing it over. When that sync fails on it — the server lost batch 2 — the
+    /// failure answers for batch 1 alone: batch 2's own sync looks for its record again, and
+    /// fails too, rather than finding nothing to do and acknowledging it.
+    #[test]
+    fn a_failed_sync_leaves_a_later_batchs_record_for_that_batchs_own_sync() {
+        let Some((pg, _)) = backend("flushlater") else {
+            return;
+        };
+        let (ops, first_tail) = batch(0, 1);
+        assert!(pg
+            .write_expecting(ops, &Tail::default().encode(), CommitFlush::AtSync)
+            .unwrap());
+        let (ops, _) = batch(1, 2);
+        assert!(pg
+            .write_expecting(ops, &first_tail, CommitFlush::AtSync)
+            .unwrap());
+        lose(&pg, 1);
+        // Batch 1's sync finds batch 2's record gone.
+        let refused = pg.sync_through(1).unwrap_err();
+        assert!(refused.to_string().contains("is gone"), "{refused}");
+        // Batch 2's sync looks again: gone.
+        let refused = pg.sync_through(2).unwrap_err();
+        assert!(refused.to_string().contains("is gone"), "{refused}");
+        // That failure answered for batch 2: nothing is left to find.
+        pg.sync_through(2).unwrap();
+    }
+
+    /// A commit the writer made on a new session of its connection — after the server
+    /// restarted, say — does not vouch for the commits of the session before (the restart
+    /// may have lost them): a sync looks for the last record of each.
+    #[test]
+    fn a_commit_on_a_new_session_does_not_vouch_for_one_on_the_session_before() {
+        let Some((pg, _)) = backend("flushsessions") else {
+            return;
+        };
+        let writer = pg.writer.as_ref().unwrap();
+        let (ops, first_tail) = batch(0, 1);
+        assert!(pg
+            .write_expecting(ops, &Tail::default().encode(), CommitFlush::AtSync)
+            .unwrap());
+        let pid = writer
+            .call(|client| {
+                Box::pin(async move {
+                    let row = client.query_one("SELECT pg_backend_pid()", &[]).await?;
+                    Ok(row.get::<_, i32>(0))
+                })
+            })
+            .unwrap();
+        let base = std::env::var("DTASK_TEST_PG_URL").unwrap();
+        Conn::open(Target::admin(&PgLocation::parse(&base).unwrap()), "admin")
+            .unwrap()
+            .call(move |client| {
+                Box::pin(async move {
+                    client
+                        .execute("SELECT pg_terminate_backend($1, 10000)", &[&pid])
+                        .await
+                })
+            })
+            .unwrap();
+        // The writer's connection fails (once or twice), then commits batch 2 on a new
+        // session.
+        let mut errors = Vec::new();
+        loop {
+            let (ops, _) = batch(1, 2);
+            match pg.write_expecting(ops, &first_tail, CommitFlush::AtSync) {
+                Ok(written) => {
+                    assert!(written);
+                    break;
+                }
+                Err(e) => errors.push(e.to_string()),
+            }
+            assert!(errors.len() < 3, "{errors:?}");
+        }
+        assert!(!errors.is_empty());
+        // Batch 1's record is gone, as a restart that had not flushed it would lose it:
+        // batch 2's record, there, does not make the sync say otherwise.
+        lose(&pg, 0);
+        let refused = pg.sync_through(2).unwrap_err();
+        assert!(
+            refused.to_string().contains("of t at 0 (sequence 1)"),
+            "{refused}"
+        );
     }
 
     /// A one-round-trip batch is its own transaction: one sent while a locked batch was left
@@ -1099,6 +1258,103 @@ mod tests {
         pg.sync().unwrap();
         assert!(pg
             .get(Space::Events, &keys::event_key("t", 0))
+            .unwrap()
+            .is_some());
+    }
+
+    /// A setting of `conn`'s session, as `SHOW` reads it.
+    fn setting(conn: &Conn, name: &'static str) -> String {
+        conn.call(move |client| {
+            Box::pin(async move {
+                let row = client.query_one(&format!("SHOW {name}"), &[]).await?;
+                Ok(row.get::<_, String>(0))
+            })
+        })
+        .unwrap()
+    }
+
+    /// Every session of the journal reads committed rows, whatever the default the database,
+    /// the role or the URL gives (here the URL's `options`: serializable), and only the
+    /// writer's is ended by the server when it sits idle in a transaction.
+    #[test]
+    fn every_session_reads_committed_and_only_the_writers_has_an_idle_bound() {
+        let Some((pg, _)) = backend_with(
+            "sessions",
+            "&options=-c%20default_transaction_isolation%3Dserializable",
+        ) else {
+            return;
+        };
+        let (writer, syncer) = (pg.writer.as_ref().unwrap(), pg.syncer.as_ref().unwrap());
+        for conn in pg.readers.iter().chain([writer, syncer]) {
+            assert_eq!(
+                setting(conn, "default_transaction_isolation"),
+                "read committed"
+            );
+        }
+        assert_eq!(
+            setting(writer, "idle_in_transaction_session_timeout"),
+            format!("{}s", LOCK_IDLE_MAX.as_secs())
+        );
+        for conn in pg.readers.iter().chain([syncer]) {
+            assert_eq!(setting(conn, "idle_in_transaction_session_timeout"), "0");
+        }
+    }
+
+    /// A writer that stalls with the writer lock held — idle in the transaction that took it,
+    /// as a node that froze or lost the network is — has its session ended by the server
+    /// after the writer's idle bound (shortened here), which frees the lock: another node's
+    /// writer, waiting for it, writes; the stalled one's batch fails, nothing of it written,
+    /// and its next batch builds on the other's.
+    #[test]
+    fn a_writer_lock_left_idle_is_freed_by_the_server_and_both_writers_go_on() {
+        let (Some((stalled, _)), Some((other, _))) = (backend("idlelock"), backend("idlelock"))
+        else {
+            return;
+        };
+        let set = |pg: &PgBackend, sql: &'static str| {
+            pg.writer
+                .as_ref()
+                .unwrap()
+                .call(move |client| Box::pin(async move { client.batch_execute(sql).await }))
+                .unwrap();
+        };
+        set(&stalled, "SET idle_in_transaction_session_timeout TO '1s'");
+        // Should the lock never come free, the test fails rather than hangs.
+        set(&other, "SET lock_timeout TO '60s'");
+        assert!(stalled.lock_for_write(0, &[]).unwrap().is_some());
+        // Waits until the server ends the stalled writer's session.
+        let locked = other.lock_for_write(0, &[]).unwrap().unwrap();
+        assert_eq!(locked.tail, Some(Tail::default().encode()));
+        let (ops, other_tail) = batch_of("other", 0, 1);
+        other.write_locked(ops, CommitFlush::AtCommit).unwrap();
+
+        let (ops, _) = batch_of("stalled", 0, 1);
+        let failed = stalled
+            .write_locked(ops, CommitFlush::AtCommit)
+            .unwrap_err();
+        assert!(matches!(failed, Error::Storage(_)), "{failed}");
+        assert_eq!(
+            other
+                .get(Space::Events, &keys::event_key("stalled", 0))
+                .unwrap(),
+            None
+        );
+        // The stalled writer's connection fails once more (its new session), then it takes
+        // the lock again and reads the other's tail.
+        let mut errors = Vec::new();
+        let locked = loop {
+            match stalled.lock_for_write(0, &[]) {
+                Ok(locked) => break locked.unwrap(),
+                Err(e) => errors.push(e.to_string()),
+            }
+            assert!(errors.len() < 3, "{errors:?}");
+        };
+        assert_eq!(locked.tail, Some(other_tail));
+        let (ops, _) = batch_of("stalled", 0, 2);
+        stalled.write_locked(ops, CommitFlush::AtSync).unwrap();
+        stalled.sync().unwrap();
+        assert!(other
+            .get(Space::Events, &keys::event_key("stalled", 0))
             .unwrap()
             .is_some());
     }

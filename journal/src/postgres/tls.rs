@@ -4,9 +4,11 @@
 //! (with rustls) or not at all, and always check the server's certificate against the root
 //! certificates of `sslrootcert=PATH` (a PEM file), or the Mozilla roots built in when it is
 //! not given; `verify-full` and `require` also check that the certificate names the host
-//! connected to, `verify-ca` does not. (libpq's `require` checks nothing unless a root
-//! certificate is there; here it is as strict as `verify-full`, so that no connection is
-//! open to a man in the middle.) A client certificate for the server's `cert` authentication
+//! connected to, `verify-ca` does not — so `verify-ca` needs `sslrootcert`, as libpq's does:
+//! against the public roots, a certificate any of their authorities issued for any name
+//! would pass. (libpq's `require` checks nothing unless a root certificate is there; here it
+//! is as strict as `verify-full`, so that no connection is open to a man in the middle.) A
+//! client certificate for the server's `cert` authentication
 //! is given as `sslcert=PATH` and `sslkey=PATH` (PEM). `disable`, `allow` and `prefer`, and
 //! no `sslmode` at all, connect without TLS.
 
@@ -44,8 +46,9 @@ impl Tls {
     ///
     /// # Errors
     /// [`Error::InvalidLocation`] for an unknown `sslmode`, a file that cannot be read or
-    /// holds no certificate (or key), a file given without an `sslmode` that uses TLS, or
-    /// `sslcert` without `sslkey` (or the other way round).
+    /// holds no certificate (or key), a file given without an `sslmode` that uses TLS,
+    /// `verify-ca` without `sslrootcert`, or `sslcert` without `sslkey` (or the other way
+    /// round).
     pub(crate) fn from_parameters(parameters: &[(&str, &str)]) -> Result<Self> {
         let get = |name: &str| {
             parameters
@@ -80,6 +83,16 @@ impl Tls {
             });
         };
         let [root, cert, key] = files.map(|f| f.map(|(_, path)| path));
+        if !check_name && root.is_none() {
+            // The public roots vouch for names, not for a server: any certificate one of
+            // their authorities issued, for any name, would pass.
+            return Err(invalid(
+                "sslmode=verify-ca needs sslrootcert (the authority that issued the server's \
+                 certificate): against the roots built in, a certificate issued for any name \
+                 would pass; use verify-full to check the server's name against them"
+                    .into(),
+            ));
+        }
         let roots = match root {
             None => webpki_roots::TLS_SERVER_ROOTS
                 .iter()

@@ -485,6 +485,7 @@ impl Writer {
         moves: bool,
     ) {
         crate::backend::perf_counters_off();
+        let max_bytes = backend.max_batch_bytes();
         let syncer = match durability {
             Durability::Buffered => None,
             Durability::Sync => {
@@ -528,10 +529,21 @@ impl Writer {
                 refuse_if_stopped(shared, &mut batch);
                 continue;
             };
-            // Whatever queued up while an inline append held the lock joins this batch.
+            // Whatever queued up while an inline append held the lock joins this batch, up to
+            // the store's bound on its records' bytes: the job that would pass it starts the
+            // next batch.
+            let mut bytes = batch.iter().map(job_bytes).sum::<usize>();
             while batch.len() < max_batch {
                 match jobs.try_recv() {
-                    Ok(job) => batch.push(job),
+                    Ok(job) => {
+                        let more = job_bytes(&job);
+                        if bytes.saturating_add(more) > max_bytes {
+                            carried = Some(job);
+                            break;
+                        }
+                        bytes += more;
+                        batch.push(job);
+                    }
                     Err(_) => break,
                 }
             }
@@ -539,7 +551,7 @@ impl Writer {
             let queued = shared.queued.fetch_sub(taken, Ordering::Relaxed);
             if let Some(written) = writer.commit(&mut batch, queued.saturating_sub(taken)) {
                 let syncer = syncer.as_ref().map(|(tx, _)| tx);
-                carried = writer.make_durable(written, syncer, jobs);
+                carried = writer.make_durable(written, syncer, jobs, carried.take());
             }
         }
         // A clean close: the moves still waiting are made now, for at most the close's
@@ -644,31 +656,33 @@ impl Writer {
         };
         let (result, took) = match self.durability {
             Durability::Buffered => (Ok(()), Duration::ZERO),
-            Durability::Sync => timed_sync(self.backend.as_ref()),
+            Durability::Sync => timed_sync(self.backend.as_ref(), written.last_seq),
         };
         let final_failure = self.backend.sync_failure_is_final();
         settle(&self.shared, vec![written], result, took, final_failure);
     }
 
     /// Gets `written` synced and acknowledged: at once with [`Durability::Buffered`]; here
-    /// when nothing is being synced and no job waits (the job found waiting, if any, is
-    /// returned, to start the next batch); else by the syncer.
+    /// when nothing is being synced and no job waits — `next`, the job taken already for the
+    /// next batch, or one found queued; else by the syncer. Returns the job that starts the
+    /// next batch, if any.
     fn make_durable(
         &mut self,
         written: Written,
         syncer: Option<&mpsc::Sender<Written>>,
         jobs: &Receiver<AppendJob>,
+        next: Option<AppendJob>,
     ) -> Option<AppendJob> {
         let syncer = match (self.durability, syncer) {
             // No syncer could be started, or none is needed: here.
             (Durability::Buffered, _) | (Durability::Sync, None) => {
                 self.make_durable_here(written);
-                return None;
+                return next;
             }
             (Durability::Sync, Some(syncer)) => syncer,
         };
-        let mut waiting = None;
-        if self.shared.in_flight.load(Ordering::Acquire) == 0 {
+        let mut waiting = next;
+        if self.shared.in_flight.load(Ordering::Acquire) == 0 && waiting.is_none() {
             waiting = jobs.try_recv().ok();
             if waiting.is_none() {
                 self.make_durable_here(written);
@@ -1415,6 +1429,24 @@ fn within_sequences(start: u64, records: usize) -> Result<()> {
     Ok(())
 }
 
+/// The bytes of the records `job` writes, framed (and of the records a trim of it frames
+/// again): what it adds to its batch's ([`Backend::max_batch_bytes`]).
+fn job_bytes(job: &AppendJob) -> usize {
+    std::iter::once(&job.events)
+        .chain(job.linked.iter().map(|part| &part.events))
+        .flatten()
+        .map(|event| {
+            let replaced = match &event.effect {
+                IndexEffect::Trim { replaced, .. } => {
+                    replaced.iter().map(|(_, record)| record.len()).sum()
+                }
+                _ => 0,
+            };
+            record::HEADER_LEN + event.payload.payload().len() + record::TRAILER_LEN + replaced
+        })
+        .sum()
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
@@ -1449,6 +1481,12 @@ mod tests {
         synced_on: Mutex<Vec<String>>,
         /// Each write, in order: whether it put records, and the streams it retired.
         writes: Mutex<Vec<(bool, Vec<String>)>>,
+        /// The record bytes of each write that put records, in order.
+        written_bytes: Mutex<Vec<usize>>,
+        /// [`Backend::max_batch_bytes`].
+        max_batch_bytes: AtomicUsize,
+        /// The last sequence each sync was for ([`Backend::sync_through`]), in order.
+        synced_through: Mutex<Vec<u64>>,
     }
 
     impl Faulty {
@@ -1484,7 +1522,20 @@ mod tests {
                 })
                 .collect();
             self.writes.lock().unwrap().push((puts, retired));
+            if puts {
+                self.written_bytes
+                    .lock()
+                    .unwrap()
+                    .push(super::record_bytes(&ops));
+            }
             self.inner.write(ops, durability)
+        }
+        fn max_batch_bytes(&self) -> usize {
+            self.max_batch_bytes.load(Ordering::SeqCst)
+        }
+        fn sync_through(&self, last_seq: u64) -> Result<()> {
+            self.synced_through.lock().unwrap().push(last_seq);
+            self.sync()
         }
         fn sync(&self) -> Result<()> {
             let thread = std::thread::current().name().unwrap_or_default().to_owned();
@@ -1541,6 +1592,9 @@ mod tests {
             failing_writes: AtomicUsize::new(0),
             synced_on: Mutex::new(Vec::new()),
             writes: Mutex::new(Vec::new()),
+            written_bytes: Mutex::new(Vec::new()),
+            max_batch_bytes: AtomicUsize::new(usize::MAX),
+            synced_through: Mutex::new(Vec::new()),
         });
         let journal =
             Journal::with_backend(Arc::clone(&backend) as Arc<dyn Backend>, options).unwrap();
@@ -1753,9 +1807,60 @@ mod tests {
             ack.blocking_recv().unwrap().unwrap();
         }
         assert_eq!(waiting(&journal), 0);
+        // Each sync was for the batches waiting for it, up to the last one's last sequence
+        // (the lone append's, 1; the first batch's, 101, unless it waited with the second;
+        // the second's, 151).
+        let through = std::mem::take(&mut *backend.synced_through.lock().unwrap());
+        assert!(
+            through == [1, 101, 151] || through == [1, 151],
+            "{through:?}"
+        );
         // And so it goes on: a lone append afterwards waits for nothing.
         journal.append("a", 1, &[update(2)]).unwrap();
         assert_eq!(waiting(&journal), 0);
+    }
+
+    /// The writer takes no more appends into a batch than the store's bound on a batch's
+    /// record bytes lets it (PostgreSQL's: its batch is one message, of bounded size): the
+    /// append that would pass it starts the next batch, and every append is written.
+    #[test]
+    fn a_batch_carries_no_more_record_bytes_than_the_store_takes() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = JournalOptions::default().with_max_batch_appends(100);
+        let (journal, backend) = faulty_with(dir.path(), options);
+        let one = crate::record::HEADER_LEN
+            + crate::record::Unframed::encode(&update(1))
+                .unwrap()
+                .payload()
+                .len()
+            + crate::record::TRAILER_LEN;
+        backend
+            .max_batch_bytes
+            .store(3 * one + one / 2, Ordering::SeqCst);
+        // A lone append syncs on its caller's thread, held, holding the writer: the appends
+        // submitted meanwhile queue up, and are then written in as few batches as the bound
+        // allows.
+        let (a_entered, a_release) = hold(&backend);
+        let a = {
+            let journal = journal.clone();
+            std::thread::spawn(move || journal.append("a", 0, &[update(0)]))
+        };
+        a_entered.recv().unwrap();
+        let before = backend.written_bytes.lock().unwrap().len();
+        let replies: Vec<_> = (0..10)
+            .map(|i| {
+                journal
+                    .submit(&format!("t{i}"), 0, &[update(1)], &[], may_not_block, None)
+                    .unwrap()
+            })
+            .collect();
+        a_release.send(true).unwrap();
+        a.join().unwrap().unwrap();
+        for reply in replies {
+            assert_eq!(reply.blocking_recv().unwrap().unwrap().next_position, 1);
+        }
+        let written = backend.written_bytes.lock().unwrap()[before..].to_vec();
+        assert_eq!(written, [3 * one, 3 * one, 3 * one, one]);
     }
 
     /// Appends `n` updates to `task` from a thread named `caller`, one after the other.

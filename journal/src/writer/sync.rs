@@ -40,12 +40,12 @@ pub(super) fn fail(acks: Vec<Ack>, error: impl Fn() -> Error) {
     }
 }
 
-/// Syncs, timing it.
-pub(super) fn timed_sync(backend: &dyn Backend) -> (Result<()>, Duration) {
+/// Syncs for the batches up to sequence `last_seq` ([`Backend::sync_through`]), timing it.
+pub(super) fn timed_sync(backend: &dyn Backend, last_seq: u64) -> (Result<()>, Duration) {
     let started = Instant::now();
     let result = match crate::failpoints::hit(crate::failpoints::SYNC) {
         Some(message) => Err(Error::storage(message)),
-        None => backend.sync(),
+        None => backend.sync_through(last_seq),
     };
     (result, started.elapsed())
 }
@@ -59,9 +59,10 @@ pub(super) fn sync_loop(backend: &dyn Backend, shared: &Shared, written: &Receiv
         while let Ok(more) = written.try_recv() {
             pending.push(more);
         }
+        let last_seq = pending.iter().map(|w| w.last_seq).max().unwrap_or(0);
         let (result, took) = match shared.stopped() {
             Some(stopped) => (Err(stopped), Duration::ZERO),
-            None => timed_sync(backend),
+            None => timed_sync(backend, last_seq),
         };
         let batches = pending.len() as u64;
         // No longer waiting for a sync (counted down before the callers hear of it).
