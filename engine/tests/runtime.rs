@@ -1263,3 +1263,49 @@ async fn an_execution_whose_caller_stops_waiting_runs_to_its_commit() {
     // Nothing of the attempt is left behind: the manager closes at once.
     env.manager.close(None, "done").await.unwrap();
 }
+
+/// At its deadline, close cancels the attempts that cannot drain and does not wait for one
+/// slow to stop: it answers `CloseTimedOut` (it waited for a fail-policy attempt to end, for
+/// as long as its executor took — for ever, for one that ignores Stop).
+#[tokio::test]
+async fn close_does_not_wait_past_its_deadline_for_an_attempt_slow_to_stop() {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let held = Arc::clone(&gate);
+    let env = env(vec![executor(
+        "k",
+        LeasePolicy::Fail,
+        false,
+        move |_, _| {
+            let gate = Arc::clone(&held);
+            async move {
+                // Ignores its Stop control.
+                gate.acquire().await.unwrap().forget();
+                Ok(ExecutionResult::Completed(b"late".to_vec()))
+            }
+        },
+    )]);
+    let id = submit(&env.manager, "k").await;
+    let run = spawn_execute(&env.manager, &id);
+    until_running(&env.manager, &id).await;
+    let closed = tokio::time::timeout(
+        Duration::from_secs(60),
+        env.manager.close(
+            Some(tokio::time::Instant::now() + Duration::from_millis(20)),
+            "shutting down",
+        ),
+    )
+    .await
+    .expect("close waited past its deadline");
+    assert!(
+        matches!(closed, Err(RuntimeError::CloseTimedOut)),
+        "{closed:?}"
+    );
+    let task = env.manager.store().get(&id).await.unwrap();
+    assert!(
+        task.cancel_requested_at.is_some(),
+        "the attempt was told to stop"
+    );
+    gate.add_permits(1);
+    let ended = run.await.unwrap().unwrap();
+    assert_eq!(ended.status, Status::Canceled);
+}

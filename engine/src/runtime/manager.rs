@@ -360,43 +360,8 @@ impl Manager {
     /// Version conflicts after retries, [`StoreError::IllegalTransition`] when a local
     /// fail-policy attempt ended without ending the task.
     pub async fn request_cancel(&self, id: &str, reason: &str) -> Result<TaskState, RuntimeError> {
-        if reason.len() > MAX_ERROR_BYTES {
-            return Err(RuntimeError::Store(StoreError::Invalid {
-                field: "reason",
-                reason: "over 4096 bytes".into(),
-            }));
-        }
-        let mut last = None;
-        let mut state = None;
-        for _ in 0..CAS_TRIES {
-            let current = self.inner.store.get(id).await?;
-            if current.is_terminal() {
-                return Ok(current);
-            }
-            let command = Command::RequestCancel {
-                reason: reason.to_owned(),
-            };
-            match self.inner.store.execute(id, current.version, command).await {
-                Ok(s) => {
-                    state = Some(s);
-                    break;
-                }
-                Err(e @ StoreError::VersionConflict { .. }) => last = Some(e),
-                Err(StoreError::AlreadyTerminal(_)) => return Ok(self.inner.store.get(id).await?),
-                Err(e) => return Err(e.into()),
-            }
-        }
-        let Some(state) = state else {
-            return Err(last.map_or(RuntimeError::Closed, RuntimeError::Store));
-        };
-        if state.status != Status::Running || state.cancel_requested_at.is_none() {
-            return Ok(state);
-        }
-        let Some(attempt) = self.ready_attempt(id).await else {
-            return Ok(state);
-        };
-        attempt.accept_cancellation().await;
-        if state.policy != dtask_journal::LeasePolicy::Fail {
+        let (state, local_fail_policy) = self.cancel_durably(id, reason).await?;
+        if !local_fail_policy {
             return Ok(state);
         }
         self.wait_attempt_done(id).await;
@@ -409,6 +374,57 @@ impl Manager {
             }
             .into()),
         }
+    }
+
+    /// The part of [`Manager::request_cancel`] that does not wait for the attempt to end:
+    /// the request written, the local attempt (if any) told to stop; the state, and whether
+    /// the task is a fail-policy one with a local attempt (whose end `request_cancel` waits
+    /// for).
+    async fn cancel_durably(
+        &self,
+        id: &str,
+        reason: &str,
+    ) -> Result<(TaskState, bool), RuntimeError> {
+        if reason.len() > MAX_ERROR_BYTES {
+            return Err(RuntimeError::Store(StoreError::Invalid {
+                field: "reason",
+                reason: "over 4096 bytes".into(),
+            }));
+        }
+        let mut last = None;
+        let mut state = None;
+        for _ in 0..CAS_TRIES {
+            let current = self.inner.store.get(id).await?;
+            if current.is_terminal() {
+                return Ok((current, false));
+            }
+            let command = Command::RequestCancel {
+                reason: reason.to_owned(),
+            };
+            match self.inner.store.execute(id, current.version, command).await {
+                Ok(s) => {
+                    state = Some(s);
+                    break;
+                }
+                Err(e @ StoreError::VersionConflict { .. }) => last = Some(e),
+                Err(StoreError::AlreadyTerminal(_)) => {
+                    return Ok((self.inner.store.get(id).await?, false))
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let Some(state) = state else {
+            return Err(last.map_or(RuntimeError::Closed, RuntimeError::Store));
+        };
+        if state.status != Status::Running || state.cancel_requested_at.is_none() {
+            return Ok((state, false));
+        }
+        let Some(attempt) = self.ready_attempt(id).await else {
+            return Ok((state, false));
+        };
+        attempt.accept_cancellation().await;
+        let fail_policy = state.policy == dtask_journal::LeasePolicy::Fail;
+        Ok((state, fail_policy))
     }
 
     /// The local attempt of `id` once it is ready (its claim completed), or `None` when this
@@ -771,16 +787,24 @@ impl Manager {
                 .is_ok(),
         };
         if !drained {
+            // The attempts that cannot drain, all at once; an attempt still being claimed
+            // (its executor not known yet) is told to drain when it is ready, if it can.
+            // Canceled, not waited for: one slow to stop must not hold the close past its
+            // deadline (the settle below says whether they stopped).
             let stubborn: Vec<String> = self
                 .inner
                 .active
                 .lock()
                 .iter()
-                .filter(|(_, a)| !a.supports_drain)
+                .filter(|(_, a)| a.attempt.is_some() && !a.supports_drain)
                 .map(|(id, _)| id.clone())
                 .collect();
-            for id in stubborn {
-                match self.request_cancel(&id, reason).await {
+            let cancels = stubborn.iter().map(|id| self.cancel_durably(id, reason));
+            for (id, canceled) in stubborn
+                .iter()
+                .zip(futures::future::join_all(cancels).await)
+            {
+                match canceled {
                     Ok(_) | Err(RuntimeError::Store(StoreError::AlreadyTerminal(_))) => {}
                     Err(e) => tracing::warn!(task = %id, error = %e, "cancel at close failed"),
                 }

@@ -188,6 +188,9 @@ impl Worker {
                     }
                 }
             }
+            if outage.on && !self.outage_pause(shutdown.as_mut()).await {
+                break;
+            }
         }
         while let Some(done) = attempts.join_next().await {
             if let (None, Some(e)) = (&failure, outage.filter(dispatch_failure(done))) {
@@ -231,6 +234,20 @@ impl Outage {
                 None
             }
             other => other,
+        }
+    }
+}
+
+impl Worker {
+    /// While the storage fails, the next look is a poll interval away, whatever woke this
+    /// one: a claim refused at once (a full disk refuses every write straight away) ended
+    /// its attempt and woke the worker, which listed the same task from memory and claimed
+    /// it again — a tight loop of failing writes and their log lines. `false` when
+    /// `shutdown` came first.
+    async fn outage_pause(&self, shutdown: std::pin::Pin<&mut impl Future<Output = ()>>) -> bool {
+        tokio::select! {
+            () = shutdown => false,
+            () = tokio::time::sleep(self.config.poll_interval) => true,
         }
     }
 }
