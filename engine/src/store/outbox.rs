@@ -193,11 +193,36 @@ impl Outbox {
         receipt
     }
 
-    /// The lease `receipt` names, if it is the notification's current one.
-    fn leased(&self, receipt: &str) -> Option<(u64, Lease)> {
-        let seq = *self.by_receipt.get(receipt)?;
-        let lease = self.by_seq.get(&seq).filter(|l| l.receipt == receipt)?;
-        Some((seq, lease.clone()))
+    /// Holds the lease `receipt` names while its acknowledgement is written: checked current
+    /// and unexpired at `now`, and kept from expiring meanwhile (a receive leases only what
+    /// is not [`Outbox::busy`]) — so that an acknowledgement does not land after its lease
+    /// ran out and the notification went to another consumer. Returns the sequence and the
+    /// lease as it was (to put back with [`Outbox::unpin`] if the acknowledgement fails).
+    fn pin(&mut self, receipt: &str, now: Timestamp) -> Result<(u64, Lease)> {
+        let not_found = || StoreError::NotFound(NotFound::Receipt(receipt.to_owned()));
+        let seq = *self.by_receipt.get(receipt).ok_or_else(not_found)?;
+        let lease = self
+            .by_seq
+            .get_mut(&seq)
+            .filter(|l| l.receipt == receipt)
+            .ok_or_else(not_found)?;
+        if now >= lease.expires {
+            return Err(StoreError::LeaseLost("the receipt's lease has expired"));
+        }
+        let held = lease.clone();
+        lease.expires = Timestamp(u64::MAX);
+        Ok((seq, held))
+    }
+
+    /// Puts back the lease [`Outbox::pin`] held, if it is still the notification's.
+    fn unpin(&mut self, seq: u64, held: &Lease) {
+        if let Some(lease) = self
+            .by_seq
+            .get_mut(&seq)
+            .filter(|l| l.receipt == held.receipt)
+        {
+            lease.expires = held.expires;
+        }
     }
 
     /// Drops the route of `seq`, which named another task than the journal's entry does,
@@ -454,19 +479,37 @@ impl TaskStore {
     /// when the receipt's lease has expired (the notification stays deliverable).
     pub async fn ack_notification(&self, receipt: &str) -> Result<()> {
         let now = self.now();
-        let (seq, lease) = self
-            .outbox()
-            .leased(receipt)
-            .ok_or_else(|| StoreError::NotFound(NotFound::Receipt(receipt.to_owned())))?;
-        if now >= lease.expires {
-            return Err(StoreError::LeaseLost("the receipt's lease has expired"));
-        }
-        let slot = self.slot(&lease.task)?;
+        let (seq, lease) = self.outbox().pin(receipt, now)?;
+        let (task_id, id) = (lease.task.clone(), lease.id.clone());
+        // Put back if the acknowledgement fails, or its caller stops waiting for it.
+        let mut pinned = Pinned {
+            store: self,
+            seq,
+            lease: Some(lease),
+        };
+        let slot = self.slot(&task_id)?;
         let mut task = self.lock(&slot).await?;
-        if let Decision::Write(events) = decide::ack(&task, &lease.id, seq, now)? {
+        if let Decision::Write(events) = decide::ack(&task, &id, seq, now)? {
             self.commit(&slot, &mut task, &events).await?;
         }
+        pinned.lease = None;
         self.outbox().forget(seq);
         Ok(())
+    }
+}
+
+/// A lease held by an acknowledgement being written ([`Outbox::pin`]): put back when dropped
+/// before the acknowledgement is done.
+struct Pinned<'a> {
+    store: &'a TaskStore,
+    seq: u64,
+    lease: Option<Lease>,
+}
+
+impl Drop for Pinned<'_> {
+    fn drop(&mut self) {
+        if let Some(lease) = &self.lease {
+            self.store.outbox().unpin(self.seq, lease);
+        }
     }
 }

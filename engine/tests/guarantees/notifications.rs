@@ -629,3 +629,43 @@ async fn sessions_receive_their_own_across_receives_limits_and_new_notifications
         "the acknowledged ones' routes let go"
     );
 }
+
+/// An acknowledgement checked in time holds its lease while it is written: a receive meanwhile
+/// — the lease's time run out by then — does not deliver the notification again (it did, and
+/// the late acknowledgement then took the new consumer's receipt with it).
+#[tokio::test]
+async fn g094_an_acknowledgement_being_written_keeps_its_lease() {
+    let env = Env::new();
+    let store = env.store();
+    store
+        .create(request(session_spec("a", false), Retry))
+        .await
+        .unwrap();
+    store
+        .create(request(session_spec("b", false), Retry))
+        .await
+        .unwrap();
+    let got = store
+        .receive_notifications(10, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 2);
+    // One thread: the acknowledgement's write, handed to the journal's writer, is still in
+    // flight after one poll.
+    let mut ack = Box::pin(store.ack_notification(&got[0].receipt));
+    assert!(futures::poll!(ack.as_mut()).is_pending());
+    env.advance(10_000);
+    let meanwhile = store
+        .receive_notifications(10, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(
+        meanwhile.iter().map(|n| n.id.as_str()).collect::<Vec<_>>(),
+        [got[1].id.as_str()],
+        "only the notification not being acknowledged is delivered again"
+    );
+    ack.await.unwrap();
+    env.advance(10_000);
+    let after = receive_all(store).await;
+    assert!(after.iter().all(|n| n.id != got[0].id), "{after:?}");
+}
