@@ -18,6 +18,12 @@ pub(crate) fn below(item: &Result<crate::backend::KeyValue>, durable: u64) -> bo
     }
 }
 
+/// Whether the `commits` entry `key`, read from an older view of the index, is gone now: its
+/// record purged since (a purge deletes a stream's entries with its records).
+pub(crate) fn purged_since(backend: &dyn Backend, key: &[u8]) -> bool {
+    matches!(backend.get(Space::Commits, key), Ok(None))
+}
+
 /// The sequence of the last commit-index entry at or below `visible` (`u64::MAX`: every
 /// entry).
 pub(crate) fn last_seq(backend: &dyn Backend, visible: u64) -> Result<u64> {

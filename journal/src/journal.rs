@@ -3,7 +3,8 @@
 use crate::backend::{Backend, BatchOp, OpBytes, OpenMode, Range, RocksBackend, Tuning};
 use crate::bulk::StreamScanner;
 use crate::commits::{
-    below, committed, last_seq, resolve, CommitBatches, Committed, OutboxEntry, RecordFetcher,
+    below, committed, last_seq, purged_since, resolve, CommitBatches, Committed, OutboxEntry,
+    RecordFetcher,
 };
 use crate::error::{CorruptionKind, Error, Limit, Result};
 use crate::event::Event;
@@ -1146,18 +1147,32 @@ impl Journal {
 
     /// Reads every record in global commit order, starting at sequence `from_seq`. Records are
     /// CRC- and position-checked; chains are checked by [`Journal::read_stream`].
+    ///
+    /// The index is read as it stood when the reading began, each record as it stands when
+    /// its entry is reached: an entry whose record a purge deleted in between (its entry gone
+    /// with it, the task's tombstone later in the order) is passed over, not reported as
+    /// damage.
     pub fn commits(&self, from_seq: u64) -> impl Iterator<Item = Result<Committed>> + '_ {
         let backend = self.inner.backend.as_ref();
         let durable = self.visible();
         backend
             .scan(Space::Commits, Range::from(&keys::seq_key(from_seq)))
             .take_while(move |item| below(item, durable))
-            .map(move |item| {
-                let (key, value) = item?;
+            .filter_map(move |item| {
+                let (key, value) = match item {
+                    Ok(entry) => entry,
+                    Err(e) => return Some(Err(e)),
+                };
                 // The entry's value is the key of the record it names.
-                let record = backend.get(Space::Events, &value)?;
-                let (task, frame) = resolve(&key, &value, Ok(record.as_deref()))?;
-                committed(task, frame)
+                let record = match backend.get(Space::Events, &value) {
+                    Ok(record) => record,
+                    Err(e) => return Some(Err(e)),
+                };
+                match resolve(&key, &value, Ok(record.as_deref())) {
+                    Ok((task, frame)) => Some(committed(task, frame)),
+                    Err(e) if e.is_damage() && purged_since(backend, &key) => None,
+                    Err(e) => Some(Err(e)),
+                }
             })
     }
 

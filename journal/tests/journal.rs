@@ -1484,3 +1484,40 @@ fn a_purge_as_read_refuses_a_stream_that_grew() {
         .unwrap();
     assert_eq!(purged.len(), 2);
 }
+
+/// A reader of the commit order that a purge overtakes passes over the records the purge
+/// deleted — their entries gone with them — instead of reporting them as damage (a server's
+/// stream, `dtask tail`, a follower's refresh failed so beside a retention sweep).
+#[test]
+fn a_purge_while_the_commit_order_is_read_is_not_damage() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    journal
+        .append(
+            "a",
+            0,
+            &[
+                created("a"),
+                Event::Completed {
+                    data: Vec::new(),
+                    at: Timestamp(2),
+                },
+            ],
+        )
+        .unwrap();
+    journal.append("b", 0, &[created("b")]).unwrap();
+    let mut reading = journal.commits(1);
+    let first = reading.next().unwrap().unwrap();
+    assert_eq!((first.task.as_str(), first.record.position), ("a", 0));
+    journal.purge(&["a"], Timestamp(3)).unwrap();
+    let rest: Vec<(String, u64)> = reading
+        .map(|c| c.map(|c| (c.task, c.record.position)))
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert!(
+        rest.iter()
+            .all(|(task, position)| task != "a" || *position == 0),
+        "{rest:?}"
+    );
+    assert!(rest.contains(&("b".to_owned(), 0)), "{rest:?}");
+}
