@@ -696,6 +696,23 @@ fn consistency(task: &str, t: &Task, record: &Record, problems: &mut Vec<Problem
                 ));
             }
         }
+        Event::NotificationEnqueued { event_id, .. }
+        | Event::NotificationEnqueuedV2 { event_id, .. }
+            if !event_id.is_empty() && s.status != Status::Running =>
+        {
+            // An application notification is sent by the running attempt only.
+            problem(format!(
+                "application notification {event_id:?} of a task that is {} (not running)",
+                s.status
+            ));
+        }
+        // The engine names every part (an empty id is an update's shorthand, written as one);
+        // a trim would turn a nameless part into an update, and the stream would not fold.
+        Event::PartAppended {
+            event_id, part_id, ..
+        } if part_id.is_empty() => {
+            problem(format!("part of update {event_id:?} without a part id"));
+        }
         Event::NotificationEnqueued { version, .. }
         | Event::NotificationEnqueuedV2 { version, .. }
             if *version != s.version =>

@@ -2062,3 +2062,57 @@ fn writes_of_an_attempt_past_its_lease_or_told_to_stop_are_inconsistent() {
         report.problems[0]
     );
 }
+
+/// An application notification is sent by the running attempt only, and every part of an
+/// update is named: either recorded otherwise is inconsistent.
+#[test]
+fn a_notification_after_the_end_and_a_nameless_part_are_inconsistent() {
+    let dir = tempfile::tempdir().unwrap();
+    let j = journal(dir.path());
+    j.append(
+        "late",
+        0,
+        &[
+            created("late", LeasePolicy::Retry),
+            started(1, 1_000),
+            completed(),
+            notify("late:3:completed", 3),
+            Event::NotificationEnqueued {
+                id: dtask_journal::application_notification_id("late", "e1"),
+                event_id: "e1".into(),
+                kind: "note".into(),
+                data: vec![],
+                version: 3,
+                at: Timestamp(30),
+            },
+        ],
+    )
+    .unwrap();
+    j.append(
+        "parts",
+        0,
+        &[
+            created("parts", LeasePolicy::Retry),
+            started(1, 1_000),
+            Event::PartAppended {
+                attempt: 1,
+                event_id: "e".into(),
+                part_id: String::new(),
+                last: false,
+                kind: "progress".into(),
+                data: b"1".to_vec(),
+                metadata: vec![],
+                at: Timestamp(11),
+            },
+        ],
+    )
+    .unwrap();
+    let report = audit_journal(&j, &mut |_| {}).unwrap();
+    assert_eq!(
+        kinds(&report),
+        [
+            ("late".into(), Some(4), ProblemKind::Inconsistent),
+            ("parts".into(), Some(2), ProblemKind::Inconsistent),
+        ]
+    );
+}
