@@ -1309,3 +1309,37 @@ async fn close_does_not_wait_past_its_deadline_for_an_attempt_slow_to_stop() {
     let ended = run.await.unwrap().unwrap();
     assert_eq!(ended.status, Status::Canceled);
 }
+
+/// A cancellation the executor acknowledges only after the lease the request set ran out is
+/// a lost lease — the expiry resolves the task — not an error that ends the worker running
+/// the attempt.
+#[tokio::test]
+async fn a_cancellation_acknowledged_after_the_lease_ran_out_is_a_lost_lease() {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let held = Arc::clone(&gate);
+    let env = env(vec![executor(
+        "k",
+        LeasePolicy::Retry,
+        false,
+        move |_, _| {
+            let gate = Arc::clone(&held);
+            async move {
+                // Slow to stop.
+                gate.acquire().await.unwrap().forget();
+                Ok(ExecutionResult::Completed(b"late".to_vec()))
+            }
+        },
+    )]);
+    let id = submit(&env.manager, "k").await;
+    let run = spawn_execute(&env.manager, &id);
+    until_running(&env.manager, &id).await;
+    env.manager.request_cancel(&id, "stop").await.unwrap();
+    env.clock.advance(Duration::from_secs(3_600));
+    gate.add_permits(1);
+    let ended = run.await.unwrap();
+    // What a worker takes for the engine working (`Store(LeaseLost)` ended its run).
+    assert!(
+        matches!(ended, Err(RuntimeError::LeaseLost(_))),
+        "{ended:?}"
+    );
+}

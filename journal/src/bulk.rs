@@ -315,6 +315,12 @@ impl RawStream {
         self.entries.is_empty()
     }
 
+    /// The bytes its entries hold (keys and values): what it costs in memory.
+    #[must_use]
+    pub fn bytes(&self) -> usize {
+        self.data.len()
+    }
+
     /// Takes the error that stands in for the stream when it has no entries: a key that
     /// names no task ([`StreamScanner::read_next`] reports one as a stream of its own, with a
     /// [`crate::CorruptionKind::Key`] error), or a storage error before its first record.

@@ -187,31 +187,44 @@ pub struct StreamReader<'a> {
     pending: Option<(u64, Box<[u8]>)>,
     /// The durable watermark: the stream ends before a record above it.
     durable: u64,
+    /// The first entry read, when it was not the record before `from` (read first, in the
+    /// same scan, for the digest the stream chains from).
+    first: Option<Result<crate::backend::KeyValue>>,
     done: bool,
 }
 
 impl<'a> StreamReader<'a> {
     /// A reader of `task`'s stream from `from`, ending before any record above `durable`.
+    ///
+    /// From a later position, the record before it is read by the same scan as the records
+    /// after it (a separate read could see it before a trim rewrote the stream and the rest
+    /// after, and report an intact chain broken); when it is not there, or not intact, the
+    /// first record is not checked against it.
     pub(crate) fn new(backend: &'a dyn Backend, task: &str, from: u64, durable: u64) -> Self {
-        let prev = if from == 0 {
-            Some(Digest::GENESIS)
-        } else {
-            backend
-                .get(Space::Events, &keys::event_key(task, from - 1))
-                .ok()
-                .flatten()
-                .and_then(|bytes| record::parse(&bytes).ok().map(|frame| frame.digest))
-        };
         let range = Range {
-            lower: keys::event_key(task, from),
+            lower: keys::event_key(task, from.saturating_sub(1)),
             upper: crate::backend::prefix_end(&keys::task_prefix(task)),
             reverse: false,
         };
+        let mut raw = backend.scan(Space::Events, range);
+        let (mut prev, mut first) = (Some(Digest::GENESIS), None);
+        if from > 0 {
+            prev = None;
+            match raw.next() {
+                Some(Ok((key, value)))
+                    if keys::parse_event_key(&key).is_ok_and(|(_, p)| p == from - 1) =>
+                {
+                    prev = record::parse(&value).ok().map(|frame| frame.digest);
+                }
+                other => first = other,
+            }
+        }
         Self {
-            raw: Some(backend.scan(Space::Events, range)),
+            raw: Some(raw),
             check: StreamCheck::new(task.to_owned(), from, prev),
             pending: None,
             durable,
+            first,
             done: false,
         }
     }
@@ -233,7 +246,11 @@ impl Iterator for StreamReader<'_> {
                 result => Some(result),
             };
         }
-        let item = match self.raw.as_mut().and_then(Iterator::next) {
+        let item = match self
+            .first
+            .take()
+            .or_else(|| self.raw.as_mut().and_then(Iterator::next))
+        {
             None => {
                 self.raw = None;
                 self.done = true;

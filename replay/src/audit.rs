@@ -1455,7 +1455,8 @@ impl CommitSummary {
 /// hands them out in batches; the shared worker pool ([`parallel::ordered`]) verifies, decodes
 /// and checks them, and the results come back in batch order. At most [`pipeline::IN_FLIGHT`]
 /// batches are with the workers and as many wait in the channel, so memory is bounded by the
-/// batch size, not by the journal.
+/// batch size (a few megabytes, or one stream larger than that: a stream is read whole), not
+/// by the journal.
 mod pipeline {
     use super::{scan_records, Fingerprint, Holes, Scan};
     use dtask_journal::{Error, Journal, RawStream};
@@ -1464,9 +1465,11 @@ mod pipeline {
 
     /// Batches with the workers at most (and as many again waiting to be taken).
     pub(super) const IN_FLIGHT: usize = 16;
-    /// A batch is sent once it holds this many records (or [`BATCH_TASKS`] tasks).
+    /// A batch is sent once it holds this many records (or [`BATCH_TASKS`] tasks, or
+    /// [`BATCH_BYTES`] bytes: records of megabytes each made batches of gigabytes).
     const BATCH_RECORDS: usize = 2048;
     const BATCH_TASKS: usize = 256;
+    const BATCH_BYTES: usize = 4 << 20;
 
     /// A task's result.
     pub(super) enum Outcome {
@@ -1486,16 +1489,17 @@ mod pipeline {
         let reader = scope.spawn(move || {
             let mut scanner = journal.stream_scanner();
             let mut batch = Vec::new();
-            let mut records = 0;
+            let (mut records, mut bytes) = (0, 0);
             loop {
                 let mut stream = RawStream::default();
                 if !scanner.read_next(&mut stream) {
                     break;
                 }
                 records += stream.len();
+                bytes += stream.bytes();
                 batch.push(stream);
-                if records >= BATCH_RECORDS || batch.len() >= BATCH_TASKS {
-                    records = 0;
+                if records >= BATCH_RECORDS || batch.len() >= BATCH_TASKS || bytes >= BATCH_BYTES {
+                    (records, bytes) = (0, 0);
                     if batch_tx.send(std::mem::take(&mut batch)).is_err() {
                         return;
                     }

@@ -898,7 +898,19 @@ async fn commit(
         Err(StoreError::VersionConflict { .. } | StoreError::LeaseLost(_)) => {
             if attempt.accept_cancellation().await {
                 let reason = attempt.cancellation().unwrap_or_default();
-                Ok(attempt.versioned(Command::AckCancel { reason }).await?)
+                match attempt.versioned(Command::AckCancel { reason }).await {
+                    Ok(state) => Ok(state),
+                    // The acknowledgement came too late (the lease the request set ran out
+                    // meanwhile): the attempt has lost the task, which its expiry resolves —
+                    // the engine working, not a failure to end a worker with.
+                    Err(StoreError::VersionConflict { .. } | StoreError::LeaseLost(_)) => {
+                        attempt.poison("cancellation acknowledged too late");
+                        Err(RuntimeError::LeaseLost(
+                            "cancellation acknowledged too late".into(),
+                        ))
+                    }
+                    Err(e) => Err(e.into()),
+                }
             } else {
                 attempt.poison("lease lost at commit");
                 Err(RuntimeError::LeaseLost("lease lost at commit".into()))
