@@ -1289,3 +1289,39 @@ async fn a_trim_whose_caller_stops_waiting_leaves_the_attempts_next_write_unrefu
     assert_eq!(done.status, Status::Completed);
     assert_eq!(done.result_data, b"ok");
 }
+
+/// The same for a nested task (and a rerun, made the same way): its parent's running attempt
+/// creates it, the call is dropped at its first wait, and the task is still indexed once the
+/// append has settled — listed for a worker to claim.
+#[tokio::test]
+async fn a_nested_create_whose_caller_stops_waiting_is_listed() {
+    // Synced appends: the writer's answer is not in before the first poll looks (a create
+    // answered that soon is over, and another is tried).
+    let env = Env::with(StoreConfig::default(), dtask_journal::Durability::Sync);
+    let store = env.store();
+    let parent = running(store, "p", Retry).await;
+    let mut cut = None;
+    for i in 0..20 {
+        let id = format!("p.kid{i}");
+        let mut create = Box::pin(store.create(child_request(&id, "p", parent.attempt, false)));
+        if futures::poll!(create.as_mut()).is_pending() {
+            cut = Some(id);
+            break;
+        }
+    }
+    let cut = cut.expect("a create cut short at its first wait");
+    let keys = [KEY.to_owned()];
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let listed = store.list_pending(&keys, None, 10).await.unwrap();
+        if listed.tasks.iter().any(|t| t.id() == cut) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the task was never listed (in the journal: {:?})",
+            store.journal().stream_len(&cut)
+        );
+        tokio::task::yield_now().await;
+    }
+}

@@ -1371,10 +1371,11 @@ impl Journal {
         }
         self.inner.backend.catch_up()?;
         drop(frozen);
-        // Asked whatever format the follower opened: a writer of a newer build may have
+        // A journal opened at an older format may have been upgraded under this reader; a
+        // follower is asked whatever format it opened: a writer of a newer build may have
         // upgraded the journal past this build's (new event types, a new meaning of old
         // bytes), and a follower that read on would fail at each new record or misread it.
-        if self.inner.backend.is_secondary() {
+        if self.inner.format < JOURNAL_FORMAT_VERSION || self.inner.backend.is_secondary() {
             let now = stored_format(self.inner.backend.as_ref())?;
             if now > JOURNAL_FORMAT_VERSION {
                 return Err(Error::UnsupportedFormat {

@@ -198,7 +198,8 @@ fn write_export(
 /// durable before this returns; returns the number of records.
 ///
 /// A file is written whole or not at all: into a temporary file beside `path`, synced, then
-/// renamed over it and the directory synced — a failure or a crash midway leaves `path` as
+/// renamed over it (or, unless `replace`, renamed to it only if no file is there: a purge's
+/// archive) and the directory synced — a failure or a crash midway leaves `path` as
 /// it was, never a header and part of the lines. (Where `path` is not a regular file —
 /// `/dev/null`, a pipe — it is written as it is.)
 pub(super) fn export_to_file(
@@ -206,6 +207,7 @@ pub(super) fn export_to_file(
     tasks: &[String],
     bytes: Bytes,
     path: &std::path::Path,
+    replace: bool,
 ) -> Result<u64> {
     let special = std::fs::metadata(path).is_ok_and(|m| !m.is_file());
     if special {
@@ -220,13 +222,15 @@ pub(super) fn export_to_file(
         Some(dir) if !dir.as_os_str().is_empty() => dir,
         _ => std::path::Path::new("."),
     };
-    let staged = tempfile::Builder::new()
-        .prefix(".dtask-export-")
-        .tempfile_in(dir)
-        .map_err(CliError::io(format!(
-            "creating a file in {}",
-            dir.display()
-        )))?;
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(".dtask-export-");
+    // A file as `File::create` makes it (the umask applies), not a private temporary one.
+    #[cfg(unix)]
+    builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666));
+    let staged = builder.tempfile_in(dir).map_err(CliError::io(format!(
+        "creating a file in {}",
+        dir.display()
+    )))?;
     let mut w = std::io::BufWriter::new(staged);
     let n = write_export(journal, tasks, bytes, &mut w)?;
     let staged = w.into_inner().map_err(|e| CliError::Io {
@@ -237,9 +241,23 @@ pub(super) fn export_to_file(
         .as_file()
         .sync_all()
         .map_err(CliError::io(format!("syncing {}", path.display())))?;
-    staged.persist(path).map_err(|e| CliError::Io {
-        context: format!("renaming the export to {}", path.display()),
-        source: e.error,
+    let persisted = if replace {
+        staged.persist(path)
+    } else {
+        staged.persist_noclobber(path)
+    };
+    persisted.map_err(|e| {
+        if e.error.kind() == std::io::ErrorKind::AlreadyExists {
+            CliError::Usage(format!(
+                "{} exists: a purge's export never replaces a file",
+                path.display()
+            ))
+        } else {
+            CliError::Io {
+                context: format!("renaming the export to {}", path.display()),
+                source: e.error,
+            }
+        }
     })?;
     std::fs::File::open(dir)
         .and_then(|d| d.sync_all())
@@ -400,7 +418,7 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
     let journal = frozen.journal();
     let bytes = codec::bytes(args.no_payload);
     let written = if let Some(path) = &args.output {
-        export_to_file(journal, &args.tasks, bytes, path)?
+        export_to_file(journal, &args.tasks, bytes, path, true)?
     } else {
         let mut w = std::io::BufWriter::new(std::io::stdout().lock());
         write_export(journal, &args.tasks, bytes, &mut w)?

@@ -378,7 +378,13 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
                 .map(|index| seen.id(index).to_owned())
                 .collect();
             if !tasks.is_empty() {
-                super::export::export_to_file(&journal, &tasks, super::codec::bytes(false), path)?;
+                super::export::export_to_file(
+                    &journal,
+                    &tasks,
+                    super::codec::bytes(false),
+                    path,
+                    false,
+                )?;
             }
         }
         let bar = progress(going.len() as u64, "purging");

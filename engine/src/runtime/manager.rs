@@ -117,6 +117,9 @@ pub(super) struct ManagerInner {
     config: ManagerConfig,
     closed: AtomicBool,
     drain_reason: Mutex<Option<String>>,
+    /// Set when a close's deadline has passed: the reason an attempt that cannot drain,
+    /// ready only now (its claim was under way), is canceled with.
+    cancel_reason: Mutex<Option<String>>,
     active: Mutex<HashMap<String, Active>>,
     idle: Notify,
     ready: Notify,
@@ -192,6 +195,7 @@ impl Manager {
                 config,
                 closed: AtomicBool::new(false),
                 drain_reason: Mutex::new(None),
+                cancel_reason: Mutex::new(None),
                 active: Mutex::new(HashMap::new()),
                 idle: Notify::new(),
                 ready: Notify::new(),
@@ -702,9 +706,16 @@ impl Manager {
             if claimed.cancel_requested_at.is_some() {
                 attempt.accept_cancellation().await;
             }
+            let cancel = self.inner.cancel_reason.lock().clone();
             if executor.supports_drain() {
                 if let Some(reason) = self.inner.drain_reason.lock().clone() {
                     attempt.controls().send(Control::Drain(reason));
+                }
+            } else if let Some(reason) = cancel {
+                // Claimed past a close's deadline, and it cannot drain: canceled as the
+                // close canceled the others (not waited for).
+                if let Err(e) = self.cancel_durably(id, &reason).await {
+                    tracing::warn!(task = %id, error = %e, "cancel at close failed");
                 }
             }
             let heartbeat = tokio::spawn(
@@ -787,8 +798,10 @@ impl Manager {
                 .is_ok(),
         };
         if !drained {
+            *self.inner.cancel_reason.lock() = Some(reason.to_owned());
             // The attempts that cannot drain, all at once; an attempt still being claimed
-            // (its executor not known yet) is told to drain when it is ready, if it can.
+            // (its executor not known yet) is told to drain when it is ready, if it can, and
+            // canceled then if it cannot.
             // Canceled, not waited for: one slow to stop must not hold the close past its
             // deadline (the settle below says whether they stopped).
             let stubborn: Vec<String> = self

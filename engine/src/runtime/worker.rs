@@ -115,7 +115,7 @@ impl Worker {
                     .await
                 {
                     Ok(page) => {
-                        outage.over();
+                        outage.listed();
                         page
                     }
                     Err(e) => {
@@ -125,7 +125,7 @@ impl Worker {
                             break 'poll;
                         }
                         // Tried again at the next poll.
-                        outage.met(&e);
+                        outage.met(&e, true);
                         break;
                     }
                 };
@@ -157,7 +157,7 @@ impl Worker {
                     });
                 }
                 while let Some(done) = attempts.try_join_next() {
-                    if let Some(e) = outage.filter(dispatch_failure(done)) {
+                    if let Some(e) = outage.filter(done) {
                         failure = Some(e);
                         break 'poll;
                     }
@@ -169,31 +169,29 @@ impl Worker {
             }
             // A delayed task, or one skipped for the pickup delay, comes due without a
             // signal: look again then, if that is sooner than the next poll.
-            let due = match (store.next_due(), young_due) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            let due = store.next_due().into_iter().chain(young_due).min();
             let wait = due.map_or(self.config.poll_interval, |due| {
                 let ms = due.0.saturating_sub(store.now().0);
                 self.config.poll_interval.min(Duration::from_millis(ms))
             });
+            let mut waited = Duration::ZERO;
             tokio::select! {
                 () = &mut shutdown => break,
                 _ = pending_signal.changed() => {}
-                () = tokio::time::sleep(wait) => {}
+                () = tokio::time::sleep(wait) => waited = wait,
                 Some(done) = attempts.join_next() => {
-                    if let Some(e) = outage.filter(dispatch_failure(done)) {
+                    if let Some(e) = outage.filter(done) {
                         failure = Some(e);
                         break;
                     }
                 }
             }
-            if outage.on && !self.outage_pause(shutdown.as_mut()).await {
+            if !self.outage_pause(&outage, waited, shutdown.as_mut()).await {
                 break;
             }
         }
         while let Some(done) = attempts.join_next().await {
-            if let (None, Some(e)) = (&failure, outage.filter(dispatch_failure(done))) {
+            if let (None, Some(e)) = (&failure, outage.filter(done)) {
                 failure = Some(e);
             }
         }
@@ -207,11 +205,15 @@ impl Worker {
 struct Outage {
     /// Whether the last claim or listing failed so.
     on: bool,
+    /// Whether it was a listing (a claim's outage is over only when a claim succeeds: the
+    /// listing of an embedded store is read from memory, and succeeds meanwhile).
+    by_listing: bool,
 }
 
 impl Outage {
-    /// Notes that a claim or a listing failed with `error`, a storage outage.
-    fn met(&mut self, error: &RuntimeError) {
+    /// Notes that a claim or (`listing`) a listing failed with `error`, a storage outage.
+    fn met(&mut self, error: &RuntimeError, listing: bool) {
+        self.by_listing = listing;
         if std::mem::replace(&mut self.on, true) {
             tracing::debug!(%error, "the worker's claim or listing failed again: it tries again at its next poll");
         } else {
@@ -219,18 +221,32 @@ impl Outage {
         }
     }
 
-    /// Notes that a listing succeeded.
+    /// Notes that a listing succeeded: the end of an outage a listing met.
+    fn listed(&mut self) {
+        if self.by_listing {
+            self.over();
+        }
+    }
+
+    /// Notes that the storage answers again.
     fn over(&mut self) {
         if std::mem::take(&mut self.on) {
             tracing::info!("the journal's storage answers again: the worker claims again");
         }
     }
 
-    /// `failure`, unless it is a storage outage (then noted, and `None`).
-    fn filter(&mut self, failure: Option<RuntimeError>) -> Option<RuntimeError> {
-        match failure {
+    /// The failure of a dispatched attempt that ended as `done`, unless it is a storage
+    /// outage (then noted, and `None`); a claim that went through ends an outage.
+    fn filter(
+        &mut self,
+        done: Result<Result<(), RuntimeError>, tokio::task::JoinError>,
+    ) -> Option<RuntimeError> {
+        if matches!(done, Ok(Ok(()))) {
+            self.over();
+        }
+        match dispatch_failure(done) {
             Some(e) if e.is_storage_outage() => {
-                self.met(&e);
+                self.met(&e, false);
                 None
             }
             other => other,
@@ -242,9 +258,18 @@ impl Worker {
     /// While the storage fails, the next look is a poll interval away, whatever woke this
     /// one: a claim refused at once (a full disk refuses every write straight away) ended
     /// its attempt and woke the worker, which listed the same task from memory and claimed
-    /// it again — a tight loop of failing writes and their log lines. `false` when
+    /// it again — a tight loop of failing writes and their log lines. (Nothing more when the
+    /// poll `waited` a whole interval already, or the storage answers.) `false` when
     /// `shutdown` came first.
-    async fn outage_pause(&self, shutdown: std::pin::Pin<&mut impl Future<Output = ()>>) -> bool {
+    async fn outage_pause(
+        &self,
+        outage: &Outage,
+        waited: Duration,
+        shutdown: std::pin::Pin<&mut impl Future<Output = ()>>,
+    ) -> bool {
+        if !outage.on || waited >= self.config.poll_interval {
+            return true;
+        }
         tokio::select! {
             () = shutdown => false,
             () = tokio::time::sleep(self.config.poll_interval) => true,

@@ -103,6 +103,48 @@ impl<R: Clone> Redecide<R> {
     }
 }
 
+/// A task being created with a parent (a nested task, a rerun) whose append is in flight:
+/// dropped before the append's outcome is known — its caller stopped waiting — it indexes
+/// the task once the append has settled, if it landed.
+struct Orphan {
+    /// `None` once the outcome is known (the create indexes the task itself).
+    store: Option<TaskStore>,
+    task: String,
+    parent: String,
+}
+
+impl Drop for Orphan {
+    fn drop(&mut self) {
+        let Some(store) = self.store.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (task, parent) = (
+            std::mem::take(&mut self.task),
+            std::mem::take(&mut self.parent),
+        );
+        runtime.spawn(async move {
+            // Runs after the drop, by which time the append's guard has marked the parent.
+            let signal = store
+                .index()
+                .slots
+                .get(parent.as_str())
+                .and_then(|slot| slot.unsettled.signal());
+            if let Some(signal) = signal {
+                unsettled::settled(signal).await;
+            }
+            if store.slot(&task).is_ok() {
+                store
+                    .inner
+                    .pending_epoch
+                    .send_modify(|e| *e = e.wrapping_add(1));
+            }
+        });
+    }
+}
+
 /// How many times [`TaskStore::rerun`] decides again when another node's write to the
 /// original got in first (a shared journal).
 const RERUN_TRIES: usize = 8;
@@ -1061,7 +1103,17 @@ impl TaskStore {
                     parent.state.position,
                     parent_events,
                 )];
-                match self.submit(&[parent_slot], &id, 0, &events, &parts).await {
+                // Should the caller stop waiting during the append, the new task is indexed
+                // once the append has settled (the parent's slot is marked unsettled till
+                // then): else it was written and never listed.
+                let mut orphan = Orphan {
+                    store: Some(self.clone()),
+                    task: id.clone(),
+                    parent: parent.state.spec.id.clone(),
+                };
+                let appended = self.submit(&[parent_slot], &id, 0, &events, &parts).await;
+                orphan.store = None;
+                match appended {
                     Ok(_) => {}
                     Err(dtask_journal::Error::Conflict { task, .. }) if task == id => {
                         return Err(StoreError::AlreadyExists(id));

@@ -48,6 +48,9 @@ struct Lease {
     expires: Timestamp,
     task: String,
     id: String,
+    /// Acknowledgements of it being written ([`Outbox::pin`]): while any is, it does not
+    /// expire.
+    pins: u32,
 }
 
 /// Where a queued notification goes: its task and the session it is routed to.
@@ -173,7 +176,9 @@ impl Outbox {
 
     /// Whether the notification of `seq` is leased to a consumer until after `now`.
     fn busy(&self, seq: u64, now: Timestamp) -> bool {
-        self.by_seq.get(&seq).is_some_and(|l| l.expires > now)
+        self.by_seq
+            .get(&seq)
+            .is_some_and(|l| l.pins > 0 || l.expires > now)
     }
 
     /// Leases the notification of `seq` until `expires`; returns its fresh receipt.
@@ -185,6 +190,7 @@ impl Outbox {
             expires,
             task: task.to_owned(),
             id: id.to_owned(),
+            pins: 0,
         };
         if let Some(old) = self.by_seq.insert(seq, lease) {
             self.by_receipt.remove(&old.receipt);
@@ -197,7 +203,8 @@ impl Outbox {
     /// and unexpired at `now`, and kept from expiring meanwhile (a receive leases only what
     /// is not [`Outbox::busy`]) — so that an acknowledgement does not land after its lease
     /// ran out and the notification went to another consumer. Returns the sequence and the
-    /// lease as it was (to put back with [`Outbox::unpin`] if the acknowledgement fails).
+    /// lease (its receipt, task and notification id, for [`Outbox::unpin`]). Two
+    /// acknowledgements of one receipt at once (a client's retry) hold it twice.
     fn pin(&mut self, receipt: &str, now: Timestamp) -> Result<(u64, Lease)> {
         let not_found = || StoreError::NotFound(NotFound::Receipt(receipt.to_owned()));
         let seq = *self.by_receipt.get(receipt).ok_or_else(not_found)?;
@@ -206,22 +213,23 @@ impl Outbox {
             .get_mut(&seq)
             .filter(|l| l.receipt == receipt)
             .ok_or_else(not_found)?;
-        if now >= lease.expires {
+        if lease.pins == 0 && now >= lease.expires {
             return Err(StoreError::LeaseLost("the receipt's lease has expired"));
         }
-        let held = lease.clone();
-        lease.expires = Timestamp(u64::MAX);
-        Ok((seq, held))
+        lease.pins += 1;
+        Ok((seq, lease.clone()))
     }
 
-    /// Puts back the lease [`Outbox::pin`] held, if it is still the notification's.
+    /// Lets go of a hold [`Outbox::pin`] took (the acknowledgement failed, or went away), if
+    /// the lease is still the notification's: its expiry stands again once no
+    /// acknowledgement holds it.
     fn unpin(&mut self, seq: u64, held: &Lease) {
         if let Some(lease) = self
             .by_seq
             .get_mut(&seq)
             .filter(|l| l.receipt == held.receipt)
         {
-            lease.expires = held.expires;
+            lease.pins = lease.pins.saturating_sub(1);
         }
     }
 
