@@ -892,15 +892,13 @@ async fn s46_handoff_then_drain_recovers_from_the_adopted_checkpoint() {
     );
 }
 
-// 47: a started marker without a tool checkpoint recovers with an empty one.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s47_started_marker_without_checkpoint_recovers() {
-    let probe = Probe::new(Script::complete(b"{}"));
-    let env = env(&probe);
+/// Submits a call of the tool under `executor_key` whose started marker (with no tool
+/// checkpoint) is already durable, as a hand-off leaves it; its id.
+async fn submit_started(env: &Env, executor_key: &str) -> String {
     let id = env.manager.allocate_task_id("background_tool").unwrap();
     let spec = TaskSpec {
         id: id.clone(),
-        executor_key: RECOVERABLE_EXECUTOR_KEY.into(),
+        executor_key: executor_key.into(),
         kind: "background_tool".into(),
         payload: ToolPayload::new(NAME, None, "{}").encode(),
         ..TaskSpec::default()
@@ -915,6 +913,15 @@ async fn s47_started_marker_without_checkpoint_recovers() {
         })
         .await
         .unwrap();
+    id
+}
+
+// 47: a started marker without a tool checkpoint recovers with an empty one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s47_started_marker_without_checkpoint_recovers() {
+    let probe = Probe::new(Script::complete(b"{}"));
+    let env = env(&probe);
+    let id = submit_started(&env, RECOVERABLE_EXECUTOR_KEY).await;
     let task = env.manager.execute(&id).await.unwrap();
     assert_eq!(task.status, Status::Completed);
     let calls = probe.calls();
@@ -930,24 +937,7 @@ async fn s47_started_marker_without_checkpoint_recovers() {
 async fn a_plain_handed_off_task_whose_run_was_lost_fails_without_a_second_start() {
     let probe = handoff_probe(Script::complete(b"{}")).plain();
     let env = env(&probe);
-    let id = env.manager.allocate_task_id("background_tool").unwrap();
-    let spec = TaskSpec {
-        id: id.clone(),
-        executor_key: PLAIN_EXECUTOR_KEY.into(),
-        kind: "background_tool".into(),
-        payload: ToolPayload::new(NAME, None, "{}").encode(),
-        ..TaskSpec::default()
-    };
-    env.manager
-        .submit(SubmitRequest {
-            spec,
-            initial_checkpoint: ManagedCheckpoint::started(vec![]).encode().unwrap(),
-            context_snapshot: vec![],
-            parent: None,
-            not_before: None,
-        })
-        .await
-        .unwrap();
+    let id = submit_started(&env, PLAIN_EXECUTOR_KEY).await;
     let task = env.manager.execute(&id).await.unwrap();
     assert_eq!(task.status, Status::Failed);
     assert!(

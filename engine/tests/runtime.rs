@@ -129,6 +129,24 @@ fn waits_for_control(key: &str, policy: LeasePolicy, drain: bool) -> FnExecutor 
     })
 }
 
+/// An executor that completes with `data` once the test lets it go (one permit of the
+/// returned gate), ignoring its controls meanwhile.
+fn completes_when_let_go(
+    policy: LeasePolicy,
+    data: &'static [u8],
+) -> (Arc<tokio::sync::Semaphore>, FnExecutor) {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let held = Arc::clone(&gate);
+    let executor = executor("k", policy, false, move |_, _| {
+        let gate = Arc::clone(&held);
+        async move {
+            gate.acquire().await.unwrap().forget();
+            Ok(ExecutionResult::Completed(data.to_vec()))
+        }
+    });
+    (gate, executor)
+}
+
 /// Runs one attempt of `id` in the background.
 fn spawn_execute(
     manager: &Manager,
@@ -1232,20 +1250,8 @@ async fn a_write_after_a_heartbeat_the_attempt_never_saw_is_made_again() {
 /// commit: the heartbeats renewed the lease for ever and the task stayed "executing here".)
 #[tokio::test]
 async fn an_execution_whose_caller_stops_waiting_runs_to_its_commit() {
-    let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let held = Arc::clone(&gate);
-    let env = env(vec![executor(
-        "k",
-        LeasePolicy::Retry,
-        false,
-        move |_, _| {
-            let gate = Arc::clone(&held);
-            async move {
-                gate.acquire().await.unwrap().forget();
-                Ok(ExecutionResult::Completed(b"done".to_vec()))
-            }
-        },
-    )]);
+    let (gate, executor) = completes_when_let_go(LeasePolicy::Retry, b"done");
+    let env = env(vec![executor]);
     let id = submit(&env.manager, "k").await;
     let run = spawn_execute(&env.manager, &id);
     until_running(&env.manager, &id).await;
@@ -1269,21 +1275,8 @@ async fn an_execution_whose_caller_stops_waiting_runs_to_its_commit() {
 /// as long as its executor took — for ever, for one that ignores Stop).
 #[tokio::test]
 async fn close_does_not_wait_past_its_deadline_for_an_attempt_slow_to_stop() {
-    let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let held = Arc::clone(&gate);
-    let env = env(vec![executor(
-        "k",
-        LeasePolicy::Fail,
-        false,
-        move |_, _| {
-            let gate = Arc::clone(&held);
-            async move {
-                // Ignores its Stop control.
-                gate.acquire().await.unwrap().forget();
-                Ok(ExecutionResult::Completed(b"late".to_vec()))
-            }
-        },
-    )]);
+    let (gate, executor) = completes_when_let_go(LeasePolicy::Fail, b"late");
+    let env = env(vec![executor]);
     let id = submit(&env.manager, "k").await;
     let run = spawn_execute(&env.manager, &id);
     until_running(&env.manager, &id).await;
@@ -1315,21 +1308,8 @@ async fn close_does_not_wait_past_its_deadline_for_an_attempt_slow_to_stop() {
 /// the attempt.
 #[tokio::test]
 async fn a_cancellation_acknowledged_after_the_lease_ran_out_is_a_lost_lease() {
-    let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let held = Arc::clone(&gate);
-    let env = env(vec![executor(
-        "k",
-        LeasePolicy::Retry,
-        false,
-        move |_, _| {
-            let gate = Arc::clone(&held);
-            async move {
-                // Slow to stop.
-                gate.acquire().await.unwrap().forget();
-                Ok(ExecutionResult::Completed(b"late".to_vec()))
-            }
-        },
-    )]);
+    let (gate, executor) = completes_when_let_go(LeasePolicy::Retry, b"late");
+    let env = env(vec![executor]);
     let id = submit(&env.manager, "k").await;
     let run = spawn_execute(&env.manager, &id);
     until_running(&env.manager, &id).await;

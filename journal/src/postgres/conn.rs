@@ -544,7 +544,7 @@ pub(crate) fn quote_ident(name: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(in crate::postgres) mod tests {
     use super::*;
 
     /// How to reach the test database (`DTASK_TEST_PG_URL`), or `None` when it is not set.
@@ -678,8 +678,9 @@ mod tests {
         assert_eq!(fresh, 1, "only what the new session prepared");
     }
 
-    /// Has the server end the session of backend `pid`.
-    fn terminate(pid: i32) {
+    /// Has the server end the session of backend `pid` (the tests of the journal over
+    /// these connections use it too).
+    pub(in crate::postgres) fn terminate(pid: i32) {
         test_conn("killer")
             .unwrap()
             .call(move |client| {

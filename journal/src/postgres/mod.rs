@@ -955,17 +955,7 @@ mod tests {
                 })
             })
             .unwrap();
-        let base = std::env::var("DTASK_TEST_PG_URL").unwrap();
-        Conn::open(Target::admin(&PgLocation::parse(&base).unwrap()), "admin")
-            .unwrap()
-            .call(move |client| {
-                Box::pin(async move {
-                    client
-                        .execute("SELECT pg_terminate_backend($1, 10000)", &[&pid])
-                        .await
-                })
-            })
-            .unwrap();
+        super::conn::tests::terminate(pid);
         // The writer's connection fails (once or twice), then commits batch 2 on a new
         // session.
         let mut errors = Vec::new();
