@@ -7,6 +7,8 @@
 //! says loudly that it was skipped.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "../../journal/tests/cluster/mod.rs"]
+mod cluster;
 mod common;
 #[path = "support/models.rs"]
 mod models;
@@ -15,7 +17,7 @@ use common::*;
 use dtask_engine::{
     Command, InputRequest, ManualClock, StoreConfig, StoreError, TaskStore, UpdateRequest,
 };
-use dtask_journal::{Delivery, Journal, JournalOptions, LeasePolicy};
+use dtask_journal::{Delivery, Durability, Journal, JournalOptions, LeasePolicy};
 use dtask_replay::Status;
 
 const RUNS: usize = 100;
@@ -75,6 +77,41 @@ fn clean(url: &str) {
     let journal = Journal::open_postgres_read_only(url).unwrap();
     let audit = dtask_replay::audit_journal(&journal, &mut |_| {}).unwrap();
     assert!(audit.is_clean(), "{:?}", audit.problems);
+}
+
+/// A node follows another's record only once the database has flushed it. Node A's commits
+/// never wait for the flush (`Durability::Buffered`, as a synced writer's are until its
+/// sync), on a private server told to leave its log unflushed for as long as it may: B's
+/// refresh must have made A's task durable before it indexed it, or a crash of the database
+/// would take back a task B had followed (and give its sequence to another record, past
+/// which B would never read).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_another_node_followed_survives_a_crash_of_the_database() {
+    let Some(cluster) = cluster::Cluster::with_settings(
+        "followcrash",
+        "-c wal_writer_delay=10000 -c bgwriter_lru_maxpages=0 -c autovacuum=off",
+    ) else {
+        return;
+    };
+    let url = cluster.url("followcrash");
+    let clock = ManualClock::new(T0);
+    let open = |options: JournalOptions| {
+        let journal = Journal::open_postgres(&url, options).unwrap();
+        TaskStore::open(journal, clock.clone(), StoreConfig::default()).unwrap()
+    };
+    let b = open(JournalOptions::default());
+    let a = open(JournalOptions::default().with_durability(Durability::Buffered));
+    create(&a, "t", LeasePolicy::Retry).await;
+    b.refresh().await.unwrap();
+    assert_eq!(b.get("t").await.unwrap().status, Status::Pending);
+    cluster.crash();
+    cluster.start();
+    let after = Journal::open_postgres_read_only(&url).unwrap();
+    assert!(
+        after.read_stream("t", 0).next().is_some(),
+        "B followed a task the crash took back"
+    );
+    drop((a, b));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

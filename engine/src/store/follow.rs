@@ -8,6 +8,11 @@
 //! changed elsewhere is folded forward (so waiters wake and the lease index is right). Its
 //! own records come back too and are skipped (the task has folded them already).
 //!
+//! The commit order is read through the journal's durable view
+//! ([`dtask_journal::Journal::durable_view`]): a record is followed once the database has
+//! flushed it, never while a crash of the database could still take it back and give its
+//! sequence to another record (which the follower, past that sequence, would never read).
+//!
 //! The cache is never trusted for a write: every append names the stream's expected
 //! position and the database refuses a stale one; the store then folds the task again from
 //! the journal and reports [`StoreError::VersionConflict`]. Following only makes a node's
@@ -37,7 +42,11 @@ impl TaskStore {
         let mut read = 0;
         loop {
             let from = self.inner.seen.load(Ordering::Acquire) + 1;
-            let journal = self.journal().clone();
+            // Through the durable view: a record another node committed is followed only
+            // once the database has flushed it. A record the database could still take back
+            // (it crashes before the flush) would move `seen` past a sequence that is then
+            // given to another record, which this node would never follow.
+            let journal = self.durable_journal().clone();
             let commits = journal
                 .commits(from)
                 .take(STEP)
