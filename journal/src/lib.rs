@@ -3,9 +3,9 @@
 //! What a dtask journal holds on disk, and how it gets there.
 //!
 //! - [`Event`]: the vocabulary — every state transition of a task and the non-lifecycle
-//!   records (progress updates, notification bookkeeping), schema v1.
+//!   records (progress updates, notification bookkeeping), schema v7.
 //! - [`Record`]: a verified record — its framing (format version, bincode payload, per-task
-//!   BLAKE3 hash chain, CRC-32) is checked on every read; the layouts of records and keys are
+//!   hash chain — SHA-256, or BLAKE3 in journals made before format 5 — CRC-32) is checked on every read; the layouts of records and keys are
 //!   in `docs/journal-format.md`.
 //! - [`Journal`]: open (writer, read-only, follower), append with an expected position
 //!   (atomic, group-committed, durable per [`Durability`]), read a task's stream, list tasks,

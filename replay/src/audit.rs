@@ -5,7 +5,7 @@
 //! handle works as well as the writer's). What is checked:
 //!
 //! - **every record**: its CRC, its framing and format version, the position it stores, the
-//!   BLAKE3 hash chain from the previous record — all reported per record by
+//!   hash chain from the previous record (SHA-256, or BLAKE3 in older journals) — all reported per record by
 //!   [`Journal::read_stream`], which continues past damage so that every bad record is named
 //!   (a deleted *last* record leaves no gap: the `commits` check below names it);
 //! - **legality**: the stream is re-folded with [`Task::apply`], whose [`crate::FoldError`]s

@@ -289,7 +289,8 @@ pub struct RecordView {
     pub at: u64,
     /// CRC-32 of the record, 8 hex digits.
     pub crc: String,
-    /// The BLAKE3 chain digest, 64 hex digits.
+    /// The chain digest, 64 hex digits: SHA-256 (record format 2), or BLAKE3 in journals of
+    /// record format 1.
     pub digest: String,
     /// The encoded record's size in bytes.
     pub size: usize,
