@@ -482,6 +482,15 @@ fn show_lists_the_latest_updates_and_counts_the_rest() {
     );
     assert!(text.contains("u249") && text.contains("u251"), "{text}");
     assert!(!text.contains("u248"), "{text}");
+    // More than there are, however many: all of them (the count does not overflow).
+    let huge = json(&stdout(dtask(dir.path()).args([
+        "show",
+        "t0000",
+        "--json",
+        "--updates",
+        "9223372036854775809",
+    ])));
+    assert_eq!(ids(&huge).len(), 250);
 }
 
 #[test]
@@ -2252,6 +2261,9 @@ fn purge_deletes_finished_tasks_by_name_or_age_and_the_journal_still_audits_and_
     assert!(shown.contains("purged at"), "{shown}");
     let shown = json(&stdout(dtask(dir.path()).args(["show", "job", "--json"])));
     assert_eq!(shown["purged"]["records"], done["purged"]["records"]);
+    // `replay` says it as `show` does: nothing is left to replay, not a problem.
+    let replayed = json(&stdout(dtask(dir.path()).args(["replay", "job", "--json"])));
+    assert_eq!(replayed["purged"]["records"], done["purged"]["records"]);
     let listed = json(&stdout(dtask(dir.path()).args(["tasks", "--json"])));
     assert_eq!(
         listed_ids(&listed),
@@ -2279,6 +2291,21 @@ fn purge_deletes_finished_tasks_by_name_or_age_and_the_journal_still_audits_and_
     assert!(export.contains(r#""type":"purged""#), "{export}");
     let verified = stdout(dtask(&rebuilt).arg("verify"));
     assert!(verified.contains("1 purged"), "{verified}");
+    // A record after the tombstone is a problem of the purged task: exit 1, and listed.
+    {
+        let cfs: Vec<_> = dtask_journal::keys::COLUMN_FAMILIES.to_vec();
+        let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), dir.path(), cfs).unwrap();
+        let cf = records_cf(&db, "job");
+        let tombstone = db.get_cf(cf, keys::event_key("job", 0)).unwrap().unwrap();
+        db.put_cf(cf, keys::event_key("job", 1), tombstone).unwrap();
+    }
+    let damaged = dtask(dir.path()).args(["show", "job"]).output().unwrap();
+    assert_eq!(damaged.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&damaged.stdout);
+    assert!(
+        text.contains("purged at") && text.contains("problems"),
+        "{text}"
+    );
 }
 
 /// A damaged or illegal stream is evidence: a purge keeps its tree, and says why.
@@ -2469,6 +2496,12 @@ fn trim_drops_older_progress_bytes_by_name_or_age_and_the_journal_still_audits_a
     );
     let verified = stdout(dtask(dir.path()).arg("verify"));
     assert!(verified.contains("trimmed in"), "{verified}");
+    // One task's audit counts its trims too, and a task named twice once.
+    let one = json(&stdout(dtask(dir.path()).args([
+        "verify", "--task", "alpha", "--task", "alpha", "--json",
+    ])));
+    assert_eq!((&one["tasks"], &one["trimmed"]), (&1.into(), &1.into()), "{one}");
+    assert!(one["trimmed_records"].as_u64().unwrap() >= 1, "{one}");
 
     // A trimmed journal moves bit-exact.
     let work = tempfile::tempdir().unwrap();
@@ -2558,6 +2591,12 @@ fn probe_tells_what_a_synced_record_survives_where_a_journal_lies() {
         dtask(dir.path()).args(["probe", "--syncs", "0", "--json"]),
     ));
     assert!(untimed["syncs"].is_null(), "{untimed}");
+    // More syncs than a probe takes are refused before anything is timed.
+    dtask(dir.path())
+        .args(["probe", "--syncs", "4294967295"])
+        .assert()
+        .code(2)
+        .stderr(predicate::str::contains("100000"));
     // A file is no place for a journal.
     let file = work.path().join("file");
     std::fs::write(&file, b"x").unwrap();

@@ -396,7 +396,7 @@ pub fn time_syncs(dir: &Path, count: u32) -> Result<SyncTimes> {
         .open(&path)
         .map_err(|e| io_error("creating", &path, &e))?;
     let block = [0x5a_u8; PROBE_WRITE_BYTES];
-    let mut times = Vec::with_capacity(count as usize);
+    let mut times = Vec::with_capacity((count as usize).min(1024));
     let written = (|| {
         for _ in 0..count {
             let start = Instant::now();

@@ -13,8 +13,9 @@ use std::time::Duration;
 /// Arguments of `dtask probe`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// How many synced writes (or, on PostgreSQL, flushed commits) to time; 0 times none.
-    #[arg(long, default_value_t = 100)]
+    /// How many synced writes (or, on PostgreSQL, flushed commits) to time; 0 times none; at
+    /// most 100,000.
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(0..=100_000))]
     syncs: u32,
 }
 

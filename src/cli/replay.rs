@@ -67,6 +67,28 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
     match replay_task(&journal, &args.task, Some(at + 1), &mut view) {
         Ok(()) => {}
         Err(ReplayError::Journal(e)) => return Err(e.into()),
+        Err(ReplayError::Rejected {
+            position: 0,
+            error: FoldError::Purged { records, at },
+            ..
+        }) => {
+            // Nothing is left to replay; said as `show` says it.
+            let mut out = Out::new();
+            if global.json {
+                out.json(&json!({
+                    "task": args.task,
+                    "purged": { "records": records, "at": at },
+                }))?;
+            } else {
+                out.line(format!(
+                    "task {}: purged at {} ({} deleted; nothing is left to replay)",
+                    args.task,
+                    fmt::time(Timestamp(at)),
+                    fmt::count(records, "record")
+                ))?;
+            }
+            return out.flush();
+        }
         Err(e) => return Err(CliError::Problems(e.to_string())),
     }
     let AsOf {

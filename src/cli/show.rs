@@ -140,7 +140,7 @@ impl Timeline {
     /// many as are kept.
     fn push_update(&mut self, entry: Entry) {
         self.updates.push(entry);
-        if self.keep_updates > 0 && self.updates.len() >= 2 * self.keep_updates {
+        if self.keep_updates > 0 && self.updates.len() >= self.keep_updates.saturating_mul(2) {
             let drop = self.updates.len() - self.keep_updates;
             self.updates.drain(..drop);
             self.updates_dropped += drop as u64;
@@ -841,12 +841,13 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
         agent.add(r);
     })?;
     if let (Some((records, at)), None) = (folded.purged, &folded.task) {
+        let problems = folded.problems();
         let mut out = Out::new();
         if global.json {
             out.json(&json!({
                 "task": args.task,
                 "purged": { "records": records, "at": at.0 },
-                "problems": folded.problems(),
+                "problems": problems,
             }))?;
         } else {
             out.line(format!(
@@ -856,9 +857,20 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
                 fmt::time(at),
                 fmt::count(records, "record")
             ))?;
+            if !problems.is_empty() {
+                out.line("\nproblems (after the tombstone)")?;
+                for p in &problems {
+                    out.line(format!("  {p}"))?;
+                }
+            }
         }
         out.flush()?;
-        return Ok(());
+        // Damage, or records after the tombstone, are problems as anywhere else.
+        return if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(CliError::Problems(String::new()))
+        };
     }
     let task = folded.task.as_ref().ok_or_else(|| {
         CliError::Problems(format!(

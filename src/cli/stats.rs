@@ -24,6 +24,12 @@ struct Counts {
     bytes: u64,
 }
 
+/// Sorts `sizes` largest first (ties by id) and keeps the first `top`.
+fn largest_first(sizes: &mut Vec<(u64, u64, String)>, top: usize) {
+    sizes.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.2.cmp(&b.2)));
+    sizes.truncate(top);
+}
+
 /// Runs `dtask stats`.
 #[allow(
     clippy::too_many_lines,
@@ -68,11 +74,16 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
             .as_ref()
             .map_or_else(|| "?".to_owned(), |t| t.state.spec.executor_key.clone());
         *by_executor.entry(executor).or_default() += 1;
-        sizes.push((folded.bytes, folded.records, id));
+        if args.top > 0 {
+            sizes.push((folded.bytes, folded.records, id));
+            // Only the largest are kept: memory bounded by `--top`, not by the journal.
+            if sizes.len() >= args.top.saturating_mul(2) {
+                largest_first(&mut sizes, args.top);
+            }
+        }
     }
     bar.finish_and_clear();
-    sizes.sort_by(|a, b| b.0.cmp(&a.0).then_with(|| a.2.cmp(&b.2)));
-    sizes.truncate(args.top);
+    largest_first(&mut sizes, args.top);
     let storage = journal.storage_stats()?;
     let promise = sync_promise(global)?;
     let mut out = Out::new();

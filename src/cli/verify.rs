@@ -78,7 +78,8 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
             last_seq: journal.last_seq()?,
             ..AuditReport::default()
         };
-        for task in &args.tasks {
+        let mut asked = std::collections::HashSet::new();
+        for task in args.tasks.iter().filter(|t| asked.insert(t.as_str())) {
             let t = audit_task(journal, task)?;
             if !t.exists {
                 return Err(CliError::Usage(format!("no task {task:?} in the journal")));
@@ -87,6 +88,19 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
             report.records += t.records;
             report.bytes += t.bytes;
             report.live += u64::from(!t.terminal);
+            if t.purged {
+                report.purged += 1;
+                // The tombstone says how many records it stands for.
+                if let Some(Ok(record)) = journal.read_stream(task, 0).next() {
+                    if let dtask_journal::Event::Purged { records, .. } = record.event {
+                        report.purged_records += records;
+                    }
+                }
+            }
+            if t.trimmed > 0 {
+                report.trimmed += 1;
+                report.trimmed_records += t.trimmed;
+            }
             report.problems.extend(t.problems);
         }
         report

@@ -79,7 +79,8 @@ fn tombstone(journal: &Journal, task: &str) -> Result<Option<(u64, Digest)>> {
     }))
 }
 
-/// Checks that nothing durable before a crash went missing after it: every task still
+/// Checks that nothing durable before a crash went missing after it (damage read on the way
+/// is a violation too): every task still
 /// exists, its stream did not shrink, and the record it ended with is still there unchanged —
 /// or, for a stream purged since, its tombstone stands for at least the records seen before
 /// and, when for exactly those, chains from the one it ended with; for a stream whose progress
@@ -87,7 +88,7 @@ fn tombstone(journal: &Journal, task: &str) -> Result<Option<(u64, Digest)>> {
 /// there at its sequence.
 ///
 /// # Errors
-/// Journal errors.
+/// None today; kept fallible for the journal errors a later check may meet.
 pub fn heads_grew(journal: &Journal, before: &Heads, now: &Heads) -> Result<Vec<String>> {
     let mut violations = Vec::new();
     for (task, (records, digest, seq)) in before {
@@ -98,7 +99,14 @@ pub fn heads_grew(journal: &Journal, before: &Heads, now: &Heads) -> Result<Vec<
         if (now_records, now_digest) == (records, digest) {
             continue;
         }
-        if let Some((deleted, last)) = tombstone(journal, task)? {
+        let purged = match tombstone(journal, task) {
+            Ok(purged) => purged,
+            Err(e) => {
+                violations.push(format!("task {task}: damaged after a crash: {e}"));
+                continue;
+            }
+        };
+        if let Some((deleted, last)) = purged {
             if deleted < *records || (deleted == *records && last != *digest) {
                 violations.push(format!(
                     "task {task}: purged as {deleted} records, {records} were durable before \
@@ -120,11 +128,17 @@ pub fn heads_grew(journal: &Journal, before: &Heads, now: &Heads) -> Result<Vec<
         } else if *records > 0 {
             let position = records - 1;
             let mut stream = journal.read_stream(task, position);
-            let last = stream.next().transpose()?;
+            let last = match stream.next().transpose() {
+                Ok(last) => last,
+                Err(e) => {
+                    violations.push(format!("task {task}: damaged after a crash: {e}"));
+                    continue;
+                }
+            };
             let same = last
                 .as_ref()
                 .is_some_and(|r| r.position == position && r.digest == *digest);
-            let trimmed_since = || -> Result<bool> {
+            let trimmed_since = || -> std::result::Result<bool, JournalError> {
                 for record in stream {
                     if matches!(record?.event, Event::ProgressTrimmed { .. }) {
                         return Ok(true);
@@ -135,7 +149,19 @@ pub fn heads_grew(journal: &Journal, before: &Heads, now: &Heads) -> Result<Vec<
             let kept = last
                 .as_ref()
                 .is_some_and(|r| r.position == position && r.seq == *seq);
-            if !(same || (kept && trimmed_since()?)) {
+            let trimmed = if same || !kept {
+                Ok(false)
+            } else {
+                trimmed_since()
+            };
+            let trimmed = match trimmed {
+                Ok(trimmed) => trimmed,
+                Err(e) => {
+                    violations.push(format!("task {task}: damaged after a crash: {e}"));
+                    continue;
+                }
+            };
+            if !(same || trimmed) {
                 violations.push(format!(
                     "task {task}: record {position} changed after a crash"
                 ));
@@ -143,6 +169,135 @@ pub fn heads_grew(journal: &Journal, before: &Heads, now: &Heads) -> Result<Vec<
         }
     }
     Ok(violations)
+}
+
+/// The acknowledgement log as far as the checks after the crashes have read it.
+///
+/// After each crash the lines appended since the last check are checked against the journal
+/// as it is then — before the next engine runs. An acknowledged record lost in the crash
+/// could otherwise be written again by the recovery that follows (a recovered tool emits its
+/// updates again, under the same event ids), and the final check, which looks only for the
+/// event id, would find it.
+#[derive(Debug, Default)]
+pub struct AckLog {
+    /// Bytes of the log read so far (whole lines only).
+    offset: u64,
+}
+
+impl AckLog {
+    /// The whole lines appended to the log since the last call. Read before the journal is
+    /// looked at: a line is written only after its record is durable, so every line read
+    /// names a record the journal holds from then on.
+    ///
+    /// # Errors
+    /// I/O errors reading the log.
+    pub fn read_new(&mut self, layout: &Layout) -> Result<Vec<String>> {
+        use std::io::{Read, Seek, SeekFrom};
+        let path = layout.acks();
+        let mut file = match std::fs::File::open(&path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(CliError::io(format!("opening {}", path.display()))(e)),
+        };
+        let mut bytes = Vec::new();
+        file.seek(SeekFrom::Start(self.offset))
+            .and_then(|_| file.read_to_end(&mut bytes))
+            .map_err(CliError::io(format!("reading {}", path.display())))?;
+        let Some(end) = bytes.iter().rposition(|b| *b == b'\n') else {
+            return Ok(Vec::new());
+        };
+        self.offset += end as u64 + 1;
+        Ok(String::from_utf8_lossy(&bytes[..end])
+            .lines()
+            .map(str::to_owned)
+            .collect())
+    }
+}
+
+/// What one task's stream holds that acknowledgements are checked against.
+#[derive(Debug, Default)]
+struct Facts {
+    exists: bool,
+    purged: bool,
+    event_ids: HashSet<String>,
+    cancel: bool,
+    input: bool,
+    /// The positions of its trims' markers.
+    trims: HashSet<u64>,
+    damage: Option<String>,
+}
+
+fn facts(journal: &Journal, task: &str) -> Facts {
+    let mut facts = Facts::default();
+    for record in journal.read_stream(task, 0) {
+        let record = match record {
+            Ok(record) => record,
+            Err(e) => {
+                facts.damage.get_or_insert_with(|| e.to_string());
+                continue;
+            }
+        };
+        facts.exists = true;
+        match record.event {
+            Event::Purged { .. } if record.position == 0 => facts.purged = true,
+            Event::UpdateAppended { event_id, .. } | Event::UpdateTrimmed { event_id, .. } => {
+                facts.event_ids.insert(event_id);
+            }
+            Event::CancelRequested { .. } | Event::Canceled { .. } => facts.cancel = true,
+            Event::InputProvided { .. } => facts.input = true,
+            Event::ProgressTrimmed { .. } => {
+                facts.trims.insert(record.position);
+            }
+            _ => {}
+        }
+    }
+    facts
+}
+
+/// Checks acknowledgement `lines` (read before `journal` was opened) against it: each names
+/// a record that must be there — or its task purged, the tombstone standing for it. One
+/// violation per line that is not, and one per task damaged.
+#[must_use]
+pub fn acks_durable(journal: &Journal, lines: &[String]) -> Vec<String> {
+    let mut violations = Vec::new();
+    let mut read: HashMap<String, Facts> = HashMap::new();
+    for line in lines {
+        let fields: Vec<&str> = line.split('\t').collect();
+        let Some(task) = fields.get(1).copied() else {
+            violations.push(format!("unreadable acknowledgement line {line:?}"));
+            continue;
+        };
+        let facts = read.entry(task.to_owned()).or_insert_with(|| {
+            let facts = facts(journal, task);
+            if let Some(damage) = &facts.damage {
+                violations.push(format!("task {task}: damaged after a crash: {damage}"));
+            }
+            facts
+        });
+        if facts.purged {
+            continue;
+        }
+        let kept = match fields.as_slice() {
+            ["created", ..] => facts.exists,
+            ["purged", ..] => false,
+            ["cancel", _] => facts.cancel,
+            ["resume", _] => facts.input,
+            ["trimmed", _, position] => position
+                .parse::<u64>()
+                .is_ok_and(|position| facts.trims.contains(&position)),
+            ["update", _, event_id] => facts.event_ids.contains(*event_id),
+            _ => {
+                violations.push(format!("unreadable acknowledgement line {line:?}"));
+                continue;
+            }
+        };
+        if !kept {
+            violations.push(format!(
+                "acknowledged {line:?} was lost in a crash (not in the journal after it)"
+            ));
+        }
+    }
+    violations
 }
 
 /// What the final check found.
@@ -185,8 +340,8 @@ struct Seen {
     timers: u64,
     /// Its attempts' check-backs (`yielded` records).
     check_backs: u64,
-    /// The trims of its progress (`progress_trimmed` records).
-    trims: u64,
+    /// The positions of its progress trims' markers (`progress_trimmed` records).
+    trims: HashSet<u64>,
 }
 
 /// The torture's own checks of one stream, beside the fold: update event ids are unique, and
@@ -202,7 +357,7 @@ struct StreamCheck<'a> {
     records: u64,
     updates: u64,
     trimmed: u64,
-    trims: u64,
+    trims: HashSet<u64>,
     violations: Vec<String>,
 }
 
@@ -235,7 +390,9 @@ impl Replay for StreamCheck<'_> {
             Event::InputProvided { .. } => self.input_provided = true,
             Event::NotBefore { .. } => self.timers += 1,
             Event::Yielded { .. } => self.check_backs += 1,
-            Event::ProgressTrimmed { .. } => self.trims += 1,
+            Event::ProgressTrimmed { .. } => {
+                self.trims.insert(record.position);
+            }
             _ => {}
         }
         self.fold.replay(record)
@@ -260,7 +417,7 @@ fn read_task(
         records: 0,
         updates: 0,
         trimmed: 0,
-        trims: 0,
+        trims: HashSet::new(),
         violations: Vec::new(),
     };
     let outcome = replay_task(journal, id, None, &mut check);
@@ -446,9 +603,17 @@ fn check_acks(
                 Some(task) if task.input_provided => None,
                 _ => Some(format!("acknowledged answer to {id} is missing")),
             },
-            ["trimmed", id] => match seen.get(*id) {
-                Some(task) if task.trims > 0 => None,
-                _ => Some(format!("acknowledged trim of {id} is missing")),
+            ["trimmed", id, position] => match seen.get(*id) {
+                Some(task)
+                    if position
+                        .parse::<u64>()
+                        .is_ok_and(|position| task.trims.contains(&position)) =>
+                {
+                    None
+                }
+                _ => Some(format!(
+                    "acknowledged trim of {id} (its marker at {position}) is missing"
+                )),
             },
             ["update", id, event_id] => match seen.get(*id) {
                 Some(task) if task.task.update_ids.contains_key(event_id) => None,
@@ -616,6 +781,106 @@ mod tests {
         let mut other = before;
         other.get_mut("t").unwrap().2 += 100;
         assert_eq!(heads_grew(&journal, &other, &now).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn an_acknowledged_update_lost_in_a_crash_is_found_before_a_recovery_writes_it_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = Layout::new(dir.path(), None);
+        let journal = Journal::open(layout.journal(), JournalOptions::default()).unwrap();
+        let update = |n: u64| Event::UpdateAppended {
+            attempt: 1,
+            event_id: format!("e{n}"),
+            kind: "k".into(),
+            data: vec![1; 10],
+            metadata: vec![],
+            at: Timestamp(3),
+        };
+        journal
+            .append(
+                "t",
+                0,
+                &[
+                    Event::created(TaskSpec::new("t", "x"), LeasePolicy::Retry, Timestamp(1)),
+                    Event::AttemptStarted {
+                        attempt: 1,
+                        lease_deadline: Timestamp(9),
+                        at: Timestamp(2),
+                    },
+                    update(0),
+                ],
+            )
+            .unwrap();
+        // e1 was acknowledged, then lost in the crash; a half-written line is not read yet.
+        std::fs::write(
+            layout.acks(),
+            "update\tt\te0\nupdate\tt\te1\ntrimmed\tt\t2\nupd",
+        )
+        .unwrap();
+        let mut acks = AckLog::default();
+        let lines = acks.read_new(&layout).unwrap();
+        assert_eq!(lines.len(), 3, "{lines:?}");
+        let violations = acks_durable(&journal, &lines);
+        assert_eq!(violations.len(), 2, "{violations:?}");
+        assert!(violations[0].contains("e1"), "{violations:?}");
+        assert!(violations[1].contains("trimmed"), "{violations:?}");
+        assert!(acks.read_new(&layout).unwrap().is_empty());
+        // The recovery writes e1 again under its event id, and a trim marker lands elsewhere:
+        // the final check alone would find the update, not the trim at its position.
+        journal.append("t", 3, &[update(1)]).unwrap();
+        assert!(acks_durable(&journal, &lines[..2]).is_empty());
+        // The rest of the half-written line comes later.
+        let mut log = std::fs::OpenOptions::new()
+            .append(true)
+            .open(layout.acks())
+            .unwrap();
+        std::io::Write::write_all(&mut log, b"ate\tt\te1\n").unwrap();
+        assert_eq!(acks.read_new(&layout).unwrap(), vec!["update\tt\te1"]);
+    }
+
+    #[test]
+    fn damage_met_after_a_crash_is_a_violation_not_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let layout = Layout::new(dir.path(), None);
+        let (journal, before) = ended(&layout);
+        journal
+            .append(
+                "t",
+                2,
+                &[Event::Hold {
+                    reason: "r".into(),
+                    at: Timestamp(4),
+                }],
+            )
+            .unwrap();
+        drop(journal);
+        {
+            let cfs: Vec<_> = dtask_journal::keys::COLUMN_FAMILIES.to_vec();
+            let db =
+                rocksdb::DB::open_cf(&rocksdb::Options::default(), layout.journal(), cfs).unwrap();
+            // Wherever the stream lies: with the live ones, or moved apart once finished.
+            for name in [
+                dtask_journal::keys::Space::Events.name(),
+                dtask_journal::keys::FINISHED_EVENTS,
+            ] {
+                let cf = db.cf_handle(name).unwrap();
+                for position in [0, 1] {
+                    let key = dtask_journal::keys::event_key("t", position);
+                    if let Some(mut value) = db.get_cf(cf, &key).unwrap() {
+                        value[12] ^= 0x40;
+                        db.put_cf(cf, &key, value).unwrap();
+                    }
+                }
+            }
+        }
+        let journal = Journal::open_read_only(layout.journal()).unwrap();
+        let now = heads(&journal).unwrap();
+        let violations = heads_grew(&journal, &before, &now).unwrap();
+        assert_eq!(violations.len(), 1, "{violations:?}");
+        assert!(violations[0].contains("damaged"), "{violations:?}");
+        let lines = vec!["update\tt\te0".to_owned()];
+        let violations = acks_durable(&journal, &lines);
+        assert!(violations[0].contains("damaged"), "{violations:?}");
     }
 
     #[test]

@@ -573,8 +573,11 @@ async fn workload(args: &Args) -> Result<i32> {
             let pick = usize::try_from(rng.range(0, created.len() as u64 - 1)).unwrap_or(0);
             if let Some((id, _)) = created.get(pick) {
                 match store.trim_progress(id, 1).await {
-                    Ok(trimmed) if trimmed.records > 0 => acks.log(&["trimmed", id]),
-                    Ok(_) => {}
+                    Ok(trimmed) => {
+                        if let Some((position, _)) = trimmed.marker {
+                            acks.log(&["trimmed", id, &position.to_string()]);
+                        }
+                    }
                     Err(e) => eprintln!("torture-child: trim {id} refused: {e}"),
                 }
             }

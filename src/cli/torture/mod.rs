@@ -367,6 +367,12 @@ fn wait_until_up(child: &mut Child, log: &Path, run: u64) -> Result<Option<ExitS
     })
 }
 
+/// Whether a child's `status` says SIGKILL ended it.
+fn killed_by_sigkill(status: Option<ExitStatus>) -> bool {
+    const SIGKILL: i32 = 9;
+    status.and_then(|s| s.signal()) == Some(SIGKILL)
+}
+
 fn ending(status: ExitStatus) -> Ending {
     const SIGABRT: i32 = 6;
     const PANIC_EXIT: i32 = 101;
@@ -393,12 +399,26 @@ fn count_hits(path: &Path) -> u64 {
 /// journal: with several nodes the others keep writing while one's end is checked, and a
 /// task purged between the read of its head and the read of its stream would otherwise look
 /// like a stream that lost its records.
-fn check_heads(layout: &Layout, before: &mut check::Heads, tally: &mut Tally) -> Result<()> {
+///
+/// The acknowledgements logged since the last check are checked too, read before the
+/// journal is opened (see [`check::AckLog`]).
+fn check_heads(
+    layout: &Layout,
+    before: &mut check::Heads,
+    acks: &mut check::AckLog,
+    tally: &mut Tally,
+) -> Result<()> {
+    let lines = acks.read_new(layout)?;
     let Some(journal) = check::open_if_created(layout)? else {
         tally.violations.extend(
             before
                 .keys()
                 .map(|task| format!("task {task} vanished after a crash (no journal)")),
+        );
+        tally.violations.extend(
+            lines
+                .iter()
+                .map(|line| format!("acknowledged {line:?} with no journal after a crash")),
         );
         before.clear();
         return Ok(());
@@ -409,6 +429,9 @@ fn check_heads(layout: &Layout, before: &mut check::Heads, tally: &mut Tally) ->
     tally
         .violations
         .extend(check::heads_grew(journal, before, &now)?);
+    tally
+        .violations
+        .extend(check::acks_durable(journal, &lines));
     *before = now;
     Ok(())
 }
@@ -427,6 +450,7 @@ fn crash_loop(
     let mut rng = Rng::new(seed);
     let mut tally = Tally::default();
     let mut heads = check::Heads::new();
+    let mut acks = check::AckLog::default();
     // Without a fail point every run ends in a crash (or a clean drain); with one, `kills`
     // counts the firings of the point, and runs that do not reach it are killed as usual.
     let enough = |tally: &Tally| match fail {
@@ -477,7 +501,9 @@ fn crash_loop(
         } else {
             Duration::from_millis(delay)
         };
+        let mut end_status = None;
         let end = if let Some(status) = wait_until(&mut child, started + patience)? {
+            end_status = Some(status);
             ending(status)
         } else {
             let _ = child.kill();
@@ -489,6 +515,12 @@ fn crash_loop(
         let elapsed = started.elapsed().as_millis();
         let hits = count_hits(&log);
         tally.hits += hits;
+        // A point whose action is `kill` ends its process with SIGKILL: a crash, as the
+        // driver's own kills are.
+        let end = match end {
+            Ending::Failed(_) if hits > 0 && killed_by_sigkill(end_status) => Ending::Killed,
+            end => end,
+        };
         match end {
             Ending::Killed => tally.sigkills += 1,
             Ending::Aborted => tally.aborts += 1,
@@ -499,7 +531,7 @@ fn crash_loop(
                 log.display()
             )),
         }
-        check_heads(layout, &mut heads, &mut tally)?;
+        check_heads(layout, &mut heads, &mut acks, &mut tally)?;
         eprintln!(
             "torture: run {run}: {} after {elapsed} ms; crashes {}/{}{}",
             match end {
@@ -526,7 +558,7 @@ fn crash_loop(
             count(tally.runs, "run")
         ));
     }
-    finish(layout, args, seed, &mut tally, &mut heads)?;
+    finish(layout, args, seed, &mut tally, &mut heads, &mut acks)?;
     Ok(tally)
 }
 
@@ -537,6 +569,7 @@ fn finish(
     seed: u64,
     tally: &mut Tally,
     heads: &mut check::Heads,
+    acks: &mut check::AckLog,
 ) -> Result<()> {
     let run = tally.runs + 1;
     let mut child = spawn(layout, args, run, Rng::derive(seed, run), None, None, true)?;
@@ -555,7 +588,7 @@ fn finish(
                 .push("the finish run did not end in time".into());
         }
     }
-    check_heads(layout, heads, tally)
+    check_heads(layout, heads, acks, tally)
 }
 
 /// The crash loop with `args.nodes` children at once on one shared journal: whenever one
@@ -565,6 +598,7 @@ fn crash_loop_nodes(layout: &Layout, args: &Args, seed: u64) -> Result<Tally> {
     let mut rng = Rng::new(seed);
     let mut tally = Tally::default();
     let mut heads = check::Heads::new();
+    let mut acks = check::AckLog::default();
     let nodes = usize::try_from(args.nodes).unwrap_or(1);
     let mut running: Vec<Option<(Child, u64, Instant)>> = (0..nodes).map(|_| None).collect();
     let max_runs = args.kills * 3 + 10;
@@ -613,7 +647,7 @@ fn crash_loop_nodes(layout: &Layout, args: &Args, seed: u64) -> Result<Tally> {
                 )),
             }
             *slot = None;
-            check_heads(layout, &mut heads, &mut tally)?;
+            check_heads(layout, &mut heads, &mut acks, &mut tally)?;
             eprintln!(
                 "torture: run {run} ({} nodes): {}; crashes {}/{}",
                 nodes,
@@ -627,7 +661,7 @@ fn crash_loop_nodes(layout: &Layout, args: &Args, seed: u64) -> Result<Tally> {
             );
         }
     }
-    finish(layout, args, seed, &mut tally, &mut heads)?;
+    finish(layout, args, seed, &mut tally, &mut heads, &mut acks)?;
     Ok(tally)
 }
 
@@ -692,12 +726,25 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
             .unwrap_or_default(),
         root.display()
     );
-    let tally = if args.nodes > 1 {
-        crash_loop_nodes(&layout, args, seed)?
+    let checked = if args.nodes > 1 {
+        crash_loop_nodes(&layout, args, seed)
     } else {
-        crash_loop(&layout, args, seed, fail.as_ref())?
+        crash_loop(&layout, args, seed, fail.as_ref())
+    }
+    .and_then(|tally| Ok((tally, check::check(&layout)?)));
+    let (tally, findings) = match checked {
+        Ok(checked) => checked,
+        Err(e) => {
+            // The evidence stays: the run's directory is kept whatever stopped it.
+            let _ = temp.map(tempfile::TempDir::keep);
+            eprintln!(
+                "torture: stopped by an error; the run's directory is kept: {}\nreproduce: {}",
+                root.display(),
+                reproduce(args, seed)
+            );
+            return Err(e);
+        }
     };
-    let findings = check::check(&layout)?;
     let mut violations = tally.violations.clone();
     violations.extend(findings.violations.iter().cloned());
     let wall = started.elapsed().as_secs_f64();
