@@ -87,6 +87,26 @@ async fn a_lost_live_entry_of_a_running_task_is_derived_again() {
     assert_eq!(store.get("run").await.unwrap().status, Status::Running);
 }
 
+/// A journal that purged a task repairs its index as any: the tombstone is an ended stream.
+#[tokio::test]
+async fn a_lost_live_entry_is_derived_again_beside_a_purged_task() {
+    let mut env = Env::new();
+    build(&env).await;
+    env.store().purge("done").await.unwrap();
+    let store = damage_and_open(&mut env, |db| {
+        db.delete_cf(cf(db, Space::Live), keys::task_key("run"))
+            .unwrap();
+    })
+    .unwrap();
+    let repair = store.repaired_live_index().unwrap();
+    assert_eq!(repair.added, ["run"]);
+    assert!(repair.removed.is_empty());
+    assert!(matches!(
+        store.get("done").await,
+        Err(StoreError::Purged { .. })
+    ));
+}
+
 #[tokio::test]
 async fn a_stray_live_entry_is_removed() {
     let mut env = Env::new();

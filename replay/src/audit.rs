@@ -746,6 +746,8 @@ fn fenced_write(s: &crate::state::TaskState, record: &Record, problem: &mut impl
         | Event::CursorAdvanced { .. }
         | Event::UpdateAppended { .. }
         | Event::PartAppended { .. }
+        // A trimmed update's stand-in keeps the attempt and the time of the update.
+        | Event::UpdateTrimmed { .. }
         | Event::ChildCreated { .. }
         | Event::ParentNotified { .. }
         | Event::ParentNotifiedV2 { .. } => (true, false),

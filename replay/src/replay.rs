@@ -146,6 +146,12 @@ pub(crate) fn replay_records<R: Replay>(
     for record in records {
         let record = match record {
             Ok(record) => record,
+            // Damage past the replay's end is not the replay's business.
+            Err(dtask_journal::Error::Corruption { position, .. })
+                if until.is_some_and(|end| position >= end) =>
+            {
+                break
+            }
             Err(dtask_journal::Error::Corruption {
                 position, ref kind, ..
             }) if replay.damaged(position, kind) => continue,

@@ -577,6 +577,19 @@ fn flipped_bytes_are_reported_and_the_audit_goes_on() {
     assert!(task.is_clean());
 }
 
+/// A task folded as of a position is folded from the records up to it: damage after them
+/// does not stop it.
+#[test]
+fn a_fold_as_of_a_position_is_not_stopped_by_damage_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    build(dir.path());
+    tamper(dir.path(), |db| flip(db, "done", 3));
+    let j = Journal::open_read_only(dir.path()).unwrap();
+    let as_of = dtask_replay::load_task_at(&j, "done", 3).unwrap().unwrap();
+    assert_eq!(as_of.state.position, 3, "records 0 to 2 folded");
+    assert!(dtask_replay::load_task_at(&j, "done", 4).is_err());
+}
+
 #[test]
 fn a_damaged_terminal_record_is_not_also_blamed_on_the_live_index() {
     let report = audit_damaged(|db| flip(db, "done", 3));
@@ -2060,6 +2073,18 @@ fn writes_of_an_attempt_past_its_lease_or_told_to_stop_are_inconsistent() {
             .contains("cancellation was requested"),
         "{}",
         report.problems[0]
+    );
+    // Trimmed, the zombie's update is still the zombie's: its stand-in keeps attempt and time.
+    let trimmed = j.trim_progress("stopped", 0, Timestamp(2_000)).unwrap();
+    assert_eq!(trimmed.records, 1);
+    let again = audit_journal(&j, &mut |_| {}).unwrap();
+    assert!(
+        again
+            .problems
+            .iter()
+            .any(|p| p.task == "stopped" && p.position == Some(3)),
+        "{:?}",
+        again.problems
     );
 }
 

@@ -278,6 +278,15 @@ fn repair_live_index(journal: &Journal) -> Result<LiveRepair> {
     let mut ids = journal
         .task_ids()
         .collect::<std::result::Result<Vec<_>, _>>()?;
+    // A purged task's tombstone is an ended stream, not one to fold (it does not fold).
+    let mut kept = Vec::with_capacity(ids.len());
+    for id in ids {
+        let first = journal.read_stream(&id, 0).next().transpose()?;
+        if !first.is_some_and(|r| matches!(r.event, dtask_journal::Event::Purged { .. })) {
+            kept.push(id);
+        }
+    }
+    let mut ids = kept;
     let mut live: Vec<(String, Head)> = Vec::new();
     load_tasks_each(
         journal,
