@@ -221,7 +221,8 @@ impl RawCommits {
 }
 
 /// A cursor over the records for [`RawCommits::into_committed`]; one per thread, reused from
-/// batch to batch. See [`Journal::record_fetcher`](crate::Journal::record_fetcher).
+/// batch to batch of a journal that does not change while read (it reads the records as
+/// they were when it was made). See [`Journal::record_fetcher`](crate::Journal::record_fetcher).
 pub struct RecordFetcher<'a> {
     backend: &'a dyn Backend,
     events: crate::bulk::Positioned<'a>,

@@ -1179,7 +1179,11 @@ impl Journal {
     /// [`Journal::commits`] from `from_seq` in batches of up to `size` entries of the commit
     /// index. A batch is resolved to its records by [`RawCommits::into_committed`](crate::RawCommits::into_committed) (possibly
     /// on another thread), which fetches them in key order instead of one lookup per entry;
-    /// the items are exactly those of [`Journal::commits`].
+    /// the items are exactly those of [`Journal::commits`] on a journal that does not change
+    /// while it is read (a read-only open, [`Journal::frozen`]'s view, an export's source).
+    /// On a journal being written, a fetcher reads the records as they were when it was
+    /// made (a record appended since names a missing one), and an entry purged meanwhile is
+    /// reported, not passed over: follow a live journal with [`Journal::commits`].
     #[must_use]
     pub fn commit_batches(&self, from_seq: u64, size: usize) -> CommitBatches<'_> {
         let mut cursor = self.inner.backend.cursor(Space::Commits);
@@ -1187,7 +1191,8 @@ impl Journal {
         CommitBatches::new(cursor, size, self.visible())
     }
 
-    /// A fetcher of records for [`RawCommits::into_committed`](crate::RawCommits::into_committed).
+    /// A fetcher of records for [`RawCommits::into_committed`](crate::RawCommits::into_committed):
+    /// it reads the records as they were when it was made (see [`Journal::commit_batches`]).
     #[must_use]
     pub fn record_fetcher(&self) -> RecordFetcher<'_> {
         RecordFetcher::new(

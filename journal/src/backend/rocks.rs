@@ -864,7 +864,20 @@ impl RocksBackend {
 
     /// An iterator over `range` of one column family.
     fn scan_cf<'a>(&'a self, cf: &'a ColumnFamily, range: &Range) -> RawIter<'a> {
+        self.scan_cf_at(cf, range, None)
+    }
+
+    /// [`RocksBackend::scan_cf`], reading at `snapshot` when one is given.
+    fn scan_cf_at<'a>(
+        &'a self,
+        cf: &'a ColumnFamily,
+        range: &Range,
+        snapshot: Option<&rocksdb::SnapshotWithThreadMode<'a, DB>>,
+    ) -> RawIter<'a> {
         let mut opts = ReadOptions::default();
+        if let Some(snapshot) = snapshot {
+            opts.set_snapshot(snapshot);
+        }
         if let Some(upper) = &range.upper {
             opts.set_iterate_upper_bound(upper.clone());
         }
@@ -895,16 +908,36 @@ impl RocksBackend {
     /// A cursor on `space`; for `events`, on both its column families seen as one (`events`
     /// made first, for the reason [`Backend::get`] gives).
     fn cursor_with(&self, space: Space, options: fn() -> ReadOptions) -> Box<dyn Cursor + '_> {
-        let own = self.raw_cursor(space, options());
         match (space, self.finished_in_use()) {
-            (Space::Events, Some(finished)) => Box::new(MergedCursor::new(
-                own,
+            (Space::Events, Some(finished)) if self.read_only => Box::new(MergedCursor::new(
+                self.raw_cursor(space, options()),
                 Box::new(RocksCursor {
                     raw: self.db.raw_iterator_cf_opt(finished, options()),
                     positioned: false,
                 }),
             )),
-            _ => own,
+            (Space::Events, Some(finished)) => {
+                // Both column families at one snapshot (see `AtSnapshot`), where records
+                // move (a follower cannot take snapshots).
+                let snapshot = self.db.snapshot();
+                let at = || {
+                    let mut opts = options();
+                    opts.set_snapshot(&snapshot);
+                    opts
+                };
+                let merged = MergedCursor::new(
+                    self.raw_cursor(space, at()),
+                    Box::new(RocksCursor {
+                        raw: self.db.raw_iterator_cf_opt(finished, at()),
+                        positioned: false,
+                    }),
+                );
+                Box::new(AtSnapshot {
+                    inner: merged,
+                    _snapshot: snapshot,
+                })
+            }
+            _ => self.raw_cursor(space, options()),
         }
     }
 
@@ -1081,15 +1114,28 @@ impl Backend for RocksBackend {
             Ok(cf) => cf,
             Err(e) => return Box::new(std::iter::once(Err(e))),
         };
-        let iter = self.scan_cf(cf, &range);
         match (space, self.finished_in_use()) {
-            // `events` before `finished`, for the reason `get` gives; a record moved between
-            // the two iterators' making is in both and comes once.
-            (Space::Events, Some(finished)) => {
-                let moved = self.scan_cf(finished, &range);
-                Box::new(Merged::new(iter, moved, range.reverse))
+            // Both column families at one snapshot (see `AtSnapshot`): a record moved
+            // between the two iterators' making would otherwise be in both (and come once),
+            // but a trim that moves a stream rewrites its records as it moves them, and the
+            // old records of one would have come with the new ones of the other.
+            // (Only where records move: a follower, whose view moves at its catch-ups,
+            // cannot take snapshots.)
+            (Space::Events, Some(finished)) if !self.read_only => {
+                let snapshot = self.db.snapshot();
+                let iter = self.scan_cf_at(cf, &range, Some(&snapshot));
+                let moved = self.scan_cf_at(finished, &range, Some(&snapshot));
+                Box::new(AtSnapshot {
+                    inner: Merged::new(iter, moved, range.reverse),
+                    _snapshot: snapshot,
+                })
             }
-            _ => iter,
+            (Space::Events, Some(finished)) => Box::new(Merged::new(
+                self.scan_cf(cf, &range),
+                self.scan_cf(finished, &range),
+                range.reverse,
+            )),
+            _ => self.scan_cf(cf, &range),
         }
     }
 
@@ -1306,6 +1352,48 @@ fn bulk_read_options() -> ReadOptions {
 
 /// The read-ahead of bulk reads.
 const BULK_READAHEAD: usize = 2 << 20;
+
+/// Reads of `events` and `finished` made at one snapshot, kept with them: the two column
+/// families of one space seen as of one moment. (Declared first, the reads are dropped
+/// before the snapshot is released.)
+struct AtSnapshot<'a, I> {
+    inner: I,
+    _snapshot: rocksdb::SnapshotWithThreadMode<'a, DB>,
+}
+
+impl<I: Iterator> Iterator for AtSnapshot<'_, I> {
+    type Item = I::Item;
+
+    fn next(&mut self) -> Option<I::Item> {
+        self.inner.next()
+    }
+}
+
+impl<C: Cursor> Cursor for AtSnapshot<'_, C> {
+    fn seek(&mut self, key: &[u8]) {
+        self.inner.seek(key);
+    }
+
+    fn next(&mut self) {
+        self.inner.next();
+    }
+
+    fn key(&self) -> Option<&[u8]> {
+        self.inner.key()
+    }
+
+    fn value(&self) -> Option<&[u8]> {
+        self.inner.value()
+    }
+
+    fn status(&self) -> Result<()> {
+        self.inner.status()
+    }
+
+    fn source(&self) -> super::Source {
+        self.inner.source()
+    }
+}
 
 /// A [`Cursor`] on a RocksDB raw iterator.
 struct RocksCursor<'a> {

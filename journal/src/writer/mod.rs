@@ -2386,6 +2386,34 @@ mod tests {
         assert_eq!(stream.len(), 2);
     }
 
+    /// A stopped journal gives up the moves waiting (the next open's sweep finds those
+    /// streams): its idle writer and its close went round them for ever — a core spun for as
+    /// long as the stopped journal stayed open, and the close took its whole budget.
+    #[test]
+    fn a_stopped_journal_gives_up_its_moves() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = JournalOptions::default().with_keep_finished_apart(true);
+        let (journal, backend) = faulty_with(dir.path(), options);
+        journal
+            .with_writer(|writer| writer.idle_moves = IdleMoves::Held)
+            .unwrap();
+        journal.append("a", 0, &[update(0)]).unwrap();
+        journal.append("a", 1, &[completed(1)]).unwrap();
+        let waiting = journal
+            .with_writer(|writer| writer.pending_moves.len())
+            .unwrap();
+        assert_eq!(waiting, 1, "a's move waits");
+        backend.gates.lock().unwrap().push_back(Gate::Broken);
+        assert!(journal.append("b", 0, &[update(2)]).is_err());
+        let (moved, waiting, sweeping) = journal
+            .with_writer(|writer| {
+                let moved = writer.move_pending(usize::MAX).unwrap();
+                (moved, writer.pending_moves.len(), writer.sweep.is_some())
+            })
+            .unwrap();
+        assert_eq!((moved, waiting, sweeping), (0, 0, false));
+    }
+
     #[test]
     fn a_failed_sync_stops_the_journal() {
         let dir = tempfile::tempdir().unwrap();

@@ -136,7 +136,11 @@ impl Writer {
         let started = Instant::now();
         let mut moved = 0;
         while !self.pending_moves.is_empty() && started.elapsed() < budget {
-            moved += self.move_pending(MOVES_PER_WRITE)?;
+            let now = self.move_pending(MOVES_PER_WRITE)?;
+            if now == 0 {
+                break;
+            }
+            moved += now;
         }
         if !self.pending_moves.is_empty() {
             tracing::info!(
@@ -156,7 +160,15 @@ impl Writer {
     /// What the write returned when it failed: every move still waiting is given up then
     /// (those streams stay where they are).
     pub(crate) fn move_pending(&mut self, max: usize) -> Result<usize> {
-        if self.pending_moves.is_empty() || self.shared.stopped().is_some() {
+        if self.shared.stopped().is_some() {
+            // A stopped journal writes nothing more: its moves (and its sweep) are given up
+            // — the next open's sweep finds those streams — so that the idle writer and the
+            // close do not go round them for ever.
+            self.pending_moves.clear();
+            self.sweep = None;
+            return Ok(0);
+        }
+        if self.pending_moves.is_empty() {
             return Ok(0);
         }
         let mut moved = 0;
