@@ -560,6 +560,18 @@ async fn client_mistakes_are_json_4xx_errors() {
     }
     let (status, body) = server.post("/api/verify?task=nope", &json!({})).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    // An id holding NUL is no task's: its keys would be read as t1's.
+    for path in [
+        "/api/tasks/t1%00",
+        "/api/tasks/t1%00/records",
+        "/api/tasks/t1%00/updates",
+        "/api/tasks/t1%00/state?at=0",
+    ] {
+        let (status, body) = server.get(path).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{path}: {body}");
+    }
+    let (status, body) = server.post("/api/verify?task=t1%00", &json!({})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
 
     // Queries, cursors, positions.
     for (path, expected) in [
@@ -1096,6 +1108,69 @@ async fn a_stream_that_falls_behind_its_buffer_misses_nothing() {
     server.stop().await;
 }
 
+/// Pages of records and updates end at a byte budget too (with `next_from` and a cursor
+/// going on from there): records of a megabyte each made pages of gigabytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_of_large_records_end_at_their_byte_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_store(dir.path());
+    store
+        .create(create("big", "shell", &json!({})))
+        .await
+        .unwrap();
+    let s = store.execute("big", 1, Cmd::Start).await.unwrap();
+    for i in 0..12 {
+        store
+            .append_update(
+                "big",
+                UpdateRequest {
+                    attempt: s.attempt,
+                    event_id: format!("u{i}"),
+                    kind: "chunk".into(),
+                    data: vec![b'x'; 1_000_000],
+                    ..UpdateRequest::default()
+                },
+            )
+            .await
+            .unwrap();
+    }
+    let server = Running::start(Server::owner(store, None, fast())).await;
+    let (status, page) = server.get("/api/tasks/big/records?limit=5000").await;
+    assert_eq!(status, StatusCode::OK);
+    let listed = page["records"].as_array().unwrap().len();
+    assert!((1..14).contains(&listed), "{listed} records in one page");
+    assert_eq!(page["next_from"], json!(listed));
+    let (_, rest) = server
+        .get(&format!("/api/tasks/big/records?from={listed}&limit=5000"))
+        .await;
+    assert_eq!(
+        listed + rest["records"].as_array().unwrap().len(),
+        14,
+        "the next page goes on where the first ended"
+    );
+    // Updates, by their cursor: every one once.
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    for _ in 0..20 {
+        let path = match &cursor {
+            None => "/api/tasks/big/updates?limit=1000".to_owned(),
+            Some(c) => format!("/api/tasks/big/updates?limit=1000&cursor={c}"),
+        };
+        let (status, page) = server.get(&path).await;
+        assert_eq!(status, StatusCode::OK);
+        let updates = page["updates"].as_array().unwrap();
+        if updates.is_empty() {
+            break;
+        }
+        assert!(updates.len() < 12, "one page held them all");
+        seen.extend(updates.iter().map(|u| u["event_id"].as_str().unwrap().to_owned()));
+        cursor = Some(page["next_cursor"].as_str().unwrap().to_owned());
+    }
+    let expected: Vec<String> = (0..12).map(|i| format!("u{i}")).collect();
+    assert_eq!(seen, expected);
+    server.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_task_list_pages_with_a_cursor() {
     let dir = tempfile::tempdir().unwrap();
@@ -1523,6 +1598,20 @@ async fn a_token_is_required_off_loopback_and_checked_on_every_request() {
         .await
         .unwrap();
     assert_eq!(r.status(), StatusCode::OK);
+    // The page behind a proxy that passes its own `Host`: the public origin cannot match
+    // it, and the browser's `Sec-Fetch-Site` says the page is the server's own.
+    let posted = |site: &'static str| {
+        server
+            .http
+            .post(server.url("/api/tasks"))
+            .header("cookie", &cookie)
+            .header("origin", "https://dtask.example.com")
+            .header("sec-fetch-site", site)
+            .json(&json!({"executor_key": "x"}))
+            .send()
+    };
+    assert_eq!(posted("same-origin").await.unwrap().status(), StatusCode::CREATED);
+    assert_eq!(posted("cross-site").await.unwrap().status(), StatusCode::FORBIDDEN);
     let r = no_redirects
         .get(server.url("/?token=wrong"))
         .send()
@@ -2420,6 +2509,57 @@ async fn an_owner_trims_a_tasks_progress_and_its_updates_read_as_trimmed() {
         .post("/api/tasks/nobody/trim", &json!({"keep": 0}))
         .await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{missing}");
+}
+
+/// The counts after a trim — its updates and parts rewritten in place, their sequences kept,
+/// so no commit of theirs comes to the pump — are those a fresh count makes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counts_after_a_trim_equal_a_fresh_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_store(dir.path());
+    store
+        .create(create("t", "shell", &json!({})))
+        .await
+        .unwrap();
+    let s = store.execute("t", 1, Cmd::Start).await.unwrap();
+    let update = |event_id: &str, part_id: &str, last: bool| UpdateRequest {
+        attempt: s.attempt,
+        event_id: event_id.to_owned(),
+        kind: "stdout".into(),
+        data: vec![b'x'; 1_000],
+        part_id: part_id.to_owned(),
+        last,
+        ..UpdateRequest::default()
+    };
+    for request in [
+        update("u0", "", true),
+        update("m", "p0", false),
+        update("m", "p1", true),
+        update("u1", "", true),
+        update("u2", "", true),
+    ] {
+        store.append_update("t", request).await.unwrap();
+    }
+    let server = Running::start(Server::owner(store, None, fast())).await;
+    let (_, before) = server.get("/api/tasks/t").await;
+    server.wait_seq(before["last_seq"].as_u64().unwrap()).await;
+    let (status, trimmed) = server.post("/api/tasks/t/trim", &json!({"keep": 1})).await;
+    assert_eq!(status, StatusCode::OK, "{trimmed}");
+    assert_eq!(trimmed["records"], json!(4), "{trimmed}");
+    let (_, after) = server.get("/api/tasks/t").await;
+    let last = after["last_seq"].as_u64().unwrap();
+    let counted = server.wait_seq(last).await;
+    server.stop().await;
+    let fresh = Running::start(Server::owner(open_store(dir.path()), None, fast())).await;
+    let recounted = fresh.wait_seq(last).await;
+    for field in ["tasks", "records", "bytes", "by_type"] {
+        assert_eq!(
+            counted[field], recounted[field],
+            "{field}: {counted} / {recounted}"
+        );
+    }
+    assert_eq!(counted["by_type"]["update_trimmed"], json!(4), "{counted}");
+    fresh.stop().await;
 }
 
 /// A durable agent's run over HTTP: `GET /api/tasks/{id}/conversation` serves it (404 for a

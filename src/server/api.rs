@@ -85,6 +85,7 @@ pub async fn list_tasks(
         (status = 200, description = "The task, folded from its stream", body = TaskDetail),
         (status = 404, description = "No such task", body = ErrorBody),
         (status = 410, description = "The task was purged: only its tombstone is left", body = ErrorBody),
+        (status = 400, description = "An id holding NUL, or a bad body", body = ErrorBody),
     )
 )]
 pub async fn get_task(
@@ -105,6 +106,7 @@ pub async fn get_task(
     responses(
         (status = 200, description = "A page of the task's records", body = RecordPage),
         (status = 404, description = "No such task", body = ErrorBody),
+        (status = 400, description = "An id holding NUL, or a bad query", body = ErrorBody),
     )
 )]
 pub async fn get_records(
@@ -152,6 +154,7 @@ pub async fn get_state(
         (status = 404, description = "No such task, or one that is not an agent run (code `not_an_agent_run`)", body = ErrorBody),
         (status = 410, description = "The task was purged", body = ErrorBody),
         (status = 422, description = "The task's stream does not fold at all (code `does_not_fold`: run a verify)", body = ErrorBody),
+        (status = 400, description = "An id holding NUL, or a bad body", body = ErrorBody),
     )
 )]
 pub async fn get_conversation(
@@ -219,6 +222,9 @@ pub async fn submit(
         WriteRefusals,
         (status = 404, description = "No such task", body = ErrorBody),
         (status = 409, description = "The task is terminal", body = ErrorBody),
+        (status = 400, description = "An id holding NUL, or a bad body", body = ErrorBody),
+        (status = 413, description = "The body is over the limit", body = ErrorBody),
+        (status = 415, description = "Not `application/json`", body = ErrorBody),
     )
 )]
 pub async fn cancel(
@@ -239,6 +245,9 @@ pub async fn cancel(
         WriteRefusals,
         (status = 404, description = "No such task", body = ErrorBody),
         (status = 409, description = "Not waiting for input, or not at the expected version", body = ErrorBody),
+        (status = 400, description = "An id holding NUL, or a bad body", body = ErrorBody),
+        (status = 413, description = "The body is over the limit", body = ErrorBody),
+        (status = 415, description = "Not `application/json`", body = ErrorBody),
     )
 )]
 pub async fn resume(
@@ -261,6 +270,8 @@ pub async fn resume(
         WriteRefusals,
         (status = 404, description = "No such task", body = ErrorBody),
         (status = 409, description = "The task has ended, or the event id was used with other content", body = ErrorBody),
+        (status = 413, description = "The body is over the limit", body = ErrorBody),
+        (status = 415, description = "Not `application/json`", body = ErrorBody),
     )
 )]
 pub async fn send_input(
@@ -283,6 +294,8 @@ pub async fn send_input(
         WriteRefusals,
         (status = 404, description = "No such task, or one that is not an agent run (code `not_an_agent_run`)", body = ErrorBody),
         (status = 409, description = "The run has ended, or the event id was used with other content", body = ErrorBody),
+        (status = 413, description = "The body is over the limit", body = ErrorBody),
+        (status = 415, description = "Not `application/json`", body = ErrorBody),
     )
 )]
 pub async fn send_message(
@@ -303,6 +316,7 @@ pub async fn send_message(
         WriteRefusals,
         (status = 404, description = "No such task, or one that is not an agent run (code `not_an_agent_run`)", body = ErrorBody),
         (status = 409, description = "A run that is not interactive (code `not_interactive`), or one that has ended", body = ErrorBody),
+        (status = 400, description = "An id holding NUL, or a bad body", body = ErrorBody),
     )
 )]
 pub async fn close_run(
@@ -323,6 +337,8 @@ pub async fn close_run(
         (status = 200, description = "The notifications leased (none when nothing is deliverable)", body = NotificationBatch),
         (status = 400, description = "A zero lease, a wait over 60 s, bad JSON, an unknown field", body = ErrorBody),
         (status = 403, description = "A read-only server", body = ErrorBody),
+        (status = 413, description = "The body is over the limit", body = ErrorBody),
+        (status = 415, description = "Not `application/json`", body = ErrorBody),
     )
 )]
 pub async fn receive_notifications(
@@ -402,6 +418,8 @@ const RECEIVE_RECHECK: Duration = Duration::from_secs(1);
         WriteRefusals,
         (status = 404, description = "An unknown receipt, or one superseded by a later delivery", body = ErrorBody),
         (status = 409, description = "The receipt's lease expired: the notification stays and is delivered again", body = ErrorBody),
+        (status = 413, description = "The body is over the limit", body = ErrorBody),
+        (status = 415, description = "Not `application/json`", body = ErrorBody),
     )
 )]
 pub async fn ack_notification(
@@ -422,6 +440,9 @@ pub async fn ack_notification(
         WriteRefusals,
         (status = 404, description = "No such task", body = ErrorBody),
         (status = 409, description = "Not suspended", body = ErrorBody),
+        (status = 400, description = "An id holding NUL, or a bad body", body = ErrorBody),
+        (status = 413, description = "The body is over the limit", body = ErrorBody),
+        (status = 415, description = "Not `application/json`", body = ErrorBody),
     )
 )]
 pub async fn release(
@@ -445,6 +466,8 @@ pub async fn release(
         WriteRefusals,
         (status = 404, description = "No such task", body = ErrorBody),
         (status = 409, description = "The task has not ended, or the new id is taken", body = ErrorBody),
+        (status = 413, description = "The body is over the limit", body = ErrorBody),
+        (status = 415, description = "Not `application/json`", body = ErrorBody),
     )
 )]
 pub async fn rerun(
@@ -490,6 +513,8 @@ pub async fn purge_task(
         WriteRefusals,
         (status = 404, description = "No such task", body = ErrorBody),
         (status = 410, description = "The task was purged", body = ErrorBody),
+        (status = 413, description = "The body is over the limit", body = ErrorBody),
+        (status = 415, description = "Not `application/json`", body = ErrorBody),
     )
 )]
 pub async fn hold_task(
@@ -511,6 +536,7 @@ pub async fn hold_task(
         WriteRefusals,
         (status = 404, description = "No such task", body = ErrorBody),
         (status = 410, description = "The task was purged", body = ErrorBody),
+        (status = 400, description = "An id holding NUL, or a bad body", body = ErrorBody),
     )
 )]
 pub async fn lift_hold(
@@ -535,6 +561,8 @@ pub async fn lift_hold(
         (status = 404, description = "No such task", body = ErrorBody),
         (status = 409, description = "The task is on hold", body = ErrorBody),
         (status = 410, description = "The task was purged", body = ErrorBody),
+        (status = 413, description = "The body is over the limit", body = ErrorBody),
+        (status = 415, description = "Not `application/json`", body = ErrorBody),
     )
 )]
 pub async fn trim_task(
@@ -554,6 +582,7 @@ pub async fn trim_task(
         (status = 200, description = "The audit's report (problems are findings, not errors)", body = VerifyReport),
         (status = 404, description = "No such task", body = ErrorBody),
         (status = 429, description = "An audit is running already", body = ErrorBody),
+        (status = 400, description = "A task id holding NUL", body = ErrorBody),
     )
 )]
 pub async fn verify(
@@ -707,6 +736,7 @@ pub async fn stream(
         (status = 200, description = "An event stream (`text/event-stream`)", content_type = "text/event-stream", body = String),
         (status = 404, description = "No such task", body = ErrorBody),
         (status = 503, description = "Too many streams are open", body = ErrorBody),
+        (status = 400, description = "An id holding NUL, or a bad `Last-Event-ID`", body = ErrorBody),
     )
 )]
 pub async fn task_stream(

@@ -163,7 +163,9 @@ fn is_loopback_host(host: &str) -> bool {
 /// Middleware: refuses what a browser sends for another site (403 `forbidden_origin`).
 ///
 /// - A request that changes something (any method but `GET`, `HEAD`, `OPTIONS`) whose
-///   `Origin` is not the server's own (its host and port those of `Host`), or that the
+///   `Origin` is not the server's own (its host and port those of `Host`; with a token,
+///   a request the browser marks `Sec-Fetch-Site: same-origin` is the server's own page
+///   whatever `Host` a proxy passed), or that the
 ///   browser marks as coming from another site (`Sec-Fetch-Site` other than `same-origin`
 ///   or `none`): a page elsewhere could otherwise post to a server on the user's loopback
 ///   (an empty body needs no `Content-Type`, so no preflight asks first).
@@ -194,18 +196,23 @@ pub async fn same_origin(
         axum::http::Method::GET | axum::http::Method::HEAD | axum::http::Method::OPTIONS
     );
     if !safe {
+        let site = text(header::HeaderName::from_static("sec-fetch-site"));
+        // With a token, the browser's own word that the page is the server's suffices: behind
+        // a proxy that passes another `Host`, `Origin` (the public name) cannot match it. (A
+        // page of a rebinding name is same-origin too, but holds no token: its requests are
+        // refused as any.)
+        let same_site_said = token.is_some() && site == Some("same-origin");
         if let Some(origin) = text(header::ORIGIN) {
             let own = origin
                 .split_once("://")
                 .is_some_and(|(_, authority)| authority.eq_ignore_ascii_case(host));
-            if !own {
+            if !own && !same_site_said {
                 return refused(format!(
                     "a request from {origin:?} may not change anything here (only the \
                      server's own pages may)"
                 ));
             }
         }
-        let site = text(header::HeaderName::from_static("sec-fetch-site"));
         if site.is_some_and(|s| s != "same-origin" && s != "none") {
             return refused("a request from another site may not change anything here".into());
         }

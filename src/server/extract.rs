@@ -114,6 +114,10 @@ impl<S: Send + Sync, T: DeserializeOwned + Send> FromRequestParts<S> for ApiPath
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        // No id of the API may hold NUL (a task id's keys would be read as another task's).
+        if parts.uri.path().to_ascii_lowercase().contains("%00") {
+            return Err(ApiError::bad_request("a path segment holds NUL"));
+        }
         Path::<T>::from_request_parts(parts, state)
             .await
             .map(|Path(v)| Self(v))

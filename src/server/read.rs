@@ -27,6 +27,10 @@ const DEFAULT_RECORDS: usize = 500;
 const MAX_RECORDS: usize = 5000;
 /// The default page of updates.
 const DEFAULT_UPDATES: usize = 100;
+/// The bytes a page of records or updates holds at most before it ends (with `next_from` or
+/// a cursor): records of megabytes each would otherwise make pages of gigabytes. At least
+/// one record or update is always listed.
+const PAGE_BYTES: usize = 8 << 20;
 /// The records a page of the task list folds at most before it ends (with a cursor): the
 /// list folds each task it examines whole, so a page of long streams is bounded by their
 /// records as a filtered page is by its tasks (at least one task is always examined).
@@ -233,7 +237,18 @@ pub fn list_tasks(journal: &Journal, query: &ListQuery) -> Result<TaskList, ApiE
 /// owner, up to the durable watermark: a page's `length` and cursors never count a record
 /// its reads cannot show yet).
 fn require(journal: &Journal, id: &str) -> Result<u64, ApiError> {
+    valid_id(id)?;
     journal.stream_len(id)?.ok_or_else(|| ApiError::no_task(id))
+}
+
+/// 400 for an id no task can have (empty, or holding NUL): its keys would be read as
+/// another task's.
+fn valid_id(id: &str) -> Result<(), ApiError> {
+    if dtask_journal::keys::is_valid_task_id(id) {
+        Ok(())
+    } else {
+        Err(dtask_journal::Error::InvalidTaskId(id.to_owned()).into())
+    }
 }
 
 /// A task, folded up to its first damaged or illegal record.
@@ -275,16 +290,25 @@ pub fn records(
         None | Some(0) => DEFAULT_RECORDS,
         Some(n) => n.min(MAX_RECORDS),
     };
-    let end = from.saturating_add(limit as u64).min(length);
+    let mut end = from.saturating_add(limit as u64).min(length);
     let mut records = Vec::new();
     let mut damaged = Vec::new();
+    let mut bytes = 0;
     for item in journal.read_stream(id, from) {
         match item {
             Ok(record) if record.position >= end => break,
-            Ok(record) => records.push(
-                RecordView::of(id, &record, ByteFields::Base64)
-                    .map_err(|e| ApiError::internal(e.to_string()))?,
-            ),
+            Ok(record) if !records.is_empty() && bytes + record.size > PAGE_BYTES => {
+                // The page is full by bytes: the next one starts here.
+                end = record.position;
+                break;
+            }
+            Ok(record) => {
+                bytes += record.size;
+                records.push(
+                    RecordView::of(id, &record, ByteFields::Base64)
+                        .map_err(|e| ApiError::internal(e.to_string()))?,
+                );
+            }
             Err(JournalError::Corruption { position, kind, .. }) => {
                 if position < end {
                     damaged.push(DamagedRecord {
@@ -406,12 +430,18 @@ pub fn updates(
     };
     let mut updates = Vec::new();
     let mut next = None;
+    let mut bytes = 0;
     for record in journal.read_stream(id, from) {
         let record = match record {
             Ok(record) => record,
             Err(JournalError::Corruption { .. }) => continue,
             Err(e) => return Err(e.into()),
         };
+        // Only up to the length read first: a record made durable since is the next
+        // page's, which the cursor (at that length) starts from.
+        if record.position >= length {
+            break;
+        }
         // The store's one reading of an update record (a trimmed one's bytes empty); the
         // parts of multi-part events are not listed here.
         let position = record.position;
@@ -422,10 +452,11 @@ pub fn updates(
         if !update.part_id.is_empty() {
             continue;
         }
-        if updates.len() == limit {
+        if updates.len() == limit || (!updates.is_empty() && bytes + record.size > PAGE_BYTES) {
             next = Some(position);
             break;
         }
+        bytes += record.size;
         updates.push(UpdateView {
             position,
             seq,
@@ -468,6 +499,7 @@ pub fn verify(journal: &Journal, task: Option<&str>) -> Result<VerifyReport, Api
     let (scope, report) = match task {
         None => ("journal", audit_journal(journal, &mut |_| {})?),
         Some(id) => {
+            valid_id(id)?;
             let t = audit_task(journal, id)?;
             if !t.exists {
                 return Err(ApiError::no_task(id));

@@ -23,6 +23,21 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{broadcast, watch};
 
+
+/// A commit the pump read, with what it rewrote when it is a trim's marker (read beside it,
+/// off the runtime's threads).
+struct Read {
+    committed: Committed,
+    split: Option<super::projection::TrimSplit>,
+}
+
+impl Read {
+    fn of(journal: &Journal, committed: Committed) -> Self {
+        let split = super::projection::trim_split(journal, &committed.task, &committed.record);
+        Self { committed, split }
+    }
+}
+
 /// Records read from the journal per step (pump and catch-up).
 const BATCH: usize = 512;
 
@@ -159,13 +174,14 @@ impl Pump {
                 count_failed = (!counted).then(std::time::Instant::now);
             }
             let journal = self.journal.clone();
-            let read = tokio::task::spawn_blocking(move || -> Result<Vec<Committed>, String> {
+            let read = tokio::task::spawn_blocking(move || -> Result<Vec<Read>, String> {
                 if follower {
                     journal.catch_up().map_err(|e| e.to_string())?;
                 }
                 journal
                     .commits(next)
                     .take(BATCH)
+                    .map(|c| c.map(|c| Read::of(&journal, c)))
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(|e| e.to_string())
             })
@@ -186,11 +202,11 @@ impl Pump {
                 }
             };
             let full = batch.len() == BATCH;
-            for c in batch {
+            for Read { committed: c, split } in batch {
                 if recount.is_none() {
                     // While a count runs, the counts are its to replace: what the pump reads
                     // meanwhile is applied once it is done (`counted_again`), in order.
-                    self.projection.apply(&c.task, &c.record);
+                    self.projection.apply_with(&c.task, &c.record, split);
                 }
                 next = c.record.seq + 1;
                 // Serialized only for someone: with no stream open, nothing is made. (A stream
@@ -303,7 +319,8 @@ impl Pump {
                 if c.record.seq >= next {
                     break;
                 }
-                projection.apply(&c.task, &c.record);
+                let split = super::projection::trim_split(&journal, &c.task, &c.record);
+                projection.apply_with(&c.task, &c.record, split);
             }
             Ok(())
         })

@@ -275,7 +275,7 @@ pub struct StoreCounts {
 /// ones without a terminal event, with their heads, to [`Journal::repair_live_index`], which
 /// rewrites the index only if they sum up to the journal's tail marker.
 fn repair_live_index(journal: &Journal) -> Result<LiveRepair> {
-    let mut ids = journal
+    let ids = journal
         .task_ids()
         .collect::<std::result::Result<Vec<_>, _>>()?;
     // A purged task's tombstone is an ended stream, not one to fold (it does not fold).
