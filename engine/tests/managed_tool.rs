@@ -951,6 +951,13 @@ async fn a_plain_handed_off_task_whose_run_was_lost_fails_without_a_second_start
         "the operation is not started again"
     );
     assert!(calls.recovers.is_empty());
+    // Rerun, it starts from the beginning: the hand-off's started marker is not carried
+    // (the rerun failed at once on it, as its original did).
+    let rerun = env.manager.rerun(&id, None).await.unwrap();
+    assert!(rerun.checkpoint.is_empty());
+    let done = env.manager.execute(rerun.id()).await.unwrap();
+    assert_eq!(done.status, Status::Completed, "{}", done.result_error);
+    assert_eq!(probe.calls().starts.len(), 1);
 }
 
 // 48: a materializer failure is recorded once; the task completes.

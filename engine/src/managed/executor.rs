@@ -79,6 +79,12 @@ impl From<UpdateFailure> for ExecutionError {
 
 #[async_trait]
 impl Executor for ManagedExecutor {
+    fn rerun_keeps_checkpoint(&self) -> bool {
+        // A managed task's creation checkpoint is a hand-off's started marker: a rerun
+        // recovered (or, for a plain tool, failed on) the original's run.
+        false
+    }
+
     fn key(&self) -> &str {
         if self.recoverable {
             RECOVERABLE_EXECUTOR_KEY

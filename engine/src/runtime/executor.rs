@@ -126,6 +126,15 @@ pub trait Executor: Send + Sync + 'static {
         None
     }
 
+    /// Whether a rerun of this executor's task ([`crate::Manager::rerun`]) carries the
+    /// original's creation checkpoint. `true` by default: a task created with a checkpoint
+    /// starts its first attempt from it. The managed tools answer `false`: their tasks are
+    /// created with a checkpoint only by a hand-off (the started marker of the run the
+    /// foreground began), and a rerun starts the tool from the beginning.
+    fn rerun_keeps_checkpoint(&self) -> bool {
+        true
+    }
+
     /// Whether attempts receive [`super::Control::Drain`] when the manager closes.
     fn supports_drain(&self) -> bool {
         false

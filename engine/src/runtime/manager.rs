@@ -464,7 +464,8 @@ impl Manager {
 
     /// Reruns the finished root task `id` as a new task ([`TaskStore::rerun`]: the same spec
     /// under the new id, with the original's policy), after checking that this manager is
-    /// open and runs the task's executor.
+    /// open and runs the task's executor — with the original's creation checkpoint when the
+    /// executor keeps it ([`Executor::rerun_keeps_checkpoint`]).
     ///
     /// # Errors
     /// [`RuntimeError::Closed`] after close, [`RuntimeError::ExecutorUnavailable`], and the
@@ -474,8 +475,12 @@ impl Manager {
             return Err(RuntimeError::Closed);
         }
         let original = self.inner.store.get(id).await?;
-        self.executor(&original.spec.executor_key)?;
-        Ok(self.inner.store.rerun(id, new_id).await?)
+        let executor = self.executor(&original.spec.executor_key)?;
+        Ok(self
+            .inner
+            .store
+            .rerun_with(id, new_id, executor.rerun_keeps_checkpoint())
+            .await?)
     }
 
     /// Gives input to a task waiting for it (transition T17 of docs/semantics.md).

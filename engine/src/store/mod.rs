@@ -999,6 +999,22 @@ impl TaskStore {
     /// bad new id; [`StoreError::AlreadyExists`] when the new id is taken by another task.
     /// Nothing is written on error.
     pub async fn rerun(&self, id: &str, new_id: Option<String>) -> Result<TaskState> {
+        self.rerun_with(id, new_id, true).await
+    }
+
+    /// [`TaskStore::rerun`], carrying the original's creation checkpoint only when
+    /// `keep_checkpoint` says so (the new task then starts with none: its first attempt
+    /// starts from the beginning even where the original was created with a started
+    /// marker, as a hand-off creates a managed tool's task).
+    ///
+    /// # Errors
+    /// As [`TaskStore::rerun`].
+    pub async fn rerun_with(
+        &self,
+        id: &str,
+        new_id: Option<String>,
+        keep_checkpoint: bool,
+    ) -> Result<TaskState> {
         let slot = self.slot(id)?;
         let mut tries = 0;
         loop {
@@ -1021,7 +1037,10 @@ impl TaskStore {
                 .next()
                 .transpose()?
                 .ok_or_else(|| StoreError::task_not_found(id))?;
-            let request = decide::rerun(&task.state, created.event, rerun_id)?;
+            let mut request = decide::rerun(&task.state, created.event, rerun_id)?;
+            if !keep_checkpoint {
+                request.checkpoint = Vec::new();
+            }
             let (rerun_id, mut events) =
                 decide::create(request, String::new(), now, &self.inner.config)?;
             events.insert(
