@@ -78,13 +78,19 @@ impl Collector {
             }
         };
         let mut call_status = Vec::new();
+        // Each call's status is its task folded whole: bounded by records over the run, as a
+        // page of the task list is, so that a run of long tool streams costs no more.
+        let mut budget = STATUS_RECORD_BUDGET;
         for turn in transcript.turns() {
             for call in &turn.calls {
                 let status = match journal.stream_len(&call.task_id)? {
-                    Some(_) => FoldView::read(journal, &call.task_id, |_| {})?
-                        .task
-                        .map(|t| t.state.status.as_str().to_owned()),
-                    None => None,
+                    Some(len) if len <= budget => {
+                        budget -= len;
+                        FoldView::read(journal, &call.task_id, |_| {})?
+                            .task
+                            .map(|t| t.state.status.as_str().to_owned())
+                    }
+                    Some(_) | None => None,
                 };
                 call_status.push(status);
             }
@@ -96,6 +102,10 @@ impl Collector {
         }))
     }
 }
+
+/// The records a conversation folds at most for its calls' statuses: past them a call's
+/// `task_status` is not given (the task's own reads give it).
+const STATUS_RECORD_BUDGET: u64 = 50_000;
 
 /// A run's conversation, with the status of each call's task (in call order).
 #[derive(Debug)]
@@ -160,7 +170,8 @@ pub struct CallView {
     pub arguments: String,
     /// The call's task.
     pub task_id: String,
-    /// That task's status (`null`: no such task — refused, or not created yet).
+    /// That task's status (`null`: no such task — refused, or not created yet — or the run's
+    /// calls' tasks already folded 50,000 records for this view).
     pub task_status: Option<String>,
     /// The journaled result, once the call's task ended.
     pub result: Option<CallResultView>,
