@@ -516,6 +516,12 @@ fn events_lists_raw_records() {
     assert_eq!(events[0]["type"], "attempt_started");
     assert_eq!(events[0]["digest"].as_str().unwrap().len(), 64);
     assert_eq!(events[1]["event"]["checkpoint"], "cGlkPTc=");
+    // Written record by record, the document reads as one written whole.
+    let whole = stdout(dtask(dir.path()).args(["events", "alpha", "--json"]));
+    assert_eq!(
+        whole,
+        format!("{}\n", serde_json::to_string_pretty(&json(&whole)).unwrap())
+    );
     // An empty range is a usage error, not an empty table.
     dtask(dir.path())
         .args(["events", "alpha", "--from", "8", "--to", "3"])
@@ -2497,10 +2503,15 @@ fn trim_drops_older_progress_bytes_by_name_or_age_and_the_journal_still_audits_a
     let verified = stdout(dtask(dir.path()).arg("verify"));
     assert!(verified.contains("trimmed in"), "{verified}");
     // One task's audit counts its trims too, and a task named twice once.
-    let one = json(&stdout(dtask(dir.path()).args([
-        "verify", "--task", "alpha", "--task", "alpha", "--json",
-    ])));
-    assert_eq!((&one["tasks"], &one["trimmed"]), (&1.into(), &1.into()), "{one}");
+    let one =
+        json(&stdout(dtask(dir.path()).args([
+            "verify", "--task", "alpha", "--task", "alpha", "--json",
+        ])));
+    assert_eq!(
+        (&one["tasks"], &one["trimmed"]),
+        (&1.into(), &1.into()),
+        "{one}"
+    );
     assert!(one["trimmed_records"].as_u64().unwrap() >= 1, "{one}");
 
     // A trimmed journal moves bit-exact.

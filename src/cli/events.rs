@@ -4,7 +4,7 @@ use super::codec::{self, Bytes};
 use super::fmt::{self, Table};
 use super::{require_task, CliError, Global, Out, Result};
 use dtask_journal::Error as JournalError;
-use serde_json::{json, Value};
+use serde_json::json;
 
 /// Arguments of `dtask events`.
 #[derive(Debug, clap::Args)]
@@ -45,66 +45,48 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
         Some(n) => end.saturating_sub(n).max(args.from),
         None => args.from,
     };
-    let mut rows = Vec::new();
+    // Each record is written (JSON) or made a row of short cells (text) as it is read:
+    // a task of a million records of a kilobyte is not held whole.
+    let mut out = Out::new();
     let mut damaged = 0;
+    let mut table = Table::new(&["POS", "SEQ", "AT", "TYPE", "CRC", "DIGEST", "DETAIL"]);
+    let mut listed = 0_u64;
+    if global.json {
+        out.text("{\n  \"events\": [")?;
+    }
     for item in journal.read_stream(&args.task, from) {
-        match item {
+        let row = match item {
             Ok(record) if record.position >= end => break,
-            Ok(record) => rows.push(Ok(record)),
+            Ok(record) => Ok(record),
             Err(JournalError::Corruption { position, kind, .. }) => {
                 damaged += 1;
-                if position < end {
-                    rows.push(Err((position, kind.to_string())));
+                if position >= end {
+                    continue;
                 }
+                Err((position, kind.to_string()))
             }
             Err(e) => return Err(e.into()),
+        };
+        if global.json {
+            let value = row_json(&row)?;
+            // Indented as a pretty document's array items are.
+            let pretty = serde_json::to_string_pretty(&value)?.replace('\n', "\n    ");
+            out.text(format!(
+                "{}\n    {pretty}",
+                if listed == 0 { "" } else { "," }
+            ))?;
+        } else {
+            table.row(row_cells(&row));
         }
+        listed += 1;
     }
-    let mut out = Out::new();
     if global.json {
-        let events: Vec<Value> = rows
-            .iter()
-            .map(|row| -> Result<Value> {
-                Ok(match row {
-                    Ok(r) => json!({
-                        "position": r.position,
-                        "seq": r.seq,
-                        "at": r.event.at().0,
-                        "type": r.event.event_type().as_str(),
-                        "crc": format!("{:08x}", r.crc),
-                        "digest": r.digest.to_hex(),
-                        "size": r.size,
-                        "event": codec::event_json(&r.event, Bytes::Base64)?,
-                    }),
-                    Err((position, why)) => json!({ "position": position, "damaged": why }),
-                })
-            })
-            .collect::<Result<_>>()?;
-        out.json(&json!({ "task": args.task, "events": events }))?;
+        out.text(format!(
+            "{}],\n  \"task\": {}\n}}\n",
+            if listed == 0 { "" } else { "\n  " },
+            serde_json::to_string(&args.task)?
+        ))?;
     } else {
-        let mut table = Table::new(&["POS", "SEQ", "AT", "TYPE", "CRC", "DIGEST", "DETAIL"]);
-        for row in &rows {
-            table.row(match row {
-                Ok(r) => vec![
-                    r.position.to_string(),
-                    r.seq.to_string(),
-                    fmt::time(r.event.at()),
-                    r.event.event_type().as_str().to_owned(),
-                    format!("{:08x}", r.crc),
-                    fmt::short(&r.digest.to_hex(), 12).to_owned(),
-                    fmt::summary(&r.event),
-                ],
-                Err((position, why)) => vec![
-                    position.to_string(),
-                    "-".into(),
-                    "-".into(),
-                    "DAMAGED".into(),
-                    "-".into(),
-                    "-".into(),
-                    why.clone(),
-                ],
-            });
-        }
         out.text(table.render(0))?;
     }
     out.flush()?;
@@ -116,4 +98,48 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// A record read, or a damaged one: its position and what is wrong.
+type Row = std::result::Result<dtask_journal::Record, (u64, String)>;
+
+/// A row as `--json` lists it.
+fn row_json(row: &Row) -> Result<serde_json::Value> {
+    Ok(match row {
+        Ok(r) => json!({
+            "position": r.position,
+            "seq": r.seq,
+            "at": r.event.at().0,
+            "type": r.event.event_type().as_str(),
+            "crc": format!("{:08x}", r.crc),
+            "digest": r.digest.to_hex(),
+            "size": r.size,
+            "event": codec::event_json(&r.event, Bytes::Base64)?,
+        }),
+        Err((position, why)) => json!({ "position": position, "damaged": why }),
+    })
+}
+
+/// A row as the table lists it.
+fn row_cells(row: &Row) -> Vec<String> {
+    match row {
+        Ok(r) => vec![
+            r.position.to_string(),
+            r.seq.to_string(),
+            fmt::time(r.event.at()),
+            r.event.event_type().as_str().to_owned(),
+            format!("{:08x}", r.crc),
+            fmt::short(&r.digest.to_hex(), 12).to_owned(),
+            fmt::summary(&r.event),
+        ],
+        Err((position, why)) => vec![
+            position.to_string(),
+            "-".into(),
+            "-".into(),
+            "DAMAGED".into(),
+            "-".into(),
+            "-".into(),
+            why.clone(),
+        ],
+    }
 }

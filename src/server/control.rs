@@ -267,10 +267,18 @@ impl Owner {
     /// 400 for a nested task, a bad new id or (with a manager) an executor it does not run,
     /// 404, 409 while the task has not ended or when the new id is taken.
     pub async fn rerun(&self, id: &str, body: RerunBody) -> Result<TaskState, ApiError> {
-        match &self.manager {
-            Some(manager) => Ok(manager.rerun(id, body.id).await?),
-            None => Ok(self.store.rerun(id, body.id).await?),
+        if let Some(manager) = &self.manager {
+            return Ok(manager.rerun(id, body.id).await?);
         }
+        // As a manager running the managed tools would: their task's creation checkpoint
+        // is a hand-off's started marker, not carried by a rerun.
+        let key = self.store.get(id).await?.spec.executor_key.clone();
+        let managed = [
+            dtask_engine::managed::codec::PLAIN_EXECUTOR_KEY,
+            dtask_engine::managed::codec::RECOVERABLE_EXECUTOR_KEY,
+        ]
+        .contains(&key.as_str());
+        Ok(self.store.rerun_with(id, body.id, !managed).await?)
     }
 
     /// Executes the command `make` builds from the current state, retrying version conflicts.

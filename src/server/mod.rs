@@ -73,6 +73,11 @@ pub struct ServerConfig {
     /// Committed records kept for streams that fall behind before they go back to the
     /// journal. Default: 1024.
     pub stream_buffer: usize,
+    /// How long after the last count of the journal a trim has the counts of `/api/stats`
+    /// and `/metrics` made again: a trim rewrites records in place, which the counts kept
+    /// from the commits do not follow (record types and bytes stand for the trimmed records
+    /// as they were until then). Default: 30 s.
+    pub recount_after_trim: Duration,
 }
 
 impl Default for ServerConfig {
@@ -83,6 +88,7 @@ impl Default for ServerConfig {
             poll_interval: Duration::from_millis(100),
             max_streams: 256,
             stream_buffer: 1024,
+            recount_after_trim: Duration::from_secs(30),
         }
     }
 }
@@ -99,6 +105,13 @@ impl ServerConfig {
     #[must_use]
     pub fn with_poll_interval(mut self, every: Duration) -> Self {
         self.poll_interval = every;
+        self
+    }
+
+    /// Sets [`ServerConfig::recount_after_trim`].
+    #[must_use]
+    pub fn with_recount_after_trim(mut self, after: Duration) -> Self {
+        self.recount_after_trim = after;
         self
     }
 
@@ -318,6 +331,7 @@ impl Server {
             metrics: Arc::clone(&self.shared.metrics),
             read_failing: Arc::clone(&self.shared.read_failing),
             interval: self.config.poll_interval,
+            recount_after_trim: self.config.recount_after_trim,
         };
         let pump = tokio::spawn(pump.run(self.stop.subscribe()));
         let stop = self.stop;

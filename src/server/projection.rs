@@ -9,50 +9,6 @@ use dtask_replay::{FoldViews, Status, Task};
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-/// What a trim rewrote: how many of its stand-ins stand for single-record updates and how
-/// many for parts of multi-part ones (the marker counts them together).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TrimSplit {
-    /// `update_appended` records rewritten.
-    pub updates: u64,
-    /// `part_appended` records rewritten.
-    pub parts: u64,
-}
-
-/// What the trim whose marker is `marker` (a `progress_trimmed` record of `task`) rewrote:
-/// the last `records` stand-ins before it (a trim rewrites the oldest updates it keeps not,
-/// so its stand-ins follow an earlier trim's). `None` for another record, or a stream that
-/// cannot be read whole up to the marker.
-pub fn trim_split(journal: &Journal, task: &str, marker: &Record) -> Option<TrimSplit> {
-    let dtask_journal::Event::ProgressTrimmed { records, .. } = marker.event else {
-        return None;
-    };
-    let kept = usize::try_from(records).ok()?;
-    let mut last: std::collections::VecDeque<bool> = std::collections::VecDeque::new();
-    for record in journal.read_stream(task, 0) {
-        let record = record.ok()?;
-        if record.position >= marker.position {
-            break;
-        }
-        if let dtask_journal::Event::UpdateTrimmed { part_id, .. } = &record.event {
-            if last.len() == kept {
-                last.pop_front();
-            }
-            if kept > 0 {
-                last.push_back(!part_id.is_empty());
-            }
-        }
-    }
-    if last.len() != kept {
-        return None;
-    }
-    let parts = last.iter().filter(|part| **part).count() as u64;
-    Some(TrimSplit {
-        updates: records - parts,
-        parts,
-    })
-}
-
 /// The counts.
 #[derive(Debug, Default)]
 struct Counts {
@@ -85,6 +41,10 @@ struct Counts {
     /// A purge's tombstone was applied: what the purged tasks counted for is unknown here,
     /// so the journal is counted again ([`Projection::needs_recount`]).
     recount: bool,
+    /// A trim was applied since the count: it rewrote records in place (their sequences
+    /// kept, so no commit of theirs comes), which the counts do not follow; the pump counts
+    /// the journal again a while after ([`Projection::trimmed_since_count`]).
+    trimmed: bool,
 }
 
 /// A snapshot of the counts.
@@ -223,10 +183,8 @@ impl Projection {
         Ok(start)
     }
 
-    /// Applies a record read from the commits after the first count; `split` is what the
-    /// trim rewrote when `record` is a trim's marker ([`trim_split`]: without it, the pump
-    /// counts the journal again).
-    pub fn apply_with(&self, task: &str, record: &Record, split: Option<TrimSplit>) {
+    /// Applies a record read from the commits after the first count.
+    pub fn apply(&self, task: &str, record: &Record) {
         let mut c = self.counts.lock();
         if c.counted && record.seq <= c.last_seq {
             // Counted already (by a count made after the pump read it).
@@ -249,25 +207,8 @@ impl Projection {
         c.bytes += record.size as u64;
         let event_type = record.event.event_type();
         *c.by_type.entry(event_type).or_default() += 1;
-        if let dtask_journal::Event::ProgressTrimmed { records, bytes, .. } = record.event {
-            // Records rewritten in place, their sequences kept: no commit of theirs comes.
-            let Some(split) = split else {
-                c.recount = true;
-                return;
-            };
-            c.bytes = c.bytes.saturating_sub(bytes);
-            for (from, n) in [
-                (EventType::UpdateAppended, split.updates),
-                (EventType::PartAppended, split.parts),
-            ] {
-                if let Some(count) = c.by_type.get_mut(&from) {
-                    *count = count.saturating_sub(n);
-                    if *count == 0 {
-                        c.by_type.remove(&from);
-                    }
-                }
-            }
-            *c.by_type.entry(EventType::UpdateTrimmed).or_default() += records;
+        if event_type == EventType::ProgressTrimmed {
+            c.trimmed = true;
         }
         if let Some(folded) = c.live.get_mut(task) {
             let settled = match folded.apply(&record.event) {
@@ -305,6 +246,12 @@ impl Projection {
     /// again ([`Projection::count`]), and the records it read before are not applied twice.
     pub fn needs_recount(&self) -> bool {
         self.counts.lock().recount
+    }
+
+    /// Whether a trim was applied since the last count: the counts of record types and bytes
+    /// then stand for the trimmed records as they were, until the journal is counted again.
+    pub fn trimmed_since_count(&self) -> bool {
+        self.counts.lock().trimmed
     }
 
     /// Marks the counts as not whole (records the pump could not apply): the pump counts

@@ -23,21 +23,6 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{broadcast, watch};
 
-
-/// A commit the pump read, with what it rewrote when it is a trim's marker (read beside it,
-/// off the runtime's threads).
-struct Read {
-    committed: Committed,
-    split: Option<super::projection::TrimSplit>,
-}
-
-impl Read {
-    fn of(journal: &Journal, committed: Committed) -> Self {
-        let split = super::projection::trim_split(journal, &committed.task, &committed.record);
-        Self { committed, split }
-    }
-}
-
 /// Records read from the journal per step (pump and catch-up).
 const BATCH: usize = 512;
 
@@ -143,6 +128,9 @@ pub struct Pump {
     pub read_failing: Arc<AtomicBool>,
     /// How long to wait when nothing new was read.
     pub interval: Duration,
+    /// How long after a count a trim makes the pump count the journal again
+    /// ([`super::ServerConfig::recount_after_trim`]).
+    pub recount_after_trim: Duration,
 }
 
 impl Pump {
@@ -159,6 +147,8 @@ impl Pump {
         let mut recount: Option<Recount> = None;
         // When the last count made again failed: the next waits an interval.
         let mut count_failed: Option<std::time::Instant> = None;
+        // When the counts were last made whole (a trim's count waits a while after it).
+        let mut counted_at = std::time::Instant::now();
         loop {
             if *stop.borrow() {
                 // A count made again holds the journal: the server's end waits for it, so
@@ -172,16 +162,18 @@ impl Pump {
                 recount = None;
                 let counted = self.counted_again(done, next).await;
                 count_failed = (!counted).then(std::time::Instant::now);
+                if counted {
+                    counted_at = std::time::Instant::now();
+                }
             }
             let journal = self.journal.clone();
-            let read = tokio::task::spawn_blocking(move || -> Result<Vec<Read>, String> {
+            let read = tokio::task::spawn_blocking(move || -> Result<Vec<Committed>, String> {
                 if follower {
                     journal.catch_up().map_err(|e| e.to_string())?;
                 }
                 journal
                     .commits(next)
                     .take(BATCH)
-                    .map(|c| c.map(|c| Read::of(&journal, c)))
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(|e| e.to_string())
             })
@@ -202,11 +194,11 @@ impl Pump {
                 }
             };
             let full = batch.len() == BATCH;
-            for Read { committed: c, split } in batch {
+            for c in batch {
                 if recount.is_none() {
                     // While a count runs, the counts are its to replace: what the pump reads
                     // meanwhile is applied once it is done (`counted_again`), in order.
-                    self.projection.apply_with(&c.task, &c.record, split);
+                    self.projection.apply(&c.task, &c.record);
                 }
                 next = c.record.seq + 1;
                 // Serialized only for someone: with no stream open, nothing is made. (A stream
@@ -217,7 +209,11 @@ impl Pump {
                 }
             }
             let may_count = count_failed.is_none_or(|at| at.elapsed() >= self.interval);
-            if recount.is_none() && may_count && self.projection.needs_recount() {
+            // A trim rewrote records in place: counted again, at most once a while (trims
+            // come often where a progress cap trims running tasks).
+            let trim_due = self.projection.trimmed_since_count()
+                && counted_at.elapsed() >= self.recount_after_trim;
+            if recount.is_none() && may_count && (self.projection.needs_recount() || trim_due) {
                 // What the purged tasks counted for is gone with their records: count again,
                 // beside the pump — a count reads the whole journal, and the streams, the
                 // waiting receives and the live pages go on meanwhile (the counts stand
@@ -319,8 +315,7 @@ impl Pump {
                 if c.record.seq >= next {
                     break;
                 }
-                let split = super::projection::trim_split(&journal, &c.task, &c.record);
-                projection.apply_with(&c.task, &c.record, split);
+                projection.apply(&c.task, &c.record);
             }
             Ok(())
         })

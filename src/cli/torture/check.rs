@@ -87,9 +87,8 @@ fn tombstone(journal: &Journal, task: &str) -> Result<Option<(u64, Digest)>> {
 /// was trimmed since (a trim frames its records again), the record it ended with is still
 /// there at its sequence.
 ///
-/// # Errors
-/// None today; kept fallible for the journal errors a later check may meet.
-pub fn heads_grew(journal: &Journal, before: &Heads, now: &Heads) -> Result<Vec<String>> {
+#[must_use]
+pub fn heads_grew(journal: &Journal, before: &Heads, now: &Heads) -> Vec<String> {
     let mut violations = Vec::new();
     for (task, (records, digest, seq)) in before {
         let Some((now_records, now_digest, _)) = now.get(task) else {
@@ -168,7 +167,7 @@ pub fn heads_grew(journal: &Journal, before: &Heads, now: &Heads) -> Result<Vec<
             }
         }
     }
-    Ok(violations)
+    violations
 }
 
 /// The acknowledgement log as far as the checks after the crashes have read it.
@@ -216,6 +215,10 @@ impl AckLog {
 
 /// What one task's stream holds that acknowledgements are checked against.
 #[derive(Debug, Default)]
+#[allow(
+    clippy::struct_excessive_bools,
+    reason = "one flag per kind of acknowledgement"
+)]
 struct Facts {
     exists: bool,
     purged: bool,
@@ -720,11 +723,11 @@ mod tests {
         journal.purge(&["t"], Timestamp(3)).unwrap();
         let now = heads(&journal).unwrap();
         assert_eq!(now["t"].0, 1, "the tombstone alone");
-        assert!(heads_grew(&journal, &before, &now).unwrap().is_empty());
+        assert!(heads_grew(&journal, &before, &now).is_empty());
         // Seen with one record more before the crash than the tombstone stands for: lost.
         let mut more = before.clone();
         more.get_mut("t").unwrap().0 += 1;
-        let violations = heads_grew(&journal, &more, &now).unwrap();
+        let violations = heads_grew(&journal, &more, &now);
         assert!(
             violations[0].contains("purged as 2 records, 3"),
             "{violations:?}"
@@ -732,7 +735,7 @@ mod tests {
         // The same count, another last record: changed.
         let mut other = before;
         other.get_mut("t").unwrap().1 = Digest([9; 32]);
-        assert_eq!(heads_grew(&journal, &other, &now).unwrap().len(), 1);
+        assert_eq!(heads_grew(&journal, &other, &now).len(), 1);
     }
 
     #[test]
@@ -776,11 +779,11 @@ mod tests {
             let r = journal.read_stream("t", 3).next().unwrap().unwrap();
             r.digest
         });
-        assert!(heads_grew(&journal, &before, &now).unwrap().is_empty());
+        assert!(heads_grew(&journal, &before, &now).is_empty());
         // Seen with another sequence at that position: changed, trim or not.
         let mut other = before;
         other.get_mut("t").unwrap().2 += 100;
-        assert_eq!(heads_grew(&journal, &other, &now).unwrap().len(), 1);
+        assert_eq!(heads_grew(&journal, &other, &now).len(), 1);
     }
 
     #[test]
@@ -875,7 +878,7 @@ mod tests {
         }
         let journal = Journal::open_read_only(layout.journal()).unwrap();
         let now = heads(&journal).unwrap();
-        let violations = heads_grew(&journal, &before, &now).unwrap();
+        let violations = heads_grew(&journal, &before, &now);
         assert_eq!(violations.len(), 1, "{violations:?}");
         assert!(violations[0].contains("damaged"), "{violations:?}");
         let lines = vec!["update\tt\te0".to_owned()];
