@@ -505,6 +505,17 @@ pub trait Backend: Send + Sync + 'static {
         None
     }
 
+    /// How many rows a scan reads in one snapshot of the store: a scan of more reads the
+    /// rest in later ones, where what another process wrote in between may no longer follow
+    /// what the earlier ones read — a stream trimmed (framed again) or purged (deleted) by
+    /// another node between two of PostgreSQL's pages, each its own query. A reader of a
+    /// stream that read past this many rows checks that it did not change under it
+    /// ([`crate::StreamReader`]). `usize::MAX` (the default): every scan reads one
+    /// snapshot (a RocksDB iterator, a frozen view).
+    fn scan_snapshot_rows(&self) -> usize {
+        usize::MAX
+    }
+
     /// Whether other processes write this store too (a shared database). Then everything a
     /// read sees is committed and durable (no watermark of this process's applies), the
     /// writer takes the store's writer lock for each batch ([`Backend::lock_for_write`]),

@@ -649,6 +649,19 @@ impl Backend for PgBackend {
         true
     }
 
+    fn scan_snapshot_rows(&self) -> usize {
+        if self.frozen {
+            // Every read of one snapshot.
+            usize::MAX
+        } else {
+            // The first page; each page after it is a query of its own.
+            read::FIRST_PAGE
+                .unsigned_abs()
+                .try_into()
+                .unwrap_or(usize::MAX)
+        }
+    }
+
     fn describe(&self) -> String {
         format!("postgres {}", self.location.display)
     }
