@@ -259,7 +259,7 @@ fn a_node_forgets_the_heads_another_node_moved_listed_with_the_lock_or_read_from
     // (which would refuse position 2 as a conflict).
     b.append("t0", 1, &[update(1)]).unwrap();
     a.append("t0", 2, &[update(2)]).unwrap();
-    // B moves t1 and more streams than a lock lists: A reads the commit index instead.
+    // B moves t1 and more streams than a lock lists: A forgets every head instead.
     b.append("t1", 1, &[update(1)]).unwrap();
     let threads: Vec<_> = (0..16)
         .map(|t| {

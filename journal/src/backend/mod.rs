@@ -112,8 +112,10 @@ pub struct WriteLock {
     /// The tail marker's bytes as stored (`None` before the first batch).
     pub tail: Option<Vec<u8>>,
     /// The tasks with a record of a sequence above the one asked about, listed in the same
-    /// round trip as the lock; `None` when the store did not list them (or found more than
-    /// [`WRITTEN_SINCE_MAX`]): the writer then reads the commit index.
+    /// round trip as the lock; `None` when there were more than [`WRITTEN_SINCE_MAX`] such
+    /// records, which the store does not read past: the writer then forgets every head it
+    /// holds (it reads each again when next needed), rather than read everything written
+    /// since, under the lock, for which heads to forget.
     pub written_since: Option<Vec<String>>,
     /// The last records, as committed, of the tasks whose heads the writer lacks, read in
     /// the same round trip as the lock; `None` when the store did not read them: the writer
@@ -121,8 +123,8 @@ pub struct WriteLock {
     pub heads: Option<Vec<(String, LastRecord)>>,
 }
 
-/// The most tasks [`WriteLock::written_since`] lists; past it the writer reads the commit
-/// index instead.
+/// The most records whose tasks [`WriteLock::written_since`] lists; past it the writer
+/// forgets every head instead.
 pub const WRITTEN_SINCE_MAX: usize = 4096;
 
 /// A raw key-value pair read from a backend.

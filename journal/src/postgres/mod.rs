@@ -672,7 +672,7 @@ impl Backend for PgBackend {
 
     fn lock_for_write(&self, since: u64, lacks: &[String]) -> Result<Option<WriteLock>> {
         let since = i64::try_from(since).unwrap_or(i64::MAX);
-        // One more than listed, to tell a full list from a cut one.
+        // One record more than listed, to tell a full list from a cut one.
         let most = i64::try_from(WRITTEN_SINCE_MAX + 1).unwrap_or(i64::MAX);
         let lacking = lacks.to_vec();
         let (locked, heads) = self.call_writer(move |client| {
@@ -693,8 +693,13 @@ impl Backend for PgBackend {
                         client.batch_execute("BEGIN"),
                         client.query(&lock, &[]),
                         client.query(&read, &[&crate::keys::META_TAIL]),
+                        // The tasks of the first records after `since`, up to `most`
+                        // of them (by the sequences' index: a node idle for long does not
+                        // read everything written since, under the lock), and how many.
                         client.query_typed(
-                            "SELECT DISTINCT task FROM dtask_records WHERE seq > $1 LIMIT $2",
+                            "SELECT array_agg(DISTINCT task), count(*) FROM \
+                             (SELECT task FROM dtask_records WHERE seq > $1 \
+                              ORDER BY seq LIMIT $2) written",
                             &[(&since, Type::INT8), (&most, Type::INT8)],
                         ),
                         // The heads of the batch's tasks the writer lacks (a held head
@@ -715,14 +720,14 @@ impl Backend for PgBackend {
                     let tail = tail?;
                     let written = written?;
                     let heads = heads?;
-                    let tasks = (written.len() <= WRITTEN_SINCE_MAX)
-                        .then(|| {
-                            written
-                                .iter()
-                                .map(|row| row.try_get::<_, String>(0))
-                                .collect::<std::result::Result<Vec<_>, _>>()
-                        })
-                        .transpose()?;
+                    let mut tasks = None;
+                    if let Some(row) = written.first() {
+                        let listed: Option<Vec<String>> = row.try_get(0)?;
+                        let records: i64 = row.try_get(1)?;
+                        if usize::try_from(records).is_ok_and(|n| n <= WRITTEN_SINCE_MAX) {
+                            tasks = Some(listed.unwrap_or_default());
+                        }
+                    }
                     let locked = WriteLock {
                         tail: tail.first().map(|row| row.get::<_, Vec<u8>>(0)),
                         written_since: tasks,
@@ -1432,6 +1437,60 @@ mod tests {
             .get(Space::Events, &keys::event_key("stalled", 0))
             .unwrap()
             .is_some());
+    }
+
+    /// The lock lists the tasks of the records written after the writer's last sequence —
+    /// of at most [`WRITTEN_SINCE_MAX`] of them, read by the sequences' index: past that it
+    /// says the list is cut (the writer forgets every head) rather than read every record
+    /// written since, under the lock, however few tasks they are of.
+    #[test]
+    fn the_lock_lists_the_tasks_of_a_bounded_number_of_records_written_since() {
+        let Some((pg, _)) = backend("writtensince") else {
+            return;
+        };
+        let mut tail = Tail::default().encode();
+        for (task, seq) in [("a", 1), ("b", 2)] {
+            let (ops, next) = batch_of(task, 0, seq);
+            assert!(pg
+                .write_expecting(ops, &tail, CommitFlush::AtCommit)
+                .unwrap());
+            tail = next;
+        }
+        let listed = |since: u64| {
+            let locked = pg.lock_for_write(since, &[]).unwrap().unwrap();
+            pg.unlock_write();
+            locked.written_since.map(|mut tasks| {
+                tasks.sort();
+                tasks
+            })
+        };
+        assert_eq!(listed(0), Some(vec!["a".to_owned(), "b".to_owned()]));
+        assert_eq!(listed(1), Some(vec!["b".to_owned()]));
+        assert_eq!(listed(2), Some(vec![]));
+        // One task's records, more of them than the lock reads.
+        let records = u64::try_from(WRITTEN_SINCE_MAX).unwrap() + 1;
+        let mut ops = Vec::new();
+        for position in 0..records {
+            ops.push(BatchOp::Put {
+                space: Space::Events,
+                key: keys::event_key("t", position).into(),
+                value: record_of("t", position, 3 + position).into(),
+            });
+        }
+        let last = Tail {
+            last_seq: 2 + records,
+            ..Tail::default()
+        };
+        ops.push(BatchOp::Put {
+            space: Space::Meta,
+            key: keys::META_TAIL.into(),
+            value: last.encode().into(),
+        });
+        assert!(pg
+            .write_expecting(ops, &tail, CommitFlush::AtCommit)
+            .unwrap());
+        assert_eq!(listed(2), None, "cut");
+        assert_eq!(listed(3), Some(vec!["t".to_owned()]), "as many as it lists");
     }
 
     #[test]
