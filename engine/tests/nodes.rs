@@ -518,6 +518,47 @@ async fn a_purge_made_on_one_node_reaches_another_that_holds_the_task() {
     clean(&url);
 }
 
+/// A record this node cannot apply to its task — here a task whose id is longer than this
+/// node takes, created on a node that takes longer ones — does not stop its following: the
+/// refresh passes it over and indexes what comes after it (a task created next, pending, is
+/// this node's to claim), and a read of the long id is refused as any request with it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_a_node_cannot_follow_does_not_stop_its_following() {
+    let Some(url) = schema_url("unfollowable") else {
+        return;
+    };
+    let clock = ManualClock::new(T0);
+    let open = |config: StoreConfig| {
+        let journal = Journal::open_postgres(&url, JournalOptions::default()).unwrap();
+        TaskStore::open(journal, clock.clone(), config).unwrap()
+    };
+    let mut shorter = StoreConfig::default();
+    shorter.max_id_bytes = 64;
+    let a = open(shorter);
+    let b = open(StoreConfig::default());
+    let long = "l".repeat(100);
+    create(&b, &long, LeasePolicy::Retry).await;
+    create(&b, "y", LeasePolicy::Retry).await;
+    let mut pending = a.pending_signal();
+    pending.mark_unchanged();
+    assert_eq!(a.refresh().await.unwrap(), 2);
+    // Past both records: the next refresh has nothing to read.
+    assert_eq!(a.refresh().await.unwrap(), 0);
+    assert!(pending.has_changed().unwrap(), "y was indexed as pending");
+    let listed = a.list_pending(&[KEY.to_owned()], None, 10).await.unwrap();
+    let ids: Vec<&str> = listed.tasks.iter().map(|t| t.spec.id.as_str()).collect();
+    assert_eq!(ids, ["y"]);
+    assert!(matches!(
+        a.get(&long).await,
+        Err(StoreError::Invalid {
+            field: "task id",
+            ..
+        })
+    ));
+    assert_eq!(b.get(&long).await.unwrap().status, Status::Pending);
+    clean(&url);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trim_made_on_one_node_is_followed_by_another_that_appends_after_it() {
     let Some((a, b, url)) = nodes("trim") else {

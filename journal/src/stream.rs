@@ -179,8 +179,25 @@ impl StreamCheck {
     }
 }
 
+/// How many times a [`StreamReader`] reads its stream again from the start when the stream
+/// changed under it.
+const REREADS: u32 = 3;
+
 /// Iterator over one task's records; see [`Journal::read_stream`](crate::Journal::read_stream).
+///
+/// On a store that reads a long scan in several snapshots ([`Backend::scan_snapshot_rows`]:
+/// PostgreSQL's pages), another process may trim the stream (frame its records again) or
+/// purge it (delete them) between two of them. A reader past the first snapshot that meets
+/// a record not chained on the one before it, or whose stream ends, looks again: it reads the
+/// stream again from the start, checks the records it handed out already without handing
+/// them out again, and goes on from where it was, in the stream as it is now — or, when the
+/// stream no longer reaches that far (purged), says so with a storage error (not damage:
+/// read it again). A chain broken within one snapshot, or again in each of [`REREADS`]
+/// readings, is reported as damage.
 pub struct StreamReader<'a> {
+    backend: &'a dyn Backend,
+    /// The position the read starts from.
+    from: u64,
     raw: Option<crate::backend::RawIter<'a>>,
     check: StreamCheck,
     /// A gap found before this record was reported; the record itself comes next.
@@ -191,49 +208,119 @@ pub struct StreamReader<'a> {
     /// same scan, for the digest the stream chains from).
     first: Option<Result<crate::backend::KeyValue>>,
     done: bool,
+    /// The rows the scan returned so far, and the last of them.
+    rows: usize,
+    last: Option<crate::backend::KeyValue>,
+    /// The positions below this were handed out before the stream was read again: they are
+    /// checked, not handed out again.
+    resume: u64,
+    /// How many times the stream was read again.
+    rereads: u32,
+}
+
+/// A scan of `task`'s stream from `from`, with the check of its first record: the record
+/// before `from` is read by the same scan as the records after it (a separate read could
+/// see it before a trim rewrote the stream and the rest after, and report an intact chain
+/// broken); when it is not there, or not intact, the first record is not checked against
+/// it. Also the rows that took, and the entry read that was not the record before `from`.
+#[allow(
+    clippy::type_complexity,
+    reason = "one private constructor's parts, taken apart at once"
+)]
+fn scan_from<'a>(
+    backend: &'a dyn Backend,
+    task: &str,
+    from: u64,
+) -> (
+    crate::backend::RawIter<'a>,
+    StreamCheck,
+    usize,
+    Option<Result<crate::backend::KeyValue>>,
+) {
+    let range = Range {
+        lower: keys::event_key(task, from.saturating_sub(1)),
+        upper: crate::backend::prefix_end(&keys::task_prefix(task)),
+        reverse: false,
+    };
+    let mut raw = backend.scan(Space::Events, range);
+    let (mut prev, mut first, mut rows) = (Some(Digest::GENESIS), None, 0);
+    if from > 0 {
+        prev = None;
+        match raw.next() {
+            Some(Ok((key, value)))
+                if keys::parse_event_key(&key).is_ok_and(|(_, p)| p == from - 1) =>
+            {
+                rows = 1;
+                prev = record::parse(&value).ok().map(|frame| frame.digest);
+            }
+            other => first = other,
+        }
+    }
+    (
+        raw,
+        StreamCheck::new(task.to_owned(), from, prev),
+        rows,
+        first,
+    )
 }
 
 impl<'a> StreamReader<'a> {
     /// A reader of `task`'s stream from `from`, ending before any record above `durable`.
-    ///
-    /// From a later position, the record before it is read by the same scan as the records
-    /// after it (a separate read could see it before a trim rewrote the stream and the rest
-    /// after, and report an intact chain broken); when it is not there, or not intact, the
-    /// first record is not checked against it.
     pub(crate) fn new(backend: &'a dyn Backend, task: &str, from: u64, durable: u64) -> Self {
-        let range = Range {
-            lower: keys::event_key(task, from.saturating_sub(1)),
-            upper: crate::backend::prefix_end(&keys::task_prefix(task)),
-            reverse: false,
-        };
-        let mut raw = backend.scan(Space::Events, range);
-        let (mut prev, mut first) = (Some(Digest::GENESIS), None);
-        if from > 0 {
-            prev = None;
-            match raw.next() {
-                Some(Ok((key, value)))
-                    if keys::parse_event_key(&key).is_ok_and(|(_, p)| p == from - 1) =>
-                {
-                    prev = record::parse(&value).ok().map(|frame| frame.digest);
-                }
-                other => first = other,
-            }
-        }
+        let (raw, check, rows, first) = scan_from(backend, task, from);
         Self {
+            backend,
+            from,
             raw: Some(raw),
-            check: StreamCheck::new(task.to_owned(), from, prev),
+            check,
             pending: None,
             durable,
             first,
             done: false,
+            rows,
+            last: None,
+            resume: 0,
+            rereads: 0,
         }
     }
-}
 
-impl Iterator for StreamReader<'_> {
-    type Item = Result<Record>;
+    /// Whether the scan read past the rows its store reads in one snapshot (`ended`: or read
+    /// them all and then found no more, in another).
+    fn spanned(&self, ended: bool) -> bool {
+        let one = self.backend.scan_snapshot_rows();
+        self.rows > one || (ended && self.rows == one)
+    }
 
-    fn next(&mut self) -> Option<Self::Item> {
+    /// Reads the stream again from the start, to go on at `at` (and not before the position
+    /// it was to go on at already); `false` when it was read again as often as it may be.
+    fn reread(&mut self, at: u64) -> bool {
+        if self.rereads == REREADS {
+            return false;
+        }
+        self.rereads += 1;
+        self.resume = self.resume.max(at);
+        let task = std::mem::take(&mut self.check.task);
+        let (raw, check, rows, first) = scan_from(self.backend, &task, self.from);
+        self.raw = Some(raw);
+        self.check = check;
+        self.rows = rows;
+        self.first = first;
+        self.pending = None;
+        self.last = None;
+        self.done = false;
+        true
+    }
+
+    /// Whether the last row the scan read is still there as it was read.
+    fn last_unchanged(&self) -> Result<bool> {
+        let Some((key, value)) = &self.last else {
+            return Ok(true);
+        };
+        Ok(self.backend.get(Space::Events, key)?.as_deref() == Some(&value[..]))
+    }
+
+    /// The next record as the scan reads it, checked.
+    fn step(&mut self) -> Option<Result<Record>> {
         if self.done {
             return None;
         }
@@ -262,8 +349,9 @@ impl Iterator for StreamReader<'_> {
             }
             Some(Ok(item)) => item,
         };
+        self.rows += 1;
         let (key, value) = item;
-        match self.check.entry(&key, &value) {
+        let checked = match self.check.entry(&key, &value) {
             Checked::One(Ok(record)) if record.seq > self.durable => {
                 // Written, not yet durable: the stream ends here for this process's readers.
                 self.done = true;
@@ -271,8 +359,59 @@ impl Iterator for StreamReader<'_> {
             }
             Checked::One(result) => Some(result),
             Checked::Gap(missing, position) => {
-                self.pending = Some((position, value));
+                self.pending = Some((position, value.clone()));
                 Some(Err(missing))
+            }
+        };
+        self.last = Some((key, value));
+        checked
+    }
+}
+
+impl Iterator for StreamReader<'_> {
+    type Item = Result<Record>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            let item = self.step();
+            match &item {
+                // Not chained on the record before it, read in an earlier snapshot: framed
+                // again since (trimmed), perhaps.
+                Some(Err(Error::Corruption {
+                    position,
+                    kind: CorruptionKind::Chain,
+                    ..
+                })) if self.spanned(false) && self.reread(*position) => {}
+                // Read again, the stream ends before what was handed out: deleted since.
+                None if self.check.expected < self.resume => {
+                    (self.resume, self.last) = (0, None);
+                    return Some(Err(Error::storage(format!(
+                        "the stream of task {:?} was purged while it was read (by another \
+                         process): read it again",
+                        self.check.task
+                    ))));
+                }
+                // The end, past the first snapshot: there if the last row read is still
+                // there; deleted since (purged), perhaps.
+                None if self.raw.is_none() && self.spanned(true) => match self.last_unchanged() {
+                    Ok(false) if self.reread(self.check.expected) => {}
+                    // Looked at once: the reader stays ended.
+                    unchanged => {
+                        self.last = None;
+                        return match unchanged {
+                            Ok(true) => None,
+                            Ok(false) => Some(Err(Error::storage(format!(
+                                "the stream of task {:?} changed while it was read, {} times: \
+                                 read it again",
+                                self.check.task,
+                                REREADS + 1
+                            )))),
+                            Err(e) => Some(Err(e)),
+                        };
+                    }
+                },
+                Some(Ok(record)) if record.position < self.resume => {}
+                _ => return item,
             }
         }
     }

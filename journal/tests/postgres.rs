@@ -259,7 +259,7 @@ fn a_node_forgets_the_heads_another_node_moved_listed_with_the_lock_or_read_from
     // (which would refuse position 2 as a conflict).
     b.append("t0", 1, &[update(1)]).unwrap();
     a.append("t0", 2, &[update(2)]).unwrap();
-    // B moves t1 and more streams than a lock lists: A reads the commit index instead.
+    // B moves t1 and more streams than a lock lists: A forgets every head instead.
     b.append("t1", 1, &[update(1)]).unwrap();
     let threads: Vec<_> = (0..16)
         .map(|t| {
@@ -1035,4 +1035,52 @@ fn an_import_replaces_only_a_missing_schema_or_an_empty_journals() {
     dtask_journal::postgres::admin::promote(&location, &staging_schema).unwrap();
     let promoted = Journal::open_postgres_read_only(&target).unwrap();
     assert_eq!(promoted.stream_len("t").unwrap(), Some(1));
+}
+
+/// A stream longer than one page is read a query per page on PostgreSQL, each in its own
+/// snapshot. Another node trims it between two pages — every record from the first stub on
+/// framed again — and the read goes on, intact, with the stream as the trim left it rather
+/// than reporting its chain broken; another node purges it between two pages, and the read
+/// says so (an error that is not damage) rather than end early as if the stream did (a
+/// finished task folded as running).
+#[test]
+fn a_stream_trimmed_or_purged_between_two_pages_of_its_read_reads_on_or_says_so() {
+    let Some(url) = url("paged_change") else {
+        return;
+    };
+    let journal = open(&url);
+    let other = open(&url);
+    for task in ["t", "p"] {
+        journal.append(task, 0, &[created(task)]).unwrap();
+        let updates: Vec<Event> = (1..=200).map(update).collect();
+        journal.append(task, 1, &updates).unwrap();
+    }
+    journal.append("p", 201, &[completed()]).unwrap();
+
+    let mut read = journal.read_stream("t", 0);
+    let first: Vec<_> = read.by_ref().take(64).map(Result::unwrap).collect();
+    assert_eq!(
+        other.trim_progress("t", 1, Timestamp(500)).unwrap().records,
+        199
+    );
+    let rest: Vec<_> = read.map(Result::unwrap).collect();
+    let positions: Vec<u64> = first.iter().chain(&rest).map(|r| r.position).collect();
+    assert_eq!(positions, (0..202).collect::<Vec<_>>());
+    assert!(matches!(
+        rest.last().unwrap().event,
+        Event::ProgressTrimmed { .. }
+    ));
+    // Read now, the stream is the trim's.
+    assert_eq!(journal.read_stream("t", 0).map(Result::unwrap).count(), 202);
+
+    let mut read = journal.read_stream("p", 0);
+    assert_eq!(read.by_ref().take(64).map(Result::unwrap).count(), 64);
+    other.purge(&["p"], Timestamp(600)).unwrap();
+    let rest: Vec<_> = read.collect();
+    let said = rest
+        .iter()
+        .find_map(|item| item.as_ref().err())
+        .expect("the read says the stream went");
+    assert!(!said.is_damage(), "{said}");
+    assert!(said.to_string().contains("purged"), "{said}");
 }

@@ -35,9 +35,16 @@ impl TaskStore {
     /// refresh, by any process; returns how many were read. A no-op in effect on an embedded
     /// journal (every record read is this store's own).
     ///
+    /// A record that this store cannot apply to its task — an id it does not take (another
+    /// node's larger [`crate::StoreConfig::max_id_bytes`]), a stream that does not fold, a
+    /// task gone — is logged and passed over: the task's copy in memory is dropped, to be
+    /// folded from the journal when it is next asked for (and found wanting then, to whoever
+    /// asks), and the refresh goes on with the records after it. Stopping there would stop
+    /// this node's following for good, at that record every time.
+    ///
     /// # Errors
-    /// [`StoreError::Journal`] when the journal cannot be read, [`StoreError::Replay`] when a
-    /// task changed elsewhere does not fold.
+    /// [`StoreError::Journal`] when the journal cannot be read (the commit order, or a task's
+    /// stream, for a storage failure: the next refresh reads from the record it stopped at).
     pub async fn refresh(&self) -> Result<usize> {
         let mut read = 0;
         loop {
@@ -53,7 +60,19 @@ impl TaskStore {
                 .collect::<std::result::Result<Vec<Committed>, _>>()?;
             let n = commits.len();
             for c in commits {
-                self.apply_committed(&c.task, &c.record).await?;
+                if let Err(error) = self.apply_committed(&c.task, &c.record).await {
+                    if !confined_to_its_task(&error) {
+                        return Err(error);
+                    }
+                    tracing::warn!(
+                        task = %c.task,
+                        seq = c.record.seq,
+                        %error,
+                        "a committed record was not followed; its task is read \
+                         from the journal when next asked for"
+                    );
+                    self.forget(&c.task).await;
+                }
                 self.inner.seen.fetch_max(c.record.seq, Ordering::AcqRel);
             }
             read += n;
@@ -63,10 +82,11 @@ impl TaskStore {
         }
     }
 
-    /// Forgets task `id`, purged by another node: its slot, and wherever the index placed it
-    /// as this node last saw it — a task this node had not seen end (the purge came in
-    /// before its last records) would otherwise stay in the listings and the leases.
-    async fn forget_purged(&self, id: &str) {
+    /// Forgets task `id` — purged by another node, or changed there in a way this node could
+    /// not follow: its slot, and wherever the index placed it as this node last saw it — a
+    /// task this node had not seen end (the purge came in before its last records) would
+    /// otherwise stay in the listings and the leases. A later read folds it from the journal.
+    async fn forget(&self, id: &str) {
         let held = self.index().slots.get(id).cloned();
         let Some(slot) = held else { return };
         let task = slot.task.lock().await;
@@ -83,7 +103,7 @@ impl TaskStore {
         }
         if let dtask_journal::Event::Purged { .. } = record.event {
             // Purged elsewhere: forget it (a read finds the tombstone).
-            self.forget_purged(id).await;
+            self.forget(id).await;
             return Ok(());
         }
         let held = self.index().slots.get(id).cloned();
@@ -120,7 +140,7 @@ impl TaskStore {
                 Err(StoreError::Purged { .. }) => {
                     // Purged since: the tombstone comes later in the commit order.
                     drop(task);
-                    self.forget_purged(id).await;
+                    self.forget(id).await;
                     return Ok(());
                 }
                 Err(e) => return Err(e),
@@ -155,5 +175,22 @@ impl TaskStore {
                 }
             }
         })
+    }
+}
+
+/// Whether `error`, met applying a followed record to its task, concerns that task alone (an
+/// id this store does not take, a stream that does not fold or is damaged, a task not found)
+/// rather than the journal's reading (a storage failure, the journal closed or upgraded
+/// under it) or the store (closed), which the next refresh must try again.
+fn confined_to_its_task(error: &StoreError) -> bool {
+    match error.journal_error() {
+        Some(
+            dtask_journal::Error::Storage(_)
+            | dtask_journal::Error::Closed
+            | dtask_journal::Error::Stopped(_)
+            | dtask_journal::Error::FormatChanged { .. },
+        ) => false,
+        Some(_) => true,
+        None => !matches!(error, StoreError::Closed),
     }
 }

@@ -112,8 +112,10 @@ pub struct WriteLock {
     /// The tail marker's bytes as stored (`None` before the first batch).
     pub tail: Option<Vec<u8>>,
     /// The tasks with a record of a sequence above the one asked about, listed in the same
-    /// round trip as the lock; `None` when the store did not list them (or found more than
-    /// [`WRITTEN_SINCE_MAX`]): the writer then reads the commit index.
+    /// round trip as the lock; `None` when there were more than [`WRITTEN_SINCE_MAX`] such
+    /// records, which the store does not read past: the writer then forgets every head it
+    /// holds (it reads each again when next needed), rather than read everything written
+    /// since, under the lock, for which heads to forget.
     pub written_since: Option<Vec<String>>,
     /// The last records, as committed, of the tasks whose heads the writer lacks, read in
     /// the same round trip as the lock; `None` when the store did not read them: the writer
@@ -121,8 +123,8 @@ pub struct WriteLock {
     pub heads: Option<Vec<(String, LastRecord)>>,
 }
 
-/// The most tasks [`WriteLock::written_since`] lists; past it the writer reads the commit
-/// index instead.
+/// The most records whose tasks [`WriteLock::written_since`] lists; past it the writer
+/// forgets every head instead.
 pub const WRITTEN_SINCE_MAX: usize = 4096;
 
 /// A raw key-value pair read from a backend.
@@ -503,6 +505,17 @@ pub trait Backend: Send + Sync + 'static {
     /// default) for a store without one.
     fn schema_version(&self) -> Option<u32> {
         None
+    }
+
+    /// How many rows a scan reads in one snapshot of the store: a scan of more reads the
+    /// rest in later ones, where what another process wrote in between may no longer follow
+    /// what the earlier ones read — a stream trimmed (framed again) or purged (deleted) by
+    /// another node between two of PostgreSQL's pages, each its own query. A reader of a
+    /// stream that read past this many rows checks that it did not change under it
+    /// ([`crate::StreamReader`]). `usize::MAX` (the default): every scan reads one
+    /// snapshot (a RocksDB iterator, a frozen view).
+    fn scan_snapshot_rows(&self) -> usize {
+        usize::MAX
     }
 
     /// Whether other processes write this store too (a shared database). Then everything a

@@ -32,6 +32,7 @@ use crate::error::{Error, Result, StorageError};
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::mpsc;
 use tokio_postgres::tls::MakeTlsConnect;
@@ -51,7 +52,12 @@ pub(crate) struct Session {
     client: Client,
     /// The statements prepared so far, by their text.
     prepared: Mutex<HashMap<String, tokio_postgres::Statement>>,
+    /// This session among every session this process opened ([`Session::id`]).
+    id: u64,
 }
+
+/// The id the next session opened gets: ids are never given twice in a process.
+static SESSIONS: AtomicU64 = AtomicU64::new(1);
 
 impl std::ops::Deref for Session {
     type Target = Client;
@@ -62,6 +68,14 @@ impl std::ops::Deref for Session {
 }
 
 impl Session {
+    /// This session's id, unique in the process: a call answered on a session of the id
+    /// [`Conn::session`] returned earlier ran on that same server process, which has lived
+    /// since — through no restart of the server (a restart, even a crash's, ends every
+    /// session).
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
     /// `sql` prepared on this connection with parameters of `types`: a round trip the first
     /// time, none after. Await every statement a pipeline needs before sending any of it: a
     /// preparation sent from inside the pipeline would let the statements after it overtake
@@ -180,6 +194,8 @@ pub(crate) enum Reopen {
 #[derive(Debug, Clone)]
 pub(crate) struct Conn {
     how: Driven,
+    /// The id of its session, the last one opened ([`Conn::session`]).
+    session: Arc<AtomicU64>,
 }
 
 /// Where a connection is driven.
@@ -200,6 +216,8 @@ struct Here {
     client: std::result::Result<Arc<Session>, String>,
     target: Target,
     reopen: Reopen,
+    /// Where the id of its session is published ([`Conn::session`]).
+    session: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for Here {
@@ -252,6 +270,8 @@ impl Conn {
     pub(crate) fn open_with(target: Target, name: &str, reopen: Reopen) -> Result<Self> {
         let (jobs, mut queue) = mpsc::unbounded_channel::<Job>();
         let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
+        let session = Arc::new(AtomicU64::new(0));
+        let published = Arc::clone(&session);
         std::thread::Builder::new()
             .name(format!("dtask-pg-{name}"))
             .spawn(move || {
@@ -270,6 +290,7 @@ impl Conn {
                 runtime.block_on(async move {
                     let mut client = match connect(&target).await {
                         Ok(client) => {
+                            published.store(client.id, Ordering::Release);
                             let _ = ready_tx.send(Ok(()));
                             Ok(client)
                         }
@@ -286,6 +307,9 @@ impl Conn {
                                 continue;
                             }
                             client = connect(&target).await.map_err(|e| e.to_string());
+                            if let Ok(opened) = &client {
+                                published.store(opened.id, Ordering::Release);
+                            }
                             if reopen == Reopen::Loudly && client.is_ok() {
                                 job(Err(reopened(&target))).await;
                                 continue;
@@ -301,6 +325,7 @@ impl Conn {
             .map_err(|_| Error::storage("the database connection's thread ended"))??;
         Ok(Self {
             how: Driven::Apart(jobs),
+            session,
         })
     }
 
@@ -313,6 +338,8 @@ impl Conn {
     /// [`Error::Storage`] naming the server and the cause when it cannot be reached, or when
     /// no runtime can be made.
     pub(crate) fn open_here(target: Target, name: &str, reopen: Reopen) -> Result<Self> {
+        let session = Arc::new(AtomicU64::new(0));
+        let published = Arc::clone(&session);
         let opening = std::thread::Builder::new()
             .name(format!("dtask-pg-{name}"))
             .spawn(move || -> Result<Here> {
@@ -325,11 +352,13 @@ impl Conn {
                         ))
                     })?;
                 let client = runtime.block_on(connect(&target))?;
+                published.store(client.id, Ordering::Release);
                 Ok(Here {
                     runtime: Some(runtime),
                     client: Ok(client),
                     target,
                     reopen,
+                    session: published,
                 })
             })
             .map_err(|e| Error::Storage(StorageError::caused_by(e)))?;
@@ -338,7 +367,16 @@ impl Conn {
             .map_err(|_| Error::storage("the database connection's thread ended"))??;
         Ok(Self {
             how: Driven::Here(Arc::new(Mutex::new(here))),
+            session,
         })
+    }
+
+    /// The id of the connection's session, the last one it opened ([`Session::id`]), read
+    /// without a call: a session the connection has open, or had until a call finds it
+    /// broken and opens another. Read before a commit on another connection, it names a
+    /// session that was open before that commit.
+    pub(crate) fn session(&self) -> u64 {
+        self.session.load(Ordering::Acquire)
     }
 
     /// Runs `work` on the connection and waits for its answer.
@@ -433,6 +471,7 @@ impl Here {
             client,
             target,
             reopen,
+            session,
         } = self;
         let Some(runtime) = runtime.as_ref() else {
             return Err(Error::storage("the database connection is closed"));
@@ -451,6 +490,9 @@ impl Here {
                     return Err(Error::storage(lost(target)));
                 }
                 *client = connect(target).await.map_err(|e| e.to_string());
+                if let Ok(opened) = client {
+                    session.store(opened.id, Ordering::Release);
+                }
                 if *reopen == Reopen::Loudly && client.is_ok() {
                     return Err(Error::storage(reopened(target)));
                 }
@@ -535,6 +577,7 @@ async fn connect(target: &Target) -> Result<Arc<Session>> {
     Ok(Arc::new(Session {
         client,
         prepared: Mutex::new(HashMap::new()),
+        id: SESSIONS.fetch_add(1, Ordering::Relaxed),
     }))
 }
 

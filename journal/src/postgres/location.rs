@@ -16,6 +16,21 @@ const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5
 /// (`keepalives_retries`).
 const KEEPALIVE_RETRIES: u32 = 4;
 
+/// How long data sent on a connection may go unacknowledged by the server's system before
+/// the connection counts as broken, unless the URL says (`tcp_user_timeout`): keepalives are
+/// sent only on a silent connection, and a call whose request the server never received (it
+/// went away without a word as the call was sent) would otherwise wait for the system's
+/// retransmissions, a quarter of an hour on Linux. Acknowledging is the server's system's
+/// work, not its sessions', so a long statement is not cut; on Linux it also bounds the
+/// keepalives' probing to this long.
+const TCP_USER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// How long one attempt to open a TCP connection may take, unless the URL says
+/// (`connect_timeout`): a host that does not answer at all would otherwise hold each attempt
+/// for the system's two minutes of retries, past a sync's patience for the database to come
+/// back.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// A PostgreSQL location: the connection string and the schema the journal lives in.
 #[derive(Debug, Clone)]
 pub struct PgLocation {
@@ -90,6 +105,18 @@ impl PgLocation {
                 .keepalives_idle(KEEPALIVE_IDLE)
                 .keepalives_interval(KEEPALIVE_INTERVAL)
                 .keepalives_retries(KEEPALIVE_RETRIES);
+        }
+        let given = |name: &str| {
+            kept.iter()
+                .any(|pair| pair.split_once('=').map_or(*pair, |(n, _)| n) == name)
+        };
+        if !given("tcp_user_timeout") {
+            // A call sent to a server that went away is failed in half a minute, as a call
+            // waiting on a silent one is by the keepalives.
+            config.tcp_user_timeout(TCP_USER_TIMEOUT);
+        }
+        if !given("connect_timeout") {
+            config.connect_timeout(CONNECT_TIMEOUT);
         }
         if config.get_application_name().is_none() {
             // Names the journal's connections in `pg_stat_activity`.
@@ -183,5 +210,32 @@ mod tests {
         );
         let off = PgLocation::parse("postgres://me@db:5432/dtask?keepalives=0").unwrap();
         assert!(!off.config.get_keepalives());
+    }
+
+    /// Data sent to a server that went away fails the connection after [`TCP_USER_TIMEOUT`],
+    /// and an attempt to connect gives up after [`CONNECT_TIMEOUT`], unless the URL sets them
+    /// (`0`: the system's own, as libpq reads it).
+    #[test]
+    fn sends_and_connects_are_bounded_unless_the_url_sets_them() {
+        let ours = PgLocation::parse("postgres://me@db:5432/dtask?schema=s").unwrap();
+        assert_eq!(ours.config.get_tcp_user_timeout(), Some(&TCP_USER_TIMEOUT));
+        assert_eq!(ours.config.get_connect_timeout(), Some(&CONNECT_TIMEOUT));
+        assert!(TCP_USER_TIMEOUT <= std::time::Duration::from_secs(30));
+        let theirs =
+            PgLocation::parse("postgres://me@db:5432/dtask?tcp_user_timeout=120&connect_timeout=3")
+                .unwrap();
+        assert_eq!(
+            theirs.config.get_tcp_user_timeout(),
+            Some(&std::time::Duration::from_secs(120))
+        );
+        assert_eq!(
+            theirs.config.get_connect_timeout(),
+            Some(&std::time::Duration::from_secs(3))
+        );
+        let system =
+            PgLocation::parse("postgres://me@db:5432/dtask?tcp_user_timeout=0&connect_timeout=0")
+                .unwrap();
+        assert_eq!(system.config.get_tcp_user_timeout(), None);
+        assert_eq!(system.config.get_connect_timeout(), None);
     }
 }

@@ -17,8 +17,9 @@
 //! before it (see `docs/postgres.md`).
 //!
 //! The writer's commits do not wait for the database's flush: [`PgBackend::sync`], on the
-//! syncer's connection, makes them durable after, finding the last record committed again
-//! first (`write::flush`), and only then are the appends acknowledged — the write and the
+//! syncer's connection, makes them durable after (`write::flush`: on a session opened since
+//! the commit, the server may have restarted, and it finds the last record committed again
+//! first), and only then are the appends acknowledged — the write and the
 //! sync of the embedded journal, as two stages (docs/ARCHITECTURE.md, "Why a PostgreSQL
 //! batch is flushed after its commit").
 //!
@@ -281,7 +282,11 @@ impl PgBackend {
     /// commit. Otherwise every commit is as the session's, and announced at commit.
     fn commit_of(&self, ops: &[BatchOp], flush: CommitFlush) -> Result<Commit> {
         let mark = if self.synchronous && flush == CommitFlush::AtSync {
-            last_record(ops)?
+            last_record(ops)?.map(|mark| Mark {
+                // Read before the commit is sent: a session open before it.
+                syncer_session: self.syncer.as_ref().map_or(0, Conn::session),
+                ..mark
+            })
         } else {
             None
         };
@@ -345,12 +350,15 @@ impl PgBackend {
     }
 
     /// Makes the commit of `mark` durable, and every commit the server wrote before it, over
-    /// `syncer`, if its record is still there; then announces its sequence. Tried again for
-    /// up to [`FLUSH_PATIENCE`] while the round trip fails.
+    /// `syncer`; then announces its sequence. On the syncer's session that was open before
+    /// the commit ([`Mark::syncer_session`]) the server has not restarted since, and the
+    /// commit is there whatever another node did to its record since (trimmed, purged); on a
+    /// later session, only if its record is still there as committed. Tried again for up to
+    /// [`FLUSH_PATIENCE`] while the round trip fails.
     ///
     /// # Errors
-    /// [`Error::Storage`] when the record is gone (the server lost it), or when no round trip
-    /// went through in time.
+    /// [`Error::Storage`] when the record is gone from a server that may have restarted
+    /// since the commit (it lost it), or when no round trip went through in time.
     fn flush(&self, syncer: &Conn, mark: &Arc<Mark>) -> Result<()> {
         let payload = listen::payload(&self.location.schema, mark.seq);
         let deadline = std::time::Instant::now() + FLUSH_PATIENCE;
@@ -369,7 +377,13 @@ impl PgBackend {
             let (sent, payload) = (Arc::clone(mark), payload.clone());
             let found = syncer.call(move |client| {
                 Box::pin(async move {
-                    write::flush(&client, &sent.task, sent.position, &sent.record, &payload).await
+                    // The same session since before the commit: the server ran through.
+                    let record = (client.id() != sent.syncer_session).then_some((
+                        sent.task.as_str(),
+                        sent.position,
+                        sent.record.as_slice(),
+                    ));
+                    write::flush(&client, record, &payload).await
                 })
             });
             match found {
@@ -389,8 +403,9 @@ impl PgBackend {
                 Ok(false) => {
                     return Err(Error::storage(format!(
                         "the record of {} at {} (sequence {}), committed and not yet flushed, \
-                         is gone from PostgreSQL at {}: the server lost what it had not \
-                         flushed",
+                         is gone from PostgreSQL at {} (a connection was lost since the \
+                         commit): the server lost what it had not flushed, unless another node \
+                         trimmed or purged the task meanwhile",
                         mark.task, mark.position, mark.seq, self.location.display
                     )))
                 }
@@ -459,6 +474,8 @@ fn last_record(ops: &[BatchOp]) -> Result<Option<Mark>> {
             record: record.to_vec(),
             // Set when the batch has committed (`note_unflushed`).
             session: 0,
+            // Set before it is sent (`commit_of`).
+            syncer_session: 0,
         })
     })
     .transpose()
@@ -547,13 +564,15 @@ impl Backend for PgBackend {
 
     /// Makes durable every batch the writer committed so far, for the syncer's batches up to
     /// sequence `last_seq`: their commits returned without waiting for the database's flush,
-    /// and this waits for it, after finding the last record of each session's last commit
-    /// still there (module `unflushed`, `write::flush`); then announces them to other
-    /// processes. A failed round trip is tried again, for up to [`FLUSH_PATIENCE`] (on a
-    /// connection opened again, if the server dropped it; while the server restarts, with
-    /// pauses): what it finds, it makes durable. A record not found means the server lost
-    /// what it had acknowledged and not flushed: an error for the appends waiting (the
-    /// journal goes on: [`Backend::sync_failure_is_final`]). What a failed sync took of
+    /// and this waits for it, for the last commit of each session — after finding its last
+    /// record still there, unless the syncer's session has been open since before that commit
+    /// (module `unflushed`, `write::flush`); then announces them to other processes. A
+    /// failed round trip is tried again, for up to [`FLUSH_PATIENCE`] (on a connection opened
+    /// again, if the server dropped it; while the server restarts, with pauses): what it
+    /// finds, it makes durable. A record not found means the server lost what it had
+    /// acknowledged and not flushed (or, after a restart, that another node trimmed or
+    /// purged its task meanwhile): an error for the appends waiting (the journal goes on:
+    /// [`Backend::sync_failure_is_final`]). What a failed sync took of
     /// batches after `last_seq` — committed, not yet handed to the syncer — is given back for
     /// their own sync, so that their appends are acknowledged only once a sync finds them.
     fn sync_through(&self, last_seq: u64) -> Result<()> {
@@ -630,6 +649,19 @@ impl Backend for PgBackend {
         true
     }
 
+    fn scan_snapshot_rows(&self) -> usize {
+        if self.frozen {
+            // Every read of one snapshot.
+            usize::MAX
+        } else {
+            // The first page; each page after it is a query of its own.
+            read::FIRST_PAGE
+                .unsigned_abs()
+                .try_into()
+                .unwrap_or(usize::MAX)
+        }
+    }
+
     fn describe(&self) -> String {
         format!("postgres {}", self.location.display)
     }
@@ -640,7 +672,7 @@ impl Backend for PgBackend {
 
     fn lock_for_write(&self, since: u64, lacks: &[String]) -> Result<Option<WriteLock>> {
         let since = i64::try_from(since).unwrap_or(i64::MAX);
-        // One more than listed, to tell a full list from a cut one.
+        // One record more than listed, to tell a full list from a cut one.
         let most = i64::try_from(WRITTEN_SINCE_MAX + 1).unwrap_or(i64::MAX);
         let lacking = lacks.to_vec();
         let (locked, heads) = self.call_writer(move |client| {
@@ -661,8 +693,13 @@ impl Backend for PgBackend {
                         client.batch_execute("BEGIN"),
                         client.query(&lock, &[]),
                         client.query(&read, &[&crate::keys::META_TAIL]),
+                        // The tasks of the first records after `since`, up to `most`
+                        // of them (by the sequences' index: a node idle for long does not
+                        // read everything written since, under the lock), and how many.
                         client.query_typed(
-                            "SELECT DISTINCT task FROM dtask_records WHERE seq > $1 LIMIT $2",
+                            "SELECT array_agg(DISTINCT task), count(*) FROM \
+                             (SELECT task FROM dtask_records WHERE seq > $1 \
+                              ORDER BY seq LIMIT $2) written",
                             &[(&since, Type::INT8), (&most, Type::INT8)],
                         ),
                         // The heads of the batch's tasks the writer lacks (a held head
@@ -683,14 +720,14 @@ impl Backend for PgBackend {
                     let tail = tail?;
                     let written = written?;
                     let heads = heads?;
-                    let tasks = (written.len() <= WRITTEN_SINCE_MAX)
-                        .then(|| {
-                            written
-                                .iter()
-                                .map(|row| row.try_get::<_, String>(0))
-                                .collect::<std::result::Result<Vec<_>, _>>()
-                        })
-                        .transpose()?;
+                    let mut tasks = None;
+                    if let Some(row) = written.first() {
+                        let listed: Option<Vec<String>> = row.try_get(0)?;
+                        let records: i64 = row.try_get(1)?;
+                        if usize::try_from(records).is_ok_and(|n| n <= WRITTEN_SINCE_MAX) {
+                            tasks = Some(listed.unwrap_or_default());
+                        }
+                    }
                     let locked = WriteLock {
                         tail: tail.first().map(|row| row.get::<_, Vec<u8>>(0)),
                         written_since: tasks,
@@ -848,13 +885,26 @@ mod tests {
     }
 
     /// Deletes task `t`'s record at `position` behind the writer's back, as a restart of a
-    /// server that had not flushed it would lose it.
+    /// server that had not flushed it would lose it — and ends the syncer's session, as that
+    /// restart would end every session.
     fn lose(pg: &PgBackend, position: u64) {
         let gone = BatchOp::Delete {
             space: Space::Events,
             key: keys::event_key("t", position).into(),
         };
         pg.write(vec![gone], Durability::Sync).unwrap();
+        super::conn::tests::terminate(backend_pid(pg.syncer.as_ref().unwrap()));
+    }
+
+    /// The process id of the server's backend of `conn`'s session.
+    fn backend_pid(conn: &Conn) -> i32 {
+        conn.call(|client| {
+            Box::pin(async move {
+                let row = client.query_one("SELECT pg_backend_pid()", &[]).await?;
+                Ok(row.get::<_, i32>(0))
+            })
+        })
+        .unwrap()
     }
 
     /// Runs `sql` on a connection of its own.
@@ -906,6 +956,54 @@ mod tests {
         pg.sync().unwrap();
     }
 
+    /// Another node trims the task of a batch committed and not yet synced — its last record
+    /// framed again, same position and sequence, new bytes — or purges it (the record
+    /// deleted): the sync, on the session it had open before the commit (the server has not
+    /// restarted since), makes the batch durable rather than take it for lost.
+    #[test]
+    fn a_sync_makes_durable_a_batch_whose_record_another_node_trimmed_or_purged_since() {
+        let (Some((pg, _)), Some((other, _))) = (backend("flushtrim"), backend("flushtrim")) else {
+            return;
+        };
+        let (ops, first_tail) = batch(0, 1);
+        assert!(pg
+            .write_expecting(ops, &Tail::default().encode(), CommitFlush::AtSync)
+            .unwrap());
+        // Framed again by the other node: same position and sequence, other bytes.
+        let (reframed, _) = crate::record::frame(
+            "t",
+            0,
+            1,
+            b"framed again",
+            &crate::record::Digest::default(),
+        )
+        .unwrap();
+        let trim = BatchOp::Replace {
+            key: keys::event_key("t", 0).into(),
+            value: reframed.into(),
+        };
+        other.write(vec![trim], Durability::Sync).unwrap();
+        pg.sync().unwrap();
+        assert_eq!(pg.durable_seq.load(Ordering::Acquire), 1);
+
+        let (ops, _) = batch(1, 2);
+        assert!(pg
+            .write_expecting(ops, &first_tail, CommitFlush::AtSync)
+            .unwrap());
+        let purge = BatchOp::Purge {
+            task: "t".to_owned(),
+            below: 2,
+            apart: false,
+        };
+        other.write(vec![purge], Durability::Sync).unwrap();
+        assert_eq!(
+            other.get(Space::Events, &keys::event_key("t", 1)).unwrap(),
+            None
+        );
+        pg.sync().unwrap();
+        assert_eq!(pg.durable_seq.load(Ordering::Acquire), 2);
+    }
+
     /// The syncer's sync of batch 1 may take batch 2's mark: the writer committed batch 2
     /// before handing it over. When that sync fails on it — the server lost batch 2 — the
     /// failure answers for batch 1 alone: batch 2's own sync looks for its record again, and
@@ -947,15 +1045,7 @@ mod tests {
         assert!(pg
             .write_expecting(ops, &Tail::default().encode(), CommitFlush::AtSync)
             .unwrap());
-        let pid = writer
-            .call(|client| {
-                Box::pin(async move {
-                    let row = client.query_one("SELECT pg_backend_pid()", &[]).await?;
-                    Ok(row.get::<_, i32>(0))
-                })
-            })
-            .unwrap();
-        super::conn::tests::terminate(pid);
+        super::conn::tests::terminate(backend_pid(writer));
         // The writer's connection fails (once or twice), then commits batch 2 on a new
         // session.
         let mut errors = Vec::new();
@@ -1347,6 +1437,60 @@ mod tests {
             .get(Space::Events, &keys::event_key("stalled", 0))
             .unwrap()
             .is_some());
+    }
+
+    /// The lock lists the tasks of the records written after the writer's last sequence —
+    /// of at most [`WRITTEN_SINCE_MAX`] of them, read by the sequences' index: past that it
+    /// says the list is cut (the writer forgets every head) rather than read every record
+    /// written since, under the lock, however few tasks they are of.
+    #[test]
+    fn the_lock_lists_the_tasks_of_a_bounded_number_of_records_written_since() {
+        let Some((pg, _)) = backend("writtensince") else {
+            return;
+        };
+        let mut tail = Tail::default().encode();
+        for (task, seq) in [("a", 1), ("b", 2)] {
+            let (ops, next) = batch_of(task, 0, seq);
+            assert!(pg
+                .write_expecting(ops, &tail, CommitFlush::AtCommit)
+                .unwrap());
+            tail = next;
+        }
+        let listed = |since: u64| {
+            let locked = pg.lock_for_write(since, &[]).unwrap().unwrap();
+            pg.unlock_write();
+            locked.written_since.map(|mut tasks| {
+                tasks.sort();
+                tasks
+            })
+        };
+        assert_eq!(listed(0), Some(vec!["a".to_owned(), "b".to_owned()]));
+        assert_eq!(listed(1), Some(vec!["b".to_owned()]));
+        assert_eq!(listed(2), Some(vec![]));
+        // One task's records, more of them than the lock reads.
+        let records = u64::try_from(WRITTEN_SINCE_MAX).unwrap() + 1;
+        let mut ops = Vec::new();
+        for position in 0..records {
+            ops.push(BatchOp::Put {
+                space: Space::Events,
+                key: keys::event_key("t", position).into(),
+                value: record_of("t", position, 3 + position).into(),
+            });
+        }
+        let last = Tail {
+            last_seq: 2 + records,
+            ..Tail::default()
+        };
+        ops.push(BatchOp::Put {
+            space: Space::Meta,
+            key: keys::META_TAIL.into(),
+            value: last.encode().into(),
+        });
+        assert!(pg
+            .write_expecting(ops, &tail, CommitFlush::AtCommit)
+            .unwrap());
+        assert_eq!(listed(2), None, "cut");
+        assert_eq!(listed(3), Some(vec!["t".to_owned()]), "as many as it lists");
     }
 
     #[test]

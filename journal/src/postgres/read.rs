@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 use tokio_postgres::types::Type;
 
 /// Rows read by a scan's first query: most scans read a stream or a head.
-const FIRST_PAGE: i64 = 64;
+pub(super) const FIRST_PAGE: i64 = 64;
 
 /// Rows read per query of a scan once its pages have grown.
 const MAX_PAGE: i64 = 4096;

@@ -1,12 +1,17 @@
 //! The writer's commits that no sync has made durable yet, as the syncer finds them again.
 //!
 //! The writer's session commits without waiting for the database's flush; a sync
-//! (`PgBackend::sync_through`) makes a commit durable by finding its batch's last record again
-//! and writing to the log after it (`write::flush`), which flushes every commit the server
-//! wrote before — on the same run of the server. A server that crashed lost what it had not
-//! flushed, and a record committed after its restart covers none of that. So the marks are
-//! kept one per session of the writer's connection (a new session follows a failed call of
-//! it: `conn::Reopen::Loudly`), each replacing the one before it in its session.
+//! (`PgBackend::sync_through`) makes a commit durable by writing to the log after it
+//! (`write::flush`), which flushes every commit the server wrote before — on the same run of
+//! the server. A server that crashed lost what it had not flushed, and a record committed
+//! after its restart covers none of that. A sync answered on the syncer's session that was
+//! open before the commit ([`Mark::syncer_session`]) shows the server did not restart in
+//! between (a restart, even a crash's, ends every session): it writes to the log at once. On
+//! a later session it first finds the batch's last record again, as committed — a record
+//! another node has since trimmed (framed again) or purged (deleted) is then not found, and
+//! the batch fails although it may be there. So the marks are kept one per session of the
+//! writer's connection (a new session follows a failed call of it: `conn::Reopen::Loudly`),
+//! each replacing the one before it in its session.
 //!
 //! A sync takes every mark noted when it starts, the marks of batches the writer committed
 //! after the ones it syncs among them (their batches not yet handed to the syncer). If it
@@ -32,6 +37,10 @@ pub(super) struct Mark {
     /// The session of the writer's connection the batch was committed on: the failed calls
     /// of the connection before the commit (each may have been followed by a new session).
     pub session: u64,
+    /// The session of the syncer's connection open before the batch's commit was sent
+    /// (`conn::Conn::session`): a sync answered on it shows that the server has not
+    /// restarted since the commit, which it then cannot have lost.
+    pub syncer_session: u64,
 }
 
 /// The marks of the commits no sync has made durable yet, oldest first, one per session of
@@ -84,6 +93,7 @@ mod tests {
             seq,
             record: Vec::new(),
             session,
+            syncer_session: 0,
         }
     }
 

@@ -282,47 +282,65 @@ pub(crate) async fn write_expecting(
     }
 }
 
-/// Makes durable every commit the server acknowledged before this call, if the record
-/// `task`@`position` is still there as `record` (the last one a session that does not wait
-/// for the flush committed), and then announces sequence `payload` to other processes.
-/// `Ok(false)` when the record is gone or differs: the server lost what it had not flushed
-/// (it crashed and restarted), and nothing is announced.
+/// Makes durable every commit the server acknowledged before this call, and then announces
+/// sequence `payload` to other processes — if `record` (`task`, `position` and the bytes of
+/// the last record a session that does not wait for the flush committed) is still there as
+/// committed, or without looking for it when `record` is `None`: the caller knows the server
+/// has not restarted since that commit (its session was open before it), so the commit is
+/// there to flush, whatever another node did to its record since (a trim frames it again, a
+/// purge deletes it). `Ok(false)` when the record is gone or differs: the server lost what it
+/// had not flushed (it crashed and restarted), or another node trimmed or purged it since;
+/// nothing is announced.
 ///
 /// Two statements in one round trip, each a transaction of its own, on a session that waits
-/// for the flush (the syncer's, with [`crate::Durability::Sync`]). The first, when it finds
-/// the record, writes a transactional message to the write-ahead log
-/// (`pg_logical_emit_message`, which any user may call): a transaction that wrote to the log
+/// for the flush (the syncer's, with [`crate::Durability::Sync`]). The first writes a
+/// transactional message to the write-ahead log (`pg_logical_emit_message`, which any user
+/// may call), when it finds the record or looks for none: a transaction that wrote to the log
 /// waits at its commit for the log's flush up to its commit record — which covers every commit
-/// the server had written before, among them the record's, which this transaction saw. (A
-/// transaction id alone is not enough: a commit that wrote nothing else to the log does not
-/// wait for the flush, whatever `synchronous_commit` says.) The second sends the `NOTIFY`,
-/// once the first has committed: apart, because a transaction that notifies holds the
-/// database's notification lock until it ends, and the syncs of all processes would then
-/// wait for each other's flushes instead of sharing them.
+/// the server had written before, among them the record's. (A transaction id alone is not
+/// enough: a commit that wrote nothing else to the log does not wait for the flush, whatever
+/// `synchronous_commit` says.) The second sends the `NOTIFY`, once the first has committed:
+/// apart, because a transaction that notifies holds the database's notification lock until it
+/// ends, and the syncs of all processes would then wait for each other's flushes instead of
+/// sharing them.
 pub(crate) async fn flush(
     client: &Session,
-    task: &str,
-    position: i64,
-    record: &[u8],
+    record: Option<(&str, i64, &[u8])>,
     payload: &str,
 ) -> std::result::Result<bool, tokio_postgres::Error> {
-    let find = client
-        .statement(
-            "SELECT pg_logical_emit_message(true, 'dtask', '') FROM dtask_records \
-             WHERE task = $1 AND position = $2 AND record = $3",
-            &[Type::TEXT, Type::INT8, Type::BYTEA],
+    let (find, announce) = if record.is_some() {
+        (
+            client
+                .statement(
+                    "SELECT pg_logical_emit_message(true, 'dtask', '') FROM dtask_records \
+                     WHERE task = $1 AND position = $2 AND record = $3",
+                    &[Type::TEXT, Type::INT8, Type::BYTEA],
+                )
+                .await?,
+            client
+                .statement(
+                    "SELECT pg_notify($1, $2) FROM dtask_records \
+                     WHERE task = $3 AND position = $4 AND record = $5",
+                    &[Type::TEXT, Type::TEXT, Type::TEXT, Type::INT8, Type::BYTEA],
+                )
+                .await?,
         )
-        .await?;
-    let announce = client
-        .statement(
-            "SELECT pg_notify($1, $2) FROM dtask_records \
-             WHERE task = $3 AND position = $4 AND record = $5",
-            &[Type::TEXT, Type::TEXT, Type::TEXT, Type::INT8, Type::BYTEA],
+    } else {
+        (
+            client
+                .statement("SELECT pg_logical_emit_message(true, 'dtask', '')", &[])
+                .await?,
+            client
+                .statement("SELECT pg_notify($1, $2)", &[Type::TEXT, Type::TEXT])
+                .await?,
         )
-        .await?;
-    let found: [&(dyn ToSql + Sync); 3] = [&task, &position, &record];
-    let announced: [&(dyn ToSql + Sync); 5] =
-        [&super::listen::CHANNEL, &payload, &task, &position, &record];
+    };
+    let mut found: Vec<&(dyn ToSql + Sync)> = Vec::new();
+    let mut announced: Vec<&(dyn ToSql + Sync)> = vec![&super::listen::CHANNEL, &payload];
+    if let Some((task, position, record)) = &record {
+        found = vec![task, position, record];
+        announced.extend_from_slice(&found);
+    }
     // Sent together when first polled, in this order.
     let (found, _) = futures_util::future::join(
         client.execute(&find, &found),

@@ -934,10 +934,7 @@ impl Writer {
             }
         };
         if stored != self.tail {
-            if let Err(e) = self.forget_written_since(stored.last_seq, locked.written_since) {
-                self.backend.unlock_write();
-                return Err(e);
-            }
+            self.forget_written_since(stored.last_seq, locked.written_since);
             self.tail = stored;
             self.next_seq = stored.last_seq + 1;
         }
@@ -958,37 +955,22 @@ impl Writer {
 
     /// Forgets the cached heads of the tasks other writers appended to after this writer's
     /// tail, up to `until`: those `listed` with the lock (every record above this writer's
-    /// tail is at most `until` while the lock is held), or else those the commit index names.
-    fn forget_written_since(&mut self, until: u64, listed: Option<Vec<String>>) -> Result<()> {
-        if until < self.tail.last_seq {
-            // The store went back (restored from a backup?): trust nothing cached.
+    /// tail is at most `until` while the lock is held) — or, when the lock did not list them
+    /// all (more records than it reads, [`crate::backend::WRITTEN_SINCE_MAX`]), every head,
+    /// primed ones too: reading everything written since, under the lock, would make a node
+    /// idle for long hold up every node's writes.
+    fn forget_written_since(&mut self, until: u64, listed: Option<Vec<String>>) {
+        let Some(tasks) = listed.filter(|_| until >= self.tail.last_seq) else {
+            // Too many to list, or the store went back (restored from a backup?): trust
+            // nothing cached.
             self.heads.clear();
-            return Ok(());
-        }
-        let tasks = if let Some(tasks) = listed {
-            tasks
-        } else {
-            let from = keys::seq_key(self.tail.last_seq + 1);
-            let mut tasks = Vec::new();
-            for item in self
-                .backend
-                .scan(Space::Commits, crate::backend::Range::from(&from))
-            {
-                let (key, value) = item?;
-                if keys::parse_seq_key(&key).is_ok_and(|seq| seq > until) {
-                    break;
-                }
-                if let Ok((task, _)) = keys::parse_event_key(&value) {
-                    tasks.push(task.to_owned());
-                }
-            }
-            tasks
+            self.shared.forget_primed();
+            return;
         };
         for task in &tasks {
             self.heads.remove(task.as_str());
             let _ = self.shared.take_primed(task);
         }
-        Ok(())
     }
 
     /// The tasks of `batch` (and of its linked parts) whose heads this writer does not hold,

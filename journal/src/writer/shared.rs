@@ -245,6 +245,15 @@ impl Shared {
         }
     }
 
+    /// Drops every primed head not taken yet (others may have written their tasks since).
+    pub(super) fn forget_primed(&self) {
+        if let Ok(mut primed) = self.primed.lock() {
+            primed.ids = String::new();
+            primed.entries = Vec::new();
+            primed.remaining = 0;
+        }
+    }
+
     /// Takes `task`'s primed head, if any.
     pub(super) fn take_primed(&self, task: &str) -> Option<Head> {
         let mut primed = self.primed.lock().ok()?;
