@@ -486,6 +486,9 @@ impl TaskStore {
     /// — or has failed, when it is let go — and the write runs in a task of its own: a
     /// caller that stops waiting (an HTTP client gone) leaves it to land with the lease
     /// still held, so that no receive meanwhile hands the notification to another consumer.
+    /// On a shared journal it is decided against what the journal holds: a notification
+    /// queued by a record this store has not followed yet has its task folded again first,
+    /// and a write refused for another node's record is decided again (see `Redecide`).
     ///
     /// # Errors
     /// [`StoreError::NotFound`] for an unknown or superseded receipt, [`StoreError::LeaseLost`]
@@ -528,8 +531,23 @@ impl Pinned {
         let (task_id, id) = (lease.task.clone(), lease.id.clone());
         let slot = store.slot(&task_id)?;
         let mut task = store.lock(&slot).await?;
-        if let Decision::Write(events) = decide::ack(&task, &id, self.seq, now)? {
-            store.commit(&slot, &mut task, &events).await?;
+        if store.journal().is_shared() && !task.outbox.contains_key(&id) {
+            // Another node queued it, and a receive read it off the journal before this
+            // store followed the record: fold the task again before answering "not found".
+            store.refold(&slot, &mut task)?;
+        }
+        // The request is the lease's: only the count of decisions is kept.
+        let mut decisions = super::Redecide::new(());
+        loop {
+            decisions.take(store)?;
+            if let Decision::Write(events) = decide::ack(&task, &id, self.seq, now)? {
+                match store.commit(&slot, &mut task, &events).await {
+                    // Another node wrote to the stream first (see `Redecide`).
+                    Err(e) if decisions.again(&e) => continue,
+                    other => other?,
+                }
+            }
+            break;
         }
         self.lease = None;
         self.store.outbox().forget(self.seq);
