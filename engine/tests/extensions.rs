@@ -1325,3 +1325,58 @@ async fn a_nested_create_whose_caller_stops_waiting_is_listed() {
         tokio::task::yield_now().await;
     }
 }
+
+/// A purge whose caller stops waiting still drops the purged tree from memory once its write
+/// has landed: the root and its nested task read as purged (they were still read from
+/// memory as the tasks they had been — and a purge asked for again answered `Purged` and
+/// left them there). A tree the journal holds purged already is dropped from memory by a
+/// purge of it too.
+// One thread: the work the call hands to a task of its own cannot end before the
+// call is dropped.
+#[tokio::test]
+async fn a_purge_whose_caller_stops_waiting_leaves_the_tree_read_as_purged() {
+    let env = Env::new();
+    let store = env.store();
+    let parent = running(store, "a", Retry).await;
+    store
+        .create(child_request("a.kid", "a", parent.attempt, false))
+        .await
+        .unwrap();
+    ok(store, "a.kid", Command::Start).await;
+    for id in ["a.kid", "a"] {
+        ok(store, id, Command::Complete { data: cp("ok") }).await;
+    }
+    let mut purge = Box::pin(store.purge("a"));
+    assert!(
+        futures::poll!(purge.as_mut()).is_pending(),
+        "the purge is cut short at its first wait"
+    );
+    drop(purge);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        match store.get("a").await {
+            Err(StoreError::Purged { .. }) => break,
+            other => assert!(
+                std::time::Instant::now() < deadline,
+                "the task reads as {other:?} (its stream: {:?})",
+                stream_types(store, "a")
+            ),
+        }
+        tokio::task::yield_now().await;
+    }
+    assert_err!(store.get("a.kid").await, StoreError::Purged { .. });
+    assert_err!(
+        store.list_children("a", None, 10).await,
+        StoreError::Purged { .. }
+    );
+
+    // Purged under the store, which still holds it.
+    failed_task(store, "b", None).await;
+    store
+        .journal()
+        .purge_async(&["b"], store.now())
+        .await
+        .unwrap();
+    assert_err!(store.purge("b").await, StoreError::Purged { .. });
+    assert_err!(store.get("b").await, StoreError::Purged { .. });
+}
