@@ -312,7 +312,12 @@ impl Index {
                 break;
             };
             if let Some(slot) = self.slots.get(task.id()) {
+                // A task marked unsettled (a write's caller went away with its append in
+                // flight) stays until a lock has settled it: folded again from the journal
+                // before the append landed, it would be kept without it — and the mark is
+                // what a nested create or a rerun left so waits for before indexing its task.
                 let idle = Arc::strong_count(slot) == 1
+                    && slot.unsettled.signal().is_none()
                     && slot.task.try_lock().is_ok_and(|t| t.state.is_terminal());
                 if idle {
                     self.slots.remove(task.id());
