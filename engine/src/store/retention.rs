@@ -106,7 +106,7 @@ impl TaskStore {
                 // tree's tasks (all ended) are read from the journal from now on.
                 let mut index = store.index();
                 for id in &tree {
-                    index.slots.remove(id.as_str());
+                    index.remove(id);
                 }
             }
             purged
