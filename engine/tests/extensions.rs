@@ -1325,3 +1325,134 @@ async fn a_nested_create_whose_caller_stops_waiting_is_listed() {
         tokio::task::yield_now().await;
     }
 }
+
+/// A purge whose caller stops waiting still drops the purged tree from memory once its write
+/// has landed: the root and its nested task read as purged (they were still read from
+/// memory as the tasks they had been — and a purge asked for again answered `Purged` and
+/// left them there). A tree the journal holds purged already is dropped from memory by a
+/// purge of it too.
+// One thread: the work the call hands to a task of its own cannot end before the
+// call is dropped.
+#[tokio::test]
+async fn a_purge_whose_caller_stops_waiting_leaves_the_tree_read_as_purged() {
+    let env = Env::new();
+    let store = env.store();
+    let parent = running(store, "a", Retry).await;
+    store
+        .create(child_request("a.kid", "a", parent.attempt, false))
+        .await
+        .unwrap();
+    ok(store, "a.kid", Command::Start).await;
+    for id in ["a.kid", "a"] {
+        ok(store, id, Command::Complete { data: cp("ok") }).await;
+    }
+    let mut purge = Box::pin(store.purge("a"));
+    assert!(
+        futures::poll!(purge.as_mut()).is_pending(),
+        "the purge is cut short at its first wait"
+    );
+    drop(purge);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        match store.get("a").await {
+            Err(StoreError::Purged { .. }) => break,
+            other => assert!(
+                std::time::Instant::now() < deadline,
+                "the task reads as {other:?} (its stream: {:?})",
+                stream_types(store, "a")
+            ),
+        }
+        tokio::task::yield_now().await;
+    }
+    assert_err!(store.get("a.kid").await, StoreError::Purged { .. });
+    assert_err!(
+        store.list_children("a", None, 10).await,
+        StoreError::Purged { .. }
+    );
+
+    // Purged under the store, which still holds it.
+    failed_task(store, "b", None).await;
+    store
+        .journal()
+        .purge_async(&["b"], store.now())
+        .await
+        .unwrap();
+    assert_err!(store.purge("b").await, StoreError::Purged { .. });
+    assert_err!(store.get("b").await, StoreError::Purged { .. });
+}
+
+/// A finished task read, run and ended with a cache of no finished tasks.
+async fn ended(store: &TaskStore, id: &str) {
+    running(store, id, Retry).await;
+    ok(store, id, Command::Complete { data: cp("ok") }).await;
+}
+
+/// A rerun whose caller stops waiting mid-append is listed once the append has settled
+/// even when its original, marked unsettled meanwhile, is evicted from the cache of finished
+/// tasks by another read before then: the eviction took the mark with it, the rerun was
+/// looked for before its append had landed, not found, and never listed (no worker claimed
+/// it until a restart).
+// One thread: what the dropped rerun leaves to run waits for the test to yield.
+#[tokio::test]
+async fn a_rerun_whose_caller_stops_waiting_is_listed_though_a_read_evicts_its_original() {
+    let (env, gate) = Env::gated(StoreConfig::default().with_terminal_cache(0));
+    let store = env.store();
+    for id in ["t", "cold"] {
+        ended(store, id).await;
+    }
+    // The rerun's append written and held, unseen.
+    gate.arm();
+    let mut rerun = Box::pin(store.rerun("t", Some("r".to_owned())));
+    assert!(futures::poll!(rerun.as_mut()).is_pending());
+    gate.until_held().await;
+    drop(rerun);
+    store.get("cold").await.unwrap();
+    tokio::task::yield_now().await;
+    gate.release();
+    let keys = [KEY.to_owned()];
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let listed = store.list_pending(&keys, None, 10).await.unwrap();
+        if listed.tasks.iter().any(|t| t.id() == "r") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the rerun was never listed (in the journal: {:?})",
+            store.journal().stream_len("r")
+        );
+        tokio::task::yield_now().await;
+    }
+}
+
+/// A finished task whose write's caller stopped waiting mid-append stays in memory, marked,
+/// until the append has settled: a read meanwhile waits for it and reads the hold it wrote.
+/// (Evicted by another read, the task was folded again before the hold had landed and kept
+/// so: it read without the hold, and `lift_hold` found none to lift.)
+// One thread: what the dropped hold leaves to run waits for the test to yield.
+#[tokio::test]
+async fn a_finished_task_with_a_write_in_flight_is_not_evicted_before_it_lands() {
+    let (env, gate) = Env::gated(StoreConfig::default().with_terminal_cache(0));
+    let store = env.store();
+    for id in ["t", "cold"] {
+        ended(store, id).await;
+    }
+    gate.arm();
+    let mut hold = Box::pin(store.hold("t", "audit"));
+    assert!(futures::poll!(hold.as_mut()).is_pending());
+    gate.until_held().await;
+    drop(hold);
+    store.get("cold").await.unwrap();
+    let read = tokio::spawn({
+        let store = store.clone();
+        async move { store.get("t").await }
+    });
+    tokio::task::yield_now().await;
+    gate.release();
+    assert_eq!(read.await.unwrap().unwrap().hold.as_deref(), Some("audit"));
+    assert_eq!(store.lift_hold("t").await.unwrap().hold, None);
+    assert_eq!(
+        stream_types(store, "t").last(),
+        Some(&EventType::HoldLifted)
+    );
+}

@@ -743,3 +743,80 @@ async fn a_lease_another_node_expired_or_purged_first_does_not_fail_a_listing() 
     assert_eq!(b.sweep_expired().await.unwrap(), 0);
     clean(&url);
 }
+
+/// An acknowledgement is decided against what the journal holds, not only against what the
+/// node has followed: a notification A's receive read off the journal before A followed
+/// the record that queued it is acknowledged (it was `NotFound`: A's copy of the task had
+/// no such notification), and one whose task another node wrote to meanwhile — a heartbeat
+/// — is decided again after it (it was a `VersionConflict`, which no version change made).
+/// A deferred task's publication likewise goes in after another node's progress update.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acknowledgement_or_a_publication_meeting_another_nodes_record_is_decided_again() {
+    use dtask_engine::{CreateRequest, NotificationRequest};
+    use std::time::Duration;
+
+    let Some((a, b, url)) = nodes("ackstale") else {
+        return;
+    };
+    let lease = Duration::from_secs(10);
+    let note = |event_id: &str| NotificationRequest::new(event_id, "app", b"d".to_vec());
+    // Runs on B; A holds it, its creation's notification acknowledged.
+    let t = b
+        .create(request(session_spec("t", false), LeasePolicy::Retry))
+        .await
+        .unwrap();
+    let t = b.execute("t", t.version, Command::Start).await.unwrap();
+    a.refresh().await.unwrap();
+    for n in a.receive_notifications(10, lease).await.unwrap() {
+        a.ack_notification(&n.receipt).await.unwrap();
+    }
+    b.refresh().await.unwrap();
+
+    b.enqueue_notification("t", t.attempt, note("n1"))
+        .await
+        .unwrap();
+    let got = a.receive_notifications(10, lease).await.unwrap();
+    assert_eq!(got.len(), 1, "{got:?}");
+    a.ack_notification(&got[0].receipt).await.unwrap();
+
+    a.refresh().await.unwrap();
+    b.refresh().await.unwrap();
+    b.enqueue_notification("t", t.attempt, note("n2"))
+        .await
+        .unwrap();
+    a.refresh().await.unwrap();
+    let beat = b.get("t").await.unwrap().version;
+    b.execute("t", beat, Command::Heartbeat).await.unwrap();
+    let got = a.receive_notifications(10, lease).await.unwrap();
+    assert_eq!(got.len(), 1, "{got:?}");
+    a.ack_notification(&got[0].receipt).await.unwrap();
+    assert_eq!(a.journal().outbox_len().unwrap(), 0);
+
+    let d = b
+        .create(CreateRequest {
+            publication: dtask_journal::Publication::Deferred,
+            ..request(spec("d"), LeasePolicy::Retry)
+        })
+        .await
+        .unwrap();
+    let d = b.execute("d", d.version, Command::Start).await.unwrap();
+    a.refresh().await.unwrap();
+    b.append_update(
+        "d",
+        UpdateRequest {
+            attempt: d.attempt,
+            event_id: "u1".into(),
+            kind: "progress".into(),
+            data: b"half".to_vec(),
+            ..UpdateRequest::default()
+        },
+    )
+    .await
+    .unwrap();
+    let published = a.publish("d", d.version).await.unwrap();
+    assert_eq!(
+        published.publication,
+        dtask_journal::Publication::OnBackground
+    );
+    clean(&url);
+}

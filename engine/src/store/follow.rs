@@ -87,12 +87,17 @@ impl TaskStore {
     /// task this node had not seen end (the purge came in before its last records) would
     /// otherwise stay in the listings and the leases. A later read folds it from the journal.
     async fn forget(&self, id: &str) {
-        let held = self.index().slots.get(id).cloned();
+        let held = {
+            let mut index = self.index();
+            // A fold of it under way is made again (see `Index::cold_epoch`).
+            index.cold_epoch = index.cold_epoch.wrapping_add(1);
+            index.slots.get(id).cloned()
+        };
         let Some(slot) = held else { return };
         let task = slot.task.lock().await;
         let mut index = self.index();
         index.unplace(&TaskKey::of(&task.state), &Placement::of(&task.state));
-        index.slots.remove(id);
+        index.remove(id);
     }
 
     /// Brings the task of `record` up to it.
@@ -106,7 +111,15 @@ impl TaskStore {
             self.forget(id).await;
             return Ok(());
         }
-        let held = self.index().slots.get(id).cloned();
+        let held = {
+            let mut index = self.index();
+            let held = index.slots.get(id).cloned();
+            if held.is_none() {
+                // A fold of it under way is made again (see `Index::cold_epoch`).
+                index.cold_epoch = index.cold_epoch.wrapping_add(1);
+            }
+            held
+        };
         let Some(slot) = held else {
             if record.position == 0 {
                 // Created elsewhere: load it (with whatever followed) and index it.

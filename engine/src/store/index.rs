@@ -201,6 +201,12 @@ pub(super) struct Index {
     pub(super) suspended: ByExecutor,
     pub(super) leases: BTreeSet<(Timestamp, TaskKey)>,
     pub(super) terminal: VecDeque<TaskKey>,
+    /// Moves whenever a task's journal may have moved on with no slot here to follow it: a
+    /// slot removed ([`Index::remove`]: evicted, purged) or a record followed of a task not
+    /// held. A task folded from the journal outside the index's lock across a move is folded
+    /// again before it is placed (`TaskStore::slot`): its fold may predate a write made
+    /// through the slot that left, or a purge.
+    pub(super) cold_epoch: u64,
 }
 
 /// An entry of the in-memory indexes, as a task's placement makes it.
@@ -305,6 +311,13 @@ impl Index {
         self.delayed.first().map(|(until, _)| *until)
     }
 
+    /// Takes the slot of `id` out of the index (its task evicted or gone).
+    pub(super) fn remove(&mut self, id: &str) {
+        if self.slots.remove(id).is_some() {
+            self.cold_epoch = self.cold_epoch.wrapping_add(1);
+        }
+    }
+
     pub(super) fn evict(&mut self, cap: usize) {
         let mut busy = Vec::new();
         while self.terminal.len() > cap {
@@ -312,10 +325,15 @@ impl Index {
                 break;
             };
             if let Some(slot) = self.slots.get(task.id()) {
+                // A task marked unsettled (a write's caller went away with its append in
+                // flight) stays until a lock has settled it: folded again from the journal
+                // before the append landed, it would be kept without it — and the mark is
+                // what a nested create or a rerun left so waits for before indexing its task.
                 let idle = Arc::strong_count(slot) == 1
+                    && slot.unsettled.signal().is_none()
                     && slot.task.try_lock().is_ok_and(|t| t.state.is_terminal());
                 if idle {
-                    self.slots.remove(task.id());
+                    self.remove(task.id());
                 } else {
                     // In use: keep it queued so a later eviction gets it.
                     busy.push(task);
@@ -362,6 +380,7 @@ impl IndexBuilder {
             suspended: self.suspended.into_iter().collect(),
             leases: self.leases.into_iter().collect(),
             terminal: self.terminal,
+            cold_epoch: 0,
         }
     }
 }

@@ -260,12 +260,20 @@ impl TaskStore {
         }
         let slot = self.slot(id)?;
         let mut task = self.lock(&slot).await?;
-        let now = self.now();
-        self.resolve_expiry(&slot, &mut task, now).await?;
-        if let Decision::Write(events) = decide::publish(&task.state, expected_version, now)? {
-            self.commit(&slot, &mut task, &events).await?;
+        let mut decisions = super::Redecide::new(());
+        loop {
+            let now = self.now();
+            self.resolve_expiry(&slot, &mut task, now).await?;
+            decisions.take(self)?;
+            if let Decision::Write(events) = decide::publish(&task.state, expected_version, now)? {
+                match self.commit(&slot, &mut task, &events).await {
+                    // Another node wrote to the stream first (see `Redecide`).
+                    Err(e) if decisions.again(&e) => continue,
+                    other => other?,
+                }
+            }
+            return Ok(task.state.clone());
         }
-        Ok(task.state.clone())
     }
 
     /// Lists the children of task `parent` in id order, a page at a time.

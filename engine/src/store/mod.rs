@@ -145,6 +145,11 @@ impl Drop for Orphan {
     }
 }
 
+/// How many times [`TaskStore::slot`] folds a task not in memory while slots leave the index
+/// meanwhile ([`Index::cold_epoch`]); the last fold is placed whatever happened meanwhile
+/// (as every fold was before: a store evicting all the time could otherwise fold for ever).
+const COLD_FOLDS: usize = 3;
+
 /// How many times [`TaskStore::rerun`] decides again when another node's write to the
 /// original got in first (a shared journal).
 const RERUN_TRIES: usize = 8;
@@ -529,23 +534,38 @@ impl TaskStore {
     /// the same way on every path: an empty id is a validation error, never "not found".
     fn slot(&self, id: &str) -> Result<Arc<Slot>> {
         decide::validate_task_id(id, &self.inner.config)?;
-        if let Some(slot) = self.index().slots.get(id) {
-            return Ok(Arc::clone(slot));
+        let mut epoch = {
+            let index = self.index();
+            if let Some(slot) = index.slots.get(id) {
+                return Ok(Arc::clone(slot));
+            }
+            index.cold_epoch
+        };
+        let mut folds = 0;
+        loop {
+            folds += 1;
+            let task = load_task(&self.inner.journal, id)?
+                .ok_or_else(|| StoreError::task_not_found(id))?;
+            let mut index = self.index();
+            if let Some(slot) = index.slots.get(id) {
+                return Ok(Arc::clone(slot));
+            }
+            // Folded outside the lock: a write made meanwhile through a slot that has since
+            // left the index (evicted), or a purge, is not in the fold, which would be kept
+            // behind its journal. Folded again when such a thing may have happened.
+            if index.cold_epoch != epoch && folds < COLD_FOLDS {
+                epoch = index.cold_epoch;
+                continue;
+            }
+            // Usually a terminal task; but a task read between its creation's append and its
+            // indexing is live, so it is placed by its state like any other.
+            let key = TaskKey::of(&task.state);
+            index.place(&key, None, &Placement::of(&task.state));
+            let slot = Slot::new(task);
+            index.slots.insert(key, Arc::clone(&slot));
+            index.evict(self.inner.config.terminal_cache);
+            return Ok(slot);
         }
-        let task =
-            load_task(&self.inner.journal, id)?.ok_or_else(|| StoreError::task_not_found(id))?;
-        let mut index = self.index();
-        if let Some(slot) = index.slots.get(id) {
-            return Ok(Arc::clone(slot));
-        }
-        // Usually a terminal task; but a task read between its creation's append and its
-        // indexing is live, so it is placed by its state like any other.
-        let key = TaskKey::of(&task.state);
-        index.place(&key, None, &Placement::of(&task.state));
-        let slot = Slot::new(task);
-        index.slots.insert(key, Arc::clone(&slot));
-        index.evict(self.inner.config.terminal_cache);
-        Ok(slot)
     }
 
     /// Locks `slot`'s task — after settling what a write dropped mid-flight left behind

@@ -220,7 +220,7 @@ impl Outbox {
         Ok((seq, lease.clone()))
     }
 
-    /// Lets go of a hold [`Outbox::pin`] took (the acknowledgement failed, or went away), if
+    /// Lets go of a hold [`Outbox::pin`] took (the acknowledgement failed, or was never run), if
     /// the lease is still the notification's: its expiry stands again once no
     /// acknowledgement holds it.
     fn unpin(&mut self, seq: u64, held: &Lease) {
@@ -482,39 +482,80 @@ impl TaskStore {
 
     /// Acknowledges a delivered notification: it leaves the outbox for good.
     ///
+    /// The lease is held from the check of the receipt until the acknowledgement is written
+    /// — or has failed, when it is let go — and the write runs in a task of its own: a
+    /// caller that stops waiting (an HTTP client gone) leaves it to land with the lease
+    /// still held, so that no receive meanwhile hands the notification to another consumer.
+    /// On a shared journal it is decided against what the journal holds: a notification
+    /// queued by a record this store has not followed yet has its task folded again first,
+    /// and a write refused for another node's record is decided again (see `Redecide`).
+    ///
     /// # Errors
     /// [`StoreError::NotFound`] for an unknown or superseded receipt, [`StoreError::LeaseLost`]
     /// when the receipt's lease has expired (the notification stays deliverable).
     pub async fn ack_notification(&self, receipt: &str) -> Result<()> {
         let now = self.now();
         let (seq, lease) = self.outbox().pin(receipt, now)?;
-        let (task_id, id) = (lease.task.clone(), lease.id.clone());
-        // Put back if the acknowledgement fails, or its caller stops waiting for it.
-        let mut pinned = Pinned {
-            store: self,
+        // Held until the acknowledgement is written, whatever its caller does (the write runs
+        // in a task of its own, which a dropped caller leaves to finish); put back if it fails.
+        let pinned = Pinned {
+            store: self.clone(),
             seq,
             lease: Some(lease),
         };
-        let slot = self.slot(&task_id)?;
-        let mut task = self.lock(&slot).await?;
-        if let Decision::Write(events) = decide::ack(&task, &id, seq, now)? {
-            self.commit(&slot, &mut task, &events).await?;
+        let acked = tokio::spawn(async move { pinned.ack(now).await });
+        match acked.await {
+            Ok(outcome) => outcome,
+            Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
+            Err(_) => Err(StoreError::Journal(dtask_journal::Error::Closed)),
         }
-        pinned.lease = None;
-        self.outbox().forget(seq);
-        Ok(())
     }
 }
 
 /// A lease held by an acknowledgement being written ([`Outbox::pin`]): put back when dropped
 /// before the acknowledgement is done.
-struct Pinned<'a> {
-    store: &'a TaskStore,
+struct Pinned {
+    store: TaskStore,
     seq: u64,
     lease: Option<Lease>,
 }
 
-impl Drop for Pinned<'_> {
+impl Pinned {
+    /// Writes the acknowledgement of the held lease's notification, decided at `now`; lets
+    /// the lease go once it is written (the notification with it), or when it fails.
+    async fn ack(mut self, now: Timestamp) -> Result<()> {
+        let store = &self.store;
+        let Some(lease) = &self.lease else {
+            return Ok(());
+        };
+        let (task_id, id) = (lease.task.clone(), lease.id.clone());
+        let slot = store.slot(&task_id)?;
+        let mut task = store.lock(&slot).await?;
+        if store.journal().is_shared() && !task.outbox.contains_key(&id) {
+            // Another node queued it, and a receive read it off the journal before this
+            // store followed the record: fold the task again before answering "not found".
+            store.refold(&slot, &mut task)?;
+        }
+        // The request is the lease's: only the count of decisions is kept.
+        let mut decisions = super::Redecide::new(());
+        loop {
+            decisions.take(store)?;
+            if let Decision::Write(events) = decide::ack(&task, &id, self.seq, now)? {
+                match store.commit(&slot, &mut task, &events).await {
+                    // Another node wrote to the stream first (see `Redecide`).
+                    Err(e) if decisions.again(&e) => continue,
+                    other => other?,
+                }
+            }
+            break;
+        }
+        self.lease = None;
+        self.store.outbox().forget(self.seq);
+        Ok(())
+    }
+}
+
+impl Drop for Pinned {
     fn drop(&mut self) {
         if let Some(lease) = &self.lease {
             self.store.outbox().unpin(self.seq, lease);

@@ -24,7 +24,9 @@ pub const MAX_PURGE_TREE: usize = 4096;
 impl TaskStore {
     /// Purges the finished root task `id` and its nested tasks: their records are deleted
     /// from the journal, one tombstone a task kept (see `docs/semantics.md`, "Purging
-    /// finished tasks"). Returns what each stream lost, the root's first.
+    /// finished tasks"). Returns what each stream lost, the root's first. The write, and the
+    /// tree's leaving this store's memory, run in a task of their own, which a caller that
+    /// stops waiting leaves to finish.
     ///
     /// # Errors
     /// [`StoreError::NotFound`] for an unknown task; [`StoreError::Purged`] for one purged
@@ -85,23 +87,42 @@ impl TaskStore {
             }
             tree
         };
-        let ids: Vec<&str> = tree.iter().map(String::as_str).collect();
-        let purged = self
-            .journal()
-            .purge_async(&ids, self.now())
-            .await
-            .map_err(|e| match e {
-                dtask_journal::Error::NotPurgeable {
-                    task,
-                    why: PurgeRefusal::AlreadyPurged,
-                } => StoreError::Purged { task },
-                e => StoreError::Journal(e),
-            })?;
-        let mut index = self.index();
-        for id in &tree {
-            index.slots.remove(id.as_str());
+        // The write and the tree's leaving memory run in a task of their own: a caller that
+        // stops waiting (a dropped future) must not leave the purged tasks in memory, read
+        // as the tasks they were until the store closes.
+        let (store, now) = (self.clone(), self.now());
+        let purging = tokio::spawn(async move {
+            let ids: Vec<&str> = tree.iter().map(String::as_str).collect();
+            let purged = store.journal().purge_async(&ids, now).await;
+            if matches!(
+                purged,
+                Ok(_)
+                    | Err(dtask_journal::Error::NotPurgeable {
+                        why: PurgeRefusal::AlreadyPurged,
+                        ..
+                    })
+            ) {
+                // Purged now, or before by a write this store did not see to its end: the
+                // tree's tasks (all ended) are read from the journal from now on.
+                let mut index = store.index();
+                for id in &tree {
+                    index.remove(id);
+                }
+            }
+            purged
+        });
+        let purged = match purging.await {
+            Ok(purged) => purged,
+            Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
+            Err(_) => Err(dtask_journal::Error::Closed),
         }
-        drop(index);
+        .map_err(|e| match e {
+            dtask_journal::Error::NotPurgeable {
+                task,
+                why: PurgeRefusal::AlreadyPurged,
+            } => StoreError::Purged { task },
+            e => StoreError::Journal(e),
+        })?;
         tracing::info!(task = %id, tasks = purged.len(), "purged");
         Ok(purged)
     }

@@ -12,7 +12,8 @@
 //! known, the guard marks the slots of the tasks the append advances as [`Unsettled`] (with
 //! a signal raised once the append settles, awaited on a task of its own); the next holder of
 //! such a task's lock waits for that signal and refolds the task from the journal before it
-//! decides anything (`TaskStore::lock`). A write that failed with the outcome unknown marks
+//! decides anything (`TaskStore::lock`). A finished task is not evicted from memory while
+//! marked (`Index::evict`). A write that failed with the outcome unknown marks
 //! its tasks the same way, settled at once.
 
 use dtask_journal::{Appended, PendingAppend};

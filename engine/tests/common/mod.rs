@@ -72,6 +72,32 @@ impl Env {
         }
     }
 
+    /// A fresh store with `config` (buffered durability) whose journal writes every batch on
+    /// its writer thread, with a [`Gate`] on that thread (disarmed). A reopen opens the
+    /// journal without it.
+    pub fn gated(config: StoreConfig) -> (Self, Gate) {
+        let dir = tempfile::tempdir().unwrap();
+        let postgres = postgres_location();
+        let clock = ManualClock::new(T0);
+        let durability = Durability::Buffered;
+        let options = JournalOptions::default()
+            .with_durability(durability)
+            .with_inline_lone_appends(false);
+        let journal = open_journal(dir.path(), postgres.as_deref(), options);
+        let gate = Gate::new();
+        assert!(journal.observe(gate.observer.clone()));
+        let store = TaskStore::open(journal, clock.clone(), config.clone()).unwrap();
+        let env = Self {
+            dir,
+            postgres,
+            clock,
+            config,
+            durability,
+            store: Some(store),
+        };
+        (env, gate)
+    }
+
     /// The store.
     pub fn store(&self) -> &TaskStore {
         self.store.as_ref().unwrap()
@@ -126,11 +152,93 @@ pub fn open_at(
     durability: Durability,
 ) -> TaskStore {
     let options = JournalOptions::default().with_durability(durability);
-    let journal = match postgres {
+    let journal = open_journal(dir, postgres, options);
+    TaskStore::open(journal, clock.clone(), config.clone()).unwrap()
+}
+
+/// Opens the journal at `postgres` with `options`, or else on `dir`.
+fn open_journal(dir: &std::path::Path, postgres: Option<&str>, options: JournalOptions) -> Journal {
+    match postgres {
         Some(url) => Journal::open_postgres(url, options).unwrap(),
         None => Journal::open(dir, options).unwrap(),
-    };
-    TaskStore::open(journal, clock.clone(), config.clone()).unwrap()
+    }
+}
+
+/// Holds a journal's writer thread, once armed, after it has written its next batch and
+/// before that batch is synced and made visible: its records are written and not yet read by
+/// anyone, and every append submitted meanwhile waits behind it, not written at all, until
+/// the test lets the writer go ([`Env::gated`]).
+pub struct Gate {
+    observer: std::sync::Arc<HoldNextBatch>,
+    held: std::sync::mpsc::Receiver<()>,
+    release: std::sync::mpsc::SyncSender<()>,
+}
+
+impl Gate {
+    fn new() -> Self {
+        let (held_tx, held) = std::sync::mpsc::sync_channel(1);
+        let (release, release_rx) = std::sync::mpsc::sync_channel(1);
+        let observer = std::sync::Arc::new(HoldNextBatch {
+            armed: std::sync::atomic::AtomicBool::new(false),
+            held: std::sync::Mutex::new(held_tx),
+            release: std::sync::Mutex::new(release_rx),
+        });
+        Self {
+            observer,
+            held,
+            release,
+        }
+    }
+
+    /// Holds the next batch written.
+    pub fn arm(&self) {
+        self.observer
+            .armed
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Waits until the writer holds a batch, yielding meanwhile (so that what this runtime
+    /// runs — a write in a task of its own — gets to submit it); fails after a minute, a
+    /// deadlock guard.
+    pub async fn until_held(&self) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            match self.held.try_recv() {
+                Ok(()) => return,
+                Err(std::sync::mpsc::TryRecvError::Empty) => {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "the writer never held a batch"
+                    );
+                    tokio::task::yield_now().await;
+                }
+                Err(std::sync::mpsc::TryRecvError::Disconnected) => panic!("the gate is gone"),
+            }
+        }
+    }
+
+    /// Lets the held batch, and the writer, go.
+    pub fn release(&self) {
+        self.release.send(()).unwrap();
+    }
+}
+
+/// The [`Gate`]'s observer of the writer.
+#[derive(Debug)]
+struct HoldNextBatch {
+    armed: std::sync::atomic::AtomicBool,
+    held: std::sync::Mutex<std::sync::mpsc::SyncSender<()>>,
+    release: std::sync::Mutex<std::sync::mpsc::Receiver<()>>,
+}
+
+impl dtask_journal::WriteObserver for HoldNextBatch {
+    fn batch_written(&self, _: &dtask_journal::observe::BatchWritten) {
+        if self.armed.swap(false, std::sync::atomic::Ordering::AcqRel) {
+            // A gate dropped (its test failed) lets the writer go.
+            let _ = self.held.lock().unwrap().send(());
+            let _ = self.release.lock().unwrap().recv();
+        }
+    }
 }
 
 /// A spec with `id` and the default executor key.

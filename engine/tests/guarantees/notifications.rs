@@ -669,3 +669,56 @@ async fn g094_an_acknowledgement_being_written_keeps_its_lease() {
     let after = receive_all(store).await;
     assert!(after.iter().all(|n| n.id != got[0].id), "{after:?}");
 }
+
+/// An acknowledgement whose caller stops waiting while its write is in flight (an HTTP
+/// client gone) keeps its lease until the write has landed: a receive meanwhile — the
+/// lease's time run out by then — does not deliver the notification again (the dropped
+/// acknowledgement let go of the lease, a second consumer got the notification, and the
+/// acknowledgement then landed from under that consumer's receipt).
+#[tokio::test]
+async fn g094_an_acknowledgement_whose_caller_stops_waiting_keeps_its_lease() {
+    let (env, gate) = Env::gated(StoreConfig::default());
+    let store = env.store();
+    for id in ["a", "b"] {
+        store
+            .create(request(session_spec(id, false), Retry))
+            .await
+            .unwrap();
+    }
+    let got = store
+        .receive_notifications(10, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(got.len(), 2);
+    // The writer held after one acknowledgement's batch: the other's append, submitted
+    // after it, waits unwritten.
+    gate.arm();
+    let mut first = Box::pin(store.ack_notification(&got[1].receipt));
+    assert!(futures::poll!(first.as_mut()).is_pending());
+    gate.until_held().await;
+    let mut ack = Box::pin(store.ack_notification(&got[0].receipt));
+    assert!(futures::poll!(ack.as_mut()).is_pending());
+    tokio::task::yield_now().await;
+    env.advance(10_000);
+    drop(ack);
+    let meanwhile = store
+        .receive_notifications(10, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert!(
+        meanwhile.is_empty(),
+        "a notification being acknowledged was delivered again: {meanwhile:?}"
+    );
+    gate.release();
+    first.await.unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while store.journal().outbox_len().unwrap() > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the acknowledgement never landed"
+        );
+        tokio::task::yield_now().await;
+    }
+    env.advance(10_000);
+    assert!(receive_all(store).await.is_empty());
+}
