@@ -1337,6 +1337,61 @@ async fn s36_lost_lease_before_commit_start_then_cancel_starts_and_stops() {
     assert_eq!(calls.stops, 1);
 }
 
+// A cancel that races an update: the cancel is written straight to the store (no Stop control
+// reaches the attempt first), so the next update the run emits is refused ("cancellation was
+// requested"). The attempt stops the run and ends canceled; the refused update used to fail
+// the attempt without a stop — the task ended canceled, its operation ran on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_that_races_an_update_stops_the_run() {
+    let mut probe = Probe::new(Script::block().with_updates(vec![update("e1", b"one")]));
+    let updates = Arc::new(tokio::sync::Semaphore::new(0));
+    probe.update_gate = Some(Arc::clone(&updates));
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _clock) = manual_store(dir.path());
+    let mut registry = ToolRegistry::new();
+    registry.register(registration(&probe)).unwrap();
+    let tools = ManagedTools::new(registry);
+    let mut runtime = ExecutorRegistry::new();
+    tools.register_executors(&mut runtime).unwrap();
+    // No heartbeat within the test: only the refused update tells the attempt of the cancel.
+    let config = ManagerConfig::default().with_heartbeat_interval(Duration::from_secs(3600));
+    let manager = Manager::new(store.clone(), runtime, config);
+    let call = ToolCall {
+        tool_name: NAME.into(),
+        arguments: "{}".into(),
+        ..ToolCall::default()
+    };
+    let id = tools.submit(&manager, call).await.unwrap().spec.id.clone();
+    let run = {
+        let (manager, id) = (manager.clone(), id.clone());
+        tokio::spawn(async move { manager.execute(&id).await })
+    };
+    // Running, with its started marker durable.
+    let mut version = 0;
+    let running = loop {
+        let task = store.wait_for_task_version(&id, version).await.unwrap();
+        if task.status == Status::Running && task.is_started() {
+            break task;
+        }
+        version = task.version;
+    };
+    store
+        .execute(
+            &id,
+            running.version,
+            dtask_engine::Command::RequestCancel {
+                reason: "operator".into(),
+            },
+        )
+        .await
+        .unwrap();
+    updates.add_permits(1);
+    let done = run.await.unwrap().unwrap();
+    assert_eq!(done.status, Status::Canceled);
+    assert_eq!(done.result_error, "operator");
+    assert_eq!(probe.calls().stops, 1, "the canceled task's run is stopped");
+}
+
 // The tool component layer dispatches a model's tool calls to managed tools by name: the tool
 // message carries the envelope record.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

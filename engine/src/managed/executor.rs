@@ -168,7 +168,10 @@ impl Executor for ManagedExecutor {
                 tracing::warn!(task = %task.spec.id, error = %e, "inputs not forwarded to the run");
             }
         }
-        let observed = observed?;
+        let observed = match observed {
+            Ok(observed) => observed,
+            Err(e) => return self.observation_failed(e, &attempt, &run).await,
+        };
         match observed {
             Observed::Outcome(outcome) => {
                 match check_outcome(outcome, &registration, tool_checkpoint) {
@@ -358,6 +361,24 @@ impl ManagedExecutor {
 }
 
 impl ManagedExecutor {
+    /// The observation failed (an update that could not be kept, say). With cancel intent
+    /// for this attempt — the store refuses every write of the attempt once cancellation is
+    /// requested, so an update that races the request fails here before its Stop control is
+    /// seen — the run is stopped and the attempt ends canceled: the task ends canceled
+    /// either way, and its operation must not run on behind it. Otherwise the failure.
+    async fn observation_failed(
+        &self,
+        failure: ExecutionError,
+        attempt: &AttemptContext,
+        run: &Arc<dyn Run>,
+    ) -> Result<ExecutionResult, ExecutionError> {
+        if attempt.cancellation().is_none() && !attempt.accept_cancellation().await {
+            return Err(failure);
+        }
+        let reason = attempt.cancellation().unwrap_or_default();
+        self.obey(Control::Stop(reason), run).await
+    }
+
     /// A control ended the observation: Stop stops the run and cancels, Timeout stops it and
     /// fails, Drain yields (recoverable tools; the run keeps going and the next attempt
     /// recovers it) or fails (plain tools).

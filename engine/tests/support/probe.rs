@@ -82,6 +82,9 @@ pub struct Probe {
     /// When set, a run's `wait` takes one permit before it returns its scripted outcome: the
     /// test decides when the run ends.
     pub gate: Option<Arc<tokio::sync::Semaphore>>,
+    /// When set, a run's update stream takes one permit before each update: the test decides
+    /// when each update is emitted.
+    pub update_gate: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 impl Probe {
@@ -99,6 +102,7 @@ impl Probe {
             stop_error: None,
             validate_error: None,
             gate: None,
+            update_gate: None,
         }
     }
 
@@ -119,6 +123,7 @@ impl Probe {
             stop_error: self.stop_error.clone(),
             updates_taken: Mutex::new(false),
             gate: self.gate.clone(),
+            update_gate: self.update_gate.clone(),
         })
     }
 }
@@ -130,6 +135,7 @@ pub struct ProbeRun {
     stop_error: Option<String>,
     updates_taken: Mutex<bool>,
     gate: Option<Arc<tokio::sync::Semaphore>>,
+    update_gate: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 #[async_trait]
@@ -166,12 +172,17 @@ impl Run for ProbeRun {
         let updates = self.script.updates.clone();
         let delay = self.script.update_delay;
         let never_close = self.script.never_close;
-        let stream = async_stream(updates, delay, never_close);
+        let stream = async_stream(updates, delay, never_close, self.update_gate.clone());
         Some(stream)
     }
 }
 
-fn async_stream(updates: Vec<Update>, delay: Option<Duration>, never_close: bool) -> UpdateStream {
+fn async_stream(
+    updates: Vec<Update>,
+    delay: Option<Duration>,
+    never_close: bool,
+    gate: Option<Arc<tokio::sync::Semaphore>>,
+) -> UpdateStream {
     use futures::StreamExt;
     let head = futures::stream::once(async move {
         if let Some(delay) = delay {
@@ -179,7 +190,15 @@ fn async_stream(updates: Vec<Update>, delay: Option<Duration>, never_close: bool
         }
     })
     .filter_map(|()| async { None });
-    let items = futures::stream::iter(updates.into_iter().map(Ok));
+    let items = futures::stream::iter(updates).then(move |update| {
+        let gate = gate.clone();
+        async move {
+            if let Some(gate) = gate {
+                gate.acquire().await.unwrap().forget();
+            }
+            Ok(update)
+        }
+    });
     let tail = futures::stream::once(async move {
         if never_close {
             std::future::pending::<()>().await;
