@@ -1184,6 +1184,31 @@ async fn s71_foreground_timeout_stops_the_run() {
     assert_eq!(probe.calls().adopts, 0);
 }
 
+// A run that ends as its foreground timer fires has ended: the call answers its result, never
+// a timeout. (In paused time the run's end and the timer fall on the same instant; which of
+// the two the observer took was a coin toss, the run stopped after it had completed.)
+#[tokio::test(start_paused = true)]
+async fn a_run_ending_as_its_foreground_timer_fires_answers_its_result() {
+    // The probe's run completes after twice its update delay: 100 ms.
+    let mut script = Script::complete(b"{}");
+    script.update_delay = Some(Duration::from_millis(50));
+    let probe = Probe::new(script);
+    let env = env(&probe);
+    let config = ManagedToolConfig::default().with_foreground_timeout(Duration::from_millis(100));
+    let tool = managed(&env, config);
+    for _ in 0..32 {
+        let result = done(tool.call("{}", &CallOptions::default()).await.unwrap());
+        assert_eq!(result.envelope.kind(), EnvelopeType::ForegroundResult);
+        assert!(
+            result.text().contains(r#""status":"completed""#),
+            "{}",
+            result.text()
+        );
+    }
+    assert_eq!(probe.calls().stops, 0);
+    assert_eq!(task_count(&env.store), 0);
+}
+
 // 72: a stream consumer that goes away stops the foreground run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s72_dropping_a_foreground_stream_stops_the_run() {
