@@ -75,8 +75,12 @@ impl ShellTool {
     /// directory (ids that differ only where a lossy name would replace characters, such as
     /// `job.1` and `job_1`, do not share a run). A name longer than 200 bytes (a file
     /// name's limit is 255) is cut into directories, each but the last ending in `+`, which
-    /// the encoding never writes as it is. A run started by an earlier version, under the
-    /// name that replaced each such byte by `_`, is found there.
+    /// the encoding never writes as it is.
+    ///
+    /// A run started by an earlier version, under the name that replaced each such byte by
+    /// `_`, is found there only by a recovery whose checkpoint names that run's process (see
+    /// [`RecoverableTool::recover`]): the lossy name may be another task's (`job_1`'s is
+    /// `job.1`'s lossy name), so it is never taken on the name alone.
     #[must_use]
     pub fn dir(&self, task_id: &str) -> PathBuf {
         let encoded = encode(task_id);
@@ -89,13 +93,24 @@ impl ShellTool {
             rest = tail;
         }
         dir.push(rest);
-        if !dir.exists() {
-            let earlier = self.root.join(sanitize(task_id));
-            if earlier != dir && earlier.join("pid").exists() {
-                return earlier;
-            }
-        }
         dir
+    }
+
+    /// The directory of the run a recovery reattaches to: the task's own ([`ShellTool::dir`]),
+    /// else the directory an earlier version gave it under its lossy name — only when that
+    /// directory's process is the one the task's started marker names (`checkpoint`,
+    /// `{"pid":…}`): the proof that the run there is this task's and not another's whose id
+    /// has the same lossy name.
+    fn recovery_dir(&self, task_id: &str, checkpoint: &[u8]) -> Option<PathBuf> {
+        let dir = self.dir(task_id);
+        if dir.join("pid").exists() {
+            return Some(dir);
+        }
+        let earlier = self.root.join(sanitize(task_id));
+        let marker: serde_json::Value = serde_json::from_slice(checkpoint).ok()?;
+        let pid = marker.get("pid")?.as_i64()?;
+        let found = std::fs::read_to_string(earlier.join("pid")).ok()?;
+        (earlier != dir && found.trim().parse::<i64>().ok() == Some(pid)).then_some(earlier)
     }
 
     /// What the backend holds for a task: the process id as the operation id, and the output
@@ -157,7 +172,8 @@ fn encode(task_id: &str) -> String {
 }
 
 /// The name an earlier version gave a task's run: every character but ASCII letters,
-/// digits, `-` and `_` replaced by `_` (two ids could share it).
+/// digits, `-` and `_` replaced by `_` (two ids could share it, and a task whose id has none
+/// of them has it as its own name).
 fn sanitize(task_id: &str) -> String {
     task_id
         .chars()
@@ -271,10 +287,9 @@ impl ForegroundHandoffTool for ShellTool {
 #[async_trait]
 impl RecoverableTool for ShellTool {
     async fn recover(&self, request: RecoverRequest) -> Result<Arc<dyn Run>, ToolRunError> {
-        let dir = self.dir(&request.task_id);
-        if !dir.join("pid").exists() {
-            return Err(ToolRunError::failed("no run to recover"));
-        }
+        let dir = self
+            .recovery_dir(&request.task_id, &request.checkpoint)
+            .ok_or_else(|| ToolRunError::failed("no run to recover"))?;
         Ok(Arc::new(ShellRun { dir }))
     }
 }
