@@ -210,3 +210,55 @@ async fn a_task_never_attaches_to_the_run_of_the_task_its_old_name_was() {
         RunOutcome::Completed(b"A\n".to_vec())
     );
 }
+
+// A command's output over the tool's limit of a result is not read whole: the result is its
+// end, from the first whole line, after a line saying how many bytes before it were not kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_outputs_result_is_its_end() {
+    let dir = tempfile::tempdir().unwrap();
+    // The default limit: 1 MiB, the store's default limit of a value.
+    let limit = 1 << 20;
+    let tool = ShellTool::new(dir.path().join("runs"));
+    let started = tool
+        .start(request(
+            "t-7",
+            "head -c 40000000 /dev/zero; echo; seq 1 200000",
+        ))
+        .await
+        .unwrap();
+    let outcome = tokio::time::timeout(Duration::from_secs(60), started.run.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    let RunOutcome::Completed(result) = outcome else {
+        panic!("{outcome:?}")
+    };
+    assert!(result.len() <= limit, "{} bytes", result.len());
+    let text = String::from_utf8(result).unwrap();
+    let (note, end) = text.split_once('\n').unwrap();
+    let numbers = (1..=200_000).fold(String::new(), |mut numbers, n| {
+        numbers.push_str(&n.to_string());
+        numbers.push('\n');
+        numbers
+    });
+    assert!(
+        numbers.ends_with(&format!("\n{end}")),
+        "not the output's end from a whole line: {end:?}"
+    );
+    assert!(end.len() > limit - 100, "{} bytes kept", end.len());
+    let total = 40_000_001 + numbers.len();
+    assert_eq!(
+        note,
+        format!(
+            "[{} earlier bytes of the output were not kept]",
+            total - end.len()
+        )
+    );
+    // An output within the limit is the result whole.
+    let started = tool.start(request("t-8", "seq 1 3")).await.unwrap();
+    let outcome = tokio::time::timeout(Duration::from_secs(60), started.run.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(outcome, RunOutcome::Completed(b"1\n2\n3\n".to_vec()));
+}
