@@ -1944,6 +1944,71 @@ async fn a_workers_max_concurrent_bounds_concurrent_managed_attempts() {
     assert_eq!(held.running.load(SeqCst), 0);
 }
 
+// A pending call of a tool this process no longer registers (a restart with another registry)
+// ends failed, saying so, when a worker meets it, and the worker goes on to the other tasks.
+// The refusal used to end the worker — at every restart, the task left pending and nothing
+// else claimed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_of_a_tool_no_longer_registered_fails_and_the_worker_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let tool = |name: &str, result: &[u8]| {
+        Registration::new(
+            ToolInfo::without_parameters(name, "a scripted tool"),
+            Probe::new(Script::complete(result)),
+        )
+    };
+    let call = |name: &str| ToolCall {
+        tool_name: name.into(),
+        arguments: "{}".into(),
+        ..ToolCall::default()
+    };
+    let old = {
+        let (_store, tools, manager, _clock) = manual_env(dir.path(), tool("old", b"{}"));
+        tools
+            .submit(&manager, call("old"))
+            .await
+            .unwrap()
+            .spec
+            .id
+            .clone()
+    };
+    // Restarted with only the new tool.
+    let (_store, tools, manager, _clock) = manual_env(dir.path(), tool("new", br#""new""#));
+    let new = tools
+        .submit(&manager, call("new"))
+        .await
+        .unwrap()
+        .spec
+        .id
+        .clone();
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let worker = dtask_engine::Worker::new(
+        manager.clone(),
+        dtask_engine::WorkerConfig::new([RECOVERABLE_EXECUTOR_KEY]),
+    )
+    .unwrap();
+    let mut worker = tokio::spawn(worker.run(async move {
+        let _ = stop_rx.wait_for(|s| *s).await;
+    }));
+    let outcomes = async {
+        (
+            manager.wait(&old).await.unwrap(),
+            manager.wait(&new).await.unwrap(),
+        )
+    };
+    let (old, new) = tokio::select! {
+        ended = &mut worker => panic!("the worker ended: {ended:?}"),
+        outcomes = outcomes => outcomes,
+    };
+    assert_eq!(
+        old,
+        TaskOutcome::Failed(r#"validate spec: tool "old" is unavailable"#.into())
+    );
+    assert_eq!(new, TaskOutcome::Completed(br#""new""#.to_vec()));
+    stop_tx.send(true).unwrap();
+    worker.await.unwrap().unwrap();
+}
+
 /// A recoverable tool whose run takes input while it runs: every input is recorded, and the
 /// input "done" ends the run with all of them.
 #[derive(Clone, Default)]
