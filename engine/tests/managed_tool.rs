@@ -807,6 +807,99 @@ async fn s44_handoff_after_timeout_then_cancel() {
     );
 }
 
+// A hand-off canceled before its first attempt claimed it (the cancel is direct: a pending
+// task never claimed) stops the run this process adopted for that attempt, which no attempt
+// will take now. It used to stay in the process's table, running. (On one thread the
+// attempt dispatched by the hand-off runs only once the cancel is being written.)
+#[tokio::test]
+async fn a_handoff_canceled_before_its_first_attempt_stops_the_adopted_run() {
+    let probe = handoff_probe(Script::block());
+    let env = env(&probe);
+    let result = done(
+        managed(&env, handoff(5))
+            .call("{}", &CallOptions::default())
+            .await
+            .unwrap(),
+    );
+    let id = launched_id(&result);
+    let task = env.manager.request_cancel(&id, "operator").await.unwrap();
+    assert_eq!(task.status, Status::Canceled);
+    assert_eq!(task.attempt, 0, "canceled before any claim");
+    let calls = probe.calls();
+    assert_eq!(calls.adopts, 1);
+    assert_eq!(calls.stops, 1, "the adopted run is stopped");
+    assert!(calls.recovers.is_empty());
+}
+
+// The same cancel written by another (a process without the run, or straight to the store):
+// the attempt the hand-off dispatched finds the task ended, and stops the run adopted for it.
+#[tokio::test]
+async fn a_handoff_canceled_elsewhere_before_its_first_attempt_stops_the_adopted_run() {
+    let probe = handoff_probe(Script::block());
+    let env = env(&probe);
+    let result = done(
+        managed(&env, handoff(5))
+            .call("{}", &CallOptions::default())
+            .await
+            .unwrap(),
+    );
+    let id = launched_id(&result);
+    let pending = env.store.get(&id).await.unwrap();
+    let task = env
+        .store
+        .execute(
+            &id,
+            pending.version,
+            dtask_engine::Command::RequestCancel {
+                reason: "elsewhere".into(),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!((task.status, task.attempt), (Status::Canceled, 0));
+    // A deadlock guard, not a timing: the dispatched attempt ends at once.
+    let stopped = async {
+        while probe.calls().stops == 0 {
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), stopped)
+        .await
+        .expect("the adopted run is stopped");
+    assert_eq!(probe.calls().stops, 1);
+}
+
+// A foreground run that asked to be looked at again later went to the background as a
+// delayed task, its started marker durable; a direct cancel of it (pending, never claimed)
+// recovers the operation and stops it, as the next claim of a task with cancel intent does.
+// It used to end the task at once, the remote operation running on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_back_later_task_canceled_while_delayed_stops_its_operation() {
+    let mut probe = Probe::new(Script {
+        outcome: Some(RunOutcome::CheckBackIn {
+            checkpoint: b"job-7".to_vec(),
+            after: Duration::from_secs(3600),
+        }),
+        ..Script::block()
+    });
+    probe.recover_script = Some(Script::block());
+    let env = env(&probe);
+    let result = done(
+        managed(&env, ManagedToolConfig::default())
+            .call("{}", &CallOptions::default())
+            .await
+            .unwrap(),
+    );
+    let id = launched_id(&result);
+    assert_eq!(result.envelope.status(), Some(Status::Pending));
+    let task = env.manager.request_cancel(&id, "operator").await.unwrap();
+    assert_eq!(task.status, Status::Canceled);
+    let calls = probe.calls();
+    assert_eq!(calls.recovers.len(), 1);
+    assert_eq!(calls.recovers[0].checkpoint, b"job-7");
+    assert_eq!(calls.stops, 1, "the operation is stopped");
+}
+
 // 45: a foreground stream shows its updates, then the foreground result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s45_foreground_stream_shows_updates_then_the_result() {

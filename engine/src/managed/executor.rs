@@ -193,6 +193,54 @@ impl Executor for ManagedExecutor {
             Observed::Event(control) => self.obey(control, &run).await,
         }
     }
+
+    /// A task canceled before any attempt ran it may hold a live operation all the same:
+    /// the run a hand-off left in this process for attempt 1, or — its started marker
+    /// durable, the foreground having handed the run off or asked to be looked at again
+    /// later — an operation of a recoverable tool, recovered here to be stopped (what the
+    /// next claim of a pending task with cancel intent does). Either is stopped; a failure
+    /// is logged.
+    async fn canceled_directly(&self, task: &TaskState) {
+        let run = match self.live.take_adopted(&task.spec.id) {
+            Some(run) => Some(run),
+            None => self.recover_canceled(task).await,
+        };
+        if let Some(run) = run {
+            if let Err(e) = run.stop().await {
+                tracing::warn!(task = %task.spec.id, error = %e, "the canceled task's operation was not stopped");
+            }
+        }
+    }
+}
+
+impl ManagedExecutor {
+    /// The operation of a canceled task whose started marker is durable (without an input
+    /// request: a waiting task's run has ended), recovered — for a recoverable tool, as the
+    /// attempt after the task's last would have.
+    async fn recover_canceled(&self, task: &TaskState) -> Option<Arc<dyn Run>> {
+        let checkpoint = ManagedCheckpoint::decode(&task.checkpoint).ok()?;
+        if !checkpoint.started || checkpoint.request.is_some() {
+            return None;
+        }
+        let (payload, registration) = self.registration(&task.spec).ok()?;
+        let recovered = registration
+            .tool
+            .as_recoverable()?
+            .recover(RecoverRequest {
+                task_id: task.spec.id.clone(),
+                arguments: payload.arguments,
+                attempt: task.attempt + 1,
+                checkpoint: checkpoint.tool_checkpoint,
+            })
+            .await;
+        match recovered {
+            Ok(run) => Some(run),
+            Err(e) => {
+                tracing::warn!(task = %task.spec.id, error = %e, "the canceled task's operation could not be recovered to be stopped");
+                None
+            }
+        }
+    }
 }
 
 /// Offers the run every input of its task's mailbox after the consumed cursor, in order, as

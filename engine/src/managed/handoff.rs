@@ -123,14 +123,23 @@ impl ManagedTool {
 
     /// Runs the task's next attempt in this process, detached from the caller. A worker of
     /// this process may claim it first; either way the attempt sees this process's tables.
+    /// A task that ended before it was claimed (canceled directly, by a request this
+    /// process's manager did not make) leaves a run adopted for it to nobody: it is stopped.
     pub(super) fn dispatch(&self, task_id: &str) -> tokio::task::JoinHandle<bool> {
         let manager = self.manager.clone();
+        let live = Arc::clone(self.tools.live());
         let id = task_id.to_owned();
         tokio::spawn(async move {
             match manager.execute(&id).await {
                 Ok(_) => true,
                 Err(e) => {
                     tracing::debug!(task = %id, error = %e, "dispatch of a managed task");
+                    let ended = manager.get(&id).await.is_ok_and(|task| task.is_terminal());
+                    if let Some(run) = ended.then(|| live.take_adopted(&id)).flatten() {
+                        if let Err(e) = run.stop().await {
+                            tracing::warn!(task = %id, error = %e, "the canceled task's operation was not stopped");
+                        }
+                    }
                     false
                 }
             }

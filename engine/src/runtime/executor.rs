@@ -163,6 +163,16 @@ pub trait Executor: Send + Sync + 'static {
         attempt: AttemptContext,
         task: TaskState,
     ) -> Result<ExecutionResult, ExecutionError>;
+
+    /// Called when [`Manager::request_cancel`](super::Manager::request_cancel) has canceled a
+    /// task of this executor directly — ended it at the request, no attempt being there to
+    /// acknowledge it: a task pending and never claimed, waiting for input or suspended
+    /// (docs/semantics.md) — with the canceled task. For work the executor's tasks hold
+    /// outside any attempt, which no attempt will now stop: a managed tool's operation
+    /// started in a call's foreground and handed to the task. Default: nothing.
+    async fn canceled_directly(&self, task: &TaskState) {
+        let _ = task;
+    }
 }
 
 /// The executors a manager can route to, by key.

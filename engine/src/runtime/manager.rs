@@ -420,6 +420,11 @@ impl Manager {
         let Some(state) = state else {
             return Err(last.map_or(RuntimeError::Closed, RuntimeError::Store));
         };
+        if state.status == Status::Canceled {
+            // Not terminal before the request: this request ended it.
+            self.canceled_directly(&state).await;
+            return Ok((state, false));
+        }
         if state.status != Status::Running || state.cancel_requested_at.is_none() {
             return Ok((state, false));
         }
@@ -429,6 +434,20 @@ impl Manager {
         attempt.accept_cancellation().await;
         let fail_policy = state.policy == dtask_journal::LeasePolicy::Fail;
         Ok((state, fail_policy))
+    }
+
+    /// Tells the executor of `task`, which a cancel request just ended, that it was canceled
+    /// directly ([`Executor::canceled_directly`]) — in a task of its own, which a caller that
+    /// stops waiting does not cut short.
+    async fn canceled_directly(&self, task: &TaskState) {
+        let Ok(executor) = self.executor(&task.spec.executor_key) else {
+            return;
+        };
+        let canceled = task.clone();
+        let told = tokio::spawn(async move { executor.canceled_directly(&canceled).await });
+        if let Err(e) = told.await {
+            tracing::warn!(task = %task.spec.id, error = %e, "the executor's cancel hook failed");
+        }
     }
 
     /// The local attempt of `id` once it is ready (its claim completed), or `None` when this
