@@ -869,6 +869,61 @@ async fn a_handoff_canceled_elsewhere_before_its_first_attempt_stops_the_adopted
     assert_eq!(probe.calls().stops, 1);
 }
 
+// A caller that goes away while its call is being handed off (its future dropped inside the
+// tool's adopt) leaves the hand-off to finish: the task is created, and its first attempt
+// carries the adopted run. The hand-off used to be dropped with the caller: no task, and
+// the run — its stop-on-drop guard already disarmed — running unseen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_gone_during_a_handoff_leaves_the_run_to_its_task() {
+    let mut probe = handoff_probe(Script::block());
+    let adopting = Arc::new(tokio::sync::Semaphore::new(0));
+    probe.adopt_gate = Some(Arc::clone(&adopting));
+    let env = env(&probe);
+    let tool = managed(&env, handoff(5));
+    let call = tokio::spawn(async move { tool.call("{}", &CallOptions::default()).await });
+    // Deadlock guards, not timings: each wait ends as soon as the hand-off gets there.
+    let guard = Duration::from_secs(30);
+    let adopted = async {
+        while probe.calls().adopts == 0 {
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(guard, adopted)
+        .await
+        .expect("adopting");
+    call.abort();
+    assert!(call.await.unwrap_err().is_cancelled());
+    adopting.add_permits(1);
+    let created = async {
+        loop {
+            if let Some(task) = env.store.journal().tasks().next() {
+                break task.unwrap().0;
+            }
+            tokio::task::yield_now().await;
+        }
+    };
+    let id = tokio::time::timeout(guard, created)
+        .await
+        .expect("the handed-off task is created");
+    let mut version = 0;
+    loop {
+        let task = env.store.wait_for_task_version(&id, version).await.unwrap();
+        if task.status == Status::Running {
+            break;
+        }
+        version = task.version;
+    }
+    env.manager.request_cancel(&id, "operator").await.unwrap();
+    assert_eq!(
+        terminal(&env.manager, &id).await,
+        TaskOutcome::Canceled("operator".into())
+    );
+    let calls = probe.calls();
+    assert_eq!(calls.starts.len(), 1, "started once, in the foreground");
+    assert!(calls.recovers.is_empty(), "attempt 1 took the adopted run");
+    assert_eq!(calls.stops, 1);
+}
+
 // A foreground run that asked to be looked at again later went to the background as a
 // delayed task, its started marker durable; a direct cancel of it (pending, never claimed)
 // recovers the operation and stops it, as the next claim of a task with cancel intent does.

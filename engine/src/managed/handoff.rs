@@ -7,8 +7,10 @@ use super::codec::ManagedCheckpoint;
 use super::error::ManagedError;
 use super::foreground::Foreground;
 use super::tool::{AdoptRequest, ForegroundHandoffTool};
-use crate::runtime::SubmitRequest;
+use crate::runtime::{RuntimeError, SubmitRequest};
+use dtask_journal::TaskSpec;
 use dtask_replay::TaskState;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -102,7 +104,7 @@ impl ManagedTool {
     /// any process, recovers the tool.
     pub(super) async fn check_back_in(
         &self,
-        fg: &Foreground,
+        spec: TaskSpec,
         marker: Vec<u8>,
         after: Duration,
     ) -> Result<TaskState, ManagedError> {
@@ -113,12 +115,29 @@ impl ManagedTool {
         Ok(self
             .manager
             .submit(SubmitRequest {
-                spec: fg.spec.clone(),
+                spec,
                 initial_checkpoint: marker,
                 not_before: Some(until),
                 ..SubmitRequest::default()
             })
             .await?)
+    }
+
+    /// Runs `work` on this tool in a task of its own, and awaits it: a caller that stops
+    /// waiting (its future dropped) leaves it to finish — a hand-off, say, whose run is
+    /// adopted, submitted and dispatched, or else stopped, never left between.
+    pub(super) async fn detached<T, F, Fut>(&self, work: F) -> Result<T, ManagedError>
+    where
+        F: FnOnce(Self) -> Fut,
+        Fut: Future<Output = Result<T, ManagedError>> + Send + 'static,
+        T: Send + 'static,
+    {
+        match tokio::spawn(work(self.clone())).await {
+            Ok(result) => result,
+            Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
+            // The runtime is shutting down.
+            Err(_) => Err(RuntimeError::Closed.into()),
+        }
     }
 
     /// Runs the task's next attempt in this process, detached from the caller. A worker of

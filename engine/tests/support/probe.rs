@@ -85,6 +85,9 @@ pub struct Probe {
     /// When set, a run's update stream takes one permit before each update: the test decides
     /// when each update is emitted.
     pub update_gate: Option<Arc<tokio::sync::Semaphore>>,
+    /// When set, `adopt` takes one permit (after counting the call) before it returns: the
+    /// test decides when a hand-off's adopt ends.
+    pub adopt_gate: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 impl Probe {
@@ -103,6 +106,7 @@ impl Probe {
             validate_error: None,
             gate: None,
             update_gate: None,
+            adopt_gate: None,
         }
     }
 
@@ -274,6 +278,9 @@ impl ResumableTool for Probe {
 impl ForegroundHandoffTool for Probe {
     async fn adopt(&self, request: AdoptRequest) -> Result<AdoptResult, ToolRunError> {
         self.calls.lock().unwrap().adopts += 1;
+        if let Some(gate) = &self.adopt_gate {
+            gate.acquire().await.unwrap().forget();
+        }
         // A fresh handle on the same operation, with its own update stream.
         Ok(AdoptResult {
             run: self.run(self.script.clone()),
