@@ -807,24 +807,39 @@ async fn s44_handoff_after_timeout_then_cancel() {
     );
 }
 
+/// A hand-off whose first attempt, dispatched in this process, cannot claim its task before
+/// the test lets it: the policy arms the tool's validation gate so that the hand-off's submit
+/// validates and the dispatched attempt's validation, before its claim, is held.
+fn held_handoff() -> (Probe, Arc<probe::ValidateGate>, ManagedToolConfig) {
+    let mut probe = handoff_probe(Script::block());
+    let gate = Arc::new(probe::ValidateGate::default());
+    probe.validate_gate = Some(Arc::clone(&gate));
+    let arm = Arc::clone(&gate);
+    let config = handoff(5).with_auto_background(move |_| {
+        arm.arm(1);
+        true
+    });
+    (probe, gate, config)
+}
+
 // A hand-off canceled before its first attempt claimed it (the cancel is direct: a pending
 // task never claimed) stops the run this process adopted for that attempt, which no attempt
-// will take now. It used to stay in the process's table, running. (On one thread the
-// attempt dispatched by the hand-off runs only once the cancel is being written.)
-#[tokio::test]
+// will take now. It used to stay in the process's table, running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handoff_canceled_before_its_first_attempt_stops_the_adopted_run() {
-    let probe = handoff_probe(Script::block());
+    let (probe, gate, config) = held_handoff();
     let env = env(&probe);
     let result = done(
-        managed(&env, handoff(5))
+        managed(&env, config)
             .call("{}", &CallOptions::default())
             .await
             .unwrap(),
     );
     let id = launched_id(&result);
-    let task = env.manager.request_cancel(&id, "operator").await.unwrap();
-    assert_eq!(task.status, Status::Canceled);
-    assert_eq!(task.attempt, 0, "canceled before any claim");
+    let task = env.manager.request_cancel(&id, "operator").await;
+    gate.open();
+    let task = task.unwrap();
+    assert_eq!((task.status, task.attempt), (Status::Canceled, 0));
     let calls = probe.calls();
     assert_eq!(calls.adopts, 1);
     assert_eq!(calls.stops, 1, "the adopted run is stopped");
@@ -833,12 +848,12 @@ async fn a_handoff_canceled_before_its_first_attempt_stops_the_adopted_run() {
 
 // The same cancel written by another (a process without the run, or straight to the store):
 // the attempt the hand-off dispatched finds the task ended, and stops the run adopted for it.
-#[tokio::test]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handoff_canceled_elsewhere_before_its_first_attempt_stops_the_adopted_run() {
-    let probe = handoff_probe(Script::block());
+    let (probe, gate, config) = held_handoff();
     let env = env(&probe);
     let result = done(
-        managed(&env, handoff(5))
+        managed(&env, config)
             .call("{}", &CallOptions::default())
             .await
             .unwrap(),
@@ -854,8 +869,9 @@ async fn a_handoff_canceled_elsewhere_before_its_first_attempt_stops_the_adopted
                 reason: "elsewhere".into(),
             },
         )
-        .await
-        .unwrap();
+        .await;
+    gate.open();
+    let task = task.unwrap();
     assert_eq!((task.status, task.attempt), (Status::Canceled, 0));
     // A deadlock guard, not a timing: the dispatched attempt ends at once.
     let stopped = async {

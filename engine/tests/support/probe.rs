@@ -88,6 +88,51 @@ pub struct Probe {
     /// When set, `adopt` takes one permit (after counting the call) before it returns: the
     /// test decides when a hand-off's adopt ends.
     pub adopt_gate: Option<Arc<tokio::sync::Semaphore>>,
+    /// When set, `validate_arguments` passes through this gate: the test decides when a
+    /// validation (a dispatched attempt's, before its claim) returns.
+    pub validate_gate: Option<Arc<ValidateGate>>,
+}
+
+/// Holds `validate_arguments` calls once armed, after letting a number of them through,
+/// until it is opened. A validation is synchronous: the calling thread waits, inside
+/// `block_in_place` (a multi-threaded runtime only), its tasks left to the other workers.
+#[derive(Default)]
+pub struct ValidateGate {
+    /// Whether calls are held, and how many more pass before they are.
+    state: Mutex<(bool, usize)>,
+    opened: std::sync::Condvar,
+}
+
+impl ValidateGate {
+    /// Holds calls from now on, after `pass` more have gone through.
+    pub fn arm(&self, pass: usize) {
+        *self.state.lock().unwrap() = (true, pass);
+    }
+
+    /// Lets every call through, the held ones included.
+    pub fn open(&self) {
+        self.state.lock().unwrap().0 = false;
+        self.opened.notify_all();
+    }
+
+    fn pass(&self) {
+        {
+            let mut state = self.state.lock().unwrap();
+            if !state.0 {
+                return;
+            }
+            if state.1 > 0 {
+                state.1 -= 1;
+                return;
+            }
+        }
+        tokio::task::block_in_place(|| {
+            let mut state = self.state.lock().unwrap();
+            while state.0 {
+                state = self.opened.wait(state).unwrap();
+            }
+        });
+    }
 }
 
 impl Probe {
@@ -107,6 +152,7 @@ impl Probe {
             gate: None,
             update_gate: None,
             adopt_gate: None,
+            validate_gate: None,
         }
     }
 
@@ -215,6 +261,9 @@ fn async_stream(
 #[async_trait]
 impl BackgroundTool for Probe {
     fn validate_arguments(&self, arguments: &str) -> Result<(), ToolFailure> {
+        if let Some(gate) = &self.validate_gate {
+            gate.pass();
+        }
         if let Some(e) = &self.validate_error {
             return Err(e.as_str().into());
         }
