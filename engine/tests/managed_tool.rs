@@ -807,6 +807,170 @@ async fn s44_handoff_after_timeout_then_cancel() {
     );
 }
 
+/// A hand-off whose first attempt, dispatched in this process, cannot claim its task before
+/// the test lets it: the policy arms the tool's validation gate so that the hand-off's submit
+/// validates and the dispatched attempt's validation, before its claim, is held.
+fn held_handoff() -> (Probe, Arc<probe::ValidateGate>, ManagedToolConfig) {
+    let mut probe = handoff_probe(Script::block());
+    let gate = Arc::new(probe::ValidateGate::default());
+    probe.validate_gate = Some(Arc::clone(&gate));
+    let arm = Arc::clone(&gate);
+    let config = handoff(5).with_auto_background(move |_| {
+        arm.arm(1);
+        true
+    });
+    (probe, gate, config)
+}
+
+// A hand-off canceled before its first attempt claimed it (the cancel is direct: a pending
+// task never claimed) stops the run this process adopted for that attempt, which no attempt
+// will take now. It used to stay in the process's table, running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handoff_canceled_before_its_first_attempt_stops_the_adopted_run() {
+    let (probe, gate, config) = held_handoff();
+    let env = env(&probe);
+    let result = done(
+        managed(&env, config)
+            .call("{}", &CallOptions::default())
+            .await
+            .unwrap(),
+    );
+    let id = launched_id(&result);
+    let task = env.manager.request_cancel(&id, "operator").await;
+    gate.open();
+    let task = task.unwrap();
+    assert_eq!((task.status, task.attempt), (Status::Canceled, 0));
+    let calls = probe.calls();
+    assert_eq!(calls.adopts, 1);
+    assert_eq!(calls.stops, 1, "the adopted run is stopped");
+    assert!(calls.recovers.is_empty());
+}
+
+// The same cancel written by another (a process without the run, or straight to the store):
+// the attempt the hand-off dispatched finds the task ended, and stops the run adopted for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handoff_canceled_elsewhere_before_its_first_attempt_stops_the_adopted_run() {
+    let (probe, gate, config) = held_handoff();
+    let env = env(&probe);
+    let result = done(
+        managed(&env, config)
+            .call("{}", &CallOptions::default())
+            .await
+            .unwrap(),
+    );
+    let id = launched_id(&result);
+    let pending = env.store.get(&id).await.unwrap();
+    let task = env
+        .store
+        .execute(
+            &id,
+            pending.version,
+            dtask_engine::Command::RequestCancel {
+                reason: "elsewhere".into(),
+            },
+        )
+        .await;
+    gate.open();
+    let task = task.unwrap();
+    assert_eq!((task.status, task.attempt), (Status::Canceled, 0));
+    // A deadlock guard, not a timing: the dispatched attempt ends at once.
+    let stopped = async {
+        while probe.calls().stops == 0 {
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), stopped)
+        .await
+        .expect("the adopted run is stopped");
+    assert_eq!(probe.calls().stops, 1);
+}
+
+// A caller that goes away while its call is being handed off (its future dropped inside the
+// tool's adopt) leaves the hand-off to finish: the task is created, and its first attempt
+// carries the adopted run. The hand-off used to be dropped with the caller: no task, and
+// the run — its stop-on-drop guard already disarmed — running unseen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_gone_during_a_handoff_leaves_the_run_to_its_task() {
+    let mut probe = handoff_probe(Script::block());
+    let adopting = Arc::new(tokio::sync::Semaphore::new(0));
+    probe.adopt_gate = Some(Arc::clone(&adopting));
+    let env = env(&probe);
+    let tool = managed(&env, handoff(5));
+    let call = tokio::spawn(async move { tool.call("{}", &CallOptions::default()).await });
+    // Deadlock guards, not timings: each wait ends as soon as the hand-off gets there.
+    let guard = Duration::from_secs(30);
+    let adopted = async {
+        while probe.calls().adopts == 0 {
+            tokio::task::yield_now().await;
+        }
+    };
+    tokio::time::timeout(guard, adopted)
+        .await
+        .expect("adopting");
+    call.abort();
+    assert!(call.await.unwrap_err().is_cancelled());
+    adopting.add_permits(1);
+    let created = async {
+        loop {
+            if let Some(task) = env.store.journal().tasks().next() {
+                break task.unwrap().0;
+            }
+            tokio::task::yield_now().await;
+        }
+    };
+    let id = tokio::time::timeout(guard, created)
+        .await
+        .expect("the handed-off task is created");
+    let mut version = 0;
+    loop {
+        let task = env.store.wait_for_task_version(&id, version).await.unwrap();
+        if task.status == Status::Running {
+            break;
+        }
+        version = task.version;
+    }
+    env.manager.request_cancel(&id, "operator").await.unwrap();
+    assert_eq!(
+        terminal(&env.manager, &id).await,
+        TaskOutcome::Canceled("operator".into())
+    );
+    let calls = probe.calls();
+    assert_eq!(calls.starts.len(), 1, "started once, in the foreground");
+    assert!(calls.recovers.is_empty(), "attempt 1 took the adopted run");
+    assert_eq!(calls.stops, 1);
+}
+
+// A foreground run that asked to be looked at again later went to the background as a
+// delayed task, its started marker durable; a direct cancel of it (pending, never claimed)
+// recovers the operation and stops it, as the next claim of a task with cancel intent does.
+// It used to end the task at once, the remote operation running on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_back_later_task_canceled_while_delayed_stops_its_operation() {
+    let mut probe = Probe::new(Script {
+        outcome: Some(RunOutcome::CheckBackIn {
+            checkpoint: b"job-7".to_vec(),
+            after: Duration::from_secs(3600),
+        }),
+        ..Script::block()
+    });
+    probe.recover_script = Some(Script::block());
+    let env = env(&probe);
+    let result = done(
+        managed(&env, ManagedToolConfig::default())
+            .call("{}", &CallOptions::default())
+            .await
+            .unwrap(),
+    );
+    let id = launched_id(&result);
+    assert_eq!(result.envelope.status(), Some(Status::Pending));
+    let task = env.manager.request_cancel(&id, "operator").await.unwrap();
+    assert_eq!(task.status, Status::Canceled);
+    let calls = probe.calls();
+    assert_eq!(calls.recovers.len(), 1);
+    assert_eq!(calls.recovers[0].checkpoint, b"job-7");
+    assert_eq!(calls.stops, 1, "the operation is stopped");
+}
+
 // 45: a foreground stream shows its updates, then the foreground result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s45_foreground_stream_shows_updates_then_the_result() {
@@ -1191,6 +1355,31 @@ async fn s71_foreground_timeout_stops_the_run() {
     assert_eq!(probe.calls().adopts, 0);
 }
 
+// A run that ends as its foreground timer fires has ended: the call answers its result, never
+// a timeout. (In paused time the run's end and the timer fall on the same instant; which of
+// the two the observer took was a coin toss, the run stopped after it had completed.)
+#[tokio::test(start_paused = true)]
+async fn a_run_ending_as_its_foreground_timer_fires_answers_its_result() {
+    // The probe's run completes after twice its update delay: 100 ms.
+    let mut script = Script::complete(b"{}");
+    script.update_delay = Some(Duration::from_millis(50));
+    let probe = Probe::new(script);
+    let env = env(&probe);
+    let config = ManagedToolConfig::default().with_foreground_timeout(Duration::from_millis(100));
+    let tool = managed(&env, config);
+    for _ in 0..32 {
+        let result = done(tool.call("{}", &CallOptions::default()).await.unwrap());
+        assert_eq!(result.envelope.kind(), EnvelopeType::ForegroundResult);
+        assert!(
+            result.text().contains(r#""status":"completed""#),
+            "{}",
+            result.text()
+        );
+    }
+    assert_eq!(probe.calls().stops, 0);
+    assert_eq!(task_count(&env.store), 0);
+}
+
 // 72: a stream consumer that goes away stops the foreground run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s72_dropping_a_foreground_stream_stops_the_run() {
@@ -1342,6 +1531,61 @@ async fn s36_lost_lease_before_commit_start_then_cancel_starts_and_stops() {
     assert_eq!(calls.starts[0].attempt, 2);
     assert!(calls.recovers.is_empty());
     assert_eq!(calls.stops, 1);
+}
+
+// A cancel that races an update: the cancel is written straight to the store (no Stop control
+// reaches the attempt first), so the next update the run emits is refused ("cancellation was
+// requested"). The attempt stops the run and ends canceled; the refused update used to fail
+// the attempt without a stop — the task ended canceled, its operation ran on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_that_races_an_update_stops_the_run() {
+    let mut probe = Probe::new(Script::block().with_updates(vec![update("e1", b"one")]));
+    let updates = Arc::new(tokio::sync::Semaphore::new(0));
+    probe.update_gate = Some(Arc::clone(&updates));
+    let dir = tempfile::tempdir().unwrap();
+    let (store, _clock) = manual_store(dir.path());
+    let mut registry = ToolRegistry::new();
+    registry.register(registration(&probe)).unwrap();
+    let tools = ManagedTools::new(registry);
+    let mut runtime = ExecutorRegistry::new();
+    tools.register_executors(&mut runtime).unwrap();
+    // No heartbeat within the test: only the refused update tells the attempt of the cancel.
+    let config = ManagerConfig::default().with_heartbeat_interval(Duration::from_secs(3600));
+    let manager = Manager::new(store.clone(), runtime, config);
+    let call = ToolCall {
+        tool_name: NAME.into(),
+        arguments: "{}".into(),
+        ..ToolCall::default()
+    };
+    let id = tools.submit(&manager, call).await.unwrap().spec.id.clone();
+    let run = {
+        let (manager, id) = (manager.clone(), id.clone());
+        tokio::spawn(async move { manager.execute(&id).await })
+    };
+    // Running, with its started marker durable.
+    let mut version = 0;
+    let running = loop {
+        let task = store.wait_for_task_version(&id, version).await.unwrap();
+        if task.status == Status::Running && task.is_started() {
+            break task;
+        }
+        version = task.version;
+    };
+    store
+        .execute(
+            &id,
+            running.version,
+            dtask_engine::Command::RequestCancel {
+                reason: "operator".into(),
+            },
+        )
+        .await
+        .unwrap();
+    updates.add_permits(1);
+    let done = run.await.unwrap().unwrap();
+    assert_eq!(done.status, Status::Canceled);
+    assert_eq!(done.result_error, "operator");
+    assert_eq!(probe.calls().stops, 1, "the canceled task's run is stopped");
 }
 
 // The tool component layer dispatches a model's tool calls to managed tools by name: the tool
@@ -1869,6 +2113,71 @@ async fn a_workers_max_concurrent_bounds_concurrent_managed_attempts() {
     assert_eq!(*started.borrow(), TASKS);
     assert_eq!(held.high_water.load(SeqCst), BOUND);
     assert_eq!(held.running.load(SeqCst), 0);
+}
+
+// A pending call of a tool this process no longer registers (a restart with another registry)
+// ends failed, saying so, when a worker meets it, and the worker goes on to the other tasks.
+// The refusal used to end the worker — at every restart, the task left pending and nothing
+// else claimed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_of_a_tool_no_longer_registered_fails_and_the_worker_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let tool = |name: &str, result: &[u8]| {
+        Registration::new(
+            ToolInfo::without_parameters(name, "a scripted tool"),
+            Probe::new(Script::complete(result)),
+        )
+    };
+    let call = |name: &str| ToolCall {
+        tool_name: name.into(),
+        arguments: "{}".into(),
+        ..ToolCall::default()
+    };
+    let old = {
+        let (_store, tools, manager, _clock) = manual_env(dir.path(), tool("old", b"{}"));
+        tools
+            .submit(&manager, call("old"))
+            .await
+            .unwrap()
+            .spec
+            .id
+            .clone()
+    };
+    // Restarted with only the new tool.
+    let (_store, tools, manager, _clock) = manual_env(dir.path(), tool("new", br#""new""#));
+    let new = tools
+        .submit(&manager, call("new"))
+        .await
+        .unwrap()
+        .spec
+        .id
+        .clone();
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    let worker = dtask_engine::Worker::new(
+        manager.clone(),
+        dtask_engine::WorkerConfig::new([RECOVERABLE_EXECUTOR_KEY]),
+    )
+    .unwrap();
+    let mut worker = tokio::spawn(worker.run(async move {
+        let _ = stop_rx.wait_for(|s| *s).await;
+    }));
+    let outcomes = async {
+        (
+            manager.wait(&old).await.unwrap(),
+            manager.wait(&new).await.unwrap(),
+        )
+    };
+    let (old, new) = tokio::select! {
+        ended = &mut worker => panic!("the worker ended: {ended:?}"),
+        outcomes = outcomes => outcomes,
+    };
+    assert_eq!(
+        old,
+        TaskOutcome::Failed(r#"validate spec: tool "old" is unavailable"#.into())
+    );
+    assert_eq!(new, TaskOutcome::Completed(br#""new""#.to_vec()));
+    stop_tx.send(true).unwrap();
+    worker.await.unwrap().unwrap();
 }
 
 /// A recoverable tool whose run takes input while it runs: every input is recorded, and the

@@ -4,7 +4,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use dtask_engine::managed::tools::ShellTool;
-use dtask_engine::managed::{BackgroundTool, RunOutcome, StartRequest};
+use dtask_engine::managed::{
+    BackgroundTool, RecoverRequest, RecoverableTool, RunOutcome, StartRequest,
+};
 use std::time::Duration;
 
 fn request(task_id: &str, command: &str) -> StartRequest {
@@ -166,4 +168,97 @@ async fn comments_are_commands_and_long_lines_come_in_parts() {
     let ids: Vec<&str> = updates.iter().map(|u| u.event_id.as_str()).collect();
     assert_eq!(ids, ["line:0", "line:1", "line:2"]);
     assert_eq!(updates[2].data, b"end");
+}
+
+// A task whose id an earlier version's lossy directory name shares with another task's own
+// name (`job.1`'s was `job_1`) is started in its own directory: it runs its command rather
+// than answering with `job_1`'s output. A recovery finds a run under the old name only when
+// its started marker names that run's process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_never_attaches_to_the_run_of_the_task_its_old_name_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let tool = ShellTool::new(dir.path().join("runs"));
+    let first = tool.start(request("job_1", "echo A")).await.unwrap();
+    let outcome = tokio::time::timeout(Duration::from_secs(30), first.run.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(outcome, RunOutcome::Completed(b"A\n".to_vec()));
+    let second = tool.start(request("job.1", "echo B")).await.unwrap();
+    let outcome = tokio::time::timeout(Duration::from_secs(30), second.run.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(outcome, RunOutcome::Completed(b"B\n".to_vec()));
+    // `job:1` has no run of its own; its old name is `job_1` too.
+    let recover = |checkpoint: &[u8]| {
+        tool.recover(RecoverRequest {
+            task_id: "job:1".into(),
+            arguments: serde_json::json!({ "command": "echo C" }).to_string(),
+            attempt: 2,
+            checkpoint: checkpoint.to_vec(),
+        })
+    };
+    assert!(
+        recover(br#"{"pid":1}"#).await.is_err(),
+        "another task's run was recovered"
+    );
+    // An earlier version's run of `job:1` would be the one its marker names.
+    let recovered = recover(&first.checkpoint).await.unwrap();
+    assert_eq!(
+        recovered.wait().await.unwrap(),
+        RunOutcome::Completed(b"A\n".to_vec())
+    );
+}
+
+// A command's output over the tool's limit of a result is not read whole: the result is its
+// end, from the first whole line, after a line saying how many bytes before it were not kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_outputs_result_is_its_end() {
+    let dir = tempfile::tempdir().unwrap();
+    // The default limit: 1 MiB, the store's default limit of a value.
+    let limit = 1 << 20;
+    let tool = ShellTool::new(dir.path().join("runs"));
+    let started = tool
+        .start(request(
+            "t-7",
+            "head -c 40000000 /dev/zero; echo; seq 1 200000",
+        ))
+        .await
+        .unwrap();
+    let outcome = tokio::time::timeout(Duration::from_secs(60), started.run.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    let RunOutcome::Completed(result) = outcome else {
+        panic!("{outcome:?}")
+    };
+    assert!(result.len() <= limit, "{} bytes", result.len());
+    let text = String::from_utf8(result).unwrap();
+    let (note, end) = text.split_once('\n').unwrap();
+    let numbers = (1..=200_000).fold(String::new(), |mut numbers, n| {
+        numbers.push_str(&n.to_string());
+        numbers.push('\n');
+        numbers
+    });
+    assert!(
+        numbers.ends_with(&format!("\n{end}")),
+        "not the output's end from a whole line: {end:?}"
+    );
+    assert!(end.len() > limit - 100, "{} bytes kept", end.len());
+    let total = 40_000_001 + numbers.len();
+    assert_eq!(
+        note,
+        format!(
+            "[{} earlier bytes of the output were not kept]",
+            total - end.len()
+        )
+    );
+    // An output within the limit is the result whole.
+    let started = tool.start(request("t-8", "seq 1 3")).await.unwrap();
+    let outcome = tokio::time::timeout(Duration::from_secs(60), started.run.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(outcome, RunOutcome::Completed(b"1\n2\n3\n".to_vec()));
 }

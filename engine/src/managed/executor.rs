@@ -174,7 +174,10 @@ impl Executor for ManagedExecutor {
                 tracing::warn!(task = %task.spec.id, error = %e, "inputs not forwarded to the run");
             }
         }
-        let observed = observed?;
+        let observed = match observed {
+            Ok(observed) => observed,
+            Err(e) => return self.observation_failed(e, &attempt, &run).await,
+        };
         match observed {
             Observed::Outcome(outcome) => {
                 match check_outcome(outcome, &registration, tool_checkpoint) {
@@ -194,6 +197,54 @@ impl Executor for ManagedExecutor {
                 }
             }
             Observed::Event(control) => self.obey(control, &run).await,
+        }
+    }
+
+    /// A task canceled before any attempt ran it may hold a live operation all the same:
+    /// the run a hand-off left in this process for attempt 1, or — its started marker
+    /// durable, the foreground having handed the run off or asked to be looked at again
+    /// later — an operation of a recoverable tool, recovered here to be stopped (what the
+    /// next claim of a pending task with cancel intent does). Either is stopped; a failure
+    /// is logged.
+    async fn canceled_directly(&self, task: &TaskState) {
+        let run = match self.live.take_adopted(&task.spec.id) {
+            Some(run) => Some(run),
+            None => self.recover_canceled(task).await,
+        };
+        if let Some(run) = run {
+            if let Err(e) = run.stop().await {
+                tracing::warn!(task = %task.spec.id, error = %e, "the canceled task's operation was not stopped");
+            }
+        }
+    }
+}
+
+impl ManagedExecutor {
+    /// The operation of a canceled task whose started marker is durable (without an input
+    /// request: a waiting task's run has ended), recovered — for a recoverable tool, as the
+    /// attempt after the task's last would have.
+    async fn recover_canceled(&self, task: &TaskState) -> Option<Arc<dyn Run>> {
+        let checkpoint = ManagedCheckpoint::decode(&task.checkpoint).ok()?;
+        if !checkpoint.started || checkpoint.request.is_some() {
+            return None;
+        }
+        let (payload, registration) = self.registration(&task.spec).ok()?;
+        let recovered = registration
+            .tool
+            .as_recoverable()?
+            .recover(RecoverRequest {
+                task_id: task.spec.id.clone(),
+                arguments: payload.arguments,
+                attempt: task.attempt + 1,
+                checkpoint: checkpoint.tool_checkpoint,
+            })
+            .await;
+        match recovered {
+            Ok(run) => Some(run),
+            Err(e) => {
+                tracing::warn!(task = %task.spec.id, error = %e, "the canceled task's operation could not be recovered to be stopped");
+                None
+            }
         }
     }
 }
@@ -364,6 +415,24 @@ impl ManagedExecutor {
 }
 
 impl ManagedExecutor {
+    /// The observation failed (an update that could not be kept, say). With cancel intent
+    /// for this attempt — the store refuses every write of the attempt once cancellation is
+    /// requested, so an update that races the request fails here before its Stop control is
+    /// seen — the run is stopped and the attempt ends canceled: the task ends canceled
+    /// either way, and its operation must not run on behind it. Otherwise the failure.
+    async fn observation_failed(
+        &self,
+        failure: ExecutionError,
+        attempt: &AttemptContext,
+        run: &Arc<dyn Run>,
+    ) -> Result<ExecutionResult, ExecutionError> {
+        if attempt.cancellation().is_none() && !attempt.accept_cancellation().await {
+            return Err(failure);
+        }
+        let reason = attempt.cancellation().unwrap_or_default();
+        self.obey(Control::Stop(reason), run).await
+    }
+
     /// A control ended the observation: Stop stops the run and cancels, Timeout stops it and
     /// fails, Drain yields (recoverable tools; the run keeps going and the next attempt
     /// recovers it) or fails (plain tools).

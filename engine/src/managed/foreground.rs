@@ -227,7 +227,12 @@ impl ManagedTool {
         match observed {
             Ok(Observed::Outcome(outcome)) => self.finish(&fg, outcome).await,
             Ok(Observed::Event(Interruption::TimedOut)) => {
-                self.timed_out(fg, timeout.unwrap_or_default()).await
+                // Handed off or stopped in a task of its own: a caller that goes away
+                // meanwhile leaves neither a run adopted without its task nor one running
+                // unseen.
+                let timeout = timeout.unwrap_or_default();
+                self.detached(move |tool| async move { tool.timed_out(fg, timeout).await })
+                    .await
             }
             Ok(Observed::Event(Interruption::Abandoned)) => {
                 let _ = fg.run.stop().await;
@@ -291,7 +296,14 @@ impl ManagedTool {
                 },
             })),
             Ok(CheckedOutcome::CheckBackIn { checkpoint, after }) => {
-                let task = self.check_back_in(fg, checkpoint, after).await?;
+                // Submitted in a task of its own: the operation goes on without a run, and a
+                // caller that goes away must not leave it without its task.
+                let spec = fg.spec.clone();
+                let task = self
+                    .detached(move |tool| async move {
+                        tool.check_back_in(spec, checkpoint, after).await
+                    })
+                    .await?;
                 Ok(CallOutcome::Done(self.launch_result(&task)?))
             }
             Ok(CheckedOutcome::Failed(error)) => record(ResultStatus::Failed { error }),

@@ -7,8 +7,10 @@ use super::codec::ManagedCheckpoint;
 use super::error::ManagedError;
 use super::foreground::Foreground;
 use super::tool::{AdoptRequest, ForegroundHandoffTool};
-use crate::runtime::SubmitRequest;
+use crate::runtime::{RuntimeError, SubmitRequest};
+use dtask_journal::TaskSpec;
 use dtask_replay::TaskState;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -102,7 +104,7 @@ impl ManagedTool {
     /// any process, recovers the tool.
     pub(super) async fn check_back_in(
         &self,
-        fg: &Foreground,
+        spec: TaskSpec,
         marker: Vec<u8>,
         after: Duration,
     ) -> Result<TaskState, ManagedError> {
@@ -113,7 +115,7 @@ impl ManagedTool {
         Ok(self
             .manager
             .submit(SubmitRequest {
-                spec: fg.spec.clone(),
+                spec,
                 initial_checkpoint: marker,
                 not_before: Some(until),
                 ..SubmitRequest::default()
@@ -121,16 +123,42 @@ impl ManagedTool {
             .await?)
     }
 
+    /// Runs `work` on this tool in a task of its own, and awaits it: a caller that stops
+    /// waiting (its future dropped) leaves it to finish — a hand-off, say, whose run is
+    /// adopted, submitted and dispatched, or else stopped, never left between.
+    pub(super) async fn detached<T, F, Fut>(&self, work: F) -> Result<T, ManagedError>
+    where
+        F: FnOnce(Self) -> Fut,
+        Fut: Future<Output = Result<T, ManagedError>> + Send + 'static,
+        T: Send + 'static,
+    {
+        match tokio::spawn(work(self.clone())).await {
+            Ok(result) => result,
+            Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
+            // The runtime is shutting down.
+            Err(_) => Err(RuntimeError::Closed.into()),
+        }
+    }
+
     /// Runs the task's next attempt in this process, detached from the caller. A worker of
     /// this process may claim it first; either way the attempt sees this process's tables.
+    /// A task that ended before it was claimed (canceled directly, by a request this
+    /// process's manager did not make) leaves a run adopted for it to nobody: it is stopped.
     pub(super) fn dispatch(&self, task_id: &str) -> tokio::task::JoinHandle<bool> {
         let manager = self.manager.clone();
+        let live = Arc::clone(self.tools.live());
         let id = task_id.to_owned();
         tokio::spawn(async move {
             match manager.execute(&id).await {
                 Ok(_) => true,
                 Err(e) => {
                     tracing::debug!(task = %id, error = %e, "dispatch of a managed task");
+                    let ended = manager.get(&id).await.is_ok_and(|task| task.is_terminal());
+                    if let Some(run) = ended.then(|| live.take_adopted(&id)).flatten() {
+                        if let Err(e) = run.stop().await {
+                            tracing::warn!(task = %id, error = %e, "the canceled task's operation was not stopped");
+                        }
+                    }
                     false
                 }
             }

@@ -58,8 +58,10 @@ pub(crate) enum Observed<E> {
     Event(E),
 }
 
-/// Observes `run` until its outcome or `event`, whichever comes first, handing each update of
-/// `updates` to `sink` once checked. A recoverable tool's updates need an event id.
+/// Observes `run` until its outcome or `event`, whichever comes first — the outcome when both
+/// are there (a run that ended as its foreground timer fired ended, it did not time out) —
+/// handing each update of `updates` to `sink` once checked. A recoverable tool's updates need
+/// an event id.
 ///
 /// # Errors
 /// The first update that fails (a stream error, a broken bound, a missing event id, the
@@ -76,36 +78,44 @@ pub(crate) async fn observe<S: UpdateSink, E>(
     let wait = async move { waiter.wait().await };
     tokio::pin!(wait);
     tokio::pin!(event);
-    loop {
+    let outcome = loop {
+        // The outcome first: a run that ended as the caller's event came (its foreground
+        // timer firing at the same instant, say) ended — it is not interrupted.
         tokio::select! {
-            outcome = &mut wait => {
-                if let Some(stream) = updates.as_mut() {
-                    // The stream's own time only: a command that printed 100,000 lines
-                    // closes its stream at once, however long its updates take to append.
-                    let mut left = UPDATE_DRAIN_TIMEOUT;
-                    loop {
-                        let asked = tokio::time::Instant::now();
-                        let Ok(item) = tokio::time::timeout(left, stream.next()).await else {
-                            return Err(UpdateFailure::Rule(RuleViolation::UpdateStreamOpen).into());
-                        };
-                        left = left.saturating_sub(asked.elapsed());
-                        match item {
-                            Some(item) => take(sink, item, recoverable).await?,
-                            None => break,
-                        }
-                    }
+            biased;
+            outcome = &mut wait => break outcome,
+            event = &mut event => {
+                // The run may have ended between the two polls: its outcome still wins.
+                match futures::FutureExt::now_or_never(&mut wait) {
+                    Some(outcome) => break outcome,
+                    None => return Ok(Observed::Event(event)),
                 }
-                return Ok(Observed::Outcome(
-                    outcome.unwrap_or_else(|e| RunOutcome::Failed(e.to_string())),
-                ));
             }
             item = next_update(&mut updates) => match item {
                 Some(item) => take(sink, item, recoverable).await?,
                 None => updates = None,
             },
-            event = &mut event => return Ok(Observed::Event(event)),
+        }
+    };
+    if let Some(stream) = updates.as_mut() {
+        // The stream's own time only: a command that printed 100,000 lines closes its
+        // stream at once, however long its updates take to append.
+        let mut left = UPDATE_DRAIN_TIMEOUT;
+        loop {
+            let asked = tokio::time::Instant::now();
+            let Ok(item) = tokio::time::timeout(left, stream.next()).await else {
+                return Err(UpdateFailure::Rule(RuleViolation::UpdateStreamOpen).into());
+            };
+            left = left.saturating_sub(asked.elapsed());
+            match item {
+                Some(item) => take(sink, item, recoverable).await?,
+                None => break,
+            }
         }
     }
+    Ok(Observed::Outcome(
+        outcome.unwrap_or_else(|e| RunOutcome::Failed(e.to_string())),
+    ))
 }
 
 async fn next_update(updates: &mut Option<UpdateStream>) -> Option<Result<Update, ToolFailure>> {

@@ -89,7 +89,8 @@ message_error!(
     /// Why an executor refuses a spec at submit, or a task before an attempt is claimed: a
     /// message, and optionally the error underneath. The message is what the caller sees (inside
     /// [`RuntimeError::InvalidSpec`](super::RuntimeError::InvalidSpec) or
-    /// [`RuntimeError::InvalidExecution`](super::RuntimeError::InvalidExecution)).
+    /// [`RuntimeError::InvalidExecution`](super::RuntimeError::InvalidExecution)), and, for a
+    /// task refused before an attempt, the task's error.
     ValidationError
 );
 
@@ -140,7 +141,9 @@ pub trait Executor: Send + Sync + 'static {
         false
     }
 
-    /// Checks a spec at submit (side-effect free).
+    /// Checks a spec at submit, and again before each attempt is claimed (side-effect
+    /// free). A task refused then is claimed and fails with the refusal as its error
+    /// ([`Manager::execute`](super::Manager::execute)).
     ///
     /// # Errors
     /// Why the spec is refused.
@@ -149,7 +152,9 @@ pub trait Executor: Send + Sync + 'static {
         Ok(())
     }
 
-    /// Checks a task before an attempt is claimed (side-effect free).
+    /// Checks a task before an attempt is claimed (side-effect free). A task refused is
+    /// claimed and fails with the refusal as its error
+    /// ([`Manager::execute`](super::Manager::execute)).
     ///
     /// # Errors
     /// Why the task cannot run.
@@ -167,6 +172,16 @@ pub trait Executor: Send + Sync + 'static {
         attempt: AttemptContext,
         task: TaskState,
     ) -> Result<ExecutionResult, ExecutionError>;
+
+    /// Called when [`Manager::request_cancel`](super::Manager::request_cancel) has canceled a
+    /// task of this executor directly — ended it at the request, no attempt being there to
+    /// acknowledge it: a task pending and never claimed, waiting for input or suspended
+    /// (docs/semantics.md) — with the canceled task. For work the executor's tasks hold
+    /// outside any attempt, which no attempt will now stop: a managed tool's operation
+    /// started in a call's foreground and handed to the task. Default: nothing.
+    async fn canceled_directly(&self, task: &TaskState) {
+        let _ = task;
+    }
 }
 
 /// The executors a manager can route to, by key.

@@ -420,6 +420,11 @@ impl Manager {
         let Some(state) = state else {
             return Err(last.map_or(RuntimeError::Closed, RuntimeError::Store));
         };
+        if state.status == Status::Canceled {
+            // Not terminal before the request: this request ended it.
+            self.canceled_directly(&state).await;
+            return Ok((state, false));
+        }
         if state.status != Status::Running || state.cancel_requested_at.is_none() {
             return Ok((state, false));
         }
@@ -429,6 +434,20 @@ impl Manager {
         attempt.accept_cancellation().await;
         let fail_policy = state.policy == dtask_journal::LeasePolicy::Fail;
         Ok((state, fail_policy))
+    }
+
+    /// Tells the executor of `task`, which a cancel request just ended, that it was canceled
+    /// directly ([`Executor::canceled_directly`]) — in a task of its own, which a caller that
+    /// stops waiting does not cut short.
+    async fn canceled_directly(&self, task: &TaskState) {
+        let Ok(executor) = self.executor(&task.spec.executor_key) else {
+            return;
+        };
+        let canceled = task.clone();
+        let told = tokio::spawn(async move { executor.canceled_directly(&canceled).await });
+        if let Err(e) = told.await {
+            tracing::warn!(task = %task.spec.id, error = %e, "the executor's cancel hook failed");
+        }
     }
 
     /// The local attempt of `id` once it is ready (its claim completed), or `None` when this
@@ -548,6 +567,10 @@ impl Manager {
     }
 
     /// Executes one attempt of `id`: claim, heartbeat, run the executor, commit its result.
+    /// A task its executor refuses (`validate_spec`, `validate_execution`: its tool no longer
+    /// registered, say) can never run here: it is claimed and its attempt fails at once, the
+    /// refusal ([`RuntimeError::InvalidSpec`] or [`RuntimeError::InvalidExecution`], as
+    /// text) its error.
     ///
     /// # Errors
     /// [`RuntimeError::AlreadyExecuting`] (nothing touched), a lost claim race
@@ -649,14 +672,45 @@ impl Manager {
         let store = &self.inner.store;
         let task = store.get(id).await?;
         let executor = self.executor(&task.spec.executor_key)?;
-        executor
+        let refused = executor
             .validate_spec(&task.spec)
-            .map_err(RuntimeError::InvalidSpec)?;
-        executor
-            .validate_execution(&task)
-            .map_err(RuntimeError::InvalidExecution)?;
+            .map_err(RuntimeError::InvalidSpec)
+            .and_then(|()| {
+                executor
+                    .validate_execution(&task)
+                    .map_err(RuntimeError::InvalidExecution)
+            })
+            .err();
         let claimed = store.execute(id, task.version, Command::Start).await?;
-        self.run_attempt(id, executor, claimed).await
+        match refused {
+            None => self.run_attempt(id, executor, claimed).await,
+            Some(refused) => self.fail_refused(id, &claimed, &refused).await,
+        }
+    }
+
+    /// Ends the attempt `claimed` of a task its executor refuses (`validate_spec` or
+    /// `validate_execution`: a tool no longer registered, say) as an attempt that failed at
+    /// once, with the refusal as the error — canceled instead when cancellation was
+    /// requested. Left pending, the task would be listed, refused and listed again by every
+    /// worker, none of which can run it.
+    async fn fail_refused(
+        &self,
+        id: &str,
+        claimed: &TaskState,
+        refused: &RuntimeError,
+    ) -> Result<TaskState, RuntimeError> {
+        tracing::warn!(task = %id, error = %refused, "the executor refuses the task: it fails");
+        let attempt = AttemptContext::new(
+            self.inner.store.clone(),
+            claimed,
+            Arc::downgrade(&self.inner),
+        );
+        if claimed.cancel_requested_at.is_some() {
+            attempt.accept_cancellation().await;
+        }
+        self.begin_ending(id);
+        let error = truncate_utf8(refused.to_string(), MAX_ERROR_BYTES);
+        commit(&attempt, ExecutionResult::Failed(error)).await
     }
 
     /// Creates a task already claimed by this manager and runs its first attempt here, at

@@ -82,6 +82,57 @@ pub struct Probe {
     /// When set, a run's `wait` takes one permit before it returns its scripted outcome: the
     /// test decides when the run ends.
     pub gate: Option<Arc<tokio::sync::Semaphore>>,
+    /// When set, a run's update stream takes one permit before each update: the test decides
+    /// when each update is emitted.
+    pub update_gate: Option<Arc<tokio::sync::Semaphore>>,
+    /// When set, `adopt` takes one permit (after counting the call) before it returns: the
+    /// test decides when a hand-off's adopt ends.
+    pub adopt_gate: Option<Arc<tokio::sync::Semaphore>>,
+    /// When set, `validate_arguments` passes through this gate: the test decides when a
+    /// validation (a dispatched attempt's, before its claim) returns.
+    pub validate_gate: Option<Arc<ValidateGate>>,
+}
+
+/// Holds `validate_arguments` calls once armed, after letting a number of them through,
+/// until it is opened. A validation is synchronous: the calling thread waits, inside
+/// `block_in_place` (a multi-threaded runtime only), its tasks left to the other workers.
+#[derive(Default)]
+pub struct ValidateGate {
+    /// Whether calls are held, and how many more pass before they are.
+    state: Mutex<(bool, usize)>,
+    opened: std::sync::Condvar,
+}
+
+impl ValidateGate {
+    /// Holds calls from now on, after `pass` more have gone through.
+    pub fn arm(&self, pass: usize) {
+        *self.state.lock().unwrap() = (true, pass);
+    }
+
+    /// Lets every call through, the held ones included.
+    pub fn open(&self) {
+        self.state.lock().unwrap().0 = false;
+        self.opened.notify_all();
+    }
+
+    fn pass(&self) {
+        {
+            let mut state = self.state.lock().unwrap();
+            if !state.0 {
+                return;
+            }
+            if state.1 > 0 {
+                state.1 -= 1;
+                return;
+            }
+        }
+        tokio::task::block_in_place(|| {
+            let mut state = self.state.lock().unwrap();
+            while state.0 {
+                state = self.opened.wait(state).unwrap();
+            }
+        });
+    }
 }
 
 impl Probe {
@@ -99,6 +150,9 @@ impl Probe {
             stop_error: None,
             validate_error: None,
             gate: None,
+            update_gate: None,
+            adopt_gate: None,
+            validate_gate: None,
         }
     }
 
@@ -119,6 +173,7 @@ impl Probe {
             stop_error: self.stop_error.clone(),
             updates_taken: Mutex::new(false),
             gate: self.gate.clone(),
+            update_gate: self.update_gate.clone(),
         })
     }
 }
@@ -130,6 +185,7 @@ pub struct ProbeRun {
     stop_error: Option<String>,
     updates_taken: Mutex<bool>,
     gate: Option<Arc<tokio::sync::Semaphore>>,
+    update_gate: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 #[async_trait]
@@ -166,12 +222,17 @@ impl Run for ProbeRun {
         let updates = self.script.updates.clone();
         let delay = self.script.update_delay;
         let never_close = self.script.never_close;
-        let stream = async_stream(updates, delay, never_close);
+        let stream = async_stream(updates, delay, never_close, self.update_gate.clone());
         Some(stream)
     }
 }
 
-fn async_stream(updates: Vec<Update>, delay: Option<Duration>, never_close: bool) -> UpdateStream {
+fn async_stream(
+    updates: Vec<Update>,
+    delay: Option<Duration>,
+    never_close: bool,
+    gate: Option<Arc<tokio::sync::Semaphore>>,
+) -> UpdateStream {
     use futures::StreamExt;
     let head = futures::stream::once(async move {
         if let Some(delay) = delay {
@@ -179,7 +240,15 @@ fn async_stream(updates: Vec<Update>, delay: Option<Duration>, never_close: bool
         }
     })
     .filter_map(|()| async { None });
-    let items = futures::stream::iter(updates.into_iter().map(Ok));
+    let items = futures::stream::iter(updates).then(move |update| {
+        let gate = gate.clone();
+        async move {
+            if let Some(gate) = gate {
+                gate.acquire().await.unwrap().forget();
+            }
+            Ok(update)
+        }
+    });
     let tail = futures::stream::once(async move {
         if never_close {
             std::future::pending::<()>().await;
@@ -192,6 +261,9 @@ fn async_stream(updates: Vec<Update>, delay: Option<Duration>, never_close: bool
 #[async_trait]
 impl BackgroundTool for Probe {
     fn validate_arguments(&self, arguments: &str) -> Result<(), ToolFailure> {
+        if let Some(gate) = &self.validate_gate {
+            gate.pass();
+        }
         if let Some(e) = &self.validate_error {
             return Err(e.as_str().into());
         }
@@ -255,6 +327,9 @@ impl ResumableTool for Probe {
 impl ForegroundHandoffTool for Probe {
     async fn adopt(&self, request: AdoptRequest) -> Result<AdoptResult, ToolRunError> {
         self.calls.lock().unwrap().adopts += 1;
+        if let Some(gate) = &self.adopt_gate {
+            gate.acquire().await.unwrap().forget();
+        }
         // A fresh handle on the same operation, with its own update stream.
         Ok(AdoptResult {
             run: self.run(self.script.clone()),

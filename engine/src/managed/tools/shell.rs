@@ -25,7 +25,8 @@ const PID_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a stopped command has to end after SIGTERM before its group is killed.
 const KILL_GRACE: Duration = Duration::from_secs(5);
 /// The most bytes of the output in one update: a longer line is sent in parts of this
-/// size, each an update of its own (the managed layer's bound of an update's data).
+/// size, each an update of its own (the managed layer's bound of an update's data). The
+/// output file is read this much at a time.
 const PART: usize = crate::managed::MAX_UPDATE_DATA_BYTES;
 
 #[derive(Debug, Deserialize)]
@@ -37,13 +38,41 @@ struct Arguments {
 #[derive(Debug, Clone)]
 pub struct ShellTool {
     root: PathBuf,
+    max_result: usize,
 }
 
 impl ShellTool {
-    /// A shell tool keeping its runs under `root` (one directory per task).
+    /// The most bytes of a completed command's result by default: 1 MiB, the store's default
+    /// limit of a value (`StoreConfig::max_value_bytes`).
+    pub const DEFAULT_MAX_RESULT_BYTES: usize = 1 << 20;
+
+    /// A shell tool keeping its runs under `root` (one directory per task), its results at
+    /// most [`ShellTool::DEFAULT_MAX_RESULT_BYTES`].
     #[must_use]
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        Self { root: root.into() }
+        Self {
+            root: root.into(),
+            max_result: Self::DEFAULT_MAX_RESULT_BYTES,
+        }
+    }
+
+    /// Sets the most bytes of a completed command's result: a longer output is not read
+    /// whole — the result is its end (from the first line that begins within it, when one
+    /// does), after a line saying how many bytes before it were not kept. Keep it within the
+    /// store's limit of a value (`StoreConfig::max_value_bytes`), which fails a larger result.
+    /// Every line of the output is an update either way.
+    #[must_use]
+    pub fn with_max_result_bytes(mut self, bytes: usize) -> Self {
+        self.max_result = bytes;
+        self
+    }
+
+    /// A run observing the command in `dir`.
+    fn run(&self, dir: PathBuf) -> Arc<ShellRun> {
+        Arc::new(ShellRun {
+            dir,
+            max_result: self.max_result,
+        })
     }
 
     /// The JSON Schema of the tool's arguments, for its [`ToolInfo`](crate::tool::ToolInfo):
@@ -75,8 +104,12 @@ impl ShellTool {
     /// directory (ids that differ only where a lossy name would replace characters, such as
     /// `job.1` and `job_1`, do not share a run). A name longer than 200 bytes (a file
     /// name's limit is 255) is cut into directories, each but the last ending in `+`, which
-    /// the encoding never writes as it is. A run started by an earlier version, under the
-    /// name that replaced each such byte by `_`, is found there.
+    /// the encoding never writes as it is.
+    ///
+    /// A run started by an earlier version, under the name that replaced each such byte by
+    /// `_`, is found there only by a recovery whose checkpoint names that run's process (see
+    /// [`RecoverableTool::recover`]): the lossy name may be another task's (`job_1`'s is
+    /// `job.1`'s lossy name), so it is never taken on the name alone.
     #[must_use]
     pub fn dir(&self, task_id: &str) -> PathBuf {
         let encoded = encode(task_id);
@@ -89,13 +122,24 @@ impl ShellTool {
             rest = tail;
         }
         dir.push(rest);
-        if !dir.exists() {
-            let earlier = self.root.join(sanitize(task_id));
-            if earlier != dir && earlier.join("pid").exists() {
-                return earlier;
-            }
-        }
         dir
+    }
+
+    /// The directory of the run a recovery reattaches to: the task's own ([`ShellTool::dir`]),
+    /// else the directory an earlier version gave it under its lossy name — only when that
+    /// directory's process is the one the task's started marker names (`checkpoint`,
+    /// `{"pid":…}`): the proof that the run there is this task's and not another's whose id
+    /// has the same lossy name.
+    fn recovery_dir(&self, task_id: &str, checkpoint: &[u8]) -> Option<PathBuf> {
+        let dir = self.dir(task_id);
+        if dir.join("pid").exists() {
+            return Some(dir);
+        }
+        let earlier = self.root.join(sanitize(task_id));
+        let marker: serde_json::Value = serde_json::from_slice(checkpoint).ok()?;
+        let pid = marker.get("pid")?.as_i64()?;
+        let found = std::fs::read_to_string(earlier.join("pid")).ok()?;
+        (earlier != dir && found.trim().parse::<i64>().ok() == Some(pid)).then_some(earlier)
     }
 
     /// What the backend holds for a task: the process id as the operation id, and the output
@@ -115,11 +159,12 @@ impl ShellTool {
             n: 0,
             done: false,
         };
-        tail.read_more();
         let mut updates = Vec::new();
-        while let Some(data) = tail.next_part() {
-            updates.push(line_update(tail.n, &data));
-            tail.n += 1;
+        while tail.read_more() {
+            while let Some(data) = tail.next_part() {
+                updates.push(line_update(tail.n, &data));
+                tail.n += 1;
+            }
         }
         Ok(OperationSnapshot {
             operation_id: pid.trim().to_owned(),
@@ -157,7 +202,8 @@ fn encode(task_id: &str) -> String {
 }
 
 /// The name an earlier version gave a task's run: every character but ASCII letters,
-/// digits, `-` and `_` replaced by `_` (two ids could share it).
+/// digits, `-` and `_` replaced by `_` (two ids could share it, and a task whose id has none
+/// of them has it as its own name).
 fn sanitize(task_id: &str) -> String {
     task_id
         .chars()
@@ -239,7 +285,7 @@ impl BackgroundTool for ShellTool {
         }
         let pid = std::fs::read_to_string(&pid_file).map_err(failed)?;
         Ok(StartResult {
-            run: Arc::new(ShellRun { dir }),
+            run: self.run(dir),
             checkpoint: format!("{{\"pid\":{}}}", pid.trim()).into_bytes(),
         })
     }
@@ -260,9 +306,7 @@ impl ForegroundHandoffTool for ShellTool {
     async fn adopt(&self, request: AdoptRequest) -> Result<AdoptResult, ToolRunError> {
         Self::parse(&request.arguments)?;
         Ok(AdoptResult {
-            run: Arc::new(ShellRun {
-                dir: self.dir(&request.task_id),
-            }),
+            run: self.run(self.dir(&request.task_id)),
             tool_checkpoint: request.tool_checkpoint,
         })
     }
@@ -271,11 +315,10 @@ impl ForegroundHandoffTool for ShellTool {
 #[async_trait]
 impl RecoverableTool for ShellTool {
     async fn recover(&self, request: RecoverRequest) -> Result<Arc<dyn Run>, ToolRunError> {
-        let dir = self.dir(&request.task_id);
-        if !dir.join("pid").exists() {
-            return Err(ToolRunError::failed("no run to recover"));
-        }
-        Ok(Arc::new(ShellRun { dir }))
+        let dir = self
+            .recovery_dir(&request.task_id, &request.checkpoint)
+            .ok_or_else(|| ToolRunError::failed("no run to recover"))?;
+        Ok(self.run(dir))
     }
 }
 
@@ -283,6 +326,8 @@ impl RecoverableTool for ShellTool {
 #[derive(Debug)]
 struct ShellRun {
     dir: PathBuf,
+    /// The most bytes of the result ([`ShellTool::with_max_result_bytes`]).
+    max_result: usize,
 }
 
 impl ShellRun {
@@ -337,7 +382,8 @@ impl Tail {
         }
     }
 
-    /// Reads what the file holds past what was read; whether anything was.
+    /// Reads what the file holds past what was read, at most [`PART`] bytes of it (a
+    /// command that wrote gigabytes is not read whole into memory); whether anything was.
     fn read_more(&mut self) -> bool {
         use std::io::{Read, Seek, SeekFrom};
         let Ok(mut file) = std::fs::File::open(self.dir.join("out")) else {
@@ -347,11 +393,48 @@ impl Tail {
             return false;
         }
         let before = self.pending.len();
-        let _ = file.read_to_end(&mut self.pending);
+        let _ = file.take(PART as u64).read_to_end(&mut self.pending);
         let got = self.pending.len() - before;
         self.read += got as u64;
         got > 0
     }
+}
+
+/// The result of a command that wrote `out`: the whole output when it has at most `max`
+/// bytes; else its end — from the first line that begins within the last bytes kept, when
+/// one does — after a line saying how many bytes before it were not kept, `max` bytes at
+/// most in all. Only what is kept is read.
+fn read_result(out: &Path, max: usize) -> std::io::Result<Vec<u8>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = std::fs::File::open(out)?;
+    let len = file.metadata()?.len();
+    let max_len = u64::try_from(max).unwrap_or(u64::MAX);
+    if len <= max_len {
+        let mut output = Vec::new();
+        file.take(max_len).read_to_end(&mut output)?;
+        return Ok(output);
+    }
+    let note = |cut: u64| format!("[{cut} earlier bytes of the output were not kept]\n");
+    // The longest note there can be, the one that counts every byte (none when even it has
+    // no room: the end alone).
+    let longest = note(len).len();
+    let room = if longest < max { max - longest } else { max };
+    let keep = u64::try_from(room).unwrap_or(u64::MAX);
+    file.seek(SeekFrom::Start(len - keep))?;
+    let mut end = Vec::with_capacity(room);
+    file.take(keep).read_to_end(&mut end)?;
+    if longest >= max {
+        return Ok(end);
+    }
+    // Whole lines, when a line begins within the end.
+    if let Some(newline) = end.iter().position(|b| *b == b'\n') {
+        if newline + 1 < end.len() {
+            end.drain(..=newline);
+        }
+    }
+    let mut result = note(len - end.len() as u64).into_bytes();
+    result.append(&mut end);
+    Ok(result)
 }
 
 fn read_status(dir: &Path) -> Option<i32> {
@@ -369,9 +452,9 @@ impl Run for ShellRun {
                 if stopped {
                     return Ok(RunOutcome::Canceled("stopped".into()));
                 }
-                let output = std::fs::read(self.dir.join("out")).unwrap_or_default();
                 return Ok(if code == 0 {
-                    RunOutcome::Completed(output)
+                    let output = read_result(&self.dir.join("out"), self.max_result);
+                    RunOutcome::Completed(output.unwrap_or_default())
                 } else {
                     RunOutcome::Failed(format!("command exited with status {code}"))
                 });
@@ -461,8 +544,29 @@ impl Run for ShellRun {
 
 #[cfg(test)]
 mod tests {
-    use super::ShellTool;
+    use super::{read_result, ShellTool};
     use std::path::Path;
+
+    #[test]
+    fn a_result_over_the_limit_is_the_outputs_end_from_a_whole_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("out");
+        let output = format!("{}\nsecond line\nthird\n", "a".repeat(100));
+        std::fs::write(&out, &output).unwrap();
+        // Within the limit: whole.
+        assert_eq!(read_result(&out, 119).unwrap(), output.as_bytes());
+        // Over it: the end from the first line that begins within it, with the note.
+        let result = read_result(&out, 80).unwrap();
+        assert_eq!(
+            String::from_utf8(result).unwrap(),
+            "[101 earlier bytes of the output were not kept]\nsecond line\nthird\n"
+        );
+        // No room for the note: the last bytes alone.
+        assert_eq!(read_result(&out, 4).unwrap(), b"ird\n");
+        // The tool's setter bounds its runs' results.
+        let tool = ShellTool::new("/runs").with_max_result_bytes(64);
+        assert_eq!(tool.max_result, 64);
+    }
 
     #[test]
     fn each_task_id_has_a_directory_of_its_own_within_file_name_limits() {
