@@ -54,6 +54,9 @@ pub(crate) struct Session {
     prepared: Mutex<HashMap<String, tokio_postgres::Statement>>,
     /// This session among every session this process opened ([`Session::id`]).
     id: u64,
+    /// The server process that answered the session's setup (`pg_backend_pid()`): a
+    /// pooler between may hand the same connection to another one later.
+    backend_pid: i32,
 }
 
 /// The id the next session opened gets: ids are never given twice in a process.
@@ -69,11 +72,16 @@ impl std::ops::Deref for Session {
 
 impl Session {
     /// This session's id, unique in the process: a call answered on a session of the id
-    /// [`Conn::session`] returned earlier ran on that same server process, which has lived
-    /// since — through no restart of the server (a restart, even a crash's, ends every
-    /// session).
+    /// [`Conn::session`] returned earlier ran on the same connection — on the same server
+    /// process, which has lived since (a restart, even a crash's, ends every session), when
+    /// no pooler stands between: whether it did, the server says ([`Session::backend_pid`]).
     pub(crate) fn id(&self) -> u64 {
         self.id
+    }
+
+    /// The server process that answered the session's setup.
+    pub(crate) fn backend_pid(&self) -> i32 {
+        self.backend_pid
     }
 
     /// `sql` prepared on this connection with parameters of `types`: a round trip the first
@@ -574,10 +582,18 @@ async fn connect(target: &Target) -> Result<Arc<Session>> {
         .batch_execute(&setup)
         .await
         .map_err(|e| storage(&e))?;
+    let backend_pid = client
+        .query_typed("SELECT pg_backend_pid()", &[])
+        .await
+        .map_err(|e| storage(&e))?
+        .first()
+        .and_then(|row| row.try_get::<_, i32>(0).ok())
+        .unwrap_or(0);
     Ok(Arc::new(Session {
         client,
         prepared: Mutex::new(HashMap::new()),
         id: SESSIONS.fetch_add(1, Ordering::Relaxed),
+        backend_pid,
     }))
 }
 

@@ -377,13 +377,12 @@ impl PgBackend {
             let (sent, payload) = (Arc::clone(mark), payload.clone());
             let found = syncer.call(move |client| {
                 Box::pin(async move {
-                    // The same session since before the commit: the server ran through.
-                    let record = (client.id() != sent.syncer_session).then_some((
-                        sent.task.as_str(),
-                        sent.position,
-                        sent.record.as_slice(),
-                    ));
-                    write::flush(&client, record, &payload).await
+                    // The same session since before the commit: the server ran through, if
+                    // the server process answering is still the one it began with.
+                    let backend =
+                        (client.id() == sent.syncer_session).then(|| client.backend_pid());
+                    let record = (sent.task.as_str(), sent.position, sent.record.as_slice());
+                    write::flush(&client, record, backend, &payload).await
                 })
             });
             match found {

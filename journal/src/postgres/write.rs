@@ -283,14 +283,14 @@ pub(crate) async fn write_expecting(
 }
 
 /// Makes durable every commit the server acknowledged before this call, and then announces
-/// sequence `payload` to other processes — if `record` (`task`, `position` and the bytes of
-/// the last record a session that does not wait for the flush committed) is still there as
-/// committed, or without looking for it when `record` is `None`: the caller knows the server
-/// has not restarted since that commit (its session was open before it), so the commit is
-/// there to flush, whatever another node did to its record since (a trim frames it again, a
-/// purge deletes it). `Ok(false)` when the record is gone or differs: the server lost what it
-/// had not flushed (it crashed and restarted), or another node trimmed or purged it since;
-/// nothing is announced.
+/// sequence `payload` to other processes — if the server process answering is `backend`
+/// (the one the session began with, which began before the commit: the server has not
+/// restarted since, so the commit is there to flush, whatever another node did to its
+/// record since — a trim frames it again, a purge deletes it), or else if `record` (`task`,
+/// `position` and the bytes of the last record a session that does not wait for the flush
+/// committed) is still there as committed. `Ok(false)` when the record is gone or differs:
+/// the server lost what it had not flushed (it crashed and restarted), or another node
+/// trimmed or purged it since; nothing is announced.
 ///
 /// Two statements in one round trip, each a transaction of its own, on a session that waits
 /// for the flush (the syncer's, with [`crate::Durability::Sync`]). The first writes a
@@ -305,46 +305,56 @@ pub(crate) async fn write_expecting(
 /// sharing them.
 pub(crate) async fn flush(
     client: &Session,
-    record: Option<(&str, i64, &[u8])>,
+    record: (&str, i64, &[u8]),
+    backend: Option<i32>,
     payload: &str,
 ) -> std::result::Result<bool, tokio_postgres::Error> {
-    let (find, announce) = if record.is_some() {
-        (
-            client
-                .statement(
-                    "SELECT pg_logical_emit_message(true, 'dtask', '') FROM dtask_records \
-                     WHERE task = $1 AND position = $2 AND record = $3",
-                    &[Type::TEXT, Type::INT8, Type::BYTEA],
-                )
-                .await?,
-            client
-                .statement(
-                    "SELECT pg_notify($1, $2) FROM dtask_records \
-                     WHERE task = $3 AND position = $4 AND record = $5",
-                    &[Type::TEXT, Type::TEXT, Type::TEXT, Type::INT8, Type::BYTEA],
-                )
-                .await?,
+    if let Some(pid) = backend {
+        // Found when the server process is the one the session began with: no restart
+        // since. (Through a pooler it may be another, and then the record is looked for.)
+        let find = client
+            .statement(
+                "SELECT pg_logical_emit_message(true, 'dtask', '') WHERE pg_backend_pid() = $1",
+                &[Type::INT4],
+            )
+            .await?;
+        let announce = client
+            .statement(
+                "SELECT pg_notify($1, $2) WHERE pg_backend_pid() = $3",
+                &[Type::TEXT, Type::TEXT, Type::INT4],
+            )
+            .await?;
+        let (found, _) = futures_util::future::join(
+            client.execute(&find, &[&pid]),
+            client.execute(&announce, &[&super::listen::CHANNEL, &payload, &pid]),
         )
-    } else {
-        (
-            client
-                .statement("SELECT pg_logical_emit_message(true, 'dtask', '')", &[])
-                .await?,
-            client
-                .statement("SELECT pg_notify($1, $2)", &[Type::TEXT, Type::TEXT])
-                .await?,
-        )
-    };
-    let mut found: Vec<&(dyn ToSql + Sync)> = Vec::new();
-    let mut announced: Vec<&(dyn ToSql + Sync)> = vec![&super::listen::CHANNEL, &payload];
-    if let Some((task, position, record)) = &record {
-        found = vec![task, position, record];
-        announced.extend_from_slice(&found);
+        .await;
+        if found? == 1 {
+            return Ok(true);
+        }
     }
+    let (task, position, bytes) = record;
+    let find = client
+        .statement(
+            "SELECT pg_logical_emit_message(true, 'dtask', '') FROM dtask_records \
+             WHERE task = $1 AND position = $2 AND record = $3",
+            &[Type::TEXT, Type::INT8, Type::BYTEA],
+        )
+        .await?;
+    let announce = client
+        .statement(
+            "SELECT pg_notify($1, $2) FROM dtask_records \
+             WHERE task = $3 AND position = $4 AND record = $5",
+            &[Type::TEXT, Type::TEXT, Type::TEXT, Type::INT8, Type::BYTEA],
+        )
+        .await?;
     // Sent together when first polled, in this order.
     let (found, _) = futures_util::future::join(
-        client.execute(&find, &found),
-        client.execute(&announce, &announced),
+        client.execute(&find, &[&task, &position, &bytes]),
+        client.execute(
+            &announce,
+            &[&super::listen::CHANNEL, &payload, &task, &position, &bytes],
+        ),
     )
     .await;
     Ok(found? == 1)
