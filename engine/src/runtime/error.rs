@@ -13,11 +13,10 @@ pub enum RuntimeError {
     /// No executor is registered under the key.
     #[error("executor {0:?} is unavailable")]
     ExecutorUnavailable(String),
-    /// The executor refused the spec (at submit; a task refused before an attempt fails with
-    /// this text instead).
+    /// The executor refused the spec.
     #[error("validate spec: {0}")]
     InvalidSpec(#[source] ValidationError),
-    /// The executor refused to run the task (its attempt fails with this text).
+    /// The executor refused to run the task.
     #[error("validate execution: {0}")]
     InvalidExecution(#[source] ValidationError),
     /// A task-id kind is not `[A-Za-z0-9_-]{0,64}`.

@@ -89,8 +89,7 @@ message_error!(
     /// Why an executor refuses a spec at submit, or a task before an attempt is claimed: a
     /// message, and optionally the error underneath. The message is what the caller sees (inside
     /// [`RuntimeError::InvalidSpec`](super::RuntimeError::InvalidSpec) or
-    /// [`RuntimeError::InvalidExecution`](super::RuntimeError::InvalidExecution)), and, for a
-    /// task refused before an attempt, the task's error.
+    /// [`RuntimeError::InvalidExecution`](super::RuntimeError::InvalidExecution)).
     ValidationError
 );
 
@@ -141,9 +140,7 @@ pub trait Executor: Send + Sync + 'static {
         false
     }
 
-    /// Checks a spec at submit, and again before each attempt is claimed (side-effect
-    /// free). A task refused then is claimed and fails with the refusal as its error
-    /// ([`Manager::execute`](super::Manager::execute)).
+    /// Checks a spec at submit (side-effect free).
     ///
     /// # Errors
     /// Why the spec is refused.
@@ -152,9 +149,7 @@ pub trait Executor: Send + Sync + 'static {
         Ok(())
     }
 
-    /// Checks a task before an attempt is claimed (side-effect free). A task refused is
-    /// claimed and fails with the refusal as its error
-    /// ([`Manager::execute`](super::Manager::execute)).
+    /// Checks a task before an attempt is claimed (side-effect free).
     ///
     /// # Errors
     /// Why the task cannot run.

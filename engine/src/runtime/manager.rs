@@ -567,10 +567,6 @@ impl Manager {
     }
 
     /// Executes one attempt of `id`: claim, heartbeat, run the executor, commit its result.
-    /// A task its executor refuses (`validate_spec`, `validate_execution`: its tool no longer
-    /// registered, say) can never run here: it is claimed and its attempt fails at once, the
-    /// refusal ([`RuntimeError::InvalidSpec`] or [`RuntimeError::InvalidExecution`], as
-    /// text) its error.
     ///
     /// # Errors
     /// [`RuntimeError::AlreadyExecuting`] (nothing touched), a lost claim race
@@ -672,45 +668,14 @@ impl Manager {
         let store = &self.inner.store;
         let task = store.get(id).await?;
         let executor = self.executor(&task.spec.executor_key)?;
-        let refused = executor
+        executor
             .validate_spec(&task.spec)
-            .map_err(RuntimeError::InvalidSpec)
-            .and_then(|()| {
-                executor
-                    .validate_execution(&task)
-                    .map_err(RuntimeError::InvalidExecution)
-            })
-            .err();
+            .map_err(RuntimeError::InvalidSpec)?;
+        executor
+            .validate_execution(&task)
+            .map_err(RuntimeError::InvalidExecution)?;
         let claimed = store.execute(id, task.version, Command::Start).await?;
-        match refused {
-            None => self.run_attempt(id, executor, claimed).await,
-            Some(refused) => self.fail_refused(id, &claimed, &refused).await,
-        }
-    }
-
-    /// Ends the attempt `claimed` of a task its executor refuses (`validate_spec` or
-    /// `validate_execution`: a tool no longer registered, say) as an attempt that failed at
-    /// once, with the refusal as the error — canceled instead when cancellation was
-    /// requested. Left pending, the task would be listed, refused and listed again by every
-    /// worker, none of which can run it.
-    async fn fail_refused(
-        &self,
-        id: &str,
-        claimed: &TaskState,
-        refused: &RuntimeError,
-    ) -> Result<TaskState, RuntimeError> {
-        tracing::warn!(task = %id, error = %refused, "the executor refuses the task: it fails");
-        let attempt = AttemptContext::new(
-            self.inner.store.clone(),
-            claimed,
-            Arc::downgrade(&self.inner),
-        );
-        if claimed.cancel_requested_at.is_some() {
-            attempt.accept_cancellation().await;
-        }
-        self.begin_ending(id);
-        let error = truncate_utf8(refused.to_string(), MAX_ERROR_BYTES);
-        commit(&attempt, ExecutionResult::Failed(error)).await
+        self.run_attempt(id, executor, claimed).await
     }
 
     /// Creates a task already claimed by this manager and runs its first attempt here, at

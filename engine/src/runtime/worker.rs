@@ -4,7 +4,7 @@ use super::error::RuntimeError;
 use super::manager::Manager;
 use dtask_journal::Timestamp;
 use parking_lot::Mutex;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -100,6 +100,10 @@ impl Worker {
         let mut pending_signal = store.pending_signal();
         let slots = Arc::new(Semaphore::new(self.config.max_concurrent));
         let in_flight: Arc<Mutex<HashSet<String>>> = Arc::default();
+        // Tasks this process's executors refused (`validate_spec`, `validate_execution`: a
+        // tool this process does not register, say), by the version refused: left pending
+        // for a process that runs them, and passed over here until they change.
+        let refused: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
         let mut attempts = JoinSet::new();
         let delay = u64::try_from(self.config.initial_pickup_delay.as_millis()).unwrap_or(u64::MAX);
         tokio::pin!(shutdown);
@@ -136,6 +140,9 @@ impl Worker {
                         young_due = Some(young_due.map_or(claimable_at, |t| t.min(claimable_at)));
                         continue;
                     }
+                    if refused.lock().get(&id) == Some(&task.version) {
+                        continue;
+                    }
                     if !in_flight.lock().insert(id.clone()) {
                         continue;
                     }
@@ -149,11 +156,32 @@ impl Worker {
                     let Ok(permit) = permit else { break 'poll };
                     let manager = self.manager.clone();
                     let in_flight = Arc::clone(&in_flight);
+                    let refused = Arc::clone(&refused);
+                    let version = task.version;
                     attempts.spawn(async move {
                         let result = manager.execute(&id).await;
                         in_flight.lock().remove(&id);
                         drop(permit);
-                        result.map(drop)
+                        match result {
+                            Err(
+                                e @ (RuntimeError::InvalidSpec(_)
+                                | RuntimeError::InvalidExecution(_)),
+                            ) => {
+                                tracing::warn!(
+                                    task = %id,
+                                    error = %e,
+                                    "this process's executor refuses the task: it is left \
+                                     pending for a process that runs it"
+                                );
+                                let mut refused = refused.lock();
+                                if refused.len() >= MAX_REFUSED {
+                                    refused.clear();
+                                }
+                                refused.insert(id, version);
+                                Ok(())
+                            }
+                            result => result.map(drop),
+                        }
                     });
                 }
                 while let Some(done) = attempts.try_join_next() {
@@ -276,6 +304,10 @@ impl Worker {
         }
     }
 }
+
+/// The refused tasks a worker remembers at most (past them it forgets them all, and meets
+/// each again once).
+const MAX_REFUSED: usize = 100_000;
 
 fn dispatch_failure(
     done: Result<Result<(), RuntimeError>, tokio::task::JoinError>,
