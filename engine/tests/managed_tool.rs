@@ -2170,7 +2170,11 @@ async fn a_call_of_a_tool_not_registered_here_is_left_pending_and_the_worker_goe
     stop_tx.send(true).unwrap();
     worker.await.unwrap().unwrap();
     let old = store.get(&old).await.unwrap();
-    assert_eq!((old.status, old.attempt), (Status::Pending, 0), "nothing written");
+    assert_eq!(
+        (old.status, old.attempt),
+        (Status::Pending, 0),
+        "nothing written"
+    );
     assert!(matches!(
         manager.execute(&old.spec.id).await,
         Err(dtask_engine::RuntimeError::InvalidSpec(_))

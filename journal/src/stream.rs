@@ -410,7 +410,10 @@ impl Iterator for StreamReader<'_> {
                         };
                     }
                 },
+                // Handed out before the stream was read again: records and damage alike
+                // (a damaged record is reported once however often the stream is read).
                 Some(Ok(record)) if record.position < self.resume => {}
+                Some(Err(Error::Corruption { position, .. })) if *position < self.resume => {}
                 _ => return item,
             }
         }

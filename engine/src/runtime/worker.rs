@@ -95,14 +95,16 @@ impl Worker {
     /// The first dispatch or listing error that is neither (after waiting for running
     /// attempts): among them a journal that stopped after a failed sync, which only a reopen
     /// of the journal ends.
+    #[allow(
+        clippy::too_many_lines,
+        reason = "the worker's one loop: list, claim, wait, read best in one place"
+    )]
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), RuntimeError> {
         let store = self.manager.store().clone();
         let mut pending_signal = store.pending_signal();
         let slots = Arc::new(Semaphore::new(self.config.max_concurrent));
         let in_flight: Arc<Mutex<HashSet<String>>> = Arc::default();
-        // Tasks this process's executors refused (`validate_spec`, `validate_execution`: a
-        // tool this process does not register, say), by the version refused: left pending
-        // for a process that runs them, and passed over here until they change.
+        // Tasks this process's executors refused, by version: passed over (`note_refusal`).
         let refused: Arc<Mutex<HashMap<String, u64>>> = Arc::default();
         let mut attempts = JoinSet::new();
         let delay = u64::try_from(self.config.initial_pickup_delay.as_millis()).unwrap_or(u64::MAX);
@@ -156,32 +158,12 @@ impl Worker {
                     let Ok(permit) = permit else { break 'poll };
                     let manager = self.manager.clone();
                     let in_flight = Arc::clone(&in_flight);
-                    let refused = Arc::clone(&refused);
-                    let version = task.version;
+                    let (refused, version) = (Arc::clone(&refused), task.version);
                     attempts.spawn(async move {
                         let result = manager.execute(&id).await;
                         in_flight.lock().remove(&id);
                         drop(permit);
-                        match result {
-                            Err(
-                                e @ (RuntimeError::InvalidSpec(_)
-                                | RuntimeError::InvalidExecution(_)),
-                            ) => {
-                                tracing::warn!(
-                                    task = %id,
-                                    error = %e,
-                                    "this process's executor refuses the task: it is left \
-                                     pending for a process that runs it"
-                                );
-                                let mut refused = refused.lock();
-                                if refused.len() >= MAX_REFUSED {
-                                    refused.clear();
-                                }
-                                refused.insert(id, version);
-                                Ok(())
-                            }
-                            result => result.map(drop),
-                        }
+                        note_refusal(result.map(drop), &refused, id, version)
                     });
                 }
                 while let Some(done) = attempts.try_join_next() {
@@ -302,6 +284,35 @@ impl Worker {
             () = shutdown => false,
             () = tokio::time::sleep(self.config.poll_interval) => true,
         }
+    }
+}
+
+/// An attempt's `result`, but for a refusal of the task by this process's executor
+/// (`InvalidSpec`, `InvalidExecution`: a tool this process does not register, say): logged
+/// and noted in `refused` with the `version` refused — the task left pending for a process
+/// that runs it, and passed over here until it changes — and not the worker's failure.
+fn note_refusal(
+    result: Result<(), RuntimeError>,
+    refused: &Mutex<HashMap<String, u64>>,
+    id: String,
+    version: u64,
+) -> Result<(), RuntimeError> {
+    match result {
+        Err(e @ (RuntimeError::InvalidSpec(_) | RuntimeError::InvalidExecution(_))) => {
+            tracing::warn!(
+                task = %id,
+                error = %e,
+                "this process's executor refuses the task: it is left pending for a process \
+                 that runs it"
+            );
+            let mut refused = refused.lock();
+            if refused.len() >= MAX_REFUSED {
+                refused.clear();
+            }
+            refused.insert(id, version);
+            Ok(())
+        }
+        result => result,
     }
 }
 

@@ -90,7 +90,7 @@ impl TaskStore {
         let held = {
             let mut index = self.index();
             // A fold of it under way is made again (see `Index::cold_epoch`).
-            index.cold_epoch = index.cold_epoch.wrapping_add(1);
+            index.moved_cold(id);
             index.slots.get(id).cloned()
         };
         let Some(slot) = held else { return };
@@ -116,7 +116,7 @@ impl TaskStore {
             let held = index.slots.get(id).cloned();
             if held.is_none() {
                 // A fold of it under way is made again (see `Index::cold_epoch`).
-                index.cold_epoch = index.cold_epoch.wrapping_add(1);
+                index.moved_cold(id);
             }
             held
         };

@@ -201,12 +201,34 @@ pub(super) struct Index {
     pub(super) suspended: ByExecutor,
     pub(super) leases: BTreeSet<(Timestamp, TaskKey)>,
     pub(super) terminal: VecDeque<TaskKey>,
-    /// Moves whenever a task's journal may have moved on with no slot here to follow it: a
-    /// slot removed ([`Index::remove`]: evicted, purged) or a record followed of a task not
-    /// held. A task folded from the journal outside the index's lock across a move is folded
-    /// again before it is placed (`TaskStore::slot`): its fold may predate a write made
-    /// through the slot that left, or a purge.
-    pub(super) cold_epoch: u64,
+    /// Counters, by a hash of the task id, that move whenever a task's journal may have
+    /// moved on with no slot here to follow it: a slot removed ([`Index::remove`]: evicted,
+    /// purged) or a record followed of a task not held ([`Index::moved_cold`]). A task
+    /// folded from the journal outside the index's lock across a move of its own counter is
+    /// folded again before it is placed (`TaskStore::slot`): its fold may predate a write
+    /// made through the slot that left, or a purge. (By id, not one counter for all: every
+    /// eviction would otherwise send every cold read in flight back to the journal.)
+    cold_epochs: ColdEpochs,
+}
+
+/// The counters of [`Index::cold_epoch`], [`COLD_BUCKETS`] of them.
+struct ColdEpochs(Box<[u64]>);
+
+impl Default for ColdEpochs {
+    fn default() -> Self {
+        Self(vec![0; COLD_BUCKETS].into_boxed_slice())
+    }
+}
+
+/// The buckets of [`Index::cold_epoch`]: two ids share one in this many.
+const COLD_BUCKETS: usize = 1024;
+const COLD_BUCKETS_U64: u64 = 1024;
+
+fn cold_bucket(id: &str) -> usize {
+    use std::hash::{BuildHasher, BuildHasherDefault};
+    let hash =
+        BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default().hash_one(id);
+    usize::try_from(hash % COLD_BUCKETS_U64).unwrap_or(0)
 }
 
 /// An entry of the in-memory indexes, as a task's placement makes it.
@@ -314,8 +336,25 @@ impl Index {
     /// Takes the slot of `id` out of the index (its task evicted or gone).
     pub(super) fn remove(&mut self, id: &str) {
         if self.slots.remove(id).is_some() {
-            self.cold_epoch = self.cold_epoch.wrapping_add(1);
+            self.moved_cold(id);
         }
+    }
+
+    /// Notes that `id`'s journal may have moved on with no slot here to follow it: a fold of
+    /// it under way is made again ([`Index::cold_epoch`]).
+    pub(super) fn moved_cold(&mut self, id: &str) {
+        if let Some(bucket) = self.cold_epochs.0.get_mut(cold_bucket(id)) {
+            *bucket = bucket.wrapping_add(1);
+        }
+    }
+
+    /// Where `id`'s counter of moves stands (see [`Index::moved_cold`]).
+    pub(super) fn cold_epoch(&self, id: &str) -> u64 {
+        self.cold_epochs
+            .0
+            .get(cold_bucket(id))
+            .copied()
+            .unwrap_or(0)
     }
 
     pub(super) fn evict(&mut self, cap: usize) {
@@ -326,11 +365,12 @@ impl Index {
             };
             if let Some(slot) = self.slots.get(task.id()) {
                 // A task marked unsettled (a write's caller went away with its append in
-                // flight) stays until a lock has settled it: folded again from the journal
+                // flight) stays until that append has settled: folded again from the journal
                 // before the append landed, it would be kept without it — and the mark is
                 // what a nested create or a rerun left so waits for before indexing its task.
+                // (Settled, it may go: a fold then reads the append.)
                 let idle = Arc::strong_count(slot) == 1
-                    && slot.unsettled.signal().is_none()
+                    && slot.unsettled.is_settled()
                     && slot.task.try_lock().is_ok_and(|t| t.state.is_terminal());
                 if idle {
                     self.remove(task.id());
@@ -380,7 +420,7 @@ impl IndexBuilder {
             suspended: self.suspended.into_iter().collect(),
             leases: self.leases.into_iter().collect(),
             terminal: self.terminal,
-            cold_epoch: 0,
+            cold_epochs: ColdEpochs::default(),
         }
     }
 }

@@ -146,7 +146,7 @@ impl Drop for Orphan {
 }
 
 /// How many times [`TaskStore::slot`] folds a task not in memory while slots leave the index
-/// meanwhile ([`Index::cold_epoch`]); the last fold is placed whatever happened meanwhile
+/// meanwhile ([`Index::cold_epoch`]: its own, or another's that shares its counter); the last fold is placed whatever happened meanwhile
 /// (as every fold was before: a store evicting all the time could otherwise fold for ever).
 const COLD_FOLDS: usize = 3;
 
@@ -539,7 +539,7 @@ impl TaskStore {
             if let Some(slot) = index.slots.get(id) {
                 return Ok(Arc::clone(slot));
             }
-            index.cold_epoch
+            index.cold_epoch(id)
         };
         let mut folds = 0;
         loop {
@@ -553,8 +553,8 @@ impl TaskStore {
             // Folded outside the lock: a write made meanwhile through a slot that has since
             // left the index (evicted), or a purge, is not in the fold, which would be kept
             // behind its journal. Folded again when such a thing may have happened.
-            if index.cold_epoch != epoch && folds < COLD_FOLDS {
-                epoch = index.cold_epoch;
+            if index.cold_epoch(id) != epoch && folds < COLD_FOLDS {
+                epoch = index.cold_epoch(id);
                 continue;
             }
             // Usually a terminal task; but a task read between its creation's append and its

@@ -31,6 +31,16 @@ impl Unsettled {
         self.0.lock().clone()
     }
 
+    /// Whether no append the task may be behind is still in flight: unmarked, or its signal
+    /// raised (or its sender gone). A task so marked is refolded when next locked; evicted
+    /// meanwhile, it is folded from the journal when next read, which holds the append.
+    pub(super) fn is_settled(&self) -> bool {
+        self.0
+            .lock()
+            .as_ref()
+            .is_none_or(|signal| *signal.borrow() || signal.has_changed().is_err())
+    }
+
     /// Marks the task current again (after its refold, under the task's lock).
     pub(super) fn clear(&self) {
         *self.0.lock() = None;
