@@ -1323,3 +1323,58 @@ async fn a_cancellation_acknowledged_after_the_lease_ran_out_is_a_lost_lease() {
         "{ended:?}"
     );
 }
+
+/// An executor whose hook for a direct cancel never returns (a tool that does not stop).
+struct NeverStops;
+
+#[async_trait]
+impl Executor for NeverStops {
+    fn key(&self) -> &'static str {
+        "never-stops"
+    }
+
+    fn lease_policy(&self) -> LeasePolicy {
+        LeasePolicy::Retry
+    }
+
+    async fn execute(
+        &self,
+        _attempt: AttemptContext,
+        _task: TaskState,
+    ) -> Result<ExecutionResult, ExecutionError> {
+        Ok(ExecutionResult::Completed(Vec::new()))
+    }
+
+    async fn canceled_directly(&self, _task: &TaskState) {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// A cancel request that ends its task at once waits for the executor's hook a bounded
+/// while: the cancel is durable, and a tool that never stops does not hold the caller.
+#[tokio::test]
+async fn a_direct_cancel_does_not_wait_for_ever_on_the_executors_hook() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(
+        dir.path(),
+        JournalOptions::default().with_durability(Durability::Buffered),
+    )
+    .unwrap();
+    let store =
+        TaskStore::open(journal, ManualClock::new(1_000_000), StoreConfig::default()).unwrap();
+    let mut registry = ExecutorRegistry::new();
+    registry.register(NeverStops).unwrap();
+    let manager = Manager::new(
+        store,
+        registry,
+        ManagerConfig::default().with_cancel_hook_wait(Duration::ZERO),
+    );
+    let id = submit(&manager, "never-stops").await;
+    // A guard against a wait for ever, no measure.
+    let canceled =
+        tokio::time::timeout(Duration::from_secs(60), manager.request_cancel(&id, "stop"))
+            .await
+            .expect("the cancel request waited for the hook for ever")
+            .unwrap();
+    assert_eq!(canceled.status, Status::Canceled);
+}

@@ -34,6 +34,10 @@ pub struct ManagerConfig {
     pub heartbeat_interval: Duration,
     /// A custom task-id generator; `None` gives `<kind or "task">_<UUID v7>`.
     pub id_generator: Option<IdGenerator>,
+    /// How long a cancel request that ended its task at once waits for the executor's hook
+    /// ([`Executor::canceled_directly`]: a managed tool's operation stopped) before it
+    /// returns; the hook goes on after. Default: 10 s.
+    pub cancel_hook_wait: Duration,
 }
 
 impl Default for ManagerConfig {
@@ -41,6 +45,7 @@ impl Default for ManagerConfig {
         Self {
             heartbeat_interval: Duration::from_secs(10),
             id_generator: None,
+            cancel_hook_wait: Duration::from_secs(10),
         }
     }
 }
@@ -50,6 +55,7 @@ impl std::fmt::Debug for ManagerConfig {
         f.debug_struct("ManagerConfig")
             .field("heartbeat_interval", &self.heartbeat_interval)
             .field("id_generator", &self.id_generator.is_some())
+            .field("cancel_hook_wait", &self.cancel_hook_wait)
             .finish()
     }
 }
@@ -59,6 +65,13 @@ impl ManagerConfig {
     #[must_use]
     pub fn with_heartbeat_interval(mut self, every: Duration) -> Self {
         self.heartbeat_interval = every;
+        self
+    }
+
+    /// Sets [`ManagerConfig::cancel_hook_wait`].
+    #[must_use]
+    pub fn with_cancel_hook_wait(mut self, wait: Duration) -> Self {
+        self.cancel_hook_wait = wait;
         self
     }
 
@@ -438,15 +451,24 @@ impl Manager {
 
     /// Tells the executor of `task`, which a cancel request just ended, that it was canceled
     /// directly ([`Executor::canceled_directly`]) — in a task of its own, which a caller that
-    /// stops waiting does not cut short.
+    /// stops waiting does not cut short. The request waits for it
+    /// [`ManagerConfig::cancel_hook_wait`] at most (the cancel is durable already; a tool
+    /// slow to stop goes on stopping after).
     async fn canceled_directly(&self, task: &TaskState) {
         let Ok(executor) = self.executor(&task.spec.executor_key) else {
             return;
         };
         let canceled = task.clone();
         let told = tokio::spawn(async move { executor.canceled_directly(&canceled).await });
-        if let Err(e) = told.await {
-            tracing::warn!(task = %task.spec.id, error = %e, "the executor's cancel hook failed");
+        match tokio::time::timeout(self.inner.config.cancel_hook_wait, told).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(task = %task.spec.id, error = %e, "the executor's cancel hook failed");
+            }
+            Err(_) => tracing::info!(
+                task = %task.spec.id,
+                "the executor's cancel hook goes on after the cancel request returned"
+            ),
         }
     }
 
