@@ -192,7 +192,7 @@ const REREADS: u32 = 3;
 /// stream again from the start, checks the records it handed out already without handing
 /// them out again, and goes on from where it was, in the stream as it is now — or, when the
 /// stream no longer reaches that far (purged), says so with a storage error (not damage:
-/// read it again). A chain broken within one snapshot, or again in each of [`REREADS`]
+/// read it again). A chain broken within one snapshot, or again in each of its three further
 /// readings, is reported as damage.
 pub struct StreamReader<'a> {
     backend: &'a dyn Backend,
