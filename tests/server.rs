@@ -13,6 +13,7 @@
 mod models;
 mod pg;
 
+mod support;
 use dtask::server::{Server, ServerConfig, ServerError};
 use dtask_engine::{
     Command as Cmd, CreateRequest, ManualClock, NotificationRequest, StoreConfig, SystemClock,
@@ -2565,6 +2566,102 @@ async fn a_rerun_served_without_a_manager_starts_a_managed_call_afresh() {
     server.stop().await;
 }
 
+/// Control answers the same with and without an embedded manager, and says what a client
+/// did: a cancel of an ended task is a conflict, a control of a purged task is gone, a run
+/// under the agent's key that is no run is unprocessable, a record over the journal's limit
+/// (the body limit raised past it) is too large — none of them a server error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn control_answers_what_the_client_did() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_store(dir.path());
+    let manager = dtask::engine::Manager::new(
+        store.clone(),
+        support::Held::default().registry(),
+        dtask::engine::ManagerConfig::default()
+            .with_id_generator(std::sync::Arc::new(|kind: &str| format!("n7-{kind}-1"))),
+    );
+    let server = Running::start(Server::owner(
+        store.clone(),
+        Some(manager),
+        fast().with_body_limit(16 << 20),
+    ))
+    .await;
+    // The manager's ids.
+    let (status, made) = server
+        .post(
+            "/api/tasks",
+            &json!({"executor_key": "held", "kind": "job"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{made}");
+    assert_eq!(made["id"], "n7-job-1");
+    // Canceled (pending: at once), then canceled again: a conflict, as without a manager.
+    let (status, _) = server
+        .post("/api/tasks/n7-job-1/cancel", &json!({"reason": "r"}))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, again) = server
+        .post("/api/tasks/n7-job-1/cancel", &json!({"reason": "r"}))
+        .await;
+    assert_eq!(
+        (status, code(&again)),
+        (StatusCode::CONFLICT, "conflict"),
+        "{again}"
+    );
+    // Purged: every control of it is gone.
+    let response = server
+        .http
+        .delete(server.url("/api/tasks/n7-job-1"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    for path in ["cancel", "resume", "inputs"] {
+        let (status, gone) = server
+            .post(
+                &format!("/api/tasks/n7-job-1/{path}"),
+                &json!({"reason": "r", "data": "d", "kind": "k", "event_id": "e"}),
+            )
+            .await;
+        assert!(
+            status == StatusCode::GONE || status == StatusCode::BAD_REQUEST,
+            "{path}: {status} {gone}"
+        );
+    }
+    let (status, gone) = server
+        .post("/api/tasks/n7-job-1/cancel", &json!({"reason": "r"}))
+        .await;
+    assert_eq!(
+        (status, code(&gone)),
+        (StatusCode::GONE, "purged"),
+        "{gone}"
+    );
+    // Under the agent's key, a payload that is no run.
+    store
+        .create(create("fake", "dtask.dev/agent", &json!({"x": 1})))
+        .await
+        .unwrap();
+    let (status, err) = server.post("/api/tasks/fake/close", &json!({})).await;
+    assert_eq!(
+        (status, code(&err)),
+        (StatusCode::UNPROCESSABLE_ENTITY, "invalid_agent_run"),
+        "{err}"
+    );
+    // A record over the journal's limit.
+    let (status, err) = server
+        .post(
+            "/api/tasks",
+            &json!({"executor_key": "held", "description": "d".repeat(5 << 20)}),
+        )
+        .await;
+    assert_eq!(
+        (status, code(&err)),
+        (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large"),
+        "{err}"
+    );
+    server.stop().await;
+}
+
 /// The counts after a trim — its updates and parts rewritten in place, their sequences kept,
 /// so no commit of theirs comes to the pump — are those a fresh count makes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -2670,6 +2767,14 @@ async fn an_agent_runs_conversation_is_served_and_a_message_steers_it() {
         )
         .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
+    // The close's own id: a message under it would make every close a conflict.
+    let (status, err) = server
+        .post(
+            "/api/tasks/run/messages",
+            &json!({"text": "x", "event_id": "agent.close"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{err}");
     let message = json!({"text": "stop counting", "preempt": true, "event_id": "m1"});
     let (status, sent) = server.post("/api/tasks/run/messages", &message).await;
     assert_eq!(status, StatusCode::OK, "{sent}");

@@ -225,6 +225,7 @@ pub async fn submit(
         (status = 400, description = "An id holding NUL, or a bad body", body = ErrorBody),
         (status = 413, description = "The body is over the limit", body = ErrorBody),
         (status = 415, description = "Not `application/json`", body = ErrorBody),
+        (status = 410, description = "The task was purged", body = ErrorBody),
     )
 )]
 pub async fn cancel(
@@ -248,6 +249,7 @@ pub async fn cancel(
         (status = 400, description = "An id holding NUL, or a bad body", body = ErrorBody),
         (status = 413, description = "The body is over the limit", body = ErrorBody),
         (status = 415, description = "Not `application/json`", body = ErrorBody),
+        (status = 410, description = "The task was purged", body = ErrorBody),
     )
 )]
 pub async fn resume(
@@ -272,6 +274,7 @@ pub async fn resume(
         (status = 409, description = "The task has ended, or the event id was used with other content", body = ErrorBody),
         (status = 413, description = "The body is over the limit", body = ErrorBody),
         (status = 415, description = "Not `application/json`", body = ErrorBody),
+        (status = 410, description = "The task was purged", body = ErrorBody),
     )
 )]
 pub async fn send_input(
@@ -296,6 +299,8 @@ pub async fn send_input(
         (status = 409, description = "The run has ended, or the event id was used with other content", body = ErrorBody),
         (status = 413, description = "The body is over the limit", body = ErrorBody),
         (status = 415, description = "Not `application/json`", body = ErrorBody),
+        (status = 410, description = "The task was purged", body = ErrorBody),
+        (status = 422, description = "The task's payload is not a run this server reads", body = ErrorBody),
     )
 )]
 pub async fn send_message(
@@ -317,6 +322,8 @@ pub async fn send_message(
         (status = 404, description = "No such task, or one that is not an agent run (code `not_an_agent_run`)", body = ErrorBody),
         (status = 409, description = "A run that is not interactive (code `not_interactive`), or one that has ended", body = ErrorBody),
         (status = 400, description = "An id holding NUL, or a bad body", body = ErrorBody),
+        (status = 410, description = "The task was purged", body = ErrorBody),
+        (status = 422, description = "The task's payload is not a run this server reads", body = ErrorBody),
     )
 )]
 pub async fn close_run(
@@ -443,6 +450,7 @@ pub async fn ack_notification(
         (status = 400, description = "An id holding NUL, or a bad body", body = ErrorBody),
         (status = 413, description = "The body is over the limit", body = ErrorBody),
         (status = 415, description = "Not `application/json`", body = ErrorBody),
+        (status = 410, description = "The task was purged", body = ErrorBody),
     )
 )]
 pub async fn release(
@@ -468,6 +476,7 @@ pub async fn release(
         (status = 409, description = "The task has not ended, or the new id is taken", body = ErrorBody),
         (status = 413, description = "The body is over the limit", body = ErrorBody),
         (status = 415, description = "Not `application/json`", body = ErrorBody),
+        (status = 410, description = "The task was purged", body = ErrorBody),
     )
 )]
 pub async fn rerun(

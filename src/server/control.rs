@@ -58,9 +58,11 @@ impl Owner {
     /// # Errors
     /// 400 for a bad request, 409 when the id is taken.
     pub async fn submit(&self, body: SubmitBody) -> Result<TaskState, ApiError> {
-        let id = match body.id {
-            Some(id) => id,
-            None => generate_id(&body.kind)?,
+        let id = match (body.id, &self.manager) {
+            (Some(id), _) => id,
+            // The manager's ids (its `ManagerConfig::id_generator`, if any).
+            (None, Some(manager)) => manager.allocate_task_id(&body.kind)?,
+            (None, None) => generate_id(&body.kind)?,
         };
         let policy = match body.policy.as_deref() {
             None | Some("retry") => LeasePolicy::Retry,
@@ -108,6 +110,11 @@ impl Owner {
     /// 404, 409 for a terminal task.
     pub async fn cancel(&self, id: &str, body: CancelBody) -> Result<TaskState, ApiError> {
         if let Some(manager) = &self.manager {
+            // As the store answers without a manager: an ended task is a conflict.
+            let before = self.store.get(id).await?;
+            if before.is_terminal() {
+                return Err(StoreError::AlreadyTerminal(id.to_owned()).into());
+            }
             return Ok(manager.request_cancel(id, &body.reason).await?);
         }
         self.retrying(id, |_| {

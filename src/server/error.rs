@@ -179,6 +179,11 @@ impl From<dtask_journal::Error> for ApiError {
             | dtask_journal::Error::Conflict { .. }) => {
                 Self::new(StatusCode::CONFLICT, "conflict", e.to_string())
             }
+            e @ dtask_journal::Error::TooLarge { .. } => Self::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "payload_too_large",
+                e.to_string(),
+            ),
             e @ dtask_journal::Error::Stopped(_) => Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "journal_stopped",
@@ -207,6 +212,19 @@ impl From<dtask_engine::agent::AgentError> for ApiError {
             AgentError::NotInteractive(_) => {
                 Self::new(StatusCode::CONFLICT, "not_interactive", message)
             }
+            // The task's payload is not a run this build reads (a task submitted under the
+            // agent's key with another payload, or a newer build's): the task's, not the
+            // server's, fault.
+            AgentError::EmptyConversation
+            | AgentError::InvalidMaxSteps { .. }
+            | AgentError::UnsupportedVersion(_)
+            | AgentError::InvalidPayload(_)
+            | AgentError::InvalidEntry { .. }
+            | AgentError::Fold(_) => Self::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "invalid_agent_run",
+                message,
+            ),
             _ => Self::new(StatusCode::INTERNAL_SERVER_ERROR, "agent_error", message),
         }
     }

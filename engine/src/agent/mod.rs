@@ -223,6 +223,14 @@ pub async fn send_message(
     let event_id = message
         .event_id
         .unwrap_or_else(|| uuid::Uuid::new_v4().to_string());
+    if event_id == CLOSE_KIND {
+        // The close's own id ([`close_run`]): a message under it would make every close
+        // a conflict with it.
+        return Err(AgentError::Store(StoreError::Invalid {
+            field: "event_id",
+            reason: format!("{CLOSE_KIND:?} is the close's id"),
+        }));
+    }
     Ok(store
         .send_input(
             run,
