@@ -1403,7 +1403,7 @@ struct Holes {
 impl Holes {
     fn merge(&mut self, other: &Self) {
         self.sum.merge(&other.sum);
-        self.count += other.count;
+        self.count = self.count.saturating_add(other.count);
     }
 }
 
@@ -1538,7 +1538,7 @@ mod pipeline {
                 purged
                     .sum
                     .merge(&dtask_journal::PairHash::from_lanes(*sequences));
-                purged.count += records;
+                purged.count = purged.count.saturating_add(*records);
             }
             seqs.push((record.position, record.seq));
             if let Some(pairs) = &mut pairs {

@@ -306,11 +306,25 @@ fn sync_dir(dir: &Path) -> Result<()> {
         .map_err(io(dir))
 }
 
+/// The longest line an export can hold: a record's largest payload (64 MiB, the import's
+/// limit) in base64, escaped, with its fields — well under this.
+const MAX_LINE_BYTES: u64 = 512 << 20;
+
 /// Reads the next line of `reader` into `line` (its line ending left out); false at the end.
 fn next_line(reader: &mut dyn BufRead, line: &mut String) -> std::io::Result<bool> {
     line.clear();
-    if reader.read_line(line)? == 0 {
+    let read = std::io::Read::take(reader, MAX_LINE_BYTES + 1).read_line(line)?;
+    if read == 0 {
         return Ok(false);
+    }
+    if read as u64 > MAX_LINE_BYTES {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "a line of over {} MiB: no record of an export is that long",
+                MAX_LINE_BYTES >> 20
+            ),
+        ));
     }
     if line.ends_with('\n') {
         line.pop();
@@ -358,6 +372,11 @@ fn append_all(
     let mut batch: Option<Batch> = None;
     let mut records = 0u64;
     let mut last_seq = 0u64;
+    // The sequences missing so far, and the records the tombstones so far say they deleted:
+    // a tombstone comes after the records it deleted, so it never claims more than the gaps
+    // before it, and at the end the two are equal (as the audit checks, which walks each gap:
+    // forged gaps of billions of sequences are refused here, before it).
+    let (mut gaps, mut deleted) = (0u64, 0u64);
     let mut line = String::new();
     let mut line_no = 1;
     while next_line(reader, &mut line).map_err(|e| CliError::io(format!("reading {name}"))(e))? {
@@ -377,7 +396,17 @@ fn append_all(
             )));
         }
         let contiguous = expected.seq == last_seq + 1;
+        gaps = gaps.saturating_add(expected.seq - last_seq - 1);
         last_seq = expected.seq;
+        if let Event::Purged { records: gone, .. } = &event {
+            deleted = deleted.saturating_add(*gone);
+            if deleted > gaps {
+                return Err(bad(format!(
+                    "the tombstones so far say {deleted} records were deleted, but only {gaps} \
+                     sequences are missing before them"
+                )));
+            }
+        }
         let at = next_position.get(task.as_str()).copied().unwrap_or(0);
         if expected.position != at {
             return Err(bad(format!(
@@ -410,6 +439,12 @@ fn append_all(
         });
         b.events.push(event);
         b.expected.push(expected);
+    }
+    if gaps != deleted {
+        return Err(CliError::Usage(format!(
+            "{name}: {gaps} sequences are missing, but the tombstones say {deleted} records \
+             were deleted: records were left out of the export"
+        )));
     }
     appender.append(batch, bar)?;
     appender.hand_over()?;
