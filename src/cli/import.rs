@@ -43,6 +43,8 @@ struct Batch {
     task: String,
     events: Vec<Event>,
     expected: Vec<Expected>,
+    /// The bytes of the export's lines the batch was read from (its size, roughly).
+    bytes: usize,
 }
 
 /// The most records appended at once.
@@ -50,6 +52,12 @@ const MAX_BATCH: usize = 1024;
 
 /// Records whose appends are in flight at once, before they are waited for and read back.
 const WINDOW: usize = 4096;
+
+/// The bytes of the export's lines a batch (and a window) holds at most beyond its first
+/// record: records of megabytes each would otherwise make batches and windows of gigabytes
+/// (read back whole on PostgreSQL).
+const BATCH_BYTES: usize = 16 << 20;
+const WINDOW_BYTES: usize = 64 << 20;
 
 fn check_target(at: &At) -> Result<()> {
     if let At::Postgres(url) = at {
@@ -159,6 +167,8 @@ struct Appender<'j> {
     window: Vec<Submitted>,
     /// Records in `window`.
     records: usize,
+    /// The export's bytes of `window`'s records.
+    bytes: usize,
     /// Where full windows go; at most one waits there while the check works on another.
     to_check: std::sync::mpsc::SyncSender<Vec<Submitted>>,
 }
@@ -169,6 +179,7 @@ impl<'j> Appender<'j> {
             journal,
             window: Vec::new(),
             records: 0,
+            bytes: 0,
             to_check,
         }
     }
@@ -188,12 +199,13 @@ impl<'j> Appender<'j> {
             self.journal
                 .submit_at_seq(&batch.task, first.position, &batch.events, first.seq)?;
         self.records += batch.expected.len();
+        self.bytes += batch.bytes;
         self.window.push(Submitted {
             pending,
             task: batch.task,
             expected: batch.expected,
         });
-        if self.records >= WINDOW {
+        if self.records >= WINDOW || self.bytes >= WINDOW_BYTES {
             self.hand_over()?;
         }
         Ok(())
@@ -202,6 +214,7 @@ impl<'j> Appender<'j> {
     /// Hands the window to the check.
     fn hand_over(&mut self) -> Result<()> {
         self.records = 0;
+        self.bytes = 0;
         let window = std::mem::take(&mut self.window);
         if window.is_empty() {
             return Ok(());
@@ -427,6 +440,7 @@ fn append_all(
             && batch.as_ref().is_some_and(|b| {
                 b.task == task
                     && b.events.len() < MAX_BATCH
+                    && b.bytes < BATCH_BYTES
                     && !matches!(b.events.first(), Some(Event::Purged { .. }))
             });
         if !joins {
@@ -436,9 +450,11 @@ fn append_all(
             task,
             events: Vec::new(),
             expected: Vec::new(),
+            bytes: 0,
         });
         b.events.push(event);
         b.expected.push(expected);
+        b.bytes += line.len();
     }
     if gaps != deleted {
         return Err(CliError::Usage(format!(
