@@ -249,6 +249,63 @@ async fn a_new_attempt_continues_from_the_journal_without_repeating_anything() {
     assert_eq!(lines, ["run.t1.c0", "run.t1.c1"], "a call ran twice");
 }
 
+/// A call left pending by an attempt, whose tool the process running the next attempt no
+/// longer registers, ends the call failed with the refusal (its task canceled), and the run
+/// goes on: the run is the process meant to run its calls, and would otherwise wait for it
+/// for ever (a worker leaves a task it refuses for another process).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_whose_tool_is_no_longer_registered_ends_failed_and_the_run_goes_on() {
+    let env = Env::new();
+    let ledger = env.dir.path().join("ledger");
+    let model = Arc::new(ScriptedModel::new([AssistantMessage::text("unused")]));
+    let before = agent(model, &ledger);
+    let manager = manager(&env, &before);
+    before
+        .submit(
+            &manager,
+            AgentRequest::new(vec![Message::user("1+1?")]).with_task_id("run"),
+        )
+        .await
+        .unwrap();
+    left_by_attempt_one(
+        &env,
+        &before,
+        &manager,
+        "run",
+        AssistantMessage::with_tool_calls(vec![add("c1", 1, 1)]),
+    )
+    .await;
+    // Restarted without the tool "add".
+    let model = Arc::new(ScriptedModel::new([AssistantMessage::text(
+        "no adding today",
+    )]));
+    let mut registry = ToolRegistry::new();
+    registry
+        .register(Registration::new(
+            ToolInfo::new("approve", "Ask a person", ApprovalTool::parameters()),
+            ApprovalTool,
+        ))
+        .unwrap();
+    let after = DurableAgent::new(model.clone(), ManagedTools::new(registry))
+        .with_poll_interval(Duration::from_millis(20));
+    let manager = self::manager(&env, &after);
+    env.clock.advance(Duration::from_secs(31));
+    let done = tokio::time::timeout(Duration::from_secs(60), manager.execute("run"))
+        .await
+        .expect("the run waited for a call it cannot run")
+        .unwrap();
+    assert_eq!(done.status, Status::Completed, "{done:?}");
+    let requests = model.requests();
+    let told = &requests[0].messages[2];
+    assert!(
+        format!("{told:?}").contains("unavailable"),
+        "the model was told: {told:?}"
+    );
+    assert!(read_ledger(&ledger).is_empty(), "the call ran");
+    let child = env.store().get("run.t1.c0").await.unwrap();
+    assert_eq!(child.status, Status::Canceled);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_canceled_between_attempts_cancels_its_unfinished_tool_calls() {
     let env = Env::new();

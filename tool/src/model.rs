@@ -78,13 +78,15 @@ pub struct Usage {
 }
 
 impl Usage {
-    /// The sum of two usages.
+    /// The sum of two usages (saturating: a server's counts are not trusted to fit).
     #[must_use]
     pub fn plus(self, other: Self) -> Self {
         Self {
-            prompt_tokens: self.prompt_tokens + other.prompt_tokens,
-            completion_tokens: self.completion_tokens + other.completion_tokens,
-            total_tokens: self.total_tokens + other.total_tokens,
+            prompt_tokens: self.prompt_tokens.saturating_add(other.prompt_tokens),
+            completion_tokens: self
+                .completion_tokens
+                .saturating_add(other.completion_tokens),
+            total_tokens: self.total_tokens.saturating_add(other.total_tokens),
         }
     }
 }

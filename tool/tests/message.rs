@@ -115,3 +115,18 @@ fn rejects_unknown_roles_and_call_types() {
     });
     assert!(serde_json::from_value::<ToolCall>(bad_type).is_err());
 }
+
+/// Usages add up without overflowing: a server's counts are not trusted to fit.
+#[test]
+fn usages_add_up_saturating() {
+    let huge = dtask_tool::Usage {
+        prompt_tokens: u64::MAX,
+        completion_tokens: 1,
+        total_tokens: u64::MAX,
+    };
+    let sum = huge.plus(huge);
+    assert_eq!(
+        (sum.prompt_tokens, sum.completion_tokens, sum.total_tokens),
+        (u64::MAX, 2, u64::MAX)
+    );
+}

@@ -516,7 +516,13 @@ impl AgentExecutor {
                 manager,
                 ManagedCall {
                     tool_name: call.call.function.name.clone(),
-                    arguments: call.call.function.arguments.clone(),
+                    // No arguments are an empty object, as the tools node reads them (a
+                    // streamed call of a tool without parameters sends none).
+                    arguments: if call.call.function.arguments.trim().is_empty() {
+                        "{}".to_owned()
+                    } else {
+                        call.call.function.arguments.clone()
+                    },
                     tool_call_id: Some(call.call.id.clone()),
                     ..ManagedCall::default()
                 },
@@ -656,7 +662,10 @@ async fn journal<T: serde::Serialize>(
 
 /// Waits until the call's task has ended, executing it here whenever it is pending (an
 /// attempt elsewhere may take it first: that race is benign). A task waiting for input
-/// waits for whoever answers it.
+/// waits for whoever answers it. A task this process refuses to run (its tool no longer
+/// registered, its arguments refused by a stricter check) ends the call: the run is the
+/// process meant to run its calls, and would otherwise wait for it for ever — the task is
+/// canceled, and its state is returned failed with the refusal, for the transcript.
 async fn watch(
     manager: Manager,
     id: String,
@@ -669,6 +678,17 @@ async fn watch(
         match state.status {
             Status::Completed | Status::Failed | Status::Canceled => return Ok((index, state)),
             Status::Pending => {
+                if let Err(refusal) = manager.runnable(&state) {
+                    if let Err(e) = manager.request_cancel(&id, &refusal.to_string()).await {
+                        tracing::warn!(task = %id, error = %e, "could not cancel a refused call");
+                    }
+                    let mut ended = store.get(&id).await.unwrap_or(state);
+                    if ended.status != Status::Completed {
+                        ended.status = Status::Failed;
+                        ended.result_error = refusal.to_string();
+                    }
+                    return Ok((index, ended));
+                }
                 let manager = manager.clone();
                 let child = id.clone();
                 tokio::spawn(async move {

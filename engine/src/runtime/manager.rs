@@ -689,15 +689,23 @@ impl Manager {
     async fn execute_registered(&self, id: &str) -> Result<TaskState, RuntimeError> {
         let store = &self.inner.store;
         let task = store.get(id).await?;
+        let executor = self.runnable(&task)?;
+        let claimed = store.execute(id, task.version, Command::Start).await?;
+        self.run_attempt(id, executor, claimed).await
+    }
+
+    /// The executor that would run an attempt of `task` here, or why this manager refuses
+    /// to (`ExecutorUnavailable`, `InvalidSpec`, `InvalidExecution`: checked before a claim,
+    /// nothing written).
+    pub(crate) fn runnable(&self, task: &TaskState) -> Result<Arc<dyn Executor>, RuntimeError> {
         let executor = self.executor(&task.spec.executor_key)?;
         executor
             .validate_spec(&task.spec)
             .map_err(RuntimeError::InvalidSpec)?;
         executor
-            .validate_execution(&task)
+            .validate_execution(task)
             .map_err(RuntimeError::InvalidExecution)?;
-        let claimed = store.execute(id, task.version, Command::Start).await?;
-        self.run_attempt(id, executor, claimed).await
+        Ok(executor)
     }
 
     /// Creates a task already claimed by this manager and runs its first attempt here, at
