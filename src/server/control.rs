@@ -280,12 +280,8 @@ impl Owner {
         // As a manager running the managed tools would: their task's creation checkpoint
         // is a hand-off's started marker, not carried by a rerun.
         let key = self.store.get(id).await?.spec.executor_key.clone();
-        let managed = [
-            dtask_engine::managed::codec::PLAIN_EXECUTOR_KEY,
-            dtask_engine::managed::codec::RECOVERABLE_EXECUTOR_KEY,
-        ]
-        .contains(&key.as_str());
-        Ok(self.store.rerun_with(id, body.id, !managed).await?)
+        let keep = dtask_engine::managed::codec::rerun_keeps_checkpoint(&key);
+        Ok(self.store.rerun_with(id, body.id, keep).await?)
     }
 
     /// Executes the command `make` builds from the current state, retrying version conflicts.

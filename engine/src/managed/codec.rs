@@ -11,6 +11,16 @@ use serde::{Deserialize, Serialize};
 pub const PLAIN_EXECUTOR_KEY: &str = "dtask.dev/background-tool";
 /// The executor key of recoverable background tools (lease policy retry, drain by yield).
 pub const RECOVERABLE_EXECUTOR_KEY: &str = "dtask.dev/recoverable-background-tool";
+/// Whether a rerun of a task of `executor_key` carries the original's creation checkpoint:
+/// not for the managed tools' keys, whose tasks are created with one only by a hand-off (the
+/// started marker of the run the foreground began: a rerun starts the tool afresh). The one
+/// rule behind [`crate::Executor::rerun_keeps_checkpoint`] of the managed executors and a
+/// server that reruns without a manager.
+#[must_use]
+pub fn rerun_keeps_checkpoint(executor_key: &str) -> bool {
+    executor_key != PLAIN_EXECUTOR_KEY && executor_key != RECOVERABLE_EXECUTOR_KEY
+}
+
 /// The task kind of managed-tool tasks.
 pub const TASK_KIND: &str = "background_tool";
 /// The largest arguments (and prepared arguments): 1 MiB.

@@ -82,7 +82,7 @@ impl Executor for ManagedExecutor {
     fn rerun_keeps_checkpoint(&self) -> bool {
         // A managed task's creation checkpoint is a hand-off's started marker: a rerun
         // recovered (or, for a plain tool, failed on) the original's run.
-        false
+        super::codec::rerun_keeps_checkpoint(self.key())
     }
 
     fn key(&self) -> &str {
