@@ -344,6 +344,9 @@ impl Recount {
         let (journal, projection) = (journal.clone(), Arc::clone(projection));
         tokio::task::spawn_blocking(move || {
             let outcome = projection.count(&journal).map_err(|e| e.to_string());
+            // Let go of the journal before saying so: a server that stops waits for the
+            // count, and the journal must be free to open again once it has stopped.
+            drop(journal);
             let _ = tx.send(Some(outcome));
         });
         Self { done }
