@@ -1566,6 +1566,16 @@ mod tests {
     }
 
     fn faulty_with(dir: &std::path::Path, options: JournalOptions) -> (Journal, Arc<Faulty>) {
+        faulty_bounded(dir, options, usize::MAX)
+    }
+
+    /// [`faulty_with`], its store's bound on a batch's record bytes `max_batch_bytes` from
+    /// the start (the writer reads it once, as it starts).
+    fn faulty_bounded(
+        dir: &std::path::Path,
+        options: JournalOptions,
+        max_batch_bytes: usize,
+    ) -> (Journal, Arc<Faulty>) {
         // Create the journal (format version) the normal way, then reopen over the wrapper.
         drop(Journal::open(dir, JournalOptions::default()).unwrap());
         let backend = Arc::new(Faulty {
@@ -1575,7 +1585,7 @@ mod tests {
             synced_on: Mutex::new(Vec::new()),
             writes: Mutex::new(Vec::new()),
             written_bytes: Mutex::new(Vec::new()),
-            max_batch_bytes: AtomicUsize::new(usize::MAX),
+            max_batch_bytes: AtomicUsize::new(max_batch_bytes),
             synced_through: Mutex::new(Vec::new()),
         });
         let journal =
@@ -1809,16 +1819,15 @@ mod tests {
     fn a_batch_carries_no_more_record_bytes_than_the_store_takes() {
         let dir = tempfile::tempdir().unwrap();
         let options = JournalOptions::default().with_max_batch_appends(100);
-        let (journal, backend) = faulty_with(dir.path(), options);
         let one = crate::record::HEADER_LEN
             + crate::record::Unframed::encode(&update(1))
                 .unwrap()
                 .payload()
                 .len()
             + crate::record::TRAILER_LEN;
-        backend
-            .max_batch_bytes
-            .store(3 * one + one / 2, Ordering::SeqCst);
+        // Bounded from the start: the writer reads the bound as it starts (set after the
+        // open, it raced the writer thread's start).
+        let (journal, backend) = faulty_bounded(dir.path(), options, 3 * one + one / 2);
         // A lone append syncs on its caller's thread, held, holding the writer: the appends
         // submitted meanwhile queue up, and are then written in as few batches as the bound
         // allows.
