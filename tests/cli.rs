@@ -791,6 +791,57 @@ fn rebuild(file: &Path, export: &str, target: &Path) {
     dtask(target).arg("verify").assert().success();
 }
 
+/// An import stopped by SIGINT — here while it waits on a pipe for the rest of its input —
+/// removes its staging copy and exits with 130: the target stays absent, nothing is left in
+/// its parent directory.
+#[test]
+fn an_interrupted_import_leaves_nothing_behind() {
+    use std::io::Write;
+    let dir = built();
+    let work = tempfile::tempdir().unwrap();
+    let export = stdout(dtask(dir.path()).arg("export"));
+    let target = work.path().join("copy");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_dtask"))
+        .env_remove("DTASK_JOURNAL")
+        .arg("--journal")
+        .arg(&target)
+        .args(["import", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The header and two records; the pipe stays open, saying nothing more.
+    let mut input = child.stdin.take().unwrap();
+    let head: Vec<&str> = export.lines().take(3).collect();
+    writeln!(input, "{}", head.join("\n")).unwrap();
+    input.flush().unwrap();
+    let staging = || {
+        std::fs::read_dir(work.path())
+            .unwrap()
+            .filter_map(Result::ok)
+            .any(|e| e.file_name().to_string_lossy().starts_with(".dtask-import-"))
+    };
+    // A guard against a hung child, not a timing assertion.
+    let mut looks = 0;
+    while !staging() {
+        assert!(looks < 6_000, "the import never began");
+        looks += 1;
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let signaled = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(signaled.success());
+    let output = child.wait_with_output().unwrap();
+    drop(input);
+    assert_eq!(output.status.code(), Some(130), "{output:?}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("interrupted: nothing was imported"), "{stderr}");
+    assert!(!staging(), "the staging copy was left behind");
+    assert!(!target.exists());
+}
+
 #[test]
 fn export_import_round_trip_is_bit_exact() {
     let dir = built();

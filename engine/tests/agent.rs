@@ -346,6 +346,127 @@ async fn a_run_canceled_between_attempts_cancels_its_unfinished_tool_calls() {
     assert!(model.requests().is_empty());
 }
 
+/// A run canceled while its call's task is pending after an attempt of its own (its lease
+/// ran out, its operation started): the call's cancel can only record the intent, which the
+/// task's next claim acknowledges, stopping the operation. The run is the process meant to
+/// run its calls, so it makes that claim — no worker may be there to make it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_canceled_stops_a_call_left_pending_by_an_attempt_of_its_own() {
+    let env = Env::new();
+    let ledger = env.dir.path().join("ledger");
+    let model = Arc::new(ScriptedModel::new([AssistantMessage::text("unused")]));
+    let agent = agent(model.clone(), &ledger);
+    let manager = manager(&env, &agent);
+    agent
+        .submit(
+            &manager,
+            AgentRequest::new(vec![Message::user("1+1?")]).with_task_id("run"),
+        )
+        .await
+        .unwrap();
+    left_by_attempt_one(
+        &env,
+        &agent,
+        &manager,
+        "run",
+        AssistantMessage::with_tool_calls(vec![add("c1", 1, 1)]),
+    )
+    .await;
+    // The call's attempt 1 started its operation (the marker durable), then its worker was
+    // lost with the run's.
+    let store = env.store();
+    let child = store.get("run.t1.c0").await.unwrap();
+    let claimed = store
+        .execute("run.t1.c0", child.version, Command::Start)
+        .await
+        .unwrap();
+    let marker = dtask_engine::managed::ManagedCheckpoint::started(b"started".to_vec())
+        .encode()
+        .unwrap();
+    store
+        .execute(
+            "run.t1.c0",
+            claimed.version,
+            Command::CommitStart { checkpoint: marker },
+        )
+        .await
+        .unwrap();
+    env.clock.advance(Duration::from_secs(31));
+    manager.request_cancel("run", "enough").await.unwrap();
+    let done = manager.execute("run").await.unwrap();
+    assert_eq!(done.status, Status::Canceled, "{done:?}");
+    // A guard against a wait for ever, no measure.
+    let child = tokio::time::timeout(
+        Duration::from_secs(60),
+        wait_for(&env, "run.t1.c0", |s| s.status.is_terminal()),
+    )
+    .await
+    .expect("the call's cancel intent was never acknowledged: its operation runs on");
+    assert_eq!(
+        (child.status, child.attempt, child.result_error.as_str()),
+        (Status::Canceled, 2, "enough")
+    );
+    assert!(read_ledger(&ledger).is_empty(), "the call was started again");
+    assert!(model.requests().is_empty());
+}
+
+/// A task that a caller created under the id a run's call would take is not the call's:
+/// the run never waits for it, takes its result or cancels it; the model is told the call
+/// could not run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_of_another_holding_a_calls_id_is_never_taken_for_the_call() {
+    let env = Env::new();
+    let ledger = env.dir.path().join("ledger");
+    let model = Arc::new(ScriptedModel::new([
+        AssistantMessage::with_tool_calls(vec![add("c1", 1, 1), add("c2", 2, 2)]),
+        AssistantMessage::text("only 4"),
+    ]));
+    let agent = agent(model.clone(), &ledger);
+    let manager = manager(&env, &agent);
+    // Someone else's task, named as the run's first call would be, left pending.
+    env.store()
+        .create(common::request(
+            common::spec("run.t1.c0"),
+            dtask_journal::LeasePolicy::Retry,
+        ))
+        .await
+        .unwrap();
+    agent
+        .submit(
+            &manager,
+            AgentRequest::new(vec![Message::user("1+1, 2+2?")]).with_task_id("run"),
+        )
+        .await
+        .unwrap();
+    let done = tokio::time::timeout(Duration::from_secs(60), manager.execute("run"))
+        .await
+        .expect("the run waited for a task that is not its call's")
+        .unwrap();
+    assert_eq!(done.status, Status::Completed, "{done:?}");
+    let told = &model.requests()[1].messages[2];
+    assert!(
+        format!("{told:?}").contains("another task's"),
+        "the model was told: {told:?}"
+    );
+    let transcript = read_transcript(env.store(), "run").await.unwrap();
+    let statuses: Vec<_> = transcript.turns()[0]
+        .calls
+        .iter()
+        .map(|c| c.result.as_ref().map(|r| r.status))
+        .collect();
+    assert_eq!(
+        statuses,
+        [Some(CallStatus::Refused), Some(CallStatus::Completed)]
+    );
+    let other = env.store().get("run.t1.c0").await.unwrap();
+    assert_eq!(
+        (other.status, other.attempt),
+        (Status::Pending, 0),
+        "the other task was run or canceled"
+    );
+    assert_eq!(read_ledger(&ledger), ["run.t1.c1"]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_tools_and_refused_arguments_are_told_to_the_model() {
     let env = Env::new();
@@ -1002,6 +1123,49 @@ async fn a_tool_result_too_large_for_an_update_is_cut_and_the_run_goes_on() {
         seen.starts_with("2\"\"") && seen.ends_with(" […result cut: its text had 4001 bytes]"),
         "{seen}"
     );
+}
+
+/// A model answer too large for an update once in JSON (a tool call writing a large file:
+/// its arguments escaped twice) does not fail the run: the largest call's arguments are cut
+/// from the journaled turn, that call is refused (its tool never run) and the model told
+/// why; the other calls run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_answer_too_large_for_an_update_has_its_largest_call_refused() {
+    let env = Env::with(
+        dtask_engine::StoreConfig::default().with_max_value_bytes(4096),
+        dtask_journal::Durability::Buffered,
+    );
+    let ledger = env.dir.path().join("ledger");
+    let large = format!(r#"{{"a":1,"b":1,"note":"{}"}}"#, "\\\"".repeat(1500));
+    let model = Arc::new(ScriptedModel::new([
+        AssistantMessage::with_tool_calls(vec![
+            ToolCall::function("c1", "add", large.clone()),
+            add("c2", 2, 2),
+        ]),
+        AssistantMessage::text("4 only"),
+    ]));
+    let agent = agent(model.clone(), &ledger);
+    let manager = manager(&env, &agent);
+    let run = spawn_run(&agent, &manager, "?").await;
+    let done = run.await.unwrap().unwrap();
+    assert_eq!(done.status, Status::Completed, "{done:?}");
+    let transcript = read_transcript(env.store(), "r").await.unwrap();
+    let calls = &transcript.turns()[0].calls;
+    assert_eq!(
+        dtask_engine::agent::cut_arguments(&calls[0].call.function.arguments),
+        Some(large.len())
+    );
+    let results: Vec<_> = calls
+        .iter()
+        .map(|c| c.result.as_ref().map(|r| r.status))
+        .collect();
+    assert_eq!(
+        results,
+        [Some(CallStatus::Refused), Some(CallStatus::Completed)]
+    );
+    let told = format!("{:?}", model.requests()[1].messages[2]);
+    assert!(told.contains("too many for the run's journal"), "{told}");
+    assert_eq!(read_ledger(&ledger), ["r.t1.c1"], "the cut call ran");
 }
 
 /// An interactive run with a session tells it of each answer: a `waiting_input`

@@ -426,6 +426,79 @@ async fn a_delay_survives_a_reopen_at_every_step() {
     a_delayed_task_waits_for_its_time(true).await;
 }
 
+/// A task that an attempt ran and that waits to be looked at again later (a tool checking
+/// back on a remote job): a cancel cannot end it at once (an attempt must stop what the last
+/// one left running), and that attempt must not wait an hour for the time — the intent makes
+/// the task due at once, for the store, a reopened store's index and the fold alike.
+async fn a_cancel_intent_makes_a_delayed_task_due_at_once(reboot: bool) {
+    let mut env = Env::new();
+    create(s(&mut env, reboot), "job", Retry).await;
+    s(&mut env, reboot)
+        .execute("job", 1, Command::Start)
+        .await
+        .unwrap();
+    let later = Timestamp(T0 + 3_600_000);
+    ok(
+        s(&mut env, reboot),
+        "job",
+        Command::YieldUntil {
+            checkpoint: cp("job-7"),
+            until: later,
+        },
+    )
+    .await;
+    assert_eq!(claimable(s(&mut env, reboot)).await, Vec::<String>::new());
+    assert_eq!(s(&mut env, reboot).next_due(), Some(later));
+
+    let intent = ok(
+        s(&mut env, reboot),
+        "job",
+        Command::RequestCancel {
+            reason: "operator".into(),
+        },
+    )
+    .await;
+    assert_eq!(intent.status, Status::Pending, "an intent only (T13)");
+    assert!(intent.cancel_requested_at.is_some());
+    assert_eq!(intent.not_before, Some(later), "the time stays readable");
+    assert_eq!(intent.claimable_from(), None);
+    assert_eq!(claimable(s(&mut env, reboot)).await, ["job"]);
+    assert_eq!(s(&mut env, reboot).next_due(), None);
+    let claimed = s(&mut env, reboot)
+        .execute("job", intent.version, Command::Start)
+        .await
+        .unwrap();
+    assert_eq!((claimed.status, claimed.attempt), (Status::Running, 2));
+    let canceled = ok(
+        s(&mut env, reboot),
+        "job",
+        Command::AckCancel {
+            reason: String::new(),
+        },
+    )
+    .await;
+    assert_eq!(
+        (canceled.status, canceled.result_error.as_str()),
+        (Status::Canceled, "operator")
+    );
+    // The fold of the journal (a recovery's, the audit's) takes the early attempt.
+    env.reopen();
+    assert_eq!(
+        env.store().get("job").await.unwrap().status,
+        Status::Canceled
+    );
+}
+
+#[tokio::test]
+async fn a_cancel_intent_makes_a_delayed_task_due_at_once_in_the_live_store() {
+    a_cancel_intent_makes_a_delayed_task_due_at_once(false).await;
+}
+
+#[tokio::test]
+async fn a_cancel_intent_makes_a_delayed_task_due_at_once_after_a_reopen() {
+    a_cancel_intent_makes_a_delayed_task_due_at_once(true).await;
+}
+
 #[tokio::test]
 async fn a_past_delay_writes_nothing_and_a_delayed_task_can_be_canceled() {
     let env = Env::new();

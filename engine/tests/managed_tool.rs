@@ -1589,7 +1589,8 @@ async fn a_cancel_that_races_an_update_stops_the_run() {
 }
 
 // The tool component layer dispatches a model's tool calls to managed tools by name: the tool
-// message carries the envelope record.
+// message carries the envelope record. A call without arguments (what a streamed call of a
+// tool without parameters sends) is the empty object, as for every tool a model calls.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tools_node_dispatches_model_calls_to_managed_tools() {
     use dtask_engine::tool::{ToolCall as ModelCall, ToolsNode};
@@ -1600,9 +1601,10 @@ async fn a_tools_node_dispatches_model_calls_to_managed_tools() {
         .build()
         .unwrap();
     let messages = node
-        .invoke_calls(&[ModelCall::function("call_1", NAME, "{}")])
+        .invoke_calls(&[ModelCall::function("call_1", NAME, "")])
         .await
         .unwrap();
+    assert_eq!(probe.calls().starts[0].arguments, "{}");
     assert_eq!(messages[0].tool_call_id, "call_1");
     let record: serde_json::Value = serde_json::from_str(messages[0].content.trim_end()).unwrap();
     assert_eq!(record["type"], "foreground_result");
@@ -1613,7 +1615,7 @@ async fn a_tools_node_dispatches_model_calls_to_managed_tools() {
         .build()
         .unwrap();
     let messages = streaming
-        .invoke_calls(&[ModelCall::function("call_2", NAME, "{}")])
+        .invoke_calls(&[ModelCall::function("call_2", NAME, " ")])
         .await
         .unwrap();
     let record: serde_json::Value = serde_json::from_str(messages[0].content.trim_end()).unwrap();
@@ -2321,9 +2323,11 @@ async fn a_running_background_tool_receives_inputs() {
 struct PollingTool {
     starts: Arc<std::sync::atomic::AtomicUsize>,
     recovered_from: Arc<std::sync::Mutex<Vec<Vec<u8>>>>,
+    stops: Arc<std::sync::atomic::AtomicUsize>,
 }
 
-struct PollRun(RunOutcome);
+/// A run that ends as its outcome says, counting its stops.
+struct PollRun(RunOutcome, Arc<std::sync::atomic::AtomicUsize>);
 
 #[dtask_engine::async_trait]
 impl dtask_engine::managed::Run for PollRun {
@@ -2332,6 +2336,7 @@ impl dtask_engine::managed::Run for PollRun {
     }
 
     async fn stop(&self) -> Result<(), ToolRunError> {
+        self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Ok(())
     }
 }
@@ -2351,10 +2356,13 @@ impl dtask_engine::managed::BackgroundTool for PollingTool {
         self.starts
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Ok(dtask_engine::managed::StartResult {
-            run: Arc::new(PollRun(RunOutcome::CheckBackIn {
-                checkpoint: b"job-7".to_vec(),
-                after: POLL_AFTER,
-            })),
+            run: Arc::new(PollRun(
+                RunOutcome::CheckBackIn {
+                    checkpoint: b"job-7".to_vec(),
+                    after: POLL_AFTER,
+                },
+                Arc::clone(&self.stops),
+            )),
             checkpoint: b"submitted".to_vec(),
         })
     }
@@ -2375,9 +2383,10 @@ impl dtask_engine::managed::RecoverableTool for PollingTool {
             .unwrap()
             .push(request.checkpoint.clone());
         let job = String::from_utf8_lossy(&request.checkpoint).into_owned();
-        Ok(Arc::new(PollRun(RunOutcome::Completed(
-            format!("{job} done").into_bytes(),
-        ))))
+        Ok(Arc::new(PollRun(
+            RunOutcome::Completed(format!("{job} done").into_bytes()),
+            Arc::clone(&self.stops),
+        )))
     }
 }
 
@@ -2437,6 +2446,47 @@ async fn a_run_that_checks_back_later_is_recovered_from_its_checkpoint_when_due(
     assert_eq!(done.result_data, b"job-7 done");
     assert_eq!(tool.starts.load(std::sync::atomic::Ordering::SeqCst), 1);
     assert_eq!(*tool.recovered_from.lock().unwrap(), [b"job-7".to_vec()]);
+}
+
+// The same run canceled while it waits for its time: the cancel records the intent (an
+// attempt ran the task), and the intent makes the task due at once — the next attempt
+// recovers the operation and stops it now, not when the minute is up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_that_checks_back_later_canceled_meanwhile_is_stopped_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let tool = PollingTool::default();
+    let (_store, _tools, manager, _clock) = polling_env(dir.path(), &tool);
+    let id = manager.allocate_task_id("background_tool").unwrap();
+    manager
+        .submit(SubmitRequest {
+            spec: TaskSpec {
+                id: id.clone(),
+                executor_key: RECOVERABLE_EXECUTOR_KEY.into(),
+                kind: "background_tool".into(),
+                payload: ToolPayload::new("poll", None, "{}").encode(),
+                ..TaskSpec::default()
+            },
+            ..SubmitRequest::default()
+        })
+        .await
+        .unwrap();
+    let waiting = manager.execute(&id).await.unwrap();
+    assert_eq!((waiting.status, waiting.attempt), (Status::Pending, 1));
+    assert!(waiting.not_before.is_some());
+    let intent = manager.request_cancel(&id, "operator").await.unwrap();
+    assert_eq!(intent.status, Status::Pending, "the intent only: an attempt ran it");
+    // The clock has not moved: the task is due all the same.
+    let ended = manager.execute(&id).await.unwrap();
+    assert_eq!(
+        (ended.status, ended.result_error.as_str()),
+        (Status::Canceled, "operator")
+    );
+    assert_eq!(*tool.recovered_from.lock().unwrap(), [b"job-7".to_vec()]);
+    assert_eq!(
+        tool.stops.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the remote job is stopped"
+    );
 }
 
 // In the foreground the same run sends the call to the background at once, delayed: the

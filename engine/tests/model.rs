@@ -615,7 +615,9 @@ impl Model {
                 if task.status != Status::Pending {
                     return Err("IllegalTransition");
                 }
-                if task.not_before.is_some_and(|until| until > now) {
+                // A cancel intent makes a delayed task due at once: its next attempt only
+                // acknowledges the cancel.
+                if task.cancel_at.is_none() && task.not_before.is_some_and(|until| until > now) {
                     return Err("NotDue");
                 }
                 task.status = Status::Running;

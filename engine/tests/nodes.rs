@@ -559,6 +559,48 @@ async fn a_record_a_node_cannot_follow_does_not_stop_its_following() {
     clean(&url);
 }
 
+/// A record this node cannot decode — damaged here, as a newer build's event would be to an
+/// older node during a rolling upgrade — does not stop its following either: the refresh
+/// passes it over and indexes the task created after it; a read of the damaged task reports
+/// the damage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_a_node_cannot_decode_does_not_stop_its_following() {
+    let Some((a, b, url)) = nodes("undecodable") else {
+        return;
+    };
+    create(&b, "x", LeasePolicy::Retry).await;
+    create(&b, "y", LeasePolicy::Retry).await;
+    let schema = url.rsplit_once("schema=").unwrap().1.to_owned();
+    let base = std::env::var("DTASK_TEST_PG_URL").unwrap();
+    let (admin, connection) = tokio_postgres::connect(&base, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let connection = tokio::spawn(connection);
+    // The last byte of x's creation flipped.
+    admin
+        .batch_execute(&format!(
+            "UPDATE \"{schema}\".dtask_records \
+             SET record = set_byte(record, length(record) - 1, \
+                                   get_byte(record, length(record) - 1) # 255) \
+             WHERE task = 'x'"
+        ))
+        .await
+        .unwrap();
+    drop(admin);
+    let _ = connection.await;
+    assert_eq!(a.refresh().await.unwrap(), 2);
+    let listed = a.list_pending(&[KEY.to_owned()], None, 10).await.unwrap();
+    let ids: Vec<&str> = listed.tasks.iter().map(|t| t.spec.id.as_str()).collect();
+    assert_eq!(ids, ["y"]);
+    assert_eq!(a.refresh().await.unwrap(), 0, "past both records");
+    let read = a.get("x").await;
+    assert!(
+        read.as_ref()
+            .is_err_and(|e| e.journal_error().is_some_and(dtask_journal::Error::is_damage)),
+        "{read:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trim_made_on_one_node_is_followed_by_another_that_appends_after_it() {
     let Some((a, b, url)) = nodes("trim") else {

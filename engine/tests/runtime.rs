@@ -1345,7 +1345,7 @@ impl Executor for NeverStops {
         Ok(ExecutionResult::Completed(Vec::new()))
     }
 
-    async fn canceled_directly(&self, _task: &TaskState) {
+    async fn canceled_between_attempts(&self, _manager: &Manager, _task: &TaskState) {
         std::future::pending::<()>().await;
     }
 }
@@ -1377,4 +1377,82 @@ async fn a_direct_cancel_does_not_wait_for_ever_on_the_executors_hook() {
             .expect("the cancel request waited for the hook for ever")
             .unwrap();
     assert_eq!(canceled.status, Status::Canceled);
+}
+
+/// An executor whose attempts wait for a control and then hand the task on (a yield, as an
+/// attempt told to stop while it was yielding would) or end it canceled; records the tasks
+/// its hook for a cancel between attempts is told of.
+struct HandsOn {
+    cancels_itself: bool,
+    told: Arc<parking_lot::Mutex<Vec<(String, Status, String)>>>,
+}
+
+#[async_trait]
+impl Executor for HandsOn {
+    fn key(&self) -> &'static str {
+        "hands-on"
+    }
+
+    fn lease_policy(&self) -> LeasePolicy {
+        LeasePolicy::Retry
+    }
+
+    async fn execute(
+        &self,
+        attempt: AttemptContext,
+        _task: TaskState,
+    ) -> Result<ExecutionResult, ExecutionError> {
+        let control = attempt.next_control().await;
+        if self.cancels_itself {
+            return Ok(ExecutionResult::Canceled(format!("{control:?}")));
+        }
+        Ok(ExecutionResult::Yield(b"left for the next attempt".to_vec()))
+    }
+
+    async fn canceled_between_attempts(&self, _manager: &Manager, task: &TaskState) {
+        self.told.lock().push((
+            task.spec.id.clone(),
+            task.status,
+            task.result_error.clone(),
+        ));
+    }
+}
+
+/// An attempt that hands its task on (a yield: work left running for the next attempt) as a
+/// cancel comes ends the task canceled — the cancel replaces its result — and no attempt
+/// will come to stop that work: the executor's hook is told, as for a direct cancel. An
+/// attempt that ends the task itself is not: it stopped its own work.
+#[tokio::test]
+async fn a_yield_replaced_by_a_cancel_tells_the_executor_and_a_cancel_of_its_own_does_not() {
+    for cancels_itself in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let journal = Journal::open(
+            dir.path(),
+            JournalOptions::default().with_durability(Durability::Buffered),
+        )
+        .unwrap();
+        let store =
+            TaskStore::open(journal, ManualClock::new(1_000_000), StoreConfig::default()).unwrap();
+        let told = Arc::new(parking_lot::Mutex::new(Vec::new()));
+        let mut registry = ExecutorRegistry::new();
+        registry
+            .register(HandsOn {
+                cancels_itself,
+                told: Arc::clone(&told),
+            })
+            .unwrap();
+        let manager = Manager::new(store, registry, ManagerConfig::default());
+        let id = submit(&manager, "hands-on").await;
+        let run = spawn_execute(&manager, &id);
+        until_running(&manager, &id).await;
+        manager.request_cancel(&id, "operator").await.unwrap();
+        let ended = run.await.unwrap().unwrap();
+        assert_eq!(ended.status, Status::Canceled, "the cancel replaced the yield");
+        let told = told.lock().clone();
+        if cancels_itself {
+            assert!(told.is_empty(), "{told:?}");
+        } else {
+            assert_eq!(told, [(id, Status::Canceled, "operator".to_owned())]);
+        }
+    }
 }

@@ -6,8 +6,10 @@
 //! The import is all or nothing: the journal is built in a temporary directory beside the
 //! target (or a staging schema of the target database) and renamed into place only once
 //! every record, digest and the audit checked out; a failed import leaves the target as it
-//! was (absent, or an empty directory or schema).
+//! was (absent, or an empty directory or schema). So does an import stopped by SIGINT or
+//! SIGTERM: it removes its staging copy, then exits with 130.
 
+use super::interrupt::Interrupt;
 use super::location::At;
 use super::{CliError, Global, Out, Result};
 use dtask_journal::export::{ExportError, Header, RecordLine, Scope};
@@ -21,6 +23,8 @@ use serde_json::json;
 use std::collections::HashMap;
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::Duration;
 
 /// Arguments of `dtask import`.
 #[derive(Debug, clap::Args)]
@@ -319,6 +323,92 @@ fn sync_dir(dir: &Path) -> Result<()> {
         .map_err(io(dir))
 }
 
+/// What an interrupted import says it did.
+const NOTHING_IMPORTED: &str = "nothing was imported (the staging copy is removed)";
+
+/// Lines the reading thread hands over at once, and their bytes at most (beyond one line).
+const LINES_AT_ONCE: usize = 1024;
+const LINES_AT_ONCE_BYTES: usize = 4 << 20;
+
+/// How often an import waiting for its input looks for a signal.
+const SIGNAL_LOOK: Duration = Duration::from_millis(100);
+
+/// The export's lines, read on a thread of their own: an import waiting for its input (a
+/// pipe that says nothing) still answers a signal — the thread is left behind, blocked on
+/// its read, when the import returns.
+struct Lines {
+    batches: Receiver<std::io::Result<Vec<String>>>,
+    current: std::vec::IntoIter<String>,
+    ended: bool,
+    interrupt: Interrupt,
+}
+
+impl Lines {
+    /// Starts reading `reader`'s lines ([`next_line`]).
+    fn spawn(mut reader: Box<dyn BufRead + Send>, interrupt: Interrupt) -> Result<Self> {
+        let (batches, received) = std::sync::mpsc::sync_channel(4);
+        std::thread::Builder::new()
+            .name("dtask-import-read".into())
+            .spawn(move || loop {
+                let (mut batch, mut bytes) = (Vec::new(), 0);
+                let mut line = String::new();
+                let end = loop {
+                    match next_line(&mut *reader, &mut line) {
+                        Ok(true) => {
+                            bytes += line.len();
+                            batch.push(std::mem::take(&mut line));
+                            if batch.len() >= LINES_AT_ONCE || bytes >= LINES_AT_ONCE_BYTES {
+                                break false;
+                            }
+                        }
+                        Ok(false) => break true,
+                        Err(e) => {
+                            if !batch.is_empty() {
+                                let _ = batches.send(Ok(batch));
+                            }
+                            let _ = batches.send(Err(e));
+                            return;
+                        }
+                    }
+                };
+                // Gone: the import ended before its input.
+                if !batch.is_empty() && batches.send(Ok(batch)).is_err() {
+                    return;
+                }
+                if end {
+                    return;
+                }
+            })
+            .map_err(CliError::io("starting the import's reading"))?;
+        Ok(Self {
+            batches: received,
+            current: Vec::new().into_iter(),
+            ended: false,
+            interrupt,
+        })
+    }
+
+    /// The next line of the export `name`, `None` at its end; [`CliError::Interrupted`] once
+    /// a signal came.
+    fn next(&mut self, name: &str) -> Result<Option<String>> {
+        loop {
+            self.interrupt.check(NOTHING_IMPORTED)?;
+            if let Some(line) = self.current.next() {
+                return Ok(Some(line));
+            }
+            if self.ended {
+                return Ok(None);
+            }
+            match self.batches.recv_timeout(SIGNAL_LOOK) {
+                Ok(Ok(batch)) => self.current = batch.into_iter(),
+                Ok(Err(e)) => return Err(CliError::io(format!("reading {name}"))(e)),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => self.ended = true,
+            }
+        }
+    }
+}
+
 /// The longest line an export can hold: a record's largest payload (64 MiB, the import's
 /// limit) in base64, escaped, with its fields — well under this.
 const MAX_LINE_BYTES: u64 = 512 << 20;
@@ -352,7 +442,7 @@ fn next_line(reader: &mut dyn BufRead, line: &mut String) -> std::io::Result<boo
 /// running beside it; returns the records and tasks.
 fn rebuild(
     journal: &Journal,
-    reader: &mut dyn BufRead,
+    lines: &mut Lines,
     name: &str,
     bar: &indicatif::ProgressBar,
 ) -> Result<(u64, usize)> {
@@ -362,7 +452,7 @@ fn rebuild(
             .name("dtask-import-check".into())
             .spawn_scoped(scope, move || check_windows(journal, &windows))
             .map_err(CliError::io("starting the import's check"))?;
-        let appended = append_all(journal, reader, name, bar, to_check);
+        let appended = append_all(journal, lines, name, bar, to_check);
         let checked = check
             .join()
             .unwrap_or_else(|_| Err(CliError::Problems("the import's check failed".into())));
@@ -375,7 +465,7 @@ fn rebuild(
 /// check through `to_check`; returns the records and tasks.
 fn append_all(
     journal: &Journal,
-    reader: &mut dyn BufRead,
+    lines: &mut Lines,
     name: &str,
     bar: &indicatif::ProgressBar,
     to_check: std::sync::mpsc::SyncSender<Vec<Submitted>>,
@@ -390,9 +480,8 @@ fn append_all(
     // before it, and at the end the two are equal (as the audit checks, which walks each gap:
     // forged gaps of billions of sequences are refused here, before it).
     let (mut gaps, mut deleted) = (0u64, 0u64);
-    let mut line = String::new();
     let mut line_no = 1;
-    while next_line(reader, &mut line).map_err(|e| CliError::io(format!("reading {name}"))(e))? {
+    while let Some(line) = lines.next(name)? {
         line_no += 1;
         if line.trim().is_empty() {
             continue;
@@ -471,7 +560,7 @@ fn append_all(
 /// durable and audits it; returns the records and tasks.
 fn build(
     at: &At,
-    reader: &mut dyn BufRead,
+    lines: &mut Lines,
     name: &str,
     announced: Announced,
 ) -> Result<(u64, usize)> {
@@ -483,9 +572,12 @@ fn build(
     options.max_task_id_bytes = usize::MAX;
     let journal = at.open_writer(options)?;
     let bar = super::progress(announced.records, "importing");
-    let (records, tasks) = rebuild(&journal, reader, name, &bar)?;
+    let (records, tasks) = rebuild(&journal, lines, name, &bar)?;
     bar.finish_and_clear();
     drop(journal);
+    // The audit that follows is not cut short by a signal: one that came during it is
+    // answered once it ends.
+    lines.interrupt.check(NOTHING_IMPORTED)?;
     if records != announced.records {
         return Err(CliError::Problems(format!(
             "the export announces {} but holds {records}: it is cut short; nothing was imported",
@@ -513,7 +605,7 @@ fn build(
 /// rename is atomic; removed on any failure) and moves it in place.
 fn import_dir(
     target: &Path,
-    reader: &mut dyn BufRead,
+    lines: &mut Lines,
     name: &str,
     announced: Announced,
 ) -> Result<(u64, usize)> {
@@ -529,7 +621,8 @@ fn import_dir(
             parent.display()
         )))?;
     let built = staging.path().join("journal");
-    let counts = build(&At::Dir(built.clone()), reader, name, announced)?;
+    let counts = build(&At::Dir(built.clone()), lines, name, announced)?;
+    lines.interrupt.check(NOTHING_IMPORTED)?;
     std::fs::rename(&built, target).map_err(CliError::io(format!(
         "moving the imported journal to {}",
         target.display()
@@ -545,7 +638,7 @@ fn import_dir(
 /// audited, renames it to the target schema in one transaction (dropped on any failure).
 fn import_postgres(
     url: &str,
-    reader: &mut dyn BufRead,
+    lines: &mut Lines,
     name: &str,
     announced: Announced,
 ) -> Result<(u64, usize)> {
@@ -556,7 +649,8 @@ fn import_postgres(
         std::process::id()
     );
     let staged = At::Postgres(PgLocation::url_with_schema(url, &staging));
-    let built = build(&staged, reader, name, announced)
+    let built = build(&staged, lines, name, announced)
+        .and_then(|counts| lines.interrupt.check(NOTHING_IMPORTED).map(|()| counts))
         .and_then(|counts| Ok(admin::promote(&location, &staging).map(|()| counts)?));
     if built.is_err() {
         let _ = admin::drop_schema(&location, &staging);
@@ -569,21 +663,21 @@ pub fn run(global: &Global, args: &Args) -> Result<()> {
     let target = global.at()?;
     check_target(&target)?;
     let name = args.file.display().to_string();
-    let mut reader: Box<dyn BufRead> = if args.file.as_os_str() == "-" {
-        Box::new(std::io::stdin().lock())
+    let reader: Box<dyn BufRead + Send> = if args.file.as_os_str() == "-" {
+        Box::new(std::io::BufReader::with_capacity(1 << 16, std::io::stdin()))
     } else {
         let file =
             std::fs::File::open(&args.file).map_err(CliError::io(format!("opening {name}")))?;
         Box::new(std::io::BufReader::with_capacity(1 << 16, file))
     };
-    let mut header_line = String::new();
-    if !next_line(&mut reader, &mut header_line).map_err(CliError::io(format!("reading {name}")))? {
+    let mut lines = Lines::spawn(reader, Interrupt::install()?)?;
+    let Some(header_line) = lines.next(&name)? else {
         return Err(CliError::Usage(format!("{name} is empty")));
-    }
+    };
     let announced = check_header(&header_line, &name)?;
     let (records, tasks) = match &target {
-        At::Dir(dir) => import_dir(dir, &mut reader, &name, announced)?,
-        At::Postgres(url) => import_postgres(url, &mut reader, &name, announced)?,
+        At::Dir(dir) => import_dir(dir, &mut lines, &name, announced)?,
+        At::Postgres(url) => import_postgres(url, &mut lines, &name, announced)?,
     };
     let mut out = Out::new();
     if global.json {

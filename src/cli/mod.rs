@@ -8,6 +8,7 @@ mod export;
 mod fmt;
 mod hold;
 mod import;
+mod interrupt;
 mod location;
 mod migrate;
 mod outbox;
@@ -143,14 +144,19 @@ pub enum CliError {
     /// The command ran and found problems, already reported (exit 1).
     #[error("{0}")]
     Problems(String),
+    /// SIGINT or SIGTERM stopped the command, which undid what it had begun (exit 130).
+    #[error("interrupted: {0}")]
+    Interrupted(String),
 }
 
 impl CliError {
-    /// The process exit code: 1 for problems found in a journal, 2 for usage and I/O errors.
+    /// The process exit code: 1 for problems found in a journal, 2 for usage and I/O errors,
+    /// 130 when a signal stopped the command.
     fn exit_code(&self) -> u8 {
         match self {
             Self::Problems(_) => 1,
             Self::Journal(e) if e.is_damage() => 1,
+            Self::Interrupted(_) => 130,
             _ => 2,
         }
     }

@@ -47,15 +47,29 @@ pub fn decode_arguments<T: DeserializeOwned>(tool: &str, arguments: &str) -> Res
     decode_json::<T>(arguments).map_err(|e| invalid_from_path_error(tool, &e))
 }
 
+/// The arguments a call means: none (empty, or only whitespace) are the empty object `{}` —
+/// what a streamed call of a tool without parameters sends. The one rule every tool that
+/// reads a model's arguments follows (typed functions, the tools node's managed tools, the
+/// durable agent's calls).
+///
+/// ```
+/// assert_eq!(dtask_tool::effective_arguments(" "), "{}");
+/// assert_eq!(dtask_tool::effective_arguments(r#"{"a":1}"#), r#"{"a":1}"#);
+/// ```
+#[must_use]
+pub fn effective_arguments(arguments: &str) -> &str {
+    if arguments.trim().is_empty() {
+        "{}"
+    } else {
+        arguments
+    }
+}
+
 /// Decodes with `serde_path_to_error`, also rejecting trailing characters.
 pub(crate) fn decode_json<T: DeserializeOwned>(
     arguments: &str,
 ) -> Result<T, serde_path_to_error::Error<serde_json::Error>> {
-    let text = if arguments.trim().is_empty() {
-        "{}"
-    } else {
-        arguments
-    };
+    let text = effective_arguments(arguments);
     let mut de = serde_json::Deserializer::from_str(text);
     let value: T = match serde_path_to_error::deserialize(&mut de) {
         Ok(value) => value,

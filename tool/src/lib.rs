@@ -77,7 +77,7 @@ mod openai;
 mod tool;
 
 pub use agent::{Agent, AgentRun, DEFAULT_MAX_STEPS};
-pub use arguments::decode_arguments;
+pub use arguments::{decode_arguments, effective_arguments};
 pub use error::{BoxError, ToolError};
 pub use function::{ArgumentDecoder, FunctionTool, OutputEncoder, StreamingFunctionTool};
 pub use http::{HttpPostConfig, HttpPostTool, PostRequest, BODY_EXCERPT_CHARS, MAX_REDIRECTS};

@@ -140,6 +140,55 @@ impl TurnEntry {
     pub fn event_id(&self) -> String {
         format!("turn-{}", self.turn)
     }
+
+    /// The entry, made to fit an update of `max_bytes` once in JSON: a model's answer may
+    /// take more (a tool call writing a large file: its arguments are escaped twice). The
+    /// largest tool calls' arguments are replaced first, one by one, by a note of their
+    /// length ([`cut_arguments`] reads it: such a call is refused, its tool never run, and
+    /// the model told why), then the text is cut as [`MessageEntry::within`] cuts a
+    /// message's. An answer of so many calls that even that does not fit stays as it is
+    /// (the store refuses it, and the run fails).
+    #[must_use]
+    pub fn within(mut self, max_bytes: usize) -> Self {
+        if encode(&self).len() <= max_bytes {
+            return self;
+        }
+        let mut largest: Vec<usize> = (0..self.message.tool_calls.len()).collect();
+        largest.sort_by_key(|&i| {
+            std::cmp::Reverse(self.message.tool_calls[i].function.arguments.len())
+        });
+        for i in largest {
+            let arguments = &mut self.message.tool_calls[i].function.arguments;
+            *arguments = format!("{CUT_ARGUMENTS}{}]", arguments.len());
+            if encode(&self).len() <= max_bytes {
+                return self;
+            }
+        }
+        if self.message.content.is_some() {
+            self = cut_to_fit(
+                self,
+                |e| e.message.content.get_or_insert_with(String::new),
+                "answer",
+                max_bytes,
+            );
+        }
+        self
+    }
+}
+
+/// What a turn's tool call carries in place of arguments too large for the run's journal,
+/// before their length and a closing `]` ([`TurnEntry::within`]).
+const CUT_ARGUMENTS: &str = "[…arguments cut: they had ";
+
+/// The length of the arguments a tool call had before [`TurnEntry::within`] cut them, if it
+/// did: such a call is refused, never run.
+#[must_use]
+pub fn cut_arguments(arguments: &str) -> Option<usize> {
+    arguments
+        .strip_prefix(CUT_ARGUMENTS)?
+        .strip_suffix(']')?
+        .parse()
+        .ok()
 }
 
 /// How a tool call ended.

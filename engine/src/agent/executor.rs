@@ -3,7 +3,7 @@
 //! journals each answer and each result before it goes on.
 
 use super::codec::{
-    call_task_id, AgentAnswer, AgentPayload, CallStatus, MessageEntry, ToolResultEntry, TurnEntry,
+    call_task_id, cut_arguments, AgentAnswer, AgentPayload, CallStatus, MessageEntry, ToolResultEntry, TurnEntry,
     AGENT_EXECUTOR_KEY, CLOSE_KIND, MESSAGE_KIND, TOOL_RESULT_KIND, TURN_KIND,
 };
 use super::error::AgentError;
@@ -166,10 +166,27 @@ impl Executor for AgentExecutor {
             (ended, &transcript, attempt.manager())
         {
             if holds_the_run(&attempt).await {
-                cancel_unfinished(&manager, transcript, reason).await;
+                cancel_unfinished(&manager, attempt.task_id(), transcript, reason).await;
             }
         }
         result
+    }
+
+    /// A run whose attempt yielded as a cancel came (a drain, an outage: its calls left to
+    /// the next attempt) ended canceled, its yield replaced by the cancel's
+    /// acknowledgement: no attempt will end its calls, so they are canceled here. (A run
+    /// canceled at the request — pending and never claimed, waiting for its next message —
+    /// has no call running.)
+    async fn canceled_between_attempts(&self, manager: &Manager, task: &TaskState) {
+        let run = task.spec.id.as_str();
+        match read_transcript(manager.store(), run).await {
+            Ok(transcript) => {
+                cancel_unfinished(manager, run, &transcript, &task.result_error).await;
+            }
+            Err(e) => {
+                tracing::warn!(task = %run, error = %e, "the canceled run's calls could not be read to be canceled");
+            }
+        }
     }
 }
 
@@ -362,7 +379,8 @@ impl AgentExecutor {
                 ))))
             }
         };
-        let entry = TurnEntry::new(turn, reply.message, reply.usage);
+        let entry = TurnEntry::new(turn, reply.message, reply.usage)
+            .within(attempt.store().config().max_value_bytes);
         journal(attempt, TURN_KIND, entry.event_id(), &entry).await?;
         point!(crate::failpoints::AGENT_AFTER_TURN, |m| Err(failed(m)));
         transcript.push_turn(entry).map_err(failed)?;
@@ -504,9 +522,19 @@ impl AgentExecutor {
         turn: u32,
         call: &super::transcript::Call,
     ) -> Result<Result<String, String>, Halt> {
+        if let Some(len) = cut_arguments(&call.call.function.arguments) {
+            return Ok(Err(format!(
+                "the call's arguments had {len} bytes: too many for the run's journal, which \
+                 takes {} bytes an entry",
+                attempt.store().config().max_value_bytes
+            )));
+        }
         let id = call_task_id(attempt.task_id(), turn, call.index);
         match attempt.store().get(&id).await {
-            Ok(_) => return Ok(Ok(id)),
+            Ok(found) if is_call_of(&found, attempt.task_id()) => return Ok(Ok(id)),
+            // A task of the call's id that this run did not create (a caller chose the id
+            // for a task of its own): never taken over, waited for or canceled as the call's.
+            Ok(_) => return Ok(Err(format!("the id {id} of the call's task is another task's"))),
             Err(StoreError::NotFound(NotFound::Task(_))) => {}
             Err(e) => return Err(store_failed("read a tool call's task", &e)),
         }
@@ -518,11 +546,8 @@ impl AgentExecutor {
                     tool_name: call.call.function.name.clone(),
                     // No arguments are an empty object, as the tools node reads them (a
                     // streamed call of a tool without parameters sends none).
-                    arguments: if call.call.function.arguments.trim().is_empty() {
-                        "{}".to_owned()
-                    } else {
-                        call.call.function.arguments.clone()
-                    },
+                    arguments: crate::tool::effective_arguments(&call.call.function.arguments)
+                        .to_owned(),
                     tool_call_id: Some(call.call.id.clone()),
                     ..ManagedCall::default()
                 },
@@ -531,10 +556,20 @@ impl AgentExecutor {
             )
             .await;
         match submitted {
-            Ok(_)
-            | Err(ManagedError::Runtime(crate::runtime::RuntimeError::Store(
+            Ok(_) => {}
+            // Created meanwhile: by an earlier attempt of this run (whose write this one did
+            // not read), or by a caller for a task of its own.
+            Err(ManagedError::Runtime(crate::runtime::RuntimeError::Store(
                 StoreError::AlreadyExists(_),
-            ))) => {}
+            ))) => match attempt.store().get(&id).await {
+                Ok(found) if is_call_of(&found, attempt.task_id()) => {}
+                Ok(_) => {
+                    return Ok(Err(format!(
+                        "the id {id} of the call's task is another task's"
+                    )))
+                }
+                Err(e) => return Err(store_failed("read a tool call's task", &e)),
+            },
             Err(e @ (ManagedError::UnknownTool(_) | ManagedError::InvalidArguments(_))) => {
                 return Ok(Err(e.to_string()))
             }
@@ -707,10 +742,23 @@ async fn watch(
     }
 }
 
+/// Whether `task` is a call's task of the run `run`: created by one of its attempts, as
+/// its child. (A call's id is fixed by its place in the run, so a caller may have taken it
+/// for a task of its own.)
+fn is_call_of(task: &TaskState, run: &str) -> bool {
+    task.parent_task_id == run
+}
+
 /// Asks every child that has not ended to stop.
-/// Cancels the tasks of the last turn's calls that have no result yet (a call whose task
-/// was never created is passed over), `reason` saying why the run ended.
-async fn cancel_unfinished(manager: &Manager, transcript: &Transcript, reason: &str) {
+/// Cancels the tasks of the last turn's calls of the run `run` that have no result yet (a
+/// call whose task was never created, or whose id another task holds, is passed over),
+/// `reason` saying why the run ended.
+///
+/// A call's task that is pending after an attempt of its own (its lease ran out, it was
+/// drained, it checks back later) only records the intent: its next claim stops what the
+/// earlier attempt left running (a managed tool's operation). The run is the process meant
+/// to run its calls, so that claim is made here, as [`watch`] would have made it.
+async fn cancel_unfinished(manager: &Manager, run: &str, transcript: &Transcript, reason: &str) {
     let reason = if reason.is_empty() {
         "the agent run ended"
     } else {
@@ -720,7 +768,18 @@ async fn cancel_unfinished(manager: &Manager, transcript: &Transcript, reason: &
         return;
     };
     for call in turn.calls.iter().filter(|c| c.result.is_none()) {
+        match manager.store().get(&call.task_id).await {
+            Ok(task) if is_call_of(&task, run) => {}
+            Ok(_) | Err(StoreError::NotFound(NotFound::Task(_))) => continue,
+            Err(e) => {
+                tracing::warn!(task = %call.task_id, error = %e, "could not read a tool call's task");
+                continue;
+            }
+        }
         match manager.request_cancel(&call.task_id, reason).await {
+            Ok(state) if state.status == Status::Pending && state.cancel_requested_at.is_some() => {
+                acknowledge_here(manager, &state);
+            }
             Ok(_)
             | Err(crate::runtime::RuntimeError::Store(StoreError::NotFound(NotFound::Task(_)))) => {
             }
@@ -729,6 +788,25 @@ async fn cancel_unfinished(manager: &Manager, transcript: &Transcript, reason: &
             }
         }
     }
+}
+
+/// Claims `task`, pending with a cancel intent, in a task of its own: its attempt
+/// acknowledges the cancel (and stops what an earlier attempt left running). An attempt
+/// elsewhere may take it first: that race is benign; a task this process refuses to run is
+/// left to a process that can.
+fn acknowledge_here(manager: &Manager, task: &TaskState) {
+    if manager.runnable(task).is_err() {
+        return;
+    }
+    let manager = manager.clone();
+    let child = task.spec.id.clone();
+    tokio::spawn(async move {
+        if let Err(e) = manager.execute(&child).await {
+            if !e.is_benign() {
+                tracing::warn!(task = %child, error = %e, "a canceled tool call's attempt failed");
+            }
+        }
+    });
 }
 
 #[cfg(test)]

@@ -470,9 +470,12 @@ impl Tool for ManagedTool {
     }
 
     /// The envelope record (one line); rich parts are available through
-    /// [`ManagedTool::call`]. An interrupted call is [`ToolError::Interrupted`].
+    /// [`ManagedTool::call`]. An interrupted call is [`ToolError::Interrupted`]. No
+    /// arguments are the empty object, as for every tool a model calls
+    /// ([`crate::tool::effective_arguments`]; [`ManagedTool::call`] itself requires them).
     async fn invoke(&self, arguments: &str) -> Result<String, ToolError> {
         let name = &self.registration.info.name;
+        let arguments = crate::tool::effective_arguments(arguments);
         match self.call(arguments, &CallOptions::default()).await {
             Ok(CallOutcome::Done(result)) => Ok(result.text()),
             Ok(CallOutcome::Interrupted(interrupt)) => Err(tool_error(
@@ -490,9 +493,11 @@ impl StreamingTool for ManagedTool {
         ManagedTool::info(self)
     }
 
-    /// One chunk per record (a JSON line each).
+    /// One chunk per record (a JSON line each). No arguments are the empty object, as for
+    /// [`Tool::invoke`].
     async fn invoke_stream(&self, arguments: &str) -> Result<ToolOutputStream, ToolError> {
         let name = self.registration.info.name.clone();
+        let arguments = crate::tool::effective_arguments(arguments);
         let stream = self.call_stream(arguments, &CallOptions::default());
         Ok(stream
             .map(move |item| match item {

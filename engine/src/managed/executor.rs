@@ -200,13 +200,14 @@ impl Executor for ManagedExecutor {
         }
     }
 
-    /// A task canceled before any attempt ran it may hold a live operation all the same:
-    /// the run a hand-off left in this process for attempt 1, or — its started marker
+    /// A task canceled with no attempt to acknowledge it may hold a live operation all the
+    /// same: the run a hand-off left in this process for attempt 1, or — its started marker
     /// durable, the foreground having handed the run off or asked to be looked at again
-    /// later — an operation of a recoverable tool, recovered here to be stopped (what the
-    /// next claim of a pending task with cancel intent does). Either is stopped; a failure
-    /// is logged.
-    async fn canceled_directly(&self, task: &TaskState) {
+    /// later, or an attempt having left it running for the next (a drain, a check-back) —
+    /// an operation of a recoverable tool, recovered here to be stopped (what the next
+    /// claim of a pending task with cancel intent does). Either is stopped; a failure is
+    /// logged.
+    async fn canceled_between_attempts(&self, _manager: &crate::runtime::Manager, task: &TaskState) {
         let run = match self.live.take_adopted(&task.spec.id) {
             Some(run) => Some(run),
             None => self.recover_canceled(task).await,

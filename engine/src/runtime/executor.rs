@@ -168,14 +168,17 @@ pub trait Executor: Send + Sync + 'static {
         task: TaskState,
     ) -> Result<ExecutionResult, ExecutionError>;
 
-    /// Called when [`Manager::request_cancel`](super::Manager::request_cancel) has canceled a
-    /// task of this executor directly — ended it at the request, no attempt being there to
-    /// acknowledge it: a task pending and never claimed, waiting for input or suspended
-    /// (docs/semantics.md) — with the canceled task. For work the executor's tasks hold
-    /// outside any attempt, which no attempt will now stop: a managed tool's operation
-    /// started in a call's foreground and handed to the task. Default: nothing.
-    async fn canceled_directly(&self, task: &TaskState) {
-        let _ = task;
+    /// Called, with the canceled task and the manager that saw it end, when a cancel has
+    /// ended a task of this executor with no attempt left to stop the work its tasks hold
+    /// outside attempts: [`Manager::request_cancel`](super::Manager::request_cancel) ended
+    /// it at the request, no attempt being there to acknowledge it (a task pending and never
+    /// claimed, waiting for input or suspended: docs/semantics.md), or an attempt of this
+    /// manager that handed the task on (a yield, a wait for input, a suspension) met the
+    /// cancel as it ended, its result replaced by the cancel's acknowledgement. That work —
+    /// a managed tool's operation started in a call's foreground or left running for the
+    /// next attempt, an agent run's tool calls — no attempt will now stop. Default: nothing.
+    async fn canceled_between_attempts(&self, manager: &super::Manager, task: &TaskState) {
+        let _ = (manager, task);
     }
 }
 

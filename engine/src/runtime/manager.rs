@@ -34,9 +34,10 @@ pub struct ManagerConfig {
     pub heartbeat_interval: Duration,
     /// A custom task-id generator; `None` gives `<kind or "task">_<UUID v7>`.
     pub id_generator: Option<IdGenerator>,
-    /// How long a cancel request that ended its task at once waits for the executor's hook
-    /// ([`Executor::canceled_directly`]: a managed tool's operation stopped) before it
-    /// returns; the hook goes on after. Default: 10 s.
+    /// How long a cancel that ended its task with no attempt left to stop its work waits
+    /// for the executor's hook ([`Executor::canceled_between_attempts`]: a managed tool's
+    /// operation stopped, an agent run's calls canceled) before the request (or the
+    /// attempt's end) returns; the hook goes on after. Default: 10 s.
     pub cancel_hook_wait: Duration,
 }
 
@@ -435,7 +436,7 @@ impl Manager {
         };
         if state.status == Status::Canceled {
             // Not terminal before the request: this request ended it.
-            self.canceled_directly(&state).await;
+            self.canceled_between_attempts(&state).await;
             return Ok((state, false));
         }
         if state.status != Status::Running || state.cancel_requested_at.is_none() {
@@ -449,17 +450,22 @@ impl Manager {
         Ok((state, fail_policy))
     }
 
-    /// Tells the executor of `task`, which a cancel request just ended, that it was canceled
-    /// directly ([`Executor::canceled_directly`]) — in a task of its own, which a caller that
-    /// stops waiting does not cut short. The request waits for it
+    /// Tells the executor of `task`, which a cancel just ended with no attempt left to stop
+    /// its work ([`Executor::canceled_between_attempts`]) — in a task of its own, which a
+    /// caller that stops waiting does not cut short. The caller waits for it
     /// [`ManagerConfig::cancel_hook_wait`] at most (the cancel is durable already; a tool
     /// slow to stop goes on stopping after).
-    async fn canceled_directly(&self, task: &TaskState) {
+    async fn canceled_between_attempts(&self, task: &TaskState) {
         let Ok(executor) = self.executor(&task.spec.executor_key) else {
             return;
         };
         let canceled = task.clone();
-        let told = tokio::spawn(async move { executor.canceled_directly(&canceled).await });
+        let manager = self.clone();
+        let told = tokio::spawn(async move {
+            executor
+                .canceled_between_attempts(&manager, &canceled)
+                .await;
+        });
         match tokio::time::timeout(self.inner.config.cancel_hook_wait, told).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => {
@@ -801,7 +807,23 @@ impl Manager {
                 Err(_) => ExecutionResult::Failed("executor task was aborted".into()),
             };
             self.begin_ending(id);
-            commit(&attempt, result).await
+            // A result that hands the task on (to a next attempt, an input, a release) leaves
+            // work outside the attempt for whoever goes on with it — a managed tool's
+            // operation, an agent run's calls; the cancel that replaces it leaves none.
+            let hands_on = !matches!(
+                result,
+                ExecutionResult::Completed(_)
+                    | ExecutionResult::CompletedIfNoInputs { .. }
+                    | ExecutionResult::Failed(_)
+                    | ExecutionResult::Canceled(_)
+            );
+            let committed = commit(&attempt, result).await;
+            if let Ok(state) = &committed {
+                if hands_on && state.status == Status::Canceled {
+                    self.canceled_between_attempts(state).await;
+                }
+            }
+            committed
         }
         .instrument(span)
         .await

@@ -19,7 +19,7 @@
 //! reads fresh and its claims find work sooner.
 
 use super::{Placement, Result, StoreError, TaskKey, TaskStore};
-use dtask_journal::{Committed, Record};
+use dtask_journal::Record;
 use dtask_replay::{load_task, Status};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -37,7 +37,8 @@ impl TaskStore {
     ///
     /// A record that this store cannot apply to its task — an id it does not take (another
     /// node's larger [`crate::StoreConfig::max_id_bytes`]), a stream that does not fold, a
-    /// task gone — is logged and passed over: the task's copy in memory is dropped, to be
+    /// task gone, a record that does not decode (damaged, or a newer build's event during a
+    /// rolling upgrade) — is logged and passed over: the task's copy in memory is dropped, to be
     /// folded from the journal when it is next asked for (and found wanting then, to whoever
     /// asks), and the refresh goes on with the records after it. Stopping there would stop
     /// this node's following for good, at that record every time.
@@ -54,12 +55,28 @@ impl TaskStore {
             // (it crashes before the flush) would move `seen` past a sequence that is then
             // given to another record, which this node would never follow.
             let journal = self.durable_journal().clone();
-            let commits = journal
-                .commits(from)
-                .take(STEP)
-                .collect::<std::result::Result<Vec<Committed>, _>>()?;
+            // Up to the first failure of the reading itself; a record that does not decode
+            // (damaged, or a newer build's event) is its task's alone, and passed over.
+            let mut commits = Vec::new();
+            for item in journal.commits(from).take(STEP) {
+                let failed = matches!(&item, Err(e) if undecodable(e).is_none());
+                commits.push(item);
+                if failed {
+                    break;
+                }
+            }
             let n = commits.len();
-            for c in commits {
+            for item in commits {
+                let c = match item {
+                    Ok(c) => c,
+                    Err(error) => {
+                        let Some((task, position)) = undecodable(&error) else {
+                            return Err(error.into());
+                        };
+                        self.passed_over(task, position, &error).await;
+                        continue;
+                    }
+                };
                 if let Err(error) = self.apply_committed(&c.task, &c.record).await {
                     if !confined_to_its_task(&error) {
                         return Err(error);
@@ -80,6 +97,32 @@ impl TaskStore {
                 return Ok(read);
             }
         }
+    }
+
+    /// Passes over the record at `position` of task `task`, which does not decode (`error`):
+    /// the task's copy in memory is dropped, to be folded from the journal — and found
+    /// wanting — when next asked for. Logged once for each record: a record that is the
+    /// last in the commit order is read again by each refresh until another follows it
+    /// (its sequence, in the record, cannot be read).
+    async fn passed_over(&self, task: &str, position: u64, error: &dtask_journal::Error) {
+        let first = {
+            let mut last = self.inner.passed_over.lock();
+            let seen = last
+                .as_ref()
+                .is_some_and(|(t, p)| t == task && *p == position);
+            *last = Some((task.to_owned(), position));
+            !seen
+        };
+        if first {
+            tracing::warn!(
+                task = %task,
+                position,
+                %error,
+                "a committed record does not decode (damaged, or written by a newer build): \
+                 passed over; its task is read from the journal when next asked for"
+            );
+        }
+        self.forget(task).await;
     }
 
     /// Forgets task `id` — purged by another node, or changed there in a way this node could
@@ -188,6 +231,17 @@ impl TaskStore {
                 }
             }
         })
+    }
+}
+
+/// The task and position of the record a reading of the commit order met undecodable
+/// (`Corruption` of a named task), if that is what `error` is.
+fn undecodable(error: &dtask_journal::Error) -> Option<(&str, u64)> {
+    match error {
+        dtask_journal::Error::Corruption { task, position, .. } if !task.is_empty() => {
+            Some((task.as_str(), *position))
+        }
+        _ => None,
     }
 }
 

@@ -243,6 +243,9 @@ struct Inner {
     counters: Counters,
     /// The last global sequence [`TaskStore::refresh`] has looked at.
     seen: AtomicU64,
+    /// The last record [`TaskStore::refresh`] passed over undecodable (task, position): it
+    /// is logged once.
+    passed_over: Mutex<Option<(String, u64)>>,
 }
 
 /// What a store did without appending, counted since it was opened (the journal holds the
@@ -479,6 +482,7 @@ impl TaskStore {
                 config,
                 counters: Counters::default(),
                 seen: AtomicU64::new(journal_seen),
+                passed_over: Mutex::new(None),
                 index: Mutex::new(index),
                 outbox: Mutex::new(outbox::Outbox::new()),
                 pending_epoch: watch::Sender::new(0),
@@ -882,7 +886,11 @@ impl TaskStore {
             version: task.state.version,
             position: task.state.position,
         });
-        if after.status == Status::Pending && before.status != Status::Pending {
+        // Pending now, or due now (a cancel intent makes a delayed task claimable at once).
+        let became_pending = after.status == Status::Pending
+            && (before.status != Status::Pending
+                || (before.not_before.is_some() && after.not_before.is_none()));
+        if became_pending {
             self.inner
                 .pending_epoch
                 .send_modify(|e| *e = e.wrapping_add(1));
