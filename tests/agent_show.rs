@@ -44,6 +44,7 @@ impl ChatModel for Costly {
                 completion_tokens: 2,
                 total_tokens: 7,
             }),
+            finish_reason: None,
         })
     }
 }

@@ -21,7 +21,9 @@ pub const DEFAULT_MAX_STEPS: usize = 10;
 /// `max_steps`-th reply still asks for tools, those tools are run (so the
 /// transcript stays well-formed and can be resumed) and the run fails with
 /// [`ToolError::StepLimit`], which carries the transcript. The model is
-/// therefore called at most `max_steps` times.
+/// therefore called at most `max_steps` times. When calls of a step wait for
+/// input, the run ends with [`ToolError::CallsInterrupted`], which carries the
+/// transcript too (with the results of the step's calls that ended).
 ///
 /// ```
 /// use std::sync::Arc;
@@ -105,17 +107,35 @@ impl Agent {
     }
 
     /// Runs the loop from `messages` (typically a system and a user message,
-    /// or a transcript from [`ToolError::StepLimit`] to continue).
+    /// or a transcript from [`ToolError::StepLimit`] or
+    /// [`ToolError::CallsInterrupted`] to continue).
     ///
     /// # Errors
     ///
-    /// [`ToolError::StepLimit`] when the step budget is used up; otherwise
-    /// the first error of the model or of the tools node.
+    /// [`ToolError::StepLimit`] when the step budget is used up;
+    /// [`ToolError::CallsInterrupted`], with the transcript, when calls wait for
+    /// input; otherwise the first error of the model or of the tools node.
     pub async fn run(&self, mut messages: Vec<Message>) -> Result<AgentRun, ToolError> {
         for step in 1..=self.max_steps {
             let reply = self.model.generate(&messages, self.tools.infos()).await?;
             let tool_messages = if reply.has_tool_calls() {
-                Some(self.tools.invoke(&reply).await?)
+                match self.tools.invoke(&reply).await {
+                    Ok(answers) => Some(answers),
+                    Err(ToolError::CallsInterrupted {
+                        interrupts,
+                        finished,
+                        ..
+                    }) => {
+                        messages.push(Message::Assistant(reply));
+                        messages.extend(finished.iter().cloned().map(Message::Tool));
+                        return Err(ToolError::CallsInterrupted {
+                            interrupts,
+                            finished,
+                            transcript: messages,
+                        });
+                    }
+                    Err(e) => return Err(e),
+                }
             } else {
                 None
             };

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::message::Message;
+use crate::message::{Message, ToolMessage};
 
 /// A boxed, thread-safe error: what tool functions, decoders, encoders and
 /// chat models may fail with (`String`, `&str`, any [`std::error::Error`]
@@ -101,7 +101,9 @@ pub enum ToolError {
     },
     /// The tool needs an answer before it can go on (a stateful interrupt):
     /// nothing was lost. Answer it through the tool's own resume API with
-    /// `state` (for managed tools, `ManagedTool::resume`).
+    /// `state` (for managed tools, `ManagedTool::resume`). What a tool returns;
+    /// a [`ToolsNode`](crate::ToolsNode) gathers its calls' interrupts into
+    /// [`ToolError::CallsInterrupted`].
     #[error("tool `{tool}` is waiting for input: {info}")]
     Interrupted {
         /// The tool that asks.
@@ -110,6 +112,27 @@ pub enum ToolError {
         info: serde_json::Value,
         /// The opaque interrupt state (JSON text) to resume with.
         state: String,
+    },
+    /// Calls of one turn wait for input (each ended with
+    /// [`ToolError::Interrupted`]): what a [`ToolsNode`](crate::ToolsNode) returns then,
+    /// under either error policy, and [`Agent::run`](crate::Agent::run) after it. Nothing
+    /// was lost: the calls that ended are here, and a resumed run need not run them again.
+    #[error("{} tool call(s) waiting for input: {}", .interrupts.len(), describe(.interrupts))]
+    CallsInterrupted {
+        /// The calls waiting for input, in call order (at least one). Answer each through
+        /// its tool's resume API with its `state`.
+        interrupts: Vec<InterruptedCall>,
+        /// The tool messages of the turn's calls that ended, in call order (under
+        /// [`ErrorPolicy::ReturnToModel`](crate::ErrorPolicy::ReturnToModel), failed calls'
+        /// `Error: …` messages too). A call in neither list was not run: sequential
+        /// execution stops at the first call waiting for input.
+        finished: Vec<ToolMessage>,
+        /// From [`Agent::run`](crate::Agent::run): the conversation so far, ending with the
+        /// assistant message that asked for these calls and then the `finished` tool
+        /// messages. With a tool message appended for each of the other calls, it can be
+        /// passed to `run` again to continue. Empty from a tools node, which does not see
+        /// the conversation.
+        transcript: Vec<Message>,
     },
     /// The chat model failed to produce a reply.
     #[error("chat model failed: {source}")]
@@ -172,9 +195,33 @@ impl ToolError {
             | Self::Interrupted { tool, .. }
             | Self::Config { tool, .. } => Some(tool),
             Self::UnknownTool { name } | Self::DuplicateTool { name } => Some(name),
-            Self::Model { .. } | Self::StepLimit { .. } => None,
+            Self::Model { .. } | Self::StepLimit { .. } | Self::CallsInterrupted { .. } => None,
         }
     }
+}
+
+/// One call of a turn that waits for input: the [`ToolError::Interrupted`] it ended with,
+/// and the call's id.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InterruptedCall {
+    /// The id of the [`ToolCall`](crate::ToolCall), for the tool message that will answer
+    /// it.
+    pub call_id: String,
+    /// The tool that asks.
+    pub tool: String,
+    /// What it asks (JSON).
+    pub info: serde_json::Value,
+    /// The opaque interrupt state (JSON text) to resume with.
+    pub state: String,
+}
+
+/// The interrupted calls, for an error's message: "`tool` (call id): info", comma-separated.
+fn describe(interrupts: &[InterruptedCall]) -> String {
+    interrupts
+        .iter()
+        .map(|i| format!("`{}` (call {}): {}", i.tool, i.call_id, i.info))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// Turns a caught panic payload into a message.

@@ -4,7 +4,11 @@
 use std::{fmt, future::Future, panic::AssertUnwindSafe, sync::Arc};
 
 use async_trait::async_trait;
-use futures::{future::BoxFuture, stream::BoxStream, FutureExt, Stream, StreamExt};
+use futures::{
+    future::{self, BoxFuture},
+    stream::BoxStream,
+    FutureExt, Stream, StreamExt,
+};
 use schemars::JsonSchema;
 use serde::{de::DeserializeOwned, Serialize};
 
@@ -40,16 +44,40 @@ fn default_encoder<O: Serialize>() -> OutputEncoder<O> {
     Arc::new(|output: &O| serde_json::to_string(output).map_err(BoxError::from))
 }
 
-/// Maps a tool function's error: a [`ToolError`] passes through unchanged,
-/// anything else becomes [`ToolError::Failed`].
+/// Maps a tool function's error: a [`ToolError`] about a tool call passes through
+/// unchanged (see [`passes_through`]); anything else becomes [`ToolError::Failed`] naming
+/// `tool`.
 fn function_error(tool: &str, error: BoxError) -> ToolError {
     match error.downcast::<ToolError>() {
-        Ok(e) => *e,
+        Ok(e) if passes_through(&e) => *e,
+        Ok(e) => ToolError::Failed {
+            tool: tool.to_owned(),
+            source: e,
+        },
         Err(source) => ToolError::Failed {
             tool: tool.to_owned(),
             source,
         },
     }
+}
+
+/// Whether a function's [`ToolError`] is the tool's own outcome, to pass through: bad
+/// arguments, a failure, a panic, an HTTP status, a time limit, an encoding or
+/// configuration error, a call waiting for input. The errors of an agent or a tools node
+/// the function ran itself — a model's error, a step limit, an unknown or duplicate tool,
+/// an interrupted turn — are not this tool's: they would pass for the caller's own.
+fn passes_through(error: &ToolError) -> bool {
+    matches!(
+        error,
+        ToolError::InvalidArguments { .. }
+            | ToolError::Panicked { .. }
+            | ToolError::Http { .. }
+            | ToolError::Timeout { .. }
+            | ToolError::Output { .. }
+            | ToolError::Failed { .. }
+            | ToolError::Config { .. }
+            | ToolError::Interrupted { .. }
+    )
 }
 
 fn panicked(tool: &str, payload: &(dyn std::any::Any + Send)) -> ToolError {
@@ -68,7 +96,11 @@ fn panicked(tool: &str, payload: &(dyn std::any::Any + Send)) -> ToolError {
 /// `serde_json`, so a `String` output is returned quoted; use
 /// [`with_encoder`](Self::with_encoder) to return raw text). A panic anywhere
 /// in that becomes [`ToolError::Panicked`]. The function's error becomes
-/// [`ToolError::Failed`], unless it already is a [`ToolError`].
+/// [`ToolError::Failed`], unless it already is a [`ToolError`] about a tool call
+/// (`InvalidArguments`, `Failed`, `Panicked`, `Http`, `Timeout`, `Output`, `Config`,
+/// `Interrupted`), which passes through. The errors of an agent or tools node run inside
+/// the function (`Model`, `StepLimit`, `UnknownTool`, `DuplicateTool`, `CallsInterrupted`)
+/// become [`ToolError::Failed`] naming this tool, their source the original error.
 ///
 /// ```
 /// use dtask_tool::{FunctionTool, Tool};
@@ -209,8 +241,9 @@ impl<T: Send + 'static, O: Send + 'static> Tool for FunctionTool<T, O> {
 /// Arguments are decoded as for [`FunctionTool`]; every chunk is encoded with
 /// the output encoder (JSON by default, so for text chunks set
 /// [`with_encoder`](Self::with_encoder)). A failing chunk becomes
-/// [`ToolError::Failed`]; a panic while producing the stream or a chunk
-/// becomes a final [`ToolError::Panicked`] item.
+/// [`ToolError::Failed`] (a [`ToolError`] is mapped as for [`FunctionTool`]); a panic
+/// while producing the stream, a chunk or a chunk's encoding becomes a final
+/// [`ToolError::Panicked`] item: the stream ends after it.
 ///
 /// ```
 /// use dtask_tool::{StreamingFunctionTool, StreamingTool};
@@ -320,17 +353,31 @@ impl<T: Send + 'static, O: Send + 'static> StreamingTool for StreamingFunctionTo
             Err(payload) => return Err(panicked(&name, payload.as_ref())),
         };
         let encoder = Arc::clone(&self.encoder);
+        // `catch_unwind` ends the stream after a panic of the function's stream; a panic of
+        // the encoder ends it too (`ended`), as its last item.
         let stream = AssertUnwindSafe(chunks)
             .catch_unwind()
-            .map(move |item| match item {
-                Ok(Ok(chunk)) => std::panic::catch_unwind(AssertUnwindSafe(|| encoder(&chunk)))
-                    .unwrap_or_else(|payload| Err(panic_message(payload.as_ref()).into()))
-                    .map_err(|source| ToolError::Output {
-                        tool: name.clone(),
-                        source,
-                    }),
-                Ok(Err(e)) => Err(function_error(&name, e)),
-                Err(payload) => Err(panicked(&name, payload.as_ref())),
+            .scan(false, move |ended, item| {
+                if *ended {
+                    return future::ready(None);
+                }
+                let item = match item {
+                    Ok(Ok(chunk)) => {
+                        match std::panic::catch_unwind(AssertUnwindSafe(|| encoder(&chunk))) {
+                            Ok(text) => text.map_err(|source| ToolError::Output {
+                                tool: name.clone(),
+                                source,
+                            }),
+                            Err(payload) => {
+                                *ended = true;
+                                Err(panicked(&name, payload.as_ref()))
+                            }
+                        }
+                    }
+                    Ok(Err(e)) => Err(function_error(&name, e)),
+                    Err(payload) => Err(panicked(&name, payload.as_ref())),
+                };
+                future::ready(Some(item))
             });
         Ok(stream.boxed())
     }

@@ -78,7 +78,7 @@ mod tool;
 
 pub use agent::{Agent, AgentRun, DEFAULT_MAX_STEPS};
 pub use arguments::{decode_arguments, effective_arguments};
-pub use error::{BoxError, ToolError};
+pub use error::{BoxError, InterruptedCall, ToolError};
 pub use function::{ArgumentDecoder, FunctionTool, OutputEncoder, StreamingFunctionTool};
 pub use http::{HttpPostConfig, HttpPostTool, PostRequest, BODY_EXCERPT_CHARS, MAX_REDIRECTS};
 pub use info::{parameters_schema, ToolInfo};

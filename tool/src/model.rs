@@ -49,11 +49,13 @@ pub trait ChatModel: Send + Sync {
         Ok(ModelReply {
             message: self.generate(messages, tools).await?,
             usage: None,
+            finish_reason: None,
         })
     }
 }
 
-/// A model's answer and, when the model reported it, what it cost in tokens.
+/// A model's answer and, when the model reported them, what it cost in tokens and why it
+/// ended.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ModelReply {
     /// The assistant message.
@@ -61,6 +63,10 @@ pub struct ModelReply {
     /// The token usage, if reported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
+    /// Why the model stopped, as the server said it (OpenAI's `finish_reason`: `"stop"`,
+    /// `"tool_calls"`, `"length"` for an answer cut at the token limit, ...), if it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finish_reason: Option<String>,
 }
 
 /// Token counts a model reported for one answer.

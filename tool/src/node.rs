@@ -10,7 +10,7 @@ use futures::{
 };
 
 use crate::{
-    error::{panic_message, ToolError},
+    error::{panic_message, InterruptedCall, ToolError},
     info::ToolInfo,
     message::{AssistantMessage, ToolCall, ToolMessage},
     tool::{CollectedStream, StreamingTool, Tool},
@@ -25,7 +25,9 @@ pub enum Execution {
     #[default]
     Concurrent,
     /// One call after the other, in call order. Under
-    /// [`ErrorPolicy::Fail`], the calls after a failing one are not run.
+    /// [`ErrorPolicy::Fail`], the calls after a failing one are not run; under
+    /// either policy, the calls after one waiting for input
+    /// ([`ToolError::Interrupted`]) are not run.
     Sequential,
 }
 
@@ -40,7 +42,8 @@ pub enum ErrorPolicy {
     /// The error text becomes that call's tool message
     /// (`"Error: <error>"`), so the model can see it and correct itself —
     /// except [`ToolError::Interrupted`] (a call waiting for input, whose
-    /// state the caller needs to resume it), which the node returns.
+    /// state the caller needs to resume it): the node returns
+    /// [`ToolError::CallsInterrupted`] then.
     ReturnToModel,
 }
 
@@ -63,6 +66,11 @@ pub type UnknownToolHandler =
 /// set; otherwise it is [`ToolError::UnknownTool`]. Under
 /// [`ErrorPolicy::Fail`] that is checked before anything runs, so no tool
 /// runs when the model asked for one that does not exist.
+///
+/// A call waiting for input ([`ToolError::Interrupted`]) is not a failure:
+/// under either policy, the node returns [`ToolError::CallsInterrupted`] with
+/// every interrupted call's state and the tool messages of the calls that
+/// ended, so that none of them has to run again.
 ///
 /// ```
 /// use dtask_tool::{AssistantMessage, FunctionTool, ToolCall, ToolsNode};
@@ -147,7 +155,8 @@ impl ToolsNode {
     ///
     /// Under [`ErrorPolicy::Fail`], the error of the first failing call in
     /// call order ([`ToolError::UnknownTool`], [`ToolError::InvalidArguments`],
-    /// [`ToolError::Panicked`], ...).
+    /// [`ToolError::Panicked`], ...). Otherwise, when calls wait for input,
+    /// [`ToolError::CallsInterrupted`] (its `transcript` empty).
     pub async fn invoke(&self, message: &AssistantMessage) -> Result<Vec<ToolMessage>, ToolError> {
         self.invoke_calls(&message.tool_calls).await
     }
@@ -170,26 +179,44 @@ impl ToolsNode {
         }
         let stop_at_first_error = self.error_policy == ErrorPolicy::Fail;
         let results = self.run(calls, stop_at_first_error).await;
-        calls
-            .iter()
-            .zip(results)
-            .map(|(call, result)| match (result, self.error_policy) {
-                (Ok(content), _) => Ok(ToolMessage::new(&call.id, content)),
+        let mut finished = Vec::with_capacity(results.len());
+        let mut interrupts = Vec::new();
+        for (call, result) in calls.iter().zip(results) {
+            match result {
+                Ok(content) => finished.push(ToolMessage::new(&call.id, content)),
                 // A call waiting for input has not failed: its state (to resume it with) would
-                // be lost in a text for the model. It ends the node under either policy.
-                (Err(e), ErrorPolicy::ReturnToModel)
-                    if !matches!(e, ToolError::Interrupted { .. }) =>
-                {
-                    Ok(ToolMessage::new(&call.id, format!("Error: {e}")))
+                // be lost in a text for the model. It ends the node under either policy, with
+                // the other calls' results (a resumed run must not run them again).
+                Err(ToolError::Interrupted { tool, info, state }) => {
+                    interrupts.push(InterruptedCall {
+                        call_id: call.id.clone(),
+                        tool,
+                        info,
+                        state,
+                    });
                 }
-                (Err(e), _) => Err(e),
+                Err(e) if self.error_policy == ErrorPolicy::ReturnToModel => {
+                    finished.push(ToolMessage::new(&call.id, format!("Error: {e}")));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if interrupts.is_empty() {
+            Ok(finished)
+        } else {
+            Err(ToolError::CallsInterrupted {
+                interrupts,
+                finished,
+                transcript: Vec::new(),
             })
-            .collect()
+        }
     }
 
     /// Runs `calls` and returns each call's raw outcome, in call order,
     /// without applying the [`ErrorPolicy`] (but with the execution mode,
     /// panic isolation, time limit and unknown-tool handling of the node).
+    /// Sequentially, the calls after one waiting for input are not run: the
+    /// outcomes then end with its [`ToolError::Interrupted`].
     pub async fn run_calls(&self, calls: &[ToolCall]) -> Vec<Result<String, ToolError>> {
         self.run(calls, false).await
     }
@@ -205,9 +232,15 @@ impl ToolsNode {
                 let mut results = Vec::with_capacity(calls.len());
                 for call in calls {
                     let result = self.run_one(call).await;
-                    let failed = result.is_err();
+                    // A call waiting for input stops the calls after it under either policy:
+                    // they may depend on the answer.
+                    let stop = match &result {
+                        Ok(_) => false,
+                        Err(ToolError::Interrupted { .. }) => true,
+                        Err(_) => stop_at_first_error,
+                    };
                     results.push(result);
-                    if failed && stop_at_first_error {
+                    if stop {
                         break;
                     }
                 }

@@ -253,6 +253,12 @@ pub enum ModelError {
         /// The server's message.
         message: String,
     },
+    /// The answer asked for tool calls and was cut at the token limit
+    /// (`finish_reason: "length"`): the arguments of its last call are incomplete, so it is
+    /// no answer (not retried: the same request would be cut again). A text answer cut at
+    /// the limit is an answer, with its [`ModelReply::finish_reason`].
+    #[error("the model's answer was cut at the token limit in the middle of its tool calls")]
+    Truncated,
 }
 
 /// A chat model at an OpenAI-compatible endpoint.
@@ -275,7 +281,7 @@ pub struct OpenAiChatModel {
 
 /// What one attempt ended with.
 enum Attempt {
-    Answer(AssistantMessage, Option<Usage>),
+    Answer(ModelReply),
     /// Worth another try, after at least this long.
     Retry(ModelError, Option<Duration>),
     Fail(ModelError),
@@ -343,19 +349,31 @@ impl OpenAiChatModel {
     /// configured.
     ///
     /// # Errors
-    /// The last attempt's [`ModelError`].
+    /// The last attempt's [`ModelError`]; [`ModelError::Truncated`] for tool calls cut at
+    /// the token limit.
     pub async fn generate_with_usage(
         &self,
         messages: &[Message],
         tools: &[ToolInfo],
     ) -> Result<(AssistantMessage, Option<Usage>), ModelError> {
+        self.generate_reply(messages, tools)
+            .await
+            .map(|reply| (reply.message, reply.usage))
+    }
+
+    /// The next reply — message, usage and finish reason — retrying as configured.
+    async fn generate_reply(
+        &self,
+        messages: &[Message],
+        tools: &[ToolInfo],
+    ) -> Result<ModelReply, ModelError> {
         let body = self.request_body(messages, tools);
         let mut backoff = self.config.initial_backoff;
         let mut attempt = 0;
         loop {
             attempt += 1;
             let (error, wait) = match self.attempt(&body).await {
-                Attempt::Answer(answer, usage) => return Ok((answer, usage)),
+                Attempt::Answer(reply) => return Ok(reply),
                 Attempt::Fail(error) => return Err(error),
                 Attempt::Retry(error, wait) => (error, wait),
             };
@@ -430,7 +448,7 @@ impl OpenAiChatModel {
                 Err(e) => Attempt::Retry(transport(&e), None),
                 Ok((_, true)) => Attempt::Fail(over_limit(limit)),
                 Ok((bytes, false)) => match parse_completion(&bytes) {
-                    Ok((answer, usage)) => Attempt::Answer(answer, usage),
+                    Ok(reply) => Attempt::Answer(reply),
                     Err(e) => Attempt::Fail(e),
                 },
             }
@@ -456,11 +474,9 @@ impl ChatModel for OpenAiChatModel {
         messages: &[Message],
         tools: &[ToolInfo],
     ) -> Result<ModelReply, ToolError> {
-        let (message, usage) = self
-            .generate_with_usage(messages, tools)
+        self.generate_reply(messages, tools)
             .await
-            .map_err(ToolError::model)?;
-        Ok(ModelReply { message, usage })
+            .map_err(ToolError::model)
     }
 }
 
@@ -540,10 +556,15 @@ struct Completion {
 #[derive(Deserialize)]
 struct Choice {
     message: AssistantMessage,
+    #[serde(default)]
+    finish_reason: Option<String>,
 }
 
+/// The finish reason of an answer cut at the token limit.
+const LENGTH: &str = "length";
+
 /// A whole (not streamed) completion.
-fn parse_completion(bytes: &[u8]) -> Result<(AssistantMessage, Option<Usage>), ModelError> {
+fn parse_completion(bytes: &[u8]) -> Result<ModelReply, ModelError> {
     let completion: Completion = serde_json::from_slice(bytes)
         .map_err(|e| ModelError::Malformed(format!("not a chat completion: {e}")))?;
     let choice = completion
@@ -551,7 +572,14 @@ fn parse_completion(bytes: &[u8]) -> Result<(AssistantMessage, Option<Usage>), M
         .into_iter()
         .next()
         .ok_or_else(|| ModelError::Malformed("a completion without choices".into()))?;
-    Ok((choice.message, completion.usage))
+    if choice.finish_reason.as_deref() == Some(LENGTH) && choice.message.has_tool_calls() {
+        return Err(ModelError::Truncated);
+    }
+    Ok(ModelReply {
+        message: choice.message,
+        usage: completion.usage,
+        finish_reason: choice.finish_reason,
+    })
 }
 
 #[derive(Deserialize)]
@@ -574,6 +602,9 @@ struct Chunk {
 struct ChunkChoice {
     #[serde(default, deserialize_with = "crate::message::null_as_default")]
     delta: Delta,
+    /// Set on the choice's last chunk.
+    #[serde(default)]
+    finish_reason: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -612,6 +643,8 @@ struct Assembly {
     /// tells them apart by id moves an index on to a new call).
     by_index: std::collections::BTreeMap<usize, usize>,
     usage: Option<Usage>,
+    /// The last finish reason a chunk gave.
+    finish_reason: Option<String>,
     done: bool,
 }
 
@@ -655,19 +688,34 @@ impl Assembly {
             if let Some(text) = choice.delta.content {
                 self.content.get_or_insert_with(String::new).push_str(&text);
             }
+            if let Some(reason) = choice.finish_reason {
+                self.finish_reason = Some(reason);
+            }
             for call in choice.delta.tool_calls {
-                let slot = self.slot(call.index, call.id.as_deref())?;
+                let (name, arguments) = call
+                    .function
+                    .map_or((None, None), |f| (f.name, f.arguments));
+                let name = name.filter(|name| !name.is_empty());
+                let slot = self.slot(call.index, call.id.as_deref(), name.is_some())?;
                 let slot = &mut self.calls[slot];
-                if let Some(id) = call.id.filter(|id| !id.is_empty()) {
-                    slot.0 = id;
+                // The first id is the call's: a server that sends a new id with every
+                // fragment (LM Studio) does not rename the call.
+                if slot.0.is_empty() {
+                    if let Some(id) = call.id.filter(|id| !id.is_empty()) {
+                        slot.0 = id;
+                    }
                 }
-                if let Some(f) = call.function {
-                    if let Some(name) = f.name {
+                // A name is set once, and a fragment of it appended; the whole name again
+                // (servers that repeat it in every delta) adds nothing.
+                if let Some(name) = name {
+                    if slot.1.is_empty() {
+                        slot.1 = name;
+                    } else if slot.1 != name {
                         slot.1.push_str(&name);
                     }
-                    if let Some(args) = f.arguments {
-                        slot.2.push_str(&args);
-                    }
+                }
+                if let Some(args) = arguments {
+                    slot.2.push_str(&args);
                 }
             }
         }
@@ -675,9 +723,17 @@ impl Assembly {
     }
 
     /// The call a delta of `index` (and `id`, if it has one) adds to: the one its index is
-    /// assembling — unless the delta names another id, or there is none yet: then a new
-    /// call. A delta without an index adds to the call of its id, else to the last call.
-    fn slot(&mut self, index: Option<usize>, id: Option<&str>) -> Result<usize, ModelError> {
+    /// assembling — unless there is none yet, or the delta names another id *and* carries a
+    /// function name (`named`): then a new call. A nameless delta with another id goes on
+    /// with the call its index is assembling (servers that send a new id with every
+    /// fragment). A delta without an index adds to the call of its id, else to the last
+    /// call, by the same rule.
+    fn slot(
+        &mut self,
+        index: Option<usize>,
+        id: Option<&str>,
+        named: bool,
+    ) -> Result<usize, ModelError> {
         let id = id.filter(|id| !id.is_empty());
         let current = match index {
             Some(index) => self.by_index.get(&index).copied(),
@@ -687,7 +743,7 @@ impl Assembly {
         };
         if let Some(slot) = current {
             let other_id = matches!((id, self.calls[slot].0.as_str()), (Some(new), old) if !old.is_empty() && old != new);
-            if !other_id {
+            if !(other_id && named) {
                 return Ok(slot);
             }
         }
@@ -702,7 +758,10 @@ impl Assembly {
         Ok(slot)
     }
 
-    fn finish(self) -> Result<(AssistantMessage, Option<Usage>), ModelError> {
+    fn finish(self) -> Result<ModelReply, ModelError> {
+        if self.finish_reason.as_deref() == Some(LENGTH) && !self.calls.is_empty() {
+            return Err(ModelError::Truncated);
+        }
         let mut tool_calls = Vec::with_capacity(self.calls.len());
         for (i, (id, name, arguments)) in self.calls.into_iter().enumerate() {
             if name.is_empty() {
@@ -717,13 +776,14 @@ impl Assembly {
             };
             tool_calls.push(ToolCall::function(id, name, arguments));
         }
-        Ok((
-            AssistantMessage {
+        Ok(ModelReply {
+            message: AssistantMessage {
                 content: self.content,
                 tool_calls,
             },
-            self.usage,
-        ))
+            usage: self.usage,
+            finish_reason: self.finish_reason,
+        })
     }
 }
 
@@ -758,7 +818,7 @@ async fn read_stream(response: reqwest::Response, limit: usize) -> Attempt {
                 }
                 if assembly.done {
                     return match assembly.finish() {
-                        Ok((answer, usage)) => Attempt::Answer(answer, usage),
+                        Ok(reply) => Attempt::Answer(reply),
                         Err(e) => Attempt::Fail(e),
                     };
                 }

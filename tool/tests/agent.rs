@@ -1,11 +1,14 @@
 //! The agent loop with a scripted model.
 #![allow(clippy::unwrap_used)]
 
-use std::sync::Arc;
+use std::sync::{
+    atomic::{AtomicUsize, Ordering},
+    Arc,
+};
 
 use dtask_tool::{
     Agent, AssistantMessage, BoxError, ChatModel, ErrorPolicy, FunctionTool, Message,
-    ScriptedModel, ToolCall, ToolError, ToolsNode, DEFAULT_MAX_STEPS,
+    ScriptedModel, Tool, ToolCall, ToolError, ToolInfo, ToolMessage, ToolsNode, DEFAULT_MAX_STEPS,
 };
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -157,4 +160,79 @@ async fn the_agent_runs_on_a_spawned_task() {
         .unwrap()
         .unwrap();
     assert_eq!(run.messages[2], Message::tool("c1", "10"));
+}
+
+/// A tool that asks for approval (as a managed tool's foreground call does).
+struct Approval;
+
+#[async_trait::async_trait]
+impl Tool for Approval {
+    fn info(&self) -> ToolInfo {
+        ToolInfo::without_parameters("approve", "Asks a person")
+    }
+
+    async fn invoke(&self, _arguments: &str) -> Result<String, ToolError> {
+        Err(ToolError::Interrupted {
+            tool: "approve".into(),
+            info: serde_json::json!("May I?"),
+            state: "approval-state".into(),
+        })
+    }
+}
+
+// Calls waiting for input end the run with their states and a transcript that holds the
+// results of the turn's other calls: the run continues from it once the interrupted calls
+// are answered, and no call runs twice.
+#[tokio::test]
+async fn an_interrupt_ends_the_run_with_a_resumable_transcript() {
+    let doubled = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&doubled);
+    let double = FunctionTool::infer("double", "Double a number", move |x: Num| {
+        counter.fetch_add(1, Ordering::SeqCst);
+        async move { Ok::<_, BoxError>(x.n * 2) }
+    });
+    let tools = ToolsNode::builder()
+        .tool(double)
+        .tool(Approval)
+        .build()
+        .unwrap();
+    let turn = AssistantMessage::with_tool_calls(vec![
+        ToolCall::function("c1", "double", r#"{"n":1}"#),
+        ToolCall::function("c2", "approve", "{}"),
+    ]);
+    let model = Arc::new(ScriptedModel::new([
+        turn.clone(),
+        AssistantMessage::text("approved, and 1 doubled is 2"),
+    ]));
+    let agent = Agent::new(model.clone(), tools);
+    let err = agent.run(vec![Message::user("go")]).await.unwrap_err();
+    let ToolError::CallsInterrupted {
+        interrupts,
+        finished,
+        mut transcript,
+    } = err
+    else {
+        panic!("expected CallsInterrupted, got {err:?}");
+    };
+    assert_eq!(interrupts.len(), 1);
+    assert_eq!(interrupts[0].call_id, "c2");
+    assert_eq!(interrupts[0].state, "approval-state");
+    assert_eq!(finished, [ToolMessage::new("c1", "2")]);
+    assert_eq!(
+        transcript,
+        [
+            Message::user("go"),
+            Message::Assistant(turn),
+            Message::tool("c1", "2"),
+        ]
+    );
+    // The person answers; the run goes on without running `double` again.
+    transcript.push(Message::tool("c2", "yes"));
+    let run = agent.run(transcript).await.unwrap();
+    assert_eq!(
+        run.answer.content.as_deref(),
+        Some("approved, and 1 doubled is 2")
+    );
+    assert_eq!(model.requests()[1].messages.len(), 4);
+    assert_eq!(doubled.load(Ordering::SeqCst), 1);
 }

@@ -473,3 +473,72 @@ async fn enum_and_unit_arguments_have_an_object_at_the_root() {
     let command: Command = decode_arguments("t", r#"{"op":"delete","id":7}"#).unwrap();
     assert!(matches!(command, Command::Delete { id: 7 }));
 }
+
+// An error of an agent or tools node the function ran itself (here an inner agent's step
+// limit) is not this tool's caller's own: it becomes `Failed` naming this tool, its source
+// the original error.
+#[tokio::test]
+async fn an_inner_agents_error_becomes_failed_naming_the_tool() {
+    let tool = FunctionTool::infer("outer", "Runs an inner agent", |_: Empty| async move {
+        Err::<(), _>(ToolError::StepLimit {
+            limit: 3,
+            transcript: Vec::new(),
+        })
+    });
+    let err = tool.invoke("{}").await.unwrap_err();
+    match &err {
+        ToolError::Failed { tool, source } => {
+            assert_eq!(tool, "outer");
+            assert!(
+                matches!(
+                    source.downcast_ref::<ToolError>(),
+                    Some(ToolError::StepLimit { limit: 3, .. })
+                ),
+                "{source:?}"
+            );
+        }
+        other => panic!("unexpected error: {other:?}"),
+    }
+    let inner_errors: [fn() -> ToolError; 3] = [
+        || ToolError::model("down"),
+        || ToolError::UnknownTool {
+            name: "ghost".into(),
+        },
+        || ToolError::DuplicateTool {
+            name: "twice".into(),
+        },
+    ];
+    for inner in inner_errors {
+        let tool =
+            FunctionTool::infer("outer", "Runs an inner agent", move |_: Empty| async move {
+                Err::<(), _>(inner())
+            });
+        let err = tool.invoke("{}").await.unwrap_err();
+        assert!(
+            matches!(&err, ToolError::Failed { tool, .. } if tool == "outer"),
+            "{err:?}"
+        );
+    }
+}
+
+// An encoder that panics ends the stream with `Panicked` (not `Output`), as a panicking
+// chunk does: nothing comes after it.
+#[tokio::test]
+async fn a_panicking_encoder_ends_the_stream_with_panicked() {
+    let tool = StreamingFunctionTool::new(
+        ToolInfo::without_parameters("count", "Counts to 3"),
+        |_: Empty| stream::iter((1..=3).map(Ok::<_, BoxError>)),
+    )
+    .with_encoder(|i: &i32| {
+        assert!(*i != 2, "cannot encode {i}");
+        Ok(i.to_string())
+    });
+    let items: Vec<_> = tool.invoke_stream("{}").await.unwrap().collect().await;
+    assert_eq!(items.len(), 2, "{items:?}");
+    assert_eq!(items[0].as_ref().unwrap(), "1");
+    assert!(
+        matches!(&items[1], Err(ToolError::Panicked { tool, message }) if tool == "count" && message == "cannot encode 2"),
+        "{:?}",
+        items[1]
+    );
+}

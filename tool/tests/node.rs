@@ -12,8 +12,8 @@ use std::{
 
 use async_trait::async_trait;
 use dtask_tool::{
-    AssistantMessage, BoxError, ErrorPolicy, Execution, FunctionTool, StreamingFunctionTool, Tool,
-    ToolCall, ToolError, ToolInfo, ToolMessage, ToolsNode,
+    AssistantMessage, BoxError, ErrorPolicy, Execution, FunctionTool, InterruptedCall,
+    StreamingFunctionTool, Tool, ToolCall, ToolError, ToolInfo, ToolMessage, ToolsNode,
 };
 use futures::stream;
 use schemars::JsonSchema;
@@ -524,7 +524,8 @@ async fn a_panicking_unknown_tool_handler_is_isolated_too() {
     assert_eq!(outcomes[1].as_ref().unwrap(), "ok");
 }
 
-/// A tool that always asks for input (as a managed tool's foreground call does).
+/// A tool that always asks for input (as a managed tool's foreground call does); its state
+/// is its arguments.
 struct Asks;
 
 #[async_trait]
@@ -533,36 +534,118 @@ impl Tool for Asks {
         ToolInfo::without_parameters("asks", "Asks for approval")
     }
 
-    async fn invoke(&self, _arguments: &str) -> Result<String, ToolError> {
+    async fn invoke(&self, arguments: &str) -> Result<String, ToolError> {
         Err(ToolError::Interrupted {
             tool: "asks".into(),
             info: serde_json::json!({"question": "approve?"}),
-            state: "resume-state".into(),
+            state: arguments.to_owned(),
         })
     }
 }
 
+fn interrupted(call_id: &str, state: &str) -> InterruptedCall {
+    InterruptedCall {
+        call_id: call_id.into(),
+        tool: "asks".into(),
+        info: serde_json::json!({"question": "approve?"}),
+        state: state.into(),
+    }
+}
+
 // A call waiting for input is not an error to tell the model: its state is what the caller
-// resumes it with, so the node returns it even when errors go back to the model.
+// resumes it with, so the node returns it even when errors go back to the model — with every
+// interrupted call's state and the results of the calls that ended (a resumed run must not
+// run them again). Sequentially, the calls after an interrupted one are not run.
 #[tokio::test]
 async fn an_interrupt_reaches_the_caller_under_either_policy() {
     for policy in [ErrorPolicy::Fail, ErrorPolicy::ReturnToModel] {
-        let node = ToolsNode::builder()
-            .tool(Asks)
-            .tool(echo())
-            .error_policy(policy)
-            .build()
-            .unwrap();
-        let err = node
-            .invoke(&message(vec![
-                call("c1", "echo", r#"{"text":"x"}"#),
-                call("c2", "asks", "{}"),
-            ]))
-            .await
-            .unwrap_err();
-        assert!(
-            matches!(&err, ToolError::Interrupted { state, .. } if state == "resume-state"),
-            "{policy:?}: {err:?}"
-        );
+        for execution in [Execution::Concurrent, Execution::Sequential] {
+            let ran = Arc::new(AtomicUsize::new(0));
+            let node = ToolsNode::builder()
+                .tool(Asks)
+                .tool(echo())
+                .tool(counting("count", Arc::clone(&ran)))
+                .error_policy(policy)
+                .execution(execution)
+                .build()
+                .unwrap();
+            let err = node
+                .invoke(&message(vec![
+                    call("c1", "echo", r#"{"text":"x"}"#),
+                    call("c2", "asks", "s2"),
+                    call("c3", "count", r#"{"text":"y"}"#),
+                    call("c4", "asks", "s4"),
+                ]))
+                .await
+                .unwrap_err();
+            let ToolError::CallsInterrupted {
+                interrupts,
+                finished,
+                transcript,
+            } = err
+            else {
+                panic!("{policy:?}, {execution:?}: {err:?}");
+            };
+            assert!(transcript.is_empty(), "a node has no conversation");
+            if execution == Execution::Concurrent {
+                assert_eq!(
+                    interrupts,
+                    [interrupted("c2", "s2"), interrupted("c4", "s4")]
+                );
+                assert_eq!(
+                    finished,
+                    [
+                        ToolMessage::new("c1", "x"),
+                        ToolMessage::new("c3", r#""y""#)
+                    ]
+                );
+                assert_eq!(ran.load(Ordering::SeqCst), 1);
+            } else {
+                assert_eq!(interrupts, [interrupted("c2", "s2")], "{policy:?}");
+                assert_eq!(finished, [ToolMessage::new("c1", "x")], "{policy:?}");
+                assert_eq!(
+                    ran.load(Ordering::SeqCst),
+                    0,
+                    "{policy:?}: a call after the interrupt ran"
+                );
+            }
+        }
     }
+    // Raw outcomes: sequentially, they end with the interrupt.
+    let node = ToolsNode::builder()
+        .tool(Asks)
+        .tool(echo())
+        .sequential()
+        .build()
+        .unwrap();
+    let outcomes = node
+        .run_calls(&[
+            call("c1", "asks", "s1"),
+            call("c2", "echo", r#"{"text":"x"}"#),
+        ])
+        .await;
+    assert_eq!(outcomes.len(), 1, "{outcomes:?}");
+    assert!(matches!(&outcomes[0], Err(ToolError::Interrupted { state, .. }) if state == "s1"));
+}
+
+// Under `ErrorPolicy::Fail`, a call that failed fails the node even when another one waits
+// for input: answering the interrupt would not save the turn.
+#[tokio::test]
+async fn under_fail_a_failure_outweighs_an_interrupt() {
+    let node = ToolsNode::builder()
+        .tool(Asks)
+        .tool(echo())
+        .build()
+        .unwrap();
+    let err = node
+        .invoke(&message(vec![
+            call("c1", "asks", "s1"),
+            call("c2", "echo", r#"{"txt":"x"}"#),
+        ]))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, ToolError::InvalidArguments { tool, .. } if tool == "echo"),
+        "{err:?}"
+    );
 }

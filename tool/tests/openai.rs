@@ -591,3 +591,136 @@ async fn a_wrong_base_url_is_a_config_error_and_redirects_are_not_followed() {
     );
     assert_eq!(script.requests.lock().unwrap().len(), 1);
 }
+
+/// The payloads of a stream of one choice whose deltas are these `tool_calls` entries.
+fn call_deltas(deltas: &[Value]) -> Vec<String> {
+    deltas
+        .iter()
+        .map(|d| json!({"choices": [{"index": 0, "delta": {"tool_calls": [d]}}]}).to_string())
+        .collect()
+}
+
+// Servers that repeat the function name in every delta of a call (the name is not doubled),
+// and servers (LM Studio) that send a new id with every fragment of a call at the same index
+// (the fragments are one call, under its first id).
+#[tokio::test]
+async fn repeated_names_and_a_new_id_per_fragment_are_one_call() {
+    let repeated_name = call_deltas(&[
+        json!({"index": 0, "id": "A", "type": "function",
+            "function": {"name": "read_file", "arguments": ""}}),
+        json!({"index": 0, "function": {"name": "read_file", "arguments": "{"}}),
+        json!({"index": 0, "function": {"name": "read_file", "arguments": "}"}}),
+    ]);
+    let id_per_fragment = call_deltas(&[
+        json!({"index": 0, "id": "A", "type": "function",
+            "function": {"name": "add", "arguments": ""}}),
+        json!({"index": 0, "id": "B", "function": {"arguments": "{\"a\":1,"}}),
+        json!({"index": 0, "id": "C", "function": {"arguments": "\"b\":2}"}}),
+    ]);
+    let (base, _) = serve(vec![
+        Answer::Stream(repeated_name, false),
+        Answer::Stream(id_per_fragment, false),
+    ])
+    .await;
+    let model = OpenAiChatModel::new(config(&base).with_streaming(true)).unwrap();
+    let (answer, _) = model
+        .generate_with_usage(&[Message::user("read it")], &[add_tool()])
+        .await
+        .unwrap();
+    assert_eq!(
+        answer.tool_calls,
+        [ToolCall::function("A", "read_file", "{}")]
+    );
+    let (answer, _) = model
+        .generate_with_usage(&[Message::user("1+2?")], &[add_tool()])
+        .await
+        .unwrap();
+    assert_eq!(
+        answer.tool_calls,
+        [ToolCall::function("A", "add", r#"{"a":1,"b":2}"#)]
+    );
+}
+
+// A name split across deltas is joined.
+#[tokio::test]
+async fn a_name_split_across_deltas_is_joined() {
+    let split = call_deltas(&[
+        json!({"index": 0, "id": "A", "function": {"name": "read_", "arguments": ""}}),
+        json!({"index": 0, "function": {"name": "file", "arguments": "{}"}}),
+    ]);
+    let (base, _) = serve(vec![Answer::Stream(split, false)]).await;
+    let model = OpenAiChatModel::new(config(&base).with_streaming(true)).unwrap();
+    let answer = model.generate(&[Message::user("read")], &[]).await.unwrap();
+    assert_eq!(
+        answer.tool_calls,
+        [ToolCall::function("A", "read_file", "{}")]
+    );
+}
+
+// An answer cut at the token limit in the middle of a tool call's arguments is a typed error,
+// not a call with broken arguments — whole or streamed, and not retried; a text answer cut
+// there is an answer, whose finish reason the reply tells.
+#[tokio::test]
+async fn tool_calls_cut_at_the_token_limit_are_a_typed_error() {
+    let cut_call = Answer::Plain(
+        200,
+        vec![],
+        json!({"choices": [{"index": 0, "finish_reason": "length", "message": {
+            "role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+                "function": {"name": "add", "arguments": "{\"a\":1,\"b\""}}]}}]})
+        .to_string(),
+    );
+    let cut_text = Answer::Plain(
+        200,
+        vec![],
+        json!({"choices": [{"index": 0, "finish_reason": "length",
+            "message": {"role": "assistant", "content": "Once upon a"}}]})
+        .to_string(),
+    );
+    let mut streamed_call = call_deltas(&[
+        json!({"index": 0, "id": "c1", "function": {"name": "add", "arguments": "{\"a\":"}}),
+    ]);
+    streamed_call.push(
+        json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}).to_string(),
+    );
+    let streamed_text = vec![
+        json!({"choices": [{"index": 0, "delta": {"content": "Once"}}]}).to_string(),
+        json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}).to_string(),
+    ];
+    let (base, script) = serve(vec![
+        cut_call,
+        cut_text,
+        Answer::Stream(streamed_call, false),
+        Answer::Stream(streamed_text, false),
+    ])
+    .await;
+    let whole = OpenAiChatModel::new(config(&base)).unwrap();
+    let e = whole
+        .reply(&[Message::user("1+2?")], &[add_tool()])
+        .await
+        .unwrap_err();
+    assert!(matches!(model_error(&e), ModelError::Truncated), "{e}");
+    let reply = whole
+        .reply(&[Message::user("a story")], &[add_tool()])
+        .await
+        .unwrap();
+    assert_eq!(reply.message, AssistantMessage::text("Once upon a"));
+    assert_eq!(reply.finish_reason.as_deref(), Some("length"));
+    let streaming = OpenAiChatModel::new(config(&base).with_streaming(true)).unwrap();
+    let e = streaming
+        .reply(&[Message::user("1+2?")], &[add_tool()])
+        .await
+        .unwrap_err();
+    assert!(matches!(model_error(&e), ModelError::Truncated), "{e}");
+    let reply = streaming
+        .reply(&[Message::user("a story")], &[add_tool()])
+        .await
+        .unwrap();
+    assert_eq!(reply.message, AssistantMessage::text("Once"));
+    assert_eq!(reply.finish_reason.as_deref(), Some("length"));
+    assert_eq!(
+        script.requests.lock().unwrap().len(),
+        4,
+        "nothing was retried"
+    );
+}
