@@ -688,3 +688,93 @@ async fn an_agent_runs_page_shows_its_conversation_and_sends_it_a_message() {
     stop.send(()).unwrap();
     server.await.unwrap().unwrap();
 }
+
+/// The page stands what a client may have sent and what a server may answer: a `not_before`
+/// no date can hold (nanoseconds taken for milliseconds, stored by a client of the store) is
+/// shown as its number, and a live stream the server refused (503: every stream taken) is
+/// opened again once there is room, so that the list goes live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_shows_an_impossible_date_and_reopens_a_refused_stream() {
+    let (Some(driver), Some(chromium)) = (program("chromedriver"), program("chromium")) else {
+        eprintln!(
+            "SKIPPED the_page_shows_an_impossible_date_and_reopens_a_refused_stream: chromium \
+             and chromedriver are not installed (apt-get install chromium chromium-driver)"
+        );
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    let store = TaskStore::open(journal, SystemClock, StoreConfig::default()).unwrap();
+    let nanoseconds = 1_700_000_000_000_000_000_u64;
+    store
+        .create(CreateRequest {
+            not_before: Some(dtask_journal::Timestamp(nanoseconds)),
+            ..create("ns-1", "shell", "delayed in nanoseconds")
+        })
+        .await
+        .unwrap();
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let mut config = ServerConfig::default().with_poll_interval(Duration::from_millis(20));
+    config.max_streams = 1;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = Server::owner(store.clone(), None, config);
+    let server = tokio::spawn(server.serve(listener, async {
+        let _ = stopped.await;
+    }));
+    // The one stream allowed, taken: the page's is refused.
+    let taken = reqwest::get(format!("{base}/api/stream")).await.unwrap();
+    assert_eq!(taken.status(), reqwest::StatusCode::OK);
+    let refused = reqwest::get(format!("{base}/api/stream")).await.unwrap();
+    assert_eq!(refused.status(), reqwest::StatusCode::SERVICE_UNAVAILABLE);
+
+    let (browser, _driver, _profile) = start_browser(&driver, &chromium).await;
+    browser.goto(&format!("{base}/")).await;
+    browser
+        .until(
+            "the row of ns-1, its time as a number",
+            "const r = document.querySelector(\"tr[data-id='ns-1']\"); \
+             return r !== null && r.textContent.includes('until 1700000000000000000')",
+        )
+        .await;
+    browser
+        .until(
+            "the refused stream",
+            "return document.querySelector('.live.off') !== null",
+        )
+        .await;
+    // The stream taken is let go: the page's gets in at a later try, and the list goes live.
+    drop(taken);
+    browser
+        .until(
+            "the live badge",
+            "return document.querySelector('.live.on') !== null",
+        )
+        .await;
+    store
+        .create(create("late-1", "shell", "created once the page is live"))
+        .await
+        .unwrap();
+    browser
+        .until(
+            "late-1, live",
+            "return document.querySelector(\"tr[data-id='late-1']\") !== null",
+        )
+        .await;
+
+    // The task's page shows the number too.
+    browser.goto(&format!("{base}/#/task/ns-1")).await;
+    browser
+        .until(
+            "the task's state",
+            "const dts = [...document.querySelectorAll('dl.kv dt')]; \
+             const d = dts.find((dt) => dt.textContent === 'not before'); \
+             return d !== undefined && d.nextSibling.textContent === '1700000000000000000'",
+        )
+        .await;
+
+    browser.call(reqwest::Method::DELETE, "", None).await;
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
+}

@@ -2818,3 +2818,510 @@ async fn an_agent_runs_conversation_is_served_and_a_message_steers_it() {
     assert_eq!(code(&err), "not_found");
     server.stop().await;
 }
+
+/// Reads server-sent events from `response` until `records` records arrived: every event,
+/// in order, as its `event` name, its `id` (if any) and its data.
+async fn read_all_events(
+    response: reqwest::Response,
+    records: usize,
+) -> Vec<(String, Option<u64>, Value)> {
+    let mut body = response.bytes_stream();
+    let mut text = String::new();
+    let mut events = Vec::new();
+    let mut seen = 0;
+    while seen < records {
+        let chunk = tokio::time::timeout(Duration::from_secs(60), body.next())
+            .await
+            .expect("an event within a minute")
+            .expect("the stream goes on")
+            .unwrap();
+        text.push_str(std::str::from_utf8(&chunk).unwrap());
+        while let Some(end) = text.find("\n\n") {
+            let block: String = text.drain(..end + 2).collect();
+            let (mut id, mut data, mut kind) = (None, None, None);
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("id: ") {
+                    id = Some(v.parse::<u64>().unwrap());
+                } else if let Some(v) = line.strip_prefix("data: ") {
+                    data = Some(serde_json::from_str::<Value>(v).unwrap());
+                } else if let Some(v) = line.strip_prefix("event: ") {
+                    kind = Some(v.to_owned());
+                }
+            }
+            if let (Some(kind), Some(data)) = (kind, data) {
+                seen += usize::from(kind == "record");
+                events.push((kind, id, data));
+            }
+        }
+    }
+    events
+}
+
+/// A task's first record: its creation.
+fn created_event(id: &str) -> Event {
+    Event::created(
+        TaskSpec::new(id, "shell"),
+        LeasePolicy::Retry,
+        Timestamp(1_000),
+    )
+}
+
+/// Flips one payload byte of `task`'s record at `position` in the journal at `dir` (closed),
+/// as a bad disk would: its checksum no longer matches.
+fn flip(dir: &Path, task: &str, position: u64) {
+    let cfs: Vec<_> = dtask_journal::keys::COLUMN_FAMILIES.to_vec();
+    let db = rocksdb::DB::open_cf(&rocksdb::Options::default(), dir, cfs).unwrap();
+    let cf = db.cf_handle(dtask_journal::Space::Events.name()).unwrap();
+    let key = dtask_journal::keys::event_key(task, position);
+    let mut value = db.get_cf(cf, &key).unwrap().unwrap();
+    value[23] ^= 0x01;
+    db.put_cf(cf, &key, value).unwrap();
+}
+
+/// The value of the sample `name` (a metric without labels) in a metrics exposition.
+fn sample(metrics: &str, name: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in\n{metrics}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_journal_stream_passes_over_a_damaged_record_and_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+        for id in ["a", "b", "c"] {
+            journal
+                .append_async(id, 0, &[created_event(id)])
+                .await
+                .unwrap();
+        }
+    }
+    flip(dir.path(), "b", 0);
+    let journal = Journal::open_read_only(dir.path()).unwrap();
+    let server = Running::start(Server::follower(journal, fast())).await;
+
+    // Read from the start, and again from a Last-Event-ID before the damage: each time the
+    // damaged record is named and the record after it arrives.
+    for resumed in [false, true] {
+        let request = server.http.get(server.url("/api/stream?from_seq=1"));
+        let request = if resumed {
+            request.header("last-event-id", "1")
+        } else {
+            request
+        };
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        let events = read_all_events(response, if resumed { 1 } else { 2 }).await;
+        let mut expected = vec![
+            ("record".to_owned(), Some(1), "a"),
+            ("damaged".to_owned(), None, "b"),
+            ("record".to_owned(), Some(3), "c"),
+        ];
+        if resumed {
+            expected.remove(0);
+        }
+        let got: Vec<_> = events
+            .iter()
+            .map(|(kind, id, data)| (kind.clone(), *id, data["task"].as_str().unwrap()))
+            .collect();
+        assert_eq!(got, expected, "{events:?}");
+        let damaged = &events.iter().find(|e| e.0 == "damaged").unwrap().2;
+        assert_eq!(damaged["position"], 0, "{damaged}");
+        assert_eq!(damaged["after_seq"], 1, "{damaged}");
+        assert!(
+            damaged["error"].as_str().unwrap().contains("checksum"),
+            "{damaged}"
+        );
+    }
+    server.stop().await;
+}
+
+/// The entries of a [`Faulty`] journal, keyed by (space, key).
+type Entries = std::collections::BTreeMap<(u8, Vec<u8>), Vec<u8>>;
+
+/// A journal in memory whose reads can be damaged or failed on demand: what a bad disk does
+/// under a running server.
+#[derive(Default)]
+struct Faulty {
+    /// Every space's entries, keyed by (space, key).
+    spaces: std::sync::Mutex<Entries>,
+    /// The event key whose record reads damaged (one payload byte flipped).
+    damaged: std::sync::Mutex<Option<Vec<u8>>>,
+    /// Reads of the damaged record.
+    damaged_reads: std::sync::atomic::AtomicU64,
+    /// Whether the reads of the commit order fail (a storage error).
+    failing_commits: std::sync::atomic::AtomicBool,
+}
+
+impl Faulty {
+    fn space(space: dtask_journal::Space) -> u8 {
+        use dtask_journal::Space;
+        match space {
+            Space::Events => 0,
+            Space::Commits => 1,
+            Space::Live => 2,
+            Space::Outbox => 3,
+            Space::Meta => 4,
+        }
+    }
+
+    /// `value` as read at `key` of `space`: damaged if that is the damaged record.
+    fn read(&self, space: u8, key: &[u8], mut value: Vec<u8>) -> Vec<u8> {
+        if space == 0 && self.damaged.lock().unwrap().as_deref() == Some(key) {
+            self.damaged_reads
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            value[23] ^= 0x01;
+        }
+        value
+    }
+
+    fn damage(&self, task: &str, position: u64) {
+        *self.damaged.lock().unwrap() = Some(dtask_journal::keys::event_key(task, position));
+    }
+
+    fn damaged_reads(&self) -> u64 {
+        self.damaged_reads.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl dtask_journal::Backend for Faulty {
+    fn write(
+        &self,
+        ops: Vec<dtask_journal::BatchOp>,
+        _: dtask_journal::Durability,
+    ) -> dtask_journal::Result<()> {
+        use dtask_journal::BatchOp;
+        let mut spaces = self.spaces.lock().unwrap();
+        for op in ops {
+            match op {
+                BatchOp::Put { space, key, value } => {
+                    spaces.insert((Self::space(space), key.to_vec()), value.to_vec());
+                }
+                BatchOp::Delete { space, key } => {
+                    spaces.remove(&(Self::space(space), key.to_vec()));
+                }
+                BatchOp::Replace { key, value } => {
+                    spaces.insert((0, key.to_vec()), value.to_vec());
+                }
+                BatchOp::Purge { task, below, .. } => {
+                    for position in 0..below {
+                        spaces.remove(&(0, dtask_journal::keys::event_key(&task, position)));
+                    }
+                }
+                // Finished streams are not kept apart here.
+                BatchOp::Retire { .. } => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn sync(&self) -> dtask_journal::Result<()> {
+        Ok(())
+    }
+
+    fn get(
+        &self,
+        space: dtask_journal::Space,
+        key: &[u8],
+    ) -> dtask_journal::Result<Option<Vec<u8>>> {
+        let space = Self::space(space);
+        let value = self
+            .spaces
+            .lock()
+            .unwrap()
+            .get(&(space, key.to_vec()))
+            .cloned();
+        Ok(value.map(|v| self.read(space, key, v)))
+    }
+
+    fn scan(
+        &self,
+        space: dtask_journal::Space,
+        range: dtask_journal::Range,
+    ) -> dtask_journal::RawIter<'_> {
+        if space == dtask_journal::Space::Commits
+            && !range.reverse
+            && self
+                .failing_commits
+                .load(std::sync::atomic::Ordering::SeqCst)
+        {
+            return Box::new(std::iter::once(Err(dtask_journal::Error::storage(
+                "injected: the commit order cannot be read",
+            ))));
+        }
+        let space = Self::space(space);
+        let lower = (space, range.lower.clone());
+        let entries: Vec<(Vec<u8>, Vec<u8>)> = {
+            let spaces = self.spaces.lock().unwrap();
+            spaces
+                .range(lower..)
+                .take_while(|((s, key), _)| {
+                    *s == space && range.upper.as_ref().is_none_or(|upper| key < upper)
+                })
+                .map(|((_, key), value)| (key.clone(), value.clone()))
+                .collect()
+        };
+        let mut entries: Vec<dtask_journal::KeyValue> = entries
+            .into_iter()
+            .map(|(key, value)| {
+                let value = self.read(space, &key, value);
+                (key.into_boxed_slice(), value.into_boxed_slice())
+            })
+            .collect();
+        if range.reverse {
+            entries.reverse();
+        }
+        Box::new(entries.into_iter().map(Ok))
+    }
+
+    fn read_only(&self) -> bool {
+        false
+    }
+}
+
+/// An owner server over a [`Faulty`] journal in memory, its pump looking again every
+/// `poll` when nothing wakes it (the journal's durable watermark does, at each commit).
+async fn faulty_owner(poll: Duration) -> (Running, TaskStore, std::sync::Arc<Faulty>) {
+    let backend = std::sync::Arc::new(Faulty::default());
+    let journal = Journal::with_backend(
+        std::sync::Arc::clone(&backend) as std::sync::Arc<dyn dtask_journal::Backend>,
+        JournalOptions::default(),
+    )
+    .unwrap();
+    let store = TaskStore::open(journal, SystemClock, StoreConfig::default()).unwrap();
+    let config = ServerConfig::default().with_poll_interval(poll);
+    let server = Running::start(Server::owner(store.clone(), None, config)).await;
+    server.wait_seq(0).await;
+    (server, store, backend)
+}
+
+/// A record that reads damaged under a running server: the pump passes over it (counted
+/// once), the live stream names it and goes on with the records after it, and the pump does
+/// not read it again and again while nothing follows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pump_passes_over_a_damaged_record_and_the_live_stream_goes_on() {
+    // Woken by the journal at each commit; an hour between looks otherwise.
+    let (server, store, backend) = faulty_owner(Duration::from_secs(3600)).await;
+    let live = server.stream("/api/stream").await;
+    store
+        .create(create("a", "shell", &json!({})))
+        .await
+        .unwrap();
+    backend.damage("b", 0);
+    store
+        .create(create("b", "shell", &json!({})))
+        .await
+        .unwrap();
+
+    // The damage is the last thing committed: the pump reads it, reports it once, and waits.
+    for i in 0.. {
+        let metrics = server.text("/metrics").await;
+        if sample(&metrics, "dtask_pump_damaged_records_total") == 1 {
+            break;
+        }
+        assert!(i < 3_000, "the damage was never counted:\n{metrics}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let reads = backend.damaged_reads();
+    for _ in 0..50 {
+        server.text("/metrics").await;
+    }
+    assert!(
+        backend.damaged_reads() <= reads + 1,
+        "the pump read the damaged record {} more times",
+        backend.damaged_reads() - reads
+    );
+
+    store
+        .create(create("c", "shell", &json!({})))
+        .await
+        .unwrap();
+    let events = read_all_events(live, 2).await;
+    let got: Vec<_> = events
+        .iter()
+        .map(|(kind, id, data)| (kind.as_str(), *id, data["task"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("record", Some(1), "a"),
+            ("damaged", None, "b"),
+            ("record", Some(3), "c")
+        ],
+        "{events:?}"
+    );
+    assert_eq!(events[1].2["position"], 0);
+    assert_eq!(events[1].2["after_seq"], 1);
+    // The counts go on past it; the damage was counted once, and is no failed read.
+    let stats = server.wait_seq(3).await;
+    assert_eq!(stats["tasks"], 2, "{stats}");
+    let metrics = server.text("/metrics").await;
+    assert_eq!(sample(&metrics, "dtask_pump_damaged_records_total"), 1);
+    assert_eq!(sample(&metrics, "dtask_pump_errors_total"), 0);
+    server.stop().await;
+}
+
+/// A read of the commits that fails is tried again after the poll interval, not at once: a
+/// lasting failure (here the commit order unreadable) is not a busy loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_read_of_the_commits_waits_the_interval_before_the_next() {
+    let (server, store, backend) = faulty_owner(Duration::from_secs(3600)).await;
+    backend
+        .failing_commits
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    // A commit wakes the pump, whose read fails.
+    store
+        .create(create("a", "shell", &json!({})))
+        .await
+        .unwrap();
+    for i in 0.. {
+        let metrics = server.text("/metrics").await;
+        if sample(&metrics, "dtask_pump_errors_total") >= 1 {
+            break;
+        }
+        assert!(i < 3_000, "the read never failed:\n{metrics}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (status, ready) = server.get("/readyz").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{ready}");
+    assert!(
+        ready["reasons"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("journal_unreadable")),
+        "{ready}"
+    );
+    // However many requests are answered meanwhile, the pump tried once.
+    for _ in 0..50 {
+        server.text("/metrics").await;
+    }
+    let metrics = server.text("/metrics").await;
+    assert_eq!(
+        sample(&metrics, "dtask_pump_errors_total"),
+        1,
+        "the pump read again at once"
+    );
+    server.stop().await;
+}
+
+/// Executor keys are the clients' to choose: the metrics and the statistics name the 50 with
+/// the most tasks and sum the others under `other`, however many keys there are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_by_executor_name_the_most_common_keys_and_sum_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_store(dir.path());
+    let server = Running::start(Server::owner(store.clone(), None, fast())).await;
+    for i in 0..3 {
+        store
+            .create(create(&format!("busy-{i}"), "busy", &json!({})))
+            .await
+            .unwrap();
+    }
+    let keys = 80;
+    for i in 0..keys {
+        store
+            .create(create(&format!("t{i}"), &format!("key-{i:03}"), &json!({})))
+            .await
+            .unwrap();
+    }
+    let tasks = 3 + keys;
+    let stats = server.wait_seq(tasks).await;
+    let by_executor = stats["by_executor"].as_object().unwrap();
+    assert_eq!(by_executor.len(), 51, "{stats}");
+    assert_eq!(by_executor["busy"], 3, "{stats}");
+    // The others by name among equals: key-000 … key-048 named, the 31 after summed.
+    assert_eq!(by_executor["key-048"], 1, "{stats}");
+    assert!(by_executor.get("key-049").is_none(), "{stats}");
+    assert_eq!(by_executor["other"], keys - 49, "{stats}");
+    let total: u64 = by_executor.values().map(|n| n.as_u64().unwrap()).sum();
+    assert_eq!(total, tasks);
+
+    let metrics = server.text("/metrics").await;
+    let series: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("dtask_tasks_by_executor{"))
+        .collect();
+    assert_eq!(series.len(), 51, "{series:?}");
+    assert!(series.contains(&r#"dtask_tasks_by_executor{executor="busy"} 3"#));
+    assert!(series.contains(&r#"dtask_tasks_by_executor{executor="other"} 31"#));
+    server.stop().await;
+}
+
+/// A `not_before` that is no time in milliseconds (nanoseconds, say) is refused: no page could
+/// show it as a date.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_not_before_past_the_year_9999_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Running::start(Server::owner(open_store(dir.path()), None, fast())).await;
+    let (status, body) = server
+        .post(
+            "/api/tasks",
+            &json!({"id": "ns", "executor_key": "shell", "not_before": 1_700_000_000_000_000_000_u64}),
+        )
+        .await;
+    assert_eq!(
+        (status, code(&body)),
+        (StatusCode::BAD_REQUEST, "invalid_request"),
+        "{body}"
+    );
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("253402300799999"),
+        "{body}"
+    );
+    let (status, _) = server.get("/api/tasks/ns").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "nothing was created");
+    // The last millisecond of the year 9999 is taken.
+    let (status, task) = server
+        .post(
+            "/api/tasks",
+            &json!({"id": "late", "executor_key": "shell", "not_before": 253_402_300_799_999_u64}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{task}");
+    assert_eq!(task["not_before"], 253_402_300_799_999_u64, "{task}");
+    // The document says so.
+    let (_, document) = server.get("/openapi.json").await;
+    assert_eq!(
+        document["components"]["schemas"]["SubmitBody"]["properties"]["not_before"]["maximum"],
+        253_402_300_799_999_u64,
+        "{}",
+        document["components"]["schemas"]["SubmitBody"]
+    );
+    server.stop().await;
+}
+
+/// An updates page always gives a cursor (at the end, the end of what is stored now, to poll
+/// with), and the document says so: a required string, never `null`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_updates_pages_next_cursor_is_always_a_string() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open_store(dir.path());
+    let server = Running::start(Server::owner(store.clone(), None, fast())).await;
+    store
+        .create(create("u", "shell", &json!({})))
+        .await
+        .unwrap();
+    let (status, page) = server.get("/api/tasks/u/updates").await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert_eq!(page["updates"], json!([]));
+    assert!(page["next_cursor"].is_string(), "{page}");
+    let (_, document) = server.get("/openapi.json").await;
+    let schema = &document["components"]["schemas"]["UpdatePage"];
+    assert!(
+        schema["required"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("next_cursor")),
+        "{schema}"
+    );
+    assert_eq!(
+        schema["properties"]["next_cursor"]["type"], "string",
+        "{schema}"
+    );
+    server.stop().await;
+}

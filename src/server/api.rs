@@ -198,7 +198,7 @@ fn owner(shared: &Shared) -> Result<&super::control::Owner, ApiError> {
     post, path = "/api/tasks", tag = "control", request_body = SubmitBody,
     responses(
         (status = 201, description = "The task, created pending", body = TaskStateView),
-        (status = 400, description = "Bad JSON, an unknown field, an invalid spec", body = ErrorBody),
+        (status = 400, description = "Bad JSON, an unknown field, an invalid spec, a `not_before` past the year 9999 (`invalid_request`)", body = ErrorBody),
         WriteRefusals,
         (status = 409, description = "The id is taken", body = ErrorBody),
         (status = 413, description = "The body is over the limit", body = ErrorBody),
@@ -664,7 +664,7 @@ pub async fn stats(State(shared): State<Arc<Shared>>) -> Json<Stats> {
             .iter()
             .map(|(k, v)| (k.as_str().to_owned(), *v))
             .collect(),
-        by_executor: s.by_executor,
+        by_executor: s.executors_shown(),
         by_type: s
             .by_type
             .iter()
@@ -702,7 +702,9 @@ fn start_after(headers: &HeaderMap, query: &StreamQuery, default: u64) -> Result
 }
 
 /// Committed records in commit order, as server-sent events (`id` = global sequence,
-/// `event: record`, `data` = a record as in `/records`, byte fields as their length).
+/// `event: record`, `data` = a record as in `/records`, byte fields as their length). A
+/// damaged record is passed over as an `event: damaged` without `id` (`data`: its `task`,
+/// `position`, `after_seq` — the record sent before it — and `error`), and the stream goes on.
 #[utoipa::path(
     get, path = "/api/stream", tag = "streams", params(StreamQuery,
         ("Last-Event-ID" = Option<u64>, Header, description = "Resume after this global sequence")),

@@ -4,7 +4,7 @@
 
 use super::model::{
     AckBody, CancelBody, InputBody, InputView, MessageBody, ReceiveBody, ReleaseBody, RerunBody,
-    ResumeBody, SubmitBody,
+    ResumeBody, SubmitBody, MAX_NOT_BEFORE_MS,
 };
 use super::ApiError;
 use base64::engine::general_purpose::STANDARD;
@@ -58,6 +58,13 @@ impl Owner {
     /// # Errors
     /// 400 for a bad request, 409 when the id is taken.
     pub async fn submit(&self, body: SubmitBody) -> Result<TaskState, ApiError> {
+        if let Some(at) = body.not_before.filter(|at| *at > MAX_NOT_BEFORE_MS) {
+            // Nanoseconds or microseconds taken for milliseconds: no date a reader can show.
+            return Err(invalid(format!(
+                "not_before {at}: milliseconds since the UNIX epoch, at most \
+                 {MAX_NOT_BEFORE_MS} (the end of the year 9999)"
+            )));
+        }
         let id = match (body.id, &self.manager) {
             (Some(id), _) => id,
             // The manager's ids (its `ManagerConfig::id_generator`, if any).

@@ -245,6 +245,21 @@ fn gauge(registry: &mut Registry, name: &str, help: &str) -> Gauge {
 }
 
 /// Registers a counter under `name` and returns it.
+/// The pump's counters: its failed reads, and the damaged records it passed over.
+fn pump_counters(registry: &mut Registry) -> (Counter, Counter) {
+    let errors = counter(
+        registry,
+        "pump_errors",
+        "Failed reads of the journal's commits by the server",
+    );
+    let damaged = counter(
+        registry,
+        "pump_damaged_records",
+        "Damaged records of the journal's commit order the server passed over (run a verify)",
+    );
+    (errors, damaged)
+}
+
 fn counter(registry: &mut Registry, name: &str, help: &str) -> Counter {
     register(registry, name, help, Counter::default())
 }
@@ -549,6 +564,8 @@ pub struct Metrics {
     pub stream_lagged: Counter,
     /// Failed reads of the pump.
     pub pump_errors: Counter,
+    /// Damaged records of the commit order the pump passed over.
+    pub damaged_records: Counter,
     /// Audits run, by result.
     pub verifies: Family<ResultLabel, Counter>,
     /// Receives of notifications waiting for one (`wait_ms`: long polls parked now).
@@ -625,11 +642,7 @@ impl Metrics {
             "sse_lagged",
             "Streams that fell behind the broadcast buffer and went back to reading the journal",
         );
-        let pump_errors = counter(
-            r,
-            "pump_errors",
-            "Failed reads of the journal's commits by the server",
-        );
+        let (pump_errors, damaged_records) = pump_counters(r);
         let verifies = register(
             r,
             "verify_runs",
@@ -658,6 +671,7 @@ impl Metrics {
             sync_promise,
             stream_lagged,
             pump_errors,
+            damaged_records,
             verifies,
             receives_waiting,
             journal,
@@ -736,12 +750,12 @@ impl Metrics {
         // last count (renders take turns: `mirrored` is held to the end).
         self.tasks_by_executor.clear();
         self.records.clear();
-        for (executor, n) in &snapshot.by_executor {
+        // The most common executor keys, the rest as `other`: the keys are the clients' to
+        // choose, and the series must stay bounded.
+        for (executor, n) in snapshot.executors_shown() {
             self.tasks_by_executor
-                .get_or_create(&ExecutorLabel {
-                    executor: executor.clone(),
-                })
-                .set(int(*n));
+                .get_or_create(&ExecutorLabel { executor })
+                .set(int(n));
         }
         for (event_type, n) in &snapshot.by_type {
             self.records

@@ -453,8 +453,9 @@ pub struct UpdatePage {
     pub task: String,
     /// The updates, oldest first.
     pub updates: Vec<UpdateView>,
-    /// Pass as `cursor` for the next page; `null` when no more are stored now.
-    pub next_cursor: Option<String>,
+    /// Pass as `cursor` for the next page. Always given: at the end it points at what is
+    /// stored now, so polling with it yields only newer updates.
+    pub next_cursor: String,
 }
 
 /// `POST /api/tasks`: a task to create (pending, for an executor to claim).
@@ -492,9 +493,16 @@ pub struct SubmitBody {
     /// instead.
     pub max_recoveries: Option<u64>,
     /// The earliest time a worker may claim the task, in milliseconds since the UNIX epoch
-    /// (a delayed run; default: at once).
+    /// (a delayed run; default: at once); at most 253402300799999, the end of the year 9999:
+    /// a larger number is no time in milliseconds (nanoseconds, say) and is refused (400
+    /// `invalid_request`).
+    #[schema(maximum = 253_402_300_799_999_u64)]
     pub not_before: Option<u64>,
 }
+
+/// The latest `not_before` a submit takes: 9999-12-31T23:59:59.999Z, in milliseconds since
+/// the UNIX epoch.
+pub const MAX_NOT_BEFORE_MS: u64 = 253_402_300_799_999;
 
 /// `POST /api/tasks/{id}/cancel`.
 #[derive(Debug, Clone, Default, Deserialize, ToSchema)]
@@ -823,7 +831,8 @@ pub struct Stats {
     pub tasks_purged: u64,
     /// Tasks by status.
     pub by_status: std::collections::BTreeMap<String, u64>,
-    /// Tasks by executor.
+    /// Tasks by executor: the 50 executor keys with the most tasks, the tasks of any other
+    /// key summed under `other`.
     pub by_executor: std::collections::BTreeMap<String, u64>,
     /// Records by event type.
     pub by_type: std::collections::BTreeMap<String, u64>,

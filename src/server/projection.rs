@@ -91,7 +91,33 @@ impl Snapshot {
             + self.records_of(EventType::NotificationEnqueuedV2))
         .saturating_sub(self.records_of(EventType::NotificationAcked))
     }
+
+    /// Tasks by executor as the server shows them (`/api/stats`, `/metrics`): the
+    /// [`EXECUTORS_SHOWN`] executor keys with the most tasks (the first by name among equals),
+    /// the tasks of every other key summed under [`OTHER_EXECUTORS`]. Executor keys are the
+    /// clients' to choose: one entry (or metric series) per key would grow without bound.
+    pub fn executors_shown(&self) -> BTreeMap<String, u64> {
+        let mut keys: Vec<(&String, u64)> = self.by_executor.iter().map(|(k, n)| (k, *n)).collect();
+        if keys.len() <= EXECUTORS_SHOWN {
+            return self.by_executor.clone();
+        }
+        // Most tasks first; equals in name order (the map's order, kept by a stable sort).
+        keys.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+        let mut shown: BTreeMap<String, u64> = BTreeMap::new();
+        for (key, n) in &keys[..EXECUTORS_SHOWN] {
+            *shown.entry((*key).clone()).or_default() += n;
+        }
+        let rest: u64 = keys[EXECUTORS_SHOWN..].iter().map(|(_, n)| n).sum();
+        *shown.entry(OTHER_EXECUTORS.to_owned()).or_default() += rest;
+        shown
+    }
 }
+
+/// How many executor keys [`Snapshot::executors_shown`] names.
+pub const EXECUTORS_SHOWN: usize = 50;
+
+/// The key under which [`Snapshot::executors_shown`] sums the tasks of the other executors.
+pub const OTHER_EXECUTORS: &str = "other";
 
 /// Whether `record` starts an attempt on a task whose started marker is durable (`marked`),
 /// and whether the task is marked after it.

@@ -478,11 +478,11 @@ pub fn updates(
     Ok(UpdatePage {
         task: id.to_owned(),
         updates,
-        next_cursor: Some(encode(&UpdateCursor {
+        next_cursor: encode(&UpdateCursor {
             v: 1,
             task: id.to_owned(),
             position,
-        })),
+        }),
     })
 }
 

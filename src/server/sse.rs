@@ -26,15 +26,23 @@ use tokio::sync::{broadcast, watch};
 /// Records read from the journal per step (pump and catch-up).
 const BATCH: usize = 512;
 
-/// A committed record, ready to send.
+/// Damaged records a read of the commits keeps, at most, before it stops (a read of a
+/// journal damaged throughout stays bounded).
+const MAX_DAMAGED: usize = 16 * BATCH;
+
+/// A committed record, ready to send — or a damaged record passed over.
 #[derive(Debug)]
 pub struct Item {
-    /// The global sequence (the event id).
+    /// The global sequence (the event id); for a damaged record, the sequence of the last
+    /// record read before it.
     pub seq: u64,
     /// The task.
     pub task: String,
-    /// The JSON of its [`RecordView`] (byte fields redacted to their length).
+    /// The JSON of its [`RecordView`] (byte fields redacted to their length), or of its
+    /// [`Damaged`].
     pub json: String,
+    /// The damage passed over, for an `event: damaged` (no record).
+    damaged: Option<Damaged>,
 }
 
 impl Item {
@@ -46,14 +54,143 @@ impl Item {
             seq: record.seq,
             task: task.to_owned(),
             json,
+            damaged: None,
+        }
+    }
+
+    /// The damaged record `damaged`, met after the record of sequence `after`.
+    fn damaged(damaged: Damaged, after: u64) -> Self {
+        let json = serde_json::json!({
+            "task": damaged.task,
+            "position": damaged.position,
+            "after_seq": after,
+            "error": damaged.error,
+        })
+        .to_string();
+        Self {
+            seq: after,
+            task: damaged.task.clone().unwrap_or_default(),
+            json,
+            damaged: Some(damaged),
         }
     }
 
     fn event(&self) -> Event {
+        if self.damaged.is_some() {
+            // No id: a client's `Last-Event-ID` stays at the last record it was sent.
+            return Event::default().event("damaged").data(&self.json);
+        }
         Event::default()
             .id(self.seq.to_string())
             .event("record")
             .data(&self.json)
+    }
+}
+
+/// A damaged record of the commit order (its CRC does not match, it is cut short…), passed
+/// over by the pump and the journal-wide streams: the records after it go on.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Damaged {
+    /// Its task (`None` when the index entry naming it is itself unreadable).
+    pub task: Option<String>,
+    /// Its position in its task's stream (`None` likewise).
+    pub position: Option<u64>,
+    /// What is wrong.
+    pub error: String,
+}
+
+impl Damaged {
+    fn of(error: &dtask_journal::Error) -> Self {
+        let (task, position) = match error {
+            dtask_journal::Error::Corruption { task, position, .. } => {
+                (Some(task.clone()), Some(*position))
+            }
+            _ => (None, None),
+        };
+        Self {
+            task,
+            position,
+            error: error.to_string(),
+        }
+    }
+}
+
+/// One entry of the commit order as read: a record, or a damaged one passed over.
+enum Entry {
+    Record(Committed),
+    Damaged(Damaged),
+}
+
+/// What one read of the commit order found.
+struct CommitRead {
+    /// What was read, in order.
+    entries: Vec<Entry>,
+    /// The records among them.
+    records: usize,
+    /// The error that ended the read early (not damage, which is passed over): what was read
+    /// before it is kept.
+    failed: Option<String>,
+}
+
+/// Reads the commit order from sequence `from`: up to `limit` records, passing over damaged
+/// ones (kept as [`Entry::Damaged`], at most [`MAX_DAMAGED`]) — the journal's iterator goes on
+/// with the records after a damaged one — and stopping at any other error, keeping what came
+/// before it.
+fn read_commits(journal: &Journal, from: u64, limit: usize) -> CommitRead {
+    let mut read = CommitRead {
+        entries: Vec::new(),
+        records: 0,
+        failed: None,
+    };
+    let mut damaged = 0;
+    for item in journal.commits(from) {
+        match item {
+            Ok(c) => {
+                read.entries.push(Entry::Record(c));
+                read.records += 1;
+                if read.records == limit {
+                    break;
+                }
+            }
+            Err(e) if e.is_damage() => {
+                read.entries.push(Entry::Damaged(Damaged::of(&e)));
+                damaged += 1;
+                if damaged == MAX_DAMAGED {
+                    break;
+                }
+            }
+            Err(e) => {
+                read.failed = Some(e.to_string());
+                break;
+            }
+        }
+    }
+    read
+}
+
+/// The damaged records met after the last record a reader has taken: the reader's next read
+/// starts after that record and meets them again, and each is reported once.
+#[derive(Debug, Default)]
+struct Trailing(std::collections::HashSet<Damaged>);
+
+impl Trailing {
+    /// A record was taken: what was met before it is behind.
+    fn passed(&mut self) {
+        self.0.clear();
+    }
+
+    /// Whether `damaged` is met for the first time since the last record taken.
+    fn first(&mut self, damaged: &Damaged) -> bool {
+        if self.0.contains(damaged) {
+            return false;
+        }
+        self.0.insert(damaged.clone());
+        true
+    }
+
+    /// Whether damage was met after the last record taken.
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
     }
 }
 
@@ -149,6 +286,8 @@ impl Pump {
         let mut count_failed: Option<std::time::Instant> = None;
         // When the counts were last made whole (a trim's count waits a while after it).
         let mut counted_at = std::time::Instant::now();
+        // The damaged records read after the last record read (reported once each).
+        let mut trailing = Trailing::default();
         loop {
             if *stop.borrow() {
                 // A count made again holds the journal: the server's end waits for it, so
@@ -166,48 +305,32 @@ impl Pump {
                     counted_at = std::time::Instant::now();
                 }
             }
+            // What the journal had made durable before the read: a read that ended on
+            // damaged records waits for more than this.
+            let durable_before = self.journal.durable_seq();
             let journal = self.journal.clone();
-            let read = tokio::task::spawn_blocking(move || -> Result<Vec<Committed>, String> {
+            let read = tokio::task::spawn_blocking(move || -> Result<CommitRead, String> {
                 if follower {
                     journal.catch_up().map_err(|e| e.to_string())?;
                 }
-                journal
-                    .commits(next)
-                    .take(BATCH)
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| e.to_string())
+                Ok(read_commits(&journal, next, BATCH))
             })
             .await;
-            self.read_failing
-                .store(!matches!(read, Ok(Ok(_))), Ordering::Relaxed);
-            let batch = match read {
-                Ok(Ok(batch)) => batch,
-                Ok(Err(e)) => {
-                    self.metrics.pump_errors.inc();
-                    tracing_error(&format!("reading the journal's commits failed: {e}"));
-                    Vec::new()
-                }
-                Err(e) => {
-                    self.metrics.pump_errors.inc();
-                    tracing_error(&format!("reading the journal's commits failed: {e}"));
-                    Vec::new()
-                }
+            let (entries, records, failed) = match read {
+                Ok(Ok(read)) => (read.entries, read.records, read.failed),
+                Ok(Err(e)) => (Vec::new(), 0, Some(e)),
+                Err(e) => (Vec::new(), 0, Some(e.to_string())),
             };
-            let full = batch.len() == BATCH;
-            for c in batch {
-                if recount.is_none() {
-                    // While a count runs, the counts are its to replace: what the pump reads
-                    // meanwhile is applied once it is done (`counted_again`), in order.
-                    self.projection.apply(&c.task, &c.record);
-                }
-                next = c.record.seq + 1;
-                // Serialized only for someone: with no stream open, nothing is made. (A stream
-                // opening meanwhile reads what it missed from the journal.)
-                if self.hub.sender.receiver_count() > 0 {
-                    let item = Arc::new(Item::of(&c.task, &c.record));
-                    let _ = self.hub.sender.send(item);
-                }
+            // Damage is not a failed read: the records after it are read.
+            self.read_failing.store(failed.is_some(), Ordering::Relaxed);
+            if let Some(e) = &failed {
+                self.metrics.pump_errors.inc();
+                tracing_error(&format!("reading the journal's commits failed: {e}"));
             }
+            let full = records == BATCH;
+            // While a count runs, the counts are its to replace: what the pump reads
+            // meanwhile is applied once it is done (`counted_again`), in order.
+            self.publish(entries, &mut next, &mut trailing, recount.is_none());
             let may_count = count_failed.is_none_or(|at| at.elapsed() >= self.interval);
             // A trim rewrote records in place: counted again, at most once a while (trims
             // come often where a progress cap trims running tasks).
@@ -220,12 +343,26 @@ impl Pump {
                 // still until it is done).
                 recount = Some(Recount::start(&self.journal, &self.projection));
             }
-            if !full {
+            if failed.is_some() {
+                // A failed read waits the interval, whatever the journal says: reading again
+                // at once would fail again at once (a busy loop).
+                tokio::select! {
+                    () = tokio::time::sleep(self.interval) => {}
+                    _ = stop.changed() => {}
+                }
+            } else if !full {
                 // The embedded journal this process writes says when a sync made more
                 // records durable; a shared one when any process committed more (announced
                 // by the database); a follower of an embedded journal another process
-                // writes is polled.
-                let ready = !follower && !shared && self.journal.durable_seq() >= next;
+                // writes is polled. A read that ended on damaged records (met again by the
+                // next read, which starts after the last record read) waits for a record
+                // durable after what the read saw.
+                let target = if trailing.is_empty() {
+                    next
+                } else {
+                    next.max(durable_before.saturating_add(1))
+                };
+                let ready = !follower && !shared && self.journal.durable_seq() >= target;
                 let moved = async {
                     // An error: the journal is gone; the interval goes on.
                     let woken = if shared {
@@ -236,7 +373,7 @@ impl Pump {
                     } else if follower {
                         false
                     } else {
-                        durable_rx.wait_for(|seq| *seq >= next).await.is_ok()
+                        durable_rx.wait_for(|seq| *seq >= target).await.is_ok()
                     };
                     if !woken {
                         std::future::pending::<()>().await;
@@ -262,6 +399,43 @@ impl Pump {
 }
 
 impl Pump {
+    /// Applies the records read to the counts (unless a count made again runs:
+    /// `count` false) and broadcasts them, moving `next` past each; reports each damaged
+    /// record met for the first time since the last record read (`trailing`).
+    fn publish(&self, entries: Vec<Entry>, next: &mut u64, trailing: &mut Trailing, count: bool) {
+        for entry in entries {
+            let c = match entry {
+                Entry::Record(c) => c,
+                Entry::Damaged(damaged) => {
+                    // Met again by each read until a record after it is read: reported once.
+                    if trailing.first(&damaged) {
+                        self.metrics.damaged_records.inc();
+                        tracing_error(&format!(
+                            "passed over a damaged record of the commits: {}",
+                            damaged.error
+                        ));
+                        if self.hub.sender.receiver_count() > 0 {
+                            let item = Item::damaged(damaged, next.saturating_sub(1));
+                            let _ = self.hub.sender.send(Arc::new(item));
+                        }
+                    }
+                    continue;
+                }
+            };
+            trailing.passed();
+            if count {
+                self.projection.apply(&c.task, &c.record);
+            }
+            *next = c.record.seq + 1;
+            // Serialized only for someone: with no stream open, nothing is made. (A stream
+            // opening meanwhile reads what it missed from the journal.)
+            if self.hub.sender.receiver_count() > 0 {
+                let item = Arc::new(Item::of(&c.task, &c.record));
+                let _ = self.hub.sender.send(item);
+            }
+        }
+    }
+
     /// Counts the journal, again each interval while the count fails; the sequence the pump
     /// goes on from, or `None` once `stop` turns true.
     async fn first_count(&self, stop: &mut watch::Receiver<bool>) -> Option<u64> {
@@ -311,7 +485,12 @@ impl Pump {
         let projection = Arc::clone(&self.projection);
         let caught_up = tokio::task::spawn_blocking(move || -> Result<(), String> {
             for c in journal.commits(start + 1) {
-                let c = c.map_err(|e| e.to_string())?;
+                let c = match c {
+                    Ok(c) => c,
+                    // Passed over (the pump reported it when it read it).
+                    Err(e) if e.is_damage() => continue,
+                    Err(e) => return Err(e.to_string()),
+                };
                 if c.record.seq >= next {
                     break;
                 }
@@ -400,6 +579,8 @@ enum Phase {
     Journal,
     /// Following the broadcast channel.
     Live,
+    /// A read of the journal failed: the stream ends (its client reconnects).
+    Failed,
 }
 
 struct Follow {
@@ -410,6 +591,8 @@ struct Follow {
     after: u64,
     /// For a task stream: the next position to read from the journal.
     position: u64,
+    /// The damaged records sent after the last record sent (not sent twice).
+    trailing: Trailing,
     phase: Phase,
     metrics: Arc<Metrics>,
     _admitted: Admitted,
@@ -436,6 +619,7 @@ pub fn subscribe(
         receiver: hub.sender.subscribe(),
         after,
         position: 0,
+        trailing: Trailing::default(),
         phase: Phase::Journal,
         metrics,
         _admitted: admitted,
@@ -460,19 +644,43 @@ async fn step(mut f: Follow) -> Option<(Vec<Arc<Item>>, Follow)> {
                     read_after(&journal, &scope, after, position)
                 })
                 .await;
-                let Ok(Ok((items, position))) = read else {
+                let Ok(read) = read else {
                     return None;
                 };
-                f.position = position;
-                if items.is_empty() {
-                    f.phase = Phase::Live;
-                    continue;
+                f.position = read.position;
+                // Damaged records are passed over (each sent once as an `event: damaged`);
+                // the records after them go on.
+                let mut items = Vec::with_capacity(read.items.len());
+                for item in read.items {
+                    if let Some(damaged) = &item.damaged {
+                        if f.trailing.first(damaged) {
+                            items.push(item);
+                        }
+                    } else {
+                        f.trailing.passed();
+                        f.after = item.seq;
+                        items.push(item);
+                    }
                 }
-                if let Some(last) = items.last() {
-                    f.after = last.seq;
+                if !read.records {
+                    // Nothing more in the journal (but perhaps damage, sent now): what comes
+                    // next comes through the channel. A read that failed ends the stream
+                    // once what it read is sent (the client reconnects from its last event).
+                    if read.failed {
+                        if items.is_empty() {
+                            return None;
+                        }
+                        f.phase = Phase::Failed;
+                    } else {
+                        f.phase = Phase::Live;
+                    }
+                    if items.is_empty() {
+                        continue;
+                    }
                 }
                 return Some((items, f));
             }
+            Phase::Failed => return None,
             Phase::Live => match f.receiver.recv().await {
                 Ok(item) => {
                     // Whatever else is already in the channel goes out with it: one write for
@@ -480,9 +688,25 @@ async fn step(mut f: Follow) -> Option<(Vec<Arc<Item>>, Follow)> {
                     let mut items = Vec::new();
                     let mut next = Some(item);
                     while let Some(item) = next.take() {
-                        if item.seq > f.after && f.scope.carries(&item.task) {
-                            f.after = item.seq;
-                            items.push(item);
+                        match &item.damaged {
+                            // A damaged record met after the last record sent (the pump
+                            // passed over it), sent once; task streams pass over damage
+                            // silently.
+                            Some(damaged) => {
+                                if matches!(f.scope, Scope::Journal)
+                                    && item.seq >= f.after
+                                    && f.trailing.first(damaged)
+                                {
+                                    items.push(item);
+                                }
+                            }
+                            None => {
+                                if item.seq > f.after && f.scope.carries(&item.task) {
+                                    f.trailing.passed();
+                                    f.after = item.seq;
+                                    items.push(item);
+                                }
+                            }
                         }
                         if items.len() < BATCH {
                             next = match f.receiver.try_recv() {
@@ -516,22 +740,43 @@ async fn step(mut f: Follow) -> Option<(Vec<Arc<Item>>, Follow)> {
     }
 }
 
-/// Up to [`BATCH`] records of `scope` with a sequence above `after`, and (for a task) the
-/// position to read from next.
-fn read_after(
-    journal: &Journal,
-    scope: &Scope,
-    after: u64,
+/// What a stream read from the journal.
+struct Read {
+    /// Records, and (journal-wide) damaged records passed over, in order.
+    items: Vec<Arc<Item>>,
+    /// For a task: the position to read from next.
     position: u64,
-) -> Result<(Vec<Arc<Item>>, u64), dtask_journal::Error> {
+    /// Whether a record was read.
+    records: bool,
+    /// Whether the read ended on an error other than damage.
+    failed: bool,
+}
+
+/// Up to [`BATCH`] records of `scope` with a sequence above `after`, and (for a task) the
+/// position to read from next. The journal-wide order passes over a damaged record (as an
+/// item of its own) and goes on with the records after it; a task's stream skips it.
+fn read_after(journal: &Journal, scope: &Scope, after: u64, position: u64) -> Read {
     match scope {
         Scope::Journal => {
-            let items = journal
-                .commits(after.saturating_add(1))
-                .take(BATCH)
-                .map(|c| c.map(|c| Arc::new(Item::of(&c.task, &c.record))))
-                .collect::<Result<Vec<_>, _>>()?;
-            Ok((items, position))
+            let read = read_commits(journal, after.saturating_add(1), BATCH);
+            let mut last = after;
+            let items = read
+                .entries
+                .into_iter()
+                .map(|entry| match entry {
+                    Entry::Record(c) => {
+                        last = c.record.seq;
+                        Arc::new(Item::of(&c.task, &c.record))
+                    }
+                    Entry::Damaged(damaged) => Arc::new(Item::damaged(damaged, last)),
+                })
+                .collect();
+            Read {
+                items,
+                position,
+                records: read.records > 0,
+                failed: read.failed.is_some(),
+            }
         }
         Scope::Task(task) => {
             let position = if position == 0 && after > 0 {
@@ -552,7 +797,12 @@ fn read_after(
                     }
                 }
             }
-            Ok((items, next))
+            Read {
+                records: !items.is_empty(),
+                items,
+                position: next,
+                failed: false,
+            }
         }
     }
 }

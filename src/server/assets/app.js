@@ -8,6 +8,10 @@ const main = document.getElementById("main");
 const liveBadge = document.getElementById("live");
 let mode = "";
 let source = null; // the open EventSource
+let reopenTimer = null; // a closed stream's next try
+// The route shown, counted: a page that finds it changed after one of its awaits has been
+// navigated away from, and stops (it must not follow a stream, nor write into the page).
+let generation = 0;
 
 function h(tag, attrs, ...children) {
   const el = document.createElement(tag);
@@ -36,19 +40,51 @@ async function api(path, options) {
 
 function time(ms) {
   if (!ms) return "-";
-  return new Date(ms).toISOString().replace("T", " ").replace("Z", "");
+  const date = new Date(ms);
+  // A number no date can hold (nanoseconds taken for milliseconds, say) is shown as it is.
+  if (Number.isNaN(date.getTime())) return String(ms);
+  return date.toISOString().replace("T", " ").replace("Z", "");
 }
 
 function statusBadge(s) {
   return h("span", { class: `status ${s || "unknown"}` }, s || "?");
 }
 
-function follow(url, onRecord) {
+// Follows the event stream at `url` for the page of route generation `gen` (nothing for a
+// page navigated away from), in place of the stream followed before. The browser reconnects
+// by itself after a network error; a stream it closes for good (an answer other than 200: 503
+// when too many streams are open, a proxy's 502) is opened again here, later and later (1 s,
+// doubling up to 30 s), from the record after the last one received.
+function follow(url, onRecord, gen) {
+  if (gen !== generation) return;
   if (source) source.close();
-  source = new EventSource(url);
-  source.addEventListener("open", () => { liveBadge.textContent = "live"; liveBadge.className = "live on"; });
-  source.addEventListener("error", () => { liveBadge.textContent = "reconnecting"; liveBadge.className = "live off"; });
-  source.addEventListener("record", (e) => onRecord(JSON.parse(e.data)));
+  clearTimeout(reopenTimer);
+  let delay = 1000;
+  let last = null; // the id (global sequence) of the last record received
+  const open = (from) => {
+    const es = new EventSource(from);
+    source = es;
+    es.addEventListener("open", () => {
+      delay = 1000;
+      liveBadge.textContent = "live"; liveBadge.className = "live on";
+    });
+    es.addEventListener("error", () => {
+      liveBadge.textContent = "reconnecting"; liveBadge.className = "live off";
+      if (es.readyState !== EventSource.CLOSED || source !== es || gen !== generation) return;
+      reopenTimer = setTimeout(() => {
+        if (source !== es || gen !== generation) return;
+        const next = new URL(url, location.href);
+        if (last !== null) next.searchParams.set("from_seq", String(last + 1));
+        open(next.pathname + next.search);
+      }, delay);
+      delay = Math.min(delay * 2, 30000);
+    });
+    es.addEventListener("record", (e) => {
+      if (e.lastEventId) last = Number(e.lastEventId);
+      onRecord(JSON.parse(e.data));
+    });
+  };
+  open(url);
 }
 
 function setNav(name) {
@@ -66,7 +102,7 @@ const QUIET = new Set(["heartbeat", "update_appended", "part_appended", "notific
 
 const listState = { status: "", tool: "", executor: "", q: "" };
 
-async function tasksPage() {
+async function tasksPage(gen) {
   setNav("tasks");
   const rows = new Map();
   const tbody = h("tbody");
@@ -96,13 +132,24 @@ async function tasksPage() {
     info.textContent = `${rows.size} task${rows.size === 1 ? "" : "s"} shown`;
   };
 
+  // Each row keeps `read`, the `last_seq` of the read it shows (a read older than that, come
+  // late, is dropped) and `seq`, its last record counted (reads and the stream's records).
+  // Loads are counted: the answer of one that another has followed (a filter typed on,
+  // "More" then a new filter) is dropped, so that the rows of two filters never mix.
+  let loads = 0;
   const load = async (reset) => {
-    if (reset) { rows.clear(); cursor = null; }
+    const asked = ++loads;
     const params = new URLSearchParams({ limit: "100" });
     for (const k of ["status", "tool", "executor", "q"]) if (listState[k]) params.set(k, listState[k]);
-    if (cursor) params.set("cursor", cursor);
+    if (!reset && cursor) params.set("cursor", cursor);
     const page = await api(`/api/tasks?${params}`);
-    for (const t of page.tasks) rows.set(t.id, { ...t, seq: t.last_seq });
+    if (asked !== loads || gen !== generation) return;
+    if (reset) rows.clear();
+    for (const t of page.tasks) {
+      const shown = rows.get(t.id);
+      if (shown && shown.read > t.last_seq) continue;
+      rows.set(t.id, { ...t, seq: t.last_seq, read: t.last_seq });
+    }
     cursor = page.next_cursor;
     more.hidden = !cursor;
     render();
@@ -140,16 +187,55 @@ async function tasksPage() {
   // the list's read holds is not counted twice (each row's `seq` is its last record's).
   let start = 0;
   try { start = (await api("/api/stats")).last_seq || 0; } catch (_) { /* from now on */ }
-  try { await load(true); } catch (e) { main.append(h("p", { class: "error" }, e.message)); }
+  if (gen !== generation) return;
+  try { await load(true); } catch (e) { if (gen === generation) main.append(h("p", { class: "error" }, e.message)); }
+  if (gen !== generation) return;
 
   // Live: a record that may change its task's status refreshes the task's row (which may
   // bring it into the list, or take it out). A task's other records (its progress,
   // heartbeats, notifications: nearly all of a busy journal's) cost no request: a shown
   // task counts them in its row — those past the last read of the task (`seq`), which
   // counted the ones before — and a task not shown stays as it was.
+  // The reads run one flush at a time (records coming meanwhile wait for the next), so
+  // that a task's reads never overlap: an older answer cannot land after a newer one.
   const pending = new Set();
   let flush = null;
+  let flushing = false;
   let counted = null;
+  const refreshRows = async () => {
+    flush = null;
+    flushing = true;
+    const ids = [...pending];
+    pending.clear();
+    for (const id of ids) {
+      const shown = rows.get(id);
+      if (shown) shown.reading = [];
+      try {
+        const detail = await api(`/api/tasks/${encodeURIComponent(id)}`);
+        const s = detail.state;
+        const now = rows.get(id);
+        // A row read since (by a load) more recently than this read stays as it is.
+        if (s && !(now && now.read > detail.last_seq)) {
+          // Records counted from the stream while the read ran, past what it read.
+          const late = shown && shown.reading ? shown.reading.filter((seq) => seq > detail.last_seq) : [];
+          const t = { id, status: s.status, executor: s.executor_key, tool: s.tool, attempt: s.attempt,
+            records: detail.records + late.length, seq: Math.max(detail.last_seq, ...late), read: detail.last_seq,
+            created_at: s.created_at, updated_at: s.updated_at, not_before: s.not_before,
+            description: s.description, problem: detail.problems.length ? detail.problems.join("; ") : null };
+          if (matches(t)) rows.set(id, t); else rows.delete(id);
+        }
+      } catch (_) { /* the task's next record that is fetched retries */ }
+      if (shown) shown.reading = null;
+    }
+    flushing = false;
+    if (gen !== generation) return;
+    render();
+    for (const id of ids) {
+      const tr = tbody.querySelector(`tr[data-id="${CSS.escape(id)}"]`);
+      if (tr) tr.classList.add("flash");
+    }
+    if (pending.size && !flush) flush = setTimeout(refreshRows, 150);
+  };
   follow(start ? `/api/stream?from_seq=${start + 1}` : "/api/stream", (record) => {
     if (QUIET.has(record.type)) {
       const t = rows.get(record.task);
@@ -162,35 +248,9 @@ async function tasksPage() {
       return;
     }
     pending.add(record.task);
-    if (flush) return;
-    flush = setTimeout(async () => {
-      flush = null;
-      const ids = [...pending];
-      pending.clear();
-      for (const id of ids) {
-        const shown = rows.get(id);
-        if (shown) shown.reading = [];
-        try {
-          const detail = await api(`/api/tasks/${encodeURIComponent(id)}`);
-          const s = detail.state;
-          if (!s) continue;
-          // Records counted from the stream while the read ran, past what it read.
-          const late = shown && shown.reading ? shown.reading.filter((seq) => seq > detail.last_seq) : [];
-          const t = { id, status: s.status, executor: s.executor_key, tool: s.tool, attempt: s.attempt,
-            records: detail.records + late.length, seq: Math.max(detail.last_seq, ...late),
-            created_at: s.created_at, updated_at: s.updated_at,
-            description: s.description, problem: detail.problems.length ? detail.problems.join("; ") : null };
-          if (matches(t)) rows.set(id, t); else rows.delete(id);
-        } catch (_) { /* the task's next record that is fetched retries */ }
-        if (shown) shown.reading = null;
-      }
-      render();
-      for (const id of ids) {
-        const tr = tbody.querySelector(`tr[data-id="${CSS.escape(id)}"]`);
-        if (tr) tr.classList.add("flash");
-      }
-    }, 150);
-  });
+    if (flush || flushing) return;
+    flush = setTimeout(refreshRows, 150);
+  }, gen);
 }
 
 // ---- one task ------------------------------------------------------------------------
@@ -298,7 +358,7 @@ function conversationView(c) {
     h("p", { class: "muted" }, `${c.interactive ? "interactive · " : ""}${c.turns.length} of at most ${c.max_steps} model calls · ${c.usage.total_tokens} tokens`));
 }
 
-async function taskPage(id) {
+async function taskPage(id, gen) {
   setNav("");
   const path = `/api/tasks/${encodeURIComponent(id)}`;
   const stateBox = h("div");
@@ -368,15 +428,23 @@ async function taskPage(id) {
     h("table", { id: "records" }, h("thead", {}, h("tr", {},
       ["POS", "SEQ", "TIME", "TYPE", "CRC", "DIGEST", "SIZE"].map((c) => h("th", {}, c)))), recordsBody));
 
-  // The task's state now; returns what it read (null when it could not).
+  // The task's state now; returns what it read (null when it could not, or when a read
+  // asked after it answered first: an older state never replaces a newer one).
+  let stateAsked = 0;
+  let stateShown = 0;
   const refreshState = async () => {
+    const asked = ++stateAsked;
     try {
       const detail = await api(path);
+      if (asked < stateShown) return null;
+      stateShown = asked;
       stateBox.replaceChildren(stateList(detail.state),
         detail.problems.length ? h("p", { class: "problem" }, detail.problems.join("; ")) : "");
       renderActions(detail.state);
       return detail;
     } catch (e) {
+      if (asked < stateShown) return null;
+      stateShown = asked;
       stateBox.replaceChildren(h("p", { class: "error" }, e.message));
       actions.replaceChildren();
       return null;
@@ -468,16 +536,19 @@ async function taskPage(id) {
   };
 
   await refreshState();
+  if (gen !== generation) return;
   try {
     let from = 0;
     for (;;) {
       const page = await api(`${path}/records?from=${from}`);
+      if (gen !== generation) return;
       addRecords(page.records);
       if (page.damaged.length) message.replaceChildren(h("span", { class: "problem" }, `damaged: ${page.damaged.map((d) => `#${d.position} ${d.problem}`).join("; ")}`));
       if (page.next_from === null) break;
       from = page.next_from;
     }
   } catch (e) { message.replaceChildren(h("span", { class: "error" }, e.message)); }
+  if (gen !== generation) return;
   slider.value = slider.max;
   showAt();
   const last = records.length ? records[records.length - 1].seq : 0;
@@ -492,12 +563,12 @@ async function taskPage(id) {
       const detail = await refreshState();
       if (Number(slider.value) === Number(slider.max)) showAt(detail);
     }, 250);
-  });
+  }, gen);
 }
 
 // ---- the journal ---------------------------------------------------------------------
 
-async function journalPage() {
+async function journalPage(gen) {
   setNav("journal");
   const statsBox = h("div");
   const verifyBox = h("div");
@@ -551,7 +622,7 @@ async function journalPage() {
   });
   await refresh();
   let timer = null;
-  follow("/api/stream", () => { if (!timer) timer = setTimeout(() => { timer = null; refresh(); }, 500); });
+  follow("/api/stream", () => { if (!timer) timer = setTimeout(() => { timer = null; refresh(); }, 500); }, gen);
 }
 
 // ---- readiness -----------------------------------------------------------------------
@@ -587,13 +658,14 @@ setInterval(checkReady, 5000);
 // ---- routing -------------------------------------------------------------------------
 
 async function route() {
+  const gen = ++generation;
   const hash = location.hash || "#/";
   try {
-    if (hash.startsWith("#/task/")) await taskPage(decodeURIComponent(hash.slice(7)));
-    else if (hash === "#/journal") await journalPage();
-    else await tasksPage();
+    if (hash.startsWith("#/task/")) await taskPage(decodeURIComponent(hash.slice(7)), gen);
+    else if (hash === "#/journal") await journalPage(gen);
+    else await tasksPage(gen);
   } catch (e) {
-    main.replaceChildren(h("p", { class: "error" }, e.message));
+    if (gen === generation) main.replaceChildren(h("p", { class: "error" }, e.message));
   }
 }
 
