@@ -380,7 +380,7 @@ async fn a_run_canceled_stops_a_call_left_pending_by_an_attempt_of_its_own() {
         .execute("run.t1.c0", child.version, Command::Start)
         .await
         .unwrap();
-    let marker = dtask_engine::managed::ManagedCheckpoint::started(b"started".to_vec())
+    let marker = dtask_engine::managed::codec::ManagedCheckpoint::started(b"started".to_vec())
         .encode()
         .unwrap();
     store
