@@ -819,7 +819,11 @@ fn an_interrupted_import_leaves_nothing_behind() {
         std::fs::read_dir(work.path())
             .unwrap()
             .filter_map(Result::ok)
-            .any(|e| e.file_name().to_string_lossy().starts_with(".dtask-import-"))
+            .any(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with(".dtask-import-")
+            })
     };
     // A guard against a hung child, not a timing assertion.
     let mut looks = 0;
@@ -837,7 +841,10 @@ fn an_interrupted_import_leaves_nothing_behind() {
     drop(input);
     assert_eq!(output.status.code(), Some(130), "{output:?}");
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("interrupted: nothing was imported"), "{stderr}");
+    assert!(
+        stderr.contains("interrupted: nothing was imported"),
+        "{stderr}"
+    );
     assert!(!staging(), "the staging copy was left behind");
     assert!(!target.exists());
 }

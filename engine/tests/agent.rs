@@ -406,7 +406,10 @@ async fn a_run_canceled_stops_a_call_left_pending_by_an_attempt_of_its_own() {
         (child.status, child.attempt, child.result_error.as_str()),
         (Status::Canceled, 2, "enough")
     );
-    assert!(read_ledger(&ledger).is_empty(), "the call was started again");
+    assert!(
+        read_ledger(&ledger).is_empty(),
+        "the call was started again"
+    );
     assert!(model.requests().is_empty());
 }
 

@@ -2474,7 +2474,11 @@ async fn a_run_that_checks_back_later_canceled_meanwhile_is_stopped_at_once() {
     assert_eq!((waiting.status, waiting.attempt), (Status::Pending, 1));
     assert!(waiting.not_before.is_some());
     let intent = manager.request_cancel(&id, "operator").await.unwrap();
-    assert_eq!(intent.status, Status::Pending, "the intent only: an attempt ran it");
+    assert_eq!(
+        intent.status,
+        Status::Pending,
+        "the intent only: an attempt ran it"
+    );
     // The clock has not moved: the task is due all the same.
     let ended = manager.execute(&id).await.unwrap();
     assert_eq!(

@@ -595,8 +595,9 @@ async fn a_record_a_node_cannot_decode_does_not_stop_its_following() {
     assert_eq!(a.refresh().await.unwrap(), 0, "past both records");
     let read = a.get("x").await;
     assert!(
-        read.as_ref()
-            .is_err_and(|e| e.journal_error().is_some_and(dtask_journal::Error::is_damage)),
+        read.as_ref().is_err_and(|e| e
+            .journal_error()
+            .is_some_and(dtask_journal::Error::is_damage)),
         "{read:?}"
     );
 }

@@ -1406,15 +1406,15 @@ impl Executor for HandsOn {
         if self.cancels_itself {
             return Ok(ExecutionResult::Canceled(format!("{control:?}")));
         }
-        Ok(ExecutionResult::Yield(b"left for the next attempt".to_vec()))
+        Ok(ExecutionResult::Yield(
+            b"left for the next attempt".to_vec(),
+        ))
     }
 
     async fn canceled_between_attempts(&self, _manager: &Manager, task: &TaskState) {
-        self.told.lock().push((
-            task.spec.id.clone(),
-            task.status,
-            task.result_error.clone(),
-        ));
+        self.told
+            .lock()
+            .push((task.spec.id.clone(), task.status, task.result_error.clone()));
     }
 }
 
@@ -1447,7 +1447,11 @@ async fn a_yield_replaced_by_a_cancel_tells_the_executor_and_a_cancel_of_its_own
         until_running(&manager, &id).await;
         manager.request_cancel(&id, "operator").await.unwrap();
         let ended = run.await.unwrap().unwrap();
-        assert_eq!(ended.status, Status::Canceled, "the cancel replaced the yield");
+        assert_eq!(
+            ended.status,
+            Status::Canceled,
+            "the cancel replaced the yield"
+        );
         let told = told.lock().clone();
         if cancels_itself {
             assert!(told.is_empty(), "{told:?}");

@@ -480,7 +480,8 @@ fn a_recovery_limit_stands_before_the_first_attempt_once_and_bounds_the_retries(
 }
 
 #[test]
-fn an_attempt_before_the_not_before_time_and_a_delay_of_a_running_task_are_illegal_unless_canceled() {
+fn an_attempt_before_the_not_before_time_and_a_delay_of_a_running_task_are_illegal_unless_canceled()
+{
     let dir = tempfile::tempdir().unwrap();
     let j = journal(dir.path());
     let not_before = |until| Event::NotBefore {

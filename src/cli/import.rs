@@ -349,36 +349,7 @@ impl Lines {
         let (batches, received) = std::sync::mpsc::sync_channel(4);
         std::thread::Builder::new()
             .name("dtask-import-read".into())
-            .spawn(move || loop {
-                let (mut batch, mut bytes) = (Vec::new(), 0);
-                let mut line = String::new();
-                let end = loop {
-                    match next_line(&mut *reader, &mut line) {
-                        Ok(true) => {
-                            bytes += line.len();
-                            batch.push(std::mem::take(&mut line));
-                            if batch.len() >= LINES_AT_ONCE || bytes >= LINES_AT_ONCE_BYTES {
-                                break false;
-                            }
-                        }
-                        Ok(false) => break true,
-                        Err(e) => {
-                            if !batch.is_empty() {
-                                let _ = batches.send(Ok(batch));
-                            }
-                            let _ = batches.send(Err(e));
-                            return;
-                        }
-                    }
-                };
-                // Gone: the import ended before its input.
-                if !batch.is_empty() && batches.send(Ok(batch)).is_err() {
-                    return;
-                }
-                if end {
-                    return;
-                }
-            })
+            .spawn(move || read_batches(&mut *reader, &batches))
             .map_err(CliError::io("starting the import's reading"))?;
         Ok(Self {
             batches: received,
@@ -406,6 +377,48 @@ impl Lines {
                 Err(RecvTimeoutError::Disconnected) => self.ended = true,
             }
         }
+    }
+}
+
+/// Reads `reader`'s lines ([`next_line`]) and sends them in batches: the header alone, at once
+/// (the import checks it and sets up its staging copy before the records come — a pipe may
+/// be slow to bring them), then up to [`LINES_AT_ONCE`] lines or [`LINES_AT_ONCE_BYTES`]; a
+/// read error after the lines before it. Returns at the end of the input, or once the import
+/// has gone.
+fn read_batches(
+    reader: &mut dyn BufRead,
+    batches: &std::sync::mpsc::SyncSender<std::io::Result<Vec<String>>>,
+) {
+    let mut at_once = 1;
+    loop {
+        let (mut batch, mut bytes) = (Vec::new(), 0);
+        let mut line = String::new();
+        let end = loop {
+            match next_line(reader, &mut line) {
+                Ok(true) => {
+                    bytes += line.len();
+                    batch.push(std::mem::take(&mut line));
+                    if batch.len() >= at_once || bytes >= LINES_AT_ONCE_BYTES {
+                        break false;
+                    }
+                }
+                Ok(false) => break true,
+                Err(e) => {
+                    if !batch.is_empty() {
+                        let _ = batches.send(Ok(batch));
+                    }
+                    let _ = batches.send(Err(e));
+                    return;
+                }
+            }
+        };
+        if !batch.is_empty() && batches.send(Ok(batch)).is_err() {
+            return;
+        }
+        if end {
+            return;
+        }
+        at_once = LINES_AT_ONCE;
     }
 }
 
@@ -558,12 +571,7 @@ fn append_all(
 
 /// Builds the journal in `dir` from the record lines, checks the record count, makes it
 /// durable and audits it; returns the records and tasks.
-fn build(
-    at: &At,
-    lines: &mut Lines,
-    name: &str,
-    announced: Announced,
-) -> Result<(u64, usize)> {
+fn build(at: &At, lines: &mut Lines, name: &str, announced: Announced) -> Result<(u64, usize)> {
     let mut options = JournalOptions::default()
         .with_record_format(announced.format)
         .with_durability(Durability::Buffered)

@@ -3,8 +3,9 @@
 //! journals each answer and each result before it goes on.
 
 use super::codec::{
-    call_task_id, cut_arguments, AgentAnswer, AgentPayload, CallStatus, MessageEntry, ToolResultEntry, TurnEntry,
-    AGENT_EXECUTOR_KEY, CLOSE_KIND, MESSAGE_KIND, TOOL_RESULT_KIND, TURN_KIND,
+    call_task_id, cut_arguments, AgentAnswer, AgentPayload, CallStatus, MessageEntry,
+    ToolResultEntry, TurnEntry, AGENT_EXECUTOR_KEY, CLOSE_KIND, MESSAGE_KIND, TOOL_RESULT_KIND,
+    TURN_KIND,
 };
 use super::error::AgentError;
 use super::read_transcript;
@@ -534,7 +535,11 @@ impl AgentExecutor {
             Ok(found) if is_call_of(&found, attempt.task_id()) => return Ok(Ok(id)),
             // A task of the call's id that this run did not create (a caller chose the id
             // for a task of its own): never taken over, waited for or canceled as the call's.
-            Ok(_) => return Ok(Err(format!("the id {id} of the call's task is another task's"))),
+            Ok(_) => {
+                return Ok(Err(format!(
+                    "the id {id} of the call's task is another task's"
+                )))
+            }
             Err(StoreError::NotFound(NotFound::Task(_))) => {}
             Err(e) => return Err(store_failed("read a tool call's task", &e)),
         }

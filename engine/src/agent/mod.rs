@@ -56,9 +56,9 @@ mod executor;
 mod transcript;
 
 pub use codec::{
-    call_task_id, cut_arguments, AgentAnswer, AgentPayload, CallStatus, MessageEntry, ToolResultEntry, TurnEntry,
-    AGENT_EXECUTOR_KEY, AGENT_TASK_KIND, CLOSE_KIND, MAX_AGENT_STEPS, MESSAGE_KIND,
-    TOOL_RESULT_KIND, TURN_KIND,
+    call_task_id, cut_arguments, AgentAnswer, AgentPayload, CallStatus, MessageEntry,
+    ToolResultEntry, TurnEntry, AGENT_EXECUTOR_KEY, AGENT_TASK_KIND, CLOSE_KIND, MAX_AGENT_STEPS,
+    MESSAGE_KIND, TOOL_RESULT_KIND, TURN_KIND,
 };
 pub use error::AgentError;
 pub use transcript::{Call, Next, Transcript, Turn};

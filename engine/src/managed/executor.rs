@@ -207,7 +207,11 @@ impl Executor for ManagedExecutor {
     /// an operation of a recoverable tool, recovered here to be stopped (what the next
     /// claim of a pending task with cancel intent does). Either is stopped; a failure is
     /// logged.
-    async fn canceled_between_attempts(&self, _manager: &crate::runtime::Manager, task: &TaskState) {
+    async fn canceled_between_attempts(
+        &self,
+        _manager: &crate::runtime::Manager,
+        task: &TaskState,
+    ) {
         let run = match self.live.take_adopted(&task.spec.id) {
             Some(run) => Some(run),
             None => self.recover_canceled(task).await,
