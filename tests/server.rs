@@ -2938,158 +2938,343 @@ async fn the_journal_stream_passes_over_a_damaged_record_and_goes_on() {
     server.stop().await;
 }
 
-/// The entries of a [`Faulty`] journal, keyed by (space, key).
-type Entries = std::collections::BTreeMap<(u8, Vec<u8>), Vec<u8>>;
+/// A real RocksDB journal whose reads can be damaged or failed on demand: what a bad disk does
+/// under a running server ([`Journal::open_wrapped`]).
+mod faulty {
+    use dtask_journal::{
+        Backend, BatchOp, CommitFlush, Cursor, Durability, Error, KeyValue, LastRecord, Range,
+        RawIter, Result, Source, Space, StorageStats, WriteLock,
+    };
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
 
-/// A journal in memory whose reads can be damaged or failed on demand: what a bad disk does
-/// under a running server.
-#[derive(Default)]
-struct Faulty {
-    /// Every space's entries, keyed by (space, key).
-    spaces: std::sync::Mutex<Entries>,
-    /// The event key whose record reads damaged (one payload byte flipped).
-    damaged: std::sync::Mutex<Option<Vec<u8>>>,
-    /// Reads of the damaged record.
-    damaged_reads: std::sync::atomic::AtomicU64,
-    /// Whether the reads of the commit order fail (a storage error).
-    failing_commits: std::sync::atomic::AtomicBool,
-}
+    /// The byte of a record flipped by the damage (one of its payload's).
+    const FLIPPED: usize = 23;
 
-impl Faulty {
-    fn space(space: dtask_journal::Space) -> u8 {
-        use dtask_journal::Space;
-        match space {
-            Space::Events => 0,
-            Space::Commits => 1,
-            Space::Live => 2,
-            Space::Outbox => 3,
-            Space::Meta => 4,
+    /// The real backend of a journal in a temporary directory, every method delegated to
+    /// it, the provided ones included (RocksDB implements most of them itself) — but for
+    /// [`Backend::frozen_copy`], declined (its reads would go around the faults) — and two
+    /// faults injected on demand:
+    ///
+    /// - a damaged record: every read of one event key — [`Backend::get`], [`Backend::scan`],
+    ///   and each cursor over the records ([`Backend::cursor`], [`Backend::lookup_cursor`],
+    ///   [`Backend::live_records_cursor`], [`Backend::unmoved_records_cursor`]), and the
+    ///   bulk reads [`Backend::records_by_seq`] and [`Backend::last_records`] — returns its
+    ///   bytes with one flipped;
+    /// - an unreadable commit order: every forward read of the `commits` space (a scan, a
+    ///   cursor's seek) fails with a storage error.
+    pub struct Faulty {
+        /// The real backend.
+        inner: Arc<dyn Backend>,
+        /// The event key whose record reads damaged.
+        damaged: Mutex<Option<Vec<u8>>>,
+        /// Reads of the damaged record.
+        damaged_reads: AtomicU64,
+        /// Whether the forward reads of the commit order fail.
+        failing_commits: AtomicBool,
+        /// The journal's directory: dropped after `inner`, once the journal is gone.
+        _dir: tempfile::TempDir,
+    }
+
+    impl Faulty {
+        /// The record at `task`'s `position` reads damaged from now on.
+        pub fn damage(&self, task: &str, position: u64) {
+            *self.damaged.lock().unwrap() = Some(dtask_journal::keys::event_key(task, position));
         }
-    }
 
-    /// `value` as read at `key` of `space`: damaged if that is the damaged record.
-    fn read(&self, space: u8, key: &[u8], mut value: Vec<u8>) -> Vec<u8> {
-        if space == 0 && self.damaged.lock().unwrap().as_deref() == Some(key) {
-            self.damaged_reads
-                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            value[23] ^= 0x01;
+        /// How many times the damaged record was read.
+        pub fn damaged_reads(&self) -> u64 {
+            self.damaged_reads.load(Ordering::SeqCst)
         }
-        value
-    }
 
-    fn damage(&self, task: &str, position: u64) {
-        *self.damaged.lock().unwrap() = Some(dtask_journal::keys::event_key(task, position));
-    }
+        /// The forward reads of the commit order fail from now on (or no longer).
+        pub fn fail_commits(&self, failing: bool) {
+            self.failing_commits.store(failing, Ordering::SeqCst);
+        }
 
-    fn damaged_reads(&self) -> u64 {
-        self.damaged_reads.load(std::sync::atomic::Ordering::SeqCst)
-    }
-}
+        /// Whether `key` of `space` is the damaged record.
+        fn is_damaged(&self, space: Space, key: &[u8]) -> bool {
+            space == Space::Events && self.damaged.lock().unwrap().as_deref() == Some(key)
+        }
 
-impl dtask_journal::Backend for Faulty {
-    fn write(
-        &self,
-        ops: Vec<dtask_journal::BatchOp>,
-        _: dtask_journal::Durability,
-    ) -> dtask_journal::Result<()> {
-        use dtask_journal::BatchOp;
-        let mut spaces = self.spaces.lock().unwrap();
-        for op in ops {
-            match op {
-                BatchOp::Put { space, key, value } => {
-                    spaces.insert((Self::space(space), key.to_vec()), value.to_vec());
-                }
-                BatchOp::Delete { space, key } => {
-                    spaces.remove(&(Self::space(space), key.to_vec()));
-                }
-                BatchOp::Replace { key, value } => {
-                    spaces.insert((0, key.to_vec()), value.to_vec());
-                }
-                BatchOp::Purge { task, below, .. } => {
-                    for position in 0..below {
-                        spaces.remove(&(0, dtask_journal::keys::event_key(&task, position)));
-                    }
-                }
-                // Finished streams are not kept apart here.
-                BatchOp::Retire { .. } => {}
+        /// `value`, read at `key` of `space`, damaged if that is the damaged record.
+        fn read(&self, space: Space, key: &[u8], value: &mut [u8]) {
+            if self.is_damaged(space, key) {
+                self.damaged_reads.fetch_add(1, Ordering::SeqCst);
+                value[FLIPPED] ^= 0x01;
             }
         }
-        Ok(())
-    }
 
-    fn sync(&self) -> dtask_journal::Result<()> {
-        Ok(())
-    }
-
-    fn get(
-        &self,
-        space: dtask_journal::Space,
-        key: &[u8],
-    ) -> dtask_journal::Result<Option<Vec<u8>>> {
-        let space = Self::space(space);
-        let value = self
-            .spaces
-            .lock()
-            .unwrap()
-            .get(&(space, key.to_vec()))
-            .cloned();
-        Ok(value.map(|v| self.read(space, key, v)))
-    }
-
-    fn scan(
-        &self,
-        space: dtask_journal::Space,
-        range: dtask_journal::Range,
-    ) -> dtask_journal::RawIter<'_> {
-        if space == dtask_journal::Space::Commits
-            && !range.reverse
-            && self
-                .failing_commits
-                .load(std::sync::atomic::Ordering::SeqCst)
-        {
-            return Box::new(std::iter::once(Err(dtask_journal::Error::storage(
-                "injected: the commit order cannot be read",
-            ))));
+        /// Whether a forward read of `space` fails now.
+        fn fails(&self, space: Space) -> bool {
+            space == Space::Commits && self.failing_commits.load(Ordering::SeqCst)
         }
-        let space = Self::space(space);
-        let lower = (space, range.lower.clone());
-        let entries: Vec<(Vec<u8>, Vec<u8>)> = {
-            let spaces = self.spaces.lock().unwrap();
-            spaces
-                .range(lower..)
-                .take_while(|((s, key), _)| {
-                    *s == space && range.upper.as_ref().is_none_or(|upper| key < upper)
-                })
-                .map(|((_, key), value)| (key.clone(), value.clone()))
-                .collect()
-        };
-        let mut entries: Vec<dtask_journal::KeyValue> = entries
-            .into_iter()
-            .map(|(key, value)| {
-                let value = self.read(space, &key, value);
-                (key.into_boxed_slice(), value.into_boxed_slice())
+
+        fn unreadable() -> Error {
+            Error::storage("injected: the commit order cannot be read")
+        }
+
+        fn wrap<'a>(&'a self, space: Space, inner: Box<dyn Cursor + 'a>) -> Box<dyn Cursor + 'a> {
+            Box::new(FaultyCursor {
+                faulty: self,
+                space,
+                inner,
+                damaged: None,
+                failed: false,
             })
-            .collect();
-        if range.reverse {
-            entries.reverse();
         }
-        Box::new(entries.into_iter().map(Ok))
     }
 
-    fn read_only(&self) -> bool {
-        false
+    /// A cursor of the real backend, its reads faulty as [`Faulty`] says.
+    struct FaultyCursor<'a> {
+        faulty: &'a Faulty,
+        space: Space,
+        inner: Box<dyn Cursor + 'a>,
+        /// The damaged bytes of the current entry, when it is the damaged record.
+        damaged: Option<Vec<u8>>,
+        /// The last seek failed (an unreadable commit order).
+        failed: bool,
+    }
+
+    impl FaultyCursor<'_> {
+        /// Notes the current entry's damaged bytes, if it is the damaged record.
+        fn settle(&mut self) {
+            self.damaged = None;
+            if let (Some(key), Some(value)) = (self.inner.key(), self.inner.value()) {
+                if self.faulty.is_damaged(self.space, key) {
+                    let mut value = value.to_vec();
+                    value[FLIPPED] ^= 0x01;
+                    self.damaged = Some(value);
+                }
+            }
+        }
+    }
+
+    impl Cursor for FaultyCursor<'_> {
+        fn seek(&mut self, key: &[u8]) {
+            self.failed = self.faulty.fails(self.space);
+            if !self.failed {
+                self.inner.seek(key);
+            }
+            self.settle();
+        }
+        fn next(&mut self) {
+            if !self.failed {
+                self.inner.next();
+            }
+            self.settle();
+        }
+        fn key(&self) -> Option<&[u8]> {
+            if self.failed {
+                return None;
+            }
+            self.inner.key()
+        }
+        fn value(&self) -> Option<&[u8]> {
+            if self.failed {
+                return None;
+            }
+            if let Some(damaged) = &self.damaged {
+                self.faulty.damaged_reads.fetch_add(1, Ordering::SeqCst);
+                return Some(damaged);
+            }
+            self.inner.value()
+        }
+        fn status(&self) -> Result<()> {
+            if self.failed {
+                return Err(Faulty::unreadable());
+            }
+            self.inner.status()
+        }
+        fn source(&self) -> Source {
+            self.inner.source()
+        }
+    }
+
+    impl Backend for Faulty {
+        fn write(&self, ops: Vec<BatchOp>, durability: Durability) -> Result<()> {
+            self.inner.write(ops, durability)
+        }
+        fn sync(&self) -> Result<()> {
+            self.inner.sync()
+        }
+        fn sync_through(&self, last_seq: u64) -> Result<()> {
+            self.inner.sync_through(last_seq)
+        }
+        fn max_batch_bytes(&self) -> usize {
+            self.inner.max_batch_bytes()
+        }
+        fn sync_failure_is_final(&self) -> bool {
+            self.inner.sync_failure_is_final()
+        }
+        fn get(&self, space: Space, key: &[u8]) -> Result<Option<Vec<u8>>> {
+            let mut value = self.inner.get(space, key)?;
+            if let Some(value) = value.as_mut() {
+                self.read(space, key, value);
+            }
+            Ok(value)
+        }
+        fn scan(&self, space: Space, range: Range) -> RawIter<'_> {
+            if !range.reverse && self.fails(space) {
+                return Box::new(std::iter::once(Err(Self::unreadable())));
+            }
+            Box::new(self.inner.scan(space, range).map(move |entry| {
+                let (key, mut value) = entry?;
+                self.read(space, &key, &mut value);
+                Ok((key, value))
+            }))
+        }
+        fn cursor(&self, space: Space) -> Box<dyn Cursor + '_> {
+            self.wrap(space, self.inner.cursor(space))
+        }
+        fn lookup_cursor(&self, space: Space) -> Box<dyn Cursor + '_> {
+            self.wrap(space, self.inner.lookup_cursor(space))
+        }
+        fn records_by_seq(&self, first: u64, last: u64) -> Option<Result<Vec<KeyValue>>> {
+            // RocksDB answers `None` (the records are found by the commit index's keys,
+            // through the cursors above); damaged here all the same if it ever reads them.
+            let mut records = self.inner.records_by_seq(first, last)?;
+            if let Ok(records) = records.as_mut() {
+                for (key, value) in records {
+                    self.read(Space::Events, key, value);
+                }
+            }
+            Some(records)
+        }
+        fn live_records_cursor(&self) -> Option<Box<dyn Cursor + '_>> {
+            let inner = self.inner.live_records_cursor()?;
+            Some(self.wrap(Space::Events, inner))
+        }
+        fn unmoved_records_cursor(&self) -> Option<Box<dyn Cursor + '_>> {
+            let inner = self.inner.unmoved_records_cursor()?;
+            Some(self.wrap(Space::Events, inner))
+        }
+        fn catch_up(&self) -> Result<()> {
+            self.inner.catch_up()
+        }
+        fn read_only(&self) -> bool {
+            self.inner.read_only()
+        }
+        fn is_secondary(&self) -> bool {
+            self.inner.is_secondary()
+        }
+        fn frozen_copy(&self) -> Result<Option<tempfile::TempDir>> {
+            // Declined: a frozen copy is a database of its own, which the journal opens
+            // without this wrapper, so its reads would go around the faults. Without one the
+            // journal's frozen views read through this wrapper.
+            Ok(None)
+        }
+        fn frozen_view(&self) -> Result<Option<Arc<dyn Backend>>> {
+            // `None` from RocksDB (it makes copies instead, declined above).
+            self.inner.frozen_view()
+        }
+        fn start_compactions(&self) -> Result<()> {
+            self.inner.start_compactions()
+        }
+        fn compact(&self) -> Result<bool> {
+            self.inner.compact()
+        }
+        fn flush(&self) -> Result<()> {
+            self.inner.flush()
+        }
+        fn flush_in_background(&self) -> Result<()> {
+            self.inner.flush_in_background()
+        }
+        fn settle(&self, timeout: std::time::Duration) -> Result<bool> {
+            self.inner.settle(timeout)
+        }
+        fn foreign_keys(&self, max: usize) -> Result<Vec<Vec<u8>>> {
+            self.inner.foreign_keys(max)
+        }
+        fn has_legacy_heads(&self) -> bool {
+            self.inner.has_legacy_heads()
+        }
+        fn describe(&self) -> String {
+            self.inner.describe()
+        }
+        fn schema_version(&self) -> Option<u32> {
+            self.inner.schema_version()
+        }
+        fn scan_snapshot_rows(&self) -> usize {
+            self.inner.scan_snapshot_rows()
+        }
+        fn is_shared(&self) -> bool {
+            self.inner.is_shared()
+        }
+        fn dir(&self) -> Option<&std::path::Path> {
+            self.inner.dir()
+        }
+        fn lock_for_write(&self, since: u64, lacks: &[String]) -> Result<Option<WriteLock>> {
+            self.inner.lock_for_write(since, lacks)
+        }
+        fn write_locked(&self, ops: Vec<BatchOp>, flush: CommitFlush) -> Result<()> {
+            self.inner.write_locked(ops, flush)
+        }
+        fn write_expecting(
+            &self,
+            ops: Vec<BatchOp>,
+            expected: &[u8],
+            flush: CommitFlush,
+        ) -> Result<bool> {
+            self.inner.write_expecting(ops, expected, flush)
+        }
+        fn unlock_write(&self) {
+            self.inner.unlock_write();
+        }
+        fn last_records(&self, tasks: &[String]) -> Option<Result<Vec<LastRecord>>> {
+            // RocksDB answers `None` (heads are read one by one, through the reads above);
+            // damaged here all the same if it ever reads them.
+            let mut found = self.inner.last_records(tasks)?;
+            if let Ok(found) = found.as_mut() {
+                for ((key, value), _) in found.iter_mut().flatten() {
+                    self.read(Space::Events, key, value);
+                }
+            }
+            Some(found)
+        }
+        fn watch_commits(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+            self.inner.watch_commits()
+        }
+        fn durable_reader(&self) -> Option<Arc<dyn Backend>> {
+            // `None` from RocksDB (its readers stop at the durable watermark themselves).
+            self.inner.durable_reader()
+        }
+        fn storage_stats(&self) -> Result<Option<StorageStats>> {
+            self.inner.storage_stats()
+        }
+    }
+
+    /// A writable journal in a new temporary directory over a [`Faulty`] backend, no fault
+    /// injected yet.
+    pub fn open() -> (dtask_journal::Journal, Arc<Faulty>) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_owned();
+        let mut faulty = None;
+        let journal = dtask_journal::Journal::open_wrapped(
+            &path,
+            dtask_journal::JournalOptions::default(),
+            |inner| {
+                let wrapper = Arc::new(Faulty {
+                    inner,
+                    damaged: Mutex::new(None),
+                    damaged_reads: AtomicU64::new(0),
+                    failing_commits: AtomicBool::new(false),
+                    _dir: dir,
+                });
+                faulty = Some(Arc::clone(&wrapper));
+                wrapper
+            },
+        )
+        .unwrap();
+        (journal, faulty.unwrap())
     }
 }
+use faulty::Faulty;
 
-/// An owner server over a [`Faulty`] journal in memory, its pump looking again every
-/// `poll` when nothing wakes it (the journal's durable watermark does, at each commit).
+/// An owner server over a [`Faulty`] journal, its pump looking again every `poll` when
+/// nothing wakes it (the journal's durable watermark does, at each commit).
 async fn faulty_owner(poll: Duration) -> (Running, TaskStore, std::sync::Arc<Faulty>) {
-    let backend = std::sync::Arc::new(Faulty::default());
-    let journal = Journal::with_backend(
-        std::sync::Arc::clone(&backend) as std::sync::Arc<dyn dtask_journal::Backend>,
-        JournalOptions::default(),
-    )
-    .unwrap();
+    let (journal, backend) = faulty::open();
     let store = TaskStore::open(journal, SystemClock, StoreConfig::default()).unwrap();
     let config = ServerConfig::default().with_poll_interval(poll);
     let server = Running::start(Server::owner(store.clone(), None, config)).await;
@@ -3168,9 +3353,7 @@ async fn the_pump_passes_over_a_damaged_record_and_the_live_stream_goes_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failing_read_of_the_commits_waits_the_interval_before_the_next() {
     let (server, store, backend) = faulty_owner(Duration::from_secs(3600)).await;
-    backend
-        .failing_commits
-        .store(true, std::sync::atomic::Ordering::SeqCst);
+    backend.fail_commits(true);
     // A commit wakes the pump, whose read fails.
     store
         .create(create("a", "shell", &json!({})))

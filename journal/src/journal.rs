@@ -151,11 +151,54 @@ impl Journal {
     /// the journal for writing, [`Error::Inconsistent`] when the commit index does not end
     /// where the tail marker says, [`Error::Storage`] when RocksDB fails otherwise.
     pub fn open(path: impl AsRef<Path>, options: JournalOptions) -> Result<Self> {
+        let backend = Self::open_embedded(path.as_ref(), &options)?;
+        Self::with_backend(Arc::new(backend), options)
+    }
+
+    /// [`Journal::open`], its RocksDB backend handed to `wrap` first: the journal runs over
+    /// the backend `wrap` returns. The open is the same in everything else (the probe's
+    /// warning, the lock, the upgrade of an older format, the check of the tail).
+    ///
+    /// This is what a crash or fault-injection harness uses to make reads, writes or syncs
+    /// fail on demand over a real journal: `wrap` puts a [`Backend`] of its own around the
+    /// real one, which it holds, and changes only the calls it means to fail. Such a wrapper
+    /// must delegate every method of [`Backend`] it does not change to the real backend, the
+    /// provided ones included: RocksDB's backend implements most of them itself (bulk
+    /// cursors, the moves of finished streams, flushes, frozen copies…), and a provided
+    /// method left to its default would quietly read or write otherwise than the journal
+    /// does.
+    ///
+    /// ```
+    /// use dtask_journal::{Journal, JournalOptions};
+    /// # fn main() -> Result<(), dtask_journal::Error> {
+    /// let dir = tempfile::tempdir().expect("tempdir");
+    /// // The identity wrapper: the journal as `Journal::open` makes it.
+    /// let journal = Journal::open_wrapped(dir.path(), JournalOptions::default(), |real| real)?;
+    /// assert_eq!(journal.last_seq()?, 0);
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// As for [`Journal::open`]; and as for [`Journal::with_backend`] over the backend `wrap`
+    /// returns.
+    pub fn open_wrapped(
+        path: impl AsRef<Path>,
+        options: JournalOptions,
+        wrap: impl FnOnce(Arc<dyn Backend>) -> Arc<dyn Backend>,
+    ) -> Result<Self> {
+        let backend = Self::open_embedded(path.as_ref(), &options)?;
+        Self::with_backend(wrap(Arc::new(backend)), options)
+    }
+
+    /// The RocksDB backend of a writable open of the journal at `path` ([`Journal::open`]),
+    /// prepared for writing: the probe's warning logged, the lock taken, frozen copies left
+    /// by an earlier process removed, an older format upgraded.
+    fn open_embedded(path: &Path, options: &JournalOptions) -> Result<RocksBackend> {
         if options.durability == crate::Durability::Sync {
-            crate::probe::warn_if_lost(path.as_ref());
+            crate::probe::warn_if_lost(path);
         }
         let mut backend = RocksBackend::open_tuned(
-            path.as_ref(),
+            path,
             OpenMode::Primary,
             Tuning {
                 mmap_reads: options.mmap_reads,
@@ -164,10 +207,10 @@ impl Journal {
             },
         )?;
         // The lock is this open's: no other process holds a frozen copy of this journal.
-        crate::backend::remove_frozen_copies(path.as_ref());
+        crate::backend::remove_frozen_copies(path);
         prepare_writable(&backend, options.record_format)?;
         backend.drop_legacy_heads()?;
-        Self::with_backend(Arc::new(backend), options)
+        Ok(backend)
     }
 
     /// Opens the journal at `path` read-only: a consistent view as of the open, no lock taken,

@@ -1521,3 +1521,228 @@ fn a_purge_while_the_commit_order_is_read_is_not_damage() {
     );
     assert!(rest.contains(&("b".to_owned(), 0)), "{rest:?}");
 }
+
+/// A wrapper of the real backend that counts the records written through it and delegates
+/// every method, the provided ones included ([`Journal::open_wrapped`]).
+struct Counting {
+    inner: Arc<dyn dtask_journal::Backend>,
+    /// Records put in the events space.
+    records_written: std::sync::atomic::AtomicUsize,
+    /// Reads of one key.
+    gets: std::sync::atomic::AtomicUsize,
+}
+
+impl Counting {
+    fn count(counter: &std::sync::atomic::AtomicUsize) {
+        counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl dtask_journal::Backend for Counting {
+    fn write(&self, ops: Vec<dtask_journal::BatchOp>, durability: Durability) -> Result<(), Error> {
+        for op in &ops {
+            if let dtask_journal::BatchOp::Put {
+                space: Space::Events,
+                ..
+            } = op
+            {
+                Self::count(&self.records_written);
+            }
+        }
+        self.inner.write(ops, durability)
+    }
+    fn sync(&self) -> Result<(), Error> {
+        self.inner.sync()
+    }
+    fn sync_through(&self, last_seq: u64) -> Result<(), Error> {
+        self.inner.sync_through(last_seq)
+    }
+    fn max_batch_bytes(&self) -> usize {
+        self.inner.max_batch_bytes()
+    }
+    fn sync_failure_is_final(&self) -> bool {
+        self.inner.sync_failure_is_final()
+    }
+    fn get(&self, space: Space, key: &[u8]) -> Result<Option<Vec<u8>>, Error> {
+        Self::count(&self.gets);
+        self.inner.get(space, key)
+    }
+    fn scan(&self, space: Space, range: dtask_journal::Range) -> dtask_journal::RawIter<'_> {
+        self.inner.scan(space, range)
+    }
+    fn cursor(&self, space: Space) -> Box<dyn dtask_journal::Cursor + '_> {
+        self.inner.cursor(space)
+    }
+    fn lookup_cursor(&self, space: Space) -> Box<dyn dtask_journal::Cursor + '_> {
+        self.inner.lookup_cursor(space)
+    }
+    fn records_by_seq(
+        &self,
+        first: u64,
+        last: u64,
+    ) -> Option<Result<Vec<dtask_journal::KeyValue>, Error>> {
+        self.inner.records_by_seq(first, last)
+    }
+    fn live_records_cursor(&self) -> Option<Box<dyn dtask_journal::Cursor + '_>> {
+        self.inner.live_records_cursor()
+    }
+    fn unmoved_records_cursor(&self) -> Option<Box<dyn dtask_journal::Cursor + '_>> {
+        self.inner.unmoved_records_cursor()
+    }
+    fn catch_up(&self) -> Result<(), Error> {
+        self.inner.catch_up()
+    }
+    fn read_only(&self) -> bool {
+        self.inner.read_only()
+    }
+    fn is_secondary(&self) -> bool {
+        self.inner.is_secondary()
+    }
+    fn frozen_copy(&self) -> Result<Option<tempfile::TempDir>, Error> {
+        self.inner.frozen_copy()
+    }
+    fn frozen_view(&self) -> Result<Option<Arc<dyn dtask_journal::Backend>>, Error> {
+        self.inner.frozen_view()
+    }
+    fn start_compactions(&self) -> Result<(), Error> {
+        self.inner.start_compactions()
+    }
+    fn compact(&self) -> Result<bool, Error> {
+        self.inner.compact()
+    }
+    fn flush(&self) -> Result<(), Error> {
+        self.inner.flush()
+    }
+    fn flush_in_background(&self) -> Result<(), Error> {
+        self.inner.flush_in_background()
+    }
+    fn settle(&self, timeout: std::time::Duration) -> Result<bool, Error> {
+        self.inner.settle(timeout)
+    }
+    fn foreign_keys(&self, max: usize) -> Result<Vec<Vec<u8>>, Error> {
+        self.inner.foreign_keys(max)
+    }
+    fn has_legacy_heads(&self) -> bool {
+        self.inner.has_legacy_heads()
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+    fn schema_version(&self) -> Option<u32> {
+        self.inner.schema_version()
+    }
+    fn scan_snapshot_rows(&self) -> usize {
+        self.inner.scan_snapshot_rows()
+    }
+    fn is_shared(&self) -> bool {
+        self.inner.is_shared()
+    }
+    fn dir(&self) -> Option<&std::path::Path> {
+        self.inner.dir()
+    }
+    fn lock_for_write(
+        &self,
+        since: u64,
+        lacks: &[String],
+    ) -> Result<Option<dtask_journal::WriteLock>, Error> {
+        self.inner.lock_for_write(since, lacks)
+    }
+    fn write_locked(
+        &self,
+        ops: Vec<dtask_journal::BatchOp>,
+        flush: dtask_journal::CommitFlush,
+    ) -> Result<(), Error> {
+        self.inner.write_locked(ops, flush)
+    }
+    fn write_expecting(
+        &self,
+        ops: Vec<dtask_journal::BatchOp>,
+        expected: &[u8],
+        flush: dtask_journal::CommitFlush,
+    ) -> Result<bool, Error> {
+        self.inner.write_expecting(ops, expected, flush)
+    }
+    fn unlock_write(&self) {
+        self.inner.unlock_write();
+    }
+    fn last_records(
+        &self,
+        tasks: &[String],
+    ) -> Option<Result<Vec<dtask_journal::LastRecord>, Error>> {
+        self.inner.last_records(tasks)
+    }
+    fn watch_commits(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        self.inner.watch_commits()
+    }
+    fn durable_reader(&self) -> Option<Arc<dyn dtask_journal::Backend>> {
+        self.inner.durable_reader()
+    }
+    fn storage_stats(&self) -> Result<Option<dtask_journal::StorageStats>, Error> {
+        self.inner.storage_stats()
+    }
+}
+
+#[test]
+fn a_wrapped_journal_appends_and_reads_back_like_a_plain_one() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut counting = None;
+        let journal = Journal::open_wrapped(dir.path(), JournalOptions::default(), |inner| {
+            let wrapper = Arc::new(Counting {
+                inner,
+                records_written: std::sync::atomic::AtomicUsize::new(0),
+                gets: std::sync::atomic::AtomicUsize::new(0),
+            });
+            counting = Some(Arc::clone(&wrapper));
+            wrapper
+        })
+        .unwrap();
+        let counting = counting.as_ref().unwrap();
+        // The real backend is underneath.
+        assert_eq!(journal.location(), dir.path().display().to_string());
+        journal.append("a", 0, &[created("a"), update(1)]).unwrap();
+        journal.append("b", 0, &[created("b")]).unwrap();
+        journal.append("a", 2, &[update(2)]).unwrap();
+        // Every record went through the wrapper, and reads go through it too.
+        assert_eq!(
+            counting
+                .records_written
+                .load(std::sync::atomic::Ordering::SeqCst),
+            4
+        );
+        let before = counting.gets.load(std::sync::atomic::Ordering::SeqCst);
+        let commits: Vec<(String, u64, u64)> = journal
+            .commits(1)
+            .map(|c| c.map(|c| (c.task, c.record.position, c.record.seq)))
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(
+            commits,
+            [
+                ("a".to_owned(), 0, 1),
+                ("a".to_owned(), 1, 2),
+                ("b".to_owned(), 0, 3),
+                ("a".to_owned(), 2, 4)
+            ]
+        );
+        assert!(counting.gets.load(std::sync::atomic::Ordering::SeqCst) >= before + 4);
+        let a: Vec<EventType> = journal
+            .read_stream("a", 0)
+            .map(|r| r.map(|r| r.event.event_type()))
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(
+            a,
+            [
+                EventType::Created,
+                EventType::UpdateAppended,
+                EventType::UpdateAppended
+            ]
+        );
+    }
+    // What the wrapped journal wrote (the wrapper gone, and the real backend with it) is a
+    // journal like any other.
+    let journal = Journal::open(dir.path(), JournalOptions::default()).unwrap();
+    assert_eq!(journal.last_seq().unwrap(), 4);
+    assert_eq!(journal.read_stream("b", 0).count(), 1);
+}
