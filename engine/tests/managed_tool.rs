@@ -2448,51 +2448,6 @@ async fn a_run_that_checks_back_later_is_recovered_from_its_checkpoint_when_due(
     assert_eq!(*tool.recovered_from.lock().unwrap(), [b"job-7".to_vec()]);
 }
 
-// The same run canceled while it waits for its time: the cancel records the intent (an
-// attempt ran the task), and the intent makes the task due at once — the next attempt
-// recovers the operation and stops it now, not when the minute is up.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_run_that_checks_back_later_canceled_meanwhile_is_stopped_at_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let tool = PollingTool::default();
-    let (_store, _tools, manager, _clock) = polling_env(dir.path(), &tool);
-    let id = manager.allocate_task_id("background_tool").unwrap();
-    manager
-        .submit(SubmitRequest {
-            spec: TaskSpec {
-                id: id.clone(),
-                executor_key: RECOVERABLE_EXECUTOR_KEY.into(),
-                kind: "background_tool".into(),
-                payload: ToolPayload::new("poll", None, "{}").encode(),
-                ..TaskSpec::default()
-            },
-            ..SubmitRequest::default()
-        })
-        .await
-        .unwrap();
-    let waiting = manager.execute(&id).await.unwrap();
-    assert_eq!((waiting.status, waiting.attempt), (Status::Pending, 1));
-    assert!(waiting.not_before.is_some());
-    let intent = manager.request_cancel(&id, "operator").await.unwrap();
-    assert_eq!(
-        intent.status,
-        Status::Pending,
-        "the intent only: an attempt ran it"
-    );
-    // The clock has not moved: the task is due all the same.
-    let ended = manager.execute(&id).await.unwrap();
-    assert_eq!(
-        (ended.status, ended.result_error.as_str()),
-        (Status::Canceled, "operator")
-    );
-    assert_eq!(*tool.recovered_from.lock().unwrap(), [b"job-7".to_vec()]);
-    assert_eq!(
-        tool.stops.load(std::sync::atomic::Ordering::SeqCst),
-        1,
-        "the remote job is stopped"
-    );
-}
-
 // In the foreground the same run sends the call to the background at once, delayed: the
 // model gets the launch result of a pending task, which the next attempt recovers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -615,9 +615,7 @@ impl Model {
                 if task.status != Status::Pending {
                     return Err("IllegalTransition");
                 }
-                // A cancel intent makes a delayed task due at once: its next attempt only
-                // acknowledges the cancel.
-                if task.cancel_at.is_none() && task.not_before.is_some_and(|until| until > now) {
+                if task.not_before.is_some_and(|until| until > now) {
                     return Err("NotDue");
                 }
                 task.status = Status::Running;

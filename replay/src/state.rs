@@ -288,23 +288,10 @@ impl TaskState {
     }
 
     /// The not-before time that keeps an attempt from starting at `at`, if the task is
-    /// delayed past `at` (the rule the live engine's `Start` and the fold share). A task
-    /// with a cancel intent is never delayed: its next attempt only acknowledges the cancel
-    /// (and stops what its last attempt left running), which must not wait for the time
-    /// the task was to be looked at again.
+    /// delayed past `at` (the rule the live engine's `Start` and the fold share).
     #[must_use]
     pub fn delayed_past(&self, at: Timestamp) -> Option<Timestamp> {
-        self.claimable_from().filter(|until| *until > at)
-    }
-
-    /// The earliest time an attempt of the pending task may start: its not-before time,
-    /// unless a cancel was requested ([`TaskState::delayed_past`]); `None`: at once.
-    #[must_use]
-    pub fn claimable_from(&self) -> Option<Timestamp> {
-        if self.cancel_requested_at.is_some() {
-            return None;
-        }
-        self.not_before
+        self.not_before.filter(|until| *until > at)
     }
 
     /// Whether a cancel request ends the task at once: no attempt can acknowledge it — the

@@ -480,8 +480,7 @@ fn a_recovery_limit_stands_before_the_first_attempt_once_and_bounds_the_retries(
 }
 
 #[test]
-fn an_attempt_before_the_not_before_time_and_a_delay_of_a_running_task_are_illegal_unless_canceled()
-{
+fn an_attempt_before_the_not_before_time_and_a_delay_of_a_running_task_are_illegal() {
     let dir = tempfile::tempdir().unwrap();
     let j = journal(dir.path());
     let not_before = |until| Event::NotBefore {
@@ -517,33 +516,6 @@ fn an_attempt_before_the_not_before_time_and_a_delay_of_a_running_task_are_illeg
             created("running", LeasePolicy::Retry),
             started(1, 100),
             not_before(50),
-        ],
-    )
-    .unwrap();
-    // Delayed by a yield, then canceled (an intent: an attempt ran it): due at once, its
-    // next attempt before the time is legal.
-    j.append(
-        "canceled",
-        0,
-        &[
-            created("canceled", LeasePolicy::Retry),
-            Event::AttemptStarted {
-                attempt: 1,
-                lease_deadline: Timestamp(100),
-                at: Timestamp(2),
-            },
-            Event::Yielded {
-                checkpoint: Vec::new(),
-                at: Timestamp(3),
-            },
-            not_before(50),
-            Event::CancelRequested {
-                reason: "operator".into(),
-                lease_deadline: None,
-                direct: false,
-                at: Timestamp(4),
-            },
-            started(2, 100),
         ],
     )
     .unwrap();

@@ -1,7 +1,8 @@
 //! Stopping a long command cleanly on SIGINT or SIGTERM: once [`Interrupt::install`] has run,
-//! the signals no longer end the process; they set a flag that the command looks at between
-//! its steps ([`Interrupt::check`]), so that it can undo what it left half done (an import's
-//! staging copy) before it exits with [`CliError::Interrupted`] (exit 130).
+//! the first signal no longer ends the process; it sets a flag that the command looks at
+//! between its steps ([`Interrupt::check`]), so that it can undo what it left half done (an
+//! import's staging copy) before it exits with [`CliError::Interrupted`] (exit 130). A
+//! second signal ends the process at once (exit 130), whatever is left behind.
 
 use super::{CliError, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,12 +38,23 @@ impl Interrupt {
             .name("dtask-signals".into())
             .spawn(move || {
                 runtime.block_on(async move {
-                    tokio::select! {
-                        _ = interrupt.recv() => {}
-                        _ = terminate.recv() => {}
+                    let mut signals = 0;
+                    loop {
+                        tokio::select! {
+                            _ = interrupt.recv() => {}
+                            _ = terminate.recv() => {}
+                        }
+                        signals += 1;
+                        set.store(true, Ordering::Release);
+                        if signals > 1 {
+                            // A second signal: the command did not stop at the first (a
+                            // long audit, a database that does not answer) — the process
+                            // ends now, as the signal would have ended it.
+                            eprintln!("dtask: interrupted again: stopping at once");
+                            std::process::exit(130);
+                        }
                     }
                 });
-                set.store(true, Ordering::Release);
             })
             .map_err(CliError::io("installing a signal handler"))?;
         Ok(Self { flag })

@@ -49,7 +49,7 @@ fn default_encoder<O: Serialize>() -> OutputEncoder<O> {
 /// `tool`.
 fn function_error(tool: &str, error: BoxError) -> ToolError {
     match error.downcast::<ToolError>() {
-        Ok(e) if passes_through(&e) => *e,
+        Ok(e) if passes_through(&e, tool) => *e,
         Ok(e) => ToolError::Failed {
             tool: tool.to_owned(),
             source: e,
@@ -61,23 +61,25 @@ fn function_error(tool: &str, error: BoxError) -> ToolError {
     }
 }
 
-/// Whether a function's [`ToolError`] is the tool's own outcome, to pass through: bad
-/// arguments, a failure, a panic, an HTTP status, a time limit, an encoding or
-/// configuration error, a call waiting for input. The errors of an agent or a tools node
-/// the function ran itself — a model's error, a step limit, an unknown or duplicate tool,
-/// an interrupted turn — are not this tool's: they would pass for the caller's own.
-fn passes_through(error: &ToolError) -> bool {
-    matches!(
-        error,
+/// Whether a function's [`ToolError`] is the outcome of `tool`'s call, to pass through:
+/// bad arguments, a failure, a panic, an HTTP status, a time limit, an encoding or
+/// configuration error — naming `tool` — or a call waiting for input (whose state is the
+/// asking tool's, whichever it is). The errors of an agent or a tools node the function ran
+/// itself — a model's error, a step limit, an unknown or duplicate tool, an interrupted
+/// turn, an error of another tool — are not this call's: they would pass for the caller's
+/// own (told it sent bad arguments to a tool it never called).
+fn passes_through(error: &ToolError, tool: &str) -> bool {
+    match error {
+        ToolError::Interrupted { .. } => true,
         ToolError::InvalidArguments { .. }
-            | ToolError::Panicked { .. }
-            | ToolError::Http { .. }
-            | ToolError::Timeout { .. }
-            | ToolError::Output { .. }
-            | ToolError::Failed { .. }
-            | ToolError::Config { .. }
-            | ToolError::Interrupted { .. }
-    )
+        | ToolError::Panicked { .. }
+        | ToolError::Http { .. }
+        | ToolError::Timeout { .. }
+        | ToolError::Output { .. }
+        | ToolError::Failed { .. }
+        | ToolError::Config { .. } => error.tool_name() == Some(tool),
+        _ => false,
+    }
 }
 
 fn panicked(tool: &str, payload: &(dyn std::any::Any + Send)) -> ToolError {

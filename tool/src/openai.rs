@@ -560,6 +560,11 @@ struct Choice {
     finish_reason: Option<String>,
 }
 
+/// Whether `text` is one complete JSON document: a streamed call's arguments once whole.
+fn is_whole_json(text: &str) -> bool {
+    !text.trim().is_empty() && serde_json::from_str::<serde::de::IgnoredAny>(text).is_ok()
+}
+
 /// The finish reason of an answer cut at the token limit.
 const LENGTH: &str = "length";
 
@@ -696,7 +701,7 @@ impl Assembly {
                     .function
                     .map_or((None, None), |f| (f.name, f.arguments));
                 let name = name.filter(|name| !name.is_empty());
-                let slot = self.slot(call.index, call.id.as_deref(), name.is_some())?;
+                let slot = self.slot(call.index, call.id.as_deref(), name.as_deref())?;
                 let slot = &mut self.calls[slot];
                 // The first id is the call's: a server that sends a new id with every
                 // fragment (LM Studio) does not rename the call.
@@ -723,16 +728,17 @@ impl Assembly {
     }
 
     /// The call a delta of `index` (and `id`, if it has one) adds to: the one its index is
-    /// assembling — unless there is none yet, or the delta names another id *and* carries a
-    /// function name (`named`): then a new call. A nameless delta with another id goes on
-    /// with the call its index is assembling (servers that send a new id with every
-    /// fragment). A delta without an index adds to the call of its id, else to the last
-    /// call, by the same rule.
+    /// assembling — unless there is none yet, or the delta names another id and the call
+    /// assembled is whole (its arguments a complete JSON document: servers that send whole
+    /// calls, all at index 0) or the delta names another function (`name`): then a new
+    /// call. A fragment with another id of a call still incomplete goes on with it (servers
+    /// that send a new id with every fragment). A delta without an index adds to the call
+    /// of its id, else to the last call, by the same rule.
     fn slot(
         &mut self,
         index: Option<usize>,
         id: Option<&str>,
-        named: bool,
+        name: Option<&str>,
     ) -> Result<usize, ModelError> {
         let id = id.filter(|id| !id.is_empty());
         let current = match index {
@@ -742,8 +748,10 @@ impl Assembly {
                 .or_else(|| self.calls.len().checked_sub(1)),
         };
         if let Some(slot) = current {
-            let other_id = matches!((id, self.calls[slot].0.as_str()), (Some(new), old) if !old.is_empty() && old != new);
-            if !(other_id && named) {
+            let (old_id, old_name, old_arguments) = &self.calls[slot];
+            let other_id = id.is_some_and(|new| !old_id.is_empty() && old_id != new);
+            let other_name = name.is_some_and(|new| !old_name.is_empty() && old_name != new);
+            if !(other_id && (is_whole_json(old_arguments) || other_name)) {
                 return Ok(slot);
             }
         }

@@ -519,6 +519,25 @@ async fn an_inner_agents_error_becomes_failed_naming_the_tool() {
             "{err:?}"
         );
     }
+    // An inner tool's error is not this call's either (the caller would be told it sent bad
+    // arguments to a tool it never called); the same error naming this tool passes through.
+    for (named, passes) in [("inner", false), ("outer", true)] {
+        let tool = FunctionTool::infer("outer", "Runs an inner node", move |_: Empty| async move {
+            Err::<(), _>(ToolError::invalid_arguments(named, ".", "a is missing"))
+        });
+        let err = tool.invoke("{}").await.unwrap_err();
+        if passes {
+            assert!(
+                matches!(&err, ToolError::InvalidArguments { tool, .. } if tool == "outer"),
+                "{err:?}"
+            );
+        } else {
+            assert!(
+                matches!(&err, ToolError::Failed { tool, .. } if tool == "outer"),
+                "{err:?}"
+            );
+        }
+    }
 }
 
 // An encoder that panics ends the stream with `Panicked` (not `Output`), as a panicking

@@ -641,6 +641,41 @@ async fn repeated_names_and_a_new_id_per_fragment_are_one_call() {
     );
 }
 
+// Whole calls sent one after the other at one index, each with its own id, are separate
+// calls — also when a call's name comes after its id — and a server that sends a new id and
+// the name again with every fragment of a call still makes one call.
+#[tokio::test]
+async fn a_new_id_after_a_whole_call_starts_another_and_fragments_of_one_stay_one() {
+    let whole_then_named_later = call_deltas(&[
+        json!({"index": 0, "id": "A", "function": {"name": "add", "arguments": "{}"}}),
+        json!({"index": 0, "id": "B", "function": {"arguments": ""}}),
+        json!({"index": 0, "function": {"name": "read_file", "arguments": "{\"p\":1}"}}),
+    ]);
+    let fragments_with_names = call_deltas(&[
+        json!({"index": 0, "id": "A", "function": {"name": "add", "arguments": "{\"a\":1,"}}),
+        json!({"index": 0, "id": "B", "function": {"name": "add", "arguments": "\"b\":2}"}}),
+    ]);
+    let (base, _) = serve(vec![
+        Answer::Stream(whole_then_named_later, false),
+        Answer::Stream(fragments_with_names, false),
+    ])
+    .await;
+    let model = OpenAiChatModel::new(config(&base).with_streaming(true)).unwrap();
+    let answer = model.generate(&[Message::user("two")], &[]).await.unwrap();
+    assert_eq!(
+        answer.tool_calls,
+        [
+            ToolCall::function("A", "add", "{}"),
+            ToolCall::function("B", "read_file", r#"{"p":1}"#)
+        ]
+    );
+    let answer = model.generate(&[Message::user("one")], &[]).await.unwrap();
+    assert_eq!(
+        answer.tool_calls,
+        [ToolCall::function("A", "add", r#"{"a":1,"b":2}"#)]
+    );
+}
+
 // A name split across deltas is joined.
 #[tokio::test]
 async fn a_name_split_across_deltas_is_joined() {

@@ -143,50 +143,65 @@ impl TurnEntry {
 
     /// The entry, made to fit an update of `max_bytes` once in JSON: a model's answer may
     /// take more (a tool call writing a large file: its arguments are escaped twice). The
-    /// largest tool calls' arguments are replaced first, one by one, by a note of their
-    /// length ([`cut_arguments`] reads it: such a call is refused, its tool never run, and
-    /// the model told why), then the text is cut as [`MessageEntry::within`] cuts a
-    /// message's. An answer of so many calls that even that does not fit stays as it is
-    /// (the store refuses it, and the run fails).
+    /// largest part goes first, again and again until the entry fits: the text, cut as
+    /// [`MessageEntry::within`] cuts a message's, or a tool call's arguments, replaced by a
+    /// note of their length ([`cut_arguments`] reads it: such a call is refused, its tool
+    /// never run, and the model told why). Arguments no longer than the note are never
+    /// replaced. An answer of so many calls that even that does not fit stays as it is (the
+    /// store refuses it, and the run fails).
     #[must_use]
     pub fn within(mut self, max_bytes: usize) -> Self {
-        if encode(&self).len() <= max_bytes {
-            return self;
-        }
-        let mut largest: Vec<usize> = (0..self.message.tool_calls.len()).collect();
-        largest.sort_by_key(|&i| {
-            std::cmp::Reverse(self.message.tool_calls[i].function.arguments.len())
-        });
-        for i in largest {
-            let arguments = &mut self.message.tool_calls[i].function.arguments;
-            *arguments = format!("{CUT_ARGUMENTS}{}]", arguments.len());
-            if encode(&self).len() <= max_bytes {
-                return self;
+        let note_len = |len: usize| format!("{CUT_ARGUMENTS}{len}{CUT_ARGUMENTS_END}").len();
+        let mut text_cut = false;
+        while encode(&self).len() > max_bytes {
+            let largest = self
+                .message
+                .tool_calls
+                .iter()
+                .enumerate()
+                .map(|(i, c)| (c.function.arguments.len(), i))
+                .filter(|&(len, _)| len > note_len(len))
+                .max();
+            let text = self.message.content.as_ref().map_or(0, String::len);
+            match largest {
+                Some((len, i)) if text_cut || len > text => {
+                    self.message.tool_calls[i].function.arguments =
+                        format!("{CUT_ARGUMENTS}{len}{CUT_ARGUMENTS_END}");
+                }
+                _ if !text_cut && text > 0 => {
+                    text_cut = true;
+                    self = cut_to_fit(
+                        self,
+                        |e| e.message.content.get_or_insert_with(String::new),
+                        "answer",
+                        max_bytes,
+                    );
+                }
+                _ => break,
             }
-        }
-        if self.message.content.is_some() {
-            self = cut_to_fit(
-                self,
-                |e| e.message.content.get_or_insert_with(String::new),
-                "answer",
-                max_bytes,
-            );
         }
         self
     }
 }
 
-/// What a turn's tool call carries in place of arguments too large for the run's journal,
-/// before their length and a closing `]` ([`TurnEntry::within`]).
+/// What a turn's tool call carries in place of arguments too large for the run's journal:
+/// this, their length, then [`CUT_ARGUMENTS_END`] ([`TurnEntry::within`]).
 const CUT_ARGUMENTS: &str = "[…arguments cut: they had ";
+const CUT_ARGUMENTS_END: &str = " bytes]";
 
 /// The length of the arguments a tool call had before [`TurnEntry::within`] cut them, if it
 /// did: such a call is refused, never run.
+///
+/// ```
+/// use dtask_engine::agent::cut_arguments;
+/// assert_eq!(cut_arguments("[…arguments cut: they had 3012 bytes]"), Some(3012));
+/// assert_eq!(cut_arguments(r#"{"a":1}"#), None);
+/// ```
 #[must_use]
 pub fn cut_arguments(arguments: &str) -> Option<usize> {
     arguments
         .strip_prefix(CUT_ARGUMENTS)?
-        .strip_suffix(']')?
+        .strip_suffix(CUT_ARGUMENTS_END)?
         .parse()
         .ok()
 }
@@ -444,6 +459,48 @@ impl Versioned for AgentAnswer {
 mod tests {
     use super::*;
     use crate::tool::ToolCall;
+
+    /// A turn too large for an update loses its largest part first, again and again: a long
+    /// text is cut before a small call's arguments are touched, and arguments no longer
+    /// than the note are never replaced; large arguments go before a shorter text.
+    #[test]
+    fn a_turn_too_large_loses_its_largest_part_first() {
+        let entry = |text: &str, calls: Vec<ToolCall>| {
+            let mut message = AssistantMessage::with_tool_calls(calls);
+            message.content = Some(text.to_owned());
+            TurnEntry::new(1, message, None)
+        };
+        let long_text = entry(
+            &"t".repeat(8000),
+            vec![ToolCall::function("c", "add", "{}")],
+        );
+        let fitted = long_text.within(4096);
+        assert!(encode(&fitted).len() <= 4096);
+        assert_eq!(fitted.message.tool_calls[0].function.arguments, "{}");
+        assert!(fitted
+            .message
+            .content
+            .as_deref()
+            .is_some_and(|t| t.ends_with(" […answer cut: its text had 8000 bytes]")));
+
+        let large = format!(r#"{{"x":"{}"}}"#, "a".repeat(6000));
+        let large_call = entry(
+            "short",
+            vec![
+                ToolCall::function("c0", "add", "{}"),
+                ToolCall::function("c1", "write", large.clone()),
+            ],
+        );
+        let fitted = large_call.within(4096);
+        assert!(encode(&fitted).len() <= 4096);
+        let calls = &fitted.message.tool_calls;
+        assert_eq!(calls[0].function.arguments, "{}");
+        assert_eq!(
+            cut_arguments(&calls[1].function.arguments),
+            Some(large.len())
+        );
+        assert_eq!(fitted.message.content.as_deref(), Some("short"));
+    }
 
     #[test]
     fn payloads_are_checked_both_ways() {

@@ -762,7 +762,8 @@ fn is_call_of(task: &TaskState, run: &str) -> bool {
 /// A call's task that is pending after an attempt of its own (its lease ran out, it was
 /// drained, it checks back later) only records the intent: its next claim stops what the
 /// earlier attempt left running (a managed tool's operation). The run is the process meant
-/// to run its calls, so that claim is made here, as [`watch`] would have made it.
+/// to run its calls, so that claim is made here, as [`watch`] would have made it — unless
+/// the task is delayed (it checks back later): its claim waits for its time.
 async fn cancel_unfinished(manager: &Manager, run: &str, transcript: &Transcript, reason: &str) {
     let reason = if reason.is_empty() {
         "the agent run ended"
@@ -798,9 +799,11 @@ async fn cancel_unfinished(manager: &Manager, run: &str, transcript: &Transcript
 /// Claims `task`, pending with a cancel intent, in a task of its own: its attempt
 /// acknowledges the cancel (and stops what an earlier attempt left running). An attempt
 /// elsewhere may take it first: that race is benign; a task this process refuses to run is
-/// left to a process that can.
+/// left to a process that can, a delayed one to its time, and none is claimed by a
+/// manager that is closing.
 fn acknowledge_here(manager: &Manager, task: &TaskState) {
-    if manager.runnable(task).is_err() {
+    let delayed = task.delayed_past(manager.store().now()).is_some();
+    if delayed || manager.is_closed() || manager.runnable(task).is_err() {
         return;
     }
     let manager = manager.clone();

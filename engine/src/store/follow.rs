@@ -93,7 +93,10 @@ impl TaskStore {
                 self.inner.seen.fetch_max(c.record.seq, Ordering::AcqRel);
             }
             read += n;
-            if n < STEP {
+            // A step of nothing but records that do not decode moved `seen` nowhere (their
+            // sequences cannot be read): the next step would read them again, for ever.
+            // The next refresh tries again, once a record that decodes follows them.
+            if n < STEP || self.inner.seen.load(Ordering::Acquire) + 1 == from {
                 return Ok(read);
             }
         }
@@ -101,17 +104,22 @@ impl TaskStore {
 
     /// Passes over the record at `position` of task `task`, which does not decode (`error`):
     /// the task's copy in memory is dropped, to be folded from the journal — and found
-    /// wanting — when next asked for. Logged once for each record: a record that is the
-    /// last in the commit order is read again by each refresh until another follows it
-    /// (its sequence, in the record, cannot be read).
+    /// wanting — when next asked for. Logged once for each record: the records at the end
+    /// of the commit order are read again by each refresh until one that decodes follows
+    /// them (their sequences, in the records, cannot be read); the store remembers those
+    /// it logged, [`STEP`] at most.
     async fn passed_over(&self, task: &str, position: u64, error: &dtask_journal::Error) {
         let first = {
-            let mut last = self.inner.passed_over.lock();
-            let seen = last
-                .as_ref()
-                .is_some_and(|(t, p)| t == task && *p == position);
-            *last = Some((task.to_owned(), position));
-            !seen
+            let mut logged = self.inner.passed_over.lock();
+            let key = (task.to_owned(), position);
+            if logged.contains(&key) {
+                false
+            } else {
+                if logged.len() >= STEP {
+                    logged.clear();
+                }
+                logged.insert(key)
+            }
         };
         if first {
             tracing::warn!(

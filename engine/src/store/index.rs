@@ -16,8 +16,7 @@ use std::sync::Arc;
 pub(super) struct Placement {
     pub(super) status: Status,
     pub(super) lease: Option<Timestamp>,
-    /// A pending task's not-before time (a delayed run), unless a cancel intent makes it
-    /// claimable at once ([`TaskState::claimable_from`]).
+    /// A pending task's not-before time (a delayed run).
     pub(super) not_before: Option<Timestamp>,
 }
 
@@ -26,7 +25,7 @@ impl Placement {
         Self {
             status: state.status,
             lease: state.lease_deadline,
-            not_before: state.claimable_from(),
+            not_before: state.not_before,
         }
     }
 }

@@ -243,9 +243,9 @@ struct Inner {
     counters: Counters,
     /// The last global sequence [`TaskStore::refresh`] has looked at.
     seen: AtomicU64,
-    /// The last record [`TaskStore::refresh`] passed over undecodable (task, position): it
-    /// is logged once.
-    passed_over: Mutex<Option<(String, u64)>>,
+    /// The records [`TaskStore::refresh`] passed over undecodable (task, position) and
+    /// logged: each is logged once.
+    passed_over: Mutex<std::collections::HashSet<(String, u64)>>,
 }
 
 /// What a store did without appending, counted since it was opened (the journal holds the
@@ -482,7 +482,7 @@ impl TaskStore {
                 config,
                 counters: Counters::default(),
                 seen: AtomicU64::new(journal_seen),
-                passed_over: Mutex::new(None),
+                passed_over: Mutex::new(std::collections::HashSet::new()),
                 index: Mutex::new(index),
                 outbox: Mutex::new(outbox::Outbox::new()),
                 pending_epoch: watch::Sender::new(0),
@@ -886,11 +886,7 @@ impl TaskStore {
             version: task.state.version,
             position: task.state.position,
         });
-        // Pending now, or due now (a cancel intent makes a delayed task claimable at once).
-        let became_pending = after.status == Status::Pending
-            && (before.status != Status::Pending
-                || (before.not_before.is_some() && after.not_before.is_none()));
-        if became_pending {
+        if after.status == Status::Pending && before.status != Status::Pending {
             self.inner
                 .pending_epoch
                 .send_modify(|e| *e = e.wrapping_add(1));
